@@ -1,0 +1,2 @@
+#define SPECOPS_MODULE _C
+#include "../module.h"

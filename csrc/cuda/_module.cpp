@@ -1,0 +1,2 @@
+#define SPECOPS_MODULE _C_cuda
+#include "../module.h"

@@ -1,0 +1,118 @@
+"""Build specops: the CPU extension always, the CUDA extension when it can (or must).
+
+Sources are found by directory convention, the same one CMakeLists.txt uses, so there
+is no second list to keep: csrc/cpu/*.cpp -> specops._C, csrc/cuda/*.{cu,cpp} -> specops._C_cuda.
+
+Environment:
+  SPECOPS_CUDA=auto|0|1   auto (default): build CUDA if torch has CUDA and nvcc exists, warn and
+                          skip on failure; 0: never; 1: always, failure is fatal (CI).
+  TORCH_CUDA_ARCH_LIST    default "8.0;9.0".   CUDA_HOME   default /usr/local/cuda if present.
+  MAX_JOBS                parallel compile jobs (ninja).
+Install with `pip install --no-build-isolation .` (torch is the build dependency).
+"""
+import glob
+import os
+import warnings
+
+if "CUDA_HOME" not in os.environ and os.path.exists("/usr/local/cuda/bin/nvcc"):
+    # torch otherwise guesses CUDA_HOME from the nvcc wrapper on PATH, which is wrong here.
+    os.environ["CUDA_HOME"] = "/usr/local/cuda"
+
+import torch  # noqa: E402
+from setuptools import find_packages, setup  # noqa: E402
+from torch.utils import cpp_extension  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CXX_FLAGS = ["-O3", "-fopenmp", "-std=c++20"]
+
+
+def _sources(*patterns):
+    found = []
+    for pattern in patterns:
+        found += glob.glob(os.path.join("csrc", pattern), root_dir=HERE)
+    return sorted(found)
+
+
+def _cuda_mode():
+    mode = os.environ.get("SPECOPS_CUDA", "auto").lower()
+    if mode not in ("auto", "0", "1"):
+        raise ValueError(f"SPECOPS_CUDA must be auto, 0 or 1, got {mode!r}")
+    return mode
+
+
+def _cuda_reason_missing():
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build"
+    home = cpp_extension.CUDA_HOME
+    if home is None or not os.path.exists(os.path.join(home, "bin", "nvcc")):
+        return f"no nvcc under CUDA_HOME={home!r}"
+    return None
+
+
+def _arch_tag(arch_list):
+    # "8.0;9.0+PTX" -> "sm80_sm90": a bare token so it survives the compiler command line.
+    archs = [a.split("+")[0].replace(".", "") for a in arch_list.replace(" ", ";").split(";") if a]
+    return "_".join(f"sm{a}" for a in archs)
+
+
+def extensions():
+    exts = [
+        cpp_extension.CppExtension(
+            "specops._C",
+            _sources("cpu/*.cpp"),
+            extra_compile_args={"cxx": CXX_FLAGS},
+            extra_link_args=["-fopenmp"],
+        )
+    ]
+    mode = _cuda_mode()
+    missing = _cuda_reason_missing()
+    if mode == "0":
+        return exts
+    if missing:
+        if mode == "1":
+            raise RuntimeError(f"SPECOPS_CUDA=1 but the CUDA extension cannot be built: {missing}")
+        warnings.warn(f"specops: skipping the CUDA extension: {missing}")
+        return exts
+    arch_list = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+    define = f"-DSPECOPS_CUDA_ARCHS={_arch_tag(arch_list)}"
+    exts.append(
+        cpp_extension.CUDAExtension(
+            "specops._C_cuda",
+            _sources("cuda/*.cu", "cuda/*.cpp"),
+            extra_compile_args={
+                "cxx": ["-O3", "-std=c++20", define],
+                "nvcc": ["-O3", "-std=c++20", "-diag-suppress=3189", "--expt-relaxed-constexpr", define],
+            },
+        )
+    )
+    return exts
+
+
+class BuildExt(cpp_extension.BuildExtension):
+    """Makes a CUDA build failure non-fatal under SPECOPS_CUDA=auto."""
+
+    def build_extensions(self):
+        self._failed = set()
+        super().build_extensions()
+        # Drop what failed so the install (and the in-place copy of -e) skips it.
+        self.extensions = [e for e in self.extensions if e.name not in self._failed]
+
+    def build_extension(self, ext):
+        if ext.name != "specops._C_cuda" or _cuda_mode() == "1":
+            return super().build_extension(ext)
+        try:
+            return super().build_extension(ext)
+        except Exception as err:  # noqa: BLE001 - any compiler failure
+            warnings.warn(f"specops: CUDA extension failed to build, skipping it: {err}")
+            self._failed.add(ext.name)
+            stale = os.path.join(HERE, *ext.name.split(".")[:-1], os.path.basename(self.get_ext_filename(ext.name)))
+            if os.path.exists(stale):
+                os.remove(stale)
+
+
+setup(
+    packages=find_packages(include=["specops", "specops.*"]) + ["specops.triton_kernels"],
+    package_dir={"specops.triton_kernels": "triton_kernels"},
+    ext_modules=extensions(),
+    cmdclass={"build_ext": BuildExt.with_options(use_ninja=True)},
+)

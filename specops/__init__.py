@@ -1,0 +1,18 @@
+"""specops: kernels for speculative decoding of LLMs (torch / CPU C++ / Triton / CUDA C++ backends).
+
+``python -m specops`` prints which backends are available here and why.
+"""
+from . import _ext  # noqa: F401  (loads the compiled extensions and their op registrations)
+from .backend import BackendUnavailable, available, use_backend
+from .ops.tree_mask import build_tree_mask, pack_mask, unpack_mask
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendUnavailable",
+    "available",
+    "build_tree_mask",
+    "pack_mask",
+    "unpack_mask",
+    "use_backend",
+]

@@ -1,0 +1,3 @@
+from .report import report
+
+print(report())

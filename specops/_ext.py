@@ -1,0 +1,27 @@
+"""Loads the compiled extensions once and remembers why one is missing.
+
+Importing an extension runs its TORCH_LIBRARY registrations; nothing here probes devices.
+"""
+import importlib
+
+import torch  # noqa: F401  (loads libc10/libtorch, which the extensions link against)
+
+
+def _load(name):
+    try:
+        return importlib.import_module(f"specops.{name}"), None
+    except ImportError as err:  # not built, or built against another torch
+        return None, f"specops.{name} not importable ({err})"
+
+
+# _C defines every schema (its TORCH_LIBRARY_FRAGMENTs), so it loads before _C_cuda.
+cpu_ext, cpu_ext_error = _load("_C")
+cuda_ext, cuda_ext_error = _load("_C_cuda")
+
+
+def cuda_archs():
+    """The SM architectures the CUDA extension was compiled for, e.g. ["sm_80", "sm_90"]."""
+    if cuda_ext is None:
+        return []
+    tag = cuda_ext.build_info()["cuda_archs"]
+    return [f"sm_{a[2:]}" for a in tag.split("_") if a.startswith("sm")]

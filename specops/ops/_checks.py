@@ -1,0 +1,82 @@
+"""Argument validation shared by every op: errors name the argument, the expectation and what came.
+
+Metadata checks (type, dtype, rank, shape, device) never touch tensor values. Value checks
+(``tree_values``, ``range_values``) need one host sync and run only when an op's ``check=True``.
+"""
+import torch
+
+
+def tensor(name, t, *, dtype=None, rank=None, shape=None, device=None, last_stride_one=False):
+    """Checks one tensor argument. ``dtype`` may be a dtype or a tuple of allowed dtypes;
+    ``shape`` a tuple whose ``None`` entries are free."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtype is not None:
+        allowed = dtype if isinstance(dtype, tuple) else (dtype,)
+        if t.dtype not in allowed:
+            want = " or ".join(str(d) for d in allowed)
+            raise TypeError(f"{name} must have dtype {want}, got {t.dtype}")
+    if rank is None and shape is not None:
+        rank = len(shape)
+    if rank is not None and t.dim() != rank:
+        raise ValueError(f"{name} must have rank {rank}, got shape {tuple(t.shape)}")
+    if shape is not None:
+        for got, want in zip(t.shape, shape):
+            if want is not None and got != want:
+                expect = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+                raise ValueError(f"{name} must have shape {expect}, got {tuple(t.shape)}")
+    if device is not None and t.device != torch.device(device):
+        raise ValueError(f"{name} must be on {device} (with the other inputs), got {t.device}")
+    if last_stride_one and t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have stride 1 in its last dimension, got strides {t.stride()}")
+    return t
+
+
+def _first_bad(flags):
+    """Host-syncs once on a stack of per-rule failure flags; returns the first failing index or None."""
+    bad = torch.stack(flags).cpu().tolist()
+    for i, b in enumerate(bad):
+        if b:
+            return i
+    return None
+
+
+def range_values(name, t, lo, hi, what=None):
+    """Every value of ``t`` lies in ``[lo, hi]`` (one host sync)."""
+    if t.numel() == 0:
+        return
+    if _first_bad([(t < lo).any() | (t > hi).any()]) is not None:
+        got = (t.min().item(), t.max().item())
+        raise ValueError(f"{name} must lie in [{lo}, {hi}]{' (' + what + ')' if what else ''}, "
+                         f"got values in [{got[0]}, {got[1]}]")
+
+
+def tree_values(parents, num_nodes, *, parents_name="parents", num_nodes_name="num_nodes"):
+    """``parents`` [B, T] describes, per row, a topologically ordered tree of ``num_nodes[b]`` nodes:
+    ``parents[b, 0] == -1`` and ``-1 < parents[b, i] < i`` for ``0 < i < num_nodes[b]``.
+    Padding entries (``i >= num_nodes[b]``) are ignored. One host sync."""
+    B, T = parents.shape
+    if B == 0 or T == 0:
+        return
+    idx = torch.arange(T, device=parents.device)
+    valid = idx[None, :] < num_nodes[:, None]
+    root_bad = valid[:, 0] & (parents[:, 0] != -1)
+    child = valid & (idx[None, :] > 0)
+    child_bad = child & ((parents < 0) | (parents >= idx[None, :]))
+    which = _first_bad([((num_nodes < 1) | (num_nodes > T)).any(), root_bad.any(), child_bad.any()])
+    if which == 0:
+        got = num_nodes.min().item(), num_nodes.max().item()
+        raise ValueError(f"{num_nodes_name} must lie in [1, T={T}], got values in [{got[0]}, {got[1]}]")
+    if which == 1:
+        b = int(root_bad.nonzero()[0, 0])
+        raise ValueError(f"{parents_name}[{b}, 0] must be -1 (node 0 is the root), "
+                         f"got {int(parents[b, 0])}")
+    if which == 2:
+        b, i = (int(v) for v in child_bad.nonzero()[0])
+        raise ValueError(f"{parents_name}[{b}, {i}] must satisfy -1 < parent < {i} (topological order), "
+                         f"got {int(parents[b, i])}")
+
+
+def lengths(name, t, B, device):
+    """An int32 [B] per-sequence length tensor."""
+    return tensor(name, t, dtype=torch.int32, shape=(B,), device=device)

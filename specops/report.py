@@ -1,0 +1,33 @@
+"""What ``python -m specops`` prints: every backend, available or not, and why."""
+import importlib.metadata
+import platform
+
+import torch
+
+from . import backend
+
+
+def _version(dist):
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def report():
+    lines = [f"specops {importlib.import_module('specops').__version__} on {platform.machine()}, "
+             f"{torch.get_num_threads()} threads"]
+    lines.append("versions: " + ", ".join(f"{d} {_version(d)}" for d in ("torch", "triton", "transformers")))
+    lines.append(f"cuda device visible: {torch.cuda.is_available()}")
+    lines.append("")
+    lines.append(f"{'backend':<8} {'cpu':<5} {'cuda':<5} why")
+    for name in backend.BACKENDS:
+        cpu_ok, cpu_why = backend.available(name, "cpu")
+        cuda_ok, cuda_why = backend.available(name, "cuda")
+        why = cpu_why if cpu_ok or not cuda_ok else cuda_why
+        if not cpu_ok and not cuda_ok and cpu_why != cuda_why:
+            why = f"cpu: {cpu_why}; cuda: {cuda_why}"
+        lines.append(f"{name:<8} {'yes' if cpu_ok else 'no':<5} {'yes' if cuda_ok else 'no':<5} {why}")
+    lines.append("")
+    lines.append("ops: " + ", ".join(f"{op} [{'/'.join(backend.implementations(op))}]" for op in backend.ops()))
+    return "\n".join(lines)

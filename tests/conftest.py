@@ -1,0 +1,48 @@
+"""Shared fixtures: every test that takes ``backend`` runs once per backend, skipping (with the
+reason) those that cannot run on this machine's CPU tensors.
+
+TRITON_INTERPRET=1 must be set before any module defining @triton.jit kernels is imported;
+conftest is imported before the test modules, so setting it here covers the whole suite.
+"""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import specops  # noqa: E402
+from specops import backend as _backend  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _backend_params(op_backends=_backend.BACKENDS):
+    params = []
+    for name in op_backends:
+        ok, why = _backend.available(name, DEVICE)
+        marks = () if ok else (pytest.mark.skip(reason=f"{name}: {why}"),)
+        params.append(pytest.param(name, id=name, marks=marks))
+    return params
+
+
+@pytest.fixture(params=_backend_params())
+def backend(request):
+    """A backend name that can run on ``device``."""
+    return request.param
+
+
+@pytest.fixture(params=[b for b in _backend_params() if b.values[0] != "torch"])
+def fast_backend(request):
+    """A non-reference backend (what is compared against ``torch``)."""
+    return request.param
+
+
+@pytest.fixture
+def device():
+    return DEVICE
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

@@ -1,0 +1,217 @@
+"""build_tree_mask: golden trees, every backend vs the reference, properties, errors, registration."""
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import specops
+from specops import backend as _backend
+from specops.testing import random_num_nodes, random_parents
+
+
+def bits(mask_row):
+    """Set bit positions of one packed mask row, as a sorted list."""
+    return [j for j in range(32 * mask_row.numel()) if (int(mask_row[j // 32]) >> (j % 32)) & 1]
+
+
+def run(parents, num_nodes=None, backend="torch", device="cpu"):
+    p = torch.tensor(parents, dtype=torch.int32, device=device)
+    if p.dim() == 1:
+        p = p[None]
+    nn = None if num_nodes is None else torch.tensor(num_nodes, dtype=torch.int32, device=device)
+    mask, depth = specops.build_tree_mask(p, nn, backend=backend)
+    return mask.cpu(), depth.cpu()
+
+
+# ---- golden cases, each on every backend -------------------------------------------------------
+
+def test_chain_sees_every_earlier_node(backend, device):
+    mask, depth = run([-1, 0, 1, 2, 3], backend=backend, device=device)
+    for i in range(5):
+        assert bits(mask[0, i]) == list(range(i + 1))
+    assert depth[0].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_star_children_see_root_and_themselves(backend, device):
+    mask, depth = run([-1, 0, 0, 0, 0, 0], backend=backend, device=device)
+    assert bits(mask[0, 0]) == [0]
+    for i in range(1, 6):
+        assert bits(mask[0, i]) == [0, i]
+    assert depth[0].tolist() == [0, 1, 1, 1, 1, 1]
+
+
+def test_binary_tree(backend, device):
+    # 0 -> (1, 2); 1 -> (3, 4); 2 -> (5, 6)
+    mask, depth = run([-1, 0, 0, 1, 1, 2, 2], backend=backend, device=device)
+    assert [bits(mask[0, i]) for i in range(7)] == [[0], [0, 1], [0, 2], [0, 1, 3], [0, 1, 4], [0, 2, 5], [0, 2, 6]]
+    assert depth[0].tolist() == [0, 1, 1, 2, 2, 2, 2]
+
+
+def test_padding_rows_hold_only_their_own_bit(backend, device):
+    mask, depth = run([[-1, 0, 1, 7, 99], [-1, 0, 0, 1, 2]], num_nodes=[3, 5], backend=backend, device=device)
+    assert [bits(mask[0, i]) for i in range(5)] == [[0], [0, 1], [0, 1, 2], [3], [4]]
+    assert depth[0].tolist() == [0, 1, 2, 0, 0]
+    assert depth[1].tolist() == [0, 1, 1, 2, 2]
+
+
+def test_single_node(backend, device):
+    mask, depth = run([-1], backend=backend, device=device)
+    assert mask.shape == (1, 1, 1) and mask[0, 0, 0] == 1 and depth.tolist() == [[0]]
+
+
+def test_t33_crosses_a_word_boundary(backend, device):
+    mask, depth = run(list(range(-1, 32)), backend=backend, device=device)  # a chain of 33
+    assert mask.shape == (1, 33, 2)
+    assert bits(mask[0, 32]) == list(range(33))
+    assert mask[0, 31, 0] == -1 and mask[0, 31, 1] == 0  # bit 31 set in every word: int32 wraps
+    assert depth[0, 32] == 32
+
+
+def test_t100_deep_and_wide(backend, device):
+    parents = [-1] + [0] * 49 + list(range(49, 99))  # a star of 49, then a chain hanging off node 49
+    mask, depth = run(parents, backend=backend, device=device)
+    assert mask.shape == (1, 100, 4)
+    assert bits(mask[0, 99]) == [0] + list(range(49, 100))
+    assert depth[0, 99] == 51 and depth[0, 48] == 1
+
+
+# ---- every backend vs the reference ----------------------------------------------------------
+
+@pytest.mark.parametrize("B", [1, 3, 17])
+@pytest.mark.parametrize("T", [1, 5, 31, 33, 97, 257])
+def test_matches_reference_on_random_trees(fast_backend, device, B, T):
+    g = torch.Generator().manual_seed(B * 1000 + T)
+    nn = random_num_nodes(B, T, generator=g, device=device)
+    parents = random_parents(B, T, num_nodes=nn, generator=g, device=device)
+    want = specops.build_tree_mask(parents, nn, backend="torch")
+    got = specops.build_tree_mask(parents, nn, backend=fast_backend)
+    for w, o in zip(want, got):
+        assert o.dtype == torch.int32 and torch.equal(o.cpu(), w.cpu())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(B=st.integers(1, 5), T=st.integers(1, 70), seed=st.integers(0, 2**31 - 1), chain=st.booleans())
+def test_property_all_backends_agree_and_masks_are_ancestor_closures(B, T, seed, chain, device):
+    g = torch.Generator().manual_seed(seed)
+    nn = random_num_nodes(B, T, generator=g, device=device)
+    parents = random_parents(B, T, num_nodes=nn, generator=g, device=device, max_children=1 if chain else None)
+    want_mask, want_depth = specops.build_tree_mask(parents, nn, backend="torch")
+    vis = specops.unpack_mask(want_mask, T).cpu()
+    p, n = parents.cpu(), nn.cpu()
+    for b in range(B):
+        for i in range(T):
+            # closure property: row i = row parent(i) + {i}; depth = depth(parent) + 1
+            if 0 < i < n[b]:
+                expect = vis[b, p[b, i]].clone()
+                expect[i] = True
+                assert torch.equal(vis[b, i], expect)
+                assert want_depth[b, i] == want_depth[b, p[b, i]] + 1
+            else:
+                assert vis[b, i].nonzero().flatten().tolist() == [i] and want_depth[b, i] == 0
+    for name in _backend.BACKENDS[1:]:
+        if _backend.available(name, device)[0]:
+            got = specops.build_tree_mask(parents, nn, backend=name)
+            assert torch.equal(got[0], want_mask) and torch.equal(got[1], want_depth), name
+
+
+def test_pack_unpack_round_trip():
+    vis = torch.rand(3, 7, 70) < 0.5
+    packed = specops.pack_mask(vis)
+    assert packed.shape == (3, 7, 3) and packed.dtype == torch.int32
+    assert torch.equal(specops.unpack_mask(packed, 70), vis)
+
+
+# ---- errors -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("parents, num_nodes, exc, match", [
+    (torch.zeros(2, 3, dtype=torch.int64), None, TypeError, "parents must have dtype torch.int32"),
+    ([[-1, 0]], None, TypeError, "parents must be a torch.Tensor"),
+    (torch.tensor([-1, 0], dtype=torch.int32), None, ValueError, "parents must have rank 2"),
+    (torch.zeros(2, 0, dtype=torch.int32), None, ValueError, "at least one node"),
+    (torch.tensor([[-1, 0, 0]], dtype=torch.int32), torch.tensor([3, 3], dtype=torch.int32), ValueError,
+     r"num_nodes must have shape \[1\]"),
+    (torch.tensor([[-1, 0, 0]], dtype=torch.int32), torch.tensor([3.0]), TypeError, "num_nodes must have dtype"),
+    (torch.tensor([[-1, 0, 0]], dtype=torch.int32), torch.tensor([0], dtype=torch.int32), ValueError,
+     r"num_nodes must lie in \[1, T=3\]"),
+    (torch.tensor([[-1, 0, 0]], dtype=torch.int32), torch.tensor([4], dtype=torch.int32), ValueError,
+     r"num_nodes must lie in \[1, T=3\]"),
+    (torch.tensor([[0, 0, 0]], dtype=torch.int32), None, ValueError, r"parents\[0, 0\] must be -1"),
+    (torch.tensor([[-1, 0, 2]], dtype=torch.int32), None, ValueError, r"parents\[0, 2\] must satisfy -1 < parent < 2"),
+    (torch.tensor([[-1, -1, 0]], dtype=torch.int32), None, ValueError, r"parents\[0, 1\] must satisfy"),
+    (torch.tensor([[-1, 0, 3]], dtype=torch.int32), None, ValueError, r"parents\[0, 2\]"),
+])
+def test_bad_input_raises_naming_the_argument(backend, parents, num_nodes, exc, match):
+    with pytest.raises(exc, match=match):
+        specops.build_tree_mask(parents, num_nodes, backend=backend)
+
+
+def test_padding_entries_are_not_validated():
+    parents = torch.tensor([[-1, 0, 55, -9]], dtype=torch.int32)
+    mask, _ = specops.build_tree_mask(parents, torch.tensor([2], dtype=torch.int32))
+    assert mask.shape == (1, 4, 1)
+
+
+def test_device_mismatch_raises():
+    parents = torch.tensor([[-1, 0]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="num_nodes must be on cpu"):
+        specops.build_tree_mask(parents, torch.tensor([2], dtype=torch.int32, device="meta"))
+
+
+# ---- dispatch ---------------------------------------------------------------------------------
+
+def test_unknown_backend_names_the_choices():
+    with pytest.raises(ValueError, match="backend= must name one of"):
+        specops.build_tree_mask(torch.tensor([[-1]], dtype=torch.int32), backend="tpu")
+
+
+def test_unavailable_backend_raises_with_reason(monkeypatch):
+    monkeypatch.setitem(_backend._IMPLS["build_tree_mask"], "cuda", _backend._IMPLS["build_tree_mask"]["cuda"])
+    with pytest.raises(specops.BackendUnavailable, match="backend 'cuda' .*unavailable on cpu: "):
+        specops.build_tree_mask(torch.tensor([[-1]], dtype=torch.int32), backend="cuda")
+
+
+def test_precedence_argument_then_context_then_env(monkeypatch):
+    calls = []
+    impls = _backend._IMPLS["build_tree_mask"]
+    for name in ("torch", "cpp"):
+        fn = impls[name]
+        monkeypatch.setitem(impls, name, lambda *a, _n=name, _f=fn: calls.append(_n) or _f(*a))
+    parents = torch.tensor([[-1, 0]], dtype=torch.int32)
+    monkeypatch.setenv("SPECOPS_BACKEND", "torch")
+    specops.build_tree_mask(parents)
+    if _backend.available("cpp")[0]:
+        with specops.use_backend("cpp"):
+            specops.build_tree_mask(parents)
+            specops.build_tree_mask(parents, backend="torch")
+        monkeypatch.delenv("SPECOPS_BACKEND")
+        specops.build_tree_mask(parents)  # CPU preference: cpp first
+        assert calls == ["torch", "cpp", "torch", "cpp"]
+    else:
+        assert calls == ["torch"]
+
+
+# ---- registration -----------------------------------------------------------------------------
+
+needs_cpp = pytest.mark.skipif(not _backend.available("cpp")[0], reason=_backend.available("cpp")[1])
+
+
+@needs_cpp
+@pytest.mark.parametrize("B,T", [(1, 1), (3, 33), (2, 70)])
+def test_opcheck(B, T):
+    g = torch.Generator().manual_seed(T)
+    nn = random_num_nodes(B, T, generator=g)
+    torch.library.opcheck(torch.ops.specops.build_tree_mask.default, (random_parents(B, T, num_nodes=nn, generator=g), nn))
+
+
+@needs_cpp
+def test_torch_compile_fullgraph():
+    parents = random_parents(3, 40, generator=torch.Generator().manual_seed(1))
+    nn = torch.tensor([40, 7, 1], dtype=torch.int32)
+
+    def f(p, n):
+        mask, depth = specops.build_tree_mask(p, n, check=False, backend="cpp")
+        return mask, depth + 1
+
+    got = torch.compile(f, fullgraph=True)(parents, nn)
+    want = specops.build_tree_mask(parents, nn, backend="torch")
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1] + 1)
