@@ -5,6 +5,7 @@
 from . import _ext  # noqa: F401  (loads the compiled extensions and their op registrations)
 from .backend import BackendUnavailable, available, use_backend
 from .ops.tree_mask import build_tree_mask, pack_mask, unpack_mask
+from .ops.verify import verify_greedy, verify_joint, verify_tree
 
 __version__ = "0.1.0"
 
@@ -15,4 +16,7 @@ __all__ = [
     "pack_mask",
     "unpack_mask",
     "use_backend",
+    "verify_greedy",
+    "verify_joint",
+    "verify_tree",
 ]

@@ -1,0 +1,129 @@
+// verify_greedy and verify_joint on the CPU (one task per sequence), and the schemas of the three
+// verification ops. verify_tree lives in verify_tree.cpp; the decision logic in ../verify_common.h.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "verify_cpu.h"
+
+namespace specops {
+namespace verify {
+namespace cpu {
+
+// Stores straight to the outputs; the walks need nothing else from an engine for R1.
+struct EmitOnly {
+  void emit(int32_t* out, int32_t v) { *out = v; }
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(const at::Tensor& tokens,         // [B, T] int32
+                                                                 const at::Tensor& parents,        // [B, T] int32
+                                                                 const at::Tensor& target_logits,  // [B, T, V]
+                                                                 const at::Tensor& num_nodes)      // [B] int32
+{
+  check_tree_args(tokens, parents, num_nodes, target_logits);
+  const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2);
+  auto tok = tokens.contiguous();
+  auto par = parents.contiguous();
+  auto nn = num_nodes.contiguous();
+  auto logits = target_logits.contiguous();
+  auto accept_idx = at::full({B, T}, -1, tokens.options());
+  auto accept_len = at::empty({B}, tokens.options());
+  auto bonus = at::empty({B}, tokens.options());
+  const int32_t* tk = tok.data_ptr<int32_t>();
+  const int32_t* pa = par.data_ptr<int32_t>();
+  const int32_t* n = nn.data_ptr<int32_t>();
+  int32_t* ai = accept_idx.data_ptr<int32_t>();
+  int32_t* al = accept_len.data_ptr<int32_t>();
+  int32_t* bo = bonus.data_ptr<int32_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "verify_greedy_cpu", [&] {
+    const scalar_t* lg = logits.data_ptr<scalar_t>();
+    at::parallel_for(0, B, 1, [&](int64_t lo, int64_t hi) {
+      EmitOnly e;
+      for (int64_t b = lo; b < hi; ++b) {
+        const scalar_t* rows = lg + b * T * V;
+        auto predict = [&](int32_t u) { return argmax_row(rows + u * V, V); };
+        match_walk(e, predict, tk + b * T, pa + b * T, valid_nodes(n[b], static_cast<int32_t>(T)), ai + b * T, al + b,
+                   bo + b);
+      }
+    });
+  });
+  return {accept_idx, accept_len, bonus};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_cpu(
+    const at::Tensor& draft_tokens,          // [B, g] int32
+    const at::Tensor& target_logprobs,       // [B, g + 1, V] fp32
+    const at::Tensor& draft_joint_logprobs,  // [B, g] fp32
+    const at::Tensor& log_tau,               // [B] fp32
+    const at::Tensor& uniforms)              // [B] fp32
+{
+  SPECOPS_CHECK_DTYPE(draft_tokens, at::kInt);
+  SPECOPS_CHECK_DTYPE(target_logprobs, at::kFloat);
+  SPECOPS_CHECK_DTYPE(draft_joint_logprobs, at::kFloat);
+  SPECOPS_CHECK_DTYPE(log_tau, at::kFloat);
+  SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
+  SPECOPS_CHECK_DIM(draft_tokens, 2);
+  SPECOPS_CHECK_DIM(target_logprobs, 3);
+  const int64_t B = draft_tokens.size(0), g = draft_tokens.size(1), V = target_logprobs.size(2);
+  TORCH_CHECK(target_logprobs.size(0) == B && target_logprobs.size(1) == g + 1 && V >= 1,
+              "target_logprobs must have shape [B, g + 1, V]");
+  TORCH_CHECK(draft_joint_logprobs.sizes() == draft_tokens.sizes(), "draft_joint_logprobs must have shape [B, g]");
+  TORCH_CHECK(log_tau.dim() == 1 && log_tau.size(0) == B, "log_tau must have shape [B]");
+  TORCH_CHECK(uniforms.dim() == 1 && uniforms.size(0) == B, "uniforms must have shape [B]");
+  auto tok = draft_tokens.contiguous();
+  auto lp = target_logprobs.contiguous();
+  auto lq = draft_joint_logprobs.contiguous();
+  auto lt = log_tau.contiguous();
+  auto un = uniforms.contiguous();
+  auto accept_idx = at::full({B, g + 1}, -1, draft_tokens.options());
+  auto accept_len = at::empty({B}, draft_tokens.options());
+  auto bonus = at::empty({B}, draft_tokens.options());
+  const int32_t* tk = tok.data_ptr<int32_t>();
+  const float* lpp = lp.data_ptr<float>();
+  const float* lqp = lq.data_ptr<float>();
+  const float* ltp = lt.data_ptr<float>();
+  const float* up = un.data_ptr<float>();
+  int32_t* ai = accept_idx.data_ptr<int32_t>();
+  int32_t* al = accept_len.data_ptr<int32_t>();
+  int32_t* bo = bonus.data_ptr<int32_t>();
+  const int32_t S = fix_shift(V);
+  const float scale = exp2i(S);
+  at::parallel_for(0, B, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; ++b) {
+      const float* rows = lpp + b * (g + 1) * V;
+      // R6: the longest prefix passing the test, not the first failure.
+      float joint = 0.0f;
+      int32_t eta = 0;
+      for (int64_t j = 1; j <= g; ++j) {
+        const int32_t x = tk[b * g + j - 1];
+        joint = add_rn(joint, in_vocab(x, V) ? rows[(j - 1) * V + x] : -inf_f());
+        if (joint_pass(ltp[b], joint, lqp[b * g + j - 1])) eta = static_cast<int32_t>(j);
+      }
+      for (int32_t j = 0; j <= eta; ++j) ai[b * (g + 1) + j] = j;
+      al[b] = eta + 1;
+      const float* row = rows + eta * V;
+      auto weight = [&](int64_t i) { return fix_weight(det_exp(row[i]), scale); };
+      bo[b] = sample_weights(V, sum_weights(V, weight), up[b], weight);
+    }
+  });
+  return {accept_idx, accept_len, bonus};
+}
+
+}  // namespace cpu
+}  // namespace verify
+}  // namespace specops
+
+TORCH_LIBRARY_FRAGMENT(specops, m) {
+  m.def("verify_greedy(Tensor tokens, Tensor parents, Tensor target_logits, Tensor num_nodes)"
+        " -> (Tensor accept_idx, Tensor accept_lens, Tensor bonus)");
+  m.def("verify_tree(Tensor tokens, Tensor parents, Tensor target_probs, Tensor uniforms, Tensor? draft_probs,"
+        " Tensor num_nodes, str mode) -> (Tensor accept_idx, Tensor accept_lens, Tensor bonus)");
+  m.def("verify_joint(Tensor draft_tokens, Tensor target_logprobs, Tensor draft_joint_logprobs, Tensor log_tau,"
+        " Tensor uniforms) -> (Tensor accept_idx, Tensor accept_lens, Tensor bonus)");
+}
+
+TORCH_LIBRARY_IMPL(specops, CPU, m) {
+  m.impl("verify_greedy", &specops::verify::cpu::verify_greedy_cpu);
+  m.impl("verify_joint", &specops::verify::cpu::verify_joint_cpu);
+}

@@ -1,0 +1,314 @@
+"""Verification: which draft tokens survive a target forward, and the token emitted after them.
+
+Terms. A draft tree follows the ``build_tree_mask`` convention: ``tokens`` / ``parents`` int32
+``[B, T]``, node 0 = the root (the pending token), ``parents[b, i] < i``, ``num_nodes`` int32 [B]
+valid nodes per row (the rest is padding and ignored). Siblings appear in the order the drafter
+ranked (or, for R3w, drew) them. Row ``i`` of the target's ``[B, T, V]`` output is its
+distribution of the token following node ``i``. A chain is the tree ``parents[i] = i - 1``.
+
+Outputs (every op): ``accept_idx`` int32 [B, T] — the accepted root path ``0 = a_0 < ... < a_m``
+as node indices, then -1; ``accept_lens`` int32 [B] = m + 1; ``bonus`` int32 [B] — the token
+emitted after the path (the correction or bonus token). Emitted: ``tokens[a_1..a_m], bonus``.
+
+Randomness is an input: ``uniforms`` fp32 [B, T, 2] in [0, 1). ``uniforms[b, c, 0]`` is child
+``c``'s acceptance coin (R2, R3, R3p, R3w, R5). ``uniforms[b, u, 1]`` is node ``u``'s draw: the
+sample at ``u`` (R4), the bonus at the path's end (R5, and R2/R3/R3p/R3w where ``u`` is the last
+node tested at the end node, or the end node itself if it has no children), and R3's uniformly
+random choice of the next child to try. No uniform is read twice, so a verification step is a
+pure function of its inputs: CUDA-graph safe and bit-identical on every backend (see
+``verify_ref`` for the arithmetic contract that makes it so).
+
+Rules (``shared/design/methods.md`` section 1): R1 ``verify_greedy``; ``verify_tree`` modes
+``mss`` R3 (R2 on a chain), ``mss_pointmass`` R3p, ``mss_noreplace`` R3w, ``sample_match`` R4,
+``gsd`` R5 (not lossless); R6 ``verify_joint`` (not lossless by design). A residual
+``norm(max(0, p - q))`` whose mass is below 1e-12 falls back to ``p``.
+"""
+import torch
+
+from .. import _ext
+from ..backend import register, resolve
+from . import _checks
+from . import verify_ref  # noqa: F401  (registers the torch backend)
+
+MODES = ("mss", "mss_pointmass", "mss_noreplace", "sample_match", "gsd")
+NEEDS_DRAFT = ("mss", "mss_noreplace", "gsd")
+ROW_SUM_TOL = 1e-3
+_LOGITS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, check=True, backend=None):
+    """R1: at each node accept the first child whose token is the target's argmax; the argmax at
+    the last accepted node is the bonus (ties go to the lowest token id).
+
+    Shape: tokens, parents int32 [B, T], target_logits fp32/fp16/bf16 [B, T, V], num_nodes int32 [B]
+    or None (= T) -> (accept_idx int32 [B, T], accept_lens int32 [B], bonus int32 [B]).
+
+    ``check=True`` also validates values (tree rules, tokens in [0, V), no NaN / +inf logits) at
+    the cost of one host sync. With ``check=False`` bad values never crash a kernel: a token
+    outside [0, V) never matches and malformed parents end the walk.
+    """
+    B, T, num_nodes = _tree_args(tokens, parents, num_nodes)
+    _checks.tensor("target_logits", target_logits, dtype=_LOGITS, rank=3, device=tokens.device)
+    V = _rows_shape("target_logits", target_logits, B, T)
+    if check:
+        bad_rows = torch.isnan(target_logits).any(-1) | (target_logits == torch.inf).any(-1)
+        _raise_first(_tree_flags(tokens, parents, num_nodes, V) + [_flag(bad_rows.any(), lambda: (
+            "target_logits[{}, {}] must not contain NaN or +inf".format(*_first_row(bad_rows)),))])
+    return resolve("verify_greedy", tokens.device, backend)(tokens, parents, target_logits, num_nodes)
+
+
+def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs=None, mode, num_nodes=None,
+                check=True, backend=None):
+    """Stochastic tree verification with one of the rules R2-R5 (``mode``).
+
+    Shape: tokens, parents int32 [B, T], target_probs fp32 [B, T, V] (the warped target
+    distribution at each node), uniforms fp32 [B, T, 2], draft_probs fp32 [B, T, V] or None (row
+    ``c`` = the distribution node ``c`` was drawn from, i.e. its proposer's at ``parents[c]``;
+    needed by ``mss``, ``mss_noreplace`` and ``gsd``; ``mss_noreplace`` reads, at each node, the
+    row of its first child), num_nodes int32 [B] or None (= T) ->
+    (accept_idx int32 [B, T], accept_lens int32 [B], bonus int32 [B]).
+
+    Modes: ``mss`` (R3, SpecInfer's multi-step speculative sampling; lossless when each child is
+    an independent draw from its own draft row; on a chain it is R2, Leviathan/Chen);
+    ``mss_pointmass`` (R3p: deterministic children, ``q = delta``); ``mss_noreplace`` (R3w:
+    children drawn without replacement from one draft row, in draw order); ``sample_match`` (R4:
+    draw one token per node, accept the child that matches; lossless for any draft);
+    ``gsd`` (R5: GSD's reference rule, independent per-edge tests, longest passing path, bonus
+    from the target without a residual; **not lossless**).
+
+    ``check=True`` validates values with one host sync: tree rules, tokens in [0, V), uniforms in
+    [0, 1), finite non-negative probability rows summing to 1 (within 1e-3) at valid nodes.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    B, T, num_nodes = _tree_args(tokens, parents, num_nodes)
+    dev = tokens.device
+    _checks.tensor("target_probs", target_probs, dtype=torch.float32, rank=3, device=dev)
+    V = _rows_shape("target_probs", target_probs, B, T)
+    _checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B, T, 2), device=dev)
+    if draft_probs is None:
+        if mode in NEEDS_DRAFT:
+            raise ValueError(f"draft_probs is required for mode={mode!r} (shape [B, T, V] = [{B}, {T}, {V}])")
+    else:
+        _checks.tensor("draft_probs", draft_probs, dtype=torch.float32, shape=(B, T, V), device=dev)
+    if check:
+        valid = _valid(num_nodes, T)
+        child = valid & (torch.arange(T, device=dev) > 0)
+        flags = _tree_flags(tokens, parents, num_nodes, V) + [_uniform_flag("uniforms", uniforms)]
+        flags += _prob_flags("target_probs", target_probs, valid)
+        if draft_probs is not None and mode in NEEDS_DRAFT:
+            flags += _prob_flags("draft_probs", draft_probs, child)
+        _raise_first(flags)
+    return resolve("verify_tree", dev, backend)(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode)
+
+
+def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, uniforms, *, check=True, backend=None):
+    """R6 (MJSD): accept the longest draft prefix ``j`` with ``tau < min(1, p_joint / q_joint)``
+    (not the first failure), then draw the bonus from the target at the next position.
+
+    Shape: draft_tokens int32 [B, g], target_logprobs fp32 [B, g + 1, V] (row ``i`` = the warped
+    target log-distribution after the root and ``i`` drafts), draft_joint_logprobs fp32 [B, g]
+    (``log q(x_1..x_j)``), tau float or fp32 [B] in [0, 1], uniforms fp32 [B] ->
+    (accept_idx int32 [B, g + 1], accept_lens int32 [B], bonus int32 [B]).
+
+    ``p_joint`` accumulates ``target_logprobs[b, j - 1, x_j]`` left to right in fp32; the test runs
+    in log space. ``tau = 1`` accepts nothing (target-only decoding), ``tau = 0`` accepts all
+    ``g`` drafts. Not lossless by design. ``check=True`` validates values with one host sync.
+    """
+    _checks.tensor("draft_tokens", draft_tokens, dtype=torch.int32, rank=2)
+    B, g = draft_tokens.shape
+    dev = draft_tokens.device
+    _checks.tensor("target_logprobs", target_logprobs, dtype=torch.float32, rank=3, device=dev)
+    if target_logprobs.shape[:2] != (B, g + 1) or target_logprobs.shape[2] < 1:
+        raise ValueError(f"target_logprobs must have shape [B, g + 1, V] = [{B}, {g + 1}, V >= 1], "
+                         f"got {tuple(target_logprobs.shape)}")
+    V = target_logprobs.shape[2]
+    _checks.tensor("draft_joint_logprobs", draft_joint_logprobs, dtype=torch.float32, shape=(B, g), device=dev)
+    _checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B,), device=dev)
+    if isinstance(tau, torch.Tensor):
+        _checks.tensor("tau", tau, dtype=torch.float32, shape=(B,), device=dev)
+    elif isinstance(tau, (int, float)) and not isinstance(tau, bool):
+        if not 0.0 <= tau <= 1.0:
+            raise ValueError(f"tau must lie in [0, 1], got {tau}")
+        tau = torch.full((B,), float(tau), dtype=torch.float32, device=dev)
+    else:
+        raise TypeError(f"tau must be a float or a torch.Tensor, got {type(tau).__name__}")
+    if check:
+        bad_tok = (draft_tokens < 0) | (draft_tokens >= V)
+        lse = torch.logsumexp(target_logprobs, -1)
+        _raise_first([
+            _flag(bad_tok.any(), lambda: ("draft_tokens must lie in [0, V={}), got {} at [{}, {}]".format(
+                V, *_first_value(draft_tokens, bad_tok)),)),
+            _flag(((tau < 0) | (tau > 1) | torch.isnan(tau)).any(), lambda: (
+                f"tau must lie in [0, 1], got values in [{tau.min().item()}, {tau.max().item()}]",)),
+            _uniform_flag("uniforms", uniforms),
+            _flag((torch.isnan(target_logprobs) | (target_logprobs == torch.inf)).any(), lambda: (
+                "target_logprobs must not contain NaN or +inf",)),
+            _flag((lse.abs() > ROW_SUM_TOL).any(), lambda: (
+                "target_logprobs[{}, {}] must be a log-distribution (logsumexp 0 within {}), got {:.6g}".format(
+                    *_first_row(lse.abs() > ROW_SUM_TOL), ROW_SUM_TOL, float(lse[_first_row(lse.abs() > ROW_SUM_TOL)])),)),
+            _flag((torch.isnan(draft_joint_logprobs) | (draft_joint_logprobs > 0)).any(), lambda: (
+                "draft_joint_logprobs must be log-probabilities (<= 0, not NaN)",)),
+        ])
+    log_tau = torch.log(tau)
+    return resolve("verify_joint", dev, backend)(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau,
+                                                 uniforms)
+
+
+# ---- argument checks -----------------------------------------------------------------------
+
+def _tree_args(tokens, parents, num_nodes):
+    _checks.tensor("tokens", tokens, dtype=torch.int32, rank=2)
+    B, T = tokens.shape
+    if T == 0:
+        raise ValueError("tokens must have at least one node (T >= 1), got shape (B, 0)")
+    _checks.tensor("parents", parents, dtype=torch.int32, shape=(B, T), device=tokens.device)
+    if num_nodes is None:
+        num_nodes = torch.full((B,), T, dtype=torch.int32, device=tokens.device)
+    else:
+        _checks.lengths("num_nodes", num_nodes, B, tokens.device)
+    return B, T, num_nodes
+
+
+def _rows_shape(name, rows, B, T):
+    if rows.shape[:2] != (B, T) or rows.shape[2] < 1:
+        raise ValueError(f"{name} must have shape [B, T, V] = [{B}, {T}, V >= 1], got {tuple(rows.shape)}")
+    return rows.shape[2]
+
+
+def _valid(num_nodes, T):
+    return torch.arange(T, device=num_nodes.device)[None, :] < num_nodes[:, None]
+
+
+def _flag(bad, message):
+    """A lazily described failure: ``bad`` a bool tensor, ``message()`` -> (text,)."""
+    return bad, message
+
+
+def _raise_first(flags):
+    """One host sync over every flag; raises ValueError for the first that is set."""
+    if not flags:
+        return
+    bad = torch.stack([f[0].reshape(()) for f in flags]).cpu().tolist()
+    for is_bad, (_, message) in zip(bad, flags):
+        if is_bad:
+            raise ValueError(message()[0])
+
+
+def _first_value(t, mask):
+    idx = mask.nonzero()[0].tolist()
+    return (int(t[tuple(idx)]), *idx)
+
+
+def _first_row(mask):
+    return tuple(mask.nonzero()[0].tolist())
+
+
+def _tree_flags(tokens, parents, num_nodes, V):
+    B, T = tokens.shape
+    idx = torch.arange(T, device=tokens.device)
+    valid = idx[None, :] < num_nodes[:, None]
+    root_bad = valid[:, 0] & (parents[:, 0] != -1)
+    child = valid & (idx[None, :] > 0)
+    par_bad = child & ((parents < 0) | (parents >= idx[None, :]))
+    tok_bad = child & ((tokens < 0) | (tokens >= V))
+
+    def nodes_message():
+        got = num_nodes.min().item(), num_nodes.max().item()
+        return (f"num_nodes must lie in [1, T={T}], got values in [{got[0]}, {got[1]}]",)
+
+    def root_message():
+        b = int(root_bad.nonzero()[0, 0])
+        return (f"parents[{b}, 0] must be -1 (node 0 is the root), got {int(parents[b, 0])}",)
+
+    def parent_message():
+        got, b, i = _first_value(parents, par_bad)
+        return (f"parents[{b}, {i}] must satisfy -1 < parent < {i} (topological order), got {got}",)
+
+    def token_message():
+        got, b, i = _first_value(tokens, tok_bad)
+        return (f"tokens[{b}, {i}] must lie in [0, V={V}), got {got}",)
+
+    return [_flag(((num_nodes < 1) | (num_nodes > T)).any(), nodes_message), _flag(root_bad.any(), root_message),
+            _flag(par_bad.any(), parent_message), _flag(tok_bad.any(), token_message)]
+
+
+def _uniform_flag(name, u):
+    bad = ~((u >= 0) & (u < 1))
+    return _flag(bad.any(), lambda: (f"{name} must lie in [0, 1), got values in "
+                                     f"[{u.min().item()}, {u.max().item()}] (NaN counts as outside)",))
+
+
+def _prob_flags(name, rows, where):
+    """Finite, non-negative rows summing to 1 at the [B, T] positions ``where``."""
+    finite = torch.isfinite(rows).all(-1) & (rows >= 0).all(-1)
+    nonfinite = where & ~finite
+    sums = rows.sum(-1, dtype=torch.float64)
+    off = where & finite & ((sums - 1).abs() > ROW_SUM_TOL)
+    return [
+        _flag(nonfinite.any(), lambda: (f"{name}[{', '.join(map(str, _first_row(nonfinite)))}] must be finite and "
+                                        f"non-negative (NaN, Inf or a negative entry found)",)),
+        _flag(off.any(), lambda: (f"{name}[{', '.join(map(str, _first_row(off)))}] must sum to 1 (within "
+                                  f"{ROW_SUM_TOL}), got {float(sums[_first_row(off)]):.6g}",)),
+    ]
+
+
+# ---- backends ------------------------------------------------------------------------------
+
+def _compiled_greedy(tokens, parents, target_logits, num_nodes):
+    return torch.ops.specops.verify_greedy(tokens, parents, target_logits, num_nodes)
+
+
+def _compiled_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode):
+    return torch.ops.specops.verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode)
+
+
+def _compiled_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms):
+    return torch.ops.specops.verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms)
+
+
+for _backend in ("cpp", "cuda"):
+    register("verify_greedy", _backend)(_compiled_greedy)
+    register("verify_tree", _backend)(_compiled_tree)
+    register("verify_joint", _backend)(_compiled_joint)
+
+
+@register("verify_greedy", "triton")
+def _verify_greedy_triton(tokens, parents, target_logits, num_nodes):
+    from ..triton_kernels import verify as kernels
+
+    return kernels.verify_greedy(tokens, parents, target_logits, num_nodes)
+
+
+@register("verify_tree", "triton")
+def _verify_tree_triton(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode):
+    from ..triton_kernels import verify as kernels
+
+    return kernels.verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode)
+
+
+@register("verify_joint", "triton")
+def _verify_joint_triton(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms):
+    from ..triton_kernels import verify as kernels
+
+    return kernels.verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms)
+
+
+def _outputs(tokens, T):
+    B = tokens.shape[0]
+    return tokens.new_empty((B, T)), tokens.new_empty((B,)), tokens.new_empty((B,))
+
+
+if _ext.cpu_ext is not None or _ext.cuda_ext is not None:
+
+    @torch.library.register_fake("specops::verify_greedy")
+    def _(tokens, parents, target_logits, num_nodes):
+        return _outputs(tokens, tokens.shape[1])
+
+    @torch.library.register_fake("specops::verify_tree")
+    def _(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode):
+        return _outputs(tokens, tokens.shape[1])
+
+    @torch.library.register_fake("specops::verify_joint")
+    def _(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms):
+        return _outputs(draft_tokens, draft_tokens.shape[1] + 1)

@@ -1,0 +1,246 @@
+"""The torch reference of the verification ops: the spec every other backend equals bit for bit.
+
+It walks each sequence in Python, as ``csrc/verify_common.h`` does in C++. Scalars are numpy
+float32 (one IEEE single operation each, never Python's double); rows are fp32 tensors. The
+arithmetic contract that makes integer outputs identical on every backend:
+
+* probabilities enter sums as fixed-point weights ``trunc(clamp(x, 0, 1) * 2**S)`` (int64,
+  ``S = 62 - ceil(log2 V)``), so sums are exact whatever the reduction order; NaN weighs 0;
+* a draw is the inverse CDF of those weights: the first index whose running weight sum exceeds
+  ``min(trunc(u * float(W)), W - 1)``;
+* the child test is ``(u * q) * Z < r * Zq`` and the residual ``max(0, r * Zq - Z * q)``, each
+  product and difference rounded on its own (no FMA);
+* ``exp`` of a log-probability (R6's bonus) is :func:`det_exp`, built from the same single
+  operations.
+"""
+import numpy as np
+import torch
+
+from ..backend import register
+
+F32 = np.float32
+RESIDUAL_FLOOR = F32(1e-12)
+MSS_MODES = ("mss", "mss_pointmass", "mss_noreplace")
+
+_LOG2E = F32(1.44269502162933349609375)
+_LN2_HI = F32(0.693145751953125)
+_LN2_LO = F32(1.428606765330187045037746429443359375e-06)
+_EXP_C = [F32(1.0), F32(1.0), F32(0.5), F32(1 / 6), F32(1 / 24), F32(1 / 120), F32(1 / 720), F32(1 / 5040)]
+
+
+def fix_shift(V):
+    """S such that V weights of at most 2**S sum below 2**63."""
+    return 62 - max(0, int(V - 1).bit_length())
+
+
+def _i2f(w):
+    # int64 -> fp32 rounded once (numpy would round through float64 first).
+    return F32(torch.tensor(w, dtype=torch.int64).to(torch.float32).item())
+
+
+def _t(x):
+    return torch.tensor(x, dtype=torch.float32)
+
+
+def fix_weights(x, S):
+    """Fixed-point weights of a row. Shape: x fp32 [V] -> int64 [V]."""
+    c = torch.where(x > 0, x.clamp(max=1.0), torch.zeros((), dtype=x.dtype))
+    return (c * _t(2.0**S)).to(torch.int64)
+
+
+def sample_weights(w, u):
+    """Inverse-CDF draw with uniform ``u`` over int64 weights ``w`` [V] (token 0 if all are 0)."""
+    W = int(w.sum())
+    if W <= 0:
+        return 0
+    wf = _i2f(W)
+    f = F32(u) * wf
+    t = int(min(f, wf)) if f > 0 else 0
+    t = min(t, W - 1)
+    return int(torch.searchsorted(torch.cumsum(w, 0), torch.tensor([t]), right=True)[0])
+
+
+def accept_child(u, q, Z, r, Zq):
+    """Accept with probability min(1, (r / Z) / (q / Zq)), without a division."""
+    return bool((F32(u) * F32(q)) * F32(Z) < F32(r) * F32(Zq))
+
+
+def uniform_index(u, n):
+    f = F32(u) * F32(n)
+    return int(min(f, F32(n - 1))) if f > 0 else 0
+
+
+def residual_fallback(Zn, Z, Zq):
+    return not (Zn > 0) or Zn < (RESIDUAL_FLOOR * F32(Z)) * F32(Zq)
+
+
+def det_exp(x):
+    """exp of fp32 log-probabilities from single IEEE operations (clamped to [-50, 0])."""
+    zero = torch.zeros((), dtype=torch.float32)
+    x = torch.where(x > -50, torch.where(x < 0, x, zero), _t(-50.0))
+    k = torch.floor(x * _t(_LOG2E) + _t(0.5))
+    r = (x - k * _t(_LN2_HI)) - k * _t(_LN2_LO)
+    p = _t(_EXP_C[7]).expand_as(r)
+    for c in reversed(_EXP_C[:7]):
+        p = p * r + _t(c)
+    two_k = ((k.to(torch.int32) + 127) << 23).view(torch.float32)
+    return p * two_k
+
+
+def argmax_first(row):
+    """First index of the maximum, NaN counting as +inf."""
+    row = row.float()
+    return int(torch.where(torch.isnan(row), torch.inf, row).argmax())
+
+
+def _children(parents, n, u):
+    return [c for c in range(u + 1, n) if int(parents[c]) == u]
+
+
+def _finish(B, T, paths, bonuses, device):
+    accept_idx = torch.full((B, T), -1, dtype=torch.int32)
+    for b, path in enumerate(paths):
+        accept_idx[b, : len(path)] = torch.tensor(path, dtype=torch.int32)
+    lens = torch.tensor([len(p) for p in paths], dtype=torch.int32)
+    return accept_idx.to(device), lens.to(device), torch.tensor(bonuses, dtype=torch.int32).to(device)
+
+
+def _match_walk(tokens, parents, n, predict):
+    """R1 / R4: descend into the first child whose token is the prediction at the node."""
+    path, u = [0], 0
+    while True:
+        v = predict(u)
+        kids = [c for c in _children(parents, n, u) if int(tokens[c]) == v]
+        if not kids:
+            return path, v
+        u = kids[0]
+        path.append(u)
+
+
+def _mss_walk(mode, tokens, parents, n, P, Q, U, S):
+    """R2 / R3 / R3p / R3w on one sequence; see mss_walk in csrc/verify_common.h."""
+    V = P.shape[1]
+    inv = F32(2.0**-S)
+    path, u = [0], 0
+    while True:
+        kids = _children(parents, n, u)
+        R, Z, W = P[u].clone(), F32(1.0), None  # current target distribution R / Z
+        Qr, Zq = (Q[kids[0]].clone() if mode == "mss_noreplace" and kids else None), F32(1.0)
+        d, accepted = u, None
+        while kids:
+            j = uniform_index(U[d, 1], len(kids)) if mode == "mss" and len(kids) > 1 else 0
+            s = kids.pop(j)
+            x = int(tokens[s])
+            valid = 0 <= x < V
+            r = F32(R[x]) if valid else F32(0)
+            if mode == "mss_pointmass":
+                q = F32(1.0)
+            else:
+                q = F32((Qr if mode == "mss_noreplace" else Q[s])[x]) if valid else F32(0)
+            d = s
+            if accept_child(U[s, 0], q, Z, r, Zq):
+                accepted = s
+                break
+            if mode == "mss_pointmass":
+                if not valid:
+                    continue
+                new = R.clone()
+                new[x] = 0.0
+                Wn = int(fix_weights(new, S).sum())
+                Zn = _i2f(Wn) * inv
+                if not residual_fallback(Zn, Z, F32(1.0)):
+                    R, W, Z = new, Wn, Zn
+            else:
+                q_row = Qr if mode == "mss_noreplace" else Q[s]
+                c = R * _t(Zq) - _t(Z) * q_row
+                new = torch.where(c > 0, c, torch.zeros((), dtype=c.dtype))
+                Wn = int(fix_weights(new, S).sum())
+                Zn = _i2f(Wn) * inv
+                fallback = residual_fallback(Zn, Z, Zq)
+                if mode == "mss_noreplace":
+                    Qr = Qr.clone()
+                    if valid:
+                        Qr[x] = 0.0
+                    Zq = _i2f(int(fix_weights(Qr, S).sum())) * inv
+                if not fallback:
+                    R, W, Z = new, Wn, Zn
+        if accepted is None:
+            return path, sample_weights(fix_weights(R, S), U[d, 1])
+        u = accepted
+        path.append(u)
+
+
+def _gsd_walk(tokens, parents, n, P, Q, U, S):
+    """R5: the deepest node whose root path passes every edge test (lowest index among equals)."""
+    V = P.shape[1]
+    depth, best = {0: 0}, 0
+    for c in range(1, n):
+        par, x = int(parents[c]), int(tokens[c])
+        if not (0 <= par < c) or par not in depth:
+            continue
+        p = F32(P[par, x]) if 0 <= x < V else F32(0)
+        q = F32(Q[c, x]) if 0 <= x < V else F32(0)
+        if accept_child(U[c, 0], q, F32(1.0), p, F32(1.0)):
+            depth[c] = depth[par] + 1
+            if depth[c] > depth[best]:
+                best = c
+    path = [best]
+    while path[-1] != 0:
+        path.append(int(parents[path[-1]]))
+    return path[::-1], sample_weights(fix_weights(P[best], S), U[best, 1])
+
+
+def _clamped_nodes(num_nodes, T):
+    return [min(max(int(v), 1), T) for v in num_nodes.cpu()]
+
+
+@register("verify_greedy", "torch")
+def verify_greedy_torch(tokens, parents, target_logits, num_nodes):
+    B, T = tokens.shape
+    tok, par, logits = tokens.cpu(), parents.cpu(), target_logits.cpu()
+    paths, bonuses = [], []
+    for b, n in enumerate(_clamped_nodes(num_nodes, T)):
+        path, bonus = _match_walk(tok[b], par[b], n, lambda u, b=b: argmax_first(logits[b, u]))
+        paths.append(path)
+        bonuses.append(bonus)
+    return _finish(B, T, paths, bonuses, tokens.device)
+
+
+@register("verify_tree", "torch")
+def verify_tree_torch(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode):
+    B, T = tokens.shape
+    S = fix_shift(target_probs.shape[2])
+    tok, par, P, U = tokens.cpu(), parents.cpu(), target_probs.cpu(), uniforms.cpu()
+    Q = draft_probs.cpu() if draft_probs is not None else None
+    paths, bonuses = [], []
+    for b, n in enumerate(_clamped_nodes(num_nodes, T)):
+        Qb = Q[b] if Q is not None else None
+        if mode == "sample_match":
+            walk = _match_walk(tok[b], par[b], n, lambda u, b=b: sample_weights(fix_weights(P[b, u], S), U[b, u, 1]))
+        elif mode == "gsd":
+            walk = _gsd_walk(tok[b], par[b], n, P[b], Qb, U[b], S)
+        else:
+            walk = _mss_walk(mode, tok[b], par[b], n, P[b], Qb, U[b], S)
+        paths.append(walk[0])
+        bonuses.append(walk[1])
+    return _finish(B, T, paths, bonuses, tokens.device)
+
+
+@register("verify_joint", "torch")
+def verify_joint_torch(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms):
+    B, g = draft_tokens.shape
+    V = target_logprobs.shape[2]
+    S = fix_shift(V)
+    tok, L, lq, lt, U = (t.cpu() for t in (draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms))
+    paths, bonuses = [], []
+    for b in range(B):
+        joint, eta = F32(0.0), 0
+        for j in range(1, g + 1):
+            x = int(tok[b, j - 1])
+            joint = joint + (F32(L[b, j - 1, x]) if 0 <= x < V else F32(-np.inf))
+            log_tau = F32(lt[b])
+            if log_tau == -np.inf or (log_tau < 0 and joint - F32(lq[b, j - 1]) > log_tau):
+                eta = j  # the longest passing prefix, not the first failure
+        paths.append(list(range(eta + 1)))
+        bonuses.append(sample_weights(fix_weights(det_exp(L[b, eta]), S), U[b]))
+    return _finish(B, g + 1, paths, bonuses, draft_tokens.device)
