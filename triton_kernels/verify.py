@@ -1,0 +1,509 @@
+"""Verification in Triton: one program per sequence walks its tree; V-wide passes are cooperative.
+
+Mirrors csrc/verify_common.h (same decisions, same fp32 operation order, fixed-point sums) so the
+integer outputs equal the torch reference bit for bit. Launch with enable_fp_fusion=False: a
+fused multiply-add would round differently from the reference. Scratch rows ([B, 3, V]) hold the
+residual double buffer and R3w's proposer row; tl.debug_barrier() orders their writes before the
+next read by other threads of the program.
+"""
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+MODES = {"mss": 0, "mss_pointmass": 1, "mss_noreplace": 2}
+NBUF = {0: 2, 1: 1, 2: 3}  # scratch rows per sequence: R3 double buffer, R3p copy, R3w + proposer row
+
+
+# ---- scalar / row helpers (csrc/verify_common.h) ---------------------------------------------
+
+@triton.jit
+def _exp2i(e):
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _fix(x, scale):
+    c = tl.where(x > 0, tl.minimum(x, 1.0), 0.0)
+    return (c * scale).to(tl.int64)
+
+
+@triton.jit
+def _accept(u, q, Z, r, Zq):
+    return (u * q) * Z < r * Zq
+
+
+@triton.jit
+def _fallback(Zn, Z, Zq):
+    return (~(Zn > 0)) | (Zn < (1e-12 * Z) * Zq)
+
+
+@triton.jit
+def _uniform_index(u, n):
+    f = u * n.to(tl.float32)
+    return tl.where(f > 0, tl.minimum(f, (n - 1).to(tl.float32)), 0.0).to(tl.int32)
+
+
+@triton.jit
+def _threshold(u, W):
+    wf = W.to(tl.float32)
+    f = u * wf
+    t = tl.where(f > 0, tl.minimum(f, wf), 0.0).to(tl.int64)
+    return tl.minimum(t, W - 1)
+
+
+@triton.jit
+def _det_exp(x):
+    x = tl.where(x > -50.0, tl.where(x < 0.0, x, 0.0), -50.0)
+    k = tl.floor(x * 1.44269502162933349609375 + 0.5)
+    r = (x - k * 0.693145751953125) - k * 1.428606765330187045037746429443359375e-06
+    p = r * 0.000198412701138295233249664306640625 + 0.001388888922519981861114501953125
+    p = p * r + 0.008333333767950534820556640625
+    p = p * r + 0.0416666679084300994873046875
+    p = p * r + 0.16666667163372039794921875
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    return p * ((k.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _row_weights(row, offs, V, scale, LOGPROB: tl.constexpr):
+    x = tl.load(row + offs, mask=offs < V, other=0.0).to(tl.float32)
+    if LOGPROB:
+        x = tl.where(offs < V, _det_exp(x), 0.0)
+    return _fix(x, scale)
+
+
+@triton.jit
+def _sum_fix(row, V, scale, BLOCK_V: tl.constexpr, LOGPROB: tl.constexpr = False):
+    acc = tl.zeros([BLOCK_V], dtype=tl.int64)
+    for start in range(0, V, BLOCK_V):
+        acc += _row_weights(row, start + tl.arange(0, BLOCK_V), V, scale, LOGPROB)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _sample_row(row, V, scale, W, u, BLOCK_V: tl.constexpr, LOGPROB: tl.constexpr = False):
+    # Inverse CDF over the fixed-point weights: first index whose running sum exceeds the threshold.
+    t = _threshold(u, W)
+    found = tl.full([], -1, tl.int64)
+    run = tl.full([], 0, tl.int64)
+    start = tl.full([], 0, tl.int64)
+    while (found < 0) & (start < V) & (W > 0):
+        offs = start + tl.arange(0, BLOCK_V)
+        w = _row_weights(row, offs, V, scale, LOGPROB)
+        hit = (tl.cumsum(w, axis=0) + run > t) & (offs < V)
+        found = tl.min(tl.where(hit, offs, V + BLOCK_V), axis=0)
+        found = tl.where(found < V, found, -1)
+        run += tl.sum(w, axis=0)
+        start += BLOCK_V
+    return tl.where(W > 0, tl.where(found >= 0, found, V - 1), 0).to(tl.int32)
+
+
+@triton.jit
+def _argmax_row(row, V, BLOCK_V: tl.constexpr):
+    # First index of the maximum, NaN counting as +inf.
+    best = tl.full([], float("-inf"), tl.float32)
+    best_i = tl.full([], 0, tl.int32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        key = tl.where(x != x, float("inf"), x)
+        cm = tl.max(key, axis=0)
+        ci = tl.min(tl.where(key == cm, offs, V), axis=0)
+        best_i = tl.where(cm > best, ci, best_i)
+        best = tl.maximum(cm, best)
+    return best_i
+
+
+@triton.jit
+def _load_row(kind, node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB: tl.constexpr):
+    # kind 0: target row `node`, 1: draft row `node`, 2..: scratch row kind - 2 (the masked loads
+    # of the rows not selected touch no memory).
+    a = tl.load(p_ptr + (b * T + node) * V + offs, mask=m & (kind == 0), other=0.0)
+    c = tl.load(q_ptr + (b * T + node) * V + offs, mask=m & (kind == 1), other=0.0)
+    s = tl.load(buf_ptr + (b * NB + kind - 2) * V + offs, mask=m & (kind >= 2), other=0.0)
+    return tl.where(kind == 0, a, tl.where(kind == 1, c, s))
+
+
+@triton.jit
+def _load_at(kind, node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB: tl.constexpr):
+    return _load_row(kind, node, x, (x >= 0) & (x < V), p_ptr, q_ptr, buf_ptr, b, T, V, NB)
+
+
+@triton.jit
+def _match_kernel(
+    tok_ptr,  # [B, T] int32
+    par_ptr,  # [B, T] int32
+    n_ptr,  # [B] int32
+    rows_ptr,  # [B, T, V] logits (R1) or fp32 probs (R4)
+    u_ptr,  # [B, T, 2] fp32 (R4 only)
+    idx_ptr,  # [B, T] int32 out
+    len_ptr,  # [B] int32 out
+    bonus_ptr,  # [B] int32 out
+    T,
+    V,
+    S,
+    SAMPLE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    # R1 (argmax) / R4 (a draw per node): descend into the first child whose token is the prediction.
+    b = tl.program_id(0).to(tl.int64)
+    scale = _exp2i(S)
+    n = tl.minimum(tl.maximum(tl.load(n_ptr + b), 1), T)
+    t_idx = tl.arange(0, BLOCK_T)
+    par = tl.load(par_ptr + b * T + t_idx, mask=t_idx < n, other=-2)
+    tok = tl.load(tok_ptr + b * T + t_idx, mask=t_idx < n, other=-1)
+    tl.store(idx_ptr + b * T, 0)
+    u = tl.full([], 0, tl.int32)
+    length = tl.full([], 1, tl.int32)
+    done = tl.full([], 0, tl.int32)
+    bonus = tl.full([], 0, tl.int32)
+    while done == 0:
+        row = rows_ptr + (b * T + u) * V
+        if SAMPLE:
+            W = _sum_fix(row, V, scale, BLOCK_V)
+            v = _sample_row(row, V, scale, W, tl.load(u_ptr + (b * T + u) * 2 + 1), BLOCK_V)
+        else:
+            v = _argmax_row(row, V, BLOCK_V)
+        hit = (par == u) & (tok == v) & (t_idx > u)
+        c = tl.min(tl.where(hit, t_idx, BLOCK_T), axis=0)
+        if c < BLOCK_T:
+            tl.store(idx_ptr + b * T + length, c)
+            length += 1
+            u = c
+        else:
+            bonus = v
+            done += 1
+    tl.store(len_ptr + b, length)
+    tl.store(bonus_ptr + b, bonus)
+    tl.store(idx_ptr + b * T + t_idx, tl.full([BLOCK_T], -1, tl.int32), mask=(t_idx >= length) & (t_idx < T))
+
+
+@triton.jit
+def _mss_kernel(
+    tok_ptr,  # [B, T] int32
+    par_ptr,  # [B, T] int32
+    n_ptr,  # [B] int32
+    p_ptr,  # [B, T, V] fp32 target
+    q_ptr,  # [B, T, V] fp32 draft (unused by R3p)
+    u_ptr,  # [B, T, 2] fp32
+    buf_ptr,  # [B, NB, V] fp32 scratch
+    idx_ptr,  # [B, T] int32 out
+    len_ptr,  # [B] int32 out
+    bonus_ptr,  # [B] int32 out
+    T,
+    V,
+    S,
+    MODE: tl.constexpr,  # 0 R3 (mss), 1 R3p (pointmass), 2 R3w (noreplace)
+    NB: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    # mss_walk of csrc/verify_common.h; row kinds as in _load_row.
+    b = tl.program_id(0).to(tl.int64)
+    scale = _exp2i(S)
+    inv_scale = _exp2i(-S)
+    n = tl.minimum(tl.maximum(tl.load(n_ptr + b), 1), T)
+    t_idx = tl.arange(0, BLOCK_T)
+    par = tl.load(par_ptr + b * T + t_idx, mask=t_idx < n, other=-2)
+    tl.store(idx_ptr + b * T, 0)
+    u = tl.full([], 0, tl.int32)
+    length = tl.full([], 1, tl.int32)
+    done = tl.full([], 0, tl.int32)
+    bonus = tl.full([], 0, tl.int32)
+    while done == 0:
+        kids = (par == u) & (t_idx > u)
+        nk = tl.sum(kids.to(tl.int32), axis=0)
+        # The target distribution at u is R / Z, R3w's proposer Qr / Zq.
+        r_kind = tl.full([], 0, tl.int32)
+        r_node = u
+        Z = tl.full([], 1.0, tl.float32)
+        W = tl.full([], -1, tl.int64)
+        qr_kind = tl.full([], 1, tl.int32)
+        qr_node = tl.where(nk > 0, tl.min(tl.where(kids, t_idx, BLOCK_T), axis=0), 0)
+        Zq = tl.full([], 1.0, tl.float32)
+        d = u
+        accepted = tl.full([], -1, tl.int32)
+        while (nk > 0) & (accepted < 0):
+            j = tl.full([], 0, tl.int32)
+            if MODE == 0:
+                if nk > 1:
+                    j = _uniform_index(tl.load(u_ptr + (b * T + d) * 2 + 1), nk)
+            rank = tl.cumsum(kids.to(tl.int32), axis=0) - 1
+            s = tl.min(tl.where(kids & (rank == j), t_idx, BLOCK_T), axis=0)
+            kids = kids & (t_idx != s)
+            nk -= 1
+            x = tl.load(tok_ptr + b * T + s)
+            if MODE == 1:
+                q_kind = tl.full([], 0, tl.int32)  # unused: q = delta
+                q_node = s
+                qx = tl.full([], 1.0, tl.float32)
+            elif MODE == 2:
+                q_kind = qr_kind
+                q_node = qr_node
+                qx = _load_at(q_kind, q_node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB)
+            else:
+                q_kind = tl.full([], 1, tl.int32)
+                q_node = s
+                qx = _load_at(q_kind, q_node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB)
+            rx = _load_at(r_kind, r_node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB)
+            d = s
+            if _accept(tl.load(u_ptr + (b * T + s) * 2), qx, Z, rx, Zq):
+                accepted = s
+            elif MODE == 1:
+                if (x >= 0) & (x < V):
+                    # R3p: zero the rejected token, copying the target row on the first rejection.
+                    Wn = W - _fix(rx, scale)
+                    if r_kind == 0:
+                        acc = tl.zeros([BLOCK_V], dtype=tl.int64)
+                        for start in range(0, V, BLOCK_V):
+                            offs = start + tl.arange(0, BLOCK_V)
+                            m = offs < V
+                            v = tl.load(p_ptr + (b * T + r_node) * V + offs, mask=m, other=0.0)
+                            v = tl.where(offs == x, 0.0, v)
+                            tl.store(buf_ptr + (b * NB) * V + offs, v, mask=m)
+                            acc += _fix(v, scale)
+                        Wn = tl.sum(acc, axis=0)
+                        tl.debug_barrier()
+                    Zn = Wn.to(tl.float32) * inv_scale
+                    if _fallback(Zn, Z, 1.0) == 0:
+                        if r_kind == 0:
+                            r_kind = tl.full([], 2, tl.int32)
+                        else:
+                            tl.store(buf_ptr + (b * NB) * V + x, 0.0)
+                            tl.debug_barrier()
+                        W = Wn
+                        Z = Zn
+            else:
+                # R3 / R3w: the residual max(0, R / Z - q / Zq), scaled by Z * Zq, into the other buffer.
+                dst = tl.where(r_kind == 2, 3, 2)
+                acc = tl.zeros([BLOCK_V], dtype=tl.int64)
+                accq = tl.zeros([BLOCK_V], dtype=tl.int64)
+                for start in range(0, V, BLOCK_V):
+                    offs = start + tl.arange(0, BLOCK_V)
+                    m = offs < V
+                    rr = _load_row(r_kind, r_node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB)
+                    qq = _load_row(q_kind, q_node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB)
+                    c = rr * Zq - Z * qq
+                    c = tl.where(c > 0, c, 0.0)
+                    tl.store(buf_ptr + (b * NB + dst - 2) * V + offs, c, mask=m)
+                    acc += _fix(c, scale)
+                    if MODE == 2:
+                        qn = tl.where(offs == x, 0.0, qq)
+                        tl.store(buf_ptr + (b * NB + 2) * V + offs, qn, mask=m)
+                        accq += _fix(qn, scale)
+                tl.debug_barrier()
+                Wn = tl.sum(acc, axis=0)
+                Zn = Wn.to(tl.float32) * inv_scale
+                if _fallback(Zn, Z, Zq) == 0:
+                    r_kind = dst
+                    W = Wn
+                    Z = Zn
+                if MODE == 2:
+                    qr_kind = tl.full([], 4, tl.int32)
+                    Zq = tl.sum(accq, axis=0).to(tl.float32) * inv_scale
+        if accepted < 0:
+            ud = tl.load(u_ptr + (b * T + d) * 2 + 1)
+            if r_kind == 0:
+                row = p_ptr + (b * T + r_node) * V
+                bonus = _sample_row(row, V, scale, _sum_fix(row, V, scale, BLOCK_V), ud, BLOCK_V)
+            else:
+                bonus = _sample_row(buf_ptr + (b * NB + r_kind - 2) * V, V, scale, W, ud, BLOCK_V)
+            done += 1
+        else:
+            tl.store(idx_ptr + b * T + length, accepted)
+            length += 1
+            u = accepted
+    tl.store(len_ptr + b, length)
+    tl.store(bonus_ptr + b, bonus)
+    tl.store(idx_ptr + b * T + t_idx, tl.full([BLOCK_T], -1, tl.int32), mask=(t_idx >= length) & (t_idx < T))
+
+
+@triton.jit
+def _gsd_kernel(
+    tok_ptr,  # [B, T] int32
+    par_ptr,  # [B, T] int32
+    n_ptr,  # [B] int32
+    p_ptr,  # [B, T, V] fp32 target
+    q_ptr,  # [B, T, V] fp32 draft
+    u_ptr,  # [B, T, 2] fp32
+    idx_ptr,  # [B, T] int32 out
+    len_ptr,  # [B] int32 out
+    bonus_ptr,  # [B] int32 out
+    T,
+    V,
+    S,
+    BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    # R5: every node walks its ancestors in lock-step, AND-ing the edge tests on the way.
+    b = tl.program_id(0).to(tl.int64)
+    scale = _exp2i(S)
+    n = tl.minimum(tl.maximum(tl.load(n_ptr + b), 1), T)
+    t_idx = tl.arange(0, BLOCK_T)
+    live = t_idx < n
+    ok = live
+    depth = tl.zeros([BLOCK_T], dtype=tl.int32)
+    cur = tl.where(live, t_idx, 0)
+    while tl.max(cur, axis=0) > 0:
+        step = cur > 0
+        pc = tl.load(par_ptr + b * T + cur, mask=step, other=-1)
+        x = tl.load(tok_ptr + b * T + cur, mask=step, other=-1)
+        good = step & (pc >= 0) & (pc < cur)
+        xin = good & (x >= 0) & (x < V)
+        pr = tl.load(p_ptr + (b * T + pc) * V + x, mask=xin, other=0.0)
+        qr = tl.load(q_ptr + (b * T + cur) * V + x, mask=xin, other=0.0)
+        uu = tl.load(u_ptr + (b * T + cur) * 2, mask=step, other=0.0)
+        edge = good & _accept(uu, qr, 1.0, pr, 1.0)
+        ok = ok & (edge | ~step)
+        depth += step.to(tl.int32)
+        cur = tl.where(good, pc, 0)
+    key = tl.where(ok, depth, -1)
+    m = tl.max(key, axis=0)
+    end = tl.min(tl.where(key == m, t_idx, BLOCK_T), axis=0)
+    c = end
+    for k in range(0, m + 1):
+        tl.store(idx_ptr + b * T + (m - k), c)
+        c = tl.load(par_ptr + b * T + c)
+    tl.store(idx_ptr + b * T + t_idx, tl.full([BLOCK_T], -1, tl.int32), mask=(t_idx > m) & (t_idx < T))
+    tl.store(len_ptr + b, m + 1)
+    row = p_ptr + (b * T + end) * V
+    W = _sum_fix(row, V, scale, BLOCK_V)
+    tl.store(bonus_ptr + b, _sample_row(row, V, scale, W, tl.load(u_ptr + (b * T + end) * 2 + 1), BLOCK_V))
+
+
+@triton.jit
+def _joint_kernel(
+    tok_ptr,  # [B, g] int32
+    lp_ptr,  # [B, g + 1, V] fp32 target log-probs
+    lq_ptr,  # [B, g] fp32 draft joint log-probs
+    lt_ptr,  # [B] fp32 log tau
+    u_ptr,  # [B] fp32
+    idx_ptr,  # [B, g + 1] int32 out
+    len_ptr,  # [B] int32 out
+    bonus_ptr,  # [B] int32 out
+    G,
+    V,
+    S,
+    BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    # R6: the longest passing prefix (not the first failure), bonus from the next row.
+    b = tl.program_id(0).to(tl.int64)
+    scale = _exp2i(S)
+    log_tau = tl.load(lt_ptr + b)
+    joint = tl.full([], 0.0, tl.float32)
+    eta = tl.full([], 0, tl.int32)
+    for j in range(1, G + 1):
+        x = tl.load(tok_ptr + b * G + j - 1)
+        ok = (x >= 0) & (x < V)
+        lp = tl.load(lp_ptr + (b * (G + 1) + j - 1) * V + x, mask=ok, other=float("-inf"))
+        joint = joint + tl.where(ok, lp, float("-inf"))
+        lq = tl.load(lq_ptr + b * G + j - 1)
+        passed = (log_tau == float("-inf")) | ((log_tau < 0) & (joint - lq > log_tau))
+        eta = tl.where(passed, j, eta)
+    t_idx = tl.arange(0, BLOCK_T)
+    tl.store(idx_ptr + b * (G + 1) + t_idx, tl.where(t_idx <= eta, t_idx, -1), mask=t_idx < G + 1)
+    tl.store(len_ptr + b, eta + 1)
+    row = lp_ptr + (b * (G + 1) + eta) * V
+    W = _sum_fix(row, V, scale, BLOCK_V, LOGPROB=True)
+    tl.store(bonus_ptr + b, _sample_row(row, V, scale, W, tl.load(u_ptr + b), BLOCK_V, LOGPROB=True))
+
+
+# ---- launchers -------------------------------------------------------------------------------
+
+def _block_v(V):
+    # The interpreter pays per op, not per element: fewer, wider chunks run faster there.
+    cap = 8192 if os.environ.get("TRITON_INTERPRET") == "1" else 1024
+    return min(triton.next_power_of_2(V), cap)
+
+
+def _fix_shift(V):
+    return 62 - max(0, int(V - 1).bit_length())
+
+
+def _outputs(tokens, T):
+    B = tokens.shape[0]
+    dev = tokens.device
+    return (torch.empty(B, T, dtype=torch.int32, device=dev), torch.empty(B, dtype=torch.int32, device=dev),
+            torch.empty(B, dtype=torch.int32, device=dev))
+
+
+def verify_greedy(tokens, parents, target_logits, num_nodes):
+    """Shape: tokens, parents int32 [B, T], target_logits [B, T, V], num_nodes int32 [B] -> outputs."""
+    B, T = tokens.shape
+    V = target_logits.shape[2]
+    out = _outputs(tokens, T)
+    if B:
+        unused = torch.empty(1, dtype=torch.float32, device=tokens.device)
+        _match_kernel[(B,)](tokens.contiguous(), parents.contiguous(), num_nodes.contiguous(),
+                            target_logits.contiguous(), unused, *out, T, V, _fix_shift(V), SAMPLE=False,
+                            BLOCK_T=triton.next_power_of_2(T), BLOCK_V=_block_v(V), enable_fp_fusion=False)
+    return out
+
+
+def verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode):
+    """Shape: as specops.verify_tree (validated there)."""
+    B, T = tokens.shape
+    V = target_probs.shape[2]
+    out = _outputs(tokens, T)
+    if not B:
+        return out
+    args = (tokens.contiguous(), parents.contiguous(), num_nodes.contiguous(), target_probs.contiguous())
+    u = uniforms.contiguous()
+    q = draft_probs.contiguous() if draft_probs is not None else args[3]
+    common = dict(BLOCK_T=triton.next_power_of_2(T), BLOCK_V=_block_v(V), enable_fp_fusion=False)
+    S = _fix_shift(V)
+    if mode == "sample_match":
+        _match_kernel[(B,)](args[0], args[1], args[2], args[3], u, *out, T, V, S, SAMPLE=True, **common)
+    elif mode == "gsd":
+        _gsd_kernel[(B,)](*args, q, u, *out, T, V, S, **common)
+    else:
+        nb = NBUF[MODES[mode]]
+        buf = torch.empty(B, nb, V, dtype=torch.float32, device=tokens.device)
+        _mss_kernel[(B,)](*args, q, u, buf, *out, T, V, S, MODE=MODES[mode], NB=nb, **common)
+    return out
+
+
+def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms):
+    """Shape: draft_tokens int32 [B, g], target_logprobs fp32 [B, g + 1, V], draft_joint_logprobs fp32
+    [B, g], log_tau fp32 [B], uniforms fp32 [B] -> outputs with accept_idx [B, g + 1]."""
+    B, g = draft_tokens.shape
+    V = target_logprobs.shape[2]
+    out = _outputs(draft_tokens, g + 1)
+    if B:
+        _joint_kernel[(B,)](draft_tokens.contiguous(), target_logprobs.contiguous(),
+                            draft_joint_logprobs.contiguous(), log_tau.contiguous(), uniforms.contiguous(), *out,
+                            g, V, _fix_shift(V), BLOCK_T=triton.next_power_of_2(g + 1), BLOCK_V=_block_v(V),
+                            enable_fp_fusion=False)
+    return out
+
+
+_PTR = "*i32"
+_F = "*fp32"
+AOT_SPECS = []
+for _bv in (1024,):  # the launcher's chunk for every V >= 1024
+    for _bt in (8, 1024):
+        _tree_sig = {"tok_ptr": _PTR, "par_ptr": _PTR, "n_ptr": _PTR}
+        _outs = {"idx_ptr": _PTR, "len_ptr": _PTR, "bonus_ptr": _PTR}
+        for _rows, _sample in (("*fp32", False), ("*bf16", False), ("*fp32", True)):
+            AOT_SPECS.append((_match_kernel, {**_tree_sig, "rows_ptr": _rows, "u_ptr": _F, **_outs, "T": "i32",
+                                              "V": "i32", "S": "i32", "SAMPLE": "constexpr", "BLOCK_T": "constexpr",
+                                              "BLOCK_V": "constexpr"},
+                              {"SAMPLE": _sample, "BLOCK_T": _bt, "BLOCK_V": _bv}))
+        for _mode in (0, 1, 2):
+            AOT_SPECS.append((_mss_kernel, {**_tree_sig, "p_ptr": _F, "q_ptr": _F, "u_ptr": _F, "buf_ptr": _F,
+                                            **_outs, "T": "i32", "V": "i32", "S": "i32", "MODE": "constexpr",
+                                            "NB": "constexpr", "BLOCK_T": "constexpr", "BLOCK_V": "constexpr"},
+                              {"MODE": _mode, "NB": NBUF[_mode], "BLOCK_T": _bt, "BLOCK_V": _bv}))
+        AOT_SPECS.append((_gsd_kernel, {**_tree_sig, "p_ptr": _F, "q_ptr": _F, "u_ptr": _F, **_outs, "T": "i32",
+                                        "V": "i32", "S": "i32", "BLOCK_T": "constexpr", "BLOCK_V": "constexpr"},
+                          {"BLOCK_T": _bt, "BLOCK_V": _bv}))
+        AOT_SPECS.append((_joint_kernel, {"tok_ptr": _PTR, "lp_ptr": _F, "lq_ptr": _F, "lt_ptr": _F, "u_ptr": _F,
+                                          **_outs, "G": "i32", "V": "i32", "S": "i32", "BLOCK_T": "constexpr",
+                                          "BLOCK_V": "constexpr"},
+                          {"BLOCK_T": _bt, "BLOCK_V": _bv}))
