@@ -1,0 +1,526 @@
+"""verify_greedy / verify_tree / verify_joint: golden cases, every backend vs the reference bit for
+bit, invariants, errors, registration. Distribution tests live in test_verify_dist.py."""
+import math
+
+import pytest
+import torch
+
+import specops
+from specops import backend as _backend
+from specops.ops.verify import MODES
+from specops.ops.verify_ref import det_exp, fix_shift, fix_weights, sample_weights
+from specops.testing import random_verify_case
+
+I32 = torch.int32
+
+
+def t32(x):
+    return torch.tensor(x, dtype=I32)
+
+
+def rows(*r):
+    """[1, T, V] fp32 probability rows from nested lists."""
+    return torch.tensor([list(r)], dtype=torch.float32)
+
+
+def uni(T, coins=None, draws=None, fill=0.5):
+    """[1, T, 2] uniforms: coins[c] -> [c, 0], draws[u] -> [u, 1], the rest `fill`."""
+    u = torch.full((1, T, 2), fill)
+    for c, v in (coins or {}).items():
+        u[0, c, 0] = v
+    for c, v in (draws or {}).items():
+        u[0, c, 1] = v
+    return u
+
+
+def tree(backend, device, tokens, parents, P, U, mode, Q=None, n=None):
+    out = specops.verify_tree(t32([tokens]).to(device), t32([parents]).to(device), P.to(device), U.to(device),
+                              draft_probs=None if Q is None else Q.to(device), mode=mode,
+                              num_nodes=None if n is None else t32([n]).to(device), backend=backend)
+    idx, length, bonus = (o.cpu() for o in out)
+    return idx[0, : int(length[0])].tolist(), int(bonus[0]), idx
+
+
+def greedy(backend, device, tokens, parents, logits, n=None):
+    out = specops.verify_greedy(t32([tokens]).to(device), t32([parents]).to(device), logits.to(device),
+                                None if n is None else t32([n]).to(device), backend=backend)
+    idx, length, bonus = (o.cpu() for o in out)
+    return idx[0, : int(length[0])].tolist(), int(bonus[0])
+
+
+def onehot_logits(argmaxes, V):
+    x = torch.zeros(1, len(argmaxes), V)
+    for i, a in enumerate(argmaxes):
+        x[0, i, a] = 5.0
+    return x
+
+
+# ---- golden cases: R1 ----------------------------------------------------------------------------
+
+def test_greedy_all_accepted_emits_the_bonus(backend, device):
+    # chain 0 -> 1 -> 2 -> 3 whose tokens are the argmax of their parent's row
+    path, bonus = greedy(backend, device, [9, 4, 2, 7], [-1, 0, 1, 2], onehot_logits([4, 2, 7, 1], 10))
+    assert path == [0, 1, 2, 3] and bonus == 1
+
+
+def test_greedy_rejection_at_the_root(backend, device):
+    path, bonus = greedy(backend, device, [9, 4, 2], [-1, 0, 0], onehot_logits([5, 2, 7], 10))
+    assert path == [0] and bonus == 5
+
+
+def test_greedy_follows_the_matching_branch_and_first_duplicate(backend, device):
+    # 0 -> (1: tok 3, 2: tok 4, 3: tok 4); 2 -> 4 (tok 6); 3 -> 5 (tok 6)
+    logits = onehot_logits([4, 0, 6, 6, 8, 8], 10)
+    path, bonus = greedy(backend, device, [0, 3, 4, 4, 6, 6], [-1, 0, 0, 0, 2, 3], logits)
+    assert path == [0, 2, 4] and bonus == 8
+
+
+def test_greedy_ignores_padding_nodes(backend, device):
+    path, bonus = greedy(backend, device, [0, 4, 2], [-1, 0, 1], onehot_logits([4, 2, 3], 10), n=1)
+    assert path == [0] and bonus == 4
+
+
+def test_greedy_ties_go_to_the_lowest_token_and_low_precision_logits(backend, device):
+    logits = torch.zeros(1, 2, 6)
+    logits[0, 0, [2, 4]] = 1.0
+    logits[0, 1, 5] = -1.0  # all others 0: argmax is token 0
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        path, bonus = greedy(backend, device, [0, 2], [-1, 0], logits.to(dtype))
+        assert (path, bonus) == ([0, 1], 0), dtype
+
+
+# ---- golden cases: R2 / R3 / R3p / R3w / R4 / R5 -------------------------------------------------
+
+def _distinct_siblings(tokens, parents, V):
+    """Rewrites tokens so that no two children of a node share one (a greedy path is then unique)."""
+    tokens = tokens.clone()
+    for b in range(tokens.shape[0]):
+        for i in range(1, tokens.shape[1]):
+            sib = {int(tokens[b, j]) for j in range(1, i) if int(parents[b, j]) == int(parents[b, i])}
+            while int(tokens[b, i]) in sib:
+                tokens[b, i] = (int(tokens[b, i]) + 1) % V
+    return tokens
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_one_hot_targets_make_every_mode_greedy(backend, device, mode):
+    c = random_verify_case(3, 9, 7, generator=torch.Generator().manual_seed(3), match=0.8)
+    tokens = _distinct_siblings(c["tokens"], c["parents"], 7)
+    hot = torch.nn.functional.one_hot(c["target_logits"].argmax(-1), 7).float()
+    want = specops.verify_greedy(tokens, c["parents"], c["target_logits"], c["num_nodes"], backend="torch")
+    got = specops.verify_tree(tokens.to(device), c["parents"].to(device), hot.to(device), c["uniforms"].to(device),
+                              draft_probs=c["draft_probs"].to(device), mode=mode, num_nodes=c["num_nodes"].to(device),
+                              backend=backend)
+    for w, o in zip(want, got):
+        assert torch.equal(w, o.cpu())
+    assert want[1].float().mean() > 1.5
+
+
+@pytest.mark.parametrize("mode", ["mss", "mss_noreplace", "gsd"])
+def test_draft_equal_to_target_accepts_the_whole_chain(backend, device, mode):
+    V = 5
+    P = torch.tensor([[0.1, 0.2, 0.3, 0.2, 0.2]] * 3 + [[0, 0, 0, 1.0, 0]])[None]
+    path, bonus, _ = tree(backend, device, [0, 1, 4, 2], [-1, 0, 1, 2], P, uni(4, fill=0.999), mode, Q=P.roll(1, 1))
+    assert path == [0, 1, 2, 3] and bonus == 3
+
+
+def test_sample_match_all_accepted_emits_the_bonus(backend, device):
+    P = torch.nn.functional.one_hot(torch.tensor([[2, 1, 3]]), 4).float()
+    path, bonus, _ = tree(backend, device, [0, 2, 1], [-1, 0, 1], P, uni(3), "sample_match")
+    assert path == [0, 1, 2] and bonus == 3
+
+
+@pytest.mark.parametrize("mode", ["mss", "mss_pointmass", "mss_noreplace", "gsd"])
+def test_rejection_at_the_root_draws_the_bonus_with_the_tested_childs_uniform(backend, device, mode):
+    # The child's token has target probability 0: always rejected. Residual = [0.5, 0.5, 0] (R5: P).
+    P = rows([0.5, 0.5, 0.0], [1 / 3] * 3)
+    Q = rows([1 / 3] * 3, [0.0, 0.0, 1.0])
+    for draw, want in ((0.25, 0), (0.75, 1)):
+        slot = 0 if mode == "gsd" else 1  # R2-R3w: the last node tested; R5: the path's end
+        path, bonus, idx = tree(backend, device, [0, 2], [-1, 0], P, uni(2, draws={slot: draw}, fill=0.9), mode, Q=Q)
+        assert path == [0] and bonus == want and idx[0].tolist() == [0, -1]
+
+
+def test_mss_picks_children_in_random_order_with_the_nodes_draw(backend, device):
+    # Three children, each always accepted (draft = target): which one is tried first is the choice.
+    P = rows(*[[0.25] * 4] * 4)
+    for draw, child in ((0.1, 1), (0.5, 2), (0.9, 3)):
+        path, _, _ = tree(backend, device, [0, 1, 2, 3], [-1, 0, 0, 0], P, uni(4, draws={0: draw}), "mss", Q=P)
+        assert path == [0, child]
+    path, _, _ = tree(backend, device, [0, 1, 2, 3], [-1, 0, 0, 0], P, uni(4, draws={0: 0.9}), "mss_noreplace", Q=P)
+    assert path == [0, 1]  # R3w tries children in index order (their draw order)
+
+
+def test_mss_duplicate_children_are_separate_proposals(backend, device):
+    # p = [0.5, 0.5], both children propose token 0 from q = delta_0. First rejected (coin 0.9 >
+    # 0.5): the residual is delta_1, so the duplicate is rejected too and the bonus is 1.
+    P = rows([0.5, 0.5], [0.5, 0.5], [0.5, 0.5])
+    Q = rows([0.0, 1.0], [1.0, 0.0], [1.0, 0.0])
+    path, bonus, _ = tree(backend, device, [0, 0, 0], [-1, 0, 0], P, uni(3, coins={1: 0.9, 2: 0.01}, draws={0: 0.0}),
+                          "mss", Q=Q)
+    assert path == [0] and bonus == 1
+
+
+def test_pointmass_never_accepts_a_rejected_token_twice(backend, device):
+    P = rows([0.5, 0.3, 0.2], [1 / 3] * 3, [1 / 3] * 3)
+    path, bonus, _ = tree(backend, device, [0, 0, 0], [-1, 0, 0], P, uni(3, coins={1: 0.6, 2: 0.0}, draws={2: 0.99}),
+                          "mss_pointmass")
+    assert path == [0] and bonus == 2  # residual [0, 0.6, 0.4], draw 0.99
+
+
+def test_noreplace_renormalises_the_proposer_without_the_rejected_token(backend, device):
+    # q = [0.1, 0.3, 0.6], p = [0.35, 0.35, 0.3]; children 2 then 1 (drawn without replacement).
+    # Child token 2 rejected (coin 0.9 > 0.5): residual [0.8333, 0.1667, 0], q' = [0.25, 0.75, 0].
+    # Child token 1: R3 ratio 0.1667 / 0.3 = 0.556 accepts coin 0.4, R3w ratio 0.222 rejects it.
+    P = rows([0.35, 0.35, 0.3], [1 / 3] * 3, [1 / 3] * 3)
+    Q = rows([1 / 3] * 3, [0.1, 0.3, 0.6], [0.1, 0.3, 0.6])
+    U = uni(3, coins={1: 0.9, 2: 0.4}, draws={0: 0.0, 2: 0.5})
+    assert tree(backend, device, [0, 2, 1], [-1, 0, 0], P, U, "mss", Q=Q)[:2] == ([0, 2], 1)  # draws 0.0: child 1
+    path, bonus, _ = tree(backend, device, [0, 2, 1], [-1, 0, 0], P, U, "mss_noreplace", Q=Q)
+    assert path == [0] and bonus == 0  # residual [0.5833, 0, 0]
+
+
+def test_empty_residual_falls_back_to_the_current_distribution(backend, device):
+    # q = p and the child's token has probability 0 under both: rejected, max(0, p - q) = 0.
+    P = rows([0.0, 0.25, 0.75], [1 / 3] * 3)
+    Q = rows([1 / 3] * 3, [0.0, 0.25, 0.75])
+    for draw, want in ((0.2, 1), (0.3, 2)):
+        path, bonus, _ = tree(backend, device, [0, 0], [-1, 0], P, uni(2, draws={1: draw}), "mss", Q=Q)
+        assert path == [0] and bonus == want
+
+
+def test_sample_match_accepts_the_child_matching_the_draw(backend, device):
+    P = rows([0.2, 0.3, 0.5], [1, 0, 0], [0, 1, 0], [0, 0, 1])
+    for draw, want in ((0.1, ([0, 3], 2)), (0.3, ([0, 2], 1)), (0.9, ([0, 1], 0))):
+        path, bonus, _ = tree(backend, device, [0, 2, 1, 0], [-1, 0, 0, 0], P, uni(4, draws={0: draw}), "sample_match")
+        assert (path, bonus) == want
+
+
+def test_gsd_takes_the_deepest_passing_path(backend, device):
+    P = rows(*[[0.25] * 4] * 5)
+    # 0 -> 1 -> 3 (fails: q = 0.3 > p = 0.25, coin 0.99); 0 -> 2 -> 4 passes everywhere.
+    Q = P.clone()
+    Q[0, 3] = torch.tensor([0.2, 0.2, 0.3, 0.3])
+    path, _, _ = tree(backend, device, [0, 1, 2, 3, 0], [-1, 0, 0, 1, 2], P, uni(5, coins={3: 0.99}), "gsd", Q=Q)
+    assert path == [0, 2, 4]
+
+
+def test_padding_nodes_are_never_accepted(backend, device):
+    P = rows(*[[0.25] * 4] * 4)
+    for mode in MODES:
+        path, _, idx = tree(backend, device, [0, 1, 2, 3], [-1, 0, 1, 2], P, uni(4), mode, Q=P, n=2)
+        assert max(path) <= 1 and idx[0, 2:].tolist() == [-1, -1]
+
+
+# ---- R6 -------------------------------------------------------------------------------------------
+
+def joint(backend, device, tokens, lp, lq, tau, u):
+    out = specops.verify_joint(t32(tokens).to(device), lp.to(device), torch.tensor(lq).to(device), tau,
+                               torch.tensor(u).to(device), backend=backend)
+    return [o.cpu() for o in out]
+
+
+def test_joint_takes_the_longest_passing_prefix_not_the_first_failure(backend, device):
+    lp = torch.full((1, 4, 3), math.log(1 / 3))
+    lq = [[math.log(1 / 3) + 1.0, math.log(1 / 9) - 1.0, math.log(1 / 27) + 2.0]]  # fail, pass, fail
+    idx, length, _ = joint(backend, device, [[0, 1, 2]], lp, lq, 0.5, [0.3])
+    assert length.tolist() == [3] and idx.tolist() == [[0, 1, 2, -1]]
+
+
+def test_joint_tau_zero_accepts_all_and_tau_one_none(backend, device):
+    lp = torch.log_softmax(torch.randn(2, 4, 7), -1)
+    lq = [[-1.0, -2.0, -3.0]] * 2
+    lp[0, 1, :] = -torch.inf  # a zero-probability draft: tau = 0 still accepts it
+    lp[0, 1, 0] = 0.0
+    assert joint(backend, device, [[1, 2, 3]] * 2, lp, lq, 0.0, [0.5, 0.5])[1].tolist() == [4, 4]
+    assert joint(backend, device, [[1, 2, 3]] * 2, lp, lq, 1.0, [0.5, 0.5])[1].tolist() == [1, 1]
+
+
+def test_joint_tau_one_is_target_only_decoding(backend, device):
+    g = torch.Generator().manual_seed(5)
+    B, V = 64, 13
+    lp = torch.log_softmax(torch.randn(B, 4, V, generator=g) * 2, -1)
+    u = torch.rand(B, generator=g)
+    idx, length, bonus = joint(backend, device, torch.randint(0, V, (B, 3), generator=g).tolist(), lp,
+                               (-torch.rand(B, 3, generator=g)).tolist(), 1.0, u.tolist())
+    assert length.eq(1).all() and idx[:, 1:].eq(-1).all()
+    S = fix_shift(V)
+    want = [sample_weights(fix_weights(det_exp(lp[b, 0]), S), u[b]) for b in range(B)]
+    assert bonus.tolist() == want
+    # greedy-warped target (one-hot): the bonus is the argmax
+    hot = torch.full((B, 4, V), -torch.inf).scatter(2, lp.argmax(-1, keepdim=True), 0.0)
+    assert joint(backend, device, [[0, 0, 0]] * B, hot, [[-1.0] * 3] * B, 1.0, u.tolist())[2].tolist() == \
+        lp[:, 0].argmax(-1).tolist()
+
+
+def test_det_exp_is_accurate():
+    x = torch.linspace(-49.9, 0, 20011)
+    assert torch.allclose(det_exp(x), torch.exp(x), rtol=5e-7, atol=0)
+    assert det_exp(torch.tensor([-torch.inf, torch.nan, 3.0, -60.0])).tolist()[2] == 1.0
+
+
+# ---- every backend vs the reference ----------------------------------------------------------------
+
+# B in {1, 3, 33} x T in {1, 7, 64} in full for V = 11; a spread of them for the larger V.
+GRID = [(B, T, 11) for B in (1, 3, 33) for T in (1, 7, 64)]
+GRID += [(1, 1, 1000), (1, 64, 1000), (3, 7, 1000), (33, 7, 1000), (33, 64, 1000)]
+GRID += [(1, 64, 32000), (3, 7, 32000), (33, 1, 32000)]
+TRITON_GRID = [(1, 1, 11), (3, 7, 11), (33, 7, 11), (3, 64, 11), (2, 7, 1000), (1, 7, 32000)]
+
+
+def _case(B, T, V, device, chain=False):
+    g = torch.Generator().manual_seed(B * 7919 + T * 31 + V + chain)
+    return random_verify_case(B, T, V, generator=g, device=device, chain=chain)
+
+
+def _grid(fast_backend):
+    return TRITON_GRID if fast_backend == "triton" and _backend._interpret() else GRID
+
+
+def _assert_equal(want, got):
+    for w, o in zip(want, got):
+        assert o.dtype == torch.int32 and torch.equal(o.cpu(), w.cpu())
+
+
+@pytest.fixture
+def grid(fast_backend):
+    return _grid(fast_backend)
+
+
+def test_greedy_matches_reference(fast_backend, device, grid):
+    for B, T, V in grid:
+        c = _case(B, T, V, device)
+        args = (c["tokens"], c["parents"], c["target_logits"], c["num_nodes"])
+        _assert_equal(specops.verify_greedy(*args, backend="torch"), specops.verify_greedy(*args, backend=fast_backend))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tree_matches_reference(fast_backend, device, grid, mode):
+    for B, T, V in grid:
+        for chain in (False, True) if T > 1 else (False,):
+            c = _case(B, T, V, device, chain)
+            args = (c["tokens"], c["parents"], c["target_probs"], c["uniforms"])
+            kw = dict(draft_probs=c["draft_probs"], mode=mode, num_nodes=c["num_nodes"])
+            _assert_equal(specops.verify_tree(*args, **kw, backend="torch"),
+                          specops.verify_tree(*args, **kw, backend=fast_backend))
+
+
+def test_joint_matches_reference(fast_backend, device, grid):
+    for B, T, V in grid:
+        c = _case(B, T, V, device)
+        g = T  # a chain of g drafts needs g + 1 rows
+        lp = torch.log_softmax(torch.cat([c["target_logits"], c["target_logits"][:, :1]], 1), -1)
+        draft = c["tokens"][:, :g].clamp(0, V - 1).contiguous()
+        lq = torch.cumsum(torch.log(c["draft_probs"][:, :g].amax(-1)), 1)
+        for tau in (0.0, 0.3, 1.0):
+            args = (draft, lp, lq, tau, c["uniforms"][:, 0, 0].contiguous())
+            _assert_equal(specops.verify_joint(*args, backend="torch"), specops.verify_joint(*args, backend=fast_backend))
+
+
+# ---- invariants --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["greedy", *MODES])
+def test_invariants_path_is_a_root_path_then_minus_one(mode):
+    for seed in range(4):
+        c = random_verify_case(17, 40, 50, generator=torch.Generator().manual_seed(seed), match=0.9)
+        if mode == "greedy":
+            idx, lens, bonus = specops.verify_greedy(c["tokens"], c["parents"], c["target_logits"], c["num_nodes"])
+        else:
+            idx, lens, bonus = specops.verify_tree(c["tokens"], c["parents"], c["target_probs"], c["uniforms"],
+                                                   draft_probs=c["draft_probs"], mode=mode, num_nodes=c["num_nodes"])
+        assert ((bonus >= 0) & (bonus < 50)).all()
+        for b in range(17):
+            m = int(lens[b])
+            path = idx[b, :m].tolist()
+            assert 1 <= m <= int(c["num_nodes"][b]) and path[0] == 0 and idx[b, m:].eq(-1).all()
+            assert all(int(c["parents"][b, path[k]]) == path[k - 1] for k in range(1, m))
+            if mode == "greedy":  # each accepted token is its parent's argmax
+                assert all(int(c["tokens"][b, path[k]]) == int(c["target_logits"][b, path[k - 1]].argmax())
+                           for k in range(1, m))
+        assert lens.float().mean() > 1.2  # the cases are built to accept something
+
+
+def test_outputs_are_deterministic_given_the_uniforms():
+    c = random_verify_case(9, 20, 100, generator=torch.Generator().manual_seed(1))
+    args = (c["tokens"], c["parents"], c["target_probs"], c["uniforms"])
+    a = specops.verify_tree(*args, draft_probs=c["draft_probs"], mode="mss", num_nodes=c["num_nodes"])
+    b = specops.verify_tree(*args, draft_probs=c["draft_probs"], mode="mss", num_nodes=c["num_nodes"])
+    _assert_equal(a, b)
+
+
+def test_check_false_garbage_is_safe_and_identical_on_every_backend(device):
+    # Malformed parents, tokens outside [0, V), NaN / negative rows, uniforms outside [0, 1):
+    # no crash, a well-formed result, and the same result everywhere.
+    g = torch.Generator().manual_seed(11)
+    B, T, V = 5, 12, 9
+    c = random_verify_case(B, T, V, generator=g, device=device)
+    c["parents"][1, 3] = 7
+    c["parents"][2, 0] = 4
+    c["tokens"][0, 2] = -3
+    c["tokens"][3, 1] = V + 2
+    c["target_probs"][0, 0, 1] = torch.nan
+    c["draft_probs"][1, 2, 0] = -0.5
+    c["uniforms"][2, 1, 0] = 1.5
+    c["uniforms"][4, 0, 1] = torch.nan
+    c["num_nodes"][2] = 99
+    backends = [b for b in _backend.BACKENDS if _backend.available(b, device)[0]]
+    for mode in MODES:
+        args = (c["tokens"], c["parents"], c["target_probs"], c["uniforms"])
+        kw = dict(draft_probs=c["draft_probs"], mode=mode, num_nodes=c["num_nodes"], check=False)
+        want = specops.verify_tree(*args, **kw, backend="torch")
+        assert ((want[2] >= 0) & (want[2] < V)).all() and (want[1] >= 1).all()
+        for name in backends[1:]:
+            _assert_equal(want, specops.verify_tree(*args, **kw, backend=name))
+
+
+# ---- errors -----------------------------------------------------------------------------------------
+
+def _base(device):
+    c = random_verify_case(2, 5, 7, generator=torch.Generator().manual_seed(2), device=device)
+    c["num_nodes"][:] = 5
+    c["tokens"][:, 1:] = c["tokens"][:, 1:].clamp(0, 6)
+    c["parents"] = torch.tensor([[-1, 0, 0, 1, 2]] * 2, dtype=I32, device=device)
+    return c
+
+
+def _set(key, index, value):
+    def edit(c):
+        t = c[key].clone()
+        t[index] = value
+        return t
+    return edit
+
+
+TREE_ERRORS = [
+    ("tokens", lambda c: c["tokens"].long(), TypeError, "tokens must have dtype torch.int32"),
+    ("tokens", lambda c: c["tokens"][0], ValueError, "tokens must have rank 2"),
+    ("tokens", lambda c: c["tokens"].tolist(), TypeError, "tokens must be a torch.Tensor"),
+    ("parents", lambda c: c["parents"][:, :3], ValueError, r"parents must have shape \[2, 5\]"),
+    ("target_probs", lambda c: c["target_probs"].double(), TypeError, "target_probs must have dtype torch.float32"),
+    ("target_probs", lambda c: c["target_probs"][:, :4], ValueError, r"target_probs must have shape \[B, T, V\]"),
+    ("uniforms", lambda c: c["uniforms"][..., :1], ValueError, r"uniforms must have shape \[2, 5, 2\]"),
+    ("draft_probs", lambda c: c["draft_probs"][..., :6], ValueError, r"draft_probs must have shape \[2, 5, 7\]"),
+    ("draft_probs", lambda c: None, ValueError, "draft_probs is required for mode='mss'"),
+    ("num_nodes", lambda c: c["num_nodes"].long(), TypeError, "num_nodes must have dtype torch.int32"),
+    ("num_nodes", _set("num_nodes", 1, 0), ValueError, r"num_nodes must lie in \[1, T=5\]"),
+    ("parents", _set("parents", (0, 0), 0), ValueError, r"parents\[0, 0\] must be -1"),
+    ("parents", _set("parents", (1, 2), 2), ValueError, r"parents\[1, 2\] must satisfy -1 < parent < 2"),
+    ("tokens", _set("tokens", (0, 1), 7), ValueError, r"tokens\[0, 1\] must lie in \[0, V=7\), got 7"),
+    ("tokens", _set("tokens", (1, 4), -1), ValueError, r"tokens\[1, 4\] must lie in \[0, V=7\), got -1"),
+    ("uniforms", _set("uniforms", (0, 0, 0), 1.0), ValueError, r"uniforms must lie in \[0, 1\)"),
+    ("uniforms", _set("uniforms", (1, 3, 1), float("nan")), ValueError, r"uniforms must lie in \[0, 1\)"),
+    ("target_probs", _set("target_probs", (0, 0, 3), float("nan")), ValueError, r"target_probs\[0, 0\] must be finite"),
+    ("target_probs", _set("target_probs", (1, 2, 0), 1.5), ValueError, r"target_probs\[1, 2\] must sum to 1"),
+    ("draft_probs", _set("draft_probs", (1, 3, 2), -0.25), ValueError, r"draft_probs\[1, 3\] must be finite and"),
+]
+
+
+@pytest.mark.parametrize("key, edit, exc, match", TREE_ERRORS)
+def test_verify_tree_bad_input_raises_naming_the_argument_and_leaves_inputs_untouched(backend, device, key, edit,
+                                                                                    exc, match):
+    c = _base(device)
+    before = {k: v.clone() for k, v in c.items()}
+    bad = dict(c, **{key: edit(c)})
+    with pytest.raises(exc, match=match):
+        specops.verify_tree(bad["tokens"], bad["parents"], bad["target_probs"], bad["uniforms"],
+                            draft_probs=bad["draft_probs"], mode="mss", num_nodes=bad["num_nodes"], backend=backend)
+    for k, v in c.items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_verify_tree_bad_mode_and_padding_rows_are_not_checked(device):
+    c = _base(device)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        specops.verify_tree(c["tokens"], c["parents"], c["target_probs"], c["uniforms"], mode="greedy")
+    c["num_nodes"][:] = 3
+    c["tokens"][:, 3:] = 99
+    c["target_probs"][:, 3:] = torch.nan
+    specops.verify_tree(c["tokens"], c["parents"], c["target_probs"], c["uniforms"], mode="mss_pointmass",
+                        num_nodes=c["num_nodes"])
+
+
+@pytest.mark.parametrize("edit, exc, match", [
+    (lambda c: dict(c, target_logits=c["target_logits"].int()), TypeError, "target_logits must have dtype"),
+    (lambda c: dict(c, target_logits=c["target_logits"][:, :, :0]), ValueError, r"target_logits must have shape"),
+    (lambda c: dict(c, target_logits=_set("target_logits", (1, 1, 1), float("nan"))(c)), ValueError,
+     r"target_logits\[1, 1\] must not contain NaN or \+inf"),
+    (lambda c: dict(c, tokens=_set("tokens", (0, 3), 9)(c)), ValueError, r"tokens\[0, 3\] must lie in \[0, V=7\)"),
+    (lambda c: dict(c, tokens=torch.zeros(2, 0, dtype=I32)), ValueError, "at least one node"),
+])
+def test_verify_greedy_bad_input_raises(backend, device, edit, exc, match):
+    c = edit(_base(device))
+    with pytest.raises(exc, match=match):
+        specops.verify_greedy(c["tokens"], c["parents"], c["target_logits"], c["num_nodes"], backend=backend)
+
+
+def _joint_args(device):
+    g = torch.Generator().manual_seed(4)
+    lp = torch.log_softmax(torch.randn(2, 4, 6, generator=g), -1)
+    return dict(draft_tokens=torch.randint(0, 6, (2, 3), generator=g, dtype=I32), target_logprobs=lp,
+                draft_joint_logprobs=-torch.rand(2, 3, generator=g), tau=0.2, uniforms=torch.rand(2, generator=g))
+
+
+@pytest.mark.parametrize("key, value, exc, match", [
+    ("draft_tokens", torch.zeros(2, 3, dtype=torch.int64), TypeError, "draft_tokens must have dtype torch.int32"),
+    ("target_logprobs", torch.zeros(2, 3, 6), ValueError, r"target_logprobs must have shape \[B, g \+ 1, V\]"),
+    ("draft_joint_logprobs", torch.zeros(2, 4), ValueError, r"draft_joint_logprobs must have shape \[2, 3\]"),
+    ("uniforms", torch.zeros(2, 1), ValueError, r"uniforms must have rank 1"),
+    ("uniforms", torch.tensor([0.5, 1.0]), ValueError, r"uniforms must lie in \[0, 1\)"),
+    ("tau", 1.5, ValueError, r"tau must lie in \[0, 1\]"),
+    ("tau", "0.5", TypeError, "tau must be a float or a torch.Tensor"),
+    ("tau", torch.tensor([0.5, -0.1]), ValueError, r"tau must lie in \[0, 1\]"),
+    ("draft_tokens", torch.tensor([[0, 1, 6], [0, 0, 0]], dtype=I32), ValueError,
+     r"draft_tokens must lie in \[0, V=6\), got 6 at \[0, 2\]"),
+    ("target_logprobs", torch.zeros(2, 4, 6), ValueError, r"target_logprobs\[0, 0\] must be a log-distribution"),
+    ("draft_joint_logprobs", torch.tensor([[-1.0, 0.5, -2.0]] * 2), ValueError, "draft_joint_logprobs must be"),
+])
+def test_verify_joint_bad_input_raises(backend, key, value, exc, match):
+    args = dict(_joint_args("cpu"), **{key: value})
+    with pytest.raises(exc, match=match):
+        specops.verify_joint(**args, backend=backend)
+
+
+# ---- registration -----------------------------------------------------------------------------------
+
+needs_cpp = pytest.mark.skipif(not _backend.available("cpp")[0], reason=_backend.available("cpp")[1])
+
+
+@needs_cpp
+@pytest.mark.parametrize("mode", MODES)
+def test_opcheck_verify_tree(mode):
+    c = random_verify_case(3, 9, 13, generator=torch.Generator().manual_seed(6))
+    torch.library.opcheck(torch.ops.specops.verify_tree.default,
+                          (c["tokens"], c["parents"], c["target_probs"], c["uniforms"],
+                           c["draft_probs"] if mode != "mss_pointmass" else None, c["num_nodes"], mode))
+
+
+@needs_cpp
+def test_opcheck_verify_greedy_and_joint():
+    c = random_verify_case(3, 9, 13, generator=torch.Generator().manual_seed(7))
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.library.opcheck(torch.ops.specops.verify_greedy.default,
+                              (c["tokens"], c["parents"], c["target_logits"].to(dtype), c["num_nodes"]))
+    a = _joint_args("cpu")
+    torch.library.opcheck(torch.ops.specops.verify_joint.default,
+                          (a["draft_tokens"], a["target_logprobs"], a["draft_joint_logprobs"],
+                           torch.log(torch.full((2,), 0.3)), a["uniforms"]))
+
+
+@needs_cpp
+def test_torch_compile_fullgraph():
+    c = random_verify_case(4, 12, 50, generator=torch.Generator().manual_seed(8))
+    a = _joint_args("cpu")
+
+    def step(tok, par, P, U, Q, n, logits, jt, lp, lq, ju):
+        idx, lens, bonus = specops.verify_tree(tok, par, P, U, draft_probs=Q, mode="mss", num_nodes=n, check=False,
+                                               backend="cpp")
+        gidx, glens, gbonus = specops.verify_greedy(tok, par, logits, n, check=False, backend="cpp")
+        jidx, jlens, jbonus = specops.verify_joint(jt, lp, lq, 0.3, ju, check=False, backend="cpp")
+        return idx, lens + glens, bonus * 2, gidx, gbonus, jidx, jlens, jbonus
+
+    args = (c["tokens"], c["parents"], c["target_probs"], c["uniforms"], c["draft_probs"], c["num_nodes"],
+            c["target_logits"], a["draft_tokens"], a["target_logprobs"], a["draft_joint_logprobs"], a["uniforms"])
+    got = torch.compile(step, fullgraph=True)(*args)
+    want = step(*args)
+    for w, o in zip(want, got):
+        assert torch.equal(w, o)
