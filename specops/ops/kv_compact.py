@@ -154,3 +154,25 @@ def _kv_compact_torch(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
     index = src[None, :, None, :, None].expand(L, B, H, S, D)
     for cache in (k_cache, v_cache):
         cache.copy_(cache.gather(3, index))
+
+
+def _compiled(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
+    torch.ops.specops.kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens)
+
+
+register("kv_compact", "cpp")(_compiled)
+register("kv_compact", "cuda")(_compiled)
+
+
+@register("kv_compact", "triton")
+def _kv_compact_triton(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
+    from ..triton_kernels import kv_compact as kernels
+
+    kernels.kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens)
+
+
+if _ext.cpu_ext is not None or _ext.cuda_ext is not None:
+
+    @torch.library.register_fake("specops::kv_compact")
+    def _(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
+        return None
