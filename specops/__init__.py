@@ -4,6 +4,8 @@
 """
 from . import _ext  # noqa: F401  (loads the compiled extensions and their op registrations)
 from .backend import BackendUnavailable, available, use_backend
+from .ops.tree_attention import tree_attention
+from .ops.kv_compact import kv_compact
 from .ops.tree_mask import build_tree_mask, pack_mask, unpack_mask
 from .ops.verify import verify_greedy, verify_joint, verify_tree
 
@@ -13,7 +15,9 @@ __all__ = [
     "BackendUnavailable",
     "available",
     "build_tree_mask",
+    "kv_compact",
     "pack_mask",
+    "tree_attention",
     "unpack_mask",
     "use_backend",
     "verify_greedy",
