@@ -5,11 +5,22 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <vector>
+
 #include "verify_cpu.h"
 
 namespace specops {
 namespace verify {
 namespace cpu {
+
+// Rows in fp32 for row_argmax: fp32 as is, other dtypes widened (exactly) into tmp.
+inline const float* as_float_row(const float* row, int64_t, std::vector<float>&) { return row; }
+template <class T>
+const float* as_float_row(const T* row, int64_t V, std::vector<float>& tmp) {
+  tmp.resize(V);
+  for (int64_t i = 0; i < V; ++i) tmp[i] = static_cast<float>(row[i]);
+  return tmp.data();
+}
 
 // Stores straight to the outputs; the walks need nothing else from an engine for R1.
 struct EmitOnly {
@@ -40,9 +51,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(const at::Tenso
     const scalar_t* lg = logits.data_ptr<scalar_t>();
     at::parallel_for(0, B, 1, [&](int64_t lo, int64_t hi) {
       EmitOnly e;
+      std::vector<float> row32;
       for (int64_t b = lo; b < hi; ++b) {
         const scalar_t* rows = lg + b * T * V;
-        auto predict = [&](int32_t u) { return argmax_row(rows + u * V, V); };
+        auto predict = [&](int32_t u) { return row_argmax(as_float_row(rows + u * V, V, row32), V); };
         match_walk(e, predict, tk + b * T, pa + b * T, valid_nodes(n[b], static_cast<int32_t>(T)), ai + b * T, al + b,
                    bo + b);
       }
@@ -103,8 +115,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_cpu(
       for (int32_t j = 0; j <= eta; ++j) ai[b * (g + 1) + j] = j;
       al[b] = eta + 1;
       const float* row = rows + eta * V;
-      auto weight = [&](int64_t i) { return fix_weight(det_exp(row[i]), scale); };
-      bo[b] = sample_weights(V, sum_weights(V, weight), up[b], weight);
+      std::vector<int64_t> chunks(num_chunks(V));
+      bo[b] = row_sample(row, V, scale, row_sum_fix_exp(row, V, scale, chunks.data()), up[b], chunks.data(), true);
     }
   });
   return {accept_idx, accept_len, bonus};

@@ -13,14 +13,18 @@ namespace specops {
 namespace verify {
 namespace cpu {
 
+// Rows of one sequence plus scratch. Chunk sums are kept for every scratch row and for the last
+// target row summed, so a draw after a pass reads one chunk, not the row again.
 struct CpuTreeEngine {
-  const float* P;  // [T, V] target rows of this sequence
-  const float* Q;  // [T, V] draft rows, or nullptr
-  const float* U;  // [T, 2] uniforms
-  float* buf;      // [3, V] scratch: residual double buffer + the R3w proposer row
-  int32_t* scratch;  // [T + 2]
+  const float* P;      // [T, V] target rows of this sequence
+  const float* Q;      // [T, V] draft rows, or nullptr
+  const float* U;      // [T, 2] uniforms
+  float* buf;          // [3, V] scratch: residual double buffer + the R3w proposer row
+  int64_t* chunks;     // [4, num_chunks(V)]: scratch rows 0..2, then the target row `summed`
+  int32_t* scratch;    // [T + 2]
   int64_t V_;
   float scale_, inv_scale_;
+  int32_t summed = -1;  // target row whose chunk sums are in chunks[3]
 
   int64_t V() const { return V_; }
   float scale() const { return scale_; }
@@ -38,60 +42,33 @@ struct CpuTreeEngine {
     return buf + (v.kind - Vec::kBuf0) * V_;
   }
   float* mrow(Vec v) { return buf + (v.kind - Vec::kBuf0) * V_; }
+  int64_t* chunks_of(int32_t slot) { return chunks + slot * num_chunks(V_); }
   float at(Vec v, int32_t tok) const { return in_vocab(tok, V_) ? row(v)[tok] : 0.0f; }
 
-  int64_t sum_fix(Vec v) const { return cpu::sum_fix(row(v), V_, scale_); }
-  int32_t sample(Vec v, int64_t W, float u) const { return sample_fix(row(v), V_, scale_, W, u); }
-
+  int64_t sum_fix(Vec v) {
+    if (v.kind == Vec::kTarget) summed = v.node;
+    return row_sum_fix(row(v), V_, scale_, v.kind == Vec::kTarget ? chunks_of(3) : nullptr);
+  }
+  int32_t sample(Vec v, int64_t W, float u) {
+    const int64_t* c = v.kind >= Vec::kBuf0 ? chunks_of(v.kind - Vec::kBuf0)
+                                            : (v.kind == Vec::kTarget && v.node == summed ? chunks_of(3) : nullptr);
+    return row_sample(row(v), V_, scale_, W, u, c, false);
+  }
   int64_t residual(Vec dst, Vec r, Vec q, float Z, float Zq) {
-    const float* rr = row(r);
-    const float* qq = row(q);
-    float* out = mrow(dst);
-    const float sc = scale_;
-    int64_t w = 0;
-    for (int64_t i = 0; i < V_; ++i) {
-      const float v = residual_value(rr[i], Zq, Z, qq[i]);
-      out[i] = v;
-      w += fix_weight(v, sc);
-    }
-    return w;
+    return row_residual(mrow(dst), row(r), row(q), Z, Zq, V_, scale_, chunks_of(dst.kind - Vec::kBuf0));
   }
-
-  // R3w: the residual against Qr, and Qr minus the rejected token x (in place into kBufQ).
   int64_t residual_noreplace(Vec dst, Vec r, Vec q, float Z, float Zq, int32_t x, int64_t* wq) {
-    const float* rr = row(r);
-    const float* qq = row(q);
-    float* out = mrow(dst);
-    float* qout = mrow(Vec::buf(Vec::kBufQ));
-    const float sc = scale_;
-    int64_t w = 0, w2 = 0;
-    for (int64_t i = 0; i < V_; ++i) {
-      const float qi = qq[i];
-      const float v = residual_value(rr[i], Zq, Z, qi);
-      out[i] = v;
-      w += fix_weight(v, sc);
-      const float qn = i == x ? 0.0f : qi;
-      qout[i] = qn;
-      w2 += fix_weight(qn, sc);
-    }
-    *wq = w2;
-    return w;
+    return row_residual_noreplace(mrow(dst), mrow(Vec::buf(Vec::kBufQ)), row(r), row(q), Z, Zq, x, V_, scale_,
+                                  chunks_of(dst.kind - Vec::kBuf0), wq);
   }
-
   int64_t drop_token(Vec dst, Vec src, int32_t x) {
-    const float* s = row(src);
-    float* out = mrow(dst);
-    const float sc = scale_;
-    int64_t w = 0;
-    for (int64_t i = 0; i < V_; ++i) {
-      const float v = i == x ? 0.0f : s[i];
-      out[i] = v;
-      w += fix_weight(v, sc);
-    }
-    return w;
+    return row_drop_token(mrow(dst), row(src), x, V_, scale_, chunks_of(dst.kind - Vec::kBuf0));
   }
-
-  void set_zero(Vec v, int32_t tok) { mrow(v)[tok] = 0.0f; }
+  void set_zero(Vec v, int32_t tok) {
+    float* m = mrow(v);
+    chunks_of(v.kind - Vec::kBuf0)[tok / kChunk] -= fix_weight(m[tok], scale_);
+    m[tok] = 0.0f;
+  }
 };
 
 int32_t parse_mode(const std::string& mode) {
@@ -160,10 +137,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu(
   // One sequence per task: the walk is sequential, the V-wide passes inside it are what costs.
   at::parallel_for(0, B, 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> buf(nbuf * V);
+    std::vector<int64_t> chunks(4 * num_chunks(V));
     std::vector<int32_t> scratch(T + 2);
     for (int64_t b = lo; b < hi; ++b) {
-      CpuTreeEngine e{pp + b * T * V, qp ? qp + b * T * V : nullptr, up + b * T * 2, buf.data(), scratch.data(),
-                      V, scale, inv_scale};
+      CpuTreeEngine e{pp + b * T * V, qp ? qp + b * T * V : nullptr, up + b * T * 2, buf.data(), chunks.data(),
+                      scratch.data(), V, scale, inv_scale};
       const int32_t* tb = tk + b * T;
       const int32_t* pb = pa + b * T;
       const int32_t nb = valid_nodes(n[b], static_cast<int32_t>(T));

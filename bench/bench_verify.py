@@ -1,0 +1,243 @@
+"""Verification ops against what peers do, with one read of the probability rows as the physical limit.
+
+Cases (issue 4): B in {1, 8, 64}, T in {8 (a chain, SD with gamma = 7), 64 (a tree: 4 children per
+node, breadth first)}, V in {32000, 151936}, fp32. Drafts are realistic: the proposer at a node is
+softmax(target logits of the node + noise), children are drawn from it, so acceptance is partial and
+paths end early (what a verifier sees in practice).
+
+Providers, all timed in the same run:
+  torch_ref        the spec (specops torch backend): a Python walk per sequence
+  vectorized       what EAGLE / Medusa do in torch: R1 = argmax of every row + path gathers over
+                   precomputed root-to-leaf paths (Medusa's retrieve indices); R2 on chains = batched
+                   gathers, cumprod and one multinomial (gpt-fast / HF style); R3 on trees = a loop over
+                   depth and sibling slots with [B, V] residual updates (EAGLE's sampling verify, batched)
+  hf               transformers' `_speculative_sampling` (R2, batch 1: looped over B), chains only
+  cpp              specops cpp backend (check=False); triton / cuda when a GPU exists
+  read_rows        torch.sum over the target (and draft) rows: one read of the probability rows
+Derived: speedup_vs_torch_ref, speedup_vs_vectorized, speedup_vs_read_rows (> 0.5 = within 2x).
+
+    python bench/bench_verify.py [--quick]       # CSV under bench/results/<machine>/
+    pytest bench/bench_verify.py --benchmark-only
+"""
+import pytest
+import torch
+
+import specops
+from specops import backend as _backend
+
+from _harness import main, pytest_benchmark
+
+OPS = ["greedy", "mss", "mss_pointmass", "mss_noreplace", "sample_match", "gsd", "joint"]
+CASES = [dict(op=op, B=B, T=T, V=V) for V in (32000, 151936) for T in (8, 64) for B in (1, 8, 64) for op in OPS]
+QUICK = [dict(op=op, B=B, T=T, V=1000) for T in (8, 64) for B in (1, 8) for op in OPS]
+CHILDREN = 4
+
+
+def tree_parents(T, chain):
+    """Chain, or a breadth-first tree with CHILDREN children per node. Shape: -> int32 [T]."""
+    i = torch.arange(T)
+    return (i - 1 if chain else (i - 1).div(CHILDREN, rounding_mode="floor")).to(torch.int32)
+
+
+def inputs(op, B, T, V, device, noise=1.0):
+    g = torch.Generator().manual_seed(B * 1000 + T * 10 + V % 997)
+    chain = T <= 8
+    parents = tree_parents(T, chain).expand(B, T).contiguous()
+    logits = torch.randn(B, T, V, generator=g) * 4
+    par = parents.long().clamp(min=0)
+    # draft row of node c = the proposer at its parent: the parent's target logits + noise
+    draft = (logits.gather(1, par[:, :, None].expand(B, T, V)) + noise * torch.randn(B, T, V, generator=g)).softmax(-1)
+    tokens = torch.multinomial(draft.reshape(B * T, V), 1, generator=g).reshape(B, T).to(torch.int32)
+    probs = logits.softmax(-1)
+    case = dict(tokens=tokens, parents=parents, num_nodes=torch.full((B,), T, dtype=torch.int32), logits=logits,
+                probs=probs, draft=draft, uniforms=torch.rand(B, T, 2, generator=g))
+    if op == "joint":  # the chain's T - 1 drafts, T target rows, the drafts' joint log-probabilities
+        case["draft_tokens"] = tokens[:, 1:].contiguous()
+        case["logprobs"] = torch.log_softmax(logits, -1)
+        q_tok = draft[:, 1:].gather(2, tokens.long()[:, 1:, None])[:, :, 0]
+        case["joint_q"] = torch.cumsum(torch.log(q_tok), 1)
+    return {k: v.to(device) for k, v in case.items()}
+
+
+def root_paths(parents):
+    """Medusa's retrieve indices: every root-to-leaf path, padded with -1. Shape: [T] -> [L, D]."""
+    T = parents.shape[0]
+    is_parent = torch.zeros(T, dtype=torch.bool)
+    is_parent[parents[1:].long()] = True
+    paths = []
+    for leaf in (~is_parent).nonzero().flatten().tolist():
+        path = [leaf]
+        while path[-1] != 0:
+            path.append(int(parents[path[-1]]))
+        paths.append(path[::-1])
+    depth = max(len(p) for p in paths)
+    return torch.tensor([p + [-1] * (depth - len(p)) for p in paths])
+
+
+def greedy_vectorized(tokens, logits, paths):
+    """Medusa / EAGLE: argmax of every row, then the longest matching candidate path."""
+    pred = logits.argmax(-1)  # [B, T]
+    B = tokens.shape[0]
+    safe = paths.clamp(min=0)
+    cand = tokens.long()[:, safe[:, 1:]]  # [B, L, D-1]
+    want = pred[:, safe[:, :-1]]
+    ok = (cand == want) & (paths[:, 1:] >= 0)
+    lens = ok.int().cumprod(-1).sum(-1)  # [B, L]
+    best = lens.argmax(-1)
+    n = lens.gather(1, best[:, None])[:, 0]
+    path = safe[best]  # [B, D]
+    end = path.gather(1, n[:, None])[:, 0]
+    return path, n + 1, pred.gather(1, end[:, None])[:, 0]
+
+
+def chain_vectorized(tokens, P, Q, U):
+    """Batched R2 (gpt-fast / HF style) on chains."""
+    B, T, V = P.shape
+    x = tokens.long()[:, 1:]
+    p = P[:, :-1].gather(2, x[:, :, None])[:, :, 0]
+    q = Q[:, 1:].gather(2, x[:, :, None])[:, :, 0]
+    accept = U[:, 1:, 0] * q < p
+    n = accept.int().cumprod(1).sum(1)  # accepted drafts
+    rows = torch.arange(B, device=P.device)
+    pn = P[rows, n]
+    qn = Q[rows, (n + 1).clamp(max=T - 1)]
+    res = (pn - qn).clamp(min=0)
+    res = torch.where((n < T - 1)[:, None], res / res.sum(-1, keepdim=True).clamp(min=1e-30), pn)
+    return n + 1, torch.multinomial(res, 1)[:, 0]
+
+
+def mss_vectorized(tokens, kids, P, Q, U):
+    """EAGLE's sampling verify batched over B: loops over depth and sibling slots, children tried in
+    index order, [B, V] residual updates. kids: [T, K] child table, -1 padded."""
+    B, T, V = P.shape
+    rows = torch.arange(B, device=P.device)
+    cur = torch.zeros(B, dtype=torch.long, device=P.device)
+    live = torch.ones(B, dtype=torch.bool, device=P.device)
+    bonus = torch.zeros(B, dtype=torch.long, device=P.device)
+    lens = torch.ones(B, dtype=torch.long, device=P.device)
+    R = P[rows, cur]
+    while bool(live.any()):
+        nxt = torch.full_like(cur, -1)
+        for k in range(kids.shape[1]):
+            c = kids[cur, k]
+            try_ = live & (c >= 0) & (nxt < 0)
+            if not bool(try_.any()):
+                break
+            cc = c.clamp(min=0)
+            x = tokens.long()[rows, cc]
+            q = Q[rows, cc]
+            px = R.gather(1, x[:, None])[:, 0]
+            qx = q.gather(1, x[:, None])[:, 0]
+            acc = try_ & (U[rows, cc, 0] * qx < px)
+            rej = try_ & ~acc
+            res = (R - q).clamp(min=0)
+            res = res / res.sum(-1, keepdim=True).clamp(min=1e-30)
+            R = torch.where(rej[:, None], res, R)
+            nxt = torch.where(acc, cc, nxt)
+        done = live & (nxt < 0)
+        if bool(done.any()):
+            bonus = torch.where(done, torch.multinomial(R, 1)[:, 0], bonus)
+        live = live & ~done
+        cur = torch.where(live, nxt, cur)
+        lens = lens + live.long()
+        R = torch.where(live[:, None], P[rows, cur], R)
+    return lens, bonus
+
+
+def hf_chain(tokens, P, Q):
+    """transformers' _speculative_sampling (batch 1), looped over the batch."""
+    from transformers.generation.utils import _speculative_sampling
+
+    out = []
+    gamma = P.shape[1] - 1
+    for b in range(P.shape[0]):
+        cand = tokens[b: b + 1].long()
+        out.append(_speculative_sampling(cand, Q[b: b + 1, 1:].log(), gamma, P[b: b + 1].log()))
+    return out
+
+
+def child_table(parents):
+    T = parents.shape[0]
+    kids = [[c for c in range(1, T) if int(parents[c]) == u] for u in range(T)]
+    K = max(1, max(len(k) for k in kids))
+    return torch.tensor([k + [-1] * (K - len(k)) for k in kids])
+
+
+def provider_fn(name, op, c):
+    backend = {"torch_ref": "torch", "cpp": "cpp", "triton": "triton", "cuda": "cuda"}.get(name)
+    if backend:
+        if op == "greedy":
+            return lambda: specops.verify_greedy(c["tokens"], c["parents"], c["logits"], c["num_nodes"], check=False,
+                                                 backend=backend)
+        if op == "joint":
+            return lambda: specops.verify_joint(c["draft_tokens"], c["logprobs"], c["joint_q"], 0.3,
+                                                c["uniforms"][:, 0, 0].contiguous(), check=False, backend=backend)
+        return lambda: specops.verify_tree(c["tokens"], c["parents"], c["probs"], c["uniforms"], draft_probs=c["draft"],
+                                           mode=op, num_nodes=c["num_nodes"], check=False, backend=backend)
+    if name == "vectorized":
+        chain = bool((c["parents"][0, 1:] == torch.arange(c["parents"].shape[1] - 1)).all())
+        if op == "greedy":
+            paths = root_paths(c["parents"][0].cpu()).to(c["tokens"].device)
+            return lambda: greedy_vectorized(c["tokens"], c["logits"], paths)
+        if op == "mss" and chain:
+            return lambda: chain_vectorized(c["tokens"], c["probs"], c["draft"], c["uniforms"])
+        if op == "mss":
+            kids = child_table(c["parents"][0].cpu()).to(c["tokens"].device)
+            return lambda: mss_vectorized(c["tokens"], kids, c["probs"], c["draft"], c["uniforms"])
+        return None
+    if name == "hf":
+        chain = bool((c["parents"][0, 1:] == torch.arange(c["parents"].shape[1] - 1)).all())
+        return (lambda: hf_chain(c["tokens"], c["probs"], c["draft"])) if op == "mss" and chain else None
+    if name == "read_rows":
+        if op == "greedy":
+            return lambda: c["logits"].sum()
+        if op == "joint":
+            return lambda: c["logprobs"].sum()
+        return lambda: (c["probs"].sum(), c["draft"].sum())
+    raise ValueError(name)
+
+
+def row_bytes(op, c):
+    if op == "greedy":
+        return c["logits"].numel() * 4
+    if op == "joint":
+        return c["logprobs"].numel() * 4
+    return (c["probs"].numel() + c["draft"].numel()) * 4
+
+
+PROVIDERS = ["read_rows", "torch_ref", "vectorized", "hf", "cpp", "triton", "cuda"]
+
+
+def measure(rec, quick):
+    for params in QUICK if quick else CASES:
+        c = inputs(**params, device=rec.device)
+        for name in PROVIDERS:
+            if name in ("cpp", "triton", "cuda"):
+                ok, why = _backend.available(name, rec.device)
+                if name == "triton" and torch.device(rec.device).type == "cpu":
+                    ok, why = False, "interpreter only on CPU (not a timing)"
+                if not ok:
+                    rec.skip(name, params, why)
+                    continue
+            fn = provider_fn(name, params["op"], c)
+            if fn is None:
+                continue
+            slow = name in ("torch_ref", "hf")
+            rec.time(name, params, fn, bytes=row_bytes(params["op"], c),
+                     **({"min_repeats": 2, "budget_s": 0.2, "warmup": 1} if slow else {}))
+        del c
+    for base in ("torch_ref", "vectorized", "read_rows"):
+        rec.add_ratios(base)
+
+
+@pytest.mark.parametrize("params", [p for p in QUICK if p["B"] == 8], ids=lambda p: f"{p['op']}-T{p['T']}")
+@pytest.mark.parametrize("provider", ["torch_ref", "cpp"])
+def test_verify(benchmark, provider, params):
+    if provider == "cpp" and not _backend.available("cpp")[0]:
+        pytest.skip(_backend.available("cpp")[1])
+    fn = provider_fn(provider, params["op"], inputs(**params, device="cpu"))
+    pytest_benchmark(benchmark, fn, provider=provider, **params)
+
+
+if __name__ == "__main__":
+    main("verify", measure)
