@@ -40,22 +40,31 @@ def tree_parents(T, chain):
 
 
 def inputs(op, B, T, V, device, noise=1.0):
+    """Built one sequence at a time and only what `op` reads, so B = 64, V = 151936 fits in memory."""
     g = torch.Generator().manual_seed(B * 1000 + T * 10 + V % 997)
-    chain = T <= 8
-    parents = tree_parents(T, chain).expand(B, T).contiguous()
-    logits = torch.randn(B, T, V, generator=g) * 4
-    par = parents.long().clamp(min=0)
-    # draft row of node c = the proposer at its parent: the parent's target logits + noise
-    draft = (logits.gather(1, par[:, :, None].expand(B, T, V)) + noise * torch.randn(B, T, V, generator=g)).softmax(-1)
-    tokens = torch.multinomial(draft.reshape(B * T, V), 1, generator=g).reshape(B, T).to(torch.int32)
-    probs = logits.softmax(-1)
-    case = dict(tokens=tokens, parents=parents, num_nodes=torch.full((B,), T, dtype=torch.int32), logits=logits,
-                probs=probs, draft=draft, uniforms=torch.rand(B, T, 2, generator=g))
-    if op == "joint":  # the chain's T - 1 drafts, T target rows, the drafts' joint log-probabilities
-        case["draft_tokens"] = tokens[:, 1:].contiguous()
-        case["logprobs"] = torch.log_softmax(logits, -1)
-        q_tok = draft[:, 1:].gather(2, tokens.long()[:, 1:, None])[:, :, 0]
-        case["joint_q"] = torch.cumsum(torch.log(q_tok), 1)
+    parents = tree_parents(T, T <= 8).expand(B, T).contiguous()
+    par = parents[0].long().clamp(min=0)
+    tokens = torch.empty(B, T, dtype=torch.int32)
+    rows = torch.empty(B, T, V)  # logits (greedy), log-probs (joint) or target probs
+    draft = torch.empty(B, T, V) if op not in ("greedy", "joint") else None
+    joint_q = torch.empty(B, T - 1)
+    for b in range(B):
+        logits = torch.randn(T, V, generator=g) * 4
+        # draft row of node c = the proposer at its parent: the parent's target logits + noise
+        q = (logits[par] + noise * torch.randn(T, V, generator=g)).softmax(-1)
+        tokens[b] = torch.multinomial(q, 1, generator=g)[:, 0].to(torch.int32)
+        joint_q[b] = torch.cumsum(torch.log(q[1:].gather(1, tokens[b, 1:].long()[:, None])[:, 0]), 0)
+        rows[b] = logits if op == "greedy" else (logits.log_softmax(-1) if op == "joint" else logits.softmax(-1))
+        if draft is not None:
+            draft[b] = q
+    case = dict(tokens=tokens, parents=parents, num_nodes=torch.full((B,), T, dtype=torch.int32),
+                uniforms=torch.rand(B, T, 2, generator=g))
+    if op == "greedy":
+        case["logits"] = rows
+    elif op == "joint":  # the chain's T - 1 drafts, T target rows, the drafts' joint log-probabilities
+        case.update(draft_tokens=tokens[:, 1:].contiguous(), logprobs=rows, joint_q=joint_q)
+    else:
+        case.update(probs=rows, draft=draft)
     return {k: v.to(device) for k, v in case.items()}
 
 
