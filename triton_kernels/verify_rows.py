@@ -1,0 +1,120 @@
+"""Scalar and row helpers of the verification kernels (triton_kernels/verify.py): the Triton
+twins of csrc/verify_common.h's arithmetic (same fp32 operation order, fixed-point weights) and
+of csrc/cpu/verify_rows.cpp's row passes."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _exp2i(e):
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _fix(x, scale):
+    c = tl.where(x > 0, tl.minimum(x, 1.0), 0.0)
+    return (c * scale).to(tl.int64)
+
+
+@triton.jit
+def _accept(u, q, Z, r, Zq):
+    return (u * q) * Z < r * Zq
+
+
+@triton.jit
+def _fallback(Zn, Z, Zq):
+    return (~(Zn > 0)) | (Zn < (1e-12 * Z) * Zq)
+
+
+@triton.jit
+def _uniform_index(u, n):
+    f = u * n.to(tl.float32)
+    return tl.where(f > 0, tl.minimum(f, (n - 1).to(tl.float32)), 0.0).to(tl.int32)
+
+
+@triton.jit
+def _threshold(u, W):
+    wf = W.to(tl.float32)
+    f = u * wf
+    t = tl.where(f > 0, tl.minimum(f, wf), 0.0).to(tl.int64)
+    return tl.minimum(t, W - 1)
+
+
+@triton.jit
+def _det_exp(x):
+    x = tl.where(x > -50.0, tl.where(x < 0.0, x, 0.0), -50.0)
+    k = tl.floor(x * 1.44269502162933349609375 + 0.5)
+    r = (x - k * 0.693145751953125) - k * 1.428606765330187045037746429443359375e-06
+    p = r * 0.000198412701138295233249664306640625 + 0.001388888922519981861114501953125
+    p = p * r + 0.008333333767950534820556640625
+    p = p * r + 0.0416666679084300994873046875
+    p = p * r + 0.16666667163372039794921875
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    return p * ((k.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _row_weights(row, offs, V, scale, LOGPROB: tl.constexpr):
+    x = tl.load(row + offs, mask=offs < V, other=0.0).to(tl.float32)
+    if LOGPROB:
+        x = tl.where(offs < V, _det_exp(x), 0.0)
+    return _fix(x, scale)
+
+
+@triton.jit
+def _sum_fix(row, V, scale, BLOCK_V: tl.constexpr, LOGPROB: tl.constexpr = False):
+    acc = tl.zeros([BLOCK_V], dtype=tl.int64)
+    for start in range(0, V, BLOCK_V):
+        acc += _row_weights(row, start + tl.arange(0, BLOCK_V), V, scale, LOGPROB)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def _sample_row(row, V, scale, W, u, BLOCK_V: tl.constexpr, LOGPROB: tl.constexpr = False):
+    # Inverse CDF over the fixed-point weights: first index whose running sum exceeds the threshold.
+    t = _threshold(u, W)
+    found = tl.full([], -1, tl.int64)
+    run = tl.full([], 0, tl.int64)
+    start = tl.full([], 0, tl.int64)
+    while (found < 0) & (start < V) & (W > 0):
+        offs = start + tl.arange(0, BLOCK_V)
+        w = _row_weights(row, offs, V, scale, LOGPROB)
+        hit = (tl.cumsum(w, axis=0) + run > t) & (offs < V)
+        found = tl.min(tl.where(hit, offs, V + BLOCK_V), axis=0)
+        found = tl.where(found < V, found, -1)
+        run += tl.sum(w, axis=0)
+        start += BLOCK_V
+    return tl.where(W > 0, tl.where(found >= 0, found, V - 1), 0).to(tl.int32)
+
+
+@triton.jit
+def _argmax_row(row, V, BLOCK_V: tl.constexpr):
+    # First index of the maximum, NaN counting as +inf.
+    best = tl.full([], float("-inf"), tl.float32)
+    best_i = tl.full([], 0, tl.int32)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        key = tl.where(x != x, float("inf"), x)
+        cm = tl.max(key, axis=0)
+        ci = tl.min(tl.where(key == cm, offs, V), axis=0)
+        best_i = tl.where(cm > best, ci, best_i)
+        best = tl.maximum(cm, best)
+    return best_i
+
+
+@triton.jit
+def _load_row(kind, node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB: tl.constexpr):
+    # kind 0: target row `node`, 1: draft row `node`, 2..: scratch row kind - 2 (the masked loads
+    # of the rows not selected touch no memory).
+    a = tl.load(p_ptr + (b * T + node) * V + offs, mask=m & (kind == 0), other=0.0)
+    c = tl.load(q_ptr + (b * T + node) * V + offs, mask=m & (kind == 1), other=0.0)
+    s = tl.load(buf_ptr + (b * NB + kind - 2) * V + offs, mask=m & (kind >= 2), other=0.0)
+    return tl.where(kind == 0, a, tl.where(kind == 1, c, s))
+
+
+@triton.jit
+def _load_at(kind, node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB: tl.constexpr):
+    return _load_row(kind, node, x, (x >= 0) & (x < V), p_ptr, q_ptr, buf_ptr, b, T, V, NB)
