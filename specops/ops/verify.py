@@ -73,8 +73,9 @@ def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs=None, mo
     ``mss_pointmass`` (R3p: deterministic children, ``q = delta``); ``mss_noreplace`` (R3w:
     children drawn without replacement from one draft row, in draw order); ``sample_match`` (R4:
     draw one token per node, accept the child that matches; lossless for any draft);
-    ``gsd`` (R5: GSD's reference rule, independent per-edge tests, longest passing path, bonus
-    from the target without a residual; **not lossless**).
+    ``gsd`` (R5: GSD's reference rule, independent per-edge tests with ``q_c = draft_probs[b, c,
+    tokens[c]]`` (GSD's merged copies reuse the first occurrence's row), the deepest passing node
+    (lowest index among equals), bonus from the target without a residual; **not lossless**).
 
     ``check=True`` validates values with one host sync: tree rules, tokens in [0, V), uniforms in
     [0, 1), finite non-negative probability rows summing to 1 (within 1e-3) at valid nodes.
