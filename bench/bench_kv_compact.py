@@ -6,8 +6,8 @@ sequence, so every accepted row really moves), fp32 and bf16.
 
 Providers, all timed in the same run:
   per_layer_loop   what HF / EAGLE code does: per layer and cache, index_select + copy_ into the
-                   destination slice (B = 1), or gather + scatter_ along S (B > 1)
-  stacked_gather   one gather + one scatter_ over the stacked [L, B, H, S, D] tensor (Medusa style)
+                   destination slice (B = 1), or index_select + index_copy_ of flat rows (B > 1)
+  stacked_gather   one index_select + one index_copy_ over the stacked cache (Medusa style)
   cpp              specops.kv_compact(check=False); cpp_checked: with the value checks (one sync)
   triton, cuda     when a GPU exists
   memcpy_clone     clone() of a tensor holding the bytes the op moves: the physical limit
@@ -43,8 +43,20 @@ def inputs(L, B, H, D, S, n, dtype, device):
     return k, v, prefix.to(**i32), idx.to(**i32), torch.full((B,), n, **i32)
 
 
+def _flat_rows(prefix, idx, H, S):
+    """Row numbers, in a [B * H * S, D] view of one layer, of every source and destination.
+
+    Shape: prefix int32 [B], idx int32 [B, n] -> (src, dst) int64 [B * H * n]."""
+    B, n = idx.shape
+    slice0 = (torch.arange(B * H, device=idx.device) * S).view(B, H, 1)
+    src = slice0 + (prefix[:, None] + idx).long()[:, None, :]
+    dst = slice0 + (prefix[:, None] + torch.arange(n, device=idx.device)).long()[:, None, :]
+    return src.flatten(), dst.flatten()
+
+
 def per_layer_loop(k, v, prefix, idx):
-    """HF / EAGLE style: a Python loop over layers (and K, V) of gather + copy."""
+    """HF / EAGLE style: a Python loop over layers (and K, V) of index_select + copy_.
+    B = 1 exactly as EAGLE writes it; B > 1 with flat row indices and index_copy_."""
     L, B, H, S, D = k.shape
     n = idx.shape[1]
     if B == 1:
@@ -54,21 +66,22 @@ def per_layer_loop(k, v, prefix, idx):
             for l in range(L):
                 cache[l].narrow(-2, p, n).copy_(cache[l].index_select(-2, src))
         return
-    src = (prefix[:, None] + idx).long()[:, None, :, None].expand(B, H, n, D)
-    dst = (prefix[:, None] + torch.arange(n, device=k.device)).long()[:, None, :, None].expand(B, H, n, D)
+    src, dst = _flat_rows(prefix, idx, H, S)
     for cache in (k, v):
         for l in range(L):
-            cache[l].scatter_(2, dst, cache[l].gather(2, src))
+            rows = cache[l].view(B * H * S, D)
+            rows.index_copy_(0, dst, rows.index_select(0, src))
 
 
 def stacked_gather(k, v, prefix, idx):
-    """Medusa style: one gather of all sources over the stacked cache, then one scatter."""
+    """Medusa style: one gather of every layer's sources over the stacked cache, then one copy."""
     L, B, H, S, D = k.shape
-    n = idx.shape[1]
-    src = (prefix[:, None] + idx).long()[None, :, None, :, None].expand(L, B, H, n, D)
-    dst = (prefix[:, None] + torch.arange(n, device=k.device)).long()[None, :, None, :, None].expand(L, B, H, n, D)
+    src, dst = _flat_rows(prefix, idx, H, S)
+    layer0 = (torch.arange(L, device=k.device) * (B * H * S))[:, None]
+    src, dst = (layer0 + src[None, :]).flatten(), (layer0 + dst[None, :]).flatten()
     for cache in (k, v):
-        cache.scatter_(3, dst, cache.gather(3, src))
+        rows = cache.view(L * B * H * S, D)
+        rows.index_copy_(0, dst, rows.index_select(0, src))
 
 
 def providers(device):
