@@ -70,6 +70,8 @@ def _no_self_overlap(sizes, strides):
 
 def _span_bytes(t):
     """Bytes from the first to one past the last element a (non-empty) tensor addresses."""
+    if t.is_contiguous():
+        return t.numel() * t.element_size()
     return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
 
 
