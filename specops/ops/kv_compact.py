@@ -47,9 +47,9 @@ def kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens, *, check=
     _check_no_overlap(k_cache, v_cache)
     if check:
         _check_values(prefix_lens, accept_idx, accept_lens, S)
-    if k_cache.numel() == 0 or accept_idx.shape[1] == 0:
-        return None
-    resolve("kv_compact", dev, backend)(k_cache, v_cache, prefix_lens, accept_idx, accept_lens)
+    impl = resolve("kv_compact", dev, backend)
+    if k_cache.numel() and accept_idx.shape[1]:
+        impl(k_cache, v_cache, prefix_lens, accept_idx, accept_lens)
     return None
 
 
@@ -157,7 +157,8 @@ def source_rows(prefix_lens, accept_idx, accept_lens, S):
 @register("kv_compact", "torch")
 def _kv_compact_torch(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
     # Gather every row from its source first, then write the whole result back: overlap-safe by
-    # construction, so this is the reference the kernels are held to.
+    # construction, so this is the reference the kernels are held to. It rewrites the whole cache
+    # through a full-size temporary: the spec, not a fast path.
     L, B, H, S, D = k_cache.shape
     src = source_rows(prefix_lens, accept_idx, accept_lens, S)
     index = src[None, :, None, :, None].expand(L, B, H, S, D)
