@@ -29,7 +29,7 @@ namespace specops {
 namespace ta {
 
 constexpr int kTileN = 96;     // keys per K/V tile (a multiple of every register-tile height)
-constexpr int kPadD = 48;      // O^T / packed-V rows are padded to a multiple of this
+constexpr int kPadD = 32;      // O^T / packed-V rows: D + 16 (>= D + tile_rows - 1) rounded up to this
 constexpr int kMaxRows = 192;  // query rows (queries x group heads) per work item
 
 // Everything a work item needs; pointers index the caller's tensors with element strides.
@@ -205,7 +205,7 @@ at::Tensor tree_attention_cpu(const at::Tensor& q,            // [B, Tq, Hq, D]
   const int64_t per_tile = std::max<int64_t>(1, ta::kMaxRows / pb.G);
   pb.n_qtiles = static_cast<int32_t>(ceil_div(Tq, per_tile));
   pb.Mp = static_cast<int32_t>(round_up(ceil_div(Tq, pb.n_qtiles) * pb.G, 16));
-  pb.Dp = static_cast<int32_t>(round_up(D, ta::kPadD));
+  pb.Dp = static_cast<int32_t>(round_up(D + 16, ta::kPadD));
 
   int32_t max_tiles = 0, max_block = 0;
   for (int64_t b = 0; b < B; ++b) {
@@ -233,7 +233,7 @@ at::Tensor tree_attention_cpu(const at::Tensor& q,            // [B, Tq, Hq, D]
   pb.off_pt = region(ta::kTileN * 32);
   pb.off_kpk = region(ta::kTileN * D);
   pb.off_vpk = region(ta::kTileN * std::max<int64_t>(D, pb.Dp));
-  pb.off_cm = region(static_cast<int64_t>(max_block) * (pb.Mp / 8));
+  pb.off_cm = region(static_cast<int64_t>(max_block + ta::kTileN) * (pb.Mp / 8));
   pb.ws_floats = off;
   const int64_t workers = std::min(threads, n_items);
   at::Tensor ws = at::empty({workers, pb.ws_floats}, q.options().dtype(at::kFloat));

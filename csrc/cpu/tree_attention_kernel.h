@@ -29,15 +29,29 @@ constexpr int tile_rows() {
   else if constexpr (TA_ISA == 1) return MC == 1 ? 12 : 6;
   else return 4;
 }
-static_assert(kTileN % 48 == 0 && kPadD % 48 == 0, "tile sizes must be multiples of every tile_rows()");
+static_assert(kTileN % 48 == 0 && kPadD % 32 == 0, "tiles must hold whole register tiles; packed V rows whole vectors");
 
 using vf = Vec::vf;
 constexpr int W = Vec::W;
 
+// Stores R x MC scores (scaled into the base-2 domain when kScale, masked with the keys' lane
+// masks cm [R][nvm] when kMasked) and folds them into the tile's running max mx.
+template <int R, int MC, bool kMasked, bool kScale>
+TA_INLINE void store_scores(vf (&acc)[R][MC], float* __restrict st, int ls, const uint32_t* cm, int nvm, vf scale,
+                            vf* mx) {
+  TA_UNROLL for (int r = 0; r < R; ++r) TA_UNROLL for (int c = 0; c < MC; ++c) {
+    vf x = acc[r][c];
+    if constexpr (kScale) x = Vec::mul(x, scale);
+    if constexpr (kMasked) x = Vec::select(cm[r * nvm + c], x, Vec::set1(-INFINITY));
+    Vec::store(st + r * ls + c * W, x);
+    mx[c] = Vec::max(mx[c], x);
+  }
+}
+
 // S^T[r][c] = sum_d K[r][d] * Q^T[d][c] for R keys x MC vectors of query rows.
-template <int R, int MC, typename K>
+template <int R, int MC, bool kMasked, typename K>
 TA_INLINE void qk_tile(const float* __restrict qt, int64_t ldq, const K* const* kp, int D, float* __restrict st,
-                       int ls) {
+                       int ls, const uint32_t* cm, int nvm, vf* mx) {
   vf acc[R][MC];
   TA_UNROLL for (int r = 0; r < R; ++r) TA_UNROLL for (int c = 0; c < MC; ++c) acc[r][c] = Vec::zero();
   const K* kr[R];
@@ -50,23 +64,25 @@ TA_INLINE void qk_tile(const float* __restrict qt, int64_t ldq, const K* const* 
       TA_UNROLL for (int c = 0; c < MC; ++c) acc[r][c] = Vec::fma(k, q[c], acc[r][c]);
     }
   }
-  TA_UNROLL for (int r = 0; r < R; ++r) TA_UNROLL for (int c = 0; c < MC; ++c) Vec::store(st + r * ls + c * W, acc[r][c]);
+  store_scores<R, MC, kMasked, false>(acc, st, ls, cm, nvm, Vec::zero(), mx);
 }
 
 // O^T[d0 + r][c] = alpha[c] * O^T[d0 + r][c] + sum_n V[n][d0 + r] * P^T[n][c]. TAIL clamps the
 // head dim for the last group (rows past D land in O^T's padding and are never read back).
+// Not inlined, and alpha [MC][W] read from memory: inlined into its loop, GCC keeps values live
+// across calls and spills the P^T operands of the inner loop (MC = 3).
 template <int R, int MC, bool TAIL>
-TA_INLINE void pv_tile(const float* __restrict pt, int ls, const float* const* vp, int d0, int D, int len,
-                       float* __restrict ot, int64_t ldo, const vf* alpha) {
+__attribute__((noinline)) void pv_tile(const float* __restrict pt, int ls, const float* const* vp, int d0, int D, int len,
+                       float* __restrict ot, int64_t ldo, const float* alpha) {
   vf acc[R][MC];
   TA_UNROLL for (int r = 0; r < R; ++r) TA_UNROLL for (int c = 0; c < MC; ++c)
-    acc[r][c] = Vec::mul(Vec::load(ot + (d0 + r) * ldo + c * W), alpha[c]);
-  int dc[R];
-  TA_UNROLL for (int r = 0; r < R; ++r) dc[r] = TAIL ? (d0 + r < D ? d0 + r : D - 1) : d0 + r;
+    acc[r][c] = Vec::mul(Vec::load(ot + (d0 + r) * ldo + c * W), Vec::load(alpha + c * W));
+  int dc[R];  // column offsets from d0: compile-time constants unless TAIL
+  TA_UNROLL for (int r = 0; r < R; ++r) dc[r] = TAIL ? (d0 + r < D ? r : D - 1 - d0) : r;
   for (int n = 0; n < len; ++n) {
     vf p[MC];
     TA_UNROLL for (int c = 0; c < MC; ++c) p[c] = Vec::load(pt + n * ls + c * W);
-    const float* vr = vp[n];
+    const float* vr = vp[n] + d0;
     TA_UNROLL for (int r = 0; r < R; ++r) {
       const vf v = Vec::set1(vr[dc[r]]);
       TA_UNROLL for (int c = 0; c < MC; ++c) acc[r][c] = Vec::fma(v, p[c], acc[r][c]);
@@ -84,9 +100,9 @@ TA_INLINE __m512i bcast_pair(const uint16_t* p) {
 }
 
 // Q K^T with bf16 pairs: Q^T is [D/2][ldq][2], K rows are read in place (d, d+1 adjacent).
-template <int R, int MC>
+template <int R, int MC, bool kMasked>
 TA_INLINE void qk_tile_dot(const uint16_t* __restrict qt, int64_t ldq, const uint16_t* const* kp, int D2,
-                           float* __restrict st, int ls) {
+                           float* __restrict st, int ls, const uint32_t* cm, int nvm, vf scale, vf* mx) {
   __m512 acc[R][MC];
   TA_UNROLL for (int r = 0; r < R; ++r) TA_UNROLL for (int c = 0; c < MC; ++c) acc[r][c] = _mm512_setzero_ps();
   const uint16_t* kr[R];
@@ -99,8 +115,7 @@ TA_INLINE void qk_tile_dot(const uint16_t* __restrict qt, int64_t ldq, const uin
       TA_UNROLL for (int c = 0; c < MC; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], k, q[c]);
     }
   }
-  TA_UNROLL for (int r = 0; r < R; ++r) TA_UNROLL for (int c = 0; c < MC; ++c)
-    _mm512_storeu_ps(st + r * ls + c * 16, acc[r][c]);
+  store_scores<R, MC, kMasked, true>(acc, st, ls, cm, nvm, scale, mx);
 }
 
 // P V with bf16 pairs of keys: P^T is [len/2][ls][2], V packed as [len/2][Dp][2].
@@ -123,25 +138,22 @@ TA_INLINE void pv_tile_dot(const uint16_t* __restrict pt, int ls, const uint16_t
     _mm512_storeu_ps(ot + (d0 + r) * ldo + c * 16, acc[r][c]);
 }
 
-// Rows 2t, 2t+1 of a [len][ld] bf16 matrix interleaved into [ceil(len/2)][Dp][2] (zero padded).
+// Rows 2t, 2t+1 of a [len][ld] bf16 matrix interleaved into [ceil(len/2)][Dp][2], zero padded
+// (Dp is a multiple of 32).
 TA_INLINE void pack_pairs(const uint16_t* src, int64_t ld, int len, int D, int Dp, uint16_t* dst) {
   const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                                       37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   for (int t = 0; 2 * t < len; ++t) {
     const uint16_t* a = src + 2 * t * ld;
-    const uint16_t* b = 2 * t + 1 < len ? a + ld : nullptr;
+    const bool has_b = 2 * t + 1 < len;
     uint16_t* o = dst + static_cast<int64_t>(t) * Dp * 2;
-    int d = 0;
-    for (; d + 32 <= D; d += 32) {
-      const __m512i x = _mm512_loadu_si512(a + d);
-      const __m512i y = b ? _mm512_loadu_si512(b + d) : _mm512_setzero_si512();
+    for (int d = 0; d < Dp; d += 32) {
+      const __mmask32 in = D - d >= 32 ? ~0u : (D > d ? (1u << (D - d)) - 1u : 0u);
+      const __m512i x = _mm512_maskz_loadu_epi16(in, a + d);
+      const __m512i y = _mm512_maskz_loadu_epi16(has_b ? in : 0u, a + ld + d);
       _mm512_storeu_si512(o + 2 * d, _mm512_permutex2var_epi16(x, lo, y));
       _mm512_storeu_si512(o + 2 * d + 32, _mm512_permutex2var_epi16(x, hi, y));
-    }
-    for (; d < Dp; ++d) {
-      o[2 * d] = d < D ? a[d] : 0;
-      o[2 * d + 1] = d < D && b ? b[d] : 0;
     }
   }
 }
@@ -168,31 +180,24 @@ void chunk_step(const ItemState& s, int v0, const K* const* kp, const void* vsrc
   const ta::Problem& pb = *s.pb;
   const int D = pb.D;
   float* st = s.st;
-  const int nrows = (len + R - 1) / R * R;
-  for (int n0 = 0; n0 < nrows; n0 += R) {
+  // Q K^T tile by tile, folding in the mask and the running max. Rows past len repeat the
+  // tile's last key (block tiles: their lane masks are zero), so they never raise the max.
+  vf mx[MC], al[MC], ls[MC];
+  const vf scale = Vec::set1(pb.scale_log2);
+  TA_UNROLL for (int c = 0; c < MC; ++c) mx[c] = Vec::set1(-INFINITY);
+  const uint32_t* cm = kMasked ? s.colmask + static_cast<int64_t>(j0) * s.nvm + v0 : nullptr;
+  for (int n0 = 0; n0 < len; n0 += R) {
+    const uint32_t* cmr = kMasked ? cm + static_cast<int64_t>(n0) * s.nvm : nullptr;
     if constexpr (kDot) {
 #if TA_ISA >= 3
-      qk_tile_dot<R, MC>(reinterpret_cast<const uint16_t*>(s.qt) + static_cast<int64_t>(v0) * W * 2, s.Mp,
-                         kp + n0, D / 2, st + n0 * LS, LS);
+      qk_tile_dot<R, MC, kMasked>(reinterpret_cast<const uint16_t*>(s.qt) + static_cast<int64_t>(v0) * W * 2, s.Mp,
+                                  kp + n0, D / 2, st + n0 * LS, LS, cmr, s.nvm, scale, mx);
 #endif
     } else {
-      qk_tile<R, MC>(s.qt + v0 * W, s.Mp, kp + n0, D, st + n0 * LS, LS);
+      qk_tile<R, MC, kMasked>(s.qt + v0 * W, s.Mp, kp + n0, D, st + n0 * LS, LS, cmr, s.nvm, mx);
     }
   }
   // Online softmax down the key axis, lane-wise.
-  vf mx[MC], al[MC], ls[MC];
-  const vf neg_inf = Vec::set1(-INFINITY);
-  const vf scale = Vec::set1(pb.scale_log2);
-  TA_UNROLL for (int c = 0; c < MC; ++c) mx[c] = neg_inf;
-  for (int n = 0; n < len; ++n) {
-    TA_UNROLL for (int c = 0; c < MC; ++c) {
-      vf x = Vec::load(st + n * LS + c * W);
-      if constexpr (kDot) x = Vec::mul(x, scale);
-      if constexpr (kMasked) x = Vec::select(s.colmask[static_cast<int64_t>(j0 + n) * s.nvm + v0 + c], x, neg_inf);
-      if constexpr (kDot || kMasked) Vec::store(st + n * LS + c * W, x);
-      mx[c] = Vec::max(mx[c], x);
-    }
-  }
   TA_UNROLL for (int c = 0; c < MC; ++c) {
     const vf m_old = Vec::load(s.mrow + (v0 + c) * W);
     const vf m_new = Vec::max(m_old, mx[c]);
@@ -201,31 +206,27 @@ void chunk_step(const ItemState& s, int v0, const K* const* kp, const void* vsrc
     al[c] = Vec::exp2(Vec::sub(m_old, mx[c]));
     ls[c] = Vec::zero();
   }
-  for (int n = 0; n < len; ++n) {
-    TA_UNROLL for (int c = 0; c < MC; ++c) {
-      const vf p = Vec::exp2(Vec::sub(Vec::load(st + n * LS + c * W), mx[c]));
-      Vec::store(st + n * LS + c * W, p);
-      ls[c] = Vec::add(ls[c], p);
-    }
-  }
-  TA_UNROLL for (int c = 0; c < MC; ++c) {
-    float* l = s.lrow + (v0 + c) * W;
-    Vec::store(l, Vec::fma(Vec::load(l), al[c], ls[c]));
-  }
   float* ot = s.ot + v0 * W;
 #if TA_ISA >= 3
   if constexpr (kDot) {
-    // P^T to bf16 pairs of keys (rows n, n+1 interleaved per lane), rounding to nearest even.
+    // P^T straight to bf16 pairs of keys (rows n, n+1 interleaved per lane), nearest even.
     const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
                                            6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const int n2 = (len + 1) / 2;
     for (int t = 0; t < n2; ++t) {
+      const bool odd_tail = 2 * t + 1 >= len;
       TA_UNROLL for (int c = 0; c < MC; ++c) {
-        const __m512 a = _mm512_loadu_ps(st + 2 * t * LS + c * W);
-        const __m512 b = 2 * t + 1 < len ? _mm512_loadu_ps(st + (2 * t + 1) * LS + c * W) : _mm512_setzero_ps();
+        const __m512 a = Vec::exp2(Vec::sub(_mm512_loadu_ps(st + 2 * t * LS + c * W), mx[c]));
+        const __m512 b = odd_tail ? _mm512_setzero_ps()
+                                  : Vec::exp2(Vec::sub(_mm512_loadu_ps(st + (2 * t + 1) * LS + c * W), mx[c]));
+        ls[c] = Vec::add(ls[c], Vec::add(a, b));
         const __m512i pr = _mm512_permutexvar_epi16(inter, (__m512i)_mm512_cvtne2ps_pbh(b, a));
         _mm512_storeu_si512(s.pt + (t * LS + c * W) * 2, pr);
       }
+    }
+    TA_UNROLL for (int c = 0; c < MC; ++c) {
+      float* l = s.lrow + (v0 + c) * W;
+      Vec::store(l, Vec::fma(Vec::load(l), al[c], ls[c]));
     }
     const uint16_t* vt = static_cast<const uint16_t*>(vsrc);
     for (int d0 = 0; d0 < D; d0 += R) pv_tile_dot<R, MC>(s.pt, LS, vt, pb.Dp, d0, n2, ot, s.Mp, al);
@@ -233,10 +234,23 @@ void chunk_step(const ItemState& s, int v0, const K* const* kp, const void* vsrc
   }
 #endif
   if constexpr (!kDot) {
+    for (int n = 0; n < len; ++n) {
+      TA_UNROLL for (int c = 0; c < MC; ++c) {
+        const vf p = Vec::exp2(Vec::sub(Vec::load(st + n * LS + c * W), mx[c]));
+        Vec::store(st + n * LS + c * W, p);
+        ls[c] = Vec::add(ls[c], p);
+      }
+    }
+    TA_UNROLL for (int c = 0; c < MC; ++c) {
+      float* l = s.lrow + (v0 + c) * W;
+      Vec::store(l, Vec::fma(Vec::load(l), al[c], ls[c]));
+    }
     const float* const* vp = static_cast<const float* const*>(vsrc);
+    alignas(64) float alpha[MC * W];
+    TA_UNROLL for (int c = 0; c < MC; ++c) Vec::store(alpha + c * W, al[c]);
     const int dfull = D / R * R;
-    for (int d0 = 0; d0 < dfull; d0 += R) pv_tile<R, MC, false>(st, LS, vp, d0, D, len, ot, s.Mp, al);
-    if (dfull < D) pv_tile<R, MC, true>(st, LS, vp, dfull, D, len, ot, s.Mp, al);
+    for (int d0 = 0; d0 < dfull; d0 += R) pv_tile<R, MC, false>(st, LS, vp, d0, D, len, ot, s.Mp, alpha);
+    if (dfull < D) pv_tile<R, MC, true>(st, LS, vp, dfull, D, len, ot, s.Mp, alpha);
   }
 }
 
@@ -322,7 +336,8 @@ void run_item(const ta::Problem& pb, float* ws, int64_t item) {
   const int jlo = (t0 > np ? t0 - np : 0) * kTileN;
   const int jhi = t1 > np ? ((t1 - np) * kTileN < sl.block ? (t1 - np) * kTileN : sl.block) : 0;
   if (jhi > jlo) {
-    for (int64_t e = 0; e < static_cast<int64_t>(jhi - jlo) * s.nvm; ++e) colmask[e] = 0;
+    // kTileN extra zero rows: the register tiles of a short last tile read past the block.
+    for (int64_t e = 0; e < static_cast<int64_t>(jhi - jlo + kTileN) * s.nvm; ++e) colmask[e] = 0;
     for (int qi = 0; qi < iv - i0; ++qi) {
       const int32_t* row = pb.mask + (static_cast<int64_t>(w.b) * pb.Tq + i0 + qi) * pb.W;
       for (int j32 = jlo; j32 < jhi; j32 += 32) {
