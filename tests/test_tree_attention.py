@@ -315,6 +315,20 @@ def test_triton_matches_reference(B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded, 
     assert_close(specops.tree_attention(*args, backend="triton", **kw), want, dtype)
 
 
+@pytest.mark.parametrize("num_splits", [1, 2, 5])
+def test_triton_split_k_matches_reference(num_splits, device):
+    # The flash-decoding variant: kv splits merged by a second kernel; more splits than tiles
+    # leaves some splits empty (their partials must carry no weight).
+    if not _backend.available("triton", device)[0]:
+        pytest.skip("triton backend unavailable")
+    from specops.triton_kernels import tree_attention as kernels
+
+    args, kw = make_case(2, 3, 7, 200, 6, 2, 64, torch.float32, kind="dag", padded=True, seed=num_splits,
+                         device=device)
+    got = kernels.tree_attention(*args, kw["q_lens"], 0.125, num_splits=num_splits)
+    assert_close(got, specops.tree_attention(*args, sm_scale=0.125, backend="torch", **kw), torch.float32)
+
+
 # ---- registration -----------------------------------------------------------------------------
 
 needs_cpp = pytest.mark.skipif(not _backend.available("cpp")[0] or not hasattr(torch.ops.specops, "tree_attention"),
