@@ -280,13 +280,13 @@ def test_cpp_every_instruction_set_variant_matches_reference(monkeypatch, isa, d
                      specops.tree_attention(*args, backend="torch", **kw), dtype)
 
 
-@pytest.mark.parametrize("B, Tq, L, P, Hq, Hkv", [(1, 3, 3, 3000, 4, 2), (1, 2, 40, 700, 9, 3), (3, 1, 1, 555, 8, 8)])
+@pytest.mark.parametrize("B, Tq, L, P, Hq, Hkv", [(1, 3, 3, 3000, 4, 2), (1, 2, 40, 2000, 9, 3), (3, 1, 1, 4000, 8, 8)])
 def test_cpp_splits_along_the_prefix_and_combines(B, Tq, L, P, Hq, Hkv):
     # Few (sequence, kv head, query tile) items leave threads idle: the kernel splits the keys
     # and merges the partials by log-sum-exp; with one thread it must not split (same result).
     if not _backend.available("cpp")[0]:
         pytest.skip("cpp backend unavailable")
-    args, kw = make_case(B, Tq, L, P, Hq, Hkv, 64, torch.float32, kind="dag", seed=P)
+    args, kw = make_case(B, Tq, L, P, Hq, Hkv, 128, torch.float32, kind="dag", seed=P)
     want = specops.tree_attention(*args, backend="torch", **kw)
     threads = torch.get_num_threads()
     try:

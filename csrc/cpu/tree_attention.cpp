@@ -213,7 +213,10 @@ at::Tensor tree_attention_cpu(const at::Tensor& q,            // [B, Tq, Hq, D]
     max_tiles = std::max(max_tiles, ta::num_kv_tiles(sl, ta::kTileN));
     max_block = std::max(max_block, sl.block);
   }
-  const int64_t threads = at::get_num_threads();
+  // Each worker should get a few tens of microseconds of work, or the fork/join costs more
+  // than it saves on small problems.
+  const double flop = 4.0 * B * Hq * Tq * (static_cast<double>(max_tiles) * ta::kTileN) * D;
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), flop / 4e6 + 1));
   const int64_t items0 = B * Hkv * pb.n_qtiles;
   pb.n_splits = choose_splits(items0, threads, max_tiles);
   const int64_t n_items = items0 * pb.n_splits;
