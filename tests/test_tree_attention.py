@@ -6,6 +6,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import specops
 from specops import backend as _backend
@@ -295,6 +297,20 @@ def test_cpp_splits_along_the_prefix_and_combines(B, Tq, L, P, Hq, Hkv):
             assert_close(specops.tree_attention(*args, backend="cpp", **kw), want, torch.float32)
     finally:
         torch.set_num_threads(threads)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(B=st.integers(1, 3), Tq=st.integers(1, 40), extra=st.integers(0, 40), P=st.integers(0, 300),
+       G=st.sampled_from([1, 2, 3, 7]), Hkv=st.integers(1, 3), D=st.sampled_from([16, 33, 64, 96]),
+       dtype=st.sampled_from(GRID_DTYPES), kind=st.sampled_from(["tree", "dag", "chain", "none"]),
+       padded=st.booleans(), seed=st.integers(0, 2**16))
+def test_property_cpp_matches_reference(B, Tq, extra, P, G, Hkv, D, dtype, kind, padded, seed):
+    if not _backend.available("cpp")[0]:
+        pytest.skip("cpp backend unavailable")
+    args, kw = make_case(B, Tq, Tq + extra, P, G * Hkv, Hkv, D, dtype, kind=kind, padded=padded, seed=seed,
+                         strided=seed % 2 == 0)
+    assert_close(specops.tree_attention(*args, backend="cpp", **kw),
+                 specops.tree_attention(*args, backend="torch", **kw), dtype)
 
 
 TRITON_CASES = [  # small and odd: the interpreter is slow
