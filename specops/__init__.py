@@ -4,6 +4,7 @@
 """
 from . import _ext  # noqa: F401  (loads the compiled extensions and their op registrations)
 from .backend import BackendUnavailable, available, use_backend
+from .ops.sampling import warp_probs
 from .ops.tree_mask import build_tree_mask, pack_mask, unpack_mask
 
 __version__ = "0.1.0"
@@ -15,4 +16,5 @@ __all__ = [
     "pack_mask",
     "unpack_mask",
     "use_backend",
+    "warp_probs",
 ]
