@@ -5,6 +5,7 @@
 from . import _ext  # noqa: F401  (loads the compiled extensions and their op registrations)
 from .backend import BackendUnavailable, available, use_backend
 from .ops.sampling import warp_probs
+from .ops.topn import select_topn_subtree, topn_expand
 from .ops.tree_mask import build_tree_mask, pack_mask, unpack_mask
 
 __version__ = "0.1.0"
@@ -14,6 +15,8 @@ __all__ = [
     "available",
     "build_tree_mask",
     "pack_mask",
+    "select_topn_subtree",
+    "topn_expand",
     "unpack_mask",
     "use_backend",
     "warp_probs",
