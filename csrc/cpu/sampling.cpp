@@ -7,8 +7,8 @@
 //   e = exp(z - max) on the kept set -> fixed-point mass total
 //   top-p: kappa_p = key where the mass from the top reaches top_p -> keep z >= value(kappa_p)
 //   probs = e / sum(e) on the kept set, 0 elsewhere.
-// The hot loops are plain float loops compiled for AVX-512 / AVX2 / baseline via
-// target_clones (the .so must run on machines without AVX-512).
+// The streaming loops are 16-lane vector code compiled per ISA level (sampling_simd.h); the
+// histogram passes of the radix select are scalar.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -20,62 +20,40 @@
 
 #include "../registration.h"
 #include "../sampling_common.h"
-
-#define SPECOPS_SIMD __attribute__((target_clones("avx512f", "avx2,fma", "default")))
+#include "sampling_simd.h"
 
 namespace specops {
 namespace {
 
-// exp(x) for x <= 0 (the only range softmax needs): Cephes-style range reduction and a
-// degree-6 polynomial, relative error ~2e-7, branch-free so loops vectorise. Below the
-// smallest normal result (x < -87.34, including -inf) it returns 0.
-inline float exp_nonpos(float x) {
-  const bool under = !(x >= -87.33654f);
-  x = std::fmin(std::fmax(x, -87.33654f), 0.0f);
-  const float fx = std::floor(x * 1.44269504088896341f + 0.5f);
-  float r = x - fx * 0.693359375f;
-  r = r + fx * 2.12194440e-4f;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * (r * r) + r + 1.0f;
-  const int32_t n = static_cast<int32_t>(fx);
-  const float scale = bits_float(static_cast<uint32_t>(n + 127) << 23);
-  return under ? 0.0f : y * scale;
-}
-
-// z[i] /= t; returns max(z).
-SPECOPS_SIMD float scale_max(float* z, int64_t V, float t) {
-  float m = -kInf;
+// keys[i] = float_key(z[i]); mass[i] = mass_fixed(e[i]); returns sum(mass). Runs only for
+// top-p rows, over the top-k survivors or the whole row.
+uint64_t keys_and_mass(const float* z, const float* e, uint32_t* keys, uint64_t* mass, int64_t V) {
+  uint64_t total = 0;
   for (int64_t i = 0; i < V; ++i) {
-    z[i] = z[i] / t;
-    m = std::fmax(m, z[i]);
+    keys[i] = float_key(z[i]);
+    mass[i] = mass_fixed(e[i]);
+    total += mass[i];
   }
-  return m;
+  return total;
 }
 
-// e[i] = exp(z[i] - m) where z[i] >= lo, else 0; returns the fixed-point mass of e.
-SPECOPS_SIMD uint64_t exp_masked(const float* z, float* e, int64_t V, float m, float lo) {
-  uint64_t mass = 0;
-  for (int64_t i = 0; i < V; ++i) {
-    const float v = z[i] >= lo ? exp_nonpos(z[i] - m) : 0.0f;
-    e[i] = v;
-    mass += mass_fixed(v);
+// The k-th largest of z[0..V) (counting duplicates) for small k: one pass that keeps the k
+// largest values seen in a min-heap and skips blocks of kW that cannot enter it.
+float kth_largest_small(const float* z, int64_t V, int64_t k, std::vector<float>& heap) {
+  heap.assign(z, z + k);
+  std::make_heap(heap.begin(), heap.end(), std::greater<float>());
+  for (int64_t i = k; i < V;) {
+    const float thr = heap.front();
+    i = simd::loops().next_above(z, i, V, 0.0f, thr);
+    const int64_t end = std::min<int64_t>(i + simd::kW, V);
+    for (; i < end; ++i) {
+      if (!(z[i] > heap.front())) continue;
+      std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
+      heap.back() = z[i];
+      std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+    }
   }
-  return mass;
-}
-
-SPECOPS_SIMD double sum_masked(const float* z, const float* e, int64_t V, float lo) {
-  double s = 0.0;
-  for (int64_t i = 0; i < V; ++i) s += z[i] >= lo ? static_cast<double>(e[i]) : 0.0;
-  return s;
-}
-
-SPECOPS_SIMD void normalize_masked(const float* z, float* e, int64_t V, float lo, float sum) {
-  for (int64_t i = 0; i < V; ++i) e[i] = z[i] >= lo ? e[i] / sum : 0.0f;
+  return heap.front();
 }
 
 // Radix select on 32-bit keys in digits of 11, 11 and 10 bits. The first pass reads all
@@ -120,12 +98,30 @@ class RadixSelect {
 };
 
 struct RowScratch {
-  std::vector<float> z;
+  std::vector<float> z, cz, ce, heap;
   std::vector<uint32_t> keys;
   std::vector<uint64_t> mass;
   RadixSelect<uint32_t> count_select;
   RadixSelect<uint64_t> mass_select;
+
+  void reserve(int64_t V) {
+    for (auto* v : {&z, &cz, &ce})
+      if (static_cast<int64_t>(v->size()) < V) v->resize(V);
+    if (static_cast<int64_t>(keys.size()) < V) keys.resize(V);
+    if (static_cast<int64_t>(mass.size()) < V) mass.resize(V);
+  }
 };
+
+// Top-k with k up to this uses the heap scan, above it the radix select.
+constexpr int64_t kSmallTopK = 256;
+
+inline const float* as_float(const float* x, int64_t, float*) { return x; }
+
+template <typename scalar_t>
+const float* as_float(const scalar_t* x, int64_t V, float* buf) {
+  for (int64_t i = 0; i < V; ++i) buf[i] = static_cast<float>(x[i]);
+  return buf;
+}
 
 template <typename scalar_t>
 void warp_row(const scalar_t* x,  // [V]
@@ -133,37 +129,52 @@ void warp_row(const scalar_t* x,  // [V]
               float* out,  // [V]
               RowScratch& s) {
   float* z = s.z.data();
-  for (int64_t i = 0; i < V; ++i) z[i] = static_cast<float>(x[i]);
+  const float* xf = as_float(x, V, z);
   if (!(t > 0.0f)) {
     // Greedy: one-hot at the first maximal logit (NaN never wins).
     int64_t best = 0;
     for (int64_t i = 1; i < V; ++i)
-      if (z[i] > z[best]) best = i;
+      if (xf[i] > xf[best]) best = i;
     std::fill(out, out + V, 0.0f);
     out[best] = 1.0f;
     return;
   }
-  const float m = scale_max(z, V, t);
+  const simd::Loops& loops = simd::loops();
+  const float m = loops.scale_max(xf, z, V, t);
   float lo = -kInf;  // keep z >= lo
   if (k > 0 && k < V) {
-    for (int64_t i = 0; i < V; ++i) s.keys[i] = float_key(z[i]);
-    lo = key_float(s.count_select.run(s.keys.data(), nullptr, V, static_cast<uint32_t>(k)));
-  }
-  const uint64_t total = exp_masked(z, out, V, m, lo);
-  if (top_p < 1.0f) {
-    // Candidates: the top-k survivors (all tokens without top-k).
-    int64_t n = 0;
-    for (int64_t i = 0; i < V; ++i) {
-      if (!(z[i] >= lo)) continue;
-      s.keys[n] = float_key(z[i]);
-      s.mass[n] = mass_fixed(out[i]);
-      ++n;
+    if (k <= kSmallTopK) {
+      lo = kth_largest_small(z, V, k, s.heap);
+    } else {
+      for (int64_t i = 0; i < V; ++i) s.keys[i] = float_key(z[i]);
+      lo = key_float(s.count_select.run(s.keys.data(), nullptr, V, static_cast<uint32_t>(k)));
     }
-    const uint32_t kp = s.mass_select.run(s.keys.data(), s.mass.data(), n, top_p_target(top_p, total));
-    lo = std::fmax(lo, key_float(kp));
   }
-  const double sum = sum_masked(z, out, V, lo);
-  normalize_masked(z, out, V, lo, static_cast<float>(sum));
+  double sum = loops.exp_masked(z, out, V, m, lo);
+  if (top_p < 1.0f) {
+    // Candidates: the top-k survivors, compacted (all tokens without top-k).
+    const float* cz = z;
+    const float* ce = out;
+    int64_t n = V;
+    if (lo > -kInf) {
+      n = 0;
+      for (int64_t i = 0; i < V; ++i) {
+        if (!(z[i] >= lo)) continue;
+        s.cz[n] = z[i];
+        s.ce[n] = out[i];
+        ++n;
+      }
+      cz = s.cz.data();
+      ce = s.ce.data();
+    }
+    const uint64_t total = keys_and_mass(cz, ce, s.keys.data(), s.mass.data(), n);
+    const float lo_p = key_float(s.mass_select.run(s.keys.data(), s.mass.data(), n, top_p_target(top_p, total)));
+    if (lo_p > lo) {
+      lo = lo_p;
+      sum = loops.sum_masked(z, out, V, lo);
+    }
+  }
+  loops.normalize_masked(z, out, V, lo, static_cast<float>(sum));
 }
 
 at::Tensor warp_probs_cpu(const at::Tensor& logits,       // [N, V] fp32/bf16/fp16
@@ -193,10 +204,9 @@ at::Tensor warp_probs_cpu(const at::Tensor& logits,       // [N, V] fp32/bf16/fp
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "warp_probs_cpu", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     at::parallel_for(0, N, 1, [&](int64_t lo, int64_t hi) {
-      RowScratch s;
-      s.z.resize(V);
-      s.keys.resize(V);
-      s.mass.resize(V);
+      // Reused across calls by the pool's threads: no allocation or zeroing per call.
+      thread_local RowScratch s;
+      s.reserve(V);
       for (int64_t r = lo; r < hi; ++r) warp_row(xp + r * row_stride, V, t[r], k[r], p[r], o + r * V, s);
     });
   });

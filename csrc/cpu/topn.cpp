@@ -3,7 +3,7 @@
 // topn_expand, two stages (the order is score_before of csrc/sampling_common.h everywhere):
 //   1. one task per (sequence, parent): its best kp = min(per_parent_k, n, V) children by
 //      parent_score + child_logprob, one pass over V with a bounded heap; a vectorised
-//      prefilter skips blocks of 16 tokens that cannot beat the heap's worst entry;
+//      prefilter (sampling_simd.h) skips blocks of 16 tokens that cannot beat its worst entry;
 //   2. one task per sequence: the best n of its P * kp candidates.
 // Taking kp <= n per parent loses nothing: within one parent the global order is the
 // per-parent order, so the global best n hold at most n children of any parent.
@@ -20,8 +20,8 @@
 
 #include "../registration.h"
 #include "../sampling_common.h"
+#include "sampling_simd.h"
 
-#define SPECOPS_SIMD __attribute__((target_clones("avx512f", "avx2,fma", "default")))
 
 namespace specops {
 namespace {
@@ -32,18 +32,6 @@ struct Cand {
 };
 
 inline bool before(const Cand& a, const Cand& b) { return score_before(a.s, a.i, b.s, b.i); }
-
-// The first i' >= i with bias + c[i'] > thr, or V. Whole blocks of 16 are tested at once.
-SPECOPS_SIMD int64_t next_above(const float* c, int64_t i, int64_t V, float bias, float thr) {
-  for (; i + 16 <= V; i += 16) {
-    bool any = false;
-    for (int j = 0; j < 16; ++j) any |= (bias + c[i + j]) > thr;
-    if (any) break;
-  }
-  for (; i < V; ++i)
-    if (bias + c[i] > thr) return i;
-  return V;
-}
 
 // A row as fp32: fp32 rows are used in place, others converted into buf.
 inline const float* as_float(const float* src, int64_t, std::vector<float>&) { return src; }
@@ -60,19 +48,26 @@ void row_top(const float* c, int64_t V, float bias, int64_t kp, std::vector<Cand
   heap.clear();
   if (!score_available(bias)) return;  // a padding parent: every child is -inf
   // A max-heap under `before` keeps the worst kept candidate on top. Tokens arrive in
-  // increasing index, so a newcomer must beat the worst score strictly.
-  for (int64_t i = next_above(c, 0, V, bias, -kInf); i < V;) {
-    const Cand x{bias + c[i], i};
-    if (static_cast<int64_t>(heap.size()) < kp) {
-      heap.push_back(x);
-      std::push_heap(heap.begin(), heap.end(), before);
-    } else {
-      std::pop_heap(heap.begin(), heap.end(), before);
-      heap.back() = x;
-      std::push_heap(heap.begin(), heap.end(), before);
+  // increasing index, so a newcomer must beat the worst score strictly; until the heap is
+  // full the bar is -inf (any available candidate).
+  const simd::Loops& loops = simd::loops();
+  float thr = -kInf;
+  for (int64_t i = 0; i < V;) {
+    i = loops.next_above(c, i, V, bias, thr);  // skips whole blocks below the bar
+    const int64_t end = std::min<int64_t>(i + simd::kW, V);
+    for (; i < end; ++i) {
+      const Cand x{bias + c[i], i};
+      if (!(x.s > thr)) continue;
+      if (static_cast<int64_t>(heap.size()) < kp) {
+        heap.push_back(x);
+        std::push_heap(heap.begin(), heap.end(), before);
+      } else {
+        std::pop_heap(heap.begin(), heap.end(), before);
+        heap.back() = x;
+        std::push_heap(heap.begin(), heap.end(), before);
+      }
+      if (static_cast<int64_t>(heap.size()) == kp) thr = heap.front().s;
     }
-    const float thr = static_cast<int64_t>(heap.size()) < kp ? -kInf : heap.front().s;
-    i = next_above(c, i + 1, V, bias, thr);
   }
   std::sort_heap(heap.begin(), heap.end(), before);
 }
