@@ -24,7 +24,8 @@ def softmax_on(logits, keep):
 
 
 def assert_probs(got, want):
-    assert torch.equal(got > 0, want > 0), f"kept sets differ:\n{got}\n{want}"
+    # Kept sets compared above 1e-30: backends may flush exp() results that would be denormal.
+    assert torch.equal(got > 1e-30, want > 1e-30), f"kept sets differ:\n{got}\n{want}"
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
 
 
@@ -139,24 +140,33 @@ def _compare(x, params, fast_backend, device):
         torch.testing.assert_close(got.sum(-1), torch.ones(x.shape[0]), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("N,V", [(1, 11), (3, 11), (33, 11), (1, 1000), (3, 1000), (33, 1000), (3, 32000),
-                                 (33, 32000)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+FP32 = torch.float32
+GRID = ([(N, V, FP32) for N in (1, 3, 33) for V in (11, 1000, 32000)]
+        + [(3, V, torch.bfloat16) for V in (11, 1000, 32000)] + [(33, 1000, torch.bfloat16), (3, 1000, torch.float16)])
+INTERPRETED_GRID = [(1, 11, FP32), (3, 11, FP32), (3, 1000, FP32), (3, 11, torch.bfloat16)]
+
+
+def _interpreted(backend, device):
+    return backend == "triton" and device == "cpu"
+
+
+@pytest.mark.parametrize("N,V,dtype", GRID, ids=lambda v: str(v).replace("torch.", ""))
 def test_matches_reference(fast_backend, device, N, V, dtype):
-    interpreted = fast_backend == "triton" and device == "cpu"
-    if interpreted and (N * V > 3000 or dtype == torch.float16):
-        pytest.skip("the Triton interpreter is slow: a smaller grid covers it")
+    if _interpreted(fast_backend, device) and (N, V, dtype) not in INTERPRETED_GRID:
+        pytest.skip("the Triton interpreter is slow: INTERPRETED_GRID covers it")
     _compare(_grid_case(N, V, dtype, N * V), PARAMS, fast_backend, device)
 
 
 def test_matches_reference_one_large_row_interpreted(fast_backend, device):
-    if fast_backend != "triton":
+    if not _interpreted(fast_backend, device):
         pytest.skip("covered by test_matches_reference")
-    _compare(_grid_case(1, 32000, torch.bfloat16, 5), [(0.8, 50, 0.8), (1.0, 0, 0.9)], fast_backend, device)
+    _compare(_grid_case(1, 32000, torch.bfloat16, 5), [(0.8, 50, 0.8)], fast_backend, device)
 
 
 @pytest.mark.parametrize("N,V", [(3, 11), (33, 1000)])
 def test_matches_reference_with_per_row_parameters(fast_backend, device, N, V):
+    if _interpreted(fast_backend, device) and N > 3:
+        pytest.skip("the Triton interpreter is slow: N = 3 covers it")
     g = torch.Generator().manual_seed(N + V)
     x = torch.randn(N, V, generator=g) * 2
     t = torch.rand(N, generator=g) * 1.5
@@ -209,8 +219,8 @@ X = torch.zeros(3, 5)
     ((X, torch.ones(4)), ValueError, r"temperature must have shape \[3\]"),
     ((X, torch.ones(3, dtype=torch.int32)), TypeError, "temperature must have dtype"),
     ((X, 1.0, torch.ones(3)), TypeError, "top_k must have dtype"),
-    ((X, 1.0, 0, torch.tensor([0.5, 0.0, 1.0])), ValueError, r"top_p must be in \(0, 1\], got 0.0"),
-    ((X, torch.tensor([1.0, -1.0, 1.0])), ValueError, "temperature must be finite and >= 0, got -1.0"),
+    ((X, 1.0, 0, torch.tensor([0.5, 0.0, 1.0])), ValueError, r"top_p must be in \(0, 1\] .*got 0.0"),
+    ((X, torch.tensor([1.0, -1.0, 1.0])), ValueError, r"temperature must be finite and >= 0 .*got -1.0"),
     ((X, 1.0, torch.tensor([1, -2, 0])), ValueError, "top_k must be >= 0"),
     ((X, 1.0, 0, torch.ones(3, device="meta")), ValueError, "top_p must be on cpu"),
     ((torch.tensor([[0.0, float("nan")]]), 1.0), ValueError, r"logits must not contain NaN or \+inf"),
