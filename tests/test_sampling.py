@@ -179,6 +179,14 @@ def test_matches_reference_with_per_row_parameters(fast_backend, device, N, V):
     assert_probs(got.cpu(), want)
 
 
+@pytest.mark.parametrize("scale", [0.0, 0.3, 3.0, 30.0], ids=["flat", "mild", "normal", "peaked"])
+def test_top_p_near_one_and_far_from_it_on_many_shapes_of_distribution(fast_backend, device, scale):
+    # cpp drops tokens too light to matter before its top-p select: the kept set must not change.
+    V = 1000 if fast_backend == "triton" else 32000
+    x = torch.randn(2, V, generator=torch.Generator().manual_seed(V)) * scale
+    _compare(x, [(1.0, 0, 0.999), (1.0, 0, 0.9999), (0.5, 0, 0.5), (2.0, 0, 0.97)], fast_backend, device)
+
+
 def test_strided_rows(fast_backend, device):
     x = torch.randn(4, 3, 50)[:, 1, :]  # rows 150 apart
     _compare(x, [(0.9, 7, 0.8)], fast_backend, device)

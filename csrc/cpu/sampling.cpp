@@ -25,18 +25,6 @@
 namespace specops {
 namespace {
 
-// keys[i] = float_key(z[i]); mass[i] = mass_fixed(e[i]); returns sum(mass). Runs only for
-// top-p rows, over the top-k survivors or the whole row.
-uint64_t keys_and_mass(const float* z, const float* e, uint32_t* keys, uint64_t* mass, int64_t V) {
-  uint64_t total = 0;
-  for (int64_t i = 0; i < V; ++i) {
-    keys[i] = float_key(z[i]);
-    mass[i] = mass_fixed(e[i]);
-    total += mass[i];
-  }
-  return total;
-}
-
 // The k-th largest of z[0..V) (counting duplicates) for small k: one pass that keeps the k
 // largest values seen in a min-heap and skips blocks of kW that cannot enter it.
 float kth_largest_small(const float* z, int64_t V, int64_t k, std::vector<float>& heap) {
@@ -98,16 +86,17 @@ class RadixSelect {
 };
 
 struct RowScratch {
-  std::vector<float> z, cz, ce, heap;
+  std::vector<float> z, heap;
   std::vector<uint32_t> keys;
+  std::vector<int32_t> idx;
   std::vector<uint64_t> mass;
   RadixSelect<uint32_t> count_select;
   RadixSelect<uint64_t> mass_select;
 
   void reserve(int64_t V) {
-    for (auto* v : {&z, &cz, &ce})
-      if (static_cast<int64_t>(v->size()) < V) v->resize(V);
+    if (static_cast<int64_t>(z.size()) < V) z.resize(V);
     if (static_cast<int64_t>(keys.size()) < V) keys.resize(V);
+    if (static_cast<int64_t>(idx.size()) < V) idx.resize(V);
     if (static_cast<int64_t>(mass.size()) < V) mass.resize(V);
   }
 };
@@ -152,23 +141,25 @@ void warp_row(const scalar_t* x,  // [V]
   }
   double sum = loops.exp_masked(z, out, V, m, lo);
   if (top_p < 1.0f) {
-    // Candidates: the top-k survivors, compacted (all tokens without top-k).
-    const float* cz = z;
-    const float* ce = out;
-    int64_t n = V;
-    if (lo > -kInf) {
-      n = 0;
-      for (int64_t i = 0; i < V; ++i) {
-        if (!(z[i] >= lo)) continue;
-        s.cz[n] = z[i];
-        s.ce[n] = out[i];
-        ++n;
-      }
-      cz = s.cz.data();
-      ce = s.ce.data();
+    // The candidates: the top-k survivors, or without top-k every token whose mass can matter.
+    // With total mass W and target T, the tokens below any z-threshold whose masses are each
+    // < (W - T) / V hold less than W - T together, so the top-p threshold lies above them and
+    // dropping them changes nothing. z < m + log((W - T) / V / 2^40) - 1e-3 guarantees that
+    // mass bound despite exp's ~2e-7 error (and the dropped set is a down-set in z).
+    const uint64_t total = loops.mass_total(out, V);
+    const uint64_t target = top_p_target(top_p, total);
+    float floor_ = lo;
+    const uint64_t slack = (total - target) / static_cast<uint64_t>(V);
+    if (lo == -kInf && slack > 0) {
+      const double zf = m + std::log(static_cast<double>(slack) / kMassScale) - 1e-3;
+      floor_ = std::nextafter(static_cast<float>(zf), -kInf);
     }
-    const uint64_t total = keys_and_mass(cz, ce, s.keys.data(), s.mass.data(), n);
-    const float lo_p = key_float(s.mass_select.run(s.keys.data(), s.mass.data(), n, top_p_target(top_p, total)));
+    const int64_t n = loops.compact_ge(z, V, floor_, s.idx.data());
+    for (int64_t j = 0; j < n; ++j) {
+      s.keys[j] = float_key(z[s.idx[j]]);
+      s.mass[j] = mass_fixed(out[s.idx[j]]);
+    }
+    const float lo_p = key_float(s.mass_select.run(s.keys.data(), s.mass.data(), n, target));
     if (lo_p > lo) {
       lo = lo_p;
       sum = loops.sum_masked(z, out, V, lo);

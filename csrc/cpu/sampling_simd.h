@@ -32,6 +32,8 @@ struct Loops {
   double (*sum_masked)(const float* z, const float* e, int64_t V, float lo);
   void (*normalize_masked)(const float* z, float* e, int64_t V, float lo, float sum);
   int64_t (*next_above)(const float* c, int64_t i, int64_t V, float bias, float thr);
+  uint64_t (*mass_total)(const float* e, int64_t V);
+  int64_t (*compact_ge)(const float* src, int64_t V, float floor_, int32_t* idx);
 };
 
 #pragma GCC push_options

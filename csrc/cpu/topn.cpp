@@ -89,6 +89,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topn_expand_cpu(
   auto scores = at::empty({B, n}, ps.options());                    // [B, n]
   auto tokens = at::empty({B, n}, ps.options().dtype(at::kInt));   // [B, n]
   auto parents = at::empty({B, n}, ps.options().dtype(at::kInt));  // [B, n]
+  TORCH_CHECK(P >= 1 && V >= 1, "topn_expand: child_logprobs must have P >= 1 and V >= 1");
   if (B == 0) return {scores, tokens, parents};
   std::vector<Cand> cand(B * P * std::max<int64_t>(kp, 0));  // [B, P, kp], sorted per parent
   std::vector<int64_t> cand_n(B * P, 0);                      // [B, P]

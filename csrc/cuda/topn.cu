@@ -106,6 +106,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topn_expand_cuda(
   auto scores = at::empty({B, n}, ps.options());
   auto tokens = at::empty({B, n}, ps.options().dtype(at::kInt));
   auto parents = at::empty({B, n}, ps.options().dtype(at::kInt));
+  TORCH_CHECK(P >= 1 && V >= 1, "topn_expand: child_logprobs must have P >= 1 and V >= 1");
   if (B == 0) return {scores, tokens, parents};
   auto cand_score = at::empty({B * P, kp}, ps.options());
   auto cand_token = at::empty({B * P, kp}, ps.options().dtype(at::kInt));

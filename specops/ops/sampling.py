@@ -59,17 +59,21 @@ def _row_param(name, value, N, device, *, dtype, kind, check):
     return torch.full((N,), value, dtype=dtype, device=device)
 
 
+_RULES = {  # name -> (per-value test, expectation); tests work on floats and on tensors alike
+    "temperature": (lambda v: (v >= 0) & (v < float("inf")), "finite and >= 0 (0 = greedy)"),
+    "top_k": (lambda v: v >= 0, ">= 0 (0 = disabled)"),
+    "top_p": (lambda v: (v > 0) & (v <= 1), "in (0, 1] (1 = disabled)"),
+}
+
+
 def _check_param_values(name, value):
-    t = value if isinstance(value, torch.Tensor) else torch.tensor([value])
-    if name == "temperature":
-        bad, want = ~((t >= 0) & torch.isfinite(t)), "finite and >= 0 (0 = greedy)"
-    elif name == "top_k":
-        bad, want = t < 0, ">= 0 (0 = disabled)"
-    else:
-        bad, want = ~((t > 0) & (t <= 1)), "in (0, 1] (1 = disabled)"
-    if bool(bad.any()):
-        got = t[bad][0].item()
-        raise ValueError(f"{name} must be {want}, got {got}")
+    ok, want = _RULES[name]
+    if isinstance(value, torch.Tensor):  # one host sync, only under check=True
+        bad = ~ok(value)
+        if bool(bad.any()):
+            raise ValueError(f"{name} must be {want}, got {value[bad][0].item()}")
+    elif not ok(value):  # a Python scalar: no torch op on the hot path
+        raise ValueError(f"{name} must be {want}, got {value}")
 
 
 def warp_probs(logits, temperature, top_k=0, top_p=1.0, *, check=True, backend=None):
