@@ -1,12 +1,13 @@
-// warp_probs on the CPU: one task per row; the top-k and top-p thresholds are found by
-// radix select over order-preserving keys of the scaled logits (expected O(V), no sort).
-//
-// Row pipeline (see specops/ops/sampling.py for the rule itself):
-//   z = logits / t (fp32)            -> max
-//   top-k: kappa_k = k-th largest key (weight 1 per token)      -> keep z >= value(kappa_k)
-//   e = exp(z - max) on the kept set -> fixed-point mass total
-//   top-p: kappa_p = key where the mass from the top reaches top_p -> keep z >= value(kappa_p)
-//   probs = e / sum(e) on the kept set, 0 elsewhere.
+// warp_probs on the CPU: one task per row, no sort. Row pipeline (the rule itself is in
+// specops/ops/sampling.py; the shared decisions in csrc/sampling_common.h):
+//   z = logits / t (fp32), max                              one vector pass
+//   top-k: the k-th largest z, counting duplicates          heap scan for k <= 256 (blocks that
+//          -> keep z >= it                                  cannot enter are skipped), else
+//                                                           radix select on keys, weight 1
+//   e = exp(z - max) on the kept set, sum                   one vector pass
+//   top-p: radix select on keys weighted by the fixed-point mass of e, over the candidates
+//          (the top-k survivors, or the tokens heavy enough to matter) -> keep z >= it
+//   probs = e / sum on the kept set, 0 elsewhere             one vector pass
 // The streaming loops are 16-lane vector code compiled per ISA level (sampling_simd.h); the
 // histogram passes of the radix select are scalar.
 #include <ATen/ATen.h>
@@ -28,11 +29,11 @@ namespace {
 // The k-th largest of z[0..V) (counting duplicates) for small k: one pass that keeps the k
 // largest values seen in a min-heap and skips blocks of kW that cannot enter it.
 float kth_largest_small(const float* z, int64_t V, int64_t k, std::vector<float>& heap) {
+  const simd::Loops& loops = simd::loops();
   heap.assign(z, z + k);
   std::make_heap(heap.begin(), heap.end(), std::greater<float>());
   for (int64_t i = k; i < V;) {
-    const float thr = heap.front();
-    i = simd::loops().next_above(z, i, V, 0.0f, thr);
+    i = loops.next_above(z, i, V, 0.0f, heap.front());
     const int64_t end = std::min<int64_t>(i + simd::kW, V);
     for (; i < end; ++i) {
       if (!(z[i] > heap.front())) continue;
