@@ -6,6 +6,8 @@ from . import _ext  # noqa: F401  (loads the compiled extensions and their op re
 from .backend import BackendUnavailable, available, use_backend
 from .ops.tree_attention import tree_attention
 from .ops.kv_compact import kv_compact
+from .ops.sampling import warp_probs
+from .ops.topn import select_topn_subtree, topn_expand
 from .ops.tree_mask import build_tree_mask, pack_mask, unpack_mask
 from .ops.verify import verify_greedy, verify_joint, verify_tree
 
@@ -17,10 +19,13 @@ __all__ = [
     "build_tree_mask",
     "kv_compact",
     "pack_mask",
+    "select_topn_subtree",
+    "topn_expand",
     "tree_attention",
     "unpack_mask",
     "use_backend",
     "verify_greedy",
     "verify_joint",
     "verify_tree",
+    "warp_probs",
 ]

@@ -1,0 +1,215 @@
+// warp_probs on the CPU: one task per row, no sort. Row pipeline (the rule itself is in
+// specops/ops/sampling.py; the shared decisions in csrc/sampling_common.h):
+//   z = logits / t (fp32), max                              one vector pass
+//   top-k: the k-th largest z, counting duplicates          heap scan for k <= 256 (blocks that
+//          -> keep z >= it                                  cannot enter are skipped), else
+//                                                           radix select on keys, weight 1
+//   e = exp(z - max) on the kept set, sum                   one vector pass
+//   top-p: radix select on keys weighted by the fixed-point mass of e, over the candidates
+//          (the top-k survivors, or the tokens heavy enough to matter) -> keep z >= it
+//   probs = e / sum on the kept set, 0 elsewhere             one vector pass
+// The streaming loops are 16-lane vector code compiled per ISA level (sampling_simd.h); the
+// histogram passes of the radix select are scalar.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "../registration.h"
+#include "../sampling_common.h"
+#include "sampling_simd.h"
+
+namespace specops {
+namespace {
+
+// The k-th largest of z[0..V) (counting duplicates) for small k: one pass that keeps the k
+// largest values seen in a min-heap and skips blocks of kW that cannot enter it.
+float kth_largest_small(const float* z, int64_t V, int64_t k, std::vector<float>& heap) {
+  const simd::Loops& loops = simd::loops();
+  heap.assign(z, z + k);
+  std::make_heap(heap.begin(), heap.end(), std::greater<float>());
+  for (int64_t i = k; i < V;) {
+    i = loops.next_above(z, i, V, 0.0f, heap.front());
+    const int64_t end = std::min<int64_t>(i + simd::kW, V);
+    for (; i < end; ++i) {
+      if (!(z[i] > heap.front())) continue;
+      std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
+      heap.back() = z[i];
+      std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+    }
+  }
+  return heap.front();
+}
+
+// Radix select on 32-bit keys in digits of 11, 11 and 10 bits. The first pass reads all
+// candidates; each later pass reads only those sharing the chosen prefix (compacted).
+template <typename W>
+class RadixSelect {
+ public:
+  // keys[i], weights[i] (weights == nullptr: weight 1) for i < n; returns kappa.
+  uint32_t run(const uint32_t* keys, const W* weights, int64_t n, W target) {
+    constexpr int kShift[3] = {21, 10, 0};
+    constexpr int kBins[3] = {2048, 2048, 1024};
+    uint32_t prefix = 0;
+    W above = 0;
+    for (int pass = 0; pass < 3; ++pass) {
+      const int shift = kShift[pass], nb = kBins[pass];
+      hist_.assign(nb, 0);
+      for (int64_t i = 0; i < n; ++i)
+        hist_[(keys[i] >> shift) & (nb - 1)] += weights ? weights[i] : W(1);
+      const int d = radix_pick(hist_.data(), nb, target, &above);
+      prefix |= static_cast<uint32_t>(d) << shift;
+      if (pass == 2) break;
+      // Keep the candidates of digit d for the next, finer pass.
+      next_keys_.clear();
+      next_weights_.clear();
+      for (int64_t i = 0; i < n; ++i) {
+        if (static_cast<int>((keys[i] >> shift) & (nb - 1)) != d) continue;
+        next_keys_.push_back(keys[i]);
+        if (weights) next_weights_.push_back(weights[i]);
+      }
+      keys_.swap(next_keys_);
+      weights_.swap(next_weights_);
+      keys = keys_.data();
+      weights = weights ? weights_.data() : nullptr;
+      n = static_cast<int64_t>(keys_.size());
+    }
+    return prefix;
+  }
+
+ private:
+  std::vector<W> hist_, weights_, next_weights_;
+  std::vector<uint32_t> keys_, next_keys_;
+};
+
+struct RowScratch {
+  std::vector<float> z, heap;
+  std::vector<uint32_t> keys;
+  std::vector<int32_t> idx;
+  std::vector<uint64_t> mass;
+  RadixSelect<uint32_t> count_select;
+  RadixSelect<uint64_t> mass_select;
+
+  void reserve(int64_t V) {
+    if (static_cast<int64_t>(z.size()) < V) z.resize(V);
+    if (static_cast<int64_t>(keys.size()) < V) keys.resize(V);
+    if (static_cast<int64_t>(idx.size()) < V) idx.resize(V);
+    if (static_cast<int64_t>(mass.size()) < V) mass.resize(V);
+  }
+};
+
+// Top-k with k up to this uses the heap scan, above it the radix select.
+constexpr int64_t kSmallTopK = 256;
+
+inline const float* as_float(const float* x, int64_t, float*) { return x; }
+
+template <typename scalar_t>
+const float* as_float(const scalar_t* x, int64_t V, float* buf) {
+  for (int64_t i = 0; i < V; ++i) buf[i] = static_cast<float>(x[i]);
+  return buf;
+}
+
+template <typename scalar_t>
+void warp_row(const scalar_t* x,  // [V]
+              int64_t V, float t, int32_t k, float top_p,
+              float* out,  // [V]
+              RowScratch& s) {
+  float* z = s.z.data();
+  const float* xf = as_float(x, V, z);
+  if (!(t > 0.0f)) {
+    // Greedy: one-hot at the first maximal logit (NaN never wins).
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; ++i)
+      if (xf[i] > xf[best]) best = i;
+    std::fill(out, out + V, 0.0f);
+    out[best] = 1.0f;
+    return;
+  }
+  const simd::Loops& loops = simd::loops();
+  const float m = loops.scale_max(xf, z, V, t);
+  float lo = -kInf;  // keep z >= lo
+  if (k > 0 && k < V) {
+    if (k <= kSmallTopK) {
+      lo = kth_largest_small(z, V, k, s.heap);
+    } else {
+      for (int64_t i = 0; i < V; ++i) s.keys[i] = float_key(z[i]);
+      lo = key_float(s.count_select.run(s.keys.data(), nullptr, V, static_cast<uint32_t>(k)));
+    }
+  }
+  double sum = loops.exp_masked(z, out, V, m, lo);
+  if (top_p < 1.0f) {
+    // The candidates: the top-k survivors, or without top-k every token whose mass can matter.
+    // With total mass W and target T, the tokens below any z-threshold whose masses are each
+    // < (W - T) / V hold less than W - T together, so the top-p threshold lies above them and
+    // dropping them changes nothing. z < m + log((W - T) / V / 2^40) - 1e-3 guarantees that
+    // mass bound despite exp's ~2e-7 error (and the dropped set is a down-set in z).
+    const uint64_t total = loops.mass_total(out, V);
+    const uint64_t target = top_p_target(top_p, total);
+    float floor_ = lo;
+    const uint64_t slack = (total - target) / static_cast<uint64_t>(V);
+    if (lo == -kInf && slack > 0) {
+      const double zf = m + std::log(static_cast<double>(slack) / kMassScale) - 1e-3;
+      floor_ = std::nextafter(static_cast<float>(zf), -kInf);
+    }
+    const int64_t n = loops.compact_ge(z, V, floor_, s.idx.data());
+    for (int64_t j = 0; j < n; ++j) {
+      s.keys[j] = float_key(z[s.idx[j]]);
+      s.mass[j] = mass_fixed(out[s.idx[j]]);
+    }
+    const float lo_p = key_float(s.mass_select.run(s.keys.data(), s.mass.data(), n, target));
+    if (lo_p > lo) {
+      lo = lo_p;
+      sum = loops.sum_masked(z, out, V, lo);
+    }
+  }
+  loops.normalize_masked(z, out, V, lo, static_cast<float>(sum));
+}
+
+at::Tensor warp_probs_cpu(const at::Tensor& logits,       // [N, V] fp32/bf16/fp16
+                          const at::Tensor& temperature,  // [N] fp32
+                          const at::Tensor& top_k,        // [N] int32
+                          const at::Tensor& top_p)        // [N] fp32
+{
+  SPECOPS_CHECK_DIM(logits, 2);
+  SPECOPS_CHECK_DTYPE(temperature, at::kFloat);
+  SPECOPS_CHECK_DTYPE(top_k, at::kInt);
+  SPECOPS_CHECK_DTYPE(top_p, at::kFloat);
+  const int64_t N = logits.size(0), V = logits.size(1);
+  TORCH_CHECK(temperature.numel() == N && top_k.numel() == N && top_p.numel() == N,
+              "warp_probs: temperature, top_k and top_p must have shape [N]");
+  TORCH_CHECK(V >= 1 || N == 0, "warp_probs: logits must have V >= 1");
+  auto x = logits.stride(1) == 1 ? logits : logits.contiguous();
+  auto tt = temperature.contiguous();
+  auto kk = top_k.contiguous();
+  auto pp = top_p.contiguous();
+  auto out = at::empty({N, V}, logits.options().dtype(at::kFloat));  // [N, V]
+  if (N == 0 || V == 0) return out;
+  const int64_t row_stride = x.stride(0);
+  const float* t = tt.data_ptr<float>();
+  const int32_t* k = kk.data_ptr<int32_t>();
+  const float* p = pp.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "warp_probs_cpu", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    at::parallel_for(0, N, 1, [&](int64_t lo, int64_t hi) {
+      // Reused across calls by the pool's threads: no allocation or zeroing per call.
+      thread_local RowScratch s;
+      s.reserve(V);
+      for (int64_t r = lo; r < hi; ++r) warp_row(xp + r * row_stride, V, t[r], k[r], p[r], o + r * V, s);
+    });
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace specops
+
+TORCH_LIBRARY_FRAGMENT(specops, m) {
+  m.def("warp_probs(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specops, CPU, m) { m.impl("warp_probs", &specops::warp_probs_cpu); }

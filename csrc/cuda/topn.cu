@@ -1,0 +1,220 @@
+// topn_expand and select_topn_subtree on CUDA.
+//
+// topn_expand: stage 1, one block per (sequence, parent) row, picks the row's best
+// kp = min(per_parent_k, n, V) children with block::top_sorted (radix select on score keys,
+// ordered compaction, sort by counting); stage 2, one block per sequence, the best n of the
+// P * kp survivors with the same routine. The order is score_before (csrc/sampling_common.h),
+// the one the CPU backend runs. Both stages keep their selection in shared memory, which caps
+// kp and n at block::kTopItems * kThreads (checked).
+//
+// select_topn_subtree: one block per sequence; effective scores by the shared ancestor walk,
+// ranks by counting, new indices by an ordered flag scan; global scratch between phases.
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#include "../registration.h"
+#include "../sampling_common.h"
+#include "sampling_block.cuh"
+
+namespace specops {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int64_t kMaxTop = block::kTopItems * kThreads;
+
+// Stage 1: row r = (b, p) of child_logprobs -> its best kp candidates, sorted.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads)
+    topn_parent_kernel(const float* __restrict__ parent_scores,   // [B * P]
+                       const scalar_t* __restrict__ child,        // [B * P, V]
+                       float* __restrict__ cand_score,            // [B * P, kp]
+                       int32_t* __restrict__ cand_token,          // [B * P, kp]
+                       int64_t V, int kp) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  int64_t* sel_idx = reinterpret_cast<int64_t*>(smem);      // [kp]
+  float* sel_score = reinterpret_cast<float*>(sel_idx + kp);  // [kp]
+  __shared__ block::TopShared sh;
+  const int64_t r = blockIdx.x;
+  const float bias = parent_scores[r];
+  const scalar_t* c = child + r * V;
+  int got = 0;
+  if (score_available(bias)) {  // block-uniform: a padding parent has no candidates
+    got = block::top_sorted(
+        V, kp,
+        [&](int64_t i) {
+          const float s = bias + static_cast<float>(c[i]);
+          return s == s ? s : -kInf;
+        },
+        sel_score, sel_idx, &sh);
+  }
+  for (int j = threadIdx.x; j < kp; j += blockDim.x) {
+    cand_score[r * kp + j] = j < got ? sel_score[j] : -kInf;
+    cand_token[r * kp + j] = j < got ? static_cast<int32_t>(sel_idx[j]) : -1;
+  }
+}
+
+// Stage 2: sequence b's P * kp survivors -> its best n. Equal scores keep buffer order,
+// which is (parent asc, token asc) because each parent's list is sorted by score_before.
+__global__ void __launch_bounds__(kThreads)
+    topn_merge_kernel(const float* __restrict__ cand_score,   // [B, P * kp]
+                      const int32_t* __restrict__ cand_token,  // [B, P * kp]
+                      float* __restrict__ scores,              // [B, n]
+                      int32_t* __restrict__ tokens,            // [B, n]
+                      int32_t* __restrict__ parents,           // [B, n]
+                      int64_t L, int kp, int n) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  int64_t* sel_idx = reinterpret_cast<int64_t*>(smem);     // [n]
+  float* sel_score = reinterpret_cast<float*>(sel_idx + n);  // [n]
+  __shared__ block::TopShared sh;
+  const int64_t b = blockIdx.x;
+  const float* cs = cand_score + b * L;
+  const int got = block::top_sorted(
+      L, n, [&](int64_t i) { return cs[i]; }, sel_score, sel_idx, &sh);
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const bool ok = j < got;
+    scores[b * n + j] = ok ? sel_score[j] : -kInf;
+    tokens[b * n + j] = ok ? cand_token[b * L + sel_idx[j]] : -1;
+    parents[b * n + j] = ok ? static_cast<int32_t>(sel_idx[j] / kp) : -1;
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> topn_expand_cuda(
+    const at::Tensor& parent_scores,   // [B, P] fp32
+    const at::Tensor& child_logprobs,  // [B, P, V] fp32/bf16/fp16
+    int64_t n, int64_t per_parent_k) {
+  SPECOPS_CHECK_DTYPE(parent_scores, at::kFloat);
+  SPECOPS_CHECK_DIM(parent_scores, 2);
+  SPECOPS_CHECK_DIM(child_logprobs, 3);
+  TORCH_CHECK(parent_scores.is_cuda() && child_logprobs.is_cuda(), "topn_expand: CUDA tensors expected");
+  const int64_t B = child_logprobs.size(0), P = child_logprobs.size(1), V = child_logprobs.size(2);
+  TORCH_CHECK(parent_scores.size(0) == B && parent_scores.size(1) == P,
+              "topn_expand: parent_scores must have shape [B, P] of child_logprobs");
+  TORCH_CHECK(n >= 1 && n <= kMaxTop, "topn_expand (cuda): n must lie in [1, ", kMaxTop, "], got ", n);
+  const int64_t kp = std::min({per_parent_k >= 1 ? per_parent_k : V, n, V});
+  const c10::cuda::CUDAGuard guard(parent_scores.device());
+  auto ps = parent_scores.contiguous();
+  auto cl = child_logprobs.contiguous();
+  auto scores = at::empty({B, n}, ps.options());
+  auto tokens = at::empty({B, n}, ps.options().dtype(at::kInt));
+  auto parents = at::empty({B, n}, ps.options().dtype(at::kInt));
+  TORCH_CHECK(P >= 1 && V >= 1, "topn_expand: child_logprobs must have P >= 1 and V >= 1");
+  if (B == 0) return {scores, tokens, parents};
+  auto cand_score = at::empty({B * P, kp}, ps.options());
+  auto cand_token = at::empty({B * P, kp}, ps.options().dtype(at::kInt));
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const size_t sm1 = kp * (sizeof(int64_t) + sizeof(float));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, cl.scalar_type(), "topn_expand_cuda", [&] {
+    topn_parent_kernel<scalar_t><<<B * P, kThreads, sm1, stream>>>(
+        ps.data_ptr<float>(), cl.data_ptr<scalar_t>(), cand_score.data_ptr<float>(),
+        cand_token.data_ptr<int32_t>(), V, static_cast<int>(kp));
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const size_t sm2 = n * (sizeof(int64_t) + sizeof(float));
+  topn_merge_kernel<<<B, kThreads, sm2, stream>>>(
+      cand_score.data_ptr<float>(), cand_token.data_ptr<int32_t>(), scores.data_ptr<float>(),
+      tokens.data_ptr<int32_t>(), parents.data_ptr<int32_t>(), P * kp, static_cast<int>(kp),
+      static_cast<int>(n));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {scores, tokens, parents};
+}
+
+__global__ void __launch_bounds__(kThreads)
+    select_topn_subtree_kernel(const int32_t* __restrict__ parents,    // [B, T]
+                               const float* __restrict__ scores,       // [B, T]
+                               const int32_t* __restrict__ num_nodes,  // [B]
+                               float* __restrict__ eff,                // [B, T] scratch
+                               int32_t* __restrict__ pos,              // [B, T] scratch
+                               int32_t* __restrict__ keep,             // [B, n]
+                               int32_t* __restrict__ new_parents,      // [B, n]
+                               int32_t* __restrict__ counts,           // [B]
+                               int32_t T, int32_t n) {
+  __shared__ int s_scan[32];
+  const int64_t b = blockIdx.x;
+  const int32_t* par = parents + b * T;
+  float* e = eff + b * T;
+  int32_t* q = pos + b * T;
+  const int32_t nv = min(max(num_nodes[b], 1), T);
+  for (int32_t i = threadIdx.x; i < T; i += blockDim.x) e[i] = subtree_eff_score(par, scores + b * T, i, nv);
+  __syncthreads();
+  // Kept iff root, or available and fewer than n - 1 non-root nodes come before it.
+  for (int32_t i = threadIdx.x; i < T; i += blockDim.x) {
+    bool kept = i == 0;
+    if (!kept && score_available(e[i])) {
+      int32_t rank = 0;
+      for (int32_t j = 1; j < T && rank < n - 1; ++j)
+        rank += (score_available(e[j]) && score_before(e[j], j, e[i], i)) ? 1 : 0;
+      kept = rank < n - 1;
+    }
+    q[i] = kept ? 1 : 0;
+  }
+  __syncthreads();
+  int32_t count = 0;
+  for (int32_t start = 0; start < T; start += blockDim.x) {
+    const int32_t i = start + threadIdx.x;
+    const bool kept = i < T && q[i] != 0;
+    int total;
+    const int before = block::scan_flags(kept, s_scan, &total);
+    if (i < T) q[i] = kept ? count + before : -1;
+    count += total;
+  }
+  __syncthreads();
+  for (int32_t i = threadIdx.x; i < T; i += blockDim.x) {
+    if (q[i] < 0) continue;
+    const int32_t p = i == 0 ? -1 : par[i];
+    keep[b * n + q[i]] = i;
+    new_parents[b * n + q[i]] = (p >= 0 && p < i) ? q[p] : -1;
+  }
+  for (int32_t j = count + threadIdx.x; j < n; j += blockDim.x) keep[b * n + j] = new_parents[b * n + j] = -1;
+  if (threadIdx.x == 0) counts[b] = count;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> select_topn_subtree_cuda(
+    const at::Tensor& parents,    // [B, T] int32
+    const at::Tensor& scores,     // [B, T] fp32
+    const at::Tensor& num_nodes,  // [B] int32
+    int64_t n) {
+  SPECOPS_CHECK_DTYPE(parents, at::kInt);
+  SPECOPS_CHECK_DTYPE(scores, at::kFloat);
+  SPECOPS_CHECK_DTYPE(num_nodes, at::kInt);
+  SPECOPS_CHECK_DIM(parents, 2);
+  TORCH_CHECK(parents.is_cuda() && scores.is_cuda() && num_nodes.is_cuda(),
+              "select_topn_subtree: CUDA tensors expected");
+  TORCH_CHECK(n >= 1 && n <= INT32_MAX, "select_topn_subtree: n must be >= 1, got ", n);
+  const int64_t B = parents.size(0), T = parents.size(1);
+  TORCH_CHECK(T >= 1, "select_topn_subtree: parents must have T >= 1");
+  TORCH_CHECK(scores.sizes() == parents.sizes(), "select_topn_subtree: scores must have the shape of parents");
+  TORCH_CHECK(num_nodes.dim() == 1 && num_nodes.size(0) == B, "select_topn_subtree: num_nodes must have shape [B]");
+  const c10::cuda::CUDAGuard guard(parents.device());
+  auto par = parents.contiguous();
+  auto sc = scores.contiguous();
+  auto nn = num_nodes.contiguous();
+  auto keep = at::empty({B, n}, par.options());
+  auto new_parents = at::empty({B, n}, par.options());
+  auto counts = at::empty({B}, par.options());
+  if (B == 0) return {keep, new_parents, counts};
+  auto eff = at::empty({B, T}, sc.options());
+  auto pos = at::empty({B, T}, par.options());
+  select_topn_subtree_kernel<<<B, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      par.data_ptr<int32_t>(), sc.data_ptr<float>(), nn.data_ptr<int32_t>(), eff.data_ptr<float>(),
+      pos.data_ptr<int32_t>(), keep.data_ptr<int32_t>(), new_parents.data_ptr<int32_t>(),
+      counts.data_ptr<int32_t>(), static_cast<int32_t>(T), static_cast<int32_t>(n));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {keep, new_parents, counts};
+}
+
+}  // namespace
+}  // namespace specops
+
+TORCH_LIBRARY_IMPL(specops, CUDA, m) {
+  m.impl("topn_expand", &specops::topn_expand_cuda);
+  m.impl("select_topn_subtree", &specops::select_topn_subtree_cuda);
+}

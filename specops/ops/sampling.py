@@ -1,0 +1,154 @@
+"""Sampling warps: turn logits into the exact distribution a sampler draws from.
+
+Terms: ``temperature`` ``t``, ``top_k`` ``k`` and ``top_p`` ``p`` act per row on the scaled
+logits ``z = logits / t`` (fp32), in this order (the order of HF transformers' and vLLM's
+samplers):
+
+* ``t == 0``: greedy; the row is one-hot at the argmax of ``logits`` (ties: lowest index).
+* top-k (``0 < k < V``; ``k == 0`` or ``k >= V`` disables it): keep every token whose ``z`` is
+  ``>=`` the k-th largest ``z``. **Ties at the k-th value are all kept**, so more than ``k``
+  tokens can survive (as in HF's ``TopKLogitsWarper`` and vLLM's sort-based sampler).
+* top-p (``p < 1``; ``p >= 1`` disables it): over the top-k survivors, with probabilities
+  ``softmax(z)`` renormalised to them, keep the smallest set of the form ``{z >= c}`` whose
+  probability is ``>= p`` — i.e. walk tokens by decreasing ``z`` and stop at the first token
+  where the cumulative probability reaches ``p``; **every token tied with it is kept too**.
+  At least the maximal token(s) always survive. This equals HF's ``TopPLogitsWarper``
+  (``cumsum <= 1 - p`` removed) whenever there is no tie at the boundary.
+* The result is ``softmax(z)`` renormalised to the kept set, 0 elsewhere, fp32.
+
+Ties are decided on the fp32 value of ``z`` (so ``-0.0 == +0.0``), never on token order, which
+makes the kept set independent of any sort's tie order. Kernels sum top-p mass in fixed point
+(``exp(z - max)`` with 40 fractional bits) so their kept set does not depend on summation order;
+the reference sums fp32 probabilities in fp64. The two can differ only when the cumulative mass
+lands within ~1e-7 of ``p`` at a boundary token.
+
+Rows whose logits are all ``-inf`` or contain NaN / ``+inf`` have no defined result
+(``check=True`` reports them).
+"""
+import numbers
+
+import torch
+
+from .. import _ext
+from ..backend import register, resolve
+from . import _checks
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _row_param(name, value, N, device, *, dtype, kind, check):
+    """Turns a scalar or an [N] tensor parameter into an [N] tensor of ``dtype``.
+
+    Scalars are validated here (no sync); tensor values only under ``check=True``."""
+    if isinstance(value, torch.Tensor):
+        allowed = _FLOAT_DTYPES + (torch.float64,) if kind == "float" else (torch.int32, torch.int64)
+        _checks.tensor(name, value, dtype=allowed, shape=(N,), device=device)
+        if check:
+            _check_param_values(name, value)
+        if kind == "int":
+            value = value.clamp(max=2**31 - 1)  # k >= V disables top-k anyway
+        return value.to(dtype)
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int or an int tensor of shape [N], got {type(value).__name__}")
+    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float or a float tensor of shape [N], got {type(value).__name__}")
+    _check_param_values(name, value)
+    if kind == "int":
+        value = min(int(value), 2**31 - 1)
+    return torch.full((N,), value, dtype=dtype, device=device)
+
+
+_RULES = {  # name -> (per-value test, expectation); tests work on floats and on tensors alike
+    "temperature": (lambda v: (v >= 0) & (v < float("inf")), "finite and >= 0 (0 = greedy)"),
+    "top_k": (lambda v: v >= 0, ">= 0 (0 = disabled)"),
+    "top_p": (lambda v: (v > 0) & (v <= 1), "in (0, 1] (1 = disabled)"),
+}
+
+
+def _check_param_values(name, value):
+    ok, want = _RULES[name]
+    if isinstance(value, torch.Tensor):  # one host sync, only under check=True
+        bad = ~ok(value)
+        if bool(bad.any()):
+            raise ValueError(f"{name} must be {want}, got {value[bad][0].item()}")
+    elif not ok(value):  # a Python scalar: no torch op on the hot path
+        raise ValueError(f"{name} must be {want}, got {value}")
+
+
+def warp_probs(logits, temperature, top_k=0, top_p=1.0, *, check=True, backend=None):
+    """The probabilities a sampler draws from after temperature, top-k and top-p.
+
+    Shape: logits fp32/bf16/fp16 [N, V]; temperature, top_p: float or float tensor [N];
+    top_k: int or int tensor [N] -> probs fp32 [N, V] (rows sum to 1).
+
+    See the module docstring for the exact rule and its tie-breaking. ``check=True`` also
+    validates per-row tensor parameters and rejects NaN/``+inf`` logits and all ``-inf`` rows
+    (one host sync); ``check=False`` skips those value checks.
+    """
+    _checks.tensor("logits", logits, dtype=_FLOAT_DTYPES, rank=2)
+    N, V = logits.shape
+    if V == 0:
+        raise ValueError(f"logits must have at least one token (V >= 1), got shape {tuple(logits.shape)}")
+    dev = logits.device
+    t = _row_param("temperature", temperature, N, dev, dtype=torch.float32, kind="float", check=check)
+    k = _row_param("top_k", top_k, N, dev, dtype=torch.int32, kind="int", check=check)
+    p = _row_param("top_p", top_p, N, dev, dtype=torch.float32, kind="float", check=check)
+    if check and N:
+        _check_logits(logits)
+    return resolve("warp_probs", dev, backend)(logits, t, k, p)
+
+
+def _check_logits(logits):
+    bad_value = torch.isnan(logits) | (logits == float("inf"))
+    empty_row = (logits == float("-inf")).all(dim=1)
+    which = _checks._first_bad([bad_value.any(), empty_row.any()])
+    if which == 0:
+        r, c = (int(v) for v in bad_value.nonzero()[0])
+        raise ValueError(f"logits must not contain NaN or +inf, got {logits[r, c].item()} at [{r}, {c}]")
+    if which == 1:
+        r = int(empty_row.nonzero()[0, 0])
+        raise ValueError(f"logits row {r} must have at least one finite value, got all -inf")
+
+
+@register("warp_probs", "torch")
+def _warp_probs_torch(logits, temperature, top_k, top_p):
+    # The spec, vectorised over rows with one sort: every threshold is a value of z.
+    N, V = logits.shape
+    greedy = ~(temperature > 0)
+    z = logits.float() / torch.where(greedy, 1.0, temperature)[:, None]
+    z_sorted, order = z.sort(dim=-1, descending=True)
+    # top-k: the k-th largest value; ties with it are kept.
+    k = torch.where((top_k > 0) & (top_k < V), top_k, V).long()
+    keep = z >= z_sorted.gather(1, (k - 1)[:, None])
+    # top-p over the survivors: the first token (by decreasing z) where the mass reaches p.
+    probs_sorted = torch.softmax(z.masked_fill(~keep, float("-inf")), dim=-1).gather(1, order).double()
+    cum = probs_sorted.cumsum(dim=-1)
+    crossing = (cum < top_p.double()[:, None] * cum[:, -1:]).sum(dim=-1).clamp(max=V - 1)
+    cutoff = z_sorted.gather(1, crossing[:, None])
+    keep &= (top_p >= 1)[:, None] | (z >= cutoff)
+    probs = torch.softmax(z.masked_fill(~keep, float("-inf")), dim=-1)
+    one_hot = torch.zeros_like(probs).scatter_(1, logits.float().argmax(dim=-1, keepdim=True), 1.0)
+    return torch.where(greedy[:, None], one_hot, probs)
+
+
+def _compiled(logits, temperature, top_k, top_p):
+    return torch.ops.specops.warp_probs(logits, temperature, top_k, top_p)
+
+
+register("warp_probs", "cpp")(_compiled)
+register("warp_probs", "cuda")(_compiled)
+
+
+@register("warp_probs", "triton")
+def _warp_probs_triton(logits, temperature, top_k, top_p):
+    from ..triton_kernels import sampling as kernels
+
+    return kernels.warp_probs(logits, temperature, top_k, top_p)
+
+
+if _ext.cpu_ext is not None or _ext.cuda_ext is not None:
+
+    @torch.library.register_fake("specops::warp_probs")
+    def _(logits, temperature, top_k, top_p):
+        return logits.new_empty(logits.shape, dtype=torch.float32)

@@ -1,0 +1,194 @@
+"""Top-n tree expansion and OPT-Tree's final subtree choice.
+
+Terms: a *candidate* is a (parent, token) pair with score ``parent_scores[b, p] +
+child_logprobs[b, p, token]`` (fp32). One order decides everything, in every backend:
+
+    higher score first; equal scores: lower parent first, then lower token first
+
+(equivalently: higher score, then lower flat index ``parent * V + token``). A candidate whose
+score is ``-inf`` or NaN is *unavailable* (padding parents have score ``-inf``; so do children
+a warper removed) and is never selected.
+
+* ``topn_expand`` — per parent keep its best ``per_parent_k`` candidates under that order, then
+  the best ``n`` of all kept ones, sorted. Used for OPT-Tree layers (``per_parent_k = n``),
+  beam steps (``n = beams``) and TSD/GSD's top-k per frontier node (``per_parent_k = k``,
+  ``n = P * k``). Slots past the available candidates hold score ``-inf``, token ``-1``,
+  parent ``-1``.
+* ``select_topn_subtree`` — the ``n``-node subtree (root included) with the largest scores.
+  Scores are made non-increasing along paths (a node's effective score is the minimum over
+  its path below the root; a no-op for cumulative log-probs), and ties go to the lower node
+  index, which is always an ancestor's side because ``parents[i] < i``: the chosen set is
+  therefore ancestor-closed, i.e. a connected subtree containing the root.
+"""
+import numbers
+
+import torch
+
+from .. import _ext
+from ..backend import register, resolve
+from . import _checks
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return int(value)
+
+
+def topn_expand(parent_scores, child_logprobs, n, *, per_parent_k=None, check=True, backend=None):
+    """The best ``n`` (parent, token) candidates by ``parent_score + child_logprob``.
+
+    Shape: parent_scores fp32/bf16/fp16 [B, P], child_logprobs fp32/bf16/fp16 [B, P, V] ->
+    (scores fp32 [B, n], tokens int32 [B, n], parents int32 [B, n]), sorted best first.
+
+    ``per_parent_k`` (None = no limit) caps the candidates each parent contributes, chosen
+    by the same order. ``check=True`` rejects NaN and ``+inf`` in the inputs (one host sync).
+    """
+    _checks.tensor("parent_scores", parent_scores, dtype=_FLOAT_DTYPES, rank=2)
+    B, P = parent_scores.shape
+    _checks.tensor("child_logprobs", child_logprobs, dtype=_FLOAT_DTYPES, shape=(B, P, None),
+                   device=parent_scores.device)
+    V = child_logprobs.shape[2]
+    if P == 0 or V == 0:
+        raise ValueError(f"child_logprobs must have P >= 1 and V >= 1, got shape {tuple(child_logprobs.shape)}")
+    n = _positive_int("n", n)
+    k = V if per_parent_k is None else _positive_int("per_parent_k", per_parent_k)
+    if check:
+        for name, t in (("parent_scores", parent_scores), ("child_logprobs", child_logprobs)):
+            if _checks._first_bad([(torch.isnan(t) | (t == float("inf"))).any()]) is not None:
+                raise ValueError(f"{name} must not contain NaN or +inf")
+    impl = resolve("topn_expand", parent_scores.device, backend)
+    return impl(parent_scores.float(), child_logprobs, n, min(k, V))
+
+
+def select_topn_subtree(parents, scores, n, num_nodes=None, *, check=True, backend=None):
+    """OPT-Tree's final selection: the best ``n`` nodes of a draft tree as a rooted subtree.
+
+    Shape: parents int32 [B, T], scores fp32/bf16/fp16 [B, T] (cumulative path log-prob of each
+    node; the root's is ignored), num_nodes int32 [B] or None (= T) -> (keep_idx int32 [B, n],
+    new_parents int32 [B, n], counts int32 [B]).
+
+    ``n`` counts the root: the output is a tree of ``counts[b] = min(n, available nodes)``
+    nodes in the ``build_tree_mask`` convention (for OPT-Tree's budget of ``n`` draft nodes pass
+    ``n + 1``). ``keep_idx[b, j]`` is the original index of new node ``j``, in increasing
+    original index (so topological, and siblings keep their order); ``new_parents`` re-indexes
+    the parents. Slots ``j >= counts[b]`` hold -1 in both. Nodes whose score is ``-inf`` or NaN
+    (and so their descendants) are never kept; the root always is.
+    """
+    _checks.tensor("parents", parents, dtype=torch.int32, rank=2)
+    B, T = parents.shape
+    if T == 0:
+        raise ValueError("parents must have at least one node (T >= 1), got shape (B, 0)")
+    _checks.tensor("scores", scores, dtype=_FLOAT_DTYPES, shape=(B, T), device=parents.device)
+    n = _positive_int("n", n)
+    if num_nodes is None:
+        num_nodes = torch.full((B,), T, dtype=torch.int32, device=parents.device)
+    else:
+        _checks.lengths("num_nodes", num_nodes, B, parents.device)
+    if check:
+        _checks.tree_values(parents, num_nodes)
+    impl = resolve("select_topn_subtree", parents.device, backend)
+    return impl(parents, scores.float(), num_nodes, n)
+
+
+# ---- torch reference -----------------------------------------------------------------------------
+
+@register("topn_expand", "torch")
+def _topn_expand_torch(parent_scores, child_logprobs, n, per_parent_k):
+    # The spec: stable descending sorts keep equal scores in increasing (parent, token) order.
+    B, P, V = child_logprobs.shape
+    s = parent_scores[:, :, None] + child_logprobs.float()  # [B, P, V]
+    s = torch.where(torch.isnan(s), float("-inf"), s)
+    if per_parent_k < V:
+        order = s.sort(dim=-1, descending=True, stable=True).indices
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(V, device=s.device).expand_as(order))
+        s = s.masked_fill(rank >= per_parent_k, float("-inf"))
+    top, flat = s.reshape(B, P * V).sort(dim=-1, descending=True, stable=True)
+    top, flat = top[:, :n], flat[:, :n]
+    if top.shape[1] < n:  # fewer than n candidates at all
+        top = torch.cat([top, top.new_full((B, n - top.shape[1]), float("-inf"))], dim=1)
+        flat = torch.cat([flat, flat.new_zeros((B, n - flat.shape[1]))], dim=1)
+    ok = top > float("-inf")
+    none = torch.full_like(flat, -1)
+    return (top, torch.where(ok, flat % V, none).to(torch.int32), torch.where(ok, flat // V, none).to(torch.int32))
+
+
+@register("select_topn_subtree", "torch")
+def _select_topn_subtree_torch(parents, scores, num_nodes, n):
+    B, T = parents.shape
+    dev = parents.device
+    rows = torch.arange(B, device=dev)
+    idx = torch.arange(T, device=dev)
+    s = torch.where(torch.isnan(scores), float("-inf"), scores)
+    # Effective score: min over the path below the root, filled in topological order.
+    eff = torch.full((B, T), float("inf"), device=dev)
+    for i in range(1, T):
+        parent = parents[:, i].clamp(0, i - 1).long()
+        from_parent = torch.where(parent > 0, eff[rows, parent], float("inf"))
+        eff[:, i] = torch.minimum(s[:, i], from_parent)
+    eff = torch.where(idx[None, :] < num_nodes[:, None], eff, float("-inf"))
+    eff[:, 0] = float("inf")
+    # Best n by (eff desc, index asc): a stable descending sort.
+    top, order = eff.sort(dim=-1, descending=True, stable=True)
+    chosen = (torch.arange(T, device=dev)[None, :] < n) & (top > float("-inf"))
+    keep = torch.zeros(B, T, dtype=torch.bool, device=dev).scatter_(1, order, chosen)
+    counts = keep.sum(dim=1)
+    pos = torch.where(keep, keep.cumsum(dim=1) - 1, -1)
+    new_parent_full = torch.where(keep & (idx[None, :] > 0),
+                                  pos.gather(1, parents.clamp(0, T - 1).long()), -1)
+    # Kept nodes in increasing original index, then padding.
+    ranked = torch.where(keep, idx[None, :], T).sort(dim=1).values
+    if T < n:
+        ranked = torch.cat([ranked, ranked.new_full((B, n - T), T)], dim=1)
+    ranked = ranked[:, :n]
+    valid = ranked < T
+    keep_idx = torch.where(valid, ranked, -1).to(torch.int32)
+    new_parents = torch.where(valid, new_parent_full.gather(1, ranked.clamp(max=T - 1)), -1).to(torch.int32)
+    return keep_idx, new_parents, counts.to(torch.int32)
+
+
+# ---- compiled backends ---------------------------------------------------------------------------
+
+def _topn_compiled(parent_scores, child_logprobs, n, per_parent_k):
+    return torch.ops.specops.topn_expand(parent_scores, child_logprobs, n, per_parent_k)
+
+
+def _subtree_compiled(parents, scores, num_nodes, n):
+    return torch.ops.specops.select_topn_subtree(parents, scores, num_nodes, n)
+
+
+for _name in ("cpp", "cuda"):
+    register("topn_expand", _name)(_topn_compiled)
+    register("select_topn_subtree", _name)(_subtree_compiled)
+
+
+@register("topn_expand", "triton")
+def _topn_expand_triton(parent_scores, child_logprobs, n, per_parent_k):
+    from ..triton_kernels import topn as kernels
+
+    return kernels.topn_expand(parent_scores, child_logprobs, n, per_parent_k)
+
+
+@register("select_topn_subtree", "triton")
+def _select_topn_subtree_triton(parents, scores, num_nodes, n):
+    from ..triton_kernels import topn as kernels
+
+    return kernels.select_topn_subtree(parents, scores, num_nodes, n)
+
+
+if _ext.cpu_ext is not None or _ext.cuda_ext is not None:
+
+    @torch.library.register_fake("specops::topn_expand")
+    def _(parent_scores, child_logprobs, n, per_parent_k):
+        B = parent_scores.shape[0]
+        return (parent_scores.new_empty((B, n)), parent_scores.new_empty((B, n), dtype=torch.int32),
+                parent_scores.new_empty((B, n), dtype=torch.int32))
+
+    @torch.library.register_fake("specops::select_topn_subtree")
+    def _(parents, scores, num_nodes, n):
+        B = parents.shape[0]
+        return parents.new_empty((B, n)), parents.new_empty((B, n)), parents.new_empty((B,))

@@ -1,0 +1,273 @@
+"""warp_probs: golden rules and tie-breaking, every backend vs the reference, HF equivalence,
+errors, registration."""
+import math
+
+import pytest
+import torch
+
+import specops
+from specops import backend as _backend
+
+INF = float("inf")
+
+
+def warp(logits, t, k=0, p=1.0, backend="torch", device="cpu", dtype=torch.float32, **kw):
+    x = torch.as_tensor(logits, dtype=dtype, device=device)
+    if x.dim() == 1:
+        x = x[None]
+    return specops.warp_probs(x, t, k, p, backend=backend, **kw).cpu()
+
+
+def softmax_on(logits, keep):
+    x = torch.tensor(logits, dtype=torch.float32)
+    return torch.softmax(x.masked_fill(~torch.tensor(keep), -INF), dim=-1)
+
+
+def assert_probs(got, want):
+    # Kept sets compared above 1e-30: backends may flush exp() results that would be denormal.
+    assert torch.equal(got > 1e-30, want > 1e-30), f"kept sets differ:\n{got}\n{want}"
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
+# ---- golden rules, each on every backend ---------------------------------------------------
+
+def test_temperature_zero_is_one_hot_at_the_first_maximum(backend, device):
+    got = warp([[1.0, 3.0, 3.0, 0.0], [-INF, -2.0, -1.0, -1.0]], 0.0, backend=backend, device=device)
+    assert got.tolist() == [[0, 1, 0, 0], [0, 0, 1, 0]]
+
+
+def test_temperature_zero_ignores_top_k_and_top_p(backend, device):
+    got = warp([0.5, 2.0, 1.0], 0.0, k=1, p=0.1, backend=backend, device=device)
+    assert got.tolist() == [[0, 1, 0]]
+
+
+def test_temperature_divides_logits(backend, device):
+    x = [0.3, -1.2, 2.5, 0.0, 1.1]
+    for t in (0.25, 1.0, 3.0):
+        assert_probs(warp(x, t, backend=backend, device=device), torch.softmax(torch.tensor([x]) / t, -1))
+
+
+def test_top_k_keeps_the_k_largest(backend, device):
+    x = [0.1, 2.0, -1.0, 1.5, 0.7]
+    assert_probs(warp(x, 1.0, k=2, backend=backend, device=device),
+                 softmax_on([x], [[False, True, False, True, False]]))
+
+
+def test_top_k_keeps_every_tie_at_the_kth_value(backend, device):
+    x = [5.0, 3.0, 1.0, 3.0, 3.0]
+    assert_probs(warp(x, 1.0, k=2, backend=backend, device=device),
+                 softmax_on([x], [[True, True, False, True, True]]))
+
+
+def test_top_k_treats_minus_zero_and_zero_as_a_tie(backend, device):
+    x = [1.0, 0.0, -0.0, -1.0]
+    assert_probs(warp(x, 1.0, k=2, backend=backend, device=device),
+                 softmax_on([x], [[True, True, True, False]]))
+
+
+@pytest.mark.parametrize("k", [0, 5, 6, 10**9])
+def test_top_k_zero_or_at_least_v_disables_it(backend, device, k):
+    x = [0.1, 2.0, -1.0, 1.5, 0.7]
+    assert_probs(warp(x, 1.0, k=k, backend=backend, device=device), torch.softmax(torch.tensor([x]), -1))
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_p(backend, device):
+    x = [math.log(v) for v in (0.15, 0.5, 0.05, 0.3)]
+    assert_probs(warp(x, 1.0, p=0.75, backend=backend, device=device),
+                 softmax_on([x], [[False, True, False, True]]))
+    assert_probs(warp(x, 1.0, p=0.85, backend=backend, device=device),
+                 softmax_on([x], [[True, True, False, True]]))
+
+
+def test_top_p_keeps_every_tie_at_the_boundary(backend, device):
+    # probabilities 0.4 | 0.2 0.2 0.2 (tied) | 0.0...: p = 0.5 crosses inside the tie
+    x = [math.log(v) for v in (0.2, 0.4, 0.2, 0.2)] + [-30.0]
+    assert_probs(warp(x, 1.0, p=0.5, backend=backend, device=device),
+                 softmax_on([x], [[True, True, True, True, False]]))
+
+
+def test_tiny_top_p_keeps_only_the_maximal_tokens(backend, device):
+    x = [1.0, 4.0, 4.0, 3.9]
+    assert_probs(warp(x, 1.0, p=1e-9, backend=backend, device=device),
+                 softmax_on([x], [[False, True, True, False]]))
+
+
+def test_top_p_acts_on_the_top_k_renormalised_distribution(backend, device):
+    # top-2 renormalises 0.4, 0.3 to 0.571, 0.429: p = 0.5 then keeps one token (top-p on the
+    # original distribution first would keep two).
+    x = [math.log(v) for v in (0.4, 0.3, 0.2, 0.1)]
+    assert_probs(warp(x, 1.0, k=2, p=0.5, backend=backend, device=device),
+                 softmax_on([x], [[True, False, False, False]]))
+
+
+def test_minus_inf_logits_get_zero_and_top_k_beyond_the_finite_ones_keeps_all(backend, device):
+    x = [-INF, 1.0, -INF, 0.0, -INF]
+    got = warp(x, 1.0, k=3, p=0.999, backend=backend, device=device)
+    assert_probs(got, softmax_on([x], [[False, True, False, True, False]]))
+
+
+def test_per_row_tensor_parameters_equal_row_by_row_calls(backend, device):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 37, generator=g) * 2
+    t = torch.tensor([0.0, 0.5, 1.0, 1.7, 0.9])
+    k = torch.tensor([0, 3, 0, 40, 10], dtype=torch.int64)
+    p = torch.tensor([0.3, 1.0, 0.6, 0.95, 1e-6], dtype=torch.float64)
+    got = specops.warp_probs(x.to(device), t.to(device), k.to(device), p.to(device), backend=backend).cpu()
+    for r in range(5):
+        want = warp(x[r].tolist(), float(t[r]), int(k[r]), float(p[r]))
+        assert_probs(got[r:r + 1], want)
+
+
+# ---- every backend vs the reference ----------------------------------------------------------
+
+PARAMS = [(1.0, 0, 1.0), (0.7, 20, 1.0), (1.3, 0, 0.9), (0.8, 50, 0.8), (1.0, 0, 1e-6), (0.0, 0, 1.0)]
+
+
+def _grid_case(N, V, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N, V, generator=g) * 3
+    if dtype == torch.bfloat16:
+        return x.to(dtype)  # bf16 rounding makes many exact ties
+    return x
+
+
+def _compare(x, params, fast_backend, device):
+    for t, k, p in params:
+        want = specops.warp_probs(x, t, k, p, backend="torch")
+        got = specops.warp_probs(x.to(device), t, k, p, backend=fast_backend).cpu()
+        assert got.dtype == torch.float32
+        assert_probs(got, want)
+        torch.testing.assert_close(got.sum(-1), torch.ones(x.shape[0]), rtol=0, atol=1e-5)
+
+
+FP32 = torch.float32
+GRID = ([(N, V, FP32) for N in (1, 3, 33) for V in (11, 1000, 32000)]
+        + [(3, V, torch.bfloat16) for V in (11, 1000, 32000)] + [(33, 1000, torch.bfloat16), (3, 1000, torch.float16)])
+INTERPRETED_GRID = [(1, 11, FP32), (3, 11, FP32), (3, 1000, FP32), (3, 11, torch.bfloat16)]
+
+
+def _interpreted(backend, device):
+    return backend == "triton" and device == "cpu"
+
+
+@pytest.mark.parametrize("N,V,dtype", GRID, ids=lambda v: str(v).replace("torch.", ""))
+def test_matches_reference(fast_backend, device, N, V, dtype):
+    if _interpreted(fast_backend, device) and (N, V, dtype) not in INTERPRETED_GRID:
+        pytest.skip("the Triton interpreter is slow: INTERPRETED_GRID covers it")
+    _compare(_grid_case(N, V, dtype, N * V), PARAMS, fast_backend, device)
+
+
+def test_matches_reference_one_large_row_interpreted(fast_backend, device):
+    if not _interpreted(fast_backend, device):
+        pytest.skip("covered by test_matches_reference")
+    _compare(_grid_case(1, 32000, torch.bfloat16, 5), [(0.8, 50, 0.8)], fast_backend, device)
+
+
+@pytest.mark.parametrize("N,V", [(3, 11), (33, 1000)])
+def test_matches_reference_with_per_row_parameters(fast_backend, device, N, V):
+    if _interpreted(fast_backend, device) and N > 3:
+        pytest.skip("the Triton interpreter is slow: N = 3 covers it")
+    g = torch.Generator().manual_seed(N + V)
+    x = torch.randn(N, V, generator=g) * 2
+    t = torch.rand(N, generator=g) * 1.5
+    t[::4] = 0.0
+    k = torch.randint(0, V + 3, (N,), generator=g, dtype=torch.int32)
+    p = torch.rand(N, generator=g).clamp(min=1e-6)
+    p[1::3] = 1.0
+    want = specops.warp_probs(x, t, k, p, backend="torch")
+    got = specops.warp_probs(x.to(device), t.to(device), k.to(device), p.to(device), backend=fast_backend)
+    assert_probs(got.cpu(), want)
+
+
+@pytest.mark.parametrize("scale", [0.0, 0.3, 3.0, 30.0], ids=["flat", "mild", "normal", "peaked"])
+def test_top_p_near_one_and_far_from_it_on_many_shapes_of_distribution(fast_backend, device, scale):
+    # cpp drops tokens too light to matter before its top-p select: the kept set must not change.
+    V = 1000 if fast_backend == "triton" else 32000
+    x = torch.randn(2, V, generator=torch.Generator().manual_seed(V)) * scale
+    _compare(x, [(1.0, 0, 0.999), (1.0, 0, 0.9999), (0.5, 0, 0.5), (2.0, 0, 0.97)], fast_backend, device)
+
+
+def test_strided_rows(fast_backend, device):
+    x = torch.randn(4, 3, 50)[:, 1, :]  # rows 150 apart
+    _compare(x, [(0.9, 7, 0.8)], fast_backend, device)
+
+
+# ---- the rule is HF transformers' warper chain -----------------------------------------------
+
+def test_reference_equals_hf_temperature_top_k_top_p_chain():
+    lp = pytest.importorskip("transformers.generation.logits_process")
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(6, 500, generator=g) * 2
+    for t, k, p in [(0.7, 20, 0.9), (1.0, 0, 0.8), (1.5, 100, 1.0), (0.5, 0, 0.3)]:
+        z = lp.TemperatureLogitsWarper(t)(None, x.clone())
+        if k:
+            z = lp.TopKLogitsWarper(k)(None, z)
+        if p < 1.0:
+            z = lp.TopPLogitsWarper(p)(None, z)
+        assert_probs(specops.warp_probs(x, t, k, p, backend="torch"), torch.softmax(z, dim=-1))
+
+
+# ---- errors ----------------------------------------------------------------------------------
+
+X = torch.zeros(3, 5)
+
+
+@pytest.mark.parametrize("args, exc, match", [
+    ((torch.zeros(3, 5, dtype=torch.int64), 1.0), TypeError, "logits must have dtype"),
+    (([[0.0, 1.0]], 1.0), TypeError, "logits must be a torch.Tensor"),
+    ((torch.zeros(5), 1.0), ValueError, "logits must have rank 2"),
+    ((torch.zeros(3, 0), 1.0), ValueError, r"logits must have at least one token"),
+    ((X, -0.5), ValueError, "temperature must be finite and >= 0"),
+    ((X, float("nan")), ValueError, "temperature must be finite and >= 0"),
+    ((X, "hot"), TypeError, "temperature must be a float"),
+    ((X, 1.0, -1), ValueError, "top_k must be >= 0"),
+    ((X, 1.0, 2.5), TypeError, "top_k must be an int"),
+    ((X, 1.0, 0, 0.0), ValueError, r"top_p must be in \(0, 1\]"),
+    ((X, 1.0, 0, 1.5), ValueError, r"top_p must be in \(0, 1\]"),
+    ((X, torch.ones(4)), ValueError, r"temperature must have shape \[3\]"),
+    ((X, torch.ones(3, dtype=torch.int32)), TypeError, "temperature must have dtype"),
+    ((X, 1.0, torch.ones(3)), TypeError, "top_k must have dtype"),
+    ((X, 1.0, 0, torch.tensor([0.5, 0.0, 1.0])), ValueError, r"top_p must be in \(0, 1\] .*got 0.0"),
+    ((X, torch.tensor([1.0, -1.0, 1.0])), ValueError, r"temperature must be finite and >= 0 .*got -1.0"),
+    ((X, 1.0, torch.tensor([1, -2, 0])), ValueError, "top_k must be >= 0"),
+    ((X, 1.0, 0, torch.ones(3, device="meta")), ValueError, "top_p must be on cpu"),
+    ((torch.tensor([[0.0, float("nan")]]), 1.0), ValueError, r"logits must not contain NaN or \+inf"),
+    ((torch.tensor([[0.0, INF]]), 1.0), ValueError, r"logits must not contain NaN or \+inf"),
+    ((torch.tensor([[0.0, 1.0], [-INF, -INF]]), 1.0), ValueError, "logits row 1 must have at least one finite"),
+])
+def test_bad_input_raises_naming_the_argument(backend, args, exc, match):
+    with pytest.raises(exc, match=match):
+        specops.warp_probs(*args, backend=backend)
+
+
+def test_check_false_skips_value_checks():
+    got = specops.warp_probs(torch.tensor([[0.0, 1.0]]), torch.tensor([-1.0]), check=False)
+    assert got.tolist() == [[0.0, 1.0]]  # a non-positive temperature is greedy
+
+
+# ---- registration ----------------------------------------------------------------------------
+
+needs_cpp = pytest.mark.skipif(not _backend.available("cpp")[0], reason=_backend.available("cpp")[1])
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck(dtype):
+    x = torch.randn(3, 50).to(dtype)
+    t = torch.tensor([0.0, 0.8, 1.2])
+    k = torch.tensor([0, 5, 60], dtype=torch.int32)
+    p = torch.tensor([1.0, 0.9, 0.5])
+    torch.library.opcheck(torch.ops.specops.warp_probs.default, (x, t, k, p))
+
+
+@needs_cpp
+def test_torch_compile_fullgraph():
+    x = torch.randn(4, 300)
+    t = torch.tensor([0.0, 0.7, 1.0, 1.3])
+
+    def f(logits, temp):
+        return specops.warp_probs(logits * 2, temp, 40, 0.9, check=False, backend="cpp").log()
+
+    got = torch.compile(f, fullgraph=True)(x, t)
+    want = specops.warp_probs(x * 2, t, 40, 0.9, backend="torch").log()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

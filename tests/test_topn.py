@@ -1,0 +1,357 @@
+"""topn_expand and select_topn_subtree: golden cases, every backend vs the reference, torch.topk
+equivalence, subtree properties (hypothesis), errors, registration."""
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import specops
+from specops import backend as _backend
+from specops.testing import random_num_nodes, random_parents
+
+INF = float("inf")
+
+
+def expand(parent_scores, child_logprobs, n, k=None, backend="torch", device="cpu"):
+    ps = torch.as_tensor(parent_scores, dtype=torch.float32, device=device)
+    cl = torch.as_tensor(child_logprobs, dtype=torch.float32, device=device)
+    if ps.dim() == 1:
+        ps, cl = ps[None], cl[None]
+    return tuple(t.cpu() for t in specops.topn_expand(ps, cl, n, per_parent_k=k, backend=backend))
+
+
+def log(*p):
+    return [math.log(v) if v > 0 else -INF for v in p]
+
+
+def assert_same(got, want):
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and torch.equal(g.cpu(), w.cpu()), f"\n{g}\n{w}"
+
+
+# ---- topn_expand: golden cases on every backend ------------------------------------------------
+
+def test_single_parent_is_the_top_n_of_its_children_ties_to_the_lower_token(backend, device):
+    s, t, p = expand([0.0], [log(0.1, 0.5, 0.2, 0.2)], 3, backend=backend, device=device)
+    assert t.tolist() == [[1, 2, 3]] and p.tolist() == [[0, 0, 0]]
+    torch.testing.assert_close(s, torch.tensor([log(0.5, 0.2, 0.2)]))
+
+
+def test_scores_add_parent_and_child_across_parents(backend, device):
+    s, t, p = expand([-1.0, -0.5], [[-0.1, -2.0, -0.3], [-0.7, -0.2, -5.0]], 4, backend=backend, device=device)
+    assert list(zip(p[0].tolist(), t[0].tolist())) == [(1, 1), (0, 0), (1, 0), (0, 2)]
+    torch.testing.assert_close(s, torch.tensor([[-0.7, -1.1, -1.2, -1.3]]))
+
+
+def test_equal_scores_go_to_the_lower_parent_then_the_lower_token(backend, device):
+    row = log(0.25, 0.5, 0.25)
+    s, t, p = expand([0.0, 0.0], [row, row], 6, backend=backend, device=device)
+    assert list(zip(p[0].tolist(), t[0].tolist())) == [(0, 1), (1, 1), (0, 0), (0, 2), (1, 0), (1, 2)]
+
+
+def test_per_parent_k_caps_each_parents_share(backend, device):
+    strong, weak = log(0.4, 0.3, 0.2, 0.1), log(0.1, 0.1, 0.7, 0.1)
+    s, t, p = expand([0.0, -1.0], [strong, weak], 4, k=2, backend=backend, device=device)
+    assert list(zip(p[0].tolist(), t[0].tolist())) == [(0, 0), (0, 1), (1, 2), (1, 0)]
+
+
+def test_tsd_style_top_k_per_frontier_node(backend, device):
+    g = torch.Generator().manual_seed(1)
+    cl = torch.log_softmax(torch.randn(3, 50, generator=g), -1)
+    s, t, p = expand([0.0, -2.0, -9.0], cl, 12, k=4, backend=backend, device=device)
+    assert sorted(p[0].tolist()) == [0] * 4 + [1] * 4 + [2] * 4
+    for parent in range(3):
+        want = cl[parent].topk(4).indices.tolist()
+        assert sorted(t[0][p[0] == parent].tolist()) == sorted(want)
+
+
+def test_padding_parents_are_never_selected_and_missing_slots_are_padded(backend, device):
+    s, t, p = expand([-INF, 0.0, -INF], [log(0.5, 0.5), log(0.9, 0.1), log(0.5, 0.5)], 5,
+                     backend=backend, device=device)
+    assert p.tolist() == [[1, 1, -1, -1, -1]] and t.tolist() == [[0, 1, -1, -1, -1]]
+    assert s[0, 2:].tolist() == [-INF] * 3
+
+
+def test_minus_inf_children_are_unavailable(backend, device):
+    s, t, p = expand([0.0], [[-INF, -1.0, -INF, -2.0]], 3, backend=backend, device=device)
+    assert t.tolist() == [[1, 3, -1]] and p.tolist() == [[0, 0, -1]]
+
+
+def test_beam_step_keeps_the_m_best_continuations(backend, device):
+    beams = torch.tensor([[-0.1, -0.9, -3.0]])
+    cl = torch.log_softmax(torch.randn(1, 3, 40), -1)
+    s, t, p = specops.topn_expand(beams.to(device), cl.to(device), 3, backend=backend)
+    flat = (beams[:, :, None] + cl).flatten()
+    top = flat.topk(3)
+    torch.testing.assert_close(s.cpu()[0], top.values)
+    assert (p.cpu()[0] * 40 + t.cpu()[0]).tolist() == top.indices.tolist()
+
+
+# ---- topn_expand: every backend vs the reference --------------------------------------------------
+
+def _expand_case(B, P, V, dtype, ties, seed):
+    g = torch.Generator().manual_seed(seed)
+    ps = torch.randn(B, P, generator=g) * 2
+    cl = torch.log_softmax(torch.randn(B, P, V, generator=g) * 2, dim=-1)
+    if ties:  # exact ties within and across parents; some padding parents
+        ps, cl = ps.round(), (cl * 2).round() / 2
+        ps[:, 1::3] = -INF
+    return ps, cl.to(dtype)
+
+
+EXPAND_GRID = [(B, P, V) for B in (1, 3, 33) for P, V in ((1, 11), (5, 11), (5, 1000))] + [
+    (1, 1, 32000), (3, 5, 32000), (33, 2, 32000)]
+INTERPRETED = {(1, 1, 11), (3, 5, 11), (1, 1, 1000)}
+NK = [(1, None), (7, None), (7, 1), (60, 4), (60, None)]
+
+
+@pytest.mark.parametrize("B,P,V", EXPAND_GRID)
+def test_expand_matches_reference(fast_backend, device, B, P, V):
+    interpreted = fast_backend == "triton" and device == "cpu"
+    if interpreted and (B, P, V) not in INTERPRETED:
+        pytest.skip("the Triton interpreter is slow: a smaller grid covers it")
+    for ties in (False, True):
+        ps, cl = _expand_case(B, P, V, torch.float32, ties, B * P * V)
+        for n, k in (NK[1:4] if interpreted else NK):
+            want = specops.topn_expand(ps, cl, n, per_parent_k=k, backend="torch")
+            got = specops.topn_expand(ps.to(device), cl.to(device), n, per_parent_k=k, backend=fast_backend)
+            assert_same(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_expand_half_inputs_match_reference(fast_backend, device, dtype):
+    ps, cl = _expand_case(3, 5, 300 if fast_backend == "triton" else 32000, dtype, True, 7)
+    want = specops.topn_expand(ps, cl, 9, per_parent_k=3, backend="torch")
+    assert_same(specops.topn_expand(ps.to(device), cl.to(device), 9, per_parent_k=3, backend=fast_backend), want)
+
+
+def test_expand_equals_torch_topk_without_ties(backend, device):
+    ps, cl = _expand_case(3, 5, 700, torch.float32, False, 3)
+    flat = (ps[:, :, None] + cl).reshape(3, -1)
+    top = flat.topk(20)
+    s, t, p = specops.topn_expand(ps.to(device), cl.to(device), 20, backend=backend)
+    torch.testing.assert_close(s.cpu(), top.values, rtol=0, atol=0)
+    assert torch.equal(p.cpu().long() * 700 + t.cpu(), top.indices)
+    # per_parent_k: the per-parent topk, then the global topk
+    per = cl.topk(2, dim=-1)
+    cand = (ps[:, :, None] + per.values).reshape(3, -1)
+    best = cand.topk(6)
+    s, t, p = specops.topn_expand(ps.to(device), cl.to(device), 6, per_parent_k=2, backend=backend)
+    assert torch.equal(p.cpu().long(), best.indices // 2)
+    assert torch.equal(t.cpu().long(), per.indices.reshape(3, -1).gather(1, best.indices))
+
+
+# ---- select_topn_subtree: golden cases on every backend ----------------------------------------
+
+def select(parents, scores, n, num_nodes=None, backend="torch", device="cpu"):
+    par = torch.tensor(parents, dtype=torch.int32, device=device)
+    sc = torch.tensor(scores, dtype=torch.float32, device=device)
+    if par.dim() == 1:
+        par, sc = par[None], sc[None]
+    nn = None if num_nodes is None else torch.tensor(num_nodes, dtype=torch.int32, device=device)
+    return tuple(t.cpu() for t in specops.select_topn_subtree(par, sc, n, nn, backend=backend))
+
+
+def test_chain_keeps_its_first_n_nodes(backend, device):
+    keep, newp, counts = select([-1, 0, 1, 2, 3], [0.0, -0.1, -0.5, -0.6, -2.0], 3, backend=backend, device=device)
+    assert keep.tolist() == [[0, 1, 2]] and newp.tolist() == [[-1, 0, 1]] and counts.tolist() == [3]
+
+
+def test_best_nodes_are_kept_in_original_order_and_reindexed(backend, device):
+    # 0 -> 1 (-0.2), 2 (-1.0); 1 -> 3 (-0.5), 4 (-3.0); 2 -> 5 (-1.1)
+    keep, newp, counts = select([-1, 0, 0, 1, 1, 2], [0.0, -0.2, -1.0, -0.5, -3.0, -1.1], 4,
+                                backend=backend, device=device)
+    assert keep.tolist() == [[0, 1, 2, 3]] and newp.tolist() == [[-1, 0, 0, 1]]
+
+
+def test_ties_go_to_the_lower_index(backend, device):
+    keep, newp, counts = select([-1, 0, 0, 0, 1], [0.0, -1.0, -1.0, -1.0, -1.0], 3, backend=backend, device=device)
+    assert keep.tolist() == [[0, 1, 2]] and newp.tolist() == [[-1, 0, 0]]
+
+
+def test_a_child_scoring_above_its_parent_still_yields_a_connected_subtree(backend, device):
+    # node 3's own score beats node 1, but its parent 2 is weak: both or neither.
+    keep, newp, counts = select([-1, 0, 0, 2], [0.0, -0.5, -2.0, -0.1], 3, backend=backend, device=device)
+    assert keep.tolist() == [[0, 1, 2]] and newp.tolist() == [[-1, 0, 0]]
+
+
+def test_unavailable_nodes_and_their_subtrees_are_never_kept(backend, device):
+    keep, newp, counts = select([-1, 0, 1, 0, 3], [0.0, -INF, -0.1, float("nan"), -0.2], 5,
+                                backend=backend, device=device)
+    assert keep.tolist() == [[0, -1, -1, -1, -1]] and counts.tolist() == [1]
+
+
+def test_n_one_keeps_the_root_and_n_beyond_t_pads(backend, device):
+    keep, newp, counts = select([[-1, 0, 0], [-1, 0, 1]], [[5.0, -1.0, -2.0], [0.0, -1.0, -1.5]], 1,
+                                backend=backend, device=device)
+    assert keep.tolist() == [[0], [0]] and newp.tolist() == [[-1], [-1]] and counts.tolist() == [1, 1]
+    keep, newp, counts = select([-1, 0, 0], [0.0, -1.0, -2.0], 5, backend=backend, device=device)
+    assert keep.tolist() == [[0, 1, 2, -1, -1]] and newp.tolist() == [[-1, 0, 0, -1, -1]] and counts.tolist() == [3]
+
+
+def test_padding_nodes_are_never_kept(backend, device):
+    keep, newp, counts = select([[-1, 0, 1, 99], [-1, 0, 0, 0]], [[0.0, -1.0, -2.0, 9.0], [0.0, -1.0, -0.5, 3.0]],
+                                4, num_nodes=[3, 3], backend=backend, device=device)
+    assert keep.tolist() == [[0, 1, 2, -1], [0, 1, 2, -1]] and counts.tolist() == [3, 3]
+
+
+# ---- select_topn_subtree: every backend vs the reference, properties ------------------------------
+
+def _subtree_case(B, T, seed, *, monotone, ties, holes):
+    g = torch.Generator().manual_seed(seed)
+    nn = random_num_nodes(B, T, generator=g)
+    parents = random_parents(B, T, num_nodes=nn, generator=g)
+    step = -torch.rand(B, T, generator=g) * 3
+    if ties:
+        step = (step * 2).round() / 2
+    if monotone:  # cumulative path log-probs, filled in topological order
+        scores = torch.zeros(B, T)
+        for i in range(1, T):
+            par = parents[:, i].long().clamp(0, i - 1)
+            scores[:, i] = scores[torch.arange(B), par] + step[:, i]
+    else:
+        scores = step
+    if holes:
+        scores[torch.rand(B, T, generator=g) < 0.05] = -INF
+        scores[torch.rand(B, T, generator=g) < 0.02] = float("nan")
+    return parents, scores, nn
+
+
+@pytest.mark.parametrize("B", [1, 3, 33])
+@pytest.mark.parametrize("T", [1, 7, 64, 257])
+def test_subtree_matches_reference(fast_backend, device, B, T):
+    if fast_backend == "triton" and device == "cpu" and B * T > 200:
+        pytest.skip("the Triton interpreter is slow: a smaller grid covers it")
+    for n in (1, 5, 64, 300):
+        for i, (monotone, ties, holes) in enumerate([(True, False, False), (False, True, True), (True, True, True)]):
+            parents, scores, nn = _subtree_case(B, T, B * T + i, monotone=monotone, ties=ties, holes=holes)
+            want = specops.select_topn_subtree(parents, scores, n, nn, backend="torch")
+            got = specops.select_topn_subtree(parents.to(device), scores.to(device), n, nn.to(device),
+                                              backend=fast_backend)
+            assert_same(got, want)
+
+
+def _effective(parents, scores, nv):
+    eff = [INF] * len(parents)
+    for i in range(1, nv):
+        s = scores[i] if scores[i] == scores[i] else -INF
+        eff[i] = min(s, eff[parents[i]]) if parents[i] > 0 else s
+    return eff[:nv]
+
+
+def _property_backends(device):
+    # The interpreted Triton kernel is exercised by the grid above; here it would dominate the time.
+    return [b for b in _backend.BACKENDS
+            if _backend.available(b, device)[0] and not (b == "triton" and device == "cpu")]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(B=st.integers(1, 4), T=st.integers(1, 60), n=st.integers(1, 70), seed=st.integers(0, 2**31 - 1),
+       monotone=st.booleans(), ties=st.booleans(), holes=st.booleans())
+def test_property_selection_is_a_connected_optimal_subtree_containing_the_root(B, T, n, seed, monotone, ties,
+                                                                              holes, device):
+    parents, scores, nn = _subtree_case(B, T, seed, monotone=monotone, ties=ties, holes=holes)
+    want = specops.select_topn_subtree(parents, scores, n, nn, backend="torch")
+    for name in _property_backends(device):
+        got = specops.select_topn_subtree(parents.to(device), scores.to(device), n, nn.to(device), backend=name)
+        assert_same(got, want)
+    keep, newp, counts = (t.tolist() for t in want)
+    for b in range(B):
+        nv, c = int(nn[b]), counts[b]
+        par, sc = parents[b].tolist(), scores[b].tolist()
+        eff = _effective(par, sc, nv)
+        avail = [i for i in range(1, nv) if eff[i] > -INF]
+        assert c == 1 + min(n - 1, len(avail))
+        assert keep[b][0] == 0 and newp[b][0] == -1
+        assert keep[b][c:] == [-1] * (n - c) and newp[b][c:] == [-1] * (n - c)
+        kept = keep[b][:c]
+        assert kept == sorted(set(kept)) and kept[-1] < nv
+        for j in range(1, c):  # every kept node's parent is kept: connected, rooted
+            assert 0 <= newp[b][j] < j and keep[b][newp[b][j]] == par[kept[j]]
+        dropped = set(avail) - set(kept)
+        if dropped and c > 1:  # optimal: nothing dropped beats anything kept
+            assert min(eff[i] for i in kept[1:]) >= max(eff[i] for i in dropped)
+
+
+# ---- errors ---------------------------------------------------------------------------------------
+
+PS, CL = torch.zeros(2, 3), torch.zeros(2, 3, 5)
+
+
+@pytest.mark.parametrize("args, kwargs, exc, match", [
+    ((PS.long(), CL, 2), {}, TypeError, "parent_scores must have dtype"),
+    ((PS[0], CL, 2), {}, ValueError, "parent_scores must have rank 2"),
+    ((PS, CL[:, :2], 2), {}, ValueError, r"child_logprobs must have shape \[2, 3, \*\]"),
+    ((PS, CL.int(), 2), {}, TypeError, "child_logprobs must have dtype"),
+    ((PS, torch.zeros(2, 3, 0), 2), {}, ValueError, "child_logprobs must have P >= 1 and V >= 1"),
+    ((PS, CL, 0), {}, ValueError, "n must be >= 1"),
+    ((PS, CL, 2.0), {}, TypeError, "n must be an int"),
+    ((PS, CL, 2), {"per_parent_k": 0}, ValueError, "per_parent_k must be >= 1"),
+    ((PS, CL.to("meta"), 2), {}, ValueError, "child_logprobs must be on cpu"),
+    ((PS.index_fill(1, torch.tensor([1]), float("nan")), CL, 2), {}, ValueError, "parent_scores must not contain NaN"),
+    ((PS, CL.index_fill(2, torch.tensor([1]), INF), 2), {}, ValueError, r"child_logprobs must not contain NaN or \+inf"),
+])
+def test_expand_bad_input_raises_naming_the_argument(backend, args, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        specops.topn_expand(*args, **kwargs, backend=backend)
+
+
+PAR = torch.tensor([[-1, 0, 0]], dtype=torch.int32)
+SC = torch.zeros(1, 3)
+
+
+@pytest.mark.parametrize("args, exc, match", [
+    ((PAR.long(), SC, 2), TypeError, "parents must have dtype torch.int32"),
+    ((PAR[0], SC, 2), ValueError, "parents must have rank 2"),
+    ((torch.zeros(1, 0, dtype=torch.int32), SC[:, :0], 2), ValueError, "at least one node"),
+    ((PAR, SC[:, :2], 2), ValueError, r"scores must have shape \[1, 3\]"),
+    ((PAR, SC.long(), 2), TypeError, "scores must have dtype"),
+    ((PAR, SC, 0), ValueError, "n must be >= 1"),
+    ((PAR, SC, "2"), TypeError, "n must be an int"),
+    ((PAR, SC, 2, torch.tensor([3, 3], dtype=torch.int32)), ValueError, r"num_nodes must have shape \[1\]"),
+    ((PAR, SC, 2, torch.tensor([4], dtype=torch.int32)), ValueError, r"num_nodes must lie in \[1, T=3\]"),
+    ((torch.tensor([[-1, 0, 2]], dtype=torch.int32), SC, 2), ValueError, r"parents\[0, 2\] must satisfy"),
+    ((torch.tensor([[0, 0, 0]], dtype=torch.int32), SC, 2), ValueError, r"parents\[0, 0\] must be -1"),
+])
+def test_subtree_bad_input_raises_naming_the_argument(backend, args, exc, match):
+    with pytest.raises(exc, match=match):
+        specops.select_topn_subtree(*args, backend=backend)
+
+
+# ---- registration ---------------------------------------------------------------------------------
+
+needs_cpp = pytest.mark.skipif(not _backend.available("cpp")[0], reason=_backend.available("cpp")[1])
+
+
+@needs_cpp
+@pytest.mark.parametrize("n,k", [(1, 1), (6, 2), (40, 40)])
+def test_expand_opcheck(n, k):
+    ps, cl = _expand_case(3, 4, 25, torch.float32, True, n)
+    torch.library.opcheck(torch.ops.specops.topn_expand.default, (ps, cl, n, k))
+
+
+@needs_cpp
+@pytest.mark.parametrize("B,T,n", [(1, 1, 1), (3, 33, 5), (2, 70, 100)])
+def test_subtree_opcheck(B, T, n):
+    parents, scores, nn = _subtree_case(B, T, T, monotone=True, ties=True, holes=False)
+    torch.library.opcheck(torch.ops.specops.select_topn_subtree.default, (parents, scores, nn, n))
+
+
+@needs_cpp
+def test_torch_compile_fullgraph_opt_tree_layer_then_selection():
+    ps, cl = _expand_case(2, 6, 100, torch.float32, False, 5)
+    parents, scores, nn = _subtree_case(2, 40, 9, monotone=True, ties=False, holes=False)
+
+    def f(ps, cl, parents, scores, nn):
+        s, t, p = specops.topn_expand(ps, cl.log_softmax(-1), 6, per_parent_k=6, check=False, backend="cpp")
+        keep, newp, counts = specops.select_topn_subtree(parents, scores, 8, nn, check=False, backend="cpp")
+        return s.exp().sum(-1), t, p, keep, newp, counts
+
+    got = torch.compile(f, fullgraph=True)(ps, cl, parents, scores, nn)
+    s, t, p = specops.topn_expand(ps, cl.log_softmax(-1), 6, per_parent_k=6, backend="torch")
+    want = (s.exp().sum(-1), t, p) + specops.select_topn_subtree(parents, scores, 8, nn, backend="torch")
+    torch.testing.assert_close(got[0], want[0])
+    for g, w in zip(got[1:], want[1:]):
+        assert torch.equal(g, w)
