@@ -4,6 +4,8 @@
 """
 from . import _ext  # noqa: F401  (loads the compiled extensions and their op registrations)
 from .backend import BackendUnavailable, available, use_backend
+from .ops.tree_attention import tree_attention
+from .ops.kv_compact import kv_compact
 from .ops.tree_mask import build_tree_mask, pack_mask, unpack_mask
 
 __version__ = "0.1.0"
@@ -12,7 +14,9 @@ __all__ = [
     "BackendUnavailable",
     "available",
     "build_tree_mask",
+    "kv_compact",
     "pack_mask",
+    "tree_attention",
     "unpack_mask",
     "use_backend",
 ]

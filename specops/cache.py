@@ -1,0 +1,181 @@
+"""StaticKVCache: one preallocated K/V buffer for all layers, per-sequence lengths, in-place
+compaction after acceptance — and a transformers ``Cache``, so a stock HF model writes into it.
+
+Layout: ``k``, ``v`` [L, B, Hkv, S, D]; ``k[l]`` is the per-layer [B, Hkv, S, D] view that
+``tree_attention`` reads and HF's attention receives. ``lens`` int32 [B] counts the committed rows
+of every sequence. A forward appends its T new rows at ``lens[b] + offset`` (``offset`` = rows of
+the current draft block already written); they stay uncommitted until ``compact`` (keep the
+accepted path) or ``commit`` (keep all).
+
+Two ways to drive it:
+- the specops runner (:class:`specops.integrations.transformers.SpecModel`) opens a block
+  (``begin_block``), runs the model, then compacts: lengths may be ragged across the batch;
+- a plain HF forward with ``past_key_values=cache`` and no block open appends and commits like
+  ``DynamicCache`` (lengths then stay equal across the batch).
+"""
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from .ops import _checks
+from .ops.kv_compact import kv_compact
+
+
+class _Layer(CacheLayerMixin):
+    """One layer's face of the shared buffer, for code that walks ``cache.layers``."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, owner, index):
+        super().__init__()
+        self.owner, self.index = owner, index
+        self.keys, self.values = owner.k[index], owner.v[index]
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states):
+        return None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return self.owner.append_block(self.index, key_states, value_states)
+
+    def get_mask_sizes(self, query_length):
+        return self.owner.max_len, 0
+
+    def get_seq_length(self):
+        return self.owner.seq_length()
+
+    def get_max_length(self):
+        return self.owner.max_len
+
+
+class StaticKVCache(Cache):
+    """Preallocated K/V for ``num_layers`` layers of ``batch_size`` sequences of ``max_len`` rows.
+
+    Shape: k, v [L, B, Hkv, S, D]; lens int32 [B]."""
+
+    def __init__(self, num_layers, batch_size, num_kv_heads, max_len, head_dim, *, dtype=torch.float32,
+                 device="cpu"):
+        shape = (num_layers, batch_size, num_kv_heads, max_len, head_dim)
+        if min(shape) < 1:
+            raise ValueError(f"StaticKVCache sizes must be >= 1, got [L, B, Hkv, S, D] = {list(shape)}")
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self.lens = torch.zeros(batch_size, dtype=torch.int32, device=device)
+        self._host_lens = [0] * batch_size  # mirror of lens for overflow checks; None when stale
+        self._block = None  # (offset, T) of the draft block being written, or None in plain mode
+        super().__init__(layers=[_Layer(self, i) for i in range(num_layers)])
+
+    @classmethod
+    def for_model(cls, model, batch_size, max_len, *, dtype=None, device=None):
+        """Sized from an HF model's config (text config for multimodal wrappers)."""
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        param = next(model.parameters())
+        return cls(cfg.num_hidden_layers, batch_size, kv_heads, max_len, head_dim,
+                   dtype=dtype or param.dtype, device=device or param.device)
+
+    # ---- sizes ------------------------------------------------------------------------------
+    @property
+    def batch_size(self):
+        return self.k.shape[1]
+
+    def host_lens(self):
+        """Committed lengths as a Python list (one host sync if they changed on the device)."""
+        if self._host_lens is None:
+            self._host_lens = self.lens.tolist()
+        return self._host_lens
+
+    def seq_length(self):
+        return max(self.host_lens())
+
+    def get_seq_length(self, layer_idx=0):
+        return self.seq_length()
+
+    def get_mask_sizes(self, query_length, layer_idx=0):
+        return self.max_len, 0
+
+    def get_max_length(self, layer_idx=None):
+        return self.max_len
+
+    def _check_room(self, rows, what):
+        longest = max(self.host_lens())
+        if longest + rows > self.max_len:
+            raise ValueError(f"{what}: cache overflow: the longest sequence holds {longest} rows, "
+                             f"{rows} more would exceed max_len={self.max_len}")
+
+    # ---- writing ------------------------------------------------------------------------------
+    def begin_block(self, offset, rows):
+        """The next forward writes ``rows`` new rows at ``lens + offset`` (a draft block that grows
+        over several forwards passes its current size as ``offset``); raises before anything is
+        written if any sequence would overflow."""
+        self._check_room(offset + rows, "begin_block")
+        self._block = (offset, rows)
+
+    def end_block(self):
+        self._block = None
+
+    def append_block(self, layer, k, v):
+        """Writes one layer's new rows. Shape: k, v [B, Hkv, T, D] -> the layer's (k, v) [B, Hkv, S, D].
+
+        In a block (``begin_block``) the rows go to ``lens + offset`` and stay uncommitted; in plain
+        mode they go to ``lens`` and are committed after the last layer."""
+        B, H, T, D = self.k.shape[1], self.k.shape[2], k.shape[2], self.k.shape[4]
+        _checks.tensor("k", k, shape=(B, H, None, D), device=self.k.device)
+        _checks.tensor("v", v, shape=(B, H, T, D), device=self.k.device)
+        offset = 0
+        if self._block is not None:
+            offset, rows = self._block
+            if rows != T:
+                raise ValueError(f"append_block: the open block has {rows} rows per sequence, got T={T}")
+        elif layer == 0:
+            self._check_room(T, "append_block")
+        rows = (self.lens.to(torch.int64) + offset)[:, None] + torch.arange(T, device=self.lens.device)
+        index = rows[:, None, :, None].expand(B, H, T, D)
+        self.k[layer].scatter_(2, index, k.to(self.k.dtype))
+        self.v[layer].scatter_(2, index, v.to(self.v.dtype))
+        if self._block is None and layer == self.k.shape[0] - 1:
+            self.commit(torch.full_like(self.lens, T))
+        return self.k[layer], self.v[layer]
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return self.append_block(layer_idx, key_states, value_states)
+
+    # ---- after verification ----------------------------------------------------------------
+    def commit(self, counts):
+        """Keeps the first ``counts[b]`` rows written after ``lens[b]`` (int32 [B]): lens += counts."""
+        self.lens += counts.to(self.lens.dtype)
+        self._host_lens = None
+
+    def compact(self, accept_idx, accept_lens, *, check=True, backend=None):
+        """Keeps the accepted block rows: row ``lens + accept_idx[b, j]`` moves to ``lens + j`` in every
+        layer (one :func:`specops.kv_compact` call), then ``lens += accept_lens``.
+
+        Shape: accept_idx int32 [B, A], accept_lens int32 [B]."""
+        kv_compact(self.k, self.v, self.lens, accept_idx, accept_lens, check=check, backend=backend)
+        self.commit(accept_lens)
+
+    def truncate(self, new_lens):
+        """Metadata only: ``lens = new_lens`` (int32 [B], each <= the current length)."""
+        _checks.lengths("new_lens", new_lens, self.batch_size, self.lens.device)
+        if bool((new_lens < 0).any()) or bool((new_lens > self.lens).any()):
+            raise ValueError(f"new_lens must lie in [0, lens], got {new_lens.tolist()} for lens {self.lens.tolist()}")
+        self.lens.copy_(new_lens)
+        self._host_lens = None
+
+    def reset(self):
+        self.lens.zero_()
+        self._host_lens = [0] * self.batch_size
+        self._block = None
+
+    def crop(self, tokens_to_remove):
+        """HF's crop: drop the last ``tokens_to_remove`` rows of every sequence."""
+        self.truncate((self.lens - tokens_to_remove).clamp(min=0))
+
+    def reorder_cache(self, beam_idx):
+        self.k.copy_(self.k[:, beam_idx])
+        self.v.copy_(self.v[:, beam_idx])
+        self.lens.copy_(self.lens[beam_idx])
+        self._host_lens = None

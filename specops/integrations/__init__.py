@@ -1,0 +1,1 @@
+"""Integrations of specops ops with model libraries."""

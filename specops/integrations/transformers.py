@@ -1,0 +1,188 @@
+"""The ``"specops"`` attention implementation for Hugging Face transformers, and :class:`SpecModel`,
+the runner the decoding loop drives a stock HF causal LM with.
+
+How a tree block reaches the kernel: :class:`SpecModel` opens a block (:class:`Block`: prefix
+lengths, block lengths, the bit-packed visibility mask of the queries, their count) for the
+duration of one forward; the model writes each layer's new K/V into the
+:class:`~specops.cache.StaticKVCache` (``past_key_values``) and calls the registered attention
+function, which runs :func:`specops.tree_attention` on the layer's cache view. Positions are
+``prefix + depth`` (``position_ids``), so RoPE sees each node at its depth in the tree.
+
+Without an open block (a plain HF forward or ``generate`` with ``attn_implementation="specops"``),
+the function treats the new tokens as a causal chain after the cached ones; a padding mask from HF
+(left-padded batches) or a sliding window that the sequence outgrows falls back to torch SDPA.
+"""
+import threading
+from dataclasses import dataclass
+
+import torch
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
+
+from ..cache import StaticKVCache
+from ..ops import _checks
+from ..ops.tree_attention import tree_attention
+from ..ops.tree_mask import build_tree_mask, pack_mask
+
+NAME = "specops"
+_state = threading.local()
+
+
+@dataclass
+class Block:
+    """What the attention of one forward needs beyond the cache view.
+
+    Shape: prefix_lens, block_lens, q_lens int32 [B]; mask int32 [B, Tq, W]. ``longest`` is a host
+    upper bound on prefix + block rows (for the sliding-window check, so no sync is needed)."""
+
+    prefix_lens: torch.Tensor
+    block_lens: torch.Tensor
+    mask: torch.Tensor
+    q_lens: torch.Tensor
+    longest: int
+
+
+def specops_mask(*args, **kwargs):
+    """Mask hook: inside a specops block the visibility travels in :class:`Block`, so none is built."""
+    if getattr(_state, "block", None) is not None:
+        return None
+    return sdpa_mask(*args, **kwargs)
+
+
+def specops_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """HF attention function. Shape: query [B, Hq, T, D]; key, value [B, Hkv, S, D] (the cache view,
+    GQA not expanded) -> ([B, T, Hq, D], None)."""
+    block = getattr(_state, "block", None)
+    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+    if block is None:
+        if attention_mask is not None or (window and key.shape[2] > window) or module.training:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                          dropout=dropout, **kwargs)
+        B, T, dev = query.shape[0], query.shape[2], query.device
+        # Unpadded sequences: the first new token's position is the number of rows already cached
+        # (a StaticKVCache hands over its whole buffer, so key.shape[2] says nothing).
+        position_ids = kwargs.get("position_ids")
+        if position_ids is not None:
+            prefix = position_ids[:, 0].to(torch.int32).expand(B).contiguous()
+        else:
+            prefix = torch.full((B,), key.shape[2] - T, dtype=torch.int32, device=dev)
+        block = Block(prefix_lens=prefix,
+                      block_lens=torch.full((B,), T, dtype=torch.int32, device=dev),
+                      mask=causal_mask(B, T, dev), q_lens=None, longest=key.shape[2])
+    elif window and block.longest > window:
+        raise NotImplementedError(
+            f"{type(module).__name__} layer {getattr(module, 'layer_idx', '?')} has a sliding window of {window} "
+            f"rows but a sequence holds up to {block.longest}: tree blocks beyond the window are not supported")
+    out = tree_attention(query.transpose(1, 2), key, value, block.prefix_lens, block.block_lens, block.mask,
+                         q_lens=block.q_lens, sm_scale=scaling, check=False)
+    return out, None
+
+
+AttentionInterface.register(NAME, specops_attention)
+AttentionMaskInterface.register(NAME, specops_mask)
+
+
+def use_specops_attention(model):
+    """Switches an HF model to the ``"specops"`` attention implementation; returns the model."""
+    model.set_attn_implementation(NAME)
+    return model
+
+
+def causal_mask(B, T, device):
+    """The chain mask: query i sees block keys 0..i. Shape: -> int32 [B, T, ceil(T/32)]."""
+    vis = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    return pack_mask(vis).expand(B, T, -1)
+
+
+class SpecModel:
+    """Runs a stock HF causal LM over prefixes and draft blocks, with a :class:`StaticKVCache`.
+
+    ``lens`` (int32 [B]) are the committed rows per sequence. A draft block is written after them and
+    stays uncommitted until :meth:`compact` (keep the accepted path) or :meth:`commit` (keep all)."""
+
+    def __init__(self, model, batch_size, max_len, *, cache_dtype=None):
+        self.model = use_specops_attention(model).eval()
+        self.cache = StaticKVCache.for_model(model, batch_size, max_len, dtype=cache_dtype)
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.vocab_size = cfg.vocab_size
+        self.device = self.cache.k.device
+
+    @property
+    def lens(self):
+        return self.cache.lens
+
+    @property
+    def batch_size(self):
+        return self.cache.batch_size
+
+    @property
+    def max_len(self):
+        return self.cache.max_len
+
+    def prefill(self, input_ids, lens):
+        """Runs right-padded prompts from an empty cache and commits them.
+
+        Shape: input_ids int [B, L], lens int32 [B] (1 <= lens <= L) -> logits fp32 [B, L, V]
+        (rows >= lens[b] are padding)."""
+        _checks.tensor("input_ids", input_ids, dtype=(torch.int64, torch.int32), shape=(self.batch_size, None),
+                       device=self.device)
+        B, L = input_ids.shape
+        _checks.lengths("lens", lens, B, self.device)
+        if L > self.max_len:
+            raise ValueError(f"input_ids: prompt of {L} tokens exceeds the cache (max_len={self.max_len})")
+        _checks.range_values("lens", lens, 1, L, "every prompt needs at least one token")
+        self.cache.reset()
+        block = Block(prefix_lens=torch.zeros_like(lens), block_lens=lens, mask=causal_mask(B, L, self.device),
+                      q_lens=lens, longest=L)
+        positions = torch.arange(L, device=self.device).expand(B, L)
+        logits = self._run(input_ids, positions, block, offset=0)
+        self.cache.commit(lens)
+        return logits
+
+    def forward_block(self, tokens, parents, num_nodes=None, *, q_start=0):
+        """Target/draft forward over draft-tree nodes ``q_start..T-1`` (the earlier ones were written by
+        previous calls of the same block). Positions are ``lens + depth``.
+
+        Shape: tokens int [B, T - q_start], parents int32 [B, T] (the whole block so far), num_nodes
+        int32 [B] or None -> logits fp32 [B, T - q_start, V]."""
+        mask, depth = build_tree_mask(parents, num_nodes, check=False)
+        T = parents.shape[1]
+        block_lens = num_nodes if num_nodes is not None else torch.full_like(self.lens, T)
+        return self.forward_mask(tokens, mask[:, q_start:], depth[:, q_start:], block_lens, q_start=q_start)
+
+    def forward_mask(self, tokens, mask, depth, block_lens, *, q_start=0):
+        """The general form: any visibility mask (DAG, lookahead window) over the block.
+
+        Shape: tokens int [B, Tq], mask int32 [B, Tq, W] (visibility of block keys 0..), depth int32
+        [B, Tq] (position = lens + depth), block_lens int32 [B] (valid block rows incl. these
+        queries) -> logits fp32 [B, Tq, V]. Query rows >= block_lens - q_start are padding."""
+        B, Tq = tokens.shape
+        _checks.tensor("tokens", tokens, dtype=(torch.int64, torch.int32), shape=(self.batch_size, None),
+                       device=self.device)
+        block = Block(prefix_lens=self.lens, block_lens=block_lens, mask=mask, q_lens=block_lens - q_start,
+                      longest=max(self.cache.host_lens()) + q_start + Tq)
+        positions = self.lens[:, None].to(torch.int64) + depth
+        return self._run(tokens, positions, block, offset=q_start)
+
+    def _run(self, ids, positions, block, offset):
+        self.cache.begin_block(offset, ids.shape[1])
+        _state.block = block
+        try:
+            out = self.model(input_ids=ids.long(), position_ids=positions.long(), past_key_values=self.cache,
+                             use_cache=True)
+        finally:
+            _state.block = None
+            self.cache.end_block()
+        return out.logits.float()
+
+    def compact(self, accept_idx, accept_lens, **kw):
+        """Keeps the accepted block rows (int32 [B, A] node indices, int32 [B] counts); lens += accept_lens."""
+        self.cache.compact(accept_idx, accept_lens, **kw)
+
+    def commit(self, counts):
+        """Keeps the first ``counts[b]`` block rows as they are (a chain accepted in order)."""
+        self.cache.commit(counts)
+
+    def truncate(self, new_lens):
+        self.cache.truncate(new_lens)

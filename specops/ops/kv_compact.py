@@ -1,0 +1,178 @@
+"""KV-cache compaction after acceptance: move the accepted draft rows next to the committed prefix.
+
+Terms: the cache holds every layer stacked, ``[L, B, Hkv, S, D]``. Sequence ``b`` has a committed
+prefix of ``prefix_lens[b]`` rows followed by the rows of its last draft block. Verification accepted
+``accept_lens[b]`` of those nodes, listed in ``accept_idx[b]`` (strictly increasing block offsets,
+usually starting with the root 0). Compaction moves, in every layer and head, row
+``prefix_lens[b] + accept_idx[b, j]`` to row ``prefix_lens[b] + j`` for ``j < accept_lens[b]``.
+
+Sources and destinations overlap (destination ``j`` may be the source of an earlier ``j'``); every
+backend produces what a gather of all sources followed by a scatter to all destinations produces.
+Rows past the accepted ones keep whatever they held. Truncation needs no op: lower the lengths.
+"""
+import torch
+
+from .. import _ext
+from ..backend import register, resolve
+from . import _checks
+
+CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens, *, check=True, backend=None):
+    """Compacts the accepted rows of the last draft block of every sequence, all layers in one call.
+
+    Shape: k_cache, v_cache [L, B, Hkv, S, D] (fp32/fp16/bf16, same shape and dtype, stride 1 in D,
+    modified in place; views into bigger tensors are fine), prefix_lens int32 [B],
+    accept_idx int32 [B, A], accept_lens int32 [B] -> None.
+
+    For every layer, sequence b, head and ``j < accept_lens[b]``, row ``prefix_lens[b] + accept_idx[b, j]``
+    moves to row ``prefix_lens[b] + j``. Entries ``accept_idx[b, j]`` with ``j >= accept_lens[b]`` are
+    padding and ignored. ``prefix_lens`` is not changed: the caller adds ``accept_lens``.
+
+    ``check=True`` also validates the values (one host sync): ``0 <= accept_lens[b] <= A``,
+    ``0 <= prefix_lens[b] <= S``, ``accept_idx[b, :accept_lens[b]]`` strictly increasing from ``>= 0``
+    with ``prefix_lens[b] + accept_idx[b, j] < S``. Any error is raised before a byte is written.
+    ``check=False`` skips those value checks: the kernels then skip rows whose source or destination
+    falls outside ``[0, S)`` (never writing out of bounds), but the result is otherwise unspecified.
+    """
+    _checks.tensor("k_cache", k_cache, dtype=CACHE_DTYPES, rank=5, last_stride_one=True)
+    L, B, H, S, D = k_cache.shape
+    dev = k_cache.device
+    _checks.tensor("v_cache", v_cache, dtype=k_cache.dtype, shape=(L, B, H, S, D), device=dev,
+                   last_stride_one=True)
+    _checks.lengths("prefix_lens", prefix_lens, B, dev)
+    _checks.tensor("accept_idx", accept_idx, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
+    _checks.lengths("accept_lens", accept_lens, B, dev)
+    _check_no_overlap(k_cache, v_cache)
+    if check:
+        _check_values(prefix_lens, accept_idx, accept_lens, S)
+    if k_cache.numel() == 0 or accept_idx.shape[1] == 0:
+        return None
+    resolve("kv_compact", dev, backend)(k_cache, v_cache, prefix_lens, accept_idx, accept_lens)
+    return None
+
+
+# ---- validation ----------------------------------------------------------------------------------
+
+def _no_self_overlap(sizes, strides):
+    """Sufficient condition for distinct indices to address distinct elements: ordered by stride,
+    every stride exceeds the span of all smaller ones. Every slice / permute / select of a dense
+    tensor satisfies it; an expanded (stride 0) view does not."""
+    dims = sorted((st, sz) for sz, st in zip(sizes, strides) if sz > 1)
+    span = 0  # largest element offset reachable with the dims seen so far
+    for st, sz in dims:
+        if st <= span:
+            return False
+        span += st * (sz - 1)
+    return True
+
+
+def _check_no_overlap(k_cache, v_cache):
+    """Each cache's rows must be distinct memory (else writes race), and K must not share memory
+    with V (else moving K moves V too). Metadata only: strides, offsets and the storage address."""
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not _no_self_overlap(t.shape, t.stride()):
+            raise ValueError(f"{name} must not address one element twice (e.g. an expanded view), "
+                             f"got shape {tuple(t.shape)} with strides {t.stride()}")
+    if torch.compiler.is_compiling() or k_cache.numel() == 0:
+        return  # fake tensors have no storage address to compare
+    if k_cache.untyped_storage().data_ptr() != v_cache.untyped_storage().data_ptr():
+        return
+    # Same storage (e.g. K and V are kv[:, 0] and kv[:, 1] of one [L, 2, ...] tensor). With equal
+    # strides the pair is one tensor with an extra dim of size 2 and stride |offset difference|.
+    delta = abs(v_cache.storage_offset() - k_cache.storage_offset())
+    if k_cache.stride() == v_cache.stride() and delta > 0 and _no_self_overlap(
+            tuple(k_cache.shape) + (2,), k_cache.stride() + (delta,)):
+        return
+    raise ValueError("v_cache must not share memory with k_cache, got views of one storage at offsets "
+                     f"{k_cache.storage_offset()} and {v_cache.storage_offset()} with strides "
+                     f"{k_cache.stride()} and {v_cache.stride()}")
+
+
+def _check_values(prefix_lens, accept_idx, accept_lens, S):
+    """Value rules of the contract, one host sync; the message names the first broken rule."""
+    B, A = accept_idx.shape
+    if B == 0:
+        return
+    j = torch.arange(A, device=accept_idx.device)
+    valid = j[None, :] < accept_lens[:, None]  # [B, A]
+    idx = accept_idx.to(torch.int64)
+    prev = torch.cat([torch.full_like(idx[:, :1], -1), idx[:, :-1]], dim=1)
+    src = prefix_lens.to(torch.int64)[:, None] + idx
+    rules = [
+        (accept_lens < 0) | (accept_lens > A),
+        (prefix_lens < 0) | (prefix_lens > S),
+        valid & (idx <= prev),
+        valid & (src >= S),
+    ]
+    which = _checks._first_bad([r.any() for r in rules])
+    if which is None:
+        return
+    bad = rules[which].nonzero()[0].tolist()
+    if which == 0:
+        raise ValueError(f"accept_lens must lie in [0, A={A}], got accept_lens[{bad[0]}] = "
+                         f"{int(accept_lens[bad[0]])}")
+    if which == 1:
+        raise ValueError(f"prefix_lens must lie in [0, S={S}], got prefix_lens[{bad[0]}] = "
+                         f"{int(prefix_lens[bad[0]])}")
+    b, i = bad
+    if which == 2:
+        want = ">= 0" if i == 0 else f"> accept_idx[{b}, {i - 1}] = {int(accept_idx[b, i - 1])}"
+        raise ValueError(f"accept_idx[{b}, :accept_lens[{b}]] must be strictly increasing from >= 0: "
+                         f"accept_idx[{b}, {i}] must be {want}, got {int(accept_idx[b, i])}")
+    raise ValueError(f"accept_idx[{b}, {i}] = {int(accept_idx[b, i])} plus prefix_lens[{b}] = "
+                     f"{int(prefix_lens[b])} must address a row < S={S}")
+
+
+# ---- torch reference -------------------------------------------------------------------------------
+
+def source_rows(prefix_lens, accept_idx, accept_lens, S):
+    """Where every cache row takes its value from: the spec of the op as a gather map.
+
+    Shape: prefix_lens, accept_lens int32 [B], accept_idx int32 [B, A] -> int64 [B, S].
+    Row ``p + j`` (``j < n``) takes row ``p + accept_idx[j]``; every other row keeps its own value.
+    Rows whose source or destination leaves ``[0, S)`` (only possible unchecked) keep their own."""
+    B, A = accept_idx.shape
+    dev = accept_idx.device
+    rows = torch.arange(S, device=dev)
+    j = rows[None, :] - prefix_lens.to(torch.int64)[:, None]  # [B, S] offset into the block
+    n = accept_lens.to(torch.int64).clamp(0, A)[:, None]
+    moved = (j >= 0) & (j < n)
+    idx = accept_idx.to(torch.int64).gather(1, j.clamp(0, max(A - 1, 0)))
+    src = prefix_lens.to(torch.int64)[:, None] + idx
+    moved &= (src >= 0) & (src < S)
+    return torch.where(moved, src, rows[None, :])
+
+
+@register("kv_compact", "torch")
+def _kv_compact_torch(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
+    # Gather every row from its source first, then write the whole result back: overlap-safe by
+    # construction, so this is the reference the kernels are held to.
+    L, B, H, S, D = k_cache.shape
+    src = source_rows(prefix_lens, accept_idx, accept_lens, S)
+    index = src[None, :, None, :, None].expand(L, B, H, S, D)
+    for cache in (k_cache, v_cache):
+        cache.copy_(cache.gather(3, index))
+
+
+def _compiled(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
+    torch.ops.specops.kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens)
+
+
+register("kv_compact", "cpp")(_compiled)
+register("kv_compact", "cuda")(_compiled)
+
+
+@register("kv_compact", "triton")
+def _kv_compact_triton(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
+    from ..triton_kernels import kv_compact as kernels
+
+    kernels.kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens)
+
+
+if _ext.cpu_ext is not None or _ext.cuda_ext is not None:
+
+    @torch.library.register_fake("specops::kv_compact")
+    def _(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
+        return None

@@ -1,0 +1,149 @@
+"""Tree attention: a block of draft-token queries attends to a committed KV prefix plus the part of
+the draft block its bit-packed mask allows.
+
+Terms: for sequence ``b`` the KV cache rows ``[0, P)`` (``P = prefix_lens[b]``) are the committed
+prefix, visible to every valid query; rows ``[P, P + L)`` (``L = block_lens[b]``) hold the draft
+block, and block key ``j`` is visible to query ``i`` iff bit ``j % 32`` of word ``j // 32`` of
+``mask[b, i]`` is set (the format of :func:`specops.build_tree_mask`). The mask is any visibility
+set (trees, DAGs, lookahead windows), and the queries need not be the whole block. Query rows
+``i >= q_lens[b]`` are padding and, like a query that sees no key, give 0.
+"""
+import math
+import numbers
+
+import torch
+
+from .. import _ext
+from ..backend import register, resolve
+from . import _checks
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None,
+                   check=True, backend=None):
+    """Attention of a draft block over a committed prefix plus a masked draft block.
+
+    Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D] (same dtype as q: fp32, fp16 or
+    bf16; any strides with last-dim stride 1), prefix_lens / block_lens / q_lens int32 [B],
+    mask int32 [B, Tq, W] -> out [B, Tq, Hq, D] in q's dtype.
+
+    Query head ``h`` reads kv head ``h // (Hq // Hkv)`` (GQA/MQA). ``q`` already carries its
+    positions (RoPE at ``prefix + depth``). Softmax and accumulation run in fp32. ``sm_scale``
+    defaults to ``1/sqrt(D)``. ``check=True`` verifies the length values (one host sync):
+    non-negative, ``prefix_lens + block_lens <= S``, ``block_lens <= 32 W``, ``q_lens <= Tq``.
+    With ``check=False`` bad lengths are clamped into range by the kernels (no out-of-bounds
+    access), but the result is then unspecified.
+    """
+    _checks.tensor("q", q, dtype=_FLOATS, rank=4)
+    B, Tq, Hq, D = q.shape
+    dev = q.device
+    _checks.tensor("k_cache", k_cache, dtype=q.dtype, rank=4, device=dev, last_stride_one=True)
+    if k_cache.shape[0] != B or k_cache.shape[3] != D:
+        raise ValueError(f"k_cache must have shape [B={B}, Hkv, S, D={D}] (q is [B, Tq, Hq, D]), "
+                         f"got {tuple(k_cache.shape)}")
+    _checks.tensor("v_cache", v_cache, dtype=q.dtype, shape=tuple(k_cache.shape), device=dev,
+                   last_stride_one=True)
+    Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"k_cache heads must divide q heads (Hq % Hkv == 0), got Hq={Hq}, Hkv={Hkv}")
+    if D == 0:
+        raise ValueError("q must have a non-empty head dimension D, got D=0")
+    _checks.lengths("prefix_lens", prefix_lens, B, dev)
+    _checks.lengths("block_lens", block_lens, B, dev)
+    _checks.tensor("mask", mask, dtype=torch.int32, rank=3, device=dev)
+    if mask.shape[0] != B or mask.shape[1] != Tq:
+        raise ValueError(f"mask must have shape [B={B}, Tq={Tq}, W], got {tuple(mask.shape)}")
+    if q_lens is not None:
+        _checks.lengths("q_lens", q_lens, B, dev)
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(D)
+    elif not isinstance(sm_scale, numbers.Real) or isinstance(sm_scale, bool) or not math.isfinite(sm_scale):
+        raise TypeError(f"sm_scale must be a finite real number or None, got {sm_scale!r}")
+    if check:
+        _length_values(prefix_lens, block_lens, q_lens, S, mask.shape[2], Tq)
+    return resolve("tree_attention", dev, backend)(q, k_cache, v_cache, prefix_lens, block_lens, mask,
+                                                   q_lens, float(sm_scale))
+
+
+def _length_values(prefix_lens, block_lens, q_lens, S, W, Tq):
+    """The value rules of the lengths, with one host sync; raises naming the first broken rule."""
+    if prefix_lens.numel() == 0:
+        return
+    p, n = prefix_lens.long(), block_lens.long()
+    rules = [
+        ("prefix_lens", "must be >= 0", prefix_lens, (p < 0).any()),
+        ("block_lens", "must be >= 0", block_lens, (n < 0).any()),
+        ("block_lens", f"must be <= 32 * W = {32 * W} (mask too narrow: mask is [B, Tq, W={W}])",
+         block_lens, (n > 32 * W).any()),
+        ("prefix_lens + block_lens", f"must be <= S = {S} (the cache length)", p + n, (p + n > S).any()),
+    ]
+    if q_lens is not None:
+        rules.append(("q_lens", f"must lie in [0, Tq={Tq}]", q_lens, ((q_lens < 0) | (q_lens > Tq)).any()))
+    which = _checks._first_bad([r[3] for r in rules])
+    if which is not None:
+        name, rule, t, _ = rules[which]
+        raise ValueError(f"{name} {rule}, got values in [{int(t.min())}, {int(t.max())}]")
+
+
+def visibility(prefix_lens, block_lens, mask, q_lens, S):
+    """The dense boolean visibility the op implements (for the reference and the baselines).
+
+    Shape: prefix_lens / block_lens / q_lens int32 [B] (q_lens may be None), mask int32 [B, Tq, W]
+    -> bool [B, Tq, S]."""
+    B, Tq, W = mask.shape
+    dev = mask.device
+    s = torch.arange(S, device=dev)
+    p = prefix_lens.long()[:, None, None]
+    n = block_lens.long()[:, None, None]
+    j = s[None, None, :] - p  # block index of key s, [B, 1, S]
+    in_block = (j >= 0) & (j < n) & (j < 32 * W)
+    jc = j.clamp(0, max(32 * W - 1, 0)).expand(B, Tq, S)
+    if W:
+        words = torch.gather(mask, 2, (jc >> 5)).long() & 0xFFFFFFFF
+        bit = ((words >> (jc & 31)) & 1).bool()
+    else:
+        bit = torch.zeros(B, Tq, S, dtype=torch.bool, device=dev)
+    vis = (s[None, None, :] < p) | (in_block & bit)
+    if q_lens is not None:
+        vis &= (torch.arange(Tq, device=dev)[None, :] < q_lens.long()[:, None])[:, :, None]
+    return vis
+
+
+@register("tree_attention", "torch")
+def _tree_attention_torch(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
+    # The spec: dense scores over the whole cache in fp32, invisible keys at -inf, and rows that
+    # see nothing (padding, empty masks) set to 0 instead of softmax's NaN.
+    B, Tq, Hq, D = q.shape
+    Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    vis = visibility(prefix_lens, block_lens, mask, q_lens, S)  # [B, Tq, S]
+    # Rows past prefix + block are not part of the op: zero them so garbage there cannot leak.
+    used = vis.any(1)[:, None, :, None]  # [B, 1, S, 1]
+    k = k_cache.float().masked_fill(~used, 0).repeat_interleave(Hq // Hkv, dim=1)  # [B, Hq, S, D]
+    v = v_cache.float().masked_fill(~used, 0).repeat_interleave(Hq // Hkv, dim=1)
+    scores = torch.einsum("bthd,bhsd->bhts", q.float(), k) * sm_scale  # [B, Hq, Tq, S]
+    scores = scores.masked_fill(~vis[:, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    out = torch.einsum("bhts,bhsd->bthd", probs, v)
+    return out.to(q.dtype)
+
+
+def _compiled(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
+    return torch.ops.specops.tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale)
+
+
+def _has_schema():
+    try:
+        torch.ops.specops.tree_attention.default  # noqa: B018
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+if (_ext.cpu_ext is not None or _ext.cuda_ext is not None) and _has_schema():
+    register("tree_attention", "cpp")(_compiled)
+    register("tree_attention", "cuda")(_compiled)
+
+    @torch.library.register_fake("specops::tree_attention")
+    def _(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)

@@ -1,0 +1,220 @@
+"""kv_compact: golden moves, overlap patterns, every backend vs a gather-then-scatter reference,
+strided views, unchecked input, errors leave the caches untouched, registration."""
+import pytest
+import torch
+
+import specops
+from specops import backend as _backend
+from specops.ops.kv_compact import source_rows
+from specops.testing import random_accept
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def need(backend):
+    if backend not in _backend.implementations("kv_compact"):
+        pytest.skip(f"kv_compact has no {backend} backend")
+
+
+def i32(values, device="cpu"):
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def expected(cache, prefix_lens, accept_idx, accept_lens):
+    """Gather every accepted source first (from an untouched copy), scatter second, row by row."""
+    out = cache.clone()
+    for b in range(cache.shape[1]):
+        p, n = int(prefix_lens[b]), int(accept_lens[b])
+        rows = [cache[:, b, :, p + int(accept_idx[b, j])].clone() for j in range(n)]
+        for j in range(n):
+            out[:, b, :, p + j] = rows[j]
+    return out
+
+
+def caches(L, B, H, S, D, dtype=torch.float32, device="cpu", layout="contiguous"):
+    """K and V filled with distinct random values, as contiguous tensors or as views of bigger ones."""
+    def rnd(*shape):
+        return torch.randn(*shape, dtype=dtype, device=device)
+
+    if layout == "contiguous":
+        return rnd(L, B, H, S, D), rnd(L, B, H, S, D)
+    if layout == "sliced":  # padded head dim; a batch and a strided head slice of a bigger cache
+        return tuple(rnd(L, B + 2, 2 * H, S + 3, D + 5)[:, 1:B + 1, ::2, :S, :D] for _ in range(2))
+    if layout == "interleaved":  # one [L, 2, B, H, S, D] tensor: K and V share a storage
+        kv = rnd(L, 2, B, H, S, D)
+        return kv[:, 0], kv[:, 1]
+    if layout == "seq_major":  # stored [L, B, S, H, D], viewed as [L, B, H, S, D]
+        return tuple(rnd(L, B, S, H, D).transpose(2, 3) for _ in range(2))
+    raise ValueError(layout)
+
+
+def run_and_compare(k, v, prefix_lens, accept_idx, accept_lens, backend):
+    want_k = expected(k.cpu(), prefix_lens.cpu(), accept_idx.cpu(), accept_lens.cpu())
+    want_v = expected(v.cpu(), prefix_lens.cpu(), accept_idx.cpu(), accept_lens.cpu())
+    strides = (k.stride(), v.stride())
+    assert specops.kv_compact(k, v, prefix_lens, accept_idx, accept_lens, backend=backend) is None
+    assert (k.stride(), v.stride()) == strides
+    assert torch.equal(k.cpu(), want_k), "k_cache differs from gather-then-scatter"
+    assert torch.equal(v.cpu(), want_v), "v_cache differs from gather-then-scatter"
+
+
+# ---- golden moves, each on every backend -----------------------------------------------------------
+
+def test_moves_accepted_rows_next_to_the_prefix(backend, device):
+    need(backend)
+    L, B, H, S, D = 2, 1, 2, 10, 4
+    k = torch.arange(L * B * H * S * D, dtype=torch.float32).view(L, B, H, S, D).to(device)
+    v = -k.clone()
+    before = k.clone()
+    # prefix 3, block rows 3..8; accept nodes 0, 2, 5 -> rows 3, 5, 8 move to rows 3, 4, 5
+    specops.kv_compact(k, v, i32([3], device), i32([[0, 2, 5, 1, 1, 1]], device), i32([3], device),
+                       backend=backend)
+    assert torch.equal(k[:, :, :, 3], before[:, :, :, 3])
+    assert torch.equal(k[:, :, :, 4], before[:, :, :, 5])
+    assert torch.equal(k[:, :, :, 5], before[:, :, :, 8])
+    untouched = [0, 1, 2, 6, 7, 8, 9]
+    assert torch.equal(k[:, :, :, untouched], before[:, :, :, untouched])
+    assert torch.equal(v, -k)
+
+
+def test_shift_chain_reads_every_source_before_it_is_overwritten(backend, device):
+    need(backend)
+    # accept 1..5 of a 6-node block: destination j is the source of move j - 1
+    k = torch.arange(8, dtype=torch.float32).view(1, 1, 1, 8, 1).expand(1, 1, 1, 8, 4).contiguous().to(device)
+    v = k.clone()
+    specops.kv_compact(k, v, i32([1], device), i32([[1, 2, 3, 4, 5, 0]], device), i32([5], device),
+                       backend=backend)
+    assert k[0, 0, 0, :, 0].tolist() == [0, 2, 3, 4, 5, 6, 6, 7]
+    assert torch.equal(v, k)
+
+
+def test_accept_last_only_and_accept_nothing(backend, device):
+    need(backend)
+    k = torch.arange(2 * 9, dtype=torch.float32).view(1, 2, 1, 9, 1).repeat(1, 1, 1, 1, 3).to(device)
+    v = k.clone()
+    before = k.clone()
+    specops.kv_compact(k, v, i32([2, 0], device), i32([[6, 0, 0], [4, 4, 4]], device), i32([1, 0], device),
+                       backend=backend)
+    assert k[0, 0, 0, :, 0].tolist() == [0, 1, 8, 3, 4, 5, 6, 7, 8]
+    assert torch.equal(k[:, 1], before[:, 1])  # accept_lens 0: nothing moves, padding ignored
+    assert torch.equal(v, k)
+
+
+def test_accept_everything_is_identity(backend, device):
+    need(backend)
+    k, v = caches(2, 3, 2, 12, 8, device=device)
+    before = k.clone(), v.clone()
+    idx = torch.arange(5, dtype=torch.int32, device=device).expand(3, 5).contiguous()
+    specops.kv_compact(k, v, i32([0, 4, 7], device), idx, i32([5, 5, 5], device), backend=backend)
+    assert torch.equal(k, before[0]) and torch.equal(v, before[1])
+
+
+def test_source_rows_is_the_gather_map():
+    src = source_rows(i32([2, 0]), i32([[0, 3, 4], [1, 2, 9]]), i32([3, 1]), 7)
+    assert src.tolist() == [[0, 1, 2, 5, 6, 5, 6], [1, 1, 2, 3, 4, 5, 6]]
+
+
+# ---- errors ----------------------------------------------------------------------------------------
+
+def _good():
+    k, v = caches(2, 2, 3, 10, 4)
+    return dict(k_cache=k, v_cache=v, prefix_lens=i32([2, 5]), accept_idx=i32([[0, 1, 3], [0, 2, 9]]),
+                accept_lens=i32([3, 1]))
+
+
+BAD = [
+    ("k_cache", lambda a: a["k_cache"].double(), TypeError, "k_cache must have dtype"),
+    ("k_cache", lambda a: [1.0], TypeError, "k_cache must be a torch.Tensor"),
+    ("k_cache", lambda a: a["k_cache"][0], ValueError, "k_cache must have rank 5"),
+    ("k_cache", lambda a: a["k_cache"].transpose(3, 4).contiguous().transpose(3, 4), ValueError,
+     "k_cache must have stride 1 in its last dimension"),
+    ("v_cache", lambda a: a["v_cache"].half(), TypeError, "v_cache must have dtype torch.float32"),
+    ("v_cache", lambda a: a["v_cache"][:, :, :, :9], ValueError, r"v_cache must have shape \[2, 2, 3, 10, 4\]"),
+    ("v_cache", lambda a: a["k_cache"], ValueError, "v_cache must not share memory with k_cache"),
+    ("v_cache", lambda a: a["k_cache"][:, :, :, :].transpose(1, 1), ValueError, "v_cache must not share memory"),
+    ("k_cache", lambda a: a["k_cache"][:, :, :1].expand(2, 2, 3, 10, 4), ValueError,
+     "k_cache must not address one element twice"),
+    ("prefix_lens", lambda a: a["prefix_lens"].long(), TypeError, "prefix_lens must have dtype torch.int32"),
+    ("prefix_lens", lambda a: i32([2]), ValueError, r"prefix_lens must have shape \[2\]"),
+    ("prefix_lens", lambda a: i32([-1, 5]), ValueError, r"prefix_lens must lie in \[0, S=10\]"),
+    ("prefix_lens", lambda a: i32([2, 11]), ValueError, r"prefix_lens must lie in \[0, S=10\]"),
+    ("accept_idx", lambda a: a["accept_idx"][0], ValueError, "accept_idx must have rank 2"),
+    ("accept_idx", lambda a: a["accept_idx"][:1], ValueError, r"accept_idx must have shape \[2, \*\]"),
+    ("accept_idx", lambda a: a["accept_idx"].float(), TypeError, "accept_idx must have dtype torch.int32"),
+    ("accept_idx", lambda a: i32([[0, 1, 1], [0, 2, 9]]), ValueError,
+     r"accept_idx\[0, 2\] must be > accept_idx\[0, 1\] = 1, got 1"),
+    ("accept_idx", lambda a: i32([[0, 3, 2], [0, 2, 9]]), ValueError, r"accept_idx\[0, 2\] must be > "),
+    ("accept_idx", lambda a: i32([[0, 1, 3], [-1, 2, 9]]), ValueError, r"accept_idx\[1, 0\] must be >= 0, got -1"),
+    ("accept_idx", lambda a: i32([[0, 1, 8], [0, 2, 9]]), ValueError,
+     r"accept_idx\[0, 2\] = 8 plus prefix_lens\[0\] = 2 must address a row < S=10"),
+    ("accept_lens", lambda a: i32([4, 1]), ValueError, r"accept_lens must lie in \[0, A=3\], got accept_lens\[0\] = 4"),
+    ("accept_lens", lambda a: i32([3, -1]), ValueError, r"accept_lens must lie in \[0, A=3\]"),
+    ("accept_lens", lambda a: i32([3, 1, 1]), ValueError, r"accept_lens must have shape \[2\]"),
+    ("accept_lens", lambda a: i32([3, 1]).to("meta"), ValueError, "accept_lens must be on cpu"),
+]
+
+
+@pytest.mark.parametrize("arg, make, exc, match", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_input_raises_naming_the_argument_and_leaves_caches_untouched(backend, arg, make, exc, match):
+    need(backend)
+    args = _good()
+    args[arg] = make(args)
+    k, v = args["k_cache"], args["v_cache"]
+    before = [t.clone() for t in (k, v) if isinstance(t, torch.Tensor)]
+    with pytest.raises(exc, match=match):
+        specops.kv_compact(**args, backend=backend)
+    after = [t for t in (k, v) if isinstance(t, torch.Tensor)]
+    assert all(torch.equal(a, b) for a, b in zip(after, before))
+
+
+def test_padding_entries_are_not_validated(backend):
+    need(backend)
+    args = _good()
+    args["accept_idx"] = i32([[0, 1, -7], [0, 100, -100]])
+    args["accept_lens"] = i32([2, 1])
+    k0 = args["k_cache"].clone()
+    specops.kv_compact(**args, backend=backend)
+    assert torch.equal(args["k_cache"], k0)  # both moves are identities (node j -> row j)
+
+
+def test_interleaved_k_and_v_views_of_one_tensor_are_accepted(backend):
+    need(backend)
+    k, v = caches(2, 2, 3, 10, 4, layout="interleaved")
+    run_and_compare(k, v, i32([1, 0]), i32([[1, 3, 4], [2, 5, 6]]), i32([3, 2]), backend)
+
+
+# ---- every backend vs the gather-then-scatter reference -----------------------------------------
+
+PATTERNS = ("random", "all", "last", "alternating", "shift")
+
+
+def _grid_case(B, L, A, pattern, dtype, layout, device, seed, H=2, D=8):
+    g = torch.Generator().manual_seed(seed)
+    idx, lens = random_accept(B, A, generator=g, pattern=pattern)
+    S = A + 9
+    # prefixes from 0 to the largest that keeps every accepted source inside S
+    top = (S - 1 - torch.where(lens > 0, idx.gather(1, (lens.long() - 1).clamp(min=0)[:, None])[:, 0], 0)).clamp(min=0)
+    prefix = (torch.rand(B, generator=g) * (top + 1).float()).long().clamp(max=top).to(torch.int32)
+    prefix[0] = top[0]  # one sequence's last source is the last row of the cache
+    k, v = caches(L, B, H, S, D, dtype=dtype, device=device, layout=layout)
+    return k, v, prefix.to(device), idx.to(device), lens.to(device)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("B", [1, 3, 8])
+@pytest.mark.parametrize("L", [1, 4])
+def test_matches_gather_then_scatter(backend, device, pattern, B, L):
+    need(backend)
+    A = 64 if backend != "triton" else 13
+    case = _grid_case(B, L, A, pattern, torch.float32, "contiguous", device, seed=B * 100 + L)
+    run_and_compare(*case, backend)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "sliced", "interleaved", "seq_major"])
+def test_matches_reference_for_every_dtype_and_layout(backend, device, dtype, layout):
+    need(backend)
+    A = 33 if backend != "triton" else 7
+    for seed, pattern in enumerate(PATTERNS):
+        case = _grid_case(3, 2, A, pattern, dtype, layout, device, seed=seed, H=3, D=5)
+        run_and_compare(*case, backend)

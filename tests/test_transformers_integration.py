@@ -1,0 +1,129 @@
+"""The "specops" attention implementation and SpecModel on tiny random HF models: one tree forward
+equals running each root-to-leaf path as a plain sequence; compaction after every step keeps the
+logits of a plain recompute of the accepted sequence."""
+import pytest
+import torch
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                          LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+
+import specops
+from specops.testing import random_parents
+from specops.cache import StaticKVCache
+from specops.integrations.transformers import SpecModel, use_specops_attention
+
+GQA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+           num_key_value_heads=2, max_position_embeddings=256)
+ARCHS = {
+    "llama": lambda: LlamaForCausalLM(LlamaConfig(vocab_size=97, **GQA)),
+    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(vocab_size=97, **GQA)),
+    "gemma3": lambda: Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=97, **{**GQA, "num_key_value_heads": 1},
+                                                         head_dim=32, sliding_window=512)),
+    "gpt2": lambda: GPT2LMHeadModel(GPT2Config(vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                               bos_token_id=0, eos_token_id=0)),
+}
+
+
+def tiny_model(arch, *, seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    return ARCHS[arch]().to(dtype).eval()
+
+
+def plain_logits(model, ids):
+    """Logits of an ordinary forward with the stock sdpa attention. Shape: ids [1, L] -> [L, V]."""
+    before = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    try:
+        with torch.no_grad():
+            return model(input_ids=ids).logits[0].float()
+    finally:
+        model.set_attn_implementation(before)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_tree_forward_equals_each_path_as_a_sequence(arch):
+    model = tiny_model(arch)
+    prompt = torch.randint(0, 97, (1, 11))
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 3, 6, 6]], dtype=torch.int32)
+    tokens = torch.randint(0, 97, (1, 9))
+    runner = SpecModel(model, batch_size=1, max_len=64)
+    with torch.no_grad():
+        runner.prefill(prompt, torch.tensor([11], dtype=torch.int32))
+        tree = runner.forward_block(tokens, parents)[0]
+    vis = specops.unpack_mask(specops.build_tree_mask(parents)[0], 9)[0]
+    for node in range(9):
+        path = vis[node].nonzero().flatten()  # ancestors in topological order = the root-to-node path
+        want = plain_logits(model, torch.cat([prompt, tokens[:, path]], dim=1))[-1]
+        torch.testing.assert_close(tree[node], want, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_compaction_after_every_step_matches_recompute(arch):
+    model = tiny_model(arch, seed=1)
+    g = torch.Generator().manual_seed(3)
+    B = 3
+    lens = torch.tensor([5, 9, 7], dtype=torch.int32)
+    prompts = torch.randint(0, 97, (B, 9), generator=g)
+    runner = SpecModel(model, batch_size=B, max_len=80)
+    seqs = [prompts[b, : lens[b]].tolist() for b in range(B)]
+    with torch.no_grad():
+        runner.prefill(prompts, lens)
+        for step in range(4):
+            T = 6
+            parents = random_parents(B, T, generator=g)
+            tokens = torch.randint(0, 97, (B, T), generator=g)
+            logits = runner.forward_block(tokens, parents)
+            # accept a random root path per sequence (the root always), of ragged length
+            vis = specops.unpack_mask(specops.build_tree_mask(parents)[0], T)
+            accept_idx = torch.full((B, T), -1, dtype=torch.int32)
+            accept_lens = torch.zeros(B, dtype=torch.int32)
+            for b in range(B):
+                leaf = int(torch.randint(0, T, (1,), generator=g))
+                path = vis[b, leaf].nonzero().flatten()
+                accept_idx[b, : len(path)] = path.to(torch.int32)
+                accept_lens[b] = len(path)
+                want = plain_logits(model, torch.tensor([seqs[b] + tokens[b, path].tolist()]))[-len(path):]
+                torch.testing.assert_close(logits[b, path], want, atol=3e-5, rtol=1e-4)
+                seqs[b] += tokens[b, path].tolist()
+            runner.compact(accept_idx, accept_lens)
+            assert runner.lens.tolist() == [len(s) for s in seqs]
+
+
+def test_plain_hf_forward_with_specops_attention_matches_sdpa():
+    model = tiny_model("llama", seed=2)
+    ids = torch.randint(0, 97, (2, 13))
+    want = torch.stack([plain_logits(model, ids[b:b + 1]) for b in range(2)])
+    use_specops_attention(model)
+    with torch.no_grad():
+        got = model(input_ids=ids).logits.float()  # no cache: a causal block from prefix 0
+        cache = StaticKVCache.for_model(model, batch_size=2, max_len=32)
+        model(input_ids=ids[:, :8], past_key_values=cache, use_cache=True)
+        step = model(input_ids=ids[:, 8:], past_key_values=cache, use_cache=True).logits.float()
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(step, want[:, 8:], atol=2e-5, rtol=1e-4)
+    assert cache.lens.tolist() == [13, 13]
+
+
+def test_generate_with_specops_attention_equals_sdpa_greedy():
+    model = tiny_model("qwen2", seed=4)
+    ids = torch.randint(0, 97, (1, 6))
+    want = model.generate(ids, max_new_tokens=8, do_sample=False)
+    use_specops_attention(model)
+    got = model.generate(ids, max_new_tokens=8, do_sample=False)
+    assert torch.equal(got, want)
+
+
+def test_runner_rejects_bad_prompts_before_any_work():
+    runner = SpecModel(tiny_model("llama"), batch_size=2, max_len=16)
+    ids = torch.randint(0, 97, (2, 5))
+    with pytest.raises(ValueError, match=r"lens must lie in \[1, 5\]"):
+        runner.prefill(ids, torch.tensor([5, 0], dtype=torch.int32))
+    with pytest.raises(ValueError, match="exceeds the cache"):
+        runner.prefill(torch.randint(0, 97, (2, 17)), torch.tensor([17, 17], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"input_ids must have shape \[2, \*\]"):
+        runner.prefill(torch.randint(0, 97, (3, 5)), torch.tensor([5, 5], dtype=torch.int32))
+    assert runner.lens.tolist() == [0, 0]
+    with torch.no_grad():
+        runner.prefill(ids, torch.tensor([5, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match="cache overflow"):
+        runner.forward_block(torch.zeros(2, 12, dtype=torch.long), torch.arange(-1, 11, dtype=torch.int32).expand(2, 12))
+    assert runner.lens.tolist() == [5, 3]

@@ -1,0 +1,229 @@
+"""tree_attention: golden semantics of the reference, every backend vs the reference on a grid,
+errors (nothing written), registration (opcheck, torch.compile)."""
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import specops
+from specops import backend as _backend
+from specops.testing import random_num_nodes, random_parents
+
+# Tolerances vs the fp32 reference computed from the same (rounded) inputs: fp32 differs only by
+# summation order; fp16/bf16 add the rounding of the output (and of P before P @ V in the
+# low-precision kernels), i.e. a few ulp of the output dtype.
+TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4),
+       torch.float16: dict(atol=2e-3, rtol=2e-3),
+       torch.bfloat16: dict(atol=1.2e-2, rtol=1.6e-2)}
+
+
+@pytest.fixture
+def backend(backend):
+    """conftest's backend, skipped where this op has no implementation registered."""
+    if backend not in _backend.implementations("tree_attention"):
+        pytest.skip(f"tree_attention has no {backend} implementation")
+    return backend
+
+
+@pytest.fixture
+def fast_backend(fast_backend):
+    if fast_backend not in _backend.implementations("tree_attention"):
+        pytest.skip(f"tree_attention has no {fast_backend} implementation")
+    return fast_backend
+
+
+def make_case(B, Tq, L, P, Hq, Hkv, D, dtype, kind="tree", padded=False, seed=0, device="cpu",
+              strided=True, ragged=True):
+    """Random inputs of one case; the cache holds a few rows past the block (never visible).
+
+    kind: "tree" (queries are the last nodes of a random tree), "dag" (random visibility),
+    "chain" (causal), "none" (no block key visible). ``padded`` makes q_lens ragged; ``ragged``
+    makes prefix/block lengths differ across the batch. Garbage bits are set past each block and
+    in padding rows: a kernel must ignore them."""
+    g = torch.Generator().manual_seed(seed)
+    S = P + L + 3
+    W = max(1, (L + 31) // 32) + (1 if kind == "dag" else 0)  # a mask wider than needed is legal
+    prefix = torch.full((B,), P, dtype=torch.int32)
+    block = torch.full((B,), L, dtype=torch.int32)
+    if ragged and B > 1:
+        prefix[1:] = torch.randint(0, P + 1, (B - 1,), generator=g, dtype=torch.int32)
+        block[1:] = torch.randint(Tq, L + 1, (B - 1,), generator=g, dtype=torch.int32)
+    qlens = torch.full((B,), Tq, dtype=torch.int32)
+    if padded:
+        qlens = torch.randint(0, Tq + 1, (B,), generator=g, dtype=torch.int32)
+        qlens[0] = max(Tq - 1, 0)
+    vis = torch.zeros(B, Tq, 32 * W, dtype=torch.bool)
+    for b in range(B):
+        n = int(block[b])
+        if kind == "tree":
+            parents = random_parents(1, n, generator=g)
+            full = specops.unpack_mask(specops.build_tree_mask(parents, backend="torch")[0], n)[0]
+            vis[b, :, :n] = full[n - Tq:]
+        elif kind == "dag":
+            vis[b, :, :n] = torch.rand(Tq, n, generator=g) < 0.5
+        elif kind == "chain":
+            vis[b, :, :n] = torch.ones(n, n, dtype=torch.bool).tril()[n - Tq:]
+        vis[b, :, n:] = torch.rand(Tq, 32 * W - n, generator=g) < 0.5  # garbage past the block
+        pad = torch.arange(Tq) >= qlens[b]
+        vis[b, pad] = torch.rand(int(pad.sum()), 32 * W, generator=g) < 0.5  # garbage in padding rows
+    mask = specops.pack_mask(vis)
+    q = torch.randn(B, Tq, Hq, D, generator=g).to(dtype)
+    if strided:  # a [B, S, Hkv, D] buffer seen as [B, Hkv, S, D]: last-dim stride 1 only
+        k = torch.randn(B, S, Hkv, D, generator=g).to(dtype).transpose(1, 2)
+        v = torch.randn(B, S, Hkv, D, generator=g).to(dtype).transpose(1, 2)
+    else:
+        k = torch.randn(B, Hkv, S, D, generator=g).to(dtype)
+        v = torch.randn(B, Hkv, S, D, generator=g).to(dtype)
+    args = [t.to(device) for t in (q, k, v, prefix, block, mask)]
+    return args, dict(q_lens=qlens.to(device) if padded else None)
+
+
+def assert_close(got, want, dtype):
+    assert got.dtype == dtype and got.shape == want.shape
+    torch.testing.assert_close(got.float().cpu(), want.float().cpu(), **TOL[dtype])
+
+
+# ---- golden semantics (every backend) ---------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chain_mask_equals_causal_sdpa(backend, device, dtype):
+    # With no prefix and a lower-triangular mask over the whole block, this is causal attention.
+    B, T, Hq, Hkv, D = 2, 37, 6, 2, 64
+    args, kw = make_case(B, T, T, 0, Hq, Hkv, D, dtype, kind="chain", device=device, ragged=False)
+    q, k, v = args[:3]
+    out = specops.tree_attention(*args, backend=backend, **kw)
+    want = F.scaled_dot_product_attention(q.float().transpose(1, 2), k.float()[:, :, :T], v.float()[:, :, :T],
+                                          is_causal=True, enable_gqa=True).transpose(1, 2)
+    assert_close(out, want, dtype)
+
+
+def test_chain_after_prefix_equals_causal_sdpa_over_the_whole_sequence(backend, device):
+    B, P, T, Hq, Hkv, D = 1, 45, 9, 4, 4, 64
+    args, kw = make_case(B, T, T, P, Hq, Hkv, D, torch.float32, kind="chain", device=device)
+    q, k, v = args[:3]
+    out = specops.tree_attention(*args, backend=backend, **kw)
+    causal = torch.ones(T, P + T, dtype=torch.bool, device=device).tril(P)
+    want = F.scaled_dot_product_attention(q.transpose(1, 2), k[:, :, :P + T], v[:, :, :P + T],
+                                          attn_mask=causal).transpose(1, 2)
+    assert_close(out, want, torch.float32)
+
+
+@pytest.mark.parametrize("Hq,Hkv", [(4, 4), (8, 2), (9, 3)])
+def test_single_query_equals_plain_decode(backend, device, Hq, Hkv):
+    # Tq = 1 seeing prefix + itself is one decode step over P + 1 keys.
+    B, P, D = 3, 130, 64
+    args, kw = make_case(B, 1, 1, P, Hq, Hkv, D, torch.float32, kind="chain", device=device, ragged=False)
+    q, k, v = args[:3]
+    out = specops.tree_attention(*args, backend=backend, **kw)
+    want = F.scaled_dot_product_attention(q.transpose(1, 2), k[:, :, :P + 1], v[:, :, :P + 1],
+                                          enable_gqa=True).transpose(1, 2)
+    assert_close(out, want, torch.float32)
+
+
+def test_query_that_sees_nothing_gives_zero(backend, device):
+    # No prefix and an empty mask row: 0, never NaN; a row seeing one key returns that value.
+    B, Tq, L, Hq, D = 1, 3, 3, 2, 64
+    args, kw = make_case(B, Tq, L, 0, Hq, Hq, D, torch.float32, kind="none", device=device)
+    args[5] = torch.tensor([[[0], [0b10], [0]]], dtype=torch.int32, device=device)
+    out = specops.tree_attention(*args, backend=backend, **kw).cpu()
+    assert torch.equal(out[0, 0], torch.zeros(Hq, D)) and torch.equal(out[0, 2], torch.zeros(Hq, D))
+    torch.testing.assert_close(out[0, 1], args[2][0, :, 1].cpu(), atol=1e-6, rtol=1e-6)
+
+
+def test_padding_rows_are_zero_and_do_not_change_valid_rows(backend, device):
+    args, _ = make_case(2, 7, 9, 20, 4, 2, 64, torch.float32, kind="tree", device=device)
+    q_lens = torch.tensor([4, 0], dtype=torch.int32, device=device)
+    out = specops.tree_attention(*args, q_lens=q_lens, backend=backend).cpu()
+    full = specops.tree_attention(*args, backend=backend).cpu()
+    assert torch.equal(out[0, 4:], torch.zeros_like(out[0, 4:])) and torch.equal(out[1], torch.zeros_like(out[1]))
+    torch.testing.assert_close(out[0, :4], full[0, :4], atol=0, rtol=0)
+
+
+def test_keys_past_the_block_and_past_the_prefix_are_never_read(backend, device):
+    # Poison every cache row outside [0, P + L): NaN there would leak into the output.
+    args, kw = make_case(2, 5, 8, 11, 4, 2, 64, torch.float32, kind="dag", device=device)
+    for t in args[1:3]:
+        for b in range(2):
+            t[b, :, int(args[3][b] + args[4][b]):] = float("nan")
+    out = specops.tree_attention(*args, backend=backend, **kw)
+    assert not out.isnan().any()
+    assert_close(out, specops.tree_attention(*args, backend="torch", **kw), torch.float32)
+
+
+def test_sm_scale_is_applied(backend, device):
+    args, kw = make_case(1, 4, 6, 10, 2, 1, 64, torch.float32, kind="tree", device=device)
+    out = specops.tree_attention(*args, sm_scale=0.3, backend=backend, **kw)
+    q = args[0]
+    want = specops.tree_attention(q * (0.3 * math.sqrt(64)), *args[1:], backend="torch", **kw)
+    assert_close(out, want, torch.float32)
+
+
+# ---- errors: raise naming the argument, nothing written ----------------------------------------
+
+def _good():
+    args, _ = make_case(2, 3, 5, 4, 4, 2, 64, torch.float32, kind="tree")
+    return args
+
+
+def _bad(i, value, *more):
+    """Good args with args[i] replaced by value(args) (and so on for further (i, value) pairs)."""
+    def f():
+        a = _good()
+        for j, val in [(i, value), *zip(more[::2], more[1::2])]:
+            a[j] = val(a) if callable(val) else val
+        return a
+    return f
+
+
+@pytest.mark.parametrize("make, kw, exc, match", [
+    (_bad(0, lambda a: a[0].double()), {}, TypeError, "q must have dtype"),
+    (_bad(0, lambda a: a[0][0]), {}, ValueError, "q must have rank 4"),
+    (_bad(0, "q"), {}, TypeError, "q must be a torch.Tensor"),
+    (_bad(1, lambda a: a[1].half()), {}, TypeError, "k_cache must have dtype torch.float32"),
+    (_bad(1, lambda a: a[1][:, :, :, :32]), {}, ValueError, r"k_cache must have shape \[B=2, Hkv, S, D=64\]"),
+    (_bad(1, lambda a: a[1][:1]), {}, ValueError, "k_cache must have shape"),
+    (_bad(2, lambda a: a[2][:, :, :-1]), {}, ValueError, "v_cache must have shape"),
+    (_bad(2, lambda a: a[2].bfloat16()), {}, TypeError, "v_cache must have dtype"),
+    (_bad(1, lambda a: torch.randn(2, 64, 12, 3).permute(0, 3, 2, 1)), {}, ValueError, "k_cache must have stride 1"),
+    (_bad(1, lambda a: torch.randn(2, 3, 12, 64), 2, lambda a: torch.randn(2, 3, 12, 64)), {}, ValueError, r"Hq % Hkv == 0"),
+    (_bad(3, lambda a: a[3].long()), {}, TypeError, "prefix_lens must have dtype torch.int32"),
+    (_bad(4, lambda a: a[4][:1]), {}, ValueError, r"block_lens must have shape \[2\]"),
+    (_bad(5, lambda a: a[5][:, :2]), {}, ValueError, r"mask must have shape \[B=2, Tq=3, W\]"),
+    (_bad(5, lambda a: a[5].bool()), {}, TypeError, "mask must have dtype torch.int32"),
+    (_bad(3, lambda a: torch.tensor([4, -1], dtype=torch.int32)), {}, ValueError, "prefix_lens must be >= 0"),
+    (_bad(4, lambda a: torch.tensor([5, -2], dtype=torch.int32)), {}, ValueError, "block_lens must be >= 0"),
+    (_bad(4, lambda a: torch.tensor([5, 33], dtype=torch.int32)), {}, ValueError, "mask too narrow"),
+    (_bad(3, lambda a: torch.tensor([4, 10], dtype=torch.int32)), {}, ValueError,
+     r"prefix_lens \+ block_lens must be <= S = 12"),
+    (_good, dict(q_lens=torch.tensor([3, 4], dtype=torch.int32)), ValueError, r"q_lens must lie in \[0, Tq=3\]"),
+    (_good, dict(q_lens=torch.tensor([3], dtype=torch.int32)), ValueError, r"q_lens must have shape \[2\]"),
+    (_good, dict(sm_scale="0.1"), TypeError, "sm_scale must be a finite real number"),
+    (_good, dict(sm_scale=float("nan")), TypeError, "sm_scale must be a finite real number"),
+])
+def test_bad_input_raises_naming_the_argument_and_writes_nothing(backend, make, kw, exc, match):
+    args = make()
+    before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    with pytest.raises(exc, match=match):
+        specops.tree_attention(*args, backend=backend, **kw)
+    for a, b in zip(args, before):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b) or (a.isnan().any() and torch.equal(a.isnan(), b.isnan()))
+
+
+def test_device_mismatch_raises():
+    args = _good()
+    args[4] = args[4].to("meta")
+    with pytest.raises(ValueError, match="block_lens must be on cpu"):
+        specops.tree_attention(*args)
+
+
+def test_check_false_skips_value_checks_without_reading_out_of_bounds(fast_backend, device):
+    # Lengths past the cache are clamped by the kernels: no crash, finite output.
+    args, _ = make_case(2, 3, 5, 4, 4, 2, 64, torch.float32, kind="tree", device=device)
+    args[3] = torch.tensor([100, -7], dtype=torch.int32, device=device)
+    args[4] = torch.tensor([1000, -3], dtype=torch.int32, device=device)
+    out = specops.tree_attention(*args, q_lens=torch.tensor([9, -1], dtype=torch.int32, device=device),
+                                 check=False, backend=fast_backend)
+    assert out.shape == args[0].shape and out.isfinite().all()
