@@ -42,9 +42,10 @@ class ShimRunner:
         self.lens = lens.to(torch.int32).clone()
         return out
 
-    def forward_block(self, tokens, parents, num_nodes=None, q_start=None):
-        B, T = tokens.shape
+    def forward_block(self, tokens, parents, num_nodes=None, *, q_start=0):
         q0 = q_start or 0
+        B, T = parents.shape
+        tokens = torch.cat([torch.zeros(B, q0, dtype=tokens.dtype), tokens], 1)
         nn = [T] * B if num_nodes is None else [int(x) for x in num_nodes]
         out = None
         for b in range(B):
@@ -90,3 +91,6 @@ class ShimRunner:
 
     def truncate(self, new_lens):
         self.lens = new_lens.to(torch.int32).clone()
+
+    def commit(self, counts):
+        self.lens = self.lens + counts.to(torch.int32)

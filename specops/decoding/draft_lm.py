@@ -15,7 +15,7 @@ Draft-cache policy (methods.md 11.3), one mechanism for every drafter:
 """
 import torch
 
-from .runner import block_logits, lens_list, make_runner, pad_batch
+from .runner import block_logits, commit_paths, lens_list, make_runner, pad_batch
 
 
 class DraftLM:
@@ -133,18 +133,7 @@ class DraftLM:
                 keep = []
             idx.append(keep)
             lens.append(len(keep))
-        if any(lens):
-            A = max(lens)
-            accept = torch.zeros(self.B, A, dtype=torch.int32)
-            for b, k in enumerate(idx):
-                if k:
-                    accept[b, : len(k)] = torch.tensor(k, dtype=torch.int32)
-                    # rows past accept_lens must still be increasing for the kernel's checks
-                    accept[b, len(k):] = torch.arange(k[-1] + 1, k[-1] + 1 + A - len(k), dtype=torch.int32)
-                else:
-                    accept[b] = torch.arange(A, dtype=torch.int32)
-            dev = self.runner.lens.device
-            self.runner.compact(accept.to(dev), torch.tensor(lens, dtype=torch.int32, device=dev))
+        commit_paths(self.runner, idx)
         for b in range(self.B):
             self.cached[b].extend(self.tokens[b][i] for i in idx[b])
         self.tokens = self.parents = None

@@ -13,7 +13,7 @@ import time
 import torch
 
 from .metrics import Metrics
-from .runner import block_logits, lens_list, make_runner, pad_batch
+from .runner import block_logits, commit_paths, make_runner, pad_batch
 from .sampling import choose
 from .verify import verify
 
@@ -58,22 +58,7 @@ class TargetLM:
 
     def commit(self, paths, policy):
         """Keeps, per sequence, the accepted path's K/V (paths[b] = None keeps nothing)."""
-        lens = [len(p) if p else 0 for p in paths]
-        # A chain prefix needs no copy: truncation (metadata only) is the same result, whatever
-        # the method's policy says.
-        chain = all(p is None or p == list(range(len(p))) for p in paths)
-        dev = self.runner.lens.device
-        if chain:
-            new = [a + n for a, n in zip(lens_list(self.runner), lens)]
-            self.runner.truncate(torch.tensor(new, dtype=torch.int32, device=dev))
-            return
-        A = max(lens)
-        idx = torch.zeros(self.B, A, dtype=torch.int32)
-        for b, p in enumerate(paths):
-            base = list(p) if p else []
-            start = base[-1] + 1 if base else 0
-            idx[b] = torch.tensor(base + list(range(start, start + A - len(base))), dtype=torch.int32)
-        self.runner.compact(idx.to(dev), torch.tensor(lens, dtype=torch.int32, device=dev))
+        commit_paths(self.runner, paths)
 
 
 def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None, tokenizer=None,

@@ -5,11 +5,13 @@ attention implementation. The loop needs only::
 
     runner.lens                                   # int32 [B]: committed KV length per sequence
     runner.prefill(input_ids, lens)               # int64 [B, L] right-padded -> logits [B, L, V]
-    runner.forward_block(tokens, parents, num_nodes=None, q_start=None)
-                                                  # tree block at rows lens..lens+T-1, positions
-                                                  # lens + depth -> logits [B, T(-q_start), V] fp32
+    runner.forward_block(tokens, parents, num_nodes=None, q_start=0)
+                                                  # tokens [B, T - q_start] (the new nodes), parents
+                                                  # [B, T] (the whole block); K/V at rows lens + i,
+                                                  # positions lens + depth -> logits [B, T - q_start, V]
     runner.compact(accept_idx, accept_lens)       # accepted rows to lens.., lens += accept_lens
-    runner.truncate(new_lens)                     # lens = new_lens (metadata only)
+    runner.commit(counts)                         # keep the first counts[b] block rows (a chain)
+    runner.truncate(new_lens)                     # lens = new_lens <= lens (metadata only)
 
 ``set_runner_factory`` swaps the constructor (tests use it to run the loop over a plain-HF stand-in).
 """
@@ -42,11 +44,29 @@ def block_logits(runner, tokens, parents, num_nodes, q_start=0):
 
     Shape: tokens int64 [B, T], parents int32 [B, T], num_nodes int32 [B] -> fp32 [B, T - q_start, V].
     Rows below ``q_start`` must already hold their K/V from an earlier call on the same block."""
-    T = tokens.shape[1]
-    logits = runner.forward_block(tokens, parents, num_nodes=num_nodes, q_start=q_start or None)
-    if logits.shape[1] == T and q_start:
-        logits = logits[:, q_start:]
+    logits = runner.forward_block(tokens[:, q_start:], parents, num_nodes=num_nodes, q_start=q_start)
     return logits.float()
+
+
+def commit_paths(runner, paths):
+    """Per sequence, keeps block rows ``paths[b]`` (a root path of node indices, or None/[] for
+    nothing). A chain prefix needs no copy: ``runner.commit`` (metadata only) keeps it, whatever the
+    method's KV policy says; anything else goes through ``runner.compact`` (one kv_compact call)."""
+    B = len(paths)
+    lens = [len(p) if p else 0 for p in paths]
+    dev = runner.lens.device
+    counts = torch.tensor(lens, dtype=torch.int32, device=dev)
+    if all(not p or p == list(range(len(p))) for p in paths):
+        if any(lens):
+            runner.commit(counts)
+        return
+    A = max(lens)
+    idx = torch.zeros(B, A, dtype=torch.int32)
+    for b, p in enumerate(paths):
+        base = list(p) if p else []
+        start = base[-1] + 1 if base else 0  # rows past accept_lens: any increasing filler
+        idx[b] = torch.tensor(base + list(range(start, start + A - len(base))), dtype=torch.int32)
+    runner.compact(idx.to(dev), counts)
 
 
 def lens_list(runner):
