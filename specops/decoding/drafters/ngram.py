@@ -6,26 +6,29 @@ from ..tree import Candidates, Trie
 from .base import Drafter
 
 
-def lookup(seq, max_ngram, min_ngram, length, branches, max_scan=None):
-    """Continuations (lists of up to ``length`` tokens) following earlier matches of the suffix,
-    most recent first, distinct."""
-    out = []
+def lookup(seq, max_ngram, min_ngram, length, branches):
+    """Continuations (lists of up to ``length`` tokens) that followed earlier occurrences of the
+    sequence's last n tokens, for the largest n in [min_ngram, max_ngram] that has any. Distinct,
+    full-length ones first, each group most recent first (a recent match near the end of the text
+    would otherwise cut every continuation short in repetitive text)."""
     n_seq = len(seq)
-    lo = 0 if max_scan is None else max(0, n_seq - max_scan)
     for n in range(min(max_ngram, n_seq - 1), min_ngram - 1, -1):
         key = seq[n_seq - n:]
         first = key[0]
-        for start in range(n_seq - n - 1, lo - 1, -1):
+        found, full = [], 0
+        for start in range(n_seq - n - 1, -1, -1):
             if seq[start] != first or seq[start:start + n] != key:
                 continue
             cont = seq[start + n:start + n + length]
-            if cont and cont not in out:
-                out.append(cont)
-                if len(out) >= branches:
-                    return out
-        if out:
-            return out
-    return out
+            if cont and cont not in found:
+                found.append(cont)
+                full += len(cont) == length
+                if full >= branches:
+                    break
+        if found:
+            found.sort(key=len, reverse=True)  # stable: recency kept within a length
+            return found[:branches]
+    return []
 
 
 class NgramDrafter(Drafter):
