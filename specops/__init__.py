@@ -10,10 +10,21 @@ from .ops.tree_mask import build_tree_mask, pack_mask, unpack_mask
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    # The decoding loop (and through it transformers) loads on first use, not at import.
+    if name == "generate":
+        from .decoding.api import generate
+
+        return generate
+    raise AttributeError(f"module 'specops' has no attribute {name!r}")
+
+
 __all__ = [
     "BackendUnavailable",
     "available",
     "build_tree_mask",
+    "generate",
     "kv_compact",
     "pack_mask",
     "tree_attention",

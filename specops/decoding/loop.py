@@ -135,7 +135,8 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
         m.verify_time_s += t2 - t1
         m.bookkeeping_time_s += t3 - t2
         if record_steps:
-            m.steps.append({"nodes": cand.num_nodes(), "accepted": [len(p) - 1 for p in result.paths],
+            m.steps.append({"active": list(state.was_active), "nodes": cand.num_nodes(),
+                            "accepted": [len(p) - 1 for p in result.paths],
                             "draft_s": t1 - t0, "verify_s": t2 - t1, "bookkeeping_s": t3 - t2})
 
     m.total_time_s = time.perf_counter() - t_start
