@@ -117,7 +117,9 @@ def _resolve_model(spec, dtype, what):
 
 def _vocab(model):
     out = model.get_output_embeddings()
-    if out is not None and hasattr(out, "weight"):
+    if getattr(out, "out_features", None) is not None:  # also int8 dynamic-quantized heads
+        return int(out.out_features)
+    if out is not None and isinstance(getattr(out, "weight", None), torch.Tensor):
         return int(out.weight.shape[0])
     return int(model.config.vocab_size)
 
