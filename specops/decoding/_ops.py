@@ -1,7 +1,7 @@
 """The ops the loop calls, resolved from ``specops`` (the kernels) with plain-torch stand-ins.
 
 The loop is written against the public ops of issue 4 (``warp_probs``, ``verify_greedy``,
-``verify_tree``, ``verify_joint``, ``topn_expand``). While a kernel family has not landed in this
+``verify_tree``, ```verify_joint``, ``topn_expand``, ``select_topn_subtree``). While a kernel family has not landed in this
 checkout, the stand-in below (a direct transcription of methods.md section 1) keeps the loop
 usable; once ``specops.<op>`` exists it is used. The stand-ins follow the same contract
 (shapes, padding with -1, randomness only from ``uniforms``).
@@ -20,7 +20,7 @@ def op(name):
 
 def kernel_names():
     """Which loop ops come from specops kernels here (the rest use the stand-ins)."""
-    names = ("warp_probs", "verify_greedy", "verify_tree", "verify_joint", "topn_expand")
+    names = ("warp_probs", "verify_greedy", "verify_tree", "verify_joint", "topn_expand", "select_topn_subtree")
     return {n: getattr(specops, n, None) is not None for n in names}
 
 
@@ -211,3 +211,27 @@ def _topn_expand(parent_scores, child_logprobs, n, *, per_parent_k=None):
         token = torch.cat([token, token.new_zeros((B, pad))], -1)
         parent = torch.cat([parent, parent.new_zeros((B, pad))], -1)
     return best, token, parent
+
+
+def _select_topn_subtree(parents, scores, n, num_nodes=None):
+    # The best n nodes (root included) by score, ties to the lower index, as a re-indexed tree.
+    # Shape: parents int32 [B, T], scores [B, T] -> keep_idx, new_parents int32 [B, n], counts [B].
+    B, T = parents.shape
+    keep_idx = torch.full((B, n), -1, dtype=torch.int32)
+    new_par = torch.full((B, n), -1, dtype=torch.int32)
+    counts = torch.zeros(B, dtype=torch.int32)
+    P, S = parents.tolist(), scores.float().tolist()
+    nn = [T] * B if num_nodes is None else num_nodes.tolist()
+    for b in range(B):
+        eff = [float("inf")] + [0.0] * (T - 1)
+        for i in range(1, nn[b]):
+            s = S[b][i] if S[b][i] == S[b][i] else float("-inf")
+            eff[i] = min(s, eff[P[b][i]])
+        cand = sorted((-eff[i], i) for i in range(1, nn[b]) if eff[i] > float("-inf"))
+        chosen = sorted([0] + [i for _, i in cand[: n - 1]])
+        pos = {i: j for j, i in enumerate(chosen)}
+        for j, i in enumerate(chosen):
+            keep_idx[b, j] = i
+            new_par[b, j] = -1 if i == 0 else pos[P[b][i]]
+        counts[b] = len(chosen)
+    return keep_idx, new_par, counts

@@ -82,38 +82,39 @@ class OptTreeDrafter(ModelDrafter):
         return self._select(state, layers, blocks)
 
     def _select(self, state, layers, blocks):
+        # The drafted layers as one flat tree (root, then layer by layer: topological, shallower
+        # first), then the best n nodes as a rooted subtree (select_topn_subtree).
         B, n = state.batch, self.n
         D = len(layers)
-        sc = [l[0].tolist() for l in layers]
+        T = 1 + D * n
+        scores = torch.full((B, T), float("-inf"))
+        parents = torch.zeros(B, T, dtype=torch.int32)
+        parents[:, 0] = -1
+        for k, (sc, _, pr) in enumerate(layers):
+            scores[:, 1 + k * n: 1 + (k + 1) * n] = sc
+            base = 0 if k == 0 else 1 + (k - 1) * n
+            parents[:, 1 + k * n: 1 + (k + 1) * n] = torch.where(sc > float("-inf"), pr.clamp(min=0) + base, 0)
+        scores[:, 0] = 0.0
+        scores[torch.tensor([not a for a in state.active])] = float("-inf")
+        keep, new_par, counts = op("select_topn_subtree")(parents, scores, n + 1)
+        keep, new_par, counts = keep.tolist(), new_par.tolist(), counts.tolist()
         tk = [l[1].tolist() for l in layers]
-        pr = [l[2].tolist() for l in layers]
-        tokens, parents, src, depth_drafted = [], [], [], []
+        tokens, par_out, src, depth_drafted = [], [], [], []
         for b in range(B):
-            if not state.active[b]:
-                tokens.append([state.seqs[b][-1]]), parents.append([-1]), src.append([state.draft.root[b]])
-                depth_drafted.append(0)
-                continue
-            # Layers of sequence b that were really drafted (later ones hold stale copies).
-            live = [0] + [k for k in range(1, D) if any(x >= 0 for x in blocks[k][b])]
-            cand = [(-sc[k][b][i], k, i) for k in live for i in range(n) if math.isfinite(sc[k][b][i])]
-            chosen = sorted(sorted(cand)[:n], key=lambda x: (x[1], x[2]))
-            index = {}
             tok, par, sr = [state.seqs[b][-1]], [-1], [state.draft.root[b]]
-            for _, k, i in chosen:
-                p = 0 if k == 0 else index.get((k - 1, pr[k][b][i]))
-                if p is None:  # parent not selected (cannot happen with exact ties-by-depth)
-                    continue
-                index[(k, i)] = len(tok)
+            for j in range(1, counts[b]):
+                k, i = divmod(keep[b][j] - 1, n)
                 tok.append(tk[k][b][i])
-                par.append(p)
+                par.append(new_par[b][j])
                 # a layer-k node was fed iff layer k+1 was drafted from it
                 fed = k + 1 < len(blocks) and blocks[k + 1][b][i] >= 0
                 sr.append(blocks[k + 1][b][i] if fed else -1)
             tokens.append(tok)
-            parents.append(par)
+            par_out.append(par)
             src.append(sr)
-            depth_drafted.append(len(live))
-        return Candidates(tokens=tokens, parents=parents, src=src, depth_drafted=depth_drafted,
+            drafted = 1 + sum(1 for k in range(1, len(blocks)) if any(x >= 0 for x in blocks[k][b]))
+            depth_drafted.append(drafted if state.active[b] else 0)
+        return Candidates(tokens=tokens, parents=par_out, src=src, depth_drafted=depth_drafted,
                           drafted_nodes=[1 + n * d for d in depth_drafted])
 
 
