@@ -233,8 +233,11 @@ def load_path(path, dtype=None):
     if not os.path.exists(path):
         raise FileNotFoundError(f"no model at {path!r} (expected an embedded name, an HF model "
                                 f"directory or a .gguf file)")
+    tok_files = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+    has_tok = "gguf_file" in kwargs or any(os.path.exists(os.path.join(folder, f)) for f in tok_files)
     with _quiet():
-        tok = AutoTokenizer.from_pretrained(folder, **kwargs)
+        # A model directory without tokenizer files still works with token-id prompts.
+        tok = AutoTokenizer.from_pretrained(folder, **kwargs) if has_tok else None
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).eval()
     return model, tok
 
