@@ -99,10 +99,14 @@ def _draft_for(args, method, target):
 
 
 def cmd_generate(args):
-    from .decoding import generate
+    from .decoding import generate, methods, SamplingConfig
 
-    target, tok = _setup(args)
     params = dict(args.param or [])
+    methods.make(args.method, **params)  # bad parameters fail before any model loads
+    SamplingConfig(args.temperature, args.top_k, args.top_p)
+    if args.batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {args.batch}")
+    target, tok = _setup(args)
     draft = _draft_for(args, args.method, target)
     prompts = [_encode(tok, args.prompt, args.raw)] * args.batch
     shown = []

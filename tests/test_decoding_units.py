@@ -256,3 +256,24 @@ def test_select_subtree_stand_in_is_a_rooted_subtree():
     scores[0, 3] = float("-inf")  # a dead node takes its subtree with it
     keep, par, counts = _ops._select_topn_subtree(parents, scores, 4)
     assert keep[0].tolist() == [0, 1, 2, 5] and par[0].tolist() == [-1, 0, 0, 2]
+
+
+# ---- command line -----------------------------------------------------------------------------
+
+def test_cli_method_parameters_parse_to_python_values():
+    from specops.cli import _param
+
+    assert _param("gamma=6") == ("gamma", 6)
+    assert _param("delta=0.25") == ("delta", 0.25)
+    assert _param("reuse_pool=false") == ("reuse_pool", False)
+    assert _param("tau=none") == ("tau", None)
+    assert _param("verify=mss_pointmass") == ("verify", "mss_pointmass")
+
+
+def test_cli_rejects_unknown_methods_and_reports_bad_parameters(capsys):
+    from specops.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--method", "nope", "--prompt", "x"])
+    assert main(["info"]) == 0
+    assert "backend" in capsys.readouterr().out

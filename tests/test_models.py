@@ -111,3 +111,15 @@ def test_real_model_text_is_sensible_and_the_int8_draft_runs(smollm2):
     assert "Paris" in tok.decode(refs[1])
     out, m = generate("smollm2-135m", prompts[1:2], method="sd", max_new_tokens=6)  # bf16 + int8 draft
     assert out.shape[1] <= 6 and m.num_draft_forwards > 0
+
+
+@needs_smollm2
+def test_cli_generate_streams_text_and_prints_metrics(capsys):
+    from specops.cli import main
+
+    assert main(["generate", "--method", "ngram", "--prompt", "The capital of France is", "--raw",
+                 "--max-new-tokens", "4", "--threads", "1"]) == 0
+    out = capsys.readouterr()
+    assert "Paris" in out.out and "mean acceptance length" in out.err
+    assert main(["generate", "--method", "sd", "--prompt", "x", "--param", "gama=2", "--max-new-tokens", "2"]) == 2
+    assert "unknown parameter" in capsys.readouterr().err
