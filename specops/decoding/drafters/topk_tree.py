@@ -18,7 +18,7 @@ only up to the first copied node (the rest is re-fed as catch-up).
 """
 from ..token_graph import TokenGraph
 from ..tree import Candidates
-from .base import LOSSLESS_SAMPLING_MODES, ModelDrafter
+from .base import ModelDrafter
 
 
 class TopKTreeDrafter(ModelDrafter):
@@ -36,7 +36,8 @@ class TopKTreeDrafter(ModelDrafter):
         self._positive_int("max_tree_nodes", self.max_tree_nodes, 2)
         if self.tau is not None:
             self._positive_int("tau", self.tau, 0)
-        allowed = LOSSLESS_SAMPLING_MODES + ("gsd",)
+        # Top-k children are deterministic, not draws from q: R3/R3w would not be lossless here.
+        allowed = ("mss_pointmass", "sample_match", "gsd")
         if self.verify is not None and self.verify not in allowed:
             raise ValueError(f"verify must be one of {allowed} (the rule used when sampling), got {self.verify!r}")
         if self.verify is not None:
@@ -58,7 +59,7 @@ class TopKTreeDrafter(ModelDrafter):
         qrow = [{} for _ in range(B)]  # graph node -> draft q after it (for R5)
         frontier = [[0] if state.active[b] else [] for b in range(B)]
         depth = [0] * B
-        keep_rows = not state.sampling.greedy and self.sampling_mode in ("gsd", "mss", "mss_noreplace")
+        keep_rows = not state.sampling.greedy and self.sampling_mode == "gsd"
         for step in range(self.max_depth):
             if not any(frontier):
                 break
