@@ -192,7 +192,9 @@ def load(name, dtype=None):
         model = AutoModelForCausalLM.from_pretrained(dest, dtype=dtype).eval()
     if kind == "int8":
         model = quantize_int8(model)
+    # generate(model, "text") finds the name (default draft) and tokenizer through these.
     model.specops_name = name
+    model.specops_tokenizer = tok
     return model, tok
 
 
@@ -239,6 +241,7 @@ def load_path(path, dtype=None):
         # A model directory without tokenizer files still works with token-id prompts.
         tok = AutoTokenizer.from_pretrained(folder, **kwargs) if has_tok else None
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).eval()
+    model.specops_tokenizer = tok
     return model, tok
 
 
