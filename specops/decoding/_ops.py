@@ -182,6 +182,7 @@ def _gsd_path(kids, tok, P, Q, U):
 
 def _verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, uniforms):
     # R6: the longest prefix whose joint ratio passes tau; bonus from the next position.
+    # Shape: -> accept_idx int32 [B, g + 1], accept_lens int32 [B], bonus int32 [B].
     B, g = draft_tokens.shape
     lp = target_logprobs.float().gather(-1, draft_tokens.long()[..., None])[..., 0].cumsum(-1)
     log_ratio = (lp - draft_joint_logprobs.float()).clamp(max=0)
@@ -192,7 +193,8 @@ def _verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, unif
     pos = torch.arange(1, g + 1).expand(B, g)
     eta = torch.where(passing, pos, 0).amax(-1) if g else torch.zeros(B, dtype=torch.long)
     bonus = [_sample(target_logprobs[b, int(eta[b])].float().exp(), float(uniforms[b])) for b in range(B)]
-    return eta.to(torch.int32), torch.tensor(bonus, dtype=torch.int32)
+    paths = [list(range(int(e) + 1)) for e in eta]
+    return _finish(paths, bonus, B, g + 1, draft_tokens.device)
 
 
 def _topn_expand(parent_scores, child_logprobs, n, *, per_parent_k=None):

@@ -60,9 +60,9 @@ def _verify_joint(cand, tokens, num_nodes, logits, state):
         eta = [0] * B
     else:
         uniforms = torch.rand(B, generator=state.generator).to(logits.device)
-        eta_t, _ = op("verify_joint")(tokens[:, 1:].to(torch.int32), logp, log_q, float(cand.extra["tau"]),
-                                      uniforms)
-        eta = [min(int(e), n[b] - 1) for b, e in enumerate(eta_t.tolist())]
+        _, lens, _ = op("verify_joint")(tokens[:, 1:].to(torch.int32), logp, log_q, float(cand.extra["tau"]),
+                                        uniforms)
+        eta = [min(int(a) - 1, n[b] - 1) for b, a in enumerate(lens.tolist())]
     rows = logits[torch.arange(B), torch.tensor(eta)]
     if state.sampling.greedy:
         bonus = rows.argmax(-1).tolist()
