@@ -110,8 +110,17 @@ def cmd_generate(args):
     draft = _draft_for(args, args.method, target)
     prompts = [_encode(tok, args.prompt, args.raw)] * args.batch
     shown = []
+    counts = [0] * args.batch
+    start = time.perf_counter()
+    progress = args.batch > 1 and sys.stderr.isatty()
 
     def stream(b, ids):
+        counts[b] += len(ids)
+        if progress:  # the text of sequence 0 streams; the others show up as a counter
+            rate = sum(counts) / max(time.perf_counter() - start, 1e-9)
+            sys.stderr.write(f"\r[{min(counts)}-{max(counts)}/{args.max_new_tokens} tokens x {args.batch}, "
+                             f"{rate:.1f} tok/s] ")
+            sys.stderr.flush()
         if b != 0:
             return
         before = tok.decode(shown)
