@@ -143,15 +143,19 @@ def cmd_generate(args):
 
 
 def cmd_demo(args):
-    from .decoding import DESCRIPTIONS, generate
+    from .decoding import DESCRIPTIONS, SamplingConfig, generate
+    from .decoding import methods as registry
 
-    target, tok = _setup(args)
     methods = args.methods.split(",") if args.methods else list(METHOD_CHOICES)
+    for method in methods:
+        registry.get(method)  # unknown names fail before any model loads
+    SamplingConfig(args.temperature, args.top_k, args.top_p)
+    target, tok = _setup(args)
     kinds = list(DEMO_PROMPTS)
     prompts = {k: _encode(tok, DEMO_PROMPTS[k], args.raw) for k in kinds}
     print("warming up ...", file=sys.stderr, flush=True)
     generate(target, [prompts["math"]], method="ar", max_new_tokens=4, tokenizer=tok)
-    rows = []
+    rows, records = [], []
     for method in methods:
         draft = _draft_for(args, method, target)
         total = {"tokens": 0, "time": 0.0, "drafts": 0, "accepted": 0, "drafted": 0}
@@ -166,9 +170,13 @@ def cmd_demo(args):
             total["accepted"] += m.num_accepted_tokens
             total["drafted"] += m.num_draft_tokens
             speedups[kind] = m.tokens_per_s
+            records.append(dict(m.as_dict(), prompt=kind, target=args.target, dtype=args.dtype))
             print(f"  {method:<10} {kind:<6} {m.tokens_per_s:6.1f} tok/s  MAL {m.mean_acceptance_length:.2f}",
                   file=sys.stderr, flush=True)
         rows.append((method, total, speedups))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
     ar = next((r for r in rows if r[0] == "ar"), None)
     print()
     print(f"target {args.target} ({args.dtype}), {args.max_new_tokens} new tokens per prompt, temperature "
@@ -214,6 +222,7 @@ def main(argv=None):
     demo = sub.add_parser("demo", help="compare every method on built-in prompts (code, prose, math)")
     _add_common(demo)
     demo.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHOD_CHOICES)}")
+    demo.add_argument("--json", default=None, help="write every run's metrics (method x prompt) as JSON")
 
     args = parser.parse_args(argv)
     if args.command == "info":

@@ -277,3 +277,10 @@ def test_cli_rejects_unknown_methods_and_reports_bad_parameters(capsys):
         main(["generate", "--method", "nope", "--prompt", "x"])
     assert main(["info"]) == 0
     assert "backend" in capsys.readouterr().out
+
+
+def test_cli_demo_rejects_unknown_methods_before_loading(capsys):
+    from specops.cli import main
+
+    assert main(["demo", "--methods", "sd,warp-drive"]) == 2
+    assert "unknown method" in capsys.readouterr().err

@@ -127,6 +127,9 @@ class Metrics:
             f"mean acceptance length {self.mean_acceptance_length:.2f}, draft acceptance rate "
             f"{self.draft_acceptance_rate:.3f}, drafted tokens/step {self.draft_tokens_per_step:.1f}",
         ]
+        if self.method == "gsd" or self.num_graph_success:
+            lines.append(f"drafted nodes/step {self.drafted_nodes_per_step:.1f} (graph), matchness "
+                         f"{self.matchness:.3f}, graph success {self.graph_success_rate:.3f}")
         if self.acceptance_rate_per_pos:
             per = " ".join(f"{a:.2f}" for a in self.acceptance_rate_per_pos[:12])
             lines.append(f"acceptance per position: {per}")
