@@ -6,8 +6,8 @@ sequence, so every accepted row really moves), fp32 and bf16.
 
 Providers, all timed in the same run:
   per_layer_loop   what HF / EAGLE code does: per layer and cache, index_select + copy_ into the
-                   destination slice (B = 1), or gather + scatter_ along S (B > 1)
-  stacked_gather   one gather + one scatter_ over the stacked [L, B, H, S, D] tensor (Medusa style)
+                   destination slice (B = 1), or index_select + index_copy_ of flat rows (B > 1)
+  stacked_gather   one index_select + one index_copy_ over the stacked cache (Medusa style)
   cpp              specops.kv_compact(check=False); cpp_checked: with the value checks (one sync)
   triton, cuda     when a GPU exists
   memcpy_clone     clone() of a tensor holding the bytes the op moves: the physical limit
@@ -33,18 +33,39 @@ CASES = [dict(L=L, B=B, H=H, D=D, S=4096, n=n, dtype=dt)
 QUICK = [dict(L=2, B=B, H=2, D=64, S=256, n=n, dtype=dt) for dt in DTYPES for B in (1, 3) for n in (1, 16)]
 
 
-def inputs(L, B, H, D, S, n, dtype, device):
-    g = torch.Generator().manual_seed(L * 1000 + B * 100 + n)
-    k = torch.randn(L, B, H, S, D, generator=g).to(device=device, dtype=DTYPES[dtype])
-    v = torch.randn(L, B, H, S, D, generator=g).to(device=device, dtype=DTYPES[dtype])
+def caches(L, B, H, D, S, dtype, device):
+    # uniform_ touches every page up front, so no first-touch page fault lands in a timed call.
+    shape, dt = (L, B, H, S, D), DTYPES[dtype]
+    return (torch.empty(shape, dtype=dt, device=device).uniform_(-1, 1) for _ in range(2))
+
+
+def accepted(B, S, n, device, seed=0):
+    """prefix_lens [B], accept_idx [B, n] (nodes 1..63 of a 64-node block), accept_lens [B]."""
+    g = torch.Generator().manual_seed(seed * 100 + B * 10 + n)
     idx = torch.stack([torch.randperm(BLOCK - 1, generator=g)[:n].sort().values + 1 for _ in range(B)])
     prefix = torch.randint(0, S - BLOCK + 1, (B,), generator=g)
     i32 = dict(dtype=torch.int32, device=device)
-    return k, v, prefix.to(**i32), idx.to(**i32), torch.full((B,), n, **i32)
+    return prefix.to(**i32), idx.to(**i32), torch.full((B,), n, **i32)
+
+
+def inputs(L, B, H, D, S, n, dtype, device):
+    return (*caches(L, B, H, D, S, dtype, device), *accepted(B, S, n, device))
+
+
+def _flat_rows(prefix, idx, H, S):
+    """Row numbers, in a [B * H * S, D] view of one layer, of every source and destination.
+
+    Shape: prefix int32 [B], idx int32 [B, n] -> (src, dst) int64 [B * H * n]."""
+    B, n = idx.shape
+    slice0 = (torch.arange(B * H, device=idx.device) * S).view(B, H, 1)
+    src = slice0 + (prefix[:, None] + idx).long()[:, None, :]
+    dst = slice0 + (prefix[:, None] + torch.arange(n, device=idx.device)).long()[:, None, :]
+    return src.flatten(), dst.flatten()
 
 
 def per_layer_loop(k, v, prefix, idx):
-    """HF / EAGLE style: a Python loop over layers (and K, V) of gather + copy."""
+    """HF / EAGLE style: a Python loop over layers (and K, V) of index_select + copy_.
+    B = 1 exactly as EAGLE writes it; B > 1 with flat row indices and index_copy_."""
     L, B, H, S, D = k.shape
     n = idx.shape[1]
     if B == 1:
@@ -54,21 +75,22 @@ def per_layer_loop(k, v, prefix, idx):
             for l in range(L):
                 cache[l].narrow(-2, p, n).copy_(cache[l].index_select(-2, src))
         return
-    src = (prefix[:, None] + idx).long()[:, None, :, None].expand(B, H, n, D)
-    dst = (prefix[:, None] + torch.arange(n, device=k.device)).long()[:, None, :, None].expand(B, H, n, D)
+    src, dst = _flat_rows(prefix, idx, H, S)
     for cache in (k, v):
         for l in range(L):
-            cache[l].scatter_(2, dst, cache[l].gather(2, src))
+            rows = cache[l].view(B * H * S, D)
+            rows.index_copy_(0, dst, rows.index_select(0, src))
 
 
 def stacked_gather(k, v, prefix, idx):
-    """Medusa style: one gather of all sources over the stacked cache, then one scatter."""
+    """Medusa style: one gather of every layer's sources over the stacked cache, then one copy."""
     L, B, H, S, D = k.shape
-    n = idx.shape[1]
-    src = (prefix[:, None] + idx).long()[None, :, None, :, None].expand(L, B, H, n, D)
-    dst = (prefix[:, None] + torch.arange(n, device=k.device)).long()[None, :, None, :, None].expand(L, B, H, n, D)
+    src, dst = _flat_rows(prefix, idx, H, S)
+    layer0 = (torch.arange(L, device=k.device) * (B * H * S))[:, None]
+    src, dst = (layer0 + src[None, :]).flatten(), (layer0 + dst[None, :]).flatten()
     for cache in (k, v):
-        cache.scatter_(3, dst, cache.gather(3, src))
+        rows = cache.view(L * B * H * S, D)
+        rows.index_copy_(0, dst, rows.index_select(0, src))
 
 
 def providers(device):
@@ -97,17 +119,25 @@ def run_provider(name, k, v, prefix, idx, lens):
 
 
 def measure(rec, quick):
-    for params in QUICK if quick else CASES:
-        k, v, prefix, idx, lens = inputs(**params, device=rec.device)
-        L, B, H, D, n = params["L"], params["B"], params["H"], params["D"], params["n"]
-        moved = 2 * L * B * H * n * D * k.element_size()  # K and V rows the op reads (and writes)
-        same_bytes = torch.empty(moved // 2, dtype=torch.int16, device=rec.device)
-        rec.time("memcpy_clone", params, same_bytes.clone, bytes=2 * moved)
-        for name, (ok, why) in providers(rec.device).items():
-            if not ok:
-                rec.skip(name, params, why)
-                continue
-            rec.time(name, params, run_provider(name, k, v, prefix, idx, lens), bytes=2 * moved)
+    cases = QUICK if quick else CASES
+    shapes = {tuple((k, v) for k, v in p.items() if k != "n"): [] for p in cases}
+    for p in cases:
+        shapes[tuple((k, v) for k, v in p.items() if k != "n")].append(p["n"])
+    for shape, ns in shapes.items():  # one cache pair per shape, reused for every n
+        shape = dict(shape)
+        k, v = caches(**shape, device=rec.device)
+        for n in ns:
+            params = {**shape, "n": n}
+            prefix, idx, lens = accepted(shape["B"], shape["S"], n, rec.device)
+            L, B, H, D = shape["L"], shape["B"], shape["H"], shape["D"]
+            moved = 2 * L * B * H * n * D * k.element_size()  # K and V rows the op reads (and writes)
+            same_bytes = torch.empty(moved // 2, dtype=torch.int16, device=rec.device)
+            rec.time("memcpy_clone", params, same_bytes.clone, bytes=2 * moved)
+            for name, (ok, why) in providers(rec.device).items():
+                if not ok:
+                    rec.skip(name, params, why)
+                    continue
+                rec.time(name, params, run_provider(name, k, v, prefix, idx, lens), bytes=2 * moved)
         del k, v
     rec.add_ratios("memcpy_clone")
     rec.add_ratios("per_layer_loop")

@@ -6,6 +6,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import specops
 from specops import backend as _backend
@@ -227,3 +229,143 @@ def test_check_false_skips_value_checks_without_reading_out_of_bounds(fast_backe
     out = specops.tree_attention(*args, q_lens=torch.tensor([9, -1], dtype=torch.int32, device=device),
                                  check=False, backend=fast_backend)
     assert out.shape == args[0].shape and out.isfinite().all()
+
+
+# ---- every backend vs the reference on the grid ----------------------------------------------
+
+GRID_HEADS = [(4, 4), (8, 2), (9, 3), (32, 8)]
+GRID_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def grid_cases():
+    """A covering subset of B x Tq x block x prefix x heads x D x dtype x mask kind x padding:
+    every (prefix, heads, dtype) triple once, the other axes cycled so each value meets many."""
+    cases = []
+    for n, (P, (Hq, Hkv), dtype) in enumerate(itertools.product([0, 1, 129, 1000], GRID_HEADS, GRID_DTYPES)):
+        B = (1, 3)[n % 2]
+        Tq = (1, 7, 64)[n % 3]
+        L = min(130, Tq + (0, 5, 66, 130)[(n // 3) % 4])
+        D = (64, 128)[(n // 2) % 2]
+        kind = ("tree", "dag", "chain")[(n // 6) % 3] if L > Tq or n % 5 else "dag"
+        padded = n % 4 == 1
+        cases.append(pytest.param(B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded,
+                                  id=f"B{B}-T{Tq}-L{L}-P{P}-H{Hq}x{Hkv}-D{D}-{str(dtype)[6:]}-{kind}{'-pad' if padded else ''}"))
+    return cases
+
+
+@pytest.mark.parametrize("B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded", grid_cases())
+def test_cpp_matches_reference_on_the_grid(B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded):
+    if "cpp" not in _backend.implementations("tree_attention") or not _backend.available("cpp")[0]:
+        pytest.skip("cpp backend unavailable")
+    args, kw = make_case(B, Tq, L, P, Hq, Hkv, D, dtype, kind=kind, padded=padded, seed=B * Tq + L + P + D)
+    want = specops.tree_attention(*args, backend="torch", **kw)
+    got = specops.tree_attention(*args, backend="cpp", **kw)
+    assert_close(got, want, dtype)
+    if padded:
+        for b in range(B):
+            assert not got[b, int(kw["q_lens"][b]):].any()
+
+
+@pytest.mark.parametrize("isa", ["avx512bf16", "avx512", "avx2", "generic"])
+@pytest.mark.parametrize("dtype", GRID_DTYPES)
+def test_cpp_every_instruction_set_variant_matches_reference(monkeypatch, isa, dtype):
+    # SPECOPS_CPU_ISA caps the variant the CPU kernel picks, so this machine runs them all
+    # (where it supports them; a lower cap than the machine's is always possible).
+    if not _backend.available("cpp")[0]:
+        pytest.skip("cpp backend unavailable")
+    monkeypatch.setenv("SPECOPS_CPU_ISA", isa)
+    for n, (B, Tq, L, P, Hq, Hkv, D, kind) in enumerate([(3, 7, 40, 129, 9, 3, 64, "dag"),
+                                                         (2, 17, 17, 100, 4, 1, 80, "tree"),
+                                                         (1, 5, 33, 0, 2, 2, 67, "chain")]):
+        args, kw = make_case(B, Tq, L, P, Hq, Hkv, D, dtype, kind=kind, padded=n == 0, seed=n)
+        assert_close(specops.tree_attention(*args, backend="cpp", **kw),
+                     specops.tree_attention(*args, backend="torch", **kw), dtype)
+
+
+@pytest.mark.parametrize("B, Tq, L, P, Hq, Hkv", [(1, 3, 3, 3000, 4, 2), (1, 2, 40, 2000, 9, 3), (3, 1, 1, 4000, 8, 8)])
+def test_cpp_splits_along_the_prefix_and_combines(B, Tq, L, P, Hq, Hkv):
+    # Few (sequence, kv head, query tile) items leave threads idle: the kernel splits the keys
+    # and merges the partials by log-sum-exp; with one thread it must not split (same result).
+    if not _backend.available("cpp")[0]:
+        pytest.skip("cpp backend unavailable")
+    args, kw = make_case(B, Tq, L, P, Hq, Hkv, 128, torch.float32, kind="dag", seed=P)
+    want = specops.tree_attention(*args, backend="torch", **kw)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3, 5):
+            torch.set_num_threads(n)
+            assert_close(specops.tree_attention(*args, backend="cpp", **kw), want, torch.float32)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(B=st.integers(1, 3), Tq=st.integers(1, 40), extra=st.integers(0, 40), P=st.integers(0, 300),
+       G=st.sampled_from([1, 2, 3, 7]), Hkv=st.integers(1, 3), D=st.sampled_from([16, 33, 64, 96]),
+       dtype=st.sampled_from(GRID_DTYPES), kind=st.sampled_from(["tree", "dag", "chain", "none"]),
+       padded=st.booleans(), seed=st.integers(0, 2**16))
+def test_property_cpp_matches_reference(B, Tq, extra, P, G, Hkv, D, dtype, kind, padded, seed):
+    if not _backend.available("cpp")[0]:
+        pytest.skip("cpp backend unavailable")
+    args, kw = make_case(B, Tq, Tq + extra, P, G * Hkv, Hkv, D, dtype, kind=kind, padded=padded, seed=seed,
+                         strided=seed % 2 == 0)
+    assert_close(specops.tree_attention(*args, backend="cpp", **kw),
+                 specops.tree_attention(*args, backend="torch", **kw), dtype)
+
+
+TRITON_CASES = [  # small and odd: the interpreter is slow
+    (1, 7, 9, 0, 4, 4, 64, torch.float32, "tree", False),
+    (3, 5, 12, 129, 9, 3, 64, torch.float32, "dag", True),
+    (2, 1, 1, 1000, 8, 2, 64, torch.float32, "chain", False),
+    (2, 16, 20, 33, 4, 2, 128, torch.bfloat16, "tree", True),
+    (1, 3, 40, 1, 2, 1, 64, torch.float16, "dag", False),
+]
+
+
+@pytest.mark.parametrize("B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded", TRITON_CASES)
+def test_triton_matches_reference(B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded, device):
+    if "triton" not in _backend.implementations("tree_attention") or not _backend.available("triton", device)[0]:
+        pytest.skip("triton backend unavailable")
+    args, kw = make_case(B, Tq, L, P, Hq, Hkv, D, dtype, kind=kind, padded=padded, seed=B + Tq + P, device=device)
+    want = specops.tree_attention(*args, backend="torch", **kw)
+    assert_close(specops.tree_attention(*args, backend="triton", **kw), want, dtype)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5])
+def test_triton_split_k_matches_reference(num_splits, device):
+    # The flash-decoding variant: kv splits merged by a second kernel; more splits than tiles
+    # leaves some splits empty (their partials must carry no weight).
+    if not _backend.available("triton", device)[0]:
+        pytest.skip("triton backend unavailable")
+    from specops.triton_kernels import tree_attention as kernels
+
+    args, kw = make_case(2, 3, 7, 200, 6, 2, 64, torch.float32, kind="dag", padded=True, seed=num_splits,
+                         device=device)
+    got = kernels.tree_attention(*args, kw["q_lens"], 0.125, num_splits=num_splits)
+    assert_close(got, specops.tree_attention(*args, sm_scale=0.125, backend="torch", **kw), torch.float32)
+
+
+# ---- registration -----------------------------------------------------------------------------
+
+needs_cpp = pytest.mark.skipif(not _backend.available("cpp")[0] or not hasattr(torch.ops.specops, "tree_attention"),
+                               reason="cpp backend unavailable")
+
+
+@needs_cpp
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck(dtype, padded):
+    args, kw = make_case(2, 5, 9, 30, 4, 2, 64, dtype, kind="tree", padded=padded)
+    torch.library.opcheck(torch.ops.specops.tree_attention.default, (*args, kw["q_lens"], 0.125))
+
+
+@needs_cpp
+def test_torch_compile_fullgraph():
+    args, kw = make_case(3, 7, 20, 50, 8, 2, 64, torch.float32, kind="dag", padded=True)
+
+    def f(q, k, v, p, n, m, ql):
+        return specops.tree_attention(q * 2, k, v, p, n, m, q_lens=ql, check=False, backend="cpp") + 1
+
+    got = torch.compile(f, fullgraph=True)(*args, kw["q_lens"])
+    want = specops.tree_attention(args[0] * 2, *args[1:], backend="torch", **kw) + 1
+    assert_close(got, want, torch.float32)

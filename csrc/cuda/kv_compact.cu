@@ -29,8 +29,8 @@ constexpr int kUnroll = 4;  // vectors per thread per chunk and cache: 128 x 4 x
 
 template <typename Vec>
 __global__ void __launch_bounds__(kThreads)
-kv_compact_kernel(char* __restrict__ k,                  // [L, B, H, S, D] bytes, in place
-                  char* __restrict__ v,                  // [L, B, H, S, D] bytes, in place
+kv_compact_kernel(char* k,  // [L, B, H, S, D] bytes, in place; read and written, so not __restrict__
+                  char* v,  // [L, B, H, S, D] bytes, in place
                   const int32_t* __restrict__ prefix,    // [B]
                   const int32_t* __restrict__ idx,       // [B, A]
                   const int32_t* __restrict__ lens,      // [B]

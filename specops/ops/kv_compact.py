@@ -47,9 +47,9 @@ def kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens, *, check=
     _check_no_overlap(k_cache, v_cache)
     if check:
         _check_values(prefix_lens, accept_idx, accept_lens, S)
-    if k_cache.numel() == 0 or accept_idx.shape[1] == 0:
-        return None
-    resolve("kv_compact", dev, backend)(k_cache, v_cache, prefix_lens, accept_idx, accept_lens)
+    impl = resolve("kv_compact", dev, backend)
+    if k_cache.numel() and accept_idx.shape[1]:
+        impl(k_cache, v_cache, prefix_lens, accept_idx, accept_lens)
     return None
 
 
@@ -68,26 +68,35 @@ def _no_self_overlap(sizes, strides):
     return True
 
 
+def _span_bytes(t):
+    """Bytes from the first to one past the last element a (non-empty) tensor addresses."""
+    if t.is_contiguous():
+        return t.numel() * t.element_size()
+    return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
+
+
 def _check_no_overlap(k_cache, v_cache):
     """Each cache's rows must be distinct memory (else writes race), and K must not share memory
-    with V (else moving K moves V too). Metadata only: strides, offsets and the storage address."""
+    with V (else moving K moves V too). Metadata only: shapes, strides and data addresses."""
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if not _no_self_overlap(t.shape, t.stride()):
+        if not t.is_contiguous() and not _no_self_overlap(t.shape, t.stride()):
             raise ValueError(f"{name} must not address one element twice (e.g. an expanded view), "
                              f"got shape {tuple(t.shape)} with strides {t.stride()}")
     if torch.compiler.is_compiling() or k_cache.numel() == 0:
         return  # fake tensors have no storage address to compare
-    if k_cache.untyped_storage().data_ptr() != v_cache.untyped_storage().data_ptr():
+    k_lo, v_lo = k_cache.data_ptr(), v_cache.data_ptr()
+    k_hi, v_hi = k_lo + _span_bytes(k_cache), v_lo + _span_bytes(v_cache)
+    if k_hi <= v_lo or v_hi <= k_lo:
+        return  # disjoint address ranges: the common case, decided without touching storages
+    # Interleaved ranges (e.g. K and V are kv[:, 0] and kv[:, 1] of one [L, 2, ...] tensor). With
+    # equal strides the pair is one tensor with an extra dim of size 2 and stride |address gap|.
+    es = k_cache.element_size()
+    gap, rem = divmod(abs(v_lo - k_lo), es)
+    if k_cache.stride() == v_cache.stride() and rem == 0 and gap > 0 and _no_self_overlap(
+            tuple(k_cache.shape) + (2,), k_cache.stride() + (gap,)):
         return
-    # Same storage (e.g. K and V are kv[:, 0] and kv[:, 1] of one [L, 2, ...] tensor). With equal
-    # strides the pair is one tensor with an extra dim of size 2 and stride |offset difference|.
-    delta = abs(v_cache.storage_offset() - k_cache.storage_offset())
-    if k_cache.stride() == v_cache.stride() and delta > 0 and _no_self_overlap(
-            tuple(k_cache.shape) + (2,), k_cache.stride() + (delta,)):
-        return
-    raise ValueError("v_cache must not share memory with k_cache, got views of one storage at offsets "
-                     f"{k_cache.storage_offset()} and {v_cache.storage_offset()} with strides "
-                     f"{k_cache.stride()} and {v_cache.stride()}")
+    raise ValueError("v_cache must not share memory with k_cache, got address ranges that interleave "
+                     f"{abs(v_lo - k_lo)} bytes apart with strides {k_cache.stride()} and {v_cache.stride()}")
 
 
 def _check_values(prefix_lens, accept_idx, accept_lens, S):
@@ -148,7 +157,8 @@ def source_rows(prefix_lens, accept_idx, accept_lens, S):
 @register("kv_compact", "torch")
 def _kv_compact_torch(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
     # Gather every row from its source first, then write the whole result back: overlap-safe by
-    # construction, so this is the reference the kernels are held to.
+    # construction, so this is the reference the kernels are held to. It rewrites the whole cache
+    # through a full-size temporary: the spec, not a fast path.
     L, B, H, S, D = k_cache.shape
     src = source_rows(prefix_lens, accept_idx, accept_lens, S)
     index = src[None, :, None, :, None].expand(L, B, H, S, D)

@@ -132,6 +132,13 @@ def _compiled(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_sca
     return torch.ops.specops.tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale)
 
 
+@register("tree_attention", "triton")
+def _tree_attention_triton(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
+    from ..triton_kernels import tree_attention as kernels
+
+    return kernels.tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale)
+
+
 def _has_schema():
     try:
         torch.ops.specops.tree_attention.default  # noqa: B018

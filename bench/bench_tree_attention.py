@@ -1,0 +1,156 @@
+"""tree_attention on every backend against the plain-torch ways of doing the same thing.
+
+Shapes from real configs: (Hq, Hkv, D) in {(32, 8, 128), (14, 2, 64), (9, 3, 64)}, prefix in
+{256, 1024, 4096}, a random tree of {16, 64, 128} nodes (all of them queries), B in {1, 8},
+fp32 and bf16; plus a chain (causal) block after the longest prefix, where flash-attn's
+``flash_attn_with_kvcache`` applies. Providers:
+
+- ``torch``: the reference backend (dense fp32 scores);
+- ``hf_sdpa``: what transformers' sdpa attention does with a 4D mask — repeat_kv, then
+  SDPA with a dense additive float mask (``transformers.integrations.sdpa_attention``);
+- ``sdpa_gqa``: SDPA with ``enable_gqa=True`` and a boolean mask (the strongest plain-torch path);
+- ``cpp``, ``triton``, ``cuda``: specops backends (triton/cuda on a GPU only);
+- ``flash_attn``: ``flash_attn_with_kvcache`` on the chain cases (no tree masks), when importable.
+Masks of the baselines are built once outside the timing (a model builds one per forward).
+FLOP counts are dense: 4 * B * Hq * Tq * (prefix + tree) * D.
+
+    python bench/bench_tree_attention.py [--quick] [--providers cpp,sdpa_gqa]
+    pytest bench/bench_tree_attention.py --benchmark-only
+"""
+import math
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import specops
+from specops import backend as _backend
+from specops.ops.tree_attention import visibility
+from specops.testing import random_parents
+
+from _harness import main, pytest_benchmark
+
+PROVIDERS = ("torch", "hf_sdpa", "sdpa_gqa", "cpp", "triton", "cuda", "flash_attn")
+HEADS = [(32, 8, 128), (14, 2, 64), (9, 3, 64)]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _cases(quick):
+    if quick:
+        return ([dict(Hq=9, Hkv=3, D=64, prefix=256, tree=16, B=1, dtype=d, mask="tree") for d in DTYPES]
+                + [dict(Hq=14, Hkv=2, D=64, prefix=256, tree=16, B=1, dtype="bf16", mask="chain")])
+    cases = [dict(Hq=hq, Hkv=hkv, D=d, prefix=p, tree=t, B=b, dtype=dt, mask="tree")
+             for dt in DTYPES for (hq, hkv, d) in HEADS for p in (256, 1024, 4096) for t in (16, 64, 128)
+             for b in (1, 8)]
+    cases += [dict(Hq=hq, Hkv=hkv, D=d, prefix=4096, tree=t, B=1, dtype=dt, mask="chain")
+              for dt in DTYPES for (hq, hkv, d) in HEADS for t in (16, 128)]
+    return cases
+
+
+def inputs(Hq, Hkv, D, prefix, tree, B, dtype, mask, device):
+    """The op's arguments for one case: the cache holds exactly prefix + tree rows."""
+    g = torch.Generator().manual_seed(prefix + tree + B)
+    dt = DTYPES[dtype]
+    S = prefix + tree
+    q = torch.randn(B, tree, Hq, D, generator=g).to(dt).to(device)
+    k = torch.randn(B, Hkv, S, D, generator=g).to(dt).to(device)
+    v = torch.randn(B, Hkv, S, D, generator=g).to(dt).to(device)
+    if mask == "chain":
+        parents = torch.arange(-1, tree - 1, dtype=torch.int32).expand(B, tree).contiguous()
+    else:
+        parents = random_parents(B, tree, generator=g)
+    packed = specops.build_tree_mask(parents.to(device), backend="torch")[0]
+    lens = lambda n: torch.full((B,), n, dtype=torch.int32, device=device)  # noqa: E731
+    return q, k, v, lens(prefix), lens(tree), packed
+
+
+def _providers(rec, params, args):
+    """(name, fn) for every provider that can run here; records a skip for the others."""
+    q, k, v, prefix_lens, block_lens, packed = args
+    B, Tq, Hq, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    vis = visibility(prefix_lens, block_lens, packed, None, S)[:, None]  # [B, 1, Tq, S] bool
+    qt = q.transpose(1, 2)  # [B, Hq, Tq, D]: the layout HF and SDPA take
+    out = []
+    for provider in PROVIDERS:
+        if not rec.wants(provider):
+            continue
+        if provider == "torch":
+            fn = lambda: specops.tree_attention(*args, check=False, backend="torch")  # noqa: E731
+        elif provider == "hf_sdpa":
+            try:
+                from transformers.integrations.sdpa_attention import sdpa_attention_forward
+            except ImportError as err:
+                rec.skip(provider, params, f"transformers not importable ({err})")
+                continue
+            module = types.SimpleNamespace(num_key_value_groups=Hq // Hkv, is_causal=False, training=False)
+            fmask = torch.zeros(vis.shape, dtype=q.dtype, device=q.device).masked_fill(~vis, torch.finfo(q.dtype).min)
+            fn = lambda m=module, f=fmask: sdpa_attention_forward(m, qt, k, v, f, scaling=1 / math.sqrt(D))  # noqa: E731
+        elif provider == "sdpa_gqa":
+            fn = lambda: F.scaled_dot_product_attention(qt, k, v, attn_mask=vis, enable_gqa=True)  # noqa: E731
+        elif provider == "flash_attn":
+            reason = _flash_attn_unavailable(rec.device, params)
+            if reason:
+                rec.skip(provider, params, reason)
+                continue
+            from flash_attn import flash_attn_with_kvcache
+
+            kc, vc = k.transpose(1, 2), v.transpose(1, 2)  # [B, S, Hkv, D] views: no copy in the timing
+            seqlens = (prefix_lens + block_lens).contiguous()
+            fn = lambda: flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, causal=True)  # noqa: E731
+        else:
+            ok, why = _backend.available(provider, rec.device)
+            if provider == "triton" and rec.device == "cpu":
+                ok, why = False, "interpreter only on CPU (not a timing)"
+            if not ok:
+                rec.skip(provider, params, why)
+                continue
+            fn = lambda p=provider: specops.tree_attention(*args, check=False, backend=p)  # noqa: E731
+        out.append((provider, fn))
+    return out
+
+
+def _flash_attn_unavailable(device, params):
+    if params["mask"] != "chain":
+        return "flash-attn has no tree masks (chain cases only)"
+    if torch.device(device).type != "cuda":
+        return "flash-attn needs a CUDA device"
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError as err:
+        return f"flash_attn not importable ({err}); it cannot be built on these machines"
+    return None
+
+
+def measure(rec, quick):
+    for params in _cases(quick):
+        args = inputs(**params, device=rec.device)
+        S = params["prefix"] + params["tree"]
+        flop = 4 * params["B"] * params["Hq"] * params["tree"] * S * params["D"]
+        for provider, fn in _providers(rec, params, args):
+            rec.time(provider, params, fn, flop=flop, memory=True)
+    rec.add_ratios("hf_sdpa")
+    rec.add_ratios("sdpa_gqa")
+
+
+SMALL = [dict(Hq=14, Hkv=2, D=64, prefix=1024, tree=64, B=1, dtype=d, mask="tree") for d in DTYPES]
+
+
+@pytest.mark.parametrize("params", SMALL, ids=lambda p: p["dtype"])
+@pytest.mark.parametrize("provider", ["sdpa_gqa", "cpp"])
+def test_tree_attention(benchmark, provider, params):
+    if provider == "cpp" and not _backend.available("cpp")[0]:
+        pytest.skip(_backend.available("cpp")[1])
+    args = inputs(**params, device="cpu")
+    q, k, v, prefix_lens, block_lens, packed = args
+    if provider == "cpp":
+        fn = lambda: specops.tree_attention(*args, check=False, backend="cpp")  # noqa: E731
+    else:
+        vis = visibility(prefix_lens, block_lens, packed, None, k.shape[2])[:, None]
+        fn = lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=vis, enable_gqa=True)  # noqa: E731
+    pytest_benchmark(benchmark, fn, provider=provider, **params)
+
+
+if __name__ == "__main__":
+    main("tree_attention", measure)

@@ -1,0 +1,280 @@
+// tree_attention on CUDA: the CPU kernel's semantics with the same shared helpers
+// (csrc/tree_attention_common.h: length clamping, prefix-then-block tile order, kv splits,
+// mask bits, log-sum-exp combine).
+//
+// A block owns kRows query rows of one (sequence, kv head) — row m is query m / G of head
+// g * G + m % G, so a K/V tile is staged in shared memory once for the whole GQA group — and one
+// kv split. Each warp walks its rows over a tile of 32 keys: lane j scores key j, the warp
+// reduces max/sum with shuffles, and lane l accumulates head dims l, l + 32, ... in fp32.
+// Prefix tiles never test a mask; block tiles take 32 visibility bits per row in one go.
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#include "../registration.h"
+#include "../tree_attention_common.h"
+
+namespace specops {
+namespace {
+
+constexpr int kTile = 32;  // keys per tile: one per lane
+constexpr int kWarps = 4;
+constexpr int kRowsPerWarp = 4;
+constexpr int kRows = kWarps * kRowsPerWarp;  // query rows per block
+constexpr unsigned kFull = 0xffffffffu;
+
+struct Args {
+  const void* q;  // [B, Tq, Hq, D]
+  const void* k;  // [B, Hkv, S, D]
+  const void* v;  // [B, Hkv, S, D]
+  void* out;      // [B, Tq, Hq, D]
+  const int32_t* prefix;  // [B]
+  const int32_t* block;   // [B]
+  const int32_t* q_lens;  // [B] or null
+  const int32_t* mask;    // [B, Tq, W]
+  float* part_o;          // [NS, B * Tq * Hq, D] when NS > 1
+  float* part_lse;        // [NS, B * Tq * Hq]
+  int64_t sq_b, sq_t, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s;
+  int32_t B, Tq, Hq, Hkv, G, D, S, W, n_splits;
+  float scale_log2;
+};
+
+__device__ __forceinline__ float warp_max(float x) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(kFull, x, o));
+  return x;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(kFull, x, o);
+  return x;
+}
+
+// DC: head-dim chunks of 32 per lane (D <= 32 * DC).
+template <typename scalar_t, int DC>
+__global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(Args a) {
+  extern __shared__ float smem[];
+  const int D = a.D, Dp = a.D + 1;  // +1: lane j reading row j of K hits its own bank
+  float* ks = smem;              // [kTile][Dp]
+  float* vs = ks + kTile * Dp;   // [kTile][Dp]
+  float* qs = vs + kTile * Dp;   // [kRows][D], pre-scaled into the base-2 domain
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int b = blockIdx.y / a.Hkv, g = blockIdx.y % a.Hkv, split = blockIdx.z;
+  const ta::SeqLens sl = ta::clamp_lens(a.prefix[b], a.block[b], a.q_lens ? a.q_lens[b] : a.Tq, a.S, a.W, a.Tq);
+  const int row0 = blockIdx.x * kRows;
+  const scalar_t* q = static_cast<const scalar_t*>(a.q);
+  const scalar_t* kb = static_cast<const scalar_t*>(a.k) + b * a.sk_b + g * a.sk_h;
+  const scalar_t* vb = static_cast<const scalar_t*>(a.v) + b * a.sv_b + g * a.sv_h;
+
+  for (int e = threadIdx.x; e < kRows * D; e += blockDim.x) {
+    const int r = e / D, d = e % D, m = row0 + r, i = m / a.G, h = g * a.G + m % a.G;
+    qs[e] = i < sl.queries ? static_cast<float>(q[b * a.sq_b + i * a.sq_t + h * a.sq_h + d]) * a.scale_log2 : 0.f;
+  }
+
+  float m_run[kRowsPerWarp], l_run[kRowsPerWarp], o[kRowsPerWarp][DC];
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    m_run[rr] = -INFINITY;
+    l_run[rr] = 0.f;
+#pragma unroll
+    for (int c = 0; c < DC; ++c) o[rr][c] = 0.f;
+  }
+
+  int32_t t0, t1;
+  ta::split_range(ta::num_kv_tiles(sl, kTile), a.n_splits, split, &t0, &t1);
+  for (int32_t t = t0; t < t1; ++t) {
+    const ta::KvTile kt = ta::kv_tile(sl, t, kTile);
+    __syncthreads();  // every warp is done with the previous tile (and qs is written)
+    for (int e = threadIdx.x; e < kTile * D; e += blockDim.x) {
+      const int n = e / D, d = e % D;
+      const bool in = n < kt.len;
+      ks[n * Dp + d] = in ? static_cast<float>(kb[(kt.start + n) * a.sk_s + d]) : 0.f;
+      vs[n * Dp + d] = in ? static_cast<float>(vb[(kt.start + n) * a.sv_s + d]) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      const int r = warp * kRowsPerWarp + rr, m = row0 + r, i = m / a.G;
+      if (i >= sl.queries) continue;  // warp-uniform
+      const float* qr = qs + r * D;
+      const float* kr = ks + lane * Dp;
+      float s = 0.f;
+      for (int d = 0; d < D; ++d) s = fmaf(qr[d], kr[d], s);
+      bool visible = lane < kt.len;
+      if (kt.j0 >= 0) {  // block tile: 32 visibility bits of this query at once
+        const uint32_t bits = ta::mask_bits32(a.mask + (static_cast<int64_t>(b) * a.Tq + i) * a.W, a.W, kt.j0,
+                                              sl.block);
+        visible = visible && ((bits >> lane) & 1u);
+      }
+      s = visible ? s : -INFINITY;
+      const float m_new = fmaxf(m_run[rr], warp_max(s));
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // finite even for rows that saw nothing
+      const float alpha = exp2f(m_run[rr] - m_use);
+      const float p = visible ? exp2f(s - m_use) : 0.f;
+      l_run[rr] = l_run[rr] * alpha + warp_sum(p);
+      m_run[rr] = m_new;
+#pragma unroll
+      for (int c = 0; c < DC; ++c) o[rr][c] *= alpha;
+      for (int j = 0; j < kt.len; ++j) {
+        const float pj = __shfl_sync(kFull, p, j);
+        const float* vr = vs + j * Dp;
+#pragma unroll
+        for (int c = 0; c < DC; ++c) {
+          const int d = lane + 32 * c;
+          if (d < D) o[rr][c] = fmaf(pj, vr[d], o[rr][c]);
+        }
+      }
+    }
+  }
+
+  scalar_t* out = static_cast<scalar_t*>(a.out);
+  const int64_t rows = static_cast<int64_t>(a.B) * a.Tq * a.Hq;
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int m = row0 + warp * kRowsPerWarp + rr, i = m / a.G, h = g * a.G + m % a.G;
+    if (i >= a.Tq) continue;
+    const bool valid = i < sl.queries && l_run[rr] > 0.f;
+    const float inv = valid ? 1.f / l_run[rr] : 0.f;
+    const int64_t row = (static_cast<int64_t>(b) * a.Tq + i) * a.Hq + h;
+#pragma unroll
+    for (int c = 0; c < DC; ++c) {
+      const int d = lane + 32 * c;
+      if (d >= D) continue;
+      if (a.n_splits == 1) out[row * D + d] = static_cast<scalar_t>(o[rr][c] * inv);
+      else a.part_o[(split * rows + row) * D + d] = o[rr][c] * inv;
+    }
+    if (a.n_splits > 1 && lane == 0) a.part_lse[split * rows + row] = valid ? ta::lse2(m_run[rr], l_run[rr]) : -INFINITY;
+  }
+}
+
+// One block per output row: merges the n_splits partials by their log-sum-exp.
+template <typename scalar_t>
+__global__ void combine_kernel(Args a) {
+  const int64_t rows = static_cast<int64_t>(a.B) * a.Tq * a.Hq;
+  const int64_t row = blockIdx.x;
+  float mx = -INFINITY;
+  for (int s = 0; s < a.n_splits; ++s) mx = fmaxf(mx, a.part_lse[s * rows + row]);
+  float total = 0.f;
+  for (int s = 0; s < a.n_splits; ++s) total += ta::combine_weight(a.part_lse[s * rows + row], mx);
+  const float inv = mx == -INFINITY ? 0.f : 1.f / total;
+  scalar_t* out = static_cast<scalar_t*>(a.out) + row * a.D;
+  for (int d = threadIdx.x; d < a.D; d += blockDim.x) {
+    float acc = 0.f;
+    for (int s = 0; s < a.n_splits && mx > -INFINITY; ++s)
+      acc += ta::combine_weight(a.part_lse[s * rows + row], mx) * a.part_o[(s * rows + row) * a.D + d];
+    out[d] = static_cast<scalar_t>(acc * inv);
+  }
+}
+
+template <typename scalar_t, int DC>
+void launch(const Args& a, dim3 grid, size_t smem, cudaStream_t stream) {
+  auto kernel = tree_attention_kernel<scalar_t, DC>;
+  if (smem > 48 * 1024)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<grid, kWarps * 32, smem, stream>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename scalar_t>
+void run(const Args& a, dim3 grid, size_t smem, cudaStream_t stream) {
+  if (a.D <= 64) launch<scalar_t, 2>(a, grid, smem, stream);
+  else if (a.D <= 128) launch<scalar_t, 4>(a, grid, smem, stream);
+  else launch<scalar_t, 8>(a, grid, smem, stream);
+  if (a.n_splits > 1) {
+    const int64_t rows = static_cast<int64_t>(a.B) * a.Tq * a.Hq;
+    combine_kernel<scalar_t><<<static_cast<unsigned>(rows), 128, 0, stream>>>(a);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+
+at::Tensor tree_attention_cuda(const at::Tensor& q,            // [B, Tq, Hq, D]
+                               const at::Tensor& k_cache,      // [B, Hkv, S, D]
+                               const at::Tensor& v_cache,      // [B, Hkv, S, D]
+                               const at::Tensor& prefix_lens,  // [B] int32
+                               const at::Tensor& block_lens,   // [B] int32
+                               const at::Tensor& mask,         // [B, Tq, W] int32
+                               const std::optional<at::Tensor>& q_lens,  // [B] int32
+                               double sm_scale) {
+  SPECOPS_CHECK_DIM(q, 4);
+  SPECOPS_CHECK_DIM(k_cache, 4);
+  SPECOPS_CHECK_DIM(mask, 3);
+  SPECOPS_CHECK_DTYPE(prefix_lens, at::kInt);
+  SPECOPS_CHECK_DTYPE(block_lens, at::kInt);
+  SPECOPS_CHECK_DTYPE(mask, at::kInt);
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+              "tree_attention: q, k_cache and v_cache must share a dtype");
+  TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), "tree_attention: v_cache must have k_cache's shape");
+  const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), D = q.size(3);
+  const int64_t Hkv = k_cache.size(1), S = k_cache.size(2), W = mask.size(2);
+  TORCH_CHECK(k_cache.size(0) == B && k_cache.size(3) == D, "tree_attention: k_cache must be [B, Hkv, S, D]");
+  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "tree_attention: Hq must be a multiple of Hkv");
+  TORCH_CHECK(mask.size(0) == B && mask.size(1) == Tq, "tree_attention: mask must be [B, Tq, W]");
+  TORCH_CHECK(prefix_lens.numel() == B && block_lens.numel() == B, "tree_attention: lengths must be [B]");
+  TORCH_CHECK(D <= 256, "tree_attention (cuda): head dim D must be <= 256, got ", D);
+  TORCH_CHECK(B * Hkv < 65536, "tree_attention (cuda): B * Hkv must be < 65536, got ", B * Hkv);
+  for (const at::Tensor* t : {&q, &k_cache, &v_cache, &prefix_lens, &block_lens, &mask})
+    TORCH_CHECK(t->is_cuda() && t->device() == q.device(), "tree_attention: CUDA tensors on one device expected");
+  if (q_lens) {
+    SPECOPS_CHECK_DTYPE((*q_lens), at::kInt);
+    TORCH_CHECK(q_lens->numel() == B && q_lens->device() == q.device(), "tree_attention: q_lens must be [B]");
+  }
+  const c10::cuda::CUDAGuard guard(q.device());
+  auto out = at::empty({B, Tq, Hq, D}, q.options());
+  if (out.numel() == 0) return out;
+  auto last_unit = [](const at::Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); };
+  const at::Tensor qc = last_unit(q), kc = last_unit(k_cache), vc = last_unit(v_cache);
+  const at::Tensor pl = prefix_lens.contiguous(), bl = block_lens.contiguous(), mk = mask.contiguous();
+  const at::Tensor ql = q_lens ? q_lens->contiguous() : at::Tensor();
+
+  Args a{};
+  a.q = qc.data_ptr();
+  a.k = kc.data_ptr();
+  a.v = vc.data_ptr();
+  a.out = out.data_ptr();
+  a.prefix = pl.data_ptr<int32_t>();
+  a.block = bl.data_ptr<int32_t>();
+  a.q_lens = ql.defined() ? ql.data_ptr<int32_t>() : nullptr;
+  a.mask = mk.data_ptr<int32_t>();
+  a.sq_b = qc.stride(0), a.sq_t = qc.stride(1), a.sq_h = qc.stride(2);
+  a.sk_b = kc.stride(0), a.sk_h = kc.stride(1), a.sk_s = kc.stride(2);
+  a.sv_b = vc.stride(0), a.sv_h = vc.stride(1), a.sv_s = vc.stride(2);
+  a.B = B, a.Tq = Tq, a.Hq = Hq, a.Hkv = Hkv, a.G = Hq / Hkv, a.D = D, a.S = S, a.W = W;
+  a.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
+
+  // Split the keys (flash-decoding) when the row tiles cannot fill the SMs. No host sync: the
+  // bound uses S, and a split that finds no tile contributes a -inf log-sum-exp.
+  const int64_t row_tiles = ceil_div(Tq * a.G, kRows);
+  int sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.get_device()));
+  const int64_t blocks = row_tiles * B * Hkv;
+  int64_t ns = 1;
+  if (blocks < 2 * sms) ns = std::min<int64_t>({ceil_div(2 * sms, blocks), ceil_div(S, 4 * kTile), ta::kMaxSplits});
+  a.n_splits = static_cast<int32_t>(std::max<int64_t>(ns, 1));
+  at::Tensor part_o, part_lse;
+  if (a.n_splits > 1) {
+    part_o = at::empty({a.n_splits, B * Tq * Hq, D}, q.options().dtype(at::kFloat));
+    part_lse = at::empty({a.n_splits, B * Tq * Hq}, q.options().dtype(at::kFloat));
+    a.part_o = part_o.data_ptr<float>();
+    a.part_lse = part_lse.data_ptr<float>();
+  }
+  const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(B * Hkv), static_cast<unsigned>(a.n_splits));
+  const size_t smem = (2 * kTile * (D + 1) + kRows * D) * sizeof(float);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_SWITCH(q.scalar_type(), "tree_attention_cuda",
+                     AT_DISPATCH_CASE(at::ScalarType::Float, [&] { run<scalar_t>(a, grid, smem, stream); })
+                     AT_DISPATCH_CASE(at::ScalarType::Half, [&] { run<scalar_t>(a, grid, smem, stream); })
+                     AT_DISPATCH_CASE(at::ScalarType::BFloat16, [&] { run<scalar_t>(a, grid, smem, stream); }));
+  return out;
+}
+
+}  // namespace specops
+
+TORCH_LIBRARY_IMPL(specops, CUDA, m) { m.impl("tree_attention", &specops::tree_attention_cuda); }
