@@ -108,12 +108,16 @@ class DraftLM:
 
     def logits(self, b, node):
         """Shape: -> fp32 [V], the draft's next-token logits after block node ``node``."""
+        if node < self._q0:
+            raise IndexError("logits are kept only for the nodes computed by the latest forward()")
         return self._logits[b, node - self._q0]
 
     def logits_rows(self, pairs):
         """Shape: list of (b, node) -> fp32 [len(pairs), V]."""
         if not pairs:
             return None
+        if any(n < self._q0 for _, n in pairs):
+            raise IndexError("logits are kept only for the nodes computed by the latest forward()")
         bs = torch.tensor([b for b, _ in pairs])
         rows = torch.tensor([n - self._q0 for _, n in pairs])
         return self._logits[bs, rows]

@@ -57,7 +57,13 @@ class TargetLM:
         return block_logits(self.runner, tokens, parents, num_nodes, 0)
 
     def commit(self, paths, policy):
-        """Keeps, per sequence, the accepted path's K/V (paths[b] = None keeps nothing)."""
+        """Keeps, per sequence, the accepted path's K/V (paths[b] = None keeps nothing).
+
+        ``policy`` "truncate" is a drafter's promise that its blocks are chains (the accepted path
+        is a block prefix, kept without a copy); "compact" moves the path's rows."""
+        if policy == "truncate" and any(p and p != list(range(len(p))) for p in paths):
+            raise RuntimeError("a drafter with kv_policy='truncate' proposed a block whose accepted path "
+                               "is not a prefix; declare kv_policy='compact'")
         commit_paths(self.runner, paths)
 
 
