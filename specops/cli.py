@@ -158,7 +158,7 @@ def cmd_demo(args):
     rows, records = [], []
     for method in methods:
         draft = _draft_for(args, method, target)
-        total = {"tokens": 0, "time": 0.0, "drafts": 0, "accepted": 0, "drafted": 0}
+        total = {"tokens": 0, "time": 0.0, "drafts": 0, "accepted": 0, "drafted": 0, "nodes": 0}
         speedups = {}
         for kind in kinds:
             _, m = generate(target, [prompts[kind]], draft=draft, method=method,
@@ -169,6 +169,7 @@ def cmd_demo(args):
             total["drafts"] += m.num_drafts
             total["accepted"] += m.num_accepted_tokens
             total["drafted"] += m.num_draft_tokens
+            total["nodes"] += m.num_drafted_nodes
             speedups[kind] = m.tokens_per_s
             records.append(dict(m.as_dict(), prompt=kind, target=args.target, dtype=args.dtype))
             print(f"  {method:<10} {kind:<6} {m.tokens_per_s:6.1f} tok/s  MAL {m.mean_acceptance_length:.2f}",
@@ -181,7 +182,8 @@ def cmd_demo(args):
     print()
     print(f"target {args.target} ({args.dtype}), {args.max_new_tokens} new tokens per prompt, temperature "
           f"{args.temperature}; timings are noisy on a shared machine")
-    head = (f"{'method':<10} {'tok/s':>6} {'MAL':>5} {'speedup':>7} {'drafted/step':>12} {'accept':>6}  "
+    head = (f"{'method':<10} {'tok/s':>6} {'MAL':>5} {'speedup':>7} {'drafted/step':>12} {'nodes/step':>10} "
+            f"{'accept':>6}  "
             + "  ".join(f"{k + ' x':>8}" for k in kinds))
     print(head)
     print("-" * len(head))
@@ -190,14 +192,16 @@ def cmd_demo(args):
         mal = 1 + t["accepted"] / t["drafts"] if t["drafts"] else 1.0
         acc = t["accepted"] / t["drafted"] if t["drafted"] else 0.0
         dps = t["drafted"] / t["drafts"] if t["drafts"] else 0.0
+        nps = t["nodes"] / t["drafts"] if t["drafts"] else 0.0
         if ar is not None:
             ar_tps = ar[1]["tokens"] / ar[1]["time"]
             sp = f"{tps / ar_tps:6.2f}x"
             each = "  ".join(f"{per[k] / ar[2][k]:7.2f}x" for k in kinds)
         else:
             sp, each = "   n/a", "  ".join(f"{'n/a':>8}" for _ in kinds)
-        print(f"{method:<10} {tps:6.1f} {mal:5.2f} {sp:>7} {dps:12.1f} {acc:6.2f}  {each}")
-    print()
+        print(f"{method:<10} {tps:6.1f} {mal:5.2f} {sp:>7} {dps:12.1f} {nps:10.1f} {acc:6.2f}  {each}")
+    print("drafted/step: tokens sent to verification per step (vLLM); nodes/step: nodes the drafter built "
+          "(root included; GSD's graph nodes)")
     for method in methods:
         print(f"  {method:<10} {DESCRIPTIONS[method]}")
     return 0
