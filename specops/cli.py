@@ -207,6 +207,16 @@ def cmd_demo(args):
     return 0
 
 
+def _method_help():
+    from .decoding.methods import METHODS
+
+    parts = []
+    for name, cls in METHODS.items():
+        params = ", ".join(f"{k}={v}" for k, v in cls.PARAMS.items())
+        parts.append(f"{name} ({params})" if params else name)
+    return "method, with its --param defaults: " + "; ".join(parts)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="specops", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -214,7 +224,7 @@ def main(argv=None):
 
     gen = sub.add_parser("generate", help="generate with one method, streaming the text, then print metrics")
     _add_common(gen)
-    gen.add_argument("--method", default="sd", choices=METHOD_CHOICES)
+    gen.add_argument("--method", default="sd", choices=METHOD_CHOICES, help=_method_help())
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--batch", type=int, default=1, help="run the prompt as a batch of this many sequences")
     gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
