@@ -13,10 +13,21 @@ from .ops.verify import verify_greedy, verify_joint, verify_tree
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    # The decoding loop (and through it transformers) loads on first use, not at import.
+    if name == "generate":
+        from .decoding.api import generate
+
+        return generate
+    raise AttributeError(f"module 'specops' has no attribute {name!r}")
+
+
 __all__ = [
     "BackendUnavailable",
     "available",
     "build_tree_mask",
+    "generate",
     "kv_compact",
     "pack_mask",
     "select_topn_subtree",

@@ -1,17 +1,256 @@
-"""The ``specops`` command line."""
+"""The ``specops`` command line: ``info`` (backends), ``generate`` (one method, streamed) and
+``demo`` (every method on built-in prompts, compared in a table)."""
 import argparse
+import json
+import sys
+import time
+
+METHOD_CHOICES = ("ar", "sd", "specinfer", "tsd", "gsd", "opt-tree", "ouroboros", "mjsd", "ngram")
+
+DEMO_PROMPTS = {
+    "code": ("Rewrite this function with type hints and a docstring, keeping the logic:\n\n"
+             "def merge(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n"
+             "        if a[i] <= b[j]:\n            out.append(a[i])\n            i += 1\n"
+             "        else:\n            out.append(b[j])\n            j += 1\n"
+             "    out.extend(a[i:])\n    out.extend(b[j:])\n    return out\n"),
+    "prose": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "math": "A train travels 120 km in 1.5 hours, then 80 km in 1 hour. What is its average speed? "
+            "Explain step by step.",
+}
+
+
+def _param(text):
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"method parameters look like name=value, got {text!r}")
+    key, value = text.split("=", 1)
+    for conv in (int, float):
+        try:
+            return key, conv(value)
+        except ValueError:
+            pass
+    low = value.lower()
+    if low in ("true", "false"):
+        return key, low == "true"
+    if low == "none":
+        return key, None
+    return key, value
+
+
+def _add_common(p):
+    p.add_argument("--target", default="smollm2-135m", help="embedded name or model path (default: smollm2-135m)")
+    p.add_argument("--draft", default=None,
+                   help="embedded draft name (e.g. smollm2-135m-int8) or path; default: the best embedded draft")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="target dtype (default bf16)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--raw", action="store_true", help="no chat template (default: use the tokenizer's, if any)")
+
+
+def _setup(args):
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from . import models
+
+    print(f"loading {args.target} ({args.dtype}) ...", file=sys.stderr, flush=True)
+    t = time.perf_counter()
+    if models.is_embedded_name(args.target):
+        target, tok = models.load(args.target, args.dtype)
+    else:
+        target, tok = models.load_any(args.target, args.dtype)
+        target.specops_name = args.target
+    print(f"loaded in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
+    return target, tok
+
+
+def _encode(tok, text, raw):
+    if not raw and getattr(tok, "chat_template", None):
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return list(ids)
+    return tok(text)["input_ids"]
+
+
+_DRAFTS = {}
+
+
+def _draft_for(args, method, target):
+    """The draft model for ``method`` (None for model-free methods), loaded once per spec."""
+    from . import models
+    from .decoding import methods
+
+    if not methods.get(method).needs_draft_model:
+        return None
+    spec = args.draft
+    if spec is None:
+        if not models.is_embedded_name(args.target):
+            raise ValueError(f"method {method} needs --draft (the target is not an embedded model)")
+        spec = models.default_draft(args.target, next(target.parameters()).dtype)
+    if spec not in _DRAFTS:
+        print(f"loading draft {spec} ...", file=sys.stderr, flush=True)
+        _DRAFTS[spec] = models.load_any(spec)[0]
+    return _DRAFTS[spec]
+
+
+def cmd_generate(args):
+    from .decoding import generate, methods, SamplingConfig
+
+    params = dict(args.param or [])
+    methods.make(args.method, **params)  # bad parameters fail before any model loads
+    SamplingConfig(args.temperature, args.top_k, args.top_p)
+    if args.batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {args.batch}")
+    target, tok = _setup(args)
+    draft = _draft_for(args, args.method, target)
+    prompts = [_encode(tok, args.prompt, args.raw)] * args.batch
+    shown = []
+    counts = [0] * args.batch
+    start = time.perf_counter()
+    progress = args.batch > 1 and sys.stderr.isatty()
+
+    def stream(b, ids):
+        counts[b] += len(ids)
+        if progress:  # the text of sequence 0 streams; the others show up as a counter
+            rate = sum(counts) / max(time.perf_counter() - start, 1e-9)
+            sys.stderr.write(f"\r[{min(counts)}-{max(counts)}/{args.max_new_tokens} tokens x {args.batch}, "
+                             f"{rate:.1f} tok/s] ")
+            sys.stderr.flush()
+        if b != 0:
+            return
+        before = tok.decode(shown)
+        shown.extend(ids)
+        sys.stdout.write(tok.decode(shown)[len(before):])
+        sys.stdout.flush()
+
+    out, m = generate(target, prompts, draft=draft, method=args.method, max_new_tokens=args.max_new_tokens,
+                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stop=args.stop,
+                      tokenizer=tok, seed=args.seed, compare_ar=args.compare_ar, stream=stream, **params)
+    print()
+    for b in range(1, args.batch):
+        print(f"--- sequence {b}:\n{tok.decode(out[b, : m.lengths[b]])}")
+    print("---", file=sys.stderr)
+    print(m.summary(), file=sys.stderr)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(m.as_dict(), f, indent=1)
+    return 0
+
+
+def cmd_demo(args):
+    from .decoding import DESCRIPTIONS, SamplingConfig, generate
+    from .decoding import methods as registry
+
+    methods = args.methods.split(",") if args.methods else list(METHOD_CHOICES)
+    for method in methods:
+        registry.get(method)  # unknown names fail before any model loads
+    SamplingConfig(args.temperature, args.top_k, args.top_p)
+    target, tok = _setup(args)
+    kinds = list(DEMO_PROMPTS)
+    prompts = {k: _encode(tok, DEMO_PROMPTS[k], args.raw) for k in kinds}
+    print("warming up ...", file=sys.stderr, flush=True)
+    generate(target, [prompts["math"]], method="ar", max_new_tokens=4, tokenizer=tok)
+    rows, records = [], []
+    for method in methods:
+        draft = _draft_for(args, method, target)
+        total = {"tokens": 0, "time": 0.0, "drafts": 0, "accepted": 0, "drafted": 0, "nodes": 0}
+        speedups = {}
+        for kind in kinds:
+            _, m = generate(target, [prompts[kind]], draft=draft, method=method,
+                            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, tokenizer=tok, seed=args.seed)
+            total["tokens"] += m.num_generated_tokens
+            total["time"] += m.total_time_s
+            total["drafts"] += m.num_drafts
+            total["accepted"] += m.num_accepted_tokens
+            total["drafted"] += m.num_draft_tokens
+            total["nodes"] += m.num_drafted_nodes
+            speedups[kind] = m.tokens_per_s
+            records.append(dict(m.as_dict(), prompt=kind, target=args.target, dtype=args.dtype))
+            print(f"  {method:<10} {kind:<6} {m.tokens_per_s:6.1f} tok/s  MAL {m.mean_acceptance_length:.2f}",
+                  file=sys.stderr, flush=True)
+        rows.append((method, total, speedups))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(records, f, indent=1)
+    ar = next((r for r in rows if r[0] == "ar"), None)
+    print()
+    print(f"target {args.target} ({args.dtype}), {args.max_new_tokens} new tokens per prompt, temperature "
+          f"{args.temperature}; timings are noisy on a shared machine")
+    head = (f"{'method':<10} {'tok/s':>6} {'MAL':>5} {'speedup':>7} {'drafted/step':>12} {'nodes/step':>10} "
+            f"{'accept':>6}  "
+            + "  ".join(f"{k + ' x':>8}" for k in kinds))
+    print(head)
+    print("-" * len(head))
+    for method, t, per in rows:
+        tps = t["tokens"] / t["time"] if t["time"] else 0.0
+        mal = 1 + t["accepted"] / t["drafts"] if t["drafts"] else 1.0
+        acc = t["accepted"] / t["drafted"] if t["drafted"] else 0.0
+        dps = t["drafted"] / t["drafts"] if t["drafts"] else 0.0
+        nps = t["nodes"] / t["drafts"] if t["drafts"] else 0.0
+        if ar is not None:
+            ar_tps = ar[1]["tokens"] / ar[1]["time"]
+            sp = f"{tps / ar_tps:6.2f}x"
+            each = "  ".join(f"{per[k] / ar[2][k]:7.2f}x" for k in kinds)
+        else:
+            sp, each = "   n/a", "  ".join(f"{'n/a':>8}" for _ in kinds)
+        print(f"{method:<10} {tps:6.1f} {mal:5.2f} {sp:>7} {dps:12.1f} {nps:10.1f} {acc:6.2f}  {each}")
+    print("drafted/step: tokens sent to verification per step (vLLM); nodes/step: nodes the drafter built "
+          "(root included; GSD's graph nodes)")
+    for method in methods:
+        print(f"  {method:<10} {DESCRIPTIONS[method]}")
+    return 0
+
+
+def _method_help():
+    from .decoding.methods import METHODS
+
+    parts = []
+    for name, cls in METHODS.items():
+        params = ", ".join(f"{k}={v}" for k, v in cls.PARAMS.items())
+        parts.append(f"{name} ({params})" if params else name)
+    return "method, with its --param defaults: " + "; ".join(parts)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="specops", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="backends available here and why (same as python -m specops)")
+
+    gen = sub.add_parser("generate", help="generate with one method, streaming the text, then print metrics")
+    _add_common(gen)
+    gen.add_argument("--method", default="sd", choices=METHOD_CHOICES, help=_method_help())
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--batch", type=int, default=1, help="run the prompt as a batch of this many sequences")
+    gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    gen.add_argument("--param", action="append", type=_param, metavar="NAME=VALUE",
+                     help="method parameter, e.g. --param gamma=6 (repeatable)")
+    gen.add_argument("--compare-ar", action="store_true", help="also time autoregressive decoding (speedup)")
+    gen.add_argument("--json", default=None, help="write the metrics as JSON to this file")
+
+    demo = sub.add_parser("demo", help="compare every method on built-in prompts (code, prose, math)")
+    _add_common(demo)
+    demo.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHOD_CHOICES)}")
+    demo.add_argument("--json", default=None, help="write every run's metrics (method x prompt) as JSON")
+
     args = parser.parse_args(argv)
     if args.command == "info":
         from .report import report
 
         print(report())
-    return 0
+        return 0
+    try:
+        if args.command == "generate":
+            return cmd_generate(args)
+        return cmd_demo(args)
+    except (ValueError, ImportError) as err:
+        print(f"specops: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

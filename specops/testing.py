@@ -84,3 +84,53 @@ def random_verify_case(B, T, V, *, generator=None, device="cpu", chain=False, ma
     case = dict(tokens=tokens.to(torch.int32), parents=parents, num_nodes=num_nodes, target_logits=logits,
                 target_probs=logits.softmax(-1), draft_probs=draft, uniforms=torch.rand(B, T, 2, generator=g))
     return {k: v.to(device) for k, v in case.items()}
+
+
+# ---- tiny language models for the decoding-loop tests (no downloads, built in milliseconds) ------
+
+def tiny_causal_lm(arch="llama", *, vocab_size=128, hidden_size=64, num_layers=2, seed=0, sharpness=16.0,
+                   dtype=None):
+    """A random-init HF causal LM small enough for exhaustive loop tests.
+
+    ``sharpness`` scales the final norm so next-token distributions are peaked like a trained
+    model's (random init alone gives nearly uniform ones, where every tree stays one level deep).
+    No BOS/EOS/PAD ids are configured, so nothing stops generation early unless a test asks."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    configs = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+    if arch not in configs:
+        raise ValueError(f"arch must be one of {sorted(configs)}, got {arch!r}")
+    config_cls, model_cls = configs[arch]
+    cfg = config_cls(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                     num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+                     max_position_embeddings=1024, tie_word_embeddings=False, bos_token_id=None,
+                     eos_token_id=None, pad_token_id=None)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = model_cls(cfg).eval()
+    with torch.no_grad():
+        model.model.norm.weight.fill_(sharpness)
+    return model.to(dtype) if dtype is not None else model
+
+
+def perturbed_copy(model, scale, seed=1):
+    """A draft that agrees with ``model`` part of the time: every weight plus Gaussian noise of
+    ``scale`` times that weight's standard deviation (0 = an exact copy)."""
+    import copy
+
+    out = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            if p.numel() > 1 and p.std() > 0:
+                p.add_(torch.randn(p.shape, generator=gen).to(p.dtype) * scale * p.std())
+    return out
+
+
+def reference_greedy(model, prompt, n):
+    """Plain greedy decoding by full recomputation (no cache, no specops): ``n`` new token ids."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]

@@ -1,0 +1,25 @@
+"""The reference decoding loop: every method of the seeds as a Drafter on one loop (methods.md 11).
+
+``generate`` is the entry point; ``METHODS`` maps method names to Drafter classes.
+"""
+from .api import generate
+from .drafters.base import Drafter, ModelDrafter, NullDrafter
+from .drafters.beam import BeamDrafter
+from .drafters.chain import ChainDrafter
+from .drafters.multidraft import MultiDraftDrafter
+from .drafters.ngram import NgramDrafter
+from .drafters.opt_tree import OptTreeDrafter
+from .drafters.ouroboros import OuroborosDrafter
+from .drafters.topk_tree import GraphDrafter, TopKTreeDrafter
+from .metrics import Metrics
+from .methods import DESCRIPTIONS, METHODS
+from .phrase_pool import PhrasePool
+from .sampling import SamplingConfig
+from .token_graph import TokenGraph
+from .tree import Candidates
+
+__all__ = [
+    "BeamDrafter", "Candidates", "ChainDrafter", "DESCRIPTIONS", "Drafter", "GraphDrafter", "METHODS",
+    "Metrics", "ModelDrafter", "MultiDraftDrafter", "NgramDrafter", "NullDrafter", "OptTreeDrafter",
+    "OuroborosDrafter", "PhrasePool", "SamplingConfig", "TokenGraph", "TopKTreeDrafter", "generate",
+]

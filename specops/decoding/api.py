@@ -1,0 +1,183 @@
+"""``specops.generate``: the public entry point (a contract; code outside this repo calls it)."""
+import torch
+
+from .. import models
+from . import methods
+from .draft_lm import DraftLM
+from .loop import TargetLM, decode
+from .sampling import SamplingConfig
+from .stopping import Stopper
+
+
+def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temperature=0.0, top_k=0,
+             top_p=1.0, stop=None, eos_token_id=None, tokenizer=None, seed=0, dtype=None, max_len=None,
+             compare_ar=False, stream=None, record_steps=False, **method_params):
+    """Generates with ``method`` and returns ``(new_tokens, metrics)``.
+
+    Shape: -> new_tokens int64 [B, n] (generated tokens only, right-padded with the pad token
+    where sequences stopped early; ``metrics.lengths`` has each length).
+
+    target: an HF causal LM, an embedded name ("smollm2-135m", "gemma3-270m") or a model path.
+    prompt: a string or list of strings (tokenised with the target's tokenizer), a LongTensor
+        [B, L] or [L], or a list of token-id lists (ragged batches).
+    draft: an HF model, an embedded name ("smollm2-135m-int8", ...), a path, or None (the method's
+        default: the best embedded draft for an embedded target; model-free methods need none).
+    method: one of ``specops.decoding.METHODS``; ``method_params`` are that method's parameters.
+    temperature / top_k / top_p: sampling (temperature 0 = greedy), shared by draft and target.
+    stop: stop strings (need a tokenizer); eos_token_id: int or list (None = the model's; [] = none).
+    seed: all randomness comes from one generator seeded with it.
+    dtype: for models loaded by name ("bf16" default, "fp32"); max_len: cache length (default:
+        what this call needs, checked against the model's max_position_embeddings).
+    compare_ar: also decode autoregressively (same settings, same process) and fill
+        ``metrics.ar_tokens_per_s`` / ``metrics.speedup``.
+    stream: ``callable(b, token_ids)`` called as tokens are emitted.
+
+    Bad input (unknown method or parameter, draft with another vocabulary, prompt too long for the
+    cache, empty prompt, temperature < 0, ...) raises ValueError before any decoding work.
+    """
+    drafter = methods.make(method, **method_params)
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if stop is not None and isinstance(stop, str):
+        stop = [stop]
+    if stream is not None and not callable(stream):
+        raise TypeError("stream must be a callable(b, token_ids)")
+
+    target_name = target if isinstance(target, str) else getattr(target, "specops_name", None)
+    target, tok = _resolve_model(target, dtype, "target")
+    tokenizer = tokenizer or tok
+    prompts = _prompts(prompt, tokenizer)
+    V = _vocab(target)
+    for b, p in enumerate(prompts):
+        if any(not 0 <= t < V for t in p):
+            raise ValueError(f"prompt {b} has token ids outside the target's vocabulary [0, {V})")
+
+    draft_model = None
+    if drafter.needs_draft_model:
+        if draft is None:
+            if target_name is None or not models.is_embedded_name(target_name):
+                raise ValueError(f"method {method!r} needs a draft model: pass draft= (an HF model sharing "
+                                 f"the target's tokenizer, or an embedded draft name)")
+            draft = models.default_draft(target_name, next(target.parameters()).dtype)
+        draft_model, draft_tok = _resolve_model(draft, None, "draft")
+        _check_same_vocab(target, tokenizer, draft_model, draft_tok)
+
+    need = max(len(p) for p in prompts) + max_new_tokens + drafter.tree_budget() + 1
+    limit = getattr(target.config, "max_position_embeddings", None)
+    if max_len is None:
+        max_len = need
+    if max_len < need or (limit is not None and need > limit):
+        cap = max_len if max_len < need else limit
+        raise ValueError(f"prompt too long for the cache: the longest prompt ({max(len(p) for p in prompts)} "
+                         f"tokens) + max_new_tokens ({max_new_tokens}) + the {method} block "
+                         f"({drafter.tree_budget()}) needs {need} positions, the cache holds {cap}")
+    stopper = Stopper(max_new_tokens, _eos_ids(eos_token_id, target, tokenizer), stop or (), tokenizer)
+
+    metrics_ar = None
+    if compare_ar and method != "ar":
+        _, metrics_ar = generate(target, [list(p) for p in prompts], method="ar", max_new_tokens=max_new_tokens,
+                                 temperature=temperature, top_k=top_k, top_p=top_p, stop=stop,
+                                 eos_token_id=eos_token_id, tokenizer=tokenizer, seed=seed, max_len=max_len)
+
+    B = len(prompts)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.inference_mode():
+        runner = TargetLM(target, B, max_len)
+        dlm = None
+        if draft_model is not None:
+            dlm = DraftLM(draft_model, B, max_len + drafter.draft_budget() + drafter.tree_budget() + 1)
+        gen, metrics = decode(runner, drafter, prompts, sampling=sampling, stopper=stopper, generator=generator,
+                              draft=dlm, tokenizer=tokenizer, stream=stream, record_steps=record_steps)
+    if metrics_ar is not None:
+        metrics.ar_tokens_per_s = metrics_ar.tokens_per_s
+    elif method == "ar":
+        metrics.ar_tokens_per_s = metrics.tokens_per_s if compare_ar else None
+    pad = _pad_id(target, tokenizer)
+    n = max(len(g) for g in gen)
+    out = torch.full((B, n), pad, dtype=torch.int64)
+    for b, g in enumerate(gen):
+        out[b, : len(g)] = torch.tensor(g, dtype=torch.int64)
+    return out, metrics
+
+
+# ---- input resolution ------------------------------------------------------------------------
+
+def _resolve_model(spec, dtype, what):
+    if isinstance(spec, str):
+        try:
+            model, tok = models.load_any(spec, dtype)
+        except (ValueError, FileNotFoundError) as err:
+            raise ValueError(f"{what}: {err}") from None
+        return model, tok
+    if isinstance(spec, torch.nn.Module) and hasattr(spec, "config"):
+        return spec, getattr(spec, "specops_tokenizer", None)
+    raise TypeError(f"{what} must be an HF causal LM, an embedded model name or a path, got {type(spec).__name__}")
+
+
+def _vocab(model):
+    out = model.get_output_embeddings()
+    if getattr(out, "out_features", None) is not None:  # also int8 dynamic-quantized heads
+        return int(out.out_features)
+    if out is not None and isinstance(getattr(out, "weight", None), torch.Tensor):
+        return int(out.weight.shape[0])
+    return int(model.config.vocab_size)
+
+
+def _check_same_vocab(target, target_tok, draft, draft_tok):
+    vt, vd = _vocab(target), _vocab(draft)
+    if vt != vd:
+        raise ValueError(f"the draft's vocabulary ({vd} tokens) differs from the target's ({vt}); "
+                         f"the draft must share the target's tokenizer")
+    if target_tok is not None and draft_tok is not None and target_tok is not draft_tok:
+        if len(target_tok) != len(draft_tok) or target_tok.get_vocab() != draft_tok.get_vocab():
+            raise ValueError("the draft's tokenizer differs from the target's; the draft must share it")
+
+
+def _prompts(prompt, tokenizer):
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dtype not in (torch.int64, torch.int32) or prompt.dim() not in (1, 2):
+            raise ValueError(f"a prompt tensor must be int64 [B, L] or [L], got {prompt.dtype} {tuple(prompt.shape)}")
+        prompt = prompt[None] if prompt.dim() == 1 else prompt
+        out = [row.tolist() for row in prompt]
+    elif isinstance(prompt, (list, tuple)) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            if tokenizer is None:
+                raise ValueError("string prompts need a tokenizer: pass tokenizer= or use an embedded target")
+            out = [tokenizer(p)["input_ids"] if p else [] for p in prompt]
+        elif all(isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p) for p in prompt):
+            out = [list(p) for p in prompt]
+        else:
+            raise ValueError("prompt must be a string, a list of strings, a LongTensor or a list of token-id lists")
+    else:
+        raise ValueError("prompt must be a non-empty string, list of strings, LongTensor or list of token-id lists")
+    for b, p in enumerate(out):
+        if not p:
+            raise ValueError(f"prompt {b} of the batch is empty; every prompt needs at least one token")
+    return out
+
+
+def _eos_ids(eos_token_id, model, tokenizer):
+    if eos_token_id is None:
+        gc = getattr(model, "generation_config", None)
+        eos_token_id = getattr(gc, "eos_token_id", None) if gc is not None else None
+        if eos_token_id is None and tokenizer is not None:
+            eos_token_id = tokenizer.eos_token_id
+    if eos_token_id is None:
+        return ()
+    if isinstance(eos_token_id, int):
+        return (eos_token_id,)
+    return tuple(int(t) for t in eos_token_id)
+
+
+def _pad_id(model, tokenizer):
+    for src in (tokenizer, getattr(model, "generation_config", None), model.config):
+        for attr in ("pad_token_id", "eos_token_id"):
+            v = getattr(src, attr, None) if src is not None else None
+            if isinstance(v, (list, tuple)):
+                v = v[0] if v else None
+            if isinstance(v, int):
+                return v
+    return 0

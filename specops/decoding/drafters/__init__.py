@@ -1,0 +1,1 @@
+"""Drafters: one per method family (see base.py for the protocol)."""

@@ -1,0 +1,106 @@
+"""The Drafter protocol: how a method plugs into the one loop.
+
+A method = a Drafter (what to propose, how the draft model's cache follows) + a verification mode
+(chosen by ``verify_mode``) + a target KV policy (``kv_policy``: "truncate" for chain drafts,
+"compact" for trees; the loop compacts whenever an accepted path is not a block prefix). The loop
+calls, per iteration: ``propose(state) -> Candidates``, then verification, then
+``commit(state, cand, result)``. Nothing in the loop knows which method runs.
+"""
+from ..tree import Candidates
+
+# Verification modes (methods.md section 1): greedy = R1; mss = R3 (R2 on a chain); mss_pointmass
+# = R3p; mss_noreplace = R3w; sample_match = R4; gsd = R5 (GSD reference, not lossless); joint = R6.
+MODES = ("greedy", "mss", "mss_pointmass", "mss_noreplace", "sample_match", "gsd", "joint")
+LOSSLESS_SAMPLING_MODES = ("mss", "mss_pointmass", "mss_noreplace", "sample_match")
+
+
+class Drafter:
+    """Base class. Subclasses set ``name``, ``PARAMS`` (name -> default) and override ``propose``."""
+
+    name = "base"
+    PARAMS = {}
+    needs_draft_model = False
+    kv_policy = "compact"
+    sampling_mode = "mss_pointmass"  # deterministic proposals: R3p is lossless for them
+    lossless = True
+
+    def __init__(self, **params):
+        unknown = sorted(set(params) - set(self.PARAMS))
+        if unknown:
+            raise ValueError(f"unknown parameter(s) {unknown} for method {self.name!r}; "
+                             f"valid: {sorted(self.PARAMS) or 'none'}")
+        merged = dict(self.PARAMS)
+        merged.update(params)
+        self.params = merged
+        for key, value in merged.items():
+            setattr(self, key, value)
+        self.check_params()
+
+    def check_params(self):
+        """Raises ValueError for an out-of-range parameter (override)."""
+
+    @staticmethod
+    def _positive_int(name, value, minimum=1):
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+    @staticmethod
+    def _fraction(name, value, lo=0.0, hi=1.0):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not lo <= value <= hi:
+            raise ValueError(f"{name} must be a number in [{lo}, {hi}], got {value!r}")
+
+    # ---- sizes (for cache allocation) ---------------------------------------------------------
+
+    def tree_budget(self):
+        """Upper bound on the target block (root included); sizes the target cache."""
+        return 1
+
+    def draft_budget(self):
+        """Upper bound on the draft-side block beyond the catch-up chain; sizes the draft cache."""
+        return 0
+
+    # ---- the protocol ------------------------------------------------------------------------
+
+    def verify_mode(self, sampling):
+        return "greedy" if sampling.greedy else self.sampling_mode
+
+    def setup(self, state):
+        """Called once after prefill (the draft model, if any, is prefilled)."""
+
+    def propose(self, state):
+        raise NotImplementedError
+
+    def commit(self, state, cand, result):
+        """Called after verification; ``state.seqs`` already holds the emitted tokens."""
+
+
+class NullDrafter(Drafter):
+    """Autoregressive decoding through the same loop: the block is the pending root alone."""
+
+    name = "ar"
+    kv_policy = "truncate"
+
+    def propose(self, state):
+        return Candidates(tokens=[[s[-1]] for s in state.seqs], parents=[[-1] for _ in state.seqs])
+
+
+class ModelDrafter(Drafter):
+    """A drafter that runs ``state.draft`` (a DraftLM) and fills ``Candidates.src`` with draft-block
+    node indices; ``commit`` compacts the accepted path's valid draft K/V."""
+
+    needs_draft_model = True
+
+    def commit(self, state, cand, result):
+        paths = []
+        for b in range(state.batch):
+            if cand.src is None or not state.was_active[b]:
+                paths.append(None)
+                continue
+            src = cand.src[b]
+            path = list(range(state.draft.root[b] + 1))  # the catch-up chain
+            for node in result.paths[b][1:]:
+                if src[node] < 0:
+                    break
+                path.append(src[node])
+            paths.append(path)
+        state.draft.commit_paths(paths)

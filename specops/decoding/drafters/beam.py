@@ -1,0 +1,99 @@
+"""MJSD (methods.md section 8): a beam-search draft verified by joint likelihood (R6). Approximate
+by design: it aims at lower perplexity than greedy decoding, not at the target's distribution.
+
+Beam search runs inside the draft block as a tree (8.2 option b): each step feeds the surviving
+beams and keeps the global top-``beams`` (beam, token) pairs by cumulative warped draft log-prob
+(``topn_expand``); no KV is copied until the final path is known. The highest-scoring final beam
+is proposed as a chain with its per-prefix joint log-probs ``log q_{1:j}``. Both ``p`` and ``q``
+use MJSD's own warp for the joint test (temperature 1, top-``joint_top_k`` then
+top-``joint_top_p``; S4 App. D: 20 and 0.9); the bonus token uses the generation's sampling config
+(argmax when greedy). ``tau = 1`` never accepts (target-only decoding); ``tau = 0`` accepts all.
+"""
+import math
+
+import torch
+
+from .._ops import op
+from ..sampling import SamplingConfig
+from ..tree import Candidates
+from .base import ModelDrafter
+
+
+class BeamDrafter(ModelDrafter):
+    name = "mjsd"
+    PARAMS = {"gamma": 4, "beams": 8, "tau": 0.1, "joint_top_k": 20, "joint_top_p": 0.9}
+    kv_policy = "truncate"
+    sampling_mode = "joint"
+    lossless = False
+
+    def check_params(self):
+        self._positive_int("gamma", self.gamma)
+        self._positive_int("beams", self.beams)
+        self._fraction("tau", self.tau)
+        self._positive_int("joint_top_k", self.joint_top_k, 0)
+        self.joint = SamplingConfig(1.0, self.joint_top_k, self.joint_top_p)
+
+    def verify_mode(self, sampling):
+        return "joint"
+
+    def tree_budget(self):
+        return self.gamma + 1
+
+    def draft_budget(self):
+        return self.beams * self.gamma
+
+    def _logq(self, logits):
+        return self.joint.warp(logits).clamp_min(0).log()
+
+    def propose(self, state):
+        d = state.draft
+        d.begin(state.seqs, state.active)
+        B, M = state.batch, self.beams
+        d.forward()
+        logq = self._logq(d.logits_rows([(b, d.root[b]) for b in range(B)]))[:, None]  # [B, 1, V]
+        layers = [op("topn_expand")(torch.zeros(B, 1), logq, M, per_parent_k=M)]
+        blocks = [[[d.root[b]] for b in range(B)]]  # blocks[k+1][b][i]: block node of layers[k] beam i
+        for _ in range(1, self.gamma):
+            scores, toks, par = layers[-1]
+            sc, tk, pr = scores.tolist(), toks.tolist(), par.tolist()
+            blk = [[d.add(b, tk[b][i], blocks[-1][b][pr[b][i]])
+                    if state.active[b] and math.isfinite(sc[b][i]) else -1 for i in range(M)]
+                   for b in range(B)]
+            blocks.append(blk)
+            d.forward()
+            pairs = [(b, blk[b][i] if blk[b][i] >= 0 else d.first_row_node) for b in range(B) for i in range(M)]
+            logq = self._logq(d.logits_rows(pairs)).view(B, M, -1)
+            dead = torch.tensor([[x < 0 for x in row] for row in blk])
+            layers.append(op("topn_expand")(scores.masked_fill(dead, float("-inf")), logq, M, per_parent_k=M))
+        return self._best_beam(state, layers, blocks)
+
+    def _best_beam(self, state, layers, blocks):
+        B, g = state.batch, self.gamma
+        sc = [l[0].tolist() for l in layers]
+        tk = [l[1].tolist() for l in layers]
+        pr = [l[2].tolist() for l in layers]
+        tokens, src, logq = [], [], torch.zeros(B, g)
+        for b in range(B):
+            chain_tok, chain_src = [state.seqs[b][-1]], [state.draft.root[b]]
+            if state.active[b]:
+                # deepest layer with a finite beam, then its best beam
+                k = max((k for k in range(g) if any(math.isfinite(x) for x in sc[k][b])), default=-1)
+                path = []
+                if k >= 0:
+                    i = max(range(len(sc[k][b])), key=lambda j: sc[k][b][j])
+                    for kk in range(k, -1, -1):
+                        path.append((kk, i))
+                        i = pr[kk][b][i]
+                    path.reverse()
+                for j, (kk, i) in enumerate(path):
+                    chain_tok.append(tk[kk][b][i])
+                    fed = kk + 1 < len(blocks) and blocks[kk + 1][b][i] >= 0
+                    chain_src.append(blocks[kk + 1][b][i] if fed else -1)
+                    logq[b, j] = sc[kk][b][i]
+            tokens.append(chain_tok)
+            src.append(chain_src)
+        return Candidates(tokens=tokens, parents=[[-1] + list(range(len(t) - 1)) for t in tokens], src=src,
+                          depth_drafted=[g if state.active[b] else 0 for b in range(B)],
+                          drafted_nodes=[1 + self.beams * g if state.active[b] else 1 for b in range(B)],
+                          extra={"log_q_joint": logq, "tau": self.tau,
+                                 "joint_warp": (1.0, self.joint_top_k, self.joint_top_p)})

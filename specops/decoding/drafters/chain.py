@@ -1,0 +1,80 @@
+"""SD / SSD (methods.md section 2): a chain of ``gamma`` draft tokens, verified by R1 (greedy) or
+R2 (rejection sampling with the draft's warped distribution, ``mss`` on a chain).
+
+``exit_threshold`` > 0 adds SSD's draft-exit: stop drafting a sequence once the draft's probability
+of its own next token falls below it (the low-probability token is not proposed).
+"""
+from ..sampling import choose
+from ..tree import Candidates
+from .base import ModelDrafter
+
+
+class ChainDrafter(ModelDrafter):
+    name = "sd"
+    PARAMS = {"gamma": 4, "exit_threshold": 0.0}
+    kv_policy = "truncate"
+    sampling_mode = "mss"
+
+    def check_params(self):
+        self._positive_int("gamma", self.gamma)
+        self._fraction("exit_threshold", self.exit_threshold)
+
+    def tree_budget(self):
+        return self.gamma + 1
+
+    def draft_budget(self):
+        return self.gamma
+
+    def propose(self, state):
+        d = state.draft
+        d.begin(state.seqs, state.active)
+        B = state.batch
+        tips = list(d.root)
+        going = list(state.active)
+        tokens = [[s[-1]] for s in state.seqs]
+        src = [[d.root[b]] for b in range(B)]
+        qrows = [[None] for _ in range(B)]
+        depth = [0] * B
+        for _ in range(self.gamma):
+            if not any(going):
+                break
+            d.forward()
+            bs = [b for b in range(B) if going[b]]
+            logits = d.logits_rows([(b, tips[b]) for b in bs])
+            chosen, probs = choose(logits, state.sampling, state.generator)
+            conf = None
+            if self.exit_threshold > 0:
+                conf = (probs if probs is not None else logits.softmax(-1))
+            for j, b in enumerate(bs):
+                tok = chosen[j]
+                if conf is not None and float(conf[j, tok]) < self.exit_threshold:
+                    going[b] = False
+                    continue
+                depth[b] += 1
+                tokens[b].append(tok)
+                qrows[b].append(None if probs is None else probs[j])
+                tips[b] = d.add(b, tok, tips[b])
+                src[b].append(tips[b])
+                if len(tokens[b]) > self.gamma:
+                    going[b] = False
+        return _with_rows(Candidates(
+            tokens=tokens, parents=[[-1] + list(range(len(t) - 1)) for t in tokens], src=src,
+            depth_drafted=depth, drafted_nodes=[len(t) for t in tokens]), qrows)
+
+
+def _with_rows(cand, qrows):
+    """Stacks per-node draft distributions (row 0 = root, unused) when any were recorded."""
+    import torch
+
+    if all(r is None for rows in qrows for r in rows[1:]):
+        return cand
+    out = []
+    for rows in qrows:
+        real = [r for r in rows if r is not None]
+        if not real:
+            out.append(None)
+            continue
+        V = real[0].shape[-1]
+        out.append(torch.stack([r if r is not None else torch.full((V,), 1.0 / V) for r in rows]))
+    cand.draft_probs = out
+    return cand

@@ -1,0 +1,135 @@
+"""SpecInfer (methods.md section 3): several draft sequences merged into one token tree, verified
+in one target forward by R1 (greedy) or R3 (multi-step speculative sampling, ``mss``).
+
+Proposers: ``num_drafts`` chains from the draft model and, with ``ngram=True``, one prompt-lookup
+chain. Sampling: the model chains are i.i.d. samples of the warped draft distribution (R3 needs
+each child to be an independent draw from the distribution its ``draft_probs`` row names; the
+n-gram chain is a point mass, for which R3 reduces to R3p). Greedy: the first chain is the draft's
+argmax chain, the others are sampled at ``draft_temperature`` for diversity (R1 is exact whatever
+the proposals are).
+
+Merging (methods.md B1): chains sharing a prefix share its nodes; continuations of all chains
+through a node stay below it (they are independent draws given the prefix). When several chains
+draw the same token at the same node, R3 must see every draw: the extra draws are kept as leaf
+duplicates (sampling only), which is lossless because acceptance at a node depends only on the
+multiset of tokens drawn there.
+"""
+import torch
+
+from ..sampling import sample
+from ..tree import Candidates
+from .base import ModelDrafter
+from .ngram import lookup
+
+
+class MultiDraftDrafter(ModelDrafter):
+    name = "specinfer"
+    PARAMS = {"num_drafts": 3, "gamma": 4, "draft_temperature": 1.0, "ngram": False}
+    sampling_mode = "mss"
+
+    def check_params(self):
+        self._positive_int("num_drafts", self.num_drafts)
+        self._positive_int("gamma", self.gamma)
+        if not isinstance(self.draft_temperature, (int, float)) or self.draft_temperature <= 0:
+            raise ValueError(f"draft_temperature must be > 0, got {self.draft_temperature!r}")
+
+    def tree_budget(self):
+        return 1 + (self.num_drafts + bool(self.ngram)) * self.gamma * 2
+
+    def draft_budget(self):
+        return self.num_drafts * self.gamma
+
+    def propose(self, state):
+        d = state.draft
+        d.begin(state.seqs, state.active)
+        B, k, greedy = state.batch, self.num_drafts, state.sampling.greedy
+        trees = [_DraftTrie(state.seqs[b][-1], d.root[b]) for b in range(B)]
+        tips = [[0] * k for _ in range(B)]
+        for step in range(self.gamma):
+            d.forward()
+            pairs, row = [], {}
+            for b in range(B):
+                if state.active[b]:
+                    for t in sorted(set(tips[b])):
+                        row[(b, t)] = len(pairs)
+                        pairs.append((b, trees[b].blk[t]))
+            if not pairs:
+                break
+            logits = d.logits_rows(pairs)
+            if greedy:
+                argmax = logits.argmax(-1).tolist()
+                probs = torch.softmax(logits / self.draft_temperature, -1)
+            else:
+                probs = state.sampling.warp(logits)
+            last = step == self.gamma - 1
+            for b in range(B):
+                if not state.active[b]:
+                    continue
+                tr = trees[b]
+                for c in range(k):
+                    t = tips[b][c]
+                    j = row[(b, t)]
+                    tok = argmax[j] if greedy and c == 0 else sample(probs[j:j + 1], state.generator)[0]
+                    q = None if greedy else probs[j]
+                    nxt = tr.kids[t].get(tok)
+                    if nxt is None:
+                        blk = -1 if last else d.add(b, tok, tr.blk[t])
+                        nxt = tr.add(tok, t, blk, q)
+                    elif not greedy:
+                        tr.dups.append((tok, t, q))  # another independent draw of the same token
+                    tips[b][c] = nxt
+        return self._target_tree(state, trees)
+
+    def _target_tree(self, state, trees):
+        B, greedy, V = state.batch, state.sampling.greedy, state.vocab_size
+        tokens, parents, src, rows = [], [], [], []
+        for b in range(B):
+            tr = trees[b]
+            tok, par, sr, qr = list(tr.tok), list(tr.par), list(tr.blk), list(tr.q)
+            for t, parent, q in tr.dups:  # leaf duplicates (sampling only)
+                tok.append(t)
+                par.append(parent)
+                sr.append(-1)
+                qr.append(q)
+            if self.ngram and state.active[b]:
+                conts = lookup(state.seqs[b], 3, 1, self.gamma, 1)
+                parent = 0
+                for t in (conts[0] if conts else []):
+                    tok.append(t)
+                    par.append(parent)
+                    sr.append(-1)
+                    qr.append(None if greedy else torch.nn.functional.one_hot(torch.tensor(t), V).float())
+                    parent = len(tok) - 1
+            tokens.append(tok)
+            parents.append(par)
+            src.append(sr)
+            rows.append(qr)
+        cand = Candidates(tokens=tokens, parents=parents, src=src,
+                          depth_drafted=[self.gamma if state.active[b] else 0 for b in range(B)],
+                          drafted_nodes=[len(tr.tok) for tr in trees])
+        if not greedy:
+            cand.draft_probs = [_stack(qr, V) for qr in rows]
+        return cand
+
+
+class _DraftTrie:
+    """Draft chains merged on shared prefixes. Node 0 = the pending root. ``blk``: draft-block
+    node (or -1 for last-step nodes, never fed); ``q``: the distribution the node was drawn from."""
+
+    def __init__(self, root_token, root_blk):
+        self.tok, self.par, self.blk, self.q = [root_token], [-1], [root_blk], [None]
+        self.kids = [{}]
+        self.dups = []
+
+    def add(self, token, parent, blk, q):
+        self.tok.append(token)
+        self.par.append(parent)
+        self.blk.append(blk)
+        self.q.append(q)
+        self.kids.append({})
+        self.kids[parent][token] = len(self.tok) - 1
+        return len(self.tok) - 1
+
+
+def _stack(rows, V):
+    return torch.stack([r if r is not None else torch.full((V,), 1.0 / V) for r in rows])

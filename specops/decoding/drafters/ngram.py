@@ -1,0 +1,63 @@
+"""Model-free drafting by n-gram / prompt lookup: continue the sequence the way it continued after
+the most recent earlier occurrences of its last ``n`` tokens (``max_ngram`` down to ``min_ngram``).
+``branches`` > 1 proposes several continuations (from different occurrences) merged into a token
+tree. Proposals are deterministic given the text, so sampling uses R3p (lossless)."""
+from ..tree import Candidates, Trie
+from .base import Drafter
+
+
+def lookup(seq, max_ngram, min_ngram, length, branches):
+    """Continuations (lists of up to ``length`` tokens) that followed earlier occurrences of the
+    sequence's last n tokens, for the largest n in [min_ngram, max_ngram] that has any. Distinct,
+    full-length ones first, each group most recent first (a recent match near the end of the text
+    would otherwise cut every continuation short in repetitive text)."""
+    n_seq = len(seq)
+    for n in range(min(max_ngram, n_seq - 1), min_ngram - 1, -1):
+        key = seq[n_seq - n:]
+        first = key[0]
+        found, full = [], 0
+        for start in range(n_seq - n - 1, -1, -1):
+            if seq[start] != first or seq[start:start + n] != key:
+                continue
+            cont = seq[start + n:start + n + length]
+            if cont and cont not in found:
+                found.append(cont)
+                full += len(cont) == length
+                if full >= branches:
+                    break
+        if found:
+            found.sort(key=len, reverse=True)  # stable: recency kept within a length
+            return found[:branches]
+    return []
+
+
+class NgramDrafter(Drafter):
+    name = "ngram"
+    PARAMS = {"gamma": 8, "max_ngram": 3, "min_ngram": 1, "branches": 1}
+    kv_policy = "truncate"
+
+    def check_params(self):
+        self._positive_int("gamma", self.gamma)
+        self._positive_int("max_ngram", self.max_ngram)
+        self._positive_int("min_ngram", self.min_ngram)
+        self._positive_int("branches", self.branches)
+        if self.min_ngram > self.max_ngram:
+            raise ValueError(f"min_ngram ({self.min_ngram}) must be <= max_ngram ({self.max_ngram})")
+        if self.branches > 1:
+            self.kv_policy = "compact"
+
+    def tree_budget(self):
+        return 1 + self.gamma * self.branches
+
+    def propose(self, state):
+        tokens, parents = [], []
+        for b in range(state.batch):
+            seq = state.seqs[b]
+            trie = Trie(seq[-1])
+            if state.active[b]:
+                for cont in lookup(seq, self.max_ngram, self.min_ngram, self.gamma, self.branches):
+                    trie.insert(0, cont)
+            tokens.append(trie.tokens)
+            parents.append(trie.parents)
+        return Candidates(tokens=tokens, parents=parents,
+                          depth_drafted=[0] * state.batch, drafted_nodes=[len(t) for t in tokens])

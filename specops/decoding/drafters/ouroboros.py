@@ -1,0 +1,197 @@
+"""Ouroboros (methods.md section 7): phrase-accelerated drafting and phrase-lengthened drafts.
+
+Drafting (7.1 step 1, F1): greedy drafting of the draft model where every draft forward is one
+tree block = [the tokens not yet in the draft cache, ending at the last token | a lookahead window
+| guesses]. The window is ``window`` columns x ``ngram - 1`` levels of Jacobi trajectories laid
+out as a comb (a level-0 spine, one tooth per column): a node's visible set (its ancestors) is
+exactly lookahead's mask (level 0 causal up to its column, plus its own column below it). After
+each forward every window token is replaced by the draft's argmax at its parent (a Jacobi step),
+and each column yields an n-gram for the pool. Guesses are up to ``guesses`` pool phrases keyed by
+the last token, each a chain below it; the draft accepts the longest guess prefix matching its own
+argmax plus one token, so a forward yields >= 1 draft tokens. Drafting runs until >= ``gamma``
+tokens exist (it may overshoot, F5).
+
+Lengthening (7.1 step 2, F2): the ``branches`` newest phrases keyed by the last draft token hang
+below it as extra branches (merged on shared prefixes). One target forward verifies the comb:
+greedy R1 picks the longest matching branch (eq. 9); sampling uses R4 (F4).
+
+Pool updates from verification (7.1 step 5, F3 top-level variant): beyond the first mismatch, the
+draft tokens become keys of the target's own continuations (extended while the draft agreed
+position-wise); the tried phrases are replaced by their target-corrected versions; the emitted text
+adds its n-grams. The pool persists across calls (``reuse_pool``), as the paper's history reuse.
+
+Draft KV: drafted tokens are committed into the draft cache as drafting goes (the accepted part of
+each forward is compacted, window and guess rows are dropped); after verification the next
+``begin`` truncates the draft cache to the longest prefix that agrees with the emitted sequence.
+"""
+import random
+
+from ..phrase_pool import PhrasePool, shared_pool
+from ..tree import Candidates, Trie
+from .base import ModelDrafter
+
+
+class OuroborosDrafter(ModelDrafter):
+    name = "ouroboros"
+    PARAMS = {"gamma": 6, "window": 6, "ngram": 4, "guesses": 6, "branches": 3, "reuse_pool": True}
+    sampling_mode = "sample_match"
+
+    def check_params(self):
+        self._positive_int("gamma", self.gamma)
+        self._positive_int("window", self.window, 0)
+        self._positive_int("ngram", self.ngram, 2)
+        self._positive_int("guesses", self.guesses, 0)
+        self._positive_int("branches", self.branches, 0)
+        self.pool = None
+
+    @property
+    def _phrase(self):
+        return self.ngram - 1
+
+    def tree_budget(self):
+        return 1 + self.gamma + self.ngram + self.branches * self._phrase
+
+    def draft_budget(self):
+        per_forward = self.gamma + self.ngram + (self.window + self.guesses) * self._phrase
+        return per_forward + self.gamma + self.ngram
+
+    def setup(self, state):
+        ident = (state.vocab_size, getattr(state.tokenizer, "name_or_path", None))
+        cap = max(self.guesses, self.branches, 1)
+        self.pool = shared_pool(ident, self._phrase, cap) if self.reuse_pool else PhrasePool(self._phrase, cap)
+        rng = random.Random(10)
+        self.windows = []
+        for b in range(state.batch):
+            prompt = state.seqs[b][: state.prompt_lens[b]]
+            self.pool.add_ngrams(prompt)
+            self.windows.append([[rng.choice(prompt) for _ in range(self._phrase)] for _ in range(self.window)])
+
+    # ---- drafting ----------------------------------------------------------------------------
+
+    def propose(self, state):
+        d = state.draft
+        d.begin(state.seqs, state.active)
+        B = state.batch
+        drafted = [[] for _ in range(B)]
+        going = list(state.active)
+        forwards = [0] * B
+        while any(going):
+            layout = [self._lay_out(d, b, going[b]) for b in range(B)]
+            d.forward()
+            paths, chains = [], []
+            for b in range(B):
+                if not going[b]:
+                    paths.append(None)
+                    chains.append([state.seqs[b][-1]])  # a placeholder block, never committed
+                    continue
+                forwards[b] += 1
+                new, path = self._read(d, b, layout[b])
+                drafted[b] += new
+                paths.append(path)
+                chains.append([new[-1]])
+                if len(drafted[b]) >= self.gamma:
+                    going[b] = False
+            d.commit_paths(paths)
+            if any(going):
+                d.begin_chain(chains)
+        return self._comb(state, drafted, forwards)
+
+    def _lay_out(self, d, b, going):
+        """Adds window and guess nodes below the block root; returns their block indices."""
+        if not going:
+            return None
+        root = d.root[b]
+        last = d.tokens[b][root]
+        cols = []
+        prev = root
+        win = self.windows[b]
+        for i in range(self.window):
+            spine = d.add(b, win[i][0], prev)
+            col = [spine]
+            for level in range(1, self._phrase):
+                col.append(d.add(b, win[i][level], col[-1]))
+            cols.append(col)
+            prev = spine
+        guesses = []
+        for phrase in self.pool.get(last, self.guesses):
+            nodes, parent = [], root
+            for tok in phrase:
+                parent = d.add(b, tok, parent)
+                nodes.append(parent)
+            guesses.append((phrase, nodes))
+        return root, cols, guesses
+
+    def _read(self, d, b, layout):
+        """The draft's own continuation after this forward; updates the window and the pool."""
+        root, cols, guesses = layout
+        argmax_at = {}
+
+        def arg(node):
+            if node not in argmax_at:
+                argmax_at[node] = int(d.logits(b, node).argmax())
+            return argmax_at[node]
+
+        best_m, best_nodes = 0, []
+        for phrase, nodes in guesses:
+            m, node = 0, root
+            while m < len(phrase) and phrase[m] == arg(node):
+                node = nodes[m]
+                m += 1
+            if m > best_m:
+                best_m, best_nodes = m, nodes[:m]
+        end = best_nodes[-1] if best_nodes else root
+        new = [d.tokens[b][n] for n in best_nodes] + [arg(end)]
+        path = list(range(root + 1)) + best_nodes
+        if cols:
+            win = self.windows[b]
+            for i, col in enumerate(cols):
+                key = win[i][0]
+                self.pool.insert(key, win[i][1:] + [arg(col[-1])])
+            # Jacobi step: every window token becomes the draft's argmax at its parent.
+            for i, col in enumerate(cols):
+                parent_spine = root if i == 0 else cols[i - 1][0]
+                win[i] = [arg(parent_spine)] + [arg(col[level - 1]) for level in range(1, self._phrase)]
+        return new, path
+
+    def _comb(self, state, drafted, forwards):
+        tokens, parents, tried = [], [], []
+        for b in range(state.batch):
+            trie = Trie(state.seqs[b][-1])
+            node = 0
+            for tok in drafted[b]:
+                node = trie.add(node, tok)
+            phrases = self.pool.get(drafted[b][-1], self.branches) if drafted[b] and self.branches else []
+            for phrase in phrases:
+                trie.insert(node, phrase)
+            tokens.append(trie.tokens)
+            parents.append(trie.parents)
+            tried.append((len(drafted[b]), phrases))
+        return Candidates(tokens=tokens, parents=parents, depth_drafted=forwards,
+                          drafted_nodes=[len(t) for t in tokens], extra={"tried": tried})
+
+    # ---- after verification --------------------------------------------------------------------
+
+    def commit(self, state, cand, result):
+        argmax = result.target_argmax()
+        for b in range(state.batch):
+            if not state.was_active[b]:
+                continue
+            n, phrases = cand.extra["tried"][b]
+            tok, par, v = cand.tokens[b], cand.parents[b], argmax[b]
+            path = result.paths[b]
+            A = sum(1 for i in path if 1 <= i <= n)
+            if A < n:
+                for j in range(A + 1, n + 1):
+                    completion, k = [v[j]], j
+                    while len(completion) < self._phrase and k + 1 <= n and tok[k + 1] == v[k]:
+                        k += 1
+                        completion.append(v[k])
+                    self.pool.insert(tok[j], completion)
+            for phrase in phrases:
+                nodes, node = [], n
+                for t in phrase:
+                    node = next(i for i in range(node + 1, len(tok)) if par[i] == node and tok[i] == t)
+                    nodes.append(node)
+                corrected = [v[n]] + [v[x] for x in nodes[:-1]]
+                self.pool.replace(tok[n], phrase, corrected)
+            self.pool.add_ngrams(state.seqs[b], max(len(state.seqs[b]) - len(path), 0))

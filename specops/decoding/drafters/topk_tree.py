@@ -1,0 +1,124 @@
+"""TSD and GSD (methods.md sections 4-5).
+
+TSD: each drafting step runs the draft model once on the frontier (tree attention over the growing
+draft block, positions = prefix + depth), takes the top-``k`` children of every frontier node by
+the draft's probability ``q``, drops children with ``q < theta_sib * max q`` (sibling pruning) and
+stops expanding children with ``q < theta_prob`` (probability pruning; the paper's leaf semantics,
+C2); drafting ends after ``max_depth`` steps or when the frontier is empty (draft-exit).
+``max_nodes`` caps the draft tree (TSD can explode).
+
+GSD: the same with ``tau`` set: tau-redundant children are merged into the first occurrence
+(``TokenGraph``), the DAG is unmerged into a tree of at most ``max_tree_nodes`` nodes for the
+target. Greedy verification on the unmerged tree is exact, so greedy GSD stays token-identical to
+greedy decoding; the approximation is on the draft side (copies reuse the first occurrence's
+successors and draft distribution) and in the sampling rule: ``gsd`` (R5, the reference rule,
+not lossless) by default, or any lossless mode via ``verify="mss_pointmass"`` / ``"sample_match"``.
+A copy's draft K/V was computed under another context: the draft cache keeps the accepted path
+only up to the first copied node (the rest is re-fed as catch-up).
+"""
+from ..token_graph import TokenGraph
+from ..tree import Candidates
+from .base import ModelDrafter
+
+
+class TopKTreeDrafter(ModelDrafter):
+    name = "tsd"
+    PARAMS = {"k": 4, "max_depth": 6, "theta_prob": 0.2, "theta_sib": 0.3, "max_nodes": 48,
+              "max_tree_nodes": 64, "tau": None, "verify": None}
+    sampling_mode = "mss_pointmass"
+
+    def check_params(self):
+        self._positive_int("k", self.k)
+        self._positive_int("max_depth", self.max_depth)
+        self._fraction("theta_prob", self.theta_prob)
+        self._fraction("theta_sib", self.theta_sib)
+        self._positive_int("max_nodes", self.max_nodes, 2)
+        self._positive_int("max_tree_nodes", self.max_tree_nodes, 2)
+        if self.tau is not None:
+            self._positive_int("tau", self.tau, 0)
+        # Top-k children are deterministic, not draws from q: R3/R3w would not be lossless here.
+        allowed = ("mss_pointmass", "sample_match", "gsd")
+        if self.verify is not None and self.verify not in allowed:
+            raise ValueError(f"verify must be one of {allowed} (the rule used when sampling), got {self.verify!r}")
+        if self.verify is not None:
+            self.sampling_mode = self.verify
+        self.lossless = self.sampling_mode != "gsd"
+
+    def tree_budget(self):
+        return self.max_tree_nodes
+
+    def draft_budget(self):
+        return self.max_nodes
+
+    def propose(self, state):
+        d = state.draft
+        d.begin(state.seqs, state.active)
+        B = state.batch
+        graphs = [TokenGraph(state.seqs[b][-1], self.tau) for b in range(B)]
+        blk = [{0: d.root[b]} for b in range(B)]  # graph node -> draft-block node (fed or to be fed)
+        qrow = [{} for _ in range(B)]  # graph node -> draft q after it (for R5)
+        frontier = [[0] if state.active[b] else [] for b in range(B)]
+        depth = [0] * B
+        keep_rows = not state.sampling.greedy and self.sampling_mode == "gsd"
+        for step in range(self.max_depth):
+            if not any(frontier):
+                break
+            d.forward()
+            pairs = [(b, blk[b][u]) for b in range(B) for u in frontier[b]]
+            probs = d.logits_rows(pairs).softmax(-1)
+            top_q, top_t = probs.topk(min(self.k, probs.shape[-1]), dim=-1)
+            top_q, top_t = top_q.tolist(), top_t.tolist()
+            j = 0
+            last = step == self.max_depth - 1
+            for b in range(B):
+                g, nxt = graphs[b], []
+                if frontier[b]:
+                    depth[b] += 1
+                for u in frontier[b]:
+                    if keep_rows:
+                        qrow[b][u] = probs[j]
+                    qs, ts = top_q[j], top_t[j]
+                    j += 1
+                    for q, t in zip(qs, ts):
+                        if q < self.theta_sib * qs[0]:
+                            break  # sorted: every later sibling is pruned too
+                        v = g.find_redundant(u, t)
+                        if v is not None:
+                            g.merge(u, v)
+                            continue
+                        if len(g) >= self.max_nodes:
+                            break
+                        c = g.add(u, t)
+                        if q >= self.theta_prob and not last:
+                            blk[b][c] = d.add(b, t, blk[b][u])
+                            nxt.append(c)
+                frontier[b] = nxt
+        return self._unmerged(state, graphs, blk, qrow, depth, keep_rows)
+
+    def _unmerged(self, state, graphs, blk, qrow, depth, keep_rows):
+        import torch
+
+        tokens, parents, src, copied, rows = [], [], [], [], []
+        V = state.vocab_size
+        for b, g in enumerate(graphs):
+            tok, par, gsrc, cp = g.unmerge(self.max_tree_nodes, self.max_depth)
+            tokens.append(tok)
+            parents.append(par)
+            copied.append(cp)
+            src.append([-1 if cp[i] else blk[b].get(gsrc[i], -1) for i in range(len(tok))])
+            if keep_rows:
+                uni = torch.full((V,), 1.0 / V)
+                rows.append(torch.stack([uni] + [qrow[b].get(g.parent[gsrc[i]], uni)
+                                                 for i in range(1, len(tok))]))
+        cand = Candidates(tokens=tokens, parents=parents, src=src, copied=copied,
+                          depth_drafted=depth, drafted_nodes=[len(g) for g in graphs])
+        if keep_rows:
+            cand.draft_probs = rows
+        return cand
+
+
+
+class GraphDrafter(TopKTreeDrafter):
+    name = "gsd"
+    PARAMS = dict(TopKTreeDrafter.PARAMS, tau=2)
+    sampling_mode = "gsd"

@@ -1,0 +1,141 @@
+"""Decoding metrics, with vLLM's spec-decode names and definitions.
+
+vLLM counts, per sequence and verification step ("a draft"): ``num_drafts``, ``num_draft_tokens``
+(tokens proposed for verification, root excluded), ``num_accepted_tokens`` (draft tokens accepted,
+bonus excluded), ``num_accepted_tokens_per_pos[j]`` (drafts whose accepted path reaches depth
+``j+1``). Derived:
+
+* ``mean_acceptance_length = 1 + num_accepted_tokens / num_drafts`` — tokens emitted per target
+  forward per sequence, bonus included (MAL / block efficiency; autoregressive decoding = 1.00);
+* ``draft_acceptance_rate = num_accepted_tokens / num_draft_tokens`` (for trees it is low by
+  design: most branches lose);
+* ``acceptance_rate_per_pos[j] = num_accepted_tokens_per_pos[j] / num_drafts``.
+
+Beyond vLLM (methods.md section 9): target forwards, draft forwards, drafted nodes (GSD's "drafted
+token num", root included), GSD's matchness ``num_accepted_tokens / draft_depth``, graph success,
+tokens/s, time split draft / verify / bookkeeping (prefill reported apart), speedup against
+autoregressive decoding measured in the same process, and the target log-likelihood of the
+emitted tokens (for perplexity).
+"""
+import dataclasses
+import math
+
+
+@dataclasses.dataclass
+class Metrics:
+    method: str = ""
+    batch_size: int = 0
+    num_generated_tokens: int = 0
+    num_target_forwards: int = 0  # verification forwards (prefill excluded)
+    num_draft_forwards: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list = dataclasses.field(default_factory=list)
+    num_drafted_nodes: int = 0
+    draft_depth: int = 0
+    num_graph_success: int = 0
+    prefill_time_s: float = 0.0
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    bookkeeping_time_s: float = 0.0
+    total_time_s: float = 0.0
+    target_logprob_sum: float = 0.0
+    target_logprob_count: int = 0
+    ar_tokens_per_s: float = None
+    lengths: list = dataclasses.field(default_factory=list)
+    finish_reasons: list = dataclasses.field(default_factory=list)
+    steps: list = dataclasses.field(default_factory=list)  # per-step records when requested
+
+    # ---- recording ----------------------------------------------------------------------------
+
+    def record_draft(self, drafted, accepted, depth_drafted=0, drafted_nodes=0, graph_success=False):
+        """One sequence's verification step: ``drafted`` tokens proposed, ``accepted`` accepted."""
+        self.num_drafts += 1
+        self.num_draft_tokens += drafted
+        self.num_accepted_tokens += accepted
+        if len(self.num_accepted_tokens_per_pos) < accepted:
+            self.num_accepted_tokens_per_pos += [0] * (accepted - len(self.num_accepted_tokens_per_pos))
+        for j in range(accepted):
+            self.num_accepted_tokens_per_pos[j] += 1
+        self.draft_depth += depth_drafted
+        self.num_drafted_nodes += drafted_nodes
+        self.num_graph_success += bool(graph_success)
+
+    # ---- derived ------------------------------------------------------------------------------
+
+    @property
+    def mean_acceptance_length(self):
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def draft_acceptance_rate(self):
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def acceptance_rate_per_pos(self):
+        return [a / self.num_drafts for a in self.num_accepted_tokens_per_pos] if self.num_drafts else []
+
+    @property
+    def draft_tokens_per_step(self):
+        return self.num_draft_tokens / self.num_drafts if self.num_drafts else 0.0
+
+    @property
+    def drafted_nodes_per_step(self):
+        return self.num_drafted_nodes / self.num_drafts if self.num_drafts else 0.0
+
+    @property
+    def matchness(self):
+        """GSD's acceptance rate: accepted draft tokens per drafting step executed."""
+        return self.num_accepted_tokens / self.draft_depth if self.draft_depth else 0.0
+
+    @property
+    def graph_success_rate(self):
+        return self.num_graph_success / self.num_drafts if self.num_drafts else 0.0
+
+    @property
+    def tokens_per_s(self):
+        return self.num_generated_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
+
+    @property
+    def speedup(self):
+        if not self.ar_tokens_per_s:
+            return None
+        return self.tokens_per_s / self.ar_tokens_per_s
+
+    @property
+    def perplexity(self):
+        """exp(-mean log p_target(token | prefix)) over the emitted tokens (unwarped target)."""
+        if not self.target_logprob_count:
+            return None
+        return math.exp(-self.target_logprob_sum / self.target_logprob_count)
+
+    def as_dict(self):
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "steps"}
+        for name in ("mean_acceptance_length", "draft_acceptance_rate", "acceptance_rate_per_pos",
+                     "draft_tokens_per_step", "drafted_nodes_per_step", "matchness", "graph_success_rate",
+                     "tokens_per_s", "speedup", "perplexity"):
+            out[name] = getattr(self, name)
+        return out
+
+    def summary(self):
+        """Multi-line human-readable report."""
+        lines = [
+            f"method {self.method}: {self.num_generated_tokens} tokens in {self.total_time_s:.2f} s "
+            f"= {self.tokens_per_s:.1f} tok/s (batch {self.batch_size}; prefill {self.prefill_time_s:.2f} s)",
+            f"target forwards {self.num_target_forwards}, draft forwards {self.num_draft_forwards}",
+            f"mean acceptance length {self.mean_acceptance_length:.2f}, draft acceptance rate "
+            f"{self.draft_acceptance_rate:.3f}, drafted tokens/step {self.draft_tokens_per_step:.1f}",
+        ]
+        if self.method == "gsd" or self.num_graph_success:
+            lines.append(f"drafted nodes/step {self.drafted_nodes_per_step:.1f} (graph), matchness "
+                         f"{self.matchness:.3f}, graph success {self.graph_success_rate:.3f}")
+        if self.acceptance_rate_per_pos:
+            per = " ".join(f"{a:.2f}" for a in self.acceptance_rate_per_pos[:12])
+            lines.append(f"acceptance per position: {per}")
+        lines.append(f"time: draft {self.draft_time_s:.2f} s, verify {self.verify_time_s:.2f} s, "
+                     f"bookkeeping {self.bookkeeping_time_s:.2f} s")
+        if self.speedup is not None:
+            lines.append(f"speedup vs autoregressive (same process): {self.speedup:.2f}x "
+                         f"({self.ar_tokens_per_s:.1f} tok/s)")
+        return "\n".join(lines)

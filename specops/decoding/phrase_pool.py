@@ -1,0 +1,65 @@
+"""Ouroboros' phrase pool (methods.md 7.1, reference-code rules): key token -> the newest ``capacity``
+continuations (tuples of ``length`` tokens), oldest evicted first; re-inserting a phrase moves it to
+the newest position. The pool can persist across prompts (phrases from history contexts)."""
+import collections
+
+
+class PhrasePool:
+    def __init__(self, length, capacity):
+        if length < 1 or capacity < 1:
+            raise ValueError(f"phrase length and capacity must be >= 1, got {length}, {capacity}")
+        self.length = length
+        self.capacity = capacity
+        self._by_key = {}
+
+    def __len__(self):
+        return sum(len(v) for v in self._by_key.values())
+
+    def insert(self, key, phrase):
+        phrase = tuple(phrase)
+        if len(phrase) != self.length:
+            return
+        slot = self._by_key.setdefault(key, collections.OrderedDict())
+        if phrase in slot:
+            slot.move_to_end(phrase)
+            return
+        slot[phrase] = None
+        while len(slot) > self.capacity:
+            slot.popitem(last=False)
+
+    def replace(self, key, old, new):
+        """Swaps a phrase for its corrected version (kept at the old one's age if absent)."""
+        slot = self._by_key.get(key)
+        if slot is not None and tuple(old) in slot:
+            del slot[tuple(old)]
+        self.insert(key, new)
+
+    def get(self, key, k):
+        """Up to ``k`` phrases for ``key``, newest first."""
+        slot = self._by_key.get(key)
+        if not slot or k <= 0:
+            return []
+        out = []
+        for phrase in reversed(slot):
+            out.append(list(phrase))
+            if len(out) >= k:
+                break
+        return out
+
+    def add_ngrams(self, tokens, start=0):
+        """Inserts every (key, continuation) n-gram of ``tokens`` that ends at or after ``start``."""
+        n = self.length + 1
+        for end in range(max(n, start + 1), len(tokens) + 1):
+            self.insert(tokens[end - n], tokens[end - n + 1:end])
+
+
+_SHARED = {}
+
+
+def shared_pool(identity, length, capacity):
+    """One pool per (model identity, phrase length): phrases carry over between generate calls."""
+    key = (identity, length)
+    pool = _SHARED.get(key)
+    if pool is None or pool.capacity != capacity:
+        pool = _SHARED[key] = PhrasePool(length, capacity)
+    return pool

@@ -1,0 +1,45 @@
+"""One sampling configuration shared by drafter and verifier (methods.md X1: acceptance ratios and
+residuals use exactly the warped distributions that sampling uses, for both models)."""
+import dataclasses
+
+import torch
+
+from ._ops import op
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if not isinstance(self.temperature, (int, float)) or self.temperature != self.temperature \
+                or self.temperature < 0:
+            raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self):
+        return self.temperature == 0
+
+    def warp(self, logits):
+        """Shape: logits [N, V] -> probs fp32 [N, V] (one-hot argmax when greedy)."""
+        return op("warp_probs")(logits.float(), float(self.temperature), int(self.top_k), float(self.top_p))
+
+
+def sample(probs, generator):
+    """One token per row. Shape: probs fp32 [N, V] -> list of N ints."""
+    return torch.multinomial(probs.float(), 1, generator=generator)[:, 0].tolist()
+
+
+def choose(logits, sampling, generator):
+    """Next tokens and their warped distributions. Shape: logits [N, V] -> (list of N ints,
+    probs fp32 [N, V]); greedy returns the argmax (and the one-hot rows)."""
+    if sampling.greedy:
+        return logits.argmax(-1).tolist(), None
+    probs = sampling.warp(logits)
+    return sample(probs, generator), probs

