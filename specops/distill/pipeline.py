@@ -60,8 +60,10 @@ def collect(target, tokenizer, data_dir, plan, progress):
     if os.path.exists(plan_path):
         with open(plan_path) as f:
             old = json.load(f)
-        if old != plan:
-            diff = sorted(k for k in set(old) | set(plan) if old.get(k) != plan.get(k))
+        # The shard plan, prompts and corpus rows are prefix-stable in the shard count, so a run may
+        # be resumed with a different --tokens (extending the data, or training on a prefix of it).
+        diff = sorted(k for k in set(old) | set(plan) if k != "shards" and old.get(k) != plan.get(k))
+        if diff:
             raise ValueError(f"{data_dir} holds data collected with other settings ({', '.join(diff)}); "
                              f"use another --out or the same settings to resume")
     _json(plan_path, plan)
@@ -154,7 +156,7 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=2, la
     collect_s = time.perf_counter() - t0
     shards = data.load_shards(data_dir, shards_n)
 
-    keep_path = os.path.join(data_dir, "keep.pt")
+    keep_path = os.path.join(data_dir, f"keep_{shards_n}_{draft_vocab}.pt")
     if os.path.exists(keep_path):
         keep = torch.load(keep_path)
     else:
@@ -172,6 +174,19 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=2, la
     per_epoch = max(1, len(train_rows) // batch_rows)
     total_steps = steps if steps is not None else max(1, int(round(epochs * per_epoch)))
 
+    ckpt_dir = os.path.join(out_dir, "ckpt")
+    sig = {"shards": shards_n, "draft_vocab": int(keep.numel()), "layers": layers, "layer_map": layer_map,
+           "steps": total_steps, "batch_rows": batch_rows, "lr": lr, "seed": seed, "amp": amp}
+    sig_path = os.path.join(ckpt_dir, "settings.json")
+    if os.path.exists(sig_path):
+        with open(sig_path) as f:
+            old = json.load(f)
+        if old != sig:
+            diff = sorted(k for k in set(old) | set(sig) if old.get(k) != sig.get(k))
+            raise ValueError(f"{ckpt_dir} holds checkpoints of a run with other settings ({', '.join(diff)}); "
+                             f"remove it to start training afresh, or resume with the same settings")
+    os.makedirs(ckpt_dir, exist_ok=True)
+    _json(sig_path, sig)
     cfg = draft_config(target.config, layers)
     emb = target.model.embed_tokens.weight.detach().float()
     torch.manual_seed(seed)
@@ -181,14 +196,14 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=2, la
     progress.log(f"draft: {layers} layers initialised from target layers {layer_map}, "
                  f"{sum(p.numel() for p in draft.parameters() if p.requires_grad) / 1e6:.2f}M trainable params; "
                  f"{len(train_rows)} train rows, {len(val_rows)} held-out rows, {total_steps} steps")
-    state = train(draft, train_rows, val_rows, os.path.join(out_dir, "ckpt"), steps=total_steps,
+    state = train(draft, train_rows, val_rows, ckpt_dir, steps=total_steps,
                   batch_rows=batch_rows, lr=lr, warmup=min(warmup, max(1, total_steps // 10)), seed=seed,
                   amp=amp, ckpt_every=ckpt_every, eval_every=eval_every,
                   max_seconds=None if max_train_minutes is None else 60.0 * max_train_minutes,
                   progress=progress, stop_after=stop_after)
     if stop_after and state["step"] < total_steps:
         return None
-    best = torch.load(os.path.join(out_dir, "ckpt", "best.pt"), weights_only=False)
+    best = torch.load(os.path.join(ckpt_dir, "best.pt"), weights_only=False)
     draft.load_state_dict(best["model"], strict=False)
     record = {
         "target": target_name,
