@@ -66,7 +66,9 @@ def load_target(spec):
     return model, tok, os.path.abspath(spec)
 
 
-def run_args(args, argv=None):
+def run_args(args, command=None):
+    """Runs ``specops distill`` on parsed ``args``; ``command`` is recorded with the draft
+    (default: this process's command line). Returns the exit status."""
     import torch
 
     from .pipeline import run
@@ -79,18 +81,31 @@ def run_args(args, argv=None):
     except (UnsupportedTarget, ValueError, ImportError) as err:
         print(f"specops distill: error: {err}", file=sys.stderr)
         return 2
-    command = "specops distill " + " ".join(argv) if argv is not None else " ".join(sys.argv)
-    out = run(model, tok, args.out, target_name=name, tokens=args.tokens, layers=args.layers, layer_map=layer_map,
-              draft_vocab=args.draft_vocab, k=args.topk, gen_frac=args.gen_frac, gen_tokens=args.gen_tokens,
-              gen_batch=args.gen_batch, row_len=args.row_len, epochs=args.epochs, steps=args.steps,
-              batch_rows=args.batch_rows, lr=args.lr, max_train_minutes=args.max_train_minutes, seed=args.seed,
-              amp=not args.no_amp, command=command, progress_stream=sys.stderr, export_dir=args.export)
+    command = command or " ".join(["specops"] + sys.argv[1:])
+    try:
+        out = _run(run, model, tok, name, args, layer_map, command)
+    except (UnsupportedTarget, ValueError) as err:
+        print(f"specops distill: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\nspecops distill: interrupted; run the same command again to resume from {args.out}",
+              file=sys.stderr)
+        return 130
     print(out)
     return 0
+
+
+def _run(run, model, tok, name, args, layer_map, command):
+    return run(model, tok, args.out, target_name=name, tokens=args.tokens, layers=args.layers,
+               layer_map=layer_map, draft_vocab=args.draft_vocab, k=args.topk, gen_frac=args.gen_frac,
+               gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, row_len=args.row_len, epochs=args.epochs,
+               steps=args.steps, batch_rows=args.batch_rows, lr=args.lr, max_train_minutes=args.max_train_minutes,
+               seed=args.seed, amp=not args.no_amp, command=command, progress_stream=sys.stderr,
+               export_dir=args.export)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog="specops distill", description=__doc__)
     add_arguments(p)
     argv = sys.argv[1:] if argv is None else list(argv)
-    return run_args(p.parse_args(argv), argv)
+    return run_args(p.parse_args(argv), "specops distill " + " ".join(argv))

@@ -191,9 +191,11 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
             n_run = 0
         if progress:
             h = state["history"][-1] if state["history"] else {}
+            if n_run:  # running means since the last evaluation
+                h = {**h, "loss": run_loss / n_run, "train_agree": run_agree / n_run}
             extra = f"loss {h.get('loss', float('nan')):.3f} agree {h.get('train_agree', 0):.3f}"
             if "val_agree" in h:
-                extra += f" val {h['val_agree']:.3f}"
+                extra += f" val {h['val_agree']:.3f} (best {state['best_agree']:.3f})"
             progress.update("train", done - start, steps - start, t0, extra, force=done == steps)
         if done % ckpt_every == 0 or done == steps or timed_out or (stop_after and done >= stop_after):
             save(last)
