@@ -1,0 +1,235 @@
+"""Offline training text: what ships with Python and the installed packages, and the prompts the
+target answers to make its own text.
+
+Everything here exists on a fresh machine with no network: the standard library's source (code and
+docstrings), ``pydoc_data`` (the language reference and library docs as prose), and the README /
+description text of the installed distributions. Every file read is listed in the manifest with
+its size and a content hash, so a run can say exactly what it trained on.
+"""
+import ast
+import hashlib
+import importlib.metadata
+import os
+import random
+import sysconfig
+
+_SKIP_DIRS = {"test", "tests", "idle_test", "__pycache__", "site-packages", "dist-packages", "ensurepip",
+              "lib2to3", "turtledemo", "config-3.11-x86_64-linux-gnu"}
+
+
+def _digest(text):
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:16]
+
+
+def stdlib_sources(limit=None):
+    """(relpath, text) of the standard library's .py files, sorted, tests excluded."""
+    root = sysconfig.get_paths()["stdlib"]
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                try:
+                    with open(path, encoding="utf-8") as f:
+                        text = f.read()
+                except (OSError, UnicodeDecodeError):
+                    continue
+                if len(text) > 200:
+                    out.append(("stdlib/" + os.path.relpath(path, root), text))
+                    if limit and len(out) >= limit:
+                        return out
+    return out
+
+
+def pydoc_topics():
+    """(name, text) of the documentation topics that ship in ``pydoc_data`` (plain English prose)."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:
+        return []
+    return [(f"pydoc_data/{k}", v) for k, v in sorted(topics.items()) if len(v) > 200]
+
+
+def package_docs():
+    """(name, text) of installed distributions' long descriptions (README text)."""
+    out = []
+    seen = set()
+    for dist in sorted(importlib.metadata.distributions(), key=lambda d: (d.metadata["Name"] or "").lower()):
+        name = dist.metadata["Name"]
+        if not name or name.lower() in seen:
+            continue
+        seen.add(name.lower())
+        body = dist.metadata.get_payload() if hasattr(dist.metadata, "get_payload") else None
+        body = body or dist.metadata.get("Description") or ""
+        if len(body) > 500:
+            out.append((f"dist/{name}/METADATA", body))
+    return out
+
+
+def docstrings(sources):
+    """(name, text) of module/class/function docstrings of at least 3 lines from ``sources``."""
+    out = []
+    for rel, text in sources:
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and doc.count("\n") >= 2:
+                    out.append((f"{rel}:{getattr(node, 'name', '<module>')}", doc))
+    return out
+
+
+def functions_with_summaries(sources):
+    """(qualified name, signature line, one-line summary) of documented public stdlib functions."""
+    out = []
+    for rel, text in sources:
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        mod = rel[len("stdlib/"):-3].replace("/", ".").replace(".__init__", "")
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                doc = ast.get_docstring(node)
+                if doc:
+                    first = doc.strip().split("\n")[0].strip()
+                    if 20 <= len(first) <= 160:
+                        out.append((f"{mod}.{node.name}", ast.unparse(node.args), first))
+    return out
+
+
+def manifest_entry(kind, items):
+    return {"kind": kind, "items": len(items), "chars": sum(len(t) for _, t in items),
+            "files": [{"name": n, "chars": len(t), "sha256_16": _digest(t)} for n, t in items]}
+
+
+# ---- prompts the target answers (its own text is the distribution the draft must match) ---------
+
+_TOPICS = ["the ocean", "a lighthouse keeper", "winter mornings", "a lost key", "the first day of school",
+           "a robot learning to paint", "an old library", "mountain villages", "a thunderstorm",
+           "friendship", "a city at night", "the history of bread", "a long train journey", "bees",
+           "a garden in spring", "the moon landing", "a forgotten letter", "rivers", "a small bakery",
+           "volcanoes", "the invention of the printing press", "a desert crossing", "honesty",
+           "a chess tournament", "a cat who travels", "rain forests", "a music teacher", "time zones"]
+_CONCEPTS = ["photosynthesis", "inflation", "gravity", "machine learning", "the water cycle", "democracy",
+             "recursion", "vaccines", "black holes", "compound interest", "climate change", "DNA",
+             "electricity", "the stock market", "evolution", "encryption", "supply and demand",
+             "the immune system", "plate tectonics", "renewable energy", "the internet", "sleep",
+             "nutrition", "probability", "the scientific method", "memory in the brain"]
+_TASKS = ["learn a new language", "prepare for a job interview", "start running", "save money",
+          "write a good email", "improve my sleep", "cook rice", "organize my week", "study for exams",
+          "make new friends", "reduce stress", "plan a trip", "keep houseplants alive", "give a talk",
+          "start a small business", "learn to play guitar", "be more productive", "write a resume"]
+_NAMES = ["Alice", "Bob", "Maria", "Tom", "Sara", "Ken", "Lena", "Omar", "Priya", "Jack"]
+_ITEMS = ["apples", "books", "pencils", "marbles", "cookies", "stickers", "cards", "oranges", "coins"]
+
+
+def _math_prompt(rng):
+    a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(2, 12)
+    n1, n2 = rng.sample(_NAMES, 2)
+    item = rng.choice(_ITEMS)
+    forms = [
+        f"What is {a} times {b}?",
+        f"Calculate {a} + {b} * {c}.",
+        f"Solve for x: {c}x + {a} = {a + c * b}.",
+        f"What is {c * 5}% of {a * 10}?",
+        f"{n1} has {a} {item} and gives {min(a, b)} to {n2}. How many {item} does {n1} have left?",
+        f"A train travels {a * 10} km in {c} hours. What is its average speed?",
+        f"{n1} buys {c} packs of {item} with {b} in each pack. How many {item} in total? Explain step by step.",
+        f"Is {a * b + 1} a prime number? Explain.",
+        f"Simplify the fraction {a * c}/{b * c}.",
+        f"What is the area of a rectangle with sides {a} cm and {b} cm?",
+        f"Find the derivative of {c}x^2 + {a}x + {b}.",
+        f"If a shirt costs ${a} and is discounted by {c * 5}%, what is the new price?",
+    ]
+    return rng.choice(forms)
+
+
+def make_prompts(n, sources, seed=0, pydoc=None):
+    """``n`` prompts, cycling through the categories code / prose / math / chat.
+
+    Returns a list of dicts ``{"category", "chat" (bool: wrap in the chat template), "text"}``."""
+    rng = random.Random(seed)
+    funcs = functions_with_summaries(sources)
+    paragraphs = [p.strip() for _, t in (pydoc or []) for p in t.split("\n\n") if 200 < len(p.strip()) < 900]
+    code_snips = []
+    for _, text in sources[: 400]:
+        lines = text.split("\n")
+        for i in range(0, max(1, len(lines) - 12), 97):
+            snip = "\n".join(lines[i:i + 12]).strip()
+            if snip.count("\n") >= 6 and len(snip) < 700:
+                code_snips.append(snip)
+    out = []
+    for i in range(n):
+        cat = ("code", "prose", "math", "chat")[i % 4]
+        form = rng.random()
+        if cat == "code":
+            if funcs and form < 0.45:
+                name, args, summary = rng.choice(funcs)
+                text = f"Write a Python function `{name.split('.')[-1]}({args})` that does the following: {summary}"
+                out.append({"category": cat, "chat": True, "text": text})
+            elif code_snips and form < 0.75:
+                snip = rng.choice(code_snips)
+                verb = rng.choice(["Explain what this Python code does", "Add comments to this code",
+                                   "Rewrite this code to be clearer", "Find possible bugs in this code"])
+                out.append({"category": cat, "chat": True, "text": f"{verb}:\n```python\n{snip}\n```"})
+            elif code_snips and form < 0.9:
+                out.append({"category": cat, "chat": False, "text": rng.choice(code_snips) + "\n"})
+            else:
+                task = rng.choice(["reverses a string", "checks if a number is prime", "sorts a list of dicts by a key",
+                                   "reads a CSV file and sums a column", "computes Fibonacci numbers",
+                                   "counts word frequencies in a text", "merges two sorted lists",
+                                   "validates an email address", "finds the largest element in a list"])
+                lang = rng.choice(["Python", "Python", "JavaScript", "C", "Java"])
+                out.append({"category": cat, "chat": True, "text": f"Write a {lang} function that {task}."})
+        elif cat == "prose":
+            if paragraphs and form < 0.35:
+                para = rng.choice(paragraphs)
+                verb = rng.choice(["Summarize the following text", "Explain this in simple words",
+                                   "Rewrite this paragraph in plain English"])
+                out.append({"category": cat, "chat": True, "text": f"{verb}:\n\n{para}"})
+            elif paragraphs and form < 0.55:
+                para = rng.choice(paragraphs)
+                out.append({"category": cat, "chat": False, "text": para[: rng.randint(120, 300)]})
+            else:
+                kind = rng.choice(["a short story", "a poem", "an essay", "a description", "a blog post"])
+                out.append({"category": cat, "chat": True, "text": f"Write {kind} about {rng.choice(_TOPICS)}."})
+        elif cat == "math":
+            out.append({"category": cat, "chat": True, "text": _math_prompt(rng)})
+        else:
+            forms = [f"Can you explain {rng.choice(_CONCEPTS)} in simple terms?",
+                     f"How do I {rng.choice(_TASKS)}?",
+                     f"What are some tips to {rng.choice(_TASKS)}?",
+                     f"What is the difference between {rng.choice(_CONCEPTS)} and {rng.choice(_CONCEPTS)}?",
+                     f"Hi! I'm feeling a bit bored today. Any ideas about {rng.choice(_TOPICS)}?",
+                     f"Tell me three interesting facts about {rng.choice(_CONCEPTS + _TOPICS)}.",
+                     f"Why is {rng.choice(_CONCEPTS)} important?"]
+            out.append({"category": cat, "chat": True, "text": rng.choice(forms)})
+    return out
+
+
+# Held out: none of these strings come from the templates above.
+EVAL_PROMPTS = {
+    "code": ["Write a Python class for a bank account with deposit and withdraw methods.",
+             "How do I read a JSON file in Python and print its keys?",
+             "Write a function that returns the n-th triangular number, with a docstring.",
+             "def quicksort(items):\n    \"\"\"Sort a list using quicksort.\"\"\"\n"],
+    "prose": ["Write a short story about a girl who finds a map in her grandmother's attic.",
+              "Describe a busy market on a Saturday morning.",
+              "Once upon a time, in a small fishing village by the sea, there lived an old sailor who",
+              "Write a paragraph about why reading books matters."],
+    "math": ["What is 15% of 240?",
+             "A car uses 6 liters of fuel per 100 km. How much fuel does it need for 350 km?",
+             "Solve 2x - 7 = 11 and show your steps.",
+             "What is the sum of the first 20 positive integers?"],
+    "chat": ["Hello! Who are you?",
+             "What should I cook for dinner tonight?",
+             "Can you recommend a good way to learn programming?",
+             "What are the benefits of drinking water?"],
+}
+EVAL_CHAT = {"code": [True, True, True, False], "prose": [True, True, False, True],
+             "math": [True, True, True, True], "chat": [True, True, True, True]}

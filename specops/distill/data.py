@@ -1,0 +1,215 @@
+"""Distillation data: rows of tokens with the target's top-k next-token log-probs, in shards.
+
+Two kinds of shard, interleaved by a fixed plan so a run's data is a function of its arguments:
+
+* ``text``: teacher-forced rows of the offline corpus (corpus.py); every position is labelled.
+* ``gen``: the target answers prompts (corpus.make_prompts) in one batched ``generate``; the labels
+  are the logits it produced while generating (free: no second pass), so only generated
+  positions are labelled. This is the distribution the draft is judged on.
+
+Shard file ``shard_NNNNN.pt`` (written to a temp name, then renamed, so a killed run resumes at the
+first missing shard):
+
+    tokens   int32 [R, L]      right-padded rows
+    mask     bool  [R, L]      position i carries the distribution of token i+1
+    topk_idx int32 [R, L, k]   the target's k most likely next tokens
+    topk_lp  fp16  [R, L, k]   their log-probs (normalised over the full vocabulary)
+"""
+import os
+import random
+
+import torch
+
+from . import corpus
+
+
+def shard_plan(num_shards, gen_frac):
+    """Kinds of shards 0..num_shards-1: ``gen_frac`` of them "gen", spread evenly."""
+    kinds = []
+    for i in range(num_shards):
+        kinds.append("gen" if int((i + 1) * gen_frac + 1e-9) > int(i * gen_frac + 1e-9) else "text")
+    return kinds
+
+
+def shard_path(data_dir, i):
+    return os.path.join(data_dir, f"shard_{i:05d}.pt")
+
+
+def topk_logprobs(logits, k):
+    """Shape: logits [..., V] -> (idx int32 [..., k], logprob fp16 [..., k])."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    val, idx = lp.topk(k, dim=-1)
+    return idx.to(torch.int32), val.to(torch.float16)
+
+
+class TextRows:
+    """The corpus as deterministic rows of ``row_len`` tokens, mixing the sources round-robin."""
+
+    def __init__(self, tokenizer, pools, row_len, seed):
+        self.tok, self.row_len = tokenizer, row_len
+        rng = random.Random(seed)
+        self.pools = []
+        for name, items in pools:
+            items = list(items)
+            rng.shuffle(items)
+            self.pools.append((name, items))
+        self._cursor = [0] * len(self.pools)
+        self._buffers = [[] for _ in self.pools]
+        self.rows = []  # (pool name, token list)
+
+    def _fill(self, p):
+        name, items = self.pools[p]
+        while len(self._buffers[p]) < self.row_len and self._cursor[p] < len(items):
+            _, text = items[self._cursor[p]]
+            self._cursor[p] += 1
+            ids = self.tok(text, add_special_tokens=False)["input_ids"]
+            self._buffers[p].extend(ids + ([self.tok.eos_token_id] if self.tok.eos_token_id is not None else []))
+        if len(self._buffers[p]) < self.row_len:
+            return None
+        row, self._buffers[p] = self._buffers[p][: self.row_len], self._buffers[p][self.row_len:]
+        return row
+
+    def take(self, n):
+        """The next ``n`` rows (sources in turn; an exhausted source is skipped)."""
+        out, p, dead = [], len(self.rows) % max(1, len(self.pools)), 0
+        while len(out) < n and dead < len(self.pools):
+            row = self._fill(p)
+            if row is None:
+                dead += 1
+            else:
+                dead = 0
+                out.append((self.pools[p][0], row))
+            p = (p + 1) % len(self.pools)
+        self.rows.extend(out)
+        return out
+
+
+@torch.no_grad()
+def label_text_rows(target, rows, k, pad_id):
+    """Teacher-forced labels for rows of equal length. Returns a shard dict."""
+    ids = torch.tensor([r for _, r in rows], dtype=torch.int64)
+    R, L = ids.shape
+    idx = torch.empty(R, L, k, dtype=torch.int32)
+    lp = torch.empty(R, L, k, dtype=torch.float16)
+    for r in range(R):  # one row at a time keeps the fp32 [L, V] log-softmax small
+        logits = target(ids[r: r + 1]).logits[0]
+        idx[r], lp[r] = topk_logprobs(logits, k)
+    mask = torch.ones(R, L, dtype=torch.bool)
+    return {"tokens": ids.to(torch.int32), "mask": mask, "topk_idx": idx, "topk_lp": lp,
+            "kind": "text", "sources": [s for s, _ in rows]}
+
+
+@torch.no_grad()
+def label_generations(target, tokenizer, prompts, k, max_new_tokens, temperature, seed):
+    """The target answers ``prompts`` (corpus.make_prompts dicts) in one batch; its own logits at
+    each generated step are the labels. Returns a shard dict."""
+    texts = []
+    for p in prompts:
+        if p["chat"] and getattr(tokenizer, "chat_template", None):
+            texts.append(tokenizer.apply_chat_template([{"role": "user", "content": p["text"]}],
+                                                       tokenize=False, add_generation_prompt=True))
+        else:
+            texts.append(p["text"])
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False,
+                        truncation=True, max_length=384)
+    finally:
+        tokenizer.padding_side = side
+    eos = tokenizer.eos_token_id
+    kwargs = dict(max_new_tokens=max_new_tokens, output_logits=True, return_dict_in_generate=True,
+                  pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)
+    if temperature > 0:
+        kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+    torch.manual_seed(seed)
+    out = target.generate(**enc, **kwargs)
+    P = enc["input_ids"].shape[1]
+    gen = out.sequences[:, P:]  # [B, G]
+    steps = torch.stack(out.logits, dim=1)  # [B, G, V]
+    rows, labels = [], []
+    for b in range(len(prompts)):
+        prompt = enc["input_ids"][b][enc["attention_mask"][b].bool()].tolist()
+        g = gen[b].tolist()
+        n = len(g)
+        if eos is not None and eos in g:
+            n = g.index(eos) + 1
+        rows.append(prompt + g[:n])
+        labels.append((len(prompt), n, steps[b, :n]))
+    L = max(len(r) for r in rows)
+    R = len(rows)
+    pad = kwargs["pad_token_id"]
+    tokens = torch.full((R, L), pad, dtype=torch.int32)
+    mask = torch.zeros(R, L, dtype=torch.bool)
+    idx = torch.zeros(R, L, k, dtype=torch.int32)
+    lp = torch.zeros(R, L, k, dtype=torch.float16)
+    for b, (row, (plen, n, logits)) in enumerate(zip(rows, labels)):
+        tokens[b, : len(row)] = torch.tensor(row, dtype=torch.int32)
+        # Step s of generate saw the sequence up to position plen+s-1 and produced token plen+s.
+        mask[b, plen - 1: plen - 1 + n] = True
+        idx[b, plen - 1: plen - 1 + n], lp[b, plen - 1: plen - 1 + n] = topk_logprobs(logits, k)
+    return {"tokens": tokens, "mask": mask, "topk_idx": idx, "topk_lp": lp, "kind": "gen",
+            "sources": [p["category"] for p in prompts], "temperature": temperature}
+
+
+def save_shard(shard, path):
+    tmp = path + ".tmp"
+    torch.save(shard, tmp)
+    os.replace(tmp, path)
+
+
+def load_shards(data_dir, num_shards):
+    shards = []
+    for i in range(num_shards):
+        path = shard_path(data_dir, i)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"missing distillation shard {path}; run the collection phase first")
+        shards.append(torch.load(path, weights_only=False))
+    return shards
+
+
+def rank_vocab(shards, vocab_size, draft_vocab, always=()):
+    """The ``draft_vocab`` token ids the draft may propose, sorted ascending: those carrying the most
+    teacher probability mass in the data, then the most frequent corpus tokens, then ``always``.
+
+    Shape: -> int64 [draft_vocab]."""
+    mass = torch.zeros(vocab_size, dtype=torch.float64)
+    freq = torch.zeros(vocab_size, dtype=torch.float64)
+    for s in shards:
+        m = s["mask"]
+        idx = s["topk_idx"][m].long().reshape(-1)
+        mass.index_add_(0, idx, s["topk_lp"][m].float().exp().reshape(-1).double())
+        freq.index_add_(0, s["tokens"].long().reshape(-1), torch.ones(s["tokens"].numel(), dtype=torch.float64))
+    score = mass * 1e6 + freq  # teacher mass first; corpus frequency breaks ties among the rest
+    for t in always:
+        if t is not None and 0 <= t < vocab_size:
+            score[t] = float("inf")
+    draft_vocab = min(draft_vocab, vocab_size)
+    keep = score.topk(draft_vocab).indices
+    return keep.sort().values
+
+
+def coverage(shards, keep, vocab_size):
+    """Fraction of labelled positions whose teacher top-1 token is in ``keep``."""
+    inside = torch.zeros(vocab_size, dtype=torch.bool)
+    inside[keep] = True
+    hit = tot = 0
+    for s in shards:
+        top1 = s["topk_idx"][..., 0][s["mask"]].long()
+        hit += int(inside[top1].sum())
+        tot += top1.numel()
+    return hit / max(1, tot)
+
+
+def corpus_pools(max_stdlib_files=None):
+    """The offline text pools: [(name, [(item name, text), ...]), ...] and their manifest."""
+    src = corpus.stdlib_sources(limit=max_stdlib_files)
+    docs = corpus.docstrings(src)
+    topics = corpus.pydoc_topics()
+    pkgs = corpus.package_docs()
+    pools = [("stdlib-source", src), ("pydoc-topics", topics), ("stdlib-docstrings", docs),
+             ("package-docs", pkgs)]
+    pools = [(n, items) for n, items in pools if items]
+    return pools, src, topics

@@ -1,0 +1,102 @@
+"""Quick check of a draft against its target: greedy top-1 agreement per prompt category and the
+per-token decode cost of draft vs target. Not the benchmark (that is bench/, on a quiet machine);
+timings here are as noisy as the machine they run on.
+
+    python -m specops.distill.evaluate [--draft smollm2-135m-draft | --draft-dir DIR] [--new-tokens 64]
+
+Agreement: the target (bf16) answers each held-out prompt greedily; the draft, teacher-forced on
+the target's own text, must put its argmax on the target's next token at every generated position.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from .corpus import EVAL_CHAT, EVAL_PROMPTS
+
+
+def _encode(tok, text, chat):
+    if chat and getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+@torch.no_grad()
+def agreement(target, draft, tok, new_tokens=64, prompts=None, chat=None):
+    """{category: (agreement, positions)} over the held-out prompts."""
+    prompts = prompts or EVAL_PROMPTS
+    chat = chat or EVAL_CHAT
+    out = {}
+    for cat, texts in prompts.items():
+        hit = tot = 0
+        for text, is_chat in zip(texts, chat[cat]):
+            ids = torch.tensor([_encode(tok, text, is_chat)])
+            seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                  do_sample=False, temperature=None, top_p=None, top_k=None,
+                                  pad_token_id=tok.eos_token_id)
+            P, n = ids.shape[1], seq.shape[1] - ids.shape[1]
+            pred = draft(seq).logits[0, P - 1: P - 1 + n].argmax(-1)
+            hit += int((pred == seq[0, P:]).sum())
+            tot += n
+        out[cat] = (hit / max(1, tot), tot)
+    return out
+
+
+@torch.no_grad()
+def step_cost(target, draft, prefix=128, steps=30):
+    """Median ms of one decode step (one token after ``prefix`` cached ones), draft and target
+    interleaved so both see the same machine load."""
+    from transformers import DynamicCache
+
+    ids = torch.randint(100, 20000, (1, prefix))
+    caches = {}
+    for name, m in (("target", target), ("draft", draft)):
+        caches[name] = DynamicCache(config=m.config)
+        m(ids, past_key_values=caches[name], use_cache=True)
+    times = {"target": [], "draft": []}
+    tok = ids[:, -1:]
+    for _ in range(steps):
+        for name, m in (("target", target), ("draft", draft)):
+            t = time.perf_counter()
+            m(tok, past_key_values=caches[name], use_cache=True)
+            times[name].append(1e3 * (time.perf_counter() - t))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main(argv=None):
+    from .. import models
+    from . import load_draft, load_draft_dir, target_embedding
+
+    p = argparse.ArgumentParser(prog="python -m specops.distill.evaluate", description=__doc__)
+    p.add_argument("--target", default="smollm2-135m")
+    p.add_argument("--draft", default="smollm2-135m-draft")
+    p.add_argument("--draft-dir", default=None, help="an exported draft directory instead of a shipped name")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, tok = models.load(args.target, "bf16")
+    if args.draft_dir:
+        emb, _ = target_embedding(args.target)
+        draft = load_draft_dir(args.draft_dir, emb, dtype=torch.bfloat16)
+    else:
+        draft, _ = load_draft(args.draft, "bf16")
+    agree = agreement(target, draft, tok, args.new_tokens)
+    cost = step_cost(target, draft)
+    res = {"agreement": {k: round(v[0], 4) for k, v in agree.items()},
+           "positions": {k: v[1] for k, v in agree.items()},
+           "agreement_all": round(sum(a * n for a, n in agree.values()) / max(1, sum(n for _, n in agree.values())), 4),
+           "draft_ms": round(cost["draft"], 2), "target_ms": round(cost["target"], 2),
+           "cost_ratio": round(cost["draft"] / cost["target"], 3), "threads": torch.get_num_threads(),
+           "note": "timings on a shared machine are noisy"}
+    json.dump(res, sys.stdout, indent=1)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

