@@ -113,6 +113,8 @@ class BuildExt(cpp_extension.BuildExtension):
 setup(
     packages=find_packages(include=["specops", "specops.*"]) + ["specops.triton_kernels"],
     package_dir={"specops.triton_kernels": "triton_kernels"},
+    # the distilled drafts ship inside the package (specops/drafts/<name>/)
+    package_data={"specops": ["drafts/*/*.safetensors", "drafts/*/*.json"]},
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExt.with_options(use_ninja=True)},
 )

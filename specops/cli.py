@@ -217,6 +217,19 @@ def _method_help():
     return "method, with its --param defaults: " + "; ".join(parts)
 
 
+def cmd_bench(argv):
+    """``specops bench ...`` = ``python -m bench ...`` in the source checkout this package runs from."""
+    import os
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.exists(os.path.join(root, "bench", "__main__.py")):
+        print("specops: error: the benchmarks live in the source checkout (bench/); install with "
+              "`pip install --no-build-isolation -e .` or run `python -m bench` there", file=sys.stderr)
+        return 2
+    return subprocess.call([sys.executable, "-m", "bench", *argv], cwd=root)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="specops", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -238,7 +251,20 @@ def main(argv=None):
     demo.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHOD_CHOICES)}")
     demo.add_argument("--json", default=None, help="write every run's metrics (method x prompt) as JSON")
 
+    from .distill import add_arguments as distill_arguments
+
+    distill_arguments(sub.add_parser("distill", help="distil a small draft model for an embedded target (CPU, resumable)"))
+    bench = sub.add_parser("bench", help="run the benchmark suite (python -m bench; needs a source checkout)",
+                           add_help=False)
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return cmd_bench(args.bench_args)
+    if args.command == "distill":
+        from .distill import run_args
+
+        return run_args(args)
     if args.command == "info":
         from .report import report
 

@@ -30,7 +30,7 @@ import torch
 
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32,
            "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16}
-DRAFT_KINDS = ("int8", "bf16", "fp32")
+DRAFT_KINDS = ("int8", "bf16", "fp32", "draft")  # "draft": distilled, shipped in specops/drafts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +176,10 @@ def load(name, dtype=None):
     drafts (fp32 activations, int8 linear layers) and fixed by the suffix for ``-bf16``/``-fp32``.
     """
     base, kind = split_name(name)
+    if kind == "draft":
+        from .distill import load_draft
+
+        return load_draft(name, dtype)
     entry = EMBEDDED[base]
     dest = os.path.join(cache_dir(), base)
     if not os.path.exists(os.path.join(dest, "model.safetensors")):
