@@ -49,7 +49,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(const at::Tenso
   int32_t* bo = bonus.data_ptr<int32_t>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "verify_greedy_cpu", [&] {
     const scalar_t* lg = logits.data_ptr<scalar_t>();
-    at::parallel_for(0, B, 1, [&](int64_t lo, int64_t hi) {
+    at::parallel_for(0, B, sequences_per_task(V), [&](int64_t lo, int64_t hi) {
       EmitOnly e;
       std::vector<float> row32;
       for (int64_t b = lo; b < hi; ++b) {
@@ -101,7 +101,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_cpu(
   int32_t* bo = bonus.data_ptr<int32_t>();
   const int32_t S = fix_shift(V);
   const float scale = exp2i(S);
-  at::parallel_for(0, B, 1, [&](int64_t lo, int64_t hi) {
+  at::parallel_for(0, B, sequences_per_task(V), [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; ++b) {
       const float* rows = lpp + b * (g + 1) * V;
       // R6: the longest prefix passing the test, not the first failure.

@@ -108,7 +108,8 @@ SPECOPS_CLONES int64_t row_drop_token(float* __restrict__ out, const float* __re
   return total;
 }
 
-// Chunk sums (given, or computed on the way) locate the chunk; a scalar scan finds the token.
+// Chunk sums (given, or computed on the way) locate the chunk; its weights then a scalar running
+// sum find the token.
 SPECOPS_CLONES int32_t row_sample(const float* __restrict__ x, int64_t V, float scale, int64_t W, float u,
                                   const int64_t* chunks, bool exp_weights) {
   if (W <= 0) return 0;
@@ -125,9 +126,16 @@ SPECOPS_CLONES int32_t row_sample(const float* __restrict__ x, int64_t V, float 
       for (int64_t i = start; i < end; ++i) s += fix_weight(x[i], scale);
     }
     if (run + s > t) {
-      for (int64_t i = start; i < end; ++i) {
-        run += fix_weight(exp_weights ? det_exp(x[i]) : x[i], scale);
-        if (run > t) return static_cast<int32_t>(i);
+      int64_t w[kChunk];  // the chunk's weights (vectorised), then a scalar running sum
+      const int64_t n = end - start;
+      if (exp_weights) {
+        for (int64_t i = 0; i < n; ++i) w[i] = fix_weight(det_exp(x[start + i]), scale);
+      } else {
+        for (int64_t i = 0; i < n; ++i) w[i] = fix_weight(x[start + i], scale);
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        run += w[i];
+        if (run > t) return static_cast<int32_t>(start + i);
       }
       return static_cast<int32_t>(end - 1);  // unreachable when the chunk sums are the row's
     }

@@ -15,6 +15,10 @@ constexpr int64_t kChunk = 2048;
 
 inline int64_t num_chunks(int64_t V) { return (V + kChunk - 1) / kChunk; }
 
+// Sequences per at::parallel_for task: a sequence costs a few V-wide passes, and waking a second
+// thread only pays off above ~64K elements of work (below it the op runs on the calling thread).
+inline int64_t sequences_per_task(int64_t V) { return V >= 65536 ? 1 : 65536 / (V > 0 ? V : 1); }
+
 // Shape: x [V] -> sum of the weights (chunks [num_chunks(V)] optional, may be nullptr).
 int64_t row_sum_fix(const float* x, int64_t V, float scale, int64_t* chunks);
 // Same with the weights of det_exp(logp) (R6's bonus row of log-probabilities).

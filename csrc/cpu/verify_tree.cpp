@@ -1,4 +1,4 @@
-// verify_tree on the CPU: one task per sequence (at::parallel_for over B) running the shared walks
+// verify_tree on the CPU: sequences in parallel (at::parallel_for over B) running the shared walks
 // of csrc/verify_common.h; the engine below supplies V-wide loops over one row at a time.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -134,8 +134,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu(
   const int32_t S = fix_shift(V);
   const float scale = exp2i(S), inv_scale = exp2i(-S);
   const int64_t nbuf = mode_buffers(mode);
-  // One sequence per task: the walk is sequential, the V-wide passes inside it are what costs.
-  at::parallel_for(0, B, 1, [&](int64_t lo, int64_t hi) {
+  // Sequences are independent; a walk is sequential and its V-wide passes are what costs.
+  at::parallel_for(0, B, sequences_per_task(V), [&](int64_t lo, int64_t hi) {
     std::vector<float> buf(nbuf * V);
     std::vector<int64_t> chunks(4 * num_chunks(V));
     std::vector<int32_t> scratch(T + 2);

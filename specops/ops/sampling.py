@@ -22,8 +22,10 @@ makes the kept set independent of any sort's tie order. Kernels sum top-p mass i
 the reference sums fp32 probabilities in fp64. The two can differ only when the cumulative mass
 lands within ~1e-7 of ``p`` at a boundary token.
 
+Kernels may flush to 0 probabilities that would be denormal (``exp(z - max) < ~1e-38``).
 Rows whose logits are all ``-inf`` or contain NaN / ``+inf`` have no defined result
-(``check=True`` reports them).
+(``check=True`` reports them). Nothing syncs the host with ``check=False`` (use it on the hot
+path and under CUDA-graph capture); all parameters may live on the device.
 """
 import numbers
 

@@ -19,6 +19,10 @@ a warper removed) and is never selected.
   its path below the root; a no-op for cumulative log-probs), and ties go to the lower node
   index, which is always an ancestor's side because ``parents[i] < i``: the chosen set is
   therefore ancestor-closed, i.e. a connected subtree containing the root.
+
+Both ops take ``check=True`` value checks that sync the host once; pass ``check=False`` on the
+hot path and under CUDA-graph capture. The CUDA backend of ``topn_expand`` keeps its selection
+in shared memory and so takes ``n <= 2048``.
 """
 import numbers
 
@@ -29,6 +33,7 @@ from ..backend import register, resolve
 from . import _checks
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_CUDA_MAX_N = 2048  # kTopItems * kThreads in csrc/cuda/topn.cu
 
 
 def _positive_int(name, value):
@@ -62,6 +67,8 @@ def topn_expand(parent_scores, child_logprobs, n, *, per_parent_k=None, check=Tr
             if _checks._first_bad([(torch.isnan(t) | (t == float("inf"))).any()]) is not None:
                 raise ValueError(f"{name} must not contain NaN or +inf")
     impl = resolve("topn_expand", parent_scores.device, backend)
+    if impl is _topn_compiled and parent_scores.is_cuda and n > _CUDA_MAX_N:
+        raise ValueError(f"n must be <= {_CUDA_MAX_N} on the cuda backend (shared-memory selection), got {n}")
     return impl(parent_scores.float(), child_logprobs, n, min(k, V))
 
 
