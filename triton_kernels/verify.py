@@ -394,3 +394,5 @@ for _bv in (1024,):  # the launcher's chunk for every V >= 1024
                                           **_outs, "G": "i32", "V": "i32", "S": "i32", "BLOCK_T": "constexpr",
                                           "BLOCK_V": "constexpr"},
                           {"BLOCK_T": _bt, "BLOCK_V": _bv}))
+# The launchers compile without FMA contraction (bit-identical decisions); so must the AOT check.
+AOT_SPECS = [(*spec, {"enable_fp_fusion": False}) for spec in AOT_SPECS]
