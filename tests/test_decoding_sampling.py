@@ -20,6 +20,15 @@ PROMPT = [3, 1, 4, 1, 5]
 ALPHA = 1e-3 / 13  # family-wise over this file's chi-square tests
 
 
+@pytest.fixture(autouse=True)
+def _kernel_checks(monkeypatch):
+    # Every op call validates its inputs here: drafters must hand the kernels well-formed trees
+    # and distributions (the loop itself runs with the checks off).
+    from specops.decoding import _kernels
+
+    monkeypatch.setattr(_kernels, "CHECK", True)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _one_thread():
     old = torch.get_num_threads()

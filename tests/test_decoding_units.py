@@ -1,11 +1,9 @@
 """The loop's host-side pieces on their own: GSD's token graph, Ouroboros' phrase pool, n-gram
-lookup, stop conditions, metrics, candidate packing, drafter parameters, and the op stand-ins
-against the specops kernels where those are built."""
+lookup, stop conditions, metrics, candidate packing, drafter parameters, kernel checks, CLI."""
 import pytest
 import torch
 
-import specops
-from specops.decoding import METHODS, Candidates, Metrics, PhrasePool, TokenGraph, _ops
+from specops.decoding import METHODS, Candidates, Metrics, PhrasePool, TokenGraph
 from specops.decoding.drafters.ngram import lookup
 from specops.decoding.stopping import Stopper
 from specops.decoding.tree import Trie, depths
@@ -208,54 +206,20 @@ def test_every_method_rejects_unknown_parameters(name):
     assert drafter.tree_budget() >= 1 and drafter.draft_budget() >= 0
 
 
-# ---- the op stand-ins agree with the kernels (where built) ----------------------------------------
+# ---- kernel input checks ----------------------------------------------------------------------
 
-def _random_tree_case(B=3, T=9, V=11, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    from specops.testing import random_parents
+def test_kernel_checks_are_off_on_the_hot_path_and_switchable(monkeypatch):
+    from specops.decoding import _kernels
 
-    parents = random_parents(B, T, generator=g)
-    tokens = torch.randint(0, V, (B, T), generator=g, dtype=torch.int32)
-    logits = torch.randn(B, T, V, generator=g) * 3
-    return tokens, parents, logits
-
-
-def test_warp_stand_in_matches_definition():
-    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0]])
-    p = _ops._warp_probs(logits, 1.0, 3, 1.0)
-    assert p[0, 3] == 0 and p[0, 4] == 0 and p.sum() == pytest.approx(1.0)
-    q = _ops._warp_probs(logits, 0.5, 0, 0.5)
-    assert (q > 0).sum() == 1 and q[0, 0] == 1
-    assert _ops._warp_probs(logits, 0.0).tolist() == [[1.0, 0.0, 0.0, 0.0, 0.0]]
-
-
-@pytest.mark.skipif(getattr(specops, "verify_greedy", None) is None, reason="verify kernels not in this build")
-def test_greedy_stand_in_equals_kernel():
-    tokens, parents, logits = _random_tree_case()
-    tokens[:, 1:] = logits.argmax(-1).gather(1, parents[:, 1:].clamp(min=0).long()).to(torch.int32)
-    got = _ops._verify_greedy(tokens, parents, logits)
-    want = specops.verify_greedy(tokens, parents, logits)
-    for a, b in zip(got, want):
-        assert torch.equal(a.cpu(), b.cpu().to(a.dtype))
-
-
-@pytest.mark.skipif(getattr(specops, "topn_expand", None) is None, reason="topn kernels not in this build")
-def test_topn_stand_in_equals_kernel_scores():
-    g = torch.Generator().manual_seed(1)
-    ps, lp = torch.randn(2, 3, generator=g), torch.randn(2, 3, 17, generator=g).log_softmax(-1)
-    a, b = _ops._topn_expand(ps, lp, 5, per_parent_k=4), specops.topn_expand(ps, lp, 5, per_parent_k=4)
-    assert torch.allclose(a[0], b[0])
-
-
-def test_select_subtree_stand_in_is_a_rooted_subtree():
-    parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 3]], dtype=torch.int32)
-    scores = torch.tensor([[0.0, -0.1, -0.5, -0.3, -2.0, -0.6, -0.35]])
-    keep, par, counts = _ops._select_topn_subtree(parents, scores, 4)
-    assert counts.tolist() == [4] and keep[0].tolist() == [0, 1, 3, 6]  # the path 0-1-3-6 beats node 2
-    assert par[0].tolist() == [-1, 0, 1, 2]
-    scores[0, 3] = float("-inf")  # a dead node takes its subtree with it
-    keep, par, counts = _ops._select_topn_subtree(parents, scores, 4)
-    assert keep[0].tolist() == [0, 1, 2, 5] and par[0].tolist() == [-1, 0, 0, 2]
+    assert _kernels.CHECK is False or __import__("os").environ.get("SPECOPS_CHECK") == "1"
+    monkeypatch.setattr(_kernels, "CHECK", True)
+    bad = torch.tensor([[0.5, 0.2]])  # rows of draft_probs must sum to 1 when checked
+    tokens = torch.tensor([[1, 0]], dtype=torch.int32)
+    parents = torch.tensor([[-1, 0]], dtype=torch.int32)
+    p = torch.full((1, 2, 2), 0.5)
+    with pytest.raises(ValueError):
+        _kernels.verify_tree(tokens, parents, p, torch.full((1, 2, 2), 0.5), draft_probs=bad[None].expand(1, 2, 2),
+                             mode="mss", num_nodes=None)
 
 
 # ---- command line -----------------------------------------------------------------------------

@@ -103,13 +103,22 @@ def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temp
 
 # ---- input resolution ------------------------------------------------------------------------
 
+_LOADED = {}  # (spec, dtype) -> (model, tokenizer): repeated calls by name reuse the loaded model
+_LOADED_MAX = 4
+
+
 def _resolve_model(spec, dtype, what):
     if isinstance(spec, str):
-        try:
-            model, tok = models.load_any(spec, dtype)
-        except (ValueError, FileNotFoundError) as err:
-            raise ValueError(f"{what}: {err}") from None
-        return model, tok
+        key = (spec, str(dtype))
+        if key not in _LOADED:
+            try:
+                loaded = models.load_any(spec, dtype)
+            except (ValueError, FileNotFoundError) as err:
+                raise ValueError(f"{what}: {err}") from None
+            if len(_LOADED) >= _LOADED_MAX:
+                _LOADED.pop(next(iter(_LOADED)))
+            _LOADED[key] = loaded
+        return _LOADED[key]
     if isinstance(spec, torch.nn.Module) and hasattr(spec, "config"):
         return spec, getattr(spec, "specops_tokenizer", None)
     raise TypeError(f"{what} must be an HF causal LM, an embedded model name or a path, got {type(spec).__name__}")

@@ -13,7 +13,7 @@ attention implementation. The loop needs only::
     runner.commit(counts)                         # keep the first counts[b] block rows (a chain)
     runner.truncate(new_lens)                     # lens = new_lens <= lens (metadata only)
 
-``set_runner_factory`` swaps the constructor (tests use it to run the loop over a plain-HF stand-in).
+``set_runner_factory`` swaps the constructor (tests use it to prove bad input fails before any work).
 """
 import torch
 

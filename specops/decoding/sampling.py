@@ -4,7 +4,7 @@ import dataclasses
 
 import torch
 
-from ._ops import op
+from . import _kernels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +28,7 @@ class SamplingConfig:
 
     def warp(self, logits):
         """Shape: logits [N, V] -> probs fp32 [N, V] (one-hot argmax when greedy)."""
-        return op("warp_probs")(logits.float(), float(self.temperature), int(self.top_k), float(self.top_p))
+        return _kernels.warp_probs(logits.float(), float(self.temperature), int(self.top_k), float(self.top_p))
 
 
 def sample(probs, generator):

@@ -3,7 +3,7 @@ import dataclasses
 
 import torch
 
-from ._ops import op
+from . import _kernels
 from .sampling import sample
 
 
@@ -28,7 +28,7 @@ def verify(mode, cand, tokens, parents, num_nodes, logits, state):
     B, T, V = logits.shape
     tok32 = tokens.to(torch.int32)
     if mode == "greedy":
-        idx, lens, bonus = op("verify_greedy")(tok32, parents, logits, num_nodes)
+        idx, lens, bonus = _kernels.verify_greedy(tok32, parents, logits, num_nodes)
     elif mode == "joint":
         return _verify_joint(cand, tokens, num_nodes, logits, state)
     else:
@@ -37,7 +37,7 @@ def verify(mode, cand, tokens, parents, num_nodes, logits, state):
         draft_probs = None
         if mode in ("mss", "mss_noreplace", "gsd"):
             draft_probs = cand.pack_draft_probs(V, logits.device)
-        idx, lens, bonus = op("verify_tree")(tok32, parents, probs, uniforms, draft_probs=draft_probs,
+        idx, lens, bonus = _kernels.verify_tree(tok32, parents, probs, uniforms, draft_probs=draft_probs,
                                              mode=mode, num_nodes=num_nodes)
     idx, lens, bonus = idx.tolist(), lens.tolist(), bonus.tolist()
     paths = [idx[b][: lens[b]] for b in range(B)]
@@ -60,7 +60,7 @@ def _verify_joint(cand, tokens, num_nodes, logits, state):
         eta = [0] * B
     else:
         uniforms = torch.rand(B, generator=state.generator).to(logits.device)
-        _, lens, _ = op("verify_joint")(tokens[:, 1:].to(torch.int32), logp, log_q, float(cand.extra["tau"]),
+        _, lens, _ = _kernels.verify_joint(tokens[:, 1:].to(torch.int32), logp, log_q, float(cand.extra["tau"]),
                                         uniforms)
         eta = [min(int(a) - 1, n[b] - 1) for b, a in enumerate(lens.tolist())]
     rows = logits[torch.arange(B), torch.tensor(eta)]

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .._ops import op
+from .. import _kernels
 from ..sampling import SamplingConfig
 from ..tree import Candidates
 from .base import ModelDrafter
@@ -51,7 +51,7 @@ class BeamDrafter(ModelDrafter):
         B, M = state.batch, self.beams
         d.forward()
         logq = self._logq(d.logits_rows([(b, d.root[b]) for b in range(B)]))[:, None]  # [B, 1, V]
-        layers = [op("topn_expand")(torch.zeros(B, 1), logq, M, per_parent_k=M)]
+        layers = [_kernels.topn_expand(torch.zeros(B, 1), logq, M, per_parent_k=M)]
         blocks = [[[d.root[b]] for b in range(B)]]  # blocks[k+1][b][i]: block node of layers[k] beam i
         for _ in range(1, self.gamma):
             scores, toks, par = layers[-1]
@@ -64,7 +64,7 @@ class BeamDrafter(ModelDrafter):
             pairs = [(b, blk[b][i] if blk[b][i] >= 0 else d.first_row_node) for b in range(B) for i in range(M)]
             logq = self._logq(d.logits_rows(pairs)).view(B, M, -1)
             dead = torch.tensor([[x < 0 for x in row] for row in blk])
-            layers.append(op("topn_expand")(scores.masked_fill(dead, float("-inf")), logq, M, per_parent_k=M))
+            layers.append(_kernels.topn_expand(scores.masked_fill(dead, float("-inf")), logq, M, per_parent_k=M))
         return self._best_beam(state, layers, blocks)
 
     def _best_beam(self, state, layers, blocks):

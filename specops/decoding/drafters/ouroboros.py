@@ -33,7 +33,8 @@ from .base import ModelDrafter
 
 class OuroborosDrafter(ModelDrafter):
     name = "ouroboros"
-    PARAMS = {"gamma": 6, "window": 6, "ngram": 4, "guesses": 6, "branches": 3, "reuse_pool": True}
+    # CPU-sized (the paper's W = 15-20 is GPU-sized: here every window token costs draft compute).
+    PARAMS = {"gamma": 4, "window": 2, "ngram": 4, "guesses": 4, "branches": 3, "reuse_pool": True}
     sampling_mode = "sample_match"
 
     def check_params(self):

@@ -23,8 +23,9 @@ from .base import ModelDrafter
 
 class TopKTreeDrafter(ModelDrafter):
     name = "tsd"
-    PARAMS = {"k": 4, "max_depth": 6, "theta_prob": 0.2, "theta_sib": 0.3, "max_nodes": 48,
-              "max_tree_nodes": 64, "tau": None, "verify": None}
+    # k and the thresholds are the paper's 70B setting; depth and caps are CPU-sized (paper: 10, 100).
+    PARAMS = {"k": 4, "max_depth": 5, "theta_prob": 0.2, "theta_sib": 0.3, "max_nodes": 24,
+              "max_tree_nodes": 32, "tau": None, "verify": None}
     sampling_mode = "mss_pointmass"
 
     def check_params(self):
