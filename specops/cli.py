@@ -80,12 +80,12 @@ def _encode(tok, text, raw):
 _DRAFTS = {}
 
 
-def _draft_for(args, method, target):
+def _draft_for(args, method, target, params=None):
     """The draft model for ``method`` (None for model-free methods), loaded once per spec."""
     from . import models
     from .decoding import methods
 
-    if not methods.get(method).needs_draft_model:
+    if not methods.make(method, **(params or {})).needs_draft_model:
         return None
     spec = args.draft
     if spec is None:
@@ -107,7 +107,7 @@ def cmd_generate(args):
     if args.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
     target, tok = _setup(args)
-    draft = _draft_for(args, args.method, target)
+    draft = _draft_for(args, args.method, target, params)
     prompts = [_encode(tok, args.prompt, args.raw)] * args.batch
     shown = []
     counts = [0] * args.batch

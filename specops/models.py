@@ -160,6 +160,7 @@ def _convert(entry, dest):
         tok.save_pretrained(tmp)
         if gguf.startswith(tmp):
             os.remove(gguf)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is an ordinary directory
         try:
             os.rename(tmp, dest)
         except OSError:  # another process converted it first

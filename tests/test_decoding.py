@@ -57,12 +57,14 @@ LOSSLESS = {
     "opt-tree-deep": {"method": "opt-tree", "n": 6, "delta": 0.0, "max_depth": 5},
     "ouroboros": {},
     "ouroboros-no-window": {"method": "ouroboros", "window": 0, "gamma": 3, "branches": 2},
+    "ouroboros-model-free": {"method": "ouroboros", "model_free": True, "draft": None},
 }
 
 
 def _run(target, draft, prompts, case, **kw):
     params = dict(LOSSLESS[case]) if case in LOSSLESS else {}
     method = params.pop("method", case)
+    draft = params.pop("draft", draft)
     params.setdefault("eos_token_id", [])
     params.update(kw)
     return generate(target, prompts, draft=draft, method=method, max_new_tokens=params.pop("new_tokens", N_NEW),
@@ -286,9 +288,10 @@ def test_bad_prompts_and_drafts_raise_before_work(pair, no_work):
 
 def test_model_free_methods_need_no_draft(pair):
     _, target, _, prompts, refs = pair
-    out, m = generate(target, prompts, method="ngram", max_new_tokens=N_NEW, eos_token_id=[])
-    assert [out[b].tolist() for b in range(3)] == [r[:N_NEW] for r in refs]
-    assert m.num_draft_forwards == 0
+    for method, kw in (("ngram", {}), ("ouroboros", {"model_free": True})):
+        out, m = generate(target, prompts, method=method, max_new_tokens=N_NEW, eos_token_id=[], **kw)
+        assert [out[b].tolist() for b in range(3)] == [r[:N_NEW] for r in refs]
+        assert m.num_draft_forwards == 0
 
 
 def test_every_registered_method_runs(pair):

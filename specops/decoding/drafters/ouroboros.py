@@ -23,6 +23,10 @@ adds its n-grams. The pool persists across calls (``reuse_pool``), as the paper'
 Draft KV: drafted tokens are committed into the draft cache as drafting goes (the accepted part of
 each forward is compacted, window and guess rows are dropped); after verification the next
 ``begin`` truncates the draft cache to the longest prefix that agrees with the emitted sequence.
+
+``model_free=True`` drops the draft model: the draft is the pool's newest phrases chained from the
+last token up to ``gamma`` tokens, then lengthened the same way (Ouroboros' phrase pool as a
+model-free drafter, next to n-gram lookup).
 """
 import random
 
@@ -34,7 +38,8 @@ from .base import ModelDrafter
 class OuroborosDrafter(ModelDrafter):
     name = "ouroboros"
     # CPU-sized (the paper's W = 15-20 is GPU-sized: here every window token costs draft compute).
-    PARAMS = {"gamma": 4, "window": 2, "ngram": 4, "guesses": 4, "branches": 3, "reuse_pool": True}
+    PARAMS = {"gamma": 4, "window": 2, "ngram": 4, "guesses": 4, "branches": 3, "reuse_pool": True,
+              "model_free": False}
     sampling_mode = "sample_match"
 
     def check_params(self):
@@ -43,6 +48,7 @@ class OuroborosDrafter(ModelDrafter):
         self._positive_int("ngram", self.ngram, 2)
         self._positive_int("guesses", self.guesses, 0)
         self._positive_int("branches", self.branches, 0)
+        self.needs_draft_model = not self.model_free
         self.pool = None
 
     @property
@@ -70,6 +76,9 @@ class OuroborosDrafter(ModelDrafter):
     # ---- drafting ----------------------------------------------------------------------------
 
     def propose(self, state):
+        if self.model_free:
+            return self._comb(state, [self._pool_chain(state, b) for b in range(state.batch)],
+                              [0] * state.batch)
         d = state.draft
         d.begin(state.seqs, state.active)
         B = state.batch
@@ -96,6 +105,20 @@ class OuroborosDrafter(ModelDrafter):
             if any(going):
                 d.begin_chain(chains)
         return self._comb(state, drafted, forwards)
+
+    def _pool_chain(self, state, b):
+        """Model-free draft: newest pool phrases chained from the last token, up to gamma tokens."""
+        out = []
+        if not state.active[b]:
+            return out
+        last = state.seqs[b][-1]
+        while len(out) < self.gamma:
+            phrase = self.pool.get(last, 1)
+            if not phrase:
+                break
+            out += phrase[0][: self.gamma - len(out)]
+            last = out[-1]
+        return out
 
     def _lay_out(self, d, b, going):
         """Adds window and guess nodes below the block root; returns their block indices."""
@@ -161,7 +184,8 @@ class OuroborosDrafter(ModelDrafter):
             node = 0
             for tok in drafted[b]:
                 node = trie.add(node, tok)
-            phrases = self.pool.get(drafted[b][-1], self.branches) if drafted[b] and self.branches else []
+            key = drafted[b][-1] if drafted[b] else state.seqs[b][-1]
+            phrases = self.pool.get(key, self.branches) if state.active[b] else []
             for phrase in phrases:
                 trie.insert(node, phrase)
             tokens.append(trie.tokens)
@@ -177,7 +201,7 @@ class OuroborosDrafter(ModelDrafter):
         for b in range(state.batch):
             if not state.was_active[b]:
                 continue
-            n, phrases = cand.extra["tried"][b]
+            n, phrases = cand.extra["tried"][b]  # n drafted chain tokens (nodes 1..n), phrases below n
             tok, par, v = cand.tokens[b], cand.parents[b], argmax[b]
             path = result.paths[b]
             A = sum(1 for i in path if 1 <= i <= n)
