@@ -75,15 +75,16 @@ def run_task(rec, target_name, target, tok, draft_models, task, batch_ids, mode,
     base = dict(target=target_name, task=task, mode=mode, batch=batch, new_tokens=new)
     groups = [batch_ids[i:i + 1] for i in range(len(batch_ids))] if batch == 1 else \
         [(batch_ids * batch)[:batch]]
-    configs = [("ar", None, "ar")] + [(m, None, m) for m in FREE_METHODS]
+    configs = [("ar", None, "ar")] + [(m, None, m) for m in FREE_METHODS]  # model-free variants
     configs += [(m, d, f"{m}/{d.split('-')[-1]}") for d in draft_models for m in MODEL_METHODS]
     ar_tokens = {}
     for method, draft, provider in configs:
         stats = dict(tokens=0, time=0.0, fwd=0, draft_tokens=0, nodes=0, draft_s=0.0, verify_s=0.0, book_s=0.0,
                      mal_num=0, mal_den=0, lp=0.0, lp_n=0, diff=0, cmp=0)
         for g, ids in enumerate(groups):
+            extra = {"model_free": True} if method == "ouroboros" and draft is None else {}
             out, m = specops.generate(target, ids, draft=draft_models.get(draft), method=method, max_new_tokens=new,
-                                      eos_token_id=[], seed=g, **SAMPLING[mode])
+                                      eos_token_id=[], seed=g, **SAMPLING[mode], **extra)
             stats["tokens"] += m.num_generated_tokens
             stats["time"] += m.total_time_s
             stats["fwd"] += m.num_target_forwards
