@@ -156,7 +156,8 @@ def test_pipeline_end_to_end_on_a_tiny_target(tmp_path, tiny_tokenizer):
     nxt = torch.roll(g0["tokens"], -1, dims=1)
     assert torch.equal(g0["topk_idx"][..., 0][m], nxt[m])
     draft = load_draft_dir(out, target.model.embed_tokens.weight.detach(), dtype=torch.float32)
-    assert draft(torch.tensor([[5, 6, 7]])).logits.shape == (1, 3, V)
+    assert rec["arch"] == "feature" and draft.specops_arch == "feature"  # the default: EAGLE-style
+    assert draft(torch.tensor([[5, 6, 7]]), features=torch.zeros(1, 3, 64)).logits.shape == (1, 3, V)
     # the collected data is reused and checked: same settings resume, other settings refuse
     run(target, tiny_tokenizer, str(tmp_path), **kw)
     with pytest.raises(ValueError, match="other settings"):

@@ -15,7 +15,10 @@ def add_arguments(p):
     p.add_argument("--target", required=True, help="embedded target name (smollm2-135m) or a path to an HF Llama model")
     p.add_argument("--out", required=True, help="work directory: data shards, checkpoints, exported draft (resumable)")
     p.add_argument("--tokens", type=int, default=400_000, help="labelled tokens to collect (default 400k)")
-    p.add_argument("--layers", type=int, default=2, help="draft decoder layers (default 2)")
+    p.add_argument("--arch", choices=("feature", "lm"), default="feature",
+                   help="feature: EAGLE-style draft on the target's final hidden state (default); "
+                        "lm: a stand-alone small LM on the target's embedding")
+    p.add_argument("--layers", type=int, default=None, help="draft decoder layers (default 1 feature, 2 lm)")
     p.add_argument("--init-layers", default=None,
                    help="comma-separated target layers that initialise the draft's (default: first K-1 and last)")
     p.add_argument("--draft-vocab", type=int, default=16384, help="tokens the draft scores (default 16384)")
@@ -101,7 +104,7 @@ def _run(run, model, tok, name, args, layer_map, command):
                gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, row_len=args.row_len, epochs=args.epochs,
                steps=args.steps, batch_rows=args.batch_rows, lr=args.lr, max_train_minutes=args.max_train_minutes,
                seed=args.seed, amp=not args.no_amp, command=command, progress_stream=sys.stderr,
-               export_dir=args.export)
+               export_dir=args.export, arch=args.arch)
 
 
 def main(argv=None):

@@ -14,7 +14,9 @@ first missing shard):
     mask     bool  [R, L]      position i carries the distribution of token i+1
     topk_idx int32 [R, L, k]   the target's k most likely next tokens
     topk_lp  fp16  [R, L, k]   their log-probs (normalised over the full vocabulary)
+    feats    bf16  [R, L, H]   (feature drafts only) the target's LM-head input at each position
 """
+import contextlib
 import os
 import random
 
@@ -84,19 +86,59 @@ class TextRows:
         return out
 
 
+@contextlib.contextmanager
+def head_inputs(model):
+    """Records the input of ``model``'s LM head (its final hidden state) on every forward:
+    ``with head_inputs(m) as got: m(ids); got[-1]`` is [B, T, H]."""
+    got = []
+    handle = model.get_output_embeddings().register_forward_pre_hook(lambda mod, args: got.append(args[0]))
+    try:
+        yield got
+    finally:
+        handle.remove()
+
+
 @torch.no_grad()
-def label_text_rows(target, rows, k, pad_id):
-    """Teacher-forced labels for rows of equal length. Returns a shard dict."""
+def label_text_rows(target, rows, k, pad_id, features=False):
+    """Teacher-forced labels (and, with ``features``, the target's final hidden states) for rows of
+    equal length. Returns a shard dict."""
     ids = torch.tensor([r for _, r in rows], dtype=torch.int64)
     R, L = ids.shape
     idx = torch.empty(R, L, k, dtype=torch.int32)
     lp = torch.empty(R, L, k, dtype=torch.float16)
-    for r in range(R):  # one row at a time keeps the fp32 [L, V] log-softmax small
-        logits = target(ids[r: r + 1]).logits[0]
-        idx[r], lp[r] = topk_logprobs(logits, k)
+    feats = torch.empty(R, L, target.config.hidden_size, dtype=torch.bfloat16) if features else None
+    with head_inputs(target) as got:
+        for r in range(R):  # one row at a time keeps the fp32 [L, V] log-softmax small
+            logits = target(ids[r: r + 1]).logits[0]
+            idx[r], lp[r] = topk_logprobs(logits, k)
+            if features:
+                feats[r] = got[-1][0].to(torch.bfloat16)
+            got.clear()
     mask = torch.ones(R, L, dtype=torch.bool)
-    return {"tokens": ids.to(torch.int32), "mask": mask, "topk_idx": idx, "topk_lp": lp,
-            "kind": "text", "sources": [s for s, _ in rows]}
+    out = {"tokens": ids.to(torch.int32), "mask": mask, "topk_idx": idx, "topk_lp": lp,
+           "kind": "text", "sources": [s for s, _ in rows]}
+    if features:
+        out["feats"] = feats
+    return out
+
+
+@torch.no_grad()
+def add_features(target, shard):
+    """Adds ``feats`` to a shard by one teacher-forced target pass per row (generated shards: the
+    generation itself does not keep hidden states)."""
+    tokens, mask = shard["tokens"], shard["mask"]
+    R, L = tokens.shape
+    feats = torch.zeros(R, L, target.config.hidden_size, dtype=torch.bfloat16)
+    with head_inputs(target) as got:
+        for r in range(R):
+            if not bool(mask[r].any()):
+                continue
+            n = int(mask[r].nonzero()[-1]) + 1
+            target(tokens[r: r + 1, :n].long())
+            feats[r, :n] = got[-1][0].to(torch.bfloat16)
+            got.clear()
+    shard["feats"] = feats
+    return shard
 
 
 @torch.no_grad()

@@ -25,6 +25,7 @@ from torch import nn
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 RECORD = "training.json"
+ARCHS = ("lm", "feature")
 
 
 class SubsetLMHead(nn.Module):
@@ -84,11 +85,19 @@ def _llama_class():
     return LlamaForCausalLM
 
 
-def build_draft(config, keep, embedding):
-    """A LlamaForCausalLM with ``config`` whose head is a :class:`SubsetLMHead` over ``embedding``.
+def build_draft(config, keep, embedding, arch="lm"):
+    """A LlamaForCausalLM with ``config`` whose head is a :class:`SubsetLMHead` over ``embedding``;
+    ``arch`` "feature" builds the EAGLE-style :mod:`feature draft <specops.distill.feature>`.
 
     Shape: keep int [Vd]; embedding [V, H] (the target's input embedding, frozen)."""
-    model = _llama_class()(config)
+    if arch not in ARCHS:
+        raise ValueError(f"draft arch must be one of {ARCHS}, got {arch!r}")
+    if arch == "feature":
+        from .feature import feature_draft_class
+
+        model = feature_draft_class()(config)
+    else:
+        model = _llama_class()(config)
     with torch.no_grad():
         model.model.embed_tokens.weight.copy_(embedding.to(model.model.embed_tokens.weight.dtype))
     model.model.embed_tokens.weight.requires_grad_(False)
@@ -125,6 +134,7 @@ def save_draft(draft, out_dir, *, target, record, dtype=torch.bfloat16):
     os.replace(tmp, os.path.join(out_dir, WEIGHTS))
     cfg = draft.config.to_dict()
     cfg["specops_draft"] = {"target": target, "draft_vocab": int(draft.lm_head.keep.numel()),
+                            "arch": getattr(draft, "specops_arch", "lm"),
                             "embedding": "target (frozen, tied, read from the target at load time)"}
     _write_json(os.path.join(out_dir, CONFIG), cfg)
     _write_json(os.path.join(out_dir, RECORD), record)
@@ -150,13 +160,13 @@ def load_draft_dir(draft_dir, embedding, dtype=torch.bfloat16):
     """Loads a draft written by :func:`save_draft` onto the target's ``embedding`` ([V, H])."""
     from safetensors.torch import load_file
 
-    config, _ = read_config(draft_dir)
+    config, meta = read_config(draft_dir)
     tensors = load_file(os.path.join(draft_dir, WEIGHTS))
     keep = tensors.pop("lm_head.keep").to(torch.int64)
     if embedding.shape[0] != config.vocab_size:
         raise ValueError(f"the draft in {draft_dir} has a {config.vocab_size}-token vocabulary but the "
                          f"target's embedding has {embedding.shape[0]} rows")
-    model = build_draft(config, keep, embedding)
+    model = build_draft(config, keep, embedding, arch=meta.get("arch", "lm"))
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     missing = [k for k in missing if not k.startswith(("model.embed_tokens", "lm_head"))]
     if missing or unexpected:

@@ -17,7 +17,8 @@ import time
 import torch
 
 from . import corpus, data
-from .model import build_draft, draft_config, init_from_target, save_draft
+from .feature import init_feature_draft
+from .model import ARCHS, build_draft, draft_config, init_from_target, save_draft
 from .train import Progress, flatten_rows, train
 
 
@@ -90,7 +91,8 @@ def collect(target, tokenizer, data_dir, plan, progress):
                 continue
             if not rows:
                 raise ValueError("the offline corpus ran out of text; lower --tokens or --gen-frac")
-            shard = data.label_text_rows(target, rows, plan["k"], tokenizer.pad_token_id)
+            shard = data.label_text_rows(target, rows, plan["k"], tokenizer.pad_token_id,
+                                         features=plan.get("features", False))
         else:
             batch = prompts[gi * plan["gen_batch"]:(gi + 1) * plan["gen_batch"]]
             temp = temps[gi % len(temps)]
@@ -99,6 +101,8 @@ def collect(target, tokenizer, data_dir, plan, progress):
                 continue
             shard = data.label_generations(target, tokenizer, batch, plan["k"], plan["gen_tokens"], temp,
                                            seed=plan["seed"] * 100_003 + i)
+            if plan.get("features", False):
+                data.add_features(target, shard)
         shard["wall_s"] = time.perf_counter() - ts
         data.save_shard(shard, path)
         done += 1
@@ -132,16 +136,24 @@ def data_summary(shards, manifest):
             "corpus_items_used": manifest.get("corpus_items_used", {})}
 
 
-def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=2, layer_map=None,
+def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None, layer_map=None,
         draft_vocab=16384, k=16, gen_frac=0.5, gen_tokens=128, gen_batch=32, row_len=256,
         shard_tokens=4096, gen_temperatures=(0.0, 0.7, 0.0, 1.0), epochs=3.0, steps=None, batch_rows=8,
         lr=1e-3, warmup=30, ckpt_every=50, eval_every=50, max_train_minutes=None, seed=0, amp=True,
-        max_stdlib_files=None, command=None, progress_stream=None, export_dir=None, stop_after=None):
-    """The whole pipeline on an already loaded target (an HF Llama causal LM). Returns the export dir."""
+        max_stdlib_files=None, command=None, progress_stream=None, export_dir=None, stop_after=None,
+        arch="feature", feature_noise=0.1, feature_weight=0.1):
+    """The whole pipeline on an already loaded target (an HF Llama causal LM). Returns the export dir.
+
+    ``arch``: "feature" (EAGLE-style, reads the target's hidden state; the default) or "lm" (a
+    stand-alone small LM on the target's embedding)."""
     check_target_model(target)
+    if arch not in ARCHS:
+        raise ValueError(f"--arch must be one of {', '.join(ARCHS)}, got {arch!r}")
     progress = Progress(progress_stream)
     t_start = time.perf_counter()
     n_layers = target.config.num_hidden_layers
+    if layers is None:
+        layers = 1 if arch == "feature" else 2
     layer_map = list(layer_map) if layer_map is not None else default_layer_map(n_layers, layers)
     if len(layer_map) != layers or any(not 0 <= j < n_layers for j in layer_map):
         raise ValueError(f"--init-layers must name {layers} target layers in 0..{n_layers - 1}, got {layer_map}")
@@ -149,6 +161,8 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=2, la
     plan = {"target": target_name, "shards": shards_n, "shard_tokens": shard_tokens, "gen_frac": gen_frac,
             "gen_tokens": gen_tokens, "gen_batch": gen_batch, "row_len": row_len, "k": k, "seed": seed,
             "gen_temperatures": list(gen_temperatures), "max_stdlib_files": max_stdlib_files}
+    if arch == "feature":
+        plan["features"] = True
     data_dir = os.path.join(out_dir, "data")
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -176,7 +190,9 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=2, la
 
     ckpt_dir = os.path.join(out_dir, "ckpt")
     sig = {"shards": shards_n, "draft_vocab": int(keep.numel()), "layers": layers, "layer_map": layer_map,
-           "steps": total_steps, "batch_rows": batch_rows, "lr": lr, "seed": seed, "amp": amp}
+           "steps": total_steps, "batch_rows": batch_rows, "lr": lr, "seed": seed, "amp": amp, "arch": arch}
+    if arch == "feature":
+        sig.update(feature_noise=feature_noise, feature_weight=feature_weight)
     sig_path = os.path.join(ckpt_dir, "settings.json")
     if os.path.exists(sig_path):
         with open(sig_path) as f:
@@ -190,8 +206,11 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=2, la
     cfg = draft_config(target.config, layers)
     emb = target.model.embed_tokens.weight.detach().float()
     torch.manual_seed(seed)
-    draft = build_draft(cfg, keep, emb)
-    init_from_target(draft, target, layer_map)
+    draft = build_draft(cfg, keep, emb, arch=arch)
+    if arch == "feature":
+        init_feature_draft(draft, target, layer_map)
+    else:
+        init_from_target(draft, target, layer_map)
     draft.float()
     progress.log(f"draft: {layers} layers initialised from target layers {layer_map}, "
                  f"{sum(p.numel() for p in draft.parameters() if p.requires_grad) / 1e6:.2f}M trainable params; "
@@ -200,7 +219,8 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=2, la
                   batch_rows=batch_rows, lr=lr, warmup=min(warmup, max(1, total_steps // 10)), seed=seed,
                   amp=amp, ckpt_every=ckpt_every, eval_every=eval_every,
                   max_seconds=None if max_train_minutes is None else 60.0 * max_train_minutes,
-                  progress=progress, stop_after=stop_after)
+                  progress=progress, stop_after=stop_after, feature_noise=feature_noise,
+                  feature_weight=feature_weight)
     if stop_after and state["step"] < total_steps:
         return None
     best = torch.load(os.path.join(ckpt_dir, "best.pt"), weights_only=False)
@@ -211,8 +231,12 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=2, la
         "architecture": {"layers": layers, "init_from_target_layers": layer_map, "hidden": cfg.hidden_size,
                          "intermediate": cfg.intermediate_size, "draft_vocab": int(keep.numel()),
                          "embedding_and_head": "the target's, frozen and tied (not stored here)"},
+        "arch": arch,
         "objective": f"cross-entropy to the target's top-{k} next-token distribution renormalised over "
-                     f"the draft vocabulary (forward KL up to a constant), teacher-forced",
+                     f"the draft vocabulary (forward KL up to a constant), teacher-forced"
+                     + (f"; plus {feature_weight} x smooth-L1 between the predicted and the target's next "
+                        f"final hidden state; inputs are the target's features with uniform noise "
+                        f"+-{feature_noise} x their RMS (EAGLE)" if arch == "feature" else ""),
         "data": {"shards": shards_n, "plan": plan, "top1_coverage_of_draft_vocab": cov,
                  **data_summary(shards, manifest)},
         "training": {"steps_planned": total_steps, "steps_done": state["step"], "exported_step": state["best_step"],

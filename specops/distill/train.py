@@ -52,20 +52,24 @@ class Progress:
 
 
 def flatten_rows(shards):
-    """Each shard row as (tokens [n], mask [n], idx [n, k], lp [n, k]) trimmed to its used length."""
+    """Each shard row as (tokens [n], mask [n], idx [n, k], lp [n, k], feats [n, H] or None) trimmed
+    to its used length."""
     rows = []
     for s in shards:
+        feats = s.get("feats")
         for r in range(s["tokens"].shape[0]):
             m = s["mask"][r]
             if not bool(m.any()):
                 continue
             n = int(m.nonzero()[-1]) + 1
-            rows.append((s["tokens"][r, :n], m[:n], s["topk_idx"][r, :n], s["topk_lp"][r, :n]))
+            rows.append((s["tokens"][r, :n], m[:n], s["topk_idx"][r, :n], s["topk_lp"][r, :n],
+                         None if feats is None else feats[r, :n]))
     return rows
 
 
 def collate(rows):
-    """Shape: -> tokens int64 [B, L], mask bool [B, L], idx int64 [B, L, k], lp fp32 [B, L, k]."""
+    """Shape: -> tokens int64 [B, L], mask bool [B, L], idx int64 [B, L, k], lp fp32 [B, L, k],
+    feats bf16 [B, L, H] or None."""
     L = max(r[0].shape[0] for r in rows)
     k = rows[0][2].shape[1]
     B = len(rows)
@@ -73,18 +77,43 @@ def collate(rows):
     mask = torch.zeros(B, L, dtype=torch.bool)
     idx = torch.zeros(B, L, k, dtype=torch.int64)
     lp = torch.zeros(B, L, k, dtype=torch.float32)
-    for b, (t, m, i, p) in enumerate(rows):
+    has_f = rows[0][4] is not None
+    feats = torch.zeros(B, L, rows[0][4].shape[-1], dtype=torch.bfloat16) if has_f else None
+    for b, (t, m, i, p, f) in enumerate(rows):
         n = t.shape[0]
         tokens[b, :n], mask[b, :n], idx[b, :n], lp[b, :n] = t, m, i, p.float()
-    return tokens, mask, idx, lp
+        if has_f:
+            feats[b, :n] = f
+    return tokens, mask, idx, lp, feats
 
 
-def distill_loss(draft, batch, full2sub, amp):
+def _feature_forward(draft, tokens, mask, feats, noise, weight):
+    """EAGLE's teacher-forced step: position i reads (token i+1, target feature i) and is scored on
+    the target's distribution at i+1 and, by regression, on the target's feature i+1.
+
+    Shape: tokens [B, L], mask [B, L], feats [B, L, H] -> (draft hidden [N, H] at the scored
+    positions, their label mask [B, L-1], regression loss)."""
+    f_in = feats[:, :-1].float()
+    if noise > 0 and draft.training:
+        rms = f_in.pow(2).mean(-1, keepdim=True).sqrt()
+        f_in = f_in + (torch.rand_like(f_in) * 2 - 1) * noise * rms
+    h, _ = draft.hidden(tokens[:, 1:], f_in)  # [B, L-1, H]
+    m = mask[:, 1:]
+    reg = torch.nn.functional.smooth_l1_loss(h[m].float(), feats[:, 1:][m].float()) * weight
+    return h[m], m, reg
+
+
+def distill_loss(draft, batch, full2sub, amp, feature_noise=0.0, feature_weight=0.1):
     """(loss, top-1 agreement, labelled positions) of ``draft`` on a collated batch."""
-    tokens, mask, idx, lp = batch
+    tokens, mask, idx, lp, feats = batch
+    reg = None
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
-        h = draft.model(input_ids=tokens).last_hidden_state  # [B, L, H]
-        h = h[mask]  # [N, H]
+        if getattr(draft, "specops_arch", "lm") == "feature":
+            h, mask, reg = _feature_forward(draft, tokens, mask, feats, feature_noise, feature_weight)
+            idx, lp = idx[:, 1:], lp[:, 1:]
+        else:
+            h = draft.model(input_ids=tokens).last_hidden_state  # [B, L, H]
+            h = h[mask]  # [N, H]
         logits = draft.lm_head.sub_logits(h)  # [N, Vd]
     logq = torch.log_softmax(logits.float(), dim=-1)
     idx, lp = idx[mask], lp[mask]  # [N, k]
@@ -95,6 +124,8 @@ def distill_loss(draft, batch, full2sub, amp):
     p = p / z.clamp_min(1e-12)
     ce = -(p * logq.gather(1, sub.clamp_min(0))).sum(-1)
     loss = ce[ok].mean() if bool(ok.any()) else logq.sum() * 0.0
+    if reg is not None:
+        loss = loss + reg
     pred = draft.lm_head.keep[logq.argmax(-1)]
     agree = (pred == idx[:, 0]).float().mean()
     return loss, float(agree), int(mask.sum())
@@ -114,6 +145,7 @@ def epoch_order(n, seed, epoch):
 
 @torch.no_grad()
 def evaluate_rows(draft, rows, full2sub, amp, batch_rows=16):
+    """Held-out top-1 agreement (teacher-forced; for a feature draft: from the target's features)."""
     draft.eval()
     hit = tot = 0
     for i in range(0, len(rows), batch_rows):
@@ -125,7 +157,8 @@ def evaluate_rows(draft, rows, full2sub, amp, batch_rows=16):
 
 
 def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmup, seed, amp,
-          ckpt_every, eval_every, max_seconds=None, progress=None, stop_after=None):
+          ckpt_every, eval_every, max_seconds=None, progress=None, stop_after=None, feature_noise=0.0,
+          feature_weight=0.1):
     """Trains ``draft`` in place for ``steps`` optimizer steps (resuming from ``ckpt_dir/last.pt``).
 
     ``stop_after``: stop (after checkpointing) once this many steps are done — tests use it to
@@ -166,7 +199,7 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr, warmup)
         draft.train()
-        loss, agree, _ = distill_loss(draft, batch, full2sub, amp)
+        loss, agree, _ = distill_loss(draft, batch, full2sub, amp, feature_noise, feature_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -1,0 +1,120 @@
+"""The feature draft (EAGLE-style, ``specops.distill.feature``) behind the DraftLM interface.
+
+Every drafter drives it exactly like a plain draft LM (``begin`` / ``add`` / ``forward`` /
+``logits`` / ``commit_paths``); only the inputs differ: each block node also reads a feature row.
+
+* A node at sequence position ``p`` that is part of the catch-up chain (tokens the sequence already
+  holds, up to the pending root) reads the target's own final hidden state at ``p - 1``
+  (``TargetLM.features``, filled by the target's verification forwards; zeros at position 0).
+* A node below another block node reads its parent's predicted feature (the draft's output there).
+
+K/V of nodes computed from predicted features are only approximately what the draft would compute
+from the target's, so the cache keeps them for the current proposal only (Ouroboros' repeated
+drafting reuses them): ``exact[b]`` counts the cached tokens computed from the target's features,
+and ``begin`` re-feeds everything after it — the accepted tokens come back as the catch-up chain,
+now with the target's features (what EAGLE does after each verification).
+"""
+import torch
+
+from .draft_lm import DraftLM
+
+
+class FeatureDraftLM(DraftLM):
+    """Shape: the target's features [B, max_len, H] are read through ``target.features``."""
+
+    def __init__(self, model, batch_size, max_len, target):
+        super().__init__(model, batch_size, max_len)
+        if getattr(target, "features", None) is None:
+            raise ValueError("a feature draft needs a TargetLM created with keep_features=True")
+        self.target = target
+        H = model.config.hidden_size
+        self.exact = [0] * batch_size
+        self._hid = None  # [B, T, H] the draft's predicted feature at every fed block node
+        self._tail = torch.zeros(batch_size, H, dtype=next(model.parameters()).dtype)
+        self._base = [0] * batch_size  # sequence position of block node 0
+        self._chain_len = [0] * batch_size  # block nodes 0..chain_len-1 read the target's features
+
+    def _target_rows(self, b, start, n):
+        """The target's features at positions start-1 .. start+n-2 (zeros before position 0). Shape [n, H]."""
+        f = self.target.features[b]
+        out = f.new_zeros(n, f.shape[-1])
+        lo = max(start - 1, 0)
+        hi = start - 1 + n
+        if hi > lo:
+            out[lo - (start - 1):] = f[lo:hi]
+        return out
+
+    def prefill(self, prompts):
+        from .runner import pad_batch
+
+        ids, lens = pad_batch(prompts)
+        L = ids.shape[1]
+        feats = torch.zeros(self.B, L, self.target.features.shape[-1], dtype=self.target.features.dtype)
+        for b, p in enumerate(prompts):
+            feats[b, : len(p)] = self._target_rows(b, 0, len(p))
+        self.model.feature_input = feats.to(self.runner.device)
+        try:
+            self.runner.prefill(ids.to(self.runner.device), lens.to(self.runner.device))
+        finally:
+            self.model.feature_input = None
+        self.cached = [list(p) for p in prompts]
+        self.exact = [len(p) for p in prompts]
+
+    def begin(self, seqs, active):
+        trimmed = [self.cached[b][: self.exact[b]] for b in range(self.B)]
+        self.cached = trimmed
+        super().begin(seqs, active)
+        self.exact = [len(c) for c in self.cached]
+        self._base = list(self.exact)
+        self._chain_len = [len(t) for t in self.tokens]
+        self._hid = None
+
+    def begin_chain(self, chains):
+        super().begin_chain(chains)
+        self._base = [len(c) for c in self.cached]
+        self._chain_len = [0] * self.B
+        self._hid = None
+
+    def forward(self):
+        if all(self.fed[b] == len(self.tokens[b]) for b in range(self.B)):
+            return
+        q0 = min(self.fed)
+        T = max(len(t) for t in self.tokens)
+        H = self._tail.shape[-1]
+        feats = torch.zeros(self.B, T - q0, H, dtype=self._tail.dtype)
+        for b in range(self.B):
+            n, fed = len(self.tokens[b]), self.fed[b]
+            chain = min(self._chain_len[b], n)
+            if q0 < chain:
+                feats[b, : chain - q0] = self._target_rows(b, self._base[b] + q0, chain - q0)
+            for i in range(max(q0, chain), n):
+                # The parent's predicted feature; a parent fed in this same call has none yet
+                # (several nodes added at once, e.g. a phrase), so the nearest fed ancestor's stands in.
+                p = self.parents[b][i]
+                while p >= fed:
+                    p = self.parents[b][p]
+                feats[b, i - q0] = self._tail[b] if p < 0 else self._hid[b, p]
+        self.model.feature_input = feats.to(self.runner.device)
+        try:
+            super().forward()
+        finally:
+            self.model.feature_input = None
+        new = self.model.last_features.detach().to(self._tail.dtype)  # [B, T - q0, H]
+        if self._hid is None or self._hid.shape[1] < T:
+            grown = torch.zeros(self.B, T, H, dtype=self._tail.dtype)
+            if self._hid is not None:
+                grown[:, : self._hid.shape[1]] = self._hid
+            self._hid = grown
+        self._hid[:, q0:T] = new
+
+    def commit_paths(self, paths):
+        hid, chain = self._hid, self._chain_len
+        before = [len(c) for c in self.cached]
+        lens = super().commit_paths(paths)
+        for b in range(self.B):
+            if lens[b] and hid is not None:
+                last = (paths[b] or [])[lens[b] - 1]
+                self._tail[b] = hid[b, last]
+            if self.exact[b] == before[b]:  # nodes past the catch-up chain read predicted features
+                self.exact[b] = before[b] + min(lens[b], chain[b])
+        return lens
