@@ -6,6 +6,9 @@ timings here are as noisy as the machine they run on.
 
 Agreement: the target (bf16) answers each held-out prompt greedily; the draft, teacher-forced on
 the target's own text, must put its argmax on the target's next token at every generated position.
+A feature draft reads the target's final hidden states of that text (what it reads when it drafts
+the first token after a verified one); ``depth2`` also scores its second token, drafted from its own
+predicted feature (a chain's second step).
 """
 import argparse
 import json
@@ -16,6 +19,8 @@ import time
 import torch
 
 from .corpus import EVAL_CHAT, EVAL_PROMPTS
+from .data import head_inputs
+from .feature import is_feature_draft
 
 
 def _encode(tok, text, chat):
@@ -38,10 +43,46 @@ def agreement(target, draft, tok, new_tokens=64, prompts=None, chat=None):
                                   do_sample=False, temperature=None, top_p=None, top_k=None,
                                   pad_token_id=tok.eos_token_id)
             P, n = ids.shape[1], seq.shape[1] - ids.shape[1]
-            pred = draft(seq).logits[0, P - 1: P - 1 + n].argmax(-1)
+            if is_feature_draft(draft):
+                with head_inputs(target) as got:
+                    target(seq)
+                feats = got[-1]
+                # row r reads token r+1 and the target's feature r, and predicts token r+2
+                pred = draft(seq[:, 1:], features=feats[:, :-1]).logits[0, P - 2: P - 2 + n].argmax(-1)
+            else:
+                pred = draft(seq).logits[0, P - 1: P - 1 + n].argmax(-1)
             hit += int((pred == seq[0, P:]).sum())
             tot += n
         out[cat] = (hit / max(1, tot), tot)
+    return out
+
+
+@torch.no_grad()
+def depth2_agreement(target, draft, tok, new_tokens=64, prompts=None, chat=None):
+    """A feature draft's second chain token: from the target's feature at r and the token r+1 it
+    predicts feature r+1 itself, then token r+3 from (token r+2, that prediction). {category: share}."""
+    prompts = prompts or EVAL_PROMPTS
+    chat = chat or EVAL_CHAT
+    out = {}
+    for cat, texts in prompts.items():
+        hit = tot = 0
+        for text, is_chat in zip(texts, chat[cat]):
+            ids = torch.tensor([_encode(tok, text, is_chat)])
+            seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                  do_sample=False, temperature=None, top_p=None, top_k=None,
+                                  pad_token_id=tok.eos_token_id)
+            with head_inputs(target) as got:
+                target(seq)
+            feats = got[-1]
+            draft(seq[:, 1:], features=feats[:, :-1])
+            g = draft.last_features  # [1, L-1, H]: row r estimates the target's feature r+1
+            # row r of the second pass reads token r+2 and the estimate of feature r+1, predicts r+3
+            pred = draft(seq[:, 2:], features=g[:, :-1]).logits[0].argmax(-1)
+            P, L = ids.shape[1], seq.shape[1]
+            rows = torch.arange(P - 3, L - 3)
+            hit += int((pred[rows] == seq[0, rows + 3]).sum())
+            tot += rows.numel()
+        out[cat] = hit / max(1, tot)
     return out
 
 
@@ -52,16 +93,19 @@ def step_cost(target, draft, prefix=128, steps=30):
     from transformers import DynamicCache
 
     ids = torch.randint(100, 20000, (1, prefix))
+    H = draft.config.hidden_size
+    extra = {"draft": {"features": torch.zeros(1, prefix, H)} if is_feature_draft(draft) else {}, "target": {}}
     caches = {}
     for name, m in (("target", target), ("draft", draft)):
         caches[name] = DynamicCache(config=m.config)
-        m(ids, past_key_values=caches[name], use_cache=True)
+        m(ids, past_key_values=caches[name], use_cache=True, **extra[name])
     times = {"target": [], "draft": []}
     tok = ids[:, -1:]
+    step = {"draft": {"features": torch.zeros(1, 1, H)} if is_feature_draft(draft) else {}, "target": {}}
     for _ in range(steps):
         for name, m in (("target", target), ("draft", draft)):
             t = time.perf_counter()
-            m(tok, past_key_values=caches[name], use_cache=True)
+            m(tok, past_key_values=caches[name], use_cache=True, **step[name])
             times[name].append(1e3 * (time.perf_counter() - t))
     return {k: statistics.median(v) for k, v in times.items()}
 
@@ -88,6 +132,8 @@ def main(argv=None):
     agree = agreement(target, draft, tok, args.new_tokens)
     cost = step_cost(target, draft)
     res = {"agreement": {k: round(v[0], 4) for k, v in agree.items()},
+           **({"depth2_agreement": {k: round(v, 4) for k, v in depth2_agreement(
+               target, draft, tok, args.new_tokens).items()}} if is_feature_draft(draft) else {}),
            "positions": {k: v[1] for k, v in agree.items()},
            "agreement_all": round(sum(a * n for a, n in agree.values()) / max(1, sum(n for _, n in agree.values())), 4),
            "draft_ms": round(cost["draft"], 2), "target_ms": round(cost["target"], 2),
