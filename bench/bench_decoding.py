@@ -333,7 +333,7 @@ def run_target(rec, plan, new, timings, tasks=None):
             run_case(rec, plan, target, tok, drafts, hf_drafts, "mixed", [mixed], mode, len(mixed), new, timings)
 
 
-def measure(rec, quick, profile=None, tasks=None, new_tokens=None, targets=None):
+def measure(rec, quick, profile=None, tasks=None, new_tokens=None, targets=None, overrides=None):
     """``python -m bench`` entry: the ``quick`` profile with --quick, else ``final``."""
     torch.manual_seed(0)
     spec = PROFILES[profile or ("quick" if quick else "final")]
@@ -342,7 +342,7 @@ def measure(rec, quick, profile=None, tasks=None, new_tokens=None, targets=None)
     start = time.perf_counter()
     for plan in spec["plans"]:
         if targets is None or plan.target in targets:
-            run_target(rec, plan, new, timings, tasks)
+            run_target(rec, dataclasses.replace(plan, **(overrides or {})), new, timings, tasks)
     total = time.perf_counter() - start
     print(f"# decoding: {total:.0f} s in all; seconds per provider: "
           + ", ".join(f"{p} {s:.1f}" for p, s in sorted(timings.items(), key=lambda kv: -kv[1])), flush=True)
@@ -357,6 +357,8 @@ def main(argv=None):
     parser.add_argument("--targets", default=None, help="comma-separated subset of the profile's targets")
     parser.add_argument("--methods", default=None, help="comma-separated providers (ar always runs)")
     parser.add_argument("--new-tokens", type=int, default=None)
+    parser.add_argument("--prompts", type=int, default=None, help="prompts per task (default: the profile's)")
+    parser.add_argument("--modes", default=None, help="comma-separated subset of greedy,sample (batch 1)")
     parser.add_argument("--out", default=None, help="directory for decoding.csv (default bench/results/<machine>)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args(argv)
@@ -365,8 +367,10 @@ def main(argv=None):
     profile = args.profile or ("quick" if args.quick else "final")
     providers = args.methods.split(",") if args.methods else None
     rec = Recorder(OP, "cpu", profile == "quick", providers)
+    overrides = {k: v for k, v in (("prompts", args.prompts), ("modes", tuple(args.modes.split(",")) if args.modes
+                                                                   else None)) if v is not None}
     measure(rec, profile == "quick", profile, args.tasks.split(",") if args.tasks else None, args.new_tokens,
-            args.targets.split(",") if args.targets else None)
+            args.targets.split(",") if args.targets else None, overrides)
     path = rec.write(args.out)
     print(f"# wrote {path}")
     return rec
