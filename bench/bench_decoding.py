@@ -254,7 +254,7 @@ def run_case(rec, plan, target, tok, drafts, hf_drafts, task, groups, mode, batc
             continue
         t0 = time.perf_counter()
         acc, outs = _run_specops(target, groups, new, mode, method, draft, params)
-        timings[provider] = timings.get(provider, 0.0) + time.perf_counter() - t0
+        _progress(timings, base, provider, t0)
         if method == "ar":
             ar, ar_outs = acc, outs
         elif mode == "greedy":
@@ -278,7 +278,7 @@ def run_case(rec, plan, target, tok, drafts, hf_drafts, task, groups, mode, batc
         except Exception as err:  # noqa: BLE001  (a peer that cannot run is recorded, not fatal)
             rec.skip(provider, base, f"{type(err).__name__}: {str(err)[:120]}")
             continue
-        timings[provider] = timings.get(provider, 0.0) + time.perf_counter() - t0
+        _progress(timings, base, provider, t0)
         peers[provider] = n / s
         rec.value(provider, base, "tokens_per_s", "tok/s", n / s, n=len(groups))
         rec.value(provider, base, "speedup_vs_ar", "x", n / s / ar.tps, n=len(groups))
@@ -291,6 +291,12 @@ def run_case(rec, plan, target, tok, drafts, hf_drafts, task, groups, mode, batc
             same = f"hf_assisted/{provider.rsplit('/', 1)[-1]}"
             if "/" in provider and same in peers:
                 rec.value(provider, base, "speedup_vs_hf_assisted", "x", acc.tps / peers[same])
+
+
+def _progress(timings, base, provider, t0):
+    secs = time.perf_counter() - t0
+    timings[provider] = timings.get(provider, 0.0) + secs
+    print(f"# {base['target']} {base['task']} {base['mode']} b{base['batch']} {provider}: {secs:.1f} s", flush=True)
 
 
 def _peer_kwargs(hf_drafts):

@@ -91,13 +91,21 @@ def _kernel_rows():
     return rows
 
 
-@pytest.fixture
-def results(tmp_path):
-    d = tmp_path / "results" / "x86_64-2cores"
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    d = tmp_path_factory.mktemp("results") / "x86_64-2cores"
     d.mkdir(parents=True)
     _write(d / "decoding.csv", _decoding_rows(GOOD) + _decoding_rows(GOOD, tasks=("mixed",), batch=4))
     _write(d / "tree_mask.csv", _kernel_rows())
     return d
+
+
+@pytest.fixture(scope="module")
+def written_plots(results):
+    pytest.importorskip("matplotlib")
+    from bench import plots
+
+    return {os.path.basename(p) for p in plots.make_all(str(results))}
 
 
 def _by_claim(items, word):
@@ -138,11 +146,8 @@ def test_findings_without_equal_budget_rows_skip_that_claim():
     assert not any("OPT-Tree" in c for c in claims) and len(claims) == 3
 
 
-def test_plots_written(results):
-    pytest.importorskip("matplotlib")
-    from bench import plots
-
-    written = {os.path.basename(p) for p in plots.make_all(str(results))}
+def test_plots_written(results, written_plots):
+    written = written_plots
     assert {"kernel_tree_mask.png", "speedup_tiny-lm_greedy_b1.png", "speedup_tiny-lm_greedy_b4.png",
             "acceptance_vs_drafted_tiny-lm_greedy.png"} <= written
     for name in written:
@@ -158,11 +163,9 @@ def test_plots_without_matplotlib_fail_clearly(monkeypatch):
         plots._pyplot()
 
 
-def test_readme_section_generated_between_markers(results, tmp_path):
+def test_readme_section_generated_between_markers(results, tmp_path, request):
     if importlib.util.find_spec("matplotlib"):
-        from bench import plots
-
-        plots.make_all(str(results))
+        request.getfixturevalue("written_plots")
     path = tmp_path / "README.md"
     path.write_text(f"# title\n\nbefore\n{readme.BEGIN}\nold text\n{readme.END}\nafter\n")
     readme.main(["--results", str(results), "--readme", str(path)])
