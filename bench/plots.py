@@ -131,7 +131,7 @@ def kernel_plots(results_dir, out_dir, plt):
         height = 0.8 / len(baselines)
         for i, b in enumerate(baselines):
             ys = [j + (i - len(baselines) / 2 + 0.5) * height for j in range(len(cases))]
-            xs = [times[c][b] / times[c][ours] if b in times[c] else 0 for c in cases]
+            xs = [times[c][b] / times[c][ours] if b in times[c] else float("nan") for c in cases]
             ax.barh(ys, xs, height, label=f"{b} / {ours}")
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.set_xscale("log")
@@ -142,7 +142,7 @@ def kernel_plots(results_dir, out_dir, plt):
         ax.legend(fontsize=7, loc="lower right")
         fig.tight_layout()
         out = os.path.join(out_dir, f"kernel_{stem}.png")
-        fig.savefig(out, dpi=100)
+        fig.savefig(out, dpi=100 if len(cases) < 60 else 75)
         plt.close(fig)
         written.append(out)
     return written
