@@ -3,6 +3,7 @@ with the HF peers measured in the same process on the same model, dtype and prom
 ``generate``, assisted generation with the same draft model, and prompt-lookup decoding.
 
     python bench/bench_decoding.py --profile final     # the official run (quiet machine, ~20 min)
+    python bench/bench_decoding.py --profile final --tasks code_edit --prompts 1 --modes greedy   # cost probe
     python bench/bench_decoding.py --quick             # smoke: 1 task, 1 prompt, 8 new tokens
     python bench/bench_decoding.py --profile quick --tasks code_edit --new-tokens 8 --methods ar,sd
     python -m bench --only decoding [--quick]          # the same through the suite runner
@@ -26,18 +27,21 @@ with merging under sampling and MJSD it is the deviation). HF rows carry ``token
 
 The ``final`` plan (PROFILES below) and its cost. 64 new tokens (EOS ignored, so every run emits
 exactly 64), each config warmed up once per target on a 4-token run first.
-* smollm2-135m (bf16), the primary pair: 5 tasks x 2 prompts, greedy and sampled (T 0.7, top-p 0.9)
+* smollm2-135m (bf16), the primary pair: 5 tasks x 2 prompts greedy, 5 x 1 sampled (T 0.7, top-p 0.9)
   at batch 1; batch 4 greedy on one mixed batch (the first prompt of code_edit, prose, math, chat:
   a server's batch is heterogeneous, and repeated prompts would feed Ouroboros' shared phrase pool
   the answer). Providers: ar, ngram, ouroboros (model-free), the 7 model methods x {int8, draft},
   tsd@10/int8 (OPT-Tree's budget), hf_generate, hf_prompt_lookup, hf_assisted/{int8, draft}.
 * gemma3-270m (bf16): 5 tasks x 1 prompt, greedy, batch 1; the same providers with the int8 draft
   only (no trained draft ships for it; the bench records a skip row if `-draft` is absent).
-Measured cost (2-core EPYC shared with two other jobs, so timings ran slow; torch 1 thread): one
-prompt x all smollm2 providers at 64 tokens took about 75 s, one gemma prompt about 60 s, the
-mixed batch-4 group about 110 s. Plan: smollm2 20 prompt-modes x 75 s = 25 min loaded; gemma 5 x
-60 s = 5 min; batch 4 2 min; loading and warm-up 1 min — about 33 min on the loaded machine,
-which is 20-25 min on a quiet one (the loop ran ~2x faster on 2 quiet threads in session 1's CI).
+Measured cost (2-core EPYC shared with two other jobs, torch on 1 thread, 64 new tokens, one prompt
+of code_edit; ``--profile final --tasks code_edit --prompts 1 --modes greedy --threads 1``): all 22
+smollm2 providers 113 s, all 14 gemma providers 93 s, both targets' loading + warm-up + the
+machine-limit probe 160 s; the batch-4 group costs about 2x a batch-1 case (measured at 4 tokens).
+Plan: smollm2 15 cases x 113 s = 28 min, gemma 5 x 93 s = 8 min, batch 4 ~4 min, overhead ~3 min:
+~42 min on that loaded machine. Our AR ran at 12 tok/s there against 25.7 tok/s on 2 quiet threads
+(session 1's CI), so the official run should take ~20 min on a quiet machine (less once the loop
+gets faster).
 
 Fairness rules: Ouroboros' cross-call phrase pool is cleared before every (case, provider) so that
 history reuse only spans the task's own earlier prompts, never an earlier run of the same prompt;
@@ -77,6 +81,7 @@ class TargetPlan:
     tasks: tuple = TASKS
     prompts: int = 2  # per task
     modes: tuple = ("greedy", "sample")  # at batch 1
+    sample_prompts: int = 1  # per task in the sampled runs (the seeds' claims are greedy ones)
     batch4_modes: tuple = ()  # batch 4 runs one mixed group in these modes
     equal_budget: bool = True  # tsd@<opt-tree n> beside opt-tree, first draft only
 
@@ -144,8 +149,11 @@ def configs(drafts, equal_budget):
         out += [(f"{m}/{_kind(d)}", m, d, {}) for m in MODEL_METHODS]
     if equal_budget and drafts:
         from specops.decoding.drafters.opt_tree import OptTreeDrafter
-        n = OptTreeDrafter.PARAMS["n"]  # OPT-Tree verifies n nodes + root: TSD gets the same cap
-        out.append((f"tsd@{n}/{_kind(drafts[0])}", "tsd", drafts[0], {"max_nodes": n + 1, "max_tree_nodes": n + 1}))
+        # OPT-Tree verifies n nodes + the root. The fixed tree beside it: TSD's top-k tree with k = 2
+        # and no pruning, filled breadth-first to exactly the same n nodes (OPT-Tree's "Binary" baseline).
+        n = OptTreeDrafter.PARAMS["n"]
+        out.append((f"tsd@{n}/{_kind(drafts[0])}", "tsd", drafts[0],
+                    {"k": 2, "theta_prob": 0.0, "theta_sib": 0.0, "max_nodes": n + 1, "max_tree_nodes": n + 1}))
     return out
 
 
@@ -322,17 +330,21 @@ def run_target(rec, plan, new, timings, tasks=None):
     all_ids = prompts(tok, plan.prompts, tasks or plan.tasks)
     first = next(iter(all_ids.values()))[:1]
     # Warm-up: first calls pay lazy imports, allocator growth and one-off kernel setup.
-    for _, method, draft, params in configs(drafts, plan.equal_budget):
-        _run_specops(target, [first], 4, "greedy", method, draft, params, warm=True)
+    for provider, method, draft, params in configs(drafts, plan.equal_budget):
+        if rec.wants(provider) or provider == "ar":
+            _run_specops(target, [first], 4, "greedy", method, draft, params, warm=True)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    for _, extra in _peer_kwargs(hf_drafts):
+    for provider, extra in _peer_kwargs(hf_drafts):
+        if not rec.wants(provider):
+            continue
         try:
             _hf_generate(target, [first], 4, "greedy", pad, **extra)
         except Exception:  # noqa: BLE001  (recorded as a skip in run_case)
             pass
     for task, ids in all_ids.items():
         for mode in plan.modes:
-            run_case(rec, plan, target, tok, drafts, hf_drafts, task, [[p] for p in ids], mode, 1, new, timings)
+            chosen = ids[:plan.sample_prompts] if mode == "sample" else ids
+            run_case(rec, plan, target, tok, drafts, hf_drafts, task, [[p] for p in chosen], mode, 1, new, timings)
     mixed = [all_ids[t][0] for t in MIXED if t in all_ids]
     if len(mixed) == len(MIXED):
         for mode in plan.batch4_modes:
