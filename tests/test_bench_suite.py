@@ -199,4 +199,6 @@ def test_decoding_plan_covers_the_issue():
     assert providers[0] == "ar" and {"ngram", "ouroboros", "sd/draft", "mjsd/int8"} <= set(providers)
     budget = next(c for c in bd.configs(["m-int8"], True) if c[0].startswith("tsd@"))
     n = int(budget[0].split("@")[1].split("/")[0])
-    assert budget[3] == {"max_nodes": n + 1, "max_tree_nodes": n + 1}
+    # a fixed tree: no pruning, so it fills exactly OPT-Tree's n nodes (+ the root)
+    assert budget[3]["max_nodes"] == budget[3]["max_tree_nodes"] == n + 1
+    assert budget[3]["theta_prob"] == budget[3]["theta_sib"] == 0.0
