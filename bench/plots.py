@@ -65,11 +65,11 @@ def speedup_plots(piv, out_dir, plt):
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(tasks)), tasks)
         ax.set_ylabel("speedup vs our autoregressive decoding (x)")
-        ax.set_title(f"{target} (bf16), {mode}, batch {batch}: tok/s relative to AR, same run")
+        ax.set_title(f"{target} (bf16), {mode}, batch {batch}:\ntok/s relative to our AR, same run", fontsize=10)
         ax.legend(fontsize=7, ncol=2 + len(providers) // 12, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         fig.tight_layout()
         path = os.path.join(out_dir, f"speedup_{target}_{mode}_b{batch}.png")
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append(path)
     return written
@@ -89,16 +89,25 @@ def acceptance_plots(piv, out_dir, plt):
                 points.append((p, drafted, mal, nodes))
         if not points:
             continue
-        fig, ax = plt.subplots(figsize=(7, 5))
+        fig, ax = plt.subplots(figsize=(7.5, 5))
+        cmap, kinds = plt.get_cmap("tab10"), sorted({p.split("/")[1] for p, *_ in points})
+        seen = {}
         for p, x, y, nodes in points:
-            ax.scatter([x], [y], s=40, marker="s" if p.endswith("/draft") else "o")
-            ax.annotate(p, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+            method = p.split("/")[0]
+            color = cmap(7 if "@" in method else TREE_CHAIN.index(method))
+            ax.scatter([x], [y], s=40, color=color, marker="os^D"[kinds.index(p.split("/")[1]) % 4])
+            # points that (nearly) coincide get their labels stacked instead of printed over each other
+            spot = (round(x / 1.5), round(y / 0.25))
+            slot = seen.setdefault(spot, 0)
+            seen[spot] += 1
+            ax.annotate(p, (x, y), textcoords="offset points", xytext=(5, 4 - 10 * slot), fontsize=8, color=color)
             if p.startswith("gsd/") and nodes is not None:
                 ax.scatter([nodes - 1], [y], s=40, facecolors="none", edgecolors="gray")
                 ax.plot([x, nodes - 1], [y, y], color="gray", linewidth=0.6, linestyle=":")
         ax.set_xlabel("drafted tokens per step (verified by the target; hollow: GSD's draft-side nodes)")
         ax.set_ylabel("mean acceptance length (tokens per target forward)")
-        ax.set_title(f"{target}, {mode}, batch 1: acceptance vs drafting (mean over tasks)")
+        ax.set_title(f"{target}, {mode}, batch 1: acceptance vs drafting (mean over tasks)\n"
+                     + ", ".join(f"{'os^D'[i % 4]} = {k} draft" for i, k in enumerate(kinds)), fontsize=10)
         ax.grid(alpha=0.3)
         fig.tight_layout()
         path = os.path.join(out_dir, f"acceptance_vs_drafted_{target}_{mode}.png")

@@ -116,8 +116,9 @@ def _when(rows):
 
 def _machine_line(rows, what):
     info = rows[0]
-    return (f"Measured ({what}) {info['timestamp'][:10]} on {info['cpu']} ({info['machine']}, {info['threads']} "
-            f"threads), torch {info['torch']}, triton {info['triton']}, specops {info['git_sha']}.")
+    n = int(info["threads"])
+    return (f"Measured ({what}) {info['timestamp'][:10]} on {info['cpu']} ({info['machine']}, {n} "
+            f"thread{'s' if n != 1 else ''}), torch {info['torch']}, triton {info['triton']}, specops {info['git_sha']}.")
 
 
 def summary_table(rows):
@@ -127,6 +128,7 @@ def summary_table(rows):
     head = ["target", "sampling", "batch", "task", "AR tok/s", "best specops method", "tok/s", "vs AR",
             "best HF peer", "tok/s", "specops / HF"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    vs_hf, code_edit = [], []
     for target, mode, batch, task in sorted({k[:4] for k in piv}):
         cell = {k[4]: v for k, v in piv.items() if k[:4] == (target, mode, batch, task)}
         ar = cell.get("ar", {}).get("tokens_per_s")
@@ -140,6 +142,12 @@ def summary_table(rows):
         lines.append(f"| {target} | {mode} | {batch} | {task} | {ar:.1f} | {best} | {ours[best]:.1f} | "
                      f"{ours[best] / ar:.2f}x | {hf or '–'} | {_fmt(peers[hf]) if hf else '–'} | "
                      f"{f'{ours[best] / peers[hf]:.2f}x' if hf else '–'} |")
+        if hf:
+            vs_hf.append(ours[best] / peers[hf] >= 1.5)
+        if task == "code_edit":
+            code_edit.append(ours[best] / ar >= 3)
+    lines.append(f"\nIssue #6 targets on this run: best specops method >= 1.5x the best HF peer on {sum(vs_hf)} of "
+                 f"{len(vs_hf)} cases; >= 3x AR on code-editing prompts in {sum(code_edit)} of {len(code_edit)} cases.")
     return "\n".join(lines)
 
 
