@@ -207,7 +207,8 @@ def _hf_generate(model, groups, new, mode, pad_id, **extra):
         tokens += (out.shape[1] - width) * len(ids)
         with torch.inference_mode():  # the target's log-likelihood of what HF emitted (not timed)
             full = torch.cat([mask, torch.ones(len(ids), out.shape[1] - width, dtype=mask.dtype)], 1)
-            logits = model(out, attention_mask=full).logits[:, width - 1:-1].float()
+            pos = (full.cumsum(-1) - 1).clamp(min=0)  # left padding: positions as generate() used them
+            logits = model(out, attention_mask=full, position_ids=pos).logits[:, width - 1:-1].float()
             lp = logits.log_softmax(-1).gather(-1, out[:, width:, None])
         lp_sum, lp_n = lp_sum + float(lp.sum()), lp_n + lp.numel()
     return tokens, seconds, float(torch.tensor(-lp_sum / lp_n).exp())
