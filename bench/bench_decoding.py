@@ -328,6 +328,8 @@ def run_target(rec, plan, new, timings, tasks=None):
     # assisted generation gets the loaded model when it is a plain HF causal LM.
     drafts = list(loaded)
     hf_drafts = {d: m for d, m in loaded.items() if hasattr(m, "generate")}
+    for d in set(loaded) - set(hf_drafts):
+        rec.skip(f"hf_assisted/{_kind(d)}", dict(target=plan.target), f"{d} is not an HF causal LM (no .generate)")
     all_ids = prompts(tok, plan.prompts, tasks or plan.tasks)
     first = next(iter(all_ids.values()))[:1]
     # Warm-up: first calls pay lazy imports, allocator growth and one-off kernel setup.
