@@ -157,10 +157,11 @@ class Recorder:
                           "metric": metric, "unit": unit, "p50": p50, "p20": p20 if p20 is not None else p50,
                           "p80": p80 if p80 is not None else p50, "n": n, **self.info})
 
-    def value(self, provider, params, metric, unit, value):
-        """Records one measured number that is not a repeated timing (e.g. an end-to-end run)."""
+    def value(self, provider, params, metric, unit, value, n=1):
+        """Records one measured number that is not a repeated timing (e.g. an end-to-end run over
+        ``n`` prompts)."""
         if value is not None:
-            self._row(provider, case_label(params), params, metric, unit, value)
+            self._row(provider, case_label(params), params, metric, unit, value, n=n)
 
     def skip(self, provider, params, reason):
         """Records that a provider could not run (a row with the reason, no number)."""

@@ -1,18 +1,59 @@
 """End to end: every method x embedded target x draft x the fixed prompt set (bench/prompts.json),
-greedy and sampled, batch 1 and 4 — with the HF peers measured in the same process on the same
-model, dtype and prompts: plain ``generate``, assisted generation with the same draft model, and
-prompt-lookup decoding.
+with the HF peers measured in the same process on the same model, dtype and prompts: plain
+``generate``, assisted generation with the same draft model, and prompt-lookup decoding.
 
-    python bench/bench_decoding.py [--quick]      # CSV bench/results/<machine>/decoding.csv
+    python bench/bench_decoding.py --profile final     # the official run (quiet machine, ~20 min)
+    python bench/bench_decoding.py --profile final --tasks code_edit --prompts 1 --modes greedy   # cost probe
+    python bench/bench_decoding.py --quick             # smoke: 1 task, 1 prompt, 8 new tokens
+    python bench/bench_decoding.py --profile quick --tasks code_edit --new-tokens 8 --methods ar,sd
+    python -m bench --only decoding [--quick]          # the same through the suite runner
 
-Per (task, sampling, batch, provider) it records tokens/s (generated tokens / wall time, prefill
-included, summed over the task's prompts), speedup vs autoregressive decoding of our loop measured in
-the same run, mean acceptance length (tokens per target forward, bonus included), drafted tokens per
-step, the draft / verify / bookkeeping time split and, for the approximate methods (GSD with merging,
-MJSD), the deviation: the share of greedy tokens that differ from AR, and the target perplexity.
+Output: ``bench/results/<machine>/decoding.csv`` (long format, one row per metric). A case is
+(target, dtype, task, mode, batch, new_tokens, prompts); a provider is ``ar``, a model-free method
+(``ngram``, ``ouroboros`` = model_free=True), ``<method>/<draft kind>`` (e.g. ``sd/int8``,
+``gsd/draft``), ``tsd@<n>/<kind>`` (the equal-node-budget TSD beside OPT-Tree's ``n``, root
+excluded), or an HF peer (``hf_generate``, ``hf_prompt_lookup``, ``hf_assisted/<kind>``). Metrics
+per (case, provider): ``tokens_per_s`` (generated tokens / wall time, prefill included, summed over
+the prompts), ``speedup_vs_ar`` (our AR, same run), ``speedup_vs_best_hf`` and ``best_hf_peer``
+(unit = the peer's name, value = its tok/s; the best of the HF peers on the same case),
+``speedup_vs_hf_assisted`` (the same draft), ``mean_acceptance_length``, ``drafted_tokens_per_step``
+(proposed for verification, root excluded), ``drafted_nodes_per_step`` (draft-side nodes, root
+included: GSD's "drafted tokens"), ``draft_acceptance_rate``, ``time_{prefill,draft,verify,
+bookkeeping}_share``, ``draft_forward_ms`` / ``target_forward_ms`` (per forward; the AR row's target
+forward is the plain one-token step), ``target_perplexity``, ``perplexity_vs_ar`` and, greedy only,
+``tokens_differing_from_ar`` (for lossless methods this is the bf16 numerical noise floor; for GSD
+with merging under sampling and MJSD it is the deviation). HF rows carry ``tokens_per_s``,
+``speedup_vs_ar`` and their perplexity.
+
+The ``final`` plan (PROFILES below) and its cost. 64 new tokens (EOS ignored, so every run emits
+exactly 64), each config warmed up once per target on a 4-token run first.
+* smollm2-135m (bf16), the primary pair: 5 tasks x 2 prompts greedy, 5 x 1 sampled (T 0.7, top-p 0.9)
+  at batch 1; batch 4 greedy on one mixed batch (the first prompt of code_edit, prose, math, chat:
+  a server's batch is heterogeneous, and repeated prompts would feed Ouroboros' shared phrase pool
+  the answer). Providers: ar, ngram, ouroboros (model-free), the 7 model methods x {int8, draft},
+  tsd@10/int8 (OPT-Tree's budget), hf_generate, hf_prompt_lookup, hf_assisted/{int8, draft}.
+* gemma3-270m (bf16): 5 tasks x 1 prompt, greedy, batch 1; the same providers with the int8 draft
+  only (no trained draft ships for it; the bench records a skip row if `-draft` is absent).
+Measured cost (2-core EPYC shared with two other jobs, torch on 1 thread, 64 new tokens, one prompt
+of code_edit; ``--profile final --tasks code_edit --prompts 1 --modes greedy --threads 1``): all 22
+smollm2 providers 113 s, all 14 gemma providers 93 s, both targets' loading + warm-up + the
+machine-limit probe 160 s; the batch-4 group costs about 2x a batch-1 case (measured at 4 tokens).
+Plan: smollm2 15 cases x 113 s = 28 min, gemma 5 x 93 s = 8 min, batch 4 ~4 min, overhead ~3 min:
+~42 min on that loaded machine. Our AR ran at 12 tok/s there against 25.7 tok/s on 2 quiet threads
+(session 1's CI), so the official run should take ~20 min on a quiet machine (less once the loop
+gets faster).
+
+Fairness rules: Ouroboros' cross-call phrase pool is cleared before every (case, provider) so that
+history reuse only spans the task's own earlier prompts, never an earlier run of the same prompt;
+sampling uses one seed per prompt for every provider; the HF peers decode batch 4 as one padded
+``generate`` call (plain) or prompt by prompt (assisted / prompt lookup: batch-1 only in
+transformers), the time summed.
 """
+import argparse
+import dataclasses
 import json
 import os
+import sys
 import time
 
 import torch
@@ -20,132 +61,342 @@ import torch
 import specops
 from specops import models
 
-from _harness import main
+from _harness import Recorder
 
 OP = "decoding"
 HERE = os.path.dirname(os.path.abspath(__file__))
-TARGETS = ("smollm2-135m", "gemma3-270m")
 MODEL_METHODS = ("sd", "specinfer", "tsd", "gsd", "opt-tree", "ouroboros", "mjsd")
 FREE_METHODS = ("ngram", "ouroboros")
 SAMPLING = {"greedy": dict(temperature=0.0), "sample": dict(temperature=0.7, top_p=0.9)}
 LOSSY = ("gsd", "mjsd")
+TASKS = ("code", "code_edit", "prose", "math", "chat")
+MIXED = ("code_edit", "prose", "math", "chat")  # the batch-4 group: first prompt of each
+HF_PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
 
 
-def prompts(tokenizer, quick):
+@dataclasses.dataclass
+class TargetPlan:
+    target: str
+    drafts: tuple = ("int8", "draft")
+    tasks: tuple = TASKS
+    prompts: int = 2  # per task
+    modes: tuple = ("greedy", "sample")  # at batch 1
+    sample_prompts: int = 1  # per task in the sampled runs (the seeds' claims are greedy ones)
+    batch4_modes: tuple = ()  # batch 4 runs one mixed group in these modes
+    equal_budget: bool = True  # tsd@<opt-tree n> beside opt-tree, first draft only
+
+
+PROFILES = {
+    "final": dict(new_tokens=64, plans=(
+        TargetPlan("smollm2-135m", batch4_modes=("greedy",)),
+        TargetPlan("gemma3-270m", drafts=("int8", "draft"), prompts=1, modes=("greedy",)))),
+    "quick": dict(new_tokens=8, plans=(
+        TargetPlan("smollm2-135m", drafts=("int8",), tasks=("code_edit",), prompts=1, modes=("greedy",)),)),
+}
+
+
+def prompts(tokenizer, per_task=None, tasks=None):
+    """task -> list of token-id lists (chat items through the tokenizer's chat template)."""
     with open(os.path.join(HERE, "prompts.json")) as f:
         spec = json.load(f)
     out = {}
     for task, items in spec.items():
-        if task.startswith("_"):
+        if task.startswith("_") or (tasks is not None and task not in tasks):
             continue
         ids = []
-        for item in items[:1] if quick else items:
+        for item in items[:per_task]:
+            text = item["text"]
             if item["chat"] and tokenizer.chat_template:
-                text = tokenizer.apply_chat_template([{"role": "user", "content": item["text"]}], tokenize=False,
+                text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                                      add_generation_prompt=True)
-            else:
-                text = item["text"]
-            ids.append(tokenizer(text)["input_ids"])
+            ids.append(tokenizer(text, add_special_tokens=not item["chat"])["input_ids"])
         out[task] = ids
     return out
 
 
-def drafts_for(target):
-    names = [f"{target}-int8"]
-    trained = f"{target}-draft"
+def drafts_for(target, kinds):
+    """({name: loaded model} of the available ``<target>-<kind>`` drafts, {name: why not} of the others)."""
+    loaded, missing = {}, {}
+    for kind in kinds:
+        name = f"{target}-{kind}"
+        try:
+            loaded[name] = models.load_any(name)[0]
+        except (ValueError, ImportError, OSError) as err:
+            missing[name] = str(err).split(";")[0]
+    return loaded, missing
+
+
+def _kind(draft):
+    return draft.rsplit("-", 1)[-1]
+
+
+def _fresh_pool():
+    # The phrase pool persists across generate() calls (Ouroboros' history reuse); without a reset
+    # a second run of the same prompt would find its own answer in the pool.
     try:
-        models.split_name(trained)
-        names.append(trained)
-    except ValueError:
-        pass
-    return names
+        from specops.decoding import phrase_pool
+        phrase_pool._SHARED.clear()
+        return {}
+    except (ImportError, AttributeError):
+        return {"reuse_pool": False}
 
 
-def _hf_generate(model, ids, new, mode, **extra):
-    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=mode != "greedy")
+def configs(drafts, equal_budget):
+    """(provider, method, draft name, method params) in run order; AR first (the baseline)."""
+    out = [("ar", "ar", None, {})]
+    out += [(m, m, None, {"model_free": True} if m == "ouroboros" else {}) for m in FREE_METHODS]
+    for d in drafts:
+        out += [(f"{m}/{_kind(d)}", m, d, {}) for m in MODEL_METHODS]
+    if equal_budget and drafts:
+        from specops.decoding.drafters.opt_tree import OptTreeDrafter
+        # OPT-Tree verifies n nodes + the root. The fixed tree beside it: TSD's top-k tree with k = 2
+        # and no pruning, filled breadth-first to exactly the same n nodes (OPT-Tree's "Binary" baseline).
+        n = OptTreeDrafter.PARAMS["n"]
+        out.append((f"tsd@{n}/{_kind(drafts[0])}", "tsd", drafts[0],
+                    {"k": 2, "theta_prob": 0.0, "theta_sib": 0.0, "max_nodes": n + 1, "max_tree_nodes": n + 1}))
+    return out
+
+
+class Acc:
+    """Sums a provider's Metrics over a case's prompt groups."""
+    FIELDS = ("num_generated_tokens", "total_time_s", "num_target_forwards", "num_draft_forwards", "num_drafts",
+              "num_draft_tokens", "num_accepted_tokens", "num_drafted_nodes", "prefill_time_s", "draft_time_s",
+              "verify_time_s", "bookkeeping_time_s", "target_logprob_sum", "target_logprob_count")
+
+    def __init__(self):
+        self.v = dict.fromkeys(self.FIELDS, 0)
+        self.diff = self.cmp = self.runs = 0
+
+    def add(self, m):
+        self.runs += 1
+        for k in self.FIELDS:
+            self.v[k] += getattr(m, k)
+
+    def compare(self, out, ref):
+        n = min(out.shape[1], ref.shape[1])
+        self.diff += int((out[:, :n] != ref[:, :n]).sum())
+        self.cmp += out[:, :n].numel()
+
+    @property
+    def tps(self):
+        return self.v["num_generated_tokens"] / self.v["total_time_s"]
+
+    @property
+    def ppl(self):
+        n = self.v["target_logprob_count"]
+        return float(torch.tensor(-self.v["target_logprob_sum"] / n).exp()) if n else None
+
+
+def _hf_generate(model, groups, new, mode, pad_id, **extra):
+    """HF generate over the groups; batch > 1 pads on the left. Returns (tokens, seconds, ppl)."""
+    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=mode != "greedy", pad_token_id=pad_id,
+              output_scores=False, return_dict_in_generate=False)
     if mode != "greedy":
-        kw.update(temperature=0.7, top_p=0.9)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([ids]), **kw, **extra)
-    return out.shape[1] - len(ids), time.perf_counter() - start
+        kw.update(temperature=0.7, top_p=0.9, top_k=0)
+    tokens = seconds = 0.0
+    lp_sum = lp_n = 0.0
+    for g, ids in enumerate(groups):
+        width = max(len(p) for p in ids)
+        inp = torch.tensor([[pad_id] * (width - len(p)) + p for p in ids])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ids])
+        torch.manual_seed(g)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(inp, attention_mask=mask, **kw, **extra)
+        seconds += time.perf_counter() - start
+        tokens += (out.shape[1] - width) * len(ids)
+        with torch.inference_mode():  # the target's log-likelihood of what HF emitted (not timed)
+            full = torch.cat([mask, torch.ones(len(ids), out.shape[1] - width, dtype=mask.dtype)], 1)
+            pos = (full.cumsum(-1) - 1).clamp(min=0)  # left padding: positions as generate() used them
+            logits = model(out, attention_mask=full, position_ids=pos).logits[:, width - 1:-1].float()
+            lp = logits.log_softmax(-1).gather(-1, out[:, width:, None])
+        lp_sum, lp_n = lp_sum + float(lp.sum()), lp_n + lp.numel()
+    return tokens, seconds, float(torch.tensor(-lp_sum / lp_n).exp())
 
 
-def run_task(rec, target_name, target, tok, draft_models, task, batch_ids, mode, batch, new, quick):
-    base = dict(target=target_name, task=task, mode=mode, batch=batch, new_tokens=new)
-    groups = [batch_ids[i:i + 1] for i in range(len(batch_ids))] if batch == 1 else \
-        [(batch_ids * batch)[:batch]]
-    configs = [("ar", None, "ar")] + [(m, None, m) for m in FREE_METHODS]  # model-free variants
-    configs += [(m, d, f"{m}/{d.split('-')[-1]}") for d in draft_models for m in MODEL_METHODS]
-    ar_tokens = {}
-    for method, draft, provider in configs:
-        stats = dict(tokens=0, time=0.0, fwd=0, draft_tokens=0, nodes=0, draft_s=0.0, verify_s=0.0, book_s=0.0,
-                     mal_num=0, mal_den=0, lp=0.0, lp_n=0, diff=0, cmp=0)
-        for g, ids in enumerate(groups):
-            extra = {"model_free": True} if method == "ouroboros" and draft is None else {}
-            out, m = specops.generate(target, ids, draft=draft_models.get(draft), method=method, max_new_tokens=new,
-                                      eos_token_id=[], seed=g, **SAMPLING[mode], **extra)
-            stats["tokens"] += m.num_generated_tokens
-            stats["time"] += m.total_time_s
-            stats["fwd"] += m.num_target_forwards
-            stats["draft_tokens"] += m.num_draft_tokens
-            stats["nodes"] += m.num_drafted_nodes
-            stats["draft_s"] += m.draft_time_s
-            stats["verify_s"] += m.verify_time_s
-            stats["book_s"] += m.bookkeeping_time_s
-            stats["mal_num"] += m.num_drafts + m.num_accepted_tokens
-            stats["mal_den"] += m.num_drafts
-            stats["lp"] += m.target_logprob_sum
-            stats["lp_n"] += m.target_logprob_count
-            if method == "ar":
-                ar_tokens[g] = out
-            elif mode == "greedy" and g in ar_tokens:
-                n = min(out.shape[1], ar_tokens[g].shape[1])
-                stats["diff"] += int((out[:, :n] != ar_tokens[g][:, :n]).sum())
-                stats["cmp"] += out[:, :n].numel()
-        tps = stats["tokens"] / stats["time"]
-        rec.value(provider, base, "tokens_per_s", "tok/s", tps)
-        if method == "ar":
-            ar_tps = tps
-        rec.value(provider, base, "speedup_vs_ar", "x", tps / ar_tps)
-        steps = max(stats["mal_den"], 1)
-        rec.value(provider, base, "mean_acceptance_length", "tokens", stats["mal_num"] / steps)
-        rec.value(provider, base, "drafted_tokens_per_step", "tokens", stats["draft_tokens"] / steps)
-        rec.value(provider, base, "drafted_nodes_per_step", "nodes", stats["nodes"] / steps)
-        for part in ("draft_s", "verify_s", "book_s"):
-            rec.value(provider, base, f"time_{part[:-2]}_share", "%", 100 * stats[part] / stats["time"])
-        if stats["lp_n"]:
-            rec.value(provider, base, "target_perplexity", "ppl", float(torch.tensor(-stats["lp"] / stats["lp_n"]).exp()))
-        if stats["cmp"] and (method in LOSSY or stats["diff"]):
-            rec.value(provider, base, "tokens_differing_from_ar", "%", 100 * stats["diff"] / stats["cmp"])
-    if batch != 1:
-        return  # the HF peers decode one sequence at a time
-    peers = {"hf_generate": {}, "hf_prompt_lookup": {"prompt_lookup_num_tokens": 10}}
-    for d in draft_models:
-        peers[f"hf_assisted/{d.split('-')[-1]}"] = {"assistant_model": draft_models[d]}
-    for provider, extra in peers.items():
-        tokens = seconds = 0
-        for ids in groups:
-            n, t = _hf_generate(target, ids[0], new, mode, **extra)
-            tokens, seconds = tokens + n, seconds + t
-        rec.value(provider, base, "tokens_per_s", "tok/s", tokens / seconds)
-        rec.value(provider, base, "speedup_vs_ar", "x", tokens / seconds / ar_tps)
+def _run_specops(target, groups, new, mode, method, draft, params, warm=False):
+    acc, outs = Acc(), []
+    params = dict(params, **(_fresh_pool() if method == "ouroboros" else {}))
+    for g, ids in enumerate(groups):
+        out, m = specops.generate(target, ids, draft=draft, method=method, max_new_tokens=new, eos_token_id=[],
+                                  seed=g, **SAMPLING[mode], **params)
+        acc.add(m)
+        outs.append(out)
+        if warm:
+            break
+    return acc, outs
 
 
-def measure(rec, quick):
-    torch.manual_seed(0)
-    new = 32 if quick else 128
-    for target_name in TARGETS[:1] if quick else TARGETS:
-        if not models.available(target_name):
-            rec.skip(target_name, dict(target=target_name), f"not installed: {models.EMBEDDED[target_name].install}")
+def record(rec, provider, base, acc, ar, method):
+    """The per-(case, provider) metrics of a specops run (``ar``: the AR Acc of the same case)."""
+    v, steps = acc.v, max(acc.v["num_drafts"], 1)
+    val = lambda metric, unit, x: rec.value(provider, base, metric, unit, x, n=acc.runs)  # noqa: E731
+    val("tokens_per_s", "tok/s", acc.tps)
+    val("speedup_vs_ar", "x", acc.tps / ar.tps)
+    val("mean_acceptance_length", "tokens", 1 + v["num_accepted_tokens"] / steps)
+    val("drafted_tokens_per_step", "tokens", v["num_draft_tokens"] / steps)
+    val("drafted_nodes_per_step", "nodes", v["num_drafted_nodes"] / steps)
+    if v["num_draft_tokens"]:
+        val("draft_acceptance_rate", "%", 100 * v["num_accepted_tokens"] / v["num_draft_tokens"])
+    for part in ("prefill", "draft", "verify", "bookkeeping"):
+        val(f"time_{part}_share", "%", 100 * v[f"{part}_time_s"] / v["total_time_s"])
+    if v["num_draft_forwards"]:
+        val("draft_forward_ms", "ms", 1e3 * v["draft_time_s"] / v["num_draft_forwards"])
+    if v["num_target_forwards"]:
+        val("target_forward_ms", "ms", 1e3 * v["verify_time_s"] / v["num_target_forwards"])
+    if acc.ppl is not None:
+        val("target_perplexity", "ppl", acc.ppl)
+        if ar.ppl:
+            val("perplexity_vs_ar", "x", acc.ppl / ar.ppl)
+    if acc.cmp and method != "ar":
+        val("tokens_differing_from_ar", "%", 100 * acc.diff / acc.cmp)
+
+
+def run_case(rec, plan, target, tok, drafts, hf_drafts, task, groups, mode, batch, new, timings):
+    """Every provider on one case; ``groups``: lists of prompts decoded together (batch each)."""
+    base = dict(target=plan.target, dtype="bf16", task=task, mode=mode, batch=batch, new_tokens=new,
+                prompts=sum(len(g) for g in groups))
+    ar = None
+    results = {}
+    for provider, method, draft, params in configs(drafts, plan.equal_budget):
+        if not rec.wants(provider) and provider != "ar":
             continue
-        target, tok = models.load(target_name, "bf16")
-        draft_models = {d: models.load(d)[0] for d in drafts_for(target_name)}
-        for task, ids in prompts(tok, quick).items():
-            for mode in ("greedy",) if quick else SAMPLING:
-                for batch in (1,) if quick else (1, 4):
-                    run_task(rec, target_name, target, tok, draft_models, task, ids, mode, batch, new, quick)
+        t0 = time.perf_counter()
+        acc, outs = _run_specops(target, groups, new, mode, method, draft, params)
+        _progress(timings, base, provider, t0)
+        if method == "ar":
+            ar, ar_outs = acc, outs
+        elif mode == "greedy":
+            for out, ref in zip(outs, ar_outs):
+                acc.compare(out, ref)
+        results[provider] = (acc, method)
+        record(rec, provider, base, acc, ar, method)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    peers = {}
+    for provider, extra in _peer_kwargs(hf_drafts):
+        if not rec.wants(provider):
+            continue
+        t0 = time.perf_counter()
+        try:
+            if batch > 1 and provider != "hf_generate":  # batch-1-only in transformers: one by one
+                parts = [_hf_generate(target, [[p] for p in grp], new, mode, pad, **extra) for grp in groups]
+                n, s = sum(p[0] for p in parts), sum(p[1] for p in parts)
+                ppl = sum(p[2] for p in parts) / len(parts)
+            else:
+                n, s, ppl = _hf_generate(target, groups, new, mode, pad, **extra)
+        except Exception as err:  # noqa: BLE001  (a peer that cannot run is recorded, not fatal)
+            rec.skip(provider, base, f"{type(err).__name__}: {str(err)[:120]}")
+            continue
+        _progress(timings, base, provider, t0)
+        peers[provider] = n / s
+        rec.value(provider, base, "tokens_per_s", "tok/s", n / s, n=len(groups))
+        rec.value(provider, base, "speedup_vs_ar", "x", n / s / ar.tps, n=len(groups))
+        rec.value(provider, base, "target_perplexity", "ppl", ppl, n=len(groups))
+    if peers:
+        best = max(peers, key=peers.get)
+        for provider, (acc, method) in results.items():
+            rec.value(provider, base, "speedup_vs_best_hf", "x", acc.tps / peers[best])
+            rec.value(provider, base, "best_hf_peer", best, peers[best])
+            same = f"hf_assisted/{provider.rsplit('/', 1)[-1]}"
+            if "/" in provider and same in peers:
+                rec.value(provider, base, "speedup_vs_hf_assisted", "x", acc.tps / peers[same])
+
+
+def _progress(timings, base, provider, t0):
+    secs = time.perf_counter() - t0
+    timings[provider] = timings.get(provider, 0.0) + secs
+    print(f"# {base['target']} {base['task']} {base['mode']} b{base['batch']} {provider}: {secs:.1f} s", flush=True)
+
+
+def _peer_kwargs(hf_drafts):
+    yield "hf_generate", {}
+    yield "hf_prompt_lookup", {"prompt_lookup_num_tokens": 10}
+    for name, model in hf_drafts.items():
+        yield f"hf_assisted/{_kind(name)}", {"assistant_model": model}
+
+
+def run_target(rec, plan, new, timings, tasks=None):
+    ok, why = models.available(plan.target)
+    if not ok:
+        rec.skip(plan.target, dict(target=plan.target), f"not installed: {why}")
+        return
+    target, tok = models.load(plan.target, "bf16")
+    loaded, missing = drafts_for(plan.target, plan.drafts)
+    for name, why in missing.items():
+        rec.skip(f"*/{_kind(name)}", dict(target=plan.target), why)
+    # specops.generate gets the draft by name (it resolves whatever the name stands for); HF's
+    # assisted generation gets the loaded model when it is a plain HF causal LM.
+    drafts = list(loaded)
+    hf_drafts = {d: m for d, m in loaded.items() if hasattr(m, "generate")}
+    for d in set(loaded) - set(hf_drafts):
+        rec.skip(f"hf_assisted/{_kind(d)}", dict(target=plan.target), f"{d} is not an HF causal LM (no .generate)")
+    all_ids = prompts(tok, plan.prompts, tasks or plan.tasks)
+    first = next(iter(all_ids.values()))[:1]
+    # Warm-up: first calls pay lazy imports, allocator growth and one-off kernel setup.
+    for provider, method, draft, params in configs(drafts, plan.equal_budget):
+        if rec.wants(provider) or provider == "ar":
+            _run_specops(target, [first], 4, "greedy", method, draft, params, warm=True)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    for provider, extra in _peer_kwargs(hf_drafts):
+        if not rec.wants(provider):
+            continue
+        try:
+            _hf_generate(target, [first], 4, "greedy", pad, **extra)
+        except Exception:  # noqa: BLE001  (recorded as a skip in run_case)
+            pass
+    for task, ids in all_ids.items():
+        for mode in plan.modes:
+            chosen = ids[:plan.sample_prompts] if mode == "sample" else ids
+            run_case(rec, plan, target, tok, drafts, hf_drafts, task, [[p] for p in chosen], mode, 1, new, timings)
+    mixed = [all_ids[t][0] for t in MIXED if t in all_ids]
+    if len(mixed) == len(MIXED):
+        for mode in plan.batch4_modes:
+            run_case(rec, plan, target, tok, drafts, hf_drafts, "mixed", [mixed], mode, len(mixed), new, timings)
+
+
+def measure(rec, quick, profile=None, tasks=None, new_tokens=None, targets=None, overrides=None):
+    """``python -m bench`` entry: the ``quick`` profile with --quick, else ``final``."""
+    torch.manual_seed(0)
+    spec = PROFILES[profile or ("quick" if quick else "final")]
+    new = new_tokens or spec["new_tokens"]
+    timings = {}
+    start = time.perf_counter()
+    for plan in spec["plans"]:
+        if targets is None or plan.target in targets:
+            run_target(rec, dataclasses.replace(plan, **(overrides or {})), new, timings, tasks)
+    total = time.perf_counter() - start
+    print(f"# decoding: {total:.0f} s in all; seconds per provider: "
+          + ", ".join(f"{p} {s:.1f}" for p, s in sorted(timings.items(), key=lambda kv: -kv[1])), flush=True)
+    return timings
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="end-to-end decoding benchmark")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default=None)
+    parser.add_argument("--quick", action="store_true", help="= --profile quick")
+    parser.add_argument("--tasks", default=None, help=f"comma-separated subset of {TASKS}")
+    parser.add_argument("--targets", default=None, help="comma-separated subset of the profile's targets")
+    parser.add_argument("--methods", default=None, help="comma-separated providers (ar always runs)")
+    parser.add_argument("--new-tokens", type=int, default=None)
+    parser.add_argument("--prompts", type=int, default=None, help="prompts per task (default: the profile's)")
+    parser.add_argument("--modes", default=None, help="comma-separated subset of greedy,sample (batch 1)")
+    parser.add_argument("--out", default=None, help="directory for decoding.csv (default bench/results/<machine>)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    profile = args.profile or ("quick" if args.quick else "final")
+    providers = args.methods.split(",") if args.methods else None
+    rec = Recorder(OP, "cpu", profile == "quick", providers)
+    overrides = {k: v for k, v in (("prompts", args.prompts), ("modes", tuple(args.modes.split(",")) if args.modes
+                                                                   else None)) if v is not None}
+    measure(rec, profile == "quick", profile, args.tasks.split(",") if args.tasks else None, args.new_tokens,
+            args.targets.split(",") if args.targets else None, overrides)
+    path = rec.write(args.out)
+    print(f"# wrote {path}")
+    return rec
 
 
 if __name__ == "__main__":
-    main(OP, measure)
+    main()
+    sys.exit(0)

@@ -1,0 +1,205 @@
+"""The benchmark suite's reporting on tiny synthetic CSVs: findings verdicts follow their rules,
+plots are written (skipped without matplotlib), the README section is generated between its
+markers, and the end-to-end plan covers what issue #6 asks for. No benchmark runs here."""
+import csv
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from bench import findings, readme  # noqa: E402
+from bench._harness import FIELDS  # noqa: E402
+
+INFO = dict(machine="x86_64-2cores", cpu="Test CPU", threads=2, torch="2.x", triton="3.x", specops="0.1.0",
+            git_sha="abc1234", timestamp="2026-01-02T03:04:05+00:00")
+TASKS = ("code", "code_edit")
+
+
+def _row(op, provider, params, metric, unit, value):
+    case = ",".join(f"{k}={v}" for k, v in params.items())
+    return dict(op=op, provider=provider, case=case, params=json.dumps(params), metric=metric, unit=unit,
+                p50=value, p20=value, p80=value, n=1, **INFO)
+
+
+# provider -> (tok/s, MAL, drafted tokens/step, drafted nodes/step, ppl, draft ms, target ms)
+GOOD = {
+    "ar": (20, 1.0, 0, 1, 2.0, None, 40),
+    "ngram": (30, 2.0, 5, 6, 2.0, None, 45),
+    "ouroboros": (28, 1.8, 5, 6, 2.0, None, 45),
+    "sd/int8": (25, 2.5, 4, 5, 2.0, 8, 45),
+    "tsd/int8": (22, 3.0, 20, 21, 2.0, 8, 60),
+    "gsd/int8": (27, 3.0, 20, 8, 2.0, 8, 60),
+    "opt-tree/int8": (26, 3.2, 10, 11, 2.0, 8, 55),
+    "tsd@10/int8": (24, 2.8, 9, 10, 2.0, 8, 50),
+    "ouroboros/int8": (35, 3.5, 8, 9, 2.0, 8, 50),
+    "mjsd/int8": (30, 3.0, 4, 33, 1.8, 8, 45),
+    "hf_generate": (35, None, None, None, 2.0, None, None),
+    "hf_prompt_lookup": (40, None, None, None, 2.0, None, None),
+    "hf_assisted/int8": (30, None, None, None, 2.0, None, None),
+}
+
+
+def _decoding_rows(table, target="tiny-lm", tasks=TASKS, mode="greedy", batch=1):
+    rows = []
+    for task in tasks:
+        base = dict(target=target, dtype="bf16", task=task, mode=mode, batch=batch, new_tokens=8, prompts=1)
+        ar = table["ar"][0]
+        best_hf = max((p for p in table if p.startswith("hf_")), key=lambda p: table[p][0])
+        for p, (tps, mal, drafted, nodes, ppl, dms, tms) in table.items():
+            rows.append(_row("decoding", p, base, "tokens_per_s", "tok/s", tps))
+            rows.append(_row("decoding", p, base, "speedup_vs_ar", "x", tps / ar))
+            rows.append(_row("decoding", p, base, "target_perplexity", "ppl", ppl))
+            if p.startswith("hf_"):
+                continue
+            rows.append(_row("decoding", p, base, "speedup_vs_best_hf", "x", tps / table[best_hf][0]))
+            rows.append(_row("decoding", p, base, "best_hf_peer", best_hf, table[best_hf][0]))
+            rows.append(_row("decoding", p, base, "mean_acceptance_length", "tokens", mal))
+            rows.append(_row("decoding", p, base, "drafted_tokens_per_step", "tokens", drafted))
+            rows.append(_row("decoding", p, base, "drafted_nodes_per_step", "nodes", nodes))
+            if drafted:
+                rows.append(_row("decoding", p, base, "draft_acceptance_rate", "%", 100 * (mal - 1) / drafted))
+            for part, share in (("prefill", 10), ("draft", 30), ("verify", 50), ("bookkeeping", 10)):
+                rows.append(_row("decoding", p, base, f"time_{part}_share", "%", share))
+            if dms:
+                rows.append(_row("decoding", p, base, "draft_forward_ms", "ms", dms))
+            rows.append(_row("decoding", p, base, "target_forward_ms", "ms", tms))
+            rows.append(_row("decoding", p, base, "perplexity_vs_ar", "x", ppl / table["ar"][4]))
+            if p != "ar":
+                rows.append(_row("decoding", p, base, "tokens_differing_from_ar", "%", 0.0))
+    return rows
+
+
+def _write(path, rows):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _kernel_rows():
+    rows = [_row("tree_mask", "machine", {}, "memcpy_gbps", "GB/s", 30.0)]
+    for t in (16, 64):
+        params = dict(B=1, T=t)
+        rows.append(_row("tree_mask", "torch", params, "time", "ms", 0.5 * t / 16))
+        rows.append(_row("tree_mask", "cpp", params, "time", "ms", 0.01 * t / 16))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    d = tmp_path_factory.mktemp("results") / "x86_64-2cores"
+    d.mkdir(parents=True)
+    _write(d / "decoding.csv", _decoding_rows(GOOD) + _decoding_rows(GOOD, tasks=("mixed",), batch=4))
+    _write(d / "tree_mask.csv", _kernel_rows())
+    return d
+
+
+@pytest.fixture(scope="module")
+def written_plots(results):
+    pytest.importorskip("matplotlib")
+    from bench import plots
+
+    return {os.path.basename(p) for p in plots.make_all(str(results))}
+
+
+def _by_claim(items, word):
+    return next(f for f in items if word in f["claim"])
+
+
+def test_findings_verdicts_follow_the_rules(results):
+    items = findings.findings(findings.load(results / "decoding.csv"))
+    assert len(items) == 4
+    # GSD: TSD 4.2x SD's nodes for 1.2x MAL; GSD 1.6x SD's nodes at TSD's MAL.
+    assert _by_claim(items, "GSD")["verdict"] == "reproduced"
+    assert _by_claim(items, "GSD")["reason"] == ""
+    assert _by_claim(items, "OPT-Tree")["verdict"] == "reproduced"
+    assert _by_claim(items, "Ouroboros")["verdict"] == "reproduced"
+    mjsd = _by_claim(items, "MJSD")
+    assert mjsd["verdict"] == "reproduced" and "1.800" in mjsd["numbers"]
+
+
+def test_findings_disagreement_carries_a_reason_from_the_numbers(tmp_path):
+    bad = dict(GOOD)
+    bad["gsd/int8"] = (20, 2.0, 20, 19, 2.0, 8, 60)  # no node saving, MAL well below TSD's
+    bad["mjsd/int8"] = (10, 3.0, 4, 33, 2.2, 30, 45)  # slower than SD, higher perplexity, costly draft
+    bad["opt-tree/int8"] = (20, 2.0, 10, 11, 2.0, 8, 55)
+    items = findings.findings(_decoding_rows(bad))
+    gsd = _by_claim(items, "GSD")
+    assert gsd["verdict"] == "partially" and "merging saved only" in gsd["reason"]
+    mjsd = _by_claim(items, "MJSD")
+    assert mjsd["verdict"] == "not reproduced"
+    assert "draft cost / target cost = 0.75" in mjsd["reason"]
+    assert _by_claim(items, "OPT-Tree")["verdict"] == "not reproduced"
+    table = findings.markdown(items)
+    assert table.count("\n") == len(items) + 1 and "not reproduced" in table
+
+
+def test_findings_without_equal_budget_rows_skip_that_claim():
+    table = {k: v for k, v in GOOD.items() if not k.startswith("tsd@")}
+    claims = [f["claim"] for f in findings.findings(_decoding_rows(table))]
+    assert not any("OPT-Tree" in c for c in claims) and len(claims) == 3
+
+
+def test_plots_written(results, written_plots):
+    written = written_plots
+    assert {"kernel_tree_mask.png", "speedup_tiny-lm_greedy_b1.png", "speedup_tiny-lm_greedy_b4.png",
+            "acceptance_vs_drafted_tiny-lm_greedy.png"} <= written
+    for name in written:
+        with open(results / "plots" / name, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plots_without_matplotlib_fail_clearly(monkeypatch):
+    from bench import plots
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(SystemExit, match="pip install"):
+        plots._pyplot()
+
+
+def test_readme_section_generated_between_markers(results, tmp_path, request):
+    if importlib.util.find_spec("matplotlib"):
+        request.getfixturevalue("written_plots")
+    path = tmp_path / "README.md"
+    path.write_text(f"# title\n\nbefore\n{readme.BEGIN}\nold text\n{readme.END}\nafter\n")
+    readme.main(["--results", str(results), "--readme", str(path)])
+    text = path.read_text()
+    assert text.startswith("# title\n\nbefore\n") and text.endswith(f"{readme.END}\nafter\n")
+    assert "old text" not in text
+    assert "python -m bench --only tree_mask" in text and "--profile final" in text
+    assert "Test CPU" in text and "2026-01-02" in text
+    # the end-to-end summary: best ours = ouroboros/int8 (35 tok/s) vs best HF = prompt lookup (40)
+    assert "| tiny-lm | greedy | 1 | code | 20.0 | ouroboros/int8 | 35.0 | 1.75x | hf_prompt_lookup | 40 | 0.88x |" in text
+    assert "1.5x the best HF peer on 0 of 3 cases" in text
+    assert "The seeds' findings" in text and "**reproduced**" in text
+    if importlib.util.find_spec("matplotlib"):
+        assert "plots/speedup_tiny-lm_greedy_b1.png" in text
+    readme.main(["--results", str(results), "--readme", str(path)])  # idempotent
+    assert path.read_text() == text
+
+
+def test_decoding_plan_covers_the_issue():
+    pytest.importorskip("transformers")
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import bench_decoding as bd
+
+    with open(os.path.join(ROOT, "bench", "prompts.json")) as f:
+        spec = json.load(f)
+    assert {k: len(v) >= 2 for k, v in spec.items() if not k.startswith("_")} == dict.fromkeys(bd.TASKS, True)
+    final = {p.target: p for p in bd.PROFILES["final"]["plans"]}
+    assert set(final) == {"smollm2-135m", "gemma3-270m"}
+    assert set(final["smollm2-135m"].modes) == {"greedy", "sample"} and final["smollm2-135m"].batch4_modes
+    assert {"int8", "draft"} <= set(final["smollm2-135m"].drafts)
+    providers = [c[0] for c in bd.configs(["m-int8", "m-draft"], True)]
+    assert providers[0] == "ar" and {"ngram", "ouroboros", "sd/draft", "mjsd/int8"} <= set(providers)
+    budget = next(c for c in bd.configs(["m-int8"], True) if c[0].startswith("tsd@"))
+    n = int(budget[0].split("@")[1].split("/")[0])
+    # a fixed tree: no pruning, so it fills exactly OPT-Tree's n nodes (+ the root)
+    assert budget[3]["max_nodes"] == budget[3]["max_tree_nodes"] == n + 1
+    assert budget[3]["theta_prob"] == budget[3]["theta_sib"] == 0.0
