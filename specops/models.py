@@ -222,10 +222,25 @@ def resolve_dtype(dtype, default):
 
 
 def default_draft(target_name, target_dtype):
-    """The best available model draft for an embedded target: int8 copy for a bf16/fp16 target,
-    bf16 copy for an fp32 target (models.md section 4c)."""
+    """The best available model draft for an embedded target: the shipped feature (EAGLE-style)
+    draft where one ships (``specops distill``; it agrees far better at a fraction of the cost),
+    else an int8 copy for a bf16/fp16 target and a bf16 copy for an fp32 target (models.md 4c)."""
     base, _ = split_name(target_name)
+    if _shipped_feature_draft(base):
+        return f"{base}-draft"
     return f"{base}-bf16" if target_dtype == torch.float32 else f"{base}-int8"
+
+
+def _shipped_feature_draft(base):
+    import json
+
+    from .distill import shipped_draft_dir
+
+    path = shipped_draft_dir(f"{base}-draft")
+    if path is None:
+        return False
+    with open(os.path.join(path, "config.json")) as f:
+        return json.load(f).get("specops_draft", {}).get("arch") == "feature"
 
 
 def load_path(path, dtype=None):

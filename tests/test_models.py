@@ -22,9 +22,13 @@ def test_names_targets_and_drafts():
         models.split_name("smollm2-135m-int4")
 
 
-def test_default_draft_follows_the_target_dtype():
+def test_default_draft_is_the_shipped_feature_draft_else_follows_the_target_dtype(monkeypatch):
+    monkeypatch.setattr(models, "_shipped_feature_draft", lambda base: False)
     assert models.default_draft("smollm2-135m", torch.bfloat16) == "smollm2-135m-int8"
     assert models.default_draft("smollm2-135m", torch.float32) == "smollm2-135m-bf16"
+    monkeypatch.setattr(models, "_shipped_feature_draft", lambda base: base == "smollm2-135m")
+    assert models.default_draft("smollm2-135m", torch.bfloat16) == "smollm2-135m-draft"
+    assert models.default_draft("gemma3-270m", torch.bfloat16) == "gemma3-270m-int8"
 
 
 def test_cache_dir_honours_the_environment(monkeypatch, tmp_path):
