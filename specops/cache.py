@@ -64,6 +64,9 @@ class StaticKVCache(Cache):
         self.lens = torch.zeros(batch_size, dtype=torch.int32, device=device)
         self._host_lens = [0] * batch_size  # mirror of lens for overflow checks; None when stale
         self._block = None  # (offset, T) of the draft block being written, or None in plain mode
+        # Where the current forward's rows go, planned once per forward (not per layer): ("slice",
+        # start, T) when every sequence writes at the same row, else ("scatter", index [B, Hkv, T, D], T).
+        self._write = None
         super().__init__(layers=[_Layer(self, i) for i in range(num_layers)])
 
     @classmethod
@@ -113,41 +116,66 @@ class StaticKVCache(Cache):
         written if any sequence would overflow."""
         self._check_room(offset + rows, "begin_block")
         self._block = (offset, rows)
+        self._write = self._plan(offset, rows)
 
     def end_block(self):
         self._block = None
+        self._write = None
+
+    def _plan(self, offset, T):
+        # One plan per forward, reused by every layer. The host mirror of lens is fresh here (the
+        # room check just read it), so this costs no extra sync.
+        host = self.host_lens()
+        if all(n == host[0] for n in host):
+            return ("slice", host[0] + offset, T)
+        B, H, D = self.k.shape[1], self.k.shape[2], self.k.shape[4]
+        rows = (self.lens.to(torch.int64) + offset)[:, None] + torch.arange(T, device=self.lens.device)
+        return ("scatter", rows[:, None, :, None].expand(B, H, T, D), T)
 
     def append_block(self, layer, k, v):
         """Writes one layer's new rows. Shape: k, v [B, Hkv, T, D] -> the layer's (k, v) [B, Hkv, S, D].
 
         In a block (``begin_block``) the rows go to ``lens + offset`` and stay uncommitted; in plain
         mode they go to ``lens`` and are committed after the last layer."""
-        B, H, T, D = self.k.shape[1], self.k.shape[2], k.shape[2], self.k.shape[4]
-        _checks.tensor("k", k, shape=(B, H, None, D), device=self.k.device)
-        _checks.tensor("v", v, shape=(B, H, T, D), device=self.k.device)
-        offset = 0
+        B, H, D = self.k.shape[1], self.k.shape[2], self.k.shape[4]
+        T = k.shape[2] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1
+        if (T < 0 or not isinstance(v, torch.Tensor) or k.shape != (B, H, T, D) or v.shape != k.shape
+                or k.device != self.k.device or v.device != self.k.device):
+            _checks.tensor("k", k, shape=(B, H, None, D), device=self.k.device)
+            _checks.tensor("v", v, shape=(B, H, T, D), device=self.k.device)
         if self._block is not None:
-            offset, rows = self._block
-            if rows != T:
-                raise ValueError(f"append_block: the open block has {rows} rows per sequence, got T={T}")
-        elif layer == 0:
+            if self._block[1] != T:
+                raise ValueError(f"append_block: the open block has {self._block[1]} rows per sequence, got T={T}")
+        elif layer == 0 or self._write is None or self._write[2] != T:
+            # Plain mode: the first layer of each forward checks room and plans the write.
             self._check_room(T, "append_block")
-        rows = (self.lens.to(torch.int64) + offset)[:, None] + torch.arange(T, device=self.lens.device)
-        index = rows[:, None, :, None].expand(B, H, T, D)
-        self.k[layer].scatter_(2, index, k.to(self.k.dtype))
-        self.v[layer].scatter_(2, index, v.to(self.v.dtype))
+            self._write = self._plan(0, T)
+        kind, where, _ = self._write
+        if kind == "slice":
+            self.k[layer, :, :, where:where + T].copy_(k)
+            self.v[layer, :, :, where:where + T].copy_(v)
+        else:
+            self.k[layer].scatter_(2, where, k.to(self.k.dtype))
+            self.v[layer].scatter_(2, where, v.to(self.v.dtype))
         if self._block is None and layer == self.k.shape[0] - 1:
-            self.commit(torch.full_like(self.lens, T))
+            self._write = None
+            self.commit(torch.full_like(self.lens, T), host_counts=[T] * B)
         return self.k[layer], self.v[layer]
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         return self.append_block(layer_idx, key_states, value_states)
 
     # ---- after verification ----------------------------------------------------------------
-    def commit(self, counts):
-        """Keeps the first ``counts[b]`` rows written after ``lens[b]`` (int32 [B]): lens += counts."""
+    def commit(self, counts, host_counts=None):
+        """Keeps the first ``counts[b]`` rows written after ``lens[b]`` (int32 [B]): lens += counts.
+
+        ``host_counts``: the same counts as a Python list, when the caller has them; keeps the host
+        mirror of ``lens`` fresh without a sync."""
         self.lens += counts.to(self.lens.dtype)
-        self._host_lens = None
+        if host_counts is not None and self._host_lens is not None:
+            self._host_lens = [n + int(c) for n, c in zip(self._host_lens, host_counts)]
+        else:
+            self._host_lens = None
 
     def compact(self, accept_idx, accept_lens, *, check=True, backend=None):
         """Keeps the accepted block rows: row ``lens + accept_idx[b, j]`` moves to ``lens + j`` in every
@@ -169,6 +197,7 @@ class StaticKVCache(Cache):
         self.lens.zero_()
         self._host_lens = [0] * self.batch_size
         self._block = None
+        self._write = None
 
     def crop(self, tokens_to_remove):
         """HF's crop: drop the last ``tokens_to_remove`` rows of every sequence."""

@@ -90,3 +90,22 @@ def test_sizes_and_shape_errors():
     cache = filled_cache()
     with pytest.raises(ValueError, match=r"k must have shape \[3, 2, \*, 4\]"):
         cache.append_block(0, torch.randn(3, 1, 2, 4), torch.randn(3, 1, 2, 4))
+
+
+@pytest.mark.parametrize("lens", [[4, 4, 4], [4, 1, 6]])
+def test_every_layer_of_a_block_writes_at_lens_plus_offset_equal_or_ragged(lens):
+    # Equal lengths take the slice-copy plan, ragged ones the scatter plan; both convert dtype.
+    cache = filled_cache(L=3, dtype=torch.bfloat16)
+    cache.commit(torch.tensor(lens, dtype=torch.int32))
+    before = cache.k.clone()
+    ks = [torch.randn(3, 2, 2, 4) for _ in range(3)]
+    cache.begin_block(2, 2)
+    for layer, k in enumerate(ks):
+        cache.append_block(layer, k, -k)
+    cache.end_block()
+    want = before.clone()
+    for layer, k in enumerate(ks):
+        for b, n in enumerate(lens):
+            want[layer, b, :, n + 2:n + 4] = k[b].to(torch.bfloat16)
+            assert torch.equal(cache.v[layer, b, :, n + 2:n + 4], (-k[b]).to(torch.bfloat16))
+    assert torch.equal(cache.k, want) and cache.lens.tolist() == lens

@@ -127,3 +127,21 @@ def test_runner_rejects_bad_prompts_before_any_work():
     with pytest.raises(ValueError, match="cache overflow"):
         runner.forward_block(torch.zeros(2, 12, dtype=torch.long), torch.arange(-1, 11, dtype=torch.int32).expand(2, 12))
     assert runner.lens.tolist() == [5, 3]
+
+
+def test_prefill_last_only_equals_the_last_rows_of_a_full_prefill():
+    model = tiny_model("llama", seed=5)
+    ids = torch.randint(0, 97, (3, 9))
+    lens = torch.tensor([9, 4, 6], dtype=torch.int32)
+    with torch.no_grad():
+        full = SpecModel(model, batch_size=3, max_len=32)
+        want = full.prefill(ids, lens)[torch.arange(3), lens.long() - 1]
+        last = SpecModel(model, batch_size=3, max_len=32)
+        got = last.prefill(ids, lens, last_only=True)
+        assert got.shape == (3, 97) and got.dtype == torch.float32
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert last.lens.tolist() == [9, 4, 6]
+        # the caches agree too: one more step gives the same logits
+        step = torch.randint(0, 97, (3, 1))
+        parents = torch.full((3, 1), -1, dtype=torch.int32)
+        torch.testing.assert_close(last.forward_block(step, parents), full.forward_block(step, parents))

@@ -83,12 +83,16 @@ def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temp
     B = len(prompts)
     generator = torch.Generator().manual_seed(seed)
     with torch.inference_mode():
-        runner = TargetLM(target, B, max_len)
-        dlm = None
-        if draft_model is not None:
-            dlm = DraftLM(draft_model, B, max_len + drafter.draft_budget() + drafter.tree_budget() + 1)
-        gen, metrics = decode(runner, drafter, prompts, sampling=sampling, stopper=stopper, generator=generator,
-                              draft=dlm, tokenizer=tokenizer, stream=stream, record_steps=record_steps)
+        runner = TargetLM(target, B, max_len, keep_features=getattr(drafter, "needs_target_features", False))
+        try:
+            dlm = None
+            if draft_model is not None:
+                dlm = DraftLM(draft_model, B, max_len + drafter.draft_budget() + drafter.tree_budget() + 1)
+            gen, metrics = decode(runner, drafter, prompts, sampling=sampling, stopper=stopper,
+                                  generator=generator, draft=dlm, tokenizer=tokenizer, stream=stream,
+                                  record_steps=record_steps)
+        finally:
+            runner.close()
     if metrics_ar is not None:
         metrics.ar_tokens_per_s = metrics_ar.tokens_per_s
     elif method == "ar":

@@ -35,7 +35,11 @@ class DraftLM:
     def prefill(self, prompts):
         """Commits the prompts (without the pending root). prompts: list of token lists."""
         ids, lens = pad_batch(prompts)
-        self.runner.prefill(ids, lens)
+        dev = self.runner.lens.device
+        if getattr(self.runner, "prefill_last_only", False):
+            self.runner.prefill(ids.to(dev), lens.to(dev), last_only=True)  # logits unused: skip the [L, V] head
+        else:
+            self.runner.prefill(ids.to(dev), lens.to(dev))
         self.cached = [list(p) for p in prompts]
 
     # ---- blocks ------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import time
 import torch
 
 from .metrics import Metrics
-from .runner import block_logits, commit_paths, make_runner, pad_batch
+from .runner import block_logits, commit_paths, lens_list, make_runner, pad_batch
 from .sampling import choose
 from .verify import verify
 
@@ -32,6 +32,7 @@ class DecodeState:
     vocab_size: int
     draft: object = None
     tokenizer: object = None
+    target: object = None  # the TargetLM (``state.target.features`` / ``.lens`` for EAGLE drafters)
 
     @property
     def batch(self):
@@ -42,19 +43,72 @@ class DecodeState:
 
 
 class TargetLM:
-    def __init__(self, model, batch_size, max_len):
+    """The target model behind the loop: its runner (static KV cache) and, with ``keep_features``,
+    the final hidden states of every committed position (for EAGLE-style drafters).
+
+    ``features`` [B, max_len, H] (model dtype): ``features[b, p]`` is the LM head's input (the final
+    hidden state, after the final norm) at committed cache position ``p``, i.e. the state that
+    produced the logits for token ``p + 1``. Filled at prefill (every prompt position) and on every
+    commit (the accepted path's rows, at the positions they are committed to); rows at or past
+    ``lens[b]`` are unspecified. Captured by a forward pre-hook on ``model.get_output_embeddings()``
+    that exists only when ``keep_features`` is set."""
+
+    def __init__(self, model, batch_size, max_len, keep_features=False):
         self.runner = make_runner(model, batch_size, max_len)
         self.B = batch_size
+        self.keep_features = bool(keep_features)
+        self.features = None
+        self._hidden = None  # [B, T, H]: LM-head input of the latest target forward
+        self._capturing = False  # the hook records only our own forwards (a draft may share the model)
+        if self.keep_features:
+            head = model.get_output_embeddings()
+            if head is None:
+                raise ValueError("keep_features needs a model with an output embedding (LM head)")
+            cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+            param = next(model.parameters())
+            self.features = torch.zeros(batch_size, max_len, cfg.hidden_size, dtype=param.dtype,
+                                        device=self.runner.lens.device)
+            self._hook = head.register_forward_pre_hook(self._capture)
+
+    def _capture(self, module, args):
+        if self._capturing:
+            self._hidden = args[0]
+
+    @property
+    def lens(self):
+        """The committed lengths, int32 [B]."""
+        return self.runner.lens
+
+    def close(self):
+        """Removes the feature hook (a TargetLM is per decode; the model lives on)."""
+        hook = getattr(self, "_hook", None)
+        if hook is not None:
+            hook.remove()
+            self._hook = None
+
+    def _forward(self, fn, *args, **kw):
+        self._capturing = self.keep_features
+        try:
+            return fn(*args, **kw)
+        finally:
+            self._capturing = False
 
     def prefill(self, prompts):
         """Shape: -> fp32 [B, V], logits after each prompt's last token."""
         ids, lens = pad_batch(prompts)
         dev = self.runner.lens.device
-        logits = self.runner.prefill(ids.to(dev), lens.to(dev))
-        return logits[torch.arange(self.B), lens.long().to(logits.device) - 1].float()
+        if self.keep_features or not getattr(self.runner, "prefill_last_only", False):
+            logits = self._forward(self.runner.prefill, ids.to(dev), lens.to(dev))
+            if self.keep_features:
+                L = ids.shape[1]
+                self.features[:, :L] = self._hidden.to(self.features.dtype)
+                self._hidden = None
+            return logits[torch.arange(self.B), lens.long().to(logits.device) - 1].float()
+        # Only the last row per prompt goes through the LM head (a [L, V] projection saved).
+        return self.runner.prefill(ids.to(dev), lens.to(dev), last_only=True).float()
 
     def forward(self, tokens, parents, num_nodes):
-        return block_logits(self.runner, tokens, parents, num_nodes, 0)
+        return self._forward(block_logits, self.runner, tokens, parents, num_nodes, 0)
 
     def commit(self, paths, policy):
         """Keeps, per sequence, the accepted path's K/V (paths[b] = None keeps nothing).
@@ -64,7 +118,25 @@ class TargetLM:
         if policy == "truncate" and any(p and p != list(range(len(p))) for p in paths):
             raise RuntimeError("a drafter with kv_policy='truncate' proposed a block whose accepted path "
                                "is not a prefix; declare kv_policy='compact'")
+        if self.keep_features and self._hidden is not None:
+            self._commit_features(paths)
         commit_paths(self.runner, paths)
+
+    def _commit_features(self, paths):
+        # Before the runner commits: lens are still the positions the paths start at.
+        lens = lens_list(self.runner)
+        bs, rows, pos = [], [], []
+        for b, p in enumerate(paths):
+            if p:
+                bs += [b] * len(p)
+                rows += list(p)
+                pos += range(lens[b], lens[b] + len(p))
+        if bs:
+            dev = self.features.device
+            bi = torch.tensor(bs, device=dev)
+            self.features[bi, torch.tensor(pos, device=dev)] = \
+                self._hidden[bi, torch.tensor(rows, device=dev)].to(self.features.dtype)
+        self._hidden = None
 
 
 def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None, tokenizer=None,
@@ -76,20 +148,22 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
     m = metrics if metrics is not None else Metrics()
     m.method, m.batch_size = drafter.name, B
     t_start = time.perf_counter()
+    # The emitted tokens' target log-likelihood accumulates on the logits' device and is read once
+    # at the end (no host sync per step).
+    logprob = _LogprobSum() if track_logprobs else None
 
     last = target.prefill(prompts)  # [B, V]
     first, _ = choose(last, sampling, generator)
     V = last.shape[-1]
     state = DecodeState(seqs=[list(p) for p in prompts], prompt_lens=[len(p) for p in prompts],
                         active=[True] * B, was_active=[True] * B, sampling=sampling,
-                        generator=generator, vocab_size=V, draft=draft, tokenizer=tokenizer)
+                        generator=generator, vocab_size=V, draft=draft, tokenizer=tokenizer, target=target)
     reasons = [None] * B
+    if logprob is not None:
+        logprob.add(last, list(range(B)), first)
     for b in range(B):
         kept, reason = stopper.cut([], [first[b]])
         state.seqs[b] += kept
-        if track_logprobs:
-            m.target_logprob_sum += float(last[b].log_softmax(-1)[first[b]])
-            m.target_logprob_count += 1
         if reason:
             state.active[b], reasons[b] = False, reason
         if stream is not None:
@@ -113,6 +187,7 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
         t2 = time.perf_counter()
 
         target.commit([result.paths[b] if state.active[b] else None for b in range(B)], drafter.kv_policy)
+        lp_rows, lp_toks = [], []
         for b in range(B):
             if not state.active[b]:
                 continue
@@ -126,15 +201,15 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
                 depth_drafted=cand.depth_drafted[b] if cand.depth_drafted else 0,
                 drafted_nodes=cand.drafted_nodes[b] if cand.drafted_nodes else len(cand.tokens[b]),
                 graph_success=bool(copied) and any(copied[i] for i in path))
-            if track_logprobs and kept:
-                rows = torch.tensor(path[: len(kept)], device=logits.device)
-                lp = logits[b, rows].log_softmax(-1)
-                m.target_logprob_sum += float(lp.gather(-1, torch.tensor(kept, device=lp.device)[:, None]).sum())
-                m.target_logprob_count += len(kept)
+            if logprob is not None and kept:
+                lp_rows += [b * logits.shape[1] + i for i in path[: len(kept)]]
+                lp_toks += kept
             if reason:
                 state.active[b], reasons[b] = False, reason
             if stream is not None and kept:
                 stream(b, kept)
+        if lp_rows:
+            logprob.add(logits.reshape(-1, logits.shape[-1]), lp_rows, lp_toks)
         drafter.commit(state, cand, result)
         t3 = time.perf_counter()
         m.draft_time_s += t1 - t0
@@ -145,6 +220,9 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
                             "accepted": [len(p) - 1 for p in result.paths],
                             "draft_s": t1 - t0, "verify_s": t2 - t1, "bookkeeping_s": t3 - t2})
 
+    if logprob is not None:
+        m.target_logprob_sum += logprob.total()
+        m.target_logprob_count += logprob.count
     m.total_time_s = time.perf_counter() - t_start
     if draft is not None:
         m.num_draft_forwards = draft.forwards
@@ -153,3 +231,24 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
     m.lengths = [len(g) for g in gen]
     m.finish_reasons = reasons
     return gen, m
+
+
+class _LogprobSum:
+    """Sum of log p(token | row) over emitted tokens, kept as a device tensor until ``total()``."""
+
+    def __init__(self):
+        self.sum = None
+        self.count = 0
+
+    def add(self, logits, rows, tokens):
+        """Shape: logits [N, V]; rows, tokens: equal-length int lists (row of logits, emitted token)."""
+        dev = logits.device
+        sel = logits[torch.tensor(rows, device=dev)].float()  # [n, V]
+        tok = torch.tensor(tokens, device=dev)[:, None]
+        # log_softmax at one entry = logit - logsumexp: no [n, V] log-prob tensor is materialised
+        part = (sel.gather(-1, tok)[:, 0] - sel.logsumexp(-1)).sum(dtype=torch.float64)
+        self.sum = part if self.sum is None else self.sum + part
+        self.count += len(tokens)
+
+    def total(self):
+        return float(self.sum) if self.sum is not None else 0.0

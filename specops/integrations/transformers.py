@@ -12,6 +12,8 @@ Without an open block (a plain HF forward or ``generate`` with ``attn_implementa
 the function treats the new tokens as a causal chain after the cached ones; a padding mask from HF
 (left-padded batches) or a sliding window that the sequence outgrows falls back to torch SDPA.
 """
+import inspect
+import math
 import threading
 from dataclasses import dataclass
 
@@ -20,6 +22,7 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
+from ..backend import resolve
 from ..cache import StaticKVCache
 from ..ops import _checks
 from ..ops.tree_attention import tree_attention
@@ -34,13 +37,16 @@ class Block:
     """What the attention of one forward needs beyond the cache view.
 
     Shape: prefix_lens, block_lens, q_lens int32 [B]; mask int32 [B, Tq, W]. ``longest`` is a host
-    upper bound on prefix + block rows (for the sliding-window check, so no sync is needed)."""
+    upper bound on prefix + block rows (for the sliding-window check, so no sync is needed).
+    ``kernel``: (argument signature, implementation, sm_scale) of the first layer's call, after the
+    full argument checks; later layers with the same signature call the implementation directly."""
 
     prefix_lens: torch.Tensor
     block_lens: torch.Tensor
     mask: torch.Tensor
     q_lens: torch.Tensor
     longest: int
+    kernel: tuple = None
 
 
 def specops_mask(*args, **kwargs):
@@ -74,8 +80,20 @@ def specops_attention(module, query, key, value, attention_mask, scaling=None, d
         raise NotImplementedError(
             f"{type(module).__name__} layer {getattr(module, 'layer_idx', '?')} has a sliding window of {window} "
             f"rows but a sequence holds up to {block.longest}: tree blocks beyond the window are not supported")
-    out = tree_attention(query.transpose(1, 2), key, value, block.prefix_lens, block.block_lens, block.mask,
-                         q_lens=block.q_lens, sm_scale=scaling, check=False)
+    q = query.transpose(1, 2)
+    # Every layer of one forward passes the same shapes over the same cache: validate and resolve the
+    # backend once per block (layer 0), then call the kernel directly (the per-call Python checks
+    # cost about as much as the kernel itself for a single query).
+    sig = (q.shape, q.stride(), q.dtype, q.device, key.shape, key.stride(), key.dtype, value.shape,
+           value.stride(), value.dtype, scaling)
+    fast = block.kernel
+    if fast is not None and fast[0] == sig:
+        out = fast[1](q, key, value, block.prefix_lens, block.block_lens, block.mask, block.q_lens, fast[2])
+    else:
+        out = tree_attention(q, key, value, block.prefix_lens, block.block_lens, block.mask,
+                             q_lens=block.q_lens, sm_scale=scaling, check=False)
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scaling is None else float(scaling)
+        block.kernel = (sig, resolve("tree_attention", q.device), scale)
     return out, None
 
 
@@ -89,10 +107,22 @@ def use_specops_attention(model):
     return model
 
 
+_CAUSAL = {}  # (T, device) -> packed chain mask [T, W]; built once, read-only afterwards
+_CAUSAL_MAX = 64
+
+
 def causal_mask(B, T, device):
-    """The chain mask: query i sees block keys 0..i. Shape: -> int32 [B, T, ceil(T/32)]."""
-    vis = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-    return pack_mask(vis).expand(B, T, -1)
+    """The chain mask: query i sees block keys 0..i. Shape: -> int32 [B, T, ceil(T/32)] (an
+    expanded view of a cached mask: do not write into it)."""
+    key = (T, str(device))
+    mask = _CAUSAL.get(key)
+    if mask is None:
+        vis = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+        mask = pack_mask(vis)
+        if len(_CAUSAL) >= _CAUSAL_MAX:
+            _CAUSAL.pop(next(iter(_CAUSAL)))
+        _CAUSAL[key] = mask
+    return mask.expand(B, T, -1)
 
 
 class SpecModel:
@@ -101,12 +131,18 @@ class SpecModel:
     ``lens`` (int32 [B]) are the committed rows per sequence. A draft block is written after them and
     stays uncommitted until :meth:`compact` (keep the accepted path) or :meth:`commit` (keep all)."""
 
+    prefill_last_only = True  # prefill(..., last_only=True) is supported
+
     def __init__(self, model, batch_size, max_len, *, cache_dtype=None):
         self.model = use_specops_attention(model).eval()
         self.cache = StaticKVCache.for_model(model, batch_size, max_len, dtype=cache_dtype)
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.vocab_size = cfg.vocab_size
         self.device = self.cache.k.device
+        try:
+            self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        except (TypeError, ValueError):
+            self._keeps_logits = False
 
     @property
     def lens(self):
@@ -120,11 +156,12 @@ class SpecModel:
     def max_len(self):
         return self.cache.max_len
 
-    def prefill(self, input_ids, lens):
+    def prefill(self, input_ids, lens, *, last_only=False):
         """Runs right-padded prompts from an empty cache and commits them.
 
         Shape: input_ids int [B, L], lens int32 [B] (1 <= lens <= L) -> logits fp32 [B, L, V]
-        (rows >= lens[b] are padding)."""
+        (rows >= lens[b] are padding); with ``last_only`` fp32 [B, V], the logits after each
+        prompt's last token (the LM head then runs on those rows only)."""
         _checks.tensor("input_ids", input_ids, dtype=(torch.int64, torch.int32), shape=(self.batch_size, None),
                        device=self.device)
         B, L = input_ids.shape
@@ -136,8 +173,14 @@ class SpecModel:
         block = Block(prefix_lens=torch.zeros_like(lens), block_lens=lens, mask=causal_mask(B, L, self.device),
                       q_lens=lens, longest=L)
         positions = torch.arange(L, device=self.device).expand(B, L)
-        logits = self._run(input_ids, positions, block, offset=0)
+        last = (lens.to(torch.int64) - 1)[:, None]  # [B, 1]
+        keep = last if last_only and self._keeps_logits else None
+        logits = self._run(input_ids, positions, block, offset=0, logits_to_keep=keep)
         self.cache.commit(lens)
+        if last_only:
+            if logits.shape[1] != 1:  # the model ignored logits_to_keep: pick the rows here
+                logits = torch.take_along_dim(logits, last[..., None], dim=1)
+            return logits[:, 0]
         return logits
 
     def forward_block(self, tokens, parents, num_nodes=None, *, q_start=0):
@@ -165,12 +208,13 @@ class SpecModel:
         positions = self.lens[:, None].to(torch.int64) + depth
         return self._run(tokens, positions, block, offset=q_start)
 
-    def _run(self, ids, positions, block, offset):
+    def _run(self, ids, positions, block, offset, logits_to_keep=None):
         self.cache.begin_block(offset, ids.shape[1])
         _state.block = block
+        kw = {} if logits_to_keep is None else {"logits_to_keep": logits_to_keep}
         try:
             out = self.model(input_ids=ids.long(), position_ids=positions.long(), past_key_values=self.cache,
-                             use_cache=True)
+                             use_cache=True, **kw)
         finally:
             _state.block = None
             self.cache.end_block()

@@ -1,0 +1,116 @@
+"""Target feature capture for EAGLE-style drafters: ``TargetLM(keep_features=True).features[b, p]``
+is the LM head's input at committed position ``p``, after prefill and after every commit (chains
+kept by truncation and tree paths kept by compaction, ragged batches); without ``keep_features``
+no hook exists; ``generate`` turns it on from the drafter's ``needs_target_features``."""
+import pytest
+import torch
+
+from specops.decoding import api, loop, methods
+from specops.decoding.draft_lm import DraftLM
+from specops.decoding.sampling import SamplingConfig
+from specops.decoding.stopping import Stopper
+from specops.testing import perturbed_copy, tiny_causal_lm
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_causal_lm("llama", seed=0)
+    return target, perturbed_copy(target, 0.15, seed=1)
+
+
+def head_inputs(model, ids):
+    """The LM head's input over a plain HF forward (stock sdpa attention, no cache).
+
+    Shape: ids list of L ints -> fp32 [L, H]."""
+    seen = []
+    hook = model.get_output_embeddings().register_forward_pre_hook(lambda mod, args: seen.append(args[0]))
+    before = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([ids]))
+    finally:
+        hook.remove()
+        model.set_attn_implementation(before)
+    return seen[0][0].float()
+
+
+def run(models, method, prompts, new_tokens, **params):
+    target, draft = models
+    drafter = methods.make(method, **params)
+    max_len = max(len(p) for p in prompts) + new_tokens + drafter.tree_budget() + 1
+    B = len(prompts)
+    tlm = loop.TargetLM(target, B, max_len, keep_features=True)
+    dlm = DraftLM(draft, B, max_len + drafter.draft_budget() + drafter.tree_budget() + 1) \
+        if drafter.needs_draft_model else None
+    try:
+        with torch.inference_mode():
+            gen, m = loop.decode(tlm, drafter, prompts, sampling=SamplingConfig(), stopper=Stopper(new_tokens),
+                                 generator=torch.Generator().manual_seed(0), draft=dlm)
+    finally:
+        tlm.close()
+    return tlm, gen, m
+
+
+@pytest.mark.parametrize("method,params", [("sd", {"gamma": 3}), ("tsd", {}), ("ar", {})])
+def test_features_at_committed_positions_equal_plain_forward_hidden_states(models, method, params):
+    prompts = [[5, 17, 99, 3, 42, 8, 61], [70, 2, 33]]  # ragged
+    tlm, gen, m = run(models, method, prompts, 14, **params)
+    assert m.num_target_forwards >= 3
+    lens = tlm.lens.tolist()
+    assert tlm.features.dtype == next(models[0].parameters()).dtype
+    for b, p in enumerate(prompts):
+        # The last step may commit accepted tokens past the max_new_tokens cut: compare the
+        # positions whose tokens were emitted (all but the pending one).
+        n = len(p) + len(gen[b]) - 1
+        assert n <= lens[b] and n >= len(p) + 10
+        want = head_inputs(models[0], (p + gen[b])[:n])
+        torch.testing.assert_close(tlm.features[b, :n].float(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_tree_method_commits_non_prefix_paths(models, monkeypatch):
+    # The tsd case above covers compaction only if some accepted path skipped block rows.
+    paths = []
+    commit = loop.TargetLM.commit
+    monkeypatch.setattr(loop.TargetLM, "commit", lambda self, p, policy: (paths.extend(p), commit(self, p, policy)))
+    run(models, "tsd", [[5, 17, 99, 3, 42, 8, 61], [70, 2, 33]], 14)
+    assert any(p and p != list(range(len(p))) for p in paths)
+
+
+def test_no_hook_and_no_buffer_without_keep_features(models):
+    target, _ = models
+    head = target.get_output_embeddings()
+    hooks = len(head._forward_pre_hooks)
+    tlm = loop.TargetLM(target, 1, 32)
+    assert tlm.features is None and len(head._forward_pre_hooks) == hooks
+    with_feats = loop.TargetLM(target, 1, 32, keep_features=True)
+    assert len(head._forward_pre_hooks) == hooks + 1
+    with_feats.close()
+    assert len(head._forward_pre_hooks) == hooks
+
+
+def test_generate_turns_features_on_for_drafters_that_need_them(models, monkeypatch):
+    target, _ = models
+    seen = []
+
+    class FeatureDrafter(methods.NullDrafter):
+        needs_target_features = True
+
+        def propose(self, state):
+            lens = state.target.lens.tolist()
+            seen.append((state.target.features is not None, lens))
+            return super().propose(state)
+
+    monkeypatch.setattr(methods, "make", lambda name, **kw: FeatureDrafter(**kw))
+    hooks = len(target.get_output_embeddings()._forward_pre_hooks)
+    api.generate(target, [[1, 2, 3, 4]], method="ar", max_new_tokens=3, eos_token_id=[])
+    assert seen == [(True, [4]), (True, [5])]
+    assert len(target.get_output_embeddings()._forward_pre_hooks) == hooks  # removed afterwards
