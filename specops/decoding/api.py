@@ -3,7 +3,9 @@ import torch
 
 from .. import models
 from . import methods
+from ..distill.feature import is_feature_draft
 from .draft_lm import DraftLM
+from .eagle import FeatureDraftLM
 from .loop import TargetLM, decode
 from .sampling import SamplingConfig
 from .stopping import Stopper
@@ -83,11 +85,15 @@ def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temp
     B = len(prompts)
     generator = torch.Generator().manual_seed(seed)
     with torch.inference_mode():
-        runner = TargetLM(target, B, max_len, keep_features=getattr(drafter, "needs_target_features", False))
+        # A feature (EAGLE-style) draft reads the target's final hidden states of committed positions.
+        feature = draft_model is not None and is_feature_draft(draft_model)
+        runner = TargetLM(target, B, max_len,
+                          keep_features=feature or getattr(drafter, "needs_target_features", False))
         try:
             dlm = None
             if draft_model is not None:
-                dlm = DraftLM(draft_model, B, max_len + drafter.draft_budget() + drafter.tree_budget() + 1)
+                dmax = max_len + drafter.draft_budget() + drafter.tree_budget() + 1
+                dlm = FeatureDraftLM(draft_model, B, dmax, runner) if feature else DraftLM(draft_model, B, dmax)
             gen, metrics = decode(runner, drafter, prompts, sampling=sampling, stopper=stopper,
                                   generator=generator, draft=dlm, tokenizer=tokenizer, stream=stream,
                                   record_steps=record_steps)

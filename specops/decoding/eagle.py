@@ -54,7 +54,11 @@ class FeatureDraftLM(DraftLM):
             feats[b, : len(p)] = self._target_rows(b, 0, len(p))
         self.model.feature_input = feats.to(self.runner.device)
         try:
-            self.runner.prefill(ids.to(self.runner.device), lens.to(self.runner.device))
+            dev = self.runner.device
+            if getattr(self.runner, "prefill_last_only", False):
+                self.runner.prefill(ids.to(dev), lens.to(dev), last_only=True)  # logits unused
+            else:
+                self.runner.prefill(ids.to(dev), lens.to(dev))
         finally:
             self.model.feature_input = None
         self.cached = [list(p) for p in prompts]

@@ -64,13 +64,17 @@ def feature_draft_class():
             return out.last_hidden_state, out
 
         def forward(self, input_ids=None, position_ids=None, past_key_values=None, use_cache=None,
-                    features=None, attention_mask=None, **kwargs):
+                    features=None, attention_mask=None, logits_to_keep=None, **kwargs):
             feats = features if features is not None else self.feature_input
             if feats is None:
                 raise ValueError("a feature draft needs the target's features: pass features= or set "
                                  "feature_input (shape [B, T, hidden]) before calling it")
             h, out = self.hidden(input_ids, feats, position_ids=position_ids, past_key_values=past_key_values,
                                  use_cache=use_cache, attention_mask=attention_mask)
+            if isinstance(logits_to_keep, torch.Tensor):  # [B, k] row indices (the runner's last rows)
+                h = torch.take_along_dim(h, logits_to_keep[..., None].to(h.device), dim=1)
+            elif isinstance(logits_to_keep, int) and logits_to_keep > 0:
+                h = h[:, -logits_to_keep:]
             return CausalLMOutputWithPast(logits=self.lm_head(h), past_key_values=out.past_key_values)
 
     _CLASS = FeatureDraft
