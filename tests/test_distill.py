@@ -201,20 +201,7 @@ def test_shipped_draft_loads_shares_the_tokenizer_and_sd_is_lossless_in_fp32():
     prompt = tok.apply_chat_template([{"role": "user", "content": "Write a haiku about rivers."}], tokenize=False,
                                      add_generation_prompt=True)
     ids = torch.tensor([tok(prompt)["input_ids"]])
-    # While the decoding loop is not yet wired to SpecModel on this branch, run it over the decoding
-    # branch's plain-HF stand-in runner (the draft only has to be a causal LM the loop can drive).
-    try:
-        from _throwaway_runner import ShimRunner
-    except ImportError:
-        ShimRunner = None
-    from specops.decoding.runner import set_runner_factory
-
-    old = set_runner_factory(ShimRunner) if ShimRunner is not None else None
-    try:
-        ar, _ = generate(target, ids, method="ar", max_new_tokens=12)
-        sd, metrics = generate(target, ids, draft=draft, method="sd", max_new_tokens=12, gamma=3)
-    finally:
-        if ShimRunner is not None:
-            set_runner_factory(old)
+    ar, _ = generate(target, ids, method="ar", max_new_tokens=12)
+    sd, metrics = generate(target, ids, draft=draft, method="sd", max_new_tokens=12, gamma=3)
     assert torch.equal(ar, sd)
     assert metrics.num_accepted_tokens > 0  # a trained draft, not a random one

@@ -1,18 +1,23 @@
-"""The draft model: a few Llama decoder layers on the target's frozen embedding, scored by the
-target's tied LM head restricted to a subset of the vocabulary.
+"""The draft models ``specops distill`` trains, scored by the target's tied LM head restricted to a
+subset of the vocabulary. Two architectures (``arch``):
 
-Why this shape (measured on this CPU, shared/design/models.md and our own cost runs):
+* ``"feature"`` (the default, :mod:`specops.distill.feature`): EAGLE-style, one decoder layer over
+  ``fc([embed(token); target final hidden state])``. It needs the target's hidden states, which the
+  loop keeps for it (``TargetLM(keep_features=True)``, ``specops.decoding.eagle.FeatureDraftLM``).
+* ``"lm"``: a stand-alone ``LlamaForCausalLM`` of a few layers on the target's frozen embedding; it
+  runs ahead on its own KV cache without the target's states, but agreed on only ~25% of greedy
+  tokens in our runs (0.34 and rising for the feature draft at a smaller cost), so it is the fallback.
 
-* The loop drives any stock HF causal LM through the ``specops`` runner, so the draft is a
-  ``LlamaForCausalLM`` (same tokenizer, same rotary/GQA layout as the target) — no target hidden
-  states are needed, unlike an EAGLE head, so the draft runs ahead on its own KV cache.
+Shared by both:
+
 * The target's 49,152 x 576 tied head is 28M MACs per token, as much as eight decoder layers; a
   draft that scores all of it cannot be cheap. ``SubsetLMHead`` scores only the ``keep`` rows (the
   tokens the target actually predicts, ranked from the distillation data) and returns full-vocabulary
   logits with ``-inf`` elsewhere, so the loop still sees a draft with the target's vocabulary and
   verification stays exact: the draft merely never proposes a dropped token.
 * The embedding is the target's own (frozen, not shipped: it is read from the target's cache when
-  the draft loads), so the shipped weights are only the decoder layers, the final norm and ``keep``.
+  the draft loads), so the shipped weights are only the decoder layers, ``fc``, the final norm and
+  ``keep``.
 """
 import copy
 import json
