@@ -68,7 +68,11 @@ def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temp
     need = max(len(p) for p in prompts) + max_new_tokens + drafter.tree_budget() + 1
     limit = getattr(target.config, "max_position_embeddings", None)
     if max_len is None:
-        max_len = need
+        # A sequence may commit up to a whole accepted path past max_new_tokens (the stopper cuts the
+        # emitted tokens, not the cache rows) while a batch-mate still drafts: one more block of slack.
+        max_len = need + drafter.tree_budget()
+        if limit is not None:
+            max_len = min(max_len, max(limit, need))
     if max_len < need or (limit is not None and need > limit):
         cap = max_len if max_len < need else limit
         raise ValueError(f"prompt too long for the cache: the longest prompt ({max(len(p) for p in prompts)} "
