@@ -29,61 +29,55 @@ def _encode(tok, text, chat):
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-@torch.no_grad()
-def agreement(target, draft, tok, new_tokens=64, prompts=None, chat=None):
-    """{category: (agreement, positions)} over the held-out prompts."""
-    prompts = prompts or EVAL_PROMPTS
-    chat = chat or EVAL_CHAT
-    out = {}
-    for cat, texts in prompts.items():
-        hit = tot = 0
-        for text, is_chat in zip(texts, chat[cat]):
+def _answers(target, tok, new_tokens, prompts, chat):
+    """(category, prompt length, prompt + the target's greedy answer [1, L]) per held-out prompt."""
+    for cat, texts in (prompts or EVAL_PROMPTS).items():
+        for text, is_chat in zip(texts, (chat or EVAL_CHAT)[cat]):
             ids = torch.tensor([_encode(tok, text, is_chat)])
             seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                                   do_sample=False, temperature=None, top_p=None, top_k=None,
                                   pad_token_id=tok.eos_token_id)
-            P, n = ids.shape[1], seq.shape[1] - ids.shape[1]
-            if is_feature_draft(draft):
-                with head_inputs(target) as got:
-                    target(seq)
-                feats = got[-1]
-                # row r reads token r+1 and the target's feature r, and predicts token r+2
-                pred = draft(seq[:, 1:], features=feats[:, :-1]).logits[0, P - 2: P - 2 + n].argmax(-1)
-            else:
-                pred = draft(seq).logits[0, P - 1: P - 1 + n].argmax(-1)
-            hit += int((pred == seq[0, P:]).sum())
-            tot += n
-        out[cat] = (hit / max(1, tot), tot)
-    return out
+            yield cat, ids.shape[1], seq
+
+
+def _target_features(target, seq):
+    with head_inputs(target) as got:
+        target(seq)
+    return got[-1]
+
+
+@torch.no_grad()
+def agreement(target, draft, tok, new_tokens=64, prompts=None, chat=None):
+    """{category: (agreement, positions)} over the held-out prompts."""
+    counts = {}
+    for cat, P, seq in _answers(target, tok, new_tokens, prompts, chat):
+        n = seq.shape[1] - P
+        if is_feature_draft(draft):
+            # row r reads token r+1 and the target's feature r, and predicts token r+2
+            feats = _target_features(target, seq)
+            pred = draft(seq[:, 1:], features=feats[:, :-1]).logits[0, P - 2: P - 2 + n].argmax(-1)
+        else:
+            pred = draft(seq).logits[0, P - 1: P - 1 + n].argmax(-1)
+        hit, tot = counts.get(cat, (0, 0))
+        counts[cat] = (hit + int((pred == seq[0, P:]).sum()), tot + n)
+    return {cat: (hit / max(1, tot), tot) for cat, (hit, tot) in counts.items()}
 
 
 @torch.no_grad()
 def depth2_agreement(target, draft, tok, new_tokens=64, prompts=None, chat=None):
     """A feature draft's second chain token: from the target's feature at r and the token r+1 it
     predicts feature r+1 itself, then token r+3 from (token r+2, that prediction). {category: share}."""
-    prompts = prompts or EVAL_PROMPTS
-    chat = chat or EVAL_CHAT
-    out = {}
-    for cat, texts in prompts.items():
-        hit = tot = 0
-        for text, is_chat in zip(texts, chat[cat]):
-            ids = torch.tensor([_encode(tok, text, is_chat)])
-            seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                                  do_sample=False, temperature=None, top_p=None, top_k=None,
-                                  pad_token_id=tok.eos_token_id)
-            with head_inputs(target) as got:
-                target(seq)
-            feats = got[-1]
-            draft(seq[:, 1:], features=feats[:, :-1])
-            g = draft.last_features  # [1, L-1, H]: row r estimates the target's feature r+1
-            # row r of the second pass reads token r+2 and the estimate of feature r+1, predicts r+3
-            pred = draft(seq[:, 2:], features=g[:, :-1]).logits[0].argmax(-1)
-            P, L = ids.shape[1], seq.shape[1]
-            rows = torch.arange(P - 3, L - 3)
-            hit += int((pred[rows] == seq[0, rows + 3]).sum())
-            tot += rows.numel()
-        out[cat] = hit / max(1, tot)
-    return out
+    counts = {}
+    for cat, P, seq in _answers(target, tok, new_tokens, prompts, chat):
+        feats = _target_features(target, seq)
+        draft(seq[:, 1:], features=feats[:, :-1])
+        g = draft.last_features  # [1, L-1, H]: row r estimates the target's feature r+1
+        # row r of the second pass reads token r+2 and the estimate of feature r+1, predicts r+3
+        pred = draft(seq[:, 2:], features=g[:, :-1]).logits[0].argmax(-1)
+        rows = torch.arange(P - 3, seq.shape[1] - 3)
+        hit, tot = counts.get(cat, (0, 0))
+        counts[cat] = (hit + int((pred[rows] == seq[0, rows + 3]).sum()), tot + rows.numel())
+    return {cat: hit / max(1, tot) for cat, (hit, tot) in counts.items()}
 
 
 @torch.no_grad()
