@@ -50,6 +50,7 @@ sampling uses one seed per prompt for every provider; the HF peers decode batch 
 transformers), the time summed.
 """
 import argparse
+import csv
 import dataclasses
 import json
 import os
@@ -61,7 +62,7 @@ import torch
 import specops
 from specops import models
 
-from _harness import Recorder
+from _harness import FIELDS, RESULTS, Recorder
 
 OP = "decoding"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -315,7 +316,7 @@ def _peer_kwargs(hf_drafts):
         yield f"hf_assisted/{_kind(name)}", {"assistant_model": model}
 
 
-def run_target(rec, plan, new, timings, tasks=None):
+def run_target(rec, plan, new, timings, tasks=None, on_case=None):
     ok, why = models.available(plan.target)
     if not ok:
         rec.skip(plan.target, dict(target=plan.target), f"not installed: {why}")
@@ -348,14 +349,19 @@ def run_target(rec, plan, new, timings, tasks=None):
         for mode in plan.modes:
             chosen = ids[:plan.sample_prompts] if mode == "sample" else ids
             run_case(rec, plan, target, tok, drafts, hf_drafts, task, [[p] for p in chosen], mode, 1, new, timings)
+            if on_case:
+                on_case()
     mixed = [all_ids[t][0] for t in MIXED if t in all_ids]
     if len(mixed) == len(MIXED):
         for mode in plan.batch4_modes:
             run_case(rec, plan, target, tok, drafts, hf_drafts, "mixed", [mixed], mode, len(mixed), new, timings)
+            if on_case:
+                on_case()
 
 
-def measure(rec, quick, profile=None, tasks=None, new_tokens=None, targets=None, overrides=None):
-    """``python -m bench`` entry: the ``quick`` profile with --quick, else ``final``."""
+def measure(rec, quick, profile=None, tasks=None, new_tokens=None, targets=None, overrides=None, on_case=None):
+    """``python -m bench`` entry: the ``quick`` profile with --quick, else ``final``. ``on_case`` is
+    called after every finished case (the CLI writes the CSV there, so a crash keeps what ran)."""
     torch.manual_seed(0)
     spec = PROFILES[profile or ("quick" if quick else "final")]
     new = new_tokens or spec["new_tokens"]
@@ -363,7 +369,7 @@ def measure(rec, quick, profile=None, tasks=None, new_tokens=None, targets=None,
     start = time.perf_counter()
     for plan in spec["plans"]:
         if targets is None or plan.target in targets:
-            run_target(rec, dataclasses.replace(plan, **(overrides or {})), new, timings, tasks)
+            run_target(rec, dataclasses.replace(plan, **(overrides or {})), new, timings, tasks, on_case)
     total = time.perf_counter() - start
     print(f"# decoding: {total:.0f} s in all; seconds per provider: "
           + ", ".join(f"{p} {s:.1f}" for p, s in sorted(timings.items(), key=lambda kv: -kv[1])), flush=True)
@@ -390,11 +396,42 @@ def main(argv=None):
     rec = Recorder(OP, "cpu", profile == "quick", providers)
     overrides = {k: v for k, v in (("prompts", args.prompts), ("modes", tuple(args.modes.split(",")) if args.modes
                                                                    else None)) if v is not None}
+    targets = args.targets.split(",") if args.targets else None
+    out_dir = args.out or os.path.join(RESULTS, rec.info["machine"])
+    kept = _other_targets_rows(os.path.join(out_dir, f"{OP}.csv"), targets)
+
+    def flush():
+        return write_merged(rec, out_dir, kept)
+
     measure(rec, profile == "quick", profile, args.tasks.split(",") if args.tasks else None, args.new_tokens,
-            args.targets.split(",") if args.targets else None, overrides)
-    path = rec.write(args.out)
-    print(f"# wrote {path}")
+            targets, overrides, on_case=flush)
+    path = flush()
+    print(f"# wrote {path}" + (f" (kept {len(kept)} rows of other targets)" if kept else ""))
     return rec
+
+
+def _other_targets_rows(path, targets):
+    """With ``--targets``, the existing CSV's rows of the targets not rerun (so per-target runs add
+    up to one file); a full run replaces the file."""
+    if targets is None or not os.path.exists(path):
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return [r for r in rows if r["provider"] != "machine" and json.loads(r["params"] or "{}").get("target") not in targets]
+
+
+def write_merged(rec, out_dir, kept):
+    """Writes this run's rows plus ``kept`` to ``out_dir/decoding.csv`` (atomically: a crash mid-
+    write leaves the previous file)."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{OP}.csv")
+    tmp = path + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rec.rows + kept)
+    os.replace(tmp, path)
+    return path
 
 
 if __name__ == "__main__":

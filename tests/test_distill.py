@@ -162,6 +162,16 @@ def test_pipeline_end_to_end_on_a_tiny_target(tmp_path, tiny_tokenizer):
     run(target, tiny_tokenizer, str(tmp_path), **kw)
     with pytest.raises(ValueError, match="other settings"):
         run(target, tiny_tokenizer, str(tmp_path), **{**kw, "gen_tokens": 13})
+    # fine-tuning the exported draft with training-time test, on more data (the vocabulary stays)
+    tuned = run(target, tiny_tokenizer, str(tmp_path / "ft"), **{**kw, "tokens": 6 * 256}, ttt_depth=2,
+                init_draft=out, export_dir=str(tmp_path / "ft_draft"))
+    rec2 = json.load(open(os.path.join(tuned, "training.json")))
+    assert len(rec2["training"]["heldout_top1_agreement_by_depth"]) == 2
+    assert "fine-tuned from" in rec2["objective"] and "training-time test" in rec2["objective"]
+    d2 = load_draft_dir(tuned, target.model.embed_tokens.weight.detach(), dtype=torch.float32)
+    assert torch.equal(d2.lm_head.keep, draft.lm_head.keep)
+    with pytest.raises(ValueError, match="ttt-depth"):
+        run(target, tiny_tokenizer, str(tmp_path / "x"), **{**kw, "layers": 2}, arch="lm", ttt_depth=2)
 
 
 @pytest.mark.parametrize("spec", ["gemma3-270m", "smollm2-135m-int8", "no-such-model"])

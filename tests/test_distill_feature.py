@@ -104,3 +104,48 @@ def test_generate_with_a_feature_draft_is_lossless_for_every_model_method():
             continue
         assert torch.equal(out, ref), method
         assert m.num_draft_forwards > 0
+
+
+@torch.no_grad()
+def test_unrolled_training_blocks_are_the_runtime_chain():
+    """Training-time test: block 1 equals the plain teacher-forced pass; block 2's position i equals
+    a causal pass over context positions 0..i-1 followed by the depth-2 node (token i+1 read with
+    the draft's own prediction from position i-1)."""
+    from specops.distill.train import _feature_forward
+
+    target = tiny_target()
+    (s,) = feature_shards(target, n_shards=1, rows=2, L=11)
+    d = feature_draft(target).eval()
+    tokens, feats = s["tokens"].long(), s["feats"].float()
+    mask = torch.ones_like(tokens, dtype=torch.bool)
+    h, ms, _ = _feature_forward(d, tokens, mask, feats, 0.0, 0.1, depth=2)
+    B, M = tokens.shape[0], tokens.shape[1] - 1
+    assert ms.shape == (2, B, M) and not ms[1, :, 0].any() and ms[1, :, 1:].all()
+    h1_ref, _ = d.hidden(tokens[:, 1:], feats[:, :-1])
+    n1 = int(ms[0].sum())
+    torch.testing.assert_close(h[:n1].reshape(B, M, -1), h1_ref, atol=1e-4, rtol=1e-4)
+    h2 = h[n1:].reshape(B, M - 1, -1)
+    for i in (1, 4, M - 1):
+        ctx_f = feats[:, :i]
+        node_f = h1_ref[:, i - 1: i]
+        ids = torch.cat([tokens[:, 1: i + 1], tokens[:, i + 1: i + 2]], dim=1)
+        ref, _ = d.hidden(ids, torch.cat([ctx_f, node_f], dim=1))
+        torch.testing.assert_close(h2[:, i - 1], ref[:, -1], atol=1e-4, rtol=1e-4)
+
+
+def test_unrolled_training_lowers_the_loss_of_deeper_tokens(tmp_path):
+    from specops.distill.train import evaluate_rows
+
+    target = tiny_target()
+    shards = feature_shards(target, n_shards=4)
+    keep = torch.arange(V)
+    d = feature_draft(target, keep)
+    rows = flatten_rows(shards)
+    full2sub = torch.arange(V)
+    before = evaluate_rows(d, rows, full2sub, False, depth=3)
+    state = train(d, rows, rows[:4], str(tmp_path), steps=25, batch_rows=4, lr=3e-3, warmup=2, seed=0,
+                  amp=False, ckpt_every=100, eval_every=5, feature_noise=0.1, depth=3)
+    after = evaluate_rows(d, rows, full2sub, False, depth=3)
+    assert len(before) == 3 and len(state["history"][-1]["val_agree_by_depth"]) == 3
+    assert state["history"][-1]["loss"] < state["history"][0]["loss"] - 0.5
+    assert after[1] > before[1] and after[2] > before[2]

@@ -33,6 +33,11 @@ def add_arguments(p):
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     p.add_argument("--max-train-minutes", type=float, default=None,
                    help="stop training after this many minutes (checkpointed; the best step is exported)")
+    p.add_argument("--ttt-depth", type=int, default=1,
+                   help="feature drafts: train this many chain tokens deep, deeper ones from the draft's own "
+                        "predicted features (training-time test; default 1)")
+    p.add_argument("--init-draft", default=None,
+                   help="fine-tune from this exported draft directory instead of initialising from the target")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-amp", action="store_true", help="train in fp32 instead of bf16 autocast")
@@ -104,7 +109,7 @@ def _run(run, model, tok, name, args, layer_map, command):
                gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, row_len=args.row_len, epochs=args.epochs,
                steps=args.steps, batch_rows=args.batch_rows, lr=args.lr, max_train_minutes=args.max_train_minutes,
                seed=args.seed, amp=not args.no_amp, command=command, progress_stream=sys.stderr,
-               export_dir=args.export, arch=args.arch)
+               export_dir=args.export, arch=args.arch, ttt_depth=args.ttt_depth, init_draft=args.init_draft)
 
 
 def main(argv=None):

@@ -136,17 +136,46 @@ def data_summary(shards, manifest):
             "corpus_items_used": manifest.get("corpus_items_used", {})}
 
 
+def _init_keep(draft_dir):
+    """The draft vocabulary (int64 [Vd]) of an exported draft."""
+    from safetensors import safe_open
+
+    path = os.path.join(draft_dir, "model.safetensors")
+    if not os.path.exists(path):
+        raise ValueError(f"--init-draft: expected an exported draft directory with model.safetensors, got {draft_dir}")
+    with safe_open(path, "pt") as f:
+        return f.get_tensor("lm_head.keep").to(torch.int64)
+
+
+def _load_init(draft, draft_dir, keep):
+    """Copies an exported draft's weights into ``draft`` (a fine-tuning start)."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(os.path.join(draft_dir, "model.safetensors"))
+    tensors.pop("lm_head.keep")
+    missing, unexpected = draft.load_state_dict(tensors, strict=False)
+    trainable = {n for n, p in draft.named_parameters() if p.requires_grad}
+    if unexpected or trainable & set(missing):
+        raise ValueError(f"--init-draft {draft_dir}: not this architecture (missing "
+                         f"{sorted(trainable & set(missing))[:4]}, unexpected {sorted(unexpected)[:4]})")
+
+
 def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None, layer_map=None,
         draft_vocab=16384, k=16, gen_frac=0.5, gen_tokens=128, gen_batch=32, row_len=256,
         shard_tokens=4096, gen_temperatures=(0.0, 0.7, 0.0, 1.0), epochs=3.0, steps=None, batch_rows=8,
         lr=1e-3, warmup=30, ckpt_every=50, eval_every=50, max_train_minutes=None, seed=0, amp=True,
         max_stdlib_files=None, command=None, progress_stream=None, export_dir=None, stop_after=None,
-        arch="feature", feature_noise=0.1, feature_weight=0.1):
+        arch="feature", feature_noise=0.1, feature_weight=0.1, ttt_depth=1, init_draft=None):
     """The whole pipeline on an already loaded target (an HF Llama causal LM). Returns the export dir.
 
     ``arch``: "feature" (EAGLE-style, reads the target's hidden state; the default) or "lm" (a
-    stand-alone small LM on the target's embedding)."""
+    stand-alone small LM on the target's embedding). ``ttt_depth`` > 1 (feature drafts): train that
+    many chain tokens deep, each deeper one from the draft's own predicted feature (EAGLE-3's
+    training-time test). ``init_draft``: start from an exported draft's weights (same architecture
+    and draft vocabulary) instead of the target's layers — a fine-tuning run."""
     check_target_model(target)
+    if ttt_depth < 1 or (ttt_depth > 1 and arch != "feature"):
+        raise ValueError(f"--ttt-depth must be 1, or > 1 with --arch feature; got {ttt_depth} with {arch!r}")
     if arch not in ARCHS:
         raise ValueError(f"--arch must be one of {', '.join(ARCHS)}, got {arch!r}")
     progress = Progress(progress_stream)
@@ -171,7 +200,9 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
     shards = data.load_shards(data_dir, shards_n)
 
     keep_path = os.path.join(data_dir, f"keep_{shards_n}_{draft_vocab}.pt")
-    if os.path.exists(keep_path):
+    if init_draft is not None:  # fine-tuning keeps the draft's vocabulary, whatever the data now ranks first
+        keep = _init_keep(init_draft)
+    elif os.path.exists(keep_path):
         keep = torch.load(keep_path)
     else:
         keep = data.rank_vocab(shards, target.config.vocab_size, draft_vocab,
@@ -192,7 +223,8 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
     sig = {"shards": shards_n, "draft_vocab": int(keep.numel()), "layers": layers, "layer_map": layer_map,
            "steps": total_steps, "batch_rows": batch_rows, "lr": lr, "seed": seed, "amp": amp, "arch": arch}
     if arch == "feature":
-        sig.update(feature_noise=feature_noise, feature_weight=feature_weight)
+        sig.update(feature_noise=feature_noise, feature_weight=feature_weight, ttt_depth=ttt_depth,
+                   init_draft=None if init_draft is None else os.path.abspath(init_draft))
     sig_path = os.path.join(ckpt_dir, "settings.json")
     if os.path.exists(sig_path):
         with open(sig_path) as f:
@@ -207,12 +239,15 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
     emb = target.model.embed_tokens.weight.detach().float()
     torch.manual_seed(seed)
     draft = build_draft(cfg, keep, emb, arch=arch)
-    if arch == "feature":
+    if init_draft is not None:
+        _load_init(draft, init_draft, keep)
+    elif arch == "feature":
         init_feature_draft(draft, target, layer_map)
     else:
         init_from_target(draft, target, layer_map)
     draft.float()
-    progress.log(f"draft: {layers} layers initialised from target layers {layer_map}, "
+    origin = f"fine-tuned from {init_draft}" if init_draft is not None else f"initialised from target layers {layer_map}"
+    progress.log(f"draft: {layers} layers {origin}, "
                  f"{sum(p.numel() for p in draft.parameters() if p.requires_grad) / 1e6:.2f}M trainable params; "
                  f"{len(train_rows)} train rows, {len(val_rows)} held-out rows, {total_steps} steps")
     state = train(draft, train_rows, val_rows, ckpt_dir, steps=total_steps,
@@ -220,7 +255,7 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
                   amp=amp, ckpt_every=ckpt_every, eval_every=eval_every,
                   max_seconds=None if max_train_minutes is None else 60.0 * max_train_minutes,
                   progress=progress, stop_after=stop_after, feature_noise=feature_noise,
-                  feature_weight=feature_weight)
+                  feature_weight=feature_weight, depth=ttt_depth)
     if stop_after and state["step"] < total_steps:
         return None
     best = torch.load(os.path.join(ckpt_dir, "best.pt"), weights_only=False)
@@ -236,13 +271,18 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
                      f"the draft vocabulary (forward KL up to a constant), teacher-forced"
                      + (f"; plus {feature_weight} x smooth-L1 between the predicted and the target's next "
                         f"final hidden state; inputs are the target's features with uniform noise "
-                        f"+-{feature_noise} x their RMS (EAGLE)" if arch == "feature" else ""),
+                        f"+-{feature_noise} x their RMS (EAGLE)" if arch == "feature" else "")
+                     + (f"; unrolled {ttt_depth} chain tokens deep, each deeper token reading the draft's own "
+                        f"predicted feature (training-time test, EAGLE-3)" if ttt_depth > 1 else "")
+                     + (f"; fine-tuned from {init_draft}" if init_draft is not None else ""),
         "data": {"shards": shards_n, "plan": plan, "top1_coverage_of_draft_vocab": cov,
                  **data_summary(shards, manifest)},
         "training": {"steps_planned": total_steps, "steps_done": state["step"], "exported_step": state["best_step"],
                      "batch_rows": batch_rows, "lr": lr, "amp_bf16": amp, "seed": seed,
                      "train_wall_s": round(state["wall"], 1), "collect_wall_s_this_session": round(collect_s, 1),
-                     "heldout_top1_agreement": state["best_agree"], "history": state["history"]},
+                     "heldout_top1_agreement": state["best_agree"],
+                     **({"heldout_top1_agreement_by_depth": state.get("best_agree_by_depth")} if ttt_depth > 1 else {}),
+                     "history": state["history"]},
         "machine": {"cpu_threads": torch.get_num_threads(), "torch": torch.__version__,
                     "python": platform.python_version()},
         "wall_s_this_invocation": round(time.perf_counter() - t_start, 1),

@@ -87,33 +87,84 @@ def collate(rows):
     return tokens, mask, idx, lp, feats
 
 
-def _feature_forward(draft, tokens, mask, feats, noise, weight):
+def ttt_mask(M, depth, device=None):
+    """The attention mask of a ``depth``-block unrolled sequence (EAGLE-3's training-time test).
+
+    Block d (1-based) position i stands for the depth-d draft token whose chain starts after
+    position i-d+1 of the teacher-forced context: it sees block 1 up to i-d+1 (context built from the
+    target's own features) and, for 2 <= k <= d, block k at i-(d-k) only (its own chain's earlier
+    draft tokens, built from predicted features) — exactly what the runner's tree attention shows it.
+
+    Shape: -> bool [1, 1, depth*M, depth*M] (True = may attend)."""
+    i = torch.arange(M, device=device)
+    blocks = []
+    for d in range(1, depth + 1):
+        row = []
+        for k in range(1, depth + 1):
+            if k == 1:
+                row.append(i[None, :] <= (i[:, None] - d + 1))
+            elif k <= d:
+                row.append(i[None, :] == (i[:, None] - (d - k)))
+            else:
+                row.append(torch.zeros(M, M, dtype=torch.bool, device=device))
+        blocks.append(torch.cat(row, dim=1))
+    return torch.cat(blocks, dim=0)[None, None]
+
+
+def _feature_forward(draft, tokens, mask, feats, noise, weight, depth=1):
     """EAGLE's teacher-forced step: position i reads (token i+1, target feature i) and is scored on
     the target's distribution at i+1 and, by regression, on the target's feature i+1.
 
+    ``depth`` > 1 unrolls the draft's own predictions (training-time test): block d's position i
+    reads (token i+1, the draft's block d-1 output at i-1) and is scored on the same labels, so the
+    deeper tokens of a chain — which at run time read predicted, not target, features — are trained
+    too. Earlier blocks' outputs are fed forward without gradient.
+
     Shape: tokens [B, L], mask [B, L], feats [B, L, H] -> (draft hidden [N, H] at the scored
-    positions, their label mask [B, L-1], regression loss)."""
+    positions of all blocks, their label mask [depth, B, L-1], regression loss)."""
     f_in = feats[:, :-1].float()
     if noise > 0 and draft.training:
         rms = f_in.pow(2).mean(-1, keepdim=True).sqrt()
         f_in = f_in + (torch.rand_like(f_in) * 2 - 1) * noise * rms
-    h, _ = draft.hidden(tokens[:, 1:], f_in)  # [B, L-1, H]
+    toks = tokens[:, 1:]
+    B, M = toks.shape
     m = mask[:, 1:]
-    reg = torch.nn.functional.smooth_l1_loss(h[m].float(), feats[:, 1:][m].float()) * weight
-    return h[m], m, reg
+    if depth == 1:
+        h, _ = draft.hidden(toks, f_in)  # [B, L-1, H]
+        reg = torch.nn.functional.smooth_l1_loss(h[m].float(), feats[:, 1:][m].float()) * weight
+        return h[m], m[None], reg
+    ins = [f_in]
+    pos = torch.arange(M)[None].repeat(1, depth)  # every block reuses the context's positions
+    for d in range(2, depth + 1):
+        with torch.no_grad():
+            h_prev, _ = draft.hidden(toks.repeat(1, d - 1), torch.cat(ins, dim=1),
+                                     attention_mask=ttt_mask(M, d - 1), position_ids=pos[:, :(d - 1) * M])
+        last = h_prev[:, -M:].float()  # block d-1's outputs, the estimates of the next features
+        ins.append(torch.cat([torch.zeros_like(last[:, :1]), last[:, :-1]], dim=1))
+    h, _ = draft.hidden(toks.repeat(1, depth), torch.cat(ins, dim=1), attention_mask=ttt_mask(M, depth),
+                        position_ids=pos)
+    h = h.reshape(B, depth, M, -1).transpose(0, 1)  # [depth, B, M, H]
+    valid = torch.arange(M)[None, :] >= torch.arange(depth)[:, None]  # block d needs d-1 earlier tokens
+    ms = m[None] & valid[:, None, :]  # [depth, B, M]
+    tgt = feats[:, 1:].float()[None].expand(depth, -1, -1, -1)
+    reg = torch.nn.functional.smooth_l1_loss(h[ms].float(), tgt[ms]) * weight
+    return h[ms], ms, reg
 
 
-def distill_loss(draft, batch, full2sub, amp, feature_noise=0.0, feature_weight=0.1):
-    """(loss, top-1 agreement, labelled positions) of ``draft`` on a collated batch."""
+def distill_loss(draft, batch, full2sub, amp, feature_noise=0.0, feature_weight=0.1, depth=1, per_depth=False):
+    """(loss, top-1 agreement, labelled positions) of ``draft`` on a collated batch; with
+    ``per_depth`` the agreement is a list, one per unrolled depth (feature drafts)."""
     tokens, mask, idx, lp, feats = batch
     reg = None
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
         if getattr(draft, "specops_arch", "lm") == "feature":
-            h, mask, reg = _feature_forward(draft, tokens, mask, feats, feature_noise, feature_weight)
-            idx, lp = idx[:, 1:], lp[:, 1:]
+            h, mask, reg = _feature_forward(draft, tokens, mask, feats, feature_noise, feature_weight, depth)
+            idx = idx[:, 1:][None].expand(mask.shape[0], -1, -1, -1)
+            lp = lp[:, 1:][None].expand(mask.shape[0], -1, -1, -1)
         else:
             h = draft.model(input_ids=tokens).last_hidden_state  # [B, L, H]
             h = h[mask]  # [N, H]
+            mask, idx, lp = mask[None], idx[None], lp[None]
         logits = draft.lm_head.sub_logits(h)  # [N, Vd]
     logq = torch.log_softmax(logits.float(), dim=-1)
     idx, lp = idx[mask], lp[mask]  # [N, k]
@@ -126,9 +177,12 @@ def distill_loss(draft, batch, full2sub, amp, feature_noise=0.0, feature_weight=
     loss = ce[ok].mean() if bool(ok.any()) else logq.sum() * 0.0
     if reg is not None:
         loss = loss + reg
-    pred = draft.lm_head.keep[logq.argmax(-1)]
-    agree = (pred == idx[:, 0]).float().mean()
-    return loss, float(agree), int(mask.sum())
+    hit = (draft.lm_head.keep[logq.argmax(-1)] == idx[:, 0]).float()
+    if per_depth:
+        counts = mask.flatten(1).sum(1).tolist()
+        agree = [float(x.mean()) if x.numel() else 0.0 for x in hit.split(counts)]
+        return loss, agree, counts
+    return loss, float(hit.mean()), int(mask.sum())
 
 
 def lr_at(step, total, lr, warmup):
@@ -144,22 +198,38 @@ def epoch_order(n, seed, epoch):
 
 
 @torch.no_grad()
-def evaluate_rows(draft, rows, full2sub, amp, batch_rows=16):
-    """Held-out top-1 agreement (teacher-forced; for a feature draft: from the target's features)."""
+def evaluate_rows(draft, rows, full2sub, amp, batch_rows=16, depth=1):
+    """Held-out top-1 agreement (teacher-forced; for a feature draft: from the target's features),
+    a list with one entry per unrolled depth (depth d: the d-th token of a chain, read from the
+    draft's own predicted features, its d-1 predecessors right)."""
     draft.eval()
-    hit = tot = 0
+    hit, tot = [0.0] * depth, [0] * depth
     for i in range(0, len(rows), batch_rows):
         batch = collate(rows[i:i + batch_rows])
-        _, agree, n = distill_loss(draft, batch, full2sub, amp)
-        hit += agree * n
-        tot += n
-    return hit / max(1, tot)
+        _, agree, n = distill_loss(draft, batch, full2sub, amp, depth=depth, per_depth=True)
+        for d in range(min(depth, len(agree))):
+            hit[d] += agree[d] * n[d]
+            tot[d] += n[d]
+    return [h / max(1, t) for h, t in zip(hit, tot)]
+
+
+def chain_score(agree):
+    """Expected accepted tokens of a greedy chain as long as ``agree`` (per-depth conditional
+    agreements): a1 + a1 a2 + ...; with one depth it is the agreement itself."""
+    score, run = 0.0, 1.0
+    for a in agree:
+        run *= a
+        score += run
+    return score
 
 
 def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmup, seed, amp,
           ckpt_every, eval_every, max_seconds=None, progress=None, stop_after=None, feature_noise=0.0,
-          feature_weight=0.1):
+          feature_weight=0.1, depth=1):
     """Trains ``draft`` in place for ``steps`` optimizer steps (resuming from ``ckpt_dir/last.pt``).
+
+    ``depth`` > 1 (feature drafts): training-time test over that many chain tokens; the exported
+    (best) step is the one with the highest ``chain_score`` of the held-out per-depth agreements.
 
     ``stop_after``: stop (after checkpointing) once this many steps are done — tests use it to
     interrupt a run. Returns a summary dict (steps done, wall time, losses, best held-out agreement).
@@ -199,7 +269,7 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr, warmup)
         draft.train()
-        loss, agree, _ = distill_loss(draft, batch, full2sub, amp, feature_noise, feature_weight)
+        loss, agree, _ = distill_loss(draft, batch, full2sub, amp, feature_noise, feature_weight, depth)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -215,10 +285,15 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
             state["history"].append({"step": done, "loss": run_loss / n_run, "train_agree": run_agree / n_run,
                                      "wall_s": round(state["wall"], 1)})
             if val_rows:
-                va = evaluate_rows(draft, val_rows, full2sub, amp)
-                state["history"][-1]["val_agree"] = va
-                if va > state["best_agree"]:
-                    state["best_agree"], state["best_step"] = va, done
+                by_depth = evaluate_rows(draft, val_rows, full2sub, amp, depth=depth)
+                score = chain_score(by_depth)
+                state["history"][-1]["val_agree"] = by_depth[0]
+                if depth > 1:
+                    state["history"][-1]["val_agree_by_depth"] = by_depth
+                if score > state.get("best_score", state["best_agree"]):
+                    state["best_agree"], state["best_score"], state["best_step"] = by_depth[0], score, done
+                    if depth > 1:
+                        state["best_agree_by_depth"] = by_depth
                     save(os.path.join(ckpt_dir, "best.pt"))
             run_loss = run_agree = 0.0
             n_run = 0
@@ -229,6 +304,8 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
             extra = f"loss {h.get('loss', float('nan')):.3f} agree {h.get('train_agree', 0):.3f}"
             if "val_agree" in h:
                 extra += f" val {h['val_agree']:.3f} (best {state['best_agree']:.3f})"
+                if "val_agree_by_depth" in h:
+                    extra += " by depth " + "/".join(f"{a:.2f}" for a in h["val_agree_by_depth"])
             progress.update("train", done - start, steps - start, t0, extra, force=done == steps)
         if done % ckpt_every == 0 or done == steps or timed_out or (stop_after and done >= stop_after):
             save(last)
