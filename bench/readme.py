@@ -143,11 +143,14 @@ def summary_table(rows):
                      f"{ours[best] / ar:.2f}x | {hf or '–'} | {_fmt(peers[hf]) if hf else '–'} | "
                      f"{f'{ours[best] / peers[hf]:.2f}x' if hf else '–'} |")
         if hf:
-            vs_hf.append(ours[best] / peers[hf] >= 1.5)
+            vs_hf.append((str(batch) == "1", ours[best] / peers[hf] >= 1.5))
         if task == "code_edit":
             code_edit.append(ours[best] / ar >= 3)
-    lines.append(f"\nIssue #6 targets on this run: best specops method >= 1.5x the best HF peer on {sum(vs_hf)} of "
-                 f"{len(vs_hf)} cases; >= 3x AR on code-editing prompts in {sum(code_edit)} of {len(code_edit)} cases.")
+    per_cat = [ok for b1, ok in vs_hf if b1]
+    lines.append(f"\nIssue #6 targets on this run: best specops method >= 1.5x the best HF peer on {sum(per_cat)} of "
+                 f"{len(per_cat)} (target, sampling, prompt category) cases at batch 1, and on "
+                 f"{sum(ok for _, ok in vs_hf)} of {len(vs_hf)} cases counting the mixed batch-4 rows; "
+                 f">= 3x AR on code-editing prompts in {sum(code_edit)} of {len(code_edit)} cases.")
     return "\n".join(lines)
 
 

@@ -46,3 +46,21 @@ def device():
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def kernel_checks(monkeypatch):
+    """Every op call validates its inputs: drafters must hand the kernels well-formed trees and
+    distributions (the loop itself runs with the checks off). Decoding modules opt in by name."""
+    from specops.decoding import _kernels
+
+    monkeypatch.setattr(_kernels, "CHECK", True)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matmuls on a loaded 2-core machine: one thread avoids spin contention (100x faster here)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

@@ -176,7 +176,7 @@ def test_readme_section_generated_between_markers(results, tmp_path, request):
     assert "Test CPU" in text and "2026-01-02" in text
     # the end-to-end summary: best ours = ouroboros/int8 (35 tok/s) vs best HF = prompt lookup (40)
     assert "| tiny-lm | greedy | 1 | code | 20.0 | ouroboros/int8 | 35.0 | 1.75x | hf_prompt_lookup | 40 | 0.88x |" in text
-    assert "1.5x the best HF peer on 0 of 3 cases" in text
+    assert "1.5x the best HF peer on 0 of 2 (target, sampling, prompt category) cases at batch 1, and on 0 of 3" in text
     assert "The seeds' findings" in text and "**reproduced**" in text
     if importlib.util.find_spec("matplotlib"):
         assert "plots/speedup_tiny-lm_greedy_b1.png" in text

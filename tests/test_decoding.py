@@ -9,26 +9,10 @@ from specops.decoding import METHODS, generate
 from specops.decoding import runner as runner_mod
 from specops.testing import perturbed_copy, reference_greedy, tiny_causal_lm
 
+pytestmark = pytest.mark.usefixtures("one_thread", "kernel_checks")
+
 N_NEW = 20
 PROMPT_LENS = (5, 11, 3)
-
-
-@pytest.fixture(autouse=True)
-def _kernel_checks(monkeypatch):
-    # Every op call validates its inputs here: drafters must hand the kernels well-formed trees
-    # and distributions (the loop itself runs with the checks off).
-    from specops.decoding import _kernels
-
-    monkeypatch.setattr(_kernels, "CHECK", True)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny matmuls on a loaded 2-core machine: one thread avoids spin contention (100x faster here).
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])

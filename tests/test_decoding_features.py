@@ -12,12 +12,7 @@ from specops.decoding.stopping import Stopper
 from specops.testing import perturbed_copy, tiny_causal_lm
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

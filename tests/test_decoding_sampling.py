@@ -14,27 +14,12 @@ import torch
 from specops.decoding import SamplingConfig, generate
 from specops.testing import perturbed_copy, tiny_causal_lm
 
+pytestmark = pytest.mark.usefixtures("one_thread", "kernel_checks")
+
 V = 8
 ROWS = 1500
 PROMPT = [3, 1, 4, 1, 5]
 ALPHA = 1e-3 / 14  # family-wise over this file's chi-square tests
-
-
-@pytest.fixture(autouse=True)
-def _kernel_checks(monkeypatch):
-    # Every op call validates its inputs here: drafters must hand the kernels well-formed trees
-    # and distributions (the loop itself runs with the checks off).
-    from specops.decoding import _kernels
-
-    monkeypatch.setattr(_kernels, "CHECK", True)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,12 @@ final norm give ``g_p``, the draft's estimate of ``f_{p+1}``; the target's tied 
 the draft vocabulary (``SubsetLMHead``) scores it. Deeper draft tokens feed the draft's own ``g``
 in place of the target's ``f``. Verification stays exact: the draft only proposes.
 
+Trained teacher-forced only, the draft never sees its own ``g`` as input, and its second chain token
+agreed with the target half as often as its first. ``--ttt-depth D`` (EAGLE-3's training-time test,
+``train.ttt_mask``) unrolls D chain tokens in one forward: block d reads block d-1's outputs and
+attends to the teacher-forced context plus its own chain, exactly as the runner's tree attention
+lets a depth-d node attend.
+
 The model is a ``LlamaForCausalLM`` (so the specops runner drives it: static cache, tree attention,
 positions = prefix + depth) whose ``forward`` takes the feature rows from ``features=`` or, when the
 runner calls it with ids only, from ``feature_input`` set just before the call. The predicted
