@@ -33,6 +33,7 @@ LOSSLESS = {
     "sd-exit": {"method": "sd", "gamma": 6, "exit_threshold": 0.3},
     "ngram": {},
     "ngram-branches": {"method": "ngram", "branches": 3, "gamma": 5},
+    "ngram-adaptive": {"method": "ngram", "gamma": 2, "max_gamma": 8},
     "specinfer": {},
     "specinfer-ngram": {"method": "specinfer", "num_drafts": 2, "ngram": True},
     "tsd": {},

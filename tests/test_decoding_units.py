@@ -129,6 +129,26 @@ def test_ngram_lookup_prefers_long_matches_and_full_continuations():
     assert lookup([1, 2, 1, 2, 1], 1, 1, 3, 1) == [[2, 1, 2]]  # the recent match is cut short
 
 
+def test_ngram_draft_length_doubles_after_a_full_accept_and_resets_after_a_rejection():
+    from types import SimpleNamespace
+
+    from specops.decoding.drafters.ngram import NgramDrafter
+
+    d = NgramDrafter(gamma=2, max_gamma=8)
+    assert d.tree_budget() == 9
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2]  # "1 2" seen before: a long copy follows
+    state = SimpleNamespace(batch=1, seqs=[list(text)], active=[True], was_active=[True])
+    d.setup(state)
+    lens = []
+    for accepted in (2, 4, 8, 3, 0):
+        cand = d.propose(state)
+        lens.append(len(cand.tokens[0]) - 1)
+        d.commit(state, cand, SimpleNamespace(paths=[list(range(accepted + 1))]))
+    assert lens == [2, 4, 8, 8, 2]  # doubled up to max_gamma; a rejection resets to gamma
+    with pytest.raises(ValueError, match="max_gamma"):
+        NgramDrafter(gamma=4, max_gamma=3)
+
+
 def test_trie_shares_prefixes():
     t = Trie(0)
     t.insert(0, [1, 2, 3])

@@ -1,7 +1,10 @@
 """Model-free drafting by n-gram / prompt lookup: continue the sequence the way it continued after
 the most recent earlier occurrences of its last ``n`` tokens (``max_ngram`` down to ``min_ngram``).
 ``branches`` > 1 proposes several continuations (from different occurrences) merged into a token
-tree. Proposals are deterministic given the text, so sampling uses R3p (lossless)."""
+tree. ``max_gamma`` > ``gamma`` lets a sequence whose whole continuation was accepted propose twice
+as many tokens next time (up to ``max_gamma``; back to ``gamma`` after a rejection): copied
+passages are long, and on this CPU a verified token costs a small fraction of a target step.
+Proposals are deterministic given the text, so sampling uses R3p (lossless)."""
 from ..tree import Candidates, Trie
 from .base import Drafter
 
@@ -33,11 +36,14 @@ def lookup(seq, max_ngram, min_ngram, length, branches):
 
 class NgramDrafter(Drafter):
     name = "ngram"
-    PARAMS = {"gamma": 8, "max_ngram": 3, "min_ngram": 1, "branches": 1}
+    PARAMS = {"gamma": 8, "max_ngram": 3, "min_ngram": 1, "branches": 1, "max_gamma": None}
     kv_policy = "truncate"
 
     def check_params(self):
         self._positive_int("gamma", self.gamma)
+        if self.max_gamma is None:
+            self.max_gamma = self.gamma
+        self._positive_int("max_gamma", self.max_gamma, minimum=self.gamma)
         self._positive_int("max_ngram", self.max_ngram)
         self._positive_int("min_ngram", self.min_ngram)
         self._positive_int("branches", self.branches)
@@ -47,17 +53,33 @@ class NgramDrafter(Drafter):
             self.kv_policy = "compact"
 
     def tree_budget(self):
-        return 1 + self.gamma * self.branches
+        return 1 + self.max_gamma * self.branches
+
+    def setup(self, state):
+        self._len = [self.gamma] * state.batch  # per sequence: tokens to propose next
 
     def propose(self, state):
         tokens, parents = [], []
+        self._proposed = []
         for b in range(state.batch):
             seq = state.seqs[b]
             trie = Trie(seq[-1])
+            longest = 0
             if state.active[b]:
-                for cont in lookup(seq, self.max_ngram, self.min_ngram, self.gamma, self.branches):
+                for cont in lookup(seq, self.max_ngram, self.min_ngram, self._len[b], self.branches):
                     trie.insert(0, cont)
+                    longest = max(longest, len(cont))
+            self._proposed.append(longest)
             tokens.append(trie.tokens)
             parents.append(trie.parents)
         return Candidates(tokens=tokens, parents=parents,
                           depth_drafted=[0] * state.batch, drafted_nodes=[len(t) for t in tokens])
+
+    def commit(self, state, cand, result):
+        if self.max_gamma == self.gamma:
+            return
+        for b in range(state.batch):
+            if not state.was_active[b]:
+                continue
+            full = self._proposed[b] == self._len[b] and len(result.paths[b]) - 1 == self._len[b]
+            self._len[b] = min(2 * self._len[b], self.max_gamma) if full else self.gamma
