@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import importlib.metadata
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -255,6 +256,10 @@ def load_path(path, dtype=None):
     if not os.path.exists(path):
         raise FileNotFoundError(f"no model at {path!r} (expected an embedded name, an HF model "
                                 f"directory or a .gguf file)")
+    if _is_distilled_draft(path):
+        from .distill import load_draft_path
+
+        return load_draft_path(path, dtype)
     tok_files = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
     has_tok = "gguf_file" in kwargs or any(os.path.exists(os.path.join(folder, f)) for f in tok_files)
     with _quiet():
@@ -263,6 +268,15 @@ def load_path(path, dtype=None):
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).eval()
     model.specops_tokenizer = tok
     return model, tok
+
+
+def _is_distilled_draft(path):
+    """A directory ``specops distill`` exported (its config names the target it reads)."""
+    cfg = os.path.join(path, "config.json")
+    if not os.path.isdir(path) or not os.path.exists(cfg):
+        return False
+    with open(cfg) as f:
+        return "specops_draft" in json.load(f)
 
 
 def load_any(spec, dtype=None):

@@ -215,3 +215,30 @@ def test_shipped_draft_loads_shares_the_tokenizer_and_sd_is_lossless_in_fp32():
     sd, metrics = generate(target, ids, draft=draft, method="sd", max_new_tokens=12, gamma=3)
     assert torch.equal(ar, sd)
     assert metrics.num_accepted_tokens > 0  # a trained draft, not a random one
+
+
+@torch.no_grad()
+def test_an_exported_draft_loads_by_path_onto_the_target_it_records(tmp_path):
+    from specops import generate, models
+    from specops.distill.feature import init_feature_draft
+    from specops.distill.model import save_draft
+
+    target = tiny_target()
+    target.save_pretrained(tmp_path / "target")
+    d = build_draft(draft_config(target.config, 1), torch.arange(V), target.model.embed_tokens.weight.detach(),
+                    arch="feature")
+    init_feature_draft(d, target, [1])
+    save_draft(d, str(tmp_path / "draft"), target=str(tmp_path / "target"), record={}, dtype=torch.float32)
+    loaded, _ = models.load_any(str(tmp_path / "draft"), "fp32")
+    assert loaded.specops_arch == "feature"
+    ids, f = torch.tensor([[5, 6, 7]]), torch.randn(1, 3, target.config.hidden_size)
+    torch.testing.assert_close(loaded(ids, features=f).logits, d.float()(ids, features=f).logits)
+    out, _ = generate(target.float(), [[5, 6, 7, 8]], draft=str(tmp_path / "draft"), method="sd",
+                      max_new_tokens=6, eos_token_id=[], dtype="fp32")
+    ref, _ = generate(target.float(), [[5, 6, 7, 8]], method="ar", max_new_tokens=6, eos_token_id=[])
+    assert torch.equal(out, ref)
+    bad = json.load(open(tmp_path / "draft" / "config.json"))
+    bad["specops_draft"]["target"] = "no-such-target"
+    json.dump(bad, open(tmp_path / "draft" / "config.json", "w"))
+    with pytest.raises(ValueError, match="trained against"):
+        models.load_any(str(tmp_path / "draft"))

@@ -59,5 +59,29 @@ def load_draft(name="smollm2-135m-draft", dtype=None):
     return model, tok
 
 
-__all__ = ["main", "add_arguments", "run_args", "run", "load_draft", "load_draft_dir", "shipped_draft_dir",
-           "SubsetLMHead", "UnsupportedTarget"]
+def load_draft_path(path, dtype=None):
+    """A draft directory exported by ``specops distill`` (``OUT/draft``), onto the embedding of the
+    target it records (an embedded name, or the HF model directory it was trained against).
+    Returns ``(model, tokenizer)``."""
+    import torch
+
+    from .. import models
+    from .model import read_config
+
+    _, meta = read_config(path)
+    target = meta.get("target")
+    if target and models.is_embedded_name(target):
+        emb, tok = target_embedding(target)
+    elif target and os.path.isdir(target):
+        tmodel, tok = models.load_path(target, torch.float32)
+        emb = tmodel.get_input_embeddings().weight.detach()
+    else:
+        raise ValueError(f"the draft in {path} was trained against {target!r}, which is neither an embedded "
+                         f"target nor a model directory here; load it with load_draft_dir(path, embedding)")
+    model = load_draft_dir(path, emb, dtype=models.resolve_dtype(dtype, torch.bfloat16))
+    model.specops_name = path
+    return model, tok
+
+
+__all__ = ["main", "add_arguments", "run_args", "run", "load_draft", "load_draft_dir", "load_draft_path",
+           "shipped_draft_dir", "SubsetLMHead", "UnsupportedTarget"]
