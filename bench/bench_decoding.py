@@ -398,26 +398,32 @@ def main(argv=None):
                                                                    else None)) if v is not None}
     targets = args.targets.split(",") if args.targets else None
     out_dir = args.out or os.path.join(RESULTS, rec.info["machine"])
-    kept = _other_targets_rows(os.path.join(out_dir, f"{OP}.csv"), targets)
+    tasks = args.tasks.split(",") if args.tasks else None
+    kept = _other_targets_rows(os.path.join(out_dir, f"{OP}.csv"), targets, tasks,
+                               args.modes.split(",") if args.modes else None)
 
     def flush():
         return write_merged(rec, out_dir, kept)
 
-    measure(rec, profile == "quick", profile, args.tasks.split(",") if args.tasks else None, args.new_tokens,
-            targets, overrides, on_case=flush)
+    measure(rec, profile == "quick", profile, tasks, args.new_tokens, targets, overrides, on_case=flush)
     path = flush()
-    print(f"# wrote {path}" + (f" (kept {len(kept)} rows of other targets)" if kept else ""))
+    print(f"# wrote {path}" + (f" (kept {len(kept)} rows of cases not rerun)" if kept else ""))
     return rec
 
 
-def _other_targets_rows(path, targets):
-    """With ``--targets``, the existing CSV's rows of the targets not rerun (so per-target runs add
-    up to one file); a full run replaces the file."""
-    if targets is None or not os.path.exists(path):
+def _other_targets_rows(path, targets, tasks=None, modes=None):
+    """With ``--targets`` / ``--tasks`` / ``--modes``, the existing CSV's rows of the cases not rerun
+    (so partial runs add up to one file; each case's ratios still come from one process); a full
+    run replaces the file."""
+    if (targets, tasks, modes) == (None, None, None) or not os.path.exists(path):
         return []
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
-    return [r for r in rows if r["provider"] != "machine" and json.loads(r["params"] or "{}").get("target") not in targets]
+
+    def rerun(p):
+        return ((targets is None or p.get("target") in targets) and (tasks is None or p.get("task") in tasks)
+                and (modes is None or p.get("batch") != 1 or p.get("mode") in modes))
+    return [r for r in rows if r["provider"] != "machine" and not rerun(json.loads(r["params"] or "{}"))]
 
 
 def write_merged(rec, out_dir, kept):

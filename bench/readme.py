@@ -95,7 +95,8 @@ def section(results_dir, readme_dir=None):
         out.append("\n### end to end\n\n" + _machine_line(rows, "end to end") + " Command: `python "
                    "bench/bench_decoding.py --profile final` (plan and cost: the module docstring), then "
                    "`python -m bench.plots` and `python -m bench.readme`. tok/s = generated tokens / wall time, "
-                   "prefill included, summed over the task's prompts; every ratio compares runs of the same process.")
+                   "prefill included, summed over the task's prompts; every ratio compares runs of the same process."
+                   + _reruns(rows))
         out.append("\n" + summary_table(rows))
         out.append("\n#### The seeds' findings on our models\n\nFrom `python -m bench.findings` (rules in "
                    "bench/findings.py).\n\n" + findings.markdown(findings.findings(rows)))
@@ -112,6 +113,22 @@ def section(results_dir, readme_dir=None):
 def _when(rows):
     info = rows[0]
     return f"{info['timestamp'][:10]}, specops {info['git_sha']}"
+
+
+def _reruns(rows):
+    """Names the cases a later partial run (``--tasks`` / ``--modes``) replaced, if any."""
+    runs = {}
+    for r in rows:
+        if r["provider"] != "machine":
+            p = json.loads(r["params"] or "{}")
+            runs.setdefault((r["git_sha"], r["timestamp"]), set()).add(
+                f"{p.get('target')} {p.get('task')} {p.get('mode')} b{p.get('batch')}")
+    if len(runs) < 2:
+        return ""
+    main = max(runs, key=lambda k: len(runs[k]))
+    later = sorted(c for k, cases in runs.items() if k != main for c in cases)
+    return (f" Rerun later in a separate run on the same machine: {', '.join(later)} "
+            f"(rows carry their git sha and time).")
 
 
 def _machine_line(rows, what):
