@@ -1,3 +1,6 @@
-from .report import report
+"""``python -m specops [command ...]`` is ``specops [command ...]``; alone it prints the backend report."""
+import sys
 
-print(report())
+from .cli import main
+
+raise SystemExit(main(sys.argv[1:] or ["info"]))

