@@ -1,13 +1,17 @@
-"""Build specops: the CPU extension always, the CUDA extension when it can (or must).
+"""Build specops: the CPU extension always, the CUDA extension when it can (or must), and the
+test-only CUDA emulation (the CUDA sources compiled as host C++) when it can.
 
 Sources are found by directory convention, the same one CMakeLists.txt uses, so there
-is no second list to keep: csrc/cpu/*.cpp -> specops._C, csrc/cuda/*.{cu,cpp} -> specops._C_cuda.
+is no second list to keep: csrc/cpu/*.cpp -> specops._C, csrc/cuda/*.{cu,cpp} -> specops._C_cuda,
+csrc/cudasim/*.cpp + every csrc/cuda/*.cu compiled as C++ -> specops._C_cudasim.
 
 Environment:
-  SPECOPS_CUDA=auto|0|1   auto (default): build CUDA if torch has CUDA and nvcc exists, warn and
-                          skip on failure; 0: never; 1: always, failure is fatal (CI).
-  TORCH_CUDA_ARCH_LIST    default "8.0;9.0".   CUDA_HOME   default /usr/local/cuda if present.
-  MAX_JOBS                parallel compile jobs (ninja).
+  SPECOPS_CUDA=auto|0|1     auto (default): build CUDA if torch has CUDA and nvcc exists, warn and
+                            skip on failure; 0: never; 1: always, failure is fatal (CI).
+  SPECOPS_CUDASIM=auto|0|1  the emulator build (a C++ compiler is all it needs); same meanings.
+  SPECOPS_SANITIZE=1        build _C and _C_cudasim with -fsanitize=address,undefined (docs/testing.md).
+  TORCH_CUDA_ARCH_LIST      default "8.0;9.0".   CUDA_HOME   default /usr/local/cuda if present.
+  MAX_JOBS                  parallel compile jobs (ninja).
 Install with `pip install --no-build-isolation .` (torch is the build dependency).
 """
 import glob
@@ -23,7 +27,11 @@ from setuptools import find_packages, setup  # noqa: E402
 from torch.utils import cpp_extension  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CXX_FLAGS = ["-O3", "-fopenmp", "-std=c++20"]
+SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"] if os.environ.get("SPECOPS_SANITIZE") == "1" else []
+CXX_FLAGS = ["-O3", "-fopenmp", "-std=c++20"] + SANITIZE
+# The emulator build: no FMA contraction (a device's __f*_rn intrinsics are single IEEE operations),
+# CUDA's "#pragma unroll" is not GCC's.
+CUDASIM_FLAGS = ["-O2", "-std=c++20", "-DSPECOPS_CUDASIM", "-ffp-contract=off", "-Wno-unknown-pragmas"] + SANITIZE
 
 
 def _sources(*patterns):
@@ -33,11 +41,28 @@ def _sources(*patterns):
     return sorted(found)
 
 
-def _cuda_mode():
-    mode = os.environ.get("SPECOPS_CUDA", "auto").lower()
+def _mode(var):
+    mode = os.environ.get(var, "auto").lower()
     if mode not in ("auto", "0", "1"):
-        raise ValueError(f"SPECOPS_CUDA must be auto, 0 or 1, got {mode!r}")
+        raise ValueError(f"{var} must be auto, 0 or 1, got {mode!r}")
     return mode
+
+
+def _cudasim_sources():
+    """csrc/cudasim/*.cpp, plus a one-line C++ file per csrc/cuda/*.cu that includes it: the
+    CUDA sources compile unchanged as host C++ (torch's build would hand a .cu to nvcc)."""
+    out = os.path.join("build", "cudasim")
+    os.makedirs(os.path.join(HERE, out), exist_ok=True)
+    wrappers = []
+    for cu in _sources("cuda/*.cu"):
+        path = os.path.join(out, os.path.basename(cu)[: -len(".cu")] + ".cpp")
+        text = f'#include "{os.path.join(HERE, cu)}"\n'
+        full = os.path.join(HERE, path)
+        if not os.path.exists(full) or open(full).read() != text:  # keep mtimes for ninja
+            with open(full, "w") as f:
+                f.write(text)
+        wrappers.append(path)
+    return _sources("cudasim/*.cpp") + wrappers
 
 
 def _cuda_reason_missing():
@@ -61,10 +86,17 @@ def extensions():
             "specops._C",
             _sources("cpu/*.cpp"),
             extra_compile_args={"cxx": CXX_FLAGS},
-            extra_link_args=["-fopenmp"],
+            extra_link_args=["-fopenmp"] + SANITIZE,
         )
     ]
-    mode = _cuda_mode()
+    if _mode("SPECOPS_CUDASIM") != "0":
+        exts.append(cpp_extension.CppExtension(
+            "specops._C_cudasim",
+            _cudasim_sources(),
+            extra_compile_args={"cxx": CUDASIM_FLAGS},
+            extra_link_args=SANITIZE,
+        ))
+    mode = _mode("SPECOPS_CUDA")
     missing = _cuda_reason_missing()
     if mode == "0":
         return exts
@@ -89,7 +121,9 @@ def extensions():
 
 
 class BuildExt(cpp_extension.BuildExtension):
-    """Makes a CUDA build failure non-fatal under SPECOPS_CUDA=auto."""
+    """Makes a CUDA (or emulator) build failure non-fatal under SPECOPS_CUDA(SIM)=auto."""
+
+    OPTIONAL = {"specops._C_cuda": "SPECOPS_CUDA", "specops._C_cudasim": "SPECOPS_CUDASIM"}
 
     def build_extensions(self):
         self._failed = set()
@@ -98,12 +132,13 @@ class BuildExt(cpp_extension.BuildExtension):
         self.extensions = [e for e in self.extensions if e.name not in self._failed]
 
     def build_extension(self, ext):
-        if ext.name != "specops._C_cuda" or _cuda_mode() == "1":
+        var = self.OPTIONAL.get(ext.name)
+        if var is None or _mode(var) == "1":
             return super().build_extension(ext)
         try:
             return super().build_extension(ext)
         except Exception as err:  # noqa: BLE001 - any compiler failure
-            warnings.warn(f"specops: CUDA extension failed to build, skipping it: {err}")
+            warnings.warn(f"specops: {ext.name} failed to build, skipping it: {err}")
             self._failed.add(ext.name)
             stale = os.path.join(HERE, *ext.name.split(".")[:-1], os.path.basename(self.get_ext_filename(ext.name)))
             if os.path.exists(stale):

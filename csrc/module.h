@@ -1,5 +1,5 @@
-// The Python module behind specops._C (CPU) and specops._C_cuda (CUDA); included
-// once by csrc/cpu/_module.cpp and once by csrc/cuda/_module.cpp with SPECOPS_MODULE set.
+// The Python module behind specops._C (CPU), specops._C_cuda (CUDA) and specops._C_cudasim (the
+// test-only CUDA emulation); included by each extension's _module.cpp with SPECOPS_MODULE set.
 #pragma once
 //
 // Importing it runs the static TORCH_LIBRARY registrations of the object files
@@ -23,8 +23,13 @@ static PyObject* build_info(PyObject*, PyObject*) {
                        SPECOPS_STR(SPECOPS_CUDA_ARCHS));
 }
 
+#ifndef SPECOPS_MODULE_METHODS
+#define SPECOPS_MODULE_METHODS  // an extension's own entries, each followed by a comma
+#endif
+
 static PyMethodDef kMethods[] = {
     {"build_info", build_info, METH_NOARGS, "How this extension was compiled."},
+    SPECOPS_MODULE_METHODS
     {nullptr, nullptr, 0, nullptr}};
 
 static PyModuleDef kModule = {PyModuleDef_HEAD_INIT, SPECOPS_STR(SPECOPS_MODULE), nullptr, -1,

@@ -14,9 +14,11 @@ def _load(name):
         return None, f"specops.{name} not importable ({err})"
 
 
-# _C defines every schema (its TORCH_LIBRARY_FRAGMENTs), so it loads before _C_cuda.
+# _C defines the specops:: schemas (csrc/schemas.h), so it loads before _C_cuda. _C_cudasim (the
+# test-only CUDA emulation) defines its own specops_cudasim:: namespace.
 cpu_ext, cpu_ext_error = _load("_C")
 cuda_ext, cuda_ext_error = _load("_C_cuda")
+cudasim_ext, cudasim_ext_error = _load("_C_cudasim")
 
 
 def cuda_archs():

@@ -5,6 +5,9 @@ Precedence: the op's ``backend=`` argument, then ``specops.use_backend(name)``, 
 (CUDA device: cuda, triton, torch; CPU: cpp, torch). An explicit request (any of the first
 three) that cannot be met raises :class:`BackendUnavailable` with the reason; the automatic
 choice silently falls through to the next available backend.
+
+``cudasim`` is test-only: the CUDA kernels compiled as host C++ and run on CPU tensors by a SIMT
+emulation (csrc/cudasim/, docs/cudasim.md). It runs only when requested explicitly.
 """
 import contextlib
 import functools
@@ -15,8 +18,11 @@ import torch
 
 from . import _ext
 
-BACKENDS = ("torch", "cpp", "triton", "cuda")
+BACKENDS = ("torch", "cpp", "triton", "cuda", "cudasim")
+TEST_ONLY = ("cudasim",)  # never chosen automatically
 PREFERENCE = {"cuda": ("cuda", "triton", "torch"), "cpu": ("cpp", "torch")}
+# The torch.ops namespace each compiled backend's kernels are registered in (csrc/schemas.h).
+COMPILED = {"cpp": "specops", "cuda": "specops", "cudasim": "specops_cudasim"}
 
 _IMPLS = {}  # op name -> {backend name -> callable}
 _local = threading.local()  # per-thread stack of use_backend() requests
@@ -34,6 +40,19 @@ def register(op, backend):
     def wrap(fn):
         _IMPLS.setdefault(op, {})[backend] = fn
         return fn
+
+    return wrap
+
+
+def register_compiled(op):
+    """Decorator: ``call(ns, *args)`` runs ``op`` from the torch.ops namespace ``ns``; registered
+    for every compiled backend (``torch.ops.specops`` dispatches to the CPU or CUDA kernel by
+    device; ``torch.ops.specops_cudasim`` holds the emulated CUDA kernels)."""
+
+    def wrap(call):
+        for name, ns in COMPILED.items():
+            register(op, name)(functools.partial(call, getattr(torch.ops, ns)))
+        return call
 
     return wrap
 
@@ -92,6 +111,13 @@ def _probe(backend, device_type, interpret):
         if device_type != "cuda":
             return False, f"{built}; tensors are on {device_type}"
         return True, built
+    if backend == "cudasim":
+        if _ext.cudasim_ext is None:
+            return False, _ext.cudasim_ext_error
+        if device_type != "cpu":
+            return False, f"test-only CUDA emulation on CPU tensors; tensors are on {device_type}"
+        return True, ("test-only: the CUDA kernels compiled as C++ and run by a SIMT emulation on CPU "
+                      "tensors (slow; only when requested)")
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 

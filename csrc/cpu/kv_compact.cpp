@@ -153,10 +153,4 @@ void kv_compact_cpu(const at::Tensor& k_cache,      // [L, B, Hkv, S, D] fp32/fp
 
 }  // namespace specops
 
-TORCH_LIBRARY_FRAGMENT(specops, m) {
-  m.def(
-      "kv_compact(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor prefix_lens, Tensor accept_idx, "
-      "Tensor accept_lens) -> ()");
-}
-
 TORCH_LIBRARY_IMPL(specops, CPU, m) { m.impl("kv_compact", &specops::kv_compact_cpu); }

@@ -208,8 +208,4 @@ at::Tensor warp_probs_cpu(const at::Tensor& logits,       // [N, V] fp32/bf16/fp
 }  // namespace
 }  // namespace specops
 
-TORCH_LIBRARY_FRAGMENT(specops, m) {
-  m.def("warp_probs(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p) -> Tensor");
-}
-
 TORCH_LIBRARY_IMPL(specops, CPU, m) { m.impl("warp_probs", &specops::warp_probs_cpu); }

@@ -193,13 +193,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> select_topn_subtree_cpu(
 }  // namespace
 }  // namespace specops
 
-TORCH_LIBRARY_FRAGMENT(specops, m) {
-  m.def("topn_expand(Tensor parent_scores, Tensor child_logprobs, int n, int per_parent_k) -> "
-        "(Tensor scores, Tensor tokens, Tensor parents)");
-  m.def("select_topn_subtree(Tensor parents, Tensor scores, Tensor num_nodes, int n) -> "
-        "(Tensor keep_idx, Tensor new_parents, Tensor counts)");
-}
-
 TORCH_LIBRARY_IMPL(specops, CPU, m) {
   m.impl("topn_expand", &specops::topn_expand_cpu);
   m.impl("select_topn_subtree", &specops::select_topn_subtree_cpu);

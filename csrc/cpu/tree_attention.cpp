@@ -270,10 +270,4 @@ at::Tensor tree_attention_cpu(const at::Tensor& q,            // [B, Tq, Hq, D]
 
 }  // namespace specops
 
-TORCH_LIBRARY_FRAGMENT(specops, m) {
-  m.def(
-      "tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor prefix_lens, Tensor block_lens, "
-      "Tensor mask, Tensor? q_lens, float sm_scale) -> Tensor");
-}
-
 TORCH_LIBRARY_IMPL(specops, CPU, m) { m.impl("tree_attention", &specops::tree_attention_cpu); }

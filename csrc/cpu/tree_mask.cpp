@@ -1,7 +1,4 @@
 // build_tree_mask on the CPU: one independent ancestor walk per (sequence, node).
-//
-// Also the home of the op's schema: each stem defines its own schemas in a
-// TORCH_LIBRARY_FRAGMENT so an op's C++ lives in files named after it.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -41,9 +38,5 @@ std::tuple<at::Tensor, at::Tensor> build_tree_mask_cpu(const at::Tensor& parents
 }
 
 }  // namespace specops
-
-TORCH_LIBRARY_FRAGMENT(specops, m) {
-  m.def("build_tree_mask(Tensor parents, Tensor num_nodes) -> (Tensor mask, Tensor depth)");
-}
 
 TORCH_LIBRARY_IMPL(specops, CPU, m) { m.impl("build_tree_mask", &specops::build_tree_mask_cpu); }

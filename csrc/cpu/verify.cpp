@@ -126,15 +126,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_cpu(
 }  // namespace verify
 }  // namespace specops
 
-TORCH_LIBRARY_FRAGMENT(specops, m) {
-  m.def("verify_greedy(Tensor tokens, Tensor parents, Tensor target_logits, Tensor num_nodes)"
-        " -> (Tensor accept_idx, Tensor accept_lens, Tensor bonus)");
-  m.def("verify_tree(Tensor tokens, Tensor parents, Tensor target_probs, Tensor uniforms, Tensor? draft_probs,"
-        " Tensor num_nodes, str mode) -> (Tensor accept_idx, Tensor accept_lens, Tensor bonus)");
-  m.def("verify_joint(Tensor draft_tokens, Tensor target_logprobs, Tensor draft_joint_logprobs, Tensor log_tau,"
-        " Tensor uniforms) -> (Tensor accept_idx, Tensor accept_lens, Tensor bonus)");
-}
-
 TORCH_LIBRARY_IMPL(specops, CPU, m) {
   m.impl("verify_greedy", &specops::verify::cpu::verify_greedy_cpu);
   m.impl("verify_joint", &specops::verify::cpu::verify_joint_cpu);

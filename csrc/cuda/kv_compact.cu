@@ -9,11 +9,9 @@
 // wrote, identities being skipped), so no second barrier is needed. Move logic is shared with
 // the CPU backend through kv_move_rows.
 #include <ATen/core/Tensor.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "gpu.cuh"
 #include "../kv_compact_common.h"
 #include "../registration.h"
 
@@ -97,11 +95,11 @@ template <typename Vec>
 void launch(const at::Tensor& k, const at::Tensor& v, const at::Tensor& prefix, const at::Tensor& idx,
             const at::Tensor& lens, int64_t row_bytes) {
   const int64_t L = k.size(0), B = k.size(1), H = k.size(2), S = k.size(3);
-  kv_compact_kernel<Vec><<<L * B * H, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+  SPECOPS_LAUNCH(L * B * H, kThreads, 0, gpu::current_stream(), kv_compact_kernel<Vec>)(
       static_cast<char*>(k.data_ptr()), static_cast<char*>(v.data_ptr()), prefix.data_ptr<int32_t>(),
       idx.data_ptr<int32_t>(), lens.data_ptr<int32_t>(), B, H, S, static_cast<int32_t>(idx.size(1)),
       static_cast<int32_t>(row_bytes / sizeof(Vec)), byte_strides(k), byte_strides(v));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  SPECOPS_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -113,7 +111,7 @@ void kv_compact_cuda(const at::Tensor& k_cache,      // [L, B, Hkv, S, D] fp32/f
                      const at::Tensor& accept_lens)  // [B] int32
 {
   for (const at::Tensor* t : {&k_cache, &v_cache, &prefix_lens, &accept_idx, &accept_lens})
-    TORCH_CHECK(t->is_cuda() && t->device() == k_cache.device(), "kv_compact: CUDA tensors on one device expected");
+    TORCH_CHECK(SPECOPS_ON_GPU(*t) && t->device() == k_cache.device(), "kv_compact: " SPECOPS_GPU_NAME " tensors on one device expected");
   TORCH_CHECK(k_cache.dim() == 5 && v_cache.sizes() == k_cache.sizes() &&
                   v_cache.scalar_type() == k_cache.scalar_type(),
               "k_cache and v_cache must be [L, B, Hkv, S, D] of one shape and dtype");
@@ -127,7 +125,7 @@ void kv_compact_cuda(const at::Tensor& k_cache,      // [L, B, Hkv, S, D] fp32/f
   TORCH_CHECK(prefix_lens.numel() == B && accept_lens.numel() == B && accept_idx.size(0) == B,
               "prefix_lens, accept_lens must have shape [B] and accept_idx [B, A]");
   if (k_cache.numel() == 0 || accept_idx.size(1) == 0) return;
-  const c10::cuda::CUDAGuard guard(k_cache.device());
+  const gpu::DeviceGuard guard(k_cache.device());
   const auto prefix = prefix_lens.contiguous();
   const auto idx = accept_idx.contiguous();
   const auto lens = accept_lens.contiguous();
@@ -142,4 +140,4 @@ void kv_compact_cuda(const at::Tensor& k_cache,      // [L, B, Hkv, S, D] fp32/f
 
 }  // namespace specops
 
-TORCH_LIBRARY_IMPL(specops, CUDA, m) { m.impl("kv_compact", &specops::kv_compact_cuda); }
+SPECOPS_GPU_IMPL(m) { m.impl("kv_compact", &specops::kv_compact_cuda); }

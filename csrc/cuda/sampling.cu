@@ -5,13 +5,11 @@
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "gpu.cuh"
 #include "../registration.h"
 #include "../sampling_common.h"
 #include "sampling_block.cuh"
@@ -114,12 +112,12 @@ at::Tensor warp_probs_cuda(const at::Tensor& logits,       // [N, V] fp32/bf16/f
   SPECOPS_CHECK_DTYPE(temperature, at::kFloat);
   SPECOPS_CHECK_DTYPE(top_k, at::kInt);
   SPECOPS_CHECK_DTYPE(top_p, at::kFloat);
-  TORCH_CHECK(logits.is_cuda() && temperature.is_cuda() && top_k.is_cuda() && top_p.is_cuda(),
-              "warp_probs: CUDA tensors expected");
+  TORCH_CHECK(SPECOPS_ON_GPU(logits) && SPECOPS_ON_GPU(temperature) && SPECOPS_ON_GPU(top_k) && SPECOPS_ON_GPU(top_p),
+              "warp_probs: " SPECOPS_GPU_NAME " tensors expected");
   const int64_t N = logits.size(0), V = logits.size(1);
   TORCH_CHECK(temperature.numel() == N && top_k.numel() == N && top_p.numel() == N,
               "warp_probs: temperature, top_k and top_p must have shape [N]");
-  const c10::cuda::CUDAGuard guard(logits.device());
+  const gpu::DeviceGuard guard(logits.device());
   auto x = logits.stride(1) == 1 ? logits : logits.contiguous();
   auto tt = temperature.contiguous();
   auto kk = top_k.contiguous();
@@ -127,15 +125,15 @@ at::Tensor warp_probs_cuda(const at::Tensor& logits,       // [N, V] fp32/bf16/f
   auto out = at::empty({N, V}, logits.options().dtype(at::kFloat));
   if (N == 0 || V == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "warp_probs_cuda", [&] {
-    warp_probs_kernel<scalar_t><<<N, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+    SPECOPS_LAUNCH(N, kThreads, 0, gpu::current_stream(), warp_probs_kernel<scalar_t>)(
         x.data_ptr<scalar_t>(), x.stride(0), tt.data_ptr<float>(), kk.data_ptr<int32_t>(),
         pp.data_ptr<float>(), out.data_ptr<float>(), V);
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  SPECOPS_LAUNCH_CHECK();
   return out;
 }
 
 }  // namespace
 }  // namespace specops
 
-TORCH_LIBRARY_IMPL(specops, CUDA, m) { m.impl("warp_probs", &specops::warp_probs_cuda); }
+SPECOPS_GPU_IMPL(m) { m.impl("warp_probs", &specops::warp_probs_cuda); }

@@ -12,15 +12,13 @@
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <algorithm>
 
+#include "gpu.cuh"
 #include "../registration.h"
 #include "../sampling_common.h"
 #include "sampling_block.cuh"
@@ -39,7 +37,7 @@ __global__ void __launch_bounds__(kThreads)
                        float* __restrict__ cand_score,            // [B * P, kp]
                        int32_t* __restrict__ cand_token,          // [B * P, kp]
                        int64_t V, int kp) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  SPECOPS_DYNAMIC_SMEM(unsigned char, smem);
   int64_t* sel_idx = reinterpret_cast<int64_t*>(smem);      // [kp]
   float* sel_score = reinterpret_cast<float*>(sel_idx + kp);  // [kp]
   __shared__ block::TopShared sh;
@@ -71,7 +69,7 @@ __global__ void __launch_bounds__(kThreads)
                       int32_t* __restrict__ tokens,            // [B, n]
                       int32_t* __restrict__ parents,           // [B, n]
                       int64_t L, int kp, int n) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  SPECOPS_DYNAMIC_SMEM(unsigned char, smem);
   int64_t* sel_idx = reinterpret_cast<int64_t*>(smem);     // [n]
   float* sel_score = reinterpret_cast<float*>(sel_idx + n);  // [n]
   __shared__ block::TopShared sh;
@@ -94,13 +92,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topn_expand_cuda(
   SPECOPS_CHECK_DTYPE(parent_scores, at::kFloat);
   SPECOPS_CHECK_DIM(parent_scores, 2);
   SPECOPS_CHECK_DIM(child_logprobs, 3);
-  TORCH_CHECK(parent_scores.is_cuda() && child_logprobs.is_cuda(), "topn_expand: CUDA tensors expected");
+  TORCH_CHECK(SPECOPS_ON_GPU(parent_scores) && SPECOPS_ON_GPU(child_logprobs), "topn_expand: " SPECOPS_GPU_NAME " tensors expected");
   const int64_t B = child_logprobs.size(0), P = child_logprobs.size(1), V = child_logprobs.size(2);
   TORCH_CHECK(parent_scores.size(0) == B && parent_scores.size(1) == P,
               "topn_expand: parent_scores must have shape [B, P] of child_logprobs");
   TORCH_CHECK(n >= 1 && n <= kMaxTop, "topn_expand (cuda): n must lie in [1, ", kMaxTop, "], got ", n);
   const int64_t kp = std::min({per_parent_k >= 1 ? per_parent_k : V, n, V});
-  const c10::cuda::CUDAGuard guard(parent_scores.device());
+  const gpu::DeviceGuard guard(parent_scores.device());
   auto ps = parent_scores.contiguous();
   auto cl = child_logprobs.contiguous();
   auto scores = at::empty({B, n}, ps.options());
@@ -110,20 +108,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topn_expand_cuda(
   if (B == 0) return {scores, tokens, parents};
   auto cand_score = at::empty({B * P, kp}, ps.options());
   auto cand_token = at::empty({B * P, kp}, ps.options().dtype(at::kInt));
-  const auto stream = c10::cuda::getCurrentCUDAStream();
+  const auto stream = gpu::current_stream();
   const size_t sm1 = kp * (sizeof(int64_t) + sizeof(float));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, cl.scalar_type(), "topn_expand_cuda", [&] {
-    topn_parent_kernel<scalar_t><<<B * P, kThreads, sm1, stream>>>(
+    SPECOPS_LAUNCH(B * P, kThreads, sm1, stream, topn_parent_kernel<scalar_t>)(
         ps.data_ptr<float>(), cl.data_ptr<scalar_t>(), cand_score.data_ptr<float>(),
         cand_token.data_ptr<int32_t>(), V, static_cast<int>(kp));
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  SPECOPS_LAUNCH_CHECK();
   const size_t sm2 = n * (sizeof(int64_t) + sizeof(float));
-  topn_merge_kernel<<<B, kThreads, sm2, stream>>>(
+  SPECOPS_LAUNCH(B, kThreads, sm2, stream, topn_merge_kernel)(
       cand_score.data_ptr<float>(), cand_token.data_ptr<int32_t>(), scores.data_ptr<float>(),
       tokens.data_ptr<int32_t>(), parents.data_ptr<int32_t>(), P * kp, static_cast<int>(kp),
       static_cast<int>(n));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  SPECOPS_LAUNCH_CHECK();
   return {scores, tokens, parents};
 }
 
@@ -186,14 +184,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> select_topn_subtree_cuda(
   SPECOPS_CHECK_DTYPE(scores, at::kFloat);
   SPECOPS_CHECK_DTYPE(num_nodes, at::kInt);
   SPECOPS_CHECK_DIM(parents, 2);
-  TORCH_CHECK(parents.is_cuda() && scores.is_cuda() && num_nodes.is_cuda(),
-              "select_topn_subtree: CUDA tensors expected");
+  TORCH_CHECK(SPECOPS_ON_GPU(parents) && SPECOPS_ON_GPU(scores) && SPECOPS_ON_GPU(num_nodes),
+              "select_topn_subtree: " SPECOPS_GPU_NAME " tensors expected");
   TORCH_CHECK(n >= 1 && n <= INT32_MAX, "select_topn_subtree: n must be >= 1, got ", n);
   const int64_t B = parents.size(0), T = parents.size(1);
   TORCH_CHECK(T >= 1, "select_topn_subtree: parents must have T >= 1");
   TORCH_CHECK(scores.sizes() == parents.sizes(), "select_topn_subtree: scores must have the shape of parents");
   TORCH_CHECK(num_nodes.dim() == 1 && num_nodes.size(0) == B, "select_topn_subtree: num_nodes must have shape [B]");
-  const c10::cuda::CUDAGuard guard(parents.device());
+  const gpu::DeviceGuard guard(parents.device());
   auto par = parents.contiguous();
   auto sc = scores.contiguous();
   auto nn = num_nodes.contiguous();
@@ -203,18 +201,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> select_topn_subtree_cuda(
   if (B == 0) return {keep, new_parents, counts};
   auto eff = at::empty({B, T}, sc.options());
   auto pos = at::empty({B, T}, par.options());
-  select_topn_subtree_kernel<<<B, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+  SPECOPS_LAUNCH(B, kThreads, 0, gpu::current_stream(), select_topn_subtree_kernel)(
       par.data_ptr<int32_t>(), sc.data_ptr<float>(), nn.data_ptr<int32_t>(), eff.data_ptr<float>(),
       pos.data_ptr<int32_t>(), keep.data_ptr<int32_t>(), new_parents.data_ptr<int32_t>(),
       counts.data_ptr<int32_t>(), static_cast<int32_t>(T), static_cast<int32_t>(n));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  SPECOPS_LAUNCH_CHECK();
   return {keep, new_parents, counts};
 }
 
 }  // namespace
 }  // namespace specops
 
-TORCH_LIBRARY_IMPL(specops, CUDA, m) {
+SPECOPS_GPU_IMPL(m) {
   m.impl("topn_expand", &specops::topn_expand_cuda);
   m.impl("select_topn_subtree", &specops::select_topn_subtree_cuda);
 }

@@ -10,14 +10,11 @@
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime.h>
 #include <torch/library.h>
 
 #include <algorithm>
 
+#include "gpu.cuh"
 #include "../registration.h"
 #include "../tree_attention_common.h"
 
@@ -59,7 +56,7 @@ __device__ __forceinline__ float warp_sum(float x) {
 // DC: head-dim chunks of 32 per lane (D <= 32 * DC).
 template <typename scalar_t, int DC>
 __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(Args a) {
-  extern __shared__ float smem[];
+  SPECOPS_DYNAMIC_SMEM(float, smem);
   const int D = a.D, Dp = a.D + 1;  // +1: lane j reading row j of K hits its own bank
   float* ks = smem;              // [kTile][Dp]
   float* vs = ks + kTile * Dp;   // [kTile][Dp]
@@ -176,9 +173,9 @@ template <typename scalar_t, int DC>
 void launch(const Args& a, dim3 grid, size_t smem, cudaStream_t stream) {
   auto kernel = tree_attention_kernel<scalar_t, DC>;
   if (smem > 48 * 1024)
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kernel<<<grid, kWarps * 32, smem, stream>>>(a);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+    SPECOPS_GPU_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  SPECOPS_LAUNCH(grid, kWarps * 32, smem, stream, kernel)(a);
+  SPECOPS_LAUNCH_CHECK();
 }
 
 template <typename scalar_t>
@@ -188,8 +185,8 @@ void run(const Args& a, dim3 grid, size_t smem, cudaStream_t stream) {
   else launch<scalar_t, 8>(a, grid, smem, stream);
   if (a.n_splits > 1) {
     const int64_t rows = static_cast<int64_t>(a.B) * a.Tq * a.Hq;
-    combine_kernel<scalar_t><<<static_cast<unsigned>(rows), 128, 0, stream>>>(a);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    SPECOPS_LAUNCH(static_cast<unsigned>(rows), 128, 0, stream, combine_kernel<scalar_t>)(a);
+    SPECOPS_LAUNCH_CHECK();
   }
 }
 
@@ -221,12 +218,12 @@ at::Tensor tree_attention_cuda(const at::Tensor& q,            // [B, Tq, Hq, D]
   TORCH_CHECK(D <= 256, "tree_attention (cuda): head dim D must be <= 256, got ", D);
   TORCH_CHECK(B * Hkv < 65536, "tree_attention (cuda): B * Hkv must be < 65536, got ", B * Hkv);
   for (const at::Tensor* t : {&q, &k_cache, &v_cache, &prefix_lens, &block_lens, &mask})
-    TORCH_CHECK(t->is_cuda() && t->device() == q.device(), "tree_attention: CUDA tensors on one device expected");
+    TORCH_CHECK(SPECOPS_ON_GPU(*t) && t->device() == q.device(), "tree_attention: " SPECOPS_GPU_NAME " tensors on one device expected");
   if (q_lens) {
     SPECOPS_CHECK_DTYPE((*q_lens), at::kInt);
     TORCH_CHECK(q_lens->numel() == B && q_lens->device() == q.device(), "tree_attention: q_lens must be [B]");
   }
-  const c10::cuda::CUDAGuard guard(q.device());
+  const gpu::DeviceGuard guard(q.device());
   auto out = at::empty({B, Tq, Hq, D}, q.options());
   if (out.numel() == 0) return out;
   auto last_unit = [](const at::Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); };
@@ -253,7 +250,7 @@ at::Tensor tree_attention_cuda(const at::Tensor& q,            // [B, Tq, Hq, D]
   // bound uses S, and a split that finds no tile contributes a -inf log-sum-exp.
   const int64_t row_tiles = ceil_div(Tq * a.G, kRows);
   int sms = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.get_device()));
+  SPECOPS_GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.get_device()));
   const int64_t blocks = row_tiles * B * Hkv;
   int64_t ns = 1;
   if (blocks < 2 * sms) ns = std::min<int64_t>({ceil_div(2 * sms, blocks), ceil_div(S, 4 * kTile), ta::kMaxSplits});
@@ -267,7 +264,7 @@ at::Tensor tree_attention_cuda(const at::Tensor& q,            // [B, Tq, Hq, D]
   }
   const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(B * Hkv), static_cast<unsigned>(a.n_splits));
   const size_t smem = (2 * kTile * (D + 1) + kRows * D) * sizeof(float);
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  cudaStream_t stream = gpu::current_stream();
   AT_DISPATCH_SWITCH(q.scalar_type(), "tree_attention_cuda",
                      AT_DISPATCH_CASE(at::ScalarType::Float, [&] { run<scalar_t>(a, grid, smem, stream); })
                      AT_DISPATCH_CASE(at::ScalarType::Half, [&] { run<scalar_t>(a, grid, smem, stream); })
@@ -277,4 +274,4 @@ at::Tensor tree_attention_cuda(const at::Tensor& q,            // [B, Tq, Hq, D]
 
 }  // namespace specops
 
-TORCH_LIBRARY_IMPL(specops, CUDA, m) { m.impl("tree_attention", &specops::tree_attention_cuda); }
+SPECOPS_GPU_IMPL(m) { m.impl("tree_attention", &specops::tree_attention_cuda); }

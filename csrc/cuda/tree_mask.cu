@@ -2,11 +2,9 @@
 // with the same helper the CPU backend runs (csrc/common.h).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "gpu.cuh"
 #include "../common.h"
 #include "../registration.h"
 
@@ -31,8 +29,8 @@ std::tuple<at::Tensor, at::Tensor> build_tree_mask_cuda(const at::Tensor& parent
   SPECOPS_CHECK_DTYPE(num_nodes, at::kInt);
   SPECOPS_CHECK_DIM(parents, 2);
   SPECOPS_CHECK_DIM(num_nodes, 1);
-  TORCH_CHECK(parents.is_cuda() && num_nodes.is_cuda(), "build_tree_mask: CUDA tensors expected");
-  const c10::cuda::CUDAGuard guard(parents.device());
+  TORCH_CHECK(SPECOPS_ON_GPU(parents) && SPECOPS_ON_GPU(num_nodes), "build_tree_mask: " SPECOPS_GPU_NAME " tensors expected");
+  const gpu::DeviceGuard guard(parents.device());
   const int64_t B = parents.size(0), T = parents.size(1);
   const int64_t W = ceil_div(T, 32);
   auto par = parents.contiguous();
@@ -42,13 +40,13 @@ std::tuple<at::Tensor, at::Tensor> build_tree_mask_cuda(const at::Tensor& parent
   if (B * T == 0) return {mask, depth};
   constexpr int kThreads = 128;
   const int64_t blocks = ceil_div(B * T, kThreads);
-  build_tree_mask_kernel<<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+  SPECOPS_LAUNCH(blocks, kThreads, 0, gpu::current_stream(), build_tree_mask_kernel)(
       par.data_ptr<int32_t>(), nn.data_ptr<int32_t>(), mask.data_ptr<int32_t>(),
       depth.data_ptr<int32_t>(), B, static_cast<int32_t>(T), static_cast<int32_t>(W));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  SPECOPS_LAUNCH_CHECK();
   return {mask, depth};
 }
 
 }  // namespace specops
 
-TORCH_LIBRARY_IMPL(specops, CUDA, m) { m.impl("build_tree_mask", &specops::build_tree_mask_cuda); }
+SPECOPS_GPU_IMPL(m) { m.impl("build_tree_mask", &specops::build_tree_mask_cuda); }

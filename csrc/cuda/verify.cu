@@ -7,14 +7,12 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <climits>
 #include <string>
 
+#include "gpu.cuh"
 #include "../registration.h"
 #include "../verify_common.h"
 
@@ -341,8 +339,8 @@ void check_tree(const at::Tensor& tokens, const at::Tensor& parents, const at::T
   TORCH_CHECK(num_nodes.dim() == 1 && num_nodes.size(0) == tokens.size(0), "num_nodes must have shape [B]");
   TORCH_CHECK(rows.size(0) == tokens.size(0) && rows.size(1) == tokens.size(1) && rows.size(2) >= 1,
               "probability rows must have shape [B, T, V]");
-  TORCH_CHECK(tokens.is_cuda() && parents.is_cuda() && num_nodes.is_cuda() && rows.is_cuda(),
-              "verify: CUDA tensors expected");
+  TORCH_CHECK(SPECOPS_ON_GPU(tokens) && SPECOPS_ON_GPU(parents) && SPECOPS_ON_GPU(num_nodes) && SPECOPS_ON_GPU(rows),
+              "verify: " SPECOPS_GPU_NAME " tensors expected");
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> outputs(const at::Tensor& like, int64_t B, int64_t T) {
@@ -359,7 +357,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(const at::Tensor
   check_tree(tokens, parents, num_nodes, target_probs);
   SPECOPS_CHECK_DTYPE(target_probs, at::kFloat);
   SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
-  const c10::cuda::CUDAGuard guard(tokens.device());
+  const gpu::DeviceGuard guard(tokens.device());
   const int64_t B = tokens.size(0), T = tokens.size(1), V = target_probs.size(2);
   TORCH_CHECK(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == T && uniforms.size(2) == 2,
               "uniforms must have shape [B, T, 2]");
@@ -382,13 +380,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(const at::Tensor
   auto nn = num_nodes.contiguous();
   auto p = target_probs.contiguous();
   auto un = uniforms.contiguous();
-  verify_tree_kernel<<<B, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+  SPECOPS_LAUNCH(B, kThreads, 0, gpu::current_stream(), verify_tree_kernel)(
       tok.data_ptr<int32_t>(), par.data_ptr<int32_t>(), nn.data_ptr<int32_t>(), p.data_ptr<float>(),
       has_q ? q.data_ptr<float>() : nullptr, un.data_ptr<float>(), nbuf ? buf.data_ptr<float>() : nullptr,
       scratch.data_ptr<int32_t>(), accept_idx.data_ptr<int32_t>(), accept_len.data_ptr<int32_t>(),
       bonus.data_ptr<int32_t>(), static_cast<int32_t>(T), V, static_cast<int32_t>(nbuf), mode,
       fix_shift(V));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  SPECOPS_LAUNCH_CHECK();
   return {accept_idx, accept_len, bonus};
 }
 
@@ -396,7 +394,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_greedy_cuda(const at::Tens
                                                                   const at::Tensor& target_logits,
                                                                   const at::Tensor& num_nodes) {
   check_tree(tokens, parents, num_nodes, target_logits);
-  const c10::cuda::CUDAGuard guard(tokens.device());
+  const gpu::DeviceGuard guard(tokens.device());
   const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2);
   auto [accept_idx, accept_len, bonus] = outputs(tokens, B, T);
   if (B == 0) return {accept_idx, accept_len, bonus};
@@ -405,12 +403,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_greedy_cuda(const at::Tens
   auto nn = num_nodes.contiguous();
   auto logits = target_logits.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "verify_greedy_cuda", [&] {
-    verify_greedy_kernel<scalar_t><<<B, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+    SPECOPS_LAUNCH(B, kThreads, 0, gpu::current_stream(), verify_greedy_kernel<scalar_t>)(
         tok.data_ptr<int32_t>(), par.data_ptr<int32_t>(), nn.data_ptr<int32_t>(), logits.data_ptr<scalar_t>(),
         accept_idx.data_ptr<int32_t>(), accept_len.data_ptr<int32_t>(), bonus.data_ptr<int32_t>(),
         static_cast<int32_t>(T), V);
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  SPECOPS_LAUNCH_CHECK();
   return {accept_idx, accept_len, bonus};
 }
 
@@ -430,8 +428,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_cuda(const at::Tenso
               "target_logprobs must have shape [B, g + 1, V]");
   TORCH_CHECK(draft_joint_logprobs.sizes() == draft_tokens.sizes(), "draft_joint_logprobs must have shape [B, g]");
   TORCH_CHECK(log_tau.numel() == B && uniforms.numel() == B, "log_tau and uniforms must have shape [B]");
-  TORCH_CHECK(draft_tokens.is_cuda() && target_logprobs.is_cuda(), "verify_joint: CUDA tensors expected");
-  const c10::cuda::CUDAGuard guard(draft_tokens.device());
+  TORCH_CHECK(SPECOPS_ON_GPU(draft_tokens) && SPECOPS_ON_GPU(target_logprobs), "verify_joint: " SPECOPS_GPU_NAME " tensors expected");
+  const gpu::DeviceGuard guard(draft_tokens.device());
   auto [accept_idx, accept_len, bonus] = outputs(draft_tokens, B, g + 1);
   if (B == 0) return {accept_idx, accept_len, bonus};
   auto tok = draft_tokens.contiguous();
@@ -439,11 +437,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_cuda(const at::Tenso
   auto lq = draft_joint_logprobs.contiguous();
   auto lt = log_tau.contiguous();
   auto un = uniforms.contiguous();
-  verify_joint_kernel<<<B, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
+  SPECOPS_LAUNCH(B, kThreads, 0, gpu::current_stream(), verify_joint_kernel)(
       tok.data_ptr<int32_t>(), lp.data_ptr<float>(), lq.data_ptr<float>(), lt.data_ptr<float>(),
       un.data_ptr<float>(), accept_idx.data_ptr<int32_t>(), accept_len.data_ptr<int32_t>(),
       bonus.data_ptr<int32_t>(), static_cast<int32_t>(g), V, fix_shift(V));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  SPECOPS_LAUNCH_CHECK();
   return {accept_idx, accept_len, bonus};
 }
 
@@ -451,7 +449,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_cuda(const at::Tenso
 }  // namespace verify
 }  // namespace specops
 
-TORCH_LIBRARY_IMPL(specops, CUDA, m) {
+SPECOPS_GPU_IMPL(m) {
   m.impl("verify_greedy", &specops::verify::cuda::verify_greedy_cuda);
   m.impl("verify_tree", &specops::verify::cuda::verify_tree_cuda);
   m.impl("verify_joint", &specops::verify::cuda::verify_joint_cuda);

@@ -13,7 +13,7 @@ Rows past the accepted ones keep whatever they held. Truncation needs no op: low
 import torch
 
 from .. import _ext
-from ..backend import register, resolve
+from ..backend import register, register_compiled, resolve
 from . import _checks
 
 CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -166,12 +166,9 @@ def _kv_compact_torch(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
         cache.copy_(cache.gather(3, index))
 
 
-def _compiled(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
-    torch.ops.specops.kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens)
-
-
-register("kv_compact", "cpp")(_compiled)
-register("kv_compact", "cuda")(_compiled)
+@register_compiled("kv_compact")
+def _compiled(ns, k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
+    ns.kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens)
 
 
 @register("kv_compact", "triton")

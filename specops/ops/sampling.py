@@ -32,7 +32,7 @@ import numbers
 import torch
 
 from .. import _ext
-from ..backend import register, resolve
+from ..backend import register, register_compiled, resolve
 from . import _checks
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -134,12 +134,9 @@ def _warp_probs_torch(logits, temperature, top_k, top_p):
     return torch.where(greedy[:, None], one_hot, probs)
 
 
-def _compiled(logits, temperature, top_k, top_p):
-    return torch.ops.specops.warp_probs(logits, temperature, top_k, top_p)
-
-
-register("warp_probs", "cpp")(_compiled)
-register("warp_probs", "cuda")(_compiled)
+@register_compiled("warp_probs")
+def _compiled(ns, logits, temperature, top_k, top_p):
+    return ns.warp_probs(logits, temperature, top_k, top_p)
 
 
 @register("warp_probs", "triton")

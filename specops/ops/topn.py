@@ -29,7 +29,7 @@ import numbers
 import torch
 
 from .. import _ext
-from ..backend import register, resolve
+from ..backend import register, register_compiled, resolve
 from . import _checks
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -160,17 +160,14 @@ def _select_topn_subtree_torch(parents, scores, num_nodes, n):
 
 # ---- compiled backends ---------------------------------------------------------------------------
 
-def _topn_compiled(parent_scores, child_logprobs, n, per_parent_k):
-    return torch.ops.specops.topn_expand(parent_scores, child_logprobs, n, per_parent_k)
+@register_compiled("topn_expand")
+def _topn_compiled(ns, parent_scores, child_logprobs, n, per_parent_k):
+    return ns.topn_expand(parent_scores, child_logprobs, n, per_parent_k)
 
 
-def _subtree_compiled(parents, scores, num_nodes, n):
-    return torch.ops.specops.select_topn_subtree(parents, scores, num_nodes, n)
-
-
-for _name in ("cpp", "cuda"):
-    register("topn_expand", _name)(_topn_compiled)
-    register("select_topn_subtree", _name)(_subtree_compiled)
+@register_compiled("select_topn_subtree")
+def _subtree_compiled(ns, parents, scores, num_nodes, n):
+    return ns.select_topn_subtree(parents, scores, num_nodes, n)
 
 
 @register("topn_expand", "triton")

@@ -14,7 +14,7 @@ import numbers
 import torch
 
 from .. import _ext
-from ..backend import register, resolve
+from ..backend import register, register_compiled, resolve
 from . import _checks
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -128,8 +128,8 @@ def _tree_attention_torch(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_
     return out.to(q.dtype)
 
 
-def _compiled(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
-    return torch.ops.specops.tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale)
+def _compiled(ns, q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
+    return ns.tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale)
 
 
 @register("tree_attention", "triton")
@@ -147,9 +147,9 @@ def _has_schema():
     return True
 
 
+register_compiled("tree_attention")(_compiled)
+
 if (_ext.cpu_ext is not None or _ext.cuda_ext is not None) and _has_schema():
-    register("tree_attention", "cpp")(_compiled)
-    register("tree_attention", "cuda")(_compiled)
 
     @torch.library.register_fake("specops::tree_attention")
     def _(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):

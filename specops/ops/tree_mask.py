@@ -8,7 +8,7 @@ format ``tree_attention`` consumes. Depth positions the node: ``position = prefi
 import torch
 
 from .. import _ext
-from ..backend import register, resolve
+from ..backend import register, register_compiled, resolve
 from . import _checks
 
 
@@ -73,12 +73,9 @@ def _build_tree_mask_torch(parents, num_nodes):
     return pack_mask(visible), depth
 
 
-def _compiled(parents, num_nodes):
-    return torch.ops.specops.build_tree_mask(parents, num_nodes)
-
-
-register("build_tree_mask", "cpp")(_compiled)
-register("build_tree_mask", "cuda")(_compiled)
+@register_compiled("build_tree_mask")
+def _compiled(ns, parents, num_nodes):
+    return ns.build_tree_mask(parents, num_nodes)
 
 
 @register("build_tree_mask", "triton")

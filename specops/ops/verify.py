@@ -26,7 +26,7 @@ Rules (``shared/design/methods.md`` section 1): R1 ``verify_greedy``; ``verify_t
 import torch
 
 from .. import _ext
-from ..backend import register, resolve
+from ..backend import register, register_compiled, resolve
 from . import _checks
 from . import verify_ref  # noqa: F401  (registers the torch backend)
 
@@ -256,22 +256,19 @@ def _prob_flags(name, rows, where):
 
 # ---- backends ------------------------------------------------------------------------------
 
-def _compiled_greedy(tokens, parents, target_logits, num_nodes):
-    return torch.ops.specops.verify_greedy(tokens, parents, target_logits, num_nodes)
+@register_compiled("verify_greedy")
+def _compiled_greedy(ns, tokens, parents, target_logits, num_nodes):
+    return ns.verify_greedy(tokens, parents, target_logits, num_nodes)
 
 
-def _compiled_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode):
-    return torch.ops.specops.verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode)
+@register_compiled("verify_tree")
+def _compiled_tree(ns, tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode):
+    return ns.verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode)
 
 
-def _compiled_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms):
-    return torch.ops.specops.verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms)
-
-
-for _backend in ("cpp", "cuda"):
-    register("verify_greedy", _backend)(_compiled_greedy)
-    register("verify_tree", _backend)(_compiled_tree)
-    register("verify_joint", _backend)(_compiled_joint)
+@register_compiled("verify_joint")
+def _compiled_joint(ns, draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms):
+    return ns.verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms)
 
 
 @register("verify_greedy", "triton")

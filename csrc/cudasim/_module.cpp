@@ -1,0 +1,74 @@
+// specops._C_cudasim (test-only): csrc/cuda/*.cu compiled as host C++ against the SIMT emulation of
+// cudasim.h, registered under specops_cudasim:: for CPU tensors, plus the emulator's controls.
+#include <Python.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "../schemas.h"
+
+TORCH_LIBRARY(specops_cudasim, m) { SPECOPS_DEFINE_SCHEMAS(m); }
+
+namespace cudasim {
+void set_schedule(const std::string& order, uint64_t seed);
+void set_arch(int arch);
+int arch();
+std::map<std::string, uint64_t> stats();
+}  // namespace cudasim
+
+namespace {
+
+// A c10::Error from the emulator becomes a Python RuntimeError.
+template <class F>
+PyObject* guarded(F&& f) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+PyObject* py_set_schedule(PyObject*, PyObject* args) {
+  const char* order = nullptr;
+  unsigned long long seed = 0;
+  if (!PyArg_ParseTuple(args, "s|K", &order, &seed)) return nullptr;
+  return guarded([&] {
+    cudasim::set_schedule(order, seed);
+    Py_RETURN_NONE;
+  });
+}
+
+PyObject* py_set_arch(PyObject*, PyObject* args) {
+  int arch = 0;
+  if (!PyArg_ParseTuple(args, "i", &arch)) return nullptr;
+  return guarded([&] {
+    cudasim::set_arch(arch);
+    Py_RETURN_NONE;
+  });
+}
+
+PyObject* py_arch(PyObject*, PyObject*) { return PyLong_FromLong(cudasim::arch()); }
+
+PyObject* py_stats(PyObject*, PyObject*) {
+  PyObject* d = PyDict_New();
+  for (const auto& [k, v] : cudasim::stats()) {
+    PyObject* x = PyLong_FromUnsignedLongLong(v);
+    PyDict_SetItemString(d, k.c_str(), x);
+    Py_DECREF(x);
+  }
+  return d;
+}
+
+}  // namespace
+
+#define SPECOPS_MODULE_METHODS                                                                        \
+  {"set_schedule", py_set_schedule, METH_VARARGS,                                                     \
+   "set_schedule(order, seed=0): the order fibers run in each pass: forward, reverse or shuffle."},   \
+      {"set_arch", py_set_arch, METH_VARARGS, "set_arch(80 | 90): the device whose launch limits apply."}, \
+      {"arch", py_arch, METH_NOARGS, "The emulated device's SM version."},                            \
+      {"stats", py_stats, METH_NOARGS, "Counters: launches, blocks, threads, switches, barriers, collectives."},
+#define SPECOPS_MODULE _C_cudasim
+#include "../module.h"

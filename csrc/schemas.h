@@ -1,0 +1,26 @@
+// The schema of every compiled op, in one place. specops._C defines them in the specops::
+// namespace (whose CPU kernels it holds; specops._C_cuda adds the CUDA kernels), and the test-only
+// emulator build specops._C_cudasim defines them again in specops_cudasim::, where the same CUDA
+// sources run on CPU tensors. Mutation marks: kv_compact writes both caches in place.
+#pragma once
+
+#define SPECOPS_DEFINE_SCHEMAS(m)                                                                          \
+  do {                                                                                                    \
+    m.def("build_tree_mask(Tensor parents, Tensor num_nodes) -> (Tensor mask, Tensor depth)");            \
+    m.def("tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor prefix_lens, Tensor block_lens, " \
+          "Tensor mask, Tensor? q_lens, float sm_scale) -> Tensor");                                      \
+    m.def("kv_compact(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor prefix_lens, Tensor accept_idx, "   \
+          "Tensor accept_lens) -> ()");                                                                   \
+    m.def("warp_probs(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p) -> Tensor");         \
+    m.def("verify_greedy(Tensor tokens, Tensor parents, Tensor target_logits, Tensor num_nodes)"          \
+          " -> (Tensor accept_idx, Tensor accept_lens, Tensor bonus)");                                   \
+    m.def("verify_tree(Tensor tokens, Tensor parents, Tensor target_probs, Tensor uniforms, "             \
+          "Tensor? draft_probs, Tensor num_nodes, str mode) -> (Tensor accept_idx, Tensor accept_lens, "   \
+          "Tensor bonus)");                                                                               \
+    m.def("verify_joint(Tensor draft_tokens, Tensor target_logprobs, Tensor draft_joint_logprobs, "       \
+          "Tensor log_tau, Tensor uniforms) -> (Tensor accept_idx, Tensor accept_lens, Tensor bonus)");    \
+    m.def("topn_expand(Tensor parent_scores, Tensor child_logprobs, int n, int per_parent_k) -> "          \
+          "(Tensor scores, Tensor tokens, Tensor parents)");                                              \
+    m.def("select_topn_subtree(Tensor parents, Tensor scores, Tensor num_nodes, int n) -> "               \
+          "(Tensor keep_idx, Tensor new_parents, Tensor counts)");                                        \
+  } while (0)
