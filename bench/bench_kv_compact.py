@@ -1,6 +1,6 @@
 """kv_compact against what peers do, with memcpy of the same bytes as the physical limit.
 
-Shapes (issue 3): L in {24, 32}, B in {1, 8}, (Hkv, D) in {(8, 128), (2, 64)}, S = 4096, n in
+Shapes: L in {24, 32}, B in {1, 8}, (Hkv, D) in {(8, 128), (2, 64)}, S = 4096, n in
 {1, 4, 16} accepted nodes of a 64-node block (a random increasing subset of nodes 1..63 per
 sequence, so every accepted row really moves), fp32 and bf16.
 

@@ -1,6 +1,6 @@
 """Verification ops against what peers do, with one read of the probability rows as the physical limit.
 
-Cases (issue 4): B in {1, 8, 64}, T in {8 (a chain, SD with gamma = 7), 64 (a tree: 4 children per
+Cases: B in {1, 8, 64}, T in {8 (a chain, SD with gamma = 7), 64 (a tree: 4 children per
 node, breadth first)}, V in {32000, 151936}, fp32. Drafts are realistic: the proposer at a node is
 softmax(target logits of the node + noise), children are drawn from it, so acceptance is partial and
 paths end early (what a verifier sees in practice).

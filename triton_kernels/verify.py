@@ -4,7 +4,7 @@ Mirrors csrc/verify_common.h (same decisions, same fp32 operation order, fixed-p
 integer outputs equal the torch reference bit for bit. Launch with enable_fp_fusion=False: a
 fused multiply-add would round differently from the reference. Scratch rows ([B, 3, V]) hold the
 residual double buffer and R3w's proposer row; tl.debug_barrier() orders their writes before the
-next read by other threads of the program.
+next read by other threads of the program. Rule codes (R1-R6): docs/methods.md §Verification rules.
 """
 import os
 

@@ -1,4 +1,4 @@
-"""The reference decoding loop: every method of the seeds as a Drafter on one loop (methods.md 11).
+"""The reference decoding loop: every method as a Drafter on one loop (docs/methods.md §The decoding loop).
 
 ``generate`` is the entry point; ``METHODS`` maps method names to Drafter classes.
 """

@@ -1,13 +1,13 @@
 """A draft model with its own runner and cache, driven through growing draft blocks.
 
-Draft-cache policy (methods.md 11.3), one mechanism for every drafter:
+Draft-cache policy (docs/methods.md §KV caches), one mechanism for every drafter:
 
 * ``cached[b]`` mirrors the tokens whose draft K/V are committed. Before drafting, ``begin`` keeps
   the longest prefix of ``cached[b]`` that agrees with the sequence (a metadata-only truncate) and
   opens a block whose first nodes are the catch-up chain: every sequence token not yet cached,
   ending with the pending root ``r`` (so the draft always computes a fresh distribution after ``r``).
-  SD's "feed ``x_gamma`` and the bonus" (A3) and OPT-Tree's "re-feed the accepted tokens" are both
-  this catch-up chain.
+  SD's "feed ``x_gamma`` and the bonus" (the draft never ran on ``x_gamma``) and OPT-Tree's
+  "re-feed the accepted tokens" are both this catch-up chain.
 * Drafters add tree nodes below the chain (``add``) and ``forward`` computes every node not yet
   fed, in one ``forward_block`` call with ``q_start`` at the first unfed node.
 * ``commit_paths`` compacts a root path of fed block nodes into the cache (their K/V were computed

@@ -1,4 +1,4 @@
-"""The one decoding loop (methods.md 11.1), shared by every method:
+"""The one decoding loop (docs/methods.md §The decoding loop), shared by every method:
 
     prefill target (and draft) -> r = first token
     repeat: propose -> target forward over the block (tree attention, positions = L + depth)

@@ -11,7 +11,7 @@ bonus excluded), ``num_accepted_tokens_per_pos[j]`` (drafts whose accepted path 
   design: most branches lose);
 * ``acceptance_rate_per_pos[j] = num_accepted_tokens_per_pos[j] / num_drafts``.
 
-Beyond vLLM (methods.md section 9): target forwards, draft forwards, drafted nodes (GSD's "drafted
+Beyond vLLM (docs/methods.md §Metrics): target forwards, draft forwards, drafted nodes (GSD's "drafted
 token num", root included), GSD's matchness ``num_accepted_tokens / draft_depth``, graph success,
 tokens/s, time split draft / verify / bookkeeping (prefill reported apart), speedup against
 autoregressive decoding measured in the same process, and the target log-likelihood of the

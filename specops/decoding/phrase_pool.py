@@ -1,6 +1,7 @@
-"""Ouroboros' phrase pool (methods.md 7.1, reference-code rules): key token -> the newest ``capacity``
-continuations (tuples of ``length`` tokens), oldest evicted first; re-inserting a phrase moves it to
-the newest position. The pool can persist across prompts (phrases from history contexts)."""
+"""Ouroboros' phrase pool (docs/methods.md §Ouroboros; the reference code's rules): key token -> the
+newest ``capacity`` continuations (tuples of ``length`` tokens), oldest evicted first; re-inserting
+a phrase moves it to the newest position. The pool can persist across prompts (phrases from history
+contexts)."""
 import collections
 
 

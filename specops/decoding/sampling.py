@@ -1,4 +1,4 @@
-"""One sampling configuration shared by drafter and verifier (methods.md X1: acceptance ratios and
+"""One sampling configuration shared by drafter and verifier (docs/methods.md §Warping: acceptance ratios and
 residuals use exactly the warped distributions that sampling uses, for both models)."""
 import dataclasses
 

@@ -1,14 +1,14 @@
-"""GSD's token graph (methods.md 5.1-5.2, resolutions D1-D4, D9): a draft tree whose tau-redundant
-nodes are merged into a DAG while drafting, and unmerged back into a tree for verification.
+"""GSD's token graph (docs/methods.md §GSD): a draft tree whose tau-redundant nodes are merged into
+a DAG while drafting, and unmerged back into a tree for verification.
 
-* ``tau`` follows the reference code / Table 5 convention (D1): a new child ``t`` of ``u`` is
-  redundant when an existing node (not on u's root path) has token ``t`` and its ``tau`` nearest
-  predecessors carry the same tokens as ``u`` and its ``tau - 1`` nearest predecessors, i.e. a
-  (tau+1)-gram repeats. ``tau=None`` disables merging (the graph is then TSD's tree). Predecessors
-  may include the root.
-* The redundant token is never materialised (D4, code form): ``u`` gets a pseudo-edge to the first
-  occurrence ``v`` (the earliest created match), whose successors are then shared. A merge whose
-  target can reach the source is rejected (D3: no cycles). ``u`` keeps a list of pseudo-children (D2).
+* ``tau`` follows the reference code's convention (the paper's KL table has tau = 0): a new child
+  ``t`` of ``u`` is redundant when an existing node (not on u's root path) has token ``t`` and its
+  ``tau`` nearest predecessors carry the same tokens as ``u`` and its ``tau - 1`` nearest
+  predecessors, i.e. a (tau+1)-gram repeats. ``tau=None`` disables merging (the graph is then TSD's
+  tree). Predecessors may include the root.
+* The redundant token is never materialised (the reference code's form): ``u`` gets a pseudo-edge to
+  the first occurrence ``v`` (the earliest created match), whose successors are then shared. A merge
+  whose target can reach the source is rejected (no cycles). ``u`` keeps a list of pseudo-children.
 * ``unmerge`` copies every pseudo-child's subtree in BFS order (``parents[i] < i``), capped by node
   count and depth; ``src`` maps tree nodes to graph nodes, ``copied`` flags nodes reached through a
   merge edge (whose draft K/V belong to another context).

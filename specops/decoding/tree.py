@@ -1,6 +1,6 @@
 """What a drafter hands the loop: one token tree per sequence, plus what verification needs.
 
-Terms (methods.md 0.2): node 0 is the root = the pending token ``r`` (emitted, not yet in the
+Terms (docs/methods.md §Terms): node 0 is the root = the pending token ``r`` (emitted, not yet in the
 target cache); ``parents[i] < i``; the target sees node ``i`` at position ``L + depth(i)``.
 """
 import dataclasses

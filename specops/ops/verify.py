@@ -18,7 +18,7 @@ random choice of the next child to try. No uniform is read twice, so a verificat
 pure function of its inputs: CUDA-graph safe and bit-identical on every backend (see
 ``verify_ref`` for the arithmetic contract that makes it so).
 
-Rules (``shared/design/methods.md`` section 1): R1 ``verify_greedy``; ``verify_tree`` modes
+Rules (docs/methods.md §Verification rules): R1 ``verify_greedy``; ``verify_tree`` modes
 ``mss`` R3 (R2 on a chain), ``mss_pointmass`` R3p, ``mss_noreplace`` R3w, ``sample_match`` R4,
 ``gsd`` R5 (not lossless); R6 ``verify_joint`` (not lossless by design). A residual
 ``norm(max(0, p - q))`` whose mass is below 1e-12 falls back to ``p``.

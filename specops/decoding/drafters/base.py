@@ -8,8 +8,9 @@ calls, per iteration: ``propose(state) -> Candidates``, then verification, then
 """
 from ..tree import Candidates
 
-# Verification modes (methods.md section 1): greedy = R1; mss = R3 (R2 on a chain); mss_pointmass
-# = R3p; mss_noreplace = R3w; sample_match = R4; gsd = R5 (GSD reference, not lossless); joint = R6.
+# Verification modes (docs/methods.md §Verification rules): greedy = R1; mss = R3 (R2 on a
+# chain); mss_pointmass = R3p; mss_noreplace = R3w; sample_match = R4; gsd = R5 (GSD reference, not
+# lossless); joint = R6.
 MODES = ("greedy", "mss", "mss_pointmass", "mss_noreplace", "sample_match", "gsd", "joint")
 LOSSLESS_SAMPLING_MODES = ("mss", "mss_pointmass", "mss_noreplace", "sample_match")
 

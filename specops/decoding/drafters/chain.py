@@ -1,4 +1,4 @@
-"""SD / SSD (methods.md section 2): a chain of ``gamma`` draft tokens, verified by R1 (greedy) or
+"""SD / SSD (docs/methods.md §SD): a chain of ``gamma`` draft tokens, verified by R1 (greedy) or
 R2 (rejection sampling with the draft's warped distribution, ``mss`` on a chain).
 
 ``exit_threshold`` > 0 adds SSD's draft-exit: stop drafting a sequence once the draft's probability

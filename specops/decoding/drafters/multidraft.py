@@ -1,4 +1,4 @@
-"""SpecInfer (methods.md section 3): several draft sequences merged into one token tree, verified
+"""SpecInfer (docs/methods.md §SpecInfer): several draft sequences merged into one token tree, verified
 in one target forward by R1 (greedy) or R3 (multi-step speculative sampling, ``mss``).
 
 Proposers: ``num_drafts`` chains from the draft model and, with ``ngram=True``, one prompt-lookup
@@ -8,7 +8,7 @@ n-gram chain is a point mass, for which R3 reduces to R3p). Greedy: the first ch
 argmax chain, the others are sampled at ``draft_temperature`` for diversity (R1 is exact whatever
 the proposals are).
 
-Merging (methods.md B1): chains sharing a prefix share its nodes; continuations of all chains
+Merging (docs/methods.md §SpecInfer): chains sharing a prefix share its nodes; continuations of all chains
 through a node stay below it (they are independent draws given the prefix). When several chains
 draw the same token at the same node, R3 must see every draw: the extra draws are kept as leaf
 duplicates (sampling only), which is lossless because acceptance at a node depends only on the

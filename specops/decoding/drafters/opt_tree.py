@@ -1,13 +1,13 @@
-"""OPT-Tree (methods.md section 6): the draft tree that maximises the draft-estimated expected
+"""OPT-Tree (docs/methods.md §OPT-Tree): the draft tree that maximises the draft-estimated expected
 acceptance length E(A) = sum of path probabilities p̂ for a node budget ``n``.
 
 Each layer keeps exactly ``n`` nodes: the global top-``n`` (parent, token) pairs by
 p̂(parent) · q(token | path) over the previous layer (``topn_expand`` in log space). Drafting stops
-at ``max_depth`` (E1) or when E_sub (the sum of the ``n`` largest p̂ of all layers built so far,
-E2's paper definition) grows by no more than ``delta``. The target verifies the ``n`` nodes with
-the largest p̂, a rooted subtree (Thm 3.1; ties go to the shallower node, E3), ordered by depth.
+at ``max_depth`` or when E_sub (the sum of the ``n`` largest p̂ of all layers built so far,
+the paper's definition) grows by no more than ``delta``. The target verifies the ``n`` nodes with
+the largest p̂, a rooted subtree (the paper's Thm 3.1; ties go to the shallower node), ordered by depth.
 Greedy: R1; sampling: R4 (``sample_match``, the reference's rule; ``verify="mss_pointmass"`` gives
-the same acceptance probability, E4).
+the same acceptance probability).
 """
 import math
 

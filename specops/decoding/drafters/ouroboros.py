@@ -1,22 +1,23 @@
-"""Ouroboros (methods.md section 7): phrase-accelerated drafting and phrase-lengthened drafts.
+"""Ouroboros (docs/methods.md §Ouroboros): phrase-accelerated drafting and phrase-lengthened drafts.
 
-Drafting (7.1 step 1, F1): greedy drafting of the draft model where every draft forward is one
-tree block = [the tokens not yet in the draft cache, ending at the last token | a lookahead window
-| guesses]. The window is ``window`` columns x ``ngram - 1`` levels of Jacobi trajectories laid
-out as a comb (a level-0 spine, one tooth per column): a node's visible set (its ancestors) is
-exactly lookahead's mask (level 0 causal up to its column, plus its own column below it). After
-each forward every window token is replaced by the draft's argmax at its parent (a Jacobi step),
-and each column yields an n-gram for the pool. Guesses are up to ``guesses`` pool phrases keyed by
-the last token, each a chain below it; the draft accepts the longest guess prefix matching its own
-argmax plus one token, so a forward yields >= 1 draft tokens. Drafting runs until >= ``gamma``
-tokens exist (it may overshoot, F5).
+Drafting (the paper leaves it to lookahead decoding): greedy drafting of the draft model where every
+draft forward is one tree block = [the tokens not yet in the draft cache, ending at the last token |
+a lookahead window | guesses]. The window is ``window`` columns x ``ngram - 1`` levels of Jacobi
+trajectories laid out as a comb (a level-0 spine, one tooth per column): a node's visible set (its
+ancestors) is exactly lookahead's mask (level 0 causal up to its column, plus its own column below
+it). After each forward every window token is replaced by the draft's argmax at its parent (a Jacobi
+step), and each column yields an n-gram for the pool. Guesses are up to ``guesses`` pool phrases
+keyed by the last token, each a chain below it; the draft accepts the longest guess prefix matching
+its own argmax plus one token, so a forward yields >= 1 draft tokens. Drafting runs until >=
+``gamma`` tokens exist (it may overshoot; all of it is verified).
 
-Lengthening (7.1 step 2, F2): the ``branches`` newest phrases keyed by the last draft token hang
-below it as extra branches (merged on shared prefixes). One target forward verifies the comb:
-greedy R1 picks the longest matching branch (eq. 9); sampling uses R4 (F4).
+Lengthening (the reference code's choice of phrases): the ``branches`` newest phrases keyed by the
+last draft token hang below it as extra branches (merged on shared prefixes). One target forward
+verifies the comb: greedy R1 picks the longest matching branch (the paper's eq. 9); sampling uses
+R4.
 
-Pool updates from verification (7.1 step 5, F3 top-level variant): beyond the first mismatch, the
-draft tokens become keys of the target's own continuations (extended while the draft agreed
+Pool updates from verification (the reference code's top-level variant): beyond the first mismatch,
+the draft tokens become keys of the target's own continuations (extended while the draft agreed
 position-wise); the tried phrases are replaced by their target-corrected versions; the emitted text
 adds its n-grams. The pool persists across calls (``reuse_pool``), as the paper's history reuse.
 

@@ -1,10 +1,10 @@
-"""TSD and GSD (methods.md sections 4-5).
+"""TSD and GSD (docs/methods.md §TSD, §GSD).
 
 TSD: each drafting step runs the draft model once on the frontier (tree attention over the growing
 draft block, positions = prefix + depth), takes the top-``k`` children of every frontier node by
 the draft's probability ``q``, drops children with ``q < theta_sib * max q`` (sibling pruning) and
-stops expanding children with ``q < theta_prob`` (probability pruning; the paper's leaf semantics,
-C2); drafting ends after ``max_depth`` steps or when the frontier is empty (draft-exit).
+stops expanding children with ``q < theta_prob`` (probability pruning, with the paper's leaf
+semantics); drafting ends after ``max_depth`` steps or when the frontier is empty (draft-exit).
 ``max_nodes`` caps the draft tree (TSD can explode).
 
 GSD: the same with ``tau`` set: tau-redundant children are merged into the first occurrence
