@@ -7,6 +7,16 @@ with the HF peers measured in the same process on the same model, dtype and prom
     python bench/bench_decoding.py --quick             # smoke: 1 task, 1 prompt, 8 new tokens
     python bench/bench_decoding.py --profile quick --tasks code_edit --new-tokens 8 --methods ar,sd
     python -m bench --only decoding [--quick]          # the same through the suite runner
+    python bench/bench_decoding.py --profile final --targets smollm2-135m --questions FILE --per-category 2
+
+``--questions FILE`` replaces the fixed prompts with a JSON-lines question file in the field's
+format (``question_id``, ``category``, ``turns``; bench/questions.py validates it and names the line
+and field of a bad one): the categories become the tasks (``--tasks`` picks some), the first turn
+of each question is the prompt through the target's chat template, ``--per-category N`` keeps the
+first N questions of each category (default all) in every mode, and no batch-4 group runs. Rows
+carry ``questions=<file name>`` in their params; the CSV keeps the other tasks' rows (so a questions
+run adds to the prompt set's results). Every run ends with a per-task table (per category here):
+each provider's tok/s, speedup vs AR, mean acceptance length and vs the best HF peer.
 
 Output: ``bench/results/<machine>/decoding.csv`` (long format, one row per metric). A case is
 (target, dtype, task, mode, batch, new_tokens, prompts); a provider is ``ar``, a model-free method
@@ -62,6 +72,7 @@ import torch
 import specops
 from specops import models
 
+import questions as qfile
 from _harness import FIELDS, RESULTS, Recorder
 
 OP = "decoding"
@@ -253,10 +264,11 @@ def record(rec, provider, base, acc, ar, method):
         val("tokens_differing_from_ar", "%", 100 * acc.diff / acc.cmp)
 
 
-def run_case(rec, plan, target, tok, drafts, hf_drafts, task, groups, mode, batch, new, timings):
-    """Every provider on one case; ``groups``: lists of prompts decoded together (batch each)."""
+def run_case(rec, plan, target, tok, drafts, hf_drafts, task, groups, mode, batch, new, timings, tag=None):
+    """Every provider on one case; ``groups``: lists of prompts decoded together (batch each);
+    ``tag``: extra case params (``questions=<file>``)."""
     base = dict(target=plan.target, dtype="bf16", task=task, mode=mode, batch=batch, new_tokens=new,
-                prompts=sum(len(g) for g in groups))
+                prompts=sum(len(g) for g in groups), **(tag or {}))
     ar = None
     results = {}
     for provider, method, draft, params in configs(drafts, plan.equal_budget):
@@ -316,7 +328,9 @@ def _peer_kwargs(hf_drafts):
         yield f"hf_assisted/{_kind(name)}", {"assistant_model": model}
 
 
-def run_target(rec, plan, new, timings, tasks=None, on_case=None):
+def run_target(rec, plan, new, timings, tasks=None, on_case=None, questions=None):
+    """``questions``: (file name, {category: [Question]}) from bench/questions.py, replacing the
+    prompt set (``plan.prompts`` / ``tasks`` are not applied to it: questions.load did that)."""
     ok, why = models.available(plan.target)
     if not ok:
         rec.skip(plan.target, dict(target=plan.target), f"not installed: {why}")
@@ -331,7 +345,8 @@ def run_target(rec, plan, new, timings, tasks=None, on_case=None):
     hf_drafts = {d: m for d, m in loaded.items() if hasattr(m, "generate")}
     for d in set(loaded) - set(hf_drafts):
         rec.skip(f"hf_assisted/{_kind(d)}", dict(target=plan.target), f"{d} is not an HF causal LM (no .generate)")
-    all_ids = prompts(tok, plan.prompts, tasks or plan.tasks)
+    tag = {"questions": questions[0]} if questions else None
+    all_ids = qfile.encode(tok, questions[1]) if questions else prompts(tok, plan.prompts, tasks or plan.tasks)
     first = next(iter(all_ids.values()))[:1]
     # Warm-up: first calls pay lazy imports, allocator growth and one-off kernel setup.
     for provider, method, draft, params in configs(drafts, plan.equal_budget):
@@ -348,20 +363,23 @@ def run_target(rec, plan, new, timings, tasks=None, on_case=None):
     for task, ids in all_ids.items():
         for mode in plan.modes:
             chosen = ids[:plan.sample_prompts] if mode == "sample" else ids
-            run_case(rec, plan, target, tok, drafts, hf_drafts, task, [[p] for p in chosen], mode, 1, new, timings)
+            run_case(rec, plan, target, tok, drafts, hf_drafts, task, [[p] for p in chosen], mode, 1, new, timings,
+                     tag)
             if on_case:
                 on_case()
     mixed = [all_ids[t][0] for t in MIXED if t in all_ids]
-    if len(mixed) == len(MIXED):
+    if len(mixed) == len(MIXED) and not questions:
         for mode in plan.batch4_modes:
             run_case(rec, plan, target, tok, drafts, hf_drafts, "mixed", [mixed], mode, len(mixed), new, timings)
             if on_case:
                 on_case()
 
 
-def measure(rec, quick, profile=None, tasks=None, new_tokens=None, targets=None, overrides=None, on_case=None):
+def measure(rec, quick, profile=None, tasks=None, new_tokens=None, targets=None, overrides=None, on_case=None,
+            questions=None):
     """``python -m bench`` entry: the ``quick`` profile with --quick, else ``final``. ``on_case`` is
-    called after every finished case (the CLI writes the CSV there, so a crash keeps what ran)."""
+    called after every finished case (the CLI writes the CSV there, so a crash keeps what ran);
+    ``questions``: see run_target."""
     torch.manual_seed(0)
     spec = PROFILES[profile or ("quick" if quick else "final")]
     new = new_tokens or spec["new_tokens"]
@@ -369,7 +387,7 @@ def measure(rec, quick, profile=None, tasks=None, new_tokens=None, targets=None,
     start = time.perf_counter()
     for plan in spec["plans"]:
         if targets is None or plan.target in targets:
-            run_target(rec, dataclasses.replace(plan, **(overrides or {})), new, timings, tasks, on_case)
+            run_target(rec, dataclasses.replace(plan, **(overrides or {})), new, timings, tasks, on_case, questions)
     total = time.perf_counter() - start
     print(f"# decoding: {total:.0f} s in all; seconds per provider: "
           + ", ".join(f"{p} {s:.1f}" for p, s in sorted(timings.items(), key=lambda kv: -kv[1])), flush=True)
@@ -380,7 +398,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description="end-to-end decoding benchmark")
     parser.add_argument("--profile", choices=sorted(PROFILES), default=None)
     parser.add_argument("--quick", action="store_true", help="= --profile quick")
-    parser.add_argument("--tasks", default=None, help=f"comma-separated subset of {TASKS}")
+    parser.add_argument("--tasks", default=None, help=f"comma-separated subset of {TASKS} (of the categories with --questions)")
     parser.add_argument("--targets", default=None, help="comma-separated subset of the profile's targets")
     parser.add_argument("--methods", default=None, help="comma-separated providers (ar always runs)")
     parser.add_argument("--new-tokens", type=int, default=None)
@@ -388,33 +406,54 @@ def main(argv=None):
     parser.add_argument("--modes", default=None, help="comma-separated subset of greedy,sample (batch 1)")
     parser.add_argument("--out", default=None, help="directory for decoding.csv (default bench/results/<machine>)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--questions", default=None, metavar="FILE",
+                        help="JSON-lines questions (question_id, category, turns) instead of bench/prompts.json; "
+                             "categories become the tasks")
+    parser.add_argument("--per-category", type=int, default=None, metavar="N",
+                        help="with --questions: the first N questions of each category (default all)")
     args = parser.parse_args(argv)
+    tasks = args.tasks.split(",") if args.tasks else None
+    overrides = {k: v for k, v in (("prompts", args.prompts), ("modes", tuple(args.modes.split(",")) if args.modes
+                                                                   else None)) if v is not None}
+    questions = None
+    if args.questions:  # validated before anything is measured or written
+        if args.prompts is not None:
+            parser.error("--prompts does not apply to --questions; use --per-category N")
+        try:
+            questions = (os.path.basename(args.questions), qfile.load(args.questions, tasks, args.per_category))
+        except (OSError, ValueError) as err:
+            parser.error(f"--questions: {err}")
+        tasks = list(questions[1])  # only these categories' earlier rows are replaced in the CSV
+        # every question in both modes; one batch-1 case per (category, mode)
+        overrides.update(prompts=None, sample_prompts=None, batch4_modes=())
+    elif args.per_category is not None:
+        parser.error("--per-category needs --questions")
     if args.threads:
         torch.set_num_threads(args.threads)
     profile = args.profile or ("quick" if args.quick else "final")
     providers = args.methods.split(",") if args.methods else None
     rec = Recorder(OP, "cpu", profile == "quick", providers)
-    overrides = {k: v for k, v in (("prompts", args.prompts), ("modes", tuple(args.modes.split(",")) if args.modes
-                                                                   else None)) if v is not None}
     targets = args.targets.split(",") if args.targets else None
     out_dir = args.out or os.path.join(RESULTS, rec.info["machine"])
-    tasks = args.tasks.split(",") if args.tasks else None
     kept = _other_targets_rows(os.path.join(out_dir, f"{OP}.csv"), targets, tasks,
-                               args.modes.split(",") if args.modes else None)
+                               args.modes.split(",") if args.modes else None, questions and questions[0])
 
     def flush():
         return write_merged(rec, out_dir, kept)
 
-    measure(rec, profile == "quick", profile, tasks, args.new_tokens, targets, overrides, on_case=flush)
+    measure(rec, profile == "quick", profile, tasks, args.new_tokens, targets, overrides, on_case=flush,
+            questions=questions)
     path = flush()
+    print(qfile.table(rec.rows))
     print(f"# wrote {path}" + (f" (kept {len(kept)} rows of cases not rerun)" if kept else ""))
     return rec
 
 
-def _other_targets_rows(path, targets, tasks=None, modes=None):
+def _other_targets_rows(path, targets, tasks=None, modes=None, questions=None):
     """With ``--targets`` / ``--tasks`` / ``--modes``, the existing CSV's rows of the cases not rerun
     (so partial runs add up to one file; each case's ratios still come from one process); a full
-    run replaces the file."""
+    run replaces the file. A case belongs to the prompt set or to one ``questions`` file: a
+    category named like a prompt task replaces only its own file's rows."""
     if (targets, tasks, modes) == (None, None, None) or not os.path.exists(path):
         return []
     with open(path, newline="") as f:
@@ -422,6 +461,7 @@ def _other_targets_rows(path, targets, tasks=None, modes=None):
 
     def rerun(p):
         return ((targets is None or p.get("target") in targets) and (tasks is None or p.get("task") in tasks)
+                and p.get("questions") == questions
                 and (modes is None or p.get("batch") != 1 or p.get("mode") in modes))
     return [r for r in rows if r["provider"] != "machine" and not rerun(json.loads(r["params"] or "{}"))]
 
