@@ -161,6 +161,8 @@ def _mss_kernel(
                         if r_kind == 0:
                             r_kind = tl.full([], 2, tl.int32)
                         else:
+                            # Every thread has read R[x] (rx above) before it is zeroed in place.
+                            tl.debug_barrier()
                             tl.store(buf_ptr + (b * NB) * V + x, 0.0)
                             tl.debug_barrier()
                         W = Wn
@@ -168,6 +170,10 @@ def _mss_kernel(
             else:
                 # R3 / R3w: the residual max(0, R / Z - q / Zq), scaled by Z * Zq, into the other buffer.
                 dst = tl.where(r_kind == 2, 3, 2)
+                if MODE == 2:
+                    # R3w rewrites its proposer row in place below: every thread must have read
+                    # q[x] (qx above) before the thread owning index x zeroes it.
+                    tl.debug_barrier()
                 acc = tl.zeros([BLOCK_V], dtype=tl.int64)
                 accq = tl.zeros([BLOCK_V], dtype=tl.int64)
                 for start in range(0, V, BLOCK_V):

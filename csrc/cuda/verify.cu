@@ -187,6 +187,10 @@ struct CudaTreeEngine {
     return block_sum(w, *sh);
   }
   __device__ int64_t residual_noreplace(Vec dst, Vec r, Vec q, float Z, float Zq, int32_t x, int64_t* wq) {
+    // From the second rejection at a node, q is the scratch row kBufQ that this loop rewrites in
+    // place: every thread must have read q[x] (the walk's acceptance test) before the thread
+    // that owns index x zeroes it, or threads take different decisions and reach different barriers.
+    __syncthreads();
     const float* rr = row(r);
     const float* qq = row(q);
     float* out = mrow(dst);

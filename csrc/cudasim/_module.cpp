@@ -1,11 +1,13 @@
 // specops._C_cudasim (test-only): csrc/cuda/*.cu compiled as host C++ against the SIMT emulation of
 // cudasim.h, registered under specops_cudasim:: for CPU tensors, plus the emulator's controls.
 #include <Python.h>
+#include <c10/util/Exception.h>
 #include <torch/library.h>
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "../schemas.h"
 
@@ -16,6 +18,9 @@ void set_schedule(const std::string& order, uint64_t seed);
 void set_arch(int arch);
 int arch();
 std::map<std::string, uint64_t> stats();
+namespace selftest {
+std::vector<int> run(const std::string& name, int arg);
+}
 }  // namespace cudasim
 
 namespace {
@@ -25,6 +30,9 @@ template <class F>
 PyObject* guarded(F&& f) {
   try {
     return f();
+  } catch (const c10::Error& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+    return nullptr;
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return nullptr;
@@ -62,6 +70,18 @@ PyObject* py_stats(PyObject*, PyObject*) {
   return d;
 }
 
+PyObject* py_selftest(PyObject*, PyObject* args) {
+  const char* name = nullptr;
+  int arg = 0;
+  if (!PyArg_ParseTuple(args, "s|i", &name, &arg)) return nullptr;
+  return guarded([&] {
+    const std::vector<int> out = cudasim::selftest::run(name, arg);
+    PyObject* list = PyList_New(static_cast<Py_ssize_t>(out.size()));
+    for (size_t i = 0; i < out.size(); ++i) PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), PyLong_FromLong(out[i]));
+    return list;
+  });
+}
+
 }  // namespace
 
 #define SPECOPS_MODULE_METHODS                                                                        \
@@ -69,6 +89,7 @@ PyObject* py_stats(PyObject*, PyObject*) {
    "set_schedule(order, seed=0): the order fibers run in each pass: forward, reverse or shuffle."},   \
       {"set_arch", py_set_arch, METH_VARARGS, "set_arch(80 | 90): the device whose launch limits apply."}, \
       {"arch", py_arch, METH_NOARGS, "The emulated device's SM version."},                            \
-      {"stats", py_stats, METH_NOARGS, "Counters: launches, blocks, threads, switches, barriers, collectives."},
+      {"stats", py_stats, METH_NOARGS, "Counters: launches, blocks, threads, switches, barriers, collectives."}, \
+      {"selftest", py_selftest, METH_VARARGS, "selftest(name, arg=0): runs one of the emulator's own test kernels."},
 #define SPECOPS_MODULE _C_cudasim
 #include "../module.h"

@@ -219,8 +219,8 @@ std::string describe(const Block& b) {
     size_t j = i + 1;
     while (j < t.size() && label(t[j]) == what) ++j;
     if (i) s << "; ";
-    s << "threads " << i;
-    if (j - i > 1) s << "-" << (j - 1);
+    if (j - i > 1) s << "threads " << i << "-" << (j - 1);
+    else s << "thread " << i;
     s << " " << what;
     i = j;
   }

@@ -1,0 +1,123 @@
+// Kernels that pin down the emulator's own semantics (tests/test_cudasim.py): warp collectives
+// against the PTX definitions, barriers, shared memory, atomics, and the failures that must raise
+// instead of hanging (divergent barriers, missing lanes, launches a device would refuse).
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cudasim.h"
+
+namespace cudasim {
+namespace selftest {
+namespace {
+
+// out[t * 8 + k]: lane t's results of the eight collectives below (width 32, then width 8).
+__global__ void collectives(int* out, int arg) {
+  const int t = threadIdx.x, lane = t & 31;
+  int* o = out + t * 8;
+  o[0] = __shfl_sync(0xffffffffu, t, (lane * 7 + arg) & 31);
+  o[1] = __shfl_xor_sync(0xffffffffu, t, arg & 31);
+  o[2] = __shfl_down_sync(0xffffffffu, t, static_cast<unsigned>(arg & 31));
+  o[3] = __shfl_up_sync(0xffffffffu, t, static_cast<unsigned>(arg & 31));
+  o[4] = static_cast<int>(__ballot_sync(0xffffffffu, (t % 3) == 0));
+  o[5] = __any_sync(0xffffffffu, t == arg) * 2 + __all_sync(0xffffffffu, t >= 0);
+  o[6] = __shfl_down_sync(0xffffffffu, t, static_cast<unsigned>(arg & 7), 8);
+  o[7] = __shfl_xor_sync(0xffffffffu, static_cast<long long>(t) << 33, arg & 7, 8) >> 33;
+}
+
+// Warp w writes its id into static shared memory; after the barrier every thread reads warp
+// (w + 1)'s. A shared-memory counter takes one atomicAdd per thread.
+__global__ void shared_and_atomics(int* out) {
+  __shared__ int ids[32];
+  __shared__ unsigned long long counter;
+  const int t = threadIdx.x, w = t / 32, nw = blockDim.x / 32;
+  if (t == 0) counter = 0;
+  if ((t & 31) == 0) ids[w] = w + 100 * static_cast<int>(blockIdx.x);
+  __syncthreads();
+  atomicAdd(&counter, 1ull + static_cast<unsigned long long>(t));
+  out[blockIdx.x * blockDim.x + t] = ids[(w + 1) % nw];
+  __syncthreads();
+  if (t == 0) out[gridDim.x * blockDim.x + blockIdx.x] = static_cast<int>(counter);
+}
+
+// Threads below `split` wait at one barrier, the others at another.
+__global__ void divergent_barrier(int* out, int split) {
+  if (static_cast<int>(threadIdx.x) < split) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  out[threadIdx.x] = 1;
+}
+
+// Lane `gone` leaves before its warp's shuffle.
+__global__ void missing_lane(int* out, int gone) {
+  if (static_cast<int>(threadIdx.x) == gone) return;
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, static_cast<int>(threadIdx.x), 1);
+}
+
+// The upper half exits; the rest still meet at a barrier (a device counts exited threads as arrived).
+__global__ void early_exit_barrier(int* out) {
+  if (threadIdx.x >= blockDim.x / 2) return;
+  out[threadIdx.x] = 1;
+  __syncthreads();
+  out[threadIdx.x] += 1;
+}
+
+// Reads dynamic shared memory before writing it: the emulator fills it with 0xFF bytes.
+__global__ void uninitialised_smem(int* out) {
+  const int* smem = reinterpret_cast<const int*>(detail::dynamic_smem);
+  out[threadIdx.x] = smem[threadIdx.x];
+}
+
+// Nothing but a launch (for the launch-limit checks).
+__global__ void empty_kernel(int* out) {
+  if (out) out[threadIdx.x] = static_cast<int>(threadIdx.x);
+}
+
+}  // namespace
+
+// Runs one named self-test; returns what its kernel wrote. Raises (c10::Error) where the emulator
+// must refuse.
+std::vector<int> run(const std::string& name, int arg) {
+  std::vector<int> out;
+  if (name == "collectives") {
+    out.assign(64 * 8, -1);
+    launch("collectives", collectives, dim3(1), dim3(64), 0, nullptr)(out.data(), arg);
+  } else if (name == "shared_and_atomics") {
+    out.assign(3 * 128 + 3, -1);
+    launch("shared_and_atomics", shared_and_atomics, dim3(3), dim3(128), 0, nullptr)(out.data());
+  } else if (name == "divergent_barrier") {
+    out.assign(64, 0);
+    launch("divergent_barrier", divergent_barrier, dim3(1), dim3(64), 0, nullptr)(out.data(), arg);
+  } else if (name == "missing_lane") {
+    out.assign(64, 0);
+    launch("missing_lane", missing_lane, dim3(1), dim3(64), 0, nullptr)(out.data(), arg);
+  } else if (name == "early_exit_barrier") {
+    out.assign(64, 0);
+    launch("early_exit_barrier", early_exit_barrier, dim3(1), dim3(64), 0, nullptr)(out.data());
+  } else if (name == "uninitialised_smem") {
+    out.assign(32, 0);
+    launch("uninitialised_smem", uninitialised_smem, dim3(1), dim3(32), 32 * sizeof(int), nullptr)(out.data());
+  } else if (name == "grid_y") {  // arg: grid y
+    launch("empty_kernel", empty_kernel, dim3(1, static_cast<unsigned>(arg)), dim3(32), 0, nullptr)(nullptr);
+  } else if (name == "block_threads") {  // arg: threads per block
+    launch("empty_kernel", empty_kernel, dim3(1), dim3(static_cast<unsigned>(arg)), 0, nullptr)(nullptr);
+  } else if (name == "dynamic_smem") {  // arg: bytes, launched without cudaFuncSetAttribute first
+    launch("empty_kernel", empty_kernel, dim3(1), dim3(32), static_cast<size_t>(arg), nullptr)(nullptr);
+  } else if (name == "dynamic_smem_optin") {  // arg: bytes, after cudaFuncSetAttribute(arg)
+    const cudaError_t err = cudaFuncSetAttribute(uninitialised_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, arg);
+    out.push_back(static_cast<int>(err));
+    if (err == cudaSuccess) {
+      std::vector<int> sink(32);
+      launch("uninitialised_smem", uninitialised_smem, dim3(1), dim3(32), static_cast<size_t>(arg), nullptr)(
+          sink.data());
+    }
+  } else {
+    throw std::invalid_argument("cudasim selftest: unknown test '" + name + "'");
+  }
+  return out;
+}
+
+}  // namespace selftest
+}  // namespace cudasim

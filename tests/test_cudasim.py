@@ -1,0 +1,183 @@
+"""The CUDA emulation itself: warp collectives against their PTX definitions, barriers, shared memory,
+atomics, launch limits per arch, failures that raise instead of hanging; and every CUDA kernel giving
+the same answer whatever order the emulated threads run in (a data race shows up as a difference)."""
+import pytest
+import torch
+
+import specops
+from specops import _ext
+from specops.testing import random_accept, random_parents, random_verify_case
+
+sim = _ext.cudasim_ext
+pytestmark = pytest.mark.skipif(sim is None, reason=f"cudasim: {_ext.cudasim_ext_error}")
+
+
+@pytest.fixture
+def schedule():
+    """Sets the emulator's thread order for one test; forward again afterwards."""
+    yield sim.set_schedule
+    sim.set_schedule("forward")
+
+
+@pytest.fixture
+def arch():
+    yield sim.set_arch
+    sim.set_arch(90)
+
+
+# ---- the emulator's semantics ------------------------------------------------------------------------
+
+def expected_collectives(arg, threads=64):
+    """The PTX definitions: a source lane outside the lane's width segment yields the lane's own value."""
+    out = []
+    for t in range(threads):
+        lane, base = t % 32, t - t % 32
+
+        def seg(width, src_pos):
+            pos = lane % width
+            return base + lane - pos + src_pos if 0 <= src_pos < width else t
+
+        warp = range(base, base + 32)
+        ballot = sum(1 << (u - base) for u in warp if u % 3 == 0)
+        ballot = ballot - (1 << 32) if ballot >= 1 << 31 else ballot  # returned as int32
+        out += [
+            base + ((lane * 7 + arg) & 31),
+            seg(32, (lane % 32) ^ (arg & 31)),
+            seg(32, lane + (arg & 31)),
+            seg(32, lane - (arg & 31)),
+            ballot,
+            2 * any(u == arg for u in warp) + 1,
+            seg(8, lane % 8 + (arg & 7)),
+            seg(8, (lane % 8) ^ (arg & 7)),
+        ]
+    return out
+
+
+@pytest.mark.parametrize("arg", [0, 1, 5, 16, 31, 37])
+def test_warp_collectives_follow_the_ptx_definitions(arg):
+    assert sim.selftest("collectives", arg) == expected_collectives(arg)
+
+
+def test_static_shared_memory_barriers_and_shared_atomics():
+    out = sim.selftest("shared_and_atomics")
+    threads, blocks = 128, 3
+    for b in range(blocks):
+        for t in range(threads):
+            assert out[b * threads + t] == (t // 32 + 1) % 4 + 100 * b  # another warp's write, after the barrier
+        assert out[blocks * threads + b] == sum(1 + t for t in range(threads))
+
+
+def test_exited_threads_do_not_block_a_barrier():
+    assert sim.selftest("early_exit_barrier") == [2] * 32 + [0] * 32
+
+
+def test_dynamic_shared_memory_starts_as_garbage():
+    assert sim.selftest("uninitialised_smem") == [-1] * 32  # 0xFF bytes: reads before writes show
+
+
+def test_divergent_barrier_raises_naming_both_sites():
+    with pytest.raises(RuntimeError, match=r"divergent __syncthreads in divergent_barrier block \(0, 0, 0\): "
+                                           r"threads 0-15 wait at __syncthreads selftest.cpp:\d+; "
+                                           r"threads 16-63 wait at __syncthreads selftest.cpp:\d+"):
+        sim.selftest("divergent_barrier", 16)
+
+
+def test_a_shuffle_missing_a_lane_raises_instead_of_hanging():
+    with pytest.raises(RuntimeError, match=r"missing a lane.*thread 5 exited"):
+        sim.selftest("missing_lane", 5)
+
+
+@pytest.mark.parametrize("name, arg, why", [
+    ("grid_y", 65536, "grid y and z must be <= 65535"),
+    ("block_threads", 1025, "a block holds 1..1024 threads"),
+    ("dynamic_smem", 48 * 1024 + 16, "needs cudaFuncSetAttribute"),
+])
+def test_launches_a_device_refuses_raise(name, arg, why):
+    with pytest.raises(RuntimeError, match=why):
+        sim.selftest(name, arg)
+
+
+def test_launch_limits_at_the_edge_pass():
+    sim.selftest("grid_y", 65535)
+    sim.selftest("block_threads", 1024)
+    sim.selftest("dynamic_smem", 48 * 1024)
+
+
+@pytest.mark.parametrize("device_arch, limit", [(90, 227 * 1024), (80, 163 * 1024)])
+def test_opt_in_shared_memory_per_arch(arch, device_arch, limit):
+    arch(device_arch)
+    assert sim.arch() == device_arch
+    assert sim.selftest("dynamic_smem_optin", limit) == [0]  # cudaSuccess, and the launch runs
+    assert sim.selftest("dynamic_smem_optin", limit + 16) == [1]  # cudaErrorInvalidValue
+
+
+def test_bad_controls_raise():
+    with pytest.raises(RuntimeError, match="schedule must be forward, reverse or shuffle"):
+        sim.set_schedule("sideways")
+    with pytest.raises(RuntimeError, match="arch must be 80 or 90"):
+        sim.set_arch(75)
+
+
+def test_the_backend_is_test_only():
+    ok, why = specops.backend.available("cudasim", "cpu")
+    assert ok and "test-only" in why
+    assert specops.backend.resolve("kv_compact", "cpu") is not specops.backend._IMPLS["kv_compact"]["cudasim"]
+    assert "cudasim" not in specops.backend.PREFERENCE["cpu"]
+
+
+# ---- every kernel, every thread order ----------------------------------------------------------------
+
+ORDERS = [("reverse", 0), ("shuffle", 1), ("shuffle", 2)]
+
+
+def i32(x):
+    return torch.tensor(x, dtype=torch.int32)
+
+
+def op_cases():
+    """One call per CUDA kernel (and per verify mode), on shapes with several warps and ragged rows."""
+    g = torch.Generator().manual_seed(0)
+    cases = {}
+    parents = random_parents(3, 37, generator=g)
+    nn = i32([37, 20, 1])
+    cases["build_tree_mask"] = lambda: specops.build_tree_mask(parents, nn, backend="cudasim")
+    q = torch.randn(2, 9, 6, 40, generator=g)
+    k, v = torch.randn(2, 2, 80, 40, generator=g), torch.randn(2, 2, 80, 40, generator=g)
+    mask, _ = specops.build_tree_mask(random_parents(2, 9, generator=g))
+    cases["tree_attention"] = lambda: specops.tree_attention(q, k, v, i32([50, 61]), i32([9, 5]), mask,
+                                                             backend="cudasim")
+
+    def compact():
+        kk = torch.randn(2, 3, 2, 40, 24, generator=torch.Generator().manual_seed(1))
+        vv = torch.randn(2, 3, 2, 40, 24, generator=torch.Generator().manual_seed(2))
+        idx, lens = random_accept(3, 9, generator=torch.Generator().manual_seed(3))
+        specops.kv_compact(kk, vv, i32([3, 20, 0]), idx, lens, backend="cudasim")
+        return kk, vv
+    cases["kv_compact"] = compact
+    logits = torch.randn(5, 3001, generator=g)
+    cases["warp_probs"] = lambda: specops.warp_probs(logits, 0.8, 40, 0.9, backend="cudasim")
+    ps, cl = torch.randn(2, 3, generator=g), torch.randn(2, 3, 700, generator=g).log_softmax(-1)
+    cases["topn_expand"] = lambda: specops.topn_expand(ps, cl, 11, backend="cudasim")
+    scores = torch.randn(2, 37, generator=g)
+    cases["select_topn_subtree"] = lambda: specops.select_topn_subtree(parents[:2], scores, 9, backend="cudasim")
+    c = random_verify_case(2, 23, 601, generator=g)
+    cases["verify_greedy"] = lambda: specops.verify_greedy(c["tokens"], c["parents"], c["target_logits"],
+                                                           c["num_nodes"], backend="cudasim")
+    for mode in specops.ops.verify.MODES:
+        cases[f"verify_tree[{mode}]"] = (lambda m: lambda: specops.verify_tree(
+            c["tokens"], c["parents"], c["target_probs"], c["uniforms"], draft_probs=c["draft_probs"], mode=m,
+            num_nodes=c["num_nodes"], backend="cudasim"))(mode)
+    return cases
+
+
+CASES = op_cases() if sim is not None else {}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_result_does_not_depend_on_the_thread_order(schedule, name):
+    want = CASES[name]()
+    for order, seed in ORDERS:
+        schedule(order, seed)
+        got = CASES[name]()
+        for w, o in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
+            assert torch.equal(w, o), f"{name}: {order}/{seed} differs from the forward order"
