@@ -3,7 +3,7 @@
 ``python -m specops`` prints which backends are available here and why.
 """
 from . import _ext  # noqa: F401  (loads the compiled extensions and their op registrations)
-from .backend import BackendUnavailable, available, use_backend
+from .backend import BackendUnavailable, available, default_backend, use_backend
 from .ops.tree_attention import tree_attention
 from .ops.kv_compact import kv_compact
 from .ops.sampling import warp_probs
@@ -27,6 +27,7 @@ __all__ = [
     "BackendUnavailable",
     "available",
     "build_tree_mask",
+    "default_backend",
     "generate",
     "kv_compact",
     "pack_mask",

@@ -1,10 +1,12 @@
 """One backend-dispatch rule for every op.
 
 Precedence: the op's ``backend=`` argument, then ``specops.use_backend(name)``, then the
-``SPECOPS_BACKEND`` environment variable, then the per-device preference
-(CUDA device: cuda, triton, torch; CPU: cpp, torch). An explicit request (any of the first
-three) that cannot be met raises :class:`BackendUnavailable` with the reason; the automatic
-choice silently falls through to the next available backend.
+``SPECOPS_BACKEND`` environment variable, then the op's preference on the device (by default CUDA:
+cuda, triton, torch; CPU: cpp, torch; ``tree_attention`` on CUDA prefers triton, whose kernel runs on
+tensor cores). A backend runs a call when it is available on the device (built, device visible) and
+capable of the call (its ``supports`` check: head dim, grid limits, dtype, sizes). An explicit
+request (any of the first three) that cannot be met raises :class:`BackendUnavailable` with the
+reason; the automatic choice falls through to the next backend that can.
 
 ``cudasim`` is test-only: the CUDA kernels compiled as host C++ and run on CPU tensors by a SIMT
 emulation (csrc/cudasim/, docs/cudasim.md). It runs only when requested explicitly.
@@ -21,10 +23,13 @@ from . import _ext
 BACKENDS = ("torch", "cpp", "triton", "cuda", "cudasim")
 TEST_ONLY = ("cudasim",)  # never chosen automatically
 PREFERENCE = {"cuda": ("cuda", "triton", "torch"), "cpu": ("cpp", "torch")}
+# Ops whose preference differs from the device's.
+OP_PREFERENCE = {("tree_attention", "cuda"): ("triton", "cuda", "torch")}
 # The torch.ops namespace each compiled backend's kernels are registered in (csrc/schemas.h).
 COMPILED = {"cpp": "specops", "cuda": "specops", "cudasim": "specops_cudasim"}
 
 _IMPLS = {}  # op name -> {backend name -> callable}
+_SUPPORTS = {}  # (op, backend) -> supports(*args) -> None (can run the call) or the reason it cannot
 _local = threading.local()  # per-thread stack of use_backend() requests
 
 
@@ -32,16 +37,26 @@ class BackendUnavailable(RuntimeError):
     """An explicitly requested backend cannot run this op on this device."""
 
 
-def register(op, backend):
-    """Decorator: ``fn`` implements ``op`` on ``backend``."""
+def register(op, backend, supports=None):
+    """Decorator: ``fn`` implements ``op`` on ``backend``. ``supports(*args)``, if given, is called
+    with the arguments ``fn`` would get and returns None when ``fn`` can run them, else the reason
+    (a shape, dtype or launch limit of that backend); it must not sync with the device."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
     def wrap(fn):
         _IMPLS.setdefault(op, {})[backend] = fn
+        if supports is not None:
+            _SUPPORTS[(op, backend)] = supports
         return fn
 
     return wrap
+
+
+def register_supports(op, backends, supports):
+    """Sets the capability check of ``op`` on each of ``backends`` (see :func:`register`)."""
+    for name in backends:
+        _SUPPORTS[(op, name)] = supports
 
 
 def register_compiled(op):
@@ -139,8 +154,19 @@ def _requested(backend):
     return None, None
 
 
-def resolve(op, device, backend=None):
-    """The implementation of ``op`` to run on ``device``, following the dispatch rule."""
+def preference(op, device_type):
+    """The order in which the automatic choice tries backends for ``op`` on ``device_type``."""
+    return OP_PREFERENCE.get((op, device_type), PREFERENCE.get(device_type, ("torch",)))
+
+
+def _incapable(op, name, args):
+    check = _SUPPORTS.get((op, name))
+    return None if check is None or args is None else check(*args)
+
+
+def resolve(op, device, backend=None, args=None):
+    """The implementation of ``op`` to run on ``device`` for the call ``args`` (the arguments the
+    implementation gets; None skips the capability checks), following the dispatch rule."""
     impls = _IMPLS[op]
     want, source = _requested(backend)
     if want is not None:
@@ -151,12 +177,47 @@ def resolve(op, device, backend=None):
             ok, why = False, f"{op} has no {want} implementation"
         if not ok:
             raise BackendUnavailable(f"{op}: backend {want!r} ({source}) unavailable on {device}: {why}")
+        why = _incapable(op, want, args)
+        if why is not None:
+            raise BackendUnavailable(f"{op}: backend {want!r} ({source}) cannot run this call: {why}")
         return impls[want]
     device_type = torch.device(device).type
-    for name in PREFERENCE.get(device_type, ("torch",)):
-        if name in impls and available(name, device_type)[0]:
+    skipped = []
+    for name in preference(op, device_type):
+        if name not in impls or not available(name, device_type)[0]:
+            continue
+        why = _incapable(op, name, args)
+        if why is None:
             return impls[name]
-    raise BackendUnavailable(f"{op}: no backend available on {device}")
+        skipped.append(f"{name}: {why}")
+    raise BackendUnavailable(f"{op}: no backend available on {device}" + (f" ({'; '.join(skipped)})" if skipped else ""))
+
+
+def default_backend(op_name, device_type):
+    """The backend ``op_name`` runs on by default for tensors on ``device_type`` ("cuda" or "cpu"),
+    as on a machine where such a device is visible: the first backend of the op's preference that
+    implements it and is installed. Calls a backend cannot take (see ``supports``) fall through to
+    the next one."""
+    if op_name not in _IMPLS:
+        raise ValueError(f"op_name must be one of {ops()}, got {op_name!r}")
+    if device_type not in PREFERENCE:
+        raise ValueError(f"device_type must be one of {tuple(PREFERENCE)}, got {device_type!r}")
+    impls = _IMPLS[op_name]
+    for name in preference(op_name, device_type):
+        if name in impls and _installed(name, device_type):
+            return name
+    return "torch"
+
+
+def _installed(name, device_type):
+    """Available on ``device_type`` if such a device were visible (built and importable)."""
+    if name == "torch":
+        return True
+    if name == "cuda":
+        return _ext.cuda_ext is not None and device_type == "cuda"
+    if name == "triton":
+        return _triton_importable()[0] and (device_type == "cuda" or _interpret())
+    return available(name, device_type)[0]
 
 
 @contextlib.contextmanager

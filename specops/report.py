@@ -28,6 +28,11 @@ def report():
         if not cpu_ok and not cuda_ok and cpu_why != cuda_why:
             why = f"cpu: {cpu_why}; cuda: {cuda_why}"
         lines.append(f"{name:<8} {'yes' if cpu_ok else 'no':<5} {'yes' if cuda_ok else 'no':<5} {why}")
+    lines.append(f"test-only (never chosen automatically): {', '.join(backend.TEST_ONLY)}")
     lines.append("")
-    lines.append("ops: " + ", ".join(f"{op} [{'/'.join(backend.implementations(op))}]" for op in backend.ops()))
+    lines.append("default backend per op (a call a backend cannot take falls through to the next):")
+    lines.append(f"{'op':<20} {'cpu':<8} {'cuda':<8} implemented by")
+    for op in backend.ops():
+        lines.append(f"{op:<20} {backend.default_backend(op, 'cpu'):<8} {backend.default_backend(op, 'cuda'):<8} "
+                     f"{'/'.join(backend.implementations(op))}")
     return "\n".join(lines)

@@ -29,7 +29,7 @@ import numbers
 import torch
 
 from .. import _ext
-from ..backend import register, register_compiled, resolve
+from ..backend import register, register_compiled, register_supports, resolve
 from . import _checks
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -66,10 +66,8 @@ def topn_expand(parent_scores, child_logprobs, n, *, per_parent_k=None, check=Tr
         for name, t in (("parent_scores", parent_scores), ("child_logprobs", child_logprobs)):
             if _checks._first_bad([(torch.isnan(t) | (t == float("inf"))).any()]) is not None:
                 raise ValueError(f"{name} must not contain NaN or +inf")
-    impl = resolve("topn_expand", parent_scores.device, backend)
-    if impl is _topn_compiled and parent_scores.is_cuda and n > _CUDA_MAX_N:
-        raise ValueError(f"n must be <= {_CUDA_MAX_N} on the cuda backend (shared-memory selection), got {n}")
-    return impl(parent_scores.float(), child_logprobs, n, min(k, V))
+    args = (parent_scores.float(), child_logprobs, n, min(k, V))
+    return resolve("topn_expand", parent_scores.device, backend, args)(*args)
 
 
 def select_topn_subtree(parents, scores, n, num_nodes=None, *, check=True, backend=None):
@@ -163,6 +161,14 @@ def _select_topn_subtree_torch(parents, scores, num_nodes, n):
 @register_compiled("topn_expand")
 def _topn_compiled(ns, parent_scores, child_logprobs, n, per_parent_k):
     return ns.topn_expand(parent_scores, child_logprobs, n, per_parent_k)
+
+
+def _cuda_supports(parent_scores, child_logprobs, n, per_parent_k):
+    """The CUDA kernel selects in shared memory: at most _CUDA_MAX_N candidates."""
+    return None if n <= _CUDA_MAX_N else f"n={n} > {_CUDA_MAX_N} (the CUDA kernel's shared-memory selection)"
+
+
+register_supports("topn_expand", ("cuda", "cudasim"), _cuda_supports)
 
 
 @register_compiled("select_topn_subtree")

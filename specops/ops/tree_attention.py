@@ -14,7 +14,7 @@ import numbers
 import torch
 
 from .. import _ext
-from ..backend import register, register_compiled, resolve
+from ..backend import register, register_compiled, register_supports, resolve
 from . import _checks
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
@@ -62,8 +62,8 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
         raise TypeError(f"sm_scale must be a finite real number or None, got {sm_scale!r}")
     if check:
         _length_values(prefix_lens, block_lens, q_lens, S, mask.shape[2], Tq)
-    return resolve("tree_attention", dev, backend)(q, k_cache, v_cache, prefix_lens, block_lens, mask,
-                                                   q_lens, float(sm_scale))
+    args = (q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, float(sm_scale))
+    return resolve("tree_attention", dev, backend, args)(*args)
 
 
 def _length_values(prefix_lens, block_lens, q_lens, S, W, Tq):
@@ -148,6 +148,22 @@ def _has_schema():
 
 
 register_compiled("tree_attention")(_compiled)
+
+CUDA_MAX_D = 256  # csrc/cuda/tree_attention.cu: head-dim chunks of 32 per lane, at most 8
+GRID_YZ_MAX = 65535  # CUDA's limit on gridDim.y / .z
+
+
+def _cuda_supports(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
+    """What the CUDA kernel (and its emulation) can launch: D <= 256, B * Hkv blocks in grid y."""
+    B, D, Hkv = q.shape[0], q.shape[3], k_cache.shape[1]
+    if D > CUDA_MAX_D:
+        return f"head dim D={D} > {CUDA_MAX_D}"
+    if B * Hkv > GRID_YZ_MAX:
+        return f"B * Hkv = {B * Hkv} > {GRID_YZ_MAX} (grid y limit)"
+    return None
+
+
+register_supports("tree_attention", ("cuda", "cudasim"), _cuda_supports)
 
 if (_ext.cpu_ext is not None or _ext.cuda_ext is not None) and _has_schema():
 
