@@ -122,6 +122,17 @@ struct Thread : ThreadView {
   Collective op = Collective::kShfl;
   uint64_t value = 0;  // its contribution to the pending collective, then its result
   int arg = 0;
+  const void* ex_in = nullptr;  // warp_exchange operands
+  void* ex_out = nullptr;
+  ExchangeFn ex_fn = nullptr;
+  const char* ex_what = nullptr;
+  // cp.async copies issued and not yet completed: committed groups, then the open group
+  struct Copy {
+    unsigned char* dst;
+    unsigned char data[16];
+    int bytes;
+  };
+  std::vector<std::vector<Copy>> groups;  // groups[0] oldest; the last is the open (uncommitted) one
   void* sp = nullptr;  // saved stack pointer while switched out
   unsigned char* stack_lo = nullptr;
   size_t stack_size = 0;
@@ -190,6 +201,7 @@ const char* op_name(Collective op) {
     case Collective::kAny: return "__any_sync";
     case Collective::kAll: return "__all_sync";
     case Collective::kSyncWarp: return "__syncwarp";
+    case Collective::kExchange: return "a warp-wide matrix instruction";
   }
   return "?";
 }
@@ -210,7 +222,9 @@ std::string describe(const Block& b) {
       switch (x.state) {
         case State::kDone: return std::string("exited");
         case State::kAtBarrier: return "wait at __syncthreads " + site(x.file, x.line);
-        case State::kAtCollective: return std::string("wait at ") + op_name(x.op) + " " + site(x.file, x.line);
+        case State::kAtCollective:
+          return std::string("wait at ") + (x.op == Collective::kExchange ? x.ex_what : op_name(x.op)) + " " +
+                 site(x.file, x.line);
         case State::kRunnable: return std::string("runnable");
       }
       return std::string("?");
@@ -262,6 +276,8 @@ extern "C" void cudasim_fiber_main(Thread* t) {
 #endif
   try {
     b.entry(b.ctx);
+    cp_async_commit();  // a device completes what was issued, waited for or not
+    cp_async_wait(0);
   } catch (...) {
     if (!b.error) b.error = std::current_exception();
   }
@@ -312,6 +328,7 @@ void run_block(Block& b) {
              static_cast<unsigned>(i / (block_dim.x * block_dim.y))};
     t.linear = i;
     t.state = State::kRunnable;
+    t.groups.clear();
     init_fiber(t, g_stacks.get(i));
   }
   for (Warp& w : b.warps) w = Warp{};
@@ -425,6 +442,84 @@ uint64_t warp_collective(Collective op, uint64_t value, int arg, int width, unsi
   }
   w.arrived = 0;
   return t.value;  // the last lane goes on without a switch
+}
+
+void warp_exchange(const char* what, ExchangeFn compute, const void* in, void* out, const char* file, int line) {
+  Block& b = *g_block;
+  auto& t = static_cast<Thread&>(*current);
+  const int warp_id = t.linear / 32;
+  Warp& w = b.warps[warp_id];
+  if (w.arrived > 0 && (w.op != Collective::kExchange || b.threads[warp_id * 32].ex_fn != compute)) {
+    // lane 0 need not be the first to arrive: find one that did
+    const Thread* other = nullptr;
+    for (int l = 0; l < 32 && !other; ++l) {
+      const Thread& x = b.threads[warp_id * 32 + l];
+      if (x.state == State::kAtCollective) other = &x;
+    }
+    if (w.op != Collective::kExchange || (other && other->ex_fn != compute)) {
+      TORCH_CHECK(false, "cudasim: lanes of warp ", warp_id, " in ", where(b), " meet at different warp collectives: ",
+                  what, " at ", site(file, line), "; ", describe(b));
+    }
+  }
+  if (w.arrived == 0) {
+    w.op = Collective::kExchange;
+    w.mask = 0xffffffffu;
+    w.width = 32;
+  }
+  t.state = State::kAtCollective;
+  t.op = Collective::kExchange;
+  t.ex_fn = compute;
+  t.ex_in = in;
+  t.ex_out = out;
+  t.ex_what = what;
+  t.file = file;
+  t.line = line;
+  if (++w.arrived < 32) {
+    switch_to_main(b, t, false);
+    return;
+  }
+  ++g_stats.collectives;
+  Thread* lanes = &b.threads[warp_id * 32];
+  const void* ins[32];
+  void* outs[32];
+  for (int l = 0; l < 32; ++l) {
+    ins[l] = lanes[l].ex_in;
+    outs[l] = lanes[l].ex_out;
+  }
+  compute(ins, outs);
+  for (int l = 0; l < 32; ++l) lanes[l].state = State::kRunnable;
+  w.arrived = 0;
+}
+
+void cp_async(void* smem_dst, const void* src, int bytes, int src_bytes) {
+  auto& t = static_cast<Thread&>(*current);
+  TORCH_CHECK(bytes == 4 || bytes == 8 || bytes == 16, "cudasim: cp.async copies 4, 8 or 16 bytes, got ", bytes);
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(smem_dst) % bytes == 0 && (src_bytes == 0 || reinterpret_cast<uintptr_t>(src) % bytes == 0),
+              "cudasim: cp.async of ", bytes, " bytes needs ", bytes, "-byte aligned addresses");
+  if (t.groups.empty()) t.groups.emplace_back();
+  Thread::Copy c{static_cast<unsigned char*>(smem_dst), {}, bytes};
+  // src_bytes < bytes zero-fills the rest (src_bytes = 0: no read at all, e.g. a row past the end)
+  if (src_bytes > 0) std::memcpy(c.data, src, static_cast<size_t>(std::min(src_bytes, bytes)));
+  t.groups.back().push_back(c);
+}
+
+void cp_async_commit() {
+  auto& t = static_cast<Thread&>(*current);
+  if (t.groups.empty()) t.groups.emplace_back();
+  t.groups.emplace_back();  // the committed group stays, a new open one starts
+}
+
+void cp_async_wait(int keep_groups) {
+  auto& t = static_cast<Thread&>(*current);
+  if (t.groups.empty()) return;
+  // Committed groups are all but the last (the open one, which wait_group does not cover):
+  // complete the oldest until at most keep_groups committed groups remain pending.
+  const int committed = static_cast<int>(t.groups.size()) - 1;
+  const int done = std::max(committed - keep_groups, 0);
+  for (int gi = 0; gi < done; ++gi)
+    for (const auto& c : t.groups[gi]) std::memcpy(c.dst, c.data, static_cast<size_t>(c.bytes));
+  t.groups.erase(t.groups.begin(), t.groups.begin() + done);
+  if (t.groups.empty()) t.groups.emplace_back();
 }
 
 cudaError_t set_max_dynamic_smem(const void* fn, int bytes) {

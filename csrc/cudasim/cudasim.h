@@ -76,11 +76,25 @@ extern uint3 block_idx;      // the running block
 extern dim3 block_dim, grid_dim;
 extern unsigned char* dynamic_smem;  // the running block's extern __shared__ buffer
 
-enum class Collective : int { kShfl, kShflXor, kShflDown, kShflUp, kBallot, kAny, kAll, kSyncWarp };
+enum class Collective : int { kShfl, kShflXor, kShflDown, kShflUp, kBallot, kAny, kAll, kSyncWarp, kExchange };
 
 // Blocks the calling lane until its warp's 32 lanes reached a collective, then returns its result.
 uint64_t warp_collective(Collective op, uint64_t value, int arg, int width, unsigned mask, const char* file,
                          int line);
+
+// A warp-wide exchange of whole fragments (the emulated mma.sync and ldmatrix): every lane posts
+// pointers to its inputs and outputs; the 32nd lane to arrive runs compute(ins, outs) over all
+// lanes (lane order), then every lane goes on. The pointers stay valid: a waiting fiber's stack is
+// untouched. Lanes must all call the same `compute` (checked).
+using ExchangeFn = void (*)(const void* const* ins, void* const* outs);
+void warp_exchange(const char* what, ExchangeFn compute, const void* in, void* out, const char* file, int line);
+
+// cp.async emulation: the 16 bytes are read at issue time and land in shared memory only when the
+// issuing thread waits for their group (cp.async.wait_group), so a kernel that reads a tile before
+// waiting for it reads the old contents there, as it may on a device.
+void cp_async(void* smem_dst, const void* src, int bytes, int src_bytes);
+void cp_async_commit();
+void cp_async_wait(int keep_groups);
 void syncthreads(const char* file, int line);
 cudaError_t set_max_dynamic_smem(const void* fn, int bytes);
 
