@@ -10,13 +10,14 @@ through the JIT's own argument binder (``create_function_from_signature`` and ``
 ``triton.runtime.jit``) for the target arch. Meta tensors have data pointer 0, i.e. 16-aligned,
 as fresh CUDA allocations are.
 
-``AOT_SPECS``: an iterable (or a function returning one) of ``(name, arch, launches, spill_free)``;
+``AOT_SPECS``: an iterable (or a function returning one) of ``(name, arch, launches, budget)``;
 ``arch`` None means every arch, ``launches`` a list of ``Launch`` or a zero-argument function
-that calls the launcher, ``spill_free`` whether register spills fail the check.
+that calls the launcher, ``budget`` the register spill bytes allowed (0 for the main configs) or
+a dict {"spills": bytes, "smem": bytes} (smem: a limit below the arch's).
 
 Run ``python -m specops.triton_kernels.aot [--json PATH]`` with TRITON_INTERPRET unset: one line
 per (case, kernel, arch), then exits non-zero if a kernel did not compile, needs more shared
-memory than the arch allows, or spills where it must not.
+memory than the arch allows, or spills more than its case allows.
 """
 import argparse
 import contextlib
@@ -89,12 +90,14 @@ def bind(launch, arch):
 
 
 def compile_launch(launch, arch):
+    """(compiled kernel, bind(launch, arch)): what the JIT would compile for this launch."""
     import triton
     from triton.backends.compiler import GPUTarget
 
-    signature, constexprs, attrs, options = bind(launch, arch)
+    bound = bind(launch, arch)
+    signature, constexprs, attrs, options = bound
     src = triton.compiler.ASTSource(launch.kernel, signature, constexprs, attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options.__dict__)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options.__dict__), bound
 
 
 _FUNCTION = re.compile(r"^\s*Function (\S+):\s*$")
@@ -152,15 +155,20 @@ def resources(compiled):
 
 
 def cases(module):
-    """(name, arch, launches, spill_free) of one module's AOT_SPECS, launcher calls recorded."""
+    """(name, arch, launches, budget dict) of one module's AOT_SPECS, launcher calls recorded."""
     specs = getattr(module, "AOT_SPECS", ())
-    for name, arch, launches, spill_free in (specs() if callable(specs) else specs):
-        yield name, arch, (record(launches) if callable(launches) else launches), spill_free
+    for name, arch, launches, budget in (specs() if callable(specs) else specs):
+        budget = {"spills": budget} if isinstance(budget, int) else dict(budget)
+        yield name, arch, (record(launches) if callable(launches) else launches), budget
 
 
-def _short(constexprs, kernel):
+def _specialisation(bound, kernel):
+    """The constants (constexprs and ints the JIT fixed at 1) and the 16-divisible arguments."""
+    _, constexprs, attrs, _ = bound
     names = kernel.arg_names
-    return " ".join(f"{names[k[0]]}={v}" for k, v in sorted(constexprs.items()) if len(k) == 1)
+    consts = " ".join(f"{names[k[0]]}={v}" for k, v in sorted(constexprs.items()) if len(k) == 1)
+    aligned = [names[k[0]] for k, v in sorted(attrs.items()) if len(k) == 1 and ["tt.divisibility", 16] in v]
+    return consts, aligned
 
 
 def collect(archs=ARCHS, modules=None, log=None):
@@ -174,7 +182,7 @@ def collect(archs=ARCHS, modules=None, log=None):
     rows = []
     for mod_name in names:
         module = importlib.import_module(f"{pkg.__name__}.{mod_name}")
-        for name, case_arch, launches, spill_free in cases(module):
+        for name, case_arch, launches, budget in cases(module):
             for arch in archs:
                 if case_arch is not None and case_arch != arch:
                     continue
@@ -182,17 +190,19 @@ def collect(archs=ARCHS, modules=None, log=None):
                     start = time.perf_counter()
                     row = {"module": mod_name, "case": name, "kernel": launch.kernel.__name__, "arch": arch}
                     try:
-                        compiled = compile_launch(launch, arch)
+                        compiled, bound = compile_launch(launch, arch)
                         row.update(resources(compiled))
-                        row["config"] = _short(bind(launch, arch)[1], launch.kernel)
+                        row["config"], row["aligned"] = _specialisation(bound, launch.kernel)
                         problems = []
-                        if row["smem"] > SMEM_PER_BLOCK[arch]:
-                            problems.append(f"shared memory {row['smem']} B > {SMEM_PER_BLOCK[arch]} B")
-                        if spill_free and row["spills"]:
-                            problems.append(f"{row['spills']} B of register spills")
+                        smem = min(SMEM_PER_BLOCK[arch], budget.get("smem", SMEM_PER_BLOCK[arch]))
+                        if row["smem"] > smem:
+                            problems.append(f"shared memory {row['smem']} B > {smem} B")
+                        spills = budget.get("spills", 0)
+                        if row["spills"] > spills:
+                            problems.append(f"{row['spills']} B of register spills (allowed: {spills} B)")
                     except Exception as err:  # a compile error is a finding, reported with the rest
                         problems = [f"compile failed: {type(err).__name__}: {str(err)[:2000]}"]
-                    row.update(problems=problems, spill_free=spill_free, seconds=round(time.perf_counter() - start, 2))
+                    row.update(problems=problems, budget=budget, seconds=round(time.perf_counter() - start, 2))
                     rows.append(row)
                     if log:
                         log(row)

@@ -138,7 +138,11 @@ def _tree_attention_kernel(
         part = split.to(tl.int64) * B * Tq * Hq + out_rows
         tl.store(out_ptr + part[:, None] * D + offs_d[None, :], o, mask=in_rows[:, None] & d_ok[None, :])
         lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-        tl.store(lse_ptr + part, lse, mask=in_rows)
+        # Stored as column 0 of a [BM, BLOCK_D] tile in o's layout: a [BM] store in the dot's row
+        # layout makes ptxas spill kilobytes (fp32 decode tiles, sm_80 and sm_90).
+        first = offs_d[None, :] == 0
+        tl.store(lse_ptr + part[:, None] + offs_d[None, :], tl.where(first, lse[:, None], 0.0),
+                 mask=in_rows[:, None] & first)
     else:
         tl.store(out_ptr + out_rows[:, None] * D + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
                  mask=in_rows[:, None] & d_ok[None, :])
@@ -187,8 +191,11 @@ class Config:
 
 # CONFIGS[arch][wide][BLOCK_D] = (decode config, block config): "decode" when a (sequence, kv head)
 # has at most 16 query rows (Tq * G <= 16), "block" otherwise; wide = fp32 (CUDA-core ieee dots,
-# half the tile of fp16/bf16 tensor-core dots). Chosen so that every entry fits the arch's shared
-# memory with zero register spills; tests/test_triton_aot.py checks this on the compiled kernels.
+# half the tile of fp16/bf16 tensor-core dots). Chosen so that every entry compiles with zero
+# register spills and fits the shared memory of the GPUs that get it: table 90 the 227 KB of
+# sm_90, table 80 the 99 KB of sm_86 / sm_89 / sm_120, which use it too (SMEM_SMALL); checked on
+# the compiled kernels by tests/test_triton_aot.py. (fp32 D 256 uses 16-row tiles throughout:
+# with 32 rows ptxas spills kilobytes in the split variant.)
 CONFIGS = {
     90: {
         False: {64: (Config(16, 64, 4, 3), Config(64, 64, 4, 3)),
@@ -196,18 +203,20 @@ CONFIGS = {
                 256: (Config(16, 64, 4, 2), Config(64, 64, 8, 2))},
         True: {64: (Config(16, 32, 4, 3), Config(32, 32, 4, 3)),
                128: (Config(16, 32, 4, 3), Config(32, 32, 4, 3)),
-               256: (Config(16, 32, 4, 2), Config(32, 32, 8, 2))},
+               256: (Config(16, 32, 4, 2), Config(16, 32, 4, 2))},
     },
     80: {
         False: {64: (Config(16, 64, 4, 3), Config(64, 64, 4, 3)),
-                128: (Config(16, 64, 4, 3), Config(64, 64, 8, 2)),
-                256: (Config(16, 64, 4, 2), Config(64, 64, 8, 2))},
+                128: (Config(16, 64, 4, 3), Config(64, 64, 8, 3)),
+                256: (Config(16, 64, 4, 2), Config(64, 32, 8, 2))},
         True: {64: (Config(16, 32, 4, 3), Config(32, 32, 4, 3)),
-               128: (Config(16, 32, 4, 2), Config(32, 32, 4, 2)),
-               256: (Config(16, 32, 4, 2), Config(32, 32, 8, 2))},
+               128: (Config(16, 32, 4, 3), Config(32, 32, 4, 2)),
+               256: (Config(16, 32, 4, 2), Config(16, 32, 4, 2))},
     },
 }
 ARCHS = tuple(CONFIGS)
+SMEM_BIG = 232448  # sm_90 / sm_100 opt-in shared memory per block: table 90
+SMEM_SMALL = 101376  # sm_86 / sm_89 / sm_120 opt-in (A100: 166912): every table 80 entry fits
 SMS = {90: 132, 80: 108}  # H100 SXM / A100 SXM, for planning without a device (AOT, report)
 # Peak tensor-core (fp16/bf16) or CUDA-core (fp32) flop/s over DRAM byte/s of the H100 SXM and
 # A100 SXM datasheets: how many flops one byte of traffic is worth in the split cost model.
@@ -227,18 +236,19 @@ def config(arch, dtype, D, rows):
 
 @functools.cache
 def _cuda_target(index):
-    major, minor = torch.cuda.get_device_capability(index)
-    sms = torch.cuda.get_device_properties(index).multi_processor_count
-    return (90 if major >= 9 else 80), sms, (major, minor)
+    props = torch.cuda.get_device_properties(index)
+    big = props.major >= 9 and props.shared_memory_per_block_optin >= SMEM_BIG
+    return (90 if big else 80), props.multi_processor_count, (props.major, props.minor)
 
 
 def target(device):
-    """(arch key of CONFIGS, SM count, capability) of ``device``; the interpreter (CPU tensors) plans
-    as sm_90 with 2 SMs, so that small problems split too and the split path is exercised."""
+    """(CONFIGS table, SM count, capability) of ``device``: table 90 for sm_90+ parts with 227 KB
+    of shared memory per block, else table 80. The interpreter (CPU tensors) plans with table 90
+    and 8 SMs, so that small decode problems split too and the split path is exercised."""
     device = torch.device(device)
     if device.type == "cuda":
         return _cuda_target(device.index if device.index is not None else torch.cuda.current_device())
-    return 90, 2, None
+    return 90, 8, None
 
 
 def supports(q, k_cache, v_cache=None, prefix_lens=None, block_lens=None, mask=None, q_lens=None,
@@ -264,7 +274,7 @@ def supports(q, k_cache, v_cache=None, prefix_lens=None, block_lens=None, mask=N
     if dev.type == "cuda":
         cap = target(dev)[2]
         if cap < (8, 0):
-            return False, f"sm_{cap[0]}{cap[1]}: the tile configurations need sm_80 or newer"
+            return False, f"sm_{cap[0]}{cap[1]}: the tile configurations are built for sm_80 and newer"
     rows = Tq * (Hq // Hkv)
     programs = triton.cdiv(rows, config(target(dev)[0], q.dtype, D, rows).block_m) * B * Hkv
     if programs > GRID_X_MAX:
@@ -348,17 +358,23 @@ def plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, n
     ]
 
 
-def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=None):
+def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=None,
+                   arch=None):
     """Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D], prefix_lens / block_lens / q_lens
     int32 [B] (q_lens may be None; any strides), mask int32 [B, Tq, W] -> out [B, Tq, Hq, D] in
     q's dtype. ``num_splits`` forces the number of kv splits (None: chosen from the problem and
-    device). Raises ValueError for what :func:`supports` refuses."""
+    device); ``arch`` (80 or 90) forces that arch's CONFIGS (tests run sm_80 tiles interpreted).
+    Raises ValueError for what :func:`supports` refuses."""
     ok, why = supports(q, k_cache)
     if not ok:
         raise ValueError(f"tree_attention (triton) cannot run this call: {why}")
     if num_splits is not None and not 1 <= num_splits <= 65535:
         raise ValueError(f"num_splits must lie in [1, 65535], got {num_splits}")
-    out, launches = plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits)
+    if arch is not None and arch not in CONFIGS:
+        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
+    sms = None if arch is None else target(q.device)[1]
+    out, launches = plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits,
+                         arch=arch, sms=sms)
     for launch in launches:
         launch.kernel[launch.grid](*launch.args, **launch.kwargs)
     return out
@@ -386,17 +402,19 @@ def _aot_call(arch, dtype, D, rows_class, split):
 
 
 def aot_cases():
-    """(name, arch, launches) of every CONFIGS entry: fp32 and bf16 (fp16 once per arch: the same
-    tiles), split and not for decode tiles, split also for the widest block tiles."""
+    """(name, arch, launches, budget) of every CONFIGS entry: fp32 and bf16 (fp16 once per arch:
+    the same tiles), split and not for decode tiles, split also for the widest block tiles. No
+    spills; table 80 within SMEM_SMALL."""
     for arch in ARCHS:
+        budget = {"spills": 0, "smem": SMEM_SMALL if arch == 80 else SMEM_BIG}
         for dtype in (torch.bfloat16, torch.float32):
             for D in (64, 128, 256):
                 for rows_class in ("decode", "block"):
                     splits = (False, True) if rows_class == "decode" or D == 256 else (False,)
                     for split in splits:
                         name = f"{str(dtype)[6:]} D{D} {rows_class}{' split' if split else ''}"
-                        yield name, arch, _aot_call(arch, dtype, D, rows_class, split), True
-        yield "float16 D128 block", arch, _aot_call(arch, torch.float16, 128, "block", False), True
+                        yield name, arch, _aot_call(arch, dtype, D, rows_class, split), budget
+        yield "float16 D128 block", arch, _aot_call(arch, torch.float16, 128, "block", False), budget
 
 
 AOT_SPECS = aot_cases
