@@ -22,13 +22,17 @@ import shutil
 import subprocess
 import sys
 
+from specops.triton_kernels import aot
+
 # Per-SM limits of the A100 (sm_80) and H100 (sm_90) (CUDA programming guide, compute capability
 # tables): 64 K registers, 2048 threads, 32 blocks; shared memory per SM and per block (opt-in).
 # The runtime reserves 1 KB of shared memory per resident block; sm_90 cubins already count it in
 # their static shared memory (kernels that use none show 1024 B), sm_80 cubins do not.
 ARCH = {
-    80: dict(gpu="A100", regs=65536, threads=2048, blocks=32, smem_sm=167936, smem_block=166912, smem_reserved=1024),
-    90: dict(gpu="H100", regs=65536, threads=2048, blocks=32, smem_sm=233472, smem_block=232448, smem_reserved=0),
+    80: dict(gpu="A100", regs=65536, threads=2048, blocks=32, smem_sm=167936, smem_block=aot.SMEM_PER_BLOCK[80],
+             smem_reserved=1024),
+    90: dict(gpu="H100", regs=65536, threads=2048, blocks=32, smem_sm=233472, smem_block=aot.SMEM_PER_BLOCK[90],
+             smem_reserved=0),
 }
 REG_UNIT = 256  # registers are allocated per warp in units of 256
 
@@ -63,14 +67,12 @@ def occupancy(arch, regs, threads, smem):
 def triton_rows(archs, aot_rows=None):
     """Report rows of every Triton kernel, from ``aot_rows`` (the output of
     specops.triton_kernels.aot.collect) or a fresh AOT compile."""
-    from specops.triton_kernels import aot
-
     if aot_rows is not None:
         rows = [r for r in aot_rows if r["arch"] in archs]
     elif os.environ.get("TRITON_INTERPRET") == "1":
         rows, _ = aot.collect_in_subprocess(archs)
     else:
-        rows = aot.collect(archs)
+        rows = aot.collect_parallel(archs)
     out = []
     for r in rows:
         row = {"kind": "triton", "kernel": f"{r['module']}.{r['kernel']}", "config": r["case"], "arch": r["arch"],
@@ -136,8 +138,6 @@ def cuda_rows(so_path, archs):
     ``CUDA_LAUNCH``, which also adds dynamic shared memory; without a block size there is no
     occupancy. The stack column stands for spills: nvcc kernels can have stack frames that are
     not spills (local arrays), ``nvcc -Xptxas -v`` tells the two apart."""
-    from specops.triton_kernels import aot
-
     usage = aot.parse_resource_usage(aot.cuobjdump(so_path, "--dump-resource-usage"))
     bounds = _max_threads(aot.cuobjdump(so_path, "-elf"))
     names = _demangle(sorted({r["function"] for r in usage}))

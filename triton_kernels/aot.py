@@ -33,9 +33,8 @@ import time
 from dataclasses import dataclass
 
 ARCHS = (80, 90)
-# Shared memory a block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin) and per SM.
+# Shared memory a block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin) on the A100 / H100.
 SMEM_PER_BLOCK = {80: 166912, 90: 232448}
-SMEM_PER_SM = {80: 167936, 90: 233472}
 
 
 @dataclass
@@ -209,6 +208,43 @@ def collect(archs=ARCHS, modules=None, log=None):
     return rows
 
 
+def _collect_one(arch, module):
+    return collect((arch,), (module,))
+
+
+def collect_parallel(archs=ARCHS, modules=None, jobs=None, log=None):
+    """``collect`` split over (arch, module) pairs in ``jobs`` processes (default: the CPU count,
+    at most 8); rows grouped by module, then case name, then arch."""
+    import concurrent.futures
+    import multiprocessing
+
+    import specops.triton_kernels as pkg
+
+    names = modules or [m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name != "aot"]
+    jobs = jobs or min(8, os.cpu_count() or 1)
+    if jobs <= 1:
+        return collect(archs, names, log)
+    tasks = [(arch, name) for name in names for arch in archs]
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {task: pool.submit(_collect_one, *task) for task in tasks}
+        done = {task: f.result() for task, f in futures.items()}
+    rows = []
+    for name in names:
+        by_arch = [done[arch, name] for arch in archs]
+        keys = []
+        for part in by_arch:
+            for r in part:
+                if r["case"] not in keys:
+                    keys.append(r["case"])
+        for case in keys:
+            for part in by_arch:
+                rows += [r for r in part if r["case"] == case]
+    if log:
+        for row in rows:
+            log(row)
+    return rows
+
+
 def collect_in_subprocess(archs=ARCHS):
     """``collect`` in a fresh interpreter without TRITON_INTERPRET (for callers that run interpreted)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -237,10 +273,12 @@ def main(argv=None):
     parser.add_argument("--module", nargs="+", help="only these modules of specops.triton_kernels")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--jobs", type=int, default=None, help="compile processes (default: CPU count, max 8)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: the interpreter cannot compile for a GPU")
-    rows = collect(args.arch, args.module, log=None if args.quiet else lambda r: print(_line(r), flush=True))
+    rows = collect_parallel(args.arch, args.module, args.jobs,
+                            log=None if args.quiet else lambda r: print(_line(r), flush=True))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

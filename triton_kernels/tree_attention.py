@@ -1,5 +1,5 @@
-"""tree_attention in Triton: FlashAttention-2 style, two phases (prefix tiles without a mask test,
-then block tiles with bit tests), and a split-K (flash-decoding) variant whose partials a second
+"""tree_attention in Triton: FlashAttention-2 style, one loop over the prefix tiles (no mask bits)
+then the block tiles (bit tests), and a split-K (flash-decoding) variant whose partials a second
 kernel merges by log-sum-exp, for few query rows over a long prefix.
 
 One program owns BLOCK_M query rows of one (sequence b, kv head g): row m is query m // G of head
