@@ -251,7 +251,8 @@ def collect_in_subprocess(archs=ARCHS):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "aot.json")
         proc = subprocess.run([sys.executable, "-m", "specops.triton_kernels.aot", "--json", path, "--quiet",
-                               "--arch", *map(str, archs)], env=env, capture_output=True, text=True)
+                               "--arch", *map(str, archs)], env=env, capture_output=True, text=True,
+                              timeout=3600)
         if not os.path.exists(path):
             raise RuntimeError(f"AOT run failed ({proc.returncode}):\n{proc.stdout[-4000:]}{proc.stderr[-4000:]}")
         with open(path) as f:
