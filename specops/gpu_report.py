@@ -64,6 +64,9 @@ def occupancy(arch, regs, threads, smem):
     return limits[which], which
 
 
+_VARIANTS = {"G", "SPLIT", "STAGE2", "SAMPLE", "MODE"}  # constexprs shown next to the tiles
+
+
 def triton_rows(archs, aot_rows=None):
     """Report rows of every Triton kernel, from ``aot_rows`` (the output of
     specops.triton_kernels.aot.collect) or a fresh AOT compile."""
@@ -79,7 +82,8 @@ def triton_rows(archs, aot_rows=None):
                "problems": r["problems"]}
         if "regs" in r:
             tiles = " ".join(f"{k[6:] if k.startswith('BLOCK_') else k}{v}" for k, v in
-                             (c.split("=") for c in r.get("config", "").split()) if k.startswith("BLOCK_") or k == "G")
+                             (c.split("=") for c in r.get("config", "").split())
+                             if k.startswith("BLOCK_") or k in _VARIANTS)
             row.update(regs=r["regs"], spills=r["spills"], smem=r["smem"], threads=32 * r["num_warps"],
                        detail=f"warps {r['num_warps']} stages {r['num_stages']} {tiles}")
         out.append(row)
