@@ -81,7 +81,7 @@ def triton_rows(archs, aot_rows=None):
         row = {"kind": "triton", "kernel": f"{r['module']}.{r['kernel']}", "config": r["case"], "arch": r["arch"],
                "problems": r["problems"]}
         if "regs" in r:
-            tiles = " ".join(f"{k[6:] if k.startswith('BLOCK_') else k}{v}" for k, v in
+            tiles = " ".join(f"{k[6:]}{v}" if k.startswith("BLOCK_") else f"{k}={v}" for k, v in
                              (c.split("=") for c in r.get("config", "").split())
                              if k.startswith("BLOCK_") or k in _VARIANTS)
             row.update(regs=r["regs"], spills=r["spills"], smem=r["smem"], threads=32 * r["num_warps"],
