@@ -162,6 +162,21 @@ def test_sm_scale_is_applied(backend, device):
     assert_close(out, want, torch.float32)
 
 
+def test_length_vectors_with_any_strides(backend, device):
+    # prefix_lens / block_lens / q_lens may be views: a stride-2 slice, a stride-0 broadcast. Every
+    # backend reads element b at b * stride (a kernel that assumed stride 1 read prefix 0 for
+    # sequence 1 here, and past the storage of the broadcast).
+    args, _ = make_case(2, 3, 6, 7, 4, 2, 64, torch.float32, kind="tree", ragged=False, device=device)
+    args[3] = torch.tensor([5, 0, 7, 0], dtype=torch.int32, device=device)[::2]
+    args[4] = torch.tensor([6], dtype=torch.int32, device=device).expand(2)
+    q_lens = torch.tensor([3, 9, 2, 9], dtype=torch.int32, device=device)[::2]
+    assert args[3].stride() == (2,) and args[4].stride() == (0,)
+    want = specops.tree_attention(*[a.contiguous() for a in args], q_lens=q_lens.contiguous(), backend="torch")
+    got = specops.tree_attention(*args, q_lens=q_lens, backend=backend)
+    assert_close(got, want, torch.float32)
+    assert not got[1, 2:].any()  # q_lens[1] = 2 read from the strided view
+
+
 # ---- errors: raise naming the argument, nothing written ----------------------------------------
 
 def _good():
@@ -319,6 +334,11 @@ TRITON_CASES = [  # small and odd: the interpreter is slow
     (2, 1, 1, 1000, 8, 2, 64, torch.float32, "chain", False),
     (2, 16, 20, 33, 4, 2, 128, torch.bfloat16, "tree", True),
     (1, 3, 40, 1, 2, 1, 64, torch.float16, "dag", False),
+    # 128 < D <= 256 (Gemma's D = 256, odd sizes padded to the 256 tile), GQA, ragged batches
+    (2, 3, 9, 40, 8, 2, 256, torch.bfloat16, "tree", True),
+    (2, 5, 37, 20, 6, 3, 160, torch.float32, "dag", False),
+    (3, 2, 33, 70, 4, 1, 200, torch.float16, "chain", True),
+    (1, 4, 70, 65, 2, 2, 256, torch.float32, "dag", False),
 ]
 
 
@@ -343,6 +363,96 @@ def test_triton_split_k_matches_reference(num_splits, device):
                          device=device)
     got = kernels.tree_attention(*args, kw["q_lens"], 0.125, num_splits=num_splits)
     assert_close(got, specops.tree_attention(*args, sm_scale=0.125, backend="torch", **kw), torch.float32)
+
+
+@pytest.mark.parametrize("dtype, D, Tq, G", [
+    (torch.bfloat16, 256, 9, 2),  # block tiles BLOCK_M 64, BLOCK_N 32 (table 80 only)
+    (torch.float32, 200, 3, 8),  # block tiles BLOCK_M 16, BLOCK_N 32
+    (torch.float16, 96, 2, 4),  # decode tiles BLOCK_M 16, BLOCK_N 64
+    (torch.float32, 128, 5, 4),  # block tiles BLOCK_M 32, BLOCK_N 32, 2 stages
+])
+def test_triton_sm80_tiles_match_reference(dtype, D, Tq, G):
+    # The sm_80 table's tiles, run by the interpreter: 2 mask words per tile when BLOCK_N = 64,
+    # tiles that start mid-word never happen (BLOCK_N % 32 == 0), a block crossing words.
+    if not _backend.available("triton", "cpu")[0]:
+        pytest.skip("triton backend unavailable")
+    from specops.triton_kernels import tree_attention as kernels
+
+    args, kw = make_case(2, Tq, 45, 37, 2 * G, 2, D, dtype, kind="dag", padded=True, seed=D)
+    got = kernels.tree_attention(*args, kw["q_lens"], D ** -0.5, arch=80)
+    assert_close(got, specops.tree_attention(*args, backend="torch", **kw), dtype)
+
+
+def test_triton_splits_a_small_decode_by_itself(device):
+    # One (sequence, kv head) program over a long prefix leaves the device idle: the launcher plans
+    # a split-K launch plus the combine kernel without being asked.
+    if not _backend.available("triton", device)[0]:
+        pytest.skip("triton backend unavailable")
+    from specops.triton_kernels import tree_attention as kernels
+
+    args, kw = make_case(1, 1, 1, 900, 4, 1, 64, torch.float32, kind="chain", device=device)
+    _, launches = kernels.plan(*args, None, 0.125)
+    assert len(launches) == 2 and launches[0].grid[1] > 1
+    got = specops.tree_attention(*args, sm_scale=0.125, backend="triton")
+    assert_close(got, specops.tree_attention(*args, sm_scale=0.125, backend="torch"), torch.float32)
+
+
+def test_triton_supports_says_why_before_launching(device):
+    if not _backend.available("triton", device)[0]:
+        pytest.skip("triton backend unavailable")
+    from specops.triton_kernels import tree_attention as kernels
+
+    args, _ = make_case(1, 2, 3, 4, 4, 2, 64, torch.float32, device=device)
+    assert kernels.supports(*args) == (True, "ok")
+    wide, _ = make_case(1, 2, 3, 4, 4, 2, 272, torch.float32, device=device)
+    ok, why = kernels.supports(*wide)
+    assert not ok and "D=272 > 256" in why
+    ok, why = kernels.supports(args[0].double(), args[1].double())
+    assert not ok and "torch.float64" in why
+    # An explicit request for a shape the backend cannot take raises with the reason, nothing written.
+    with pytest.raises(ValueError, match="D=272 > 256"):
+        specops.tree_attention(*wide, backend="triton")
+
+
+def test_triton_supports_needs_the_interpreter_for_cpu_tensors(monkeypatch):
+    from specops.triton_kernels import tree_attention as kernels
+
+    args, _ = make_case(1, 2, 3, 4, 4, 2, 64, torch.float32)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    ok, why = kernels.supports(*args)
+    assert not ok and "TRITON_INTERPRET=1" in why
+
+
+def _splits(B, Tq, Hq, Hkv, S, D, elem=2, arch=90):
+    from specops.triton_kernels import tree_attention as kernels
+
+    rows = Tq * Hq // Hkv
+    cfg = kernels.config(arch, torch.float16 if elem == 2 else torch.float32, D, rows)
+    n_programs = -(-rows // cfg.block_m) * B * Hkv
+    R = B * Tq * Hq
+    kv, part = 2 * B * Hkv * S * D * elem, R * (D + 1) * 4
+    ns = kernels.auto_splits(n_programs, kernels.SMS[arch], kv, part, 4 * R * S * D,
+                             kernels.BALANCE[arch, elem == 4], -(-S // cfg.block_n))
+    return ns, n_programs, kv, part
+
+
+def test_split_heuristic_charges_the_partials():
+    # Decode over a long cache: 8 programs on 132 SMs, tiny partials -> split to fill the device.
+    ns, n_programs, kv, part = _splits(B=1, Tq=1, Hq=32, Hkv=8, S=4096, D=128)
+    assert n_programs * ns >= 100 and 2 * ns * part < kv / 10
+    # Enough programs already: no split.
+    assert _splits(B=64, Tq=1, Hq=32, Hkv=8, S=4096, D=128)[0] == 1
+    # 64 queries over a 1024-row cache: a split's partials (1 MB each, written and read back)
+    # outweigh what idle SMs cost; splitting by program count alone took 4 splits, 8.5 MB of
+    # partial traffic for 4 MB of K/V.
+    ns, n_programs, kv, part = _splits(B=1, Tq=64, Hq=32, Hkv=8, S=1024, D=128)
+    assert ns == 1 and 2 * 4 * part > 2 * kv
+    # More partial bytes never buy more splits.
+    from specops.triton_kernels import tree_attention as kernels
+
+    for n_programs in (1, 8, 40):
+        picked = [kernels.auto_splits(n_programs, 132, 8e6, part, 1e9, 295.0, 64) for part in (1e3, 1e4, 1e5, 1e6, 1e7)]
+        assert picked == sorted(picked, reverse=True) and picked[-1] == 1
 
 
 # ---- registration -----------------------------------------------------------------------------

@@ -71,13 +71,21 @@ def kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
         BLOCK_A=BLOCK_A, BLOCK_D=bd)
 
 
-_INT_ARGS = ("B", "H", "S", "D", "A", "k_sl", "k_sb", "k_sh", "k_ss", "v_sl", "v_sb", "v_sh", "v_ss")
+_DTYPES = ("float32", "float16", "bfloat16")
 
-AOT_SPECS = [
-    (_kv_compact_kernel,
-     {"k_ptr": f"*{ty}", "v_ptr": f"*{ty}", "prefix_ptr": "*i32", "idx_ptr": "*i32", "lens_ptr": "*i32",
-      **{name: "i32" for name in _INT_ARGS}, "BLOCK_A": "constexpr", "BLOCK_D": "constexpr"},
-     {"BLOCK_A": BLOCK_A, "BLOCK_D": bd})
-    for ty in ("fp32", "fp16", "bf16")
-    for bd in (64, 128)
-]
+
+def _aot_case(dtype, D):
+    """kv_compact of a [24 layers, 4 sequences, 8 heads, 4096 rows, D] cache (meta tensors)."""
+    import torch
+
+    def call():
+        k, v = (torch.empty(24, 4, 8, 4096, D, dtype=getattr(torch, dtype), device="meta") for _ in range(2))
+        i32 = dict(dtype=torch.int32, device="meta")
+        kv_compact(k, v, torch.empty(4, **i32), torch.empty(4, 16, **i32), torch.empty(4, **i32))
+    return call
+
+
+# One case per BLOCK_D the launcher picks (64; 128 for D >= 128) and dtype, launched by
+# kv_compact on meta tensors and compiled by specops.triton_kernels.aot as the JIT would.
+AOT_SPECS = [(f"{dt} D{D}", None, _aot_case(dt, D), 0)
+             for dt in _DTYPES for D in (64, 128)]

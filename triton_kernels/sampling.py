@@ -132,10 +132,14 @@ def warp_probs(logits, temperature, top_k, top_p):
     return out
 
 
-AOT_SPECS = [
-    (_warp_probs_kernel,
-     {"logits_ptr": f"*{dt}", "temp_ptr": "*fp32", "top_k_ptr": "*i32", "top_p_ptr": "*fp32",
-      "out_ptr": "*fp32", "V": "i32", "stride_row": "i64", "BLOCK": "constexpr", "BLOCK_SEL": "constexpr"},
-     {"BLOCK": BLOCK, "BLOCK_SEL": BLOCK_SEL})
-    for dt in ("fp32", "bf16", "fp16")
-]
+def _aot_case(dtype):
+    def call():
+        f32 = dict(dtype=torch.float32, device="meta")
+        warp_probs(torch.empty(8, 49152, dtype=dtype, device="meta"), torch.empty(8, **f32),
+                   torch.empty(8, dtype=torch.int32, device="meta"), torch.empty(8, **f32))
+    return call
+
+
+# One launch per logits dtype (V = 49152), made by warp_probs on meta tensors and compiled by
+# specops.triton_kernels.aot as the JIT would.
+AOT_SPECS = [(str(dt)[6:], None, _aot_case(dt), 0) for dt in (torch.float32, torch.bfloat16, torch.float16)]

@@ -1,31 +1,39 @@
-"""tree_attention in Triton: FlashAttention-2 style, two phases (prefix tiles without a mask test,
-then block tiles with bit tests), and a split-K (flash-decoding) variant whose partials a second
+"""tree_attention in Triton: FlashAttention-2 style, one loop over the prefix tiles (no mask bits)
+then the block tiles (bit tests), and a split-K (flash-decoding) variant whose partials a second
 kernel merges by log-sum-exp, for few query rows over a long prefix.
 
 One program owns BLOCK_M query rows of one (sequence b, kv head g): row m is query m // G of head
 g * G + m % G, so each K/V tile is loaded once for the whole GQA group. Scores live in base 2
 (scaled by sm_scale * log2 e); the running max/sum/accumulator are fp32.
+
+Tile shapes, warps and pipeline stages come from one table (CONFIGS) per GPU architecture, head
+size class and dtype; ``plan`` turns a call into the exact kernel launches, which both the launcher
+and the AOT budget check (``python -m specops.triton_kernels.aot``) use, so the check compiles the
+kernels users get. ``supports`` says, before any launch, whether a shape can run here.
 """
+import functools
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from .aot import Launch
+
 LOG2E = 1.4426950408889634
+MAX_D = 256  # the widest head the CONFIGS table has tiles for
+GRID_X_MAX = 2**31 - 1  # CUDA's grid-x limit (grid y/z stop at 65535: only the split count goes there)
+MAX_SPLITS = 64
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _attend_tile(acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, d_ok, s_ok, qk_scale,
-                 BOUNDED: tl.constexpr, UPCAST: tl.constexpr):
-    """One K/V tile: scores, online softmax, accumulate. key_ok [BN] bounds the keys (BOUNDED),
-    s_ok [BM, BN] is the visibility of block keys (None-like all-true for prefix tiles)."""
-    if BOUNDED:
-        k = tl.load(k_ptrs, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(v_ptrs, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-    else:
-        k = tl.load(k_ptrs, mask=d_ok[None, :], other=0.0)
-        v = tl.load(v_ptrs, mask=d_ok[None, :], other=0.0)
+def _attend_tile(acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, d_ok, s_ok, qk_scale, UPCAST: tl.constexpr):
+    """One K/V tile: scores, online softmax, accumulate. key_ok [BN] bounds the keys, s_ok [BM, BN]
+    is the visibility of the tile's keys to the rows."""
+    k = tl.load(k_ptrs, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+    v = tl.load(v_ptrs, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -46,26 +54,30 @@ def _tree_attention_kernel(
     q_ptr,  # [B, Tq, Hq, D]
     k_ptr,  # [B, Hkv, S, D]
     v_ptr,  # [B, Hkv, S, D]
-    out_ptr,  # [B, Tq, Hq, D] (final) or part_o [NS, B, Tq, Hq, D] fp32 (SPLIT)
-    lse_ptr,  # [NS, B, Tq, Hq] fp32 (SPLIT only)
-    prefix_ptr, block_ptr, qlen_ptr,  # [B] int32
-    mask_ptr,  # [B, Tq, W] int32
-    sq_b, sq_t, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
+    out_ptr,  # [B, Tq, Hq, D] contiguous (final) or part_o [NS, B * Tq * Hq, D] fp32 (SPLIT)
+    lse_ptr,  # [NS, B * Tq * Hq] fp32 (SPLIT only)
+    prefix_ptr, block_ptr, qlen_ptr,  # [B] int32, strides s_pre, s_blk, s_ql (any, 0 included)
+    mask_ptr,  # [B, Tq, W] int32, strides sm_b, sm_t, sm_w
+    s_pre, s_blk, s_ql, sq_b, sq_t, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sm_b, sm_t, sm_w,
     B, Tq, Hq, Hkv, S, W, D, qk_scale,
-    NS,  # number of kv splits (grid dim 2)
+    NS,  # number of kv splits (grid dim 1)
+    N_M,  # query-row tiles per (sequence, kv head)
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_QLEN: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    bg = tl.program_id(1).to(tl.int64)
-    split = tl.program_id(2)
+    # Grid x = (sequence, kv head, row tile), row tiles innermost so that the programs sharing a
+    # K/V stream run side by side (L2 reuse); grid x holds 2^31 - 1 programs, grid y only 65535.
+    pid = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    pid_m = pid % N_M
+    bg = pid // N_M
     b = bg // Hkv
     g = bg % Hkv
     # Lengths clamped into range (check=False must not read out of bounds).
-    P = tl.minimum(tl.maximum(tl.load(prefix_ptr + b), 0), S)
-    L = tl.minimum(tl.maximum(tl.load(block_ptr + b), 0), tl.minimum(S - P, 32 * W))
+    P = tl.minimum(tl.maximum(tl.load(prefix_ptr + b * s_pre), 0), S)
+    L = tl.minimum(tl.maximum(tl.load(block_ptr + b * s_blk), 0), tl.minimum(S - P, 32 * W))
     if HAS_QLEN:
-        QL = tl.minimum(tl.maximum(tl.load(qlen_ptr + b), 0), Tq)
+        QL = tl.minimum(tl.maximum(tl.load(qlen_ptr + b * s_ql), 0), Tq)
     else:
         QL = Tq
 
@@ -78,7 +90,7 @@ def _tree_attention_kernel(
     d_ok = offs_d < D
     offs_n = tl.arange(0, BLOCK_N)
 
-    q_ptrs = q_ptr + b * sq_b + qi[:, None].to(tl.int64) * sq_t + head[:, None] * sq_h + offs_d[None, :]
+    q_ptrs = q_ptr + b * sq_b + qi[:, None] * sq_t + head[:, None] * sq_h + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
@@ -93,47 +105,44 @@ def _tree_attention_kernel(
     n_tiles = n_prefix + tl.cdiv(L, BLOCK_N)
     t0 = (n_tiles * split) // NS
     t1 = (n_tiles * (split + 1)) // NS
-    all_true = row_ok[:, None] & (offs_n[None, :] >= 0)
 
-    # Phase 1: whole prefix tiles, no mask test at all.
-    for t in range(t0, tl.minimum(t1, P // BLOCK_N)):
-        keys = t * BLOCK_N + offs_n
+    # One loop over the split's tiles (one pipelined copy of the tile code keeps the registers
+    # down): tiles [0, n_prefix) cover the prefix from key 0, the rest the block from key P. Prefix
+    # keys need no mask bits; block key j is visible to query i iff bit j % 32 of mask[b, i, j // 32].
+    # A block tile starts on a word boundary (BLOCK_N % 32 == 0): each row loads its BLOCK_N / 32
+    # words (predicated off on prefix tiles) and the bits are expanded in registers.
+    mask_rows = mask_ptr + b * sm_b + tl.minimum(qi, Tq - 1).to(tl.int64) * sm_t  # [BM]
+    word_of_n = offs_n // 32
+    for t in range(t0, t1):
+        in_block = t >= n_prefix
+        tb = t - n_prefix
+        keys = tl.where(in_block, P + tb * BLOCK_N, t * BLOCK_N) + offs_n
+        key_ok = keys < tl.where(in_block, P + L, P)
+        words = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        for k in tl.static_range(BLOCK_N // 32):
+            w = tb * (BLOCK_N // 32) + k
+            wk = tl.load(mask_rows + w * sm_w, mask=row_ok & in_block & (w < W), other=0)  # [BM]
+            words = tl.where((word_of_n == k)[None, :], wk[:, None], words)
+        bit = ((words >> (offs_n & 31)[None, :]) & 1) != 0
+        visible = row_ok[:, None] & key_ok[None, :] & (bit | (not in_block))
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q,
             k_base + keys[:, None].to(tl.int64) * sk_s + offs_d[None, :],
             v_base + keys[:, None].to(tl.int64) * sv_s + offs_d[None, :],
-            keys < P, d_ok, all_true, qk_scale, BOUNDED=False, UPCAST=UPCAST)
-    # The prefix's partial last tile, bounds-checked.
-    t_part = P // BLOCK_N
-    if (P % BLOCK_N != 0) & (t_part >= t0) & (t_part < t1):
-        keys = t_part * BLOCK_N + offs_n
-        acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q,
-            k_base + keys[:, None].to(tl.int64) * sk_s + offs_d[None, :],
-            v_base + keys[:, None].to(tl.int64) * sv_s + offs_d[None, :],
-            keys < P, d_ok, all_true & (keys < P)[None, :], qk_scale, BOUNDED=True, UPCAST=UPCAST)
-    # Phase 2: block tiles, key j visible to query i iff bit j % 32 of mask[b, i, j // 32].
-    mask_rows = mask_ptr + (b * Tq + tl.minimum(qi, Tq - 1).to(tl.int64)) * W
-    for t in range(tl.maximum(t0, n_prefix), t1):
-        j = (t - n_prefix) * BLOCK_N + offs_n
-        j_ok = j < L
-        keys = P + j
-        words = tl.load(mask_rows[:, None] + (j[None, :] >> 5), mask=row_ok[:, None] & j_ok[None, :], other=0)
-        visible = ((words >> (j[None, :] & 31)) & 1) != 0
-        acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q,
-            k_base + keys[:, None].to(tl.int64) * sk_s + offs_d[None, :],
-            v_base + keys[:, None].to(tl.int64) * sv_s + offs_d[None, :],
-            j_ok, d_ok, visible & row_ok[:, None], qk_scale, BOUNDED=True, UPCAST=UPCAST)
+            key_ok, d_ok, visible, qk_scale, UPCAST=UPCAST)
 
     seen = row_ok & (l_i > 0)
     o = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
-    out_rows = ((b * Tq + qi.to(tl.int64)) * Hq + head)  # row index of [B, Tq, Hq]
+    out_rows = (b * Tq + qi) * Hq + head  # row index of [B, Tq, Hq]
     if SPLIT:
         part = split.to(tl.int64) * B * Tq * Hq + out_rows
         tl.store(out_ptr + part[:, None] * D + offs_d[None, :], o, mask=in_rows[:, None] & d_ok[None, :])
         lse = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
-        tl.store(lse_ptr + part, lse, mask=in_rows)
+        # Stored as column 0 of a [BM, BLOCK_D] tile in o's layout: a [BM] store in the dot's row
+        # layout makes ptxas spill kilobytes (fp32 decode tiles, sm_80 and sm_90).
+        first = offs_d[None, :] == 0
+        tl.store(lse_ptr + part[:, None] + offs_d[None, :], tl.where(first, lse[:, None], 0.0),
+                 mask=in_rows[:, None] & first)
     else:
         tl.store(out_ptr + out_rows[:, None] * D + offs_d[None, :], o.to(out_ptr.dtype.element_ty),
                  mask=in_rows[:, None] & d_ok[None, :])
@@ -170,101 +179,242 @@ def _combine_kernel(
              mask=r_ok[:, None] & d_ok[None, :])
 
 
-def _interpreting():
-    return os.environ.get("TRITON_INTERPRET") == "1"
+# ---- configurations --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Config:
+    block_m: int
+    block_n: int  # a multiple of 32 (whole mask words per tile)
+    num_warps: int
+    num_stages: int
 
 
-def _block_m(rows, dtype):
-    # fp32 runs exact (ieee) dots on CUDA cores: smaller tiles, and a 64 x 64 x 128 fp32 tile
-    # set with the default pipelining would overflow an SM's shared memory.
-    return 16 if rows <= 16 else (32 if dtype == torch.float32 else 64)
+# CONFIGS[arch][wide][BLOCK_D] = (decode config, block config): "decode" when a (sequence, kv head)
+# has at most 16 query rows (Tq * G <= 16), "block" otherwise; wide = fp32 (CUDA-core ieee dots,
+# half the tile of fp16/bf16 tensor-core dots). Chosen so that every entry compiles with zero
+# register spills and fits the shared memory of the GPUs that get it: table 90 the 227 KB of
+# sm_90, table 80 the 99 KB of sm_86 / sm_89 / sm_120, which use it too (SMEM_SMALL); checked on
+# the compiled kernels by tests/test_triton_aot.py. (fp32 D 256 uses 16-row tiles throughout:
+# with 32 rows ptxas spills kilobytes in the split variant.)
+CONFIGS = {
+    90: {
+        False: {64: (Config(16, 64, 4, 3), Config(64, 64, 4, 3)),
+                128: (Config(16, 64, 4, 3), Config(64, 64, 8, 3)),
+                256: (Config(16, 64, 4, 2), Config(64, 64, 8, 2))},
+        True: {64: (Config(16, 32, 4, 3), Config(32, 32, 4, 3)),
+               128: (Config(16, 32, 4, 3), Config(32, 32, 4, 3)),
+               256: (Config(16, 32, 4, 2), Config(16, 32, 4, 2))},
+    },
+    80: {
+        False: {64: (Config(16, 64, 4, 3), Config(64, 64, 4, 3)),
+                128: (Config(16, 64, 4, 3), Config(64, 64, 8, 3)),
+                256: (Config(16, 64, 4, 2), Config(64, 32, 8, 2))},
+        True: {64: (Config(16, 32, 4, 3), Config(32, 32, 4, 3)),
+               128: (Config(16, 32, 4, 3), Config(32, 32, 4, 2)),
+               256: (Config(16, 32, 4, 2), Config(16, 32, 4, 2))},
+    },
+}
+ARCHS = tuple(CONFIGS)
+SMEM_BIG = 232448  # sm_90 / sm_100 opt-in shared memory per block: table 90
+SMEM_SMALL = 101376  # sm_86 / sm_89 / sm_120 opt-in (A100: 166912): every table 80 entry fits
+SMS = {90: 132, 80: 108}  # H100 SXM / A100 SXM, for planning without a device (AOT, report)
+# Peak tensor-core (fp16/bf16) or CUDA-core (fp32) flop/s over DRAM byte/s of the H100 SXM and
+# A100 SXM datasheets: how many flops one byte of traffic is worth in the split cost model.
+BALANCE = {(90, False): 989e12 / 3.35e12, (90, True): 67e12 / 3.35e12,
+           (80, False): 312e12 / 2.04e12, (80, True): 19.5e12 / 2.04e12}
 
 
-def _block_n(dtype):
-    return 32 if dtype == torch.float32 else 64
+def block_d(D):
+    return max(16, triton.next_power_of_2(D))
 
 
-def _auto_splits(q, n_programs, S, BLOCK_N):
-    """Split the keys when the (row tile, sequence, kv head) programs cannot fill the device."""
-    if q.is_cuda:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    else:
-        sms = 2  # the interpreter: split small problems too, so the path is exercised
-    if n_programs >= sms or S < 4 * BLOCK_N:
-        return 1
-    return max(1, min(triton.cdiv(2 * sms, n_programs), triton.cdiv(S, 4 * BLOCK_N), 64))
+def config(arch, dtype, D, rows):
+    """The Config for ``rows = Tq * G`` query rows per (sequence, kv head) of head size ``D``."""
+    decode, block = CONFIGS[arch][dtype == torch.float32][max(64, block_d(D))]
+    return decode if rows <= 16 else block
 
 
-def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=None):
-    """Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D], prefix_lens / block_lens / q_lens
-    int32 [B] (q_lens may be None), mask int32 [B, Tq, W] -> out [B, Tq, Hq, D] in q's dtype.
-    ``num_splits`` forces the number of kv splits (None: chosen from the problem and device)."""
+@functools.cache
+def _cuda_target(index):
+    props = torch.cuda.get_device_properties(index)
+    big = props.major >= 9 and props.shared_memory_per_block_optin >= SMEM_BIG
+    return (90 if big else 80), props.multi_processor_count, (props.major, props.minor)
+
+
+def target(device):
+    """(CONFIGS table, SM count, capability) of ``device``: table 90 for sm_90+ parts with 227 KB
+    of shared memory per block, else table 80. The interpreter (CPU tensors) plans with table 90
+    and 8 SMs, so that small decode problems split too and the split path is exercised."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return _cuda_target(device.index if device.index is not None else torch.cuda.current_device())
+    return 90, 8, None
+
+
+def supports(q, k_cache, v_cache=None, prefix_lens=None, block_lens=None, mask=None, q_lens=None,
+             sm_scale=None):
+    """``(ok, reason)``: can this backend run the call (shapes, dtypes, device; no host sync)?
+
+    Shape: the arguments of :func:`tree_attention` (only q, k_cache and the device are read)."""
+    dev = q.device
+    if dev.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            return False, "CPU tensors need TRITON_INTERPRET=1"
+    elif dev.type != "cuda":
+        return False, f"no Triton backend for {dev.type} tensors"
+    if q.dtype not in _FLOATS:
+        return False, f"q dtype must be one of {_FLOATS}, got {q.dtype}"
+    D = q.shape[-1]
+    if D > MAX_D:
+        return False, f"head size D={D} > {MAX_D} (no tile configuration fits shared memory)"
+    B, Tq, Hq = q.shape[:3]
+    Hkv = k_cache.shape[1]
+    if Hkv == 0 or Hq % Hkv:
+        return False, f"Hq={Hq} is not a multiple of Hkv={Hkv}"
+    if dev.type == "cuda":
+        cap = target(dev)[2]
+        if cap < (8, 0):
+            return False, f"sm_{cap[0]}{cap[1]}: the tile configurations are built for sm_80 and newer"
+    rows = Tq * (Hq // Hkv)
+    programs = triton.cdiv(rows, config(target(dev)[0], q.dtype, D, rows).block_m) * B * Hkv
+    if programs > GRID_X_MAX:
+        return False, f"{programs} programs (B * Hkv * row tiles) exceed the grid limit {GRID_X_MAX}"
+    return True, "ok"
+
+
+def auto_splits(n_programs, sms, kv_bytes, part_bytes, flops, balance, n_tiles):
+    """KV splits for a launch of ``n_programs`` programs on ``sms`` SMs (1: no split).
+
+    Cost model (in bytes at full device rate): the kernel streams ``kv_bytes`` of K/V (an upper
+    bound: the cache length, not the lengths, which would need a host sync) and does ``flops``
+    (worth ``flops / balance`` bytes); each split also writes ``part_bytes`` of partials that the
+    combine kernel reads back. Only ``n_programs * ns`` SMs work when that is below ``sms``:
+    cost(ns) = max(kv_bytes + 2 ns part_bytes [ns > 1], flops / balance) / min(1, n_programs ns / sms).
+    A split must halve the cost to be taken (the combine launch is not in the model)."""
+    def cost(ns):
+        traffic = kv_bytes + (2 * ns * part_bytes if ns > 1 else 0)
+        return max(traffic, flops / balance) / min(1.0, n_programs * ns / sms)
+
+    best = 1
+    for ns in range(2, min(MAX_SPLITS, max(1, n_tiles)) + 1):
+        if cost(ns) < cost(best):
+            best = ns
+    return best if 2 * cost(best) <= cost(1) else 1
+
+
+# ---- launches --------------------------------------------------------------------------------
+
+def plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=None, arch=None,
+         sms=None):
+    """The launches of one call and its output (allocated, not yet written).
+
+    Shape: as :func:`tree_attention`. ``arch`` / ``sms`` default to ``q``'s device (the AOT check
+    passes them with meta tensors)."""
     B, Tq, Hq, D = q.shape
     Hkv, S = k_cache.shape[1], k_cache.shape[2]
     G = Hq // Hkv
     W = mask.shape[2]
     out = torch.empty(B, Tq, Hq, D, dtype=q.dtype, device=q.device)
     if out.numel() == 0:
-        return out
+        return out, []
+    if arch is None:
+        arch, dev_sms, _ = target(q.device)
+        sms = sms or dev_sms
     if q.stride(3) != 1:
         q = q.contiguous()
-    mask = mask.contiguous()
     rows = Tq * G
-    BLOCK_M = _block_m(rows, q.dtype)
-    BLOCK_D = max(16, triton.next_power_of_2(D))
-    BLOCK_N = _block_n(q.dtype)
-    n_m = triton.cdiv(rows, BLOCK_M)
-    ns = num_splits or _auto_splits(q, n_m * B * Hkv, S, BLOCK_N)
-    qlen = q_lens if q_lens is not None else prefix_lens  # unused pointer when HAS_QLEN is False
-    common = dict(G=G, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, HAS_QLEN=q_lens is not None,
-                  UPCAST=_interpreting() and q.dtype != torch.float32)
-    args = (q, k_cache, v_cache)
-    strides = (q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-               v_cache.stride(0), v_cache.stride(1), v_cache.stride(2))
-    sizes = (B, Tq, Hq, Hkv, S, W, D, float(sm_scale) * LOG2E)
-    grid = (n_m, B * Hkv, ns)
-    if ns == 1:
-        _tree_attention_kernel[grid](*args, out, out, prefix_lens, block_lens, qlen, mask, *strides, *sizes, 1,
-                                     SPLIT=False, **common)
-        return out
-    part = torch.empty(ns, B * Tq * Hq, D, dtype=torch.float32, device=q.device)
-    lse = torch.empty(ns, B * Tq * Hq, dtype=torch.float32, device=q.device)
-    _tree_attention_kernel[grid](*args, part, lse, prefix_lens, block_lens, qlen, mask, *strides, *sizes, ns,
-                                 SPLIT=True, **common)
+    cfg = config(arch, q.dtype, D, rows)
+    BD = block_d(D)
+    n_m = triton.cdiv(rows, cfg.block_m)
     R = B * Tq * Hq
+    if num_splits is None:
+        elem = q.element_size()
+        num_splits = auto_splits(n_m * B * Hkv, sms, kv_bytes=2 * B * Hkv * S * D * elem,
+                                 part_bytes=R * (D + 1) * 4, flops=4 * R * S * D,
+                                 balance=BALANCE[arch, q.dtype == torch.float32],
+                                 n_tiles=triton.cdiv(S, cfg.block_n))
+    ns = num_splits
+    has_qlen = q_lens is not None
+    qlen = q_lens if has_qlen else prefix_lens  # unused pointer when HAS_QLEN is False
+    strides = (prefix_lens.stride(0), block_lens.stride(0), qlen.stride(0), *q.stride()[:3],
+               *k_cache.stride()[:3], *v_cache.stride()[:3], *mask.stride())
+    sizes = (B, Tq, Hq, Hkv, S, W, D, float(sm_scale) * LOG2E, ns, n_m)
+    meta = dict(G=G, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=BD, HAS_QLEN=has_qlen,
+                UPCAST=os.environ.get("TRITON_INTERPRET") == "1" and q.dtype != torch.float32,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    grid = (n_m * B * Hkv, ns)
+    lens = (prefix_lens, block_lens, qlen, mask)
+    if ns == 1:
+        return out, [Launch(_tree_attention_kernel, grid, (q, k_cache, v_cache, out, out, *lens, *strides, *sizes),
+                            dict(SPLIT=False, **meta))]
+    part = torch.empty(ns, R, D, dtype=torch.float32, device=q.device)
+    lse = torch.empty(ns, R, dtype=torch.float32, device=q.device)
     BLOCK_R = 16
-    _combine_kernel[(triton.cdiv(R, BLOCK_R),)](part, lse, out, R, D, ns, BLOCK_R=BLOCK_R,
-                                                BLOCK_S=max(2, triton.next_power_of_2(ns)), BLOCK_D=BLOCK_D)
+    return out, [
+        Launch(_tree_attention_kernel, grid, (q, k_cache, v_cache, part, lse, *lens, *strides, *sizes),
+               dict(SPLIT=True, **meta)),
+        Launch(_combine_kernel, (triton.cdiv(R, BLOCK_R),), (part, lse, out, R, D, ns),
+               dict(BLOCK_R=BLOCK_R, BLOCK_S=max(2, triton.next_power_of_2(ns)), BLOCK_D=BD)),
+    ]
+
+
+def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=None,
+                   arch=None):
+    """Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D], prefix_lens / block_lens / q_lens
+    int32 [B] (q_lens may be None; any strides), mask int32 [B, Tq, W] -> out [B, Tq, Hq, D] in
+    q's dtype. ``num_splits`` forces the number of kv splits (None: chosen from the problem and
+    device); ``arch`` (80 or 90) forces that arch's CONFIGS (tests run sm_80 tiles interpreted).
+    Raises ValueError for what :func:`supports` refuses."""
+    ok, why = supports(q, k_cache)
+    if not ok:
+        raise ValueError(f"tree_attention (triton) cannot run this call: {why}")
+    if num_splits is not None and not 1 <= num_splits <= 65535:
+        raise ValueError(f"num_splits must lie in [1, 65535], got {num_splits}")
+    if arch is not None and arch not in CONFIGS:
+        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
+    sms = None if arch is None else target(q.device)[1]
+    out, launches = plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits,
+                         arch=arch, sms=sms)
+    for launch in launches:
+        launch.kernel[launch.grid](*launch.args, **launch.kwargs)
     return out
 
 
-def _fwd_spec(dtype, block_m, block_d, split, g=4, has_qlen=True):
-    block_n = _block_n({"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype])
-    ptr = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[dtype]
-    sig = {"q_ptr": ptr, "k_ptr": ptr, "v_ptr": ptr, "out_ptr": "*fp32" if split else ptr, "lse_ptr": "*fp32",
-           "prefix_ptr": "*i32", "block_ptr": "*i32", "qlen_ptr": "*i32", "mask_ptr": "*i32"}
-    for name in ("sq_b", "sq_t", "sq_h", "sk_b", "sk_h", "sk_s", "sv_b", "sv_h", "sv_s"):
-        sig[name] = "i64"
-    for name in ("B", "Tq", "Hq", "Hkv", "S", "W", "D"):
-        sig[name] = "i32"
-    sig.update(qk_scale="fp32", NS="i32")
-    const = dict(G=g, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, HAS_QLEN=has_qlen, SPLIT=split,
-                 UPCAST=False)
-    for name in const:
-        sig[name] = "constexpr"
-    return (_tree_attention_kernel, sig, const)
+# ---- AOT check ---------------------------------------------------------------------------------
+
+def _aot_call(arch, dtype, D, rows_class, split):
+    """Meta tensors of a typical call that selects one CONFIGS entry: batch 4 (1 when split), 8
+    query heads over 2 kv heads (G = 4), a 4096-row cache, 16-aligned sizes as real models have."""
+    Tq = 4 if rows_class == "decode" else 64
+    B = 1 if split else 4
+    Hq, Hkv, S = 8, 2, 4096
+    meta = dict(device="meta", dtype=dtype)
+    q = torch.empty(B, Tq, Hq, D, **meta)
+    k = torch.empty(B, S, Hkv, D, **meta).transpose(1, 2)  # a [B, S, Hkv, D] cache buffer
+    v = torch.empty(B, S, Hkv, D, **meta).transpose(1, 2)
+    lens = [torch.empty(B, device="meta", dtype=torch.int32) for _ in range(3)]
+    mask = torch.empty(B, Tq, 2, device="meta", dtype=torch.int32)
+    out, launches = plan(q, k, v, lens[0], lens[1], mask, lens[2], D ** -0.5, num_splits=4 if split else 1,
+                         arch=arch, sms=SMS[arch])
+    cfg = config(arch, dtype, D, Tq * Hq // Hkv)
+    assert launches[0].kwargs["BLOCK_M"] == cfg.block_m and launches[0].kwargs["num_stages"] == cfg.num_stages
+    return launches
 
 
-# The launcher's real configs, one per tile shape it picks: BLOCK_M 16 (split-K) or 64 (32 for
-# fp32), BLOCK_N 64 (32 for fp32), BLOCK_D 64 or 128, each dtype once; G and HAS_QLEN are free
-# constexprs (shown with two values each).
-AOT_SPECS = [
-    _fwd_spec("bf16", 64, 128, False, g=4),
-    _fwd_spec("fp16", 64, 64, False, g=7, has_qlen=False),
-    _fwd_spec("fp32", 32, 128, False, g=4),
-    _fwd_spec("bf16", 16, 128, True, g=4),
-    (_combine_kernel,
-     {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": "*bf16", "R": "i32", "D": "i32", "NS": "i32",
-      "BLOCK_R": "constexpr", "BLOCK_S": "constexpr", "BLOCK_D": "constexpr"},
-     {"BLOCK_R": 16, "BLOCK_S": 16, "BLOCK_D": 128}),
-]
+def aot_cases():
+    """(name, arch, launches, budget) of every CONFIGS entry: fp32 and bf16 (fp16 once per arch:
+    the same tiles), split and not for decode tiles, split also for the widest block tiles. No
+    spills; table 80 within SMEM_SMALL."""
+    for arch in ARCHS:
+        budget = {"spills": 0, "smem": SMEM_SMALL if arch == 80 else SMEM_BIG}
+        for dtype in (torch.bfloat16, torch.float32):
+            for D in (64, 128, 256):
+                for rows_class in ("decode", "block"):
+                    splits = (False, True) if rows_class == "decode" or D == 256 else (False,)
+                    for split in splits:
+                        name = f"{str(dtype)[6:]} D{D} {rows_class}{' split' if split else ''}"
+                        yield name, arch, _aot_call(arch, dtype, D, rows_class, split), budget
+        yield "float16 D128 block", arch, _aot_call(arch, torch.float16, 128, "block", False), budget
+
+
+AOT_SPECS = aot_cases

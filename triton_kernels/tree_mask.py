@@ -56,10 +56,13 @@ def build_tree_mask(parents, num_nodes):
     return mask, depth
 
 
-AOT_SPECS = [
-    (_build_tree_mask_kernel,
-     {"parents_ptr": "*i32", "num_nodes_ptr": "*i32", "mask_ptr": "*i32", "depth_ptr": "*i32",
-      "T": "i32", "W": "i32", "BLOCK_R": "constexpr", "BLOCK_W": "constexpr"},
-     {"BLOCK_R": BLOCK_R, "BLOCK_W": bw})
-    for bw in (1, 8, 128)
-]
+def _aot_case(T):
+    def call():
+        build_tree_mask(torch.empty(4, T, dtype=torch.int32, device="meta"),
+                        torch.empty(4, dtype=torch.int32, device="meta"))
+    return call
+
+
+# BLOCK_W = next_pow2(ceil(T / 32)): 1 (T = 26), 8 (T = 256), 128 (T = 4096), launched by
+# build_tree_mask on meta tensors and compiled by specops.triton_kernels.aot as the JIT would.
+AOT_SPECS = [(f"T{T}", None, _aot_case(T), 0) for T in (26, 256, 4096)]

@@ -376,29 +376,30 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, u
     return out
 
 
-_PTR = "*i32"
-_F = "*fp32"
-AOT_SPECS = []
-for _bv in (1024,):  # the launcher's chunk for every V >= 1024
-    for _bt in (8, 1024):
-        _tree_sig = {"tok_ptr": _PTR, "par_ptr": _PTR, "n_ptr": _PTR}
-        _outs = {"idx_ptr": _PTR, "len_ptr": _PTR, "bonus_ptr": _PTR}
-        for _rows, _sample in (("*fp32", False), ("*bf16", False), ("*fp32", True)):
-            AOT_SPECS.append((_match_kernel, {**_tree_sig, "rows_ptr": _rows, "u_ptr": _F, **_outs, "T": "i32",
-                                              "V": "i32", "S": "i32", "SAMPLE": "constexpr", "BLOCK_T": "constexpr",
-                                              "BLOCK_V": "constexpr"},
-                              {"SAMPLE": _sample, "BLOCK_T": _bt, "BLOCK_V": _bv}))
-        for _mode in (0, 1, 2):
-            AOT_SPECS.append((_mss_kernel, {**_tree_sig, "p_ptr": _F, "q_ptr": _F, "u_ptr": _F, "buf_ptr": _F,
-                                            **_outs, "T": "i32", "V": "i32", "S": "i32", "MODE": "constexpr",
-                                            "NB": "constexpr", "BLOCK_T": "constexpr", "BLOCK_V": "constexpr"},
-                              {"MODE": _mode, "NB": NBUF[_mode], "BLOCK_T": _bt, "BLOCK_V": _bv}))
-        AOT_SPECS.append((_gsd_kernel, {**_tree_sig, "p_ptr": _F, "q_ptr": _F, "u_ptr": _F, **_outs, "T": "i32",
-                                        "V": "i32", "S": "i32", "BLOCK_T": "constexpr", "BLOCK_V": "constexpr"},
-                          {"BLOCK_T": _bt, "BLOCK_V": _bv}))
-        AOT_SPECS.append((_joint_kernel, {"tok_ptr": _PTR, "lp_ptr": _F, "lq_ptr": _F, "lt_ptr": _F, "u_ptr": _F,
-                                          **_outs, "G": "i32", "V": "i32", "S": "i32", "BLOCK_T": "constexpr",
-                                          "BLOCK_V": "constexpr"},
-                          {"BLOCK_T": _bt, "BLOCK_V": _bv}))
-# The launchers compile without FMA contraction (bit-identical decisions); so must the AOT check.
-AOT_SPECS = [(*spec, {"enable_fp_fusion": False}) for spec in AOT_SPECS]
+def _aot_case(T, kind, dtype=torch.float32):
+    """One verify launcher on meta tensors: 4 sequences, T nodes (g = T - 1 drafts for joint), V = 49152."""
+    def call():
+        B, V = 4, 49152
+        i32 = dict(dtype=torch.int32, device="meta")
+        f32 = dict(dtype=torch.float32, device="meta")
+        tok, par, n = torch.empty(B, T, **i32), torch.empty(B, T, **i32), torch.empty(B, **i32)
+        if kind == "greedy":
+            verify_greedy(tok, par, torch.empty(B, T, V, dtype=dtype, device="meta"), n)
+        elif kind == "joint":
+            verify_joint(torch.empty(B, T - 1, **i32), torch.empty(B, T, V, **f32), torch.empty(B, T - 1, **f32),
+                         torch.empty(B, **f32), torch.empty(B, **f32))
+        else:
+            draft = None if kind == "sample_match" else torch.empty(B, T, V, **f32)
+            verify_tree(tok, par, torch.empty(B, T, V, **f32), torch.empty(B, T, 2, **f32), draft, n, kind)
+    return call
+
+
+_VERIFY_SPILLS = 16  # a few kernels spill 4-16 B with triton 3.8 (sm_80 mss*, sm_90 sample_match/pointmass)
+# Every launcher and mode at the chunk every V >= 1024 gets (BLOCK_V 1024), for a small and a
+# large tree (BLOCK_T 8 and 1024): launched on meta tensors and compiled by
+# specops.triton_kernels.aot as the JIT would (enable_fp_fusion=False included).
+AOT_SPECS = [(f"{kind} T{T}{'' if dt == torch.float32 else ' bf16'}", None, _aot_case(T, kind, dt), _VERIFY_SPILLS)
+             for T in (8, 1024)
+             for kind, dt in [("greedy", torch.float32), ("greedy", torch.bfloat16), ("sample_match", torch.float32),
+                              ("mss", torch.float32), ("mss_pointmass", torch.float32),
+                              ("mss_noreplace", torch.float32), ("gsd", torch.float32), ("joint", torch.float32)]]

@@ -1,0 +1,207 @@
+"""GPU resource report: registers, spills, shared memory and occupancy of every kernel, per arch.
+
+``python -m specops.gpu_report [--arch 80 90] [--cuda-so PATH] [--no-triton]`` prints one row per
+(kernel, config, arch). No GPU is needed:
+
+- Triton rows come from the AOT compile of ``specops.triton_kernels.aot`` (the launches the
+  launchers make, compiled as the JIT compiles them; run in a subprocess when this process has
+  TRITON_INTERPRET=1).
+- CUDA rows come from ``cuobjdump --dump-resource-usage`` / ``-elf`` of the built extension
+  (``specops/_C_cuda*.so``): registers, stack, static shared memory and the ``__launch_bounds__``
+  thread count. Dynamic shared memory and the block size of kernels without launch bounds are
+  not in the binary: ``CUDA_LAUNCH`` supplies them (see :func:`cuda_rows`).
+
+Occupancy is resident blocks per SM from registers, shared memory and warps at the A100 (sm_80)
+and H100 (sm_90) figures below, and names the limiting resource.
+"""
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from specops.triton_kernels import aot
+
+# Per-SM limits of the A100 (sm_80) and H100 (sm_90) (CUDA programming guide, compute capability
+# tables): 64 K registers, 2048 threads, 32 blocks; shared memory per SM and per block (opt-in).
+# The runtime reserves 1 KB of shared memory per resident block; sm_90 cubins already count it in
+# their static shared memory (kernels that use none show 1024 B), sm_80 cubins do not.
+ARCH = {
+    80: dict(gpu="A100", regs=65536, threads=2048, blocks=32, smem_sm=167936, smem_block=aot.SMEM_PER_BLOCK[80],
+             smem_reserved=1024),
+    90: dict(gpu="H100", regs=65536, threads=2048, blocks=32, smem_sm=233472, smem_block=aot.SMEM_PER_BLOCK[90],
+             smem_reserved=0),
+}
+REG_UNIT = 256  # registers are allocated per warp in units of 256
+
+# CUDA kernels whose launch the binary does not fully describe: kernel name (as in the table) ->
+# (threads per block or None: from __launch_bounds__, dynamic shared memory bytes or None: set per
+# call). From the launches in csrc/cuda/*.cu; a kernel with neither an entry nor launch bounds
+# gets no occupancy, one with unknown dynamic shared memory a note.
+CUDA_LAUNCH = {
+    "combine_kernel": (128, 0),  # tree_attention.cu: <<<rows, 128, 0>>>
+    "build_tree_mask_kernel": (128, 0),  # tree_mask.cu: kThreads = 128, no dynamic shared memory
+    "tree_attention_kernel": (None, None),  # tree_attention.cu: dynamic smem sized per call
+}
+
+
+def occupancy(arch, regs, threads, smem):
+    """(blocks per SM, limiting resource) of a kernel: ``regs`` per thread, ``threads`` per block,
+    ``smem`` bytes of shared memory per block (static + dynamic)."""
+    a = ARCH[arch]
+    warps = -(-threads // 32)
+    per_warp = -(-max(regs, 1) * 32 // REG_UNIT) * REG_UNIT
+    footprint = smem + a["smem_reserved"]
+    limits = {
+        "threads": a["threads"] // (warps * 32),
+        "regs": (a["regs"] // per_warp) // warps,
+        "blocks": a["blocks"],
+        "smem": 0 if smem > a["smem_block"] else (a["smem_sm"] // footprint if footprint else a["blocks"]),
+    }
+    which = min(limits, key=limits.get)
+    return limits[which], which
+
+
+_VARIANTS = {"G", "SPLIT", "STAGE2", "SAMPLE", "MODE"}  # constexprs shown next to the tiles
+
+
+def triton_rows(archs, aot_rows=None):
+    """Report rows of every Triton kernel, from ``aot_rows`` (the output of
+    specops.triton_kernels.aot.collect) or a fresh AOT compile."""
+    if aot_rows is not None:
+        rows = [r for r in aot_rows if r["arch"] in archs]
+    elif os.environ.get("TRITON_INTERPRET") == "1":
+        rows, _ = aot.collect_in_subprocess(archs)
+    else:
+        rows = aot.collect_parallel(archs)
+    out = []
+    for r in rows:
+        row = {"kind": "triton", "kernel": f"{r['module']}.{r['kernel']}", "config": r["case"], "arch": r["arch"],
+               "problems": r["problems"]}
+        if "regs" in r:
+            tiles = " ".join(f"{k[6:]}{v}" if k.startswith("BLOCK_") else f"{k}={v}" for k, v in
+                             (c.split("=") for c in r.get("config", "").split())
+                             if k.startswith("BLOCK_") or k in _VARIANTS)
+            row.update(regs=r["regs"], spills=r["spills"], smem=r["smem"], threads=32 * r["num_warps"],
+                       detail=f"warps {r['num_warps']} stages {r['num_stages']} {tiles}")
+        out.append(row)
+    return out
+
+
+def _demangle(names):
+    tool = shutil.which("c++filt")
+    if not tool or not names:
+        return dict(zip(names, names))
+    text = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True).stdout
+    return dict(zip(names, text.splitlines()))
+
+
+def _max_threads(elf_text):
+    """{(arch, mangled kernel): __launch_bounds__ threads} from ``cuobjdump -elf``."""
+    out, arch, fn, pending = {}, None, None, False
+    for line in elf_text.splitlines():
+        if m := re.match(r"\s*arch = (sm_\d+)", line):
+            arch = m.group(1)
+        elif line.startswith(".nv.info."):
+            fn = line[len(".nv.info."):].strip()
+        elif "EIATTR_MAX_THREADS" in line:
+            pending = True
+        elif pending and "Value:" in line:
+            dims = [int(v, 16) for v in line.split("Value:")[1].split()]
+            n = 1
+            for d in dims:
+                n *= d
+            out[arch, fn] = n
+            pending = False
+    return out
+
+
+def _split_name(demangled):
+    """("tree_attention_kernel", "<c10::BFloat16, 8>") of a demangled kernel signature."""
+    name = demangled.replace("(anonymous namespace)::", "").replace("specops::", "").replace("c10::", "")
+    name = re.sub(r"^void ", "", name)
+    head = name.split("(", 1)[0]
+    kernel, _, tmpl = head.partition("<")
+    return kernel, (f"<{tmpl}" if tmpl else "-")
+
+
+def cuda_so_path():
+    """The built CUDA extension next to this package, or None."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = sorted(glob.glob(os.path.join(here, "_C_cuda*.so")))
+    return found[0] if found else None
+
+
+def cuda_rows(so_path, archs):
+    """One row per (CUDA kernel, arch) of the extension at ``so_path``.
+
+    Registers, stack (spills go there) and static shared memory come from ``cuobjdump
+    --dump-resource-usage``, the block size from ``__launch_bounds__`` (``cuobjdump -elf``) or
+    ``CUDA_LAUNCH``, which also adds dynamic shared memory; without a block size there is no
+    occupancy. The stack column stands for spills: nvcc kernels can have stack frames that are
+    not spills (local arrays), ``nvcc -Xptxas -v`` tells the two apart."""
+    usage = aot.parse_resource_usage(aot.cuobjdump(so_path, "--dump-resource-usage"))
+    bounds = _max_threads(aot.cuobjdump(so_path, "-elf"))
+    names = _demangle(sorted({r["function"] for r in usage}))
+    rows = []
+    for r in usage:
+        arch = int(r["arch"][3:]) if r["arch"] else None
+        if arch not in archs:
+            continue
+        kernel, config = _split_name(names[r["function"]])
+        threads, dyn = bounds.get((r["arch"], r["function"])), 0
+        if kernel in CUDA_LAUNCH:
+            t, dyn = CUDA_LAUNCH[kernel]
+            threads = t or threads
+        notes = ["spills are stack bytes"] if r["STACK"] else []
+        if dyn is None:
+            notes.append("+ dynamic smem per call")
+        rows.append({"kind": "cuda", "kernel": kernel, "config": config, "arch": arch, "regs": r["REG"],
+                     "spills": r["STACK"], "smem": r["SHARED"] + (dyn or 0), "threads": threads,
+                     "detail": "; ".join(notes), "problems": []})
+    return rows
+
+
+def table(rows):
+    """Text table of rows (dicts with kind, kernel, config, arch, regs, spills, smem, threads)."""
+    head = ("kind", "kernel", "config", "arch", "regs", "spills B", "smem B", "threads", "blocks/SM", "limit",
+            "notes")
+    lines = [head]
+    for r in rows:
+        if "regs" not in r:
+            lines.append((r["kind"], r["kernel"], r["config"], f"sm_{r['arch']}", "-", "-", "-", "-", "-", "-",
+                          "; ".join(r["problems"])[:80]))
+            continue
+        if r.get("threads"):
+            blocks, limit = occupancy(r["arch"], r["regs"], r["threads"], r["smem"])
+            occ = f"{blocks} ({blocks * r['threads'] * 100 // ARCH[r['arch']]['threads']}%)"
+        else:
+            occ, limit = "?", "no block size"
+        notes = "; ".join(r["problems"]) or r.get("detail", "")
+        lines.append((r["kind"], r["kernel"], r["config"], f"sm_{r['arch']}", str(r["regs"]), str(r["spills"]),
+                      str(r["smem"]), str(r.get("threads") or "?"), occ, limit, notes))
+    widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m specops.gpu_report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", type=int, nargs="+", default=sorted(ARCH), choices=sorted(ARCH))
+    parser.add_argument("--cuda-so", default=None, help="CUDA extension to read (default: the built one, if any)")
+    parser.add_argument("--no-triton", action="store_true", help="skip the Triton AOT compile")
+    args = parser.parse_args(argv)
+    rows = [] if args.no_triton else triton_rows(args.arch)
+    so = args.cuda_so or cuda_so_path()
+    if so:
+        rows += cuda_rows(so, args.arch)
+    else:
+        print("(no CUDA extension built: no CUDA rows)", file=sys.stderr)
+    print(table(rows))
+    bad = [r for r in rows if r["problems"]]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
