@@ -165,6 +165,16 @@ def _cuda_supports(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, s
 
 register_supports("tree_attention", ("cuda", "cudasim"), _cuda_supports)
 
+
+def _triton_supports(*args):
+    from ..triton_kernels import tree_attention as kernels
+
+    ok, why = kernels.supports(*args)
+    return None if ok else why
+
+
+register_supports("tree_attention", ("triton",), _triton_supports)
+
 if (_ext.cpu_ext is not None or _ext.cuda_ext is not None) and _has_schema():
 
     @torch.library.register_fake("specops::tree_attention")
