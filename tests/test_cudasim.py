@@ -75,6 +75,25 @@ def test_dynamic_shared_memory_starts_as_garbage():
     assert sim.selftest("uninitialised_smem") == [-1] * 32  # 0xFF bytes: reads before writes show
 
 
+@pytest.mark.parametrize("seed", [0, 1, 5])
+def test_tensor_core_fragments_follow_the_ptx_layouts(seed):
+    """ldmatrix (plain, as attention reads K; .trans, as it reads V) into mma.sync m16n8k16: both
+    give A @ B exactly for small integers."""
+    out = sim.selftest("mma", seed)
+    a = torch.tensor(out[512:768], dtype=torch.float64).view(16, 16)
+    b = torch.tensor(out[768:1024], dtype=torch.float64).view(16, 16)
+    want = (a @ b).to(torch.int64).flatten().tolist()
+    assert out[:256] == want
+    assert out[256:512] == want
+
+
+def test_cp_async_lands_only_at_the_wait():
+    out = sim.selftest("cp_async")
+    assert out[:32] == [-1] * 32  # read before the wait: still the 0xFF fill
+    assert out[32:64] == [1000 + 4 * t + 3 for t in range(32)]
+    assert out[64:96] == [0] * 32  # zero fill
+
+
 def test_divergent_barrier_raises_naming_both_sites():
     with pytest.raises(RuntimeError, match=r"divergent __syncthreads in divergent_barrier block \(0, 0, 0\): "
                                            r"threads 0-15 wait at __syncthreads selftest.cpp:\d+; "

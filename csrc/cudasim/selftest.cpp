@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "../cuda/mma.cuh"
 #include "cudasim.h"
 
 namespace cudasim {
@@ -75,6 +76,54 @@ __global__ void empty_kernel(int* out) {
   if (out) out[threadIdx.x] = static_cast<int>(threadIdx.x);
 }
 
+// D = A B (16 x 16 x 16, bf16 in, fp32 out) through ldmatrix + mma.sync, twice: B^T staged
+// row-major and read with ldmatrix (as K in attention), and B staged row-major and read with
+// ldmatrix.trans (as V). out: [2][16][16] row-major.
+__global__ void mma_16x16x16(const float* a, const float* b, int* out) {
+  using T = c10::BFloat16;
+  constexpr int LD = 24;  // 16 + 8: rows 48 bytes apart, 16-byte aligned
+  T* as = reinterpret_cast<T*>(detail::dynamic_smem);  // [16][LD]
+  T* bt = as + 16 * LD;                                // B^T [16 n][LD]
+  T* bs = bt + 16 * LD;                                // B [16 k][LD]
+  const int lane = threadIdx.x;
+  for (int e = lane; e < 256; e += 32) {
+    const int r = e / 16, c = e % 16;
+    as[r * LD + c] = T(a[e]);
+    bt[c * LD + r] = T(b[e]);  // b is [k][n]
+    bs[r * LD + c] = T(b[e]);
+  }
+  __syncthreads();
+  uint32_t af[4], kf[4], vf[4];
+  specops::tc::ldsm_x4(af, as + (lane % 16) * LD + (lane / 16) * 8);
+  specops::tc::ldsm_x4(kf, bt + ((lane / 16) * 8 + lane % 8) * LD + ((lane / 8) % 2) * 8);
+  specops::tc::ldsm_x4_trans(vf, bs + (((lane / 8) % 2) * 8 + lane % 8) * LD + (lane / 16) * 8);
+  for (int way = 0; way < 2; ++way) {
+    const uint32_t* f = way == 0 ? kf : vf;
+    for (int nb = 0; nb < 2; ++nb) {
+      float d[4] = {0.f, 0.f, 0.f, 0.f};
+      const uint32_t bf[2] = {f[2 * nb], f[2 * nb + 1]};
+      specops::tc::mma16816<T>(d, af, bf);
+      for (int e = 0; e < 4; ++e) {
+        const int r = lane / 4 + 8 * (e / 2), c = nb * 8 + 2 * (lane % 4) + (e % 2);
+        out[way * 256 + r * 16 + c] = static_cast<int>(d[e]);
+      }
+    }
+  }
+}
+
+// cp.async: what shared memory holds before the wait (the emulator's 0xFF fill) and after it.
+__global__ void cp_async_visibility(const int* src, int* out) {
+  int* s = reinterpret_cast<int*>(detail::dynamic_smem);
+  const int t = threadIdx.x;
+  specops::tc::cp_async16(s + 4 * t, src + 4 * t, true);
+  specops::tc::cp_async16(s + 128 + 4 * t, src, false);  // zero fill, src not read
+  specops::tc::cp_async_commit();
+  out[t] = s[4 * t];  // too early: the copy has not landed
+  specops::tc::cp_async_wait<0>();
+  out[32 + t] = s[4 * t + 3];
+  out[64 + t] = s[128 + 4 * t];
+}
+
 }  // namespace
 
 // Runs one named self-test; returns what its kernel wrote. Raises (c10::Error) where the emulator
@@ -99,6 +148,24 @@ std::vector<int> run(const std::string& name, int arg) {
   } else if (name == "uninitialised_smem") {
     out.assign(32, 0);
     launch("uninitialised_smem", uninitialised_smem, dim3(1), dim3(32), 32 * sizeof(int), nullptr)(out.data());
+  } else if (name == "mma") {  // arg seeds the integer-valued A and B
+    std::vector<float> a(256), b(256);
+    for (int e = 0; e < 256; ++e) {
+      a[e] = static_cast<float>((e * 7 + arg) % 9 - 4);
+      b[e] = static_cast<float>((e * 5 + 3 * arg) % 7 - 3);
+    }
+    out.assign(2 * 256 + 512, 0);  // results, then A and B as ints for the caller's check
+    launch("mma_16x16x16", mma_16x16x16, dim3(1), dim3(32), 3 * 16 * 24 * 2, nullptr)(a.data(), b.data(), out.data());
+    for (int e = 0; e < 256; ++e) {
+      out[512 + e] = static_cast<int>(a[e]);
+      out[768 + e] = static_cast<int>(b[e]);
+    }
+  } else if (name == "cp_async") {
+    std::vector<int> src(128);
+    for (int e = 0; e < 128; ++e) src[e] = 1000 + e;
+    out.assign(96, 0);
+    launch("cp_async_visibility", cp_async_visibility, dim3(1), dim3(32), 256 * sizeof(int), nullptr)(src.data(),
+                                                                                                      out.data());
   } else if (name == "grid_y") {  // arg: grid y
     launch("empty_kernel", empty_kernel, dim3(1, static_cast<unsigned>(arg)), dim3(32), 0, nullptr)(nullptr);
   } else if (name == "block_threads") {  // arg: threads per block
