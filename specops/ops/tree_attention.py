@@ -18,6 +18,7 @@ from ..backend import register, resolve
 from . import _checks
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+CUDA_MAX_D = 256  # the CUDA kernel's register tiles (csrc/cuda/tree_attention.cu)
 
 
 def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None,
@@ -32,6 +33,7 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
     positions (RoPE at ``prefix + depth``). Softmax and accumulation run in fp32. ``sm_scale``
     defaults to ``1/sqrt(D)``. ``check=True`` verifies the length values (one host sync):
     non-negative, ``prefix_lens + block_lens <= S``, ``block_lens <= 32 W``, ``q_lens <= Tq``.
+    Limit: ``D <= 256`` (``CUDA_MAX_D``) on the cuda backend (ValueError naming D).
     With ``check=False`` bad lengths are clamped into range by the kernels (no out-of-bounds
     access), but the result is then unspecified.
     """
@@ -48,7 +50,7 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
     if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"k_cache heads must divide q heads (Hq % Hkv == 0), got Hq={Hq}, Hkv={Hkv}")
     if D == 0:
-        raise ValueError("q must have a non-empty head dimension D, got D=0")
+        raise ValueError(f"q must have a non-empty head dimension D, got D=0 (shape {tuple(q.shape)})")
     _checks.lengths("prefix_lens", prefix_lens, B, dev)
     _checks.lengths("block_lens", block_lens, B, dev)
     _checks.tensor("mask", mask, dtype=torch.int32, rank=3, device=dev)
@@ -60,10 +62,12 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
         sm_scale = 1.0 / math.sqrt(D)
     elif not isinstance(sm_scale, numbers.Real) or isinstance(sm_scale, bool) or not math.isfinite(sm_scale):
         raise TypeError(f"sm_scale must be a finite real number or None, got {sm_scale!r}")
+    impl = resolve("tree_attention", dev, backend)
+    if dev.type == "cuda" and D > CUDA_MAX_D and impl is _compiled:
+        raise ValueError(f"q must have head dimension D <= {CUDA_MAX_D} on the cuda backend, got D={D}")
     if check:
         _length_values(prefix_lens, block_lens, q_lens, S, mask.shape[2], Tq)
-    return resolve("tree_attention", dev, backend)(q, k_cache, v_cache, prefix_lens, block_lens, mask,
-                                                   q_lens, float(sm_scale))
+    return impl(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, float(sm_scale))
 
 
 def _length_values(prefix_lens, block_lens, q_lens, S, W, Tq):
@@ -72,18 +76,18 @@ def _length_values(prefix_lens, block_lens, q_lens, S, W, Tq):
         return
     p, n = prefix_lens.long(), block_lens.long()
     rules = [
-        ("prefix_lens", "must be >= 0", prefix_lens, (p < 0).any()),
-        ("block_lens", "must be >= 0", block_lens, (n < 0).any()),
+        ("prefix_lens", "must be >= 0", prefix_lens, p < 0),
+        ("block_lens", "must be >= 0", block_lens, n < 0),
         ("block_lens", f"must be <= 32 * W = {32 * W} (mask too narrow: mask is [B, Tq, W={W}])",
-         block_lens, (n > 32 * W).any()),
-        ("prefix_lens + block_lens", f"must be <= S = {S} (the cache length)", p + n, (p + n > S).any()),
+         block_lens, n > 32 * W),
+        ("prefix_lens + block_lens", f"must be <= S = {S} (the cache length)", p + n, p + n > S),
     ]
     if q_lens is not None:
-        rules.append(("q_lens", f"must lie in [0, Tq={Tq}]", q_lens, ((q_lens < 0) | (q_lens > Tq)).any()))
-    which = _checks._first_bad([r[3] for r in rules])
+        rules.append(("q_lens", f"must lie in [0, Tq={Tq}]", q_lens, (q_lens < 0) | (q_lens > Tq)))
+    which = _checks._first_bad([r[3].any() for r in rules])
     if which is not None:
-        name, rule, t, _ = rules[which]
-        raise ValueError(f"{name} {rule}, got values in [{int(t.min())}, {int(t.max())}]")
+        name, rule, t, bad = rules[which]
+        raise ValueError(f"{name} {rule}, got {_checks.at(name, t, bad)}")
 
 
 def visibility(prefix_lens, block_lens, mask, q_lens, S):
