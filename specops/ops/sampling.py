@@ -59,9 +59,11 @@ def _row_param(name, value, N, device, *, dtype, kind, check):
         return value.to(dtype)
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an int or an int tensor of shape [N], got {type(value).__name__}")
+            raise TypeError(f"{name} must be an int or an int tensor of shape [N], got {type(value).__name__} "
+                            f"{value!r:.60}")
     elif isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a float or a float tensor of shape [N], got {type(value).__name__}")
+        raise TypeError(f"{name} must be a float or a float tensor of shape [N], got {type(value).__name__} "
+                        f"{value!r:.60}")
     _check_param_values(name, value)
     if kind == "int":
         value = min(int(value), 2**31 - 1)

@@ -87,7 +87,8 @@ def _length_values(prefix_lens, block_lens, q_lens, S, W, Tq):
     which = _checks._first_bad([r[3].any() for r in rules])
     if which is not None:
         name, rule, t, bad = rules[which]
-        raise ValueError(f"{name} {rule}, got {_checks.at(name, t, bad)}")
+        label = f"({name})" if " " in name else name
+        raise ValueError(f"{name} {rule}, got {_checks.at(label, t, bad)}")
 
 
 def visibility(prefix_lens, block_lens, mask, q_lens, S):

@@ -134,7 +134,7 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, unifo
             raise ValueError(f"tau must lie in [0, 1], got {tau}")
         tau = torch.full((B,), float(tau), dtype=torch.float32, device=dev)
     else:
-        raise TypeError(f"tau must be a float or a torch.Tensor, got {type(tau).__name__}")
+        raise TypeError(f"tau must be a float or a torch.Tensor, got {type(tau).__name__} {tau!r:.60}")
     if check:
         bad_tok = (draft_tokens < 0) | (draft_tokens >= V)
         bad_tau = (tau < 0) | (tau > 1) | torch.isnan(tau)
