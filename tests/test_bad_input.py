@@ -120,7 +120,8 @@ def _meta_cases():
             yield Case(op, f"{name}-list", lambda a, n=name: a.update({n: a[n].tolist()}), TypeError, (name, "list"))
             yield Case(op, f"{name}-{dtype}", lambda a, n=name, d=dtype: a.update({n: a[n].to(d)}), TypeError,
                        (name, str(dtype)))
-            yield Case(op, f"{name}-rank", lambda a, n=name: a.update({n: a[n][None]}), ValueError, (name, _shape(name)))
+            yield Case(op, f"{name}-rank", lambda a, n=name: a.update({n: a[n][None]}), ValueError,
+                       (name, _shape(name)))
             if dim is not None:
                 yield Case(op, f"{name}-device", lambda a, n=name: a.update({n: a[n].to("meta")}), ValueError,
                            (name, "meta"))
@@ -181,12 +182,18 @@ VALUES = [
     Case(TA, "sm_scale-str", put(sm_scale="0.1"), E, ("sm_scale", "'0.1'")),
     Case(TA, "D=0", put(q=lambda: torch.zeros(2, 3, 4, 0), k_cache=lambda: torch.zeros(2, 2, 16, 0),
                         v_cache=lambda: torch.zeros(2, 2, 16, 0)), V, ("D", "D=0")),
-    Case(TA, "heads-not-dividing", put(k_cache=lambda: torch.zeros(2, 3, 16, 8), v_cache=lambda: torch.zeros(2, 3, 16, 8)),
-         V, ("Hq=4", "Hkv=3")),
+    Case(TA, "heads-not-dividing", put(k_cache=lambda: torch.zeros(2, 3, 16, 8),
+                                       v_cache=lambda: torch.zeros(2, 3, 16, 8)), V, ("Hq=4", "Hkv=3")),
     Case(TA, "k_cache-last-stride", put(k_cache=lambda: torch.zeros(2, 2, 8, 16).transpose(2, 3)), V,
          ("k_cache", "stride", "(256, 128, 1, 16)")),
     Case(TA, "D-over-cuda-limit", put(q=lambda: torch.zeros(2, 3, 4, 264), k_cache=lambda: torch.zeros(2, 2, 16, 264),
                                       v_cache=lambda: torch.zeros(2, 2, 16, 264)), V, ("D=264", "256"), only=("cuda",)),
+    Case(TA, "B*Hkv-over-cuda-limit", put(
+        q=lambda: torch.zeros(16384, 1, 4, 8), k_cache=lambda: torch.zeros(16384, 4, 1, 8),
+        v_cache=lambda: torch.zeros(16384, 4, 1, 8), prefix_lens=lambda: torch.zeros(16384, dtype=I32),
+        block_lens=lambda: torch.zeros(16384, dtype=I32), q_lens=None,
+        mask=lambda: torch.zeros(16384, 1, 1, dtype=I32)),
+        V, ("B=16384", "Hkv=4", "65535"), only=("cuda",)),
     # kv_compact: values, aliasing
     Case(KV, "accept_lens-past-a", setv("accept_lens", 0, 4), V, ("accept_lens[0] = 4", "A=3")),
     Case(KV, "accept_lens-negative", setv("accept_lens", 1, -1), V, ("accept_lens[1] = -1",)),
@@ -325,7 +332,8 @@ VALID = [
                                                                           dtype=I32)[:, ::2])),
     Case(KV, "kv-interleaved", lambda a: a.update(zip(("k_cache", "v_cache"),
                                                       torch.randn(2, 2, 2, 2, 16, 4, generator=_g()).unbind(1)))),
-    Case(KV, "cache-slice-of-longer", lambda a: a.update(k_cache=torch.randn(2, 2, 2, 24, 4, generator=_g())[:, :, :, 4:20])),
+    Case(KV, "cache-slice-of-longer",
+         lambda a: a.update(k_cache=torch.randn(2, 2, 2, 24, 4, generator=_g())[:, :, :, 4:20])),
     Case(KV, "A=0", lambda a: a.update(accept_idx=a["accept_idx"][:, :0], accept_lens=torch.zeros(2, dtype=I32))),
     Case(KV, "B=0", lambda a: a.update({k: v[:, :0] if "cache" in k else v[:0] for k, v in a.items()})),
     Case(VG, "num_nodes-strided", put(num_nodes=lambda: _strided([2, 4]))),
@@ -340,7 +348,8 @@ VALID = [
                                                      .transpose(1, 2))),
     Case(VJ, "tau-stride0", put(tau=lambda: _stride0(0.25, dtype=F32))),
     Case(VJ, "uniforms-strided", put(uniforms=lambda: _strided([0.5, 0.25], F32))),
-    Case(VJ, "g=0", lambda a: a.update(draft_tokens=a["draft_tokens"][:, :0], target_logprobs=a["target_logprobs"][:, :1],
+    Case(VJ, "g=0", lambda a: a.update(draft_tokens=a["draft_tokens"][:, :0],
+                                       target_logprobs=a["target_logprobs"][:, :1],
                                        draft_joint_logprobs=a["draft_joint_logprobs"][:, :0])),
     Case(TN, "child-transposed", lambda a: a.update(child_logprobs=a["child_logprobs"].transpose(1, 2).contiguous()
                                                     .transpose(1, 2))),

@@ -139,7 +139,8 @@ def _check_args(*, max_new_tokens, stop, eos_token_id, tokenizer, seed, dtype, m
     if eos is not None and (not isinstance(eos, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in eos)):
         raise ValueError(f"eos_token_id must be None, an int >= 0 or a list of them, got {eos_token_id!r}")
     if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
-        raise ValueError(f"tokenizer must be None or a tokenizer (with a decode method), got {type(tokenizer).__name__}")
+        raise ValueError("tokenizer must be None or a tokenizer (with a decode method), got "
+                         f"{type(tokenizer).__name__}")
     if dtype is not None:
         models.resolve_dtype(dtype, None)  # ValueError naming dtype
     for name, flag in (("compare_ar", compare_ar), ("record_steps", record_steps)):

@@ -19,6 +19,7 @@ from . import _checks
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 CUDA_MAX_D = 256  # the CUDA kernel's register tiles (csrc/cuda/tree_attention.cu)
+CUDA_MAX_B_HKV = 65535  # B * Hkv: a grid dimension of the CUDA kernel
 
 
 def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None,
@@ -33,7 +34,8 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
     positions (RoPE at ``prefix + depth``). Softmax and accumulation run in fp32. ``sm_scale``
     defaults to ``1/sqrt(D)``. ``check=True`` verifies the length values (one host sync):
     non-negative, ``prefix_lens + block_lens <= S``, ``block_lens <= 32 W``, ``q_lens <= Tq``.
-    Limit: ``D <= 256`` (``CUDA_MAX_D``) on the cuda backend (ValueError naming D).
+    Limits on the cuda backend (ValueErrors naming them): ``D <= 256`` (``CUDA_MAX_D``) and
+    ``B * Hkv <= 65535`` (``CUDA_MAX_B_HKV``).
     With ``check=False`` bad lengths are clamped into range by the kernels (no out-of-bounds
     access), but the result is then unspecified.
     """
@@ -63,8 +65,12 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
     elif not isinstance(sm_scale, numbers.Real) or isinstance(sm_scale, bool) or not math.isfinite(sm_scale):
         raise TypeError(f"sm_scale must be a finite real number or None, got {sm_scale!r}")
     impl = resolve("tree_attention", dev, backend)
-    if dev.type == "cuda" and D > CUDA_MAX_D and impl is _compiled:
-        raise ValueError(f"q must have head dimension D <= {CUDA_MAX_D} on the cuda backend, got D={D}")
+    if dev.type == "cuda" and impl is _compiled:
+        if D > CUDA_MAX_D:
+            raise ValueError(f"q must have head dimension D <= {CUDA_MAX_D} on the cuda backend, got D={D}")
+        if B * Hkv > CUDA_MAX_B_HKV:
+            raise ValueError(f"k_cache must have B * Hkv <= {CUDA_MAX_B_HKV} on the cuda backend (a grid "
+                             f"dimension), got B={B}, Hkv={Hkv}")
     if check:
         _length_values(prefix_lens, block_lens, q_lens, S, mask.shape[2], Tq)
     return impl(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, float(sm_scale))

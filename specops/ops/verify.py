@@ -147,8 +147,8 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, unifo
                 V, *_first_value(draft_tokens, bad_tok)),)),
             _flag(bad_tau.any(), lambda: (f"tau must lie in [0, 1], got {_checks.at('tau', tau, bad_tau)}",)),
             _uniform_flag("uniforms", uniforms),
-            _flag(bad_target.any(), lambda: (
-                f"target_logprobs must not contain NaN or +inf, got {_checks.at('target_logprobs', target_logprobs, bad_target)}",)),
+            _flag(bad_target.any(), lambda: ("target_logprobs must not contain NaN or +inf, got "
+                                             + _checks.at("target_logprobs", target_logprobs, bad_target),)),
             _flag(off.any(), lambda: (
                 "target_logprobs[{}, {}] must be a log-distribution (logsumexp 0 within {}), got {:.6g}".format(
                     *_first_row(off), ROW_SUM_TOL, float(lse[_first_row(off)])),)),
@@ -242,7 +242,8 @@ def _tree_flags(tokens, parents, num_nodes, V):
 
 def _uniform_flag(name, u):
     bad = ~((u >= 0) & (u < 1))
-    return _flag(bad.any(), lambda: (f"{name} must lie in [0, 1) (NaN counts as outside), got {_checks.at(name, u, bad)}",))
+    return _flag(bad.any(), lambda: (f"{name} must lie in [0, 1) (NaN counts as outside), got "
+                                     f"{_checks.at(name, u, bad)}",))
 
 
 def _prob_flags(name, rows, where):
@@ -253,7 +254,8 @@ def _prob_flags(name, rows, where):
     off = where & ~nonfinite & ((sums - 1).abs() > ROW_SUM_TOL)
     return [
         _flag(nonfinite.any(), lambda: (f"{name}[{', '.join(map(str, _first_row(nonfinite)))}] must be finite and "
-                                        f"non-negative, got {_checks.at(name, rows, nonfinite[..., None] & bad_entry)}",)),
+                                        "non-negative, got "
+                                        f"{_checks.at(name, rows, nonfinite[..., None] & bad_entry)}",)),
         _flag(off.any(), lambda: (f"{name}[{', '.join(map(str, _first_row(off)))}] must sum to 1 (within "
                                   f"{ROW_SUM_TOL}), got {float(sums[_first_row(off)]):.6g}",)),
     ]
