@@ -200,10 +200,11 @@ class StaticKVCache(Cache):
             if len(host_counts) != self.batch_size:
                 raise ValueError(f"host_counts must have {self.batch_size} entries, got {len(host_counts)}")
         if check:
-            lens = self.host_lens()
-            if host_counts is None:
+            if host_counts is None and self._host_lens is None:  # both from the device in one sync
+                self._host_lens, host_counts = torch.stack([self.lens, counts]).tolist()
+            elif host_counts is None:
                 host_counts = counts.tolist()
-            for b, (n, c) in enumerate(zip(lens, host_counts)):
+            for b, (n, c) in enumerate(zip(self.host_lens(), host_counts)):
                 if c < 0 or n + c > self.max_len:
                     raise ValueError(f"counts[{b}] must lie in [0, max_len - lens[{b}]] = [0, {self.max_len - n}] "
                                      f"(max_len={self.max_len}, lens[{b}]={n}), got {c}")
@@ -219,8 +220,9 @@ class StaticKVCache(Cache):
 
         Shape: accept_idx int32 [B, A], accept_lens int32 [B]."""
         kv_compact(self.k, self.v, self.lens, accept_idx, accept_lens, check=check, backend=backend)
-        # kv_compact checked accept_lens <= A and the rows < S, but not lens + accept_lens <= max_len
-        # (S == max_len here, and accepted row lens + accept_idx[j] >= lens + j: so it holds).
+        # No second check: with check=True kv_compact has verified lens + accept_idx[b, j] < S for
+        # strictly increasing accept_idx[b, j] >= j, so lens + accept_lens <= S = max_len holds; with
+        # check=False nothing is checked (and nothing syncs), as documented.
         self.commit(accept_lens, check=False)
 
     def truncate(self, new_lens):

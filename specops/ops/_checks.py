@@ -5,7 +5,6 @@ Metadata checks (type, dtype, rank, shape, device) never touch tensor values. Va
 (``tree_values``, ``range_values``, ``finite_values``) need one host sync and run only when an
 op's ``check=True``.
 """
-import math
 import numbers
 
 import torch
@@ -47,19 +46,6 @@ def integer(name, value, lo=None, hi=None, why=""):
         raise ValueError(f"{name} must be >= {lo}, got {value}")
     if hi is not None and value > hi:
         raise ValueError(f"{name} must be <= {hi}{' (' + why + ')' if why else ''}, got {value}")
-    return value
-
-
-def real(name, value, *, lo=-math.inf, hi=math.inf, lo_open=False, hi_open=False, finite=True):
-    """A Python real argument (bool is rejected; NaN never passes) in the given interval."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    value = float(value)
-    ok = not math.isnan(value) and (not finite or math.isfinite(value))
-    ok = ok and (value > lo if lo_open else value >= lo) and (value < hi if hi_open else value <= hi)
-    if not ok:
-        interval = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
-        raise ValueError(f"{name} must be {'finite and ' if finite else ''}in {interval}, got {value!r}")
     return value
 
 
