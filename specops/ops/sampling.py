@@ -103,13 +103,13 @@ def warp_probs(logits, temperature, top_k=0, top_p=1.0, *, check=True, backend=N
     if V == 0:
         raise ValueError(f"logits must have at least one token (V >= 1), got shape {tuple(logits.shape)}")
     dev = logits.device
-    impl = resolve("warp_probs", dev, backend)
-    if V > MAX_VOCAB and impl is not _warp_probs_torch:
-        raise ValueError(f"logits must have V <= {MAX_VOCAB} tokens on the compiled backends (int32 token "
-                         f"indices), got V={V}")
     t = _row_param("temperature", temperature, N, dev, dtype=torch.float32, kind="float", check=check)
     k = _row_param("top_k", top_k, N, dev, dtype=torch.int32, kind="int", check=check)
     p = _row_param("top_p", top_p, N, dev, dtype=torch.float32, kind="float", check=check)
+    impl = resolve("warp_probs", dev, backend)
+    if V > MAX_VOCAB and impl is not _warp_probs_torch:  # before any pass over the logits
+        raise ValueError(f"logits must have V <= {MAX_VOCAB} tokens on the compiled backends (int32 token "
+                         f"indices), got V={V}")
     if check and N:
         _check_logits(logits)
     return impl(logits, t, k, p)
