@@ -73,15 +73,35 @@ SPECOPS_HD int radix_pick(const W* hist, int nbins, W target, W* above) {
   return 0;
 }
 
+// ---- temperature ----------------------------------------------------------------------------
+
+// Temperatures below the smallest normal float (0, denormals, NaN) mean greedy decoding: no
+// backend divides by a denormal reliably (GPU code may flush it to 0), and the limit t -> 0 of
+// the warped distribution is the one-hot argmax anyway.
+constexpr float kMinTemperature = 1.17549435082228750797e-38f;  // 2^-126, FLT_MIN
+
+SPECOPS_HD bool greedy_temperature(float t) { return !(t >= kMinTemperature); }
+
 // ---- fixed-point probability mass (top-p) ------------------------------------------------------
 
 // Unnormalised probabilities e = exp(z - max) lie in [0, 1]. Top-p sums them as integers with
-// 40 fractional bits so that the sum, and hence the kept set, does not depend on summation
+// S fractional bits so that the sum, and hence the kept set, does not depend on summation
 // order (threads, atomics): every backend makes the same decision from the same e values.
-// Exact for e >= 2^-40; a row of up to 2^23 tokens cannot overflow.
-constexpr float kMassScale = 1099511627776.0f;  // 2^40
+// S = min(40, 62 - ceil(log2 V)) keeps a row's total below 2^62 (it also fits Triton's signed
+// int64) for every V; vocabularies up to 2^22 get the full 40 bits. Exact for e >= 2^-S.
+// V itself is limited to kMaxVocab (int32 token indices in the CPU and Triton kernels).
+constexpr int64_t kMaxVocab = 2147483647;  // 2^31 - 1
 
-SPECOPS_HD uint64_t mass_fixed(float e) { return static_cast<uint64_t>(e * kMassScale); }
+SPECOPS_HD int mass_shift(int64_t V) {
+  int bits = 0;  // ceil(log2 V) = bit length of V - 1
+  for (uint64_t r = V > 1 ? static_cast<uint64_t>(V - 1) : 0; r != 0; r >>= 1) ++bits;
+  return bits > 22 ? 62 - bits : 40;
+}
+
+// 2^mass_shift(V) as a float (exact: a power of two).
+SPECOPS_HD float mass_scale(int64_t V) { return static_cast<float>(1ull << mass_shift(V)); }
+
+SPECOPS_HD uint64_t mass_fixed(float e, float scale) { return static_cast<uint64_t>(e * scale); }
 
 // The smallest integer mass >= top_p * total, kept in [1, total] so that at least the
 // maximal token survives any top_p > 0 (and top_p <= 0 behaves as the tiniest top_p).

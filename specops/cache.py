@@ -13,11 +13,13 @@ Two ways to drive it:
 - a plain HF forward with ``past_key_values=cache`` and no block open appends and commits like
   ``DynamicCache`` (lengths then stay equal across the batch).
 """
+import numbers
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .ops import _checks
-from .ops.kv_compact import kv_compact
+from .ops.kv_compact import CACHE_DTYPES, kv_compact
 
 
 class _Layer(CacheLayerMixin):
@@ -51,13 +53,24 @@ class _Layer(CacheLayerMixin):
 class StaticKVCache(Cache):
     """Preallocated K/V for ``num_layers`` layers of ``batch_size`` sequences of ``max_len`` rows.
 
-    Shape: k, v [L, B, Hkv, S, D]; lens int32 [B]."""
+    Shape: k, v [L, B, Hkv, S, D]; lens int32 [B].
+
+    Every method validates its arguments before it writes anything: a rejected call leaves
+    ``k``, ``v`` and ``lens`` bit-identical. ``dtype`` is fp32, fp16 or bf16 (what
+    ``kv_compact`` moves)."""
 
     def __init__(self, num_layers, batch_size, num_kv_heads, max_len, head_dim, *, dtype=torch.float32,
                  device="cpu"):
+        names = ("num_layers", "batch_size", "num_kv_heads", "max_len", "head_dim")
         shape = (num_layers, batch_size, num_kv_heads, max_len, head_dim)
+        for name, size in zip(names, shape):
+            if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+                raise TypeError(f"StaticKVCache {name} must be an int, got {type(size).__name__} {size!r}")
         if min(shape) < 1:
             raise ValueError(f"StaticKVCache sizes must be >= 1, got [L, B, Hkv, S, D] = {list(shape)}")
+        if dtype not in CACHE_DTYPES:
+            want = " or ".join(str(d) for d in CACHE_DTYPES)
+            raise TypeError(f"StaticKVCache dtype must be {want}, got {dtype!r}")
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
@@ -113,7 +126,9 @@ class StaticKVCache(Cache):
     def begin_block(self, offset, rows):
         """The next forward writes ``rows`` new rows at ``lens + offset`` (a draft block that grows
         over several forwards passes its current size as ``offset``); raises before anything is
-        written if any sequence would overflow."""
+        written if any sequence would overflow. ``offset`` >= 0, ``rows`` >= 1 (ints)."""
+        offset = _checks.integer("offset", offset, 0)
+        rows = _checks.integer("rows", rows, 1)
         self._check_room(offset + rows, "begin_block")
         self._block = (offset, rows)
         self._write = self._plan(offset, rows)
@@ -137,12 +152,17 @@ class StaticKVCache(Cache):
 
         In a block (``begin_block``) the rows go to ``lens + offset`` and stay uncommitted; in plain
         mode they go to ``lens`` and are committed after the last layer."""
-        B, H, D = self.k.shape[1], self.k.shape[2], self.k.shape[4]
+        L, B, H, D = self.k.shape[0], self.k.shape[1], self.k.shape[2], self.k.shape[4]
+        layer = _checks.integer("layer", layer, 0, L - 1, f"the cache has num_layers={L}")
         T = k.shape[2] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1
-        if (T < 0 or not isinstance(v, torch.Tensor) or k.shape != (B, H, T, D) or v.shape != k.shape
-                or k.device != self.k.device or v.device != self.k.device):
-            _checks.tensor("k", k, shape=(B, H, None, D), device=self.k.device)
-            _checks.tensor("v", v, shape=(B, H, T, D), device=self.k.device)
+        if (T < 1 or not isinstance(v, torch.Tensor) or k.shape != (B, H, T, D) or v.shape != k.shape
+                or k.device != self.k.device or v.device != self.k.device or k.dtype not in CACHE_DTYPES
+                or v.dtype != k.dtype):
+            _checks.tensor("k", k, dtype=CACHE_DTYPES, shape=(B, H, None, D), device=self.k.device)
+            _checks.tensor("v", v, dtype=k.dtype, shape=(B, H, T, D), device=self.k.device)
+            if T < 1:
+                raise ValueError(f"k must hold at least one row (T >= 1), got shape {tuple(k.shape)}")
+        self._check_not_aliased(k, v)
         if self._block is not None:
             if self._block[1] != T:
                 raise ValueError(f"append_block: the open block has {self._block[1]} rows per sequence, got T={T}")
@@ -166,14 +186,31 @@ class StaticKVCache(Cache):
         return self.append_block(layer_idx, key_states, value_states)
 
     # ---- after verification ----------------------------------------------------------------
-    def commit(self, counts, host_counts=None):
+    def commit(self, counts, host_counts=None, *, check=True):
         """Keeps the first ``counts[b]`` rows written after ``lens[b]`` (int32 [B]): lens += counts.
 
         ``host_counts``: the same counts as a Python list, when the caller has them; keeps the host
-        mirror of ``lens`` fresh without a sync."""
-        self.lens += counts.to(self.lens.dtype)
+        mirror of ``lens`` fresh without a sync. ``check=True`` requires ``0 <= counts[b]`` and
+        ``lens[b] + counts[b] <= max_len``; without ``host_counts`` that costs one host sync, which
+        refreshes the host mirror (so the next block's room check needs none). ``check=False``
+        skips the value checks (no sync) and leaves the result unspecified for bad counts."""
+        _checks.lengths("counts", counts, self.batch_size, self.lens.device)
+        if host_counts is not None:
+            host_counts = [int(c) for c in host_counts]
+            if len(host_counts) != self.batch_size:
+                raise ValueError(f"host_counts must have {self.batch_size} entries, got {len(host_counts)}")
+        if check:
+            if host_counts is None and self._host_lens is None:  # both from the device in one sync
+                self._host_lens, host_counts = torch.stack([self.lens, counts]).tolist()
+            elif host_counts is None:
+                host_counts = counts.tolist()
+            for b, (n, c) in enumerate(zip(self.host_lens(), host_counts)):
+                if c < 0 or n + c > self.max_len:
+                    raise ValueError(f"counts[{b}] must lie in [0, max_len - lens[{b}]] = [0, {self.max_len - n}] "
+                                     f"(max_len={self.max_len}, lens[{b}]={n}), got {c}")
+        self.lens += counts
         if host_counts is not None and self._host_lens is not None:
-            self._host_lens = [n + int(c) for n, c in zip(self._host_lens, host_counts)]
+            self._host_lens = [n + c for n, c in zip(self._host_lens, host_counts)]
         else:
             self._host_lens = None
 
@@ -183,13 +220,19 @@ class StaticKVCache(Cache):
 
         Shape: accept_idx int32 [B, A], accept_lens int32 [B]."""
         kv_compact(self.k, self.v, self.lens, accept_idx, accept_lens, check=check, backend=backend)
-        self.commit(accept_lens)
+        # No second check: with check=True kv_compact has verified lens + accept_idx[b, j] < S for
+        # strictly increasing accept_idx[b, j] >= j, so lens + accept_lens <= S = max_len holds; with
+        # check=False nothing is checked (and nothing syncs), as documented.
+        self.commit(accept_lens, check=False)
 
     def truncate(self, new_lens):
-        """Metadata only: ``lens = new_lens`` (int32 [B], each <= the current length)."""
+        """Metadata only: ``lens = new_lens`` (int32 [B], each <= the current length; one host sync)."""
         _checks.lengths("new_lens", new_lens, self.batch_size, self.lens.device)
-        if bool((new_lens < 0).any()) or bool((new_lens > self.lens).any()):
-            raise ValueError(f"new_lens must lie in [0, lens], got {new_lens.tolist()} for lens {self.lens.tolist()}")
+        bad = (new_lens < 0) | (new_lens > self.lens)
+        if bool(bad.any()):
+            b = _checks.first_index(bad)[0]
+            raise ValueError(f"new_lens must lie in [0, lens], got new_lens[{b}] = {int(new_lens[b])} "
+                             f"for lens[{b}] = {int(self.lens[b])}")
         self.lens.copy_(new_lens)
         self._host_lens = None
 
@@ -200,11 +243,29 @@ class StaticKVCache(Cache):
         self._write = None
 
     def crop(self, tokens_to_remove):
-        """HF's crop: drop the last ``tokens_to_remove`` rows of every sequence."""
-        self.truncate((self.lens - tokens_to_remove).clamp(min=0))
+        """HF's crop: drop the last ``|tokens_to_remove|`` rows of every sequence (transformers passes
+        a negative count, ``crop(-n)``; a positive one removes as many); lengths stop at 0."""
+        n = abs(_checks.integer("tokens_to_remove", tokens_to_remove))
+        self.truncate((self.lens - n).clamp(min=0))
 
     def reorder_cache(self, beam_idx):
+        """Sequence ``b`` takes the K/V and length of sequence ``beam_idx[b]`` (int32/int64 [B] in
+        [0, B); one host sync)."""
+        B = self.batch_size
+        _checks.tensor("beam_idx", beam_idx, dtype=(torch.int32, torch.int64), shape=(B,), device=self.lens.device)
+        _checks.range_values("beam_idx", beam_idx, 0, B - 1, f"a sequence of the batch of B={B}")
         self.k.copy_(self.k[:, beam_idx])
         self.v.copy_(self.v[:, beam_idx])
         self.lens.copy_(self.lens[beam_idx])
         self._host_lens = None
+
+    def _check_not_aliased(self, k, v):
+        """New rows must not be views of the cache itself: a slice copy from overlapping memory would
+        read rows it has already overwritten. Metadata only."""
+        if torch.compiler.is_compiling():
+            return
+        own = {self.k.untyped_storage().data_ptr(), self.v.untyped_storage().data_ptr()}
+        for name, t in (("k", k), ("v", v)):
+            if t.untyped_storage().data_ptr() in own:
+                raise ValueError(f"{name} must not share memory with the cache's own k/v buffers "
+                                 f"(got a view at storage offset {t.storage_offset()}); pass a copy")

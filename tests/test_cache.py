@@ -109,3 +109,83 @@ def test_every_layer_of_a_block_writes_at_lens_plus_offset_equal_or_ragged(lens)
             want[layer, b, :, n + 2:n + 4] = k[b].to(torch.bfloat16)
             assert torch.equal(cache.v[layer, b, :, n + 2:n + 4], (-k[b]).to(torch.bfloat16))
     assert torch.equal(cache.k, want) and cache.lens.tolist() == lens
+
+
+# ---- issue #16 item 1: bad arguments raise before anything is written --------------------------
+
+def _state(cache):
+    return cache.k.clone(), cache.v.clone(), cache.lens.clone(), list(cache.host_lens())
+
+
+def _unchanged(cache, before):
+    after = _state(cache)
+    return all(torch.equal(a, b) for a, b in zip(before[:3], after[:3])) and before[3] == after[3]
+
+
+@pytest.mark.parametrize("call, exc, match", [
+    (lambda c: c.begin_block(-5, 2), ValueError, "offset must be >= 0, got -5"),
+    (lambda c: c.begin_block(0, -3), ValueError, "rows must be >= 1, got -3"),
+    (lambda c: c.commit(torch.tensor([40], dtype=torch.int32)), ValueError, r"counts\[0\] .*got 40"),
+    (lambda c: c.commit(torch.tensor([-9], dtype=torch.int32)), ValueError, r"counts\[0\] .*got -9"),
+    (lambda c: c.append_block(-1, torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)), ValueError,
+     "layer must be >= 0, got -1"),
+    (lambda c: c.append_block(5, torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)), ValueError,
+     r"layer must be <= 1 \(the cache has num_layers=2\), got 5"),
+    (lambda c: c.append_block("0", torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)), TypeError,
+     "layer must be an int, got str '0'"),
+    (lambda c: c.append_block(0, torch.ones(1, 2, 1, 4, dtype=torch.int32), torch.ones(1, 2, 1, 4, dtype=torch.int32)),
+     TypeError, "k must have dtype .*got torch.int32"),
+    (lambda c: c.append_block(0, torch.randn(1, 2, 1, 4).double(), torch.randn(1, 2, 1, 4).double()), TypeError,
+     "k must have dtype .*got torch.float64"),
+])
+def test_issue_16_bad_arguments_leave_the_cache_untouched(call, exc, match):
+    cache = filled_cache(L=2, B=1, S=16)
+    cache.commit(torch.tensor([6], dtype=torch.int32))
+    before = _state(cache)
+    with pytest.raises(exc, match=match):
+        call(cache)
+    assert _unchanged(cache, before)
+    cache.begin_block(0, 2)  # still usable: the next block lands after the committed rows
+    k = torch.randn(1, 2, 2, 4)
+    cache.append_block(0, k, k)
+    assert torch.equal(cache.k[0, 0, :, 6:8], k[0]) and torch.equal(cache.k[0, 0, :, :6], before[0][0, 0, :, :6])
+
+
+def test_issue_16_cache_dtype_must_be_a_float_kv_dtype():
+    for dtype in (torch.int32, torch.float64, torch.bool):
+        with pytest.raises(TypeError, match=f"StaticKVCache dtype must be .*got {dtype}"):
+            StaticKVCache(1, 1, 1, 4, 2, dtype=dtype)
+
+
+def test_new_rows_may_not_be_views_of_the_cache():
+    cache = filled_cache()
+    before = _state(cache)
+    with pytest.raises(ValueError, match="k must not share memory with the cache"):
+        cache.append_block(0, cache.k[1, :, :, :2], torch.randn(3, 2, 2, 4))
+    assert _unchanged(cache, before)
+
+
+def test_commit_with_host_counts_checks_them_and_keeps_the_mirror_fresh():
+    cache = filled_cache(S=8)
+    cache.commit(torch.tensor([1, 2, 3], dtype=torch.int32), host_counts=[1, 2, 3])
+    assert cache._host_lens == [1, 2, 3]
+    cache.commit(torch.tensor([1, 1, 1], dtype=torch.int32))  # checked: one sync, mirror refreshed
+    assert cache._host_lens == [2, 3, 4] == cache.lens.tolist()
+    with pytest.raises(ValueError, match=r"counts\[2\] must lie in \[0, max_len - lens\[2\]\] = \[0, 4\]"):
+        cache.commit(torch.tensor([0, 0, 5], dtype=torch.int32))
+    cache.commit(torch.tensor([0, 0, 5], dtype=torch.int32), check=False)  # unchecked: no sync, no error
+    assert cache._host_lens is None and cache.lens.tolist() == [2, 3, 9]
+
+
+def test_crop_follows_transformers_sign_convention_and_reorder_is_checked():
+    cache = filled_cache()
+    cache.commit(torch.tensor([5, 2, 7], dtype=torch.int32))
+    cache.crop(-3)  # what transformers' assisted generation passes
+    assert cache.lens.tolist() == [2, 0, 4]
+    cache.crop(1)
+    assert cache.lens.tolist() == [1, 0, 3]
+    k = cache.k.clone()
+    cache.reorder_cache(torch.tensor([2, 2, 0]))
+    assert cache.lens.tolist() == [3, 3, 1] and torch.equal(cache.k[:, 0], k[:, 2])
+    with pytest.raises(ValueError, match=r"beam_idx\[1\] = 3"):
+        cache.reorder_cache(torch.tensor([0, 3, 1]))

@@ -268,3 +268,32 @@ def test_cli_demo_rejects_unknown_methods_before_loading(capsys):
 
     assert main(["demo", "--methods", "sd,warp-drive"]) == 2
     assert "unknown method" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, params, match", [
+    # Issue #16 item 5: these were accepted (or failed only after the first forwards).
+    ("specinfer", {"draft_temperature": float("nan")}, "draft_temperature must be a finite number > 0, got nan"),
+    ("specinfer", {"draft_temperature": float("inf")}, "draft_temperature must be a finite number > 0, got inf"),
+    ("opt-tree", {"delta": float("nan")}, "delta must be a finite number >= 0, got nan"),
+    ("opt-tree", {"delta": float("inf")}, "delta must be a finite number >= 0, got inf"),
+    ("opt-tree", {"n": 2**31}, r"n must be an int in \[1, 65535\], got 2147483648"),
+    ("mjsd", {"joint_top_p": 0.0}, r"joint_top_p must be a number in \(0, 1\], got 0.0"),
+    ("mjsd", {"beams": 70000}, r"beams must be an int in \[1, 65536\], got 70000"),
+    ("ouroboros", {"model_free": 1}, "model_free must be True or False, got 1"),
+    ("specinfer", {"ngram": "no"}, "ngram must be True or False, got 'no'"),
+])
+def test_method_parameters_are_validated_at_construction(name, params, match):
+    with pytest.raises(ValueError, match=match):
+        METHODS[name](**params)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"temperature": float("inf")}, "temperature must be a finite number >= 0"),
+    ({"temperature": True}, "temperature must be a finite number >= 0"),
+    ({"top_p": True}, r"top_p must be a number in \(0, 1\]"),
+])
+def test_sampling_config_rejects_inf_and_bools(kw, match):
+    from specops.decoding.sampling import SamplingConfig
+
+    with pytest.raises(ValueError, match=match):
+        SamplingConfig(**kw)

@@ -192,6 +192,74 @@ def test_strided_rows(fast_backend, device):
     _compare(x, [(0.9, 7, 0.8)], fast_backend, device)
 
 
+# ---- overflow: huge logits, vanishing temperatures, huge vocabularies (issue #16 items 3, 4) ----
+
+@pytest.mark.parametrize("t", [1e-40, 1e-45, 2.0**-127, 0.0])
+def test_temperature_below_the_smallest_normal_float_is_greedy(backend, device, t):
+    # Denormal temperatures made logits / t overflow to inf - inf = NaN on every backend.
+    x = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
+    got = warp(x, t, k=4, p=0.9, backend=backend, device=device)
+    assert torch.equal(got, torch.nn.functional.one_hot(x.argmax(-1), 50).float())
+
+
+def test_the_smallest_normal_temperature_is_the_limit_of_sampling(backend, device):
+    # t = 2**-126 divides: every token but the (tied) maximum vanishes, none turns NaN.
+    x = torch.tensor([[1.0, 3.0, 3.0, 2.9999998, -INF]])
+    got = warp(x, 2.0**-126, backend=backend, device=device)
+    assert got.tolist() == [[0.0, 0.5, 0.5, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("scale, t, k, p", [(1e37, 0.01, 4, 0.9), (3e38, 1.0, 0, 1.0), (1e30, 1e-9, 0, 0.5),
+                                            (1.0, 1e-38, 3, 0.9)])
+def test_huge_logits_and_tiny_temperatures_give_no_nan_and_agree(backend, device, scale, t, k, p):
+    # The row max is subtracted before dividing by t (torch gave 22 NaNs and cpp 11 on the first row).
+    x = (torch.randn(4, 64, generator=torch.Generator().manual_seed(2)) * scale).clamp(-3e38, 3e38)
+    got = warp(x, t, k=k, p=p, backend=backend, device=device)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got.sum(-1), torch.ones(4))
+    assert_probs(got, warp(x, t, k=k, p=p))
+    z = (x - x.max(-1, keepdim=True).values) / t  # the spec: finite differences, scaled
+    assert_probs(warp(x, t, k=k, p=p), warp(z, 1.0, k=k, p=p))
+
+
+def test_huge_vocabulary_top_p_counts_mass_without_overflow(backend, device):
+    # 2**40 fixed point overflowed 64 bits from V ~ 2**23 (cpp kept 10485760 tokens, torch all).
+    if _interpreted(backend, device):
+        pytest.skip("20M-token rows take ~50 min in the Triton interpreter; see the next test, and the GPU run")
+    V = 20971520
+    x = torch.zeros(1, V)
+    x[0, V // 2:] = -0.5  # half the tokens tie at z = -0.5: top_p = 0.7 needs every one of them
+    got = specops.warp_probs(x.to(device), 1.0, 0, 0.7, backend=backend).cpu()
+    assert int((got > 0).sum()) == V
+    x[0, V // 2:] = -2.0  # now the top half alone holds 0.88 > 0.7 of the mass
+    got = specops.warp_probs(x.to(device), 1.0, 0, 0.7, backend=backend).cpu()
+    assert int((got > 0).sum()) == V // 2
+
+
+def test_fixed_point_scale_shrinks_with_the_vocabulary_and_triton_honours_it(monkeypatch, device):
+    from specops.triton_kernels import sampling as tk
+
+    assert [tk.mass_scale(v) for v in (1, 2**22, 2**22 + 1, 20971520, 2**31 - 1)] == \
+        [2.0**40, 2.0**40, 2.0**39, 2.0**37, 2.0**31]
+    for v in (2, 1000, 2**22, 2**22 + 1, 2**31 - 1):  # the worst row total stays below 2**62
+        assert v * tk.mass_scale(v) <= 2.0**62
+    if not _backend.available("triton", device)[0]:
+        pytest.skip("triton unavailable")
+    # The coarsest scale (V = 2**31 - 1) on a small row keeps the kept sets of the reference.
+    monkeypatch.setattr(tk, "mass_scale", lambda V: 2.0**31)
+    x = torch.randn(3, 300, generator=torch.Generator().manual_seed(4)) * 3
+    for t, k, p in [(1.0, 0, 0.9), (0.7, 40, 0.5), (1.3, 0, 0.999)]:
+        assert_probs(warp(x, t, k=k, p=p, backend="triton", device=device), warp(x, t, k=k, p=p))
+
+
+def test_vocabulary_limit_of_the_compiled_backends(backend):
+    x = torch.zeros(1, 1).expand(1, 2**31)  # 8 GiB if it were materialised: the check must come first
+    if backend == "torch":
+        pytest.skip("the reference has no V limit")
+    with pytest.raises(ValueError, match=r"V <= 2147483647 .*got V=2147483648"):
+        specops.warp_probs(x, 1.0, backend=backend)
+
+
 # ---- the rule is HF transformers' warper chain -----------------------------------------------
 
 def test_reference_equals_hf_temperature_top_k_top_p_chain():
@@ -227,8 +295,9 @@ X = torch.zeros(3, 5)
     ((X, torch.ones(4)), ValueError, r"temperature must have shape \[3\]"),
     ((X, torch.ones(3, dtype=torch.int32)), TypeError, "temperature must have dtype"),
     ((X, 1.0, torch.ones(3)), TypeError, "top_k must have dtype"),
-    ((X, 1.0, 0, torch.tensor([0.5, 0.0, 1.0])), ValueError, r"top_p must be in \(0, 1\] .*got 0.0"),
-    ((X, torch.tensor([1.0, -1.0, 1.0])), ValueError, r"temperature must be finite and >= 0 .*got -1.0"),
+    ((X, 1.0, 0, torch.tensor([0.5, 0.0, 1.0])), ValueError, r"top_p must be in \(0, 1\] .*got top_p\[1\] = 0.0"),
+    ((X, torch.tensor([1.0, -1.0, 1.0])), ValueError,
+     r"temperature must be finite and >= 0 .*got temperature\[1\] = -1.0"),
     ((X, 1.0, torch.tensor([1, -2, 0])), ValueError, "top_k must be >= 0"),
     ((X, 1.0, 0, torch.ones(3, device="meta")), ValueError, "top_p must be on cpu"),
     ((torch.tensor([[0.0, float("nan")]]), 1.0), ValueError, r"logits must not contain NaN or \+inf"),

@@ -298,6 +298,23 @@ def test_expand_bad_input_raises_naming_the_argument(backend, args, kwargs, exc,
         specops.topn_expand(*args, **kwargs, backend=backend)
 
 
+@pytest.mark.parametrize("n", [2**62, 2**31 - 1, 2**31, 65537])
+def test_n_has_an_upper_bound_checked_before_any_allocation(backend, n):
+    # Issue #16 item 6: n = 2**62 raised "Storage size calculation overflowed", an n near 2**31
+    # tried to allocate tens of GB.
+    with pytest.raises(ValueError, match=rf"n must be <= 65536 \(MAX_N.*got {n}"):
+        specops.topn_expand(PS, CL, n, backend=backend)
+    with pytest.raises(ValueError, match=rf"n must be <= 65536 \(MAX_N.*got {n}"):
+        specops.select_topn_subtree(torch.tensor([[-1, 0, 0]], dtype=torch.int32), torch.zeros(1, 3), n,
+                                    backend=backend)
+
+
+def test_n_at_the_limit_pads(backend, device):
+    n = 2048 if backend in ("cuda", "cudasim") else 65536  # CUDA selects in shared memory
+    s, t, p = specops.topn_expand(PS[:1].to(device), CL[:1].to(device), n, backend=backend)
+    assert s.shape == (1, n) and (t[0, 15:] == -1).all() and (p[0, :15] >= 0).all()
+
+
 PAR = torch.tensor([[-1, 0, 0]], dtype=torch.int32)
 SC = torch.zeros(1, 3)
 

@@ -1,6 +1,6 @@
 // warp_probs on the CPU: one task per row, no sort. Row pipeline (the rule itself is in
 // specops/ops/sampling.py; the shared decisions in csrc/sampling_common.h):
-//   z = logits / t (fp32), max                              one vector pass
+//   m = max(logits); z = (logits - m) / t (fp32), so max z = 0  two vector passes
 //   top-k: the k-th largest z, counting duplicates          heap scan for k <= 256 (blocks that
 //          -> keep z >= it                                  cannot enter are skipped), else
 //                                                           radix select on keys, weight 1
@@ -120,7 +120,7 @@ void warp_row(const scalar_t* x,  // [V]
               RowScratch& s) {
   float* z = s.z.data();
   const float* xf = as_float(x, V, z);
-  if (!(t > 0.0f)) {
+  if (greedy_temperature(t)) {
     // Greedy: one-hot at the first maximal logit (NaN never wins).
     int64_t best = 0;
     for (int64_t i = 1; i < V; ++i)
@@ -130,7 +130,9 @@ void warp_row(const scalar_t* x,  // [V]
     return;
   }
   const simd::Loops& loops = simd::loops();
-  const float m = loops.scale_max(xf, z, V, t);
+  // Subtracting the row max before dividing keeps huge logits and tiny temperatures finite.
+  loops.shift_scale(xf, z, V, loops.row_max(xf, V), t);
+  const float m = 0.0f;  // max z
   float lo = -kInf;  // keep z >= lo
   if (k > 0 && k < V) {
     if (k <= kSmallTopK) {
@@ -145,20 +147,22 @@ void warp_row(const scalar_t* x,  // [V]
     // The candidates: the top-k survivors, or without top-k every token whose mass can matter.
     // With total mass W and target T, the tokens below any z-threshold whose masses are each
     // < (W - T) / V hold less than W - T together, so the top-p threshold lies above them and
-    // dropping them changes nothing. z < m + log((W - T) / V / 2^40) - 1e-3 guarantees that
+    // dropping them changes nothing. z < m + log((W - T) / V / 2^S) - 1e-3 guarantees that
     // mass bound despite exp's ~2e-7 error (and the dropped set is a down-set in z).
-    const uint64_t total = loops.mass_total(out, V);
+    const int shift = mass_shift(V);
+    const float scale = mass_scale(V);
+    const uint64_t total = loops.mass_total(out, V, shift);
     const uint64_t target = top_p_target(top_p, total);
     float floor_ = lo;
     const uint64_t slack = (total - target) / static_cast<uint64_t>(V);
     if (lo == -kInf && slack > 0) {
-      const double zf = m + std::log(static_cast<double>(slack) / kMassScale) - 1e-3;
+      const double zf = m + std::log(static_cast<double>(slack) / scale) - 1e-3;
       floor_ = std::nextafter(static_cast<float>(zf), -kInf);
     }
     const int64_t n = loops.compact_ge(z, V, floor_, s.idx.data());
     for (int64_t j = 0; j < n; ++j) {
       s.keys[j] = float_key(z[s.idx[j]]);
-      s.mass[j] = mass_fixed(out[s.idx[j]]);
+      s.mass[j] = mass_fixed(out[s.idx[j]], scale);
     }
     const float lo_p = key_float(s.mass_select.run(s.keys.data(), s.mass.data(), n, target));
     if (lo_p > lo) {
@@ -182,6 +186,7 @@ at::Tensor warp_probs_cpu(const at::Tensor& logits,       // [N, V] fp32/bf16/fp
   TORCH_CHECK(temperature.numel() == N && top_k.numel() == N && top_p.numel() == N,
               "warp_probs: temperature, top_k and top_p must have shape [N]");
   TORCH_CHECK(V >= 1 || N == 0, "warp_probs: logits must have V >= 1");
+  TORCH_CHECK(V <= kMaxVocab, "warp_probs: V must be <= ", kMaxVocab, " (int32 token indices), got ", V);
   auto x = logits.stride(1) == 1 ? logits : logits.contiguous();
   auto tt = temperature.contiguous();
   auto kk = top_k.contiguous();

@@ -27,12 +27,13 @@ typedef float f32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 
 struct Loops {
-  float (*scale_max)(const float* x, float* z, int64_t V, float t);
+  float (*row_max)(const float* x, int64_t V);
+  void (*shift_scale)(const float* x, float* z, int64_t V, float m, float t);
   double (*exp_masked)(const float* z, float* e, int64_t V, float m, float lo);
   double (*sum_masked)(const float* z, const float* e, int64_t V, float lo);
   void (*normalize_masked)(const float* z, float* e, int64_t V, float lo, float sum);
   int64_t (*next_above)(const float* c, int64_t i, int64_t V, float bias, float thr);
-  uint64_t (*mass_total)(const float* e, int64_t V);
+  uint64_t (*mass_total)(const float* e, int64_t V, int shift);
   int64_t (*compact_ge)(const float* src, int64_t V, float floor_, int32_t* idx);
 };
 

@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kThreads)
   float* o = out + row * V;
   const float t = temperature[row];
 
-  if (!(t > 0.0f)) {
+  if (greedy_temperature(t)) {
     // Greedy: the first index of the maximal logit (NaN never wins).
     float best = -kInf;
     long long idx = V;
@@ -57,10 +57,13 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
 
-  auto z = [&](int64_t i) { return static_cast<float>(x[i]) / t; };
-  float m = -kInf;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) m = fmaxf(m, z(i));
-  m = block::reduce(m, block::Max(), s_float);
+  // z = (x - max x) / t: subtracting the row max first keeps huge logits and tiny temperatures
+  // finite; max z = 0, so the unnormalised probabilities are exp(z).
+  float mx = -kInf;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, static_cast<float>(x[i]));
+  mx = block::reduce(mx, block::Max(), s_float);
+  auto z = [&](int64_t i) { return __fdiv_rn(__fsub_rn(static_cast<float>(x[i]), mx), t); };
+  const float scale = mass_scale(V);
 
   uint32_t kappa = 0;  // keep float_key(z) >= kappa
   const int32_t k = top_k[row];
@@ -78,7 +81,7 @@ __global__ void __launch_bounds__(kThreads)
     unsigned long long total = 0;
     for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
       const float zi = z(i);
-      if (float_key(zi) >= kappa) total += mass_fixed(expf(zi - m));
+      if (float_key(zi) >= kappa) total += mass_fixed(expf(zi), scale);
     }
     total = block::reduce(total, block::Sum(), s_mass);
     const uint32_t kp = block::radix_select<unsigned long long>(
@@ -86,7 +89,7 @@ __global__ void __launch_bounds__(kThreads)
         [&](int64_t i, uint32_t& key) {
           const float zi = z(i);
           key = float_key(zi);
-          return key >= kappa ? static_cast<unsigned long long>(mass_fixed(expf(zi - m))) : 0ull;
+          return key >= kappa ? static_cast<unsigned long long>(mass_fixed(expf(zi), scale)) : 0ull;
         },
         static_cast<unsigned long long>(top_p_target(p, total)), &s_mass_select);
     kappa = kp > kappa ? kp : kappa;
@@ -94,12 +97,12 @@ __global__ void __launch_bounds__(kThreads)
   float sum = 0.0f;
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
     const float zi = z(i);
-    sum += float_key(zi) >= kappa ? expf(zi - m) : 0.0f;
+    sum += float_key(zi) >= kappa ? expf(zi) : 0.0f;
   }
   sum = block::reduce(sum, block::Sum(), s_float);
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
     const float zi = z(i);
-    o[i] = float_key(zi) >= kappa ? expf(zi - m) / sum : 0.0f;
+    o[i] = float_key(zi) >= kappa ? expf(zi) / sum : 0.0f;
   }
 }
 

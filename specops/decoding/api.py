@@ -34,17 +34,16 @@ def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temp
         ``metrics.ar_tokens_per_s`` / ``metrics.speedup``.
     stream: ``callable(b, token_ids)`` called as tokens are emitted.
 
-    Bad input (unknown method or parameter, draft with another vocabulary, prompt too long for the
-    cache, empty prompt, temperature < 0, ...) raises ValueError before any decoding work.
+    Bad input (unknown method or parameter, a parameter of the wrong type or out of range, draft
+    with another vocabulary, prompt too long for the cache, empty prompt, temperature < 0, ...)
+    raises ValueError naming the parameter and showing its value, before any model forward
+    (TypeError for a ``stream`` that is not callable or a target/draft that is not a model).
     """
     drafter = methods.make(method, **method_params)
     sampling = SamplingConfig(temperature, top_k, top_p)
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    if stop is not None and isinstance(stop, str):
-        stop = [stop]
-    if stream is not None and not callable(stream):
-        raise TypeError("stream must be a callable(b, token_ids)")
+    stop = _check_args(max_new_tokens=max_new_tokens, stop=stop, eos_token_id=eos_token_id, tokenizer=tokenizer,
+                       seed=seed, dtype=dtype, max_len=max_len, compare_ar=compare_ar, stream=stream,
+                       record_steps=record_steps)
 
     target_name = target if isinstance(target, str) else getattr(target, "specops_name", None)
     target, tok = _resolve_model(target, dtype, "target")
@@ -52,8 +51,10 @@ def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temp
     prompts = _prompts(prompt, tokenizer)
     V = _vocab(target)
     for b, p in enumerate(prompts):
-        if any(not 0 <= t < V for t in p):
-            raise ValueError(f"prompt {b} has token ids outside the target's vocabulary [0, {V})")
+        bad = [i for i, t in enumerate(p) if not 0 <= t < V]
+        if bad:
+            raise ValueError(f"prompt {b} has token ids outside the target's vocabulary [0, {V}): "
+                             f"got prompt[{b}][{bad[0]}] = {p[bad[0]]}")
 
     draft_model = None
     if drafter.needs_draft_model:
@@ -74,7 +75,7 @@ def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temp
         if limit is not None:
             max_len = min(max_len, max(limit, need))
     if max_len < need or (limit is not None and need > limit):
-        cap = max_len if max_len < need else limit
+        cap = f"max_len={max_len}" if max_len < need else f"the model's max_position_embeddings={limit}"
         raise ValueError(f"prompt too long for the cache: the longest prompt ({max(len(p) for p in prompts)} "
                          f"tokens) + max_new_tokens ({max_new_tokens}) + the {method} block "
                          f"({drafter.tree_budget()}) needs {need} positions, the cache holds {cap}")
@@ -113,6 +114,41 @@ def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temp
     for b, g in enumerate(gen):
         out[b, : len(g)] = torch.tensor(g, dtype=torch.int64)
     return out, metrics
+
+
+# ---- argument checks ---------------------------------------------------------------------------
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_args(*, max_new_tokens, stop, eos_token_id, tokenizer, seed, dtype, max_len, compare_ar, stream,
+                record_steps):
+    """Every plain parameter of ``generate``, before any model is touched. Returns ``stop`` as a list."""
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if max_len is not None and (not _is_int(max_len) or max_len < 1):
+        raise ValueError(f"max_len must be None or an int >= 1, got {max_len!r}")
+    if not _is_int(seed) or not -2**63 <= seed < 2**64:
+        raise ValueError(f"seed must be an int in [-2**63, 2**64), got {seed!r}")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and (not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop)):
+        raise ValueError(f"stop must be None, a string or a list of strings, got {stop!r}")
+    eos = [eos_token_id] if _is_int(eos_token_id) else eos_token_id
+    if eos is not None and (not isinstance(eos, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in eos)):
+        raise ValueError(f"eos_token_id must be None, an int >= 0 or a list of them, got {eos_token_id!r}")
+    if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
+        raise ValueError("tokenizer must be None or a tokenizer (with a decode method), got "
+                         f"{type(tokenizer).__name__}")
+    if dtype is not None:
+        models.resolve_dtype(dtype, None)  # ValueError naming dtype
+    for name, flag in (("compare_ar", compare_ar), ("record_steps", record_steps)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be a bool, got {flag!r}")
+    if stream is not None and not callable(stream):
+        raise TypeError(f"stream must be a callable(b, token_ids), got {type(stream).__name__}")
+    return stop
 
 
 # ---- input resolution ------------------------------------------------------------------------
@@ -173,9 +209,11 @@ def _prompts(prompt, tokenizer):
         elif all(isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p) for p in prompt):
             out = [list(p) for p in prompt]
         else:
-            raise ValueError("prompt must be a string, a list of strings, a LongTensor or a list of token-id lists")
+            raise ValueError("prompt must be a string, a list of strings, a LongTensor or a list of token-id lists, "
+                             f"got a list holding {sorted({type(p).__name__ for p in prompt})}")
     else:
-        raise ValueError("prompt must be a non-empty string, list of strings, LongTensor or list of token-id lists")
+        raise ValueError("prompt must be a non-empty string, list of strings, LongTensor or list of token-id lists, "
+                         f"got {type(prompt).__name__} {prompt!r:.80}")
     for b, p in enumerate(out):
         if not p:
             raise ValueError(f"prompt {b} of the batch is empty; every prompt needs at least one token")

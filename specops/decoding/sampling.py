@@ -1,6 +1,7 @@
 """One sampling configuration shared by drafter and verifier (docs/methods.md §Warping: acceptance ratios and
 residuals use exactly the warped distributions that sampling uses, for both models)."""
 import dataclasses
+import math
 
 import torch
 
@@ -14,13 +15,14 @@ class SamplingConfig:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if not isinstance(self.temperature, (int, float)) or self.temperature != self.temperature \
-                or self.temperature < 0:
-            raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise ValueError(f"top_p must be a number in (0, 1], got {p!r}")
 
     @property
     def greedy(self):

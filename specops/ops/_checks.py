@@ -1,8 +1,12 @@
-"""Argument validation shared by every op: errors name the argument, the expectation and what came.
+"""Argument validation shared by every op: errors name the argument, the expectation and what came
+(the value, and for tensors the position of the first offending element).
 
 Metadata checks (type, dtype, rank, shape, device) never touch tensor values. Value checks
-(``tree_values``, ``range_values``) need one host sync and run only when an op's ``check=True``.
+(``tree_values``, ``range_values``, ``finite_values``) need one host sync and run only when an
+op's ``check=True``.
 """
+import numbers
+
 import torch
 
 
@@ -32,23 +36,54 @@ def tensor(name, t, *, dtype=None, rank=None, shape=None, device=None, last_stri
     return t
 
 
+def integer(name, value, lo=None, hi=None, why=""):
+    """A Python integer argument (bool is rejected) in ``[lo, hi]`` (``None``: unbounded);
+    ``why`` explains the upper bound. Returns it as an int."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if lo is not None and value < lo:
+        raise ValueError(f"{name} must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise ValueError(f"{name} must be <= {hi}{' (' + why + ')' if why else ''}, got {value}")
+    return value
+
+
 def _first_bad(flags):
     """Host-syncs once on a stack of per-rule failure flags; returns the first failing index or None."""
-    bad = torch.stack(flags).cpu().tolist()
+    bad = torch.stack([f.reshape(()) for f in flags]).cpu().tolist()
     for i, b in enumerate(bad):
         if b:
             return i
     return None
 
 
+def first_index(mask):
+    """The index tuple of the first set element of a bool tensor (one host sync)."""
+    return tuple(mask.nonzero()[0].tolist())
+
+
+def at(name, t, mask):
+    """``"name[i, j] = value"`` for the first set element of ``mask`` (one host sync)."""
+    idx = first_index(mask)
+    return f"{name}[{', '.join(map(str, idx))}] = {t[idx].item()}"
+
+
 def range_values(name, t, lo, hi, what=None):
     """Every value of ``t`` lies in ``[lo, hi]`` (one host sync)."""
     if t.numel() == 0:
         return
-    if _first_bad([(t < lo).any() | (t > hi).any()]) is not None:
-        got = (t.min().item(), t.max().item())
+    bad = (t < lo) | (t > hi)
+    if _first_bad([bad.any()]) is not None:
         raise ValueError(f"{name} must lie in [{lo}, {hi}]{' (' + what + ')' if what else ''}, "
-                         f"got values in [{got[0]}, {got[1]}]")
+                         f"got {at(name, t, bad)}")
+
+
+def not_nan_or_posinf(name, t):
+    """No NaN and no +inf in ``t`` (-inf is allowed); one host sync."""
+    bad = torch.isnan(t) | (t == float("inf"))
+    if t.numel() and _first_bad([bad.any()]) is not None:
+        raise ValueError(f"{name} must not contain NaN or +inf, got {at(name, t, bad)}")
 
 
 def tree_values(parents, num_nodes, *, parents_name="parents", num_nodes_name="num_nodes"):
@@ -59,14 +94,14 @@ def tree_values(parents, num_nodes, *, parents_name="parents", num_nodes_name="n
     if B == 0 or T == 0:
         return
     idx = torch.arange(T, device=parents.device)
+    nodes_bad = (num_nodes < 1) | (num_nodes > T)
     valid = idx[None, :] < num_nodes[:, None]
     root_bad = valid[:, 0] & (parents[:, 0] != -1)
     child = valid & (idx[None, :] > 0)
     child_bad = child & ((parents < 0) | (parents >= idx[None, :]))
-    which = _first_bad([((num_nodes < 1) | (num_nodes > T)).any(), root_bad.any(), child_bad.any()])
+    which = _first_bad([nodes_bad.any(), root_bad.any(), child_bad.any()])
     if which == 0:
-        got = num_nodes.min().item(), num_nodes.max().item()
-        raise ValueError(f"{num_nodes_name} must lie in [1, T={T}], got values in [{got[0]}, {got[1]}]")
+        raise ValueError(f"{num_nodes_name} must lie in [1, T={T}], got {at(num_nodes_name, num_nodes, nodes_bad)}")
     if which == 1:
         b = int(root_bad.nonzero()[0, 0])
         raise ValueError(f"{parents_name}[{b}, 0] must be -1 (node 0 is the root), "

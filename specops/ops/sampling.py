@@ -1,10 +1,13 @@
 """Sampling warps: turn logits into the exact distribution a sampler draws from.
 
 Terms: ``temperature`` ``t``, ``top_k`` ``k`` and ``top_p`` ``p`` act per row on the scaled
-logits ``z = logits / t`` (fp32), in this order (the order of HF transformers' and vLLM's
-samplers):
+logits ``z = (logits - max(logits)) / t`` (fp32, each operation rounded on its own; subtracting
+the row max first means no finite logit overflows for any ``t``, and ``max z = 0``), in this
+order (the order of HF transformers' and vLLM's samplers):
 
-* ``t == 0``: greedy; the row is one-hot at the argmax of ``logits`` (ties: lowest index).
+* ``t < 2**-126`` (``t == 0``, or a denormal that no backend divides by reliably): greedy; the
+  row is one-hot at the argmax of ``logits`` (ties: lowest index). This is also the limit of the
+  warped distribution as ``t -> 0`` (up to exact ties at the maximum).
 * top-k (``0 < k < V``; ``k == 0`` or ``k >= V`` disables it): keep every token whose ``z`` is
   ``>=`` the k-th largest ``z``. **Ties at the k-th value are all kept**, so more than ``k``
   tokens can survive (as in HF's ``TopKLogitsWarper`` and vLLM's sort-based sampler).
@@ -18,14 +21,16 @@ samplers):
 
 Ties are decided on the fp32 value of ``z`` (so ``-0.0 == +0.0``), never on token order, which
 makes the kept set independent of any sort's tie order. Kernels sum top-p mass in fixed point
-(``exp(z - max)`` with 40 fractional bits) so their kept set does not depend on summation order;
-the reference sums fp32 probabilities in fp64. The two can differ only when the cumulative mass
-lands within ~1e-7 of ``p`` at a boundary token.
+(``exp(z)`` with ``S = min(40, 62 - ceil(log2 V))`` fractional bits, so a row's total fits 62
+bits for any ``V``) so their kept set does not depend on summation order; the reference sums
+fp32 probabilities in fp64. The two can differ only when the cumulative mass lands within
+~1e-7 of ``p`` at a boundary token.
 
-Kernels may flush to 0 probabilities that would be denormal (``exp(z - max) < ~1e-38``).
-Rows whose logits are all ``-inf`` or contain NaN / ``+inf`` have no defined result
-(``check=True`` reports them). Nothing syncs the host with ``check=False`` (use it on the hot
-path and under CUDA-graph capture); all parameters may live on the device.
+Limits: ``V <= 2**31 - 1`` on the compiled backends (cpp, cuda, triton: int32 token indices);
+the torch reference has none. Kernels may flush to 0 probabilities that would be denormal
+(``exp(z) < ~1e-38``). Rows whose logits are all ``-inf`` or contain NaN / ``+inf`` have no
+defined result (``check=True`` reports them). Nothing syncs the host with ``check=False`` (use
+it on the hot path and under CUDA-graph capture); all parameters may live on the device.
 """
 import numbers
 
@@ -36,6 +41,8 @@ from ..backend import register, register_compiled, resolve
 from . import _checks
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MIN_TEMPERATURE = 2.0**-126  # below it (0 and denormals) a row is greedy
+MAX_VOCAB = 2**31 - 1  # V limit of the compiled backends (int32 token indices)
 
 
 def _row_param(name, value, N, device, *, dtype, kind, check):
@@ -52,9 +59,11 @@ def _row_param(name, value, N, device, *, dtype, kind, check):
         return value.to(dtype)
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an int or an int tensor of shape [N], got {type(value).__name__}")
+            raise TypeError(f"{name} must be an int or an int tensor of shape [N], got {type(value).__name__} "
+                            f"{value!r:.60}")
     elif isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a float or a float tensor of shape [N], got {type(value).__name__}")
+        raise TypeError(f"{name} must be a float or a float tensor of shape [N], got {type(value).__name__} "
+                        f"{value!r:.60}")
     _check_param_values(name, value)
     if kind == "int":
         value = min(int(value), 2**31 - 1)
@@ -73,7 +82,7 @@ def _check_param_values(name, value):
     if isinstance(value, torch.Tensor):  # one host sync, only under check=True
         bad = ~ok(value)
         if bool(bad.any()):
-            raise ValueError(f"{name} must be {want}, got {value[bad][0].item()}")
+            raise ValueError(f"{name} must be {want}, got {_checks.at(name, value, bad)}")
     elif not ok(value):  # a Python scalar: no torch op on the hot path
         raise ValueError(f"{name} must be {want}, got {value}")
 
@@ -86,7 +95,8 @@ def warp_probs(logits, temperature, top_k=0, top_p=1.0, *, check=True, backend=N
 
     See the module docstring for the exact rule and its tie-breaking. ``check=True`` also
     validates per-row tensor parameters and rejects NaN/``+inf`` logits and all ``-inf`` rows
-    (one host sync); ``check=False`` skips those value checks.
+    (one host sync); ``check=False`` skips those value checks. Limit: ``V <= 2**31 - 1``
+    (``MAX_VOCAB``) on the cpp, cuda and triton backends (ValueError naming V).
     """
     _checks.tensor("logits", logits, dtype=_FLOAT_DTYPES, rank=2)
     N, V = logits.shape
@@ -96,9 +106,13 @@ def warp_probs(logits, temperature, top_k=0, top_p=1.0, *, check=True, backend=N
     t = _row_param("temperature", temperature, N, dev, dtype=torch.float32, kind="float", check=check)
     k = _row_param("top_k", top_k, N, dev, dtype=torch.int32, kind="int", check=check)
     p = _row_param("top_p", top_p, N, dev, dtype=torch.float32, kind="float", check=check)
+    impl = resolve("warp_probs", dev, backend)
+    if V > MAX_VOCAB and impl is not _warp_probs_torch:  # before any pass over the logits
+        raise ValueError(f"logits must have V <= {MAX_VOCAB} tokens on the compiled backends (int32 token "
+                         f"indices), got V={V}")
     if check and N:
         _check_logits(logits)
-    return resolve("warp_probs", dev, backend)(logits, t, k, p)
+    return impl(logits, t, k, p)
 
 
 def _check_logits(logits):
@@ -117,8 +131,9 @@ def _check_logits(logits):
 def _warp_probs_torch(logits, temperature, top_k, top_p):
     # The spec, vectorised over rows with one sort: every threshold is a value of z.
     N, V = logits.shape
-    greedy = ~(temperature > 0)
-    z = logits.float() / torch.where(greedy, 1.0, temperature)[:, None]
+    greedy = ~(temperature >= MIN_TEMPERATURE)
+    x = logits.float()
+    z = (x - x.max(dim=-1, keepdim=True).values) / torch.where(greedy, 1.0, temperature)[:, None]
     z_sorted, order = z.sort(dim=-1, descending=True)
     # top-k: the k-th largest value; ties with it are kept.
     k = torch.where((top_k > 0) & (top_k < V), top_k, V).long()
@@ -130,7 +145,7 @@ def _warp_probs_torch(logits, temperature, top_k, top_p):
     cutoff = z_sorted.gather(1, crossing[:, None])
     keep &= (top_p >= 1)[:, None] | (z >= cutoff)
     probs = torch.softmax(z.masked_fill(~keep, float("-inf")), dim=-1)
-    one_hot = torch.zeros_like(probs).scatter_(1, logits.float().argmax(dim=-1, keepdim=True), 1.0)
+    one_hot = torch.zeros_like(probs).scatter_(1, x.argmax(dim=-1, keepdim=True), 1.0)
     return torch.where(greedy[:, None], one_hot, probs)
 
 

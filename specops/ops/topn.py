@@ -21,11 +21,13 @@ a warper removed) and is never selected.
   therefore ancestor-closed, i.e. a connected subtree containing the root.
 
 Both ops take ``check=True`` value checks that sync the host once; pass ``check=False`` on the
-hot path and under CUDA-graph capture. The CUDA backend of ``topn_expand`` keeps its selection
-in shared memory and so takes ``n <= 2048``.
-"""
-import numbers
+hot path and under CUDA-graph capture.
 
+Limits (each raises a ValueError naming it): ``n <= MAX_N = 65536`` in both ops (the outputs are
+``[B, n]``; a draft tree, beam or frontier is never that large, and an unbounded ``n`` would
+only allocate padding); ``V <= 2**31 - 1`` in ``topn_expand`` (tokens are int32). The CUDA
+backend of ``topn_expand`` keeps its selection in shared memory and so takes ``n <= 2048``.
+"""
 import torch
 
 from .. import _ext
@@ -34,14 +36,12 @@ from . import _checks
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _CUDA_MAX_N = 2048  # kTopItems * kThreads in csrc/cuda/topn.cu
+MAX_N = 2**16  # n of both ops: rows of the [B, n] outputs
+MAX_VOCAB = 2**31 - 1  # tokens are int32
 
 
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return int(value)
+def _n(n):
+    return _checks.integer("n", n, 1, MAX_N, "MAX_N: outputs are [B, n]; no draft tree is that large")
 
 
 def topn_expand(parent_scores, child_logprobs, n, *, per_parent_k=None, check=True, backend=None):
@@ -49,6 +49,7 @@ def topn_expand(parent_scores, child_logprobs, n, *, per_parent_k=None, check=Tr
 
     Shape: parent_scores fp32/bf16/fp16 [B, P], child_logprobs fp32/bf16/fp16 [B, P, V] ->
     (scores fp32 [B, n], tokens int32 [B, n], parents int32 [B, n]), sorted best first.
+    Limits: ``1 <= n <= 65536`` (2048 on cuda), ``V <= 2**31 - 1``.
 
     ``per_parent_k`` (None = no limit) caps the candidates each parent contributes, chosen
     by the same order. ``check=True`` rejects NaN and ``+inf`` in the inputs (one host sync).
@@ -60,12 +61,13 @@ def topn_expand(parent_scores, child_logprobs, n, *, per_parent_k=None, check=Tr
     V = child_logprobs.shape[2]
     if P == 0 or V == 0:
         raise ValueError(f"child_logprobs must have P >= 1 and V >= 1, got shape {tuple(child_logprobs.shape)}")
-    n = _positive_int("n", n)
-    k = V if per_parent_k is None else _positive_int("per_parent_k", per_parent_k)
+    if V > MAX_VOCAB:
+        raise ValueError(f"child_logprobs must have V <= {MAX_VOCAB} (tokens are int32), got V={V}")
+    n = _n(n)
+    k = V if per_parent_k is None else _checks.integer("per_parent_k", per_parent_k, 1)
     if check:
-        for name, t in (("parent_scores", parent_scores), ("child_logprobs", child_logprobs)):
-            if _checks._first_bad([(torch.isnan(t) | (t == float("inf"))).any()]) is not None:
-                raise ValueError(f"{name} must not contain NaN or +inf")
+        _checks.not_nan_or_posinf("parent_scores", parent_scores)
+        _checks.not_nan_or_posinf("child_logprobs", child_logprobs)
     args = (parent_scores.float(), child_logprobs, n, min(k, V))
     return resolve("topn_expand", parent_scores.device, backend, args)(*args)
 
@@ -75,7 +77,7 @@ def select_topn_subtree(parents, scores, n, num_nodes=None, *, check=True, backe
 
     Shape: parents int32 [B, T], scores fp32/bf16/fp16 [B, T] (cumulative path log-prob of each
     node; the root's is ignored), num_nodes int32 [B] or None (= T) -> (keep_idx int32 [B, n],
-    new_parents int32 [B, n], counts int32 [B]).
+    new_parents int32 [B, n], counts int32 [B]). Limit: ``1 <= n <= 65536``.
 
     ``n`` counts the root: the output is a tree of ``counts[b] = min(n, available nodes)``
     nodes in the ``build_tree_mask`` convention (for OPT-Tree's budget of ``n`` draft nodes pass
@@ -87,9 +89,9 @@ def select_topn_subtree(parents, scores, n, num_nodes=None, *, check=True, backe
     _checks.tensor("parents", parents, dtype=torch.int32, rank=2)
     B, T = parents.shape
     if T == 0:
-        raise ValueError("parents must have at least one node (T >= 1), got shape (B, 0)")
+        raise ValueError(f"parents must have at least one node (T >= 1), got shape {tuple(parents.shape)}")
     _checks.tensor("scores", scores, dtype=_FLOAT_DTYPES, shape=(B, T), device=parents.device)
-    n = _positive_int("n", n)
+    n = _n(n)
     if num_nodes is None:
         num_nodes = torch.full((B,), T, dtype=torch.int32, device=parents.device)
     else:

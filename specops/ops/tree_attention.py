@@ -18,6 +18,8 @@ from ..backend import register, register_compiled, register_supports, resolve
 from . import _checks
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+CUDA_MAX_D = 256  # the CUDA kernels' head-dim buckets (csrc/cuda/tree_attention.cu)
+CUDA_MAX_B_HKV = 65535  # B * Hkv: a grid dimension of the CUDA kernel
 
 
 def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None,
@@ -32,6 +34,9 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
     positions (RoPE at ``prefix + depth``). Softmax and accumulation run in fp32. ``sm_scale``
     defaults to ``1/sqrt(D)``. ``check=True`` verifies the length values (one host sync):
     non-negative, ``prefix_lens + block_lens <= S``, ``block_lens <= 32 W``, ``q_lens <= Tq``.
+    Limits of the cuda backend (``CUDA_MAX_D``, ``CUDA_MAX_B_HKV``): ``D <= 256`` and
+    ``B * Hkv <= 65535`` (a grid dimension). The automatic backend choice passes a call it cannot
+    take to the next backend; ``backend="cuda"`` raises BackendUnavailable naming the limit.
     With ``check=False`` bad lengths are clamped into range by the kernels (no out-of-bounds
     access), but the result is then unspecified.
     """
@@ -48,7 +53,7 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
     if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"k_cache heads must divide q heads (Hq % Hkv == 0), got Hq={Hq}, Hkv={Hkv}")
     if D == 0:
-        raise ValueError("q must have a non-empty head dimension D, got D=0")
+        raise ValueError(f"q must have a non-empty head dimension D, got D=0 (shape {tuple(q.shape)})")
     _checks.lengths("prefix_lens", prefix_lens, B, dev)
     _checks.lengths("block_lens", block_lens, B, dev)
     _checks.tensor("mask", mask, dtype=torch.int32, rank=3, device=dev)
@@ -72,18 +77,19 @@ def _length_values(prefix_lens, block_lens, q_lens, S, W, Tq):
         return
     p, n = prefix_lens.long(), block_lens.long()
     rules = [
-        ("prefix_lens", "must be >= 0", prefix_lens, (p < 0).any()),
-        ("block_lens", "must be >= 0", block_lens, (n < 0).any()),
+        ("prefix_lens", "must be >= 0", prefix_lens, p < 0),
+        ("block_lens", "must be >= 0", block_lens, n < 0),
         ("block_lens", f"must be <= 32 * W = {32 * W} (mask too narrow: mask is [B, Tq, W={W}])",
-         block_lens, (n > 32 * W).any()),
-        ("prefix_lens + block_lens", f"must be <= S = {S} (the cache length)", p + n, (p + n > S).any()),
+         block_lens, n > 32 * W),
+        ("prefix_lens + block_lens", f"must be <= S = {S} (the cache length)", p + n, p + n > S),
     ]
     if q_lens is not None:
-        rules.append(("q_lens", f"must lie in [0, Tq={Tq}]", q_lens, ((q_lens < 0) | (q_lens > Tq)).any()))
-    which = _checks._first_bad([r[3] for r in rules])
+        rules.append(("q_lens", f"must lie in [0, Tq={Tq}]", q_lens, (q_lens < 0) | (q_lens > Tq)))
+    which = _checks._first_bad([r[3].any() for r in rules])
     if which is not None:
-        name, rule, t, _ = rules[which]
-        raise ValueError(f"{name} {rule}, got values in [{int(t.min())}, {int(t.max())}]")
+        name, rule, t, bad = rules[which]
+        label = f"({name})" if " " in name else name
+        raise ValueError(f"{name} {rule}, got {_checks.at(label, t, bad)}")
 
 
 def visibility(prefix_lens, block_lens, mask, q_lens, S):
@@ -149,17 +155,14 @@ def _has_schema():
 
 register_compiled("tree_attention")(_compiled)
 
-CUDA_MAX_D = 256  # csrc/cuda/tree_attention.cu: head-dim chunks of 32 per lane, at most 8
-GRID_YZ_MAX = 65535  # CUDA's limit on gridDim.y / .z
-
 
 def _cuda_supports(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
     """What the CUDA kernel (and its emulation) can launch: D <= 256, B * Hkv blocks in grid y."""
     B, D, Hkv = q.shape[0], q.shape[3], k_cache.shape[1]
     if D > CUDA_MAX_D:
         return f"head dim D={D} > {CUDA_MAX_D}"
-    if B * Hkv > GRID_YZ_MAX:
-        return f"B * Hkv = {B * Hkv} > {GRID_YZ_MAX} (grid y limit)"
+    if B * Hkv > CUDA_MAX_B_HKV:
+        return f"B * Hkv = {B * Hkv} > {CUDA_MAX_B_HKV} (grid y limit)"
     return None
 
 

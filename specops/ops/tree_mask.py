@@ -25,7 +25,7 @@ def build_tree_mask(parents, num_nodes=None, *, check=True, backend=None):
     _checks.tensor("parents", parents, dtype=torch.int32, rank=2)
     B, T = parents.shape
     if T == 0:
-        raise ValueError("parents must have at least one node (T >= 1), got shape (B, 0)")
+        raise ValueError(f"parents must have at least one node (T >= 1), got shape {tuple(parents.shape)}")
     if num_nodes is None:
         num_nodes = torch.full((B,), T, dtype=torch.int32, device=parents.device)
     else:

@@ -51,9 +51,10 @@ def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, check=True,
     _checks.tensor("target_logits", target_logits, dtype=_LOGITS, rank=3, device=tokens.device)
     V = _rows_shape("target_logits", target_logits, B, T)
     if check:
-        bad_rows = torch.isnan(target_logits).any(-1) | (target_logits == torch.inf).any(-1)
-        _raise_first(_tree_flags(tokens, parents, num_nodes, V) + [_flag(bad_rows.any(), lambda: (
-            "target_logits[{}, {}] must not contain NaN or +inf".format(*_first_row(bad_rows)),))])
+        bad = torch.isnan(target_logits) | (target_logits == torch.inf)
+        _raise_first(_tree_flags(tokens, parents, num_nodes, V) + [_flag(bad.any(), lambda: (
+            "target_logits[{}, {}] must not contain NaN or +inf, got ".format(*_first_row(bad.any(-1)))
+            + _checks.at("target_logits", target_logits, bad),))])
     return resolve("verify_greedy", tokens.device, backend)(tokens, parents, target_logits, num_nodes)
 
 
@@ -133,23 +134,27 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, unifo
             raise ValueError(f"tau must lie in [0, 1], got {tau}")
         tau = torch.full((B,), float(tau), dtype=torch.float32, device=dev)
     else:
-        raise TypeError(f"tau must be a float or a torch.Tensor, got {type(tau).__name__}")
+        raise TypeError(f"tau must be a float or a torch.Tensor, got {type(tau).__name__} {tau!r:.60}")
     if check:
         bad_tok = (draft_tokens < 0) | (draft_tokens >= V)
+        bad_tau = (tau < 0) | (tau > 1) | torch.isnan(tau)
+        bad_target = torch.isnan(target_logprobs) | (target_logprobs == torch.inf)
         lse = torch.logsumexp(target_logprobs, -1)
+        off = lse.abs() > ROW_SUM_TOL
+        bad_joint = torch.isnan(draft_joint_logprobs) | (draft_joint_logprobs > 0)
         _raise_first([
             _flag(bad_tok.any(), lambda: ("draft_tokens must lie in [0, V={}), got {} at [{}, {}]".format(
                 V, *_first_value(draft_tokens, bad_tok)),)),
-            _flag(((tau < 0) | (tau > 1) | torch.isnan(tau)).any(), lambda: (
-                f"tau must lie in [0, 1], got values in [{tau.min().item()}, {tau.max().item()}]",)),
+            _flag(bad_tau.any(), lambda: (f"tau must lie in [0, 1], got {_checks.at('tau', tau, bad_tau)}",)),
             _uniform_flag("uniforms", uniforms),
-            _flag((torch.isnan(target_logprobs) | (target_logprobs == torch.inf)).any(), lambda: (
-                "target_logprobs must not contain NaN or +inf",)),
-            _flag((lse.abs() > ROW_SUM_TOL).any(), lambda: (
+            _flag(bad_target.any(), lambda: ("target_logprobs must not contain NaN or +inf, got "
+                                             + _checks.at("target_logprobs", target_logprobs, bad_target),)),
+            _flag(off.any(), lambda: (
                 "target_logprobs[{}, {}] must be a log-distribution (logsumexp 0 within {}), got {:.6g}".format(
-                    *_first_row(lse.abs() > ROW_SUM_TOL), ROW_SUM_TOL, float(lse[_first_row(lse.abs() > ROW_SUM_TOL)])),)),
-            _flag((torch.isnan(draft_joint_logprobs) | (draft_joint_logprobs > 0)).any(), lambda: (
-                "draft_joint_logprobs must be log-probabilities (<= 0, not NaN)",)),
+                    *_first_row(off), ROW_SUM_TOL, float(lse[_first_row(off)])),)),
+            _flag(bad_joint.any(), lambda: (
+                "draft_joint_logprobs must be log-probabilities (<= 0, not NaN), got "
+                f"{_checks.at('draft_joint_logprobs', draft_joint_logprobs, bad_joint)}",)),
         ])
     log_tau = torch.log(tau)
     return resolve("verify_joint", dev, backend)(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau,
@@ -162,7 +167,7 @@ def _tree_args(tokens, parents, num_nodes):
     _checks.tensor("tokens", tokens, dtype=torch.int32, rank=2)
     B, T = tokens.shape
     if T == 0:
-        raise ValueError("tokens must have at least one node (T >= 1), got shape (B, 0)")
+        raise ValueError(f"tokens must have at least one node (T >= 1), got shape {tuple(tokens.shape)}")
     _checks.tensor("parents", parents, dtype=torch.int32, shape=(B, T), device=tokens.device)
     if num_nodes is None:
         num_nodes = torch.full((B,), T, dtype=torch.int32, device=tokens.device)
@@ -214,9 +219,10 @@ def _tree_flags(tokens, parents, num_nodes, V):
     par_bad = child & ((parents < 0) | (parents >= idx[None, :]))
     tok_bad = child & ((tokens < 0) | (tokens >= V))
 
+    nodes_bad = (num_nodes < 1) | (num_nodes > T)
+
     def nodes_message():
-        got = num_nodes.min().item(), num_nodes.max().item()
-        return (f"num_nodes must lie in [1, T={T}], got values in [{got[0]}, {got[1]}]",)
+        return (f"num_nodes must lie in [1, T={T}], got {_checks.at('num_nodes', num_nodes, nodes_bad)}",)
 
     def root_message():
         b = int(root_bad.nonzero()[0, 0])
@@ -230,25 +236,26 @@ def _tree_flags(tokens, parents, num_nodes, V):
         got, b, i = _first_value(tokens, tok_bad)
         return (f"tokens[{b}, {i}] must lie in [0, V={V}), got {got}",)
 
-    return [_flag(((num_nodes < 1) | (num_nodes > T)).any(), nodes_message), _flag(root_bad.any(), root_message),
+    return [_flag(nodes_bad.any(), nodes_message), _flag(root_bad.any(), root_message),
             _flag(par_bad.any(), parent_message), _flag(tok_bad.any(), token_message)]
 
 
 def _uniform_flag(name, u):
     bad = ~((u >= 0) & (u < 1))
-    return _flag(bad.any(), lambda: (f"{name} must lie in [0, 1), got values in "
-                                     f"[{u.min().item()}, {u.max().item()}] (NaN counts as outside)",))
+    return _flag(bad.any(), lambda: (f"{name} must lie in [0, 1) (NaN counts as outside), got "
+                                     f"{_checks.at(name, u, bad)}",))
 
 
 def _prob_flags(name, rows, where):
     """Finite, non-negative rows summing to 1 at the [B, T] positions ``where``."""
-    finite = torch.isfinite(rows).all(-1) & (rows >= 0).all(-1)
-    nonfinite = where & ~finite
+    bad_entry = ~torch.isfinite(rows) | (rows < 0)
+    nonfinite = where & bad_entry.any(-1)
     sums = rows.sum(-1, dtype=torch.float64)
-    off = where & finite & ((sums - 1).abs() > ROW_SUM_TOL)
+    off = where & ~nonfinite & ((sums - 1).abs() > ROW_SUM_TOL)
     return [
         _flag(nonfinite.any(), lambda: (f"{name}[{', '.join(map(str, _first_row(nonfinite)))}] must be finite and "
-                                        f"non-negative (NaN, Inf or a negative entry found)",)),
+                                        "non-negative, got "
+                                        f"{_checks.at(name, rows, nonfinite[..., None] & bad_entry)}",)),
         _flag(off.any(), lambda: (f"{name}[{', '.join(map(str, _first_row(off)))}] must sum to 1 (within "
                                   f"{ROW_SUM_TOL}), got {float(sums[_first_row(off)]):.6g}",)),
     ]

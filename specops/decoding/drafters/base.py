@@ -6,6 +6,8 @@ A method = a Drafter (what to propose, how the draft model's cache follows) + a 
 calls, per iteration: ``propose(state) -> Candidates``, then verification, then
 ``commit(state, cand, result)``. Nothing in the loop knows which method runs.
 """
+import math
+
 from ..tree import Candidates
 
 # Verification modes (docs/methods.md §Verification rules): greedy = R1; mss = R3 (R2 on a
@@ -41,14 +43,28 @@ class Drafter:
         """Raises ValueError for an out-of-range parameter (override)."""
 
     @staticmethod
-    def _positive_int(name, value, minimum=1):
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    def _positive_int(name, value, minimum=1, maximum=None):
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum or (
+                maximum is not None and value > maximum):
+            bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
+            raise ValueError(f"{name} must be an int {bound}, got {value!r}")
 
     @staticmethod
     def _fraction(name, value, lo=0.0, hi=1.0):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not lo <= value <= hi:
             raise ValueError(f"{name} must be a number in [{lo}, {hi}], got {value!r}")
+
+    @staticmethod
+    def _real(name, value, *, positive=False):
+        """A finite real number, > 0 (``positive``) or >= 0 (NaN and inf rejected)."""
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or value < 0 or (positive and value == 0):
+            raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+
+    @staticmethod
+    def _bool(name, value):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
 
     # ---- sizes (for cache allocation) ---------------------------------------------------------
 

@@ -15,6 +15,7 @@ import math
 import torch
 
 from .. import _kernels
+from ...ops.topn import MAX_N
 from ..sampling import SamplingConfig
 from ..tree import Candidates
 from .base import ModelDrafter
@@ -29,9 +30,12 @@ class BeamDrafter(ModelDrafter):
 
     def check_params(self):
         self._positive_int("gamma", self.gamma)
-        self._positive_int("beams", self.beams)
+        self._positive_int("beams", self.beams, 1, MAX_N)
         self._fraction("tau", self.tau)
         self._positive_int("joint_top_k", self.joint_top_k, 0)
+        p = self.joint_top_p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise ValueError(f"joint_top_p must be a number in (0, 1], got {p!r}")
         self.joint = SamplingConfig(1.0, self.joint_top_k, self.joint_top_p)
 
     def verify_mode(self, sampling):

@@ -30,8 +30,8 @@ class MultiDraftDrafter(ModelDrafter):
     def check_params(self):
         self._positive_int("num_drafts", self.num_drafts)
         self._positive_int("gamma", self.gamma)
-        if not isinstance(self.draft_temperature, (int, float)) or self.draft_temperature <= 0:
-            raise ValueError(f"draft_temperature must be > 0, got {self.draft_temperature!r}")
+        self._real("draft_temperature", self.draft_temperature, positive=True)
+        self._bool("ngram", self.ngram)
 
     def tree_budget(self):
         return 1 + (self.num_drafts + bool(self.ngram)) * self.gamma * 2
@@ -58,7 +58,8 @@ class MultiDraftDrafter(ModelDrafter):
             logits = d.logits_rows(pairs)
             if greedy:
                 argmax = logits.argmax(-1).tolist()
-                probs = torch.softmax(logits / self.draft_temperature, -1)
+                # Max subtracted first: a tiny draft_temperature must not overflow to inf - inf.
+                probs = torch.softmax((logits - logits.amax(-1, keepdim=True)) / self.draft_temperature, -1)
             else:
                 probs = state.sampling.warp(logits)
             last = step == self.gamma - 1

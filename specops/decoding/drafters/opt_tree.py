@@ -14,6 +14,7 @@ import math
 import torch
 
 from .. import _kernels
+from ...ops.topn import MAX_N
 from ..tree import Candidates
 from .base import ModelDrafter
 
@@ -26,10 +27,9 @@ class OptTreeDrafter(ModelDrafter):
     sampling_mode = "sample_match"
 
     def check_params(self):
-        self._positive_int("n", self.n)
+        self._positive_int("n", self.n, 1, MAX_N - 1)  # the final selection takes n + 1 nodes
         self._positive_int("max_depth", self.max_depth)
-        if not isinstance(self.delta, (int, float)) or self.delta < 0:
-            raise ValueError(f"delta must be a number >= 0, got {self.delta!r}")
+        self._real("delta", self.delta)
         if self.verify is not None:
             if self.verify not in ("sample_match", "mss_pointmass"):
                 raise ValueError(f"verify must be 'sample_match' or 'mss_pointmass', got {self.verify!r}")

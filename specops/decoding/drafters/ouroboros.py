@@ -49,6 +49,8 @@ class OuroborosDrafter(ModelDrafter):
         self._positive_int("ngram", self.ngram, 2)
         self._positive_int("guesses", self.guesses, 0)
         self._positive_int("branches", self.branches, 0)
+        self._bool("reuse_pool", self.reuse_pool)
+        self._bool("model_free", self.model_free)
         self.needs_draft_model = not self.model_free
         self.pool = None
 

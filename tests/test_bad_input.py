@@ -1,0 +1,438 @@
+"""Bad input to every public op, table-driven, on every backend: each case asserts the exception
+type, that the message names the argument and shows the offending value (and position), and that
+every tensor passed in is bit-identical afterwards. Valid but unusual layouts (non-contiguous,
+strided and stride-0 length tensors, zero-size dims) must give what contiguous inputs give.
+StaticKVCache and generate: tests/test_bad_input_state.py."""
+import dataclasses
+
+import pytest
+import torch
+
+import specops
+
+I32, I64, F32, F64 = torch.int32, torch.int64, torch.float32, torch.float64
+NAN, INF = float("nan"), float("inf")
+
+
+def _g():
+    return torch.Generator().manual_seed(7)
+
+
+def _lp(*shape):  # log-distribution rows
+    return torch.log_softmax(torch.randn(*shape, generator=_g()), -1)
+
+
+TREE = [[-1, 0, 0, 1, 3], [-1, 0, 1, 1, 0]]  # two valid 5-node trees
+VTREE = [[-1, 0, 1, 0], [-1, 0, 0, 2]]  # two valid 4-node trees (verify ops, V = 6)
+
+
+def _base(op):
+    """Small valid keyword arguments of ``op`` (CPU tensors; moved to the test device later)."""
+    t = lambda x, d=I32: torch.tensor(x, dtype=d)  # noqa: E731
+    if op == "warp_probs":
+        return dict(logits=torch.randn(2, 7, generator=_g()), temperature=t([0.5, 1.0], F32),
+                    top_k=t([0, 3]), top_p=t([0.9, 1.0], F32))
+    if op == "build_tree_mask":
+        return dict(parents=t(TREE), num_nodes=t([5, 4]))
+    if op == "tree_attention":
+        mask, _ = specops.build_tree_mask(t([[-1, 0, 1], [-1, 0, 0]]), backend="torch")
+        return dict(q=torch.randn(2, 3, 4, 8, generator=_g()), k_cache=torch.randn(2, 2, 16, 8, generator=_g()),
+                    v_cache=torch.randn(2, 2, 16, 8, generator=_g()), prefix_lens=t([5, 0]), block_lens=t([3, 2]),
+                    mask=mask, q_lens=t([3, 2]))
+    if op == "kv_compact":
+        return dict(k_cache=torch.randn(2, 2, 2, 16, 4, generator=_g()), v_cache=torch.randn(2, 2, 2, 16, 4),
+                    prefix_lens=t([3, 5]), accept_idx=t([[0, 2, 3], [0, 1, 4]]), accept_lens=t([3, 2]))
+    if op in ("verify_greedy", "verify_tree"):
+        base = dict(tokens=t([[0, 1, 2, 3], [0, 4, 5, 1]]), parents=t(VTREE), num_nodes=t([4, 3]))
+        if op == "verify_greedy":
+            return dict(base, target_logits=torch.randn(2, 4, 6, generator=_g()))
+        return dict(base, target_probs=_lp(2, 4, 6).exp(), draft_probs=_lp(2, 4, 6).flip(-1).exp(),
+                    uniforms=torch.rand(2, 4, 2, generator=_g()), mode="mss")
+    if op == "verify_joint":
+        return dict(draft_tokens=t([[1, 2, 3], [5, 0, 4]]), target_logprobs=_lp(2, 4, 6),
+                    draft_joint_logprobs=-torch.rand(2, 3, generator=_g()), tau=t([0.5, 0.25], F32),
+                    uniforms=torch.rand(2, generator=_g()))
+    if op == "topn_expand":
+        return dict(parent_scores=-torch.rand(2, 3, generator=_g()), child_logprobs=_lp(2, 3, 7), n=4)
+    assert op == "select_topn_subtree"
+    return dict(parents=t(TREE), scores=-torch.rand(2, 5, generator=_g()).cumsum(-1), n=3, num_nodes=t([5, 4]))
+
+
+# ---- the table -------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Case:
+    op: str
+    label: str
+    edit: object  # kwargs -> None (edits the dict in place)
+    exc: type = None  # None: a valid call, compared with the same call on contiguous inputs
+    shows: tuple = ()  # substrings of the message: the argument's name, the value, the position
+    only: tuple = ()  # run on these backends only (others have no such limit)
+    xfail: dict = dataclasses.field(default_factory=dict)  # backend -> reason (strict)
+
+    @property
+    def id(self):
+        return f"{self.op}-{self.label}"
+
+
+def setv(arg, index, value):
+    def edit(a):
+        a[arg] = a[arg].clone()
+        a[arg][index] = value
+    return edit
+
+
+def put(**kw):
+    return lambda a: a.update({k: (v() if callable(v) else v) for k, v in kw.items()})
+
+
+def grow(t, dim):
+    return torch.cat([t, t.narrow(dim, 0, 1)], dim)
+
+
+def _shape(name):
+    """The message must show the shape that came (computed from the edited arguments)."""
+    return lambda a: str(tuple(a[name].shape))
+
+
+# Metadata, generated per tensor argument: (name, a dtype it must not have, a dim whose size is
+# fixed by another argument or None for the argument that fixes the sizes and the device).
+META = {
+    "warp_probs": [("logits", F64, None), ("temperature", I32, 0), ("top_k", F32, 0), ("top_p", I32, 0)],
+    "build_tree_mask": [("parents", I64, None), ("num_nodes", I64, 0)],
+    "tree_attention": [("q", F64, None), ("k_cache", F64, 0), ("v_cache", F64, 2), ("prefix_lens", I64, 0),
+                       ("block_lens", I64, 0), ("mask", I64, 1), ("q_lens", I64, 0)],
+    "kv_compact": [("k_cache", F64, None), ("v_cache", F64, 3), ("prefix_lens", I64, 0), ("accept_idx", I64, 0),
+                   ("accept_lens", I64, 0)],
+    "verify_greedy": [("tokens", I64, None), ("parents", I64, 1), ("target_logits", F64, 1), ("num_nodes", I64, 0)],
+    "verify_tree": [("tokens", I64, None), ("parents", I64, 1), ("target_probs", F64, 1), ("uniforms", F64, 2),
+                    ("draft_probs", F64, 2), ("num_nodes", I64, 0)],
+    "verify_joint": [("draft_tokens", I64, None), ("target_logprobs", F64, 1), ("draft_joint_logprobs", F64, 1),
+                     ("tau", F64, 0), ("uniforms", F64, 0)],
+    "topn_expand": [("parent_scores", F64, None), ("child_logprobs", F64, 1)],
+    "select_topn_subtree": [("parents", I64, None), ("scores", F64, 1), ("num_nodes", I64, 0)],
+}
+
+
+def _meta_cases():
+    for op, args in META.items():
+        for name, dtype, dim in args:
+            yield Case(op, f"{name}-list", lambda a, n=name: a.update({n: a[n].tolist()}), TypeError, (name, "list"))
+            yield Case(op, f"{name}-{dtype}", lambda a, n=name, d=dtype: a.update({n: a[n].to(d)}), TypeError,
+                       (name, str(dtype)))
+            yield Case(op, f"{name}-rank", lambda a, n=name: a.update({n: a[n][None]}), ValueError,
+                       (name, _shape(name)))
+            if dim is not None:
+                yield Case(op, f"{name}-device", lambda a, n=name: a.update({n: a[n].to("meta")}), ValueError,
+                           (name, "meta"))
+                yield Case(op, f"{name}-shape", lambda a, n=name, d=dim: a.update({n: grow(a[n], d)}), ValueError,
+                           (name, _shape(name)))
+
+
+V, E = ValueError, TypeError
+W, TM, TA, KV, VG, VT, VJ, TN, ST = ("warp_probs", "build_tree_mask", "tree_attention", "kv_compact", "verify_greedy",
+                                     "verify_tree", "verify_joint", "topn_expand", "select_topn_subtree")
+COMPILED = ("cpp", "cuda", "triton", "cudasim")
+VALUES = [
+    # warp_probs: values under check=True, scalar parameters, limits
+    Case(W, "logits-nan", setv("logits", (1, 3), NAN), V, ("logits", "nan", "[1, 3]")),
+    Case(W, "logits-inf", setv("logits", (0, 2), INF), V, ("logits", "inf", "[0, 2]")),
+    Case(W, "logits-row-all-minus-inf", setv("logits", 1, -INF), V, ("logits row 1", "-inf")),
+    Case(W, "temperature-negative", setv("temperature", 1, -1.0), V, ("temperature[1] = -1.0",)),
+    Case(W, "temperature-nan", setv("temperature", 0, NAN), V, ("temperature[0] = nan",)),
+    Case(W, "temperature-inf", setv("temperature", 1, INF), V, ("temperature[1] = inf",)),
+    Case(W, "top_k-negative", setv("top_k", 1, -2), V, ("top_k[1] = -2",)),
+    Case(W, "top_p-zero", setv("top_p", 0, 0.0), V, ("top_p[0] = 0.0",)),
+    Case(W, "top_p-above-one", setv("top_p", 1, 1.5), V, ("top_p[1] = 1.5",)),
+    Case(W, "top_p-nan", setv("top_p", 0, NAN), V, ("top_p[0] = nan",)),
+    Case(W, "temperature=-0.5", put(temperature=-0.5), V, ("temperature", "-0.5")),
+    Case(W, "temperature=nan", put(temperature=NAN), V, ("temperature", "nan")),
+    Case(W, "temperature=inf", put(temperature=INF), V, ("temperature", "inf")),
+    Case(W, "temperature=str", put(temperature="hot"), E, ("temperature", "'hot'")),
+    Case(W, "temperature=bool", put(temperature=True), E, ("temperature", "bool")),
+    Case(W, "top_k=-1", put(top_k=-1), V, ("top_k", "-1")),
+    Case(W, "top_k=float", put(top_k=2.5), E, ("top_k", "2.5")),
+    Case(W, "top_k=bool", put(top_k=True), E, ("top_k", "bool")),
+    Case(W, "top_p=0", put(top_p=0.0), V, ("top_p", "0.0")),
+    Case(W, "top_p=1.5", put(top_p=1.5), V, ("top_p", "1.5")),
+    Case(W, "top_p=nan", put(top_p=NAN), V, ("top_p", "nan")),
+    Case(W, "top_p=str", put(top_p="x"), E, ("top_p", "'x'")),
+    Case(W, "V=0", put(logits=lambda: torch.zeros(2, 0)), V, ("logits", "(2, 0)")),
+    Case(W, "V-over-int32", put(logits=lambda: torch.zeros(2, 1).expand(2, 2**31)), V,
+         ("V=2147483648", "2147483647"), only=COMPILED),
+    # build_tree_mask
+    Case(TM, "root-not-minus-one", setv("parents", (1, 0), 0), V, ("parents[1, 0]", "got 0")),
+    Case(TM, "parent-not-earlier", setv("parents", (0, 3), 3), V, ("parents[0, 3]", "got 3")),
+    Case(TM, "child-parent-negative", setv("parents", (0, 2), -1), V, ("parents[0, 2]", "got -1")),
+    Case(TM, "parent-past-t", setv("parents", (0, 4), 7), V, ("parents[0, 4]", "got 7")),
+    Case(TM, "num_nodes-zero", setv("num_nodes", 1, 0), V, ("num_nodes[1] = 0",)),
+    Case(TM, "num_nodes-past-t", setv("num_nodes", 0, 6), V, ("num_nodes[0] = 6", "T=5")),
+    Case(TM, "num_nodes-negative", setv("num_nodes", 1, -3), V, ("num_nodes[1] = -3",)),
+    Case(TM, "T=0", put(parents=lambda: torch.zeros(2, 0, dtype=I32), num_nodes=None), V, ("parents", "(2, 0)")),
+    # tree_attention
+    Case(TA, "prefix_lens-negative", setv("prefix_lens", 1, -1), V, ("prefix_lens[1] = -1",)),
+    Case(TA, "block_lens-negative", setv("block_lens", 0, -2), V, ("block_lens[0] = -2",)),
+    Case(TA, "block_lens-past-mask", setv("block_lens", 1, 33), V, ("block_lens[1] = 33", "W=1")),
+    Case(TA, "lens-past-cache", setv("prefix_lens", 0, 14), V, ("prefix_lens + block_lens", "[0] = 17", "S = 16")),
+    Case(TA, "q_lens-past-tq", setv("q_lens", 1, 4), V, ("q_lens[1] = 4", "Tq=3")),
+    Case(TA, "q_lens-negative", setv("q_lens", 0, -1), V, ("q_lens[0] = -1",)),
+    Case(TA, "sm_scale-nan", put(sm_scale=NAN), E, ("sm_scale", "nan")),
+    Case(TA, "sm_scale-str", put(sm_scale="0.1"), E, ("sm_scale", "'0.1'")),
+    Case(TA, "D=0", put(q=lambda: torch.zeros(2, 3, 4, 0), k_cache=lambda: torch.zeros(2, 2, 16, 0),
+                        v_cache=lambda: torch.zeros(2, 2, 16, 0)), V, ("D", "D=0")),
+    Case(TA, "heads-not-dividing", put(k_cache=lambda: torch.zeros(2, 3, 16, 8),
+                                       v_cache=lambda: torch.zeros(2, 3, 16, 8)), V, ("Hq=4", "Hkv=3")),
+    Case(TA, "k_cache-last-stride", put(k_cache=lambda: torch.zeros(2, 2, 8, 16).transpose(2, 3)), V,
+         ("k_cache", "stride", "(256, 128, 1, 16)")),
+    Case(TA, "D-over-cuda-limit", put(q=lambda: torch.zeros(2, 3, 4, 264), k_cache=lambda: torch.zeros(2, 2, 16, 264),
+                                      v_cache=lambda: torch.zeros(2, 2, 16, 264)), V, ("D=264", "256"), only=("cuda",)),
+    Case(TA, "B*Hkv-over-cuda-limit", put(
+        q=lambda: torch.zeros(16384, 1, 4, 8), k_cache=lambda: torch.zeros(16384, 4, 1, 8),
+        v_cache=lambda: torch.zeros(16384, 4, 1, 8), prefix_lens=lambda: torch.zeros(16384, dtype=I32),
+        block_lens=lambda: torch.zeros(16384, dtype=I32), q_lens=None,
+        mask=lambda: torch.zeros(16384, 1, 1, dtype=I32)),
+        V, ("B=16384", "Hkv=4", "65535"), only=("cuda",)),
+    # kv_compact: values, aliasing
+    Case(KV, "accept_lens-past-a", setv("accept_lens", 0, 4), V, ("accept_lens[0] = 4", "A=3")),
+    Case(KV, "accept_lens-negative", setv("accept_lens", 1, -1), V, ("accept_lens[1] = -1",)),
+    Case(KV, "prefix_lens-past-s", setv("prefix_lens", 1, 17), V, ("prefix_lens[1] = 17", "S=16")),
+    Case(KV, "prefix_lens-negative", setv("prefix_lens", 0, -1), V, ("prefix_lens[0] = -1",)),
+    Case(KV, "accept_idx-not-increasing", setv("accept_idx", (0, 2), 2), V, ("accept_idx[0, 2]", "got 2")),
+    Case(KV, "accept_idx-negative", setv("accept_idx", (1, 0), -1), V, ("accept_idx[1, 0]", "got -1")),
+    Case(KV, "accept_idx-past-s", setv("accept_idx", (1, 1), 12), V, ("accept_idx[1, 1] = 12", "S=16")),
+    Case(KV, "v-is-k", lambda a: a.update(v_cache=a["k_cache"]), V, ("v_cache", "k_cache", "0 bytes apart")),
+    Case(KV, "v-overlaps-k", lambda a: a.update(zip(("k_cache", "v_cache"), _overlapping())), V,
+         ("v_cache", "8 bytes apart")),
+    Case(KV, "k-expanded", put(k_cache=lambda: torch.zeros(2, 2, 2, 1, 4).expand(2, 2, 2, 16, 4)), V,
+         ("k_cache", "address one element twice", "(16, 8, 4, 0, 1)")),
+    Case(KV, "v-expanded", put(v_cache=lambda: torch.zeros(1, 2, 2, 16, 4).expand(2, 2, 2, 16, 4)), V,
+         ("v_cache", "address one element twice")),
+    # verify_greedy / verify_tree / verify_joint
+    Case(VG, "tokens-past-v", setv("tokens", (0, 2), 6), V, ("tokens[0, 2]", "V=6", "got 6")),
+    Case(VG, "tokens-negative", setv("tokens", (1, 1), -1), V, ("tokens[1, 1]", "got -1")),
+    Case(VG, "root-not-minus-one", setv("parents", (1, 0), 0), V, ("parents[1, 0]", "got 0")),
+    Case(VG, "parent-not-earlier", setv("parents", (0, 3), 5), V, ("parents[0, 3]", "got 5")),
+    Case(VG, "num_nodes-zero", setv("num_nodes", 0, 0), V, ("num_nodes[0] = 0",)),
+    Case(VG, "num_nodes-past-t", setv("num_nodes", 1, 5), V, ("num_nodes[1] = 5", "T=4")),
+    Case(VG, "logits-nan", setv("target_logits", (1, 2, 4), NAN), V, ("target_logits[1, 2, 4] = nan",)),
+    Case(VG, "logits-inf", setv("target_logits", (0, 0, 0), INF), V, ("target_logits[0, 0, 0] = inf",)),
+    Case(VG, "T=0", put(tokens=lambda: torch.zeros(2, 0, dtype=I32), parents=lambda: torch.zeros(2, 0, dtype=I32),
+                        target_logits=lambda: torch.zeros(2, 0, 6), num_nodes=None), V, ("tokens", "(2, 0)")),
+    Case(VG, "V=0", put(target_logits=lambda: torch.zeros(2, 4, 0)), V, ("target_logits", "(2, 4, 0)")),
+    Case(VT, "uniform-one", setv("uniforms", (0, 1, 0), 1.0), V, ("uniforms[0, 1, 0] = 1.0",)),
+    Case(VT, "uniform-nan", setv("uniforms", (1, 3, 1), NAN), V, ("uniforms[1, 3, 1] = nan",)),
+    Case(VT, "uniform-negative", setv("uniforms", (0, 0, 1), -0.5), V, ("uniforms[0, 0, 1] = -0.5",)),
+    Case(VT, "target-nan", setv("target_probs", (1, 2, 3), NAN), V, ("target_probs[1, 2]", "[1, 2, 3] = nan")),
+    Case(VT, "target-negative", setv("target_probs", (0, 1, 0), -0.25), V, ("target_probs[0, 1, 0] = -0.25",)),
+    Case(VT, "target-sum", lambda a: a.update(target_probs=a["target_probs"] * 2), V, ("target_probs[0, 0]", "got 2")),
+    Case(VT, "draft-inf", setv("draft_probs", (0, 2, 1), INF), V, ("draft_probs[0, 2, 1] = inf",)),
+    Case(VT, "draft-zero-row", setv("draft_probs", (1, 2), 0.0), V, ("draft_probs[1, 2]", "got 0")),
+    Case(VT, "mode-greedy", put(mode="greedy"), V, ("mode", "'greedy'")),
+    Case(VT, "mode-none", put(mode=None), V, ("mode", "None")),
+    Case(VT, "draft-missing", put(draft_probs=None), V, ("draft_probs", "mode='mss'")),
+    Case(VT, "tokens-past-v", setv("tokens", (0, 3), 6), V, ("tokens[0, 3]", "got 6")),
+    Case(VT, "parent-not-earlier", setv("parents", (0, 2), 2), V, ("parents[0, 2]", "got 2")),
+    Case(VT, "num_nodes-past-t", setv("num_nodes", 0, 7), V, ("num_nodes[0] = 7",)),
+    Case(VJ, "tokens-past-v", setv("draft_tokens", (1, 2), 6), V, ("draft_tokens", "6 at [1, 2]")),
+    Case(VJ, "tokens-negative", setv("draft_tokens", (0, 0), -1), V, ("draft_tokens", "-1 at [0, 0]")),
+    Case(VJ, "tau=1.5", put(tau=1.5), V, ("tau", "1.5")),
+    Case(VJ, "tau=-0.25", put(tau=-0.25), V, ("tau", "-0.25")),
+    Case(VJ, "tau=nan", put(tau=NAN), V, ("tau", "nan")),
+    Case(VJ, "tau=str", put(tau="0.5"), E, ("tau", "str")),
+    Case(VJ, "tau-tensor-negative", setv("tau", 1, -0.25), V, ("tau[1] = -0.25",)),
+    Case(VJ, "tau-tensor-nan", setv("tau", 0, NAN), V, ("tau[0] = nan",)),
+    Case(VJ, "uniform-one", setv("uniforms", 1, 1.0), V, ("uniforms[1] = 1.0",)),
+    Case(VJ, "uniform-nan", setv("uniforms", 0, NAN), V, ("uniforms[0] = nan",)),
+    Case(VJ, "target-nan", setv("target_logprobs", (0, 1, 2), NAN), V, ("target_logprobs[0, 1, 2] = nan",)),
+    Case(VJ, "target-inf", setv("target_logprobs", (1, 3, 0), INF), V, ("target_logprobs[1, 3, 0] = inf",)),
+    Case(VJ, "target-not-normalised", lambda a: a.update(target_logprobs=a["target_logprobs"] + 1), V,
+         ("target_logprobs[0, 0]", "got 1")),
+    Case(VJ, "joint-positive", setv("draft_joint_logprobs", (0, 1), 0.5), V, ("draft_joint_logprobs[0, 1] = 0.5",)),
+    Case(VJ, "joint-nan", setv("draft_joint_logprobs", (1, 0), NAN), V, ("draft_joint_logprobs[1, 0] = nan",)),
+    Case(VJ, "V=0", put(target_logprobs=lambda: torch.zeros(2, 4, 0)), V, ("target_logprobs", "(2, 4, 0)")),
+    # topn_expand / select_topn_subtree
+    Case(TN, "parent-nan", setv("parent_scores", (1, 0), NAN), V, ("parent_scores[1, 0] = nan",)),
+    Case(TN, "parent-inf", setv("parent_scores", (0, 2), INF), V, ("parent_scores[0, 2] = inf",)),
+    Case(TN, "child-nan", setv("child_logprobs", (1, 2, 3), NAN), V, ("child_logprobs[1, 2, 3] = nan",)),
+    Case(TN, "child-inf", setv("child_logprobs", (0, 0, 6), INF), V, ("child_logprobs[0, 0, 6] = inf",)),
+    Case(TN, "n=0", put(n=0), V, ("n must be >= 1", "got 0")),
+    Case(TN, "n=-3", put(n=-3), V, ("n must be >= 1", "got -3")),
+    Case(TN, "n=2**62", put(n=2**62), V, ("n must be <= 65536", str(2**62))),
+    Case(TN, "n=2**31-1", put(n=2**31 - 1), V, ("n must be <= 65536", str(2**31 - 1))),
+    Case(TN, "n=65537", put(n=65537), V, ("n must be <= 65536", "65537")),
+    Case(TN, "n=float", put(n=2.0), E, ("n must be an int", "2.0")),
+    Case(TN, "n=bool", put(n=True), E, ("n must be an int", "bool")),
+    Case(TN, "n=str", put(n="4"), E, ("n must be an int", "'4'")),
+    Case(TN, "per_parent_k=0", put(per_parent_k=0), V, ("per_parent_k", "got 0")),
+    Case(TN, "per_parent_k=-1", put(per_parent_k=-1), V, ("per_parent_k", "got -1")),
+    Case(TN, "per_parent_k=float", put(per_parent_k=1.5), E, ("per_parent_k", "1.5")),
+    Case(TN, "P=0", put(parent_scores=lambda: torch.zeros(2, 0), child_logprobs=lambda: torch.zeros(2, 0, 7)), V,
+         ("child_logprobs", "(2, 0, 7)")),
+    Case(TN, "V=0", put(child_logprobs=lambda: torch.zeros(2, 3, 0)), V, ("child_logprobs", "(2, 3, 0)")),
+    Case(TN, "V-over-int32", put(child_logprobs=lambda: torch.zeros(2, 3, 1).expand(2, 3, 2**31)), V,
+         ("child_logprobs", "V=2147483648")),
+    Case(ST, "root-not-minus-one", setv("parents", (0, 0), -2), V, ("parents[0, 0]", "got -2")),
+    Case(ST, "parent-not-earlier", setv("parents", (1, 3), 3), V, ("parents[1, 3]", "got 3")),
+    Case(ST, "num_nodes-zero", setv("num_nodes", 1, 0), V, ("num_nodes[1] = 0",)),
+    Case(ST, "num_nodes-past-t", setv("num_nodes", 0, 6), V, ("num_nodes[0] = 6",)),
+    Case(ST, "n=0", put(n=0), V, ("n must be >= 1", "got 0")),
+    Case(ST, "n=2**62", put(n=2**62), V, ("n must be <= 65536", str(2**62))),
+    Case(ST, "n=65537", put(n=65537), V, ("n must be <= 65536", "65537")),
+    Case(ST, "n=float", put(n=1.5), E, ("n must be an int", "1.5")),
+    Case(ST, "n=None", put(n=None), E, ("n must be an int", "NoneType")),
+    Case(ST, "T=0", put(parents=lambda: torch.zeros(2, 0, dtype=I32), scores=lambda: torch.zeros(2, 0), num_nodes=None),
+         V, ("parents", "(2, 0)")),
+]
+
+
+def _overlapping():
+    base = torch.randn(2, 2, 2, 16, 6, generator=_g())
+    return base[..., :4], base[..., 2:]
+
+
+def _strided(values, dtype=I32):
+    return torch.tensor([x for v in values for x in (v, 99)], dtype=dtype)[::2]
+
+
+def _stride0(value, n=2, dtype=I32):
+    return torch.tensor([value], dtype=dtype).expand(n)
+
+
+def _t(shape, perm):  # a non-contiguous tensor of `shape` with the same values pattern
+    inv = [perm.index(i) for i in range(len(perm))]
+    return torch.randn(*[shape[p] for p in perm], generator=_g()).permute(*inv)
+
+
+VALID = [
+    Case(W, "logits-transposed", put(logits=lambda: _t((2, 7), [1, 0]))),
+    Case(W, "logits-row-stride", put(logits=lambda: torch.randn(2, 3, 7, generator=_g())[:, 1])),
+    Case(W, "temperature-strided", put(temperature=lambda: _strided([0.5, 2.0], F32))),
+    Case(W, "top_k-stride0", put(top_k=lambda: _stride0(2))),
+    Case(W, "top_p-stride0", put(top_p=lambda: _stride0(0.5, dtype=F32))),
+    Case(W, "N=0", put(logits=lambda: torch.zeros(0, 7), temperature=1.0, top_k=2, top_p=0.5)),
+    Case(TM, "parents-transposed", put(parents=lambda: torch.tensor(TREE, dtype=I32).t().contiguous().t())),
+    Case(TM, "num_nodes-strided", put(num_nodes=lambda: _strided([3, 5]))),
+    Case(TM, "num_nodes-stride0", put(num_nodes=lambda: _stride0(4))),
+    Case(TM, "B=0", put(parents=lambda: torch.zeros(0, 5, dtype=I32), num_nodes=None)),
+    Case(TA, "prefix_lens-strided", put(prefix_lens=lambda: _strided([5, 7]))),
+    Case(TA, "block_lens-strided", put(block_lens=lambda: _strided([3, 1]))),
+    Case(TA, "q_lens-strided", put(q_lens=lambda: _strided([3, 1]))),
+    Case(TA, "prefix_lens-stride0", put(prefix_lens=lambda: _stride0(6))),
+    Case(TA, "q-permuted", put(q=lambda: _t((2, 3, 4, 8), [0, 2, 1, 3]))),
+    Case(TA, "cache-slice-of-longer", lambda a: a.update(k_cache=torch.randn(2, 2, 20, 8, generator=_g())[:, :, 2:18],
+                                                         v_cache=torch.randn(2, 2, 16, 8).flip(2))),
+    Case(TA, "mask-transposed", lambda a: a.update(mask=a["mask"].transpose(1, 2).contiguous().transpose(1, 2))),
+    Case(TA, "B=0", lambda a: a.update({k: v[:0] for k, v in a.items()})),
+    Case(TA, "Tq=0", lambda a: a.update(q=a["q"][:, :0], mask=a["mask"][:, :0], q_lens=torch.zeros(2, dtype=I32))),
+    Case(KV, "prefix_lens-strided", put(prefix_lens=lambda: _strided([1, 2]))),
+    Case(KV, "accept_lens-stride0", put(accept_lens=lambda: _stride0(2))),
+    Case(KV, "accept_idx-column-slice", put(accept_idx=lambda: torch.tensor([[0, 9, 2, 9, 3], [0, 9, 1, 9, 4]],
+                                                                          dtype=I32)[:, ::2])),
+    Case(KV, "kv-interleaved", lambda a: a.update(zip(("k_cache", "v_cache"),
+                                                      torch.randn(2, 2, 2, 2, 16, 4, generator=_g()).unbind(1)))),
+    Case(KV, "cache-slice-of-longer",
+         lambda a: a.update(k_cache=torch.randn(2, 2, 2, 24, 4, generator=_g())[:, :, :, 4:20])),
+    Case(KV, "A=0", lambda a: a.update(accept_idx=a["accept_idx"][:, :0], accept_lens=torch.zeros(2, dtype=I32))),
+    Case(KV, "B=0", lambda a: a.update({k: v[:, :0] if "cache" in k else v[:0] for k, v in a.items()})),
+    Case(VG, "num_nodes-strided", put(num_nodes=lambda: _strided([2, 4]))),
+    Case(VG, "num_nodes-stride0", put(num_nodes=lambda: _stride0(3))),
+    Case(VG, "logits-last-stride", lambda a: a.update(target_logits=a["target_logits"].transpose(1, 2).contiguous()
+                                                      .transpose(1, 2))),
+    Case(VG, "B=0", lambda a: a.update({k: v[:0] for k, v in a.items()})),
+    Case(VT, "num_nodes-stride0", put(num_nodes=lambda: _stride0(4))),
+    Case(VT, "uniforms-transposed", lambda a: a.update(uniforms=a["uniforms"].transpose(0, 2).contiguous()
+                                                       .transpose(0, 2))),
+    Case(VT, "probs-last-stride", lambda a: a.update(target_probs=a["target_probs"].transpose(1, 2).contiguous()
+                                                     .transpose(1, 2))),
+    Case(VJ, "tau-stride0", put(tau=lambda: _stride0(0.25, dtype=F32))),
+    Case(VJ, "uniforms-strided", put(uniforms=lambda: _strided([0.5, 0.25], F32))),
+    Case(VJ, "g=0", lambda a: a.update(draft_tokens=a["draft_tokens"][:, :0],
+                                       target_logprobs=a["target_logprobs"][:, :1],
+                                       draft_joint_logprobs=a["draft_joint_logprobs"][:, :0])),
+    Case(TN, "child-transposed", lambda a: a.update(child_logprobs=a["child_logprobs"].transpose(1, 2).contiguous()
+                                                    .transpose(1, 2))),
+    Case(TN, "parent-strided", lambda a: a.update(parent_scores=torch.stack([a["parent_scores"]] * 2, -1)[..., 1])),
+    Case(TN, "B=0", lambda a: a.update(parent_scores=a["parent_scores"][:0], child_logprobs=a["child_logprobs"][:0])),
+    Case(ST, "num_nodes-strided", put(num_nodes=lambda: _strided([2, 5]))),
+    Case(ST, "num_nodes-stride0", put(num_nodes=lambda: _stride0(3))),
+    Case(ST, "scores-transposed", lambda a: a.update(scores=a["scores"].t().contiguous().t())),
+    Case(ST, "B=0", lambda a: a.update(parents=a["parents"][:0], scores=a["scores"][:0], num_nodes=None)),
+]
+CASES = list(_meta_cases()) + VALUES + VALID
+
+
+# ---- the runner --------------------------------------------------------------------------------------
+
+def _raw(t):
+    """Every byte of a tensor's storage (not just its view)."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def _snapshot(args):
+    return {k: _raw(v).clone() for k, v in args.items() if isinstance(v, torch.Tensor) and v.device.type != "meta"}
+
+
+def _to(args, device):
+    """Moves CPU tensors to ``device`` keeping their exact layout (strides, stride 0, offsets)."""
+    if torch.device(device).type == "cpu":
+        return args
+    out = {}
+    for k, v in args.items():
+        if isinstance(v, torch.Tensor) and v.device.type == "cpu":
+            flat = torch.empty(0, dtype=v.dtype).set_(v.untyped_storage()).to(device)
+            v = flat.as_strided(v.shape, v.stride(), v.storage_offset())
+        out[k] = v
+    return out
+
+
+def _args(case, device):
+    args = _base(case.op)
+    case.edit(args)
+    return _to(args, device)
+
+
+def _assert_same(got, want):
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        if g.dtype.is_floating_point:
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, equal_nan=True)
+        else:
+            assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case, backend, device, request):
+    if case.only and backend not in case.only:
+        pytest.skip(f"{case.id}: a limit of {', '.join(case.only)} only; {backend} has none")
+    if backend in case.xfail:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=case.xfail[backend]))
+    fn = getattr(specops, case.op)
+    args = _args(case, device)
+    if case.exc is None:  # valid: equal to the same call on contiguous inputs
+        ref = {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+        if case.op == "kv_compact":
+            ref.update(k_cache=args["k_cache"].clone(), v_cache=args["v_cache"].clone())
+            fn(**args, backend=backend)
+            fn(**ref, backend=backend)
+            _assert_same((args["k_cache"], args["v_cache"]), (ref["k_cache"], ref["v_cache"]))
+        else:
+            _assert_same(fn(**args, backend=backend), fn(**ref, backend=backend))
+        return
+    before = _snapshot(args)
+    with pytest.raises(case.exc) as info:
+        fn(**args, backend=backend)
+    message = str(info.value)
+    for part in case.shows:
+        part = part(args) if callable(part) else part
+        assert part in message, f"{part!r} missing from the message: {message}"
+    for name, raw in before.items():
+        assert torch.equal(_raw(args[name]), raw), f"{name} changed although the call raised"
+
+
+def test_the_battery_is_large_and_covers_every_public_op():
+    ops = {"warp_probs", "build_tree_mask", "tree_attention", "kv_compact", "verify_greedy", "verify_tree",
+           "verify_joint", "topn_expand", "select_topn_subtree"}
+    assert {c.op for c in CASES} == ops and ops <= set(specops.__all__)
+    assert len({c.id for c in CASES}) == len(CASES) >= 280
