@@ -43,8 +43,20 @@ REG_UNIT = 256  # registers are allocated per warp in units of 256
 CUDA_LAUNCH = {
     "combine_kernel": (128, 0),  # tree_attention.cu: <<<rows, 128, 0>>>
     "build_tree_mask_kernel": (128, 0),  # tree_mask.cu: kThreads = 128, no dynamic shared memory
-    "tree_attention_kernel": (None, None),  # tree_attention.cu: dynamic smem sized per call
+    "tree_attention_kernel": (None, None),  # tree_attention.cu (fp32): dynamic smem sized per call
 }
+
+
+def _tc_smem(dp):
+    """Dynamic shared memory of tree_attention_tc_kernel<T, DP>: TcCfg<DP>::kSmem of
+    csrc/cuda/tree_attention_tc.cuh (64 Q rows + 2 x (K, V) tiles of BN rows, DP + 8 halves each)."""
+    bn = 32 if dp >= 256 else 64
+    return (64 + 4 * bn) * (dp + 8) * 2
+
+
+for _t in ("Half", "BFloat16"):
+    for _dp in (64, 128, 256):
+        CUDA_LAUNCH[("tree_attention_tc_kernel", f"<{_t}, {_dp}>")] = (128, _tc_smem(_dp))
 
 
 def occupancy(arch, regs, threads, smem):
@@ -152,8 +164,9 @@ def cuda_rows(so_path, archs):
             continue
         kernel, config = _split_name(names[r["function"]])
         threads, dyn = bounds.get((r["arch"], r["function"])), 0
-        if kernel in CUDA_LAUNCH:
-            t, dyn = CUDA_LAUNCH[kernel]
+        launch = CUDA_LAUNCH.get((kernel, config), CUDA_LAUNCH.get(kernel))
+        if launch is not None:
+            t, dyn = launch
             threads = t or threads
         notes = ["spills are stack bytes"] if r["STACK"] else []
         if dyn is None:
