@@ -13,6 +13,7 @@ emulation (csrc/cudasim/, docs/cudasim.md). It runs only when requested explicit
 """
 import contextlib
 import functools
+import importlib.util
 import os
 import threading
 
@@ -20,11 +21,12 @@ import torch
 
 from . import _ext
 
-BACKENDS = ("torch", "cpp", "triton", "cuda", "cudasim")
+BACKENDS = ("torch", "cpp", "triton", "cuda", "cudasim", "flashinfer")
+# flashinfer: an optional external provider of tree_attention (specops/integrations/flashinfer.py)
 TEST_ONLY = ("cudasim",)  # never chosen automatically
 PREFERENCE = {"cuda": ("cuda", "triton", "torch"), "cpu": ("cpp", "torch")}
 # Ops whose preference differs from the device's.
-OP_PREFERENCE = {("tree_attention", "cuda"): ("triton", "cuda", "torch")}
+OP_PREFERENCE = {("tree_attention", "cuda"): ("flashinfer", "triton", "cuda", "torch")}
 # The torch.ops namespace each compiled backend's kernels are registered in (csrc/schemas.h).
 COMPILED = {"cpp": "specops", "cuda": "specops", "cudasim": "specops_cudasim"}
 
@@ -126,6 +128,14 @@ def _probe(backend, device_type, interpret):
         if device_type != "cuda":
             return False, f"{built}; tensors are on {device_type}"
         return True, built
+    if backend == "flashinfer":
+        if importlib.util.find_spec("flashinfer") is None:
+            return False, "optional provider: flashinfer not installed"
+        if device_type != "cuda":
+            return False, f"flashinfer runs on CUDA tensors; tensors are on {device_type}"
+        if not torch.cuda.is_available():
+            return False, "flashinfer installed; no CUDA device visible"
+        return True, "flashinfer installed (custom-mask prefill)"
     if backend == "cudasim":
         if _ext.cudasim_ext is None:
             return False, _ext.cudasim_ext_error
@@ -217,6 +227,8 @@ def _installed(name, device_type):
         return _ext.cuda_ext is not None and device_type == "cuda"
     if name == "triton":
         return _triton_importable()[0] and (device_type == "cuda" or _interpret())
+    if name == "flashinfer":
+        return device_type == "cuda" and importlib.util.find_spec("flashinfer") is not None
     return available(name, device_type)[0]
 
 

@@ -20,14 +20,14 @@ def report():
     lines.append("versions: " + ", ".join(f"{d} {_version(d)}" for d in ("torch", "triton", "transformers")))
     lines.append(f"cuda device visible: {torch.cuda.is_available()}")
     lines.append("")
-    lines.append(f"{'backend':<8} {'cpu':<5} {'cuda':<5} why")
+    lines.append(f"{'backend':<10} {'cpu':<5} {'cuda':<5} why")
     for name in backend.BACKENDS:
         cpu_ok, cpu_why = backend.available(name, "cpu")
         cuda_ok, cuda_why = backend.available(name, "cuda")
         why = cpu_why if cpu_ok or not cuda_ok else cuda_why
         if not cpu_ok and not cuda_ok and cpu_why != cuda_why:
             why = f"cpu: {cpu_why}; cuda: {cuda_why}"
-        lines.append(f"{name:<8} {'yes' if cpu_ok else 'no':<5} {'yes' if cuda_ok else 'no':<5} {why}")
+        lines.append(f"{name:<10} {'yes' if cpu_ok else 'no':<5} {'yes' if cuda_ok else 'no':<5} {why}")
     lines.append(f"test-only (never chosen automatically): {', '.join(backend.TEST_ONLY)}")
     lines.append("")
     lines.append("default backend per op (a call a backend cannot take falls through to the next):")

@@ -1,0 +1,54 @@
+"""The optional FlashInfer provider of tree_attention: equal to the torch reference where FlashInfer
+and a CUDA device exist; everywhere, what dispatch makes of it."""
+import importlib.util
+
+import pytest
+import torch
+
+import specops
+from specops import backend as _backend
+from specops.integrations import flashinfer as fi
+from specops.testing import random_parents
+
+HAS = importlib.util.find_spec("flashinfer") is not None and torch.cuda.is_available()
+
+
+def case(D=128, dtype=torch.bfloat16, B=3, Tq=9, Hq=8, Hkv=2, S=300, device="cpu"):
+    g = torch.Generator().manual_seed(D + B)
+    q = torch.randn(B, Tq, Hq, D, generator=g).to(dtype).to(device)
+    k = torch.randn(B, Hkv, S, D, generator=g).to(dtype).to(device)
+    v = torch.randn(B, Hkv, S, D, generator=g).to(dtype).to(device)
+    mask, _ = specops.build_tree_mask(random_parents(B, Tq, generator=g).to(device))
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
+    return q, k, v, i32([100, 0, 250]), i32([9, 5, 7]), mask
+
+
+def test_availability_says_why():
+    ok, why = _backend.available("flashinfer", "cpu")
+    assert not ok and ("not installed" in why or "CUDA tensors" in why)
+
+
+def test_supports_names_what_it_cannot_take():
+    q, k, v, p, n, m = case(D=96)
+    assert "head dim D=96" in fi.supports(q, k, v, p, n, m, None, 0.1)
+    q, k, v, p, n, m = case(dtype=torch.float32)
+    assert "fp16/bf16" in fi.supports(q, k, v, p, n, m, None, 0.1)
+    q, k, v, p, n, m = case()
+    assert fi.supports(q, k, v, p, n, m, None, 0.1) is None
+
+
+def test_the_cuda_preference_starts_with_flashinfer_then_triton():
+    assert _backend.preference("tree_attention", "cuda")[:2] == ("flashinfer", "triton")
+    expected = "flashinfer" if importlib.util.find_spec("flashinfer") else "triton"
+    assert specops.default_backend("tree_attention", "cuda") == expected
+
+
+@pytest.mark.skipif(not HAS, reason="flashinfer and a CUDA device needed")
+@pytest.mark.parametrize("D", fi.HEAD_DIMS)
+@pytest.mark.parametrize("dtype", fi.DTYPES)
+def test_matches_the_reference(D, dtype):
+    args = case(D=D, dtype=dtype, device="cuda")
+    q_lens = torch.tensor([9, 4, 0], dtype=torch.int32, device="cuda")
+    got = specops.tree_attention(*args, q_lens=q_lens, backend="flashinfer")
+    want = specops.tree_attention(*args, q_lens=q_lens, backend="torch")
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
