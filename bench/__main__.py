@@ -43,7 +43,7 @@ def main(argv=None):
         rec = Recorder(op, device, args.quick)
         module.measure(rec, args.quick)
         path = rec.write(out)
-        print(rec.table(metrics=("time", "throughput", "bandwidth", "pct_gemm_peak", "pct_memcpy")))
+        print(rec.table(metrics=("time", "throughput", "bandwidth", "pct_gemm_peak", "pct_memcpy", "lower_bound")))
         print(f"# wrote {path}\n", flush=True)
         old = os.path.join(args.compare, os.path.basename(path)) if args.compare else None
         if old and os.path.exists(old):

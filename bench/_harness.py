@@ -259,7 +259,7 @@ def main(op, measure, argv=None):
     rec = Recorder(op, args.device, args.quick, args.providers.split(",") if args.providers else None)
     measure(rec, args.quick)
     path = rec.write(args.out)
-    print(rec.table(metrics=("time", "throughput", "bandwidth", "pct_gemm_peak", "pct_memcpy", "peak_extra_memory")))
+    print(rec.table(metrics=("time", "throughput", "bandwidth", "pct_gemm_peak", "pct_memcpy", "peak_extra_memory", "lower_bound")))
     print(f"# wrote {path}")
     if args.compare:
         for key, old, new in compare(path, args.compare):

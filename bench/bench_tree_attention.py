@@ -10,6 +10,8 @@ fp32 and bf16; plus a chain (causal) block after the longest prefix, where flash
   SDPA with a dense additive float mask (``transformers.integrations.sdpa_attention``);
 - ``sdpa_gqa``: SDPA with ``enable_gqa=True`` and a boolean mask (the strongest plain-torch path);
 - ``cpp``, ``triton``, ``cuda``: specops backends (triton/cuda on a GPU only);
+- ``flashinfer``: the optional FlashInfer backend of tree_attention (a GPU with flashinfer installed);
+- ``model:H100``, ``model:A100``: the roofline model's lower bound (bench/roofline.py), not a timing.
 - ``flash_attn``: ``flash_attn_with_kvcache`` on the chain cases (no tree masks), when importable.
 Masks of the baselines are built once outside the timing (a model builds one per forward).
 FLOP counts are dense: 4 * B * Hq * Tq * (prefix + tree) * D.
@@ -29,9 +31,10 @@ from specops import backend as _backend
 from specops.ops.tree_attention import visibility
 from specops.testing import random_parents
 
+import roofline
 from _harness import main, pytest_benchmark
 
-PROVIDERS = ("torch", "hf_sdpa", "sdpa_gqa", "cpp", "triton", "cuda", "flash_attn")
+PROVIDERS = ("torch", "hf_sdpa", "sdpa_gqa", "cpp", "triton", "cuda", "flashinfer", "flash_attn")
 HEADS = [(32, 8, 128), (14, 2, 64), (9, 3, 64)]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -130,6 +133,7 @@ def measure(rec, quick):
         flop = 4 * params["B"] * params["Hq"] * params["tree"] * S * params["D"]
         for provider, fn in _providers(rec, params, args):
             rec.time(provider, params, fn, flop=flop, memory=True)
+        roofline.record(rec, params)
     rec.add_ratios("hf_sdpa")
     rec.add_ratios("sdpa_gqa")
 
