@@ -37,8 +37,8 @@ constexpr unsigned kFull = 0xffffffffu;
 
 struct Args {
   const void* q;  // [B, Tq, Hq, D]
-  const void* k;  // [B, Hkv, S, D]
-  const void* v;  // [B, Hkv, S, D]
+  const void* k;  // [B, Hkv, S, D], or paged [num_pages, page_size, Hkv, D]
+  const void* v;  // as k
   void* out;      // [B, Tq, Hq, D]
   const int32_t* prefix;  // [B]
   const int32_t* block;   // [B]
@@ -47,7 +47,12 @@ struct Args {
   float* part_o;          // [NS, B * Tq * Hq, D] when NS > 1
   float* part_lse;        // [NS, B * Tq * Hq]
   int64_t sq_b, sq_t, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s;
-  int32_t B, Tq, Hq, Hkv, G, D, S, W, n_splits;
+  // Paged K/V (ta::kv_row_offset): page table [B, max_pages], its row stride, the page strides of
+  // k and v; sk_b = sv_b = 0 and sk_s / sv_s step between the slots of a page.
+  const int32_t* pages;
+  int64_t s_pages, sk_pg, sv_pg;
+  int32_t log2_page, num_pages;
+  int32_t B, Tq, Hq, Hkv, G, D, S, W, n_splits;  // S: rows a sequence can address
   int32_t vec;  // tc kernel: every row of q, k, v starts 16-byte aligned and D % 8 == 0 (cp.async)
   float scale_log2;
 };
@@ -62,8 +67,16 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// DC: head-dim chunks of 32 per lane (D <= 32 * DC).
-template <typename scalar_t, int DC>
+// Offset of logical K (V: kIsV) row r from the (sequence, kv head) base: the kernels' one way to
+// address a K/V row (contiguous, or through the sequence's page table row when Paged).
+template <bool Paged, bool kIsV>
+__device__ __forceinline__ int64_t kv_off(const Args& a, const int32_t* table_row, int64_t r) {
+  return ta::kv_row_offset<Paged>(table_row, a.log2_page, a.num_pages, kIsV ? a.sv_pg : a.sk_pg,
+                                  kIsV ? a.sv_s : a.sk_s, r);
+}
+
+// DC: head-dim chunks of 32 per lane (D <= 32 * DC). Paged: K/V in pages (tree_attention_paged).
+template <typename scalar_t, int DC, bool Paged>
 __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(Args a) {
   SPECOPS_DYNAMIC_SMEM(float, smem);
   const int D = a.D, Dp = a.D + 1;  // +1: lane j reading row j of K hits its own bank
@@ -77,6 +90,7 @@ __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(Args a) {
   const scalar_t* q = static_cast<const scalar_t*>(a.q);
   const scalar_t* kb = static_cast<const scalar_t*>(a.k) + b * a.sk_b + g * a.sk_h;
   const scalar_t* vb = static_cast<const scalar_t*>(a.v) + b * a.sv_b + g * a.sv_h;
+  const int32_t* table_row = Paged ? a.pages + b * a.s_pages : nullptr;
 
   for (int e = threadIdx.x; e < kRows * D; e += blockDim.x) {
     const int r = e / D, d = e % D, m = row0 + r, i = m / a.G, h = g * a.G + m % a.G;
@@ -100,8 +114,8 @@ __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(Args a) {
     for (int e = threadIdx.x; e < kTile * D; e += blockDim.x) {
       const int n = e / D, d = e % D;
       const bool in = n < kt.len;
-      ks[n * Dp + d] = in ? static_cast<float>(kb[(kt.start + n) * a.sk_s + d]) : 0.f;
-      vs[n * Dp + d] = in ? static_cast<float>(vb[(kt.start + n) * a.sv_s + d]) : 0.f;
+      ks[n * Dp + d] = in ? static_cast<float>(kb[kv_off<Paged, false>(a, table_row, kt.start + n) + d]) : 0.f;
+      vs[n * Dp + d] = in ? static_cast<float>(vb[kv_off<Paged, true>(a, table_row, kt.start + n) + d]) : 0.f;
     }
     __syncthreads();
 #pragma unroll
@@ -210,16 +224,16 @@ Plan plan(at::ScalarType dtype, int64_t D) {
   return {true, kTcRows, TcCfg<256>::kBN, kTcWarps * 32, 256, TcCfg<256>::kSmem};
 }
 
-template <typename scalar_t>
+template <typename scalar_t, bool Paged>
 void run(const Args& a, const Plan& p, dim3 grid, cudaStream_t stream) {
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (p.dbucket == 2) launch(tree_attention_kernel<float, 2>, a, grid, p.threads, p.smem, stream);
-    else if (p.dbucket == 4) launch(tree_attention_kernel<float, 4>, a, grid, p.threads, p.smem, stream);
-    else launch(tree_attention_kernel<float, 8>, a, grid, p.threads, p.smem, stream);
+    if (p.dbucket == 2) launch(tree_attention_kernel<float, 2, Paged>, a, grid, p.threads, p.smem, stream);
+    else if (p.dbucket == 4) launch(tree_attention_kernel<float, 4, Paged>, a, grid, p.threads, p.smem, stream);
+    else launch(tree_attention_kernel<float, 8, Paged>, a, grid, p.threads, p.smem, stream);
   } else {
-    if (p.dbucket == 64) launch(tree_attention_tc_kernel<scalar_t, 64>, a, grid, p.threads, p.smem, stream);
-    else if (p.dbucket == 128) launch(tree_attention_tc_kernel<scalar_t, 128>, a, grid, p.threads, p.smem, stream);
-    else launch(tree_attention_tc_kernel<scalar_t, 256>, a, grid, p.threads, p.smem, stream);
+    if (p.dbucket == 64) launch(tree_attention_tc_kernel<scalar_t, 64, Paged>, a, grid, p.threads, p.smem, stream);
+    else if (p.dbucket == 128) launch(tree_attention_tc_kernel<scalar_t, 128, Paged>, a, grid, p.threads, p.smem, stream);
+    else launch(tree_attention_tc_kernel<scalar_t, 256, Paged>, a, grid, p.threads, p.smem, stream);
   }
   if (a.n_splits > 1) {
     const int64_t rows = static_cast<int64_t>(a.B) * a.Tq * a.Hq;
@@ -240,46 +254,58 @@ bool rows_aligned16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   return true;
 }
 
-}  // namespace
+// The K/V side of a call, contiguous or paged; checked by the entry points below.
+struct KvView {
+  at::Tensor k, v;              // [B, Hkv, S, D], or paged [num_pages, page_size, Hkv, D]
+  at::Tensor pages;             // paged: the page table [B, max_pages] int32; undefined: contiguous
+  int64_t Hkv, S;               // S: rows a sequence can address (paged: max_pages * page_size)
+  int64_t dim_b, dim_h, dim_s;  // the dims of k / v holding sequence (-1: none), head, row (slot)
+};
 
-at::Tensor tree_attention_cuda(const at::Tensor& q,            // [B, Tq, Hq, D]
-                               const at::Tensor& k_cache,      // [B, Hkv, S, D]
-                               const at::Tensor& v_cache,      // [B, Hkv, S, D]
-                               const at::Tensor& prefix_lens,  // [B] int32
-                               const at::Tensor& block_lens,   // [B] int32
-                               const at::Tensor& mask,         // [B, Tq, W] int32
-                               const std::optional<at::Tensor>& q_lens,  // [B] int32
-                               double sm_scale) {
+void check_common(const char* op, const at::Tensor& q, const KvView& kv, const at::Tensor& prefix_lens,
+                  const at::Tensor& block_lens, const at::Tensor& mask, const std::optional<at::Tensor>& q_lens) {
   SPECOPS_CHECK_DIM(q, 4);
-  SPECOPS_CHECK_DIM(k_cache, 4);
   SPECOPS_CHECK_DIM(mask, 3);
   SPECOPS_CHECK_DTYPE(prefix_lens, at::kInt);
   SPECOPS_CHECK_DTYPE(block_lens, at::kInt);
   SPECOPS_CHECK_DTYPE(mask, at::kInt);
-  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
-              "tree_attention: q, k_cache and v_cache must share a dtype");
-  TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), "tree_attention: v_cache must have k_cache's shape");
+  TORCH_CHECK(kv.k.scalar_type() == q.scalar_type() && kv.v.scalar_type() == q.scalar_type(), op,
+              ": q and the K/V caches must share a dtype");
+  TORCH_CHECK(kv.v.sizes() == kv.k.sizes(), op, ": the V cache must have the K cache's shape");
   const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), D = q.size(3);
-  const int64_t Hkv = k_cache.size(1), S = k_cache.size(2), W = mask.size(2);
-  TORCH_CHECK(k_cache.size(0) == B && k_cache.size(3) == D, "tree_attention: k_cache must be [B, Hkv, S, D]");
-  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "tree_attention: Hq must be a multiple of Hkv");
-  TORCH_CHECK(mask.size(0) == B && mask.size(1) == Tq, "tree_attention: mask must be [B, Tq, W]");
-  TORCH_CHECK(prefix_lens.numel() == B && block_lens.numel() == B, "tree_attention: lengths must be [B]");
-  TORCH_CHECK(D <= 256, "tree_attention (cuda): head dim D must be <= 256, got ", D);
-  TORCH_CHECK(B * Hkv < 65536, "tree_attention (cuda): B * Hkv must be < 65536, got ", B * Hkv);
-  for (const at::Tensor* t : {&q, &k_cache, &v_cache, &prefix_lens, &block_lens, &mask})
-    TORCH_CHECK(SPECOPS_ON_GPU(*t) && t->device() == q.device(), "tree_attention: " SPECOPS_GPU_NAME " tensors on one device expected");
+  TORCH_CHECK(kv.k.size(3) == D, op, ": the caches' last dim must be q's head dim D");
+  TORCH_CHECK(kv.Hkv > 0 && Hq % kv.Hkv == 0, op, ": Hq must be a multiple of Hkv");
+  TORCH_CHECK(mask.size(0) == B && mask.size(1) == Tq, op, ": mask must be [B, Tq, W]");
+  TORCH_CHECK(prefix_lens.numel() == B && block_lens.numel() == B, op, ": lengths must be [B]");
+  TORCH_CHECK(D <= 256, op, " (cuda): head dim D must be <= 256, got ", D);
+  TORCH_CHECK(B * kv.Hkv < 65536, op, " (cuda): B * Hkv must be < 65536, got ", B * kv.Hkv);
+  for (const at::Tensor* t : {&q, &kv.k, &kv.v, &prefix_lens, &block_lens, &mask})
+    TORCH_CHECK(SPECOPS_ON_GPU(*t) && t->device() == q.device(), op, ": " SPECOPS_GPU_NAME " tensors on one device expected");
+  if (kv.pages.defined())
+    TORCH_CHECK(SPECOPS_ON_GPU(kv.pages) && kv.pages.device() == q.device(), op, ": page_table must be on q's device");
   if (q_lens) {
     SPECOPS_CHECK_DTYPE((*q_lens), at::kInt);
-    TORCH_CHECK(q_lens->numel() == B && q_lens->device() == q.device(), "tree_attention: q_lens must be [B]");
+    TORCH_CHECK(q_lens->numel() == B && q_lens->device() == q.device(), op, ": q_lens must be [B]");
   }
+}
+
+at::Tensor run_call(const at::Tensor& q,            // [B, Tq, Hq, D]
+                    const KvView& kv,
+                    const at::Tensor& prefix_lens,  // [B] int32
+                    const at::Tensor& block_lens,   // [B] int32
+                    const at::Tensor& mask,         // [B, Tq, W] int32
+                    const std::optional<at::Tensor>& q_lens,  // [B] int32
+                    double sm_scale) {
+  const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), D = q.size(3);
+  const int64_t Hkv = kv.Hkv, S = kv.S, W = mask.size(2);
   const gpu::DeviceGuard guard(q.device());
   auto out = at::empty({B, Tq, Hq, D}, q.options());
   if (out.numel() == 0) return out;
   auto last_unit = [](const at::Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); };
-  const at::Tensor qc = last_unit(q), kc = last_unit(k_cache), vc = last_unit(v_cache);
+  const at::Tensor qc = last_unit(q), kc = last_unit(kv.k), vc = last_unit(kv.v);
   const at::Tensor pl = prefix_lens.contiguous(), bl = block_lens.contiguous(), mk = mask.contiguous();
   const at::Tensor ql = q_lens ? q_lens->contiguous() : at::Tensor();
+  const bool paged = kv.pages.defined();
 
   Args a{};
   a.q = qc.data_ptr();
@@ -291,8 +317,15 @@ at::Tensor tree_attention_cuda(const at::Tensor& q,            // [B, Tq, Hq, D]
   a.q_lens = ql.defined() ? ql.data_ptr<int32_t>() : nullptr;
   a.mask = mk.data_ptr<int32_t>();
   a.sq_b = qc.stride(0), a.sq_t = qc.stride(1), a.sq_h = qc.stride(2);
-  a.sk_b = kc.stride(0), a.sk_h = kc.stride(1), a.sk_s = kc.stride(2);
-  a.sv_b = vc.stride(0), a.sv_h = vc.stride(1), a.sv_s = vc.stride(2);
+  a.sk_b = kv.dim_b < 0 ? 0 : kc.stride(kv.dim_b), a.sk_h = kc.stride(kv.dim_h), a.sk_s = kc.stride(kv.dim_s);
+  a.sv_b = kv.dim_b < 0 ? 0 : vc.stride(kv.dim_b), a.sv_h = vc.stride(kv.dim_h), a.sv_s = vc.stride(kv.dim_s);
+  if (paged) {
+    a.pages = kv.pages.data_ptr<int32_t>();
+    a.s_pages = kv.pages.stride(0);
+    a.sk_pg = kc.stride(0), a.sv_pg = vc.stride(0);
+    a.log2_page = static_cast<int32_t>(__builtin_ctzll(static_cast<unsigned long long>(kc.size(1))));
+    a.num_pages = static_cast<int32_t>(kc.size(0));
+  }
   a.B = B, a.Tq = Tq, a.Hq = Hq, a.Hkv = Hkv, a.G = Hq / Hkv, a.D = D, a.S = S, a.W = W;
   a.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
 
@@ -317,13 +350,58 @@ at::Tensor tree_attention_cuda(const at::Tensor& q,            // [B, Tq, Hq, D]
   }
   const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(B * Hkv), static_cast<unsigned>(a.n_splits));
   cudaStream_t stream = gpu::current_stream();
+#define SPECOPS_TA_RUN [&] { paged ? run<scalar_t, true>(a, p, grid, stream) : run<scalar_t, false>(a, p, grid, stream); }
   AT_DISPATCH_SWITCH(q.scalar_type(), "tree_attention_cuda",
-                     AT_DISPATCH_CASE(at::ScalarType::Float, [&] { run<scalar_t>(a, p, grid, stream); })
-                     AT_DISPATCH_CASE(at::ScalarType::Half, [&] { run<scalar_t>(a, p, grid, stream); })
-                     AT_DISPATCH_CASE(at::ScalarType::BFloat16, [&] { run<scalar_t>(a, p, grid, stream); }));
+                     AT_DISPATCH_CASE(at::ScalarType::Float, SPECOPS_TA_RUN)
+                     AT_DISPATCH_CASE(at::ScalarType::Half, SPECOPS_TA_RUN)
+                     AT_DISPATCH_CASE(at::ScalarType::BFloat16, SPECOPS_TA_RUN));
+#undef SPECOPS_TA_RUN
   return out;
+}
+
+}  // namespace
+
+at::Tensor tree_attention_cuda(const at::Tensor& q,            // [B, Tq, Hq, D]
+                               const at::Tensor& k_cache,      // [B, Hkv, S, D]
+                               const at::Tensor& v_cache,      // [B, Hkv, S, D]
+                               const at::Tensor& prefix_lens,  // [B] int32
+                               const at::Tensor& block_lens,   // [B] int32
+                               const at::Tensor& mask,         // [B, Tq, W] int32
+                               const std::optional<at::Tensor>& q_lens,  // [B] int32
+                               double sm_scale) {
+  SPECOPS_CHECK_DIM(k_cache, 4);
+  const KvView kv{k_cache, v_cache, at::Tensor(), k_cache.size(1), k_cache.size(2), 0, 1, 2};
+  check_common("tree_attention", q, kv, prefix_lens, block_lens, mask, q_lens);
+  TORCH_CHECK(k_cache.size(0) == q.size(0), "tree_attention: k_cache must be [B, Hkv, S, D]");
+  return run_call(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale);
+}
+
+at::Tensor tree_attention_paged_cuda(const at::Tensor& q,            // [B, Tq, Hq, D]
+                                     const at::Tensor& k_pages,      // [num_pages, page_size, Hkv, D]
+                                     const at::Tensor& v_pages,      // [num_pages, page_size, Hkv, D]
+                                     const at::Tensor& page_table,   // [B, max_pages] int32
+                                     const at::Tensor& prefix_lens,  // [B] int32
+                                     const at::Tensor& block_lens,   // [B] int32
+                                     const at::Tensor& mask,         // [B, Tq, W] int32
+                                     const std::optional<at::Tensor>& q_lens,  // [B] int32
+                                     double sm_scale) {
+  SPECOPS_CHECK_DIM(k_pages, 4);
+  SPECOPS_CHECK_DIM(page_table, 2);
+  SPECOPS_CHECK_DTYPE(page_table, at::kInt);
+  TORCH_CHECK(page_table.size(0) == q.size(0), "tree_attention_paged: page_table must be [B, max_pages]");
+  const int64_t page = k_pages.size(1);
+  TORCH_CHECK(page > 0 && (page & (page - 1)) == 0, "tree_attention_paged: page_size must be a power of two, got ", page);
+  // No pool page: no row can be addressed (the kernels clamp page ids into [0, num_pages)).
+  const int64_t rows = k_pages.size(0) == 0 ? 0 : page_table.size(1) * page;
+  const KvView kv{k_pages, v_pages, page_table.contiguous(), k_pages.size(2),
+                  std::min<int64_t>(rows, INT32_MAX), -1, 2, 1};
+  check_common("tree_attention_paged", q, kv, prefix_lens, block_lens, mask, q_lens);
+  return run_call(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale);
 }
 
 }  // namespace specops
 
-SPECOPS_GPU_IMPL(m) { m.impl("tree_attention", &specops::tree_attention_cuda); }
+SPECOPS_GPU_IMPL(m) {
+  m.impl("tree_attention", &specops::tree_attention_cuda);
+  m.impl("tree_attention_paged", &specops::tree_attention_paged_cuda);
+}

@@ -4,7 +4,8 @@
 // fragments, the online softmax and the visibility bits in registers (see tree_attention.cu).
 //
 // No include guard: tree_attention.cu includes it once, inside its anonymous namespace, after
-// `Args` and `kFull` (the launch arguments and the full warp mask both kernels share).
+// `Args`, `kFull` and `kv_off` (the launch arguments, the full warp mask and the K/V row address
+// both kernels share).
 
 constexpr int kTcRows = 64;  // query rows per block: 16 per warp
 constexpr int kTcWarps = 4;
@@ -28,7 +29,8 @@ __device__ __forceinline__ void load8(T* dst, const T* src, int n_valid, bool ve
   }
 }
 
-template <typename scalar_t, int DP>
+// Paged: K/V in pages (tree_attention_paged), rows addressed through kv_off.
+template <typename scalar_t, int DP, bool Paged>
 __global__ void __launch_bounds__(kTcWarps * 32) tree_attention_tc_kernel(Args a) {
   constexpr int BN = TcCfg<DP>::kBN, LD = TcCfg<DP>::kLd, kChunks = DP / 8;
   SPECOPS_DYNAMIC_SMEM(scalar_t, smem);
@@ -43,6 +45,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) tree_attention_tc_kernel(Args a
   const scalar_t* q = static_cast<const scalar_t*>(a.q);
   const scalar_t* kb = static_cast<const scalar_t*>(a.k) + b * a.sk_b + g * a.sk_h;
   const scalar_t* vb = static_cast<const scalar_t*>(a.v) + b * a.sv_b + g * a.sv_h;
+  const int32_t* table_row = Paged ? a.pages + b * a.s_pages : nullptr;
 
   for (int c = tid; c < kTcRows * kChunks; c += blockDim.x) {  // Q rows; zeros for padding rows/dims
     const int r = c / kChunks, d = (c % kChunks) * 8, m = row0 + r, i = m / a.G, h = g * a.G + m % a.G;
@@ -54,8 +57,10 @@ __global__ void __launch_bounds__(kTcWarps * 32) tree_attention_tc_kernel(Args a
     for (int c = tid; c < BN * kChunks; c += blockDim.x) {
       const int n = c / kChunks, d = (c % kChunks) * 8, valid = n < kt.len ? min(8, a.D - d) : 0;
       const int64_t row = kt.start + n;
-      load8(ks + (buf * BN + n) * LD + d, valid > 0 ? kb + row * a.sk_s + d : kb, valid, vec);
-      load8(vs + (buf * BN + n) * LD + d, valid > 0 ? vb + row * a.sv_s + d : vb, valid, vec);
+      const scalar_t* kr = valid > 0 ? kb + kv_off<Paged, false>(a, table_row, row) + d : kb;
+      const scalar_t* vr = valid > 0 ? vb + kv_off<Paged, true>(a, table_row, row) + d : vb;
+      load8(ks + (buf * BN + n) * LD + d, kr, valid, vec);
+      load8(vs + (buf * BN + n) * LD + d, vr, valid, vec);
     }
   };
 
