@@ -418,7 +418,8 @@ BAD_COMPACT = [
     ("page_table", lambda a: i32([[5, 6, 2], [1, 3, 4]]), ValueError,
      r"page_table\[0, 1\] must lie in \[0, num_pages=6\) \(page 1 holds rows \[4, 8\) of sequence 0, which uses 6 "
      r"rows\), got 6"),
-    ("page_table", lambda a: i32([[5, 0, 2], [1, -1, 4]]), ValueError, r"page_table\[1, 1\] must lie in \[0, num_pages=6\)"),
+    ("page_table", lambda a: i32([[5, 0, 2], [1, -1, 4]]), ValueError,
+     r"page_table\[1, 1\] must lie in \[0, num_pages=6\)"),
     # sequence 1's page 1 is sequence 0's page 1, which both write
     ("page_table", lambda a: i32([[5, 3, 2], [1, 3, 4]]), ValueError,
      r"page_table\[0, 1\] = 3 holds rows the compaction writes \(rows \[4, 8\) of sequence 0\), so it must be no "
@@ -430,7 +431,8 @@ BAD_COMPACT = [
     ("page_table", lambda a: i32([[0, 0, 2], [1, 3, 4]]), ValueError, r"page_table\[0, 1\] = 0 holds rows .* "
      r"got page_table\[0, 0\] = 0 too"),
     ("prefix_lens", lambda a: i32([2, 13]), ValueError, r"prefix_lens must lie in \[0, max_pages \* page_size = 12\]"),
-    ("accept_idx", lambda a: i32([[0, 1, 1], [0, 2, 6]]), ValueError, r"accept_idx\[0, 2\] must be > accept_idx\[0, 1\] = 1"),
+    ("accept_idx", lambda a: i32([[0, 1, 1], [0, 2, 6]]), ValueError,
+     r"accept_idx\[0, 2\] must be > accept_idx\[0, 1\] = 1"),
     ("accept_idx", lambda a: i32([[0, 1, 10], [0, 2, 6]]), ValueError,
      r"accept_idx\[0, 2\] = 10 plus prefix_lens\[0\] = 2 must address a row < max_pages \* page_size = 12"),
     ("accept_lens", lambda a: i32([4, 1]), ValueError, r"accept_lens must lie in \[0, A=3\]"),

@@ -5,6 +5,9 @@
 // (AVX-512 with and without AVX512_BF16, AVX2, portable C++) and picked at run time, so the
 // .so needs no -march flag. SPECOPS_CPU_ISA=generic|avx2|avx512|avx512bf16 caps the choice
 // (tests use it to run every variant on one machine).
+//
+// tree_attention_paged runs the same kernel on a paged cache ([num_pages, page_size, Hkv, D] and a
+// page table): the kernel addresses K/V rows only through ta::kv_row_offset.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -321,7 +324,8 @@ at::Tensor tree_attention_paged_cpu(const at::Tensor& q,            // [B, Tq, H
   TORCH_CHECK(page_table.device().is_cpu() && page_table.size(0) == q.size(0),
               "tree_attention_paged: page_table must be a CPU tensor [B, max_pages]");
   const int64_t page = k_pages.size(1);
-  TORCH_CHECK(page > 0 && (page & (page - 1)) == 0, "tree_attention_paged: page_size must be a power of two, got ", page);
+  TORCH_CHECK(page > 0 && (page & (page - 1)) == 0, "tree_attention_paged: page_size must be a power of two, got ",
+              page);
   // No pool page: no row can be addressed (the kernels clamp page ids into [0, num_pages)).
   const int64_t rows = k_pages.size(0) == 0 ? 0 : page_table.size(1) * page;
   const KvView kv{k_pages, v_pages, page_table.contiguous(), k_pages.size(2),

@@ -134,7 +134,8 @@ void launch(const at::Tensor& k, const at::Tensor& v, const at::Tensor& prefix, 
 void check_index(const char* op, const at::Tensor& k, const at::Tensor& prefix_lens, const at::Tensor& accept_idx,
                  const at::Tensor& accept_lens, int64_t B) {
   for (const at::Tensor* t : {&prefix_lens, &accept_idx, &accept_lens})
-    TORCH_CHECK(SPECOPS_ON_GPU(*t) && t->device() == k.device(), op, ": " SPECOPS_GPU_NAME " tensors on one device expected");
+    TORCH_CHECK(SPECOPS_ON_GPU(*t) && t->device() == k.device(), op,
+                ": " SPECOPS_GPU_NAME " tensors on one device expected");
   SPECOPS_CHECK_DTYPE(prefix_lens, at::kInt);
   SPECOPS_CHECK_DTYPE(accept_idx, at::kInt);
   SPECOPS_CHECK_DTYPE(accept_lens, at::kInt);
@@ -145,7 +146,8 @@ void check_index(const char* op, const at::Tensor& k, const at::Tensor& prefix_l
 
 void check_caches(const char* op, const at::Tensor& k, const at::Tensor& v) {
   for (const at::Tensor* t : {&k, &v})
-    TORCH_CHECK(SPECOPS_ON_GPU(*t) && t->device() == k.device(), op, ": " SPECOPS_GPU_NAME " tensors on one device expected");
+    TORCH_CHECK(SPECOPS_ON_GPU(*t) && t->device() == k.device(), op,
+                ": " SPECOPS_GPU_NAME " tensors on one device expected");
   TORCH_CHECK(k.dim() == 5 && v.sizes() == k.sizes() && v.scalar_type() == k.scalar_type(), op,
               ": the K and V caches must be rank 5, of one shape and dtype");
   TORCH_CHECK(k.size(4) <= 1 || (k.stride(4) == 1 && v.stride(4) == 1), op,

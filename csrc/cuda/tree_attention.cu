@@ -13,6 +13,9 @@
 //   tiles of 32 keys: lane j scores key j, shuffles reduce max/sum, lane l accumulates head dims
 //   l, l + 32, ... in fp32.
 // Prefix tiles never test a mask; block tiles read 32 visibility bits per row per word.
+// tree_attention_paged runs the same kernels with Paged = true: K/V rows come from a paged cache
+// ([num_pages, page_size, Hkv, D]) through the sequence's page table, in kv_off, the kernels' one
+// way to address a K/V row.
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -232,7 +235,8 @@ void run(const Args& a, const Plan& p, dim3 grid, cudaStream_t stream) {
     else launch(tree_attention_kernel<float, 8, Paged>, a, grid, p.threads, p.smem, stream);
   } else {
     if (p.dbucket == 64) launch(tree_attention_tc_kernel<scalar_t, 64, Paged>, a, grid, p.threads, p.smem, stream);
-    else if (p.dbucket == 128) launch(tree_attention_tc_kernel<scalar_t, 128, Paged>, a, grid, p.threads, p.smem, stream);
+    else if (p.dbucket == 128)
+      launch(tree_attention_tc_kernel<scalar_t, 128, Paged>, a, grid, p.threads, p.smem, stream);
     else launch(tree_attention_tc_kernel<scalar_t, 256, Paged>, a, grid, p.threads, p.smem, stream);
   }
   if (a.n_splits > 1) {
@@ -280,7 +284,8 @@ void check_common(const char* op, const at::Tensor& q, const KvView& kv, const a
   TORCH_CHECK(D <= 256, op, " (cuda): head dim D must be <= 256, got ", D);
   TORCH_CHECK(B * kv.Hkv < 65536, op, " (cuda): B * Hkv must be < 65536, got ", B * kv.Hkv);
   for (const at::Tensor* t : {&q, &kv.k, &kv.v, &prefix_lens, &block_lens, &mask})
-    TORCH_CHECK(SPECOPS_ON_GPU(*t) && t->device() == q.device(), op, ": " SPECOPS_GPU_NAME " tensors on one device expected");
+    TORCH_CHECK(SPECOPS_ON_GPU(*t) && t->device() == q.device(), op,
+                ": " SPECOPS_GPU_NAME " tensors on one device expected");
   if (kv.pages.defined())
     TORCH_CHECK(SPECOPS_ON_GPU(kv.pages) && kv.pages.device() == q.device(), op, ": page_table must be on q's device");
   if (q_lens) {
@@ -350,7 +355,8 @@ at::Tensor run_call(const at::Tensor& q,            // [B, Tq, Hq, D]
   }
   const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(B * Hkv), static_cast<unsigned>(a.n_splits));
   cudaStream_t stream = gpu::current_stream();
-#define SPECOPS_TA_RUN [&] { paged ? run<scalar_t, true>(a, p, grid, stream) : run<scalar_t, false>(a, p, grid, stream); }
+#define SPECOPS_TA_RUN \
+  [&] { paged ? run<scalar_t, true>(a, p, grid, stream) : run<scalar_t, false>(a, p, grid, stream); }
   AT_DISPATCH_SWITCH(q.scalar_type(), "tree_attention_cuda",
                      AT_DISPATCH_CASE(at::ScalarType::Float, SPECOPS_TA_RUN)
                      AT_DISPATCH_CASE(at::ScalarType::Half, SPECOPS_TA_RUN)
@@ -390,7 +396,8 @@ at::Tensor tree_attention_paged_cuda(const at::Tensor& q,            // [B, Tq, 
   SPECOPS_CHECK_DTYPE(page_table, at::kInt);
   TORCH_CHECK(page_table.size(0) == q.size(0), "tree_attention_paged: page_table must be [B, max_pages]");
   const int64_t page = k_pages.size(1);
-  TORCH_CHECK(page > 0 && (page & (page - 1)) == 0, "tree_attention_paged: page_size must be a power of two, got ", page);
+  TORCH_CHECK(page > 0 && (page & (page - 1)) == 0, "tree_attention_paged: page_size must be a power of two, got ",
+              page);
   // No pool page: no row can be addressed (the kernels clamp page ids into [0, num_pages)).
   const int64_t rows = k_pages.size(0) == 0 ? 0 : page_table.size(1) * page;
   const KvView kv{k_pages, v_pages, page_table.contiguous(), k_pages.size(2),

@@ -33,8 +33,9 @@ __device__ __forceinline__ void load8(T* dst, const T* src, int n_valid, bool ve
 template <typename scalar_t, int DP, bool Paged>
 __global__ void __launch_bounds__(kTcWarps * 32) tree_attention_tc_kernel(Args a) {
   constexpr int BN = TcCfg<DP>::kBN, LD = TcCfg<DP>::kLd, kChunks = DP / 8;
-  SPECOPS_DYNAMIC_SMEM(scalar_t, smem);
-  scalar_t* qs = smem;                // [64][LD]
+  // (extern __shared__ arrays of one translation unit must not share a name with another type)
+  SPECOPS_DYNAMIC_SMEM(unsigned char, tc_smem);
+  scalar_t* qs = reinterpret_cast<scalar_t*>(tc_smem);  // [64][LD]
   scalar_t* ks = qs + kTcRows * LD;   // [2][BN][LD]
   scalar_t* vs = ks + 2 * BN * LD;    // [2][BN][LD]
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
