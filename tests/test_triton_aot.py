@@ -44,6 +44,8 @@ def test_tree_attention_every_table_entry_compiles_spill_free_within_its_shared_
         limit = ta.SMEM_SMALL if arch == 80 else ta.SMEM_BIG
         for wide, by_d in table.items():
             for bd, (decode, block) in by_d.items():
+                if tag:
+                    decode, block = ta.PAGED_CONFIGS.get((arch, wide, bd), (decode, block))
                 for cfg, cls in ((decode, "decode"), (block, "block")):
                     splits = ("", " split") if cls == "decode" or bd == 256 else ("",)
                     for split in splits:

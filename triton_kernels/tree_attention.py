@@ -54,18 +54,19 @@ def _attend_tile(acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, d_ok, s_ok, qk_scale,
 
 
 @triton.jit
-def _kv_rows(keys, key_ok, table_row, log2_page, num_pages, s_page, s_row, PAGED: tl.constexpr):
-    """Element offsets [BN] of logical K/V rows ``keys`` from the (sequence, kv head) base: the one
-    place the kernel addresses a K/V row. Contiguous: keys * s_row. Paged: page
-    table_row[key >> log2_page] (clamped into [0, num_pages): check=False must not read out of
-    bounds) at s_page, slot key % page_size at s_row; table entries of keys past key_ok are not read."""
+def _kv_rows(keys, key_ok, table_row, log2_page, num_pages, sk_page, sk_row, sv_page, sv_row, PAGED: tl.constexpr):
+    """Element offsets [BN] of the K and V rows of logical keys ``keys`` from their (sequence, kv
+    head) bases: the one place the kernel addresses a K/V row. Contiguous: keys * stride. Paged:
+    page table_row[key >> log2_page] (clamped into [0, num_pages): check=False must not read out of
+    bounds), slot key % page_size; one table read serves K and V; entries of keys past key_ok are
+    not read."""
     if PAGED:
         page = tl.load(table_row + (keys >> log2_page), mask=key_ok, other=0)
         page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
         slot = (keys & ((1 << log2_page) - 1)).to(tl.int64)
-        return page * s_page + slot * s_row
+        return page * sk_page + slot * sk_row, page * sv_page + slot * sv_row
     else:
-        return keys.to(tl.int64) * s_row
+        return keys.to(tl.int64) * sk_row, keys.to(tl.int64) * sv_row
 
 
 @triton.jit
@@ -148,8 +149,7 @@ def _tree_attention_kernel(
             words = tl.where((word_of_n == k)[None, :], wk[:, None], words)
         bit = ((words >> (offs_n & 31)[None, :]) & 1) != 0
         visible = row_ok[:, None] & key_ok[None, :] & (bit | (not in_block))
-        k_rows = _kv_rows(keys, key_ok, table_row, log2_page, num_pages, sk_pg, sk_s, PAGED)
-        v_rows = _kv_rows(keys, key_ok, table_row, log2_page, num_pages, sv_pg, sv_s, PAGED)
+        k_rows, v_rows = _kv_rows(keys, key_ok, table_row, log2_page, num_pages, sk_pg, sk_s, sv_pg, sv_s, PAGED)
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q,
             k_base + k_rows[:, None] + offs_d[None, :],
@@ -239,6 +239,11 @@ CONFIGS = {
                256: (Config(16, 32, 4, 2), Config(16, 32, 4, 2))},
     },
 }
+# Paged entries that differ from CONFIGS, (arch, wide, BLOCK_D) -> (decode, block). ptxas (CUDA
+# 12.9) gives the paged fp32 D 256 kernel on sm_90 with 2 stages 32 registers and ~9.5 KB of spills
+# (the contiguous one: 138 registers, none) whatever the register cap; with 3 stages it compiles
+# spill-free (195 registers, 85 KB of shared memory). Checked by tests/test_triton_aot.py.
+PAGED_CONFIGS = {(90, True, 256): (Config(16, 32, 4, 3), Config(16, 32, 4, 3))}
 ARCHS = tuple(CONFIGS)
 SMEM_BIG = 232448  # sm_90 / sm_100 opt-in shared memory per block: table 90
 SMEM_SMALL = 101376  # sm_86 / sm_89 / sm_120 opt-in (A100: 166912): every table 80 entry fits
@@ -253,9 +258,11 @@ def block_d(D):
     return max(16, triton.next_power_of_2(D))
 
 
-def config(arch, dtype, D, rows):
-    """The Config for ``rows = Tq * G`` query rows per (sequence, kv head) of head size ``D``."""
-    decode, block = CONFIGS[arch][dtype == torch.float32][max(64, block_d(D))]
+def config(arch, dtype, D, rows, paged=False):
+    """The Config for ``rows = Tq * G`` query rows per (sequence, kv head) of head size ``D``
+    (``paged``: of the paged variant, PAGED_CONFIGS where it has an entry)."""
+    key = (arch, dtype == torch.float32, max(64, block_d(D)))
+    decode, block = (PAGED_CONFIGS.get(key) if paged else None) or CONFIGS[key[0]][key[1]][key[2]]
     return decode if rows <= 16 else block
 
 
@@ -281,16 +288,16 @@ def supports(q, k_cache, v_cache=None, prefix_lens=None, block_lens=None, mask=N
     """``(ok, reason)``: can this backend run the call (shapes, dtypes, device; no host sync)?
 
     Shape: the arguments of :func:`tree_attention` (only q, k_cache and the device are read)."""
-    return _supports(q, k_cache.shape[1])
+    return _supports(q, k_cache.shape[1], paged=False)
 
 
 def supports_paged(q, k_pages, v_pages=None, page_table=None, prefix_lens=None, block_lens=None, mask=None,
                    q_lens=None, sm_scale=None):
     """:func:`supports` for :func:`tree_attention_paged` (k_pages [num_pages, page_size, Hkv, D])."""
-    return _supports(q, k_pages.shape[2])
+    return _supports(q, k_pages.shape[2], paged=True)
 
 
-def _supports(q, Hkv):
+def _supports(q, Hkv, paged):
     dev = q.device
     if dev.type == "cpu":
         if os.environ.get("TRITON_INTERPRET") != "1":
@@ -310,7 +317,7 @@ def _supports(q, Hkv):
         if cap < (8, 0):
             return False, f"sm_{cap[0]}{cap[1]}: the tile configurations are built for sm_80 and newer"
     rows = Tq * (Hq // Hkv)
-    programs = triton.cdiv(rows, config(target(dev)[0], q.dtype, D, rows).block_m) * B * Hkv
+    programs = triton.cdiv(rows, config(target(dev)[0], q.dtype, D, rows, paged).block_m) * B * Hkv
     if programs > GRID_X_MAX:
         return False, f"{programs} programs (B * Hkv * row tiles) exceed the grid limit {GRID_X_MAX}"
     return True, "ok"
@@ -374,7 +381,7 @@ def plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, n
     if q.stride(3) != 1:
         q = q.contiguous()
     rows = Tq * G
-    cfg = config(arch, q.dtype, D, rows)
+    cfg = config(arch, q.dtype, D, rows, paged=page_table is not None)
     BD = block_d(D)
     n_m = triton.cdiv(rows, cfg.block_m)
     R = B * Tq * Hq
@@ -475,7 +482,7 @@ def _aot_call(arch, dtype, D, rows_class, split, paged=False):
     mask = torch.empty(B, Tq, 2, device="meta", dtype=torch.int32)
     out, launches = plan(q, k, v, lens[0], lens[1], mask, lens[2], D ** -0.5, num_splits=4 if split else 1,
                          arch=arch, sms=SMS[arch], page_table=table)
-    cfg = config(arch, dtype, D, Tq * Hq // Hkv)
+    cfg = config(arch, dtype, D, Tq * Hq // Hkv, paged=paged)
     assert launches[0].kwargs["BLOCK_M"] == cfg.block_m and launches[0].kwargs["num_stages"] == cfg.num_stages
     return launches
 
