@@ -370,12 +370,26 @@ void run_item(const ta::Problem& pb, float* ws, int64_t item) {
   const scalar_t* vrow[kTileN];
   float* kpk = ws + pb.off_kpk;
   float* vpk = ws + pb.off_vpk;
+  const int64_t row_bytes = static_cast<int64_t>(D) * sizeof(scalar_t);
   for (int t = t0; t < t1; ++t) {
     const ta::KvTile kt = ta::kv_tile(sl, t, kTileN);
     const void* vsrc = vp;
     for (int n = 0; n < kt.len; ++n) {
       krow[n] = kb + kv_off(kt.start + n, pb.sk_pg, pb.sk_s);
       vrow[n] = vb + kv_off(kt.start + n, pb.sv_pg, pb.sv_s);
+    }
+    if (table_row && t + 1 < t1) {
+      // Paged rows lie in scattered pages, which the hardware prefetcher cannot follow: ask for the
+      // next tile's rows while this one computes (contiguous caches stream without help).
+      const ta::KvTile nx = ta::kv_tile(sl, t + 1, kTileN);
+      for (int n = 0; n < nx.len; ++n) {
+        const char* kr = reinterpret_cast<const char*>(kb + kv_off(nx.start + n, pb.sk_pg, pb.sk_s));
+        const char* vr = reinterpret_cast<const char*>(vb + kv_off(nx.start + n, pb.sv_pg, pb.sv_s));
+        for (int64_t off = 0; off < row_bytes; off += 64) {
+          __builtin_prefetch(kr + off, 0, 3);
+          __builtin_prefetch(vr + off, 0, 3);
+        }
+      }
     }
     // Rows past the tile repeat its last row: Q K^T computes them, the softmax never reads them.
     for (int n = 0; n < kTileN; ++n) {
