@@ -9,6 +9,8 @@ Providers, all timed in the same run:
                    destination slice (B = 1), or index_select + index_copy_ of flat rows (B > 1)
   stacked_gather   one index_select + one index_copy_ over the stacked cache (Medusa style)
   cpp              specops.kv_compact(check=False); cpp_checked: with the value checks (one sync)
+  cpp_paged        specops.kv_compact_paged(check=False) on the same shape in pages of 16 rows,
+                   scattered in a random order (a serving engine's cache; other bytes)
   triton, cuda     when a GPU exists
   memcpy_clone     clone() of a tensor holding the bytes the op moves: the physical limit
 Bytes counted: every moved row is read once and written once, in K and V.
@@ -46,6 +48,19 @@ def accepted(B, S, n, device, seed=0):
     prefix = torch.randint(0, S - BLOCK + 1, (B,), generator=g)
     i32 = dict(dtype=torch.int32, device=device)
     return prefix.to(**i32), idx.to(**i32), torch.full((B,), n, **i32)
+
+
+PAGE_SIZE = 16  # cpp_paged's page size (vLLM's default block size)
+
+
+def paged_caches(L, B, H, D, S, dtype, device):
+    """K and V pools [L, B * S / 16, 16, H, D] (random bytes) and a page table [B, S / 16] whose
+    pages are a random permutation of the pool."""
+    n = S // PAGE_SIZE
+    shape, dt = (L, B * n, PAGE_SIZE, H, D), DTYPES[dtype]
+    k, v = (torch.empty(shape, dtype=dt, device=device).uniform_(-1, 1) for _ in range(2))
+    table = torch.randperm(B * n, generator=torch.Generator().manual_seed(B * S)).view(B, n)
+    return k, v, table.to(torch.int32).to(device)
 
 
 def inputs(L, B, H, D, S, n, dtype, device):
@@ -94,7 +109,7 @@ def stacked_gather(k, v, prefix, idx):
 
 
 def providers(device):
-    names = ["per_layer_loop", "stacked_gather", "cpp", "cpp_checked", "triton", "cuda"]
+    names = ["per_layer_loop", "stacked_gather", "cpp", "cpp_checked", "cpp_paged", "triton", "cuda"]
     out = {}
     for name in names:
         base = name.split("_")[0] if name.startswith("cpp") else name
@@ -108,7 +123,9 @@ def providers(device):
     return out
 
 
-def run_provider(name, k, v, prefix, idx, lens):
+def run_provider(name, k, v, prefix, idx, lens, paged=None):
+    if name == "cpp_paged":
+        return lambda: specops.kv_compact_paged(*paged, prefix, idx, lens, check=False, backend="cpp")
     if name == "per_layer_loop":
         return lambda: per_layer_loop(k, v, prefix, idx)
     if name == "stacked_gather":
@@ -126,6 +143,7 @@ def measure(rec, quick):
     for shape, ns in shapes.items():  # one cache pair per shape, reused for every n
         shape = dict(shape)
         k, v = caches(**shape, device=rec.device)
+        paged = paged_caches(**shape, device=rec.device) if rec.wants("cpp_paged") else None
         for n in ns:
             params = {**shape, "n": n}
             prefix, idx, lens = accepted(shape["B"], shape["S"], n, rec.device)
@@ -137,8 +155,8 @@ def measure(rec, quick):
                 if not ok:
                     rec.skip(name, params, why)
                     continue
-                rec.time(name, params, run_provider(name, k, v, prefix, idx, lens), bytes=2 * moved)
-        del k, v
+                rec.time(name, params, run_provider(name, k, v, prefix, idx, lens, paged), bytes=2 * moved)
+        del k, v, paged
     rec.add_ratios("memcpy_clone")
     rec.add_ratios("per_layer_loop")
 

@@ -10,8 +10,10 @@ fp32 and bf16; plus a chain (causal) block after the longest prefix, where flash
   SDPA with a dense additive float mask (``transformers.integrations.sdpa_attention``);
 - ``sdpa_gqa``: SDPA with ``enable_gqa=True`` and a boolean mask (the strongest plain-torch path);
 - ``cpp``, ``triton``, ``cuda``: specops backends (triton/cuda on a GPU only);
+- ``paged``: ``tree_attention_paged`` on cpp over the same K/V in pages of 16 rows scattered in a
+  random order (a serving engine's cache); ``speedup_vs_cpp`` is its time against ``cpp``'s;
 - ``flashinfer``: the optional FlashInfer backend of tree_attention (a GPU with flashinfer installed);
-- ``model:H100``, ``model:A100``: the roofline model's lower bound (bench/roofline.py), not a timing.
+- ``model:H100``, ``model:A100``: the roofline model's lower bound (bench/roofline.py), not a timing;
 - ``flash_attn``: ``flash_attn_with_kvcache`` on the chain cases (no tree masks), when importable.
 Masks of the baselines are built once outside the timing (a model builds one per forward).
 FLOP counts are dense: 4 * B * Hq * Tq * (prefix + tree) * D.
@@ -29,12 +31,13 @@ import torch.nn.functional as F
 import specops
 from specops import backend as _backend
 from specops.ops.tree_attention import visibility
-from specops.testing import random_parents
+from specops.testing import random_parents, to_pages
 
 import roofline
 from _harness import main, pytest_benchmark
 
-PROVIDERS = ("torch", "hf_sdpa", "sdpa_gqa", "cpp", "triton", "cuda", "flashinfer", "flash_attn")
+PROVIDERS = ("torch", "hf_sdpa", "sdpa_gqa", "cpp", "paged", "triton", "cuda", "flashinfer", "flash_attn")
+PAGE_SIZE = 16  # the paged provider's page size (vLLM's default block size)
 HEADS = [(32, 8, 128), (14, 2, 64), (9, 3, 64)]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -92,6 +95,16 @@ def _providers(rec, params, args):
             fn = lambda m=module, f=fmask: sdpa_attention_forward(m, qt, k, v, f, scaling=1 / math.sqrt(D))  # noqa: E731
         elif provider == "sdpa_gqa":
             fn = lambda: F.scaled_dot_product_attention(qt, k, v, attn_mask=vis, enable_gqa=True)  # noqa: E731
+        elif provider == "paged":
+            ok, why = _backend.available("cpp", rec.device)
+            if not ok:
+                rec.skip(provider, params, why)
+                continue
+            # Same permutation for K and V (equal seeds): one page table.
+            kp, table = to_pages(k, PAGE_SIZE, generator=torch.Generator().manual_seed(0), fill=0.0)
+            vp, _ = to_pages(v, PAGE_SIZE, generator=torch.Generator().manual_seed(0), fill=0.0)
+            fn = lambda kp=kp, vp=vp, t=table: specops.tree_attention_paged(  # noqa: E731
+                q, kp, vp, t, prefix_lens, block_lens, packed, check=False, backend="cpp")
         elif provider == "flash_attn":
             reason = _flash_attn_unavailable(rec.device, params)
             if reason:
@@ -136,6 +149,7 @@ def measure(rec, quick):
         roofline.record(rec, params)
     rec.add_ratios("hf_sdpa")
     rec.add_ratios("sdpa_gqa")
+    rec.add_ratios("cpp", over=("paged",))
 
 
 SMALL = [dict(Hq=14, Hkv=2, D=64, prefix=1024, tree=64, B=1, dtype=d, mask="tree") for d in DTYPES]

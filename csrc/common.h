@@ -51,4 +51,15 @@ SPECOPS_HD int32_t tree_mask_row(const int32_t* parents, int32_t i, int32_t n,
   return depth;
 }
 
+// Paged KV caches (vLLM / FlashInfer): a sequence's rows live in a pool of fixed-size pages of
+// 2^log2_page rows; `table_row` ([max_pages], that sequence's row of the page table) lists its
+// pages in order, so logical row r sits in pool page table_row[r >> log2_page], slot
+// r & (2^log2_page - 1). The caller keeps r < max_pages << log2_page; the page id read from the
+// table is not checked here (readers clamp it, writers skip the row: see the kernels).
+SPECOPS_HD int32_t page_of_row(const int32_t* table_row, int32_t log2_page, int64_t r) {
+  return table_row[r >> log2_page];
+}
+
+SPECOPS_HD int64_t slot_of_row(int32_t log2_page, int64_t r) { return r & ((int64_t{1} << log2_page) - 1); }
+
 }  // namespace specops

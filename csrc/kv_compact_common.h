@@ -2,7 +2,8 @@
 // (csrc/cuda/kv_compact.cu) kernels, so the CPU tests exercise what the GPU runs.
 //
 // Move j of sequence b takes row prefix + accept_idx[j] to row prefix + j (rows of one
-// (layer, sequence, head) slice of the cache, S rows in all).
+// (layer, sequence, head) slice of the cache, S rows in all; paged: S = max_pages * page_size
+// logical rows, placed by the page table).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,16 @@ SPECOPS_HD bool kv_move_rows(int32_t prefix, const int32_t* accept_idx_row, int3
   return *src != *dst && *src >= 0 && *src < S && *dst >= 0 && *dst < S;
 }
 
+// Paged caches ([L, num_pages, page_size, Hkv, D]): logical row r of a sequence is pool page
+// *page = table_row[r >> log2_page], slot *slot = r % page_size. False when the page id leaves
+// [0, num_pages): the move is skipped (unchecked input; the kernels never write out of bounds).
+SPECOPS_HD bool kv_pool_row(const int32_t* table_row, int32_t log2_page, int32_t num_pages, int64_t r,
+                            int64_t* page, int64_t* slot) {
+  *page = page_of_row(table_row, log2_page, r);
+  *slot = slot_of_row(log2_page, r);
+  return *page >= 0 && *page < num_pages;
+}
+
 // Why a forward, in-order pass is overlap-safe (used by the CPU kernel per row and by the
 // CUDA kernel per chunk of rows; the Triton kernel loads its whole block first instead).
 // accept_idx is strictly increasing from accept_idx[0] >= 0, so accept_idx[j] >= j:
@@ -40,5 +51,10 @@ SPECOPS_HD bool kv_move_rows(int32_t prefix, const int32_t* accept_idx_row, int3
 // head) slice is written only by the worker that owns it, so workers never race.
 // The same argument covers a run of consecutive moves copied as one block with memmove
 // (dst < src, so a forward copy): later runs read rows past every row this run writes.
+// Paged caches: the argument is about logical rows, so it holds as long as the rows a move writes
+// are no other logical row the moves read or write. The public op checks that with check=True (a
+// page a move writes is addressed by no other page-table entry of the call, of any sequence); then
+// the slices of different sequences never write shared memory either, and rows of one page are
+// disjoint memory like any two rows.
 
 }  // namespace specops

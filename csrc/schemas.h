@@ -1,7 +1,8 @@
 // The schema of every compiled op, in one place. specops._C defines them in the specops::
 // namespace (whose CPU kernels it holds; specops._C_cuda adds the CUDA kernels), and the test-only
 // emulator build specops._C_cudasim defines them again in specops_cudasim::, where the same CUDA
-// sources run on CPU tensors. Mutation marks: kv_compact writes both caches in place.
+// sources run on CPU tensors. Mutation marks: kv_compact and kv_compact_paged write both caches
+// in place.
 #pragma once
 
 #define SPECOPS_DEFINE_SCHEMAS(m)                                                                          \
@@ -9,8 +10,12 @@
     m.def("build_tree_mask(Tensor parents, Tensor num_nodes) -> (Tensor mask, Tensor depth)");            \
     m.def("tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor prefix_lens, Tensor block_lens, " \
           "Tensor mask, Tensor? q_lens, float sm_scale) -> Tensor");                                      \
+    m.def("tree_attention_paged(Tensor q, Tensor k_pages, Tensor v_pages, Tensor page_table, "           \
+          "Tensor prefix_lens, Tensor block_lens, Tensor mask, Tensor? q_lens, float sm_scale) -> Tensor"); \
     m.def("kv_compact(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor prefix_lens, Tensor accept_idx, "   \
           "Tensor accept_lens) -> ()");                                                                   \
+    m.def("kv_compact_paged(Tensor(a!) k_pages, Tensor(b!) v_pages, Tensor page_table, "                 \
+          "Tensor prefix_lens, Tensor accept_idx, Tensor accept_lens) -> ()");                            \
     m.def("warp_probs(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p) -> Tensor");         \
     m.def("verify_greedy(Tensor tokens, Tensor parents, Tensor target_logits, Tensor num_nodes)"          \
           " -> (Tensor accept_idx, Tensor accept_lens, Tensor bonus)");                                   \

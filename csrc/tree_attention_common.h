@@ -32,6 +32,23 @@ SPECOPS_HD SeqLens clamp_lens(int32_t prefix, int32_t block, int32_t q_len, int3
   return r;
 }
 
+// The one place the kernels address a K/V row: the element offset of logical row r of a sequence
+// from its (sequence, kv head) base. Contiguous caches ([B, Hkv, S, D]): r * s_row. Paged caches
+// ([num_pages, page_size, Hkv, D], page_size = 2^log2_page; the base then holds no sequence term):
+// page table_row[r >> log2_page] at s_page, slot r % page_size at s_row, the page id clamped into
+// [0, num_pages) so that an unchecked page table never reads out of bounds (num_pages >= 1: with an
+// empty pool the launchers set S = 0, so no row is ever addressed).
+template <bool Paged>
+SPECOPS_HD int64_t kv_row_offset(const int32_t* table_row, int32_t log2_page, int32_t num_pages, int64_t s_page,
+                                 int64_t s_row, int64_t r) {
+  if constexpr (Paged) {
+    const int32_t page = clamp_i32(page_of_row(table_row, log2_page, r), 0, num_pages - 1);
+    return page * s_page + slot_of_row(log2_page, r) * s_row;
+  } else {
+    return r * s_row;
+  }
+}
+
 // A sequence's keys are walked in tiles of `tile`: the prefix tiles first (no mask test), then
 // the block tiles (bit tests), so that no tile straddles the two.
 struct KvTile {

@@ -4,8 +4,8 @@
 """
 from . import _ext  # noqa: F401  (loads the compiled extensions and their op registrations)
 from .backend import BackendUnavailable, available, default_backend, use_backend
-from .ops.tree_attention import tree_attention
-from .ops.kv_compact import kv_compact
+from .ops.tree_attention import tree_attention, tree_attention_paged
+from .ops.kv_compact import kv_compact, kv_compact_paged
 from .ops.sampling import warp_probs
 from .ops.topn import select_topn_subtree, topn_expand
 from .ops.tree_mask import build_tree_mask, pack_mask, unpack_mask
@@ -31,10 +31,12 @@ __all__ = [
     "default_backend",
     "generate",
     "kv_compact",
+    "kv_compact_paged",
     "pack_mask",
     "select_topn_subtree",
     "topn_expand",
     "tree_attention",
+    "tree_attention_paged",
     "unpack_mask",
     "use_backend",
     "verify_greedy",

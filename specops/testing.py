@@ -86,6 +86,52 @@ def random_verify_case(B, T, V, *, generator=None, device="cpu", chain=False, ma
     return {k: v.to(device) for k, v in case.items()}
 
 
+# ---- paged KV caches ---------------------------------------------------------------------------
+
+def to_pages(cache, page_size, *, generator=None, spare_pages=3, fill=float("nan"), shared_prefix_pages=0):
+    """Lays a contiguous KV cache out in a pool of fixed-size pages, scattered in a random order, as a
+    serving engine does (the layout of :func:`specops.tree_attention_paged`).
+
+    Shape: cache [*lead, B, Hkv, S, D] -> (pages [*lead, num_pages, page_size, Hkv, D], page_table
+    int32 [B, max_pages]), max_pages = ceil(S / page_size) + 1. Row r of sequence b is slot
+    r % page_size of page page_table[b, r // page_size]. The pool also holds ``spare_pages`` pages no
+    sequence uses, filled with ``fill`` like the slots past S of each sequence's last page (NaN: a
+    kernel that reads them shows it); the table's last column and the entries past a sequence's
+    pages are garbage ids (a kernel must not read them). ``shared_prefix_pages``: sequences b >= 1
+    map their first pages onto sequence 0's, whose rows those pages hold (compare against
+    :func:`from_pages`, the cache the pages stand for)."""
+    *lead, B, H, S, D = cache.shape
+    n = -(-S // page_size)
+    max_pages = n + 1
+    num_pages = B * n + spare_pages
+    perm = torch.randperm(num_pages, generator=generator)
+    table = perm[:B * n].view(B, n).clone()
+    if shared_prefix_pages:
+        table[1:, :shared_prefix_pages] = table[0, :shared_prefix_pages]
+    pages = torch.full((*lead, num_pages, page_size, H, D), fill, dtype=cache.dtype)
+    rows = cache.cpu().movedim(-2, -3)  # [*lead, B, S, H, D]
+    for b in range(B):
+        for i in range(shared_prefix_pages if b else 0, n):
+            r0, r1 = i * page_size, min(S, (i + 1) * page_size)
+            pages[..., int(table[b, i]), : r1 - r0, :, :] = rows[..., b, r0:r1, :, :]
+    garbage = torch.randint(-5, num_pages + 5, (B, 1), generator=generator)
+    page_table = torch.cat([table, garbage], dim=1).to(torch.int32)
+    return pages.to(cache.device), page_table.to(cache.device)
+
+
+def from_pages(pages, page_table, S):
+    """The contiguous cache a paged one stands for (the first S rows of every sequence).
+
+    Shape: pages [*lead, num_pages, page_size, Hkv, D], page_table int32 [B, max_pages]
+    -> [*lead, B, Hkv, S, D]."""
+    *lead, N, P, H, D = pages.shape
+    B, M = page_table.shape
+    n = -(-S // P)
+    ids = page_table[:, :n].long().clamp(0, max(N - 1, 0))  # [B, n]
+    rows = pages[..., ids, :, :, :]  # [*lead, B, n, P, H, D]
+    return rows.reshape(*lead, B, n * P, H, D)[..., :S, :, :].movedim(-2, -3)
+
+
 # ---- tiny language models for the decoding-loop tests (no downloads, built in milliseconds) ------
 
 def tiny_causal_lm(arch="llama", *, vocab_size=128, hidden_size=64, num_layers=2, seed=0, sharpness=16.0,

@@ -34,22 +34,26 @@ def _ta_row(rows, arch, name, kernel="_tree_attention_kernel"):
     return got[0]
 
 
-def test_tree_attention_every_table_entry_compiles_spill_free_within_its_shared_memory(rows):
+@pytest.mark.parametrize("tag", ["", "paged "])
+def test_tree_attention_every_table_entry_compiles_spill_free_within_its_shared_memory(rows, tag):
     # The table the launcher reads is the table the check compiles: each entry with its warps,
     # stages and tiles; D = 256 included; table 80 within the 99 KB of sm_86 / sm_89 / sm_120.
+    # The paged variant (K/V rows gathered through a page table) is held to the same budgets.
     n = 0
     for arch, table in ta.CONFIGS.items():
         limit = ta.SMEM_SMALL if arch == 80 else ta.SMEM_BIG
         for wide, by_d in table.items():
             for bd, (decode, block) in by_d.items():
+                if tag:
+                    decode, block = ta.PAGED_CONFIGS.get((arch, wide, bd), (decode, block))
                 for cfg, cls in ((decode, "decode"), (block, "block")):
                     splits = ("", " split") if cls == "decode" or bd == 256 else ("",)
                     for split in splits:
-                        r = _ta_row(rows, arch, f"{'float32' if wide else 'bfloat16'} D{bd} {cls}{split}")
+                        r = _ta_row(rows, arch, f"{tag}{'float32' if wide else 'bfloat16'} D{bd} {cls}{split}")
                         assert (r["num_warps"], r["num_stages"]) == (cfg.num_warps, cfg.num_stages)
                         consts = r["config"].split()
                         assert {f"BLOCK_M={cfg.block_m}", f"BLOCK_N={cfg.block_n}", f"BLOCK_D={bd}",
-                                f"SPLIT={bool(split)}"} <= set(consts)
+                                f"SPLIT={bool(split)}", f"PAGED={bool(tag)}"} <= set(consts)
                         assert r["spills"] == 0 and r["smem"] <= limit, r
                         if split:
                             assert _ta_row(rows, arch, r["case"], "_combine_kernel")["spills"] == 0
@@ -69,6 +73,9 @@ def test_aot_specialises_as_the_jit_does(rows):
     assert {"B=1", "N_M=1"} <= set(decode["config"].split())
     kv = [r for r in rows if r["module"] == "kv_compact"][0]
     assert {"k_ptr", "v_ptr", "S", "D"} <= set(kv["aligned"])
+    paged = [r for r in rows if r["module"] == "kv_compact" and r["case"].startswith("paged ")]
+    assert len(paged) == 2 * 3 * 2 and all("PAGED=True" in r["config"].split() for r in paged)
+    assert all("pt_ptr" in r["aligned"] for r in paged)
 
 
 def test_report_table_lists_every_triton_row(rows):

@@ -10,6 +10,10 @@ Tile shapes, warps and pipeline stages come from one table (CONFIGS) per GPU arc
 size class and dtype; ``plan`` turns a call into the exact kernel launches, which both the launcher
 and the AOT budget check (``python -m specops.triton_kernels.aot``) use, so the check compiles the
 kernels users get. ``supports`` says, before any launch, whether a shape can run here.
+
+``tree_attention_paged`` is the same kernel with ``PAGED`` set: K/V rows come from a paged cache
+([num_pages, page_size, Hkv, D], vLLM's layout) through the sequence's page table, in ``_kv_rows``,
+the one place the kernel addresses a K/V row.
 """
 import functools
 import os
@@ -50,20 +54,39 @@ def _attend_tile(acc, m_i, l_i, q, k_ptrs, v_ptrs, key_ok, d_ok, s_ok, qk_scale,
 
 
 @triton.jit
+def _kv_rows(keys, key_ok, table_row, log2_page, num_pages, sk_page, sk_row, sv_page, sv_row, PAGED: tl.constexpr):
+    """Element offsets [BN] of the K and V rows of logical keys ``keys`` from their (sequence, kv
+    head) bases: the one place the kernel addresses a K/V row. Contiguous: keys * stride. Paged:
+    page table_row[key >> log2_page] (clamped into [0, num_pages): check=False must not read out of
+    bounds), slot key % page_size; one table read serves K and V; entries of keys past key_ok are
+    not read."""
+    if PAGED:
+        page = tl.load(table_row + (keys >> log2_page), mask=key_ok, other=0)
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+        slot = (keys & ((1 << log2_page) - 1)).to(tl.int64)
+        return page * sk_page + slot * sk_row, page * sv_page + slot * sv_row
+    else:
+        return keys.to(tl.int64) * sk_row, keys.to(tl.int64) * sv_row
+
+
+@triton.jit
 def _tree_attention_kernel(
     q_ptr,  # [B, Tq, Hq, D]
-    k_ptr,  # [B, Hkv, S, D]
-    v_ptr,  # [B, Hkv, S, D]
+    k_ptr,  # [B, Hkv, S, D], or PAGED [num_pages, page_size, Hkv, D]
+    v_ptr,  # as k_ptr
     out_ptr,  # [B, Tq, Hq, D] contiguous (final) or part_o [NS, B * Tq * Hq, D] fp32 (SPLIT)
     lse_ptr,  # [NS, B * Tq * Hq] fp32 (SPLIT only)
     prefix_ptr, block_ptr, qlen_ptr,  # [B] int32, strides s_pre, s_blk, s_ql (any, 0 included)
     mask_ptr,  # [B, Tq, W] int32, strides sm_b, sm_t, sm_w
+    pt_ptr,  # PAGED: page table [B, max_pages] int32, row stride s_pt (else unused)
     s_pre, s_blk, s_ql, sq_b, sq_t, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sm_b, sm_t, sm_w,
-    B, Tq, Hq, Hkv, S, W, D, qk_scale,
+    s_pt, sk_pg, sv_pg,  # PAGED: sk_b = sv_b = 0, sk_s / sv_s step between slots, sk_pg / sv_pg between pages
+    log2_page, num_pages,
+    B, Tq, Hq, Hkv, S, W, D, qk_scale,  # S: rows a sequence can address (PAGED: max_pages * page_size)
     NS,  # number of kv splits (grid dim 1)
     N_M,  # query-row tiles per (sequence, kv head)
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_QLEN: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_QLEN: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr, PAGED: tl.constexpr,
 ):
     # Grid x = (sequence, kv head, row tile), row tiles innermost so that the programs sharing a
     # K/V stream run side by side (L2 reuse); grid x holds 2^31 - 1 programs, grid y only 65535.
@@ -96,6 +119,7 @@ def _tree_attention_kernel(
         q = q.to(tl.float32)
     k_base = k_ptr + b * sk_b + g * sk_h
     v_base = v_ptr + b * sv_b + g * sv_h
+    table_row = pt_ptr + b * s_pt
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -125,10 +149,11 @@ def _tree_attention_kernel(
             words = tl.where((word_of_n == k)[None, :], wk[:, None], words)
         bit = ((words >> (offs_n & 31)[None, :]) & 1) != 0
         visible = row_ok[:, None] & key_ok[None, :] & (bit | (not in_block))
+        k_rows, v_rows = _kv_rows(keys, key_ok, table_row, log2_page, num_pages, sk_pg, sk_s, sv_pg, sv_s, PAGED)
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q,
-            k_base + keys[:, None].to(tl.int64) * sk_s + offs_d[None, :],
-            v_base + keys[:, None].to(tl.int64) * sv_s + offs_d[None, :],
+            k_base + k_rows[:, None] + offs_d[None, :],
+            v_base + v_rows[:, None] + offs_d[None, :],
             key_ok, d_ok, visible, qk_scale, UPCAST=UPCAST)
 
     seen = row_ok & (l_i > 0)
@@ -214,6 +239,11 @@ CONFIGS = {
                256: (Config(16, 32, 4, 2), Config(16, 32, 4, 2))},
     },
 }
+# Paged entries that differ from CONFIGS, (arch, wide, BLOCK_D) -> (decode, block). ptxas (CUDA
+# 12.9) gives the paged fp32 D 256 kernel on sm_90 with 2 stages 32 registers and ~9.5 KB of spills
+# (the contiguous one: 138 registers, none) whatever the register cap; with 3 stages it compiles
+# spill-free (195 registers, 85 KB of shared memory). Checked by tests/test_triton_aot.py.
+PAGED_CONFIGS = {(90, True, 256): (Config(16, 32, 4, 3), Config(16, 32, 4, 3))}
 ARCHS = tuple(CONFIGS)
 SMEM_BIG = 232448  # sm_90 / sm_100 opt-in shared memory per block: table 90
 SMEM_SMALL = 101376  # sm_86 / sm_89 / sm_120 opt-in (A100: 166912): every table 80 entry fits
@@ -228,9 +258,11 @@ def block_d(D):
     return max(16, triton.next_power_of_2(D))
 
 
-def config(arch, dtype, D, rows):
-    """The Config for ``rows = Tq * G`` query rows per (sequence, kv head) of head size ``D``."""
-    decode, block = CONFIGS[arch][dtype == torch.float32][max(64, block_d(D))]
+def config(arch, dtype, D, rows, paged=False):
+    """The Config for ``rows = Tq * G`` query rows per (sequence, kv head) of head size ``D``
+    (``paged``: of the paged variant, PAGED_CONFIGS where it has an entry)."""
+    key = (arch, dtype == torch.float32, max(64, block_d(D)))
+    decode, block = (PAGED_CONFIGS.get(key) if paged else None) or CONFIGS[key[0]][key[1]][key[2]]
     return decode if rows <= 16 else block
 
 
@@ -256,6 +288,16 @@ def supports(q, k_cache, v_cache=None, prefix_lens=None, block_lens=None, mask=N
     """``(ok, reason)``: can this backend run the call (shapes, dtypes, device; no host sync)?
 
     Shape: the arguments of :func:`tree_attention` (only q, k_cache and the device are read)."""
+    return _supports(q, k_cache.shape[1], paged=False)
+
+
+def supports_paged(q, k_pages, v_pages=None, page_table=None, prefix_lens=None, block_lens=None, mask=None,
+                   q_lens=None, sm_scale=None):
+    """:func:`supports` for :func:`tree_attention_paged` (k_pages [num_pages, page_size, Hkv, D])."""
+    return _supports(q, k_pages.shape[2], paged=True)
+
+
+def _supports(q, Hkv, paged):
     dev = q.device
     if dev.type == "cpu":
         if os.environ.get("TRITON_INTERPRET") != "1":
@@ -268,7 +310,6 @@ def supports(q, k_cache, v_cache=None, prefix_lens=None, block_lens=None, mask=N
     if D > MAX_D:
         return False, f"head size D={D} > {MAX_D} (no tile configuration fits shared memory)"
     B, Tq, Hq = q.shape[:3]
-    Hkv = k_cache.shape[1]
     if Hkv == 0 or Hq % Hkv:
         return False, f"Hq={Hq} is not a multiple of Hkv={Hkv}"
     if dev.type == "cuda":
@@ -276,7 +317,7 @@ def supports(q, k_cache, v_cache=None, prefix_lens=None, block_lens=None, mask=N
         if cap < (8, 0):
             return False, f"sm_{cap[0]}{cap[1]}: the tile configurations are built for sm_80 and newer"
     rows = Tq * (Hq // Hkv)
-    programs = triton.cdiv(rows, config(target(dev)[0], q.dtype, D, rows).block_m) * B * Hkv
+    programs = triton.cdiv(rows, config(target(dev)[0], q.dtype, D, rows, paged).block_m) * B * Hkv
     if programs > GRID_X_MAX:
         return False, f"{programs} programs (B * Hkv * row tiles) exceed the grid limit {GRID_X_MAX}"
     return True, "ok"
@@ -304,14 +345,31 @@ def auto_splits(n_programs, sms, kv_bytes, part_bytes, flops, balance, n_tiles):
 
 # ---- launches --------------------------------------------------------------------------------
 
+def _kv_layout(k_cache, v_cache, page_table):
+    """(Hkv, S, kernel stride/paging arguments) of contiguous caches [B, Hkv, S, D] or, with a
+    page table [B, max_pages], of paged caches [num_pages, page_size, Hkv, D] (S = max_pages *
+    page_size logical rows, 0 with an empty pool: no row can be addressed then)."""
+    if page_table is None:
+        Hkv, S = k_cache.shape[1], k_cache.shape[2]
+        strides = (*k_cache.stride()[:3], *v_cache.stride()[:3])
+        return Hkv, S, strides, (0, 0, 0, 0, 1)
+    num_pages, page_size, Hkv = k_cache.shape[:3]
+    S = min(page_table.shape[1] * page_size, 2**31 - 1) if num_pages else 0
+    strides = (0, k_cache.stride(2), k_cache.stride(1), 0, v_cache.stride(2), v_cache.stride(1))
+    paging = (page_table.stride(0), k_cache.stride(0), v_cache.stride(0), page_size.bit_length() - 1,
+              max(num_pages, 1))
+    return Hkv, S, strides, paging
+
+
 def plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=None, arch=None,
-         sms=None):
+         sms=None, page_table=None):
     """The launches of one call and its output (allocated, not yet written).
 
-    Shape: as :func:`tree_attention`. ``arch`` / ``sms`` default to ``q``'s device (the AOT check
-    passes them with meta tensors)."""
+    Shape: as :func:`tree_attention`, or with ``page_table`` int32 [B, max_pages] as
+    :func:`tree_attention_paged` (k_cache / v_cache are then the pages [num_pages, page_size, Hkv, D]).
+    ``arch`` / ``sms`` default to ``q``'s device (the AOT check passes them with meta tensors)."""
     B, Tq, Hq, D = q.shape
-    Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    Hkv, S, kv_strides, paging = _kv_layout(k_cache, v_cache, page_table)
     G = Hq // Hkv
     W = mask.shape[2]
     out = torch.empty(B, Tq, Hq, D, dtype=q.dtype, device=q.device)
@@ -323,7 +381,7 @@ def plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, n
     if q.stride(3) != 1:
         q = q.contiguous()
     rows = Tq * G
-    cfg = config(arch, q.dtype, D, rows)
+    cfg = config(arch, q.dtype, D, rows, paged=page_table is not None)
     BD = block_d(D)
     n_m = triton.cdiv(rows, cfg.block_m)
     R = B * Tq * Hq
@@ -336,14 +394,15 @@ def plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, n
     ns = num_splits
     has_qlen = q_lens is not None
     qlen = q_lens if has_qlen else prefix_lens  # unused pointer when HAS_QLEN is False
-    strides = (prefix_lens.stride(0), block_lens.stride(0), qlen.stride(0), *q.stride()[:3],
-               *k_cache.stride()[:3], *v_cache.stride()[:3], *mask.stride())
+    table = page_table if page_table is not None else prefix_lens  # unused pointer unless PAGED
+    strides = (prefix_lens.stride(0), block_lens.stride(0), qlen.stride(0), *q.stride()[:3], *kv_strides,
+               *mask.stride(), *paging)
     sizes = (B, Tq, Hq, Hkv, S, W, D, float(sm_scale) * LOG2E, ns, n_m)
     meta = dict(G=G, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=BD, HAS_QLEN=has_qlen,
                 UPCAST=os.environ.get("TRITON_INTERPRET") == "1" and q.dtype != torch.float32,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                PAGED=page_table is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     grid = (n_m * B * Hkv, ns)
-    lens = (prefix_lens, block_lens, qlen, mask)
+    lens = (prefix_lens, block_lens, qlen, mask, table)
     if ns == 1:
         return out, [Launch(_tree_attention_kernel, grid, (q, k_cache, v_cache, out, out, *lens, *strides, *sizes),
                             dict(SPLIT=False, **meta))]
@@ -358,14 +417,9 @@ def plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, n
     ]
 
 
-def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=None,
-                   arch=None):
-    """Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D], prefix_lens / block_lens / q_lens
-    int32 [B] (q_lens may be None; any strides), mask int32 [B, Tq, W] -> out [B, Tq, Hq, D] in
-    q's dtype. ``num_splits`` forces the number of kv splits (None: chosen from the problem and
-    device); ``arch`` (80 or 90) forces that arch's CONFIGS (tests run sm_80 tiles interpreted).
-    Raises ValueError for what :func:`supports` refuses."""
-    ok, why = supports(q, k_cache)
+def _run(q, k_cache, v_cache, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits, arch,
+         ok_why):
+    ok, why = ok_why
     if not ok:
         raise ValueError(f"tree_attention (triton) cannot run this call: {why}")
     if num_splits is not None and not 1 <= num_splits <= 65535:
@@ -374,47 +428,82 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, s
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
     sms = None if arch is None else target(q.device)[1]
     out, launches = plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits,
-                         arch=arch, sms=sms)
+                         arch=arch, sms=sms, page_table=page_table)
     for launch in launches:
         launch.kernel[launch.grid](*launch.args, **launch.kwargs)
     return out
 
 
+def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=None,
+                   arch=None):
+    """Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D], prefix_lens / block_lens / q_lens
+    int32 [B] (q_lens may be None; any strides), mask int32 [B, Tq, W] -> out [B, Tq, Hq, D] in
+    q's dtype. ``num_splits`` forces the number of kv splits (None: chosen from the problem and
+    device); ``arch`` (80 or 90) forces that arch's CONFIGS (tests run sm_80 tiles interpreted).
+    Raises ValueError for what :func:`supports` refuses."""
+    return _run(q, k_cache, v_cache, None, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits, arch,
+                supports(q, k_cache))
+
+
+def tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale,
+                         num_splits=None, arch=None):
+    """:func:`tree_attention` over a paged cache, the same kernel with PAGED set.
+
+    Shape: k_pages / v_pages [num_pages, page_size, Hkv, D] (page_size a power of two),
+    page_table int32 [B, max_pages] (any row stride, unit column stride); the rest as
+    :func:`tree_attention`."""
+    if page_table.shape[1] > 1 and page_table.stride(1) != 1:
+        page_table = page_table.contiguous()
+    return _run(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits,
+                arch, supports_paged(q, k_pages))
+
+
 # ---- AOT check ---------------------------------------------------------------------------------
 
-def _aot_call(arch, dtype, D, rows_class, split):
+def _aot_call(arch, dtype, D, rows_class, split, paged=False):
     """Meta tensors of a typical call that selects one CONFIGS entry: batch 4 (1 when split), 8
-    query heads over 2 kv heads (G = 4), a 4096-row cache, 16-aligned sizes as real models have."""
+    query heads over 2 kv heads (G = 4), a 4096-row cache, 16-aligned sizes as real models have;
+    paged: a pool of 1024 pages of 16 rows ([num_pages, 16, Hkv, D], vLLM's layout), 256 pages a
+    sequence."""
     Tq = 4 if rows_class == "decode" else 64
     B = 1 if split else 4
     Hq, Hkv, S = 8, 2, 4096
     meta = dict(device="meta", dtype=dtype)
     q = torch.empty(B, Tq, Hq, D, **meta)
-    k = torch.empty(B, S, Hkv, D, **meta).transpose(1, 2)  # a [B, S, Hkv, D] cache buffer
-    v = torch.empty(B, S, Hkv, D, **meta).transpose(1, 2)
+    table = None
+    if paged:
+        k = torch.empty(1024, 16, Hkv, D, **meta)
+        v = torch.empty(1024, 16, Hkv, D, **meta)
+        table = torch.empty(B, S // 16, device="meta", dtype=torch.int32)
+    else:
+        k = torch.empty(B, S, Hkv, D, **meta).transpose(1, 2)  # a [B, S, Hkv, D] cache buffer
+        v = torch.empty(B, S, Hkv, D, **meta).transpose(1, 2)
     lens = [torch.empty(B, device="meta", dtype=torch.int32) for _ in range(3)]
     mask = torch.empty(B, Tq, 2, device="meta", dtype=torch.int32)
     out, launches = plan(q, k, v, lens[0], lens[1], mask, lens[2], D ** -0.5, num_splits=4 if split else 1,
-                         arch=arch, sms=SMS[arch])
-    cfg = config(arch, dtype, D, Tq * Hq // Hkv)
+                         arch=arch, sms=SMS[arch], page_table=table)
+    cfg = config(arch, dtype, D, Tq * Hq // Hkv, paged=paged)
     assert launches[0].kwargs["BLOCK_M"] == cfg.block_m and launches[0].kwargs["num_stages"] == cfg.num_stages
     return launches
 
 
 def aot_cases():
     """(name, arch, launches, budget) of every CONFIGS entry: fp32 and bf16 (fp16 once per arch:
-    the same tiles), split and not for decode tiles, split also for the widest block tiles. No
-    spills; table 80 within SMEM_SMALL."""
-    for arch in ARCHS:
-        budget = {"spills": 0, "smem": SMEM_SMALL if arch == 80 else SMEM_BIG}
-        for dtype in (torch.bfloat16, torch.float32):
-            for D in (64, 128, 256):
-                for rows_class in ("decode", "block"):
-                    splits = (False, True) if rows_class == "decode" or D == 256 else (False,)
-                    for split in splits:
-                        name = f"{str(dtype)[6:]} D{D} {rows_class}{' split' if split else ''}"
-                        yield name, arch, _aot_call(arch, dtype, D, rows_class, split), budget
-        yield "float16 D128 block", arch, _aot_call(arch, torch.float16, 128, "block", False), budget
+    the same tiles), split and not for decode tiles, split also for the widest block tiles; the
+    same entries again with a paged cache ("paged ..."), whose row gather must not cost spills
+    either. No spills; table 80 within SMEM_SMALL."""
+    for paged in (False, True):
+        tag = "paged " if paged else ""
+        for arch in ARCHS:
+            budget = {"spills": 0, "smem": SMEM_SMALL if arch == 80 else SMEM_BIG}
+            for dtype in (torch.bfloat16, torch.float32):
+                for D in (64, 128, 256):
+                    for rows_class in ("decode", "block"):
+                        splits = (False, True) if rows_class == "decode" or D == 256 else (False,)
+                        for split in splits:
+                            name = f"{tag}{str(dtype)[6:]} D{D} {rows_class}{' split' if split else ''}"
+                            yield name, arch, _aot_call(arch, dtype, D, rows_class, split, paged), budget
+            yield f"{tag}float16 D128 block", arch, _aot_call(arch, torch.float16, 128, "block", False, paged), budget
 
 
 AOT_SPECS = aot_cases

@@ -5,6 +5,9 @@
 // (AVX-512 with and without AVX512_BF16, AVX2, portable C++) and picked at run time, so the
 // .so needs no -march flag. SPECOPS_CPU_ISA=generic|avx2|avx512|avx512bf16 caps the choice
 // (tests use it to run every variant on one machine).
+//
+// tree_attention_paged runs the same kernel on a paged cache ([num_pages, page_size, Hkv, D] and a
+// page table): the kernel addresses K/V rows only through ta::kv_row_offset.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -35,15 +38,20 @@ constexpr int kMaxRows = 192;  // query rows (queries x group heads) per work it
 // Everything a work item needs; pointers index the caller's tensors with element strides.
 struct Problem {
   const void* q;  // [B, Tq, Hq, D]
-  const void* k;  // [B, Hkv, S, D]
-  const void* v;  // [B, Hkv, S, D]
+  const void* k;  // [B, Hkv, S, D], or paged [num_pages, page_size, Hkv, D]
+  const void* v;  // as k
   void* out;      // [B, Tq, Hq, D]
   const int32_t* prefix;  // [B]
   const int32_t* block;   // [B]
   const int32_t* q_lens;  // [B] or null (= Tq)
   const int32_t* mask;    // [B, Tq, W]
   int64_t sq_b, sq_t, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, so_b, so_t, so_h;
-  int32_t B, Tq, Hq, Hkv, G, D, S, W;
+  // Paged K/V (kv_row_offset): page table [B, max_pages] (null: contiguous), its row stride, the
+  // page strides of k and v; sk_b = sv_b = 0 and sk_s / sv_s step between slots of a page.
+  const int32_t* pages;
+  int64_t s_pages, sk_pg, sv_pg;
+  int32_t log2_page, num_pages;
+  int32_t B, Tq, Hq, Hkv, G, D, S, W;  // S: rows a sequence can address (paged: max_pages * page_size)
   float scale_log2;  // sm_scale * log2(e)
   int32_t n_qtiles, n_splits;
   int32_t Mp, Dp;    // padded query rows per item, padded head dim
@@ -146,42 +154,51 @@ int32_t choose_splits(int64_t items, int64_t threads, int32_t max_tiles) {
   return std::max(1, std::min({ns, max_tiles / 2, ta::kMaxSplits}));
 }
 
-}  // namespace
+// The K/V side of a call, contiguous or paged; checked by the entry points below.
+struct KvView {
+  at::Tensor k, v;           // [B, Hkv, S, D], or paged [num_pages, page_size, Hkv, D]
+  at::Tensor pages;          // paged: the page table [B, max_pages] int32; undefined: contiguous
+  int64_t Hkv, S;            // S: rows a sequence can address (paged: max_pages * page_size)
+  int64_t dim_b, dim_h, dim_s;  // the dims of k / v holding sequence (-1: none), head, row (slot)
+};
 
-at::Tensor tree_attention_cpu(const at::Tensor& q,            // [B, Tq, Hq, D]
-                              const at::Tensor& k_cache,      // [B, Hkv, S, D]
-                              const at::Tensor& v_cache,      // [B, Hkv, S, D]
-                              const at::Tensor& prefix_lens,  // [B] int32
-                              const at::Tensor& block_lens,   // [B] int32
-                              const at::Tensor& mask,         // [B, Tq, W] int32
-                              const std::optional<at::Tensor>& q_lens,  // [B] int32
-                              double sm_scale) {
+void check_common(const char* op, const at::Tensor& q, const KvView& kv, const at::Tensor& prefix_lens,
+                  const at::Tensor& block_lens, const at::Tensor& mask, const std::optional<at::Tensor>& q_lens) {
   SPECOPS_CHECK_DIM(q, 4);
-  SPECOPS_CHECK_DIM(k_cache, 4);
   SPECOPS_CHECK_DIM(mask, 3);
   SPECOPS_CHECK_DTYPE(prefix_lens, at::kInt);
   SPECOPS_CHECK_DTYPE(block_lens, at::kInt);
   SPECOPS_CHECK_DTYPE(mask, at::kInt);
-  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
-              "tree_attention: q, k_cache and v_cache must share a dtype");
-  TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), "tree_attention: v_cache must have k_cache's shape");
+  TORCH_CHECK(kv.k.scalar_type() == q.scalar_type() && kv.v.scalar_type() == q.scalar_type(), op,
+              ": q and the K/V caches must share a dtype");
+  TORCH_CHECK(kv.v.sizes() == kv.k.sizes(), op, ": the V cache must have the K cache's shape");
   const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), D = q.size(3);
-  const int64_t Hkv = k_cache.size(1), S = k_cache.size(2), W = mask.size(2);
-  TORCH_CHECK(k_cache.size(0) == B && k_cache.size(3) == D, "tree_attention: k_cache must be [B, Hkv, S, D]");
-  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "tree_attention: Hq must be a multiple of Hkv");
-  TORCH_CHECK(mask.size(0) == B && mask.size(1) == Tq, "tree_attention: mask must be [B, Tq, W]");
-  TORCH_CHECK(prefix_lens.numel() == B && block_lens.numel() == B, "tree_attention: lengths must be [B]");
+  TORCH_CHECK(kv.k.size(3) == D, op, ": the caches' last dim must be q's head dim D");
+  TORCH_CHECK(kv.Hkv > 0 && Hq % kv.Hkv == 0, op, ": Hq must be a multiple of Hkv");
+  TORCH_CHECK(mask.size(0) == B && mask.size(1) == Tq, op, ": mask must be [B, Tq, W]");
+  TORCH_CHECK(prefix_lens.numel() == B && block_lens.numel() == B, op, ": lengths must be [B]");
   if (q_lens) {
     SPECOPS_CHECK_DTYPE((*q_lens), at::kInt);
-    TORCH_CHECK(q_lens->numel() == B, "tree_attention: q_lens must be [B]");
+    TORCH_CHECK(q_lens->numel() == B, op, ": q_lens must be [B]");
   }
-  for (const at::Tensor* t : {&q, &k_cache, &v_cache, &prefix_lens, &block_lens, &mask})
-    TORCH_CHECK(t->device().is_cpu(), "tree_attention: CPU tensors expected");
+  for (const at::Tensor* t : {&q, &kv.k, &kv.v, &prefix_lens, &block_lens, &mask})
+    TORCH_CHECK(t->device().is_cpu(), op, ": CPU tensors expected");
+}
+
+at::Tensor run(const at::Tensor& q,            // [B, Tq, Hq, D]
+               const KvView& kv,
+               const at::Tensor& prefix_lens,  // [B] int32
+               const at::Tensor& block_lens,   // [B] int32
+               const at::Tensor& mask,         // [B, Tq, W] int32
+               const std::optional<at::Tensor>& q_lens,  // [B] int32
+               double sm_scale) {
+  const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), D = q.size(3);
+  const int64_t Hkv = kv.Hkv, S = kv.S, W = mask.size(2);
   auto out = at::empty({B, Tq, Hq, D}, q.options());
   if (out.numel() == 0) return out;
 
   auto last_unit = [](const at::Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); };
-  const at::Tensor qc = last_unit(q), kc = last_unit(k_cache), vc = last_unit(v_cache);
+  const at::Tensor qc = last_unit(q), kc = last_unit(kv.k), vc = last_unit(kv.v);
   const at::Tensor pl = prefix_lens.contiguous(), bl = block_lens.contiguous(), mk = mask.contiguous();
   const at::Tensor ql = q_lens ? q_lens->contiguous() : at::Tensor();
 
@@ -195,8 +212,15 @@ at::Tensor tree_attention_cpu(const at::Tensor& q,            // [B, Tq, Hq, D]
   pb.q_lens = ql.defined() ? ql.data_ptr<int32_t>() : nullptr;
   pb.mask = mk.data_ptr<int32_t>();
   pb.sq_b = qc.stride(0), pb.sq_t = qc.stride(1), pb.sq_h = qc.stride(2);
-  pb.sk_b = kc.stride(0), pb.sk_h = kc.stride(1), pb.sk_s = kc.stride(2);
-  pb.sv_b = vc.stride(0), pb.sv_h = vc.stride(1), pb.sv_s = vc.stride(2);
+  pb.sk_b = kv.dim_b < 0 ? 0 : kc.stride(kv.dim_b), pb.sk_h = kc.stride(kv.dim_h), pb.sk_s = kc.stride(kv.dim_s);
+  pb.sv_b = kv.dim_b < 0 ? 0 : vc.stride(kv.dim_b), pb.sv_h = vc.stride(kv.dim_h), pb.sv_s = vc.stride(kv.dim_s);
+  if (kv.pages.defined()) {
+    pb.pages = kv.pages.data_ptr<int32_t>();
+    pb.s_pages = kv.pages.stride(0);
+    pb.sk_pg = kc.stride(0), pb.sv_pg = vc.stride(0);
+    pb.log2_page = static_cast<int32_t>(__builtin_ctzll(static_cast<uint64_t>(kc.size(1))));
+    pb.num_pages = static_cast<int32_t>(kc.size(0));
+  }
   pb.so_b = out.stride(0), pb.so_t = out.stride(1), pb.so_h = out.stride(2);
   pb.B = B, pb.Tq = Tq, pb.Hq = Hq, pb.Hkv = Hkv, pb.G = Hq / Hkv, pb.D = D, pb.S = S, pb.W = W;
   pb.scale_log2 = static_cast<float>(sm_scale * M_LOG2E);
@@ -268,6 +292,51 @@ at::Tensor tree_attention_cpu(const at::Tensor& q,            // [B, Tq, Hq, D]
   return out;
 }
 
+}  // namespace
+
+at::Tensor tree_attention_cpu(const at::Tensor& q,            // [B, Tq, Hq, D]
+                              const at::Tensor& k_cache,      // [B, Hkv, S, D]
+                              const at::Tensor& v_cache,      // [B, Hkv, S, D]
+                              const at::Tensor& prefix_lens,  // [B] int32
+                              const at::Tensor& block_lens,   // [B] int32
+                              const at::Tensor& mask,         // [B, Tq, W] int32
+                              const std::optional<at::Tensor>& q_lens,  // [B] int32
+                              double sm_scale) {
+  SPECOPS_CHECK_DIM(k_cache, 4);
+  const KvView kv{k_cache, v_cache, at::Tensor(), k_cache.size(1), k_cache.size(2), 0, 1, 2};
+  check_common("tree_attention", q, kv, prefix_lens, block_lens, mask, q_lens);
+  TORCH_CHECK(k_cache.size(0) == q.size(0), "tree_attention: k_cache must be [B, Hkv, S, D]");
+  return run(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale);
+}
+
+at::Tensor tree_attention_paged_cpu(const at::Tensor& q,            // [B, Tq, Hq, D]
+                                    const at::Tensor& k_pages,      // [num_pages, page_size, Hkv, D]
+                                    const at::Tensor& v_pages,      // [num_pages, page_size, Hkv, D]
+                                    const at::Tensor& page_table,   // [B, max_pages] int32
+                                    const at::Tensor& prefix_lens,  // [B] int32
+                                    const at::Tensor& block_lens,   // [B] int32
+                                    const at::Tensor& mask,         // [B, Tq, W] int32
+                                    const std::optional<at::Tensor>& q_lens,  // [B] int32
+                                    double sm_scale) {
+  SPECOPS_CHECK_DIM(k_pages, 4);
+  SPECOPS_CHECK_DIM(page_table, 2);
+  SPECOPS_CHECK_DTYPE(page_table, at::kInt);
+  TORCH_CHECK(page_table.device().is_cpu() && page_table.size(0) == q.size(0),
+              "tree_attention_paged: page_table must be a CPU tensor [B, max_pages]");
+  const int64_t page = k_pages.size(1);
+  TORCH_CHECK(page > 0 && (page & (page - 1)) == 0, "tree_attention_paged: page_size must be a power of two, got ",
+              page);
+  // No pool page: no row can be addressed (the kernels clamp page ids into [0, num_pages)).
+  const int64_t rows = k_pages.size(0) == 0 ? 0 : page_table.size(1) * page;
+  const KvView kv{k_pages, v_pages, page_table.contiguous(), k_pages.size(2),
+                  std::min<int64_t>(rows, INT32_MAX), -1, 2, 1};
+  check_common("tree_attention_paged", q, kv, prefix_lens, block_lens, mask, q_lens);
+  return run(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale);
+}
+
 }  // namespace specops
 
-TORCH_LIBRARY_IMPL(specops, CPU, m) { m.impl("tree_attention", &specops::tree_attention_cpu); }
+TORCH_LIBRARY_IMPL(specops, CPU, m) {
+  m.impl("tree_attention", &specops::tree_attention_cpu);
+  m.impl("tree_attention_paged", &specops::tree_attention_paged_cpu);
+}

@@ -138,20 +138,22 @@ TA_INLINE void pv_tile_dot(const uint16_t* __restrict pt, int ls, const uint16_t
     _mm512_storeu_ps(ot + (d0 + r) * ldo + c * 16, acc[r][c]);
 }
 
-// Rows 2t, 2t+1 of a [len][ld] bf16 matrix interleaved into [ceil(len/2)][Dp][2], zero padded
-// (Dp is a multiple of 32).
-TA_INLINE void pack_pairs(const uint16_t* src, int64_t ld, int len, int D, int Dp, uint16_t* dst) {
+// Rows 2t, 2t+1 of `len` bf16 rows (pointers: they may lie in different pages) interleaved into
+// [ceil(len/2)][Dp][2], zero padded (Dp is a multiple of 32).
+template <typename T>
+TA_INLINE void pack_pairs(const T* const* rows, int len, int D, int Dp, uint16_t* dst) {
   const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
                                       37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   for (int t = 0; 2 * t < len; ++t) {
-    const uint16_t* a = src + 2 * t * ld;
     const bool has_b = 2 * t + 1 < len;
+    const uint16_t* a = reinterpret_cast<const uint16_t*>(rows[2 * t]);
+    const uint16_t* b = has_b ? reinterpret_cast<const uint16_t*>(rows[2 * t + 1]) : a;
     uint16_t* o = dst + static_cast<int64_t>(t) * Dp * 2;
     for (int d = 0; d < Dp; d += 32) {
       const __mmask32 in = D - d >= 32 ? ~0u : (D > d ? (1u << (D - d)) - 1u : 0u);
       const __m512i x = _mm512_maskz_loadu_epi16(in, a + d);
-      const __m512i y = _mm512_maskz_loadu_epi16(has_b ? in : 0u, a + ld + d);
+      const __m512i y = _mm512_maskz_loadu_epi16(has_b ? in : 0u, b + d);
       _mm512_storeu_si512(o + 2 * d, _mm512_permutex2var_epi16(x, lo, y));
       _mm512_storeu_si512(o + 2 * d + 32, _mm512_permutex2var_epi16(x, hi, y));
     }
@@ -351,40 +353,66 @@ void run_item(const ta::Problem& pb, float* ws, int64_t item) {
     }
   }
 
+  // K/V rows are addressed only through kv_off: contiguous (row r at r * stride) or paged (the
+  // sequence's page table row; the paged base has no sequence term, sk_b = sv_b = 0).
   const scalar_t* kb = static_cast<const scalar_t*>(pb.k) + w.b * pb.sk_b + w.g * pb.sk_h;
   const scalar_t* vb = static_cast<const scalar_t*>(pb.v) + w.b * pb.sv_b + w.g * pb.sv_h;
+  const int32_t* table_row = pb.pages ? pb.pages + w.b * pb.s_pages : nullptr;
+  auto kv_off = [&](int64_t r, int64_t s_page, int64_t s_row) {
+    return table_row ? ta::kv_row_offset<true>(table_row, pb.log2_page, pb.num_pages, s_page, s_row, r)
+                     : ta::kv_row_offset<false>(nullptr, 0, 0, 0, s_row, r);
+  };
   constexpr bool kInPlace = std::is_same_v<scalar_t, float>;
   using K = std::conditional_t<kDot, uint16_t, float>;
   const K* kp[kTileN];
   const float* vp[kTileN];
+  const scalar_t* krow[kTileN];  // the tile's rows in the cache
+  const scalar_t* vrow[kTileN];
   float* kpk = ws + pb.off_kpk;
   float* vpk = ws + pb.off_vpk;
+  const int64_t row_bytes = static_cast<int64_t>(D) * sizeof(scalar_t);
   for (int t = t0; t < t1; ++t) {
     const ta::KvTile kt = ta::kv_tile(sl, t, kTileN);
     const void* vsrc = vp;
+    for (int n = 0; n < kt.len; ++n) {
+      krow[n] = kb + kv_off(kt.start + n, pb.sk_pg, pb.sk_s);
+      vrow[n] = vb + kv_off(kt.start + n, pb.sv_pg, pb.sv_s);
+    }
+    if (table_row && t + 1 < t1) {
+      // Paged rows lie in scattered pages, which the hardware prefetcher cannot follow: ask for the
+      // next tile's rows while this one computes (contiguous caches stream without help).
+      const ta::KvTile nx = ta::kv_tile(sl, t + 1, kTileN);
+      for (int n = 0; n < nx.len; ++n) {
+        const char* kr = reinterpret_cast<const char*>(kb + kv_off(nx.start + n, pb.sk_pg, pb.sk_s));
+        const char* vr = reinterpret_cast<const char*>(vb + kv_off(nx.start + n, pb.sv_pg, pb.sv_s));
+        for (int64_t off = 0; off < row_bytes; off += 64) {
+          __builtin_prefetch(kr + off, 0, 3);
+          __builtin_prefetch(vr + off, 0, 3);
+        }
+      }
+    }
     // Rows past the tile repeat its last row: Q K^T computes them, the softmax never reads them.
     for (int n = 0; n < kTileN; ++n) {
-      const int64_t row = kt.start + (n < kt.len ? n : kt.len - 1);
+      const int nn = n < kt.len ? n : kt.len - 1;
       if constexpr (kDot) {
-        kp[n] = reinterpret_cast<const uint16_t*>(kb + row * pb.sk_s);
+        kp[n] = reinterpret_cast<const uint16_t*>(krow[nn]);
       } else if constexpr (kInPlace) {
-        kp[n] = kb + row * pb.sk_s;
-        vp[n] = vb + row * pb.sv_s;
+        kp[n] = krow[nn];
+        vp[n] = vrow[nn];
       } else {
-        kp[n] = kpk + (n < kt.len ? n : kt.len - 1) * D;
-        vp[n] = vpk + (n < kt.len ? n : kt.len - 1) * D;
+        kp[n] = kpk + nn * D;
+        vp[n] = vpk + nn * D;
       }
     }
     if constexpr (kDot) {
 #if TA_ISA >= 3
-      pack_pairs(reinterpret_cast<const uint16_t*>(vb + kt.start * pb.sv_s), pb.sv_s, kt.len, D, pb.Dp,
-                 reinterpret_cast<uint16_t*>(vpk));
+      pack_pairs(vrow, kt.len, D, pb.Dp, reinterpret_cast<uint16_t*>(vpk));
 #endif
       vsrc = vpk;
     } else if constexpr (!kInPlace) {
       for (int n = 0; n < kt.len; ++n) {
-        const uint16_t* kr = reinterpret_cast<const uint16_t*>(kb + (kt.start + n) * pb.sk_s);
-        const uint16_t* vr = reinterpret_cast<const uint16_t*>(vb + (kt.start + n) * pb.sv_s);
+        const uint16_t* kr = reinterpret_cast<const uint16_t*>(krow[n]);
+        const uint16_t* vr = reinterpret_cast<const uint16_t*>(vrow[n]);
         if constexpr (std::is_same_v<scalar_t, c10::Half>) {
           Vec::cvt_f16(kr, kpk + n * D, D);
           Vec::cvt_f16(vr, vpk + n * D, D);

@@ -2,16 +2,20 @@
 // (csrc/tree_attention_common.h: length clamping, prefix-then-block tile order, kv splits,
 // mask bits, log-sum-exp combine). Two kernels, by dtype:
 //
-// * fp16 / bf16 (tree_attention_tc_kernel): tensor cores, FlashAttention-2 style. A block of 4 warps
-//   owns 64 query rows of one (sequence, kv head) — row m is query m / G of head g * G + m % G, so
-//   a K/V tile is staged in shared memory once for the whole GQA group — and one kv split. K/V tiles
-//   of BN keys arrive by cp.async, double buffered; each warp computes S = Q K^T for its 16 rows
-//   with mma.sync m16n8k16 from ldmatrix fragments, applies the visibility bits and the online
-//   softmax in registers, and accumulates O += P V with P reused from the S registers.
+// * fp16 / bf16 (tree_attention_tc_kernel, in tree_attention_tc.cuh): tensor cores,
+//   FlashAttention-2 style. A block of 4 warps owns 64 query rows of one (sequence, kv head) — row
+//   m is query m / G of head g * G + m % G, so a K/V tile is staged in shared memory once for the
+//   whole GQA group — and one kv split. K/V tiles of BN keys arrive by cp.async, double buffered;
+//   each warp computes S = Q K^T for its 16 rows with mma.sync m16n8k16 from ldmatrix fragments,
+//   applies the visibility bits and the online softmax in registers, and accumulates O += P V
+//   with P reused from the S registers.
 // * fp32 (tree_attention_kernel): CUDA cores. A block owns 16 rows; each warp walks its rows over
 //   tiles of 32 keys: lane j scores key j, shuffles reduce max/sum, lane l accumulates head dims
 //   l, l + 32, ... in fp32.
 // Prefix tiles never test a mask; block tiles read 32 visibility bits per row per word.
+// tree_attention_paged runs the same kernels with Paged = true: K/V rows come from a paged cache
+// ([num_pages, page_size, Hkv, D]) through the sequence's page table, in kv_off, the kernels' one
+// way to address a K/V row.
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -36,8 +40,8 @@ constexpr unsigned kFull = 0xffffffffu;
 
 struct Args {
   const void* q;  // [B, Tq, Hq, D]
-  const void* k;  // [B, Hkv, S, D]
-  const void* v;  // [B, Hkv, S, D]
+  const void* k;  // [B, Hkv, S, D], or paged [num_pages, page_size, Hkv, D]
+  const void* v;  // as k
   void* out;      // [B, Tq, Hq, D]
   const int32_t* prefix;  // [B]
   const int32_t* block;   // [B]
@@ -46,7 +50,12 @@ struct Args {
   float* part_o;          // [NS, B * Tq * Hq, D] when NS > 1
   float* part_lse;        // [NS, B * Tq * Hq]
   int64_t sq_b, sq_t, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s;
-  int32_t B, Tq, Hq, Hkv, G, D, S, W, n_splits;
+  // Paged K/V (ta::kv_row_offset): page table [B, max_pages], its row stride, the page strides of
+  // k and v; sk_b = sv_b = 0 and sk_s / sv_s step between the slots of a page.
+  const int32_t* pages;
+  int64_t s_pages, sk_pg, sv_pg;
+  int32_t log2_page, num_pages;
+  int32_t B, Tq, Hq, Hkv, G, D, S, W, n_splits;  // S: rows a sequence can address
   int32_t vec;  // tc kernel: every row of q, k, v starts 16-byte aligned and D % 8 == 0 (cp.async)
   float scale_log2;
 };
@@ -61,8 +70,16 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// DC: head-dim chunks of 32 per lane (D <= 32 * DC).
-template <typename scalar_t, int DC>
+// Offset of logical K (V: kIsV) row r from the (sequence, kv head) base: the kernels' one way to
+// address a K/V row (contiguous, or through the sequence's page table row when Paged).
+template <bool Paged, bool kIsV>
+__device__ __forceinline__ int64_t kv_off(const Args& a, const int32_t* table_row, int64_t r) {
+  return ta::kv_row_offset<Paged>(table_row, a.log2_page, a.num_pages, kIsV ? a.sv_pg : a.sk_pg,
+                                  kIsV ? a.sv_s : a.sk_s, r);
+}
+
+// DC: head-dim chunks of 32 per lane (D <= 32 * DC). Paged: K/V in pages (tree_attention_paged).
+template <typename scalar_t, int DC, bool Paged>
 __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(Args a) {
   SPECOPS_DYNAMIC_SMEM(float, smem);
   const int D = a.D, Dp = a.D + 1;  // +1: lane j reading row j of K hits its own bank
@@ -76,6 +93,7 @@ __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(Args a) {
   const scalar_t* q = static_cast<const scalar_t*>(a.q);
   const scalar_t* kb = static_cast<const scalar_t*>(a.k) + b * a.sk_b + g * a.sk_h;
   const scalar_t* vb = static_cast<const scalar_t*>(a.v) + b * a.sv_b + g * a.sv_h;
+  const int32_t* table_row = Paged ? a.pages + b * a.s_pages : nullptr;
 
   for (int e = threadIdx.x; e < kRows * D; e += blockDim.x) {
     const int r = e / D, d = e % D, m = row0 + r, i = m / a.G, h = g * a.G + m % a.G;
@@ -99,8 +117,8 @@ __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(Args a) {
     for (int e = threadIdx.x; e < kTile * D; e += blockDim.x) {
       const int n = e / D, d = e % D;
       const bool in = n < kt.len;
-      ks[n * Dp + d] = in ? static_cast<float>(kb[(kt.start + n) * a.sk_s + d]) : 0.f;
-      vs[n * Dp + d] = in ? static_cast<float>(vb[(kt.start + n) * a.sv_s + d]) : 0.f;
+      ks[n * Dp + d] = in ? static_cast<float>(kb[kv_off<Paged, false>(a, table_row, kt.start + n) + d]) : 0.f;
+      vs[n * Dp + d] = in ? static_cast<float>(vb[kv_off<Paged, true>(a, table_row, kt.start + n) + d]) : 0.f;
     }
     __syncthreads();
 #pragma unroll
@@ -158,181 +176,9 @@ __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(Args a) {
   }
 }
 
-// ---- tensor-core kernel (fp16 / bf16) -----------------------------------------------------------
+// ---- tensor-core kernel (fp16 / bf16): tree_attention_tc.cuh ----------------------------------
 
-constexpr int kTcRows = 64;  // query rows per block: 16 per warp
-constexpr int kTcWarps = 4;
-
-// DP: D rounded up to 64, 128 or 256. BN keys per tile; shared rows padded by 16 bytes so the
-// eight 16-byte rows an ldmatrix reads fall in distinct banks.
-template <int DP>
-struct TcCfg {
-  static constexpr int kBN = DP >= 256 ? 32 : 64;
-  static constexpr int kLd = DP + 8;                                         // elements per smem row
-  static constexpr size_t kSmem = static_cast<size_t>(kTcRows + 4 * kBN) * kLd * 2;  // Q, 2 x (K, V)
-};
-
-// 8 elements (16 bytes) of a row into shared memory, zero past n_valid: cp.async when aligned.
-template <typename T>
-__device__ __forceinline__ void load8(T* dst, const T* src, int n_valid, bool vec) {
-  if (vec) {
-    tc::cp_async16(dst, src, n_valid > 0);
-  } else {
-    for (int e = 0; e < 8; ++e) dst[e] = e < n_valid ? src[e] : T(0.f);
-  }
-}
-
-template <typename scalar_t, int DP>
-__global__ void __launch_bounds__(kTcWarps * 32) tree_attention_tc_kernel(Args a) {
-  constexpr int BN = TcCfg<DP>::kBN, LD = TcCfg<DP>::kLd, kChunks = DP / 8;
-  // (extern __shared__ arrays of one translation unit must not share a name with another type)
-  SPECOPS_DYNAMIC_SMEM(unsigned char, tc_smem);
-  scalar_t* qs = reinterpret_cast<scalar_t*>(tc_smem);  // [64][LD]
-  scalar_t* ks = qs + kTcRows * LD;   // [2][BN][LD]
-  scalar_t* vs = ks + 2 * BN * LD;    // [2][BN][LD]
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
-  const int b = blockIdx.y / a.Hkv, g = blockIdx.y % a.Hkv, split = blockIdx.z;
-  const ta::SeqLens sl = ta::clamp_lens(a.prefix[b], a.block[b], a.q_lens ? a.q_lens[b] : a.Tq, a.S, a.W, a.Tq);
-  const int row0 = blockIdx.x * kTcRows;
-  const bool vec = a.vec != 0;
-  const scalar_t* q = static_cast<const scalar_t*>(a.q);
-  const scalar_t* kb = static_cast<const scalar_t*>(a.k) + b * a.sk_b + g * a.sk_h;
-  const scalar_t* vb = static_cast<const scalar_t*>(a.v) + b * a.sv_b + g * a.sv_h;
-
-  for (int c = tid; c < kTcRows * kChunks; c += blockDim.x) {  // Q rows; zeros for padding rows/dims
-    const int r = c / kChunks, d = (c % kChunks) * 8, m = row0 + r, i = m / a.G, h = g * a.G + m % a.G;
-    const int n = i < sl.queries ? min(8, a.D - d) : 0;
-    load8(qs + r * LD + d, n > 0 ? q + b * a.sq_b + i * a.sq_t + h * a.sq_h + d : q, n, vec);
-  }
-  auto load_kv = [&](int32_t t, int buf) {  // tile t's keys; zero rows past its length
-    const ta::KvTile kt = ta::kv_tile(sl, t, BN);
-    for (int c = tid; c < BN * kChunks; c += blockDim.x) {
-      const int n = c / kChunks, d = (c % kChunks) * 8, valid = n < kt.len ? min(8, a.D - d) : 0;
-      const int64_t row = kt.start + n;
-      load8(ks + (buf * BN + n) * LD + d, valid > 0 ? kb + row * a.sk_s + d : kb, valid, vec);
-      load8(vs + (buf * BN + n) * LD + d, valid > 0 ? vb + row * a.sv_s + d : vb, valid, vec);
-    }
-  };
-
-  // This lane's two rows of the warp's 16 (C-fragment rows gid and gid + 8).
-  int qi[2];
-  for (int h = 0; h < 2; ++h) qi[h] = (row0 + warp * 16 + gid + 8 * h) / a.G;
-  float o[DP / 8][4] = {};
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  int32_t t0, t1;
-  ta::split_range(ta::num_kv_tiles(sl, BN), a.n_splits, split, &t0, &t1);
-  if (t0 < t1) load_kv(t0, 0);
-  tc::cp_async_commit();
-  for (int32_t t = t0; t < t1; ++t) {
-    const int buf = (t - t0) & 1;
-    if (t + 1 < t1) load_kv(t + 1, buf ^ 1);  // its buffer was released by the last barrier
-    tc::cp_async_commit();
-    tc::cp_async_wait<1>();  // Q and tile t have landed (this thread's copies)
-    __syncthreads();         // ... and everyone's
-    const ta::KvTile kt = ta::kv_tile(sl, t, BN);
-    const scalar_t* kt_s = ks + buf * BN * LD;
-    const scalar_t* vt_s = vs + buf * BN * LD;
-
-    float s[BN / 8][4] = {};  // S = Q K^T: 16 rows x BN keys
-#pragma unroll
-    for (int kk = 0; kk < DP / 16; ++kk) {
-      uint32_t af[4];
-      tc::ldsm_x4(af, qs + (warp * 16 + lane % 16) * LD + kk * 16 + (lane / 16) * 8);
-#pragma unroll
-      for (int nb = 0; nb < BN / 8; nb += 2) {
-        uint32_t kf[4];  // keys nb*8.. (dims kk*16.., +8), keys nb*8+8.. (same dims)
-        tc::ldsm_x4(kf, kt_s + (nb * 8 + (lane / 16) * 8 + lane % 8) * LD + kk * 16 + ((lane / 8) % 2) * 8);
-        const uint32_t b0[2] = {kf[0], kf[1]}, b1[2] = {kf[2], kf[3]};
-        tc::mma16816<scalar_t>(s[nb], af, b0);
-        tc::mma16816<scalar_t>(s[nb + 1], af, b1);
-      }
-    }
-    // Visibility: key n of the tile for each of the lane's rows (bit n of `bits`).
-    uint64_t bits[2];
-    for (int h = 0; h < 2; ++h) {
-      if (kt.j0 < 0) {
-        bits[h] = kt.len >= 64 ? ~0ull : ((1ull << kt.len) - 1);
-      } else if (qi[h] < sl.queries) {
-        const int32_t* mrow = a.mask + (static_cast<int64_t>(b) * a.Tq + qi[h]) * a.W;
-        bits[h] = ta::mask_bits32(mrow, a.W, kt.j0, sl.block);
-        if (BN > 32) bits[h] |= static_cast<uint64_t>(ta::mask_bits32(mrow, a.W, kt.j0 + 32, sl.block)) << 32;
-      } else {
-        bits[h] = 0;
-      }
-    }
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nb = 0; nb < BN / 8; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2, n = nb * 8 + 2 * tig + (e & 1);
-        s[nb][e] = ((bits[h] >> n) & 1ull) ? s[nb][e] * a.scale_log2 : -INFINITY;
-        mx[h] = fmaxf(mx[h], s[nb][e]);
-      }
-    float alpha[2], m_use[2];
-    for (int h = 0; h < 2; ++h) {  // the row's 4 lanes (a quad) hold its BN scores
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFull, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFull, mx[h], 2));
-      const float m_new = fmaxf(m_run[h], mx[h]);
-      m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // finite even for rows that saw nothing
-      alpha[h] = exp2f(m_run[h] - m_use[h]);
-      m_run[h] = m_new;
-      l_run[h] *= alpha[h];  // per-lane partial sums, reduced over the quad at the end
-    }
-#pragma unroll
-    for (int nb = 0; nb < BN / 8; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nb][e] = exp2f(s[nb][e] - m_use[e / 2]);  // -inf -> 0
-        l_run[e / 2] += s[nb][e];
-      }
-#pragma unroll
-    for (int nb = 0; nb < DP / 8; ++nb)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[nb][e] *= alpha[e / 2];
-    // O += P V, P from the S registers: the C fragments of keys 16kk.. and 16kk+8.. are the A
-    // fragment of keys 16kk..16kk+15.
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      const uint32_t pf[4] = {tc::pack2<scalar_t>(s[2 * kk][0], s[2 * kk][1]),
-                              tc::pack2<scalar_t>(s[2 * kk][2], s[2 * kk][3]),
-                              tc::pack2<scalar_t>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              tc::pack2<scalar_t>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int nb = 0; nb < DP / 8; nb += 2) {
-        uint32_t vf[4];  // keys 16kk.. and 16kk+8.. of dims nb*8.., then of dims nb*8+8..
-        tc::ldsm_x4_trans(vf, vt_s + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * LD + nb * 8 + (lane / 16) * 8);
-        const uint32_t b0[2] = {vf[0], vf[1]}, b1[2] = {vf[2], vf[3]};
-        tc::mma16816<scalar_t>(o[nb], pf, b0);
-        tc::mma16816<scalar_t>(o[nb + 1], pf, b1);
-      }
-    }
-    __syncthreads();  // every warp is done with buffer `buf` before it is refilled
-  }
-
-  scalar_t* out = static_cast<scalar_t*>(a.out);
-  const int64_t rows = static_cast<int64_t>(a.B) * a.Tq * a.Hq;
-  for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(kFull, l, 1);
-    l += __shfl_xor_sync(kFull, l, 2);
-    const int m = row0 + warp * 16 + gid + 8 * h, i = qi[h], hq = g * a.G + m % a.G;
-    if (i >= a.Tq) continue;
-    const bool valid = i < sl.queries && l > 0.f;
-    const float inv = valid ? 1.f / l : 0.f;
-    const int64_t row = (static_cast<int64_t>(b) * a.Tq + i) * a.Hq + hq;
-#pragma unroll
-    for (int nb = 0; nb < DP / 8; ++nb)
-      for (int e = 0; e < 2; ++e) {
-        const int d = nb * 8 + 2 * tig + e;
-        if (d >= a.D) continue;
-        const float v = o[nb][2 * h + e] * inv;
-        if (a.n_splits == 1) out[row * a.D + d] = static_cast<scalar_t>(v);
-        else a.part_o[(split * rows + row) * a.D + d] = v;
-      }
-    if (a.n_splits > 1 && tig == 0) a.part_lse[split * rows + row] = valid ? ta::lse2(m_run[h], l) : -INFINITY;
-  }
-}
+#include "tree_attention_tc.cuh"
 
 // One block per output row: merges the n_splits partials by their log-sum-exp.
 template <typename scalar_t>
@@ -381,16 +227,17 @@ Plan plan(at::ScalarType dtype, int64_t D) {
   return {true, kTcRows, TcCfg<256>::kBN, kTcWarps * 32, 256, TcCfg<256>::kSmem};
 }
 
-template <typename scalar_t>
+template <typename scalar_t, bool Paged>
 void run(const Args& a, const Plan& p, dim3 grid, cudaStream_t stream) {
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (p.dbucket == 2) launch(tree_attention_kernel<float, 2>, a, grid, p.threads, p.smem, stream);
-    else if (p.dbucket == 4) launch(tree_attention_kernel<float, 4>, a, grid, p.threads, p.smem, stream);
-    else launch(tree_attention_kernel<float, 8>, a, grid, p.threads, p.smem, stream);
+    if (p.dbucket == 2) launch(tree_attention_kernel<float, 2, Paged>, a, grid, p.threads, p.smem, stream);
+    else if (p.dbucket == 4) launch(tree_attention_kernel<float, 4, Paged>, a, grid, p.threads, p.smem, stream);
+    else launch(tree_attention_kernel<float, 8, Paged>, a, grid, p.threads, p.smem, stream);
   } else {
-    if (p.dbucket == 64) launch(tree_attention_tc_kernel<scalar_t, 64>, a, grid, p.threads, p.smem, stream);
-    else if (p.dbucket == 128) launch(tree_attention_tc_kernel<scalar_t, 128>, a, grid, p.threads, p.smem, stream);
-    else launch(tree_attention_tc_kernel<scalar_t, 256>, a, grid, p.threads, p.smem, stream);
+    if (p.dbucket == 64) launch(tree_attention_tc_kernel<scalar_t, 64, Paged>, a, grid, p.threads, p.smem, stream);
+    else if (p.dbucket == 128)
+      launch(tree_attention_tc_kernel<scalar_t, 128, Paged>, a, grid, p.threads, p.smem, stream);
+    else launch(tree_attention_tc_kernel<scalar_t, 256, Paged>, a, grid, p.threads, p.smem, stream);
   }
   if (a.n_splits > 1) {
     const int64_t rows = static_cast<int64_t>(a.B) * a.Tq * a.Hq;
@@ -411,46 +258,59 @@ bool rows_aligned16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   return true;
 }
 
-}  // namespace
+// The K/V side of a call, contiguous or paged; checked by the entry points below.
+struct KvView {
+  at::Tensor k, v;              // [B, Hkv, S, D], or paged [num_pages, page_size, Hkv, D]
+  at::Tensor pages;             // paged: the page table [B, max_pages] int32; undefined: contiguous
+  int64_t Hkv, S;               // S: rows a sequence can address (paged: max_pages * page_size)
+  int64_t dim_b, dim_h, dim_s;  // the dims of k / v holding sequence (-1: none), head, row (slot)
+};
 
-at::Tensor tree_attention_cuda(const at::Tensor& q,            // [B, Tq, Hq, D]
-                               const at::Tensor& k_cache,      // [B, Hkv, S, D]
-                               const at::Tensor& v_cache,      // [B, Hkv, S, D]
-                               const at::Tensor& prefix_lens,  // [B] int32
-                               const at::Tensor& block_lens,   // [B] int32
-                               const at::Tensor& mask,         // [B, Tq, W] int32
-                               const std::optional<at::Tensor>& q_lens,  // [B] int32
-                               double sm_scale) {
+void check_common(const char* op, const at::Tensor& q, const KvView& kv, const at::Tensor& prefix_lens,
+                  const at::Tensor& block_lens, const at::Tensor& mask, const std::optional<at::Tensor>& q_lens) {
   SPECOPS_CHECK_DIM(q, 4);
-  SPECOPS_CHECK_DIM(k_cache, 4);
   SPECOPS_CHECK_DIM(mask, 3);
   SPECOPS_CHECK_DTYPE(prefix_lens, at::kInt);
   SPECOPS_CHECK_DTYPE(block_lens, at::kInt);
   SPECOPS_CHECK_DTYPE(mask, at::kInt);
-  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
-              "tree_attention: q, k_cache and v_cache must share a dtype");
-  TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), "tree_attention: v_cache must have k_cache's shape");
+  TORCH_CHECK(kv.k.scalar_type() == q.scalar_type() && kv.v.scalar_type() == q.scalar_type(), op,
+              ": q and the K/V caches must share a dtype");
+  TORCH_CHECK(kv.v.sizes() == kv.k.sizes(), op, ": the V cache must have the K cache's shape");
   const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), D = q.size(3);
-  const int64_t Hkv = k_cache.size(1), S = k_cache.size(2), W = mask.size(2);
-  TORCH_CHECK(k_cache.size(0) == B && k_cache.size(3) == D, "tree_attention: k_cache must be [B, Hkv, S, D]");
-  TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "tree_attention: Hq must be a multiple of Hkv");
-  TORCH_CHECK(mask.size(0) == B && mask.size(1) == Tq, "tree_attention: mask must be [B, Tq, W]");
-  TORCH_CHECK(prefix_lens.numel() == B && block_lens.numel() == B, "tree_attention: lengths must be [B]");
-  TORCH_CHECK(D <= 256, "tree_attention (cuda): head dim D must be <= 256, got ", D);
-  TORCH_CHECK(B * Hkv < 65536, "tree_attention (cuda): B * Hkv must be < 65536, got ", B * Hkv);
-  for (const at::Tensor* t : {&q, &k_cache, &v_cache, &prefix_lens, &block_lens, &mask})
-    TORCH_CHECK(SPECOPS_ON_GPU(*t) && t->device() == q.device(), "tree_attention: " SPECOPS_GPU_NAME " tensors on one device expected");
+  TORCH_CHECK(kv.k.size(3) == D, op, ": the caches' last dim must be q's head dim D");
+  TORCH_CHECK(kv.Hkv > 0 && Hq % kv.Hkv == 0, op, ": Hq must be a multiple of Hkv");
+  TORCH_CHECK(mask.size(0) == B && mask.size(1) == Tq, op, ": mask must be [B, Tq, W]");
+  TORCH_CHECK(prefix_lens.numel() == B && block_lens.numel() == B, op, ": lengths must be [B]");
+  TORCH_CHECK(D <= 256, op, " (cuda): head dim D must be <= 256, got ", D);
+  TORCH_CHECK(B * kv.Hkv < 65536, op, " (cuda): B * Hkv must be < 65536, got ", B * kv.Hkv);
+  for (const at::Tensor* t : {&q, &kv.k, &kv.v, &prefix_lens, &block_lens, &mask})
+    TORCH_CHECK(SPECOPS_ON_GPU(*t) && t->device() == q.device(), op,
+                ": " SPECOPS_GPU_NAME " tensors on one device expected");
+  if (kv.pages.defined())
+    TORCH_CHECK(SPECOPS_ON_GPU(kv.pages) && kv.pages.device() == q.device(), op, ": page_table must be on q's device");
   if (q_lens) {
     SPECOPS_CHECK_DTYPE((*q_lens), at::kInt);
-    TORCH_CHECK(q_lens->numel() == B && q_lens->device() == q.device(), "tree_attention: q_lens must be [B]");
+    TORCH_CHECK(q_lens->numel() == B && q_lens->device() == q.device(), op, ": q_lens must be [B]");
   }
+}
+
+at::Tensor run_call(const at::Tensor& q,            // [B, Tq, Hq, D]
+                    const KvView& kv,
+                    const at::Tensor& prefix_lens,  // [B] int32
+                    const at::Tensor& block_lens,   // [B] int32
+                    const at::Tensor& mask,         // [B, Tq, W] int32
+                    const std::optional<at::Tensor>& q_lens,  // [B] int32
+                    double sm_scale) {
+  const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), D = q.size(3);
+  const int64_t Hkv = kv.Hkv, S = kv.S, W = mask.size(2);
   const gpu::DeviceGuard guard(q.device());
   auto out = at::empty({B, Tq, Hq, D}, q.options());
   if (out.numel() == 0) return out;
   auto last_unit = [](const at::Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); };
-  const at::Tensor qc = last_unit(q), kc = last_unit(k_cache), vc = last_unit(v_cache);
+  const at::Tensor qc = last_unit(q), kc = last_unit(kv.k), vc = last_unit(kv.v);
   const at::Tensor pl = prefix_lens.contiguous(), bl = block_lens.contiguous(), mk = mask.contiguous();
   const at::Tensor ql = q_lens ? q_lens->contiguous() : at::Tensor();
+  const bool paged = kv.pages.defined();
 
   Args a{};
   a.q = qc.data_ptr();
@@ -462,8 +322,15 @@ at::Tensor tree_attention_cuda(const at::Tensor& q,            // [B, Tq, Hq, D]
   a.q_lens = ql.defined() ? ql.data_ptr<int32_t>() : nullptr;
   a.mask = mk.data_ptr<int32_t>();
   a.sq_b = qc.stride(0), a.sq_t = qc.stride(1), a.sq_h = qc.stride(2);
-  a.sk_b = kc.stride(0), a.sk_h = kc.stride(1), a.sk_s = kc.stride(2);
-  a.sv_b = vc.stride(0), a.sv_h = vc.stride(1), a.sv_s = vc.stride(2);
+  a.sk_b = kv.dim_b < 0 ? 0 : kc.stride(kv.dim_b), a.sk_h = kc.stride(kv.dim_h), a.sk_s = kc.stride(kv.dim_s);
+  a.sv_b = kv.dim_b < 0 ? 0 : vc.stride(kv.dim_b), a.sv_h = vc.stride(kv.dim_h), a.sv_s = vc.stride(kv.dim_s);
+  if (paged) {
+    a.pages = kv.pages.data_ptr<int32_t>();
+    a.s_pages = kv.pages.stride(0);
+    a.sk_pg = kc.stride(0), a.sv_pg = vc.stride(0);
+    a.log2_page = static_cast<int32_t>(__builtin_ctzll(static_cast<unsigned long long>(kc.size(1))));
+    a.num_pages = static_cast<int32_t>(kc.size(0));
+  }
   a.B = B, a.Tq = Tq, a.Hq = Hq, a.Hkv = Hkv, a.G = Hq / Hkv, a.D = D, a.S = S, a.W = W;
   a.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
 
@@ -488,13 +355,60 @@ at::Tensor tree_attention_cuda(const at::Tensor& q,            // [B, Tq, Hq, D]
   }
   const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(B * Hkv), static_cast<unsigned>(a.n_splits));
   cudaStream_t stream = gpu::current_stream();
+#define SPECOPS_TA_RUN \
+  [&] { paged ? run<scalar_t, true>(a, p, grid, stream) : run<scalar_t, false>(a, p, grid, stream); }
   AT_DISPATCH_SWITCH(q.scalar_type(), "tree_attention_cuda",
-                     AT_DISPATCH_CASE(at::ScalarType::Float, [&] { run<scalar_t>(a, p, grid, stream); })
-                     AT_DISPATCH_CASE(at::ScalarType::Half, [&] { run<scalar_t>(a, p, grid, stream); })
-                     AT_DISPATCH_CASE(at::ScalarType::BFloat16, [&] { run<scalar_t>(a, p, grid, stream); }));
+                     AT_DISPATCH_CASE(at::ScalarType::Float, SPECOPS_TA_RUN)
+                     AT_DISPATCH_CASE(at::ScalarType::Half, SPECOPS_TA_RUN)
+                     AT_DISPATCH_CASE(at::ScalarType::BFloat16, SPECOPS_TA_RUN));
+#undef SPECOPS_TA_RUN
   return out;
+}
+
+}  // namespace
+
+at::Tensor tree_attention_cuda(const at::Tensor& q,            // [B, Tq, Hq, D]
+                               const at::Tensor& k_cache,      // [B, Hkv, S, D]
+                               const at::Tensor& v_cache,      // [B, Hkv, S, D]
+                               const at::Tensor& prefix_lens,  // [B] int32
+                               const at::Tensor& block_lens,   // [B] int32
+                               const at::Tensor& mask,         // [B, Tq, W] int32
+                               const std::optional<at::Tensor>& q_lens,  // [B] int32
+                               double sm_scale) {
+  SPECOPS_CHECK_DIM(k_cache, 4);
+  const KvView kv{k_cache, v_cache, at::Tensor(), k_cache.size(1), k_cache.size(2), 0, 1, 2};
+  check_common("tree_attention", q, kv, prefix_lens, block_lens, mask, q_lens);
+  TORCH_CHECK(k_cache.size(0) == q.size(0), "tree_attention: k_cache must be [B, Hkv, S, D]");
+  return run_call(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale);
+}
+
+at::Tensor tree_attention_paged_cuda(const at::Tensor& q,            // [B, Tq, Hq, D]
+                                     const at::Tensor& k_pages,      // [num_pages, page_size, Hkv, D]
+                                     const at::Tensor& v_pages,      // [num_pages, page_size, Hkv, D]
+                                     const at::Tensor& page_table,   // [B, max_pages] int32
+                                     const at::Tensor& prefix_lens,  // [B] int32
+                                     const at::Tensor& block_lens,   // [B] int32
+                                     const at::Tensor& mask,         // [B, Tq, W] int32
+                                     const std::optional<at::Tensor>& q_lens,  // [B] int32
+                                     double sm_scale) {
+  SPECOPS_CHECK_DIM(k_pages, 4);
+  SPECOPS_CHECK_DIM(page_table, 2);
+  SPECOPS_CHECK_DTYPE(page_table, at::kInt);
+  TORCH_CHECK(page_table.size(0) == q.size(0), "tree_attention_paged: page_table must be [B, max_pages]");
+  const int64_t page = k_pages.size(1);
+  TORCH_CHECK(page > 0 && (page & (page - 1)) == 0, "tree_attention_paged: page_size must be a power of two, got ",
+              page);
+  // No pool page: no row can be addressed (the kernels clamp page ids into [0, num_pages)).
+  const int64_t rows = k_pages.size(0) == 0 ? 0 : page_table.size(1) * page;
+  const KvView kv{k_pages, v_pages, page_table.contiguous(), k_pages.size(2),
+                  std::min<int64_t>(rows, INT32_MAX), -1, 2, 1};
+  check_common("tree_attention_paged", q, kv, prefix_lens, block_lens, mask, q_lens);
+  return run_call(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale);
 }
 
 }  // namespace specops
 
-SPECOPS_GPU_IMPL(m) { m.impl("tree_attention", &specops::tree_attention_cuda); }
+SPECOPS_GPU_IMPL(m) {
+  m.impl("tree_attention", &specops::tree_attention_cuda);
+  m.impl("tree_attention_paged", &specops::tree_attention_paged_cuda);
+}

@@ -15,6 +15,7 @@ import torch
 from .. import _ext
 from ..backend import register, register_compiled, resolve
 from . import _checks
+from .tree_attention import _has_op, _page_size, page_rules
 
 CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -182,4 +183,196 @@ if _ext.cpu_ext is not None or _ext.cuda_ext is not None:
 
     @torch.library.register_fake("specops::kv_compact")
     def _(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
+        return None
+
+
+# ---- paged KV cache ------------------------------------------------------------------------------
+
+def kv_compact_paged(k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens, *, check=True,
+                     backend=None):
+    """:func:`kv_compact` on a paged KV cache, all layers in one call.
+
+    Shape: k_pages, v_pages [L, num_pages, page_size, Hkv, D] (fp32/fp16/bf16, same shape and
+    dtype, stride 1 in D, page_size a power of two >= 1, modified in place; views are fine),
+    page_table int32 [B, max_pages], prefix_lens int32 [B], accept_idx int32 [B, A],
+    accept_lens int32 [B] -> None.
+
+    Row ``r`` of sequence ``b`` is slot ``r % page_size`` of page ``page_table[b, r // page_size]``
+    (see :func:`specops.tree_attention_paged`); with that placement the semantics are those of
+    :func:`kv_compact`: in every layer and head, row ``prefix_lens[b] + accept_idx[b, j]`` moves
+    to row ``prefix_lens[b] + j`` for ``j < accept_lens[b]``, as a gather of all sources followed
+    by a scatter, so sources and destinations may share pages.
+
+    ``check=True`` validates the values (one host sync): the rules of :func:`kv_compact` with
+    S = max_pages * page_size rows; ``0 <= page_table[b, i] < num_pages`` for every page holding
+    one of the sequence's first ``prefix_lens[b] + accept_idx[b, accept_lens[b] - 1] + 1`` rows
+    (``prefix_lens[b]`` when nothing is accepted): the pages the call addresses; and a page a move
+    writes is addressed once, by its own sequence (a page shared with another sequence or listed
+    twice would be overwritten under the other entry too, and writes to it would race). Pages the
+    moves only read, such as a shared prompt's, may be shared freely. Any error is raised before a
+    byte is written. ``check=False`` skips them: moves whose rows or pages are out of range are
+    skipped (never writing out of bounds), the result is otherwise unspecified.
+    """
+    _checks.tensor("k_pages", k_pages, dtype=CACHE_DTYPES, rank=5, last_stride_one=True)
+    dev = k_pages.device
+    N, page_size, _ = _page_size("k_pages", k_pages, lead=1)
+    _checks.tensor("v_pages", v_pages, dtype=k_pages.dtype, shape=tuple(k_pages.shape), device=dev,
+                   last_stride_one=True)
+    _checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, device=dev)
+    B = page_table.shape[0]
+    _checks.lengths("prefix_lens", prefix_lens, B, dev)
+    _checks.tensor("accept_idx", accept_idx, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
+    _checks.lengths("accept_lens", accept_lens, B, dev)
+    try:
+        _check_no_overlap(k_pages, v_pages)
+    except ValueError as err:  # the shared check names the contiguous op's arguments
+        raise ValueError(str(err).replace("k_cache", "k_pages").replace("v_cache", "v_pages")) from None
+    if check:
+        _check_paged_values(page_table, N, page_size, prefix_lens, accept_idx, accept_lens)
+    impl = resolve("kv_compact_paged", dev, backend)
+    if k_pages.numel() and accept_idx.shape[1] and B:
+        impl(k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens)
+    return None
+
+
+def paged_moves(page_table, page_size, prefix_lens, accept_idx, accept_lens):
+    """Every row a compaction touches, as pool rows: the spec of the paged placement.
+
+    Shape: page_table int32 [B, max_pages], prefix_lens / accept_lens int32 [B], accept_idx int32
+    [B, A] -> (moving bool [B, A], src / dst logical rows int64 [B, A], src / dst pool pages int64
+    [B, A] (-1 where the table cannot place the row), src / dst slots int64 [B, A]). ``moving``
+    marks the moves that copy (not identities, rows inside the table's range)."""
+    B, A = accept_idx.shape
+    M = page_table.shape[1]
+    rows = M * page_size
+    j = torch.arange(A, device=accept_idx.device)
+    p = prefix_lens.long()[:, None]
+    src, dst = p + accept_idx.long(), p + j[None, :]
+    moving = (j[None, :] < accept_lens.long().clamp(0, A)[:, None]) & (src != dst)
+    moving &= (src >= 0) & (src < rows) & (dst >= 0) & (dst < rows)
+
+    def place(r):
+        if M == 0:  # no row can be placed (and none moves)
+            return torch.full_like(r, -1), r % page_size
+        page = page_table.long().gather(1, r.clamp(0, rows - 1) // page_size)
+        return torch.where(moving, page, -1), r % page_size
+
+    return (moving, src, dst, *place(src), *place(dst))
+
+
+def _check_paged_values(page_table, num_pages, page_size, prefix_lens, accept_idx, accept_lens):
+    """Value rules of kv_compact_paged, one host sync; the message names the first broken rule."""
+    B, A = accept_idx.shape
+    M = page_table.shape[1]
+    rows = M * page_size
+    if B == 0:
+        return
+    j = torch.arange(A, device=accept_idx.device)
+    valid = j[None, :] < accept_lens[:, None]  # [B, A]
+    idx = accept_idx.to(torch.int64)
+    prev = torch.cat([torch.full_like(idx[:, :1], -1), idx[:, :-1]], dim=1)
+    src = prefix_lens.to(torch.int64)[:, None] + idx
+    n = accept_lens.long().clamp(0, A)
+    last = idx.gather(1, (n - 1).clamp(min=0)[:, None])[:, 0] if A else torch.zeros_like(n)
+    needed = prefix_lens.long() + torch.where(n > 0, last + 1, 0)
+    needed = needed.clamp(max=rows)
+    pages_bad, pages_error = page_rules(page_table, needed, num_pages, page_size)
+    clash = _aliased_writes(page_table, num_pages, page_size, needed, prefix_lens, accept_idx, accept_lens)
+    rules = [
+        (accept_lens < 0) | (accept_lens > A),
+        (prefix_lens < 0) | (prefix_lens > rows),
+        valid & (idx <= prev),
+        valid & (src >= rows),
+    ]
+    which = _checks._first_bad([r.any() for r in rules] + [pages_bad, clash.any()])
+    if which is None:
+        return
+    if which == len(rules):
+        pages_error()
+    if which == len(rules) + 1:
+        _raise_aliased(clash, page_table, page_size, needed)
+    bad = rules[which].nonzero()[0].tolist()
+    if which == 0:
+        raise ValueError(f"accept_lens must lie in [0, A={A}], got accept_lens[{bad[0]}] = "
+                         f"{int(accept_lens[bad[0]])}")
+    if which == 1:
+        raise ValueError(f"prefix_lens must lie in [0, max_pages * page_size = {rows}], got prefix_lens[{bad[0]}] = "
+                         f"{int(prefix_lens[bad[0]])}")
+    b, i = bad
+    if which == 2:
+        want = ">= 0" if i == 0 else f"> accept_idx[{b}, {i - 1}] = {int(accept_idx[b, i - 1])}"
+        raise ValueError(f"accept_idx[{b}, :accept_lens[{b}]] must be strictly increasing from >= 0: "
+                         f"accept_idx[{b}, {i}] must be {want}, got {int(accept_idx[b, i])}")
+    raise ValueError(f"accept_idx[{b}, {i}] = {int(accept_idx[b, i])} plus prefix_lens[{b}] = "
+                     f"{int(prefix_lens[b])} must address a row < max_pages * page_size = {rows}")
+
+
+def _aliased_writes(page_table, num_pages, page_size, needed, prefix_lens, accept_idx, accept_lens):
+    """[B, max_pages] bool: page_table[b, i] holds a row the compaction writes, and the same pool page
+    is also another addressed entry (another sequence's, or another page index of this one), among
+    the first ceil(needed[b] / page_size) entries of every row. No host sync: entries sorted by
+    pool page, counted per group."""
+    B, M = page_table.shape
+    dev = page_table.device
+    moving, _, dst, _, _, dp, _ = paged_moves(page_table, page_size, prefix_lens, accept_idx, accept_lens)
+    written = torch.zeros(B, M + 1, dtype=torch.long, device=dev)  # column M: moves that write nothing
+    col = torch.where(moving & (dp >= 0) & (dp < num_pages), dst // page_size, M).clamp(0, M)
+    written = written.scatter_add(1, col, torch.ones_like(col))[:, :M] > 0
+    addressed = torch.arange(M, device=dev)[None, :] < ((needed.clamp(min=0) + page_size - 1) // page_size)[:, None]
+    addressed &= (page_table >= 0) & (page_table < num_pages)
+    n = B * M
+    if n == 0:
+        return written
+    pool = torch.where(addressed, page_table.long(), -1 - torch.arange(n, device=dev).view(B, M)).flatten()
+    order = torch.argsort(pool)
+    ps = pool[order]
+    group = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.long, device=dev), (ps[1:] != ps[:-1]).long()]), 0)
+    count = torch.zeros(n, dtype=torch.long, device=dev).scatter_add(0, group, torch.ones_like(group))
+    shared = torch.zeros(n, dtype=torch.bool, device=dev)
+    shared[order] = count[group] > 1
+    return shared.view(B, M) & written & addressed
+
+
+def _raise_aliased(clash, page_table, page_size, needed):
+    """The error for a written page that is addressed twice (error path: host syncs are fine)."""
+    b, i = (int(x) for x in clash.nonzero()[0])
+    page = int(page_table[b, i])
+    pages_needed = (needed.clamp(min=0) + page_size - 1) // page_size
+    for b2, i2 in (page_table == page).nonzero().tolist():
+        if (b2, i2) != (b, i) and i2 < int(pages_needed[b2]):
+            break
+    raise ValueError(f"page_table[{b}, {i}] = {page} holds rows the compaction writes (rows [{i * page_size}, "
+                     f"{(i + 1) * page_size}) of sequence {b}), so it must be no other entry the moves address, "
+                     f"got page_table[{b2}, {i2}] = {page} too")
+
+
+@register("kv_compact_paged", "torch")
+def _kv_compact_paged_torch(k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens):
+    # Gather every moving row's source first, then scatter to the destinations: overlap-safe by
+    # construction. Moves whose pages leave the pool (unchecked input) are skipped, as the kernels do.
+    N = k_pages.shape[1]
+    moving, _, _, sp, ss, dp, ds = paged_moves(page_table, k_pages.shape[2], prefix_lens, accept_idx, accept_lens)
+    moving = moving & (sp >= 0) & (sp < N) & (dp >= 0) & (dp < N)
+    sel = moving.nonzero(as_tuple=True)
+    for cache in (k_pages, v_pages):
+        rows = cache[:, sp[sel], ss[sel]]  # [L, moves, Hkv, D], a copy
+        cache[:, dp[sel], ds[sel]] = rows
+
+
+@register_compiled("kv_compact_paged")
+def _compiled_paged(ns, k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens):
+    ns.kv_compact_paged(k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens)
+
+
+@register("kv_compact_paged", "triton")
+def _kv_compact_paged_triton(k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens):
+    from ..triton_kernels import kv_compact as kernels
+
+    kernels.kv_compact_paged(k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens)
+
+
+if (_ext.cpu_ext is not None or _ext.cuda_ext is not None) and _has_op("kv_compact_paged"):
+
+    @torch.library.register_fake("specops::kv_compact_paged")
+    def _(k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens):
         return None

@@ -183,3 +183,200 @@ if (_ext.cpu_ext is not None or _ext.cuda_ext is not None) and _has_schema():
     @torch.library.register_fake("specops::tree_attention")
     def _(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+# ---- paged KV cache ------------------------------------------------------------------------------
+
+def tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, *, q_lens=None,
+                         sm_scale=None, check=True, backend=None):
+    """:func:`tree_attention` over a paged KV cache (the layout of serving engines).
+
+    Shape: q [B, Tq, Hq, D], k_pages / v_pages [num_pages, page_size, Hkv, D] (same dtype as q;
+    page_size a power of two >= 1; any strides with last-dim stride 1), page_table int32
+    [B, max_pages], prefix_lens / block_lens / q_lens int32 [B], mask int32 [B, Tq, W]
+    -> out [B, Tq, Hq, D] in q's dtype.
+
+    Row ``r`` of sequence ``b`` (the cache row ``r`` of :func:`tree_attention`) is slot
+    ``r % page_size`` of page ``page_table[b, r // page_size]``: the prefix fills the sequence's
+    first pages and the draft block's rows live in the pages right after it (the page holding row
+    ``prefix_lens[b]`` onwards). Pages may be scattered over the pool in any order and shared
+    between sequences (read only). Mask, GQA, ragged batches, ``q_lens``, ``sm_scale`` and the
+    tolerances are those of :func:`tree_attention`.
+
+    Layouts: vLLM's flash-attention backend stores each layer's cache as ``[2, num_blocks,
+    block_size, num_kv_heads, head_size]``: pass ``kv[0]`` and ``kv[1]``. FlashInfer's paged cache
+    ``[num_pages, 2, page_size, num_heads, head_dim]`` (NHD) is ``kv[:, 0]`` / ``kv[:, 1]``; its HND
+    layout ``[num_pages, 2, num_heads, page_size, head_dim]`` is ``kv[:, 0].transpose(1, 2)`` /
+    ``kv[:, 1].transpose(1, 2)`` (views, no copy: only the last dim needs stride 1). FlashInfer's
+    CSR page list (``kv_indptr``, ``kv_indices``) becomes ``page_table`` row by row (pad each row
+    with any page id: entries past the rows the lengths address are never read).
+
+    ``check=True`` verifies the values (one host sync): the length rules of
+    :func:`tree_attention` with ``prefix_lens + block_lens <= max_pages * page_size``, and
+    ``0 <= page_table[b, i] < num_pages`` for every page ``i < ceil((prefix_lens[b] +
+    block_lens[b]) / page_size)``. With ``check=False`` the kernels clamp lengths and page ids into
+    range (no out-of-bounds access), but the result is then unspecified.
+    """
+    _checks.tensor("q", q, dtype=_FLOATS, rank=4)
+    B, Tq, Hq, D = q.shape
+    dev = q.device
+    _checks.tensor("k_pages", k_pages, dtype=q.dtype, rank=4, device=dev, last_stride_one=True)
+    N, page_size, Hkv = _page_size("k_pages", k_pages, lead=0)
+    if k_pages.shape[3] != D:
+        raise ValueError(f"k_pages must have shape [num_pages, page_size, Hkv, D={D}] (q is [B, Tq, Hq, D]), "
+                         f"got {tuple(k_pages.shape)}")
+    if Hkv == 0 or Hq % Hkv:
+        raise ValueError(f"k_pages heads must divide q heads (Hq % Hkv == 0), got Hq={Hq}, Hkv={Hkv}")
+    if D == 0:
+        raise ValueError("q must have a non-empty head dimension D, got D=0")
+    _checks.tensor("v_pages", v_pages, dtype=q.dtype, shape=tuple(k_pages.shape), device=dev, last_stride_one=True)
+    _checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
+    _checks.lengths("prefix_lens", prefix_lens, B, dev)
+    _checks.lengths("block_lens", block_lens, B, dev)
+    _checks.tensor("mask", mask, dtype=torch.int32, rank=3, device=dev)
+    if mask.shape[0] != B or mask.shape[1] != Tq:
+        raise ValueError(f"mask must have shape [B={B}, Tq={Tq}, W], got {tuple(mask.shape)}")
+    if q_lens is not None:
+        _checks.lengths("q_lens", q_lens, B, dev)
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(D)
+    elif not isinstance(sm_scale, numbers.Real) or isinstance(sm_scale, bool) or not math.isfinite(sm_scale):
+        raise TypeError(f"sm_scale must be a finite real number or None, got {sm_scale!r}")
+    if check:
+        _paged_length_values(prefix_lens, block_lens, q_lens, page_table, N, page_size, mask.shape[2], Tq)
+    args = (q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, float(sm_scale))
+    return resolve("tree_attention_paged", dev, backend, args)(*args)
+
+
+def _page_size(name, pages, *, lead):
+    """(num_pages, page_size, Hkv) of a page pool [*lead dims, num_pages, page_size, Hkv, D];
+    page_size must be a power of two (the kernels split row numbers with shifts and masks)."""
+    N, page_size, Hkv = pages.shape[lead:lead + 3]
+    if page_size < 1 or page_size & (page_size - 1):
+        raise ValueError(f"{name} page_size (dim {lead + 1}) must be a power of two >= 1, "
+                         f"got {page_size} (shape {tuple(pages.shape)})")
+    return N, page_size, Hkv
+
+
+def page_rules(page_table, rows_needed, num_pages, page_size):
+    """The page-table rule of the paged ops, as a flag to sync with the other rules and the error
+    to raise when it fails: every page holding one of a sequence's first ``rows_needed[b]`` rows
+    must be a pool page, ``0 <= page_table[b, i] < num_pages``.
+
+    Shape: page_table int32 [B, max_pages], rows_needed int64 [B] (at most max_pages * page_size;
+    a larger value is some other rule's error) -> (bool tensor [], raise_error())."""
+    B, max_pages = page_table.shape
+    pages_needed = (rows_needed.clamp(min=0) + page_size - 1) // page_size  # [B]
+    used = torch.arange(max_pages, device=page_table.device)[None, :] < pages_needed[:, None]
+    bad = used & ((page_table < 0) | (page_table >= num_pages))
+
+    def raise_error():
+        b, i = (int(x) for x in bad.nonzero()[0])
+        raise ValueError(f"page_table[{b}, {i}] must lie in [0, num_pages={num_pages}) (page {i} holds rows "
+                         f"[{i * page_size}, {(i + 1) * page_size}) of sequence {b}, which uses "
+                         f"{int(rows_needed[b])} rows), got {int(page_table[b, i])}")
+
+    return bad.any(), raise_error
+
+
+def _paged_length_values(prefix_lens, block_lens, q_lens, page_table, num_pages, page_size, W, Tq):
+    """The value rules of tree_attention_paged, one host sync; raises naming the first broken rule."""
+    B, max_pages = page_table.shape
+    if B == 0:
+        return
+    rows = max_pages * page_size
+    p, n = prefix_lens.long(), block_lens.long()
+    pages_bad, pages_error = page_rules(page_table, (p + n).clamp(max=rows), num_pages, page_size)
+    rules = [
+        ("prefix_lens", "must be >= 0", prefix_lens, (p < 0).any()),
+        ("block_lens", "must be >= 0", block_lens, (n < 0).any()),
+        ("block_lens", f"must be <= 32 * W = {32 * W} (mask too narrow: mask is [B, Tq, W={W}])",
+         block_lens, (n > 32 * W).any()),
+        ("prefix_lens + block_lens", f"must be <= max_pages * page_size = {max_pages} * {page_size} = {rows} "
+         "(the rows page_table can address)", p + n, (p + n > rows).any()),
+    ]
+    if q_lens is not None:
+        rules.append(("q_lens", f"must lie in [0, Tq={Tq}]", q_lens, ((q_lens < 0) | (q_lens > Tq)).any()))
+    which = _checks._first_bad([r[3] for r in rules] + [pages_bad])
+    if which is None:
+        return
+    if which == len(rules):
+        pages_error()
+    name, rule, t, _ = rules[which]
+    raise ValueError(f"{name} {rule}, got values in [{int(t.min())}, {int(t.max())}]")
+
+
+def gather_pages(pages, page_table):
+    """The contiguous cache a paged one stands for (the reference's view; page ids clamped into the
+    pool as the kernels clamp them).
+
+    Shape: pages [num_pages, page_size, Hkv, D], page_table int32 [B, max_pages]
+    -> [B, Hkv, max_pages * page_size, D] (zeros from an empty pool)."""
+    N, P, H, D = pages.shape
+    B, M = page_table.shape
+    if N == 0:
+        return pages.new_zeros(B, H, M * P, D)
+    rows = pages[page_table.long().clamp(0, N - 1)]  # [B, M, P, H, D]
+    return rows.reshape(B, M * P, H, D).transpose(1, 2)
+
+
+@register("tree_attention_paged", "torch")
+def _tree_attention_paged_torch(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens,
+                                sm_scale):
+    # The spec: the contiguous reference on the cache the page table describes.
+    k, v = gather_pages(k_pages, page_table), gather_pages(v_pages, page_table)
+    return _tree_attention_torch(q, k, v, prefix_lens, block_lens, mask, q_lens, sm_scale)
+
+
+@register_compiled("tree_attention_paged")
+def _compiled_paged(ns, q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale):
+    return ns.tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale)
+
+
+@register("tree_attention_paged", "triton")
+def _tree_attention_paged_triton(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens,
+                                 sm_scale):
+    from ..triton_kernels import tree_attention as kernels
+
+    return kernels.tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens,
+                                        sm_scale)
+
+
+def _cuda_limits(B, Hkv, D):
+    """The CUDA kernel's launch limits (shared by both layouts): None, or why a call exceeds them."""
+    if D > CUDA_MAX_D:
+        return f"head dim D={D} > {CUDA_MAX_D}"
+    if B * Hkv > GRID_YZ_MAX:
+        return f"B * Hkv = {B * Hkv} > {GRID_YZ_MAX} (grid y limit)"
+    return None
+
+
+def _cuda_supports_paged(q, k_pages, *args):
+    """What the CUDA kernel (and its emulation) can launch on a paged cache: D <= 256, B * Hkv <= 65535."""
+    return _cuda_limits(q.shape[0], k_pages.shape[2], q.shape[3])
+
+
+def _triton_supports_paged(*args):
+    from ..triton_kernels import tree_attention as kernels
+
+    ok, why = kernels.supports_paged(*args)
+    return None if ok else why
+
+
+register_supports("tree_attention_paged", ("cuda", "cudasim"), _cuda_supports_paged)
+register_supports("tree_attention_paged", ("triton",), _triton_supports_paged)
+
+def _has_op(name):
+    """The compiled extension defines ``specops::<name>`` (an older build may not)."""
+    try:
+        getattr(torch.ops.specops, name).default  # noqa: B018
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+if (_ext.cpu_ext is not None or _ext.cuda_ext is not None) and _has_op("tree_attention_paged"):
+
+    @torch.library.register_fake("specops::tree_attention_paged")
+    def _(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
