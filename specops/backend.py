@@ -26,7 +26,8 @@ BACKENDS = ("torch", "cpp", "triton", "cuda", "cudasim", "flashinfer")
 TEST_ONLY = ("cudasim",)  # never chosen automatically
 PREFERENCE = {"cuda": ("cuda", "triton", "torch"), "cpu": ("cpp", "torch")}
 # Ops whose preference differs from the device's.
-OP_PREFERENCE = {("tree_attention", "cuda"): ("flashinfer", "triton", "cuda", "torch")}
+OP_PREFERENCE = {("tree_attention", "cuda"): ("flashinfer", "triton", "cuda", "torch"),
+                 ("tree_attention_paged", "cuda"): ("triton", "cuda", "torch")}
 # The torch.ops namespace each compiled backend's kernels are registered in (csrc/schemas.h).
 COMPILED = {"cpp": "specops", "cuda": "specops", "cudasim": "specops_cudasim"}
 

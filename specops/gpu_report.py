@@ -50,13 +50,14 @@ CUDA_LAUNCH = {
 def _tc_smem(dp):
     """Dynamic shared memory of tree_attention_tc_kernel<T, DP>: TcCfg<DP>::kSmem of
     csrc/cuda/tree_attention_tc.cuh (64 Q rows + 2 x (K, V) tiles of BN rows, DP + 8 halves each)."""
-    bn = 32 if dp >= 256 else 64
+    bn = 32 if dp >= 128 else 64
     return (64 + 4 * bn) * (dp + 8) * 2
 
 
 for _t in ("Half", "BFloat16"):
     for _dp in (64, 128, 256):
-        CUDA_LAUNCH[("tree_attention_tc_kernel", f"<{_t}, {_dp}>")] = (128, _tc_smem(_dp))
+        for _paged in ("false", "true"):
+            CUDA_LAUNCH[("tree_attention_tc_kernel", f"<{_t}, {_dp}, {_paged}>")] = (128, _tc_smem(_dp))
 
 
 def occupancy(arch, regs, threads, smem):

@@ -130,3 +130,27 @@ def test_cuda_rows_of_the_built_extension():
     assert {"tree_attention_kernel", "combine_kernel", "kv_compact_kernel"} <= kernels
     assert all(r["regs"] > 0 for r in rows)
     assert all(r["threads"] for r in rows)  # launch bounds or CUDA_LAUNCH give every block size
+
+
+# Stack bytes (spills or local arrays) the CUDA kernels may use per (kernel, config prefix); every
+# other kernel must use none. The D = 256 tensor-core kernel holds 128 fp32 O registers per thread.
+CUDA_STACK_ALLOWANCE = {("tree_attention_tc_kernel", "<BFloat16, 256"): 64, ("tree_attention_tc_kernel", "<Half, 256"): 64,
+                        ("tree_attention_kernel", "<float, 4,"): 16}
+
+
+def test_cuda_kernels_within_budget():
+    so = gpu_report.cuda_so_path()
+    if so is None:
+        pytest.skip("CUDA extension not built here (specops/_C_cuda*.so)")
+    rows = gpu_report.cuda_rows(so, (80, 90))
+    assert {r["arch"] for r in rows} == {80, 90}
+    assert any(r["kernel"] == "tree_attention_tc_kernel" for r in rows)
+    for r in rows:
+        allowed = max([v for (k, c), v in CUDA_STACK_ALLOWANCE.items() if r["kernel"] == k and r["config"].startswith(c)],
+                      default=0)
+        assert r["spills"] <= allowed, f"{r['kernel']} {r['config']} sm_{r['arch']}: {r['spills']} B of stack"
+        assert r["smem"] <= gpu_report.ARCH[r["arch"]]["smem_block"], f"{r['kernel']} {r['config']}: {r['smem']} B"
+        assert r["regs"] <= 255
+        if r["kernel"] == "tree_attention_tc_kernel":  # resident blocks per SM from the compiler's figures
+            blocks, _ = gpu_report.occupancy(r["arch"], r["regs"], r["threads"], r["smem"])
+            assert blocks >= (1 if ", 256," in r["config"] else 3), (r["config"], r["arch"], blocks)

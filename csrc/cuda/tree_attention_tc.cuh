@@ -11,10 +11,12 @@ constexpr int kTcRows = 64;  // query rows per block: 16 per warp
 constexpr int kTcWarps = 4;
 
 // DP: D rounded up to 64, 128 or 256. BN keys per tile; shared rows padded by 16 bytes so the
-// eight 16-byte rows an ldmatrix reads fall in distinct banks.
+// eight 16-byte rows an ldmatrix reads fall in distinct banks. BN = 32 from DP = 128 keeps the
+// block's shared memory near 50 KB (3 blocks per SM on an A100, 4 on an H100) and the S tile small
+// beside the DP / 2 fp32 O registers per thread.
 template <int DP>
 struct TcCfg {
-  static constexpr int kBN = DP >= 256 ? 32 : 64;
+  static constexpr int kBN = DP >= 128 ? 32 : 64;
   static constexpr int kLd = DP + 8;                                         // elements per smem row
   static constexpr size_t kSmem = static_cast<size_t>(kTcRows + 4 * kBN) * kLd * 2;  // Q, 2 x (K, V)
 };
@@ -67,6 +69,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) tree_attention_tc_kernel(Args a
 
   // This lane's two rows of the warp's 16 (C-fragment rows gid and gid + 8).
   int qi[2];
+#pragma unroll
   for (int h = 0; h < 2; ++h) qi[h] = (row0 + warp * 16 + gid + 8 * h) / a.G;
   float o[DP / 8][4] = {};
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
@@ -100,6 +103,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) tree_attention_tc_kernel(Args a
     }
     // Visibility: key n of the tile for each of the lane's rows (bit n of `bits`).
     uint64_t bits[2];
+#pragma unroll
     for (int h = 0; h < 2; ++h) {
       if (kt.j0 < 0) {
         bits[h] = kt.len >= 64 ? ~0ull : ((1ull << kt.len) - 1);
@@ -121,6 +125,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) tree_attention_tc_kernel(Args a
         mx[h] = fmaxf(mx[h], s[nb][e]);
       }
     float alpha[2], m_use[2];
+#pragma unroll
     for (int h = 0; h < 2; ++h) {  // the row's 4 lanes (a quad) hold its BN scores
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFull, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFull, mx[h], 2));
@@ -163,6 +168,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) tree_attention_tc_kernel(Args a
 
   scalar_t* out = static_cast<scalar_t*>(a.out);
   const int64_t rows = static_cast<int64_t>(a.B) * a.Tq * a.Hq;
+#pragma unroll
   for (int h = 0; h < 2; ++h) {
     float l = l_run[h];
     l += __shfl_xor_sync(kFull, l, 1);
@@ -174,6 +180,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) tree_attention_tc_kernel(Args a
     const int64_t row = (static_cast<int64_t>(b) * a.Tq + i) * a.Hq + hq;
 #pragma unroll
     for (int nb = 0; nb < DP / 8; ++nb)
+#pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int d = nb * 8 + 2 * tig + e;
         if (d >= a.D) continue;

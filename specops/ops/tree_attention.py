@@ -156,14 +156,18 @@ def _has_schema():
 register_compiled("tree_attention")(_compiled)
 
 
-def _cuda_supports(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
-    """What the CUDA kernel (and its emulation) can launch: D <= 256, B * Hkv blocks in grid y."""
-    B, D, Hkv = q.shape[0], q.shape[3], k_cache.shape[1]
+def _cuda_limits(B, Hkv, D):
+    """The CUDA kernel's launch limits (shared by both layouts): None, or why a call exceeds them."""
     if D > CUDA_MAX_D:
         return f"head dim D={D} > {CUDA_MAX_D}"
     if B * Hkv > CUDA_MAX_B_HKV:
         return f"B * Hkv = {B * Hkv} > {CUDA_MAX_B_HKV} (grid y limit)"
     return None
+
+
+def _cuda_supports(q, k_cache, *args):
+    """What the CUDA kernel (and its emulation) can launch: D <= 256, B * Hkv blocks in grid y."""
+    return _cuda_limits(q.shape[0], k_cache.shape[1], q.shape[3])
 
 
 register_supports("tree_attention", ("cuda", "cudasim"), _cuda_supports)
@@ -340,15 +344,6 @@ def _tree_attention_paged_triton(q, k_pages, v_pages, page_table, prefix_lens, b
 
     return kernels.tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens,
                                         sm_scale)
-
-
-def _cuda_limits(B, Hkv, D):
-    """The CUDA kernel's launch limits (shared by both layouts): None, or why a call exceeds them."""
-    if D > CUDA_MAX_D:
-        return f"head dim D={D} > {CUDA_MAX_D}"
-    if B * Hkv > GRID_YZ_MAX:
-        return f"B * Hkv = {B * Hkv} > {GRID_YZ_MAX} (grid y limit)"
-    return None
 
 
 def _cuda_supports_paged(q, k_pages, *args):
