@@ -74,27 +74,26 @@ def _sum_fix(row, V, scale, BLOCK_V: tl.constexpr, LOGPROB: tl.constexpr = False
 @triton.jit
 def _sample_row(row, V, scale, W, u, BLOCK_V: tl.constexpr, LOGPROB: tl.constexpr = False):
     # Inverse CDF over the fixed-point weights: the first index whose running sum exceeds the
-    # threshold, in two levels. Level 1: the chunk totals (each a parallel sum over BLOCK_V tokens;
-    # a plain loop the compiler pipelines) and a running scan over them that remembers the chunk
-    # where the sum first passes the threshold; level 2: one prefix scan inside that chunk. The
-    # old walk ran a prefix scan per chunk behind a data-dependent exit. Integer weights >= 0:
-    # the same index as the walk and the C++ kernels.
+    # threshold, in two levels. Level 1: chunk totals (each a parallel sum over BLOCK_V tokens)
+    # and a running scan over them, until the chunk where the sum passes the threshold; level 2:
+    # one prefix scan inside that chunk (still in registers). The old walk ran a prefix scan and a
+    # min over every chunk it passed. Integer weights >= 0: the same index as the walk and the
+    # C++ kernels.
     t = _threshold(u, W)
+    found = tl.full([], -1, tl.int64)
     run = tl.full([], 0, tl.int64)
-    hit = tl.full([], -1, tl.int64)  # start of the chunk where the running sum passes t
-    base = tl.full([], 0, tl.int64)  # running sum before that chunk
-    for start in range(0, V, BLOCK_V):
-        s = tl.sum(_row_weights(row, start + tl.arange(0, BLOCK_V), V, scale, LOGPROB), axis=0)
-        first = (hit < 0) & (run + s > t)
-        hit = tl.where(first, start, hit)
-        base = tl.where(first, run, base)
+    start = tl.full([], 0, tl.int64)
+    while (found < 0) & (start < V) & (W > 0):
+        offs = start + tl.arange(0, BLOCK_V)
+        w = _row_weights(row, offs, V, scale, LOGPROB)
+        s = tl.sum(w, axis=0)
+        if run + s > t:
+            hit = (tl.cumsum(w, axis=0) + run > t) & (offs < V)
+            found = tl.min(tl.where(hit, offs, V + BLOCK_V), axis=0)
+            found = tl.where(found < V, found, -1)
         run += s
-    offs = tl.maximum(hit, 0) + tl.arange(0, BLOCK_V)
-    w = _row_weights(row, offs, V, scale, LOGPROB)
-    inside = (tl.cumsum(w, axis=0) + base > t) & (offs < V)
-    found = tl.min(tl.where(inside, offs, V + BLOCK_V), axis=0)
-    found = tl.where((hit >= 0) & (found < V), found, V - 1)
-    return tl.where(W > 0, found, 0).to(tl.int32)
+        start += BLOCK_V
+    return tl.where(W > 0, tl.where(found >= 0, found, V - 1), 0).to(tl.int32)
 
 
 @triton.jit
