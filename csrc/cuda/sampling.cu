@@ -13,15 +13,15 @@
 //    pick_digit, so every block of a row agrees) and block 0 records the row's radix state.
 //    Row max and kept sum go through per-chunk partials reduced in a fixed order.
 //
-// Roofline model (not a measurement; HBM 3.35 TB/s on the H100, 2.0 TB/s on the A100, fp32
-// logits, V = 128K, all of temperature, top-k and top-p on): both plans read the row 11 times and
-// write it once, 12 x 0.5 MiB = 6.3 MB per row. N = 64: 403 MB -> 120 us (H100) / 201 us (A100)
-// if bandwidth-bound; one block per row keeps only 64 of 132 (108) SMs busy, the split plan
-// (5 chunks per row) all of them. N = 1: 6.3 MB -> 1.9 us / 3.1 us at full-chip bandwidth, which
-// one block on one SM cannot draw (at 1/132 of the H100's bandwidth: ~250 us); the split plan
-// spreads the row over 16 blocks (~16/132 of the chip: ~16 us plus 11 launches). The old
-// shared-memory histogram added up to V serialised atomics per pass on the exponent digit; the
-// per-warp, run-merged histograms add about one per thread and bin change.
+// Roofline model (not a measurement; V = 128K fp32 logits, temperature, top-k and top-p on; an SM
+// is assumed to draw its share of HBM bandwidth, 3.35 TB/s / 132 on the H100, 2.0 TB/s / 108 on
+// the A100): both plans read the row 11 times and write it once, 6.3 MB per row (the old kernel
+// 13 passes, 6.8 MB: a separate mass-total pass). N = 64: one block per row keeps 64 SMs busy,
+// 269 us (H100) / 368 us (A100) before; the split plan (5 chunks per row; 4 on the A100) all of
+// them: 120 us / 201 us. N = 1: one SM, 269 us / 368 us before; 16 chunks now, 15.5 us / 21 us
+// plus 11 launches. The old shared-memory histogram also serialised about V / 3 atomics on each
+// of the few bins the exponent digit uses; the per-warp, run-merged one adds about one per thread
+// and bin change.
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
