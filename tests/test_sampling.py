@@ -192,6 +192,91 @@ def test_strided_rows(fast_backend, device):
     _compare(x, [(0.9, 7, 0.8)], fast_backend, device)
 
 
+# ---- large vocabularies, ties and concentrated keys (issue #15 item 6) -------------------------
+# V >= 32768 with few rows takes the CUDA kernel's split plan ((chunk, row) blocks, one launch per
+# digit pass); the ties put every token in one histogram bin per digit (the radix select's worst
+# case). Triton interpreted runs only the V = 131072 cases (a few seconds each).
+
+LARGE_PARAMS = [(1.0, 0, 0.9), (0.8, 50, 0.8), (1.2, 3000, 0.95), (0.7, 700, 1.0), (0.0, 0, 1.0)]
+
+
+def _large_case(fast_backend, device, V):
+    if _interpreted(fast_backend, device) and V > 131072:
+        pytest.skip("the Triton interpreter is slow: V = 131072 covers it")
+    return LARGE_PARAMS[:2] if _interpreted(fast_backend, device) else LARGE_PARAMS
+
+
+@pytest.mark.parametrize("V", [131072, 262144])
+def test_matches_reference_at_large_vocabularies(fast_backend, device, V):
+    params = _large_case(fast_backend, device, V)
+    g = torch.Generator().manual_seed(V)
+    x = torch.randn(2, V, generator=g) * 3
+    x[1] = torch.distributions.Gumbel(0.0, 2.0).sample((V,))  # a heavier upper tail, like LLM logits
+    _compare(x, params, fast_backend, device)
+
+
+@pytest.mark.parametrize("V", [131072, 262144])
+def test_large_vocabularies_with_per_row_parameters(fast_backend, device, V):
+    _large_case(fast_backend, device, V)
+    g = torch.Generator().manual_seed(V + 1)
+    x = (torch.randn(3, V, generator=g) * 2).to(torch.bfloat16)  # bf16: many exact ties
+    t = torch.tensor([0.9, 0.0, 1.1])
+    k = torch.tensor([0, 5, 40], dtype=torch.int32)
+    p = torch.tensor([0.85, 0.5, 1.0])
+    want = specops.warp_probs(x, t, k, p, backend="torch")
+    got = specops.warp_probs(x.to(device), t.to(device), k.to(device), p.to(device), backend=fast_backend)
+    assert_probs(got.cpu(), want)
+
+
+TIE_CASES = {
+    # every token equal: top-k and top-p keep all of them
+    "all_equal": lambda V, g: torch.zeros(1, V),
+    # a few distinct values, each shared by many tokens: boundaries fall inside ties
+    "four_values": lambda V, g: torch.randint(0, 4, (1, V), generator=g).float() * 0.25,
+    # one exponent for all z (z in (-2, -1]): the first digits of every key agree
+    "one_exponent": lambda V, g: -1.0 - torch.rand(1, V, generator=g) * 0.999,
+    # a small head over a flat tail of ties holding ~0.3% of the mass: top-p 0.999 ends inside the tail
+    "head_and_flat_tail": lambda V, g: torch.cat([torch.randn(1, 64, generator=g) + 6, torch.full((1, V - 64), -6.0)],
+                                                 1),
+}
+
+
+@pytest.mark.parametrize("case", list(TIE_CASES))
+@pytest.mark.parametrize("V", [40000, 131072])
+def test_ties_and_concentrated_keys(fast_backend, device, case, V):
+    if _interpreted(fast_backend, device) and V > 40000:
+        pytest.skip("the Triton interpreter is slow: V = 40000 covers it")
+    x = TIE_CASES[case](V, torch.Generator().manual_seed(7))
+    _compare(x, [(1.0, 0, 0.5), (1.0, 1, 1.0), (1.0, 5000, 0.9), (0.5, 30000, 0.999), (1.0, 0, 1e-6)], fast_backend,
+             device)
+
+
+def test_ties_at_the_top_k_boundary_keep_every_tied_token(fast_backend, device):
+    # 100 tokens at the maximum, k = 10 inside the tie: all 100 survive, in the split plan too.
+    x = torch.full((1, 65536), -5.0)
+    x[0, torch.randperm(65536, generator=torch.Generator().manual_seed(1))[:100]] = 2.0
+    got = specops.warp_probs(x.to(device), 1.0, 10, 1.0, backend=fast_backend).cpu()
+    assert int((got > 0).sum()) == 100
+    assert_probs(got, specops.warp_probs(x, 1.0, 10, 1.0, backend="torch"))
+
+
+@pytest.mark.parametrize("order, seed", [("reverse", 0), ("shuffle", 3)])
+def test_cudasim_split_plan_does_not_depend_on_the_thread_order(order, seed):
+    sim = pytest.importorskip("specops._ext").cudasim_ext
+    if sim is None:
+        pytest.skip("cudasim unavailable")
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(3, 40000, generator=g) * 3).to(torch.bfloat16)
+    t, k, p = torch.tensor([0.8, 0.0, 1.0]), torch.tensor([40, 0, 0], dtype=torch.int32), torch.tensor([0.9, 1.0, 0.7])
+    want = specops.warp_probs(x, t, k, p, backend="cudasim")
+    sim.set_schedule(order, seed)
+    try:
+        got = specops.warp_probs(x, t, k, p, backend="cudasim")
+    finally:
+        sim.set_schedule("forward")
+    assert torch.equal(got, want)
+
+
 # ---- overflow: huge logits, vanishing temperatures, huge vocabularies (issue #16 items 3, 4) ----
 
 @pytest.mark.parametrize("t", [1e-40, 1e-45, 2.0**-127, 0.0])

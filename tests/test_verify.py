@@ -317,6 +317,78 @@ def test_joint_matches_reference(fast_backend, device, grid):
             _assert_equal(specops.verify_joint(*args, backend="torch"), specops.verify_joint(*args, backend=fast_backend))
 
 
+# ---- large vocabularies: the inverse-CDF draw (issue #15 item 6) ------------------------------------
+# The CUDA and Triton draws find the chunk where the running sum passes the threshold from chunk
+# totals, then the token inside it: rows with mass on chunk edges, in long zero runs, at the very
+# end, and threshold uniforms at exact cumulative boundaries.
+
+LARGE_V = [131072, 262144]
+
+
+def _skip_slow_interpreted(fast_backend, V):
+    if fast_backend == "triton" and _backend._interpret() and V > 131072:
+        pytest.skip("the Triton interpreter is slow: V = 131072 covers it")
+
+
+def _draw_rows(V, g):
+    """[12, V] probability rows and [12] uniforms for the inverse-CDF draws."""
+    edges = [0, 255, 256, 511, 512, 8191, 8192, V // 2, V - 257, V - 256, V - 1]
+    rows = torch.zeros(12, V)
+    rows[0] = (torch.randn(V, generator=g) * 3).softmax(-1)
+    rows[1] = (torch.randn(V, generator=g) * 3).softmax(-1)
+    rows[2, edges] = 1.0 / len(edges)
+    rows[3, edges] = 1.0 / len(edges)
+    rows[4, V - 1] = 1.0
+    rows[5] = 1.0 / V
+    rows[6, ::4099] = 1.0 / len(range(0, V, 4099))
+    rows[7, : V // 3] = 3.0 / V
+    rows[8, edges[:4]] = torch.tensor([0.125, 0.25, 0.5, 0.125])
+    rows[9] = rows[1]
+    rows[10, 12345] = 1.0
+    rows[11] = rows[0]
+    u = torch.rand(12, generator=g)
+    u[2], u[3], u[8], u[9], u[11] = 3 / len(edges), 1 - 1e-7, 0.375, 0.0, 0.5  # on boundaries and ends
+    return rows, u
+
+
+@pytest.mark.parametrize("V", LARGE_V)
+def test_draws_match_reference_at_large_vocabularies(fast_backend, device, V):
+    # sample_match on a lone root draws the bonus from the root's row with its second uniform.
+    _skip_slow_interpreted(fast_backend, V)
+    rows, u = _draw_rows(V, torch.Generator().manual_seed(V))
+    B = rows.shape[0]
+    uniforms = torch.stack([torch.zeros(B), u], -1)[:, None]  # [B, 1, 2]
+    args = (torch.zeros(B, 1, dtype=I32), torch.full((B, 1), -1, dtype=I32), rows[:, None].contiguous(), uniforms)
+    want = specops.verify_tree(*args, mode="sample_match", backend="torch")
+    got = specops.verify_tree(*(a.to(device) for a in args), mode="sample_match", backend=fast_backend)
+    _assert_equal(want, got)
+    S = fix_shift(V)
+    assert want[2].tolist() == [sample_weights(fix_weights(rows[b], S), float(u[b])) for b in range(B)]
+    assert want[2][4] == V - 1 and want[2][10] == 12345
+
+
+@pytest.mark.parametrize("V", LARGE_V)
+@pytest.mark.parametrize("mode", ["sample_match", "mss", "mss_noreplace", "gsd"])
+def test_tree_matches_reference_at_large_vocabularies(fast_backend, device, V, mode):
+    _skip_slow_interpreted(fast_backend, V)
+    c = _case(2, 5, V, device)
+    args = (c["tokens"], c["parents"], c["target_probs"], c["uniforms"])
+    kw = dict(draft_probs=c["draft_probs"], mode=mode, num_nodes=c["num_nodes"])
+    _assert_equal(specops.verify_tree(*args, **kw, backend="torch"), specops.verify_tree(*args, **kw, backend=fast_backend))
+
+
+@pytest.mark.parametrize("V", LARGE_V)
+def test_joint_matches_reference_at_large_vocabularies(fast_backend, device, V):
+    _skip_slow_interpreted(fast_backend, V)
+    c = _case(2, 3, V, device)
+    lp = torch.log_softmax(torch.cat([c["target_logits"], c["target_logits"][:, :1]], 1), -1)
+    draft = c["tokens"].clamp(0, V - 1).contiguous()
+    lq = torch.cumsum(torch.log(c["draft_probs"].amax(-1)), 1)
+    for tau, u in ((0.0, 0.3), (1.0, 0.9)):
+        args = (draft, lp, lq, tau, torch.full((2,), u, device=device))
+        _assert_equal(specops.verify_joint(*args, backend="torch"), specops.verify_joint(*args, backend=fast_backend))
+
+
 # ---- invariants --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["greedy", *MODES])

@@ -1,21 +1,46 @@
 """warp_probs in Triton: one program per row, streaming the row in tiles.
 
 The scaled logits are ``z = (x - max x) / t`` (the row max subtracted first, so nothing
-overflows and max z = 0). The top-k / top-p thresholds are found by a 16-way bisection over
-order-preserving int32 keys of z: each of 8 passes counts (or sums the fixed-point mass of) the tokens at
-or above 16 candidate thresholds and keeps the highest one that still reaches the target, so
-the exact threshold key comes out after 8 passes with no sort and no shared-memory histogram.
-Same rule and same fixed-point mass as the C++ kernels (csrc/sampling_common.h).
+overflows and max z = 0). The top-k / top-p thresholds are radix selects on the order-preserving
+keys of z (``float_key`` of csrc/sampling_common.h), with radix_pick's digit rule:
+
+* top-k: four 8-bit digits, each one pass over the row whose histogram is ``tl.histogram``
+  (counts need no weights);
+* top-p: the candidates' fixed-point mass total (one pass), then one pass that compacts into the
+  output row, used as scratch, the tokens that can matter: those of the top-k survivors whose
+  mass reaches (total - target) / V (lighter ones hold less than total - target together, so the
+  threshold lies above them; the CPU kernel prunes the same way), and eight 4-bit digit passes
+  over those candidates only, each a 16-bin weighted histogram (one-hot tile of int64 masses:
+  ``tl.histogram`` has no weights).
+
+Roofline model (not a measurement; V = 128K fp32 logits, temperature, top-k and top-p on): the
+old kernel read the row 20 times and wrote it once (11 MB per row) and bisected each of 16 digit
+passes with 16 int64 compare/select/add per token (about 256 per token); the new one reads the
+row 7 times and writes it once (4.2 MB per row), plus the passes over the candidates (at most 16
+int64 select/add per candidate per top-p pass; typically a few hundred candidates, at worst V).
+One program per row (one launch; a split of rows over programs would need a launch per pass):
+if an SM draws 1/132 of the H100's 3.35 TB/s (1/108 of the A100's 2.0 TB/s), a row takes about
+165 us (227 us) bandwidth-bound, for N = 1 and N = 64 alike (64 programs on 64 SMs), against
+430 us (590 us) of traffic alone before. Same rule and same fixed-point mass as the C++ kernels.
 """
+import os
+
 import torch
 import triton
 import triton.language as tl
 
-BLOCK = 1024  # streaming passes (max, mass, write)
-BLOCK_SEL = 256  # bisection passes hold a [BLOCK_SEL, 16] comparison tile
 NUM_WARPS = 4
 MIN_TEMPERATURE = tl.constexpr(1.1754943508222875e-38)  # 2**-126: below it greedy (sampling_common.h)
 MAX_VOCAB = 2**31 - 1  # int32 token offsets
+INT_MIN = tl.constexpr(-2147483648)
+
+
+def _blocks(V):
+    """(BLOCK, BLOCK_SEL): tiles of the streaming passes and of the top-p digit passes (which hold
+    a [BLOCK_SEL, 16] int64 tile). The interpreter pays per operation, not per element: wider
+    tiles run faster there."""
+    wide = os.environ.get("TRITON_INTERPRET") == "1"
+    return min(triton.next_power_of_2(V), 8192 if wide else 1024), 4096 if wide else 256
 
 
 def mass_scale(V):
@@ -34,6 +59,13 @@ def _key(z):
 
 
 @triton.jit
+def _digits(z):
+    """float_key(z) of csrc/sampling_common.h (unsigned order = float order), as int32 bits: the
+    radix digits are taken from it."""
+    return _key(z) ^ INT_MIN
+
+
+@triton.jit
 def _load_z(x_row, offs, V, t, mx):
     """z = (x - mx) / t, each operation rounded on its own; padding lanes get -inf."""
     valid = offs < V
@@ -42,28 +74,127 @@ def _load_z(x_row, offs, V, t, mx):
 
 
 @triton.jit
-def select_key(x_row, V, t, mx, scale, klo, target, MASS: tl.constexpr, BLOCK_SEL: tl.constexpr):
-    """max key kappa with W(key >= kappa) >= target, over the tokens with key >= klo.
+def _mass(z, scale):
+    return (tl.exp(z) * scale).to(tl.int64)
 
-    W counts tokens (MASS=False) or sums their fixed-point mass exp(z) * scale (MASS=True)."""
-    d = tl.arange(0, 16).to(tl.int64)
-    lo = tl.full([], -2147483648, tl.int64)
-    for i in tl.static_range(8):
-        thr = lo + d * (1 << (28 - 4 * i))  # [16]
-        acc = tl.zeros([16], dtype=tl.int64)
-        for start in range(0, V, BLOCK_SEL):
-            offs = start + tl.arange(0, BLOCK_SEL)
-            z, valid = _load_z(x_row, offs, V, t, mx)
-            key = _key(z)
-            live = valid & (key >= klo)
-            if MASS:
-                w = tl.where(live, (tl.exp(z) * scale).to(tl.int64), 0)
-            else:
-                w = live.to(tl.int64)
-            hit = key.to(tl.int64)[:, None] >= thr[None, :]
-            acc += tl.sum(tl.where(hit, w[:, None], 0), axis=0)
-        lo += tl.max(tl.where(acc >= target, d, 0), axis=0) * (1 << (28 - 4 * i))
-    return lo.to(tl.int32)
+
+@triton.jit
+def _pick(hist, bins, above, target):
+    """radix_pick (csrc/sampling_common.h): the largest digit d >= 1 with above + W(digit >= d) >=
+    target, else 0; and above plus the weight of the digits above d."""
+    at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+    ok = (bins >= 1) & (above + at_or_above >= target)
+    d = tl.max(tl.where(ok, bins, 0), axis=0)
+    return d, above + tl.sum(tl.where(bins > d, hist, 0), axis=0)
+
+
+@triton.jit
+def _candidate_pass(cand_row, n, d_prev, scale, SHIFT: tl.constexpr, BITS: tl.constexpr, FIRST: tl.constexpr,
+                    MASS: tl.constexpr, COMPACT: tl.constexpr, BLOCK: tl.constexpr):
+    """One digit pass over the candidates cand_row[:n] (their z values). Unless FIRST, only those
+    whose digit above this one (bits SHIFT + BITS ..) is d_prev take part. Returns the histogram
+    of the digit at SHIFT (BITS wide; counts, or with MASS fixed-point masses) and, with COMPACT,
+    moves the taking part to the front of cand_row (in order) and returns their number."""
+    NB: tl.constexpr = 1 << BITS
+    bins = tl.arange(0, NB)
+    if MASS:
+        acc = tl.zeros([BLOCK, NB], dtype=tl.int64)
+    else:
+        acc = tl.zeros([NB], dtype=tl.int32)
+    m = tl.zeros([], dtype=tl.int32)
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        live = offs < n
+        z = tl.load(cand_row + offs, mask=live, other=0.0)
+        kb = _digits(z)
+        if not FIRST:
+            live = live & (((kb >> (SHIFT + BITS)) & (NB - 1)) == d_prev)
+        digit = (kb >> SHIFT) & (NB - 1)
+        if MASS:
+            w = tl.where(live, _mass(z, scale), 0)
+            acc += tl.where(digit[:, None] == bins[None, :], w[:, None], 0)
+        else:
+            acc += tl.histogram(digit, NB, mask=live)
+        if COMPACT:
+            # In place: every thread has read this tile before any thread overwrites its front.
+            tl.debug_barrier()
+            c = live.to(tl.int32)
+            tl.store(cand_row + m + tl.cumsum(c, axis=0) - 1, z, mask=live)
+            m += tl.sum(c, axis=0)
+    tl.debug_barrier()  # the candidates are read next by other threads than wrote them
+    if MASS:
+        hist = tl.sum(acc, axis=0)
+    else:
+        hist = acc.to(tl.int64)
+    return hist, m
+
+
+@triton.jit
+def count_select(x_row, cand_row, V, t, mx, k, BLOCK: tl.constexpr):
+    """float_key bits of the max key kappa with #(key >= kappa) >= k (the k-th largest z), in
+    four 8-bit digits. The second pass also copies the tokens of the first digit to cand_row (V
+    fp32 of scratch); the last two passes read only those, shrinking them once more."""
+    bins = tl.arange(0, 256)
+    hist = tl.zeros([256], dtype=tl.int32)
+    for start in range(0, V, BLOCK):
+        z, valid = _load_z(x_row, start + tl.arange(0, BLOCK), V, t, mx)
+        hist += tl.histogram((_digits(z) >> 24) & 255, 256, mask=valid)
+    d0, above = _pick(hist.to(tl.int64), bins, tl.zeros([], dtype=tl.int64), k)
+    hist = tl.zeros([256], dtype=tl.int32)
+    n = tl.zeros([], dtype=tl.int32)
+    for start in range(0, V, BLOCK):
+        z, valid = _load_z(x_row, start + tl.arange(0, BLOCK), V, t, mx)
+        kb = _digits(z)
+        live = valid & (((kb >> 24) & 255) == d0)
+        hist += tl.histogram((kb >> 16) & 255, 256, mask=live)
+        c = live.to(tl.int32)
+        tl.store(cand_row + n + tl.cumsum(c, axis=0) - 1, z, mask=live)
+        n += tl.sum(c, axis=0)
+    tl.debug_barrier()
+    d1, above = _pick(hist.to(tl.int64), bins, above, k)
+    hist, n = _candidate_pass(cand_row, n, d1, 1.0, 8, 8, False, False, True, BLOCK)
+    d2, above = _pick(hist, bins, above, k)
+    hist, n = _candidate_pass(cand_row, n, d2, 1.0, 0, 8, False, False, False, BLOCK)
+    d3, above = _pick(hist, bins, above, k)
+    return (d0 << 24) | (d1 << 16) | (d2 << 8) | d3
+
+
+@triton.jit
+def mass_select(x_row, cand_row, V, t, mx, scale, klo, p, BLOCK: tl.constexpr, BLOCK_SEL: tl.constexpr):
+    """float_key bits of the max key kappa whose fixed-point mass M(key >= kappa), over the tokens
+    with key >= klo (signed _key), reaches top_p_target(p, total), in eight 4-bit digits.
+    cand_row: V fp32 of scratch."""
+    total = tl.zeros([], dtype=tl.int64)
+    for start in range(0, V, BLOCK):
+        z, valid = _load_z(x_row, start + tl.arange(0, BLOCK), V, t, mx)
+        total += tl.sum(tl.where(valid & (_key(z) >= klo), _mass(z, scale), 0), axis=0)
+    # top_p_target: the smallest integer >= p * total, within [1, total].
+    want = p.to(tl.float64) * total.to(tl.float64)
+    target = want.to(tl.int64)
+    target += (target.to(tl.float64) < want).to(tl.int64)
+    target = tl.minimum(tl.maximum(target, 1), total)
+    # The candidates: masses >= slack. The others are each below (total - target) / V, so they
+    # hold less than total - target, and they are the lowest keys: the threshold lies above them.
+    slack = (total - target) // V
+    n = tl.zeros([], dtype=tl.int32)
+    for start in range(0, V, BLOCK):
+        z, valid = _load_z(x_row, start + tl.arange(0, BLOCK), V, t, mx)
+        w = _mass(z, scale)
+        cand = valid & (_key(z) >= klo) & (w > 0) & (w >= slack)
+        c = cand.to(tl.int32)
+        tl.store(cand_row + n + tl.cumsum(c, axis=0) - 1, z, mask=cand)
+        n += tl.sum(c, axis=0)
+    tl.debug_barrier()
+    bins = tl.arange(0, 16)
+    # Each pass keeps (compacts) the candidates of the digit picked before it.
+    hist, _ = _candidate_pass(cand_row, n, 0, scale, 28, 4, True, True, False, BLOCK_SEL)
+    d, above = _pick(hist, bins, tl.zeros([], dtype=tl.int64), target)
+    kappa = d << 28
+    for j in tl.static_range(1, 8):
+        hist, n = _candidate_pass(cand_row, n, d, scale, 28 - 4 * j, 4, False, True, True, BLOCK_SEL)
+        d, above = _pick(hist, bins, above, target)
+        kappa = kappa | (d << (28 - 4 * j))
+    return kappa
 
 
 @triton.jit
@@ -72,7 +203,7 @@ def _warp_probs_kernel(
     temp_ptr,  # [N] fp32
     top_k_ptr,  # [N] int32
     top_p_ptr,  # [N] fp32
-    out_ptr,  # [N, V] fp32
+    out_ptr,  # [N, V] fp32 (also the top-p candidates' scratch)
     V,
     stride_row,
     scale,  # fp32 2**S, the fixed-point scale of the top-p mass (mass_scale(V))
@@ -92,21 +223,12 @@ def _warp_probs_kernel(
             offs = start + tl.arange(0, BLOCK)
             x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
             mx = tl.maximum(mx, tl.max(x, axis=0))
-        klo = tl.full([], -2147483648, tl.int32)  # keep key >= klo
+        klo = tl.full([], -2147483648, tl.int32)  # keep _key(z) >= klo
         if (k > 0) & (k < V):
-            klo = select_key(x_row, V, t, mx, scale, klo, k.to(tl.int64), False, BLOCK_SEL)
+            klo = count_select(x_row, o_row, V, t, mx, k.to(tl.int64), BLOCK) ^ INT_MIN
         if p < 1.0:
-            total = tl.zeros([], dtype=tl.int64)
-            for start in range(0, V, BLOCK):
-                z, valid = _load_z(x_row, start + tl.arange(0, BLOCK), V, t, mx)
-                live = valid & (_key(z) >= klo)
-                total += tl.sum(tl.where(live, (tl.exp(z) * scale).to(tl.int64), 0), axis=0)
-            # top_p_target: the smallest integer >= p * total, within [1, total].
-            want = p.to(tl.float64) * total.to(tl.float64)
-            target = want.to(tl.int64)
-            target += (target.to(tl.float64) < want).to(tl.int64)
-            target = tl.minimum(tl.maximum(target, 1), total)
-            klo = tl.maximum(klo, select_key(x_row, V, t, mx, scale, klo, target, True, BLOCK_SEL))
+            kp = mass_select(x_row, o_row, V, t, mx, scale, klo, p, BLOCK, BLOCK_SEL) ^ INT_MIN
+            klo = tl.maximum(klo, kp)
         s = tl.zeros([], dtype=tl.float32)
         for start in range(0, V, BLOCK):
             z, valid = _load_z(x_row, start + tl.arange(0, BLOCK), V, t, mx)
@@ -142,8 +264,9 @@ def warp_probs(logits, temperature, top_k, top_p):
         logits = logits.contiguous()
     out = torch.empty(N, V, dtype=torch.float32, device=logits.device)
     if N and V:
+        block, block_sel = _blocks(V)
         _warp_probs_kernel[(N,)](logits, temperature.contiguous(), top_k.contiguous(), top_p.contiguous(),
-                                 out, V, logits.stride(0), mass_scale(V), BLOCK=BLOCK, BLOCK_SEL=BLOCK_SEL,
+                                 out, V, logits.stride(0), mass_scale(V), BLOCK=block, BLOCK_SEL=block_sel,
                                  num_warps=NUM_WARPS)
     return out
 

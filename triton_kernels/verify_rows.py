@@ -73,7 +73,12 @@ def _sum_fix(row, V, scale, BLOCK_V: tl.constexpr, LOGPROB: tl.constexpr = False
 
 @triton.jit
 def _sample_row(row, V, scale, W, u, BLOCK_V: tl.constexpr, LOGPROB: tl.constexpr = False):
-    # Inverse CDF over the fixed-point weights: first index whose running sum exceeds the threshold.
+    # Inverse CDF over the fixed-point weights: the first index whose running sum exceeds the
+    # threshold, in two levels. Level 1: chunk totals (each a parallel sum over BLOCK_V tokens)
+    # and a running scan over them, until the chunk where the sum passes the threshold; level 2:
+    # one prefix scan inside that chunk (still in registers). The old walk ran a prefix scan and a
+    # min over every chunk it passed. Integer weights >= 0: the same index as the walk and the
+    # C++ kernels.
     t = _threshold(u, W)
     found = tl.full([], -1, tl.int64)
     run = tl.full([], 0, tl.int64)
@@ -81,10 +86,12 @@ def _sample_row(row, V, scale, W, u, BLOCK_V: tl.constexpr, LOGPROB: tl.constexp
     while (found < 0) & (start < V) & (W > 0):
         offs = start + tl.arange(0, BLOCK_V)
         w = _row_weights(row, offs, V, scale, LOGPROB)
-        hit = (tl.cumsum(w, axis=0) + run > t) & (offs < V)
-        found = tl.min(tl.where(hit, offs, V + BLOCK_V), axis=0)
-        found = tl.where(found < V, found, -1)
-        run += tl.sum(w, axis=0)
+        s = tl.sum(w, axis=0)
+        if run + s > t:
+            hit = (tl.cumsum(w, axis=0) + run > t) & (offs < V)
+            found = tl.min(tl.where(hit, offs, V + BLOCK_V), axis=0)
+            found = tl.where(found < V, found, -1)
+        run += s
         start += BLOCK_V
     return tl.where(W > 0, tl.where(found >= 0, found, V - 1), 0).to(tl.int32)
 

@@ -29,6 +29,8 @@ struct Shared {
   int64_t i64[kWarps];
   float f32[kWarps];
   int32_t i32[kWarps];
+  int64_t chunk[kThreads];  // block_sample's chunk totals
+  int64_t base;             // block_sample: the running sum before the chosen chunk
 };
 
 __device__ int64_t block_sum(int64_t v, Shared& sh) {
@@ -70,20 +72,46 @@ __device__ int64_t block_scan(int64_t v, Shared& sh, int64_t* total) {
   return v + before;
 }
 
-// Inverse-CDF draw over weight(i), i < V, whose sum is W: chunks of kThreads, scanned in order.
+// Inverse-CDF draw over weight(i), i < V, whose sum is W: the first index whose running sum
+// exceeds the threshold. Two levels instead of a walk over V in block-wide steps: the row is cut
+// into at most kThreads chunks of L tokens (a multiple of 32), each warp sums whole chunks with
+// coalesced loads, one block scan over the chunk totals finds the chunk where the running sum
+// passes the threshold, and a block scan inside that chunk the token: about six barriers for any
+// V, where the walk took four per kThreads tokens (about a thousand at V = 128K). The weights
+// are non-negative integers, so the result is the walk's (and the CPU kernel's) exactly.
 template <class Weight>
 __device__ int32_t block_sample(int64_t V, int64_t W, float u, Weight&& weight, Shared& sh) {
   if (W <= 0) return 0;
   const int64_t t = sample_threshold(u, W);
-  int64_t run = 0;
-  for (int64_t start = 0; start < V; start += kThreads) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t L = ceil_div(ceil_div(V, kThreads), 32) * 32;
+  const int64_t chunks = ceil_div(V, L);  // <= kThreads
+  __syncthreads();  // a previous reader of sh.chunk is done
+  for (int64_t c = warp; c < chunks; c += kWarps) {
+    const int64_t end = min(V, (c + 1) * L);
+    int64_t s = 0;
+    for (int64_t i = c * L + lane; i < end; i += 32) s += weight(i);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(kFull, s, o);
+    if (lane == 0) sh.chunk[c] = s;
+  }
+  __syncthreads();
+  const bool mine = threadIdx.x < chunks;
+  int64_t all;
+  const int64_t incl = block_scan(mine ? sh.chunk[threadIdx.x] : 0, sh, &all);
+  const int32_t c = block_min(mine && incl > t ? static_cast<int32_t>(threadIdx.x) : INT_MAX, sh);
+  if (c == INT_MAX) return static_cast<int32_t>(V - 1);  // W overstated the weights
+  if (static_cast<int32_t>(threadIdx.x) == c) sh.base = incl - sh.chunk[c];
+  __syncthreads();
+  int64_t run = sh.base;
+  const int64_t end = min(V, (c + 1) * L);
+  for (int64_t start = c * L; start < end; start += kThreads) {
     const int64_t i = start + threadIdx.x;
-    const int64_t w = i < V ? weight(i) : 0;
-    int64_t chunk;
-    const int64_t incl = block_scan(w, sh, &chunk);
-    const int32_t first = block_min(i < V && run + incl > t ? static_cast<int32_t>(threadIdx.x) : INT_MAX, sh);
+    const int64_t w = i < end ? weight(i) : 0;
+    int64_t step;
+    const int64_t in = block_scan(w, sh, &step);
+    const int32_t first = block_min(i < end && run + in > t ? static_cast<int32_t>(threadIdx.x) : INT_MAX, sh);
     if (first != INT_MAX) return static_cast<int32_t>(start + first);
-    run += chunk;
+    run += step;
   }
   return static_cast<int32_t>(V - 1);
 }
