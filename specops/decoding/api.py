@@ -2,6 +2,7 @@
 import torch
 
 from .. import models
+from . import adaptive as _adaptive
 from . import methods
 from ..distill.feature import is_feature_draft
 from .draft_lm import DraftLM
@@ -13,7 +14,7 @@ from .stopping import Stopper
 
 def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temperature=0.0, top_k=0,
              top_p=1.0, stop=None, eos_token_id=None, tokenizer=None, seed=0, dtype=None, max_len=None,
-             compare_ar=False, stream=None, record_steps=False, **method_params):
+             compare_ar=False, stream=None, record_steps=False, adaptive=True, **method_params):
     """Generates with ``method`` and returns ``(new_tokens, metrics)``.
 
     Shape: -> new_tokens int64 [B, n] (generated tokens only, right-padded with the pad token
@@ -33,11 +34,17 @@ def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temp
     compare_ar: also decode autoregressively (same settings, same process) and fill
         ``metrics.ar_tokens_per_s`` / ``metrics.speedup``.
     stream: ``callable(b, token_ids)`` called as tokens are emitted.
+    adaptive: True (default) sizes every block from the acceptance and step costs seen so far, down
+        to AR steps without a draft (docs/methods.md §Adaptive speculation); False keeps the
+        method's fixed budget; an ``AdaptiveConfig`` sets the controller.
 
     Bad input (unknown method or parameter, draft with another vocabulary, prompt too long for the
     cache, empty prompt, temperature < 0, ...) raises ValueError before any decoding work.
     """
     drafter = methods.make(method, **method_params)
+    adaptive = _adaptive.resolve(adaptive)
+    if adaptive is not None:
+        drafter.enable_adaptive(adaptive)  # before tree_budget(): the caches hold the largest budget
     sampling = SamplingConfig(temperature, top_k, top_p)
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
@@ -100,7 +107,7 @@ def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temp
                 dlm = FeatureDraftLM(draft_model, B, dmax, runner) if feature else DraftLM(draft_model, B, dmax)
             gen, metrics = decode(runner, drafter, prompts, sampling=sampling, stopper=stopper,
                                   generator=generator, draft=dlm, tokenizer=tokenizer, stream=stream,
-                                  record_steps=record_steps)
+                                  record_steps=record_steps, adaptive=adaptive)
         finally:
             runner.close()
     if metrics_ar is not None:

@@ -6,15 +6,21 @@
             -> drafter.commit (draft KV, pools)
 
 It never looks at which method runs: everything method-specific sits behind the Drafter protocol.
+With ``adaptive`` (an AdaptiveConfig), a Controller (adaptive.py) sets the drafter's budget knob
+before every step from the acceptance and the step costs seen so far; budget 0 is an AR step: the
+block is the root alone, neither ``propose`` nor the drafter's ``commit`` runs (so no draft forward),
+and the draft cache catches up when drafting resumes.
 """
 import dataclasses
 import time
 
 import torch
 
+from .adaptive import Controller
 from .metrics import Metrics
 from .runner import block_logits, commit_paths, lens_list, make_runner, pad_batch
 from .sampling import choose
+from .tree import Candidates, depths
 from .verify import verify
 
 
@@ -140,8 +146,10 @@ class TargetLM:
 
 
 def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None, tokenizer=None,
-           stream=None, record_steps=False, track_logprobs=True, metrics=None):
+           stream=None, record_steps=False, track_logprobs=True, metrics=None, adaptive=None):
     """Runs ``drafter``'s method to completion. ``target``: a TargetLM; ``draft``: a DraftLM or None.
+    ``adaptive``: None (fixed budgets) or an AdaptiveConfig; then ``drafter.enable_adaptive(adaptive)``
+    must have run before the caches were sized.
 
     Returns (generated token lists per sequence, Metrics)."""
     B = len(prompts)
@@ -171,18 +179,27 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
     if draft is not None:
         draft.prefill(prompts)
     drafter.setup(state)
+    ctl = _controller(adaptive, drafter, B)
+    m.adaptive = ctl is not None
     m.prefill_time_s = time.perf_counter() - t_start
 
     while any(state.active):
         t0 = time.perf_counter()
         state.was_active = list(state.active)
-        cand = drafter.propose(state)
+        budget = None if ctl is None else ctl.decide(state.active)
+        if budget == 0:  # an AR step: no draft work at all
+            cand = Candidates(tokens=[[s[-1]] for s in state.seqs], parents=[[-1] for _ in state.seqs])
+            mode = "greedy" if sampling.greedy else "mss_pointmass"  # R1 / sampling from P[root]
+        else:
+            if budget is not None:
+                drafter.set_budget(budget)
+            cand = drafter.propose(state)
+            mode = drafter.verify_mode(sampling)
         t1 = time.perf_counter()
 
         tokens, parents, num_nodes = cand.pack(target.runner.lens.device)
         logits = target.forward(tokens, parents, num_nodes)
         m.num_target_forwards += 1
-        mode = drafter.verify_mode(sampling)
         result = verify(mode, cand, tokens, parents, num_nodes, logits, state)
         t2 = time.perf_counter()
 
@@ -210,14 +227,22 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
                 stream(b, kept)
         if lp_rows:
             logprob.add(logits.reshape(-1, logits.shape[-1]), lp_rows, lp_toks)
-        drafter.commit(state, cand, result)
+        t_commit = time.perf_counter()
+        if budget != 0:
+            drafter.commit(state, cand, result)
         t3 = time.perf_counter()
         m.draft_time_s += t1 - t0
         m.verify_time_s += t2 - t1
         m.bookkeeping_time_s += t3 - t2
+        if ctl is not None:
+            # drafting = propose + the drafter's commit; the rest of the step is the target's block
+            ctl.observe(budget, [max(depths(cand.parents[b])) if state.was_active[b] else 0 for b in range(B)],
+                        [len(p) - 1 for p in result.paths], max(cand.num_nodes()),
+                        t_target=t_commit - t1, t_draft=(t1 - t0) + (t3 - t_commit))
+            m.record_budget(budget)
         if record_steps:
             m.steps.append({"active": list(state.was_active), "nodes": cand.num_nodes(),
-                            "accepted": [len(p) - 1 for p in result.paths],
+                            "accepted": [len(p) - 1 for p in result.paths], "budget": budget,
                             "draft_s": t1 - t0, "verify_s": t2 - t1, "bookkeeping_s": t3 - t2})
 
     if logprob is not None:
@@ -231,6 +256,17 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
     m.lengths = [len(g) for g in gen]
     m.finish_reasons = reasons
     return gen, m
+
+
+def _controller(cfg, drafter, batch):
+    """The step controller for ``drafter`` under AdaptiveConfig ``cfg`` (None: fixed budgets)."""
+    if cfg is None or drafter.budget_param is None:
+        return None
+    if drafter.adaptive_range is None:
+        raise ValueError(f"adaptive decoding needs drafter.enable_adaptive(cfg) before the caches are sized "
+                         f"(method {drafter.name!r})")
+    initial, lo, hi = drafter.adaptive_range
+    return Controller(cfg, batch, initial, lo, hi)
 
 
 class _LogprobSum:
