@@ -358,3 +358,17 @@ def test_sampling_keeps_the_target_distribution_under_the_real_controller(schedu
     p, m = _chi_square("sd", params, "warped", None, schedule)
     assert m.steps[0]["budget"] == 2 and m.steps[1]["budget"] != 2
     assert p > ALPHA, f"chi-square p = {p:.2e}"
+
+
+def test_cli_turns_adaptive_off_by_flag_or_parameter(capsys):
+    import argparse
+
+    from specops.cli import _adaptive_flag, main
+
+    ns = argparse.Namespace(no_adaptive=False)
+    params = {"gamma": 3, "adaptive": False}
+    assert _adaptive_flag(ns, params) is False and params == {"gamma": 3}  # not a method parameter
+    assert _adaptive_flag(ns, {}) is True
+    assert _adaptive_flag(argparse.Namespace(no_adaptive=True), {"adaptive": True}) is False
+    assert main(["generate", "--prompt", "x", "--param", "adaptive=maybe"]) == 2  # before any model loads
+    assert "--param adaptive takes true or false, got 'maybe'" in capsys.readouterr().err
