@@ -332,16 +332,19 @@ def _chi_square(method, params, cfg_name, budgets, schedule):
 
 SAMPLED = [
     ("sd", {"gamma": 3}),
+    ("specinfer", {"num_drafts": 3, "gamma": 2}),
     ("specinfer", {"num_drafts": 2, "gamma": 2, "ngram": True}),
     ("tsd", {"k": 3, "theta_prob": 0.05, "theta_sib": 0.05, "max_depth": 2}),
+    ("gsd", {"k": 3, "theta_prob": 0.05, "theta_sib": 0.05, "max_depth": 2, "tau": 0, "verify": "mss_pointmass"}),
     ("opt-tree", {"n": 6, "delta": 0.0, "max_depth": 2}),
     ("ouroboros", {"gamma": 2, "window": 2, "ngram": 3, "guesses": 2, "branches": 2, "reuse_pool": False}),
+    ("ouroboros", {"gamma": 2, "ngram": 3, "branches": 2, "reuse_pool": False, "model_free": True}),
     ("ngram", {"gamma": 3, "branches": 2, "min_ngram": 1}),
 ]
 ALPHA = 1e-3 / (2 * len(SAMPLED) + 1)
 
 
-@pytest.mark.parametrize("method, params", SAMPLED, ids=[m for m, _ in SAMPLED])
+@pytest.mark.parametrize("method, params", SAMPLED, ids=[f"{m}-{i}" for i, (m, _) in enumerate(SAMPLED)])
 @pytest.mark.parametrize("budgets", [[0, 2], [1, 0]], ids=["ar-then-draft", "draft-then-ar"])
 def test_sampling_keeps_the_target_distribution_with_ar_steps_between_drafts(method, params, budgets, schedule):
     # 3 tokens: the first from prefill, the other two from a step of each kind in either order (an

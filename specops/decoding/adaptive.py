@@ -88,8 +88,9 @@ class AdaptiveConfig:
         if self.probe_max < self.probe_after:
             raise ValueError(f"AdaptiveConfig.probe_max ({self.probe_max}) must be >= probe_after ({self.probe_after})")
         for name in ("target_cost", "draft_cost"):
-            if getattr(self, name) is not None and not callable(getattr(self, name)):
-                raise TypeError(f"AdaptiveConfig.{name} must be a callable or None, got {type(getattr(self, name)).__name__}")
+            fn = getattr(self, name)
+            if fn is not None and not callable(fn):
+                raise TypeError(f"AdaptiveConfig.{name} must be a callable or None, got {type(fn).__name__}")
 
 
 def resolve(adaptive):
