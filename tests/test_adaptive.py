@@ -147,20 +147,30 @@ def test_a_step_without_proposals_counts_as_an_ar_step():
 
 
 def test_cost_fits():
-    cm = CostModel(AdaptiveConfig(prior_slope=0.02))
+    cm = CostModel(AdaptiveConfig(prior_slope=0.02, slope_weight=8.0))
     cm.observe(4, 5, t_target=1.08, t_draft=0.4)  # one size seen: the prior slope, draft per level
     assert cm.target_cost(1) == pytest.approx(1.0)
     assert cm.target_cost(9) == pytest.approx(1.16)
     assert cm.draft_cost(2) == pytest.approx(0.2) and cm.draft_cost(0) == 0.0
     assert cm.block_size(4) == 5 and cm.block_size(8) == pytest.approx(9.0)
     cm.observe(0, 1, t_target=1.0, t_draft=0.0)
-    cm.observe(8, 9, t_target=1.4, t_draft=0.9)  # least-squares lines over the sizes seen
-    slope = cm.target.line()[2]
-    assert cm.target_cost(5) == pytest.approx(cm.target.line()[1] + slope * (5 - cm.target.line()[0]))
-    assert 0.04 < slope < 0.06
-    assert cm.draft_cost(6) == pytest.approx(0.65)
+    cm.observe(8, 9, t_target=1.4, t_draft=0.9)
+    # the target: least squares over T = 1, 5, 9 (slope 0.05), shrunk toward the prior slope
+    mk, mv = 5.0, (1.0 + 1.08 + 1.4) / 3
+    cov, var = (-4) * (1.0 - mv) + 4 * (1.4 - mv), 32.0
+    prior = 0.02 * mv / (1 + 0.02 * 4)
+    slope = (cov + 8 * prior) / (var + 8)
+    assert 0.02 < slope < 0.05
+    for T in (1, 3, 17):
+        assert cm.target_cost(T) == pytest.approx(mv + slope * (T - mk))
+    assert cm.draft_cost(6) == pytest.approx(0.65)  # the draft: plain least squares (0.4 @ 4, 0.9 @ 8)
     cm.observe(8, 7, t_target=1.3, t_draft=0.9)  # the mean size budget 8 produced
     assert 7 < cm.block_size(8) < 9
+    # two neighbouring sizes with a steep difference barely move the slope off the prior
+    near = CostModel(AdaptiveConfig())
+    near.observe(1, 2, t_target=1.0, t_draft=0.1)
+    near.observe(2, 3, t_target=1.3, t_draft=0.2)
+    assert near.target_cost(1) > 0.9
 
 
 def test_config_and_argument_errors_name_what_is_wrong():

@@ -41,8 +41,9 @@ verification part: pack, target forward, verify, KV commit, emit) and per budget
 part: ``propose`` plus the drafter's ``commit``), each measured with ``perf_counter`` around the
 phase; on a GPU the loop's own reads of the verification result and of the draft logits end each
 phase, so no synchronisation is added. Unseen sizes come from a least-squares line over the seen
-ones (one seen size: ``prior_slope`` per extra target token, draft cost proportional to the
-budget). ``AdaptiveConfig(target_cost=..., draft_cost=...)`` replaces the measurements by fixed
+ones, the target's slope shrunk toward ``prior_slope`` (a fraction of a one-token step per extra
+token) with weight ``slope_weight`` (one seen size: the prior slope; draft cost proportional to
+the budget). ``AdaptiveConfig(target_cost=..., draft_cost=...)`` replaces the measurements by fixed
 functions (tests, or reproducible sampling: measured costs make the budget sequence, hence which
 uniforms a seed feeds where, vary between runs; the output distribution does not).
 
@@ -65,6 +66,7 @@ class AdaptiveConfig:
     probe_max: int = 32
     cost_decay: float = 0.75  # weight of the older cost measurements
     prior_slope: float = 0.02  # extra target cost per block token (fraction of a 1-token step)
+    slope_weight: float = 8.0  # the prior slope's weight against the measured sizes' spread (tokens^2)
     min_budget: int = None
     max_budget: int = None
     target_cost: object = None
@@ -75,7 +77,7 @@ class AdaptiveConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
                 raise ValueError(f"AdaptiveConfig.{name} must be a number in [0, 1), got {v!r}")
-        for name, lo in (("prior_levels", 0.0), ("prior_slope", 0.0)):
+        for name, lo in (("prior_levels", 0.0), ("prior_slope", 0.0), ("slope_weight", 0.0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < lo:
                 raise ValueError(f"AdaptiveConfig.{name} must be a number >= {lo}, got {v!r}")
@@ -124,16 +126,19 @@ class _Ewma:
         old = self.mean.get(key)
         self.mean[key] = x if old is None else self.decay * old + (1.0 - self.decay) * x
 
+    def moments(self):
+        """(mean key, mean value, sum of (k - mk)(v - mv), sum of (k - mk)^2) over the keys seen."""
+        ks, vs = list(self.mean), list(self.mean.values())
+        mk, mv = sum(ks) / len(ks), sum(vs) / len(vs)
+        return (mk, mv, sum((k - mk) * (v - mv) for k, v in zip(ks, vs)), sum((k - mk) ** 2 for k in ks))
+
     def line(self):
         """(mean key, mean value, slope >= 0) of a least-squares line over the keys seen, or None
         with fewer than two keys."""
         if len(self.mean) < 2:
             return None
-        ks, vs = list(self.mean), list(self.mean.values())
-        mk, mv = sum(ks) / len(ks), sum(vs) / len(vs)
-        var = sum((k - mk) ** 2 for k in ks)
-        slope = sum((k - mk) * (v - mv) for k, v in zip(ks, vs)) / var
-        return mk, mv, max(slope, 0.0)
+        mk, mv, cov, var = self.moments()
+        return mk, mv, max(cov / var, 0.0)
 
 
 class CostModel:
@@ -172,13 +177,13 @@ class CostModel:
         if self.cfg.target_cost is not None:
             return float(self.cfg.target_cost(T))
         seen = self.target.mean
-        line = self.target.line()
-        if line is None:
-            (k, v), = seen.items()
-            # one size seen: v = a (1 + s (k - 1)) with the prior slope s
-            a = v / (1.0 + self.cfg.prior_slope * (k - 1))
-            return a * (1.0 + self.cfg.prior_slope * (T - 1))
-        mk, mv, slope = line
+        mk, mv, cov, var = self.target.moments()
+        # The least-squares slope, shrunk toward the prior (s of a one-token step per token, with
+        # weight W in squared block sizes): a few nearby sizes (budgets 1-2 give T = 2, 3) say
+        # little about the slope, and c(0) = t_target(1) is extrapolated from it while speculating.
+        s, w = self.cfg.prior_slope, self.cfg.slope_weight
+        prior = s * mv / (1.0 + s * (mk - 1))  # s * a, with a the one-token cost on the prior line
+        slope = max((cov + w * prior) / (var + w), 0.0)
         floor = 0.25 * min(seen.values())  # a steep fit must not extrapolate to ~0 s
         return max(mv + slope * (T - mk), floor)
 
