@@ -56,8 +56,10 @@ class TargetLM:
     hidden state, after the final norm) at committed cache position ``p``, i.e. the state that
     produced the logits for token ``p + 1``. Filled at prefill (every prompt position) and on every
     commit (the accepted path's rows, at the positions they are committed to); rows at or past
-    ``lens[b]`` are unspecified. Captured by a forward pre-hook on ``model.get_output_embeddings()``
-    that exists only when ``keep_features`` is set."""
+    ``lens[b]`` are unspecified. Captured by a forward hook on the decoder's final norm (whose
+    output is the head's input; then prefill sends only the last rows through the head) or, for a
+    model without one, a pre-hook on ``model.get_output_embeddings()``; either exists only when
+    ``keep_features`` is set."""
 
     def __init__(self, model, batch_size, max_len, keep_features=False):
         self.runner = make_runner(model, batch_size, max_len)
@@ -74,11 +76,21 @@ class TargetLM:
             param = next(model.parameters())
             self.features = torch.zeros(batch_size, max_len, cfg.hidden_size, dtype=param.dtype,
                                         device=self.runner.lens.device)
-            self._hook = head.register_forward_pre_hook(self._capture)
+            decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+            norm = getattr(decoder, "norm", None)
+            if isinstance(norm, torch.nn.Module):
+                self._hook = norm.register_forward_hook(self._capture_norm)
+            else:
+                self._hook = head.register_forward_pre_hook(self._capture)
+            self._all_rows = not isinstance(norm, torch.nn.Module)  # the head must see every row
 
     def _capture(self, module, args):
         if self._capturing:
             self._hidden = args[0]
+
+    def _capture_norm(self, module, args, output):
+        if self._capturing:
+            self._hidden = output
 
     @property
     def lens(self):
@@ -103,7 +115,8 @@ class TargetLM:
         """Shape: -> fp32 [B, V], logits after each prompt's last token."""
         ids, lens = pad_batch(prompts)
         dev = self.runner.lens.device
-        if self.keep_features or not getattr(self.runner, "prefill_last_only", False):
+        all_rows = self.keep_features and self._all_rows
+        if all_rows or not getattr(self.runner, "prefill_last_only", False):
             logits = self._forward(self.runner.prefill, ids.to(dev), lens.to(dev))
             if self.keep_features:
                 L = ids.shape[1]
@@ -111,7 +124,11 @@ class TargetLM:
                 self._hidden = None
             return logits[torch.arange(self.B), lens.long().to(logits.device) - 1].float()
         # Only the last row per prompt goes through the LM head (a [L, V] projection saved).
-        return self.runner.prefill(ids.to(dev), lens.to(dev), last_only=True).float()
+        last = self._forward(self.runner.prefill, ids.to(dev), lens.to(dev), last_only=True).float()
+        if self.keep_features:  # the final norm's output: every prompt row
+            self.features[:, : ids.shape[1]] = self._hidden.to(self.features.dtype)
+            self._hidden = None
+        return last
 
     def forward(self, tokens, parents, num_nodes):
         return self._forward(block_logits, self.runner, tokens, parents, num_nodes, 0)
