@@ -68,7 +68,7 @@ def test_budget_grows_after_full_accepts_within_the_cap():
 
 
 def test_budget_falls_after_rejections_down_to_ar_steps():
-    # draft levels cost 0.3 target steps: R(1) = (1 + alpha) / 1.3 < 1 once alpha < 0.3
+    # draft levels cost 0.3 target steps: R(1) = (1 + alpha) / 1.3 < 1.05 once alpha < 0.365
     ctl = Controller(fixed(0.0, 0.3), 1, 6, 1, 16)
     g = ctl.decide([True])
     budgets = [g]
@@ -78,14 +78,16 @@ def test_budget_falls_after_rejections_down_to_ar_steps():
         budgets.append(g)
     assert budgets[-1] == 0, budgets
     assert all(b2 <= b1 for b1, b2 in zip(budgets, budgets[1:])), budgets
-    assert ctl.alpha(0) < 0.3
+    assert ctl.alpha(0) < 0.365 and ctl.rate(1, [True]) * ctl.costs.step_cost(0) < 1.05
 
 
-def test_ar_threshold_is_one_ar_step_per_unit_of_cost():
-    # one level at cost 0.5: R(1) = (1 + alpha) / 1.5, so speculation pays iff alpha >= 0.5
-    for alpha, want in ((0.45, 0), (0.55, 1)):
+@pytest.mark.parametrize("margin", [0.0, 0.05])
+def test_ar_threshold_is_one_ar_step_per_unit_of_cost_plus_the_margin(margin):
+    # one level at cost 0.5: R(1) = (1 + alpha) / 1.5, so speculation pays iff alpha >= 0.5 + 1.5 margin
+    edge = 0.5 + 1.5 * margin
+    for alpha, want in ((edge - 0.03, 0), (edge + 0.03, 1)):
         cfg = AdaptiveConfig(target_cost=lambda T: 1.0, draft_cost=lambda g: 0.5 * g, alpha0=alpha,
-                             prior_levels=1e9)
+                             prior_levels=1e9, margin=margin)
         ctl = Controller(cfg, 1, 1, 1, 1)
         step(ctl, 1, [0])
         assert ctl.decide([True]) == want
@@ -110,6 +112,7 @@ def test_probing_after_ar_steps_with_a_doubling_wait():
                 break
             run += 1
         assert run == wait
+        assert g <= 2  # probes are shallow (probe_budget)
         step(ctl, g, [0])  # the probe fails
         assert ctl.decide([True]) == 0
     # fully accepted probes raise the estimate until speculation pays again: the wait resets

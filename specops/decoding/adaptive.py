@@ -27,14 +27,17 @@ tokens, and a step costs ``c(g) = t_target(T(g)) + t_draft(g)`` seconds, ``c(0) 
 
 summed over the active sequences: a batch shares one block shape, so the per-sequence estimates
 are reduced to the one budget with the most expected tokens per second for the batch (for batch 1
-this is the per-sequence rule). Speculation stops (``g* = 0``) exactly when every budget's expected
-tokens per unit of cost, measured in AR steps, ``R(g) = E(g) c(0) / c(g)``, is below 1. Growth is
+this is the per-sequence rule). Speculation stops (``g* = 0``) when every budget's expected tokens
+per unit of cost, measured in AR steps, ``R(g) = E(g) c(0) / c(g)``, is below ``1 + margin``
+(``margin`` = 5%: neither the estimates' error nor the cost of resuming, the catch-up forward and
+the probes, is in E and c, and a step that barely pays on paper is a coin flip in time). Growth is
 capped (at most doubling, or +2, per step) so a short burst of full accepts cannot jump to the
 largest budget; shrinking is immediate.
 
 Probing. An AR step teaches nothing about acceptance, so after the rule chooses AR the loop runs
-``probe_after`` AR steps and then one probe at the best positive budget. If the rule still chooses
-AR after the probe, the wait doubles (up to ``probe_max``); otherwise speculation resumes.
+``probe_after`` AR steps and then one probe at the best positive budget, at most ``probe_budget``
+levels deep (cheap; a good probe lets the budget grow from there). If the rule still chooses AR
+after the probe, the wait doubles (up to ``probe_max``); otherwise speculation resumes.
 
 Costs. ``CostModel`` keeps exponentially weighted seconds per target block size ``T`` (the step's
 verification part: pack, target forward, verify, KV commit, emit) and per budget (the drafting
@@ -64,6 +67,8 @@ class AdaptiveConfig:
     prior_levels: float = 2.0  # n0: the prior's weight, in levels
     probe_after: int = 4
     probe_max: int = 32
+    probe_budget: int = 2  # a probe drafts at most this deep (it measures acceptance; growth follows)
+    margin: float = 0.05  # speculate only while R(g) >= 1 + margin
     cost_decay: float = 0.75  # weight of the older cost measurements
     prior_slope: float = 0.02  # extra target cost per block token (fraction of a 1-token step)
     slope_weight: float = 8.0  # the prior slope's weight against the measured sizes' spread (tokens^2)
@@ -73,7 +78,7 @@ class AdaptiveConfig:
     draft_cost: object = None
 
     def __post_init__(self):
-        for name in ("decay", "alpha0", "cost_decay"):
+        for name in ("decay", "alpha0", "cost_decay", "margin"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
                 raise ValueError(f"AdaptiveConfig.{name} must be a number in [0, 1), got {v!r}")
@@ -81,7 +86,8 @@ class AdaptiveConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < lo:
                 raise ValueError(f"AdaptiveConfig.{name} must be a number >= {lo}, got {v!r}")
-        for name, lo in (("probe_after", 1), ("probe_max", 1), ("min_budget", 1), ("max_budget", 1)):
+        for name, lo in (("probe_after", 1), ("probe_max", 1), ("probe_budget", 1), ("min_budget", 1),
+                         ("max_budget", 1)):
             v = getattr(self, name)
             if v is None and name in ("min_budget", "max_budget"):
                 continue
@@ -264,9 +270,9 @@ class Controller:
                 self.ar_left -= 1
                 return 0
             self.mode = "probe"
-            return self.best(active)[0]
+            return max(min(self.best(active)[0], self.cfg.probe_budget), self.lo)
         g, r = self.best(active)
-        if r * self.costs.step_cost(0) >= sum(active):  # R(g) >= 1: speculation pays
+        if r * self.costs.step_cost(0) >= (1.0 + self.cfg.margin) * sum(active):  # R(g) >= 1 + margin
             self.mode, self.wait = "spec", self.cfg.probe_after
             return g
         if self.mode == "probe":  # a failed probe doubles the wait before the next one
