@@ -250,7 +250,7 @@ def main(argv=None):
 
     gen = sub.add_parser("generate", help="generate with one method, streaming the text, then print metrics")
     _add_common(gen)
-    gen.add_argument("--method", default="sd", choices=METHOD_CHOICES, help=_method_help())
+    gen.add_argument("--method", default="ngram", choices=METHOD_CHOICES, help=_method_help())
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--batch", type=int, default=1, help="run the prompt as a batch of this many sequences")
     gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")

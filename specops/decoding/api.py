@@ -12,7 +12,7 @@ from .sampling import SamplingConfig
 from .stopping import Stopper
 
 
-def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temperature=0.0, top_k=0,
+def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, temperature=0.0, top_k=0,
              top_p=1.0, stop=None, eos_token_id=None, tokenizer=None, seed=0, dtype=None, max_len=None,
              compare_ar=False, stream=None, record_steps=False, adaptive=True, **method_params):
     """Generates with ``method`` and returns ``(new_tokens, metrics)``.
@@ -25,7 +25,8 @@ def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temp
         [B, L] or [L], or a list of token-id lists (ragged batches).
     draft: an HF model, an embedded name ("smollm2-135m-int8", ...), a path, or None (the method's
         default: the best embedded draft for an embedded target; model-free methods need none).
-    method: one of ``specops.decoding.METHODS``; ``method_params`` are that method's parameters.
+    method: one of ``specops.decoding.METHODS`` (default "ngram": docs/methods.md §Which method for
+        which text); ``method_params`` are that method's parameters.
     temperature / top_k / top_p: sampling (temperature 0 = greedy), shared by draft and target.
     stop: stop strings (need a tokenizer); eos_token_id: int or list (None = the model's; [] = none).
     seed: all randomness comes from one generator seeded with it.
