@@ -55,7 +55,6 @@ the draft being verified, so each step is a lossless method run with a fixed bud
 stays token-identical to AR and sampling keeps the target's distribution.
 """
 import dataclasses
-import math
 
 
 @dataclasses.dataclass
