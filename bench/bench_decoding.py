@@ -33,7 +33,11 @@ bookkeeping}_share``, ``draft_forward_ms`` / ``target_forward_ms`` (per forward;
 forward is the plain one-token step), ``target_perplexity``, ``perplexity_vs_ar`` and, greedy only,
 ``tokens_differing_from_ar`` (for lossless methods this is the bf16 numerical noise floor; for GSD
 with merging under sampling and MJSD it is the deviation). HF rows carry ``tokens_per_s``,
-``speedup_vs_ar`` and their perplexity.
+``speedup_vs_ar`` and their perplexity. Adaptive speculation (on by default, docs/methods.md
+§Adaptive speculation) adds ``mean_budget`` (the controller's mean budget over its speculative
+steps) and ``ar_step_share`` (its AR steps' share of the target forwards); ``--no-adaptive`` runs
+every method with its fixed budget instead (the rows carry ``adaptive=false`` in their params, and
+such a run replaces the same cases' rows like any rerun).
 
 The ``final`` plan (PROFILES below) and its cost. 64 new tokens (EOS ignored, so every run emits
 exactly 64), each config warmed up once per target on a 4-token run first.
@@ -84,6 +88,7 @@ LOSSY = ("gsd", "mjsd")
 TASKS = ("code", "code_edit", "prose", "math", "chat")
 MIXED = ("code_edit", "prose", "math", "chat")  # the batch-4 group: first prompt of each
 HF_PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
+ADAPTIVE = {"on": True}  # --no-adaptive turns it off for every specops provider
 
 
 @dataclasses.dataclass
@@ -173,7 +178,8 @@ class Acc:
     """Sums a provider's Metrics over a case's prompt groups."""
     FIELDS = ("num_generated_tokens", "total_time_s", "num_target_forwards", "num_draft_forwards", "num_drafts",
               "num_draft_tokens", "num_accepted_tokens", "num_drafted_nodes", "prefill_time_s", "draft_time_s",
-              "verify_time_s", "bookkeeping_time_s", "target_logprob_sum", "target_logprob_count")
+              "verify_time_s", "bookkeeping_time_s", "target_logprob_sum", "target_logprob_count",
+              "num_ar_steps", "num_budget_steps", "budget_sum")
 
     def __init__(self):
         self.v = dict.fromkeys(self.FIELDS, 0)
@@ -231,7 +237,7 @@ def _run_specops(target, groups, new, mode, method, draft, params, warm=False):
     params = dict(params, **(_fresh_pool() if method == "ouroboros" else {}))
     for g, ids in enumerate(groups):
         out, m = specops.generate(target, ids, draft=draft, method=method, max_new_tokens=new, eos_token_id=[],
-                                  seed=g, **SAMPLING[mode], **params)
+                                  seed=g, adaptive=ADAPTIVE["on"], **SAMPLING[mode], **params)
         acc.add(m)
         outs.append(out)
         if warm:
@@ -262,13 +268,17 @@ def record(rec, provider, base, acc, ar, method):
             val("perplexity_vs_ar", "x", acc.ppl / ar.ppl)
     if acc.cmp and method != "ar":
         val("tokens_differing_from_ar", "%", 100 * acc.diff / acc.cmp)
+    if v["num_budget_steps"]:
+        val("mean_budget", "levels", v["budget_sum"] / v["num_budget_steps"])
+    if v["num_budget_steps"] or v["num_ar_steps"]:
+        val("ar_step_share", "%", 100 * v["num_ar_steps"] / max(v["num_target_forwards"], 1))
 
 
 def run_case(rec, plan, target, tok, drafts, hf_drafts, task, groups, mode, batch, new, timings, tag=None):
     """Every provider on one case; ``groups``: lists of prompts decoded together (batch each);
     ``tag``: extra case params (``questions=<file>``)."""
     base = dict(target=plan.target, dtype="bf16", task=task, mode=mode, batch=batch, new_tokens=new,
-                prompts=sum(len(g) for g in groups), **(tag or {}))
+                prompts=sum(len(g) for g in groups), **(tag or {}), **({} if ADAPTIVE["on"] else {"adaptive": False}))
     ar = None
     results = {}
     for provider, method, draft, params in configs(drafts, plan.equal_budget):
@@ -409,6 +419,8 @@ def main(argv=None):
     parser.add_argument("--questions", default=None, metavar="FILE",
                         help="JSON-lines questions (question_id, category, turns) instead of bench/prompts.json; "
                              "categories become the tasks")
+    parser.add_argument("--no-adaptive", action="store_true",
+                        help="every specops method with its fixed budget (default: adaptive speculation)")
     parser.add_argument("--per-category", type=int, default=None, metavar="N",
                         help="with --questions: the first N questions of each category (default all)")
     args = parser.parse_args(argv)
@@ -430,6 +442,7 @@ def main(argv=None):
         parser.error("--per-category needs --questions")
     if args.threads:
         torch.set_num_threads(args.threads)
+    ADAPTIVE["on"] = not args.no_adaptive
     profile = args.profile or ("quick" if args.quick else "final")
     providers = args.methods.split(",") if args.methods else None
     rec = Recorder(OP, "cpu", profile == "quick", providers)

@@ -48,6 +48,9 @@ def _add_common(p):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--raw", action="store_true", help="no chat template (default: use the tokenizer's, if any)")
+    p.add_argument("--no-adaptive", action="store_true",
+                   help="fixed draft budgets (default: adaptive speculation sizes each block from the acceptance "
+                        "and step costs seen, down to AR steps; also --param adaptive=false)")
 
 
 def _setup(args):
@@ -102,6 +105,7 @@ def cmd_generate(args):
     from .decoding import generate, methods, SamplingConfig
 
     params = dict(args.param or [])
+    adaptive = _adaptive_flag(args, params)
     methods.make(args.method, **params)  # bad parameters fail before any model loads
     SamplingConfig(args.temperature, args.top_k, args.top_p)
     if args.batch < 1:
@@ -130,7 +134,8 @@ def cmd_generate(args):
 
     out, m = generate(target, prompts, draft=draft, method=args.method, max_new_tokens=args.max_new_tokens,
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stop=args.stop,
-                      tokenizer=tok, seed=args.seed, compare_ar=args.compare_ar, stream=stream, **params)
+                      tokenizer=tok, seed=args.seed, compare_ar=args.compare_ar, stream=stream, adaptive=adaptive,
+                      **params)
     print()
     for b in range(1, args.batch):
         print(f"--- sequence {b}:\n{tok.decode(out[b, : m.lengths[b]])}")
@@ -140,6 +145,14 @@ def cmd_generate(args):
         with open(args.json, "w") as f:
             json.dump(m.as_dict(), f, indent=1)
     return 0
+
+
+def _adaptive_flag(args, params):
+    """``--no-adaptive`` or ``--param adaptive=false`` (removed from the method's parameters)."""
+    adaptive = params.pop("adaptive", not args.no_adaptive)
+    if not isinstance(adaptive, bool):
+        raise ValueError(f"--param adaptive takes true or false, got {adaptive!r}")
+    return adaptive and not args.no_adaptive
 
 
 def cmd_demo(args):
@@ -163,7 +176,7 @@ def cmd_demo(args):
         for kind in kinds:
             _, m = generate(target, [prompts[kind]], draft=draft, method=method,
                             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, tokenizer=tok, seed=args.seed)
+                            top_p=args.top_p, tokenizer=tok, seed=args.seed, adaptive=not args.no_adaptive)
             total["tokens"] += m.num_generated_tokens
             total["time"] += m.total_time_s
             total["drafts"] += m.num_drafts
@@ -237,7 +250,7 @@ def main(argv=None):
 
     gen = sub.add_parser("generate", help="generate with one method, streaming the text, then print metrics")
     _add_common(gen)
-    gen.add_argument("--method", default="sd", choices=METHOD_CHOICES, help=_method_help())
+    gen.add_argument("--method", default="ngram", choices=METHOD_CHOICES, help=_method_help())
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--batch", type=int, default=1, help="run the prompt as a batch of this many sequences")
     gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")

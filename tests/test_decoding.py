@@ -51,6 +51,9 @@ def _run(target, draft, prompts, case, **kw):
     method = params.pop("method", case)
     draft = params.pop("draft", draft)
     params.setdefault("eos_token_id", [])
+    # fixed budgets: the invariants below are about each method's own blocks (tests/test_adaptive.py
+    # covers the adaptive controller; the identity test below runs both)
+    params.setdefault("adaptive", False)
     params.update(kw)
     return generate(target, prompts, draft=draft, method=method, max_new_tokens=params.pop("new_tokens", N_NEW),
                     **params)
@@ -58,10 +61,11 @@ def _run(target, draft, prompts, case, **kw):
 
 # ---- greedy: token-identical to plain greedy decoding ---------------------------------------------
 
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
 @pytest.mark.parametrize("case", list(LOSSLESS))
-def test_greedy_is_token_identical_to_greedy_decoding_batch3(pair, case):
+def test_greedy_is_token_identical_to_greedy_decoding_batch3(pair, case, adaptive):
     _, target, draft, prompts, refs = pair
-    out, m = _run(target, draft, prompts, case)
+    out, m = _run(target, draft, prompts, case, adaptive=adaptive)
     assert out.shape == (3, N_NEW) and out.dtype == torch.int64
     for b in range(3):
         assert out[b].tolist() == refs[b][:N_NEW], f"sequence {b} diverged"
@@ -97,7 +101,7 @@ def test_gsd_with_merging_is_exact_under_greedy_verification(pair):
 def test_exact_draft_copy_accepts_every_chain_token(pair):
     _, target, _, prompts, refs = pair
     out, m = generate(target, prompts, draft=perturbed_copy(target, 0.0), method="sd", gamma=3,
-                      max_new_tokens=17, eos_token_id=[])
+                      max_new_tokens=17, eos_token_id=[], adaptive=False)
     assert [out[b].tolist() for b in range(3)] == [r[:17] for r in refs]
     assert m.draft_acceptance_rate == 1.0
     assert m.mean_acceptance_length == 4.0  # 1 prefill token + 4 steps x 4 tokens
@@ -119,7 +123,8 @@ def test_tsd_with_k1_is_sd_and_opt_tree_n1_is_a_chain(pair):
 
 def test_mjsd_tau1_is_target_only_decoding(pair):
     _, target, draft, prompts, refs = pair
-    out, m = generate(target, prompts, draft=draft, method="mjsd", tau=1.0, max_new_tokens=N_NEW, eos_token_id=[])
+    out, m = generate(target, prompts, draft=draft, method="mjsd", tau=1.0, max_new_tokens=N_NEW, eos_token_id=[],
+                      adaptive=False)
     assert [out[b].tolist() for b in range(3)] == [r[:N_NEW] for r in refs]
     assert m.num_accepted_tokens == 0
 
@@ -127,7 +132,7 @@ def test_mjsd_tau1_is_target_only_decoding(pair):
 def test_mjsd_tau0_accepts_the_whole_beam(pair):
     _, target, draft, prompts, _ = pair
     _, m = generate(target, prompts, draft=draft, method="mjsd", tau=0.0, gamma=3, beams=4,
-                    max_new_tokens=1 + 4 * 4, eos_token_id=[])
+                    max_new_tokens=1 + 4 * 4, eos_token_id=[], adaptive=False)
     assert m.num_accepted_tokens == m.num_draft_tokens == 3 * 4 * 3
 
 

@@ -2,6 +2,7 @@
 
 ``generate`` is the entry point; ``METHODS`` maps method names to Drafter classes.
 """
+from .adaptive import AdaptiveConfig
 from .api import generate
 from .drafters.base import Drafter, ModelDrafter, NullDrafter
 from .drafters.beam import BeamDrafter
@@ -19,7 +20,7 @@ from .token_graph import TokenGraph
 from .tree import Candidates
 
 __all__ = [
-    "BeamDrafter", "Candidates", "ChainDrafter", "DESCRIPTIONS", "Drafter", "GraphDrafter", "METHODS",
+    "AdaptiveConfig", "BeamDrafter", "Candidates", "ChainDrafter", "DESCRIPTIONS", "Drafter", "GraphDrafter", "METHODS",
     "Metrics", "ModelDrafter", "MultiDraftDrafter", "NgramDrafter", "NullDrafter", "OptTreeDrafter",
     "OuroborosDrafter", "PhrasePool", "SamplingConfig", "TokenGraph", "TopKTreeDrafter", "generate",
 ]

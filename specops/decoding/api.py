@@ -2,6 +2,7 @@
 import torch
 
 from .. import models
+from . import adaptive as _adaptive
 from . import methods
 from ..distill.feature import is_feature_draft
 from .draft_lm import DraftLM
@@ -11,9 +12,9 @@ from .sampling import SamplingConfig
 from .stopping import Stopper
 
 
-def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temperature=0.0, top_k=0,
+def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, temperature=0.0, top_k=0,
              top_p=1.0, stop=None, eos_token_id=None, tokenizer=None, seed=0, dtype=None, max_len=None,
-             compare_ar=False, stream=None, record_steps=False, **method_params):
+             compare_ar=False, stream=None, record_steps=False, adaptive=True, **method_params):
     """Generates with ``method`` and returns ``(new_tokens, metrics)``.
 
     Shape: -> new_tokens int64 [B, n] (generated tokens only, right-padded with the pad token
@@ -24,7 +25,8 @@ def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temp
         [B, L] or [L], or a list of token-id lists (ragged batches).
     draft: an HF model, an embedded name ("smollm2-135m-int8", ...), a path, or None (the method's
         default: the best embedded draft for an embedded target; model-free methods need none).
-    method: one of ``specops.decoding.METHODS``; ``method_params`` are that method's parameters.
+    method: one of ``specops.decoding.METHODS`` (default "ngram": docs/methods.md §Which method for
+        which text); ``method_params`` are that method's parameters.
     temperature / top_k / top_p: sampling (temperature 0 = greedy), shared by draft and target.
     stop: stop strings (need a tokenizer); eos_token_id: int or list (None = the model's; [] = none).
     seed: all randomness comes from one generator seeded with it.
@@ -33,6 +35,9 @@ def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temp
     compare_ar: also decode autoregressively (same settings, same process) and fill
         ``metrics.ar_tokens_per_s`` / ``metrics.speedup``.
     stream: ``callable(b, token_ids)`` called as tokens are emitted.
+    adaptive: True (default) sizes every block from the acceptance and step costs seen so far, down
+        to AR steps without a draft (docs/methods.md §Adaptive speculation); False keeps the
+        method's fixed budget; an ``AdaptiveConfig`` sets the controller.
 
     Bad input (unknown method or parameter, a parameter of the wrong type or out of range, draft
     with another vocabulary, prompt too long for the cache, empty prompt, temperature < 0, ...)
@@ -40,6 +45,9 @@ def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temp
     (TypeError for a ``stream`` that is not callable or a target/draft that is not a model).
     """
     drafter = methods.make(method, **method_params)
+    adaptive = _adaptive.resolve(adaptive)
+    if adaptive is not None:
+        drafter.enable_adaptive(adaptive)  # before tree_budget(): the caches hold the largest budget
     sampling = SamplingConfig(temperature, top_k, top_p)
     stop = _check_args(max_new_tokens=max_new_tokens, stop=stop, eos_token_id=eos_token_id, tokenizer=tokenizer,
                        seed=seed, dtype=dtype, max_len=max_len, compare_ar=compare_ar, stream=stream,
@@ -101,7 +109,7 @@ def generate(target, prompt, *, draft=None, method="sd", max_new_tokens=64, temp
                 dlm = FeatureDraftLM(draft_model, B, dmax, runner) if feature else DraftLM(draft_model, B, dmax)
             gen, metrics = decode(runner, drafter, prompts, sampling=sampling, stopper=stopper,
                                   generator=generator, draft=dlm, tokenizer=tokenizer, stream=stream,
-                                  record_steps=record_steps)
+                                  record_steps=record_steps, adaptive=adaptive)
         finally:
             runner.close()
     if metrics_ar is not None:

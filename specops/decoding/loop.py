@@ -6,15 +6,21 @@
             -> drafter.commit (draft KV, pools)
 
 It never looks at which method runs: everything method-specific sits behind the Drafter protocol.
+With ``adaptive`` (an AdaptiveConfig), a Controller (adaptive.py) sets the drafter's budget knob
+before every step from the acceptance and the step costs seen so far; budget 0 is an AR step: the
+block is the root alone, neither ``propose`` nor the drafter's ``commit`` runs (so no draft forward),
+and the draft cache catches up when drafting resumes.
 """
 import dataclasses
 import time
 
 import torch
 
+from .adaptive import Controller
 from .metrics import Metrics
 from .runner import block_logits, commit_paths, lens_list, make_runner, pad_batch
 from .sampling import choose
+from .tree import Candidates, depths
 from .verify import verify
 
 
@@ -50,8 +56,10 @@ class TargetLM:
     hidden state, after the final norm) at committed cache position ``p``, i.e. the state that
     produced the logits for token ``p + 1``. Filled at prefill (every prompt position) and on every
     commit (the accepted path's rows, at the positions they are committed to); rows at or past
-    ``lens[b]`` are unspecified. Captured by a forward pre-hook on ``model.get_output_embeddings()``
-    that exists only when ``keep_features`` is set."""
+    ``lens[b]`` are unspecified. Captured by a forward hook on the decoder's final norm (whose
+    output is the head's input; then prefill sends only the last rows through the head) or, for a
+    model without one, a pre-hook on ``model.get_output_embeddings()``; either exists only when
+    ``keep_features`` is set."""
 
     def __init__(self, model, batch_size, max_len, keep_features=False):
         self.runner = make_runner(model, batch_size, max_len)
@@ -68,11 +76,21 @@ class TargetLM:
             param = next(model.parameters())
             self.features = torch.zeros(batch_size, max_len, cfg.hidden_size, dtype=param.dtype,
                                         device=self.runner.lens.device)
-            self._hook = head.register_forward_pre_hook(self._capture)
+            decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+            norm = getattr(decoder, "norm", None)
+            if isinstance(norm, torch.nn.Module):
+                self._hook = norm.register_forward_hook(self._capture_norm)
+            else:
+                self._hook = head.register_forward_pre_hook(self._capture)
+            self._all_rows = not isinstance(norm, torch.nn.Module)  # the head must see every row
 
     def _capture(self, module, args):
         if self._capturing:
             self._hidden = args[0]
+
+    def _capture_norm(self, module, args, output):
+        if self._capturing:
+            self._hidden = output
 
     @property
     def lens(self):
@@ -97,7 +115,8 @@ class TargetLM:
         """Shape: -> fp32 [B, V], logits after each prompt's last token."""
         ids, lens = pad_batch(prompts)
         dev = self.runner.lens.device
-        if self.keep_features or not getattr(self.runner, "prefill_last_only", False):
+        all_rows = self.keep_features and self._all_rows
+        if all_rows or not getattr(self.runner, "prefill_last_only", False):
             logits = self._forward(self.runner.prefill, ids.to(dev), lens.to(dev))
             if self.keep_features:
                 L = ids.shape[1]
@@ -105,7 +124,11 @@ class TargetLM:
                 self._hidden = None
             return logits[torch.arange(self.B), lens.long().to(logits.device) - 1].float()
         # Only the last row per prompt goes through the LM head (a [L, V] projection saved).
-        return self.runner.prefill(ids.to(dev), lens.to(dev), last_only=True).float()
+        last = self._forward(self.runner.prefill, ids.to(dev), lens.to(dev), last_only=True).float()
+        if self.keep_features:  # the final norm's output: every prompt row
+            self.features[:, : ids.shape[1]] = self._hidden.to(self.features.dtype)
+            self._hidden = None
+        return last
 
     def forward(self, tokens, parents, num_nodes):
         return self._forward(block_logits, self.runner, tokens, parents, num_nodes, 0)
@@ -140,8 +163,10 @@ class TargetLM:
 
 
 def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None, tokenizer=None,
-           stream=None, record_steps=False, track_logprobs=True, metrics=None):
+           stream=None, record_steps=False, track_logprobs=True, metrics=None, adaptive=None):
     """Runs ``drafter``'s method to completion. ``target``: a TargetLM; ``draft``: a DraftLM or None.
+    ``adaptive``: None (fixed budgets) or an AdaptiveConfig; then ``drafter.enable_adaptive(adaptive)``
+    must have run before the caches were sized.
 
     Returns (generated token lists per sequence, Metrics)."""
     B = len(prompts)
@@ -171,18 +196,27 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
     if draft is not None:
         draft.prefill(prompts)
     drafter.setup(state)
+    ctl = _controller(adaptive, drafter, B)
+    m.adaptive = ctl is not None
     m.prefill_time_s = time.perf_counter() - t_start
 
     while any(state.active):
         t0 = time.perf_counter()
         state.was_active = list(state.active)
-        cand = drafter.propose(state)
+        budget = None if ctl is None else ctl.decide(state.active)
+        if budget == 0:  # an AR step: no draft work at all
+            cand = Candidates(tokens=[[s[-1]] for s in state.seqs], parents=[[-1] for _ in state.seqs])
+            mode = "greedy" if sampling.greedy else "mss_pointmass"  # R1 / sampling from P[root]
+        else:
+            if budget is not None:
+                drafter.set_budget(budget)
+            cand = drafter.propose(state)
+            mode = drafter.verify_mode(sampling)
         t1 = time.perf_counter()
 
         tokens, parents, num_nodes = cand.pack(target.runner.lens.device)
         logits = target.forward(tokens, parents, num_nodes)
         m.num_target_forwards += 1
-        mode = drafter.verify_mode(sampling)
         result = verify(mode, cand, tokens, parents, num_nodes, logits, state)
         t2 = time.perf_counter()
 
@@ -210,14 +244,22 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
                 stream(b, kept)
         if lp_rows:
             logprob.add(logits.reshape(-1, logits.shape[-1]), lp_rows, lp_toks)
-        drafter.commit(state, cand, result)
+        t_commit = time.perf_counter()
+        if budget != 0:
+            drafter.commit(state, cand, result)
         t3 = time.perf_counter()
         m.draft_time_s += t1 - t0
         m.verify_time_s += t2 - t1
         m.bookkeeping_time_s += t3 - t2
+        if ctl is not None:
+            # drafting = propose + the drafter's commit; the rest of the step is the target's block
+            ctl.observe(budget, [max(depths(cand.parents[b])) if state.was_active[b] else 0 for b in range(B)],
+                        [len(p) - 1 for p in result.paths], max(cand.num_nodes()),
+                        t_target=t_commit - t1, t_draft=(t1 - t0) + (t3 - t_commit))
+            m.record_budget(budget)
         if record_steps:
             m.steps.append({"active": list(state.was_active), "nodes": cand.num_nodes(),
-                            "accepted": [len(p) - 1 for p in result.paths],
+                            "accepted": [len(p) - 1 for p in result.paths], "budget": budget,
                             "draft_s": t1 - t0, "verify_s": t2 - t1, "bookkeeping_s": t3 - t2})
 
     if logprob is not None:
@@ -231,6 +273,17 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
     m.lengths = [len(g) for g in gen]
     m.finish_reasons = reasons
     return gen, m
+
+
+def _controller(cfg, drafter, batch):
+    """The step controller for ``drafter`` under AdaptiveConfig ``cfg`` (None: fixed budgets)."""
+    if cfg is None or drafter.budget_param is None:
+        return None
+    if drafter.adaptive_range is None:
+        raise ValueError(f"adaptive decoding needs drafter.enable_adaptive(cfg) before the caches are sized "
+                         f"(method {drafter.name!r})")
+    initial, lo, hi = drafter.adaptive_range
+    return Controller(cfg, batch, initial, lo, hi)
 
 
 class _LogprobSum:

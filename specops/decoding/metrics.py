@@ -15,7 +15,9 @@ Beyond vLLM (docs/methods.md §Metrics): target forwards, draft forwards, drafte
 token num", root included), GSD's matchness ``num_accepted_tokens / draft_depth``, graph success,
 tokens/s, time split draft / verify / bookkeeping (prefill reported apart), speedup against
 autoregressive decoding measured in the same process, and the target log-likelihood of the
-emitted tokens (for perplexity).
+emitted tokens (for perplexity). Adaptive speculation (docs/methods.md §Adaptive speculation):
+``mean_budget`` (the controller's budget, mean over its speculative steps) and
+``ar_step_fraction`` (the share of target forwards it ran as AR steps, without a draft).
 """
 import dataclasses
 import math
@@ -43,6 +45,10 @@ class Metrics:
     target_logprob_sum: float = 0.0
     target_logprob_count: int = 0
     ar_tokens_per_s: float = None
+    adaptive: bool = False  # budgets chosen per step by the adaptive controller
+    num_ar_steps: int = 0  # steps the controller ran without a draft
+    num_budget_steps: int = 0  # steps it ran with a draft (budget > 0)
+    budget_sum: int = 0  # sum of their budgets
     lengths: list = dataclasses.field(default_factory=list)
     finish_reasons: list = dataclasses.field(default_factory=list)
     steps: list = dataclasses.field(default_factory=list)  # per-step records when requested
@@ -61,6 +67,14 @@ class Metrics:
         self.draft_depth += depth_drafted
         self.num_drafted_nodes += drafted_nodes
         self.num_graph_success += bool(graph_success)
+
+    def record_budget(self, budget):
+        """One step's budget from the adaptive controller (0 = an AR step)."""
+        if budget:
+            self.num_budget_steps += 1
+            self.budget_sum += budget
+        else:
+            self.num_ar_steps += 1
 
     # ---- derived ------------------------------------------------------------------------------
 
@@ -94,6 +108,16 @@ class Metrics:
         return self.num_graph_success / self.num_drafts if self.num_drafts else 0.0
 
     @property
+    def mean_budget(self):
+        """The adaptive controller's mean budget over its speculative steps (None when off)."""
+        return self.budget_sum / self.num_budget_steps if self.num_budget_steps else None
+
+    @property
+    def ar_step_fraction(self):
+        """Share of the target forwards the adaptive controller ran as AR steps."""
+        return self.num_ar_steps / self.num_target_forwards if self.num_target_forwards else 0.0
+
+    @property
     def tokens_per_s(self):
         return self.num_generated_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
 
@@ -114,7 +138,7 @@ class Metrics:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "steps"}
         for name in ("mean_acceptance_length", "draft_acceptance_rate", "acceptance_rate_per_pos",
                      "draft_tokens_per_step", "drafted_nodes_per_step", "matchness", "graph_success_rate",
-                     "tokens_per_s", "speedup", "perplexity"):
+                     "tokens_per_s", "speedup", "perplexity", "mean_budget", "ar_step_fraction"):
             out[name] = getattr(self, name)
         return out
 
@@ -133,6 +157,10 @@ class Metrics:
         if self.acceptance_rate_per_pos:
             per = " ".join(f"{a:.2f}" for a in self.acceptance_rate_per_pos[:12])
             lines.append(f"acceptance per position: {per}")
+        if self.adaptive:
+            mb = f"{self.mean_budget:.1f}" if self.mean_budget is not None else "n/a"
+            lines.append(f"adaptive: mean budget {mb} over {self.num_budget_steps} speculative steps, "
+                         f"AR steps {self.num_ar_steps} ({100 * self.ar_step_fraction:.0f}% of target forwards)")
         lines.append(f"time: draft {self.draft_time_s:.2f} s, verify {self.verify_time_s:.2f} s, "
                      f"bookkeeping {self.bookkeeping_time_s:.2f} s")
         if self.speedup is not None:

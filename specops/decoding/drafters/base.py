@@ -26,6 +26,11 @@ class Drafter:
     kv_policy = "compact"
     sampling_mode = "mss_pointmass"  # deterministic proposals: R3p is lossless for them
     lossless = True
+    # Adaptive speculation (docs/methods.md §Adaptive speculation): the one knob the controller sets
+    # per step (a drafting depth), and its largest value as a multiple of the configured one.
+    budget_param = None
+    budget_cap_factor = 4
+    adaptive_range = None  # (initial, lo, hi) once enable_adaptive ran
 
     def __init__(self, **params):
         unknown = sorted(set(params) - set(self.PARAMS))
@@ -75,6 +80,34 @@ class Drafter:
     def draft_budget(self):
         """Upper bound on the draft-side block beyond the catch-up chain; sizes the draft cache."""
         return 0
+
+    # ---- adaptive budget ----------------------------------------------------------------------
+
+    def budget_cap(self, initial):
+        """The largest budget the controller may choose when the knob is configured to ``initial``."""
+        return max(initial, self.budget_cap_factor * initial)
+
+    def enable_adaptive(self, cfg):
+        """Lets the loop's controller set ``budget_param`` per step, between ``cfg.min_budget``
+        (default 1) and ``cfg.max_budget`` (default ``budget_cap``), starting at the configured value.
+        Must run before the caches are sized: the knob is left at the cap, so ``tree_budget()`` and
+        ``draft_budget()`` cover every budget. Returns (initial, lo, hi), or None for a drafter
+        without a knob (AR)."""
+        if self.budget_param is None:
+            return None
+        initial = getattr(self, self.budget_param)
+        lo = cfg.min_budget if cfg.min_budget is not None else 1
+        hi = cfg.max_budget if cfg.max_budget is not None else self.budget_cap(initial)
+        if lo > hi:
+            raise ValueError(f"adaptive budget range for {self.name!r} ({self.budget_param}) is empty: "
+                             f"min_budget {lo} > max_budget {hi}")
+        self.adaptive_range = (min(max(initial, lo), hi), lo, hi)
+        self.set_budget(hi)
+        return self.adaptive_range
+
+    def set_budget(self, g):
+        """Sets the knob for the next ``propose`` (the controller's budget, within adaptive_range)."""
+        setattr(self, self.budget_param, int(g))
 
     # ---- the protocol ------------------------------------------------------------------------
 

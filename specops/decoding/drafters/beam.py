@@ -27,6 +27,7 @@ class BeamDrafter(ModelDrafter):
     kv_policy = "truncate"
     sampling_mode = "joint"
     lossless = False
+    budget_param = "gamma"
 
     def check_params(self):
         self._positive_int("gamma", self.gamma)

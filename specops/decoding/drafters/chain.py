@@ -14,6 +14,7 @@ class ChainDrafter(ModelDrafter):
     PARAMS = {"gamma": 4, "exit_threshold": 0.0}
     kv_policy = "truncate"
     sampling_mode = "mss"
+    budget_param = "gamma"
 
     def check_params(self):
         self._positive_int("gamma", self.gamma)

@@ -26,6 +26,8 @@ class MultiDraftDrafter(ModelDrafter):
     name = "specinfer"
     PARAMS = {"num_drafts": 3, "gamma": 4, "draft_temperature": 1.0, "ngram": False}
     sampling_mode = "mss"
+    budget_param = "gamma"
+    budget_cap_factor = 2  # num_drafts chains per level: the block grows fast with depth
 
     def check_params(self):
         self._positive_int("num_drafts", self.num_drafts)

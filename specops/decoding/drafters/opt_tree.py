@@ -25,6 +25,8 @@ class OptTreeDrafter(ModelDrafter):
     # about half a target step, as the int8 copy does here.
     PARAMS = {"n": 10, "delta": 0.5, "max_depth": 8, "verify": None}
     sampling_mode = "sample_match"
+    budget_param = "max_depth"  # layers (draft forwards) per step; delta may stop earlier
+    budget_cap_factor = 2
 
     def check_params(self):
         self._positive_int("n", self.n, 1, MAX_N - 1)  # the final selection takes n + 1 nodes

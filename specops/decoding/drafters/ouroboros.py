@@ -42,6 +42,7 @@ class OuroborosDrafter(ModelDrafter):
     PARAMS = {"gamma": 4, "window": 2, "ngram": 4, "guesses": 4, "branches": 3, "reuse_pool": True,
               "model_free": False}
     sampling_mode = "sample_match"
+    budget_param = "gamma"  # draft tokens before lengthening
 
     def check_params(self):
         self._positive_int("gamma", self.gamma)
@@ -70,6 +71,9 @@ class OuroborosDrafter(ModelDrafter):
         cap = max(self.guesses, self.branches, 1)
         self.pool = shared_pool(ident, self._phrase, cap) if self.reuse_pool else PhrasePool(self._phrase, cap)
         rng = random.Random(10)
+        # per sequence: the length up to which the emitted text's n-grams are in the pool (AR steps
+        # of adaptive speculation skip commit; the next commit adds their n-grams too)
+        self._pooled = [len(s) for s in state.seqs]
         self.windows = []
         for b in range(state.batch):
             prompt = state.seqs[b][: state.prompt_lens[b]]
@@ -222,4 +226,6 @@ class OuroborosDrafter(ModelDrafter):
                     nodes.append(node)
                 corrected = [v[n]] + [v[x] for x in nodes[:-1]]
                 self.pool.replace(tok[n], phrase, corrected)
-            self.pool.add_ngrams(state.seqs[b], max(len(state.seqs[b]) - len(path), 0))
+            seq = state.seqs[b]
+            self.pool.add_ngrams(seq, max(min(self._pooled[b], len(seq) - len(path)), 0))
+            self._pooled[b] = len(seq)

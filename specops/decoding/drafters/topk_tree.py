@@ -27,6 +27,8 @@ class TopKTreeDrafter(ModelDrafter):
     PARAMS = {"k": 4, "max_depth": 5, "theta_prob": 0.2, "theta_sib": 0.3, "max_nodes": 24,
               "max_tree_nodes": 32, "tau": None, "verify": None}
     sampling_mode = "mss_pointmass"
+    budget_param = "max_depth"  # draft forwards per step; max_nodes still caps the tree
+    budget_cap_factor = 2  # 10 = the paper's depth
 
     def check_params(self):
         self._positive_int("k", self.k)

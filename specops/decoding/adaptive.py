@@ -1,0 +1,300 @@
+"""Adaptive speculation (docs/methods.md §Adaptive speculation): the loop sizes every block from the
+acceptance it has seen and from the measured cost of a step, for every method with a budget knob.
+
+The knob. Each drafter exposes one integer, the depth it drafts: ``gamma`` (SD, SpecInfer, MJSD,
+Ouroboros, n-gram) or ``max_depth`` (TSD, GSD, OPT-Tree). Budget ``g = 0`` is an AR step: the block
+is the pending root alone and the draft model does not run (its cache catches up through
+``DraftLM.begin``'s catch-up chain when drafting resumes).
+
+The acceptance estimate, per sequence ``b``. A speculative step whose proposal was ``D`` levels
+deep (the deepest node; a chain's length) and whose accepted path has ``a`` draft tokens passed
+``a`` levels and, when ``a < D``, failed one. With decay ``lam`` and a prior ``alpha0`` worth
+``n0`` levels::
+
+    S_b <- lam * S_b + a          N_b <- lam * N_b + a + [a < D]
+    alpha_b = (S_b + alpha0 * n0) / (N_b + n0)
+
+(a censored geometric estimate: a fully accepted proposal says nothing about the level after it).
+
+The rule. With per-level acceptance ``alpha`` a block of budget ``g`` emits on average::
+
+    E(g) = 1 + alpha + ... + alpha^g = (1 - alpha^(g+1)) / (1 - alpha)     (bonus included; E(0) = 1)
+
+tokens, and a step costs ``c(g) = t_target(T(g)) + t_draft(g)`` seconds, ``c(0) = t_target(1)``
+(``T(g)``: the block size that budget produces, ``g + 1`` for a chain). The next step's budget is::
+
+    g* = argmax over g in {0} U [lo, min(hi, max(2 g_prev, g_prev + 2))] of  sum_b E_b(g) / c(g)
+
+summed over the active sequences: a batch shares one block shape, so the per-sequence estimates
+are reduced to the one budget with the most expected tokens per second for the batch (for batch 1
+this is the per-sequence rule). Speculation stops (``g* = 0``) when every budget's expected tokens
+per unit of cost, measured in AR steps, ``R(g) = E(g) c(0) / c(g)``, is below ``1 + margin``
+(``margin`` = 5%: neither the estimates' error nor the cost of resuming, the catch-up forward and
+the probes, is in E and c, and a step that barely pays on paper is a coin flip in time). Growth is
+capped (at most doubling, or +2, per step) so a short burst of full accepts cannot jump to the
+largest budget; shrinking is immediate.
+
+Probing. An AR step teaches nothing about acceptance, so after the rule chooses AR the loop runs
+``probe_after`` AR steps and then one probe at the best positive budget, at most ``probe_budget``
+levels deep (cheap; a good probe lets the budget grow from there). If the rule still chooses AR
+after the probe, the wait doubles (up to ``probe_max``); otherwise speculation resumes.
+
+Costs. ``CostModel`` keeps exponentially weighted seconds per target block size ``T`` (the step's
+verification part: pack, target forward, verify, KV commit, emit) and per budget (the drafting
+part: ``propose`` plus the drafter's ``commit``), each measured with ``perf_counter`` around the
+phase; on a GPU the loop's own reads of the verification result and of the draft logits end each
+phase, so no synchronisation is added. Unseen sizes come from a least-squares line over the seen
+ones, the target's slope shrunk toward ``prior_slope`` (a fraction of a one-token step per extra
+token) with weight ``slope_weight`` (one seen size: the prior slope; draft cost proportional to
+the budget). ``AdaptiveConfig(target_cost=..., draft_cost=...)`` replaces the measurements by fixed
+functions (tests, or reproducible sampling: measured costs make the budget sequence, hence which
+uniforms a seed feeds where, vary between runs; the output distribution does not).
+
+Losslessness: the budget of a step depends only on earlier steps (acceptance and time), never on
+the draft being verified, so each step is a lossless method run with a fixed budget: greedy output
+stays token-identical to AR and sampling keeps the target's distribution.
+"""
+import dataclasses
+
+
+@dataclasses.dataclass
+class AdaptiveConfig:
+    """The controller's settings. ``max_budget`` / ``min_budget``: None = the drafter's range.
+    ``target_cost(T)`` / ``draft_cost(g)``: fixed costs in seconds instead of measured ones."""
+    decay: float = 0.8  # lam: weight of the older acceptance evidence per step
+    alpha0: float = 0.6  # prior per-level acceptance
+    prior_levels: float = 2.0  # n0: the prior's weight, in levels
+    probe_after: int = 4
+    probe_max: int = 32
+    probe_budget: int = 2  # a probe drafts at most this deep (it measures acceptance; growth follows)
+    margin: float = 0.05  # speculate only while R(g) >= 1 + margin
+    cost_decay: float = 0.75  # weight of the older cost measurements
+    prior_slope: float = 0.02  # extra target cost per block token (fraction of a 1-token step)
+    slope_weight: float = 8.0  # the prior slope's weight against the measured sizes' spread (tokens^2)
+    min_budget: int = None
+    max_budget: int = None
+    target_cost: object = None
+    draft_cost: object = None
+
+    def __post_init__(self):
+        for name in ("decay", "alpha0", "cost_decay", "margin"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
+                raise ValueError(f"AdaptiveConfig.{name} must be a number in [0, 1), got {v!r}")
+        for name, lo in (("prior_levels", 0.0), ("prior_slope", 0.0), ("slope_weight", 0.0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < lo:
+                raise ValueError(f"AdaptiveConfig.{name} must be a number >= {lo}, got {v!r}")
+        for name, lo in (("probe_after", 1), ("probe_max", 1), ("probe_budget", 1), ("min_budget", 1),
+                         ("max_budget", 1)):
+            v = getattr(self, name)
+            if v is None and name in ("min_budget", "max_budget"):
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"AdaptiveConfig.{name} must be an int >= {lo}, got {v!r}")
+        if self.probe_max < self.probe_after:
+            raise ValueError(f"AdaptiveConfig.probe_max ({self.probe_max}) must be >= probe_after ({self.probe_after})")
+        for name in ("target_cost", "draft_cost"):
+            fn = getattr(self, name)
+            if fn is not None and not callable(fn):
+                raise TypeError(f"AdaptiveConfig.{name} must be a callable or None, got {type(fn).__name__}")
+
+
+def resolve(adaptive):
+    """``generate``'s ``adaptive`` argument -> an AdaptiveConfig or None (off)."""
+    if adaptive is True:
+        return AdaptiveConfig()
+    if adaptive is False or adaptive is None:
+        return None
+    if isinstance(adaptive, AdaptiveConfig):
+        return adaptive
+    raise TypeError(f"adaptive must be True, False or an AdaptiveConfig, got {type(adaptive).__name__} {adaptive!r}")
+
+
+def expected_tokens(alpha, g):
+    """E(g) = 1 + alpha + ... + alpha^g: tokens per step (bonus included) at per-level acceptance alpha."""
+    if g <= 0:
+        return 1.0
+    if alpha >= 1.0 - 1e-9:
+        return float(g + 1)
+    return (1.0 - alpha ** (g + 1)) / (1.0 - alpha)
+
+
+class _Ewma:
+    """Exponentially weighted means keyed by an int (block size or budget)."""
+
+    def __init__(self, decay):
+        self.decay = decay
+        self.mean = {}
+
+    def add(self, key, x):
+        old = self.mean.get(key)
+        self.mean[key] = x if old is None else self.decay * old + (1.0 - self.decay) * x
+
+    def moments(self):
+        """(mean key, mean value, sum of (k - mk)(v - mv), sum of (k - mk)^2) over the keys seen."""
+        ks, vs = list(self.mean), list(self.mean.values())
+        mk, mv = sum(ks) / len(ks), sum(vs) / len(vs)
+        return (mk, mv, sum((k - mk) * (v - mv) for k, v in zip(ks, vs)), sum((k - mk) ** 2 for k in ks))
+
+    def line(self):
+        """(mean key, mean value, slope >= 0) of a least-squares line over the keys seen, or None
+        with fewer than two keys."""
+        if len(self.mean) < 2:
+            return None
+        mk, mv, cov, var = self.moments()
+        return mk, mv, max(cov / var, 0.0)
+
+
+class CostModel:
+    """Seconds of a target step by block size and of drafting by budget, measured online
+    (or fixed functions from AdaptiveConfig)."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.target = _Ewma(cfg.cost_decay)
+        self.draft = _Ewma(cfg.cost_decay)
+        self.size = _Ewma(cfg.cost_decay)  # budget -> block size it produced
+
+    def observe(self, budget, block_size, t_target, t_draft):
+        self.target.add(block_size, t_target)
+        if budget > 0:
+            self.draft.add(budget, t_draft)
+            self.size.add(budget, block_size)
+
+    def known(self):
+        return self.cfg.target_cost is not None or bool(self.target.mean)
+
+    def block_size(self, g):
+        """T(g): the mean block size seen at budget g, else scaled from the nearest seen budget,
+        else g + 1 (a chain)."""
+        if g <= 0:
+            return 1.0
+        seen = self.size.mean
+        if g in seen:
+            return seen[g]
+        if not seen:
+            return g + 1.0
+        near = min(seen, key=lambda k: (abs(k - g), k))
+        return 1.0 + (seen[near] - 1.0) * g / near
+
+    def target_cost(self, T):
+        if self.cfg.target_cost is not None:
+            return float(self.cfg.target_cost(T))
+        seen = self.target.mean
+        mk, mv, cov, var = self.target.moments()
+        # The least-squares slope, shrunk toward the prior (s of a one-token step per token, with
+        # weight W in squared block sizes): a few nearby sizes (budgets 1-2 give T = 2, 3) say
+        # little about the slope, and c(0) = t_target(1) is extrapolated from it while speculating.
+        s, w = self.cfg.prior_slope, self.cfg.slope_weight
+        prior = s * mv / (1.0 + s * (mk - 1))  # s * a, with a the one-token cost on the prior line
+        slope = max((cov + w * prior) / (var + w), 0.0)
+        floor = 0.25 * min(seen.values())  # a steep fit must not extrapolate to ~0 s
+        return max(mv + slope * (T - mk), floor)
+
+    def draft_cost(self, g):
+        if g <= 0:
+            return 0.0
+        if self.cfg.draft_cost is not None:
+            return float(self.cfg.draft_cost(g))
+        seen = self.draft.mean
+        if not seen:
+            return 0.0
+        line = self.draft.line()
+        if line is None:
+            (k, v), = seen.items()
+            return v * g / k  # one budget seen: proportional (a chain drafts g forwards)
+        mk, mv, slope = line
+        return max(mv + slope * (g - mk), 0.25 * min(seen.values()))
+
+    def step_cost(self, g):
+        """c(g) = t_target(T(g)) + t_draft(g); c(0) = t_target(1)."""
+        return self.target_cost(self.block_size(g)) + self.draft_cost(g)
+
+
+class Controller:
+    """Per-sequence acceptance estimates and the batch's budget per step (the module docstring's
+    rule). Pure Python over small numbers: the loop hands it what it already read.
+
+    ``decide(active) -> g`` before a step (0 = AR step); ``observe(...)`` after it."""
+
+    def __init__(self, cfg, batch, initial, lo, hi):
+        if not 1 <= lo <= hi:
+            raise ValueError(f"budget range must satisfy 1 <= lo <= hi, got lo={lo}, hi={hi}")
+        self.cfg = cfg
+        self.lo, self.hi = lo, hi
+        self.initial = min(max(initial, lo), hi)
+        self.costs = CostModel(cfg)
+        self.S = [0.0] * batch
+        self.N = [0.0] * batch
+        self.prev = self.initial  # the last speculative budget (growth is capped relative to it)
+        self.mode = "spec"  # "spec", "ar" (waiting to probe) or "probe" (the last step was a probe)
+        self.ar_left = 0  # AR steps still to run before the next probe
+        self.wait = cfg.probe_after  # the current AR stretch between probes
+        self.steps = 0
+
+    # ---- estimates ----------------------------------------------------------------------------
+
+    def alpha(self, b):
+        n0 = self.cfg.prior_levels
+        if self.N[b] + n0 <= 0:
+            return self.cfg.alpha0
+        return min((self.S[b] + self.cfg.alpha0 * n0) / (self.N[b] + n0), 1.0)
+
+    def rate(self, g, active):
+        """Expected tokens per second of the batch at budget g: sum_b E_b(g) / c(g)."""
+        tokens = sum(expected_tokens(self.alpha(b), g) for b, a in enumerate(active) if a)
+        return tokens / self.costs.step_cost(g)
+
+    def best(self, active):
+        """The best positive budget within the growth cap, and its rate."""
+        cap = min(self.hi, max(2 * self.prev, self.prev + 2))
+        best_g, best_r = self.lo, -1.0
+        for g in range(self.lo, max(cap, self.lo) + 1):
+            r = self.rate(g, active)
+            if r > best_r:
+                best_g, best_r = g, r
+        return best_g, best_r
+
+    # ---- the protocol -------------------------------------------------------------------------
+
+    def decide(self, active):
+        """The next step's budget (0 = an AR step)."""
+        if not any(active):
+            return 0
+        if self.steps == 0 or not self.costs.known():
+            return self.initial
+        if self.mode == "ar":
+            if self.ar_left > 0:
+                self.ar_left -= 1
+                return 0
+            self.mode = "probe"
+            return max(min(self.best(active)[0], self.cfg.probe_budget), self.lo)
+        g, r = self.best(active)
+        if r * self.costs.step_cost(0) >= (1.0 + self.cfg.margin) * sum(active):  # R(g) >= 1 + margin
+            self.mode, self.wait = "spec", self.cfg.probe_after
+            return g
+        if self.mode == "probe":  # a failed probe doubles the wait before the next one
+            self.wait = min(2 * self.wait, self.cfg.probe_max)
+        self.mode, self.ar_left = "ar", self.wait - 1
+        return 0
+
+    def observe(self, budget, depth, accepted, block_size, t_target, t_draft):
+        """One finished step. ``depth[b]``: levels proposed (0 or None: no proposal, e.g. an
+        inactive sequence or an n-gram miss), ``accepted[b]``: draft tokens accepted;
+        ``block_size``: the target block's width T; times in seconds."""
+        self.steps += 1
+        if budget > 0 and not any(depth):  # nothing proposed (an n-gram miss): an AR step's cost
+            self.costs.observe(0, block_size, t_target, t_draft)
+            return
+        self.costs.observe(budget, block_size, t_target, t_draft)
+        if budget <= 0:
+            return
+        self.prev = budget
+        lam = self.cfg.decay
+        for b, (D, a) in enumerate(zip(depth, accepted)):
+            if not D:
+                continue
+            a = min(a, D)
+            self.S[b] = lam * self.S[b] + a
+            self.N[b] = lam * self.N[b] + a + (1 if a < D else 0)

@@ -1,0 +1,390 @@
+"""Adaptive speculation (docs/methods.md §Adaptive speculation).
+
+The controller's rule without a model: acceptance histories and fixed costs in, budgets out (up
+after full accepts, down after rejections, AR steps when no budget pays, probing with a doubling
+wait, the batch reduction, the cost fits). Then the loop: every method stays lossless whatever the
+budgets are (greedy token identity, batch 3 ragged, under the real controller and under forced
+budget schedules with AR steps in between; the draft caches, plain and feature, catch up), sampling
+keeps the target's distribution, ``adaptive=False`` is the fixed-budget loop, and the metrics report
+the budgets."""
+import itertools
+
+import pytest
+import torch
+
+from specops.decoding import AdaptiveConfig, generate, methods
+from specops.decoding.adaptive import Controller, CostModel, expected_tokens, resolve
+from specops.testing import perturbed_copy, reference_greedy, tiny_causal_lm
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def fixed(target_per_token=0.0, draft_per_level=0.0):
+    """Costs in units of a 1-token target step."""
+    return AdaptiveConfig(target_cost=lambda T: 1.0 + target_per_token * (T - 1),
+                          draft_cost=lambda g: draft_per_level * g)
+
+
+def step(ctl, g, accepted, depth=None, T=None):
+    """Feeds one step's outcome (one sequence per entry of ``accepted``)."""
+    depth = [g] * len(accepted) if depth is None else depth
+    ctl.observe(g, depth, accepted, T if T is not None else g + 1, t_target=1.0, t_draft=0.0)
+
+
+# ---- the rule -----------------------------------------------------------------------------------
+
+def test_expected_tokens_is_the_geometric_sum():
+    for alpha in (0.0, 0.3, 0.9):
+        for g in range(6):
+            assert expected_tokens(alpha, g) == pytest.approx(sum(alpha ** j for j in range(g + 1)))
+    assert expected_tokens(1.0, 5) == 6.0 and expected_tokens(0.7, 0) == 1.0
+
+
+def test_the_estimate_is_censored_geometric_with_decay():
+    cfg = AdaptiveConfig(decay=0.5, alpha0=0.6, prior_levels=2.0)
+    ctl = Controller(cfg, 1, 4, 1, 16)
+    assert ctl.alpha(0) == pytest.approx(0.6)
+    step(ctl, 4, [4])  # fully accepted: 4 successes, no failure (the 5th level was never tried)
+    assert ctl.alpha(0) == pytest.approx((4 + 1.2) / (4 + 2))
+    step(ctl, 4, [1])  # one success, one failure; older evidence halves
+    S, N = 0.5 * 4 + 1, 0.5 * 4 + 2
+    assert ctl.alpha(0) == pytest.approx((S + 1.2) / (N + 2))
+    step(ctl, 6, [3], depth=[2])  # a tree that reached depth 2 only: accepted is capped at it
+    S, N = 0.5 * S + 2, 0.5 * N + 2
+    assert ctl.alpha(0) == pytest.approx((S + 1.2) / (N + 2))
+
+
+def test_budget_grows_after_full_accepts_within_the_cap():
+    ctl = Controller(fixed(0.01, 0.05), 1, 4, 1, 16)
+    assert ctl.decide([True]) == 4  # the first step uses the configured budget
+    seen, g = [], 4
+    for _ in range(6):
+        step(ctl, g, [g])
+        new = ctl.decide([True])
+        assert g < new <= min(2 * g, 16) or new == g == 16
+        seen.append(new)
+        g = new
+    assert seen[-1] == 16  # never above the range
+
+
+def test_budget_falls_after_rejections_down_to_ar_steps():
+    # draft levels cost 0.3 target steps: R(1) = (1 + alpha) / 1.3 < 1.05 once alpha < 0.365
+    ctl = Controller(fixed(0.0, 0.3), 1, 6, 1, 16)
+    g = ctl.decide([True])
+    budgets = [g]
+    while g and len(budgets) < 20:
+        step(ctl, g, [0])
+        g = ctl.decide([True])
+        budgets.append(g)
+    assert budgets[-1] == 0, budgets
+    assert all(b2 <= b1 for b1, b2 in zip(budgets, budgets[1:])), budgets
+    assert ctl.alpha(0) < 0.365 and ctl.rate(1, [True]) * ctl.costs.step_cost(0) < 1.05
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.05])
+def test_ar_threshold_is_one_ar_step_per_unit_of_cost_plus_the_margin(margin):
+    # one level at cost 0.5: R(1) = (1 + alpha) / 1.5, so speculation pays iff alpha >= 0.5 + 1.5 margin
+    edge = 0.5 + 1.5 * margin
+    for alpha, want in ((edge - 0.03, 0), (edge + 0.03, 1)):
+        cfg = AdaptiveConfig(target_cost=lambda T: 1.0, draft_cost=lambda g: 0.5 * g, alpha0=alpha,
+                             prior_levels=1e9, margin=margin)
+        ctl = Controller(cfg, 1, 1, 1, 1)
+        step(ctl, 1, [0])
+        assert ctl.decide([True]) == want
+        r = ctl.rate(1, [True]) * ctl.costs.step_cost(0)
+        assert r == pytest.approx((1 + alpha) / 1.5, rel=1e-6)
+
+
+def test_probing_after_ar_steps_with_a_doubling_wait():
+    cfg = AdaptiveConfig(target_cost=lambda T: 1.0, draft_cost=lambda g: 0.6 * g, probe_after=3, probe_max=12)
+    ctl = Controller(cfg, 1, 2, 1, 8)
+    g = ctl.decide([True])
+    while g:
+        step(ctl, g, [0])
+        g = ctl.decide([True])
+    # entered AR: 3 AR steps in all, then a probe; failed probes double the wait (6, 12, 12)
+    for wait in (3, 6, 12, 12):
+        run = 1  # the decision just made was the first AR step of this stretch
+        while True:
+            step(ctl, 0, [0], T=1)
+            g = ctl.decide([True])
+            if g:
+                break
+            run += 1
+        assert run == wait
+        assert g <= 2  # probes are shallow (probe_budget)
+        step(ctl, g, [0])  # the probe fails
+        assert ctl.decide([True]) == 0
+    # fully accepted probes raise the estimate until speculation pays again: the wait resets
+    for _ in range(100):
+        if g:
+            step(ctl, g, [g])
+        else:
+            step(ctl, 0, [0], T=1)
+        g = ctl.decide([True])
+        if ctl.mode == "spec":
+            break
+    assert g >= 1 and ctl.mode == "spec" and ctl.wait == 3
+    assert ctl.alpha(0) >= 0.6  # R(1) = (1 + alpha) / 1.6 >= 1
+
+
+def test_a_batch_shares_the_budget_with_the_most_expected_tokens_per_second():
+    cfg = AdaptiveConfig(target_cost=lambda T: 1.0 + 0.05 * (T - 1), draft_cost=lambda g: 0.1 * g)
+    ctl = Controller(cfg, 3, 4, 1, 8)
+    ctl.decide([True] * 3)
+    step(ctl, 4, [4, 0, 4])
+    g = ctl.decide([True, True, True])
+    rates = {h: ctl.rate(h, [True] * 3) for h in range(1, 9)}
+    assert g == max(rates, key=rates.get)
+    # an inactive sequence no longer counts: the two good ones alone want a longer block
+    assert ctl.best([True, False, True])[0] >= ctl.best([True, True, True])[0]
+    assert ctl.rate(3, [True, False, True]) == pytest.approx(
+        (expected_tokens(ctl.alpha(0), 3) + expected_tokens(ctl.alpha(2), 3)) / ctl.costs.step_cost(3))
+
+
+def test_a_step_without_proposals_counts_as_an_ar_step():
+    ctl = Controller(AdaptiveConfig(), 1, 12, 1, 48)
+    ctl.observe(12, [0], [0], 1, t_target=0.04, t_draft=0.001)  # an n-gram miss
+    assert ctl.alpha(0) == pytest.approx(0.6) and ctl.costs.target.mean == {1: 0.04}
+    assert ctl.costs.draft.mean == {}
+
+
+def test_cost_fits():
+    cm = CostModel(AdaptiveConfig(prior_slope=0.02, slope_weight=8.0))
+    cm.observe(4, 5, t_target=1.08, t_draft=0.4)  # one size seen: the prior slope, draft per level
+    assert cm.target_cost(1) == pytest.approx(1.0)
+    assert cm.target_cost(9) == pytest.approx(1.16)
+    assert cm.draft_cost(2) == pytest.approx(0.2) and cm.draft_cost(0) == 0.0
+    assert cm.block_size(4) == 5 and cm.block_size(8) == pytest.approx(9.0)
+    cm.observe(0, 1, t_target=1.0, t_draft=0.0)
+    cm.observe(8, 9, t_target=1.4, t_draft=0.9)
+    # the target: least squares over T = 1, 5, 9 (slope 0.05), shrunk toward the prior slope
+    mk, mv = 5.0, (1.0 + 1.08 + 1.4) / 3
+    cov, var = (-4) * (1.0 - mv) + 4 * (1.4 - mv), 32.0
+    prior = 0.02 * mv / (1 + 0.02 * 4)
+    slope = (cov + 8 * prior) / (var + 8)
+    assert 0.02 < slope < 0.05
+    for T in (1, 3, 17):
+        assert cm.target_cost(T) == pytest.approx(mv + slope * (T - mk))
+    assert cm.draft_cost(6) == pytest.approx(0.65)  # the draft: plain least squares (0.4 @ 4, 0.9 @ 8)
+    cm.observe(8, 7, t_target=1.3, t_draft=0.9)  # the mean size budget 8 produced
+    assert 7 < cm.block_size(8) < 9
+    # two neighbouring sizes with a steep difference barely move the slope off the prior
+    near = CostModel(AdaptiveConfig())
+    near.observe(1, 2, t_target=1.0, t_draft=0.1)
+    near.observe(2, 3, t_target=1.3, t_draft=0.2)
+    assert near.target_cost(1) > 0.9
+
+
+def test_config_and_argument_errors_name_what_is_wrong():
+    with pytest.raises(ValueError, match="decay"):
+        AdaptiveConfig(decay=1.5)
+    with pytest.raises(ValueError, match="probe_max"):
+        AdaptiveConfig(probe_after=8, probe_max=4)
+    with pytest.raises(TypeError, match="target_cost"):
+        AdaptiveConfig(target_cost=3.0)
+    with pytest.raises(TypeError, match="adaptive must be"):
+        resolve("yes")
+    assert resolve(False) is None and isinstance(resolve(True), AdaptiveConfig)
+    with pytest.raises(ValueError, match="min_budget 9 > max_budget 4"):
+        methods.make("sd").enable_adaptive(AdaptiveConfig(min_budget=9, max_budget=4))
+
+
+def test_each_drafter_exposes_one_depth_knob_and_sizes_caches_for_its_cap():
+    knobs = {"sd": "gamma", "specinfer": "gamma", "tsd": "max_depth", "gsd": "max_depth",
+             "opt-tree": "max_depth", "ouroboros": "gamma", "mjsd": "gamma", "ngram": "gamma"}
+    for name, knob in knobs.items():
+        fixed_budget = methods.make(name)
+        d = methods.make(name)
+        initial, lo, hi = d.enable_adaptive(AdaptiveConfig())
+        assert d.budget_param == knob and initial == getattr(fixed_budget, knob) and lo == 1 and hi > initial
+        assert getattr(d, knob) == hi and d.tree_budget() >= fixed_budget.tree_budget()
+        assert d.draft_budget() >= fixed_budget.draft_budget()
+    assert methods.make("ar").enable_adaptive(AdaptiveConfig()) is None
+    assert methods.make("ngram").enable_adaptive(AdaptiveConfig())[2] == 48  # max_gamma
+
+
+# ---- the loop -----------------------------------------------------------------------------------
+
+N_NEW = 20
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_causal_lm("llama", seed=0)
+    draft = perturbed_copy(target, 0.15, seed=1)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (5, 11, 3)]
+    refs = [reference_greedy(target, p, N_NEW) for p in prompts]
+    return target, draft, prompts, refs
+
+
+LOSSLESS = {
+    "sd": {}, "sd-exit": {"method": "sd", "exit_threshold": 0.3}, "specinfer": {},
+    "specinfer-ngram": {"method": "specinfer", "num_drafts": 2, "ngram": True}, "tsd": {},
+    "gsd-merging": {"method": "gsd", "tau": 1, "theta_prob": 0.05, "theta_sib": 0.05}, "opt-tree": {},
+    "ouroboros": {}, "ouroboros-model-free": {"method": "ouroboros", "model_free": True}, "ngram": {},
+}
+
+
+def _generate(pair, case, **kw):
+    target, draft, prompts, _ = pair
+    params = dict(LOSSLESS[case])
+    method = params.pop("method", case)
+    params.update(kw)
+    return generate(target, prompts, draft=draft, method=method, max_new_tokens=N_NEW, eos_token_id=[],
+                    record_steps=True, **params)
+
+
+@pytest.fixture
+def schedule(monkeypatch):
+    """Forces the controller's decisions: a cycle of budgets (0 = AR step), clipped to its range."""
+    def use(budgets):
+        it = itertools.cycle(budgets)
+
+        def decide(self, active):
+            return 0 if not any(active) else min(max(next(it), 0), self.hi)
+        monkeypatch.setattr(Controller, "decide", decide)
+    return use
+
+
+@pytest.mark.parametrize("case", list(LOSSLESS))
+def test_greedy_stays_token_identical_under_forced_budgets_and_ar_steps(pair, schedule, case):
+    *_, refs = pair
+    schedule([0, 3, 1, 0, 0, 5, 2, 7, 0, 4])
+    out, m = _generate(pair, case)
+    assert [out[b].tolist() for b in range(3)] == refs
+    budgets = [s["budget"] for s in m.steps]
+    assert 0 in budgets and len(set(budgets) - {0}) >= 3
+    assert m.num_ar_steps == budgets.count(0) and m.adaptive
+    for s in m.steps:  # an AR step is the root alone: no draft node reaches the target
+        if s["budget"] == 0:
+            assert s["nodes"] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("case", list(LOSSLESS))
+@pytest.mark.parametrize("costs", ["cheap-draft", "dear-draft"])
+def test_greedy_stays_token_identical_under_the_controller(pair, case, costs):
+    *_, refs = pair
+    cfg = fixed(0.01, 0.02) if costs == "cheap-draft" else fixed(0.01, 0.6)
+    out, m = _generate(pair, case, adaptive=cfg)
+    assert [out[b].tolist() for b in range(3)] == refs
+    if costs == "dear-draft" and case in ("sd", "specinfer"):
+        assert m.num_ar_steps > 0  # a draft level costing 0.6 target steps rarely pays here
+
+
+def test_ar_steps_run_no_draft_forward(pair, schedule):
+    schedule([0])
+    _, m = _generate(pair, "sd")
+    assert m.num_draft_forwards == 0 and m.num_ar_steps == m.num_target_forwards
+    schedule([0, 0, 0, 2])
+    _, m2 = _generate(pair, "sd")
+    drafted = sum(1 for s in m2.steps if s["budget"])
+    assert m2.num_draft_forwards == 2 * drafted  # gamma = 2: two forwards per drafted step, none else
+
+
+def test_the_feature_draft_catches_up_after_ar_steps(schedule):
+    from test_distill_feature import feature_draft
+    from test_distill import tiny_target
+
+    target = tiny_target(seed=3)
+    d = feature_draft(target, seed=4).eval()
+    prompts = [[5, 9, 33, 4, 71, 12], [8, 100, 3], [40, 41, 42, 43, 44, 45, 46, 47, 48]]
+    with torch.no_grad():
+        ref, _ = generate(target, prompts, method="ar", max_new_tokens=14, eos_token_id=[])
+        schedule([2, 0, 0, 3, 0, 1])
+        for method in ("sd", "tsd", "opt-tree", "specinfer", "ouroboros"):
+            out, m = generate(target, prompts, draft=d, method=method, max_new_tokens=14, eos_token_id=[])
+            assert torch.equal(out, ref), method
+            assert m.num_ar_steps > 0 and m.num_draft_forwards > 0
+
+
+def test_adaptive_false_is_the_fixed_budget_loop(pair):
+    _, m = _generate(pair, "sd", adaptive=False)
+    assert not m.adaptive and m.num_ar_steps == 0 and m.mean_budget is None
+    assert all(s["budget"] is None for s in m.steps)
+    assert all(n == 5 for s in m.steps for n, a in zip(s["nodes"], s["active"]) if a)  # gamma 4, always
+    _, m = _generate(pair, "ngram", adaptive=False, gamma=2, max_gamma=8)
+    assert max(n for s in m.steps for n in s["nodes"]) > 3  # its own doubling rule, not the controller
+
+
+def test_a_free_draft_grows_the_budget_to_the_cap(pair):
+    _, m = _generate(pair, "sd", adaptive=fixed(0.0, 0.0), exit_threshold=0.0)
+    budgets = [s["budget"] for s in m.steps]
+    assert budgets[0] == 4 and max(budgets) > 4 and m.num_ar_steps == 0
+    assert m.mean_budget == pytest.approx(sum(budgets) / len(budgets))
+
+
+def test_metrics_report_the_budgets(pair, schedule):
+    schedule([0, 2, 4])
+    _, m = _generate(pair, "sd")
+    steps = m.steps
+    spec = [s["budget"] for s in steps if s["budget"]]
+    assert m.num_budget_steps == len(spec) and m.mean_budget == pytest.approx(sum(spec) / len(spec))
+    assert m.ar_step_fraction == pytest.approx(m.num_ar_steps / m.num_target_forwards)
+    d = m.as_dict()
+    assert d["mean_budget"] == m.mean_budget and d["ar_step_fraction"] == m.ar_step_fraction
+    assert "adaptive: mean budget" in m.summary()
+
+
+# ---- sampling: the target's distribution, whatever the budgets ------------------------------------
+
+def _chi_square(method, params, cfg_name, budgets, schedule):
+    import test_decoding_sampling as ts
+
+    target = tiny_causal_lm("llama", vocab_size=ts.V, hidden_size=32, seed=11, sharpness=3.0)
+    draft = perturbed_copy(target, 0.6, seed=12)
+    cfg = ts.CONFIGS[cfg_name]
+    if budgets is not None:
+        schedule(budgets)
+    out, m = generate(target, [ts.PROMPT] * ts.ROWS, draft=draft, method=method, max_new_tokens=3,
+                      temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, eos_token_id=[], seed=0,
+                      record_steps=True, **params)
+    return ts.chi_square_pvalue(ts.empirical(out), ts.exact_joint(target, cfg)), m
+
+
+SAMPLED = [
+    ("sd", {"gamma": 3}),
+    ("specinfer", {"num_drafts": 3, "gamma": 2}),
+    ("specinfer", {"num_drafts": 2, "gamma": 2, "ngram": True}),
+    ("tsd", {"k": 3, "theta_prob": 0.05, "theta_sib": 0.05, "max_depth": 2}),
+    ("gsd", {"k": 3, "theta_prob": 0.05, "theta_sib": 0.05, "max_depth": 2, "tau": 0, "verify": "mss_pointmass"}),
+    ("opt-tree", {"n": 6, "delta": 0.0, "max_depth": 2}),
+    ("ouroboros", {"gamma": 2, "window": 2, "ngram": 3, "guesses": 2, "branches": 2, "reuse_pool": False}),
+    ("ouroboros", {"gamma": 2, "ngram": 3, "branches": 2, "reuse_pool": False, "model_free": True}),
+    ("ngram", {"gamma": 3, "branches": 2, "min_ngram": 1}),
+]
+ALPHA = 1e-3 / (2 * len(SAMPLED) + 1)
+
+
+@pytest.mark.parametrize("method, params", SAMPLED, ids=[f"{m}-{i}" for i, (m, _) in enumerate(SAMPLED)])
+@pytest.mark.parametrize("budgets", [[0, 2], [1, 0]], ids=["ar-then-draft", "draft-then-ar"])
+def test_sampling_keeps_the_target_distribution_with_ar_steps_between_drafts(method, params, budgets, schedule):
+    # 3 tokens: the first from prefill, the other two from a step of each kind in either order (an
+    # AR step, then a draft whose cache caught up; or a draft, then an AR step when it was rejected)
+    p, m = _chi_square(method, params, "t1", budgets, schedule)
+    assert [s["budget"] for s in m.steps[:2]] == budgets
+    assert p > ALPHA, f"{method}: chi-square p = {p:.2e}"
+
+
+def test_sampling_keeps_the_target_distribution_under_the_real_controller(schedule):
+    # The second step's budget comes from the first step's acceptance (and fixed costs), the step
+    # after the prefill token: a lossless rule per step stays lossless overall.
+    params = {"gamma": 2, "adaptive": fixed(0.0, 0.01)}
+    p, m = _chi_square("sd", params, "warped", None, schedule)
+    assert m.steps[0]["budget"] == 2 and m.steps[1]["budget"] != 2
+    assert p > ALPHA, f"chi-square p = {p:.2e}"
+
+
+def test_cli_turns_adaptive_off_by_flag_or_parameter(capsys):
+    import argparse
+
+    from specops.cli import _adaptive_flag, main
+
+    ns = argparse.Namespace(no_adaptive=False)
+    params = {"gamma": 3, "adaptive": False}
+    assert _adaptive_flag(ns, params) is False and params == {"gamma": 3}  # not a method parameter
+    assert _adaptive_flag(ns, {}) is True
+    assert _adaptive_flag(argparse.Namespace(no_adaptive=True), {"adaptive": True}) is False
+    assert main(["generate", "--prompt", "x", "--param", "adaptive=maybe"]) == 2  # before any model loads
+    assert "--param adaptive takes true or false, got 'maybe'" in capsys.readouterr().err
