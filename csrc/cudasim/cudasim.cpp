@@ -119,9 +119,6 @@ struct Thread : ThreadView {
   State state = State::kRunnable;
   const char* file = nullptr;  // where it waits
   int line = 0;
-  Collective op = Collective::kShfl;
-  uint64_t value = 0;  // its contribution to the pending collective, then its result
-  int arg = 0;
   const void* ex_in = nullptr;  // warp_exchange operands
   void* ex_out = nullptr;
   ExchangeFn ex_fn = nullptr;
@@ -140,10 +137,8 @@ struct Thread : ThreadView {
 };
 
 struct Warp {
-  int arrived = 0;
-  Collective op = Collective::kShfl;
-  unsigned mask = 0;
-  int width = 32;
+  int arrived = 0;  // lanes waiting at the warp's pending exchange
+  ExchangeFn fn = nullptr;
 };
 
 // Fiber stacks, reused across blocks and launches; each has a guard page below it.
@@ -201,7 +196,6 @@ const char* op_name(Collective op) {
     case Collective::kAny: return "__any_sync";
     case Collective::kAll: return "__all_sync";
     case Collective::kSyncWarp: return "__syncwarp";
-    case Collective::kExchange: return "a warp-wide matrix instruction";
   }
   return "?";
 }
@@ -223,7 +217,7 @@ std::string describe(const Block& b) {
         case State::kDone: return std::string("exited");
         case State::kAtBarrier: return "wait at __syncthreads " + site(x.file, x.line);
         case State::kAtCollective:
-          return std::string("wait at ") + (x.op == Collective::kExchange ? x.ex_what : op_name(x.op)) + " " +
+          return std::string("wait at ") + x.ex_what + " " +
                  site(x.file, x.line);
         case State::kRunnable: return std::string("runnable");
       }
@@ -384,90 +378,22 @@ void syncthreads(const char* file, int line) {
   switch_to_main(b, t, false);
 }
 
-uint64_t warp_collective(Collective op, uint64_t value, int arg, int width, unsigned mask, const char* file,
-                         int line) {
-  Block& b = *g_block;
-  auto& t = static_cast<Thread&>(*current);
-  TORCH_CHECK(mask == 0xffffffffu, "cudasim: ", op_name(op), " at ", site(file, line), " in ", where(b),
-              " uses mask 0x", std::hex, mask, std::dec, "; the emulator supports full-warp masks only");
-  TORCH_CHECK(width >= 1 && width <= 32 && (width & (width - 1)) == 0, "cudasim: ", op_name(op), " at ",
-              site(file, line), ": width must be a power of 2 <= 32, got ", width);
-  const int warp_id = t.linear / 32;
-  Warp& w = b.warps[warp_id];
-  if (w.arrived == 0) {
-    w.op = op;
-    w.mask = mask;
-    w.width = width;
-  } else if (w.op != op || w.width != width) {
-    TORCH_CHECK(false, "cudasim: lanes of warp ", warp_id, " in ", where(b), " meet at different warp collectives: ",
-                op_name(op), " (width ", width, ") at ", site(file, line), " and ", op_name(w.op), " (width ",
-                w.width, "); ", describe(b));
-  }
-  t.state = State::kAtCollective;
-  t.op = op;
-  t.value = value;
-  t.arg = arg;
-  t.file = file;
-  t.line = line;
-  if (++w.arrived < 32) {
-    switch_to_main(b, t, false);
-    return t.value;
-  }
-  // The 32nd lane arrived: every lane's result, from the values all lanes posted.
-  ++g_stats.collectives;
-  Thread* lanes = &b.threads[warp_id * 32];
-  uint64_t in[32], out[32];
-  for (int l = 0; l < 32; ++l) in[l] = lanes[l].value;
-  uint64_t votes = 0;
-  for (int l = 0; l < 32; ++l) votes |= (in[l] & 1u) << l;
-  for (int l = 0; l < 32; ++l) {
-    const int a = lanes[l].arg, seg = l & ~(w.width - 1), pos = l & (w.width - 1);
-    int src = l;  // a source outside the lane's segment reads the lane's own value
-    switch (op) {
-      case Collective::kShfl: src = seg + (a & (w.width - 1)); break;
-      case Collective::kShflXor: src = (pos ^ a) < w.width ? seg + (pos ^ a) : l; break;
-      case Collective::kShflDown: src = pos + a < w.width ? l + a : l; break;
-      case Collective::kShflUp: src = pos >= a ? l - a : l; break;
-      default: break;
-    }
-    if (op == Collective::kBallot) out[l] = votes;
-    else if (op == Collective::kAny) out[l] = votes != 0;
-    else if (op == Collective::kAll) out[l] = votes == 0xffffffffull;
-    else if (op == Collective::kSyncWarp) out[l] = 0;
-    else out[l] = in[src];
-  }
-  for (int l = 0; l < 32; ++l) {
-    lanes[l].value = out[l];
-    lanes[l].state = State::kRunnable;
-  }
-  w.arrived = 0;
-  return t.value;  // the last lane goes on without a switch
-}
-
 void warp_exchange(const char* what, ExchangeFn compute, const void* in, void* out, const char* file, int line) {
   Block& b = *g_block;
   auto& t = static_cast<Thread&>(*current);
   const int warp_id = t.linear / 32;
   Warp& w = b.warps[warp_id];
-  if (w.arrived > 0 && (w.op != Collective::kExchange || b.threads[warp_id * 32].ex_fn != compute)) {
-    // lane 0 need not be the first to arrive: find one that did
-    const Thread* other = nullptr;
-    for (int l = 0; l < 32 && !other; ++l) {
-      const Thread& x = b.threads[warp_id * 32 + l];
-      if (x.state == State::kAtCollective) other = &x;
-    }
-    if (w.op != Collective::kExchange || (other && other->ex_fn != compute)) {
-      TORCH_CHECK(false, "cudasim: lanes of warp ", warp_id, " in ", where(b), " meet at different warp collectives: ",
-                  what, " at ", site(file, line), "; ", describe(b));
-    }
-  }
   if (w.arrived == 0) {
-    w.op = Collective::kExchange;
-    w.mask = 0xffffffffu;
-    w.width = 32;
+    w.fn = compute;
+  } else if (w.fn != compute) {
+    const Thread* other = nullptr;  // a lane that arrived first, to name its collective
+    for (int l = 0; l < 32 && !other; ++l)
+      if (b.threads[warp_id * 32 + l].state == State::kAtCollective) other = &b.threads[warp_id * 32 + l];
+    TORCH_CHECK(false, "cudasim: lanes of warp ", warp_id, " in ", where(b), " meet at different warp collectives: ",
+                what, " at ", site(file, line), " and ", other->ex_what, " at ", site(other->file, other->line), "; ",
+                describe(b));
   }
   t.state = State::kAtCollective;
-  t.op = Collective::kExchange;
   t.ex_fn = compute;
   t.ex_in = in;
   t.ex_out = out;
@@ -478,6 +404,7 @@ void warp_exchange(const char* what, ExchangeFn compute, const void* in, void* o
     switch_to_main(b, t, false);
     return;
   }
+  // The 32nd lane arrived: it computes every lane's result and goes on without a switch.
   ++g_stats.collectives;
   Thread* lanes = &b.threads[warp_id * 32];
   const void* ins[32];
@@ -486,9 +413,65 @@ void warp_exchange(const char* what, ExchangeFn compute, const void* in, void* o
     ins[l] = lanes[l].ex_in;
     outs[l] = lanes[l].ex_out;
   }
-  compute(ins, outs);
-  for (int l = 0; l < 32; ++l) lanes[l].state = State::kRunnable;
   w.arrived = 0;
+  for (int l = 0; l < 32; ++l) lanes[l].state = State::kRunnable;
+  compute(ins, outs);
+}
+
+namespace {
+
+struct CollectiveIn {
+  Collective op;
+  uint64_t value;
+  int arg;    // source lane, lane mask or delta
+  int width;  // power of 2 <= 32
+};
+
+// Shuffles and votes as the PTX ISA defines them: a source lane outside the lane's `width`
+// segment yields the lane's own value.
+void collective_all(const void* const* ins, void* const* outs) {
+  const auto* first = static_cast<const CollectiveIn*>(ins[0]);
+  uint64_t votes = 0;
+  for (int l = 0; l < 32; ++l) {
+    const auto* in = static_cast<const CollectiveIn*>(ins[l]);
+    TORCH_CHECK(in->op == first->op && in->width == first->width, "cudasim: lanes of one warp in ", where(*g_block),
+                " meet at different warp collectives: ", op_name(in->op), " (width ", in->width, ") and ",
+                op_name(first->op), " (width ", first->width, "); ", describe(*g_block));
+    votes |= (in->value & 1u) << l;
+  }
+  const int width = first->width;
+  for (int l = 0; l < 32; ++l) {
+    const auto* in = static_cast<const CollectiveIn*>(ins[l]);
+    const int a = in->arg, seg = l & ~(width - 1), pos = l & (width - 1);
+    int src = l;
+    switch (in->op) {
+      case Collective::kShfl: src = seg + (a & (width - 1)); break;
+      case Collective::kShflXor: src = (pos ^ a) < width ? seg + (pos ^ a) : l; break;
+      case Collective::kShflDown: src = pos + a < width ? l + a : l; break;
+      case Collective::kShflUp: src = pos >= a ? l - a : l; break;
+      default: break;
+    }
+    uint64_t r = static_cast<const CollectiveIn*>(ins[src])->value;
+    if (in->op == Collective::kBallot) r = votes;
+    else if (in->op == Collective::kAny) r = votes != 0;
+    else if (in->op == Collective::kAll) r = votes == 0xffffffffull;
+    else if (in->op == Collective::kSyncWarp) r = 0;
+    *static_cast<uint64_t*>(outs[l]) = r;
+  }
+}
+
+}  // namespace
+
+uint64_t warp_collective(Collective op, uint64_t value, int arg, int width, unsigned mask, const char* file,
+                         int line) {
+  TORCH_CHECK(mask == 0xffffffffu, "cudasim: ", op_name(op), " at ", site(file, line), " in ", where(*g_block),
+              " uses mask 0x", std::hex, mask, std::dec, "; the emulator supports full-warp masks only");
+  TORCH_CHECK(width >= 1 && width <= 32 && (width & (width - 1)) == 0, "cudasim: ", op_name(op), " at ",
+              site(file, line), ": width must be a power of 2 <= 32, got ", width);
+  const CollectiveIn in{op, value, arg, width};
+  uint64_t out = 0;
+  warp_exchange(op_name(op), collective_all, &in, &out, file, line);
+  return out;
 }
 
 void cp_async(void* smem_dst, const void* src, int bytes, int src_bytes) {

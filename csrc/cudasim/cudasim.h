@@ -76,7 +76,7 @@ extern uint3 block_idx;      // the running block
 extern dim3 block_dim, grid_dim;
 extern unsigned char* dynamic_smem;  // the running block's extern __shared__ buffer
 
-enum class Collective : int { kShfl, kShflXor, kShflDown, kShflUp, kBallot, kAny, kAll, kSyncWarp, kExchange };
+enum class Collective : int { kShfl, kShflXor, kShflDown, kShflUp, kBallot, kAny, kAll, kSyncWarp };
 
 // Blocks the calling lane until its warp's 32 lanes reached a collective, then returns its result.
 uint64_t warp_collective(Collective op, uint64_t value, int arg, int width, unsigned mask, const char* file,
