@@ -343,17 +343,8 @@ def _chi_square(method, params, cfg_name, budgets, schedule):
     return ts.chi_square_pvalue(ts.empirical(out), ts.exact_joint(target, cfg)), m
 
 
-SAMPLED = [
-    ("sd", {"gamma": 3}),
-    ("specinfer", {"num_drafts": 3, "gamma": 2}),
-    ("specinfer", {"num_drafts": 2, "gamma": 2, "ngram": True}),
-    ("tsd", {"k": 3, "theta_prob": 0.05, "theta_sib": 0.05, "max_depth": 2}),
-    ("gsd", {"k": 3, "theta_prob": 0.05, "theta_sib": 0.05, "max_depth": 2, "tau": 0, "verify": "mss_pointmass"}),
-    ("opt-tree", {"n": 6, "delta": 0.0, "max_depth": 2}),
-    ("ouroboros", {"gamma": 2, "window": 2, "ngram": 3, "guesses": 2, "branches": 2, "reuse_pool": False}),
-    ("ouroboros", {"gamma": 2, "ngram": 3, "branches": 2, "reuse_pool": False, "model_free": True}),
-    ("ngram", {"gamma": 3, "branches": 2, "min_ngram": 1}),
-]
+# The same methods and parameters as the fixed-budget distribution test.
+from test_decoding_sampling import LOSSLESS as SAMPLED  # noqa: E402
 ALPHA = 1e-3 / (2 * len(SAMPLED) + 1)
 
 

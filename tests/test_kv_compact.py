@@ -297,10 +297,12 @@ def test_cpu_tensors_default_to_cpp(monkeypatch):
 
 
 @needs_cpp
-def test_schema_marks_both_caches_mutated():
-    schema = torch.ops.specops.kv_compact.default._schema
+@pytest.mark.parametrize("op, names", [("kv_compact", ["k_cache", "v_cache"]),
+                                       ("kv_compact_paged", ["k_pages", "v_pages"])])
+def test_schema_marks_both_caches_mutated(op, names):
+    schema = getattr(torch.ops.specops, op).default._schema
     mutated = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-    assert mutated == ["k_cache", "v_cache"] and len(schema.returns) == 0
+    assert mutated == names and len(schema.returns) == 0
 
 
 @needs_cpp

@@ -500,13 +500,6 @@ def test_opcheck_kv_compact_paged(dtype):
 
 
 @needs_cpp
-def test_schema_marks_both_page_pools_mutated():
-    schema = torch.ops.specops.kv_compact_paged.default._schema
-    mutated = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-    assert mutated == ["k_pages", "v_pages"] and len(schema.returns) == 0
-
-
-@needs_cpp
 def test_torch_compile_fullgraph_paged():
     args, kw, paged = paged_case(2, 4, 9, 20, 4, 2, 64, torch.float32, "dag", True, 16, fill=0.0)
     cache, kp, vp, table, (prefix, idx, lens) = compaction_case(2, 9, "random", 4, torch.float32, seed=1)

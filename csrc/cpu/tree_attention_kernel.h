@@ -185,7 +185,7 @@ void chunk_step(const ItemState& s, int v0, const K* const* kp, const void* vsrc
   // Q K^T tile by tile, folding in the mask and the running max. Rows past len repeat the
   // tile's last key (block tiles: their lane masks are zero), so they never raise the max.
   vf mx[MC], al[MC], ls[MC];
-  const vf scale = Vec::set1(pb.scale_log2);
+  [[maybe_unused]] const vf scale = Vec::set1(pb.scale_log2);
   TA_UNROLL for (int c = 0; c < MC; ++c) mx[c] = Vec::set1(-INFINITY);
   const uint32_t* cm = kMasked ? s.colmask + static_cast<int64_t>(j0) * s.nvm + v0 : nullptr;
   for (int n0 = 0; n0 < len; n0 += R) {

@@ -27,6 +27,7 @@
 #include "gpu.cuh"
 #include "mma.cuh"
 #include "../registration.h"
+#include "../tree_attention_args.h"
 #include "../tree_attention_common.h"
 
 namespace specops {
@@ -258,29 +259,13 @@ bool rows_aligned16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   return true;
 }
 
-// The K/V side of a call, contiguous or paged; checked by the entry points below.
-struct KvView {
-  at::Tensor k, v;              // [B, Hkv, S, D], or paged [num_pages, page_size, Hkv, D]
-  at::Tensor pages;             // paged: the page table [B, max_pages] int32; undefined: contiguous
-  int64_t Hkv, S;               // S: rows a sequence can address (paged: max_pages * page_size)
-  int64_t dim_b, dim_h, dim_s;  // the dims of k / v holding sequence (-1: none), head, row (slot)
-};
+using ta::KvView;
 
+// The device half of the checks and the CUDA limits; the shapes are ta::check_shapes'.
 void check_common(const char* op, const at::Tensor& q, const KvView& kv, const at::Tensor& prefix_lens,
                   const at::Tensor& block_lens, const at::Tensor& mask, const std::optional<at::Tensor>& q_lens) {
-  SPECOPS_CHECK_DIM(q, 4);
-  SPECOPS_CHECK_DIM(mask, 3);
-  SPECOPS_CHECK_DTYPE(prefix_lens, at::kInt);
-  SPECOPS_CHECK_DTYPE(block_lens, at::kInt);
-  SPECOPS_CHECK_DTYPE(mask, at::kInt);
-  TORCH_CHECK(kv.k.scalar_type() == q.scalar_type() && kv.v.scalar_type() == q.scalar_type(), op,
-              ": q and the K/V caches must share a dtype");
-  TORCH_CHECK(kv.v.sizes() == kv.k.sizes(), op, ": the V cache must have the K cache's shape");
-  const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), D = q.size(3);
-  TORCH_CHECK(kv.k.size(3) == D, op, ": the caches' last dim must be q's head dim D");
-  TORCH_CHECK(kv.Hkv > 0 && Hq % kv.Hkv == 0, op, ": Hq must be a multiple of Hkv");
-  TORCH_CHECK(mask.size(0) == B && mask.size(1) == Tq, op, ": mask must be [B, Tq, W]");
-  TORCH_CHECK(prefix_lens.numel() == B && block_lens.numel() == B, op, ": lengths must be [B]");
+  ta::check_shapes(op, q, kv, prefix_lens, block_lens, mask, q_lens);
+  const int64_t B = q.size(0), D = q.size(3);
   TORCH_CHECK(D <= 256, op, " (cuda): head dim D must be <= 256, got ", D);
   TORCH_CHECK(B * kv.Hkv < 65536, op, " (cuda): B * Hkv must be < 65536, got ", B * kv.Hkv);
   for (const at::Tensor* t : {&q, &kv.k, &kv.v, &prefix_lens, &block_lens, &mask})
@@ -288,10 +273,7 @@ void check_common(const char* op, const at::Tensor& q, const KvView& kv, const a
                 ": " SPECOPS_GPU_NAME " tensors on one device expected");
   if (kv.pages.defined())
     TORCH_CHECK(SPECOPS_ON_GPU(kv.pages) && kv.pages.device() == q.device(), op, ": page_table must be on q's device");
-  if (q_lens) {
-    SPECOPS_CHECK_DTYPE((*q_lens), at::kInt);
-    TORCH_CHECK(q_lens->numel() == B && q_lens->device() == q.device(), op, ": q_lens must be [B]");
-  }
+  if (q_lens) TORCH_CHECK(q_lens->device() == q.device(), op, ": q_lens must be on q's device");
 }
 
 at::Tensor run_call(const at::Tensor& q,            // [B, Tq, Hq, D]
@@ -375,10 +357,8 @@ at::Tensor tree_attention_cuda(const at::Tensor& q,            // [B, Tq, Hq, D]
                                const at::Tensor& mask,         // [B, Tq, W] int32
                                const std::optional<at::Tensor>& q_lens,  // [B] int32
                                double sm_scale) {
-  SPECOPS_CHECK_DIM(k_cache, 4);
-  const KvView kv{k_cache, v_cache, at::Tensor(), k_cache.size(1), k_cache.size(2), 0, 1, 2};
+  const KvView kv = ta::contiguous_view(q, k_cache, v_cache);
   check_common("tree_attention", q, kv, prefix_lens, block_lens, mask, q_lens);
-  TORCH_CHECK(k_cache.size(0) == q.size(0), "tree_attention: k_cache must be [B, Hkv, S, D]");
   return run_call(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale);
 }
 
@@ -391,17 +371,7 @@ at::Tensor tree_attention_paged_cuda(const at::Tensor& q,            // [B, Tq, 
                                      const at::Tensor& mask,         // [B, Tq, W] int32
                                      const std::optional<at::Tensor>& q_lens,  // [B] int32
                                      double sm_scale) {
-  SPECOPS_CHECK_DIM(k_pages, 4);
-  SPECOPS_CHECK_DIM(page_table, 2);
-  SPECOPS_CHECK_DTYPE(page_table, at::kInt);
-  TORCH_CHECK(page_table.size(0) == q.size(0), "tree_attention_paged: page_table must be [B, max_pages]");
-  const int64_t page = k_pages.size(1);
-  TORCH_CHECK(page > 0 && (page & (page - 1)) == 0, "tree_attention_paged: page_size must be a power of two, got ",
-              page);
-  // No pool page: no row can be addressed (the kernels clamp page ids into [0, num_pages)).
-  const int64_t rows = k_pages.size(0) == 0 ? 0 : page_table.size(1) * page;
-  const KvView kv{k_pages, v_pages, page_table.contiguous(), k_pages.size(2),
-                  std::min<int64_t>(rows, INT32_MAX), -1, 2, 1};
+  const KvView kv = ta::paged_view(q, k_pages, v_pages, page_table);
   check_common("tree_attention_paged", q, kv, prefix_lens, block_lens, mask, q_lens);
   return run_call(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale);
 }

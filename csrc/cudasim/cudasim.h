@@ -269,39 +269,31 @@ inline std::common_type_t<A, B> max(A a, B b) {
 
 // Atomics: fibers never preempt each other between a load and a store, so a read-modify-write is
 // atomic. Returns the old value, as on a device.
+template <class T, class F>
+inline T atomic_rmw(T* addr, F next) {
+  const T old = *addr;
+  *addr = next(old);
+  return old;
+}
 template <class T, class U>
 inline T atomicAdd(T* addr, U v) {
-  const T old = *addr;
-  *addr = old + static_cast<T>(v);
-  return old;
+  return atomic_rmw(addr, [&](T o) { return static_cast<T>(o + static_cast<T>(v)); });
 }
 template <class T, class U>
 inline T atomicSub(T* addr, U v) {
-  const T old = *addr;
-  *addr = old - static_cast<T>(v);
-  return old;
+  return atomic_rmw(addr, [&](T o) { return static_cast<T>(o - static_cast<T>(v)); });
 }
 template <class T, class U>
 inline T atomicMax(T* addr, U v) {
-  const T old = *addr;
-  *addr = old < static_cast<T>(v) ? static_cast<T>(v) : old;
-  return old;
+  return atomic_rmw(addr, [&](T o) { return o < static_cast<T>(v) ? static_cast<T>(v) : o; });
 }
 template <class T, class U>
 inline T atomicMin(T* addr, U v) {
-  const T old = *addr;
-  *addr = static_cast<T>(v) < old ? static_cast<T>(v) : old;
-  return old;
+  return atomic_rmw(addr, [&](T o) { return static_cast<T>(v) < o ? static_cast<T>(v) : o; });
 }
 template <class T, class U>
-inline T atomicExch(T* addr, U v) {
-  const T old = *addr;
-  *addr = static_cast<T>(v);
-  return old;
-}
+inline T atomicExch(T* addr, U v) { return atomic_rmw(addr, [&](T) { return static_cast<T>(v); }); }
 template <class T, class U, class W>
 inline T atomicCAS(T* addr, U compare, W v) {
-  const T old = *addr;
-  if (old == static_cast<T>(compare)) *addr = static_cast<T>(v);
-  return old;
+  return atomic_rmw(addr, [&](T o) { return o == static_cast<T>(compare) ? static_cast<T>(v) : o; });
 }

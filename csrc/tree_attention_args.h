@@ -1,0 +1,75 @@
+// Host-side argument checks of tree_attention / tree_attention_paged shared by the CPU and CUDA
+// launchers: the K/V view of a call (contiguous or paged) and the shape/dtype checks that do not
+// depend on the device. Each launcher adds its device checks and limits.
+//
+// The public Python ops validate every argument with a ValueError/TypeError that names it; these
+// checks only guard the kernels against direct torch.ops calls.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+
+#include "registration.h"
+
+namespace specops {
+namespace ta {
+
+// The K/V side of a call, contiguous or paged.
+struct KvView {
+  at::Tensor k, v;              // [B, Hkv, S, D], or paged [num_pages, page_size, Hkv, D]
+  at::Tensor pages;             // paged: the page table [B, max_pages] int32; undefined: contiguous
+  int64_t Hkv, S;               // S: rows a sequence can address (paged: max_pages * page_size)
+  int64_t dim_b, dim_h, dim_s;  // the dims of k / v holding sequence (-1: none), head, row (slot)
+};
+
+// k_cache, v_cache [B, Hkv, S, D].
+inline KvView contiguous_view(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache) {
+  SPECOPS_CHECK_DIM(k_cache, 4);
+  TORCH_CHECK(q.dim() >= 1 && k_cache.size(0) == q.size(0), "tree_attention: k_cache must be [B, Hkv, S, D]");
+  return KvView{k_cache, v_cache, at::Tensor(), k_cache.size(1), k_cache.size(2), 0, 1, 2};
+}
+
+// k_pages, v_pages [num_pages, page_size, Hkv, D]; page_table [B, max_pages] int32.
+inline KvView paged_view(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages,
+                         const at::Tensor& page_table) {
+  SPECOPS_CHECK_DIM(k_pages, 4);
+  SPECOPS_CHECK_DIM(page_table, 2);
+  SPECOPS_CHECK_DTYPE(page_table, at::kInt);
+  TORCH_CHECK(q.dim() >= 1 && page_table.size(0) == q.size(0), "tree_attention_paged: page_table must be [B, max_pages]");
+  const int64_t page = k_pages.size(1);
+  TORCH_CHECK(page > 0 && (page & (page - 1)) == 0, "tree_attention_paged: page_size must be a power of two, got ",
+              page);
+  // No pool page: no row can be addressed (the kernels clamp page ids into [0, num_pages)).
+  const int64_t rows = k_pages.size(0) == 0 ? 0 : page_table.size(1) * page;
+  return KvView{k_pages, v_pages, page_table.contiguous(), k_pages.size(2), std::min<int64_t>(rows, INT32_MAX),
+                -1, 2, 1};
+}
+
+inline void check_shapes(const char* op, const at::Tensor& q, const KvView& kv, const at::Tensor& prefix_lens,
+                         const at::Tensor& block_lens, const at::Tensor& mask,
+                         const std::optional<at::Tensor>& q_lens) {
+  SPECOPS_CHECK_DIM(q, 4);
+  SPECOPS_CHECK_DIM(mask, 3);
+  SPECOPS_CHECK_DTYPE(prefix_lens, at::kInt);
+  SPECOPS_CHECK_DTYPE(block_lens, at::kInt);
+  SPECOPS_CHECK_DTYPE(mask, at::kInt);
+  TORCH_CHECK(kv.k.scalar_type() == q.scalar_type() && kv.v.scalar_type() == q.scalar_type(), op,
+              ": q and the K/V caches must share a dtype");
+  TORCH_CHECK(kv.v.sizes() == kv.k.sizes(), op, ": the V cache must have the K cache's shape");
+  const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), D = q.size(3);
+  TORCH_CHECK(kv.k.size(3) == D, op, ": the caches' last dim must be q's head dim D");
+  TORCH_CHECK(kv.Hkv > 0 && Hq % kv.Hkv == 0, op, ": Hq must be a multiple of Hkv");
+  TORCH_CHECK(mask.size(0) == B && mask.size(1) == Tq, op, ": mask must be [B, Tq, W]");
+  TORCH_CHECK(prefix_lens.numel() == B && block_lens.numel() == B, op, ": lengths must be [B]");
+  if (q_lens) {
+    SPECOPS_CHECK_DTYPE((*q_lens), at::kInt);
+    TORCH_CHECK(q_lens->numel() == B, op, ": q_lens must be [B]");
+  }
+}
+
+}  // namespace ta
+}  // namespace specops
