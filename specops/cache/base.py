@@ -1,0 +1,248 @@
+"""What every specops KV cache shares: per-sequence lengths and their host mirror, the draft-block
+protocol (``begin_block`` / ``append_block`` / ``end_block``), commit / compact / truncate and the
+transformers ``Cache`` face. Subclasses own the storage: where a forward's rows go (``_plan`` /
+``_write_rows``), what a layer hands to attention (``_layer_view``), the compaction plan and the
+beam reorder.
+"""
+import numbers
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from ..ops import _checks
+from ..ops.kv_compact import CACHE_DTYPES
+
+
+class _Layer(CacheLayerMixin):
+    """One layer's face of the shared buffer, for code that walks ``cache.layers``."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, owner, index):
+        super().__init__()
+        self.owner, self.index = owner, index
+        self.keys, self.values = owner._layer_storage(index)
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states):
+        return None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return self.owner.append_block(self.index, key_states, value_states)
+
+    def get_mask_sizes(self, query_length):
+        return self.owner.max_len, 0
+
+    def get_seq_length(self):
+        return self.owner.seq_length()
+
+    def get_max_length(self):
+        return self.owner.max_len
+
+
+def check_sizes(cls_name, names, sizes, dtype):
+    """Constructor arguments: positive ints and a KV dtype, named in the error."""
+    for name, size in zip(names, sizes):
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+            raise TypeError(f"{cls_name} {name} must be an int, got {type(size).__name__} {size!r}")
+    if min(sizes) < 1:
+        raise ValueError(f"{cls_name} sizes must be >= 1, got [{', '.join(names)}] = {list(sizes)}")
+    if dtype not in CACHE_DTYPES:
+        want = " or ".join(str(d) for d in CACHE_DTYPES)
+        raise TypeError(f"{cls_name} dtype must be {want}, got {dtype!r}")
+
+
+class KVCacheBase(Cache):
+    """Lengths bookkeeping and the block protocol over a subclass's storage.
+
+    Shape: lens int32 [B]. Subclasses set ``num_layers``, ``num_kv_heads``, ``head_dim``,
+    ``max_len``, ``dtype`` and their storage before calling ``_init_base``.
+
+    Every method validates its arguments before it writes anything: a rejected call leaves the
+    storage and ``lens`` bit-identical."""
+
+    def _init_base(self, batch_size, device):
+        self.lens = torch.zeros(batch_size, dtype=torch.int32, device=device)
+        self._host_lens = [0] * batch_size  # mirror of lens for overflow checks; None when stale
+        self._block = None  # (offset, T) of the draft block being written, or None in plain mode
+        self._write = None  # where the current forward's rows go, planned once per forward (not per layer)
+        Cache.__init__(self, layers=[_Layer(self, i) for i in range(self.num_layers)])
+
+    @classmethod
+    def for_model(cls, model, batch_size, max_len, *, dtype=None, device=None, **kwargs):
+        """Sized from an HF model's config (text config for multimodal wrappers); ``kwargs`` go to
+        the constructor (e.g. ``page_size``)."""
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        param = next(model.parameters())
+        return cls(cfg.num_hidden_layers, batch_size, kv_heads, max_len, head_dim,
+                   dtype=dtype or param.dtype, device=device or param.device, **kwargs)
+
+    # ---- sizes ------------------------------------------------------------------------------
+    @property
+    def batch_size(self):
+        return self.lens.shape[0]
+
+    @property
+    def device(self):
+        return self.lens.device
+
+    def host_lens(self):
+        """Committed lengths as a Python list (one host sync if they changed on the device)."""
+        if self._host_lens is None:
+            self._host_lens = self.lens.tolist()
+        return self._host_lens
+
+    def seq_length(self):
+        return max(self.host_lens())
+
+    def get_seq_length(self, layer_idx=0):
+        return self.seq_length()
+
+    def get_mask_sizes(self, query_length, layer_idx=0):
+        return self.max_len, 0
+
+    def get_max_length(self, layer_idx=None):
+        return self.max_len
+
+    def _check_room(self, rows, what):
+        longest = max(self.host_lens())
+        if longest + rows > self.max_len:
+            raise ValueError(f"{what}: cache overflow: the longest sequence holds {longest} rows, "
+                             f"{rows} more would exceed max_len={self.max_len}")
+
+    # ---- writing ------------------------------------------------------------------------------
+    def begin_block(self, offset, rows):
+        """The next forward writes ``rows`` new rows at ``lens + offset`` (a draft block that grows
+        over several forwards passes its current size as ``offset``); raises before anything is
+        written if any sequence would overflow. ``offset`` >= 0, ``rows`` >= 1 (ints)."""
+        offset = _checks.integer("offset", offset, 0)
+        rows = _checks.integer("rows", rows, 1)
+        self._check_room(offset + rows, "begin_block")
+        self._block = (offset, rows)
+        self._write = self._plan(offset, rows)
+
+    def end_block(self):
+        self._block = None
+        self._write = None
+
+    def append_block(self, layer, k, v):
+        """Writes one layer's new rows. Shape: k, v [B, Hkv, T, D] -> what the layer's attention
+        reads (see the subclass).
+
+        In a block (``begin_block``) the rows go to ``lens + offset`` and stay uncommitted; in plain
+        mode they go to ``lens`` and are committed after the last layer."""
+        L, B, H, D = self.num_layers, self.batch_size, self.num_kv_heads, self.head_dim
+        dev = self.lens.device
+        layer = _checks.integer("layer", layer, 0, L - 1, f"the cache has num_layers={L}")
+        T = k.shape[2] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1
+        if (T < 1 or not isinstance(v, torch.Tensor) or k.shape != (B, H, T, D) or v.shape != k.shape
+                or k.device != dev or v.device != dev or k.dtype not in CACHE_DTYPES or v.dtype != k.dtype):
+            _checks.tensor("k", k, dtype=CACHE_DTYPES, shape=(B, H, None, D), device=dev)
+            _checks.tensor("v", v, dtype=k.dtype, shape=(B, H, T, D), device=dev)
+            if T < 1:
+                raise ValueError(f"k must hold at least one row (T >= 1), got shape {tuple(k.shape)}")
+        self._check_not_aliased(k, v)
+        if self._block is not None:
+            if self._block[1] != T:
+                raise ValueError(f"append_block: the open block has {self._block[1]} rows per sequence, got T={T}")
+        elif layer == 0 or self._write is None or self._write[-1] != T:
+            # Plain mode: the first layer of each forward checks room and plans the write.
+            self._check_room(T, "append_block")
+            self._write = self._plan(0, T)
+        self._write_rows(layer, k, v)
+        view = self._layer_view(layer)
+        if self._block is None and layer == L - 1:
+            self._write = None
+            self.commit(torch.full_like(self.lens, T), host_counts=[T] * B)
+        return view
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return self.append_block(layer_idx, key_states, value_states)
+
+    # ---- after verification ----------------------------------------------------------------
+    def commit(self, counts, host_counts=None, *, check=True):
+        """Keeps the first ``counts[b]`` rows written after ``lens[b]`` (int32 [B]): lens += counts.
+
+        ``host_counts``: the same counts as a Python list, when the caller has them; keeps the host
+        mirror of ``lens`` fresh without a sync. ``check=True`` requires ``0 <= counts[b]`` and
+        ``lens[b] + counts[b] <= max_len``; without ``host_counts`` that costs one host sync, which
+        refreshes the host mirror (so the next block's room check needs none). ``check=False``
+        skips the value checks (no sync) and leaves the result unspecified for bad counts."""
+        _checks.lengths("counts", counts, self.batch_size, self.lens.device)
+        if host_counts is not None:
+            host_counts = [int(c) for c in host_counts]
+            if len(host_counts) != self.batch_size:
+                raise ValueError(f"host_counts must have {self.batch_size} entries, got {len(host_counts)}")
+        if check:
+            if host_counts is None and self._host_lens is None:  # both from the device in one sync
+                self._host_lens, host_counts = torch.stack([self.lens, counts]).tolist()
+            elif host_counts is None:
+                host_counts = counts.tolist()
+            for b, (n, c) in enumerate(zip(self.host_lens(), host_counts)):
+                if c < 0 or n + c > self.max_len:
+                    raise ValueError(f"counts[{b}] must lie in [0, max_len - lens[{b}]] = [0, {self.max_len - n}] "
+                                     f"(max_len={self.max_len}, lens[{b}]={n}), got {c}")
+        self.lens += counts
+        if host_counts is not None and self._host_lens is not None:
+            self._host_lens = [n + c for n, c in zip(self._host_lens, host_counts)]
+        else:
+            self._host_lens = None
+
+    def compact(self, accept_idx, accept_lens, *, check=True, backend=None):
+        """Keeps the accepted block rows: row ``lens + accept_idx[b, j]`` moves to ``lens + j`` in every
+        layer (one :class:`specops.KVCompactPlan` run: one kernel call), then ``lens += accept_lens``.
+
+        Shape: accept_idx int32 [B, A], accept_lens int32 [B]."""
+        self._compact(accept_idx, accept_lens, check, backend)
+        # No second check: with check=True the plan has verified lens + accept_idx[b, j] < max_len for
+        # strictly increasing accept_idx[b, j] >= j, so lens + accept_lens <= max_len holds; with
+        # check=False nothing is checked (and nothing syncs), as documented.
+        self.commit(accept_lens, check=False)
+
+    def truncate(self, new_lens):
+        """Metadata only: ``lens = new_lens`` (int32 [B], each <= the current length; one host sync)."""
+        _checks.lengths("new_lens", new_lens, self.batch_size, self.lens.device)
+        bad = (new_lens < 0) | (new_lens > self.lens)
+        if bool(bad.any()):
+            b = _checks.first_index(bad)[0]
+            raise ValueError(f"new_lens must lie in [0, lens], got new_lens[{b}] = {int(new_lens[b])} "
+                             f"for lens[{b}] = {int(self.lens[b])}")
+        self.lens.copy_(new_lens)
+        self._host_lens = None
+
+    def reset(self):
+        self.lens.zero_()
+        self._host_lens = [0] * self.batch_size
+        self._block = None
+        self._write = None
+
+    def crop(self, tokens_to_remove):
+        """HF's crop: drop the last ``|tokens_to_remove|`` rows of every sequence (transformers passes
+        a negative count, ``crop(-n)``; a positive one removes as many); lengths stop at 0."""
+        n = abs(_checks.integer("tokens_to_remove", tokens_to_remove))
+        self.truncate((self.lens - n).clamp(min=0))
+
+    def reorder_cache(self, beam_idx):
+        """Sequence ``b`` takes the K/V and length of sequence ``beam_idx[b]`` (int32/int64 [B] in
+        [0, B); one host sync)."""
+        B = self.batch_size
+        _checks.tensor("beam_idx", beam_idx, dtype=(torch.int32, torch.int64), shape=(B,), device=self.lens.device)
+        _checks.range_values("beam_idx", beam_idx, 0, B - 1, f"a sequence of the batch of B={B}")
+        self._reorder(beam_idx)
+        self.lens.copy_(self.lens[beam_idx])
+        self._host_lens = None
+
+    def _check_not_aliased(self, k, v):
+        """New rows must not be views of the cache itself: a slice copy from overlapping memory would
+        read rows it has already overwritten. Metadata only."""
+        if torch.compiler.is_compiling():
+            return
+        own = {t.untyped_storage().data_ptr() for t in self._layer_storage(None)}
+        for name, t in (("k", k), ("v", v)):
+            if t.untyped_storage().data_ptr() in own:
+                raise ValueError(f"{name} must not share memory with the cache's own k/v buffers "
+                                 f"(got a view at storage offset {t.storage_offset()}); pass a copy")
