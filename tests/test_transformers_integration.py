@@ -230,3 +230,35 @@ def test_one_plan_per_block_serves_every_layer(monkeypatch):
 def test_spec_model_rejects_bad_layouts(kw, exc, match):
     with pytest.raises(exc, match=match):
         SpecModel(tiny_model("llama"), batch_size=1, max_len=16, **kw)
+
+
+@pytest.mark.parametrize("method", ["sd", "specinfer", "opt-tree", "ngram"])
+def test_the_loop_on_a_paged_runner_is_token_identical(method):
+    # Until generate() takes kv_layout itself, the runner factory swaps in paged SpecModels (target
+    # and draft): greedy output equals the contiguous cache's and plain greedy decoding's.
+    from specops.decoding import generate
+    from specops.decoding import runner as runner_mod
+    from specops.testing import perturbed_copy, reference_greedy, tiny_causal_lm
+
+    target = tiny_causal_lm("llama", seed=0)
+    draft = perturbed_copy(target, 0.15, seed=1)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (5, 11, 3)]
+    kw = dict(draft=None if method == "ngram" else draft, method=method, max_new_tokens=12, eos_token_id=[],
+              adaptive=False)
+    want, _ = generate(target, prompts, **kw)
+    made = []
+
+    def paged(m, b, n):
+        made.append(SpecModel(m, b, n, kv_layout="paged", page_size=4))
+        return made[-1]
+
+    old = runner_mod.set_runner_factory(paged)
+    try:
+        got, _ = generate(target, prompts, **kw)
+    finally:
+        runner_mod.set_runner_factory(old)
+    assert made and all(r.cache.page_table is not None for r in made)
+    assert torch.equal(got, want)
+    for b, p in enumerate(prompts):
+        assert got[b].tolist() == reference_greedy(target, p, 12)
