@@ -11,15 +11,23 @@ Providers, all timed in the same run:
   cpp              specops.kv_compact(check=False); cpp_checked: with the value checks (one sync)
   cpp_paged        specops.kv_compact_paged(check=False) on the same shape in pages of 16 rows,
                    scattered in a random order (a serving engine's cache; other bytes)
+  cpp_raw          the compiled op called directly (torch.ops.specops.kv_compact: no Python checks,
+                   no dispatch): the floor a Python caller can reach
+  plan, plan_paged a specops.KVCompactPlan (check=True) built outside the timing, plan.run(k, v) per
+                   call: what the cache and the loop do per step; derived overhead_vs_cpp_raw (us, plan only)
   triton, cuda     when a GPU exists
   memcpy_clone     clone() of a tensor holding the bytes the op moves: the physical limit
 Bytes counted: every moved row is read once and written once, in K and V.
-Derived: speedup_vs_memcpy_clone (= fraction of memcpy bandwidth) and speedup_vs_per_layer_loop.
+Derived: speedup_vs_memcpy_clone (= fraction of memcpy bandwidth), speedup_vs_per_layer_loop and,
+for the plans, overhead_vs_cpp_raw = plan time - cpp_raw time in microseconds (issue #17's target:
+<= 3 us) and speedup_vs_cpp (the one-shot op with check=False against the plan).
 The torch reference (a full-S gather map, the spec) is not timed: it rewrites the whole cache.
 
     python bench/bench_kv_compact.py [--quick]       # CSV under bench/results/<machine>/
     pytest bench/bench_kv_compact.py --benchmark-only
 """
+import json
+
 import pytest
 import torch
 
@@ -109,10 +117,14 @@ def stacked_gather(k, v, prefix, idx):
 
 
 def providers(device):
-    names = ["per_layer_loop", "stacked_gather", "cpp", "cpp_checked", "cpp_paged", "triton", "cuda"]
+    names = ["per_layer_loop", "stacked_gather", "cpp", "cpp_checked", "cpp_paged", "cpp_raw", "plan", "plan_paged",
+             "triton", "cuda"]
+    compiled = "cuda" if torch.device(device).type == "cuda" else "cpp"  # what cpp_raw and the plans run
     out = {}
     for name in names:
         base = name.split("_")[0] if name.startswith("cpp") else name
+        if name in ("cpp_raw", "plan", "plan_paged"):
+            base = compiled
         if base in _backend.BACKENDS:
             ok, why = _backend.available(base, device)
             if base == "triton" and torch.device(device).type == "cpu":
@@ -123,7 +135,26 @@ def providers(device):
     return out
 
 
+def make_plan(k, prefix, idx, lens, paged=None):
+    """A KVCompactPlan (checked, default backend) for the contiguous cache ``k`` or for ``paged``."""
+    L, B, H, S, D = k.shape
+    geo = dict(num_layers=L, num_kv_heads=H, head_dim=D, dtype=k.dtype)
+    if paged is None:
+        return specops.KVCompactPlan(prefix, idx, lens, max_len=S, **geo)
+    kp, _, table = paged
+    return specops.KVCompactPlan(prefix, idx, lens, page_table=table, page_size=kp.shape[2], num_pages=kp.shape[1],
+                                 **geo)
+
+
 def run_provider(name, k, v, prefix, idx, lens, paged=None):
+    if name == "cpp_raw":
+        op = torch.ops.specops.kv_compact.default
+        return lambda: op(k, v, prefix, idx, lens)
+    if name in ("plan", "plan_paged"):
+        plan = make_plan(k, prefix, idx, lens, paged if name == "plan_paged" else None)
+        target = paged[:2] if name == "plan_paged" else (k, v)
+        plan.run(*target)  # the first run checks the tensors: outside the timing
+        return lambda: plan.run(*target)
     if name == "cpp_paged":
         return lambda: specops.kv_compact_paged(*paged, prefix, idx, lens, check=False, backend="cpp")
     if name == "per_layer_loop":
@@ -143,7 +174,8 @@ def measure(rec, quick):
     for shape, ns in shapes.items():  # one cache pair per shape, reused for every n
         shape = dict(shape)
         k, v = caches(**shape, device=rec.device)
-        paged = paged_caches(**shape, device=rec.device) if rec.wants("cpp_paged") else None
+        paged = (paged_caches(**shape, device=rec.device) if rec.wants("cpp_paged") or rec.wants("plan_paged")
+                 else None)
         for n in ns:
             params = {**shape, "n": n}
             prefix, idx, lens = accepted(shape["B"], shape["S"], n, rec.device)
@@ -159,12 +191,27 @@ def measure(rec, quick):
         del k, v, paged
     rec.add_ratios("memcpy_clone")
     rec.add_ratios("per_layer_loop")
+    rec.add_ratios("cpp", over=("plan",))
+    rec.add_ratios("cpp_paged", over=("plan_paged",))
+    _overheads(rec)
+
+
+def _overheads(rec):
+    """overhead_vs_cpp_raw (us) of the contiguous plan: its time minus the raw compiled op's, same
+    case (the table prints only times and ratios, so the overheads are printed here too)."""
+    times = {(r["case"], r["provider"]): (r["p50"], r["params"]) for r in rec.rows if r["metric"] == "time"}
+    for (case, provider), (t, params) in times.items():
+        raw = times.get((case, "cpp_raw"))
+        if raw is not None and provider == "plan":
+            us = (t - raw[0]) * 1e3
+            rec.value(provider, json.loads(params), "overhead_vs_cpp_raw", "us", us)
+            print(f"# {case}: plan - cpp_raw = {us:.2f} us per call")
 
 
 @pytest.mark.parametrize("params", QUICK, ids=lambda p: f"B{p['B']}-n{p['n']}-{p['dtype']}")
-@pytest.mark.parametrize("provider", ["per_layer_loop", "stacked_gather", "cpp"])
+@pytest.mark.parametrize("provider", ["per_layer_loop", "stacked_gather", "cpp", "plan"])
 def test_kv_compact(benchmark, provider, params):
-    if provider == "cpp" and not _backend.available("cpp")[0]:
+    if provider in ("cpp", "plan") and not _backend.available("cpp")[0]:
         pytest.skip(_backend.available("cpp")[1])
     args = inputs(**params, device="cpu")
     pytest_benchmark(benchmark, run_provider(provider, *args), provider=provider, **params)

@@ -13,6 +13,11 @@ fp32 and bf16; plus a chain (causal) block after the longest prefix, where flash
 - ``paged``: ``tree_attention_paged`` on cpp over the same K/V in pages of 16 rows scattered in a
   random order (a serving engine's cache); ``speedup_vs_cpp`` is its time against ``cpp``'s;
 - ``flashinfer``: the optional FlashInfer backend of tree_attention (a GPU with flashinfer installed);
+- ``flex_attention``: torch's ``torch.nn.attention.flex_attention`` under ``torch.compile`` with a
+  ``BlockMask`` built from the same dense visibility (GQA through ``enable_gqa``); compiled and
+  checked against the reference once per case outside the timing, recorded as skipped (with the
+  reason) where the import, the compile or the check fails; ``speedup_vs_flex_attention`` is cpp's
+  (and paged's) time against it;
 - ``model:H100``, ``model:A100``: the roofline model's lower bound (bench/roofline.py), not a timing;
 - ``flash_attn``: ``flash_attn_with_kvcache`` on the chain cases (no tree masks), when importable.
 Masks of the baselines are built once outside the timing (a model builds one per forward).
@@ -36,7 +41,8 @@ from specops.testing import random_parents, to_pages
 import roofline
 from _harness import main, pytest_benchmark
 
-PROVIDERS = ("torch", "hf_sdpa", "sdpa_gqa", "cpp", "paged", "triton", "cuda", "flashinfer", "flash_attn")
+PROVIDERS = ("torch", "hf_sdpa", "sdpa_gqa", "flex_attention", "cpp", "paged", "triton", "cuda", "flashinfer",
+             "flash_attn")
 PAGE_SIZE = 16  # the paged provider's page size (vLLM's default block size)
 HEADS = [(32, 8, 128), (14, 2, 64), (9, 3, 64)]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -105,6 +111,11 @@ def _providers(rec, params, args):
             vp, _ = to_pages(v, PAGE_SIZE, generator=torch.Generator().manual_seed(0), fill=0.0)
             fn = lambda kp=kp, vp=vp, t=table: specops.tree_attention_paged(  # noqa: E731
                 q, kp, vp, t, prefix_lens, block_lens, packed, check=False, backend="cpp")
+        elif provider == "flex_attention":
+            fn, reason = _flex_attention(qt, k, v, vis, args)
+            if reason:
+                rec.skip(provider, params, reason)
+                continue
         elif provider == "flash_attn":
             reason = _flash_attn_unavailable(rec.device, params)
             if reason:
@@ -125,6 +136,43 @@ def _providers(rec, params, args):
             fn = lambda p=provider: specops.tree_attention(*args, check=False, backend=p)  # noqa: E731
         out.append((provider, fn))
     return out
+
+
+_FLEX = {}  # the torch.compile'd flex_attention, shared by every case (compiled per shape on first use)
+
+
+def _flex_attention(qt, k, v, vis, args):
+    """(fn, None) running compiled flex_attention with a BlockMask from ``vis`` [B, 1, Tq, S], or
+    (None, why not). The BlockMask is built, the kernel compiled and its result compared with the
+    torch reference here, outside the timing.
+
+    Shape: qt [B, Hq, Tq, D], k / v [B, Hkv, S, D] -> fn() -> [B, Hq, Tq, D]."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError as err:
+        return None, f"flex_attention not importable ({err})"
+    B, Hq, Tq, D = qt.shape
+    S = k.shape[2]
+    dense = vis[:, 0].contiguous()  # [B, Tq, S] bool
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return dense[b, q_idx, kv_idx]
+
+    try:
+        if "fn" not in _FLEX:
+            _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+        block_mask = create_block_mask(mask_mod, B, None, Tq, S, device=qt.device)
+        gqa = Hq != k.shape[1]
+        fn = lambda: _FLEX["fn"](qt, k, v, block_mask=block_mask, enable_gqa=gqa)  # noqa: E731
+        got = fn().transpose(1, 2)  # [B, Tq, Hq, D]; the first call compiles
+    except Exception as err:  # noqa: BLE001 - any failure to build or compile is a recorded skip
+        return None, f"flex_attention compile failed: {type(err).__name__}: {str(err).splitlines()[0][:160]}"
+    want = specops.tree_attention(*args, check=False, backend="torch")
+    tol = 1e-3 if qt.dtype == torch.float32 else 3e-2
+    if not torch.allclose(got.float(), want.float(), atol=tol, rtol=tol):
+        err = (got.float() - want.float()).abs().max().item()
+        return None, f"flex_attention result differs from the reference (max abs error {err:.3g})"
+    return fn, None
 
 
 def _flash_attn_unavailable(device, params):
@@ -150,6 +198,7 @@ def measure(rec, quick):
     rec.add_ratios("hf_sdpa")
     rec.add_ratios("sdpa_gqa")
     rec.add_ratios("cpp", over=("paged",))
+    rec.add_ratios("flex_attention", over=("cpp", "paged"))
 
 
 SMALL = [dict(Hq=14, Hkv=2, D=64, prefix=1024, tree=64, B=1, dtype=d, mask="tree") for d in DTYPES]

@@ -6,6 +6,7 @@ from . import _ext  # noqa: F401  (loads the compiled extensions and their op re
 from .backend import BackendUnavailable, available, default_backend, use_backend
 from .ops.tree_attention import tree_attention, tree_attention_paged
 from .ops.kv_compact import kv_compact, kv_compact_paged
+from .ops.plan import KVCompactPlan, TreeAttentionPlan
 from .ops.sampling import warp_probs
 from .ops.topn import select_topn_subtree, topn_expand
 from .ops.tree_mask import build_tree_mask, pack_mask, unpack_mask
@@ -26,6 +27,8 @@ def __getattr__(name):
 
 __all__ = [
     "BackendUnavailable",
+    "KVCompactPlan",
+    "TreeAttentionPlan",
     "available",
     "build_tree_mask",
     "default_backend",

@@ -189,3 +189,116 @@ def test_crop_follows_transformers_sign_convention_and_reorder_is_checked():
     assert cache.lens.tolist() == [3, 3, 1] and torch.equal(cache.k[:, 0], k[:, 2])
     with pytest.raises(ValueError, match=r"beam_idx\[1\] = 3"):
         cache.reorder_cache(torch.tensor([0, 3, 1]))
+
+
+# ---- PagedKVCache: the semantics of StaticKVCache on scattered pages -----------------------------
+
+from specops.cache import PagedKVCache  # noqa: E402
+from specops.testing import from_pages, random_accept  # noqa: E402
+
+
+def pair(L=2, B=3, H=2, S=21, D=4, page_size=4, dtype=torch.float32, **kw):
+    return StaticKVCache(L, B, H, S, D, dtype=dtype), PagedKVCache(L, B, H, S, D, page_size=page_size, dtype=dtype,
+                                                                   **kw)
+
+
+def same_rows(static, paged):
+    S = static.max_len
+    return (torch.equal(from_pages(paged.k_pages, paged.page_table, S), static.k)
+            and torch.equal(from_pages(paged.v_pages, paged.page_table, S), static.v)
+            and torch.equal(static.lens, paged.lens) and static.host_lens() == paged.host_lens())
+
+
+def test_paged_table_is_scattered_and_covers_max_len():
+    cache = PagedKVCache(2, 3, 2, 21, 4, page_size=4)
+    table = cache.page_table
+    assert table.shape == (3, 6) and table.dtype == torch.int32 and cache.k_pages.shape == (2, 18, 4, 2, 4)
+    assert sorted(table.flatten().tolist()) == list(range(18))
+    assert not torch.equal(table.flatten(), torch.arange(18, dtype=torch.int32))  # not in pool order
+    order = torch.arange(20).flip(0)
+    cache = PagedKVCache(1, 3, 1, 21, 2, page_size=4, num_pages=20, page_order=order)
+    assert cache.page_table.tolist() == [[19, 18, 17, 16, 15, 14], [13, 12, 11, 10, 9, 8], [7, 6, 5, 4, 3, 2]]
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 8])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_paged_cache_matches_static_over_random_ragged_steps(page_size, seed):
+    g = torch.Generator().manual_seed(seed)
+    static, paged = pair(page_size=page_size, page_order=torch.Generator().manual_seed(seed + 7))
+    L, B, H, D = 2, 3, 2, 4
+    prompt = torch.randint(1, 6, (B,), generator=g).to(torch.int32)
+    for cache in (static, paged):
+        cache.commit(prompt)
+    for step in range(6):
+        T = int(torch.randint(1, 5, (1,), generator=g))
+        offset = int(torch.randint(0, 2, (1,), generator=g))
+        if max(static.host_lens()) + offset + T > static.max_len:
+            break
+        rows = [(torch.randn(B, H, T, D, generator=g), torch.randn(B, H, T, D, generator=g)) for _ in range(L)]
+        for cache in (static, paged):
+            cache.begin_block(offset, T)
+            for layer, (k, v) in enumerate(rows):
+                cache.append_block(layer, k, v)
+            cache.end_block()
+        assert same_rows(static, paged)
+        what = step % 3
+        if what == 0:  # keep an accepted path of the block
+            idx, n = random_accept(B, offset + T, generator=g)
+            for cache in (static, paged):
+                cache.compact(idx, n)
+        elif what == 1:  # keep a chain
+            counts = torch.randint(0, offset + T + 1, (B,), generator=g).to(torch.int32)
+            for cache in (static, paged):
+                cache.commit(counts)
+        else:  # roll back some committed rows
+            new = (static.lens - torch.randint(0, 3, (B,), generator=g).to(torch.int32)).clamp(min=0)
+            for cache in (static, paged):
+                cache.truncate(new)
+        assert same_rows(static, paged), f"step {step} ({['compact', 'commit', 'truncate'][what]})"
+    for cache in (static, paged):
+        cache.reorder_cache(torch.tensor([2, 0, 0]))
+        cache.crop(-1)
+    assert same_rows(static, paged)
+
+
+def test_paged_plain_mode_hands_attention_a_contiguous_copy():
+    static, paged = pair(L=2, B=2, S=10, page_size=4)
+    for step in (3, 2):
+        k = torch.randn(2, 2, step, 4)
+        for cache in (static, paged):
+            got = [cache.update(k * (layer + 1), -k, layer) for layer in range(2)]
+            assert got[1][0].shape == (2, 2, 10, 4)
+            assert torch.equal(got[1][0], static.k[1]) and torch.equal(got[1][1], static.v[1])
+    assert same_rows(static, paged) and paged.lens.tolist() == [5, 5]
+    paged.begin_block(0, 1)  # in a block the layer's pools go to the specops attention
+    kp, vp = paged.append_block(0, torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4))
+    assert kp.data_ptr() == paged.k_pages[0].data_ptr() and kp.shape == (6, 4, 2, 4)
+
+
+@pytest.mark.parametrize("kw, exc, match", [
+    (dict(page_size=6), ValueError, "page_size must be a power of two"),
+    (dict(page_size=0), ValueError, "sizes must be >= 1"),
+    (dict(num_pages=5), ValueError, r"num_pages must be >= batch_size \* ceil\(max_len / page_size\) = 3 \* 6 = 18"),
+    (dict(page_order=torch.arange(17)), ValueError, r"page_order must have shape \[18\]"),
+    (dict(page_order=torch.zeros(18, dtype=torch.long)), ValueError, "page_order must be a permutation"),
+    (dict(dtype=torch.float64), TypeError, "PagedKVCache dtype must be"),
+])
+def test_paged_constructor_errors_name_the_argument(kw, exc, match):
+    with pytest.raises(exc, match=match):
+        PagedKVCache(2, 3, 2, 21, 4, **{"page_size": 4, **kw})
+
+
+def test_paged_bad_arguments_leave_the_cache_untouched():
+    static, paged = pair(S=8, page_size=2)
+    paged.k_pages.copy_(torch.randn_like(paged.k_pages))
+    paged.commit(torch.tensor([2, 6, 1], dtype=torch.int32))
+    before = paged.k_pages.clone(), paged.v_pages.clone(), paged.lens.clone()
+    with pytest.raises(ValueError, match="cache overflow"):
+        paged.begin_block(0, 3)
+    with pytest.raises(ValueError, match=r"k must have shape \[3, 2, \*, 4\]"):
+        paged.append_block(0, torch.randn(3, 1, 2, 4), torch.randn(3, 1, 2, 4))
+    with pytest.raises(ValueError, match="accept_idx"):
+        paged.compact(torch.tensor([[0, 2, 1]] * 3, dtype=torch.int32), torch.tensor([3, 0, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match="k must not share memory with the cache"):
+        paged.append_block(0, paged.k_pages[1, :3].transpose(1, 2)[:, :, :1], torch.randn(3, 2, 1, 4))
+    assert all(torch.equal(a, b) for a, b in zip(before, (paged.k_pages, paged.v_pages, paged.lens)))

@@ -145,3 +145,120 @@ def test_prefill_last_only_equals_the_last_rows_of_a_full_prefill():
         step = torch.randint(0, 97, (3, 1))
         parents = torch.full((3, 1), -1, dtype=torch.int32)
         torch.testing.assert_close(last.forward_block(step, parents), full.forward_block(step, parents))
+
+
+# ---- the paged KV layout: same logits as the contiguous cache -----------------------------------
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_paged_layout_gives_the_contiguous_logits_over_tree_steps(arch, page_size):
+    model = tiny_model(arch, seed=6)
+    g = torch.Generator().manual_seed(9)
+    B = 3
+    lens = torch.tensor([5, 9, 7], dtype=torch.int32)
+    prompts = torch.randint(0, 97, (B, 9), generator=g)
+    runners = [SpecModel(model, batch_size=B, max_len=48),
+               SpecModel(model, batch_size=B, max_len=48, kv_layout="paged", page_size=page_size)]
+    assert runners[1].cache.page_table.shape == (B, 48 // page_size)
+    with torch.no_grad():
+        got = [r.prefill(prompts, lens) for r in runners]
+        torch.testing.assert_close(got[1], got[0], atol=1e-5, rtol=1e-5)
+        for step in range(3):
+            parents = random_parents(B, 5, generator=g)
+            tokens = torch.randint(0, 97, (B, 5), generator=g)
+            got = [r.forward_block(tokens, parents) for r in runners]
+            torch.testing.assert_close(got[1], got[0], atol=1e-5, rtol=1e-5)
+            # greedy: the same argmax tokens
+            assert torch.equal(got[1].argmax(-1), got[0].argmax(-1))
+            vis = specops.unpack_mask(specops.build_tree_mask(parents)[0], 5)
+            accept_idx = torch.zeros(B, 5, dtype=torch.int32)
+            accept_lens = torch.zeros(B, dtype=torch.int32)
+            for b in range(B):
+                path = vis[b, int(torch.randint(0, 5, (1,), generator=g))].nonzero().flatten()
+                accept_idx[b, :len(path)] = path.to(torch.int32)
+                accept_idx[b, len(path):] = torch.arange(len(path), 5, dtype=torch.int32) + 5
+                accept_lens[b] = len(path)
+            for r in runners:
+                r.compact(accept_idx, accept_lens)
+        assert runners[0].lens.tolist() == runners[1].lens.tolist()
+
+
+def test_plain_hf_forward_on_a_paged_cache_matches_sdpa():
+    from specops.cache import PagedKVCache
+
+    model = tiny_model("llama", seed=2)
+    ids = torch.randint(0, 97, (2, 13))
+    want = torch.stack([plain_logits(model, ids[b:b + 1]) for b in range(2)])
+    use_specops_attention(model)
+    with torch.no_grad():
+        cache = PagedKVCache.for_model(model, batch_size=2, max_len=32, page_size=4)
+        model(input_ids=ids[:, :8], past_key_values=cache, use_cache=True)
+        step = model(input_ids=ids[:, 8:], past_key_values=cache, use_cache=True).logits.float()
+    torch.testing.assert_close(step, want[:, 8:], atol=2e-5, rtol=1e-4)
+    assert cache.lens.tolist() == [13, 13]
+
+
+def test_one_plan_per_block_serves_every_layer(monkeypatch):
+    # The hook builds a TreeAttentionPlan at the first layer and runs it on the others.
+    from specops.integrations import transformers as hook
+
+    built = []
+    real = hook.TreeAttentionPlan
+
+    def counting(*args, **kw):
+        built.append(kw.get("page_table") is not None)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(hook, "TreeAttentionPlan", counting)
+    model = tiny_model("qwen2", seed=3)
+    for layout in ("contiguous", "paged"):
+        built.clear()
+        runner = SpecModel(model, batch_size=2, max_len=32, kv_layout=layout, page_size=8)
+        with torch.no_grad():
+            runner.prefill(torch.randint(0, 97, (2, 6)), torch.tensor([6, 4], dtype=torch.int32))
+            runner.forward_block(torch.randint(0, 97, (2, 3)), torch.tensor([[-1, 0, 0]] * 2, dtype=torch.int32))
+        assert built == [layout == "paged"] * 2  # two forwards, one plan each (the model has 2 layers)
+    assert not hasattr(hook.Block, "kernel")
+
+
+@pytest.mark.parametrize("kw, exc, match", [
+    (dict(kv_layout="blocked"), ValueError, r"kv_layout must be one of \('contiguous', 'paged'\), got 'blocked'"),
+    (dict(kv_layout="paged", page_size=12), ValueError, "page_size must be a power of two >= 1, got 12"),
+    (dict(kv_layout="paged", page_size=0), ValueError, "page_size must be >= 1, got 0"),
+    (dict(kv_layout="paged", page_size="16"), TypeError, "page_size must be an int"),
+])
+def test_spec_model_rejects_bad_layouts(kw, exc, match):
+    with pytest.raises(exc, match=match):
+        SpecModel(tiny_model("llama"), batch_size=1, max_len=16, **kw)
+
+
+@pytest.mark.parametrize("method", ["sd", "specinfer", "opt-tree", "ngram"])
+def test_the_loop_on_a_paged_runner_is_token_identical(method):
+    # Until generate() takes kv_layout itself, the runner factory swaps in paged SpecModels (target
+    # and draft): greedy output equals the contiguous cache's and plain greedy decoding's.
+    from specops.decoding import generate
+    from specops.decoding import runner as runner_mod
+    from specops.testing import perturbed_copy, reference_greedy, tiny_causal_lm
+
+    target = tiny_causal_lm("llama", seed=0)
+    draft = perturbed_copy(target, 0.15, seed=1)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (5, 11, 3)]
+    kw = dict(draft=None if method == "ngram" else draft, method=method, max_new_tokens=12, eos_token_id=[],
+              adaptive=False)
+    want, _ = generate(target, prompts, **kw)
+    made = []
+
+    def paged(m, b, n):
+        made.append(SpecModel(m, b, n, kv_layout="paged", page_size=4))
+        return made[-1]
+
+    old = runner_mod.set_runner_factory(paged)
+    try:
+        got, _ = generate(target, prompts, **kw)
+    finally:
+        runner_mod.set_runner_factory(old)
+    assert made and all(r.cache.page_table is not None for r in made)
+    assert torch.equal(got, want)
+    for b, p in enumerate(prompts):
+        assert got[b].tolist() == reference_greedy(target, p, 12)

@@ -5,7 +5,10 @@ How a tree block reaches the kernel: :class:`SpecModel` opens a block (:class:`B
 lengths, block lengths, the bit-packed visibility mask of the queries, their count) for the
 duration of one forward; the model writes each layer's new K/V into the
 :class:`~specops.cache.StaticKVCache` (``past_key_values``) and calls the registered attention
-function, which runs :func:`specops.tree_attention` on the layer's cache view. Positions are
+function. The first layer builds one :class:`specops.TreeAttentionPlan` for the block (lengths, mask,
+backend: checked once) and every layer runs it on its cache view (a [B, Hkv, S, D] slice of a
+:class:`~specops.cache.StaticKVCache`, or a layer's page pools of a
+:class:`~specops.cache.PagedKVCache`, whose page table the block carries). Positions are
 ``prefix + depth`` (``position_ids``), so RoPE sees each node at its depth in the tree.
 
 Without an open block (a plain HF forward or ``generate`` with ``attn_implementation="specops"``),
@@ -13,7 +16,6 @@ the function treats the new tokens as a causal chain after the cached ones; a pa
 (left-padded batches) or a sliding window that the sequence outgrows falls back to torch SDPA.
 """
 import inspect
-import math
 import threading
 from dataclasses import dataclass
 
@@ -22,10 +24,9 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-from ..backend import resolve
-from ..cache import StaticKVCache
+from ..cache import PagedKVCache, StaticKVCache
 from ..ops import _checks
-from ..ops.tree_attention import tree_attention
+from ..ops.plan import TreeAttentionPlan
 from ..ops.tree_mask import build_tree_mask, pack_mask
 
 NAME = "specops"
@@ -36,17 +37,20 @@ _state = threading.local()
 class Block:
     """What the attention of one forward needs beyond the cache view.
 
-    Shape: prefix_lens, block_lens, q_lens int32 [B]; mask int32 [B, Tq, W]. ``longest`` is a host
+    Shape: prefix_lens, block_lens, q_lens int32 [B]; mask int32 [B, Tq, W]; page_table int32
+    [B, max_pages] when the cache is paged (then ``page_size`` too), else None. ``longest`` is a host
     upper bound on prefix + block rows (for the sliding-window check, so no sync is needed).
-    ``kernel``: (argument signature, implementation, sm_scale) of the first layer's call, after the
-    full argument checks; later layers with the same signature call the implementation directly."""
+    ``plan``: the :class:`specops.TreeAttentionPlan` the first layer built (checked once, backend
+    resolved once) with the shapes it was built for; later layers with those shapes just run it."""
 
     prefix_lens: torch.Tensor
     block_lens: torch.Tensor
     mask: torch.Tensor
     q_lens: torch.Tensor
     longest: int
-    kernel: tuple = None
+    page_table: torch.Tensor = None
+    page_size: int = None
+    plan: tuple = None
 
 
 def specops_mask(*args, **kwargs):
@@ -80,20 +84,20 @@ def specops_attention(module, query, key, value, attention_mask, scaling=None, d
         raise NotImplementedError(
             f"{type(module).__name__} layer {getattr(module, 'layer_idx', '?')} has a sliding window of {window} "
             f"rows but a sequence holds up to {block.longest}: tree blocks beyond the window are not supported")
-    q = query.transpose(1, 2)
-    # Every layer of one forward passes the same shapes over the same cache: validate and resolve the
-    # backend once per block (layer 0), then call the kernel directly (the per-call Python checks
-    # cost about as much as the kernel itself for a single query).
-    sig = (q.shape, q.stride(), q.dtype, q.device, key.shape, key.stride(), key.dtype, value.shape,
-           value.stride(), value.dtype, scaling)
-    fast = block.kernel
-    if fast is not None and fast[0] == sig:
-        out = fast[1](q, key, value, block.prefix_lens, block.block_lens, block.mask, block.q_lens, fast[2])
-    else:
-        out = tree_attention(q, key, value, block.prefix_lens, block.block_lens, block.mask,
-                             q_lens=block.q_lens, sm_scale=scaling, check=False)
-        scale = 1.0 / math.sqrt(q.shape[-1]) if scaling is None else float(scaling)
-        block.kernel = (sig, resolve("tree_attention", q.device), scale)
+    q = query.transpose(1, 2)  # [B, T, Hq, D] (a view)
+    # Every layer of one forward passes the same shapes over the same cache: the first layer builds
+    # the plan (argument checks and backend choice), the others only run it (the per-call Python
+    # checks cost about as much as the kernel itself for a single query). A layer of other shapes
+    # (e.g. another head dim) builds its own.
+    shapes = (q.shape, key.shape, q.dtype, scaling)
+    if block.plan is None or block.plan[0] != shapes:
+        plan = TreeAttentionPlan(block.prefix_lens, block.block_lens, block.mask, q_lens=block.q_lens,
+                                 sm_scale=scaling, page_table=block.page_table, page_size=block.page_size,
+                                 head_dim=q.shape[3], num_heads=q.shape[2],
+                                 num_kv_heads=key.shape[2 if block.page_table is not None else 1],
+                                 dtype=q.dtype, device=q.device, check=False)
+        block.plan = (shapes, plan)
+    out = block.plan[1].run(q, key, value)
     return out, None
 
 
@@ -125,20 +129,33 @@ def causal_mask(B, T, device):
     return mask.expand(B, T, -1)
 
 
+KV_LAYOUTS = ("contiguous", "paged")
+
+
 class SpecModel:
-    """Runs a stock HF causal LM over prefixes and draft blocks, with a :class:`StaticKVCache`.
+    """Runs a stock HF causal LM over prefixes and draft blocks, with a :class:`StaticKVCache`
+    (``kv_layout="contiguous"``) or a :class:`PagedKVCache` of ``page_size``-row pages (``"paged"``).
 
     ``lens`` (int32 [B]) are the committed rows per sequence. A draft block is written after them and
     stays uncommitted until :meth:`compact` (keep the accepted path) or :meth:`commit` (keep all)."""
 
     prefill_last_only = True  # prefill(..., last_only=True) is supported
 
-    def __init__(self, model, batch_size, max_len, *, cache_dtype=None):
+    def __init__(self, model, batch_size, max_len, *, cache_dtype=None, kv_layout="contiguous", page_size=16):
+        if kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
+        if kv_layout == "paged":
+            page_size = _checks.integer("page_size", page_size, 1)
+            if page_size & (page_size - 1):
+                raise ValueError(f"page_size must be a power of two >= 1, got {page_size}")
+            self.cache = PagedKVCache.for_model(model, batch_size, max_len, dtype=cache_dtype, page_size=page_size)
+        else:
+            self.cache = StaticKVCache.for_model(model, batch_size, max_len, dtype=cache_dtype)
+        self.kv_layout = kv_layout
         self.model = use_specops_attention(model).eval()
-        self.cache = StaticKVCache.for_model(model, batch_size, max_len, dtype=cache_dtype)
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.vocab_size = cfg.vocab_size
-        self.device = self.cache.k.device
+        self.device = self.cache.device
         try:
             self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         except (TypeError, ValueError):
@@ -170,8 +187,8 @@ class SpecModel:
             raise ValueError(f"input_ids: prompt of {L} tokens exceeds the cache (max_len={self.max_len})")
         _checks.range_values("lens", lens, 1, L, "every prompt needs at least one token")
         self.cache.reset()
-        block = Block(prefix_lens=torch.zeros_like(lens), block_lens=lens, mask=causal_mask(B, L, self.device),
-                      q_lens=lens, longest=L)
+        block = self._block(prefix_lens=torch.zeros_like(lens), block_lens=lens, mask=causal_mask(B, L, self.device),
+                            q_lens=lens, longest=L)
         positions = torch.arange(L, device=self.device).expand(B, L)
         last = (lens.to(torch.int64) - 1)[:, None]  # [B, 1]
         keep = last if last_only and self._keeps_logits else None
@@ -203,10 +220,15 @@ class SpecModel:
         B, Tq = tokens.shape
         _checks.tensor("tokens", tokens, dtype=(torch.int64, torch.int32), shape=(self.batch_size, None),
                        device=self.device)
-        block = Block(prefix_lens=self.lens, block_lens=block_lens, mask=mask, q_lens=block_lens - q_start,
-                      longest=max(self.cache.host_lens()) + q_start + Tq)
+        block = self._block(prefix_lens=self.lens, block_lens=block_lens, mask=mask, q_lens=block_lens - q_start,
+                            longest=max(self.cache.host_lens()) + q_start + Tq)
         positions = self.lens[:, None].to(torch.int64) + depth
         return self._run(tokens, positions, block, offset=q_start)
+
+    def _block(self, **kw):
+        if self.kv_layout == "paged":
+            kw.update(page_table=self.cache.page_table, page_size=self.cache.page_size)
+        return Block(**kw)
 
     def _run(self, ids, positions, block, offset, logits_to_keep=None):
         self.cache.begin_block(offset, ids.shape[1])

@@ -37,21 +37,45 @@ def kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens, *, check=
     ``check=False`` skips those value checks: the kernels then skip rows whose source or destination
     falls outside ``[0, S)`` (never writing out of bounds), but the result is otherwise unspecified.
     """
-    _checks.tensor("k_cache", k_cache, dtype=CACHE_DTYPES, rank=5, last_stride_one=True)
+    check_caches(k_cache, v_cache)
     L, B, H, S, D = k_cache.shape
     dev = k_cache.device
-    _checks.tensor("v_cache", v_cache, dtype=k_cache.dtype, shape=(L, B, H, S, D), device=dev,
-                   last_stride_one=True)
-    _checks.lengths("prefix_lens", prefix_lens, B, dev)
-    _checks.tensor("accept_idx", accept_idx, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
-    _checks.lengths("accept_lens", accept_lens, B, dev)
-    _check_no_overlap(k_cache, v_cache)
+    check_accept(prefix_lens, accept_idx, accept_lens, B, dev)
     if check:
         _check_values(prefix_lens, accept_idx, accept_lens, S)
     impl = resolve("kv_compact", dev, backend)
     if k_cache.numel() and accept_idx.shape[1]:
         impl(k_cache, v_cache, prefix_lens, accept_idx, accept_lens)
     return None
+
+
+def check_caches(k_cache, v_cache):
+    """The metadata rules of :func:`kv_compact`'s caches [L, B, Hkv, S, D] (no host sync)."""
+    _checks.tensor("k_cache", k_cache, dtype=CACHE_DTYPES, rank=5, last_stride_one=True)
+    _checks.tensor("v_cache", v_cache, dtype=k_cache.dtype, shape=tuple(k_cache.shape), device=k_cache.device,
+                   last_stride_one=True)
+    _check_no_overlap(k_cache, v_cache)
+
+
+def check_pools(k_pages, v_pages):
+    """The metadata rules of :func:`kv_compact_paged`'s page pools [L, num_pages, page_size, Hkv, D]
+    (no host sync); returns (num_pages, page_size)."""
+    _checks.tensor("k_pages", k_pages, dtype=CACHE_DTYPES, rank=5, last_stride_one=True)
+    N, page_size, _ = _page_size("k_pages", k_pages, lead=1)
+    _checks.tensor("v_pages", v_pages, dtype=k_pages.dtype, shape=tuple(k_pages.shape), device=k_pages.device,
+                   last_stride_one=True)
+    try:
+        _check_no_overlap(k_pages, v_pages)
+    except ValueError as err:  # the shared check names the contiguous op's arguments
+        raise ValueError(str(err).replace("k_cache", "k_pages").replace("v_cache", "v_pages")) from None
+    return N, page_size
+
+
+def check_accept(prefix_lens, accept_idx, accept_lens, B, dev):
+    """The metadata rules of the acceptance (int32 [B], [B, A], [B]; no host sync)."""
+    _checks.lengths("prefix_lens", prefix_lens, B, dev)
+    _checks.tensor("accept_idx", accept_idx, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
+    _checks.lengths("accept_lens", accept_lens, B, dev)
 
 
 # ---- validation ----------------------------------------------------------------------------------
@@ -213,20 +237,11 @@ def kv_compact_paged(k_pages, v_pages, page_table, prefix_lens, accept_idx, acce
     byte is written. ``check=False`` skips them: moves whose rows or pages are out of range are
     skipped (never writing out of bounds), the result is otherwise unspecified.
     """
-    _checks.tensor("k_pages", k_pages, dtype=CACHE_DTYPES, rank=5, last_stride_one=True)
     dev = k_pages.device
-    N, page_size, _ = _page_size("k_pages", k_pages, lead=1)
-    _checks.tensor("v_pages", v_pages, dtype=k_pages.dtype, shape=tuple(k_pages.shape), device=dev,
-                   last_stride_one=True)
+    N, page_size = check_pools(k_pages, v_pages)
     _checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, device=dev)
     B = page_table.shape[0]
-    _checks.lengths("prefix_lens", prefix_lens, B, dev)
-    _checks.tensor("accept_idx", accept_idx, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
-    _checks.lengths("accept_lens", accept_lens, B, dev)
-    try:
-        _check_no_overlap(k_pages, v_pages)
-    except ValueError as err:  # the shared check names the contiguous op's arguments
-        raise ValueError(str(err).replace("k_cache", "k_pages").replace("v_cache", "v_pages")) from None
+    check_accept(prefix_lens, accept_idx, accept_lens, B, dev)
     if check:
         _check_paged_values(page_table, N, page_size, prefix_lens, accept_idx, accept_lens)
     impl = resolve("kv_compact_paged", dev, backend)

@@ -40,6 +40,15 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
     With ``check=False`` bad lengths are clamped into range by the kernels (no out-of-bounds
     access), but the result is then unspecified.
     """
+    S, sm_scale = check_args(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale)
+    if check:
+        _length_values(prefix_lens, block_lens, q_lens, S, mask.shape[2], q.shape[1])
+    args = (q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, float(sm_scale))
+    return resolve("tree_attention", q.device, backend, args)(*args)
+
+
+def check_args(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
+    """The metadata rules of :func:`tree_attention` (no host sync); returns (S, sm_scale as a float)."""
     _checks.tensor("q", q, dtype=_FLOATS, rank=4)
     B, Tq, Hq, D = q.shape
     dev = q.device
@@ -50,10 +59,21 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
     _checks.tensor("v_cache", v_cache, dtype=q.dtype, shape=tuple(k_cache.shape), device=dev,
                    last_stride_one=True)
     Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    check_heads(Hq, Hkv, D, "k_cache")
+    check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, dev)
+    return S, scale(sm_scale, D)
+
+
+def check_heads(Hq, Hkv, D, kv_name):
+    """GQA/MQA: the kv heads divide the query heads; a non-empty head dim."""
     if Hkv == 0 or Hq % Hkv:
-        raise ValueError(f"k_cache heads must divide q heads (Hq % Hkv == 0), got Hq={Hq}, Hkv={Hkv}")
+        raise ValueError(f"{kv_name} heads must divide q heads (Hq % Hkv == 0), got Hq={Hq}, Hkv={Hkv}")
     if D == 0:
-        raise ValueError(f"q must have a non-empty head dimension D, got D=0 (shape {tuple(q.shape)})")
+        raise ValueError("q must have a non-empty head dimension D, got D=0")
+
+
+def check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, dev):
+    """The metadata rules of the block description (lengths int32 [B], mask int32 [B, Tq, W])."""
     _checks.lengths("prefix_lens", prefix_lens, B, dev)
     _checks.lengths("block_lens", block_lens, B, dev)
     _checks.tensor("mask", mask, dtype=torch.int32, rank=3, device=dev)
@@ -61,14 +81,15 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
         raise ValueError(f"mask must have shape [B={B}, Tq={Tq}, W], got {tuple(mask.shape)}")
     if q_lens is not None:
         _checks.lengths("q_lens", q_lens, B, dev)
+
+
+def scale(sm_scale, D):
+    """``sm_scale`` checked, as a float (``1/sqrt(D)`` for None)."""
     if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(D)
-    elif not isinstance(sm_scale, numbers.Real) or isinstance(sm_scale, bool) or not math.isfinite(sm_scale):
+        return 1.0 / math.sqrt(D)
+    if not isinstance(sm_scale, numbers.Real) or isinstance(sm_scale, bool) or not math.isfinite(sm_scale):
         raise TypeError(f"sm_scale must be a finite real number or None, got {sm_scale!r}")
-    if check:
-        _length_values(prefix_lens, block_lens, q_lens, S, mask.shape[2], Tq)
-    args = (q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, float(sm_scale))
-    return resolve("tree_attention", dev, backend, args)(*args)
+    return float(sm_scale)
 
 
 def _length_values(prefix_lens, block_lens, q_lens, S, W, Tq):
@@ -221,6 +242,17 @@ def tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_len
     block_lens[b]) / page_size)``. With ``check=False`` the kernels clamp lengths and page ids into
     range (no out-of-bounds access), but the result is then unspecified.
     """
+    N, page_size, sm_scale = check_paged_args(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask,
+                                              q_lens, sm_scale)
+    if check:
+        _paged_length_values(prefix_lens, block_lens, q_lens, page_table, N, page_size, mask.shape[2], q.shape[1])
+    args = (q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, float(sm_scale))
+    return resolve("tree_attention_paged", q.device, backend, args)(*args)
+
+
+def check_paged_args(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale):
+    """The metadata rules of :func:`tree_attention_paged` (no host sync); returns (num_pages,
+    page_size, sm_scale as a float)."""
     _checks.tensor("q", q, dtype=_FLOATS, rank=4)
     B, Tq, Hq, D = q.shape
     dev = q.device
@@ -229,27 +261,11 @@ def tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_len
     if k_pages.shape[3] != D:
         raise ValueError(f"k_pages must have shape [num_pages, page_size, Hkv, D={D}] (q is [B, Tq, Hq, D]), "
                          f"got {tuple(k_pages.shape)}")
-    if Hkv == 0 or Hq % Hkv:
-        raise ValueError(f"k_pages heads must divide q heads (Hq % Hkv == 0), got Hq={Hq}, Hkv={Hkv}")
-    if D == 0:
-        raise ValueError("q must have a non-empty head dimension D, got D=0")
+    check_heads(Hq, Hkv, D, "k_pages")
     _checks.tensor("v_pages", v_pages, dtype=q.dtype, shape=tuple(k_pages.shape), device=dev, last_stride_one=True)
     _checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
-    _checks.lengths("prefix_lens", prefix_lens, B, dev)
-    _checks.lengths("block_lens", block_lens, B, dev)
-    _checks.tensor("mask", mask, dtype=torch.int32, rank=3, device=dev)
-    if mask.shape[0] != B or mask.shape[1] != Tq:
-        raise ValueError(f"mask must have shape [B={B}, Tq={Tq}, W], got {tuple(mask.shape)}")
-    if q_lens is not None:
-        _checks.lengths("q_lens", q_lens, B, dev)
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(D)
-    elif not isinstance(sm_scale, numbers.Real) or isinstance(sm_scale, bool) or not math.isfinite(sm_scale):
-        raise TypeError(f"sm_scale must be a finite real number or None, got {sm_scale!r}")
-    if check:
-        _paged_length_values(prefix_lens, block_lens, q_lens, page_table, N, page_size, mask.shape[2], Tq)
-    args = (q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, float(sm_scale))
-    return resolve("tree_attention_paged", dev, backend, args)(*args)
+    check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, dev)
+    return N, page_size, scale(sm_scale, D)
 
 
 def _page_size(name, pages, *, lead):

@@ -1,25 +1,16 @@
-"""StaticKVCache: one preallocated K/V buffer for all layers, per-sequence lengths, in-place
-compaction after acceptance — and a transformers ``Cache``, so a stock HF model writes into it.
-
-Layout: ``k``, ``v`` [L, B, Hkv, S, D]; ``k[l]`` is the per-layer [B, Hkv, S, D] view that
-``tree_attention`` reads and HF's attention receives. ``lens`` int32 [B] counts the committed rows
-of every sequence. A forward appends its T new rows at ``lens[b] + offset`` (``offset`` = rows of
-the current draft block already written); they stay uncommitted until ``compact`` (keep the
-accepted path) or ``commit`` (keep all).
-
-Two ways to drive it:
-- the specops runner (:class:`specops.integrations.transformers.SpecModel`) opens a block
-  (``begin_block``), runs the model, then compacts: lengths may be ragged across the batch;
-- a plain HF forward with ``past_key_values=cache`` and no block open appends and commits like
-  ``DynamicCache`` (lengths then stay equal across the batch).
+"""What every specops KV cache shares: per-sequence lengths and their host mirror, the draft-block
+protocol (``begin_block`` / ``append_block`` / ``end_block``), commit / compact / truncate and the
+transformers ``Cache`` face. Subclasses own the storage: where a forward's rows go (``_plan`` /
+``_write_rows``), what a layer hands to attention (``_layer_view``), the compaction plan and the
+beam reorder.
 """
 import numbers
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .ops import _checks
-from .ops.kv_compact import CACHE_DTYPES, kv_compact
+from ..ops import _checks
+from ..ops.kv_compact import CACHE_DTYPES
 
 
 class _Layer(CacheLayerMixin):
@@ -31,7 +22,7 @@ class _Layer(CacheLayerMixin):
     def __init__(self, owner, index):
         super().__init__()
         self.owner, self.index = owner, index
-        self.keys, self.values = owner.k[index], owner.v[index]
+        self.keys, self.values = owner._layer_storage(index)
         self.is_initialized = True
 
     def lazy_initialization(self, key_states, value_states):
@@ -50,53 +41,54 @@ class _Layer(CacheLayerMixin):
         return self.owner.max_len
 
 
-class StaticKVCache(Cache):
-    """Preallocated K/V for ``num_layers`` layers of ``batch_size`` sequences of ``max_len`` rows.
+def check_sizes(cls_name, names, sizes, dtype):
+    """Constructor arguments: positive ints and a KV dtype, named in the error."""
+    for name, size in zip(names, sizes):
+        if isinstance(size, bool) or not isinstance(size, numbers.Integral):
+            raise TypeError(f"{cls_name} {name} must be an int, got {type(size).__name__} {size!r}")
+    if min(sizes) < 1:
+        raise ValueError(f"{cls_name} sizes must be >= 1, got [{', '.join(names)}] = {list(sizes)}")
+    if dtype not in CACHE_DTYPES:
+        want = " or ".join(str(d) for d in CACHE_DTYPES)
+        raise TypeError(f"{cls_name} dtype must be {want}, got {dtype!r}")
 
-    Shape: k, v [L, B, Hkv, S, D]; lens int32 [B].
 
-    Every method validates its arguments before it writes anything: a rejected call leaves
-    ``k``, ``v`` and ``lens`` bit-identical. ``dtype`` is fp32, fp16 or bf16 (what
-    ``kv_compact`` moves)."""
+class KVCacheBase(Cache):
+    """Lengths bookkeeping and the block protocol over a subclass's storage.
 
-    def __init__(self, num_layers, batch_size, num_kv_heads, max_len, head_dim, *, dtype=torch.float32,
-                 device="cpu"):
-        names = ("num_layers", "batch_size", "num_kv_heads", "max_len", "head_dim")
-        shape = (num_layers, batch_size, num_kv_heads, max_len, head_dim)
-        for name, size in zip(names, shape):
-            if isinstance(size, bool) or not isinstance(size, numbers.Integral):
-                raise TypeError(f"StaticKVCache {name} must be an int, got {type(size).__name__} {size!r}")
-        if min(shape) < 1:
-            raise ValueError(f"StaticKVCache sizes must be >= 1, got [L, B, Hkv, S, D] = {list(shape)}")
-        if dtype not in CACHE_DTYPES:
-            want = " or ".join(str(d) for d in CACHE_DTYPES)
-            raise TypeError(f"StaticKVCache dtype must be {want}, got {dtype!r}")
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.max_len = max_len
+    Shape: lens int32 [B]. Subclasses set ``num_layers``, ``num_kv_heads``, ``head_dim``,
+    ``max_len``, ``dtype`` and their storage before calling ``_init_base``.
+
+    Every method validates its arguments before it writes anything: a rejected call leaves the
+    storage and ``lens`` bit-identical."""
+
+    def _init_base(self, batch_size, device):
         self.lens = torch.zeros(batch_size, dtype=torch.int32, device=device)
         self._host_lens = [0] * batch_size  # mirror of lens for overflow checks; None when stale
         self._block = None  # (offset, T) of the draft block being written, or None in plain mode
-        # Where the current forward's rows go, planned once per forward (not per layer): ("slice",
-        # start, T) when every sequence writes at the same row, else ("scatter", index [B, Hkv, T, D], T).
-        self._write = None
-        super().__init__(layers=[_Layer(self, i) for i in range(num_layers)])
+        self._write = None  # where the current forward's rows go, planned once per forward (not per layer)
+        Cache.__init__(self, layers=[_Layer(self, i) for i in range(self.num_layers)])
 
     @classmethod
-    def for_model(cls, model, batch_size, max_len, *, dtype=None, device=None):
-        """Sized from an HF model's config (text config for multimodal wrappers)."""
+    def for_model(cls, model, batch_size, max_len, *, dtype=None, device=None, **kwargs):
+        """Sized from an HF model's config (text config for multimodal wrappers); ``kwargs`` go to
+        the constructor (e.g. ``page_size``)."""
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
         param = next(model.parameters())
         return cls(cfg.num_hidden_layers, batch_size, kv_heads, max_len, head_dim,
-                   dtype=dtype or param.dtype, device=device or param.device)
+                   dtype=dtype or param.dtype, device=device or param.device, **kwargs)
 
     # ---- sizes ------------------------------------------------------------------------------
     @property
     def batch_size(self):
-        return self.k.shape[1]
+        return self.lens.shape[0]
+
+    @property
+    def device(self):
+        return self.lens.device
 
     def host_lens(self):
         """Committed lengths as a Python list (one host sync if they changed on the device)."""
@@ -137,50 +129,36 @@ class StaticKVCache(Cache):
         self._block = None
         self._write = None
 
-    def _plan(self, offset, T):
-        # One plan per forward, reused by every layer. The host mirror of lens is fresh here (the
-        # room check just read it), so this costs no extra sync.
-        host = self.host_lens()
-        if all(n == host[0] for n in host):
-            return ("slice", host[0] + offset, T)
-        B, H, D = self.k.shape[1], self.k.shape[2], self.k.shape[4]
-        rows = (self.lens.to(torch.int64) + offset)[:, None] + torch.arange(T, device=self.lens.device)
-        return ("scatter", rows[:, None, :, None].expand(B, H, T, D), T)
-
     def append_block(self, layer, k, v):
-        """Writes one layer's new rows. Shape: k, v [B, Hkv, T, D] -> the layer's (k, v) [B, Hkv, S, D].
+        """Writes one layer's new rows. Shape: k, v [B, Hkv, T, D] -> what the layer's attention
+        reads (see the subclass).
 
         In a block (``begin_block``) the rows go to ``lens + offset`` and stay uncommitted; in plain
         mode they go to ``lens`` and are committed after the last layer."""
-        L, B, H, D = self.k.shape[0], self.k.shape[1], self.k.shape[2], self.k.shape[4]
+        L, B, H, D = self.num_layers, self.batch_size, self.num_kv_heads, self.head_dim
+        dev = self.lens.device
         layer = _checks.integer("layer", layer, 0, L - 1, f"the cache has num_layers={L}")
         T = k.shape[2] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1
         if (T < 1 or not isinstance(v, torch.Tensor) or k.shape != (B, H, T, D) or v.shape != k.shape
-                or k.device != self.k.device or v.device != self.k.device or k.dtype not in CACHE_DTYPES
-                or v.dtype != k.dtype):
-            _checks.tensor("k", k, dtype=CACHE_DTYPES, shape=(B, H, None, D), device=self.k.device)
-            _checks.tensor("v", v, dtype=k.dtype, shape=(B, H, T, D), device=self.k.device)
+                or k.device != dev or v.device != dev or k.dtype not in CACHE_DTYPES or v.dtype != k.dtype):
+            _checks.tensor("k", k, dtype=CACHE_DTYPES, shape=(B, H, None, D), device=dev)
+            _checks.tensor("v", v, dtype=k.dtype, shape=(B, H, T, D), device=dev)
             if T < 1:
                 raise ValueError(f"k must hold at least one row (T >= 1), got shape {tuple(k.shape)}")
         self._check_not_aliased(k, v)
         if self._block is not None:
             if self._block[1] != T:
                 raise ValueError(f"append_block: the open block has {self._block[1]} rows per sequence, got T={T}")
-        elif layer == 0 or self._write is None or self._write[2] != T:
+        elif layer == 0 or self._write is None or self._write[-1] != T:
             # Plain mode: the first layer of each forward checks room and plans the write.
             self._check_room(T, "append_block")
             self._write = self._plan(0, T)
-        kind, where, _ = self._write
-        if kind == "slice":
-            self.k[layer, :, :, where:where + T].copy_(k)
-            self.v[layer, :, :, where:where + T].copy_(v)
-        else:
-            self.k[layer].scatter_(2, where, k.to(self.k.dtype))
-            self.v[layer].scatter_(2, where, v.to(self.v.dtype))
-        if self._block is None and layer == self.k.shape[0] - 1:
+        self._write_rows(layer, k, v)
+        view = self._layer_view(layer)
+        if self._block is None and layer == L - 1:
             self._write = None
             self.commit(torch.full_like(self.lens, T), host_counts=[T] * B)
-        return self.k[layer], self.v[layer]
+        return view
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         return self.append_block(layer_idx, key_states, value_states)
@@ -216,12 +194,12 @@ class StaticKVCache(Cache):
 
     def compact(self, accept_idx, accept_lens, *, check=True, backend=None):
         """Keeps the accepted block rows: row ``lens + accept_idx[b, j]`` moves to ``lens + j`` in every
-        layer (one :func:`specops.kv_compact` call), then ``lens += accept_lens``.
+        layer (one :class:`specops.KVCompactPlan` run: one kernel call), then ``lens += accept_lens``.
 
         Shape: accept_idx int32 [B, A], accept_lens int32 [B]."""
-        kv_compact(self.k, self.v, self.lens, accept_idx, accept_lens, check=check, backend=backend)
-        # No second check: with check=True kv_compact has verified lens + accept_idx[b, j] < S for
-        # strictly increasing accept_idx[b, j] >= j, so lens + accept_lens <= S = max_len holds; with
+        self._compact(accept_idx, accept_lens, check, backend)
+        # No second check: with check=True the plan has verified lens + accept_idx[b, j] < max_len for
+        # strictly increasing accept_idx[b, j] >= j, so lens + accept_lens <= max_len holds; with
         # check=False nothing is checked (and nothing syncs), as documented.
         self.commit(accept_lens, check=False)
 
@@ -254,8 +232,7 @@ class StaticKVCache(Cache):
         B = self.batch_size
         _checks.tensor("beam_idx", beam_idx, dtype=(torch.int32, torch.int64), shape=(B,), device=self.lens.device)
         _checks.range_values("beam_idx", beam_idx, 0, B - 1, f"a sequence of the batch of B={B}")
-        self.k.copy_(self.k[:, beam_idx])
-        self.v.copy_(self.v[:, beam_idx])
+        self._reorder(beam_idx)
         self.lens.copy_(self.lens[beam_idx])
         self._host_lens = None
 
@@ -264,7 +241,7 @@ class StaticKVCache(Cache):
         read rows it has already overwritten. Metadata only."""
         if torch.compiler.is_compiling():
             return
-        own = {self.k.untyped_storage().data_ptr(), self.v.untyped_storage().data_ptr()}
+        own = {t.untyped_storage().data_ptr() for t in self._layer_storage(None)}
         for name, t in (("k", k), ("v", v)):
             if t.untyped_storage().data_ptr() in own:
                 raise ValueError(f"{name} must not share memory with the cache's own k/v buffers "

@@ -1,0 +1,257 @@
+"""Plans: validate and dispatch once, run many times.
+
+At decode shapes the Python argument checks of an op cost about as much as its kernel (kv_compact:
+~12 us of Python against ~2.5 us of C++ per call), and one decoding step calls tree_attention once
+per layer with the same lengths, mask and cache geometry. A plan takes what is fixed for the step
+(lengths, mask, page table, head counts, dtype), checks it once (the metadata rules of the op and,
+with ``check=True``, its value rules: at most one host sync per plan), resolves the backend once,
+and then ``run`` hands the per-layer tensors straight to the kernel.
+
+``run`` trusts its tensors. Its first call checks them against the op's full metadata rules and the
+plan's declared shapes (no host sync); later calls check nothing, so every call must pass tensors
+of the first call's shapes, dtype and layout (views of one cache, layer by layer). Build a new
+plan when the lengths, mask or cache change shape; a plan keeps references to its length tensors,
+so in-place edits of them between runs are seen, and are not re-validated.
+"""
+import torch
+
+from .. import backend as _backend
+from . import _checks
+from . import kv_compact as _kvc
+from . import tree_attention as _ta
+
+
+class _Spec:
+    """A stand-in tensor for the capability checks of :func:`specops.backend.resolve` at plan time:
+    the declared shape, dtype and device, with dense strides (no storage)."""
+
+    def __init__(self, shape, dtype, device):
+        self.shape, self.dtype, self.device = torch.Size(shape), dtype, device
+        strides, acc = [], 1
+        for n in reversed(self.shape):
+            strides.append(acc)
+            acc *= max(n, 1)
+        self._strides = tuple(reversed(strides))
+
+    def dim(self):
+        return len(self.shape)
+
+    def stride(self, dim=None):
+        return self._strides if dim is None else self._strides[dim]
+
+
+def _resolve(op, device, backend, args):
+    """(backend name, implementation) of ``op`` for the call ``args``, by the dispatch rule."""
+    impl = _backend.resolve(op, device, backend, args)
+    name = next(n for n, f in _backend._IMPLS[op].items() if f is impl)
+    return name, impl
+
+
+def _size(name, value, lo=1):
+    return _checks.integer(name, value, lo)
+
+
+def _device(device, t):
+    return t.device if device is None else torch.device(device)
+
+
+class TreeAttentionPlan:
+    """One decoding step's :func:`specops.tree_attention` (or ``tree_attention_paged``) for every
+    layer: ``plan.run(q, k, v)`` per layer.
+
+    Shape: prefix_lens / block_lens / q_lens int32 [B], mask int32 [B, Tq, W]; contiguous layout
+    (``page_table=None``): run(q [B, Tq, Hq, D], k, v [B, Hkv, S, D]); paged layout: page_table
+    int32 [B, max_pages], page_size (a power of two), run(q, k_pages, v_pages [num_pages,
+    page_size, Hkv, D]); -> out [B, Tq, Hq, D] in ``dtype``. Hq = num_heads, Hkv = num_kv_heads,
+    D = head_dim.
+
+    ``max_len`` (contiguous: S) and ``num_pages`` (paged: the pool size) are optional: when given,
+    ``check=True`` verifies the value rules here; when not, at the first ``run`` (where the cache
+    shows them). Either way one host sync per plan, none with ``check=False`` (then bad lengths
+    give unspecified results, never out-of-bounds access). The backend is resolved here from the
+    declared shapes (an explicit ``backend=`` that cannot take them raises BackendUnavailable now);
+    if the first run's real tensors fall outside the chosen backend's capabilities (e.g. strides),
+    the choice is made again for them, once.
+    """
+
+    def __init__(self, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None, page_table=None, page_size=None,
+                 head_dim, num_heads, num_kv_heads, dtype, device=None, check=True, backend=None, max_len=None,
+                 num_pages=None):
+        _checks.tensor("prefix_lens", prefix_lens, dtype=torch.int32, rank=1)
+        dev = _device(device, prefix_lens)
+        B = prefix_lens.shape[0]
+        _checks.tensor("mask", mask, dtype=torch.int32, rank=3, device=dev)
+        Tq = mask.shape[1]
+        _ta.check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, dev)
+        D, Hq, Hkv = _size("head_dim", head_dim), _size("num_heads", num_heads), _size("num_kv_heads", num_kv_heads)
+        _ta.check_heads(Hq, Hkv, D, "num_kv_heads")
+        if dtype not in _ta._FLOATS:
+            raise TypeError(f"dtype must be one of {_ta._FLOATS}, got {dtype!r}")
+        self.paged = page_table is not None
+        if self.paged:
+            _checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
+            page_size = _size("page_size", page_size)
+            if page_size & (page_size - 1):
+                raise ValueError(f"page_size must be a power of two >= 1, got {page_size}")
+            if num_pages is not None:
+                num_pages = _size("num_pages", num_pages)
+        elif page_size is not None:
+            raise ValueError(f"page_size is for the paged layout: pass page_table too (got page_size={page_size} "
+                             "and page_table=None)")
+        if max_len is not None:
+            max_len = _size("max_len", max_len)
+        self.prefix_lens, self.block_lens, self.mask, self.q_lens = prefix_lens, block_lens, mask, q_lens
+        self.page_table, self.page_size = page_table, page_size
+        self.B, self.Tq, self.num_heads, self.num_kv_heads, self.head_dim = B, Tq, Hq, Hkv, D
+        self.dtype, self.device, self.check, self._backend = dtype, dev, check, backend
+        self.sm_scale = _ta.scale(sm_scale, D)
+        self.op = "tree_attention_paged" if self.paged else "tree_attention"
+        # Capability args from the declared shapes: what resolve's supports checks read.
+        q = _Spec((B, Tq, Hq, D), dtype, dev)
+        if self.paged:
+            pool = _Spec((num_pages or 1, page_size, Hkv, D), dtype, dev)
+            args = (q, pool, pool, page_table, prefix_lens, block_lens, mask, q_lens, self.sm_scale)
+        else:
+            cache = _Spec((B, Hkv, max_len or 1, D), dtype, dev)
+            args = (q, cache, cache, prefix_lens, block_lens, mask, q_lens, self.sm_scale)
+        self.backend, self._impl = _resolve(self.op, dev, backend, args)
+        self._values_pending = check
+        if check and (num_pages if self.paged else max_len) is not None:
+            self._check_values(num_pages if self.paged else max_len)
+        self._first = True
+
+    def _check_values(self, size):
+        W = self.mask.shape[2]
+        if self.paged:
+            _ta._paged_length_values(self.prefix_lens, self.block_lens, self.q_lens, self.page_table, size,
+                                     self.page_size, W, self.Tq)
+        else:
+            _ta._length_values(self.prefix_lens, self.block_lens, self.q_lens, size, W, self.Tq)
+        self._values_pending = False
+
+    def _first_run(self, q, k, v):
+        """The op's full metadata rules on the first run's tensors, against the declared shapes."""
+        _checks.tensor("q", q, dtype=self.dtype, shape=(self.B, self.Tq, self.num_heads, self.head_dim),
+                       device=self.device)
+        if self.paged:
+            N, page_size, _ = _ta.check_paged_args(q, k, v, self.page_table, self.prefix_lens, self.block_lens,
+                                                   self.mask, self.q_lens, self.sm_scale)
+            if page_size != self.page_size or k.shape[2] != self.num_kv_heads:
+                raise ValueError(f"k_pages must have shape [num_pages, page_size={self.page_size}, "
+                                 f"Hkv={self.num_kv_heads}, D={self.head_dim}] (the plan's), got {tuple(k.shape)}")
+            size = N
+            args = (q, k, v, self.page_table, self.prefix_lens, self.block_lens, self.mask, self.q_lens,
+                    self.sm_scale)
+        else:
+            size, _ = _ta.check_args(q, k, v, self.prefix_lens, self.block_lens, self.mask, self.q_lens, self.sm_scale)
+            if k.shape[1] != self.num_kv_heads:
+                raise ValueError(f"k_cache must have shape [B={self.B}, Hkv={self.num_kv_heads}, S, "
+                                 f"D={self.head_dim}] (the plan's), got {tuple(k.shape)}")
+            args = (q, k, v, self.prefix_lens, self.block_lens, self.mask, self.q_lens, self.sm_scale)
+        if self._values_pending:
+            self._check_values(size)
+        if _backend._incapable(self.op, self.backend, args) is not None:
+            self.backend, self._impl = _resolve(self.op, self.device, self._backend, args)
+        self._first = False
+
+    def run(self, q, k, v):
+        """One layer. Shape: q [B, Tq, Hq, D]; k, v [B, Hkv, S, D] (contiguous) or [num_pages,
+        page_size, Hkv, D] (paged) -> [B, Tq, Hq, D]. No checks after the first call (see the module)."""
+        if self._first:
+            self._first_run(q, k, v)
+        if self.paged:
+            return self._impl(q, k, v, self.page_table, self.prefix_lens, self.block_lens, self.mask, self.q_lens,
+                              self.sm_scale)
+        return self._impl(q, k, v, self.prefix_lens, self.block_lens, self.mask, self.q_lens, self.sm_scale)
+
+
+class KVCompactPlan:
+    """One step's :func:`specops.kv_compact` (or ``kv_compact_paged``): ``plan.run(k, v)``.
+
+    Shape: lens int32 [B] (the committed rows: the op's ``prefix_lens``), accept_idx int32 [B, A],
+    accept_lens int32 [B]; contiguous layout (``max_len`` = S): run(k, v [L, B, Hkv, S, D]); paged
+    layout (``page_table`` int32 [B, max_pages], ``page_size``): run(k_pages, v_pages [L, num_pages,
+    page_size, Hkv, D]); L = num_layers, Hkv = num_kv_heads, D = head_dim. Both modified in place.
+
+    ``check=True`` verifies the value rules of the op here (one host sync; the paged rules need
+    ``num_pages``, else they run at the first ``run``). ``run`` trusts its tensors after the first
+    call (see the module). Nothing is written by a call that raises.
+    """
+
+    def __init__(self, lens, accept_idx, accept_lens, *, num_layers, num_kv_heads, head_dim, max_len=None,
+                 page_table=None, page_size=None, num_pages=None, dtype, device=None, check=True, backend=None):
+        _checks.tensor("lens", lens, dtype=torch.int32, rank=1)
+        dev = _device(device, lens)
+        B = lens.shape[0]
+        try:
+            _kvc.check_accept(lens, accept_idx, accept_lens, B, dev)
+        except (TypeError, ValueError) as err:  # the shared check names the op's argument
+            raise type(err)(str(err).replace("prefix_lens", "lens")) from None
+        L, Hkv, D = _size("num_layers", num_layers), _size("num_kv_heads", num_kv_heads), _size("head_dim", head_dim)
+        if dtype not in _kvc.CACHE_DTYPES:
+            raise TypeError(f"dtype must be one of {_kvc.CACHE_DTYPES}, got {dtype!r}")
+        self.paged = page_table is not None
+        if self.paged:
+            if max_len is not None:
+                raise ValueError(f"max_len is for the contiguous layout, got max_len={max_len} with a page_table")
+            _checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
+            page_size = _size("page_size", page_size)
+            if page_size & (page_size - 1):
+                raise ValueError(f"page_size must be a power of two >= 1, got {page_size}")
+            if num_pages is not None:
+                num_pages = _size("num_pages", num_pages)
+        else:
+            if max_len is None:
+                raise TypeError("KVCompactPlan needs max_len (contiguous layout) or page_table and page_size (paged)")
+            max_len = _size("max_len", max_len)
+        self.lens, self.accept_idx, self.accept_lens = lens, accept_idx, accept_lens
+        self.page_table, self.page_size, self.max_len = page_table, page_size, max_len
+        self.num_layers, self.B, self.num_kv_heads, self.head_dim = L, B, Hkv, D
+        self.dtype, self.device = dtype, dev
+        self.op = "kv_compact_paged" if self.paged else "kv_compact"
+        self._impl = _backend.resolve(self.op, dev, backend)
+        # The kernels are never launched for an empty acceptance (the ops' rule).
+        self._noop = accept_idx.shape[1] == 0 or B == 0
+        self._values_pending = check
+        if check and (num_pages is not None or not self.paged):
+            self._check_values(num_pages)
+        self._first = True
+
+    def _check_values(self, num_pages):
+        if self.paged:
+            _kvc._check_paged_values(self.page_table, num_pages, self.page_size, self.lens, self.accept_idx,
+                                     self.accept_lens)
+        else:
+            _kvc._check_values(self.lens, self.accept_idx, self.accept_lens, self.max_len)
+        self._values_pending = False
+
+    def _first_run(self, k, v):
+        if self.paged:
+            N, page_size = _kvc.check_pools(k, v)
+            want = (self.num_layers, N, self.page_size, self.num_kv_heads, self.head_dim)
+            name = "k_pages"
+        else:
+            _kvc.check_caches(k, v)
+            want = (self.num_layers, self.B, self.num_kv_heads, self.max_len, self.head_dim)
+            name = "k_cache"
+        if tuple(k.shape) != want or k.dtype != self.dtype or k.device != self.device:
+            raise ValueError(f"{name} must be a {self.dtype} tensor of shape {list(want)} on {self.device} (the "
+                             f"plan's), got {k.dtype} {tuple(k.shape)} on {k.device}")
+        if self._values_pending:
+            self._check_values(N if self.paged else None)
+        self._first = False
+
+    def run(self, k, v):
+        """Compacts ``k`` and ``v`` in place (all layers). Shape: see the class. -> None."""
+        if self._first:
+            self._first_run(k, v)
+        if self._noop:
+            return None
+        if self.paged:
+            self._impl(k, v, self.page_table, self.lens, self.accept_idx, self.accept_lens)
+        else:
+            self._impl(k, v, self.lens, self.accept_idx, self.accept_lens)
+        return None
+
+
+__all__ = ["KVCompactPlan", "TreeAttentionPlan"]

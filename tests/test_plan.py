@@ -1,0 +1,223 @@
+"""Plans (specops.TreeAttentionPlan, specops.KVCompactPlan) against the one-shot ops on every
+backend: contiguous and paged layouts, GQA, ragged batches, padded queries, one plan run over
+several layers; bad input raises naming the argument (at construction, or at the first run when
+the cache's size was not declared) before anything is written."""
+import pytest
+import torch
+
+import specops
+from specops import BackendUnavailable
+from specops import backend as _backend
+from specops.testing import to_pages
+
+from test_kv_compact import PATTERNS, i32
+from test_paged import PAGED_CASES, compaction_case, need, paged_case
+from test_tree_attention import make_case
+
+
+def tree_plan(args, kw, paged=None, layers=None, **extra):
+    q, k, v, prefix, block, mask = args
+    B, Tq, Hq, D = q.shape
+    opts = dict(q_lens=kw.get("q_lens"), sm_scale=kw.get("sm_scale"), head_dim=D, num_heads=Hq,
+                num_kv_heads=k.shape[1], dtype=q.dtype, **extra)
+    if paged is not None:
+        opts.update(page_table=paged[2], page_size=paged[0].shape[1])
+    return specops.TreeAttentionPlan(prefix, block, mask, **opts)
+
+
+def layer_copies(t, n, seed):
+    """``n`` tensors shaped and strided like ``t`` (other layers of the same cache): fresh values."""
+    g = torch.Generator().manual_seed(seed)
+    return [t + torch.randn(t.shape, generator=g).to(t.dtype).to(t.device) for _ in range(n)]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+@pytest.mark.parametrize("B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded, page_size", PAGED_CASES,
+                         ids=[f"B{c[0]}-T{c[1]}-L{c[2]}-P{c[3]}-H{c[4]}x{c[5]}-D{c[6]}-{str(c[7])[6:]}-ps{c[10]}"
+                              for c in PAGED_CASES])
+def test_tree_attention_plan_equals_the_op_on_every_layer(backend, device, layout, B, Tq, L, P, Hq, Hkv, D, dtype,
+                                                          kind, padded, page_size):
+    op = "tree_attention_paged" if layout == "paged" else "tree_attention"
+    need(op, backend)
+    args, kw, paged = paged_case(B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded, page_size, seed=P + D, device=device)
+    plan = tree_plan(args, kw, paged if layout == "paged" else None, backend=backend)
+    assert plan.backend == backend
+    q = args[0]
+    # One plan, three layers: each layer its own q, K and V (same shapes and strides).
+    qs = layer_copies(q, 3, seed=1)
+    if layout == "paged":
+        ks, vs = layer_copies(paged[0], 3, seed=2), layer_copies(paged[1], 3, seed=3)
+    else:
+        ks, vs = layer_copies(args[1], 3, seed=2), layer_copies(args[2], 3, seed=3)
+    for ql, kl, vl in zip(qs, ks, vs):
+        got = plan.run(ql, kl, vl)
+        if layout == "paged":
+            want = specops.tree_attention_paged(ql, kl, vl, paged[2], *args[3:], backend=backend, **kw)
+        else:
+            want = specops.tree_attention(ql, kl, vl, *args[3:], backend=backend, **kw)
+        assert got.dtype == dtype and torch.equal(got, want), "the plan differs from the one-shot op"
+
+
+def test_tree_attention_plan_default_backend_and_sm_scale(device):
+    # No backend named: the plan runs what the one-shot op would pick for the same call.
+    args, kw = make_case(2, 4, 9, 20, 6, 3, 32, torch.float32, kind="dag", padded=True, device=device)
+    plan = tree_plan(args, {**kw, "sm_scale": 0.3})
+    q, k, v, prefix, block, mask = args
+    assert plan._impl is _backend.resolve("tree_attention", q.device, None,
+                                          (q, k, v, prefix, block, mask, kw["q_lens"], 0.3))
+    got = plan.run(q, k, v)
+    want = specops.tree_attention(*args, sm_scale=0.3, q_lens=kw["q_lens"])
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_kv_compact_plan_equals_the_op(backend, device, pattern, page_size):
+    need("kv_compact_paged", backend)
+    for B, A, dtype in ((1, 33, torch.float32), (3, 20, torch.bfloat16)):
+        cache, kp, vp, table, (prefix, idx, lens) = compaction_case(B, A, pattern, page_size, dtype,
+                                                                    seed=A + page_size, device=device)
+        L, _, H, S, D = cache.shape
+        # contiguous
+        k, v = cache.clone(), -cache
+        want_k, want_v = k.clone(), v.clone()
+        specops.kv_compact(want_k, want_v, prefix, idx, lens, backend=backend)
+        plan = specops.KVCompactPlan(prefix, idx, lens, num_layers=L, num_kv_heads=H, head_dim=D, max_len=S,
+                                     dtype=dtype, backend=backend)
+        assert plan.run(k, v) is None
+        assert torch.equal(k, want_k) and torch.equal(v, want_v)
+        # paged, with and without num_pages declared (then checked at the first run)
+        for num_pages in (kp.shape[1], None):
+            k2, v2 = kp.clone(), vp.clone()
+            want_k, want_v = kp.clone(), vp.clone()
+            specops.kv_compact_paged(want_k, want_v, table, prefix, idx, lens, backend=backend)
+            plan = specops.KVCompactPlan(prefix, idx, lens, num_layers=L, num_kv_heads=H, head_dim=D,
+                                         page_table=table, page_size=page_size, num_pages=num_pages, dtype=dtype,
+                                         backend=backend)
+            plan.run(k2, v2)
+            assert torch.equal(k2, want_k) and torch.equal(v2, want_v)
+
+
+def test_kv_compact_plan_runs_again_on_another_cache(device):
+    # A plan is the moves, not the cache: two caches of the same geometry, the same moves.
+    cache, _, _, _, (prefix, idx, lens) = compaction_case(3, 12, "random", 4, torch.float32, seed=5, device=device)
+    L, B, H, S, D = cache.shape
+    plan = specops.KVCompactPlan(prefix, idx, lens, num_layers=L, num_kv_heads=H, head_dim=D, max_len=S,
+                                 dtype=torch.float32)
+    for scale in (1.0, 3.0):
+        k, v = cache * scale, cache * -scale
+        want_k, want_v = k.clone(), v.clone()
+        specops.kv_compact(want_k, want_v, prefix, idx, lens)
+        plan.run(k, v)
+        assert torch.equal(k, want_k) and torch.equal(v, want_v)
+
+
+# ---- errors: named, raised before anything is written -------------------------------------------
+
+def small_tree(device="cpu"):
+    args, kw = make_case(2, 3, 6, 10, 4, 2, 16, torch.float32, kind="tree", padded=True, device=device)
+    return args, kw
+
+
+@pytest.mark.parametrize("change, exc, match", [
+    (dict(head_dim="16"), TypeError, "head_dim must be an int"),
+    (dict(num_kv_heads=3), ValueError, r"num_kv_heads heads must divide q heads .*Hq=4, Hkv=3"),
+    (dict(dtype=torch.float64), TypeError, "dtype must be one of"),
+    (dict(sm_scale=float("nan")), TypeError, "sm_scale must be a finite real number"),
+    (dict(page_size=16), ValueError, "page_size is for the paged layout"),
+    (dict(max_len=5), ValueError, r"prefix_lens \+ block_lens must be <= S = 5"),
+    (dict(backend="nope"), ValueError, "backend= must name one of"),
+])
+def test_tree_attention_plan_rejects_bad_arguments_at_construction(change, exc, match):
+    args, kw = small_tree()
+    opts = dict(q_lens=kw["q_lens"], head_dim=16, num_heads=4, num_kv_heads=2, dtype=torch.float32)
+    with pytest.raises(exc, match=match):
+        specops.TreeAttentionPlan(*args[3:], **{**opts, **change})
+
+
+def test_tree_attention_plan_block_metadata_errors_name_the_argument():
+    args, kw = small_tree()
+    prefix, block, mask = args[3:]
+    base = dict(head_dim=16, num_heads=4, num_kv_heads=2, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"mask must have shape \[B=2, Tq=3, W\]"):
+        specops.TreeAttentionPlan(prefix, block, mask[:1], **base)
+    with pytest.raises(TypeError, match="block_lens must have dtype torch.int32"):
+        specops.TreeAttentionPlan(prefix, block.long(), mask, **base)
+    with pytest.raises(ValueError, match=r"page_table must have shape \[2, \*\]"):
+        specops.TreeAttentionPlan(prefix, block, mask, page_table=i32([[0, 1]]), page_size=4, **base)
+    with pytest.raises(ValueError, match="page_size must be a power of two"):
+        specops.TreeAttentionPlan(prefix, block, mask, page_table=i32([[0], [1]]), page_size=6, **base)
+    bad = block.clone()
+    bad[1] = -1
+    with pytest.raises(ValueError, match="block_lens must be >= 0"):
+        specops.TreeAttentionPlan(prefix, bad, mask, max_len=64, **base)
+
+
+def test_tree_attention_plan_checks_the_first_run_and_the_undeclared_cache_size():
+    args, kw = small_tree()
+    q, k, v = args[:3]
+    plan = tree_plan(args, kw)
+    with pytest.raises(TypeError, match="q must have dtype torch.float32, got torch.bfloat16"):
+        plan.run(q.bfloat16(), k, v)
+    with pytest.raises(ValueError, match=r"q must have shape \[2, 3, 4, 16\]"):
+        plan.run(q[:, :2], k, v)
+    with pytest.raises(ValueError, match=r"prefix_lens \+ block_lens must be <= S = 4"):
+        plan.run(q, k[:, :, :4], v[:, :, :4])  # the value rules run here: max_len was not declared
+    out = plan.run(q, k, v)  # a good first run after rejected ones
+    torch.testing.assert_close(out, specops.tree_attention(*args, **kw))
+    # paged: a page id outside the pool, found at the first run (num_pages undeclared)
+    kp, table = to_pages(k, 4, generator=torch.Generator().manual_seed(0))
+    vp, _ = to_pages(v, 4, generator=torch.Generator().manual_seed(0))
+    table[0, 0] = kp.shape[0] + 3
+    plan = tree_plan(args, kw, (kp, vp, table))
+    with pytest.raises(ValueError, match=r"page_table\[0, 0\] must lie in \[0, num_pages="):
+        plan.run(q, kp, vp)
+    with pytest.raises(ValueError, match=r"page_table\[0, 0\] must lie in"):
+        tree_plan(args, kw, (kp, vp, table), num_pages=kp.shape[0])
+
+
+def test_explicit_backend_that_cannot_run_raises_at_construction():
+    args, kw = small_tree()
+    for name in _backend.BACKENDS:
+        ok, _ = _backend.available(name, "cpu")
+        if not ok and name in _backend.implementations("tree_attention"):
+            with pytest.raises(BackendUnavailable, match=name):
+                tree_plan(args, kw, backend=name)
+            return
+    pytest.skip("every tree_attention backend is available here")
+
+
+def _state(*ts):
+    return [t.clone() for t in ts]
+
+
+def test_kv_compact_plan_errors_leave_the_caches_untouched():
+    cache, kp, vp, table, (prefix, idx, lens) = compaction_case(2, 10, "random", 4, torch.float32, seed=3)
+    L, B, H, S, D = cache.shape
+    k, v = cache.clone(), -cache
+    before = _state(k, v, kp, vp)
+    geo = dict(num_layers=L, num_kv_heads=H, head_dim=D, dtype=torch.float32)
+    bad_idx = i32([[0, 2, 1] + [0] * 7, [0, 1, 2] + [0] * 7])
+    with pytest.raises(ValueError, match=r"accept_idx\[0, :accept_lens\[0\]\] must be strictly increasing"):
+        specops.KVCompactPlan(prefix, bad_idx, i32([3, 3]), max_len=S, **geo)
+    with pytest.raises(TypeError, match="lens must have dtype torch.int32"):
+        specops.KVCompactPlan(prefix.long(), idx, lens, max_len=S, **geo)
+    with pytest.raises(TypeError, match="needs max_len"):
+        specops.KVCompactPlan(prefix, idx, lens, **geo)
+    with pytest.raises(TypeError, match="num_layers must be an int"):
+        specops.KVCompactPlan(prefix, idx, lens, max_len=S, **{**geo, "num_layers": 2.0})
+    plan = specops.KVCompactPlan(prefix, idx, lens, max_len=S, **geo)
+    with pytest.raises(ValueError, match=r"k_cache must be a torch.float32 tensor of shape \[2, 2, 2, 15, 8\]"):
+        plan.run(k[:1], v[:1])
+    with pytest.raises(TypeError, match="k_cache must have dtype"):
+        plan.run(k.double(), v.double())
+    with pytest.raises(ValueError, match="v_cache must not share memory with k_cache"):
+        plan.run(k, k)
+    # paged: a written page shared by both sequences, found at the first run (num_pages undeclared)
+    shared = table.clone()
+    shared[1] = shared[0]
+    moves = (i32([3, 5]), i32([[1, 2] + [3] * 8] * 2), i32([2, 2]))  # rows p+1, p+2 -> p, p+1
+    plan = specops.KVCompactPlan(*moves, page_table=shared, page_size=4, **geo)
+    with pytest.raises(ValueError, match=r"page_table\[\d, \d+\] = \d+ holds rows the compaction writes"):
+        plan.run(kp, vp)
+    assert all(torch.equal(a, b) for a, b in zip(before, (k, v, kp, vp)))
