@@ -15,13 +15,14 @@ Draft-cache policy (docs/methods.md §KV caches), one mechanism for every drafte
 """
 import torch
 
-from .runner import block_logits, commit_paths, lens_list, make_runner, pad_batch
+from . import _kernels
+from .runner import block_logits, commit_paths, make_runner, pad_batch
 
 
 class DraftLM:
-    def __init__(self, model, batch_size, max_len):
+    def __init__(self, model, batch_size, max_len, **runner_kw):
         self.model = model
-        self.runner = make_runner(model, batch_size, max_len)
+        self.runner = make_runner(model, batch_size, max_len, **runner_kw)
         self.B = batch_size
         self.max_len = max_len
         self.cached = [[] for _ in range(batch_size)]
@@ -29,6 +30,7 @@ class DraftLM:
         self.fed = [0] * batch_size
         self.root = [0] * batch_size
         self.forwards = 0
+        self.host_lens = [0] * batch_size  # runner.lens as a host list (kept without reading it back)
         self._logits = None
         self._q0 = 0
 
@@ -41,6 +43,7 @@ class DraftLM:
         else:
             self.runner.prefill(ids.to(dev), lens.to(dev))
         self.cached = [list(p) for p in prompts]
+        self.host_lens = [len(p) for p in prompts]
 
     # ---- blocks ------------------------------------------------------------------------------
 
@@ -63,8 +66,9 @@ class DraftLM:
             self.tokens.append(list(chain))
             self.parents.append([-1] + list(range(len(chain) - 1)))
             self.root[b] = len(chain) - 1
-        if keep != lens_list(self.runner):
+        if keep != self.host_lens:  # truncate checks its lengths with a host read: only when rows go
             self.runner.truncate(torch.tensor(keep, dtype=torch.int32, device=self.runner.lens.device))
+            self.host_lens = keep
         self.fed = [0] * self.B
         self._logits = None
 
@@ -141,7 +145,8 @@ class DraftLM:
                 keep = []
             idx.append(keep)
             lens.append(len(keep))
-        commit_paths(self.runner, idx)
+        commit_paths(self.runner, idx, check=_kernels.CHECK)
+        self.host_lens = [n + len(i) for n, i in zip(self.host_lens, idx)]
         for b in range(self.B):
             self.cached[b].extend(self.tokens[b][i] for i in idx[b])
         self.tokens = self.parents = None

@@ -43,6 +43,7 @@ class OuroborosDrafter(ModelDrafter):
               "model_free": False}
     sampling_mode = "sample_match"
     budget_param = "gamma"  # draft tokens before lengthening
+    needs_target_argmax = True  # commit reads the target's corrections: in the step's one packed read
 
     def check_params(self):
         self._positive_int("gamma", self.gamma)
