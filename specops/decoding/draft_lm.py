@@ -31,7 +31,7 @@ class DraftLM:
         self.root = [0] * batch_size
         self.forwards = 0
         self.host_lens = [0] * batch_size  # runner.lens as a host list (kept without reading it back)
-        self._logits = None
+        self._logits = self._argmax = None
         self._q0 = 0
 
     def prefill(self, prompts):
@@ -70,7 +70,7 @@ class DraftLM:
             self.runner.truncate(torch.tensor(keep, dtype=torch.int32, device=self.runner.lens.device))
             self.host_lens = keep
         self.fed = [0] * self.B
-        self._logits = None
+        self._logits = self._argmax = None
 
     def begin_chain(self, chains):
         """Opens a block per sequence from explicit chains that follow the cached tokens
@@ -79,7 +79,7 @@ class DraftLM:
         self.parents = [[-1] + list(range(len(c) - 1)) for c in chains]
         self.root = [len(c) - 1 for c in chains]
         self.fed = [0] * self.B
-        self._logits = None
+        self._logits = self._argmax = None
 
     def add(self, b, token, parent):
         """A new block node below block node ``parent``; returns its index."""
@@ -105,6 +105,7 @@ class DraftLM:
         num_nodes = torch.tensor([len(t) for t in self.tokens], dtype=torch.int32)
         dev = self.runner.lens.device
         self._logits = block_logits(self.runner, tokens.to(dev), parents.to(dev), num_nodes.to(dev), q0)
+        self._argmax = None
         self._q0 = q0
         self.fed = [len(t) for t in self.tokens]
         self.forwards += 1
@@ -119,6 +120,15 @@ class DraftLM:
         if node < self._q0:
             raise IndexError("logits are kept only for the nodes computed by the latest forward()")
         return self._logits[b, node - self._q0]
+
+    def argmax(self, b, node):
+        """The draft's argmax token after block node ``node`` (fed by the latest forward). The first
+        call after a forward reads every row's argmax in one host read."""
+        if node < self._q0:
+            raise IndexError("logits are kept only for the nodes computed by the latest forward()")
+        if self._argmax is None:
+            self._argmax = self._logits.argmax(-1).tolist()  # [B][T - q0]
+        return self._argmax[b][node - self._q0]
 
     def logits_rows(self, pairs):
         """Shape: list of (b, node) -> fp32 [len(pairs), V]."""
@@ -150,5 +160,5 @@ class DraftLM:
         for b in range(self.B):
             self.cached[b].extend(self.tokens[b][i] for i in idx[b])
         self.tokens = self.parents = None
-        self._logits = None
+        self._logits = self._argmax = None
         return lens

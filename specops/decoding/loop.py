@@ -221,11 +221,12 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
         logits = target.forward(tokens, parents, num_nodes)
         m.num_target_forwards += 1
         result = verify(mode, cand, tokens, parents, num_nodes, logits, state)
-        # The verify outputs go straight into kv_compact, finished sequences masked to keep nothing;
-        # then the step's one host read (paths, bonus tokens, and the argmax rows a drafter asks for).
+        # The step's one host read (paths, bonus tokens, and the argmax rows a drafter asks for), then
+        # the verify outputs go straight into kv_compact, finished sequences masked to keep nothing:
+        # the compaction runs on the device while the host emits and drafts.
+        result.read(state.active, with_argmax=budget != 0 and getattr(drafter, "needs_target_argmax", False))
         keep = torch.where(torch.tensor(state.active, device=dev), result.accept_lens, 0).to(torch.int32)
         target.commit(result.accept_idx, keep)
-        result.read(state.active, with_argmax=budget != 0 and getattr(drafter, "needs_target_argmax", False))
         t2 = time.perf_counter()
 
         lp_rows, lp_toks = [], []
