@@ -225,9 +225,9 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
         # the verify outputs go straight into kv_compact, finished sequences masked to keep nothing:
         # the compaction runs on the device while the host emits and drafts.
         result.read(state.active, with_argmax=budget != 0 and getattr(drafter, "needs_target_argmax", False))
+        t2 = time.perf_counter()  # verify time ends with the read (on a GPU it waits for the forward)
         keep = torch.where(torch.tensor(state.active, device=dev), result.accept_lens, 0).to(torch.int32)
         target.commit(result.accept_idx, keep)
-        t2 = time.perf_counter()
 
         lp_rows, lp_toks = [], []
         for b in range(B):
