@@ -2,8 +2,8 @@
 
     prefill target (and draft) -> r = first token
     repeat: propose -> target forward over the block (tree attention, positions = L + depth)
-            -> verify -> target KV compact/truncate -> emit (stop conditions cut exactly)
-            -> drafter.commit (draft KV, pools)
+            -> verify (device) -> one packed host read -> target kv_compact (device)
+            -> emit (stop conditions cut exactly) -> drafter.commit (draft KV, pools)
 
 It never looks at which method runs: everything method-specific sits behind the Drafter protocol.
 With ``adaptive`` (an AdaptiveConfig), a Controller (adaptive.py) sets the drafter's budget knob
