@@ -110,6 +110,9 @@ def cmd_generate(args):
     SamplingConfig(args.temperature, args.top_k, args.top_p)
     if args.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
+    from .decoding.api import _runner_kw
+
+    _runner_kw(args.kv_layout, args.page_size)  # before any model loads
     target, tok = _setup(args)
     draft = _draft_for(args, args.method, target, params)
     prompts = [_encode(tok, args.prompt, args.raw)] * args.batch
@@ -135,7 +138,7 @@ def cmd_generate(args):
     out, m = generate(target, prompts, draft=draft, method=args.method, max_new_tokens=args.max_new_tokens,
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stop=args.stop,
                       tokenizer=tok, seed=args.seed, compare_ar=args.compare_ar, stream=stream, adaptive=adaptive,
-                      **params)
+                      kv_layout=args.kv_layout, page_size=args.page_size, **params)
     print()
     for b in range(1, args.batch):
         print(f"--- sequence {b}:\n{tok.decode(out[b, : m.lengths[b]])}")
@@ -258,6 +261,9 @@ def main(argv=None):
                      help="method parameter, e.g. --param gamma=6 (repeatable)")
     gen.add_argument("--compare-ar", action="store_true", help="also time autoregressive decoding (speedup)")
     gen.add_argument("--json", default=None, help="write the metrics as JSON to this file")
+    gen.add_argument("--kv-layout", default="contiguous", choices=("contiguous", "paged"),
+                     help="KV cache layout of target and draft (default contiguous)")
+    gen.add_argument("--page-size", type=int, default=16, help="rows per KV page with --kv-layout paged (power of two)")
 
     demo = sub.add_parser("demo", help="compare every method on built-in prompts (code, prose, math)")
     _add_common(demo)

@@ -75,7 +75,11 @@ def test_tree_method_commits_non_prefix_paths(models, monkeypatch):
     # The tsd case above covers compaction only if some accepted path skipped block rows.
     paths = []
     commit = loop.TargetLM.commit
-    monkeypatch.setattr(loop.TargetLM, "commit", lambda self, p, policy: (paths.extend(p), commit(self, p, policy)))
+
+    def record(self, idx, lens):
+        paths.extend(row[:n] for row, n in zip(idx.tolist(), lens.tolist()))
+        commit(self, idx, lens)
+    monkeypatch.setattr(loop.TargetLM, "commit", record)
     run(models, "tsd", [[5, 17, 99, 3, 42, 8, 61], [70, 2, 33]], 14)
     assert any(p and p != list(range(len(p))) for p in paths)
 

@@ -263,6 +263,16 @@ def test_cli_rejects_unknown_methods_and_reports_bad_parameters(capsys):
     assert "backend" in capsys.readouterr().out
 
 
+def test_cli_generate_checks_the_kv_layout_before_loading(capsys, monkeypatch):
+    from specops import cli
+
+    monkeypatch.setattr(cli, "_setup", lambda args: pytest.fail("a model was loaded"))
+    assert cli.main(["generate", "--prompt", "x", "--kv-layout", "paged", "--page-size", "12"]) == 2
+    assert "page_size must be a power of two" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--prompt", "x", "--kv-layout", "blocked"])
+
+
 def test_cli_demo_rejects_unknown_methods_before_loading(capsys):
     from specops.cli import main
 

@@ -14,7 +14,8 @@ from .stopping import Stopper
 
 def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, temperature=0.0, top_k=0,
              top_p=1.0, stop=None, eos_token_id=None, tokenizer=None, seed=0, dtype=None, max_len=None,
-             compare_ar=False, stream=None, record_steps=False, adaptive=True, **method_params):
+             compare_ar=False, stream=None, record_steps=False, adaptive=True, kv_layout="contiguous",
+             page_size=16, **method_params):
     """Generates with ``method`` and returns ``(new_tokens, metrics)``.
 
     Shape: -> new_tokens int64 [B, n] (generated tokens only, right-padded with the pad token
@@ -38,6 +39,9 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
     adaptive: True (default) sizes every block from the acceptance and step costs seen so far, down
         to AR steps without a draft (docs/methods.md §Adaptive speculation); False keeps the
         method's fixed budget; an ``AdaptiveConfig`` sets the controller.
+    kv_layout: "contiguous" (default; one [max_len] slab per sequence) or "paged" (fixed-size pages
+        of ``page_size`` rows, a power of two); target and draft caches alike. Greedy output is the
+        same token for token.
 
     Bad input (unknown method or parameter, a parameter of the wrong type or out of range, draft
     with another vocabulary, prompt too long for the cache, empty prompt, temperature < 0, ...)
@@ -52,6 +56,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
     stop = _check_args(max_new_tokens=max_new_tokens, stop=stop, eos_token_id=eos_token_id, tokenizer=tokenizer,
                        seed=seed, dtype=dtype, max_len=max_len, compare_ar=compare_ar, stream=stream,
                        record_steps=record_steps)
+    runner_kw = _runner_kw(kv_layout, page_size)
 
     target_name = target if isinstance(target, str) else getattr(target, "specops_name", None)
     target, tok = _resolve_model(target, dtype, "target")
@@ -93,7 +98,8 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
     if compare_ar and method != "ar":
         _, metrics_ar = generate(target, [list(p) for p in prompts], method="ar", max_new_tokens=max_new_tokens,
                                  temperature=temperature, top_k=top_k, top_p=top_p, stop=stop,
-                                 eos_token_id=eos_token_id, tokenizer=tokenizer, seed=seed, max_len=max_len)
+                                 eos_token_id=eos_token_id, tokenizer=tokenizer, seed=seed, max_len=max_len,
+                                 kv_layout=kv_layout, page_size=page_size)
 
     B = len(prompts)
     generator = torch.Generator().manual_seed(seed)
@@ -101,12 +107,13 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
         # A feature (EAGLE-style) draft reads the target's final hidden states of committed positions.
         feature = draft_model is not None and is_feature_draft(draft_model)
         runner = TargetLM(target, B, max_len,
-                          keep_features=feature or getattr(drafter, "needs_target_features", False))
+                          keep_features=feature or getattr(drafter, "needs_target_features", False), **runner_kw)
         try:
             dlm = None
             if draft_model is not None:
                 dmax = max_len + drafter.draft_budget() + drafter.tree_budget() + 1
-                dlm = FeatureDraftLM(draft_model, B, dmax, runner) if feature else DraftLM(draft_model, B, dmax)
+                dlm = FeatureDraftLM(draft_model, B, dmax, runner, **runner_kw) if feature else \
+                    DraftLM(draft_model, B, dmax, **runner_kw)
             gen, metrics = decode(runner, drafter, prompts, sampling=sampling, stopper=stopper,
                                   generator=generator, draft=dlm, tokenizer=tokenizer, stream=stream,
                                   record_steps=record_steps, adaptive=adaptive)
@@ -157,6 +164,16 @@ def _check_args(*, max_new_tokens, stop, eos_token_id, tokenizer, seed, dtype, m
     if stream is not None and not callable(stream):
         raise TypeError(f"stream must be a callable(b, token_ids), got {type(stream).__name__}")
     return stop
+
+
+def _runner_kw(kv_layout, page_size):
+    """The runner keywords for ``kv_layout`` / ``page_size`` (checked here, before any model work).
+    The contiguous layout passes none: it is every runner's default."""
+    if kv_layout not in ("contiguous", "paged"):
+        raise ValueError(f"kv_layout must be 'contiguous' or 'paged', got {kv_layout!r}")
+    if not _is_int(page_size) or page_size < 1 or page_size & (page_size - 1):
+        raise ValueError(f"page_size must be a power of two >= 1 (rows per KV page), got {page_size!r}")
+    return {"kv_layout": "paged", "page_size": page_size} if kv_layout == "paged" else {}
 
 
 # ---- input resolution ------------------------------------------------------------------------

@@ -15,13 +15,14 @@ Draft-cache policy (docs/methods.md §KV caches), one mechanism for every drafte
 """
 import torch
 
-from .runner import block_logits, commit_paths, lens_list, make_runner, pad_batch
+from . import _kernels
+from .runner import block_logits, commit_paths, make_runner, pad_batch
 
 
 class DraftLM:
-    def __init__(self, model, batch_size, max_len):
+    def __init__(self, model, batch_size, max_len, **runner_kw):
         self.model = model
-        self.runner = make_runner(model, batch_size, max_len)
+        self.runner = make_runner(model, batch_size, max_len, **runner_kw)
         self.B = batch_size
         self.max_len = max_len
         self.cached = [[] for _ in range(batch_size)]
@@ -29,7 +30,8 @@ class DraftLM:
         self.fed = [0] * batch_size
         self.root = [0] * batch_size
         self.forwards = 0
-        self._logits = None
+        self.host_lens = [0] * batch_size  # runner.lens as a host list (kept without reading it back)
+        self._logits = self._argmax = None
         self._q0 = 0
 
     def prefill(self, prompts):
@@ -41,6 +43,7 @@ class DraftLM:
         else:
             self.runner.prefill(ids.to(dev), lens.to(dev))
         self.cached = [list(p) for p in prompts]
+        self.host_lens = [len(p) for p in prompts]
 
     # ---- blocks ------------------------------------------------------------------------------
 
@@ -63,10 +66,11 @@ class DraftLM:
             self.tokens.append(list(chain))
             self.parents.append([-1] + list(range(len(chain) - 1)))
             self.root[b] = len(chain) - 1
-        if keep != lens_list(self.runner):
+        if keep != self.host_lens:  # truncate checks its lengths with a host read: only when rows go
             self.runner.truncate(torch.tensor(keep, dtype=torch.int32, device=self.runner.lens.device))
+            self.host_lens = keep
         self.fed = [0] * self.B
-        self._logits = None
+        self._logits = self._argmax = None
 
     def begin_chain(self, chains):
         """Opens a block per sequence from explicit chains that follow the cached tokens
@@ -75,7 +79,7 @@ class DraftLM:
         self.parents = [[-1] + list(range(len(c) - 1)) for c in chains]
         self.root = [len(c) - 1 for c in chains]
         self.fed = [0] * self.B
-        self._logits = None
+        self._logits = self._argmax = None
 
     def add(self, b, token, parent):
         """A new block node below block node ``parent``; returns its index."""
@@ -101,6 +105,7 @@ class DraftLM:
         num_nodes = torch.tensor([len(t) for t in self.tokens], dtype=torch.int32)
         dev = self.runner.lens.device
         self._logits = block_logits(self.runner, tokens.to(dev), parents.to(dev), num_nodes.to(dev), q0)
+        self._argmax = None
         self._q0 = q0
         self.fed = [len(t) for t in self.tokens]
         self.forwards += 1
@@ -115,6 +120,15 @@ class DraftLM:
         if node < self._q0:
             raise IndexError("logits are kept only for the nodes computed by the latest forward()")
         return self._logits[b, node - self._q0]
+
+    def argmax(self, b, node):
+        """The draft's argmax token after block node ``node`` (fed by the latest forward). The first
+        call after a forward reads every row's argmax in one host read."""
+        if node < self._q0:
+            raise IndexError("logits are kept only for the nodes computed by the latest forward()")
+        if self._argmax is None:
+            self._argmax = self._logits.argmax(-1).tolist()  # [B][T - q0]
+        return self._argmax[b][node - self._q0]
 
     def logits_rows(self, pairs):
         """Shape: list of (b, node) -> fp32 [len(pairs), V]."""
@@ -141,9 +155,10 @@ class DraftLM:
                 keep = []
             idx.append(keep)
             lens.append(len(keep))
-        commit_paths(self.runner, idx)
+        commit_paths(self.runner, idx, check=_kernels.CHECK)
+        self.host_lens = [n + len(i) for n, i in zip(self.host_lens, idx)]
         for b in range(self.B):
             self.cached[b].extend(self.tokens[b][i] for i in idx[b])
         self.tokens = self.parents = None
-        self._logits = None
+        self._logits = self._argmax = None
         return lens

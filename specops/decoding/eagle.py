@@ -22,8 +22,8 @@ from .draft_lm import DraftLM
 class FeatureDraftLM(DraftLM):
     """Shape: the target's features [B, max_len, H] are read through ``target.features``."""
 
-    def __init__(self, model, batch_size, max_len, target):
-        super().__init__(model, batch_size, max_len)
+    def __init__(self, model, batch_size, max_len, target, **runner_kw):
+        super().__init__(model, batch_size, max_len, **runner_kw)
         if getattr(target, "features", None) is None:
             raise ValueError("a feature draft needs a TargetLM created with keep_features=True")
         self.target = target
@@ -62,6 +62,7 @@ class FeatureDraftLM(DraftLM):
         finally:
             self.model.feature_input = None
         self.cached = [list(p) for p in prompts]
+        self.host_lens = [len(p) for p in prompts]
         self.exact = [len(p) for p in prompts]
 
     def begin(self, seqs, active):

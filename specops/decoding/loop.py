@@ -2,8 +2,8 @@
 
     prefill target (and draft) -> r = first token
     repeat: propose -> target forward over the block (tree attention, positions = L + depth)
-            -> verify -> target KV compact/truncate -> emit (stop conditions cut exactly)
-            -> drafter.commit (draft KV, pools)
+            -> verify (device) -> one packed host read -> target kv_compact (device)
+            -> emit (stop conditions cut exactly) -> drafter.commit (draft KV, pools)
 
 It never looks at which method runs: everything method-specific sits behind the Drafter protocol.
 With ``adaptive`` (an AdaptiveConfig), a Controller (adaptive.py) sets the drafter's budget knob
@@ -16,9 +16,10 @@ import time
 
 import torch
 
+from . import _kernels
 from .adaptive import Controller
 from .metrics import Metrics
-from .runner import block_logits, commit_paths, lens_list, make_runner, pad_batch
+from .runner import block_logits, make_runner, pad_batch
 from .sampling import choose
 from .tree import Candidates, depths
 from .verify import verify
@@ -59,10 +60,12 @@ class TargetLM:
     ``lens[b]`` are unspecified. Captured by a forward hook on the decoder's final norm (whose
     output is the head's input; then prefill sends only the last rows through the head) or, for a
     model without one, a pre-hook on ``model.get_output_embeddings()``; either exists only when
-    ``keep_features`` is set."""
+    ``keep_features`` is set.
 
-    def __init__(self, model, batch_size, max_len, keep_features=False):
-        self.runner = make_runner(model, batch_size, max_len)
+    ``runner_kw`` go to the runner (``kv_layout``, ``page_size``: see ``generate``)."""
+
+    def __init__(self, model, batch_size, max_len, keep_features=False, **runner_kw):
+        self.runner = make_runner(model, batch_size, max_len, **runner_kw)
         self.B = batch_size
         self.keep_features = bool(keep_features)
         self.features = None
@@ -74,8 +77,12 @@ class TargetLM:
                 raise ValueError("keep_features needs a model with an output embedding (LM head)")
             cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
             param = next(model.parameters())
-            self.features = torch.zeros(batch_size, max_len, cfg.hidden_size, dtype=param.dtype,
-                                        device=self.runner.lens.device)
+            # One spare row past max_len: the device-side commit sends the padding entries of an
+            # accepted path there instead of filtering them (a filter would read back a count).
+            self._features_buf = torch.zeros(batch_size, max_len + 1, cfg.hidden_size, dtype=param.dtype,
+                                             device=self.runner.lens.device)
+            self.features = self._features_buf[:, :max_len]
+            self._spare_row = max_len
             decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
             norm = getattr(decoder, "norm", None)
             if isinstance(norm, torch.nn.Module):
@@ -133,32 +140,27 @@ class TargetLM:
     def forward(self, tokens, parents, num_nodes):
         return self._forward(block_logits, self.runner, tokens, parents, num_nodes, 0)
 
-    def commit(self, paths, policy):
-        """Keeps, per sequence, the accepted path's K/V (paths[b] = None keeps nothing).
+    def commit(self, accept_idx, accept_lens):
+        """Keeps, per sequence, the accepted path's K/V: one ``runner.compact`` (kv_compact; a chain
+        prefix moves each row onto itself), on the device, nothing read back.
 
-        ``policy`` "truncate" is a drafter's promise that its blocks are chains (the accepted path
-        is a block prefix, kept without a copy); "compact" moves the path's rows."""
-        if policy == "truncate" and any(p and p != list(range(len(p))) for p in paths):
-            raise RuntimeError("a drafter with kv_policy='truncate' proposed a block whose accepted path "
-                               "is not a prefix; declare kv_policy='compact'")
+        Shape: accept_idx int32 [B, A] (block node indices, root first; entries at or past
+        accept_lens[b] are padding), accept_lens int32 [B] (0 for a sequence that keeps nothing)."""
         if self.keep_features and self._hidden is not None:
-            self._commit_features(paths)
-        commit_paths(self.runner, paths)
+            self._commit_features(accept_idx, accept_lens)
+        self.runner.compact(accept_idx, accept_lens, check=_kernels.CHECK)
 
-    def _commit_features(self, paths):
+    def _commit_features(self, accept_idx, accept_lens):
         # Before the runner commits: lens are still the positions the paths start at.
-        lens = lens_list(self.runner)
-        bs, rows, pos = [], [], []
-        for b, p in enumerate(paths):
-            if p:
-                bs += [b] * len(p)
-                rows += list(p)
-                pos += range(lens[b], lens[b] + len(p))
-        if bs:
-            dev = self.features.device
-            bi = torch.tensor(bs, device=dev)
-            self.features[bi, torch.tensor(pos, device=dev)] = \
-                self._hidden[bi, torch.tensor(rows, device=dev)].to(self.features.dtype)
+        B, A = accept_idx.shape
+        dev = self.features.device
+        T = self._hidden.shape[1]
+        j = torch.arange(A, device=dev)
+        valid = j[None, :] < accept_lens.to(dev)[:, None]  # [B, A]
+        pos = torch.where(valid, self.runner.lens.to(dev)[:, None].long() + j, self._spare_row)  # [B, A]
+        bi = torch.arange(B, device=dev)[:, None]
+        rows = self._hidden[bi, accept_idx.to(dev).long().clamp(0, T - 1)]  # [B, A, H]
+        self._features_buf[bi, pos] = rows.to(self.features.dtype)
         self._hidden = None
 
 
@@ -214,13 +216,19 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
             mode = drafter.verify_mode(sampling)
         t1 = time.perf_counter()
 
-        tokens, parents, num_nodes = cand.pack(target.runner.lens.device)
+        dev = target.runner.lens.device
+        tokens, parents, num_nodes = cand.pack(dev)
         logits = target.forward(tokens, parents, num_nodes)
         m.num_target_forwards += 1
         result = verify(mode, cand, tokens, parents, num_nodes, logits, state)
-        t2 = time.perf_counter()
+        # The step's one host read (paths, bonus tokens, and the argmax rows a drafter asks for), then
+        # the verify outputs go straight into kv_compact, finished sequences masked to keep nothing:
+        # the compaction runs on the device while the host emits and drafts.
+        result.read(state.active, with_argmax=budget != 0 and getattr(drafter, "needs_target_argmax", False))
+        t2 = time.perf_counter()  # verify time ends with the read (on a GPU it waits for the forward)
+        keep = torch.where(torch.tensor(state.active, device=dev), result.accept_lens, 0).to(torch.int32)
+        target.commit(result.accept_idx, keep)
 
-        target.commit([result.paths[b] if state.active[b] else None for b in range(B)], drafter.kv_policy)
         lp_rows, lp_toks = [], []
         for b in range(B):
             if not state.active[b]:
@@ -254,12 +262,12 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
         if ctl is not None:
             # drafting = propose + the drafter's commit; the rest of the step is the target's block
             ctl.observe(budget, [max(depths(cand.parents[b])) if state.was_active[b] else 0 for b in range(B)],
-                        [len(p) - 1 for p in result.paths], max(cand.num_nodes()),
+                        [max(len(p) - 1, 0) for p in result.paths], max(cand.num_nodes()),
                         t_target=t_commit - t1, t_draft=(t1 - t0) + (t3 - t_commit))
             m.record_budget(budget)
         if record_steps:
             m.steps.append({"active": list(state.was_active), "nodes": cand.num_nodes(),
-                            "accepted": [len(p) - 1 for p in result.paths], "budget": budget,
+                            "accepted": [max(len(p) - 1, 0) for p in result.paths], "budget": budget,
                             "draft_s": t1 - t0, "verify_s": t2 - t1, "bookkeeping_s": t3 - t2})
 
     if logprob is not None:

@@ -9,8 +9,9 @@ attention implementation. The loop needs only::
                                                   # tokens [B, T - q_start] (the new nodes), parents
                                                   # [B, T] (the whole block); K/V at rows lens + i,
                                                   # positions lens + depth -> logits [B, T - q_start, V]
-    runner.compact(accept_idx, accept_lens)       # accepted rows to lens.., lens += accept_lens
-    runner.commit(counts)                         # keep the first counts[b] block rows (a chain)
+    runner.compact(accept_idx, accept_lens, check=False)
+                                                  # accepted rows to lens.., lens += accept_lens
+    runner.commit(counts)                         # keep the first counts[b] block rows (a chain; unused)
     runner.truncate(new_lens)                     # lens = new_lens <= lens (metadata only)
 
 ``set_runner_factory`` swaps the constructor (tests use it to prove bad input fails before any work).
@@ -27,16 +28,18 @@ def set_runner_factory(factory):
     return old
 
 
-def make_runner(model, batch_size, max_len):
+def make_runner(model, batch_size, max_len, **runner_kw):
+    """The runner for ``model``; ``runner_kw`` (e.g. ``kv_layout``, ``page_size``) go to SpecModel
+    (and to a factory only when given, so factories of the plain signature keep working)."""
     if _factory is not None:
-        return _factory(model, batch_size, max_len)
+        return _factory(model, batch_size, max_len, **runner_kw)
     try:
         from specops.integrations.transformers import SpecModel
     except ImportError as err:
         raise RuntimeError(
             "the specops model runner (specops.integrations.transformers.SpecModel) is not available "
             f"in this build: {err}") from err
-    return SpecModel(model, batch_size, max_len)
+    return SpecModel(model, batch_size, max_len, **runner_kw)
 
 
 def block_logits(runner, tokens, parents, num_nodes, q_start=0):
@@ -48,29 +51,23 @@ def block_logits(runner, tokens, parents, num_nodes, q_start=0):
     return logits.float()
 
 
-def commit_paths(runner, paths):
+def commit_paths(runner, paths, check=False):
     """Per sequence, keeps block rows ``paths[b]`` (a root path of node indices, or None/[] for
-    nothing). A chain prefix needs no copy: ``runner.commit`` (metadata only) keeps it, whatever the
-    method's KV policy says; anything else goes through ``runner.compact`` (one kv_compact call)."""
-    B = len(paths)
+    nothing) with one ``runner.compact`` (kv_compact; a chain prefix moves each row onto itself).
+    The paths are host lists, so the index tensor is a host-to-device copy: nothing is read back
+    (``runner.commit`` would check its counts with a host sync)."""
     lens = [len(p) if p else 0 for p in paths]
-    dev = runner.lens.device
-    counts = torch.tensor(lens, dtype=torch.int32, device=dev)
-    if all(not p or p == list(range(len(p))) for p in paths):
-        if any(lens):
-            runner.commit(counts)
+    if not any(lens):
         return
     A = max(lens)
-    idx = torch.zeros(B, A, dtype=torch.int32)
-    for b, p in enumerate(paths):
-        base = list(p) if p else []
-        start = base[-1] + 1 if base else 0  # rows past accept_lens: any increasing filler
-        idx[b] = torch.tensor(base + list(range(start, start + A - len(base))), dtype=torch.int32)
-    runner.compact(idx.to(dev), counts)
-
-
-def lens_list(runner):
-    return [int(x) for x in runner.lens.tolist()]
+    rows = []
+    for p, n in zip(paths, lens):
+        base = list(p) if n else []
+        start = base[-1] + 1 if base else 0  # entries past accept_lens: ignored, kept increasing
+        rows.append(base + list(range(start, start + A - n)))
+    dev = runner.lens.device
+    runner.compact(torch.tensor(rows, dtype=torch.int32).to(dev), torch.tensor(lens, dtype=torch.int32).to(dev),
+                   check=check)
 
 
 def pad_batch(seqs, pad=0):

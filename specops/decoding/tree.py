@@ -44,14 +44,10 @@ class Candidates:
 
         Shape: -> tokens int64 [B, T], parents int32 [B, T], num_nodes int32 [B]. Padding rows have
         token 0 and parent 0 (ignored by every consumer through ``num_nodes``)."""
-        B = self.batch
         T = max(len(t) for t in self.tokens)
-        tokens = torch.zeros(B, T, dtype=torch.int64)
-        parents = torch.zeros(B, T, dtype=torch.int32)
-        for b in range(B):
-            n = len(self.tokens[b])
-            tokens[b, :n] = torch.tensor(self.tokens[b], dtype=torch.int64)
-            parents[b, :n] = torch.tensor(self.parents[b], dtype=torch.int32)
+        # Padded host lists, one tensor each (one host-to-device copy per tensor, nothing read back).
+        tokens = torch.tensor([list(t) + [0] * (T - len(t)) for t in self.tokens], dtype=torch.int64)
+        parents = torch.tensor([list(p) + [0] * (T - len(p)) for p in self.parents], dtype=torch.int32)
         num_nodes = torch.tensor(self.num_nodes(), dtype=torch.int32)
         return tokens.to(device), parents.to(device), num_nodes.to(device)
 

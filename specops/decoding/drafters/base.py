@@ -1,10 +1,12 @@
 """The Drafter protocol: how a method plugs into the one loop.
 
 A method = a Drafter (what to propose, how the draft model's cache follows) + a verification mode
-(chosen by ``verify_mode``) + a target KV policy (``kv_policy``: "truncate" for chain drafts,
-"compact" for trees; the loop compacts whenever an accepted path is not a block prefix). The loop
-calls, per iteration: ``propose(state) -> Candidates``, then verification, then
-``commit(state, cand, result)``. Nothing in the loop knows which method runs.
+(chosen by ``verify_mode``). ``kv_policy`` declares the block shape ("truncate": chains, "compact":
+trees); the loop keeps the accepted rows of either with one device-side kv_compact (a chain prefix
+moves rows onto themselves), so it needs no host decision. The loop calls, per iteration:
+``propose(state) -> Candidates``, then verification, then ``commit(state, cand, result)``; a drafter
+that reads the target's argmax rows in ``commit`` sets ``needs_target_argmax`` (they come with the
+step's one packed host read). Nothing in the loop knows which method runs.
 """
 import math
 

@@ -16,6 +16,7 @@ import torch
 
 from .. import _kernels
 from ...ops.topn import MAX_N
+from ..readback import read_lists
 from ..sampling import SamplingConfig
 from ..tree import Candidates
 from .base import ModelDrafter
@@ -59,9 +60,10 @@ class BeamDrafter(ModelDrafter):
         logq = self._logq(d.logits_rows([(b, d.root[b]) for b in range(B)]))[:, None]  # [B, 1, V]
         layers = [_kernels.topn_expand(torch.zeros(B, 1), logq, M, per_parent_k=M)]
         blocks = [[[d.root[b]] for b in range(B)]]  # blocks[k+1][b][i]: block node of layers[k] beam i
+        host = [read_lists(*layers[-1])]  # per layer: (scores, tokens, parents) as host lists, one read each
         for _ in range(1, self.gamma):
-            scores, toks, par = layers[-1]
-            sc, tk, pr = scores.tolist(), toks.tolist(), par.tolist()
+            scores = layers[-1][0]
+            sc, tk, pr = host[-1]
             blk = [[d.add(b, tk[b][i], blocks[-1][b][pr[b][i]])
                     if state.active[b] and math.isfinite(sc[b][i]) else -1 for i in range(M)]
                    for b in range(B)]
@@ -71,13 +73,12 @@ class BeamDrafter(ModelDrafter):
             logq = self._logq(d.logits_rows(pairs)).view(B, M, -1)
             dead = torch.tensor([[x < 0 for x in row] for row in blk])
             layers.append(_kernels.topn_expand(scores.masked_fill(dead, float("-inf")), logq, M, per_parent_k=M))
-        return self._best_beam(state, layers, blocks)
+            host.append(read_lists(*layers[-1]))
+        return self._best_beam(state, host, blocks)
 
-    def _best_beam(self, state, layers, blocks):
+    def _best_beam(self, state, host, blocks):
         B, g = state.batch, self.gamma
-        sc = [l[0].tolist() for l in layers]
-        tk = [l[1].tolist() for l in layers]
-        pr = [l[2].tolist() for l in layers]
+        sc, tk, pr = ([layer[i] for layer in host] for i in range(3))
         tokens, src, logq = [], [], torch.zeros(B, g)
         for b in range(B):
             chain_tok, chain_src = [state.seqs[b][-1]], [state.draft.root[b]]

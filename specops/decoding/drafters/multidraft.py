@@ -16,7 +16,7 @@ multiset of tokens drawn there.
 """
 import torch
 
-from ..sampling import sample
+from ..readback import read_lists
 from ..tree import Candidates
 from .base import ModelDrafter
 from .ngram import lookup
@@ -59,11 +59,18 @@ class MultiDraftDrafter(ModelDrafter):
                 break
             logits = d.logits_rows(pairs)
             if greedy:
-                argmax = logits.argmax(-1).tolist()
                 # Max subtracted first: a tiny draft_temperature must not overflow to inf - inf.
                 probs = torch.softmax((logits - logits.amax(-1, keepdim=True)) / self.draft_temperature, -1)
             else:
                 probs = state.sampling.warp(logits)
+            # Every chain's draw of this level at once (one independent draw per chain and row), read
+            # back with the argmax rows in one host read.
+            draws = [row[(b, tips[b][c])] for b in range(B) if state.active[b] for c in range(k)
+                     if not (greedy and c == 0)]
+            drawn = torch.multinomial(probs[torch.tensor(draws, device=probs.device)], 1,
+                                      generator=state.generator)[:, 0] if draws else probs.new_zeros(0, dtype=torch.int64)
+            argmax, drawn = read_lists(logits.argmax(-1) if greedy else drawn[:0], drawn)
+            drawn = iter(drawn)
             last = step == self.gamma - 1
             for b in range(B):
                 if not state.active[b]:
@@ -72,7 +79,7 @@ class MultiDraftDrafter(ModelDrafter):
                 for c in range(k):
                     t = tips[b][c]
                     j = row[(b, t)]
-                    tok = argmax[j] if greedy and c == 0 else sample(probs[j:j + 1], state.generator)[0]
+                    tok = argmax[j] if greedy and c == 0 else next(drawn)
                     q = None if greedy else probs[j]
                     nxt = tr.kids[t].get(tok)
                     if nxt is None:

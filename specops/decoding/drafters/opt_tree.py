@@ -15,6 +15,7 @@ import torch
 
 from .. import _kernels
 from ...ops.topn import MAX_N
+from ..readback import read_lists
 from ..tree import Candidates
 from .base import ModelDrafter
 
@@ -53,14 +54,14 @@ class OptTreeDrafter(ModelDrafter):
         layers = [(scores, toks, par)]  # per layer: [B, n] log p̂, tokens, parent index in previous layer
         blocks = [[[d.root[b]] for b in range(B)]]  # per layer, per sequence: block node of each entry
         going = list(state.active)
-        best = [_esub(layers, b, n) for b in range(B)]
-        gain = [best[b] for b in range(B)]  # first layer: E goes from 0 to E_sub
+        sc, tk, pr, best = _read_layer(layers, n)  # one host read per layer
+        host_tk = [tk]  # per layer: the tokens as host lists (for _select)
+        gain = list(best)  # first layer: E goes from 0 to E_sub
         while len(layers) < self.max_depth:
             going = [going[b] and gain[b] > self.delta for b in range(B)]
             if not any(going):
                 break
-            scores, toks, par = layers[-1]
-            sc, tk, pr = scores.tolist(), toks.tolist(), par.tolist()
+            scores = layers[-1][0]
             blk = []
             for b in range(B):
                 row = []
@@ -77,15 +78,16 @@ class OptTreeDrafter(ModelDrafter):
             dead = torch.tensor([[blk[b][i] < 0 for i in range(n)] for b in range(B)])
             parent_scores = scores.masked_fill(dead, float("-inf"))
             layers.append(_kernels.topn_expand(parent_scores, logq, n, per_parent_k=n))
+            sc, tk, pr, esub = _read_layer(layers, n)
+            host_tk.append(tk)
             for b in range(B):
                 if going[b]:
-                    new = _esub(layers, b, n)
-                    gain[b], best[b] = new - best[b], new
+                    gain[b], best[b] = esub[b] - best[b], esub[b]
                 else:
                     gain[b] = 0.0
-        return self._select(state, layers, blocks)
+        return self._select(state, layers, blocks, host_tk)
 
-    def _select(self, state, layers, blocks):
+    def _select(self, state, layers, blocks, tk):
         # The drafted layers as one flat tree (root, then layer by layer: topological, shallower
         # first), then the best n nodes as a rooted subtree (select_topn_subtree).
         B, n = state.batch, self.n
@@ -101,8 +103,7 @@ class OptTreeDrafter(ModelDrafter):
         scores[:, 0] = 0.0
         scores[torch.tensor([not a for a in state.active])] = float("-inf")
         keep, new_par, counts = _kernels.select_topn_subtree(parents, scores, n + 1)
-        keep, new_par, counts = keep.tolist(), new_par.tolist(), counts.tolist()
-        tk = [l[1].tolist() for l in layers]
+        keep, new_par, counts = read_lists(keep, new_par, counts)
         tokens, par_out, src, depth_drafted = [], [], [], []
         for b in range(B):
             tok, par, sr = [state.seqs[b][-1]], [-1], [state.draft.root[b]]
@@ -122,7 +123,10 @@ class OptTreeDrafter(ModelDrafter):
                           drafted_nodes=[1 + n * d for d in depth_drafted])
 
 
-def _esub(layers, b, n):
-    """E_sub: sum of the n largest path probabilities over all layers of sequence b."""
-    allscores = torch.cat([l[0][b] for l in layers])
-    return float(allscores.topk(min(n, allscores.numel())).values.exp().sum())
+def _read_layer(layers, n):
+    """The newest layer's scores, tokens and parent indices ([B, n] each) and every sequence's
+    E_sub (the sum of its n largest path probabilities over all layers, [B]): one host read."""
+    sc, tk, pr = layers[-1]
+    allscores = torch.cat([l[0] for l in layers], dim=1)  # [B, len(layers) * n]
+    esub = allscores.topk(min(n, allscores.shape[1]), dim=-1).values.exp().sum(-1)
+    return read_lists(sc, tk, pr, esub)

@@ -43,6 +43,7 @@ class OuroborosDrafter(ModelDrafter):
               "model_free": False}
     sampling_mode = "sample_match"
     budget_param = "gamma"  # draft tokens before lengthening
+    needs_target_argmax = True  # commit reads the target's corrections: in the step's one packed read
 
     def check_params(self):
         self._positive_int("gamma", self.gamma)
@@ -155,12 +156,9 @@ class OuroborosDrafter(ModelDrafter):
     def _read(self, d, b, layout):
         """The draft's own continuation after this forward; updates the window and the pool."""
         root, cols, guesses = layout
-        argmax_at = {}
 
         def arg(node):
-            if node not in argmax_at:
-                argmax_at[node] = int(d.logits(b, node).argmax())
-            return argmax_at[node]
+            return d.argmax(b, node)
 
         best_m, best_nodes = 0, []
         for phrase, nodes in guesses:

@@ -16,6 +16,7 @@ not lossless) by default, or any lossless mode via ``verify="mss_pointmass"`` / 
 A copy's draft K/V was computed under another context: the draft cache keeps the accepted path
 only up to the first copied node (the rest is re-fed as catch-up).
 """
+from ..readback import read_lists
 from ..token_graph import TokenGraph
 from ..tree import Candidates
 from .base import ModelDrafter
@@ -70,7 +71,7 @@ class TopKTreeDrafter(ModelDrafter):
             pairs = [(b, blk[b][u]) for b in range(B) for u in frontier[b]]
             probs = d.logits_rows(pairs).softmax(-1)
             top_q, top_t = probs.topk(min(self.k, probs.shape[-1]), dim=-1)
-            top_q, top_t = top_q.tolist(), top_t.tolist()
+            top_q, top_t = read_lists(top_q, top_t)  # one host read per draft forward
             j = 0
             last = step == self.max_depth - 1
             for b in range(B):
