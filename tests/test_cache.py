@@ -84,6 +84,28 @@ def test_truncate_is_metadata_only_and_checked():
         cache.truncate(torch.tensor([1, 1, 0]))
 
 
+def test_host_counts_keep_the_host_lengths_fresh_without_a_read(monkeypatch):
+    # compact(host_counts=) and truncate(host_lens=): the caller's lists replace the device reads
+    cache = filled_cache()
+    cache.commit(torch.tensor([5, 4, 3], dtype=torch.int32), host_counts=[5, 4, 3])
+    cache.begin_block(0, 4)
+    cache.append_block(0, torch.randn(3, 2, 4, 4), torch.randn(3, 2, 4, 4))
+    cache.end_block()
+    reads = []
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t) or [])
+    cache.compact(torch.tensor([[0, 2], [1, 3], [0, 1]], dtype=torch.int32), torch.tensor([2, 1, 0], dtype=torch.int32),
+                  check=False, host_counts=[2, 1, 0])
+    assert cache.host_lens() == [7, 5, 3]
+    cache.truncate(torch.tensor([6, 5, 1], dtype=torch.int32), host_lens=[6, 5, 1])
+    assert cache.host_lens() == [6, 5, 1] and reads == []
+    with pytest.raises(ValueError, match=r"new_lens must lie in \[0, lens\], got new_lens\[2\] = 2 for lens\[2\] = 1"):
+        cache.truncate(torch.tensor([6, 5, 2], dtype=torch.int32), host_lens=[6, 5, 2])
+    with pytest.raises(ValueError, match="host_counts / host_lens must have 3 entries, got 2"):
+        cache.truncate(torch.tensor([6, 5, 1], dtype=torch.int32), host_lens=[6, 5])
+    monkeypatch.undo()
+    assert cache.lens.tolist() == [6, 5, 1]
+
+
 def test_sizes_and_shape_errors():
     with pytest.raises(ValueError, match="StaticKVCache sizes must be >= 1"):
         StaticKVCache(2, 0, 2, 8, 4)

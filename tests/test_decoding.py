@@ -61,19 +61,8 @@ def _run(target, draft, prompts, case, **kw):
 
 # ---- greedy: token-identical to plain greedy decoding ---------------------------------------------
 
-def _paged_runner_available():
-    # GUARD (to be removed by the lead once SpecModel takes kv_layout/page_size): the paged cache
-    # runner lands in a parallel branch; until then SpecModel rejects the keywords.
-    import inspect
-
-    from specops.integrations.transformers import SpecModel
-    return "kv_layout" in inspect.signature(SpecModel.__init__).parameters
-
-
 LAYOUTS = [pytest.param({}, id="contiguous"),
-           pytest.param({"kv_layout": "paged", "page_size": 4}, id="paged",
-                        marks=pytest.mark.skipif(not _paged_runner_available(),
-                                                 reason="SpecModel has no kv_layout yet (paged runner not merged)"))]
+           pytest.param({"kv_layout": "paged", "page_size": 4}, id="paged")]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

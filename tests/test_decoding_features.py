@@ -76,9 +76,9 @@ def test_tree_method_commits_non_prefix_paths(models, monkeypatch):
     paths = []
     commit = loop.TargetLM.commit
 
-    def record(self, idx, lens):
-        paths.extend(row[:n] for row, n in zip(idx.tolist(), lens.tolist()))
-        commit(self, idx, lens)
+    def record(self, idx, lens, host_counts):
+        paths.extend(row[:n] for row, n in zip(idx.tolist(), host_counts))
+        commit(self, idx, lens, host_counts)
     monkeypatch.setattr(loop.TargetLM, "commit", record)
     run(models, "tsd", [[5, 17, 99, 3, 42, 8, 61], [70, 2, 33]], 14)
     assert any(p and p != list(range(len(p))) for p in paths)

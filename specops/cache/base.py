@@ -164,6 +164,14 @@ class KVCacheBase(Cache):
         return self.append_block(layer_idx, key_states, value_states)
 
     # ---- after verification ----------------------------------------------------------------
+    def _host_count_list(self, host_counts):
+        if isinstance(host_counts, torch.Tensor):
+            raise TypeError("host_counts / host_lens must be a list of ints (already on the host), got a tensor")
+        host_counts = [int(c) for c in host_counts]
+        if len(host_counts) != self.batch_size:
+            raise ValueError(f"host_counts / host_lens must have {self.batch_size} entries, got {len(host_counts)}")
+        return host_counts
+
     def commit(self, counts, host_counts=None, *, check=True):
         """Keeps the first ``counts[b]`` rows written after ``lens[b]`` (int32 [B]): lens += counts.
 
@@ -174,9 +182,7 @@ class KVCacheBase(Cache):
         skips the value checks (no sync) and leaves the result unspecified for bad counts."""
         _checks.lengths("counts", counts, self.batch_size, self.lens.device)
         if host_counts is not None:
-            host_counts = [int(c) for c in host_counts]
-            if len(host_counts) != self.batch_size:
-                raise ValueError(f"host_counts must have {self.batch_size} entries, got {len(host_counts)}")
+            host_counts = self._host_count_list(host_counts)
         if check:
             if host_counts is None and self._host_lens is None:  # both from the device in one sync
                 self._host_lens, host_counts = torch.stack([self.lens, counts]).tolist()
@@ -192,27 +198,41 @@ class KVCacheBase(Cache):
         else:
             self._host_lens = None
 
-    def compact(self, accept_idx, accept_lens, *, check=True, backend=None):
+    def compact(self, accept_idx, accept_lens, *, check=True, backend=None, host_counts=None):
         """Keeps the accepted block rows: row ``lens + accept_idx[b, j]`` moves to ``lens + j`` in every
         layer (one :class:`specops.KVCompactPlan` run: one kernel call), then ``lens += accept_lens``.
+        ``host_counts``: accept_lens as a Python list when the caller has read them anyway (the
+        decoding loop's packed read); keeps the host mirror of ``lens`` fresh, so the next block's
+        room check needs no sync. Trusted, like ``check=False``.
 
         Shape: accept_idx int32 [B, A], accept_lens int32 [B]."""
+        if host_counts is not None:  # before anything is written
+            host_counts = self._host_count_list(host_counts)
         self._compact(accept_idx, accept_lens, check, backend)
         # No second check: with check=True the plan has verified lens + accept_idx[b, j] < max_len for
         # strictly increasing accept_idx[b, j] >= j, so lens + accept_lens <= max_len holds; with
         # check=False nothing is checked (and nothing syncs), as documented.
-        self.commit(accept_lens, check=False)
+        self.commit(accept_lens, host_counts, check=False)
 
-    def truncate(self, new_lens):
-        """Metadata only: ``lens = new_lens`` (int32 [B], each <= the current length; one host sync)."""
+    def truncate(self, new_lens, host_lens=None):
+        """Metadata only: ``lens = new_lens`` (int32 [B], each <= the current length). The check costs
+        one host sync, none when the caller passes the same lengths as a list (``host_lens``) and the
+        cache's host copy of its lengths is fresh: then both sides are compared on the host."""
         _checks.lengths("new_lens", new_lens, self.batch_size, self.lens.device)
-        bad = (new_lens < 0) | (new_lens > self.lens)
-        if bool(bad.any()):
-            b = _checks.first_index(bad)[0]
-            raise ValueError(f"new_lens must lie in [0, lens], got new_lens[{b}] = {int(new_lens[b])} "
-                             f"for lens[{b}] = {int(self.lens[b])}")
+        if host_lens is not None:
+            host_lens = self._host_count_list(host_lens)
+        if host_lens is not None and self._host_lens is not None:
+            for b, (n, old) in enumerate(zip(host_lens, self._host_lens)):
+                if n < 0 or n > old:
+                    raise ValueError(f"new_lens must lie in [0, lens], got new_lens[{b}] = {n} for lens[{b}] = {old}")
+        else:
+            bad = (new_lens < 0) | (new_lens > self.lens)
+            if bool(bad.any()):
+                b = _checks.first_index(bad)[0]
+                raise ValueError(f"new_lens must lie in [0, lens], got new_lens[{b}] = {int(new_lens[b])} "
+                                 f"for lens[{b}] = {int(self.lens[b])}")
         self.lens.copy_(new_lens)
-        self._host_lens = None
+        self._host_lens = host_lens
 
     def reset(self):
         self.lens.zero_()

@@ -66,8 +66,8 @@ class DraftLM:
             self.tokens.append(list(chain))
             self.parents.append([-1] + list(range(len(chain) - 1)))
             self.root[b] = len(chain) - 1
-        if keep != self.host_lens:  # truncate checks its lengths with a host read: only when rows go
-            self.runner.truncate(torch.tensor(keep, dtype=torch.int32, device=self.runner.lens.device))
+        if keep != self.host_lens:  # rows go: metadata only, checked on the host against its copy
+            self.runner.truncate(torch.tensor(keep, dtype=torch.int32, device=self.runner.lens.device), keep)
             self.host_lens = keep
         self.fed = [0] * self.B
         self._logits = self._argmax = None

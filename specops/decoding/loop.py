@@ -140,15 +140,17 @@ class TargetLM:
     def forward(self, tokens, parents, num_nodes):
         return self._forward(block_logits, self.runner, tokens, parents, num_nodes, 0)
 
-    def commit(self, accept_idx, accept_lens):
+    def commit(self, accept_idx, accept_lens, host_counts):
         """Keeps, per sequence, the accepted path's K/V: one ``runner.compact`` (kv_compact; a chain
         prefix moves each row onto itself), on the device, nothing read back.
 
         Shape: accept_idx int32 [B, A] (block node indices, root first; entries at or past
-        accept_lens[b] are padding), accept_lens int32 [B] (0 for a sequence that keeps nothing)."""
+        accept_lens[b] are padding), accept_lens int32 [B] (0 for a sequence that keeps nothing);
+        host_counts: the same counts as a list (from the step's packed read), so the runner's host
+        copy of its lengths stays fresh without a read of its own."""
         if self.keep_features and self._hidden is not None:
             self._commit_features(accept_idx, accept_lens)
-        self.runner.compact(accept_idx, accept_lens, check=_kernels.CHECK)
+        self.runner.compact(accept_idx, accept_lens, check=_kernels.CHECK, host_counts=host_counts)
 
     def _commit_features(self, accept_idx, accept_lens):
         # Before the runner commits: lens are still the positions the paths start at.
@@ -227,7 +229,7 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
         result.read(state.active, with_argmax=budget != 0 and getattr(drafter, "needs_target_argmax", False))
         t2 = time.perf_counter()  # verify time ends with the read (on a GPU it waits for the forward)
         keep = torch.where(torch.tensor(state.active, device=dev), result.accept_lens, 0).to(torch.int32)
-        target.commit(result.accept_idx, keep)
+        target.commit(result.accept_idx, keep, [len(p) for p in result.paths])
 
         lp_rows, lp_toks = [], []
         for b in range(B):

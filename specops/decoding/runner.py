@@ -9,10 +9,11 @@ attention implementation. The loop needs only::
                                                   # tokens [B, T - q_start] (the new nodes), parents
                                                   # [B, T] (the whole block); K/V at rows lens + i,
                                                   # positions lens + depth -> logits [B, T - q_start, V]
-    runner.compact(accept_idx, accept_lens, check=False)
+    runner.compact(accept_idx, accept_lens, check=False, host_counts=None)
                                                   # accepted rows to lens.., lens += accept_lens
+                                                  # (host_counts: accept_lens as a list, if known)
     runner.commit(counts)                         # keep the first counts[b] block rows (a chain; unused)
-    runner.truncate(new_lens)                     # lens = new_lens <= lens (metadata only)
+    runner.truncate(new_lens, host_lens=None)     # lens = new_lens <= lens (metadata only)
 
 ``set_runner_factory`` swaps the constructor (tests use it to prove bad input fails before any work).
 """
@@ -67,7 +68,7 @@ def commit_paths(runner, paths, check=False):
         rows.append(base + list(range(start, start + A - n)))
     dev = runner.lens.device
     runner.compact(torch.tensor(rows, dtype=torch.int32).to(dev), torch.tensor(lens, dtype=torch.int32).to(dev),
-                   check=check)
+                   check=check, host_counts=lens)
 
 
 def pad_batch(seqs, pad=0):

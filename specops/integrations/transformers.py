@@ -250,5 +250,6 @@ class SpecModel:
         """Keeps the first ``counts[b]`` block rows as they are (a chain accepted in order)."""
         self.cache.commit(counts)
 
-    def truncate(self, new_lens):
-        self.cache.truncate(new_lens)
+    def truncate(self, new_lens, host_lens=None):
+        """lens = new_lens (int32 [B], each <= lens); ``host_lens``: the same as a list (no host sync)."""
+        self.cache.truncate(new_lens, host_lens)
