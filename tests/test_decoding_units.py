@@ -307,3 +307,30 @@ def test_sampling_config_rejects_inf_and_bools(kw, match):
 
     with pytest.raises(ValueError, match=match):
         SamplingConfig(**kw)
+
+
+# ---- draws on a device other than the generator's: inverse CDF of CPU uniforms ---------------------
+
+def test_inverse_cdf_picks_the_interval_of_u_and_never_an_empty_one():
+    from specops.decoding.sampling import inverse_cdf
+
+    probs = torch.tensor([[0.0, 0.25, 0.0, 0.5, 0.25, 0.0],
+                          [2.0, 0.0, 0.0, 0.0, 0.0, 2.0]])  # rows need not sum to 1
+    u = torch.tensor([[0.0], [0.0]])
+    assert inverse_cdf(probs, u).tolist() == [1, 0]
+    # the boundaries: [0, .25) -> 1, [.25, .75) -> 3, [.75, 1) -> 4; the second row halves
+    for x, want in [(0.2499, [1, 0]), (0.25, [3, 0]), (0.7499, [3, 5]), (0.75, [4, 5]), (1 - 2**-24, [4, 5])]:
+        assert inverse_cdf(probs, torch.full((2, 1), x)).tolist() == want, x
+    # u * total rounding onto the last cdf entry still lands on a token with mass (not the zero tail)
+    assert inverse_cdf(probs, torch.ones(2, 1)).tolist() == [4, 5]
+
+
+def test_inverse_cdf_draws_follow_the_row_distribution():
+    from specops.decoding.sampling import inverse_cdf
+
+    g = torch.Generator().manual_seed(3)
+    p = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    n = 40000
+    got = inverse_cdf(p.expand(n, 4), torch.rand(n, 1, generator=g))
+    freq = torch.bincount(got, minlength=4).double() / n
+    assert freq[1] == 0 and torch.allclose(freq, p.double(), atol=0.01)

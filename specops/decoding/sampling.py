@@ -33,9 +33,34 @@ class SamplingConfig:
         return _kernels.warp_probs(logits.float(), float(self.temperature), int(self.top_k), float(self.top_p))
 
 
+def draw(probs, generator):
+    """One token per row, drawn with ``generator``, left on the rows' device (no host read).
+
+    Shape: probs fp32 [N, V] (rows need not be normalised; zero entries are never drawn) -> int64 [N].
+    A generator on the rows' device draws with ``torch.multinomial``. The loop's generator lives on
+    the CPU (one seeded stream whatever the device), so device rows instead take one uniform per
+    row from it, copied host-to-device (no sync), and invert the row's CDF on the device."""
+    probs = probs.float()
+    if generator is None or generator.device == probs.device:
+        return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    u = torch.rand(probs.shape[0], 1, generator=generator).to(probs.device, non_blocking=True)
+    return inverse_cdf(probs, u)
+
+
+def inverse_cdf(probs, u):
+    """The token whose CDF interval holds ``u`` times the row total: the first index with
+    cdf > u * total, so a zero-probability token (an empty interval) is never chosen.
+    Shape: probs fp32 [N, V], u fp32 [N, 1] in [0, 1) -> int64 [N]."""
+    cdf = probs.cumsum(-1)
+    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0]
+    # rounding can put u * total at the last cdf entry: take the last token with mass
+    last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).to(torch.int8).argmax(-1)
+    return torch.minimum(idx, last)
+
+
 def sample(probs, generator):
     """One token per row. Shape: probs fp32 [N, V] -> list of N ints."""
-    return torch.multinomial(probs.float(), 1, generator=generator)[:, 0].tolist()
+    return draw(probs, generator).tolist()
 
 
 def choose(logits, sampling, generator):

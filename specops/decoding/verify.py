@@ -9,6 +9,7 @@ import dataclasses
 import torch
 
 from . import _kernels
+from .sampling import SamplingConfig, draw
 
 
 @dataclasses.dataclass
@@ -83,8 +84,6 @@ def _verify_joint(cand, tokens, num_nodes, logits, state):
     g = T - 1
     dev = logits.device
     temperature, top_k, top_p = cand.extra["joint_warp"]
-    from .sampling import SamplingConfig
-
     if g == 0:
         eta = torch.zeros(B, dtype=torch.int64, device=dev)
     else:
@@ -100,6 +99,6 @@ def _verify_joint(cand, tokens, num_nodes, logits, state):
     if state.sampling.greedy:
         bonus = rows.argmax(-1)
     else:
-        bonus = torch.multinomial(state.sampling.warp(rows), 1, generator=state.generator)[:, 0]
+        bonus = draw(state.sampling.warp(rows), state.generator)
     idx = torch.arange(T, dtype=torch.int32, device=dev).expand(B, T).contiguous()
     return VerifyResult(accept_idx=idx, accept_lens=(eta + 1).to(torch.int32), bonus_t=bonus, logits=logits)

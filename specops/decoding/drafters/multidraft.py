@@ -17,6 +17,7 @@ multiset of tokens drawn there.
 import torch
 
 from ..readback import read_lists
+from ..sampling import draw
 from ..tree import Candidates
 from .base import ModelDrafter
 from .ngram import lookup
@@ -67,8 +68,8 @@ class MultiDraftDrafter(ModelDrafter):
             # back with the argmax rows in one host read.
             draws = [row[(b, tips[b][c])] for b in range(B) if state.active[b] for c in range(k)
                      if not (greedy and c == 0)]
-            drawn = torch.multinomial(probs[torch.tensor(draws, device=probs.device)], 1,
-                                      generator=state.generator)[:, 0] if draws else probs.new_zeros(0, dtype=torch.int64)
+            drawn = (draw(probs[torch.tensor(draws, device=probs.device)], state.generator) if draws
+                     else probs.new_zeros(0, dtype=torch.int64))
             argmax, drawn = read_lists(logits.argmax(-1) if greedy else drawn[:0], drawn)
             drawn = iter(drawn)
             last = step == self.gamma - 1
