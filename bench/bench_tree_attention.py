@@ -160,6 +160,14 @@ def _flex_attention(qt, k, v, vis, args):
 
     try:
         if "fn" not in _FLEX:
+            # One compile per case shape: past dynamo's default limit of 8 recompiles, flex_attention
+            # would silently fall back to its unfused eager path (scores materialised) and the
+            # provider would time that instead of the compiled kernel.
+            import torch._dynamo as dynamo
+
+            cfg = dynamo.config
+            cfg.recompile_limit = max(cfg.recompile_limit, 4096)
+            cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 65536)
             _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
         block_mask = create_block_mask(mask_mod, B, None, Tq, S, device=qt.device)
         gqa = Hq != k.shape[1]

@@ -37,6 +37,19 @@ OURS = ("cpp", "triton", "cuda")
 # Timed beside the op as the physical floor of its work, not as an alternative implementation.
 FLOORS = ("memcpy_clone", "read_rows", "softmax")
 REFERENCES = ("torch", "torch_ref")  # the torch backend: the spec, plain rather than fast
+# Our own engine-facing forms of an op (paged layouts, plans, the raw compiled op): not peers; the
+# summary sets each against its counterpart instead (VARIANT_ROWS).
+VARIANTS = ("paged", "cpp_paged", "plan", "plan_paged", "cpp_raw")
+# stem -> (variant, counterpart, what the row says); ratio = counterpart's time / the variant's.
+VARIANT_ROWS = {
+    "tree_attention": [("paged", "cpp", "`tree_attention_paged` (cpp; pages of 16, scattered) vs `tree_attention` "
+                        "cpp on the same K/V")],
+    "kv_compact": [("plan", "cpp_raw", "`KVCompactPlan.run` vs the compiled op called directly "
+                    "(`torch.ops.specops.kv_compact`): time ratio; extra µs per call"),
+                   ("plan", "per_layer_loop", "`KVCompactPlan.run` vs a per-layer index_copy loop"),
+                   ("plan_paged", "cpp_paged", "`KVCompactPlan.run` paged vs `kv_compact_paged` (check=False)"),
+                   ("cpp_paged", "cpp", "`kv_compact_paged` vs `kv_compact` (cpp, check=False)")],
+}
 NOISY = "†"
 NOISY_NOTE = (f"{NOISY}: that time's spread is wider than its median (p80 - p20 > p50 over the repeats): "
               "an outlier-prone measurement, read its ratios with care.")
@@ -179,7 +192,7 @@ def headline(stem, rows):
             noisy += any(_noisy(r) for r in t.values())
             ours = float(t[o]["p50"])
             others = {p: float(r["p50"]) for p, r in t.items()
-                      if p not in OURS + FLOORS + REFERENCES and not p.endswith("_checked")}
+                      if p not in OURS + FLOORS + REFERENCES + VARIANTS and not p.endswith("_checked")}
             peers += [p for p in others if p not in peers]
             if others:
                 vs_peer.append(min(others.values()) / ours)
@@ -196,6 +209,28 @@ def headline(stem, rows):
                     f"{limit_label(rows, unit)})")
         out.append(f"| {stem} | {o} | {n} | {_spread(vs_peer, n)} | {', '.join(peers) or '–'} | "
                    f"{_spread(vs_ref, n)} | {rate} | {noisy} |")
+    return out
+
+
+VARIANT_HEAD = ("| form | cases | ratio: median (range) | extra per call |\n"
+                "|---|---|---|---|")
+
+
+def variant_rows(stem, rows):
+    """The engine-facing forms of an op against their counterparts (VARIANT_ROWS), same cases, same run."""
+    times = _times(rows)
+    out = []
+    for variant, other, what in VARIANT_ROWS.get(stem, ()):
+        ratios, extra = [], []
+        for t in times.values():
+            if variant in t and other in t:
+                a, b = float(t[variant]["p50"]), float(t[other]["p50"])
+                ratios.append(b / a)
+                extra.append((a - b) * 1e3)  # ms -> us
+        if ratios:
+            us = (f"{statistics.median(extra):+.2f} µs ({min(extra):+.2f} to {max(extra):+.2f})"
+                  if other == "cpp_raw" else "–")
+            out.append(f"| {what} | {len(ratios)} | {_spread(ratios, len(ratios))} | {us} |")
     return out
 
 
@@ -381,6 +416,12 @@ def summary(results_dir, readme_dir, tables_path):
         out.append(HEADLINE)
         for path in kernels:
             out += headline(os.path.basename(path)[:-4], load(path))
+        forms = [r for path in kernels for r in variant_rows(os.path.basename(path)[:-4], load(path))]
+        if forms:
+            out.append("\n**Engine-facing forms** (paged caches, plans; `docs/plans.md`), each against its "
+                       "counterpart in the same run (> 1: the form is faster; same cases, same machine):\n")
+            out.append(VARIANT_HEAD)
+            out += forms
     if os.path.exists(decoding):
         out.append("\n**End to end**: per prompt category, the fastest specops method (method/draft) with its "
                    "tok/s (generated tokens / wall time, prefill included) and its ratios to AR and to the best "

@@ -1,7 +1,9 @@
-// The cudasim runtime: fibers, the per-block scheduler, counted barriers, warp collectives and the
+// The cudasim runtime: fibers, the per-block scheduler, counted barriers, the warp rendezvous
+// (warp_exchange; the shuffles and votes on it are in collectives.cpp), cp.async and the
 // launch-limit checks of csrc/cudasim/cudasim.h. One launch runs at a time (a global mutex): the
 // emulated __shared__ variables are function statics shared by the running block's fibers.
 #include "cudasim.h"
+#include "runtime.h"
 
 #include <c10/util/Exception.h>
 #include <sys/mman.h>
@@ -22,56 +24,6 @@
 #else
 #define CUDASIM_ASAN 0
 #endif
-
-#if !defined(__x86_64__)
-#error "cudasim's fiber switch is written for x86-64"
-#endif
-
-// ---- fiber switch (x86-64 System V) --------------------------------------------------------------
-// cudasim_switch(save, load): pushes the callee-saved registers and the SSE/x87 control words,
-// stores rsp in *save, loads rsp from load, pops and returns into the other fiber. A new fiber's
-// stack is laid out so that the first switch "returns" into cudasim_trampoline with the Thread*
-// in r12 and the entry function in r13.
-extern "C" void cudasim_switch(void** save, void* load);
-extern "C" void cudasim_trampoline();
-asm(R"(
-    .text
-    .globl cudasim_switch
-    .hidden cudasim_switch
-    .type cudasim_switch, @function
-cudasim_switch:
-    pushq %rbp
-    pushq %rbx
-    pushq %r12
-    pushq %r13
-    pushq %r14
-    pushq %r15
-    subq $8, %rsp
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
-    movq %rsp, (%rdi)
-    movq %rsi, %rsp
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
-    addq $8, %rsp
-    popq %r15
-    popq %r14
-    popq %r13
-    popq %r12
-    popq %rbx
-    popq %rbp
-    ret
-    .size cudasim_switch, .-cudasim_switch
-
-    .globl cudasim_trampoline
-    .hidden cudasim_trampoline
-    .type cudasim_trampoline, @function
-cudasim_trampoline:
-    movq %r12, %rdi
-    call *%r13
-    ud2
-    .size cudasim_trampoline, .-cudasim_trampoline
-)");
 
 // ---- runtime API -----------------------------------------------------------------------------------
 
@@ -178,27 +130,6 @@ struct Block {
 
 Block* g_block = nullptr;
 StackPool g_stacks;
-
-std::string site(const char* file, int line) {
-  std::string f = file ? file : "?";
-  const auto slash = f.rfind('/');
-  if (slash != std::string::npos) f = f.substr(slash + 1);
-  return f + ":" + std::to_string(line);
-}
-
-const char* op_name(Collective op) {
-  switch (op) {
-    case Collective::kShfl: return "__shfl_sync";
-    case Collective::kShflXor: return "__shfl_xor_sync";
-    case Collective::kShflDown: return "__shfl_down_sync";
-    case Collective::kShflUp: return "__shfl_up_sync";
-    case Collective::kBallot: return "__ballot_sync";
-    case Collective::kAny: return "__any_sync";
-    case Collective::kAll: return "__all_sync";
-    case Collective::kSyncWarp: return "__syncwarp";
-  }
-  return "?";
-}
 
 std::string where(const Block& b) {
   std::ostringstream s;
@@ -369,6 +300,18 @@ void run_block(Block& b) {
 
 // ---- what kernel code calls ----
 
+std::string site(const char* file, int line) {
+  std::string f = file ? file : "?";
+  const auto slash = f.rfind('/');
+  if (slash != std::string::npos) f = f.substr(slash + 1);
+  return f + ":" + std::to_string(line);
+}
+
+std::string block_name() { return where(*g_block); }
+
+std::string block_state() { return describe(*g_block); }
+
+
 void syncthreads(const char* file, int line) {
   Block& b = *g_block;
   auto& t = static_cast<Thread&>(*current);
@@ -416,62 +359,6 @@ void warp_exchange(const char* what, ExchangeFn compute, const void* in, void* o
   w.arrived = 0;
   for (int l = 0; l < 32; ++l) lanes[l].state = State::kRunnable;
   compute(ins, outs);
-}
-
-namespace {
-
-struct CollectiveIn {
-  Collective op;
-  uint64_t value;
-  int arg;    // source lane, lane mask or delta
-  int width;  // power of 2 <= 32
-};
-
-// Shuffles and votes as the PTX ISA defines them: a source lane outside the lane's `width`
-// segment yields the lane's own value.
-void collective_all(const void* const* ins, void* const* outs) {
-  const auto* first = static_cast<const CollectiveIn*>(ins[0]);
-  uint64_t votes = 0;
-  for (int l = 0; l < 32; ++l) {
-    const auto* in = static_cast<const CollectiveIn*>(ins[l]);
-    TORCH_CHECK(in->op == first->op && in->width == first->width, "cudasim: lanes of one warp in ", where(*g_block),
-                " meet at different warp collectives: ", op_name(in->op), " (width ", in->width, ") and ",
-                op_name(first->op), " (width ", first->width, "); ", describe(*g_block));
-    votes |= (in->value & 1u) << l;
-  }
-  const int width = first->width;
-  for (int l = 0; l < 32; ++l) {
-    const auto* in = static_cast<const CollectiveIn*>(ins[l]);
-    const int a = in->arg, seg = l & ~(width - 1), pos = l & (width - 1);
-    int src = l;
-    switch (in->op) {
-      case Collective::kShfl: src = seg + (a & (width - 1)); break;
-      case Collective::kShflXor: src = (pos ^ a) < width ? seg + (pos ^ a) : l; break;
-      case Collective::kShflDown: src = pos + a < width ? l + a : l; break;
-      case Collective::kShflUp: src = pos >= a ? l - a : l; break;
-      default: break;
-    }
-    uint64_t r = static_cast<const CollectiveIn*>(ins[src])->value;
-    if (in->op == Collective::kBallot) r = votes;
-    else if (in->op == Collective::kAny) r = votes != 0;
-    else if (in->op == Collective::kAll) r = votes == 0xffffffffull;
-    else if (in->op == Collective::kSyncWarp) r = 0;
-    *static_cast<uint64_t*>(outs[l]) = r;
-  }
-}
-
-}  // namespace
-
-uint64_t warp_collective(Collective op, uint64_t value, int arg, int width, unsigned mask, const char* file,
-                         int line) {
-  TORCH_CHECK(mask == 0xffffffffu, "cudasim: ", op_name(op), " at ", site(file, line), " in ", where(*g_block),
-              " uses mask 0x", std::hex, mask, std::dec, "; the emulator supports full-warp masks only");
-  TORCH_CHECK(width >= 1 && width <= 32 && (width & (width - 1)) == 0, "cudasim: ", op_name(op), " at ",
-              site(file, line), ": width must be a power of 2 <= 32, got ", width);
-  const CollectiveIn in{op, value, arg, width};
-  uint64_t out = 0;
-  warp_exchange(op_name(op), collective_all, &in, &out, file, line);
-  return out;
 }
 
 void cp_async(void* smem_dst, const void* src, int bytes, int src_bytes) {
