@@ -126,29 +126,42 @@ def _check_no_overlap(k_cache, v_cache):
 
 def _check_values(prefix_lens, accept_idx, accept_lens, S):
     """Value rules of the contract, one host sync; the message names the first broken rule."""
-    B, A = accept_idx.shape
-    if B == 0:
+    if accept_idx.shape[0] == 0:
         return
+    rules = _accept_rules(prefix_lens, accept_idx, accept_lens, S)
+    which = _checks._first_bad([r.any() for r in rules])
+    if which is None:
+        return
+    _raise_rule(which, rules[which], prefix_lens, accept_idx, accept_lens, f"S={S}")
+
+
+def _accept_rules(prefix_lens, accept_idx, accept_lens, rows):
+    """The value rules both layouts share, as bool tensors in _raise_rule's order: accept_lens in
+    [0, A], prefix_lens in [0, rows], accept_idx strictly increasing from 0, rows addressed < rows."""
+    A = accept_idx.shape[1]
     j = torch.arange(A, device=accept_idx.device)
     valid = j[None, :] < accept_lens[:, None]  # [B, A]
     idx = accept_idx.to(torch.int64)
     prev = torch.cat([torch.full_like(idx[:, :1], -1), idx[:, :-1]], dim=1)
     src = prefix_lens.to(torch.int64)[:, None] + idx
-    rules = [
+    return [
         (accept_lens < 0) | (accept_lens > A),
-        (prefix_lens < 0) | (prefix_lens > S),
+        (prefix_lens < 0) | (prefix_lens > rows),
         valid & (idx <= prev),
-        valid & (src >= S),
+        valid & (src >= rows),
     ]
-    which = _checks._first_bad([r.any() for r in rules])
-    if which is None:
-        return
-    bad = rules[which].nonzero()[0].tolist()
+
+
+def _raise_rule(which, broken, prefix_lens, accept_idx, accept_lens, rows):
+    """The ValueError of the first broken value rule (0: accept_lens range, 1: prefix_lens range,
+    2: accept_idx order, 3: rows past the cache), at its first position; ``rows`` names the limit."""
+    A = accept_idx.shape[1]
+    bad = broken.nonzero()[0].tolist()
     if which == 0:
         raise ValueError(f"accept_lens must lie in [0, A={A}], got accept_lens[{bad[0]}] = "
                          f"{int(accept_lens[bad[0]])}")
     if which == 1:
-        raise ValueError(f"prefix_lens must lie in [0, S={S}], got prefix_lens[{bad[0]}] = "
+        raise ValueError(f"prefix_lens must lie in [0, {rows}], got prefix_lens[{bad[0]}] = "
                          f"{int(prefix_lens[bad[0]])}")
     b, i = bad
     if which == 2:
@@ -156,7 +169,7 @@ def _check_values(prefix_lens, accept_idx, accept_lens, S):
         raise ValueError(f"accept_idx[{b}, :accept_lens[{b}]] must be strictly increasing from >= 0: "
                          f"accept_idx[{b}, {i}] must be {want}, got {int(accept_idx[b, i])}")
     raise ValueError(f"accept_idx[{b}, {i}] = {int(accept_idx[b, i])} plus prefix_lens[{b}] = "
-                     f"{int(prefix_lens[b])} must address a row < S={S}")
+                     f"{int(prefix_lens[b])} must address a row < {rows}")
 
 
 # ---- torch reference -------------------------------------------------------------------------------
@@ -282,23 +295,14 @@ def _check_paged_values(page_table, num_pages, page_size, prefix_lens, accept_id
     rows = M * page_size
     if B == 0:
         return
-    j = torch.arange(A, device=accept_idx.device)
-    valid = j[None, :] < accept_lens[:, None]  # [B, A]
     idx = accept_idx.to(torch.int64)
-    prev = torch.cat([torch.full_like(idx[:, :1], -1), idx[:, :-1]], dim=1)
-    src = prefix_lens.to(torch.int64)[:, None] + idx
     n = accept_lens.long().clamp(0, A)
     last = idx.gather(1, (n - 1).clamp(min=0)[:, None])[:, 0] if A else torch.zeros_like(n)
     needed = prefix_lens.long() + torch.where(n > 0, last + 1, 0)
     needed = needed.clamp(max=rows)
     pages_bad, pages_error = page_rules(page_table, needed, num_pages, page_size)
     clash = _aliased_writes(page_table, num_pages, page_size, needed, prefix_lens, accept_idx, accept_lens)
-    rules = [
-        (accept_lens < 0) | (accept_lens > A),
-        (prefix_lens < 0) | (prefix_lens > rows),
-        valid & (idx <= prev),
-        valid & (src >= rows),
-    ]
+    rules = _accept_rules(prefix_lens, accept_idx, accept_lens, rows)
     which = _checks._first_bad([r.any() for r in rules] + [pages_bad, clash.any()])
     if which is None:
         return
@@ -306,20 +310,7 @@ def _check_paged_values(page_table, num_pages, page_size, prefix_lens, accept_id
         pages_error()
     if which == len(rules) + 1:
         _raise_aliased(clash, page_table, page_size, needed)
-    bad = rules[which].nonzero()[0].tolist()
-    if which == 0:
-        raise ValueError(f"accept_lens must lie in [0, A={A}], got accept_lens[{bad[0]}] = "
-                         f"{int(accept_lens[bad[0]])}")
-    if which == 1:
-        raise ValueError(f"prefix_lens must lie in [0, max_pages * page_size = {rows}], got prefix_lens[{bad[0]}] = "
-                         f"{int(prefix_lens[bad[0]])}")
-    b, i = bad
-    if which == 2:
-        want = ">= 0" if i == 0 else f"> accept_idx[{b}, {i - 1}] = {int(accept_idx[b, i - 1])}"
-        raise ValueError(f"accept_idx[{b}, :accept_lens[{b}]] must be strictly increasing from >= 0: "
-                         f"accept_idx[{b}, {i}] must be {want}, got {int(accept_idx[b, i])}")
-    raise ValueError(f"accept_idx[{b}, {i}] = {int(accept_idx[b, i])} plus prefix_lens[{b}] = "
-                     f"{int(prefix_lens[b])} must address a row < max_pages * page_size = {rows}")
+    _raise_rule(which, rules[which], prefix_lens, accept_idx, accept_lens, f"max_pages * page_size = {rows}")
 
 
 def _aliased_writes(page_table, num_pages, page_size, needed, prefix_lens, accept_idx, accept_lens):

@@ -51,6 +51,16 @@ def _size(name, value, lo=1):
     return _checks.integer(name, value, lo)
 
 
+def _paging(page_table, page_size, num_pages, B, dev):
+    """The paged layout's arguments checked: page_table int32 [B, max_pages], page_size a power of
+    two, num_pages (optional) >= 1. -> (page_size, num_pages)."""
+    _checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
+    page_size = _size("page_size", page_size)
+    if page_size & (page_size - 1):
+        raise ValueError(f"page_size must be a power of two >= 1, got {page_size}")
+    return page_size, (None if num_pages is None else _size("num_pages", num_pages))
+
+
 def _device(device, t):
     return t.device if device is None else torch.device(device)
 
@@ -89,12 +99,7 @@ class TreeAttentionPlan:
             raise TypeError(f"dtype must be one of {_ta._FLOATS}, got {dtype!r}")
         self.paged = page_table is not None
         if self.paged:
-            _checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
-            page_size = _size("page_size", page_size)
-            if page_size & (page_size - 1):
-                raise ValueError(f"page_size must be a power of two >= 1, got {page_size}")
-            if num_pages is not None:
-                num_pages = _size("num_pages", num_pages)
+            page_size, num_pages = _paging(page_table, page_size, num_pages, B, dev)
         elif page_size is not None:
             raise ValueError(f"page_size is for the paged layout: pass page_table too (got page_size={page_size} "
                              "and page_table=None)")
@@ -194,12 +199,7 @@ class KVCompactPlan:
         if self.paged:
             if max_len is not None:
                 raise ValueError(f"max_len is for the contiguous layout, got max_len={max_len} with a page_table")
-            _checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
-            page_size = _size("page_size", page_size)
-            if page_size & (page_size - 1):
-                raise ValueError(f"page_size must be a power of two >= 1, got {page_size}")
-            if num_pages is not None:
-                num_pages = _size("num_pages", num_pages)
+            page_size, num_pages = _paging(page_table, page_size, num_pages, B, dev)
         else:
             if max_len is None:
                 raise TypeError("KVCompactPlan needs max_len (contiguous layout) or page_table and page_size (paged)")
