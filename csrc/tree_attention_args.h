@@ -71,5 +71,42 @@ inline void check_shapes(const char* op, const at::Tensor& q, const KvView& kv, 
   }
 }
 
+// The two registered entry points of a backend, from its device checks and its runner, so both
+// layouts and both backends take their arguments the same way.
+using CheckFn = void (*)(const char* op, const at::Tensor& q, const KvView& kv, const at::Tensor& prefix_lens,
+                         const at::Tensor& block_lens, const at::Tensor& mask, const std::optional<at::Tensor>& q_lens);
+using RunFn = at::Tensor (*)(const at::Tensor& q, const KvView& kv, const at::Tensor& prefix_lens,
+                             const at::Tensor& block_lens, const at::Tensor& mask,
+                             const std::optional<at::Tensor>& q_lens, double sm_scale);
+
+template <CheckFn Check, RunFn Run>
+at::Tensor contiguous_entry(const at::Tensor& q,            // [B, Tq, Hq, D]
+                            const at::Tensor& k_cache,      // [B, Hkv, S, D]
+                            const at::Tensor& v_cache,      // [B, Hkv, S, D]
+                            const at::Tensor& prefix_lens,  // [B] int32
+                            const at::Tensor& block_lens,   // [B] int32
+                            const at::Tensor& mask,         // [B, Tq, W] int32
+                            const std::optional<at::Tensor>& q_lens,  // [B] int32
+                            double sm_scale) {
+  const KvView kv = contiguous_view(q, k_cache, v_cache);
+  Check("tree_attention", q, kv, prefix_lens, block_lens, mask, q_lens);
+  return Run(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale);
+}
+
+template <CheckFn Check, RunFn Run>
+at::Tensor paged_entry(const at::Tensor& q,            // [B, Tq, Hq, D]
+                       const at::Tensor& k_pages,      // [num_pages, page_size, Hkv, D]
+                       const at::Tensor& v_pages,      // [num_pages, page_size, Hkv, D]
+                       const at::Tensor& page_table,   // [B, max_pages] int32
+                       const at::Tensor& prefix_lens,  // [B] int32
+                       const at::Tensor& block_lens,   // [B] int32
+                       const at::Tensor& mask,         // [B, Tq, W] int32
+                       const std::optional<at::Tensor>& q_lens,  // [B] int32
+                       double sm_scale) {
+  const KvView kv = paged_view(q, k_pages, v_pages, page_table);
+  Check("tree_attention_paged", q, kv, prefix_lens, block_lens, mask, q_lens);
+  return Run(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale);
+}
+
 }  // namespace ta
 }  // namespace specops

@@ -349,36 +349,9 @@ at::Tensor run_call(const at::Tensor& q,            // [B, Tq, Hq, D]
 
 }  // namespace
 
-at::Tensor tree_attention_cuda(const at::Tensor& q,            // [B, Tq, Hq, D]
-                               const at::Tensor& k_cache,      // [B, Hkv, S, D]
-                               const at::Tensor& v_cache,      // [B, Hkv, S, D]
-                               const at::Tensor& prefix_lens,  // [B] int32
-                               const at::Tensor& block_lens,   // [B] int32
-                               const at::Tensor& mask,         // [B, Tq, W] int32
-                               const std::optional<at::Tensor>& q_lens,  // [B] int32
-                               double sm_scale) {
-  const KvView kv = ta::contiguous_view(q, k_cache, v_cache);
-  check_common("tree_attention", q, kv, prefix_lens, block_lens, mask, q_lens);
-  return run_call(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale);
-}
-
-at::Tensor tree_attention_paged_cuda(const at::Tensor& q,            // [B, Tq, Hq, D]
-                                     const at::Tensor& k_pages,      // [num_pages, page_size, Hkv, D]
-                                     const at::Tensor& v_pages,      // [num_pages, page_size, Hkv, D]
-                                     const at::Tensor& page_table,   // [B, max_pages] int32
-                                     const at::Tensor& prefix_lens,  // [B] int32
-                                     const at::Tensor& block_lens,   // [B] int32
-                                     const at::Tensor& mask,         // [B, Tq, W] int32
-                                     const std::optional<at::Tensor>& q_lens,  // [B] int32
-                                     double sm_scale) {
-  const KvView kv = ta::paged_view(q, k_pages, v_pages, page_table);
-  check_common("tree_attention_paged", q, kv, prefix_lens, block_lens, mask, q_lens);
-  return run_call(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale);
-}
-
 }  // namespace specops
 
 SPECOPS_GPU_IMPL(m) {
-  m.impl("tree_attention", &specops::tree_attention_cuda);
-  m.impl("tree_attention_paged", &specops::tree_attention_paged_cuda);
+  m.impl("tree_attention", &specops::ta::contiguous_entry<specops::check_common, specops::run_call>);
+  m.impl("tree_attention_paged", &specops::ta::paged_entry<specops::check_common, specops::run_call>);
 }
