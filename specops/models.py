@@ -178,13 +178,16 @@ def _convert(entry, dest):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load(name, dtype=None):
+def load(name, dtype=None, tp_size=1):
     """Loads an embedded target or draft by name. Returns ``(model, tokenizer)``.
 
     ``dtype``: a torch dtype or "bf16"/"fp32" for targets (default bf16); ignored for ``-int8``
     drafts (fp32 activations, int8 linear layers) and fixed by the suffix for ``-bf16``/``-fp32``.
+    ``tp_size`` > 1: a target sharded by tensor parallelism over the ranks of the running torchrun
+    (docs/scaling.md); drafts are never sharded.
     """
     base, kind = split_name(name)
+    tp_kw = _tp_kwargs(tp_size, kind)
     if kind == "draft":
         from .distill import load_draft
 
@@ -202,7 +205,7 @@ def load(name, dtype=None):
         dtype = _DTYPES[kind]
     with _quiet():
         tok = AutoTokenizer.from_pretrained(dest)
-        model = AutoModelForCausalLM.from_pretrained(dest, dtype=dtype).eval()
+        model = AutoModelForCausalLM.from_pretrained(dest, dtype=dtype, **tp_kw).eval()
     if kind == "int8":
         model = quantize_int8(model)
     # generate(model, "text") finds the name (default draft) and tokenizer through these.
@@ -251,8 +254,21 @@ def _shipped_feature_draft(base):
         return json.load(f).get("specops_draft", {}).get("arch") == "feature"
 
 
-def load_path(path, dtype=None):
-    """An HF model directory or a .gguf file. Returns ``(model, tokenizer)``."""
+def _tp_kwargs(tp_size, kind=None):
+    """``from_pretrained`` keywords for a target sharded over ``tp_size`` ranks (none for 1)."""
+    if tp_size == 1:
+        return {}
+    if kind is not None:
+        raise ValueError(f"tp_size={tp_size}: a -{kind} copy is a draft; tensor parallelism shards the target, "
+                         f"drafts are replicated on every rank")
+    from transformers import DistributedConfig
+
+    return {"distributed_config": DistributedConfig(tp_size=tp_size)}
+
+
+def load_path(path, dtype=None, tp_size=1):
+    """An HF model directory or a .gguf file. Returns ``(model, tokenizer)``; ``tp_size`` as in
+    :func:`load`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = resolve_dtype(dtype, torch.bfloat16)
@@ -272,7 +288,7 @@ def load_path(path, dtype=None):
     with _quiet():
         # A model directory without tokenizer files still works with token-id prompts.
         tok = AutoTokenizer.from_pretrained(folder, **kwargs) if has_tok else None
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).eval()
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs, **_tp_kwargs(tp_size)).eval()
     model.specops_tokenizer = tok
     return model, tok
 
@@ -286,10 +302,11 @@ def _is_distilled_draft(path):
         return "specops_draft" in json.load(f)
 
 
-def load_any(spec, dtype=None):
-    """``spec``: an embedded name (target or draft) or a path. Returns ``(model, tokenizer)``."""
+def load_any(spec, dtype=None, tp_size=1):
+    """``spec``: an embedded name (target or draft) or a path. Returns ``(model, tokenizer)``;
+    ``tp_size`` as in :func:`load`."""
     if is_embedded_name(spec):
-        return load(spec, dtype)
+        return load(spec, dtype, tp_size)
     if os.path.exists(spec):
-        return load_path(spec, dtype)
+        return load_path(spec, dtype, tp_size)
     split_name(spec)  # raises the list of valid names

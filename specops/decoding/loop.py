@@ -167,10 +167,11 @@ class TargetLM:
 
 
 def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None, tokenizer=None,
-           stream=None, record_steps=False, track_logprobs=True, metrics=None, adaptive=None):
+           stream=None, record_steps=False, track_logprobs=True, metrics=None, adaptive=None, ranks=None):
     """Runs ``drafter``'s method to completion. ``target``: a TargetLM; ``draft``: a DraftLM or None.
     ``adaptive``: None (fixed budgets) or an AdaptiveConfig; then ``drafter.enable_adaptive(adaptive)``
-    must have run before the caches were sized.
+    must have run before the caches were sized. ``ranks``: the :class:`specops.parallel.RankGroup` of
+    a tensor-parallel target (host decisions taken together, optional per-step divergence check).
 
     Returns (generated token lists per sequence, Metrics)."""
     B = len(prompts)
@@ -200,7 +201,7 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
     if draft is not None:
         draft.prefill(prompts)
     drafter.setup(state)
-    ctl = _controller(adaptive, drafter, B)
+    ctl = _controller(adaptive, drafter, B, ranks)
     m.adaptive = ctl is not None
     m.prefill_time_s = time.perf_counter() - t_start
 
@@ -267,6 +268,8 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
                         [max(len(p) - 1, 0) for p in result.paths], max(cand.num_nodes()),
                         t_target=t_commit - t1, t_draft=(t1 - t0) + (t3 - t_commit))
             m.record_budget(budget)
+        if ranks is not None:
+            ranks.check_step(m.num_target_forwards, state.seqs)
         if record_steps:
             m.steps.append({"active": list(state.was_active), "nodes": cand.num_nodes(),
                             "accepted": [max(len(p) - 1, 0) for p in result.paths], "budget": budget,
@@ -285,7 +288,7 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
     return gen, m
 
 
-def _controller(cfg, drafter, batch):
+def _controller(cfg, drafter, batch, ranks=None):
     """The step controller for ``drafter`` under AdaptiveConfig ``cfg`` (None: fixed budgets)."""
     if cfg is None or drafter.budget_param is None:
         return None
@@ -293,7 +296,7 @@ def _controller(cfg, drafter, batch):
         raise ValueError(f"adaptive decoding needs drafter.enable_adaptive(cfg) before the caches are sized "
                          f"(method {drafter.name!r})")
     initial, lo, hi = drafter.adaptive_range
-    return Controller(cfg, batch, initial, lo, hi)
+    return Controller(cfg, batch, initial, lo, hi, ranks=ranks)
 
 
 class _LogprobSum:
