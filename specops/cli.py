@@ -300,34 +300,35 @@ def main(argv=None):
 
         print(report())
         return 0
-    rank = _quiet_unless_first_rank()
+    rank, errors = _quiet_unless_first_rank()
     try:
         if args.command == "generate":
             return cmd_generate(args)
         return cmd_demo(args)
     except (ValueError, ImportError) as err:
-        print(f"specops: error{rank}: {err}", file=sys.__stderr__)
+        print(f"specops: error{rank}: {err}", file=errors)
         return 2
     except Exception:
         # Under torchrun every rank runs this; a rank that fails says so (the others are stopped by
         # torchrun, which exits non-zero) even where its output is silenced.
         import traceback
 
-        print(f"specops: error{rank}:\n{traceback.format_exc()}", file=sys.__stderr__)
+        print(f"specops: error{rank}:\n{traceback.format_exc()}", file=errors)
         return 1
 
 
 def _quiet_unless_first_rank():
     """Under torchrun only rank 0 prints (text, metrics, progress); errors print on every rank.
-    Returns the rank tag for error lines ("" outside torchrun)."""
+    Returns the rank tag for error lines ("" outside torchrun) and the stream errors go to."""
     import os
 
+    errors = sys.stderr
     rank = os.environ.get("RANK")
     if rank is None or os.environ.get("WORLD_SIZE", "1") == "1":
-        return ""
+        return "", errors
     if rank != "0":
         sys.stdout = sys.stderr = open(os.devnull, "w")
-    return f" (rank {rank})"
+    return f" (rank {rank})", errors
 
 
 if __name__ == "__main__":
