@@ -68,7 +68,7 @@ class MultiDraftDrafter(ModelDrafter):
             # back with the argmax rows in one host read.
             draws = [row[(b, tips[b][c])] for b in range(B) if state.active[b] for c in range(k)
                      if not (greedy and c == 0)]
-            drawn = (draw(probs[torch.tensor(draws, device=probs.device)], state.generator) if draws
+            drawn = (draw(probs[d.stager.upload(draws)], state.generator) if draws
                      else probs.new_zeros(0, dtype=torch.int64))
             argmax, drawn = read_lists(logits.argmax(-1) if greedy else drawn[:0], drawn)
             drawn = iter(drawn)
@@ -109,7 +109,7 @@ class MultiDraftDrafter(ModelDrafter):
                     tok.append(t)
                     par.append(parent)
                     sr.append(-1)
-                    qr.append(None if greedy else torch.nn.functional.one_hot(torch.tensor(t), V).float())
+                    qr.append(None if greedy else _point_mass(t, V, d.device))
                     parent = len(tok) - 1
             tokens.append(tok)
             parents.append(par)
@@ -119,8 +119,8 @@ class MultiDraftDrafter(ModelDrafter):
                           depth_drafted=[self.gamma if state.active[b] else 0 for b in range(B)],
                           drafted_nodes=[len(tr.tok) for tr in trees])
         if not greedy:
-            cand.draft_probs = [_stack(qr, V) for qr in rows]
-        return cand
+            cand.draft_probs = rows
+        return cand.stage(state.stager, V)
 
 
 class _DraftTrie:
@@ -142,5 +142,8 @@ class _DraftTrie:
         return len(self.tok) - 1
 
 
-def _stack(rows, V):
-    return torch.stack([r if r is not None else torch.full((V,), 1.0 / V) for r in rows])
+def _point_mass(t, V, device):
+    """Shape: -> fp32 [V], one-hot at ``t`` (a fill on the device, no host data)."""
+    row = torch.zeros(V, dtype=torch.float32, device=device)
+    row[t] = 1.0
+    return row
