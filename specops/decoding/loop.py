@@ -118,11 +118,10 @@ class Decoder:
             draft, mode = drafter.propose(s), drafter.verify_mode(s.sampling)
         t1 = time.perf_counter()
         logits = self.target.forward(draft.tokens, draft.parents, draft.num_nodes)
-        result = verify(mode, draft, logits, s.sampling, s.generator)
+        result = verify(mode, draft, logits, s.sampling, s.generator, self.active_t)
         result.read(draft, s.active, with_argmax=budget != 0 and drafter.needs_target_argmax)
         t2 = time.perf_counter()  # verify time ends with the read (on a GPU it waits for the forward)
-        keep = result.accept_lens * self.active_t  # finished sequences keep nothing
-        self.target.keep(result.accept_idx, keep, [len(p) for p in result.paths])
+        self.target.keep(result.accept_idx, result.kept, [len(p) for p in result.paths])  # finished: nothing
         emitted = [self._emit_one(b, result.path_tokens[b][1:] + [result.bonus[b]]) if s.active[b] else []
                    for b in range(s.batch)]
         s.root = result.bonus_t

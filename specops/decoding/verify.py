@@ -22,11 +22,13 @@ class VerifyResult:
     Host lists, filled by :meth:`read` (the step's one host read): ``paths[b]`` (accepted node
     indices, root first), ``path_tokens[b]`` (their tokens), ``path_src[b]`` (their draft-block
     nodes, when the draft has ``src``), ``bonus[b]``, ``num_nodes[b]``; drafters with
-    ``needs_target_argmax`` also get the target's argmax after every block node (``target_argmax()``)."""
+    ``needs_target_argmax`` also get the target's argmax after every block node (``target_argmax()``).
+    ``kept`` int32 [B]: ``accept_lens`` masked to 0 for finished sequences (what the target keeps)."""
     accept_idx: torch.Tensor
     accept_lens: torch.Tensor
     bonus_t: torch.Tensor
     logits: torch.Tensor
+    kept: torch.Tensor = None
     paths: list = None
     path_tokens: list = None
     path_src: list = None
@@ -71,25 +73,45 @@ class VerifyResult:
         return self._argmax
 
 
-def verify(mode, draft, logits, sampling, generator):
+def verify(mode, draft, logits, sampling, generator, active):
     """Shape: draft (a Draft: tokens int64 [B, T], parents int32 [B, T], num_nodes int32 [B]),
-    logits [B, T, V] -> VerifyResult (device tensors; no host read). ``generator`` lives on the
-    logits' device: the uniforms are drawn there."""
+    logits [B, T, V], active bool [B] -> VerifyResult (device tensors; no host read; ``kept`` =
+    ``accept_lens`` with finished sequences masked to 0). ``generator`` lives on the logits' device:
+    the uniforms are drawn there."""
+    if mode == "joint":
+        result = _verify_joint(draft, logits, sampling, generator)
+        result.kept = result.accept_lens * active
+        return result
     B, T, V = logits.shape
-    tok32 = draft.tokens.to(torch.int32)
+    uniforms = None if mode == "greedy" else torch.rand(B, T, 2, generator=generator, device=logits.device)
+    draft_probs = None
+    if mode in ("mss", "mss_noreplace", "gsd"):  # proposer rows; uniform where the drafter has none
+        draft_probs = draft.draft_probs if draft.draft_probs is not None else \
+            torch.full((B, T, V), 1.0 / V, dtype=torch.float32, device=logits.device)
+    idx, kept, bonus = verify_kept(draft.tokens, draft.parents, draft.num_nodes, logits, uniforms, active,
+                                   mode=mode, sampling=sampling, draft_probs=draft_probs)
+    return VerifyResult(accept_idx=idx, accept_lens=kept, bonus_t=bonus, logits=logits, kept=kept)
+
+
+def verify_kept(tokens, parents, num_nodes, logits, uniforms, active, *, mode=None, sampling=None, draft_probs=None):
+    """The verify op on device tensors, then the accepted lengths masked by ``active``: the part of a
+    step from the target's logits to what ``kv_compact`` keeps (no host read, no host data:
+    ``torch.compile(fullgraph=True)``-able and CUDA-graph capturable; tests/test_decoding_graph.py).
+    ``mode`` None: greedy (R1) without uniforms, else ``mss_pointmass``; ``sampling`` None: T = 1.
+
+    Shape: tokens int64/int32 [B, T], parents int32 [B, T], num_nodes int32 [B], logits [B, T, V],
+    uniforms fp32 [B, T, 2] or None (greedy), active bool [B], draft_probs fp32 [B, T, V] or None
+    -> (accept_idx int32 [B, T], kept int32 [B], bonus [B])."""
+    mode = mode or ("greedy" if uniforms is None else "mss_pointmass")
+    tok32 = tokens.to(torch.int32)
     if mode == "greedy":
-        idx, lens, bonus = _kernels.verify_greedy(tok32, draft.parents, logits, draft.num_nodes)
-    elif mode == "joint":
-        return _verify_joint(draft, logits, sampling, generator)
+        idx, lens, bonus = _kernels.verify_greedy(tok32, parents, logits, num_nodes)
     else:
-        probs = sampling.warp(logits.reshape(B * T, V)).reshape(B, T, V)
-        uniforms = torch.rand(B, T, 2, generator=generator, device=logits.device)
-        draft_probs = draft.draft_probs if mode in ("mss", "mss_noreplace", "gsd") else None
-        if draft_probs is None and mode in ("mss", "mss_noreplace", "gsd"):  # no proposer rows: uniform
-            draft_probs = torch.full((B, T, V), 1.0 / V, dtype=torch.float32, device=logits.device)
-        idx, lens, bonus = _kernels.verify_tree(tok32, draft.parents, probs, uniforms, draft_probs=draft_probs,
-                                                mode=mode, num_nodes=draft.num_nodes)
-    return VerifyResult(accept_idx=idx, accept_lens=lens, bonus_t=bonus, logits=logits)
+        B, T, V = logits.shape
+        probs = (sampling or SamplingConfig(1.0)).warp(logits.reshape(B * T, V)).reshape(B, T, V)
+        idx, lens, bonus = _kernels.verify_tree(tok32, parents, probs, uniforms, draft_probs=draft_probs, mode=mode,
+                                                num_nodes=num_nodes)
+    return idx, lens * active, bonus
 
 
 def _verify_joint(draft, logits, sampling, generator):

@@ -109,7 +109,7 @@ class MultiDraftDrafter(ModelDrafter):
                     tok.append(t)
                     par.append(parent)
                     sr.append(-1)
-                    qr.append(None if greedy else _point_mass(t, V, d.device))
+                    qr.append(None if greedy else _point_mass(t, V, state.root.device))
                     parent = len(tok) - 1
             tokens.append(tok)
             parents.append(par)
