@@ -29,7 +29,7 @@ class DraftLM(ModelRunner):
         self.root = [0] * batch_size
         self._logits = self._argmax = None
         self._q0 = 0
-        self._dev_tokens = self._dev_parents = None  # the block on the device, grown per forward
+        self._dev_parents = None  # the block's parents on the device, grown per forward
 
     def prefill(self, prompts, logits=False):
         """Commits the prompts (without the pending root); the logits are not needed."""
@@ -73,7 +73,7 @@ class DraftLM(ModelRunner):
     def _open(self):
         self.fed = [0] * self.B
         self._logits = self._argmax = None
-        self._dev_tokens = self._dev_parents = None
+        self._dev_parents = None
 
     def add(self, b, token, parent):
         """A new block node below block node ``parent``; returns its index."""
@@ -84,35 +84,48 @@ class DraftLM(ModelRunner):
     def size(self, b):
         return len(self.tokens[b])
 
-    def forward(self):
-        """Computes every unfed node. Afterwards ``logits(b, node)`` reads any node fed in this call."""
+    @property
+    def first_unfed(self):
+        """The first node the next ``forward`` computes a logits row for (its ``first_row_node``)."""
+        return min(self.fed)
+
+    def forward(self, rows=None, extra=None):
+        """Computes every unfed node. Afterwards ``logits(b, node)`` reads any node fed in this call.
+
+        ``rows``: (b, node) pairs of nodes fed in this call whose logits to return, ``extra``: ints
+        the caller needs on the device; both travel in the forward's one staged upload.
+        Shape: -> ([len(rows), V] or None, int64 [len(extra)] or None)."""
+        rows, extra = rows or [], extra or []
         if all(self.fed[b] == len(self.tokens[b]) for b in range(self.B)):
-            return
+            return (self.logits_rows(rows) if rows else None), (self.stager.upload(extra) if extra else None)
         q0 = min(self.fed)
         T = max(len(t) for t in self.tokens)
-        # One upload: the new columns q0..T-1 of tokens and parents, and the node counts.
+        Tq = T - q0
+        if any(n < q0 for _, n in rows):
+            raise IndexError("logits are kept only for the nodes computed by this forward()")
+        # One upload: the new columns q0..T-1 of tokens and parents, the node counts, the rows, extra.
         flat = []
         for b in range(self.B):
-            pad = [0] * (T - len(self.tokens[b]))
-            flat += self.tokens[b][q0:] + pad[: T - q0]
+            flat += self.tokens[b][q0:] + [0] * (T - len(self.tokens[b]))
         for b in range(self.B):
-            pad = [0] * (T - len(self.parents[b]))
-            flat += self.parents[b][q0:] + pad[: T - q0]
+            flat += self.parents[b][q0:] + [0] * (T - len(self.parents[b]))
         flat += [len(t) for t in self.tokens]
+        flat += [b * Tq + n - q0 for b, n in rows]
+        flat += extra
         up = self.stager.upload(flat)
-        n = self.B * (T - q0)
-        new_tok = up[:n].view(self.B, T - q0)
-        new_par = up[n: 2 * n].view(self.B, T - q0).to(torch.int32)
-        num_nodes = up[2 * n:].to(torch.int32)
-        if q0 == 0 or self._dev_parents is None:
-            parents = new_par
-        else:
-            parents = torch.cat([self._dev_parents[:, :q0], new_par], dim=1)
+        n = self.B * Tq
+        new_tok = up[:n].view(self.B, Tq)
+        new_par = up[n: 2 * n].view(self.B, Tq).to(torch.int32)
+        num_nodes = up[2 * n: 2 * n + self.B].to(torch.int32)
+        at = 2 * n + self.B
+        parents = new_par if q0 == 0 else torch.cat([self._dev_parents[:, :q0], new_par], dim=1)
         self._dev_parents = parents
         self._logits = super().forward(new_tok, parents, num_nodes, q0)
         self._argmax = None
         self._q0 = q0
         self.fed = [len(t) for t in self.tokens]
+        picked = self._logits.reshape(self.B * Tq, -1)[up[at: at + len(rows)]] if rows else None
+        return picked, (up[at + len(rows):] if extra else None)
 
     @property
     def first_row_node(self):

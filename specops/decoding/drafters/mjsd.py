@@ -55,8 +55,7 @@ class BeamDrafter(ModelDrafter):
         d = state.draft
         d.begin(state.seqs, state.active)
         B, M = state.batch, self.beams
-        d.forward()
-        logq = self._logq(d.logits_rows([(b, d.root[b]) for b in range(B)]))[:, None]  # [B, 1, V]
+        logq = self._logq(d.forward(rows=[(b, d.root[b]) for b in range(B)])[0])[:, None]  # [B, 1, V]
         layers = [_kernels.topn_expand(logq.new_zeros(B, 1, dtype=torch.float32), logq, M, per_parent_k=M)]
         blocks = [[[d.root[b]] for b in range(B)]]  # blocks[k+1][b][i]: block node of layers[k] beam i
         host = [read_lists(*layers[-1])]  # per layer: (scores, tokens, parents) as host lists, one read each
@@ -67,10 +66,10 @@ class BeamDrafter(ModelDrafter):
                     if state.active[b] and math.isfinite(sc[b][i]) else -1 for i in range(M)]
                    for b in range(B)]
             blocks.append(blk)
-            d.forward()
-            pairs = [(b, blk[b][i] if blk[b][i] >= 0 else d.first_row_node) for b in range(B) for i in range(M)]
-            logq = self._logq(d.logits_rows(pairs)).view(B, M, -1)
-            dead = d.stager.upload([x < 0 for row in blk for x in row]).view(B, M).bool()
+            pairs = [(b, blk[b][i] if blk[b][i] >= 0 else d.first_unfed) for b in range(B) for i in range(M)]
+            rows, dead = d.forward(rows=pairs, extra=[x < 0 for row in blk for x in row])
+            logq = self._logq(rows).view(B, M, -1)
+            dead = dead.view(B, M).bool()
             layers.append(_kernels.topn_expand(scores.masked_fill(dead, float("-inf")), logq, M, per_parent_k=M))
             host.append(read_lists(*layers[-1]))
         return self._best_beam(state, layers, host, blocks)

@@ -48,8 +48,7 @@ class OptTreeDrafter(ModelDrafter):
         d = state.draft
         d.begin(state.seqs, state.active)
         B, n = state.batch, self.n
-        d.forward()
-        logq = d.logits_rows([(b, d.root[b]) for b in range(B)]).log_softmax(-1)[:, None]  # [B, 1, V]
+        logq = d.forward(rows=[(b, d.root[b]) for b in range(B)])[0].log_softmax(-1)[:, None]  # [B, 1, V]
         scores, toks, par = _kernels.topn_expand(logq.new_zeros(B, 1, dtype=torch.float32), logq, n, per_parent_k=n)
         layers = [(scores, toks, par)]  # per layer: [B, n] log p̂, tokens, parent index in previous layer
         blocks = [[[d.root[b]] for b in range(B)]]  # per layer, per sequence: block node of each entry
@@ -71,10 +70,10 @@ class OptTreeDrafter(ModelDrafter):
                         row.append(-1)
                 blk.append(row)
             blocks.append(blk)
-            d.forward()
-            pairs = [(b, blk[b][i] if blk[b][i] >= 0 else d.first_row_node) for b in range(B) for i in range(n)]
-            logq = d.logits_rows(pairs).log_softmax(-1).view(B, n, -1)
-            dead = d.stager.upload([x < 0 for row in blk for x in row]).view(B, n).bool()
+            pairs = [(b, blk[b][i] if blk[b][i] >= 0 else d.first_unfed) for b in range(B) for i in range(n)]
+            rows, dead = d.forward(rows=pairs, extra=[x < 0 for row in blk for x in row])
+            logq = rows.log_softmax(-1).view(B, n, -1)
+            dead = dead.view(B, n).bool()
             parent_scores = scores.masked_fill(dead, float("-inf"))
             layers.append(_kernels.topn_expand(parent_scores, logq, n, per_parent_k=n))
             sc, tk, pr, esub = _read_layer(layers, n)

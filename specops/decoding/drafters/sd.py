@@ -38,9 +38,8 @@ class ChainDrafter(ModelDrafter):
         for _ in range(self.gamma):
             if not any(going):
                 break
-            d.forward()
             bs = [b for b in range(B) if going[b]]
-            logits = d.logits_rows([(b, tips[b]) for b in bs])
+            logits, _ = d.forward(rows=[(b, tips[b]) for b in bs])
             chosen, probs = choose(logits, state.sampling, state.generator)
             conf = None
             if self.exit_threshold > 0:

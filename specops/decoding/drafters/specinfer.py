@@ -49,7 +49,6 @@ class MultiDraftDrafter(ModelDrafter):
         trees = [_DraftTrie(state.seqs[b][-1], d.root[b]) for b in range(B)]
         tips = [[0] * k for _ in range(B)]
         for step in range(self.gamma):
-            d.forward()
             pairs, row = [], {}
             for b in range(B):
                 if state.active[b]:
@@ -57,8 +56,9 @@ class MultiDraftDrafter(ModelDrafter):
                         row[(b, t)] = len(pairs)
                         pairs.append((b, trees[b].blk[t]))
             if not pairs:
+                d.forward()
                 break
-            logits = d.logits_rows(pairs)
+            logits, _ = d.forward(rows=pairs)
             if greedy:
                 # Max subtracted first: a tiny draft_temperature must not overflow to inf - inf.
                 probs = torch.softmax((logits - logits.amax(-1, keepdim=True)) / self.draft_temperature, -1)

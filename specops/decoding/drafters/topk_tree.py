@@ -67,9 +67,8 @@ class TopKTreeDrafter(ModelDrafter):
         for step in range(self.max_depth):
             if not any(frontier):
                 break
-            d.forward()
             pairs = [(b, blk[b][u]) for b in range(B) for u in frontier[b]]
-            probs = d.logits_rows(pairs).softmax(-1)
+            probs = d.forward(rows=pairs)[0].softmax(-1)
             top_q, top_t = probs.topk(min(self.k, probs.shape[-1]), dim=-1)
             top_q, top_t = read_lists(top_q, top_t)  # one host read per draft forward
             j = 0
