@@ -227,15 +227,17 @@ def test_one_read_no_blocking_upload_no_host_built_tensor_per_step(models, monke
             assert per_step(counter, "staged", s)["propose"] == (case != "ar"), f"step {s}"
 
 
-def test_staged_uploads_of_the_drafters_are_bounded_by_their_forwards(models, monkeypatch):
-    # The draft side stages each forward's new nodes, the rows it samples from, and the kept path
-    # (plus a truncate when the draft cache drops rows): a few non-blocking copies per forward.
-    for case in ("sd", "tsd", "opt-tree", "ouroboros", "mjsd"):
+def test_staged_uploads_of_the_drafters_are_one_per_forward(models, monkeypatch):
+    # The draft side stages each forward's new nodes together with the rows it samples from (and
+    # flags it needs on the device): one non-blocking copy per forward, plus the target block (or
+    # OPT-Tree's block-node map, MJSD's joint-score picks) and the draft's truncate; Ouroboros also
+    # keeps each forward's accepted draft path. The drafter's commit stages the kept path.
+    for case, extra in (("sd", 2), ("specinfer", 2), ("tsd", 2), ("opt-tree", 2), ("mjsd", 3)):
         counter = count_steps(models, monkeypatch, case)
         for s in STEPS:
             F = counter.forwards[s]
             staged = per_step(counter, "staged", s)
-            assert staged["propose"] <= 3 * F + 2 and staged["commit"] <= 1, (case, s, F, staged)
+            assert F + 1 <= staged["propose"] <= F + extra and staged["commit"] == 1, (case, s, F, staged)
 
 
 def test_the_counter_sees_every_kind_of_traffic(monkeypatch):

@@ -58,17 +58,17 @@ class MultiDraftDrafter(ModelDrafter):
             if not pairs:
                 d.forward()
                 break
-            logits, _ = d.forward(rows=pairs)
+            # Every chain's draw of this level at once (one independent draw per chain and row; the
+            # rows travel with the forward's upload), read back with the argmax rows in one host read.
+            draws = [row[(b, tips[b][c])] for b in range(B) if state.active[b] for c in range(k)
+                     if not (greedy and c == 0)]
+            logits, draw_rows = d.forward(rows=pairs, extra=draws)
             if greedy:
                 # Max subtracted first: a tiny draft_temperature must not overflow to inf - inf.
                 probs = torch.softmax((logits - logits.amax(-1, keepdim=True)) / self.draft_temperature, -1)
             else:
                 probs = state.sampling.warp(logits)
-            # Every chain's draw of this level at once (one independent draw per chain and row), read
-            # back with the argmax rows in one host read.
-            draws = [row[(b, tips[b][c])] for b in range(B) if state.active[b] for c in range(k)
-                     if not (greedy and c == 0)]
-            drawn = (draw(probs[d.stager.upload(draws)], state.generator) if draws
+            drawn = (draw(probs[draw_rows], state.generator) if draws
                      else probs.new_zeros(0, dtype=torch.int64))
             argmax, drawn = read_lists(logits.argmax(-1) if greedy else drawn[:0], drawn)
             drawn = iter(drawn)
