@@ -49,7 +49,7 @@ def test_feature_draft_learns_the_next_feature_and_token(tmp_path):
 
 
 class _Target:
-    """What FeatureDraftLM reads from the target runner: features [B, max_len, H]."""
+    """What FeatureDraftLM reads from a TargetLM: features [B, max_len, H]."""
 
     def __init__(self, feats):
         self.features = feats
