@@ -26,7 +26,7 @@ import collections
 import pytest
 import torch
 
-from specops.decoding import api, loop, methods, runner
+from specops.decoding import AdaptiveConfig, api, loop, methods, runner
 from specops.testing import perturbed_copy, tiny_causal_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -43,6 +43,7 @@ STEPS = (2, 3, 4)  # step 1 is the warm-up (its caches' host lengths are fresh f
 # staged once by propose (a host-built tree). The loop stages one upload only for the log-likelihood
 # rows, which it gathers for methods that are not lossless (GSD's R5, MJSD) or when asked.
 LOOP_READS = 1
+FREE_DRAFTS = AdaptiveConfig(target_cost=lambda T: 1.0, draft_cost=lambda g: 0.0)
 EXPECTED = {
     "ar": ({}, 0, 0),
     "ngram": ({}, 0, 0),
@@ -56,6 +57,9 @@ EXPECTED = {
     "ouroboros": ({}, 1, 0),
     "ouroboros-model-free": ({"method": "ouroboros", "model_free": True}, 0, 0),
     "mjsd": ({}, 1, 1),
+    # the adaptive controller observes every step (fixed costs that make drafting pay: no AR steps)
+    "opt-tree-adaptive": ({"method": "opt-tree", "adaptive": FREE_DRAFTS}, 1, 0),
+    "sd-adaptive": ({"method": "sd", "adaptive": FREE_DRAFTS}, 1, 0),
 }
 
 
@@ -198,10 +202,11 @@ def count_steps(models, monkeypatch, case):
     counter = Counter()
     make = methods.make
     monkeypatch.setattr(methods, "make", lambda name, **kw: counter.wrap(make(name, **kw)))
+    adaptive = params.pop("adaptive", False)
     drafter = make(method, **{k: v for k, v in params.items() if k != "temperature"})
     counter.install(monkeypatch)
     _, m = api.generate(target, prompts, draft=draft if drafter.needs_draft_model else None, method=method,
-                        max_new_tokens=24, eos_token_id=[], adaptive=False, **params)
+                        max_new_tokens=24, eos_token_id=[], adaptive=adaptive, **params)
     monkeypatch.undo()
     assert m.num_target_forwards > max(STEPS), "too few steps to measure"
     return counter
@@ -217,6 +222,7 @@ def test_one_read_no_blocking_upload_no_host_built_tensor_per_step(models, monke
     _, per_forward, loop_staged = EXPECTED[case]
     for s in STEPS:
         F = counter.forwards[s]
+        assert F > 0 or EXPECTED[case][1] == 0, f"step {s} drafted nothing"
         assert per_step(counter, "reads", s) == {"propose": per_forward * F, "loop": LOOP_READS, "commit": 0}, \
             f"step {s} ({F} draft forwards)"
         assert per_step(counter, "built", s) == {"propose": 0, "loop": 0, "commit": 0}, f"step {s}"

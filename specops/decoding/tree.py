@@ -22,7 +22,8 @@ class Draft:
     step's one read, for the drafter's commit.
 
     Host fields (known to the drafter without a read; metrics and the adaptive controller):
-    ``depth`` [B] the tree depth per sequence, ``depth_drafted`` [B] drafting steps spent (GSD's
+    ``depth`` [B] the tree depth per sequence (a device int tensor for a tree built on the device:
+    the step's read brings it back), ``depth_drafted`` [B] drafting steps spent (GSD's
     acceptance-rate denominator), ``drafted_nodes`` [B] nodes the drafter produced, root included
     (GSD counts graph nodes, which the unmerged tree may exceed), ``copied`` [B][T] or None: node
     reached through a merge edge (GSD graph success).

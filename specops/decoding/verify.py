@@ -38,7 +38,8 @@ class VerifyResult:
 
     def read(self, draft, active, with_argmax=False):
         """The one host read of a step: lens, bonus, node counts, accept_idx, the path's tokens (and
-        draft-block nodes, and the argmax rows) packed into one int64 vector, one ``tolist``.
+        draft-block nodes, the argmax rows, a device-built tree's depths, which replace
+        ``draft.depth``) packed into one int64 vector, one ``tolist``.
         ``active[b]`` False gives ``paths[b] = []`` (nothing kept)."""
         B, A = self.accept_idx.shape
         idx = self.accept_idx.long()
@@ -49,7 +50,12 @@ class VerifyResult:
             parts.append(draft.src.long().gather(1, at_idx).reshape(-1))
         if with_argmax:
             parts.append(self.logits.argmax(-1).reshape(-1))
+        depth_on_device = isinstance(draft.depth, torch.Tensor)  # a tree built on the device (OPT-Tree)
+        if depth_on_device:
+            parts.append(draft.depth.long())
         flat = torch.cat(parts).tolist()
+        if depth_on_device:
+            draft.depth, flat = flat[-B:], flat[:-B]
         lens, self.bonus, self.num_nodes = flat[:B], flat[B: 2 * B], flat[2 * B: 3 * B]
         at = 3 * B
 
