@@ -73,9 +73,9 @@ class FeatureDraftLM(DraftLM):
         self._chain_len = [0] * self.B
         self._hid = None
 
-    def forward(self):
+    def forward(self, rows=None, extra=None):
         if all(self.fed[b] == len(self.tokens[b]) for b in range(self.B)):
-            return
+            return super().forward(rows, extra)
         q0 = min(self.fed)
         T = max(len(t) for t in self.tokens)
         H = self._tail.shape[-1]
@@ -94,7 +94,7 @@ class FeatureDraftLM(DraftLM):
                 feats[b, i - q0] = self._tail[b] if p < 0 else self._hid[b, p]
         self.model.feature_input = feats
         try:
-            super().forward()
+            out = super().forward(rows, extra)
         finally:
             self.model.feature_input = None
         new = self.model.last_features.detach().to(self._tail.dtype)  # [B, T - q0, H]
@@ -104,6 +104,7 @@ class FeatureDraftLM(DraftLM):
                 grown[:, : self._hid.shape[1]] = self._hid
             self._hid = grown
         self._hid[:, q0:T] = new
+        return out
 
     def commit_paths(self, paths):
         hid, chain = self._hid, self._chain_len

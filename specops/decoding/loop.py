@@ -124,7 +124,7 @@ class Decoder:
         self.target.keep(result.accept_idx, result.kept, [len(p) for p in result.paths])  # finished: nothing
         emitted = [self._emit_one(b, result.path_tokens[b][1:] + [result.bonus[b]]) if s.active[b] else []
                    for b in range(s.batch)]
-        s.root = result.bonus_t
+        s.root = result.bonus_t.long()
         t3 = time.perf_counter()
         if budget != 0:
             drafter.commit(s, draft, result)

@@ -90,15 +90,6 @@ class Stager:
         self.uploads += 1
         return out
 
-    def upload_rows(self, rows, pad=0):
-        """Ragged int lists, right-padded: -> int64 [len(rows), longest] (one upload)."""
-        T = max((len(r) for r in rows), default=0)
-        flat = []
-        for r in rows:
-            flat += r
-            flat += [pad] * (T - len(r))
-        return self.upload(flat).view(len(rows), T)
-
 
 class ModelRunner:
     """A model, its KV cache and its committed lengths, driven by device tensors.
