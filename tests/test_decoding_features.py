@@ -1,6 +1,6 @@
-"""Target feature capture for EAGLE-style drafters: ``TargetLM(keep_features=True).features[b, p]``
-is the LM head's input at committed position ``p``, after prefill and after every commit (chains
-kept by truncation and tree paths kept by compaction, ragged batches); without ``keep_features``
+"""Target feature capture for EAGLE-style drafters: ``ModelRunner(keep_features=True).features[b, p]``
+is the LM head's input at committed position ``p``, after prefill and after every ``keep`` (chain
+prefixes and tree paths alike, ragged batches); without ``keep_features``
 no hook exists; ``generate`` turns it on from the drafter's ``needs_target_features``."""
 import pytest
 import torch
@@ -74,12 +74,13 @@ def test_features_at_committed_positions_equal_plain_forward_hidden_states(model
 def test_tree_method_commits_non_prefix_paths(models, monkeypatch):
     # The tsd case above covers compaction only if some accepted path skipped block rows.
     paths = []
-    commit = loop.TargetLM.commit
+    keep = loop.TargetLM.keep
 
     def record(self, idx, lens, host_counts):
-        paths.extend(row[:n] for row, n in zip(idx.tolist(), host_counts))
-        commit(self, idx, lens, host_counts)
-    monkeypatch.setattr(loop.TargetLM, "commit", record)
+        if self.keep_features:  # the target (the draft is a runner too)
+            paths.extend(row[:n] for row, n in zip(idx.tolist(), host_counts))
+        keep(self, idx, lens, host_counts)
+    monkeypatch.setattr(loop.TargetLM, "keep", record)
     run(models, "tsd", [[5, 17, 99, 3, 42, 8, 61], [70, 2, 33]], 14)
     assert any(p and p != list(range(len(p))) for p in paths)
 

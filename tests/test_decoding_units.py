@@ -134,16 +134,18 @@ def test_ngram_draft_length_doubles_after_a_full_accept_and_resets_after_a_rejec
 
     from specops.decoding.drafters.ngram import NgramDrafter
 
+    from specops.decoding.runner import Stager
+
     d = NgramDrafter(gamma=2, max_gamma=8)
     assert d.tree_budget() == 9
     text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2]  # "1 2" seen before: a long copy follows
-    state = SimpleNamespace(batch=1, seqs=[list(text)], active=[True], was_active=[True])
+    state = SimpleNamespace(batch=1, seqs=[list(text)], active=[True], was_active=[True], stager=Stager("cpu"))
     d.setup(state)
     lens = []
     for accepted in (2, 4, 8, 3, 0):
-        cand = d.propose(state)
-        lens.append(len(cand.tokens[0]) - 1)
-        d.commit(state, cand, SimpleNamespace(paths=[list(range(accepted + 1))]))
+        draft = d.propose(state)
+        lens.append(int(draft.num_nodes[0]) - 1)
+        d.commit(state, draft, SimpleNamespace(paths=[list(range(accepted + 1))]))
     assert lens == [2, 4, 8, 8, 2]  # doubled up to max_gamma; a rejection resets to gamma
     with pytest.raises(ValueError, match="max_gamma"):
         NgramDrafter(gamma=4, max_gamma=3)
@@ -203,15 +205,22 @@ def test_metrics_definitions():
 
 # ---- candidates -------------------------------------------------------------------------------
 
-def test_candidates_pack_pads_ragged_trees():
-    c = Candidates(tokens=[[5, 6, 7], [9]], parents=[[-1, 0, 0], [-1]])
+def test_candidates_stage_into_a_padded_device_draft_with_one_upload():
+    from specops.decoding.runner import Stager
+
+    stager = Stager("cpu")
+    c = Candidates(tokens=[[5, 6, 7], [9]], parents=[[-1, 0, 0], [-1]], src=[[4, -1, 6], [2]])
     c.validate()
-    tokens, parents, n = c.pack()
-    assert tokens.tolist() == [[5, 6, 7], [9, 0, 0]] and tokens.dtype == torch.int64
-    assert parents.dtype == torch.int32 and n.tolist() == [3, 1]
-    c.draft_probs = [torch.eye(4)[:3], None]
-    rows = c.pack_draft_probs(4)
+    d = c.stage(stager)
+    assert stager.uploads == 1
+    assert d.tokens.tolist() == [[5, 6, 7], [9, 0, 0]] and d.tokens.dtype == torch.int64
+    assert d.parents.tolist() == [[-1, 0, 0], [-1, 0, 0]] and d.parents.dtype == torch.int32
+    assert d.num_nodes.tolist() == [3, 1] and d.num_nodes.dtype == torch.int32
+    assert d.src.tolist() == [[4, -1, 6], [2, 0, 0]] and d.depth == [1, 0] and d.draft_probs is None
+    c.draft_probs = [list(torch.eye(4)[:3]), None]
+    rows = c.stage(stager, 4).draft_probs
     assert rows.shape == (2, 3, 4) and torch.allclose(rows.sum(-1), torch.ones(2, 3))
+    assert torch.equal(rows[0], torch.eye(4)[:3]) and torch.equal(rows[1], torch.full((3, 4), 0.25))
     with pytest.raises(AssertionError):
         Candidates(tokens=[[1, 2]], parents=[[-1, 1]]).validate()
 

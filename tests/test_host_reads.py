@@ -1,46 +1,65 @@
-"""Host reads per decode step: verification stays on the device until one read per step.
+"""Host traffic per decode step: one read, no blocking upload, no tensor built from host data.
 
-Every way a tensor's values reach Python (``tolist``, ``item``, ``cpu``, ``numpy``, ``int()``,
-``bool()``, ``float()``, ``__index__``, iteration) is counted during decode steps of every method
-(greedy, tiny fp32 models, after prefill and a warm-up step), split by phase:
+Counted during decode steps of every method (greedy and sampled, tiny fp32 models, after prefill and
+a warm-up step), split by phase (``propose``: the drafter; ``commit``: the drafter's commit;
+``loop``: everything else in ``Decoder.step``: target forward, verification, KV keep, emission):
 
-* ``loop``: everything outside the drafter (target forward, verification, KV compaction, emission):
-  the loop's one packed read (its counts also keep the runner's host copy of the cache lengths
-  fresh, so the runner reads nothing);
-* ``propose``: the drafter, as a function of its draft forwards (one read per forward for the tokens
-  it needs on the host; OPT-Tree one more for its final subtree choice);
-* ``commit``: the drafter's commit (draft KV compaction from host paths, pools): nothing.
+* **reads** — every way a tensor's values reach Python (``tolist``, ``item``, ``cpu``, ``numpy``,
+  ``int()``, ``bool()``, ``float()``, ``__index__``, iteration): the loop's one packed read, and one
+  per draft forward for the tokens a drafter's host-side search needs;
+* **host-built tensors** — tensors constructed from host data (``torch.tensor``, ``as_tensor``,
+  ``from_numpy``, ``frombuffer``, ``Tensor.new_tensor``, indexing with a Python list): none; on a GPU
+  each would be a blocking upload;
+* **host allocations** — factories (``zeros``, ``full``, ``arange``, ``rand``, ...) called without
+  ``device=``: none (a host tensor meeting device tensors is an upload on a GPU);
+* **blocking uploads** — ``Tensor.to`` / ``cuda`` naming a device, or ``copy_``, from a host-built
+  or host-allocated tensor without ``non_blocking=True``: none (on a CPU-only machine the device
+  is the host, so the source's origin tells an upload apart from a same-device ``.to``);
+* **staged uploads** — the one path host data takes (``runner.Stager``: a NumPy view of a (pinned)
+  buffer, one ``copy_(non_blocking=True)``): counted per phase; the table is in docs/methods.md
+  §The decoding loop.
 
-The same table is in docs/methods.md §The decoding loop. A device op that synchronises without a
-Python-visible read (a boolean mask index, ``nonzero``) is not counted here: the loop uses none."""
+A device op that synchronises without a Python-visible read (a boolean mask index, ``nonzero``) is
+not counted here: the loop uses none."""
 import collections
 
 import pytest
 import torch
 
-from specops.decoding import api, methods
+from specops.decoding import AdaptiveConfig, api, loop, methods, runner
 from specops.testing import perturbed_copy, tiny_causal_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 READS = ("tolist", "item", "cpu", "numpy", "__int__", "__bool__", "__float__", "__index__", "__iter__")
+BUILDERS = ("tensor", "as_tensor", "from_numpy", "frombuffer")
+# Factories: a call without ``device=`` makes a host tensor, which a later ``.to(device)`` uploads.
+FACTORIES = ("zeros", "ones", "full", "empty", "arange", "rand", "randn", "randint")
 STEPS = (2, 3, 4)  # step 1 is the warm-up (its caches' host lengths are fresh from prefill)
 
-# method -> (generate kwargs, reads per draft forward, constant reads in propose); the loop's
-# part is LOOP_READS for every method and the drafter's commit reads nothing.
+# method -> (generate kwargs, reads per draft forward, staged uploads of the loop per step). The
+# loop reads once; propose reads once per draft forward; the drafter's commit reads nothing. The
+# target block is built on the device (AR: the roots; OPT-Tree: gathered from its subtree choice) or
+# staged once by propose (a host-built tree). The loop stages one upload only for the log-likelihood
+# rows, which it gathers for methods that are not lossless (GSD's R5, MJSD) or when asked.
 LOOP_READS = 1
+FREE_DRAFTS = AdaptiveConfig(target_cost=lambda T: 1.0, draft_cost=lambda g: 0.0)
 EXPECTED = {
     "ar": ({}, 0, 0),
     "ngram": ({}, 0, 0),
     "sd": ({}, 1, 0),
     "sd-sampled": ({"method": "sd", "temperature": 1.0}, 1, 0),
     "specinfer": ({}, 1, 0),
+    "specinfer-sampled": ({"method": "specinfer", "temperature": 1.0}, 1, 0),
     "tsd": ({}, 1, 0),
-    "gsd": ({}, 1, 0),
-    "opt-tree": ({}, 1, 1),
+    "gsd": ({}, 1, 1),
+    "opt-tree": ({}, 1, 0),
     "ouroboros": ({}, 1, 0),
     "ouroboros-model-free": ({"method": "ouroboros", "model_free": True}, 0, 0),
-    "mjsd": ({}, 1, 0),
+    "mjsd": ({}, 1, 1),
+    # the adaptive controller observes every step (fixed costs that make drafting pay: no AR steps)
+    "opt-tree-adaptive": ({"method": "opt-tree", "adaptive": FREE_DRAFTS}, 1, 0),
+    "sd-adaptive": ({"method": "sd", "adaptive": FREE_DRAFTS}, 1, 0),
 }
 
 
@@ -54,50 +73,122 @@ def models():
     return target, draft, prompts
 
 
+def _names_a_device(args, kw):
+    if "device" in kw:
+        return True
+    return any(isinstance(a, (torch.device, str, int, torch.Tensor)) and not isinstance(a, bool) for a in args[:1])
+
+
+def _host_index(idx):
+    parts = idx if isinstance(idx, tuple) else (idx,)
+    return any(isinstance(p, list) for p in parts)
+
+
 class Counter:
-    """Counts host reads per (step, phase); a step starts when the drafter's propose is entered."""
+    """Counts host traffic per (step, phase); a step starts when ``Decoder.step`` is entered."""
+
+    KINDS = ("reads", "built", "host_alloc", "blocking", "staged")
 
     def __init__(self):
         self.step, self.phase = 0, "prefill"
-        self.reads = collections.Counter()
+        self.n = {k: collections.Counter() for k in self.KINDS}
         self.forwards = collections.Counter()
-        self.truncations = collections.Counter()
+
+    def count(self, kind):
+        self.n[kind][(self.step, self.phase)] += 1
 
     def install(self, monkeypatch):
         for name in READS:
-            monkeypatch.setattr(torch.Tensor, name, self._counted(getattr(torch.Tensor, name)))
+            monkeypatch.setattr(torch.Tensor, name, self._wrap(getattr(torch.Tensor, name), "reads"))
+        for name in BUILDERS:
+            monkeypatch.setattr(torch, name, self._wrap(getattr(torch, name), "built", mark=True))
+        monkeypatch.setattr(torch.Tensor, "new_tensor", self._wrap(torch.Tensor.new_tensor, "built", mark=True))
+        for name in FACTORIES:
+            monkeypatch.setattr(torch, name, self._factory(getattr(torch, name)))
+        to, cuda, copy_ = torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.copy_
+        getitem, setitem = torch.Tensor.__getitem__, torch.Tensor.__setitem__
+        counter = self
 
-    def _counted(self, fn):
-        def read(tensor, *args, **kw):
-            self.reads[(self.step, self.phase)] += 1
-            return fn(tensor, *args, **kw)
-        return read
+        def counted_to(t, *args, **kw):
+            if getattr(t, "_host_built", False) and _names_a_device(args, kw) and not kw.get("non_blocking", False):
+                counter.count("blocking")
+            return to(t, *args, **kw)
+
+        def counted_cuda(t, *args, **kw):
+            if getattr(t, "_host_built", False) and not kw.get("non_blocking", False):
+                counter.count("blocking")
+            return cuda(t, *args, **kw)
+
+        def counted_copy(t, src, non_blocking=False):
+            if getattr(src, "_host_built", False) and not non_blocking:
+                counter.count("blocking")
+            return copy_(t, src, non_blocking)
+
+        def counted_getitem(t, idx):
+            if _host_index(idx):
+                counter.count("built")
+            return getitem(t, idx)
+
+        def counted_setitem(t, idx, value):
+            if _host_index(idx):
+                counter.count("built")
+            return setitem(t, idx, value)
+        monkeypatch.setattr(torch.Tensor, "to", counted_to)
+        monkeypatch.setattr(torch.Tensor, "cuda", counted_cuda)
+        monkeypatch.setattr(torch.Tensor, "copy_", counted_copy)
+        monkeypatch.setattr(torch.Tensor, "__getitem__", counted_getitem)
+        monkeypatch.setattr(torch.Tensor, "__setitem__", counted_setitem)
+        upload = runner.Stager.upload
+
+        def counted_upload(stager, values):
+            counter.count("staged")
+            return upload(stager, values)
+        monkeypatch.setattr(runner.Stager, "upload", counted_upload)
+        step = loop.Decoder.step
+
+        def counted_step(dec):
+            self.step += 1
+            self.phase = "loop"
+            before = dec.state.draft.forwards if dec.state.draft is not None else 0
+            try:
+                return step(dec)
+            finally:
+                self.forwards[self.step] = (dec.state.draft.forwards if dec.state.draft is not None else 0) - before
+                self.phase = "after"
+        monkeypatch.setattr(loop.Decoder, "step", counted_step)
+
+    def _factory(self, fn):
+        def made(*args, **kw):
+            out = fn(*args, **kw)
+            if kw.get("device") is None and isinstance(out, torch.Tensor):
+                self.count("host_alloc")
+                out._host_built = True
+            return out
+        return made
+
+    def _wrap(self, fn, kind, mark=False):
+        def counted(*args, **kw):
+            self.count(kind)
+            out = fn(*args, **kw)
+            if mark and isinstance(out, torch.Tensor):
+                out._host_built = True
+            return out
+        return counted
 
     def wrap(self, drafter):
         propose, commit = drafter.propose, drafter.commit
 
         def counted_propose(state):
-            self.step += 1
-            before = state.draft.forwards if state.draft is not None else 0
-            runner = state.draft.runner if state.draft is not None else None
-            if runner is not None and not hasattr(runner, "_counted"):
-                truncate = runner.truncate
-
-                def counted_truncate(new_lens, *args):
-                    self.truncations[self.step] += 1
-                    return truncate(new_lens, *args)
-                runner.truncate, runner._counted = counted_truncate, True
             self.phase = "propose"
             try:
                 return propose(state)
             finally:
                 self.phase = "loop"
-                self.forwards[self.step] = (state.draft.forwards if state.draft is not None else 0) - before
 
-        def counted_commit(state, cand, result):
+        def counted_commit(state, draft, result):
             self.phase = "commit"
             try:
-                return commit(state, cand, result)
+                return commit(state, draft, result)
             finally:
                 self.phase = "loop"
         drafter.propose, drafter.commit = counted_propose, counted_commit
@@ -111,30 +202,64 @@ def count_steps(models, monkeypatch, case):
     counter = Counter()
     make = methods.make
     monkeypatch.setattr(methods, "make", lambda name, **kw: counter.wrap(make(name, **kw)))
+    adaptive = params.pop("adaptive", False)
     drafter = make(method, **{k: v for k, v in params.items() if k != "temperature"})
     counter.install(monkeypatch)
     _, m = api.generate(target, prompts, draft=draft if drafter.needs_draft_model else None, method=method,
-                        max_new_tokens=24, eos_token_id=[], adaptive=False, **params)
+                        max_new_tokens=24, eos_token_id=[], adaptive=adaptive, **params)
     monkeypatch.undo()
     assert m.num_target_forwards > max(STEPS), "too few steps to measure"
     return counter
 
 
+def per_step(counter, kind, s):
+    return {p: counter.n[kind][(s, p)] for p in ("propose", "loop", "commit")}
+
+
 @pytest.mark.parametrize("case", list(EXPECTED))
-def test_one_packed_read_per_step_outside_the_drafter(models, monkeypatch, case):
+def test_one_read_no_blocking_upload_no_host_built_tensor_per_step(models, monkeypatch, case):
     counter = count_steps(models, monkeypatch, case)
-    _, per_forward, const = EXPECTED[case]
+    _, per_forward, loop_staged = EXPECTED[case]
     for s in STEPS:
-        got = {p: counter.reads[(s, p)] for p in ("propose", "loop", "commit")}
-        # a draft cache that drops rows (Ouroboros) checks the new lengths on the host: no read
-        want = {"propose": per_forward * counter.forwards[s] + const, "loop": LOOP_READS, "commit": 0}
-        assert got == want, f"step {s} ({counter.forwards[s]} draft forwards, {counter.truncations[s]} truncations)"
+        F = counter.forwards[s]
+        assert F > 0 or EXPECTED[case][1] == 0, f"step {s} drafted nothing"
+        assert per_step(counter, "reads", s) == {"propose": per_forward * F, "loop": LOOP_READS, "commit": 0}, \
+            f"step {s} ({F} draft forwards)"
+        assert per_step(counter, "built", s) == {"propose": 0, "loop": 0, "commit": 0}, f"step {s}"
+        assert per_step(counter, "host_alloc", s) == {"propose": 0, "loop": 0, "commit": 0}, f"step {s}"
+        assert per_step(counter, "blocking", s) == {"propose": 0, "loop": 0, "commit": 0}, f"step {s}"
+        assert per_step(counter, "staged", s)["loop"] == loop_staged, f"step {s}"
+        if F == 0:  # no draft model: the target block is the step's only upload (none for AR)
+            assert per_step(counter, "staged", s)["propose"] == (case != "ar"), f"step {s}"
 
 
-def test_the_counter_sees_every_kind_of_read(monkeypatch):
+def test_staged_uploads_of_the_drafters_are_one_per_forward(models, monkeypatch):
+    # The draft side stages each forward's new nodes together with the rows it samples from (and
+    # flags it needs on the device): one non-blocking copy per forward, plus the target block (or
+    # OPT-Tree's block-node map, MJSD's joint-score picks) and the draft's truncate; Ouroboros also
+    # keeps each forward's accepted draft path. The drafter's commit stages the kept path.
+    for case, extra in (("sd", 2), ("specinfer", 2), ("tsd", 2), ("opt-tree", 2), ("mjsd", 3)):
+        counter = count_steps(models, monkeypatch, case)
+        for s in STEPS:
+            F = counter.forwards[s]
+            staged = per_step(counter, "staged", s)
+            assert F + 1 <= staged["propose"] <= F + extra and staged["commit"] == 1, (case, s, F, staged)
+
+
+def test_the_counter_sees_every_kind_of_traffic(monkeypatch):
     counter = Counter()
     counter.install(monkeypatch)
     t = torch.tensor([3])
     t.tolist(), t.item(), t.cpu(), t.numpy(), int(t), bool(t), float(t), [0, 1, 2, 3][t], list(t)
+    torch.as_tensor([1]), torch.from_numpy(t.numpy()), t.new_tensor([1]), t[[0]]
+    t.to("cpu"), t.to(t.device, non_blocking=True), torch.zeros(1).copy_(t), torch.zeros(1).copy_(t, True)
+    torch.rand(2).to("cpu"), torch.rand(2, device="cpu").to("cpu"), torch.zeros(2, device="cpu").to(torch.int32)
     monkeypatch.undo()
-    assert counter.reads[(0, "prefill")] == len(READS)
+    got = {k: counter.n[k][(0, "prefill")] for k in Counter.KINDS}
+    # built: tensor, as_tensor, from_numpy, new_tensor, t[[0]]; host_alloc: zeros x2, rand;
+    # blocking: t.to("cpu"), copy_(t), rand(2).to("cpu")
+    assert got == {"reads": len(READS) + 1, "built": 5, "host_alloc": 3, "blocking": 3, "staged": 0}
+    counter.install(monkeypatch)
+    runner.Stager("cpu").upload([1, 2])
+    monkeypatch.undo()
+    assert counter.n["staged"][(0, "prefill")] == 1 and counter.n["blocking"][(0, "prefill")] == 3

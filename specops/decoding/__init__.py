@@ -5,9 +5,9 @@
 from .adaptive import AdaptiveConfig
 from .api import generate
 from .drafters.base import Drafter, ModelDrafter, NullDrafter
-from .drafters.beam import BeamDrafter
-from .drafters.chain import ChainDrafter
-from .drafters.multidraft import MultiDraftDrafter
+from .drafters.mjsd import BeamDrafter
+from .drafters.sd import ChainDrafter
+from .drafters.specinfer import MultiDraftDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.opt_tree import OptTreeDrafter
 from .drafters.ouroboros import OuroborosDrafter
@@ -17,10 +17,10 @@ from .methods import DESCRIPTIONS, METHODS
 from .phrase_pool import PhrasePool
 from .sampling import SamplingConfig
 from .token_graph import TokenGraph
-from .tree import Candidates
+from .tree import Candidates, Draft
 
 __all__ = [
-    "AdaptiveConfig", "BeamDrafter", "Candidates", "ChainDrafter", "DESCRIPTIONS", "Drafter", "GraphDrafter", "METHODS",
+    "AdaptiveConfig", "BeamDrafter", "Candidates", "ChainDrafter", "DESCRIPTIONS", "Draft", "Drafter", "GraphDrafter", "METHODS",
     "Metrics", "ModelDrafter", "MultiDraftDrafter", "NgramDrafter", "NullDrafter", "OptTreeDrafter",
     "OuroborosDrafter", "PhrasePool", "SamplingConfig", "TokenGraph", "TopKTreeDrafter", "generate",
 ]

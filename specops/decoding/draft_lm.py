@@ -1,4 +1,4 @@
-"""A draft model with its own runner and cache, driven through growing draft blocks.
+"""The draft model: a :class:`~specops.decoding.runner.ModelRunner` plus the block a drafter grows.
 
 Draft-cache policy (docs/methods.md §KV caches), one mechanism for every drafter:
 
@@ -9,41 +9,33 @@ Draft-cache policy (docs/methods.md §KV caches), one mechanism for every drafte
   SD's "feed ``x_gamma`` and the bonus" (the draft never ran on ``x_gamma``) and OPT-Tree's
   "re-feed the accepted tokens" are both this catch-up chain.
 * Drafters add tree nodes below the chain (``add``) and ``forward`` computes every node not yet
-  fed, in one ``forward_block`` call with ``q_start`` at the first unfed node.
-* ``commit_paths`` compacts a root path of fed block nodes into the cache (their K/V were computed
-  under exactly that context). Anything else is dropped by the next ``begin``.
+  fed, in one forward with ``q_start`` at the first unfed node; the new nodes travel to the device
+  in one staged upload (nothing blocks).
+* ``commit_paths`` keeps a root path of fed block nodes (their K/V were computed under exactly that
+  context) with the runner's ``keep``, the target's own compaction. Anything else is dropped by the
+  next ``begin``.
 """
 import torch
 
-from . import _kernels
-from .runner import block_logits, commit_paths, make_runner, pad_batch
+from .runner import ModelRunner
 
 
-class DraftLM:
+class DraftLM(ModelRunner):
     def __init__(self, model, batch_size, max_len, **runner_kw):
-        self.model = model
-        self.runner = make_runner(model, batch_size, max_len, **runner_kw)
-        self.B = batch_size
-        self.max_len = max_len
+        super().__init__(model, batch_size, max_len, **runner_kw)
         self.cached = [[] for _ in range(batch_size)]
         self.tokens = self.parents = None
         self.fed = [0] * batch_size
         self.root = [0] * batch_size
-        self.forwards = 0
-        self.host_lens = [0] * batch_size  # runner.lens as a host list (kept without reading it back)
         self._logits = self._argmax = None
         self._q0 = 0
+        self._dev_parents = None  # the block's parents on the device, grown per forward
 
-    def prefill(self, prompts):
-        """Commits the prompts (without the pending root). prompts: list of token lists."""
-        ids, lens = pad_batch(prompts)
-        dev = self.runner.lens.device
-        if getattr(self.runner, "prefill_last_only", False):
-            self.runner.prefill(ids.to(dev), lens.to(dev), last_only=True)  # logits unused: skip the [L, V] head
-        else:
-            self.runner.prefill(ids.to(dev), lens.to(dev))
+    def prefill(self, prompts, logits=False):
+        """Commits the prompts (without the pending root); the logits are not needed."""
+        out = super().prefill(prompts, logits=logits)
         self.cached = [list(p) for p in prompts]
-        self.host_lens = [len(p) for p in prompts]
+        return out
 
     # ---- blocks ------------------------------------------------------------------------------
 
@@ -67,10 +59,8 @@ class DraftLM:
             self.parents.append([-1] + list(range(len(chain) - 1)))
             self.root[b] = len(chain) - 1
         if keep != self.host_lens:  # rows go: metadata only, checked on the host against its copy
-            self.runner.truncate(torch.tensor(keep, dtype=torch.int32, device=self.runner.lens.device), keep)
-            self.host_lens = keep
-        self.fed = [0] * self.B
-        self._logits = self._argmax = None
+            self.truncate(keep)
+        self._open()
 
     def begin_chain(self, chains):
         """Opens a block per sequence from explicit chains that follow the cached tokens
@@ -78,8 +68,12 @@ class DraftLM:
         self.tokens = [list(c) for c in chains]
         self.parents = [[-1] + list(range(len(c) - 1)) for c in chains]
         self.root = [len(c) - 1 for c in chains]
+        self._open()
+
+    def _open(self):
         self.fed = [0] * self.B
         self._logits = self._argmax = None
+        self._dev_parents = None
 
     def add(self, b, token, parent):
         """A new block node below block node ``parent``; returns its index."""
@@ -90,25 +84,48 @@ class DraftLM:
     def size(self, b):
         return len(self.tokens[b])
 
-    def forward(self):
-        """Computes every unfed node. Afterwards ``logits(b, node)`` reads any node fed in this call."""
-        q0 = min(self.fed)
+    @property
+    def first_unfed(self):
+        """The first node the next ``forward`` computes a logits row for (its ``first_row_node``)."""
+        return min(self.fed)
+
+    def forward(self, rows=None, extra=None):
+        """Computes every unfed node. Afterwards ``logits(b, node)`` reads any node fed in this call.
+
+        ``rows``: (b, node) pairs of nodes fed in this call whose logits to return, ``extra``: ints
+        the caller needs on the device; both travel in the forward's one staged upload.
+        Shape: -> ([len(rows), V] or None, int64 [len(extra)] or None)."""
+        rows, extra = rows or [], extra or []
         if all(self.fed[b] == len(self.tokens[b]) for b in range(self.B)):
-            return
+            return (self.logits_rows(rows) if rows else None), (self.stager.upload(extra) if extra else None)
+        q0 = min(self.fed)
         T = max(len(t) for t in self.tokens)
-        tokens = torch.zeros(self.B, T, dtype=torch.int64)
-        parents = torch.zeros(self.B, T, dtype=torch.int32)
+        Tq = T - q0
+        if any(n < q0 for _, n in rows):
+            raise IndexError("logits are kept only for the nodes computed by this forward()")
+        # One upload: the new columns q0..T-1 of tokens and parents, the node counts, the rows, extra.
+        flat = []
         for b in range(self.B):
-            n = len(self.tokens[b])
-            tokens[b, :n] = torch.tensor(self.tokens[b])
-            parents[b, :n] = torch.tensor(self.parents[b], dtype=torch.int32)
-        num_nodes = torch.tensor([len(t) for t in self.tokens], dtype=torch.int32)
-        dev = self.runner.lens.device
-        self._logits = block_logits(self.runner, tokens.to(dev), parents.to(dev), num_nodes.to(dev), q0)
+            flat += self.tokens[b][q0:] + [0] * (T - len(self.tokens[b]))
+        for b in range(self.B):
+            flat += self.parents[b][q0:] + [0] * (T - len(self.parents[b]))
+        flat += [len(t) for t in self.tokens]
+        flat += [b * Tq + n - q0 for b, n in rows]
+        flat += extra
+        up = self.stager.upload(flat)
+        n = self.B * Tq
+        new_tok = up[:n].view(self.B, Tq)
+        new_par = up[n: 2 * n].view(self.B, Tq).to(torch.int32)
+        num_nodes = up[2 * n: 2 * n + self.B].to(torch.int32)
+        at = 2 * n + self.B
+        parents = new_par if q0 == 0 else torch.cat([self._dev_parents[:, :q0], new_par], dim=1)
+        self._dev_parents = parents
+        self._logits = super().forward(new_tok, parents, num_nodes, q0)
         self._argmax = None
         self._q0 = q0
         self.fed = [len(t) for t in self.tokens]
-        self.forwards += 1
+        picked = self._logits.reshape(self.B * Tq, -1)[up[at: at + len(rows)]] if rows else None
+        return picked, (up[at + len(rows):] if extra else None)
 
     @property
     def first_row_node(self):
@@ -116,7 +133,7 @@ class DraftLM:
         return self._q0
 
     def logits(self, b, node):
-        """Shape: -> fp32 [V], the draft's next-token logits after block node ``node``."""
+        """Shape: -> [V], the draft's next-token logits after block node ``node``."""
         if node < self._q0:
             raise IndexError("logits are kept only for the nodes computed by the latest forward()")
         return self._logits[b, node - self._q0]
@@ -131,18 +148,18 @@ class DraftLM:
         return self._argmax[b][node - self._q0]
 
     def logits_rows(self, pairs):
-        """Shape: list of (b, node) -> fp32 [len(pairs), V]."""
+        """Shape: list of (b, node) -> [len(pairs), V] (one staged upload of the row indices)."""
         if not pairs:
             return None
         if any(n < self._q0 for _, n in pairs):
             raise IndexError("logits are kept only for the nodes computed by the latest forward()")
-        bs = torch.tensor([b for b, _ in pairs])
-        rows = torch.tensor([n - self._q0 for _, n in pairs])
-        return self._logits[bs, rows]
+        Tq = self._logits.shape[1]
+        idx = self.stager.upload([b * Tq + n - self._q0 for b, n in pairs])
+        return self._logits.reshape(self.B * Tq, -1)[idx]
 
     def commit_paths(self, paths):
-        """Compacts, per sequence, the fed prefix of a block root path (list of block nodes starting
-        at 0) into the cache. The block is closed afterwards."""
+        """Keeps, per sequence, the fed prefix of a block root path (list of block nodes starting
+        at 0) in the cache. The block is closed afterwards. Returns the kept counts."""
         idx, lens = [], []
         for b in range(self.B):
             path = paths[b] if paths[b] is not None else []
@@ -155,10 +172,17 @@ class DraftLM:
                 keep = []
             idx.append(keep)
             lens.append(len(keep))
-        commit_paths(self.runner, idx, check=_kernels.CHECK)
-        self.host_lens = [n + len(i) for n, i in zip(self.host_lens, idx)]
+        if any(lens):
+            A = max(lens)
+            rows = []
+            for p, n in zip(idx, lens):
+                start = p[-1] + 1 if p else 0  # entries past accept_lens: ignored, kept increasing
+                rows += p + list(range(start, start + A - n))
+            up = self.stager.upload(rows + lens).to(torch.int32)
+            self.keep(up[: self.B * A].view(self.B, A), up[self.B * A:], lens)
         for b in range(self.B):
             self.cached[b].extend(self.tokens[b][i] for i in idx[b])
         self.tokens = self.parents = None
         self._logits = self._argmax = None
+        self._dev_parents = None
         return lens

@@ -5,7 +5,7 @@ Every drafter drives it exactly like a plain draft LM (``begin`` / ``add`` / ``f
 
 * A node at sequence position ``p`` that is part of the catch-up chain (tokens the sequence already
   holds, up to the pending root) reads the target's own final hidden state at ``p - 1``
-  (``TargetLM.features``, filled by the target's verification forwards; zeros at position 0).
+  (the target ModelRunner's ``features``, filled by its ``keep``; zeros at position 0).
 * A node below another block node reads its parent's predicted feature (the draft's output there).
 
 K/V of nodes computed from predicted features are only approximately what the draft would compute
@@ -25,12 +25,12 @@ class FeatureDraftLM(DraftLM):
     def __init__(self, model, batch_size, max_len, target, **runner_kw):
         super().__init__(model, batch_size, max_len, **runner_kw)
         if getattr(target, "features", None) is None:
-            raise ValueError("a feature draft needs a TargetLM created with keep_features=True")
+            raise ValueError("a feature draft needs a target ModelRunner created with keep_features=True")
         self.target = target
         H = model.config.hidden_size
         self.exact = [0] * batch_size
         self._hid = None  # [B, T, H] the draft's predicted feature at every fed block node
-        self._tail = torch.zeros(batch_size, H, dtype=next(model.parameters()).dtype)
+        self._tail = torch.zeros(batch_size, H, dtype=next(model.parameters()).dtype, device=self.device)
         self._base = [0] * batch_size  # sequence position of block node 0
         self._chain_len = [0] * batch_size  # block nodes 0..chain_len-1 read the target's features
 
@@ -44,26 +44,19 @@ class FeatureDraftLM(DraftLM):
             out[lo - (start - 1):] = f[lo:hi]
         return out
 
-    def prefill(self, prompts):
-        from .runner import pad_batch
-
-        ids, lens = pad_batch(prompts)
-        L = ids.shape[1]
-        feats = torch.zeros(self.B, L, self.target.features.shape[-1], dtype=self.target.features.dtype)
+    def prefill(self, prompts, logits=False):
+        L = max(len(p) for p in prompts)
+        feats = torch.zeros(self.B, L, self.target.features.shape[-1], dtype=self.target.features.dtype,
+                            device=self.device)
         for b, p in enumerate(prompts):
             feats[b, : len(p)] = self._target_rows(b, 0, len(p))
-        self.model.feature_input = feats.to(self.runner.device)
+        self.model.feature_input = feats
         try:
-            dev = self.runner.device
-            if getattr(self.runner, "prefill_last_only", False):
-                self.runner.prefill(ids.to(dev), lens.to(dev), last_only=True)  # logits unused
-            else:
-                self.runner.prefill(ids.to(dev), lens.to(dev))
+            out = super().prefill(prompts, logits)
         finally:
             self.model.feature_input = None
-        self.cached = [list(p) for p in prompts]
-        self.host_lens = [len(p) for p in prompts]
         self.exact = [len(p) for p in prompts]
+        return out
 
     def begin(self, seqs, active):
         trimmed = [self.cached[b][: self.exact[b]] for b in range(self.B)]
@@ -80,13 +73,13 @@ class FeatureDraftLM(DraftLM):
         self._chain_len = [0] * self.B
         self._hid = None
 
-    def forward(self):
+    def forward(self, rows=None, extra=None):
         if all(self.fed[b] == len(self.tokens[b]) for b in range(self.B)):
-            return
+            return super().forward(rows, extra)
         q0 = min(self.fed)
         T = max(len(t) for t in self.tokens)
         H = self._tail.shape[-1]
-        feats = torch.zeros(self.B, T - q0, H, dtype=self._tail.dtype)
+        feats = torch.zeros(self.B, T - q0, H, dtype=self._tail.dtype, device=self.device)
         for b in range(self.B):
             n, fed = len(self.tokens[b]), self.fed[b]
             chain = min(self._chain_len[b], n)
@@ -99,18 +92,19 @@ class FeatureDraftLM(DraftLM):
                 while p >= fed:
                     p = self.parents[b][p]
                 feats[b, i - q0] = self._tail[b] if p < 0 else self._hid[b, p]
-        self.model.feature_input = feats.to(self.runner.device)
+        self.model.feature_input = feats
         try:
-            super().forward()
+            out = super().forward(rows, extra)
         finally:
             self.model.feature_input = None
         new = self.model.last_features.detach().to(self._tail.dtype)  # [B, T - q0, H]
         if self._hid is None or self._hid.shape[1] < T:
-            grown = torch.zeros(self.B, T, H, dtype=self._tail.dtype)
+            grown = torch.zeros(self.B, T, H, dtype=self._tail.dtype, device=self.device)
             if self._hid is not None:
                 grown[:, : self._hid.shape[1]] = self._hid
             self._hid = grown
         self._hid[:, q0:T] = new
+        return out
 
     def commit_paths(self, paths):
         hid, chain = self._hid, self._chain_len

@@ -1,35 +1,44 @@
 """The one decoding loop (docs/methods.md §The decoding loop), shared by every method:
 
     prefill target (and draft) -> r = first token
-    repeat: propose -> target forward over the block (tree attention, positions = L + depth)
-            -> verify (device) -> one packed host read -> target kv_compact (device)
-            -> emit (stop conditions cut exactly) -> drafter.commit (draft KV, pools)
+    repeat step(): draft (a device Draft) -> target forward over the block (tree attention,
+                   positions = L + depth) -> verify (device) -> one packed host read
+                   -> keep (target kv_compact, device) -> emit (stop conditions cut exactly)
+                   -> drafter.commit (draft KV, pools) -> observers
 
 It never looks at which method runs: everything method-specific sits behind the Drafter protocol.
+Nothing in a step copies host data to the device with a blocking copy: drafts arrive as device
+tensors (built there, or staged in one non-blocking upload), the uniforms are drawn on the device,
+the active mask lives there, and the step reads the device once.
+
+Observers see every step's :class:`StepResult`: metrics, the adaptive controller's cost and
+acceptance feedback, streaming, and (only when asked) the emitted tokens' target log-likelihood.
 With ``adaptive`` (an AdaptiveConfig), a Controller (adaptive.py) sets the drafter's budget knob
-before every step from the acceptance and the step costs seen so far; budget 0 is an AR step: the
-block is the root alone, neither ``propose`` nor the drafter's ``commit`` runs (so no draft forward),
-and the draft cache catches up when drafting resumes.
+before every step; budget 0 is an AR step: the block is the root alone, neither ``propose`` nor the
+drafter's ``commit`` runs (so no draft forward), and the draft cache catches up when drafting resumes.
 """
 import dataclasses
 import time
 
 import torch
 
-from . import _kernels
 from .adaptive import Controller
 from .metrics import Metrics
-from .runner import block_logits, make_runner, pad_batch
-from .sampling import choose
-from .tree import Candidates, depths
+from .runner import ModelRunner
+from .sampling import draw
+from .tree import root_draft
 from .verify import verify
+
+TargetLM = ModelRunner  # the target's runner (api.py builds it under this name)
 
 
 @dataclasses.dataclass
 class DecodeState:
     """What drafters read. ``seqs[b]`` = prompt + emitted tokens; its last token is the pending
-    root (emitted, not yet in the target cache). ``active[b]``: still generating; ``was_active``:
-    active when the current block was proposed."""
+    root (emitted, not yet in the target cache), also on the device as ``root`` int64 [B].
+    ``active[b]``: still generating; ``was_active``: active when the current block was proposed.
+    ``stager``: the target's :class:`~specops.decoding.runner.Stager` (host-built drafts upload
+    through it); ``generator`` lives on the target's device."""
     seqs: list
     prompt_lens: list
     active: list
@@ -37,9 +46,11 @@ class DecodeState:
     sampling: object
     generator: torch.Generator
     vocab_size: int
+    root: torch.Tensor = None
+    stager: object = None
     draft: object = None
     tokenizer: object = None
-    target: object = None  # the TargetLM (``state.target.features`` / ``.lens`` for EAGLE drafters)
+    target: object = None  # the target's ModelRunner (``state.target.features`` / ``.lens`` for EAGLE drafters)
 
     @property
     def batch(self):
@@ -49,243 +60,175 @@ class DecodeState:
         return self.seqs[b][self.prompt_lens[b]:]
 
 
-class TargetLM:
-    """The target model behind the loop: its runner (static KV cache) and, with ``keep_features``,
-    the final hidden states of every committed position (for EAGLE-style drafters).
+@dataclasses.dataclass
+class StepResult:
+    """One step as the observers see it: ``budget`` (None: fixed), the ``draft`` and the verify
+    ``result`` (host lists filled), ``was_active`` [B], ``emitted`` [B] token lists (after the stop
+    cut), and the step's phases in seconds (``draft_s``: propose; ``verify_s``: target forward,
+    verification and the read; ``keep_s``: keep and emit; ``commit_s``: the drafter's commit)."""
+    budget: int
+    draft: object
+    result: object
+    was_active: list
+    emitted: list
+    draft_s: float
+    verify_s: float
+    keep_s: float
+    commit_s: float
 
-    ``features`` [B, max_len, H] (model dtype): ``features[b, p]`` is the LM head's input (the final
-    hidden state, after the final norm) at committed cache position ``p``, i.e. the state that
-    produced the logits for token ``p + 1``. Filled at prefill (every prompt position) and on every
-    commit (the accepted path's rows, at the positions they are committed to); rows at or past
-    ``lens[b]`` are unspecified. Captured by a forward hook on the decoder's final norm (whose
-    output is the head's input; then prefill sends only the last rows through the head) or, for a
-    model without one, a pre-hook on ``model.get_output_embeddings()``; either exists only when
-    ``keep_features`` is set.
 
-    ``runner_kw`` go to the runner (``kv_layout``, ``page_size``: see ``generate``)."""
+class Decoder:
+    """Prefill on construction, then :meth:`step` until ``done``."""
 
-    def __init__(self, model, batch_size, max_len, keep_features=False, **runner_kw):
-        self.runner = make_runner(model, batch_size, max_len, **runner_kw)
-        self.B = batch_size
-        self.keep_features = bool(keep_features)
-        self.features = None
-        self._hidden = None  # [B, T, H]: LM-head input of the latest target forward
-        self._capturing = False  # the hook records only our own forwards (a draft may share the model)
-        if self.keep_features:
-            head = model.get_output_embeddings()
-            if head is None:
-                raise ValueError("keep_features needs a model with an output embedding (LM head)")
-            cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-            param = next(model.parameters())
-            # One spare row past max_len: the device-side commit sends the padding entries of an
-            # accepted path there instead of filtering them (a filter would read back a count).
-            self._features_buf = torch.zeros(batch_size, max_len + 1, cfg.hidden_size, dtype=param.dtype,
-                                             device=self.runner.lens.device)
-            self.features = self._features_buf[:, :max_len]
-            self._spare_row = max_len
-            decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-            norm = getattr(decoder, "norm", None)
-            if isinstance(norm, torch.nn.Module):
-                self._hook = norm.register_forward_hook(self._capture_norm)
-            else:
-                self._hook = head.register_forward_pre_hook(self._capture)
-            self._all_rows = not isinstance(norm, torch.nn.Module)  # the head must see every row
-
-    def _capture(self, module, args):
-        if self._capturing:
-            self._hidden = args[0]
-
-    def _capture_norm(self, module, args, output):
-        if self._capturing:
-            self._hidden = output
+    def __init__(self, target, drafter, prompts, *, sampling, stopper, generator, draft=None, tokenizer=None,
+                 adaptive=None, observers=(), ranks=None):
+        self.target, self.drafter, self.stopper, self.observers = target, drafter, stopper, list(observers)
+        B = len(prompts)
+        dev = target.device
+        gen = _on_device(generator, dev)
+        last = target.prefill(prompts)  # [B, V]
+        first = last.argmax(-1) if sampling.greedy else draw(sampling.warp(last), gen)  # int64 [B]
+        self.prefill_logits, self.first = last, first
+        self.state = s = DecodeState(seqs=[list(p) for p in prompts], prompt_lens=[len(p) for p in prompts],
+                                     active=[True] * B, was_active=[True] * B, sampling=sampling, generator=gen,
+                                     vocab_size=last.shape[-1], root=first, stager=target.stager, draft=draft,
+                                     tokenizer=tokenizer, target=target)
+        self.active_t = torch.ones(B, dtype=torch.bool, device=dev)
+        self.reasons = [None] * B
+        self.first_emitted = [self._emit_one(b, [t]) for b, t in enumerate(first.tolist())]
+        if draft is not None:
+            draft.prefill(prompts)
+        drafter.setup(s)
+        self.ctl = _controller(adaptive, drafter, B, ranks)
 
     @property
-    def lens(self):
-        """The committed lengths, int32 [B]."""
-        return self.runner.lens
+    def done(self):
+        return not any(self.state.active)
 
-    def close(self):
-        """Removes the feature hook (a TargetLM is per decode; the model lives on)."""
-        hook = getattr(self, "_hook", None)
-        if hook is not None:
-            hook.remove()
-            self._hook = None
-
-    def _forward(self, fn, *args, **kw):
-        self._capturing = self.keep_features
-        try:
-            return fn(*args, **kw)
-        finally:
-            self._capturing = False
-
-    def prefill(self, prompts):
-        """Shape: -> fp32 [B, V], logits after each prompt's last token."""
-        ids, lens = pad_batch(prompts)
-        dev = self.runner.lens.device
-        all_rows = self.keep_features and self._all_rows
-        if all_rows or not getattr(self.runner, "prefill_last_only", False):
-            logits = self._forward(self.runner.prefill, ids.to(dev), lens.to(dev))
-            if self.keep_features:
-                L = ids.shape[1]
-                self.features[:, :L] = self._hidden.to(self.features.dtype)
-                self._hidden = None
-            return logits[torch.arange(self.B), lens.long().to(logits.device) - 1].float()
-        # Only the last row per prompt goes through the LM head (a [L, V] projection saved).
-        last = self._forward(self.runner.prefill, ids.to(dev), lens.to(dev), last_only=True).float()
-        if self.keep_features:  # the final norm's output: every prompt row
-            self.features[:, : ids.shape[1]] = self._hidden.to(self.features.dtype)
-            self._hidden = None
-        return last
-
-    def forward(self, tokens, parents, num_nodes):
-        return self._forward(block_logits, self.runner, tokens, parents, num_nodes, 0)
-
-    def commit(self, accept_idx, accept_lens, host_counts):
-        """Keeps, per sequence, the accepted path's K/V: one ``runner.compact`` (kv_compact; a chain
-        prefix moves each row onto itself), on the device, nothing read back.
-
-        Shape: accept_idx int32 [B, A] (block node indices, root first; entries at or past
-        accept_lens[b] are padding), accept_lens int32 [B] (0 for a sequence that keeps nothing);
-        host_counts: the same counts as a list (from the step's packed read), so the runner's host
-        copy of its lengths stays fresh without a read of its own."""
-        if self.keep_features and self._hidden is not None:
-            self._commit_features(accept_idx, accept_lens)
-        self.runner.compact(accept_idx, accept_lens, check=_kernels.CHECK, host_counts=host_counts)
-
-    def _commit_features(self, accept_idx, accept_lens):
-        # Before the runner commits: lens are still the positions the paths start at.
-        B, A = accept_idx.shape
-        dev = self.features.device
-        T = self._hidden.shape[1]
-        j = torch.arange(A, device=dev)
-        valid = j[None, :] < accept_lens.to(dev)[:, None]  # [B, A]
-        pos = torch.where(valid, self.runner.lens.to(dev)[:, None].long() + j, self._spare_row)  # [B, A]
-        bi = torch.arange(B, device=dev)[:, None]
-        rows = self._hidden[bi, accept_idx.to(dev).long().clamp(0, T - 1)]  # [B, A, H]
-        self._features_buf[bi, pos] = rows.to(self.features.dtype)
-        self._hidden = None
-
-
-def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None, tokenizer=None,
-           stream=None, record_steps=False, track_logprobs=True, metrics=None, adaptive=None, ranks=None):
-    """Runs ``drafter``'s method to completion. ``target``: a TargetLM; ``draft``: a DraftLM or None.
-    ``adaptive``: None (fixed budgets) or an AdaptiveConfig; then ``drafter.enable_adaptive(adaptive)``
-    must have run before the caches were sized. ``ranks``: the :class:`specops.parallel.RankGroup` of
-    a tensor-parallel target (host decisions taken together, optional per-step divergence check).
-
-    Returns (generated token lists per sequence, Metrics)."""
-    B = len(prompts)
-    m = metrics if metrics is not None else Metrics()
-    m.method, m.batch_size = drafter.name, B
-    t_start = time.perf_counter()
-    # The emitted tokens' target log-likelihood accumulates on the logits' device and is read once
-    # at the end (no host sync per step).
-    logprob = _LogprobSum() if track_logprobs else None
-
-    last = target.prefill(prompts)  # [B, V]
-    first, _ = choose(last, sampling, generator)
-    V = last.shape[-1]
-    state = DecodeState(seqs=[list(p) for p in prompts], prompt_lens=[len(p) for p in prompts],
-                        active=[True] * B, was_active=[True] * B, sampling=sampling,
-                        generator=generator, vocab_size=V, draft=draft, tokenizer=tokenizer, target=target)
-    reasons = [None] * B
-    if logprob is not None:
-        logprob.add(last, list(range(B)), first)
-    for b in range(B):
-        kept, reason = stopper.cut([], [first[b]])
-        state.seqs[b] += kept
-        if reason:
-            state.active[b], reasons[b] = False, reason
-        if stream is not None:
-            stream(b, kept)
-    if draft is not None:
-        draft.prefill(prompts)
-    drafter.setup(state)
-    ctl = _controller(adaptive, drafter, B, ranks)
-    m.adaptive = ctl is not None
-    m.prefill_time_s = time.perf_counter() - t_start
-
-    while any(state.active):
+    def step(self):
+        s, drafter = self.state, self.drafter
         t0 = time.perf_counter()
-        state.was_active = list(state.active)
-        budget = None if ctl is None else ctl.decide(state.active)
-        if budget == 0:  # an AR step: no draft work at all
-            cand = Candidates(tokens=[[s[-1]] for s in state.seqs], parents=[[-1] for _ in state.seqs])
-            mode = "greedy" if sampling.greedy else "mss_pointmass"  # R1 / sampling from P[root]
+        s.was_active = list(s.active)
+        budget = None if self.ctl is None else self.ctl.decide(s.active)
+        if budget == 0:  # an AR step: the root alone, R1 / sampling from P[root]
+            draft, mode = root_draft(s.root), ("greedy" if s.sampling.greedy else "mss_pointmass")
         else:
             if budget is not None:
                 drafter.set_budget(budget)
-            cand = drafter.propose(state)
-            mode = drafter.verify_mode(sampling)
+            draft, mode = drafter.propose(s), drafter.verify_mode(s.sampling)
         t1 = time.perf_counter()
-
-        dev = target.runner.lens.device
-        tokens, parents, num_nodes = cand.pack(dev)
-        logits = target.forward(tokens, parents, num_nodes)
-        m.num_target_forwards += 1
-        result = verify(mode, cand, tokens, parents, num_nodes, logits, state)
-        # The step's one host read (paths, bonus tokens, and the argmax rows a drafter asks for), then
-        # the verify outputs go straight into kv_compact, finished sequences masked to keep nothing:
-        # the compaction runs on the device while the host emits and drafts.
-        result.read(state.active, with_argmax=budget != 0 and getattr(drafter, "needs_target_argmax", False))
+        logits = self.target.forward(draft.tokens, draft.parents, draft.num_nodes)
+        result = verify(mode, draft, logits, s.sampling, s.generator, self.active_t)
+        result.read(draft, s.active, with_argmax=budget != 0 and drafter.needs_target_argmax)
         t2 = time.perf_counter()  # verify time ends with the read (on a GPU it waits for the forward)
-        keep = torch.where(torch.tensor(state.active, device=dev), result.accept_lens, 0).to(torch.int32)
-        target.commit(result.accept_idx, keep, [len(p) for p in result.paths])
-
-        lp_rows, lp_toks = [], []
-        for b in range(B):
-            if not state.active[b]:
-                continue
-            path = result.paths[b]
-            new = [cand.tokens[b][i] for i in path[1:]] + [result.bonus[b]]
-            kept, reason = stopper.cut(state.generated(b), new)
-            state.seqs[b] += kept
-            copied = cand.copied[b] if cand.copied is not None else None
-            m.record_draft(
-                drafted=len(cand.tokens[b]) - 1, accepted=len(path) - 1,
-                depth_drafted=cand.depth_drafted[b] if cand.depth_drafted else 0,
-                drafted_nodes=cand.drafted_nodes[b] if cand.drafted_nodes else len(cand.tokens[b]),
-                graph_success=bool(copied) and any(copied[i] for i in path))
-            if logprob is not None and kept:
-                lp_rows += [b * logits.shape[1] + i for i in path[: len(kept)]]
-                lp_toks += kept
-            if reason:
-                state.active[b], reasons[b] = False, reason
-            if stream is not None and kept:
-                stream(b, kept)
-        if lp_rows:
-            logprob.add(logits.reshape(-1, logits.shape[-1]), lp_rows, lp_toks)
-        t_commit = time.perf_counter()
-        if budget != 0:
-            drafter.commit(state, cand, result)
+        self.target.keep(result.accept_idx, result.kept, [len(p) for p in result.paths])  # finished: nothing
+        emitted = [self._emit_one(b, result.path_tokens[b][1:] + [result.bonus[b]]) if s.active[b] else []
+                   for b in range(s.batch)]
+        s.root = result.bonus_t.long()
         t3 = time.perf_counter()
-        m.draft_time_s += t1 - t0
-        m.verify_time_s += t2 - t1
-        m.bookkeeping_time_s += t3 - t2
-        if ctl is not None:
-            # drafting = propose + the drafter's commit; the rest of the step is the target's block
-            ctl.observe(budget, [max(depths(cand.parents[b])) if state.was_active[b] else 0 for b in range(B)],
-                        [max(len(p) - 1, 0) for p in result.paths], max(cand.num_nodes()),
-                        t_target=t_commit - t1, t_draft=(t1 - t0) + (t3 - t_commit))
-            m.record_budget(budget)
-        if ranks is not None:
-            ranks.check_step(m.num_target_forwards, state.seqs)
-        if record_steps:
-            m.steps.append({"active": list(state.was_active), "nodes": cand.num_nodes(),
-                            "accepted": [max(len(p) - 1, 0) for p in result.paths], "budget": budget,
-                            "draft_s": t1 - t0, "verify_s": t2 - t1, "bookkeeping_s": t3 - t2})
+        if budget != 0:
+            drafter.commit(s, draft, result)
+        t4 = time.perf_counter()
+        out = StepResult(budget, draft, result, s.was_active, emitted, t1 - t0, t2 - t1, t3 - t2, t4 - t3)
+        for observe in self.observers:
+            observe(self, out)
+        return out
 
+    def _emit_one(self, b, new):
+        """Appends sequence ``b``'s new tokens up to a stop condition; returns the kept ones."""
+        s = self.state
+        kept, reason = self.stopper.cut(s.generated(b), new)
+        s.seqs[b] += kept
+        if reason:
+            s.active[b], self.reasons[b] = False, reason
+            self.active_t[b] = False  # a fill on the device: no host data
+        return kept
+
+
+def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None, tokenizer=None,
+           stream=None, record_steps=False, track_logprobs=None, metrics=None, adaptive=None, ranks=None):
+    """Runs ``drafter``'s method to completion. ``target``: a ModelRunner; ``draft``: a DraftLM or
+    None. ``adaptive``: None (fixed budgets) or an AdaptiveConfig; then
+    ``drafter.enable_adaptive(adaptive)`` must have run before the caches were sized. ``ranks``: the
+    :class:`specops.parallel.RankGroup` of a tensor-parallel target (host decisions taken together,
+    optional per-step divergence check).
+    ``track_logprobs``: sum the emitted tokens' target log-likelihood (``metrics.perplexity``; a
+    gather per step); None = only for methods that are not lossless (MJSD, GSD's R5).
+
+    Returns (generated token lists per sequence, Metrics)."""
+    m = metrics if metrics is not None else Metrics()
+    m.method, m.batch_size = drafter.name, len(prompts)
+    t_start = time.perf_counter()
+    track = (not drafter.lossless) if track_logprobs is None else track_logprobs
+    logprob = _LogprobSum() if track else None
+    observers = [_MetricsObserver(m, record_steps)]
+    if adaptive is not None:
+        observers.append(_controller_observer(m))
+    if stream is not None:
+        observers.append(lambda dec, r: [stream(b, k) for b, k in enumerate(r.emitted) if k])
+    if logprob is not None:
+        observers.append(logprob.observe)
+    if ranks is not None:
+        observers.append(lambda dec, r: ranks.check_step(m.num_target_forwards, dec.state.seqs))
+    dec = Decoder(target, drafter, prompts, sampling=sampling, stopper=stopper, generator=generator, draft=draft,
+                  tokenizer=tokenizer, adaptive=adaptive, observers=observers, ranks=ranks)
+    m.adaptive = dec.ctl is not None
+    if stream is not None:
+        for b, kept in enumerate(dec.first_emitted):
+            stream(b, kept)
+    if logprob is not None:
+        logprob.add(dec.prefill_logits, list(range(len(prompts))), [k[0] for k in dec.first_emitted], dec.state.stager)
+    m.prefill_time_s = time.perf_counter() - t_start
+    while not dec.done:
+        dec.step()
     if logprob is not None:
         m.target_logprob_sum += logprob.total()
         m.target_logprob_count += logprob.count
     m.total_time_s = time.perf_counter() - t_start
     if draft is not None:
         m.num_draft_forwards = draft.forwards
-    gen = [state.generated(b) for b in range(B)]
+    gen = [dec.state.generated(b) for b in range(len(prompts))]
     m.num_generated_tokens = sum(len(g) for g in gen)
     m.lengths = [len(g) for g in gen]
-    m.finish_reasons = reasons
+    m.finish_reasons = dec.reasons
     return gen, m
+
+
+# ---- observers ----------------------------------------------------------------------------------
+
+class _MetricsObserver:
+    def __init__(self, m, record_steps):
+        self.m, self.record_steps = m, record_steps
+
+    def __call__(self, dec, r):
+        m, d, res = self.m, r.draft, r.result
+        m.num_target_forwards += 1
+        for b in range(len(r.was_active)):
+            if not r.was_active[b]:
+                continue
+            path = res.paths[b]
+            m.record_draft(drafted=res.num_nodes[b] - 1, accepted=len(path) - 1, depth_drafted=d.depth_drafted[b],
+                           drafted_nodes=d.drafted_nodes[b],
+                           graph_success=d.copied is not None and any(d.copied[b][i] for i in path))
+        m.draft_time_s += r.draft_s
+        m.verify_time_s += r.verify_s
+        m.bookkeeping_time_s += r.keep_s + r.commit_s
+        if self.record_steps:
+            m.steps.append({"active": list(r.was_active), "nodes": res.num_nodes,
+                            "accepted": [max(len(p) - 1, 0) for p in res.paths], "budget": r.budget,
+                            "draft_s": r.draft_s, "verify_s": r.verify_s, "bookkeeping_s": r.keep_s + r.commit_s})
+
+
+def _controller_observer(m):
+    def observe(dec, r):
+        if dec.ctl is None:
+            return
+        # drafting = propose + the drafter's commit; the rest of the step is the target's block
+        dec.ctl.observe(r.budget, [r.draft.depth[b] if r.was_active[b] else 0 for b in range(len(r.was_active))],
+                        [max(len(p) - 1, 0) for p in r.result.paths], max(r.result.num_nodes),
+                        t_target=r.verify_s + r.keep_s, t_draft=r.draft_s + r.commit_s)
+        m.record_budget(r.budget)
+    return observe
 
 
 def _controller(cfg, drafter, batch, ranks=None):
@@ -299,6 +242,15 @@ def _controller(cfg, drafter, batch, ranks=None):
     return Controller(cfg, batch, initial, lo, hi, ranks=ranks)
 
 
+def _on_device(generator, device):
+    """The loop's generator on the target's device: the given one when it is there already, else a
+    device generator seeded from it (one draw at setup), so every uniform is drawn on the device."""
+    if generator is None or generator.device == torch.device(device):
+        return generator
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 class _LogprobSum:
     """Sum of log p(token | row) over emitted tokens, kept as a device tensor until ``total()``."""
 
@@ -306,15 +258,24 @@ class _LogprobSum:
         self.sum = None
         self.count = 0
 
-    def add(self, logits, rows, tokens):
+    def observe(self, dec, r):
+        rows, toks = [], []
+        T = r.result.logits.shape[1]
+        for b, kept in enumerate(r.emitted):
+            rows += [b * T + i for i in r.result.paths[b][: len(kept)]]
+            toks += kept
+        if rows:
+            self.add(r.result.logits.reshape(-1, r.result.logits.shape[-1]), rows, toks, dec.state.stager)
+
+    def add(self, logits, rows, tokens, stager):
         """Shape: logits [N, V]; rows, tokens: equal-length int lists (row of logits, emitted token)."""
-        dev = logits.device
-        sel = logits[torch.tensor(rows, device=dev)].float()  # [n, V]
-        tok = torch.tensor(tokens, device=dev)[:, None]
+        up = stager.upload(rows + tokens)
+        n = len(rows)
+        sel = logits[up[:n]].float()  # [n, V]
         # log_softmax at one entry = logit - logsumexp: no [n, V] log-prob tensor is materialised
-        part = (sel.gather(-1, tok)[:, 0] - sel.logsumexp(-1)).sum(dtype=torch.float64)
+        part = (sel.gather(-1, up[n:, None])[:, 0] - sel.logsumexp(-1)).sum(dtype=torch.float64)
         self.sum = part if self.sum is None else self.sum + part
-        self.count += len(tokens)
+        self.count += n
 
     def total(self):
         return float(self.sum) if self.sum is not None else 0.0

@@ -1,8 +1,8 @@
 """The method registry: name -> Drafter class. Adding a method = adding a Drafter here."""
 from .drafters.base import NullDrafter
-from .drafters.beam import BeamDrafter
-from .drafters.chain import ChainDrafter
-from .drafters.multidraft import MultiDraftDrafter
+from .drafters.mjsd import BeamDrafter
+from .drafters.sd import ChainDrafter
+from .drafters.specinfer import MultiDraftDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.opt_tree import OptTreeDrafter
 from .drafters.ouroboros import OuroborosDrafter

@@ -1,16 +1,18 @@
 """The Drafter protocol: how a method plugs into the one loop.
 
 A method = a Drafter (what to propose, how the draft model's cache follows) + a verification mode
-(chosen by ``verify_mode``). ``kv_policy`` declares the block shape ("truncate": chains, "compact":
-trees); the loop keeps the accepted rows of either with one device-side kv_compact (a chain prefix
-moves rows onto themselves), so it needs no host decision. The loop calls, per iteration:
-``propose(state) -> Candidates``, then verification, then ``commit(state, cand, result)``; a drafter
-that reads the target's argmax rows in ``commit`` sets ``needs_target_argmax`` (they come with the
-step's one packed host read). Nothing in the loop knows which method runs.
+(chosen by ``verify_mode``). The loop keeps the accepted rows of any block with one device-side
+kv_compact (a chain prefix moves rows onto themselves), so it needs no host decision. The loop
+calls, per step: ``propose(state) -> Draft`` (device tensors: built there, or a host-built
+:class:`~specops.decoding.tree.Candidates` staged in one upload), then verification, then
+``commit(state, draft, result)``. Capabilities are declared here: ``needs_draft_model``,
+``needs_target_argmax`` (``commit`` reads the target's argmax rows: they come with the step's one
+packed host read), ``needs_target_features`` (the target keeps its final hidden states, for
+EAGLE-style drafters). Nothing in the loop knows which method runs.
 """
 import math
 
-from ..tree import Candidates
+from ..tree import root_draft
 
 # Verification modes (docs/methods.md §Verification rules): greedy = R1; mss = R3 (R2 on a
 # chain); mss_pointmass = R3p; mss_noreplace = R3w; sample_match = R4; gsd = R5 (GSD reference, not
@@ -25,7 +27,8 @@ class Drafter:
     name = "base"
     PARAMS = {}
     needs_draft_model = False
-    kv_policy = "compact"
+    needs_target_argmax = False
+    needs_target_features = False
     sampling_mode = "mss_pointmass"  # deterministic proposals: R3p is lossless for them
     lossless = True
     # Adaptive speculation (docs/methods.md §Adaptive speculation): the one knob the controller sets
@@ -122,7 +125,7 @@ class Drafter:
     def propose(self, state):
         raise NotImplementedError
 
-    def commit(self, state, cand, result):
+    def commit(self, state, draft, result):
         """Called after verification; ``state.seqs`` already holds the emitted tokens."""
 
 
@@ -130,29 +133,28 @@ class NullDrafter(Drafter):
     """Autoregressive decoding through the same loop: the block is the pending root alone."""
 
     name = "ar"
-    kv_policy = "truncate"
 
     def propose(self, state):
-        return Candidates(tokens=[[s[-1]] for s in state.seqs], parents=[[-1] for _ in state.seqs])
+        return root_draft(state.root)
 
 
 class ModelDrafter(Drafter):
-    """A drafter that runs ``state.draft`` (a DraftLM) and fills ``Candidates.src`` with draft-block
-    node indices; ``commit`` compacts the accepted path's valid draft K/V."""
+    """A drafter that runs ``state.draft`` (a DraftLM) and fills ``Draft.src`` with draft-block
+    node indices; ``commit`` keeps the accepted path's valid draft K/V (the path's draft-block nodes
+    come with the step's read)."""
 
     needs_draft_model = True
 
-    def commit(self, state, cand, result):
+    def commit(self, state, draft, result):
         paths = []
         for b in range(state.batch):
-            if cand.src is None or not state.was_active[b]:
+            if draft.src is None or not state.was_active[b]:
                 paths.append(None)
                 continue
-            src = cand.src[b]
             path = list(range(state.draft.root[b] + 1))  # the catch-up chain
-            for node in result.paths[b][1:]:
-                if src[node] < 0:
+            for node in result.path_src[b][1:]:
+                if node < 0:
                     break
-                path.append(src[node])
+                path.append(node)
             paths.append(path)
         state.draft.commit_paths(paths)

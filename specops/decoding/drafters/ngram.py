@@ -39,7 +39,6 @@ class NgramDrafter(Drafter):
     # gamma 12 doubling to 48: on SmolLM2-135M (bf16, 2 CPU threads, greedy) a verified token costs
     # ~0.8 ms beside a ~40 ms step, and 8 -> 12/48 took code-editing prompts from 2.9x to 3.2x AR.
     PARAMS = {"gamma": 12, "max_ngram": 3, "min_ngram": 1, "branches": 1, "max_gamma": None}  # None: 4 x gamma
-    kv_policy = "truncate"
     budget_param = "gamma"  # under adaptive speculation the controller replaces the doubling rule
     _adaptive = False
 
@@ -53,8 +52,6 @@ class NgramDrafter(Drafter):
         self._positive_int("branches", self.branches)
         if self.min_ngram > self.max_ngram:
             raise ValueError(f"min_ngram ({self.min_ngram}) must be <= max_ngram ({self.max_ngram})")
-        if self.branches > 1:
-            self.kv_policy = "compact"
 
     def tree_budget(self):
         return 1 + self.max_gamma * self.branches
@@ -86,10 +83,10 @@ class NgramDrafter(Drafter):
             self._proposed.append(longest)
             tokens.append(trie.tokens)
             parents.append(trie.parents)
-        return Candidates(tokens=tokens, parents=parents,
-                          depth_drafted=[0] * state.batch, drafted_nodes=[len(t) for t in tokens])
+        return Candidates(tokens=tokens, parents=parents, depth_drafted=[0] * state.batch,
+                          drafted_nodes=[len(t) for t in tokens]).stage(state.stager)
 
-    def commit(self, state, cand, result):
+    def commit(self, state, draft, result):
         if self.max_gamma == self.gamma or self._adaptive:
             return
         for b in range(state.batch):

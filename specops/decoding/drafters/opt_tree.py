@@ -16,7 +16,7 @@ import torch
 from .. import _kernels
 from ...ops.topn import MAX_N
 from ..readback import read_lists
-from ..tree import Candidates
+from ..tree import Draft
 from .base import ModelDrafter
 
 
@@ -48,14 +48,12 @@ class OptTreeDrafter(ModelDrafter):
         d = state.draft
         d.begin(state.seqs, state.active)
         B, n = state.batch, self.n
-        d.forward()
-        logq = d.logits_rows([(b, d.root[b]) for b in range(B)]).log_softmax(-1)[:, None]  # [B, 1, V]
-        scores, toks, par = _kernels.topn_expand(torch.zeros(B, 1), logq, n, per_parent_k=n)
+        logq = d.forward(rows=[(b, d.root[b]) for b in range(B)])[0].log_softmax(-1)[:, None]  # [B, 1, V]
+        scores, toks, par = _kernels.topn_expand(logq.new_zeros(B, 1, dtype=torch.float32), logq, n, per_parent_k=n)
         layers = [(scores, toks, par)]  # per layer: [B, n] log p̂, tokens, parent index in previous layer
         blocks = [[[d.root[b]] for b in range(B)]]  # per layer, per sequence: block node of each entry
         going = list(state.active)
         sc, tk, pr, best = _read_layer(layers, n)  # one host read per layer
-        host_tk = [tk]  # per layer: the tokens as host lists (for _select)
         gain = list(best)  # first layer: E goes from 0 to E_sub
         while len(layers) < self.max_depth:
             going = [going[b] and gain[b] > self.delta for b in range(B)]
@@ -72,55 +70,54 @@ class OptTreeDrafter(ModelDrafter):
                         row.append(-1)
                 blk.append(row)
             blocks.append(blk)
-            d.forward()
-            pairs = [(b, blk[b][i] if blk[b][i] >= 0 else d.first_row_node) for b in range(B) for i in range(n)]
-            logq = d.logits_rows(pairs).log_softmax(-1).view(B, n, -1)
-            dead = torch.tensor([[blk[b][i] < 0 for i in range(n)] for b in range(B)])
+            pairs = [(b, blk[b][i] if blk[b][i] >= 0 else d.first_unfed) for b in range(B) for i in range(n)]
+            rows, dead = d.forward(rows=pairs, extra=[x < 0 for row in blk for x in row])
+            logq = rows.log_softmax(-1).view(B, n, -1)
+            dead = dead.view(B, n).bool()
             parent_scores = scores.masked_fill(dead, float("-inf"))
             layers.append(_kernels.topn_expand(parent_scores, logq, n, per_parent_k=n))
             sc, tk, pr, esub = _read_layer(layers, n)
-            host_tk.append(tk)
             for b in range(B):
                 if going[b]:
                     gain[b], best[b] = esub[b] - best[b], esub[b]
                 else:
                     gain[b] = 0.0
-        return self._select(state, layers, blocks, host_tk)
+        return self._select(state, layers, blocks)
 
-    def _select(self, state, layers, blocks, tk):
+    def _select(self, state, layers, blocks):
         # The drafted layers as one flat tree (root, then layer by layer: topological, shallower
-        # first), then the best n nodes as a rooted subtree (select_topn_subtree).
-        B, n = state.batch, self.n
-        D = len(layers)
+        # first), then the best n nodes as a rooted subtree (select_topn_subtree), gathered on the
+        # device: the Draft is built from the selection without reading it back.
+        B, n, D = state.batch, self.n, len(layers)
         T = 1 + D * n
-        scores = torch.full((B, T), float("-inf"))
-        parents = torch.zeros(B, T, dtype=torch.int32)
-        parents[:, 0] = -1
-        for k, (sc, _, pr) in enumerate(layers):
-            scores[:, 1 + k * n: 1 + (k + 1) * n] = sc
-            base = 0 if k == 0 else 1 + (k - 1) * n
-            parents[:, 1 + k * n: 1 + (k + 1) * n] = torch.where(sc > float("-inf"), pr.clamp(min=0) + base, 0)
-        scores[:, 0] = 0.0
-        scores[torch.tensor([not a for a in state.active])] = float("-inf")
-        keep, new_par, counts = _kernels.select_topn_subtree(parents, scores, n + 1)
-        keep, new_par, counts = read_lists(keep, new_par, counts)
-        tokens, par_out, src, depth_drafted = [], [], [], []
+        sc = torch.cat([layer[0] for layer in layers], dim=1)  # [B, D * n]
+        base = torch.arange(D, device=sc.device).repeat_interleave(n) * n + 1 - n  # flat index of each layer's parents
+        base[:n] = 0
+        pr = torch.cat([layer[2] for layer in layers], dim=1)  # [B, D * n]
+        flat_par = torch.where(sc > float("-inf"), pr.clamp(min=0) + base, 0).to(torch.int32)
+        parents = torch.cat([flat_par.new_full((B, 1), -1), flat_par], dim=1)  # [B, T]
+        # The host's part in one upload: which sequences draft, and each flat node's draft-block node.
+        src_host = []
         for b in range(B):
-            tok, par, sr = [state.seqs[b][-1]], [-1], [state.draft.root[b]]
-            for j in range(1, counts[b]):
-                k, i = divmod(keep[b][j] - 1, n)
-                tok.append(tk[k][b][i])
-                par.append(new_par[b][j])
-                # a layer-k node was fed iff layer k+1 was drafted from it
-                fed = k + 1 < len(blocks) and blocks[k + 1][b][i] >= 0
-                sr.append(blocks[k + 1][b][i] if fed else -1)
-            tokens.append(tok)
-            par_out.append(par)
-            src.append(sr)
-            drafted = 1 + sum(1 for k in range(1, len(blocks)) if any(x >= 0 for x in blocks[k][b]))
-            depth_drafted.append(drafted if state.active[b] else 0)
-        return Candidates(tokens=tokens, parents=par_out, src=src, depth_drafted=depth_drafted,
-                          drafted_nodes=[1 + n * d for d in depth_drafted])
+            src_host.append(state.draft.root[b])
+            for k in range(D):  # a layer-k node was fed iff layer k+1 was drafted from it
+                src_host += blocks[k + 1][b] if k + 1 < len(blocks) else [-1] * n
+        up = state.stager.upload([int(a) for a in state.active] + src_host)
+        active = up[:B].bool()
+        scores = torch.cat([sc.new_zeros(B, 1), sc], dim=1).masked_fill(~active[:, None], float("-inf"))
+        keep, new_par, counts = _kernels.select_topn_subtree(parents, scores, n + 1)  # [B, n + 1] x2, [B]
+        valid = torch.arange(n + 1, device=keep.device)[None, :] < counts[:, None]
+        at = torch.where(valid, keep, 0).long()
+        root = state.root[:, None]
+        tokens = torch.cat([root, torch.cat([layer[1] for layer in layers], dim=1).to(root.dtype)], dim=1)
+        layer_of = torch.where(at > 0, (at - 1) // n + 1, 0)
+        depth_drafted = [1 + sum(1 for k in range(1, len(blocks)) if any(x >= 0 for x in blocks[k][b]))
+                         if state.active[b] else 0 for b in range(B)]
+        return Draft(tokens=torch.where(valid, tokens.gather(1, at), 0), parents=torch.where(valid, new_par, 0),
+                     num_nodes=counts.to(torch.int32),
+                     src=torch.where(valid, up[B:].view(B, T).gather(1, at), -1).to(torch.int32),
+                     depth=torch.where(valid, layer_of, 0).amax(-1), depth_drafted=depth_drafted,
+                     drafted_nodes=[1 + n * d for d in depth_drafted])
 
 
 def _read_layer(layers, n):

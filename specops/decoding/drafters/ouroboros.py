@@ -196,17 +196,18 @@ class OuroborosDrafter(ModelDrafter):
             tokens.append(trie.tokens)
             parents.append(trie.parents)
             tried.append((len(drafted[b]), phrases))
-        return Candidates(tokens=tokens, parents=parents, depth_drafted=forwards,
-                          drafted_nodes=[len(t) for t in tokens], extra={"tried": tried})
+        self._cand, self._tried = Candidates(tokens=tokens, parents=parents, depth_drafted=forwards,
+                                             drafted_nodes=[len(t) for t in tokens]), tried
+        return self._cand.stage(state.stager)
 
     # ---- after verification --------------------------------------------------------------------
 
-    def commit(self, state, cand, result):
-        argmax = result.target_argmax()
+    def commit(self, state, draft, result):
+        argmax, cand = result.target_argmax(), self._cand
         for b in range(state.batch):
             if not state.was_active[b]:
                 continue
-            n, phrases = cand.extra["tried"][b]  # n drafted chain tokens (nodes 1..n), phrases below n
+            n, phrases = self._tried[b]  # n drafted chain tokens (nodes 1..n), phrases below n
             tok, par, v = cand.tokens[b], cand.parents[b], argmax[b]
             path = result.paths[b]
             A = sum(1 for i in path if 1 <= i <= n)

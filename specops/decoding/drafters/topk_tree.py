@@ -67,9 +67,8 @@ class TopKTreeDrafter(ModelDrafter):
         for step in range(self.max_depth):
             if not any(frontier):
                 break
-            d.forward()
             pairs = [(b, blk[b][u]) for b in range(B) for u in frontier[b]]
-            probs = d.logits_rows(pairs).softmax(-1)
+            probs = d.forward(rows=pairs)[0].softmax(-1)
             top_q, top_t = probs.topk(min(self.k, probs.shape[-1]), dim=-1)
             top_q, top_t = read_lists(top_q, top_t)  # one host read per draft forward
             j = 0
@@ -100,25 +99,19 @@ class TopKTreeDrafter(ModelDrafter):
         return self._unmerged(state, graphs, blk, qrow, depth, keep_rows)
 
     def _unmerged(self, state, graphs, blk, qrow, depth, keep_rows):
-        import torch
-
         tokens, parents, src, copied, rows = [], [], [], [], []
-        V = state.vocab_size
         for b, g in enumerate(graphs):
             tok, par, gsrc, cp = g.unmerge(self.max_tree_nodes, self.max_depth)
             tokens.append(tok)
             parents.append(par)
             copied.append(cp)
             src.append([-1 if cp[i] else blk[b].get(gsrc[i], -1) for i in range(len(tok))])
-            if keep_rows:
-                uni = torch.full((V,), 1.0 / V)
-                rows.append(torch.stack([uni] + [qrow[b].get(g.parent[gsrc[i]], uni)
-                                                 for i in range(1, len(tok))]))
-        cand = Candidates(tokens=tokens, parents=parents, src=src, copied=copied,
-                          depth_drafted=depth, drafted_nodes=[len(g) for g in graphs])
-        if keep_rows:
-            cand.draft_probs = rows
-        return cand
+            if keep_rows:  # None: uniform (a node without a recorded proposer row)
+                rows.append([None] + [qrow[b].get(g.parent[gsrc[i]]) for i in range(1, len(tok))])
+        return Candidates(tokens=tokens, parents=parents, src=src, copied=copied, depth_drafted=depth,
+                          drafted_nodes=[len(g) for g in graphs],
+                          draft_probs=rows if keep_rows and any(r is not None for rr in rows for r in rr) else None
+                          ).stage(state.stager, state.vocab_size)
 
 
 

@@ -49,7 +49,6 @@ class MultiDraftDrafter(ModelDrafter):
         trees = [_DraftTrie(state.seqs[b][-1], d.root[b]) for b in range(B)]
         tips = [[0] * k for _ in range(B)]
         for step in range(self.gamma):
-            d.forward()
             pairs, row = [], {}
             for b in range(B):
                 if state.active[b]:
@@ -57,18 +56,19 @@ class MultiDraftDrafter(ModelDrafter):
                         row[(b, t)] = len(pairs)
                         pairs.append((b, trees[b].blk[t]))
             if not pairs:
+                d.forward()
                 break
-            logits = d.logits_rows(pairs)
+            # Every chain's draw of this level at once (one independent draw per chain and row; the
+            # rows travel with the forward's upload), read back with the argmax rows in one host read.
+            draws = [row[(b, tips[b][c])] for b in range(B) if state.active[b] for c in range(k)
+                     if not (greedy and c == 0)]
+            logits, draw_rows = d.forward(rows=pairs, extra=draws)
             if greedy:
                 # Max subtracted first: a tiny draft_temperature must not overflow to inf - inf.
                 probs = torch.softmax((logits - logits.amax(-1, keepdim=True)) / self.draft_temperature, -1)
             else:
                 probs = state.sampling.warp(logits)
-            # Every chain's draw of this level at once (one independent draw per chain and row), read
-            # back with the argmax rows in one host read.
-            draws = [row[(b, tips[b][c])] for b in range(B) if state.active[b] for c in range(k)
-                     if not (greedy and c == 0)]
-            drawn = (draw(probs[torch.tensor(draws, device=probs.device)], state.generator) if draws
+            drawn = (draw(probs[draw_rows], state.generator) if draws
                      else probs.new_zeros(0, dtype=torch.int64))
             argmax, drawn = read_lists(logits.argmax(-1) if greedy else drawn[:0], drawn)
             drawn = iter(drawn)
@@ -109,7 +109,7 @@ class MultiDraftDrafter(ModelDrafter):
                     tok.append(t)
                     par.append(parent)
                     sr.append(-1)
-                    qr.append(None if greedy else torch.nn.functional.one_hot(torch.tensor(t), V).float())
+                    qr.append(None if greedy else _point_mass(t, V, state.root.device))
                     parent = len(tok) - 1
             tokens.append(tok)
             parents.append(par)
@@ -119,8 +119,8 @@ class MultiDraftDrafter(ModelDrafter):
                           depth_drafted=[self.gamma if state.active[b] else 0 for b in range(B)],
                           drafted_nodes=[len(tr.tok) for tr in trees])
         if not greedy:
-            cand.draft_probs = [_stack(qr, V) for qr in rows]
-        return cand
+            cand.draft_probs = rows
+        return cand.stage(state.stager, V)
 
 
 class _DraftTrie:
@@ -142,5 +142,8 @@ class _DraftTrie:
         return len(self.tok) - 1
 
 
-def _stack(rows, V):
-    return torch.stack([r if r is not None else torch.full((V,), 1.0 / V) for r in rows])
+def _point_mass(t, V, device):
+    """Shape: -> fp32 [V], one-hot at ``t`` (a fill on the device, no host data)."""
+    row = torch.zeros(V, dtype=torch.float32, device=device)
+    row[t] = 1.0
+    return row

@@ -12,7 +12,6 @@ from .base import ModelDrafter
 class ChainDrafter(ModelDrafter):
     name = "sd"
     PARAMS = {"gamma": 4, "exit_threshold": 0.0}
-    kv_policy = "truncate"
     sampling_mode = "mss"
     budget_param = "gamma"
 
@@ -39,9 +38,8 @@ class ChainDrafter(ModelDrafter):
         for _ in range(self.gamma):
             if not any(going):
                 break
-            d.forward()
             bs = [b for b in range(B) if going[b]]
-            logits = d.logits_rows([(b, tips[b]) for b in bs])
+            logits, _ = d.forward(rows=[(b, tips[b]) for b in bs])
             chosen, probs = choose(logits, state.sampling, state.generator)
             conf = None
             if self.exit_threshold > 0:
@@ -58,24 +56,7 @@ class ChainDrafter(ModelDrafter):
                 src[b].append(tips[b])
                 if len(tokens[b]) > self.gamma:
                     going[b] = False
-        return _with_rows(Candidates(
-            tokens=tokens, parents=[[-1] + list(range(len(t) - 1)) for t in tokens], src=src,
-            depth_drafted=depth, drafted_nodes=[len(t) for t in tokens]), qrows)
-
-
-def _with_rows(cand, qrows):
-    """Stacks per-node draft distributions (row 0 = root, unused) when any were recorded."""
-    import torch
-
-    if all(r is None for rows in qrows for r in rows[1:]):
-        return cand
-    out = []
-    for rows in qrows:
-        real = [r for r in rows if r is not None]
-        if not real:
-            out.append(None)
-            continue
-        V = real[0].shape[-1]
-        out.append(torch.stack([r if r is not None else torch.full((V,), 1.0 / V) for r in rows]))
-    cand.draft_probs = out
-    return cand
+        sampled = any(r is not None for rows in qrows for r in rows[1:])  # row 0 = root, unused
+        return Candidates(tokens=tokens, parents=[[-1] + list(range(len(t) - 1)) for t in tokens], src=src,
+                          depth_drafted=depth, drafted_nodes=[len(t) for t in tokens],
+                          draft_probs=qrows if sampled else None).stage(state.stager, state.vocab_size)

@@ -25,7 +25,6 @@ from .base import ModelDrafter
 class BeamDrafter(ModelDrafter):
     name = "mjsd"
     PARAMS = {"gamma": 4, "beams": 8, "tau": 0.1, "joint_top_k": 20, "joint_top_p": 0.9}
-    kv_policy = "truncate"
     sampling_mode = "joint"
     lossless = False
     budget_param = "gamma"
@@ -56,9 +55,8 @@ class BeamDrafter(ModelDrafter):
         d = state.draft
         d.begin(state.seqs, state.active)
         B, M = state.batch, self.beams
-        d.forward()
-        logq = self._logq(d.logits_rows([(b, d.root[b]) for b in range(B)]))[:, None]  # [B, 1, V]
-        layers = [_kernels.topn_expand(torch.zeros(B, 1), logq, M, per_parent_k=M)]
+        logq = self._logq(d.forward(rows=[(b, d.root[b]) for b in range(B)])[0])[:, None]  # [B, 1, V]
+        layers = [_kernels.topn_expand(logq.new_zeros(B, 1, dtype=torch.float32), logq, M, per_parent_k=M)]
         blocks = [[[d.root[b]] for b in range(B)]]  # blocks[k+1][b][i]: block node of layers[k] beam i
         host = [read_lists(*layers[-1])]  # per layer: (scores, tokens, parents) as host lists, one read each
         for _ in range(1, self.gamma):
@@ -68,39 +66,42 @@ class BeamDrafter(ModelDrafter):
                     if state.active[b] and math.isfinite(sc[b][i]) else -1 for i in range(M)]
                    for b in range(B)]
             blocks.append(blk)
-            d.forward()
-            pairs = [(b, blk[b][i] if blk[b][i] >= 0 else d.first_row_node) for b in range(B) for i in range(M)]
-            logq = self._logq(d.logits_rows(pairs)).view(B, M, -1)
-            dead = torch.tensor([[x < 0 for x in row] for row in blk])
+            pairs = [(b, blk[b][i] if blk[b][i] >= 0 else d.first_unfed) for b in range(B) for i in range(M)]
+            rows, dead = d.forward(rows=pairs, extra=[x < 0 for row in blk for x in row])
+            logq = self._logq(rows).view(B, M, -1)
+            dead = dead.view(B, M).bool()
             layers.append(_kernels.topn_expand(scores.masked_fill(dead, float("-inf")), logq, M, per_parent_k=M))
             host.append(read_lists(*layers[-1]))
-        return self._best_beam(state, host, blocks)
+        return self._best_beam(state, layers, host, blocks)
 
-    def _best_beam(self, state, host, blocks):
-        B, g = state.batch, self.gamma
+    def _best_beam(self, state, layers, host, blocks):
+        B, g, M = state.batch, self.gamma, self.beams
         sc, tk, pr = ([layer[i] for layer in host] for i in range(3))
-        tokens, src, logq = [], [], torch.zeros(B, g)
+        tokens, src, picks = [], [], []  # picks: per sequence, g columns of the flat score table
         for b in range(B):
             chain_tok, chain_src = [state.seqs[b][-1]], [state.draft.root[b]]
+            path = []
             if state.active[b]:
                 # deepest layer with a finite beam, then its best beam
                 k = max((k for k in range(g) if any(math.isfinite(x) for x in sc[k][b])), default=-1)
-                path = []
                 if k >= 0:
                     i = max(range(len(sc[k][b])), key=lambda j: sc[k][b][j])
                     for kk in range(k, -1, -1):
                         path.append((kk, i))
                         i = pr[kk][b][i]
                     path.reverse()
-                for j, (kk, i) in enumerate(path):
+                for kk, i in path:
                     chain_tok.append(tk[kk][b][i])
                     fed = kk + 1 < len(blocks) and blocks[kk + 1][b][i] >= 0
                     chain_src.append(blocks[kk + 1][b][i] if fed else -1)
-                    logq[b, j] = sc[kk][b][i]
+            picks += [kk * M + i for kk, i in path] + [len(layers) * M] * (g - len(chain_tok) + 1)
             tokens.append(chain_tok)
             src.append(chain_src)
-        return Candidates(tokens=tokens, parents=[[-1] + list(range(len(t) - 1)) for t in tokens], src=src,
+        # log q_{1:j} gathered on the device from the layers' scores (the last column: 0 = padding)
+        table = torch.cat([layer[0] for layer in layers] + [layers[0][0].new_zeros(B, 1)], dim=1)
+        log_q = table.gather(1, state.stager.upload(picks).view(B, g))
+        cand = Candidates(tokens=tokens, parents=[[-1] + list(range(len(t) - 1)) for t in tokens], src=src,
                           depth_drafted=[g if state.active[b] else 0 for b in range(B)],
-                          drafted_nodes=[1 + self.beams * g if state.active[b] else 1 for b in range(B)],
-                          extra={"log_q_joint": logq, "tau": self.tau,
-                                 "joint_warp": (1.0, self.joint_top_k, self.joint_top_p)})
+                          drafted_nodes=[1 + self.beams * g if state.active[b] else 1 for b in range(B)])
+        return cand.stage(state.stager, log_q_joint=log_q, joint_tau=self.tau,
+                          joint_warp=(1.0, self.joint_top_k, self.joint_top_p))
