@@ -15,7 +15,7 @@ from .stopping import Stopper
 def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, temperature=0.0, top_k=0,
              top_p=1.0, stop=None, eos_token_id=None, tokenizer=None, seed=0, dtype=None, max_len=None,
              compare_ar=False, stream=None, record_steps=False, adaptive=True, kv_layout="contiguous",
-             page_size=16, tp_size=None, **method_params):
+             page_size=16, tp_size=None, logprobs=False, **method_params):
     """Generates with ``method`` and returns ``(new_tokens, metrics)``.
 
     Shape: -> new_tokens int64 [B, n] (generated tokens only, right-padded with the pad token
@@ -42,6 +42,8 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
     kv_layout: "contiguous" (default; one [max_len] slab per sequence) or "paged" (fixed-size pages
         of ``page_size`` rows, a power of two); target and draft caches alike. Greedy output is the
         same token for token.
+    logprobs: also sum the emitted tokens' target log-likelihood (``metrics.perplexity``; one gather
+        per step). Methods that are not lossless (MJSD, GSD's R5) always do.
     tp_size: tensor parallelism for a target loaded by name or path (docs/scaling.md): run every
         rank under ``torchrun --nproc-per-node N`` and the target is loaded sharded over the N
         ranks (transformers' ``DistributedConfig(tp_size=N)``); each rank caches its own KV heads,
@@ -61,7 +63,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
     sampling = SamplingConfig(temperature, top_k, top_p)
     stop = _check_args(max_new_tokens=max_new_tokens, stop=stop, eos_token_id=eos_token_id, tokenizer=tokenizer,
                        seed=seed, dtype=dtype, max_len=max_len, compare_ar=compare_ar, stream=stream,
-                       record_steps=record_steps)
+                       record_steps=record_steps, logprobs=logprobs)
     runner_kw = _runner_kw(kv_layout, page_size)
     tp = _check_tp_size(tp_size, target)
 
@@ -130,7 +132,8 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
                     DraftLM(draft_model, B, dmax, **runner_kw)
             gen, metrics = decode(runner, drafter, prompts, sampling=sampling, stopper=stopper,
                                   generator=generator, draft=dlm, tokenizer=tokenizer, stream=stream,
-                                  record_steps=record_steps, adaptive=adaptive, ranks=ranks)
+                                  record_steps=record_steps, adaptive=adaptive, ranks=ranks,
+                                  track_logprobs=logprobs or None)
         finally:
             runner.close()
     if metrics_ar is not None:
@@ -152,7 +155,7 @@ def _is_int(v):
 
 
 def _check_args(*, max_new_tokens, stop, eos_token_id, tokenizer, seed, dtype, max_len, compare_ar, stream,
-                record_steps):
+                record_steps, logprobs):
     """Every plain parameter of ``generate``, before any model is touched. Returns ``stop`` as a list."""
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
@@ -172,7 +175,7 @@ def _check_args(*, max_new_tokens, stop, eos_token_id, tokenizer, seed, dtype, m
                          f"{type(tokenizer).__name__}")
     if dtype is not None:
         models.resolve_dtype(dtype, None)  # ValueError naming dtype
-    for name, flag in (("compare_ar", compare_ar), ("record_steps", record_steps)):
+    for name, flag in (("compare_ar", compare_ar), ("record_steps", record_steps), ("logprobs", logprobs)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name} must be a bool, got {flag!r}")
     if stream is not None and not callable(stream):
