@@ -29,6 +29,20 @@ def arch():
     sim.set_arch(90)
 
 
+def _racecheck_built():
+    was = sim.racecheck()
+    try:
+        sim.set_racecheck(True)
+    except RuntimeError:  # an ASan build (SPECOPS_SANITIZE=1) has no instrumentation
+        return False
+    sim.set_racecheck(was)
+    return True
+
+
+needs_racecheck = pytest.mark.skipif(sim is None or not _racecheck_built(),
+                                     reason="cudasim built without racecheck's instrumentation")
+
+
 @pytest.fixture
 def racecheck():
     """Racecheck on for one test; as before afterwards."""
@@ -189,6 +203,7 @@ PLANTED = {  # name: (kind, shared memory, what the thread that trips it did, li
 }
 
 
+@needs_racecheck
 @pytest.mark.parametrize("name", list(PLANTED))
 def test_racecheck_reports_each_planted_hazard_with_both_source_lines(racecheck, name):
     kind, where, now, now_at, before, before_at = PLANTED[name]
@@ -197,6 +212,7 @@ def test_racecheck_reports_each_planted_hazard_with_both_source_lines(racecheck,
         sim.selftest(name, 0)
 
 
+@needs_racecheck
 @pytest.mark.parametrize("name", list(PLANTED))
 def test_racecheck_accepts_the_planted_kernels_with_their_barrier(racecheck, name):
     out = sim.selftest(name, 1)  # a __syncthreads (a __syncwarp within one warp) between the accesses
@@ -217,6 +233,7 @@ def test_without_racecheck_the_planted_hazards_run():
         sim.set_racecheck(was)
 
 
+@needs_racecheck
 def test_racecheck_reports_ldmatrix_rows_other_lanes_wrote_without_a_barrier(racecheck):
     # lane 0 reads its row by ldmatrix before lane 1 (running next) writes into it
     pattern = (r"write-after-read \(WAR\) hazard in mma_16x16x16 .* on extern __shared__ \+ \d+: thread 1 "
@@ -227,6 +244,7 @@ def test_racecheck_reports_ldmatrix_rows_other_lanes_wrote_without_a_barrier(rac
     sim.selftest("mma", 0)  # with the barrier
 
 
+@needs_racecheck
 def test_cp_async_refill_under_a_read_shows_early_and_is_reported(cp_async, racecheck):
     """Warp 0 refills its words by cp.async while warp 1 still reads them: landing at the wait hides
     the bug, landing at issue shows it, racecheck reports it whenever the copy lands."""
@@ -248,6 +266,7 @@ def test_cp_async_refill_under_a_read_shows_early_and_is_reported(cp_async, race
         assert out[32:64] == old and out[64:96] == src
 
 
+@needs_racecheck
 def test_warp_ahead_lets_one_warp_reach_the_barrier_first(schedule, racecheck):
     schedule("warp_ahead", 1)  # warp 1 runs to its exit before warp 0 starts: the read comes first
     with pytest.raises(RuntimeError, match=r"write-after-read \(WAR\) hazard in hazard_raw"):
@@ -309,8 +328,8 @@ def op_cases():
     tokens = torch.randint(0, 601, (2, 5), generator=g, dtype=torch.int32)
     lp = torch.randn(2, 6, 601, generator=g).log_softmax(-1)
     lq = -torch.rand(2, 5, generator=g).cumsum(-1)
-    cases["verify_joint"] = lambda: specops.verify_joint(tokens, lp, lq, 0.3, torch.rand(2, generator=g.manual_seed(4)),
-                                                         backend="cudasim")
+    uj = torch.rand(2, generator=g)
+    cases["verify_joint"] = lambda: specops.verify_joint(tokens, lp, lq, 0.3, uj, backend="cudasim")
     for mode in specops.ops.verify.MODES:
         cases[f"verify_tree[{mode}]"] = (lambda m: lambda: specops.verify_tree(
             c["tokens"], c["parents"], c["target_probs"], c["uniforms"], draft_probs=c["draft_probs"], mode=m,
@@ -335,10 +354,12 @@ def outputs(x):
     return x if isinstance(x, tuple) else (x,)
 
 
+@needs_racecheck
 def test_every_kernel_is_hazard_free_under_racecheck_and_early_cp_async(cp_async):
     """Every CUDA kernel once under racecheck, with copies landing late and early: no hazard, and the
     results of the plain forward run. The launches cover every __global__ function in csrc/cuda/."""
     want = {name: case() for name, case in CASES.items()}
+    was = sim.racecheck()
     sim.set_racecheck(True)
     try:
         for landing in ("late", "early"):
@@ -347,7 +368,7 @@ def test_every_kernel_is_hazard_free_under_racecheck_and_early_cp_async(cp_async
                 for w, o in zip(outputs(want[name]), outputs(case())):
                     assert torch.equal(w, o), f"{name}: differs under racecheck, cp.async landing {landing}"
     finally:
-        sim.set_racecheck(False)
+        sim.set_racecheck(was)
     sources = pathlib.Path(__file__).parents[1] / "csrc" / "cuda"
     kernels = set()
     for f in list(sources.glob("*.cu")) + list(sources.glob("*.cuh")):

@@ -267,7 +267,13 @@ std::string thread_name(int tid) {
 
 }  // namespace
 
-void set_enabled(bool on) { g.enabled = on; }
+void set_enabled(bool on) {
+#if !defined(__SANITIZE_THREAD__)
+  TORCH_CHECK(!on, "cudasim: racecheck needs the build with its instrumentation (setup.py leaves it out of "
+              "SPECOPS_SANITIZE=1 builds)");
+#endif
+  g.enabled = on;
+}
 bool enabled() { return g.enabled; }
 
 void launch_begin(const void* kernel, unsigned char* dyn, size_t dyn_bytes) {
