@@ -198,6 +198,8 @@ PLANTED = {  # name: (kind, shared memory, what the thread that trips it did, li
                    "read", ("out[t] = s[t + 32]", "hazard_war(")),
     "hazard_waw": ("WAW", r"static __shared__ s \(in hazard_waw\) \+ \d+", "wrote", ("s[t - 32] = t", "hazard_waw("),
                    "wrote", ("if (t < 32) s[t] = t;", "hazard_waw(")),
+    "hazard_atomic": ("WAW", r"static __shared__ hist \(in hazard_atomic\) \+ \d+", r"wrote \(atomically\)",
+                      ("atomicAdd(&hist", "hazard_atomic("), "wrote", ("if (t < 4) hist[t] = 0;", "hazard_atomic(")),
     "hazard_warp": ("WAR", r"static __shared__ s \(in hazard_warp\) \+ \d+", "wrote", ("if (t < 32) s[t] = t;", "hazard_warp("),
                     "read", ("out[t] = s[(t + 1) % 32]", "hazard_warp(")),
 }
@@ -222,6 +224,13 @@ def test_racecheck_accepts_the_planted_kernels_with_their_barrier(racecheck, nam
         assert out == list(range(32, 64)) * 2
     elif name == "hazard_warp":
         assert out[:32] == [(t + 1) % 32 for t in range(32)]
+    elif name == "hazard_atomic":
+        assert out[:4] == [16] * 4
+
+
+@needs_racecheck
+def test_racecheck_accepts_atomics_of_many_threads(racecheck):
+    test_static_shared_memory_barriers_and_shared_atomics()
 
 
 def test_without_racecheck_the_planted_hazards_run():

@@ -108,12 +108,12 @@ inline void mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[
 
 // Each lane's row is recorded as its read for racecheck: the exchange reads it on the last lane.
 inline void ldsm_x4(uint32_t (&r)[4], const void* row, CUDASIM_SITE) {
-  ::cudasim::detail::rc_note(row, 16, false, file, line);
+  ::cudasim::detail::rc_note(row, 16, 0, file, line);
   ::cudasim::detail::warp_exchange("ldmatrix.x4", sim::ldsm_all<false>, &row, r, file, line);
 }
 
 inline void ldsm_x4_trans(uint32_t (&r)[4], const void* row, CUDASIM_SITE) {
-  ::cudasim::detail::rc_note(row, 16, false, file, line);
+  ::cudasim::detail::rc_note(row, 16, 0, file, line);
   ::cudasim::detail::warp_exchange("ldmatrix.x4.trans", sim::ldsm_all<true>, &row, r, file, line);
 }
 

@@ -315,7 +315,7 @@ void run_block(Block& b) {
         rc::barrier();
         for (const Thread& t : b.threads)
           for (const auto& group : t.groups)
-            for (const auto& c : group) rc::note(c.dst, c.bytes, true, t.linear, c.site);
+            for (const auto& c : group) rc::note(c.dst, c.bytes, 1, t.linear, c.site);
       }
       continue;
     }
@@ -409,7 +409,7 @@ void cp_async(void* smem_dst, const void* src, int bytes, int src_bytes, const c
   if (g_cp_async_early) std::memcpy(c.dst, c.data, static_cast<size_t>(bytes));
   if (rc::active()) {  // the copy may land any time until its wait: a write from now on
     c.site = rc::site(file, line);
-    rc::note(c.dst, bytes, true, t.linear, c.site);
+    rc::note(c.dst, bytes, 1, t.linear, c.site);
   }
   t.groups.back().push_back(c);
 }

@@ -93,8 +93,9 @@ void warp_exchange(const char* what, ExchangeFn compute, const void* in, void* o
 // Racecheck (csrc/cudasim/racecheck.cpp): true while a racecheck launch runs kernel code, so the
 // access hooks record; false in the runtime, and always false when racecheck is off.
 extern bool rc_track;
-// An access the hooks cannot see (ldmatrix rows, read by the warp's exchange), at its source line.
-void rc_note(const void* p, int bytes, bool write, const char* file, int line);
+// An access the hooks cannot see (ldmatrix rows, read by the warp's exchange; atomics), at its
+// source line. kind: 0 read, 1 write, 2 atomic read-modify-write.
+void rc_note(const void* p, int bytes, int kind, const char* file, int line);
 
 // cp.async emulation: the bytes are read at issue time and land in shared memory when the issuing
 // thread waits for their group (cp.async.wait_group; the latest a device may), so a kernel that
@@ -277,10 +278,11 @@ inline std::common_type_t<A, B> max(A a, B b) {
 }
 
 // Atomics: fibers never preempt each other between a load and a store, so a read-modify-write is
-// atomic. Returns the old value, as on a device. Racecheck does not record atomics: they do not race
-// with each other (nor, unchecked, with plain accesses).
+// atomic. Returns the old value, as on a device. Racecheck records it as an atomic access: atomics do
+// not race with each other, only with plain accesses.
 template <class T, class F>
-inline T atomic_rmw(T* addr, F next) {
+inline T atomic_rmw(T* addr, F next, const char* file, int line) {
+  cudasim::detail::rc_note(addr, sizeof(T), 2, file, line);
   const bool track = cudasim::detail::rc_track;
   cudasim::detail::rc_track = false;
   asm volatile("" ::: "memory");  // keeps the store above: the instrumentation's calls come later
@@ -291,24 +293,26 @@ inline T atomic_rmw(T* addr, F next) {
   return old;
 }
 template <class T, class U>
-inline T atomicAdd(T* addr, U v) {
-  return atomic_rmw(addr, [&](T o) { return static_cast<T>(o + static_cast<T>(v)); });
+inline T atomicAdd(T* addr, U v, CUDASIM_SITE) {
+  return atomic_rmw(addr, [&](T o) { return static_cast<T>(o + static_cast<T>(v)); }, file, line);
 }
 template <class T, class U>
-inline T atomicSub(T* addr, U v) {
-  return atomic_rmw(addr, [&](T o) { return static_cast<T>(o - static_cast<T>(v)); });
+inline T atomicSub(T* addr, U v, CUDASIM_SITE) {
+  return atomic_rmw(addr, [&](T o) { return static_cast<T>(o - static_cast<T>(v)); }, file, line);
 }
 template <class T, class U>
-inline T atomicMax(T* addr, U v) {
-  return atomic_rmw(addr, [&](T o) { return o < static_cast<T>(v) ? static_cast<T>(v) : o; });
+inline T atomicMax(T* addr, U v, CUDASIM_SITE) {
+  return atomic_rmw(addr, [&](T o) { return o < static_cast<T>(v) ? static_cast<T>(v) : o; }, file, line);
 }
 template <class T, class U>
-inline T atomicMin(T* addr, U v) {
-  return atomic_rmw(addr, [&](T o) { return static_cast<T>(v) < o ? static_cast<T>(v) : o; });
+inline T atomicMin(T* addr, U v, CUDASIM_SITE) {
+  return atomic_rmw(addr, [&](T o) { return static_cast<T>(v) < o ? static_cast<T>(v) : o; }, file, line);
 }
 template <class T, class U>
-inline T atomicExch(T* addr, U v) { return atomic_rmw(addr, [&](T) { return static_cast<T>(v); }); }
+inline T atomicExch(T* addr, U v, CUDASIM_SITE) {
+  return atomic_rmw(addr, [&](T) { return static_cast<T>(v); }, file, line);
+}
 template <class T, class U, class W>
-inline T atomicCAS(T* addr, U compare, W v) {
-  return atomic_rmw(addr, [&](T o) { return o == static_cast<T>(compare) ? static_cast<T>(v) : o; });
+inline T atomicCAS(T* addr, U compare, W v, CUDASIM_SITE) {
+  return atomic_rmw(addr, [&](T o) { return o == static_cast<T>(compare) ? static_cast<T>(v) : o; }, file, line);
 }

@@ -7,7 +7,8 @@
 // state: the running launch's dynamic shared memory, or the module's writable static storage, where
 // every `__shared__` variable lives (function statics, cudasim.h). Accesses from the runtime itself
 // (barriers, collectives, the warp exchange that reads ldmatrix rows) are not recorded: rc_track is
-// false there. ldmatrix rows and cp.async destinations are recorded explicitly at their call sites.
+// false there. ldmatrix rows, cp.async destinations and atomics are recorded explicitly at their call
+// sites (an atomic races with plain accesses, not with other atomics).
 //
 // Shadow state, per byte: the last write and up to two reads since the block's last barrier, each
 // as (barrier epoch, thread, the warp's __syncwarp count, call site). A read of a byte another thread
@@ -45,7 +46,7 @@ namespace {
 
 struct Access {
   uint32_t epoch;  // 0: never
-  uint16_t tid;
+  uint16_t tid;    // | kAtomic for an atomic read-modify-write
   uint16_t wsync;  // how many collectives the thread's warp had completed at the access
   uint64_t site;   // a return address, or kExplicit | index into g.sites
 };
@@ -53,6 +54,8 @@ struct Cell {
   Access w, r1, r2;
 };
 constexpr uint64_t kExplicit = 1ull << 63;
+constexpr uint16_t kAtomic = 0x8000;  // threads are < 1024
+enum Op { kRead = 0, kWrite = 1, kAtomicOp = 2 };
 
 struct Region {
   uintptr_t lo = 0;
@@ -79,6 +82,7 @@ struct Hazard {
   size_t offset;     // in the region
   uintptr_t addr;
   int tid, prev_tid;
+  bool atomic, prev_atomic;
   uint64_t site, prev_site;
 };
 
@@ -122,19 +126,22 @@ int find_segments(dl_phdr_info* info, size_t, void* data) {
   return 1;
 }
 
-__attribute__((no_sanitize("thread"))) inline bool conflicts(const Access& a, int tid) {
-  if (a.epoch != g.epoch || a.tid == tid) return false;
-  const int w = a.tid / 32;
+// Whether access `a` races with one by thread `tid` now (atomic: an atomic one).
+__attribute__((no_sanitize("thread"))) inline bool conflicts(const Access& a, int tid, bool atomic) {
+  const int other = a.tid & ~kAtomic;
+  if (a.epoch != g.epoch || other == tid || (atomic && (a.tid & kAtomic))) return false;
+  const int w = other / 32;
   return !(w == tid / 32 && a.wsync != g.wsync[w]);  // lanes that met at a collective since are ordered
 }
 
-RC_NO_TSAN void flag(Kind kind, bool dynamic, size_t off, uintptr_t addr, int tid, uint64_t site, const Access& prev) {
+RC_NO_TSAN void flag(Kind kind, bool dynamic, size_t off, uintptr_t addr, int tid, bool atomic, uint64_t site,
+                     const Access& prev) {
   if (g.found) return;
   g.found = true;
-  g.hazard = {kind, dynamic, off, addr, tid, prev.tid, site, prev.site};
+  g.hazard = {kind, dynamic, off, addr, tid, prev.tid & ~kAtomic, atomic, (prev.tid & kAtomic) != 0, site, prev.site};
 }
 
-RC_NO_TSAN void record(uintptr_t a, size_t bytes, bool write, int tid, uint64_t site) {
+RC_NO_TSAN void record(uintptr_t a, size_t bytes, int op, int tid, uint64_t site) {
   if (a == reinterpret_cast<uintptr_t>(&rc_track)) return;  // the runtime's own switch
   Region* r = &g.dyn;
   size_t off = a - r->lo;
@@ -145,18 +152,21 @@ RC_NO_TSAN void record(uintptr_t a, size_t bytes, bool write, int tid, uint64_t 
   }
   const bool track = rc_track;
   rc_track = false;  // what follows touches static state of its own
-  const Access me{g.epoch, static_cast<uint16_t>(tid), g.wsync[tid / 32], site};
+  const bool atomic = op == kAtomicOp, dyn = r == &g.dyn;
+  const Access me{g.epoch, static_cast<uint16_t>(tid | (atomic ? kAtomic : 0)), g.wsync[tid / 32], site};
   const size_t end = std::min(off + bytes, r->len);
   for (size_t o = off; o < end && !g.found; ++o) {
     Cell& c = r->shadow[o];
-    if (write) {
-      if (conflicts(c.w, tid)) flag(Kind::kWAW, r == &g.dyn, o, a + (o - off), tid, site, c.w);
-      else if (conflicts(c.r1, tid)) flag(Kind::kWAR, r == &g.dyn, o, a + (o - off), tid, site, c.r1);
-      else if (conflicts(c.r2, tid)) flag(Kind::kWAR, r == &g.dyn, o, a + (o - off), tid, site, c.r2);
-      c.w = me;
+    const uintptr_t at = a + (o - off);
+    if (op != kRead) {
+      if (conflicts(c.w, tid, atomic)) flag(Kind::kWAW, dyn, o, at, tid, atomic, site, c.w);
+      else if (conflicts(c.r1, tid, false)) flag(Kind::kWAR, dyn, o, at, tid, atomic, site, c.r1);
+      else if (conflicts(c.r2, tid, false)) flag(Kind::kWAR, dyn, o, at, tid, atomic, site, c.r2);
+      // An atomic after the thread's own plain write keeps that write: other threads' atomics race with it.
+      if (!(atomic && c.w.epoch == g.epoch && !(c.w.tid & kAtomic))) c.w = me;
       c.r1.epoch = c.r2.epoch = 0;
     } else {
-      if (conflicts(c.w, tid)) flag(Kind::kRAW, r == &g.dyn, o, a + (o - off), tid, site, c.w);
+      if (conflicts(c.w, tid, false)) flag(Kind::kRAW, dyn, o, at, tid, false, site, c.w);
       if (c.r1.epoch != g.epoch || c.r1.tid == tid) c.r1 = me;
       else if (c.r2.epoch != g.epoch || c.r2.tid == tid) c.r2 = me;
     }
@@ -166,7 +176,7 @@ RC_NO_TSAN void record(uintptr_t a, size_t bytes, bool write, int tid, uint64_t 
 
 __attribute__((no_sanitize("thread"))) inline void hook(const void* p, size_t bytes, bool write, void* pc) {
   if (!rc_track) return;
-  record(reinterpret_cast<uintptr_t>(p), bytes, write, current->linear, reinterpret_cast<uint64_t>(pc));
+  record(reinterpret_cast<uintptr_t>(p), bytes, write ? kWrite : kRead, current->linear, reinterpret_cast<uint64_t>(pc));
 }
 
 // ---- the report ----
@@ -321,8 +331,8 @@ uint64_t site(const char* file, int line) {
   return kExplicit | it->second;
 }
 
-void note(const void* p, int bytes, bool write, int tid, uint64_t site_id) {
-  if (g.active && !g.found) record(reinterpret_cast<uintptr_t>(p), static_cast<size_t>(bytes), write, tid, site_id);
+void note(const void* p, int bytes, int op, int tid, uint64_t site_id) {
+  if (g.active && !g.found) record(reinterpret_cast<uintptr_t>(p), static_cast<size_t>(bytes), op, tid, site_id);
 }
 
 bool found() { return g.found; }
@@ -339,8 +349,8 @@ void resume_kernel() { rc_track = g.active && !g.found; }
 std::string report() {
   const Hazard& h = g.hazard;
   static const char* kNames[] = {"read-after-write (RAW)", "write-after-read (WAR)", "write-after-write (WAW)"};
-  const char* now = h.kind == Kind::kRAW ? "read" : "wrote";
-  const char* before = h.kind == Kind::kWAR ? "read" : "wrote";
+  const std::string now = h.kind == Kind::kRAW ? "read" : h.atomic ? "wrote (atomically)" : "wrote";
+  const std::string before = h.kind == Kind::kWAR ? "read" : h.prev_atomic ? "wrote (atomically)" : "wrote";
   std::ostringstream s;
   const std::string kernel = symbolize(reinterpret_cast<uintptr_t>(g.kernel)).first;
   const std::string block = block_name();
@@ -354,10 +364,10 @@ std::string report() {
 
 }  // namespace rc
 
-void rc_note(const void* p, int bytes, bool write, const char* file, int line) {
+void rc_note(const void* p, int bytes, int kind, const char* file, int line) {
   if (!rc_track) return;
   const RuntimeScope runtime;  // the site table is the runtime's
-  rc::note(p, bytes, write, current->linear, rc::site(file, line));
+  rc::note(p, bytes, kind, current->linear, rc::site(file, line));
 }
 
 }  // namespace detail

@@ -34,7 +34,7 @@ void block_begin(int threads);
 void barrier();              // a __syncthreads released: a new interval
 void warp_synced(int warp);  // the warp's lanes met at a collective
 uint64_t site(const char* file, int line);
-void note(const void* p, int bytes, bool write, int tid, uint64_t site);  // an access on a thread's behalf
+void note(const void* p, int bytes, int kind, int tid, uint64_t site);  // on a thread's behalf (rc_note's kinds)
 bool found();                // a hazard is pending: report() says which
 std::string report();
 std::vector<std::string> checked_kernels();  // the functions launched under racecheck, by name

@@ -164,6 +164,17 @@ __global__ void hazard_warp(int* out, int fixed) {
   if (t < 32) out[t] = s[(t + 1) % 32];
 }
 
+// Atomic counters another thread zeroes with plain writes in the same interval.
+__global__ void hazard_atomic(int* out, int fixed) {
+  __shared__ int hist[4];
+  const int t = threadIdx.x;
+  if (t < 4) hist[t] = 0;
+  if (fixed) __syncthreads();
+  atomicAdd(&hist[t % 4], 1);
+  __syncthreads();
+  if (t < 4) out[t] = hist[t];
+}
+
 // A refill by cp.async that another warp's read still needs: warp 0 copies src over its words
 // while warp 1 reads them before the barrier. Late landing (at the wait) hides it; early landing
 // (at issue) shows it; racecheck reports it either way.
@@ -228,8 +239,13 @@ std::vector<int> run(const std::string& name, int arg) {
     out.assign(96, 0);
     launch("cp_async_visibility", cp_async_visibility, dim3(1), dim3(32), 256 * sizeof(int), nullptr)(src.data(),
                                                                                                       out.data());
-  } else if (name == "hazard_raw" || name == "hazard_war" || name == "hazard_waw" || name == "hazard_warp") {
-    auto* fn = name == "hazard_raw" ? hazard_raw : name == "hazard_war" ? hazard_war : name == "hazard_waw" ? hazard_waw : hazard_warp;
+  } else if (name.rfind("hazard_", 0) == 0 && name != "hazard_cp_async") {  // arg: fixed
+    auto* fn = name == "hazard_raw"    ? hazard_raw
+               : name == "hazard_war"  ? hazard_war
+               : name == "hazard_waw"  ? hazard_waw
+               : name == "hazard_warp" ? hazard_warp
+               : name == "hazard_atomic" ? hazard_atomic
+                                       : throw std::invalid_argument("cudasim selftest: unknown test '" + name + "'");
     out.assign(64, -1);
     launch(name.c_str(), fn, dim3(1), dim3(64), 64 * sizeof(int), nullptr)(out.data(), arg);
   } else if (name == "hazard_cp_async") {  // arg: fixed
