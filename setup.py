@@ -31,7 +31,10 @@ SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"] if os.env
 CXX_FLAGS = ["-O3", "-fopenmp", "-std=c++20"] + SANITIZE
 # The emulator build: no FMA contraction (a device's __f*_rn intrinsics are single IEEE operations),
 # CUDA's "#pragma unroll" is not GCC's.
-CUDASIM_FLAGS = ["-O2", "-std=c++20", "-DSPECOPS_CUDASIM", "-ffp-contract=off", "-Wno-unknown-pragmas"] + SANITIZE
+# ThreadSanitizer's instrumentation without its runtime: csrc/cudasim/racecheck.cpp defines the
+# __tsan_* calls (a flag test when racecheck is off). ASan builds go without (the two exclude each other).
+RACECHECK = [] if SANITIZE else ["-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0"]
+CUDASIM_FLAGS = ["-O2", "-std=c++20", "-DSPECOPS_CUDASIM", "-ffp-contract=off", "-Wno-unknown-pragmas"] + SANITIZE + RACECHECK
 
 
 def _sources(*patterns):

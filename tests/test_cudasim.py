@@ -1,6 +1,10 @@
 """The CUDA emulation itself: warp collectives against their PTX definitions, barriers, shared memory,
-atomics, launch limits per arch, failures that raise instead of hanging; and every CUDA kernel giving
-the same answer whatever order the emulated threads run in (a data race shows up as a difference)."""
+atomics, launch limits per arch, failures that raise instead of hanging; racecheck catching each kind of
+planted shared-memory hazard; and every CUDA kernel free of hazards under racecheck and giving the same
+answer whatever order the emulated threads run in and whenever its cp.async copies land."""
+import pathlib
+import re
+
 import pytest
 import torch
 
@@ -23,6 +27,36 @@ def schedule():
 def arch():
     yield sim.set_arch
     sim.set_arch(90)
+
+
+def _racecheck_built():
+    was = sim.racecheck()
+    try:
+        sim.set_racecheck(True)
+    except RuntimeError:  # an ASan build (SPECOPS_SANITIZE=1) has no instrumentation
+        return False
+    sim.set_racecheck(was)
+    return True
+
+
+needs_racecheck = pytest.mark.skipif(sim is None or not _racecheck_built(),
+                                     reason="cudasim built without racecheck's instrumentation")
+
+
+@pytest.fixture
+def racecheck():
+    """Racecheck on for one test; as before afterwards."""
+    was = sim.racecheck()
+    sim.set_racecheck(True)
+    yield
+    sim.set_racecheck(was)
+
+
+@pytest.fixture
+def cp_async():
+    """Sets when cp.async copies land for one test; late (at the wait) again afterwards."""
+    yield sim.set_cp_async
+    sim.set_cp_async("late")
 
 
 # ---- the emulator's semantics ------------------------------------------------------------------------
@@ -131,10 +165,121 @@ def test_opt_in_shared_memory_per_arch(arch, device_arch, limit):
 
 
 def test_bad_controls_raise():
-    with pytest.raises(RuntimeError, match="schedule must be forward, reverse or shuffle"):
+    with pytest.raises(RuntimeError, match="schedule must be forward, reverse, shuffle or warp_ahead"):
         sim.set_schedule("sideways")
+    with pytest.raises(RuntimeError, match="cp.async landing must be late or early"):
+        sim.set_cp_async("never")
     with pytest.raises(RuntimeError, match="arch must be 80 or 90"):
         sim.set_arch(75)
+
+
+# ---- racecheck: planted hazards ---------------------------------------------------------------------
+
+SELFTEST = (pathlib.Path(__file__).parents[1] / "csrc" / "cudasim" / "selftest.cpp").read_text().splitlines()
+
+
+def line_of(text, after=None):
+    """The line number in selftest.cpp of the first line containing `text` (after the line containing `after`)."""
+    start = 0 if after is None else next(i for i, t in enumerate(SELFTEST) if after in t)
+    return next(i + 1 for i, t in enumerate(SELFTEST) if i >= start and text in t)
+
+
+def hazard_pattern(kind, kernel, where, now, now_line, before, before_line):
+    names = {"RAW": "read-after-write", "WAR": "write-after-read", "WAW": "write-after-write"}
+    return (rf"cudasim racecheck: {names[kind]} \({kind}\) hazard in {kernel} block \(0, 0, 0\).* on {where}: "
+            rf"thread \d+ \(warp \d, lane \d+\) {now} it at selftest.cpp:{now_line}\b.* after "
+            rf"thread \d+ \(warp \d, lane \d+\) {before} it at selftest.cpp:{before_line}\b")
+
+
+PLANTED = {  # name: (kind, shared memory, what the thread that trips it did, line; what the earlier thread did, line)
+    "hazard_raw": ("RAW", r"extern __shared__ \+ \d+", "read", ("out[t] = s[t - 32]", "hazard_raw("),
+                   "wrote", ("s[t] = t + 1", "hazard_raw(")),
+    "hazard_war": ("WAR", r"extern __shared__ \+ \d+", "wrote", ("if (t >= 32) s[t] = t;", "hazard_war("),
+                   "read", ("out[t] = s[t + 32]", "hazard_war(")),
+    "hazard_waw": ("WAW", r"static __shared__ s \(in hazard_waw\) \+ \d+", "wrote", ("s[t - 32] = t", "hazard_waw("),
+                   "wrote", ("if (t < 32) s[t] = t;", "hazard_waw(")),
+    "hazard_atomic": ("WAW", r"static __shared__ hist \(in hazard_atomic\) \+ \d+", r"wrote \(atomically\)",
+                      ("atomicAdd(&hist", "hazard_atomic("), "wrote", ("if (t < 4) hist[t] = 0;", "hazard_atomic(")),
+    "hazard_warp": ("WAR", r"static __shared__ s \(in hazard_warp\) \+ \d+", "wrote", ("if (t < 32) s[t] = t;", "hazard_warp("),
+                    "read", ("out[t] = s[(t + 1) % 32]", "hazard_warp(")),
+}
+
+
+@needs_racecheck
+@pytest.mark.parametrize("name", list(PLANTED))
+def test_racecheck_reports_each_planted_hazard_with_both_source_lines(racecheck, name):
+    kind, where, now, now_at, before, before_at = PLANTED[name]
+    pattern = hazard_pattern(kind, name, where, now, line_of(*now_at), before, line_of(*before_at))
+    with pytest.raises(RuntimeError, match=pattern):
+        sim.selftest(name, 0)
+
+
+@needs_racecheck
+@pytest.mark.parametrize("name", list(PLANTED))
+def test_racecheck_accepts_the_planted_kernels_with_their_barrier(racecheck, name):
+    out = sim.selftest(name, 1)  # a __syncthreads (a __syncwarp within one warp) between the accesses
+    if name == "hazard_raw":
+        assert out[32:] == list(range(1, 33))
+    elif name == "hazard_waw":
+        assert out == list(range(32, 64)) * 2
+    elif name == "hazard_warp":
+        assert out[:32] == [(t + 1) % 32 for t in range(32)]
+    elif name == "hazard_atomic":
+        assert out[:4] == [16] * 4
+
+
+@needs_racecheck
+def test_racecheck_accepts_atomics_of_many_threads(racecheck):
+    test_static_shared_memory_barriers_and_shared_atomics()
+
+
+def test_without_racecheck_the_planted_hazards_run():
+    was = sim.racecheck()
+    sim.set_racecheck(False)
+    try:
+        assert sim.selftest("hazard_raw", 0)[32:] == list(range(1, 33))  # the forward order hides it
+    finally:
+        sim.set_racecheck(was)
+
+
+@needs_racecheck
+def test_racecheck_reports_ldmatrix_rows_other_lanes_wrote_without_a_barrier(racecheck):
+    # lane 0 reads its row by ldmatrix before lane 1 (running next) writes into it
+    pattern = (r"write-after-read \(WAR\) hazard in mma_16x16x16 .* on extern __shared__ \+ \d+: thread 1 "
+               rf".* wrote it at selftest.cpp:{line_of('as[r * LD + c] = T(a[e])')}\b.* after thread 0 .* read it at "
+               rf"selftest.cpp:{line_of('ldsm_x4(af', 'mma_16x16x16(')}\b")
+    with pytest.raises(RuntimeError, match=pattern):
+        sim.selftest("mma_nosync", 0)
+    sim.selftest("mma", 0)  # with the barrier
+
+
+@needs_racecheck
+def test_cp_async_refill_under_a_read_shows_early_and_is_reported(cp_async, racecheck):
+    """Warp 0 refills its words by cp.async while warp 1 still reads them: landing at the wait hides
+    the bug, landing at issue shows it, racecheck reports it whenever the copy lands."""
+    old = list(range(32))
+    src = [1000 + t for t in range(32)]
+    sim.set_racecheck(False)
+    assert sim.selftest("hazard_cp_async", 0)[32:64] == old  # late: the read still sees the old words
+    cp_async("early")
+    assert sim.selftest("hazard_cp_async", 0)[32:64] == src  # early: the refill is visible
+    sim.set_racecheck(True)
+    issue = line_of("cp_async16(s + t, src + t, true)", "hazard_cp_async(")
+    read = line_of("old = s[t - 32];  // the refill", "hazard_cp_async(")
+    for landing in ("early", "late"):
+        cp_async(landing)
+        with pytest.raises(RuntimeError, match=hazard_pattern("RAW", "hazard_cp_async", r"extern __shared__ \+ \d+",
+                                                              "read", read, "wrote", issue)):
+            sim.selftest("hazard_cp_async", 0)
+        out = sim.selftest("hazard_cp_async", 1)  # the reads before a barrier, then the refill
+        assert out[32:64] == old and out[64:96] == src
+
+
+@needs_racecheck
+def test_warp_ahead_lets_one_warp_reach_the_barrier_first(schedule, racecheck):
+    schedule("warp_ahead", 1)  # warp 1 runs to its exit before warp 0 starts: the read comes first
+    with pytest.raises(RuntimeError, match=r"write-after-read \(WAR\) hazard in hazard_raw"):
+        sim.selftest("hazard_raw", 0)
 
 
 def test_the_backend_is_test_only():
@@ -144,9 +289,10 @@ def test_the_backend_is_test_only():
     assert "cudasim" not in specops.backend.PREFERENCE["cpu"]
 
 
-# ---- every kernel, every thread order ----------------------------------------------------------------
+# ---- every kernel, every thread order, both cp.async landings, racecheck -------------------------------
 
-ORDERS = [("reverse", 0), ("shuffle", 1), ("shuffle", 2)]
+# warp_ahead: warp 0, then the last warp of a 4-warp block, runs to each barrier before the others start.
+ORDERS = [("reverse", 0), ("shuffle", 1), ("shuffle", 2), ("warp_ahead", 0), ("warp_ahead", 3)]
 
 
 def i32(x):
@@ -161,10 +307,14 @@ def op_cases():
     nn = i32([37, 20, 1])
     cases["build_tree_mask"] = lambda: specops.build_tree_mask(parents, nn, backend="cudasim")
     q = torch.randn(2, 9, 6, 40, generator=g)
-    k, v = torch.randn(2, 2, 80, 40, generator=g), torch.randn(2, 2, 80, 40, generator=g)
+    # a cache long enough to split the keys over blocks (combine_kernel)
+    k, v = torch.randn(2, 2, 300, 40, generator=g), torch.randn(2, 2, 300, 40, generator=g)
     mask, _ = specops.build_tree_mask(random_parents(2, 9, generator=g))
-    cases["tree_attention"] = lambda: specops.tree_attention(q, k, v, i32([50, 61]), i32([9, 5]), mask,
+    cases["tree_attention"] = lambda: specops.tree_attention(q, k, v, i32([250, 61]), i32([9, 5]), mask,
                                                              backend="cudasim")
+    qh, kh, vh = (x.to(torch.bfloat16) for x in (q, k, v))  # the tensor-core kernel, its cp.async tiles
+    cases["tree_attention_tc"] = lambda: specops.tree_attention(qh, kh, vh, i32([250, 61]), i32([9, 5]), mask,
+                                                                backend="cudasim")
 
     def compact():
         kk = torch.randn(2, 3, 2, 40, 24, generator=torch.Generator().manual_seed(1))
@@ -175,6 +325,8 @@ def op_cases():
     cases["kv_compact"] = compact
     logits = torch.randn(5, 3001, generator=g)
     cases["warp_probs"] = lambda: specops.warp_probs(logits, 0.8, 40, 0.9, backend="cudasim")
+    wide = torch.randn(1, 32768, generator=g)  # one row this wide is split over blocks (warp_probs_*_kernel)
+    cases["warp_probs_split"] = lambda: specops.warp_probs(wide, 0.8, 40, 0.9, backend="cudasim")
     ps, cl = torch.randn(2, 3, generator=g), torch.randn(2, 3, 700, generator=g).log_softmax(-1)
     cases["topn_expand"] = lambda: specops.topn_expand(ps, cl, 11, backend="cudasim")
     scores = torch.randn(2, 37, generator=g)
@@ -182,6 +334,11 @@ def op_cases():
     c = random_verify_case(2, 23, 601, generator=g)
     cases["verify_greedy"] = lambda: specops.verify_greedy(c["tokens"], c["parents"], c["target_logits"],
                                                            c["num_nodes"], backend="cudasim")
+    tokens = torch.randint(0, 601, (2, 5), generator=g, dtype=torch.int32)
+    lp = torch.randn(2, 6, 601, generator=g).log_softmax(-1)
+    lq = -torch.rand(2, 5, generator=g).cumsum(-1)
+    uj = torch.rand(2, generator=g)
+    cases["verify_joint"] = lambda: specops.verify_joint(tokens, lp, lq, 0.3, uj, backend="cudasim")
     for mode in specops.ops.verify.MODES:
         cases[f"verify_tree[{mode}]"] = (lambda m: lambda: specops.verify_tree(
             c["tokens"], c["parents"], c["target_probs"], c["uniforms"], draft_probs=c["draft_probs"], mode=m,
@@ -198,5 +355,32 @@ def test_result_does_not_depend_on_the_thread_order(schedule, name):
     for order, seed in ORDERS:
         schedule(order, seed)
         got = CASES[name]()
-        for w, o in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
+        for w, o in zip(outputs(want), outputs(got)):
             assert torch.equal(w, o), f"{name}: {order}/{seed} differs from the forward order"
+
+
+def outputs(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+@needs_racecheck
+def test_every_kernel_is_hazard_free_under_racecheck_and_early_cp_async(cp_async):
+    """Every CUDA kernel once under racecheck, with copies landing late and early: no hazard, and the
+    results of the plain forward run. The launches cover every __global__ function in csrc/cuda/."""
+    want = {name: case() for name, case in CASES.items()}
+    was = sim.racecheck()
+    sim.set_racecheck(True)
+    try:
+        for landing in ("late", "early"):
+            cp_async(landing)
+            for name, case in CASES.items():
+                for w, o in zip(outputs(want[name]), outputs(case())):
+                    assert torch.equal(w, o), f"{name}: differs under racecheck, cp.async landing {landing}"
+    finally:
+        sim.set_racecheck(was)
+    sources = pathlib.Path(__file__).parents[1] / "csrc" / "cuda"
+    kernels = set()
+    for f in list(sources.glob("*.cu")) + list(sources.glob("*.cuh")):
+        kernels |= set(re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)", f.read_text()))
+    missing = kernels - set(sim.racechecked())
+    assert len(kernels) >= 16 and not missing, missing

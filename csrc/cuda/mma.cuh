@@ -106,17 +106,20 @@ inline void mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[
   ::cudasim::detail::warp_exchange("mma.sync.m16n8k16", sim::mma_all<T>, &in, d, file, line);
 }
 
+// Each lane's row is recorded as its read for racecheck: the exchange reads it on the last lane.
 inline void ldsm_x4(uint32_t (&r)[4], const void* row, CUDASIM_SITE) {
+  ::cudasim::detail::rc_note(row, 16, 0, file, line);
   ::cudasim::detail::warp_exchange("ldmatrix.x4", sim::ldsm_all<false>, &row, r, file, line);
 }
 
 inline void ldsm_x4_trans(uint32_t (&r)[4], const void* row, CUDASIM_SITE) {
+  ::cudasim::detail::rc_note(row, 16, 0, file, line);
   ::cudasim::detail::warp_exchange("ldmatrix.x4.trans", sim::ldsm_all<true>, &row, r, file, line);
 }
 
 // 16 bytes from global to shared memory, or 16 zero bytes when !valid (src is not read).
-inline void cp_async16(void* smem, const void* src, bool valid) {
-  ::cudasim::detail::cp_async(smem, src, 16, valid ? 16 : 0);
+inline void cp_async16(void* smem, const void* src, bool valid, CUDASIM_SITE) {
+  ::cudasim::detail::cp_async(smem, src, 16, valid ? 16 : 0, file, line);
 }
 inline void cp_async_commit() { ::cudasim::detail::cp_async_commit(); }
 template <int N>

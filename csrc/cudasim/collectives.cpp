@@ -72,6 +72,7 @@ void collective_all(const void* const* ins, void* const* outs) {
 
 uint64_t warp_collective(Collective op, uint64_t value, int arg, int width, unsigned mask, const char* file,
                          int line) {
+  const RuntimeScope runtime;
   TORCH_CHECK(mask == 0xffffffffu, "cudasim: ", op_name(op), " at ", site(file, line), " in ", block_name(),
               " uses mask 0x", std::hex, mask, std::dec, "; the emulator supports full-warp masks only");
   TORCH_CHECK(width >= 1 && width <= 32 && (width & (width - 1)) == 0, "cudasim: ", op_name(op), " at ",

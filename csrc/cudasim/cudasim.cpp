@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -28,6 +29,8 @@
 // ---- runtime API -----------------------------------------------------------------------------------
 
 namespace cudasim {
+
+void read_environment();  // SPECOPS_CUDASIM_* (below)
 namespace {
 
 struct Device {
@@ -45,9 +48,11 @@ Device g_device = kH100;
 std::mutex g_mutex;                         // one launch (or attribute change) at a time
 std::map<const void*, int> g_max_dyn_smem;  // cudaFuncAttributeMaxDynamicSharedMemorySize per kernel
 
-enum class Order { kForward, kReverse, kShuffle };
+enum class Order { kForward, kReverse, kShuffle, kWarpAhead };
 Order g_order = Order::kForward;
 uint64_t g_seed = 0;
+bool g_cp_async_early = false;  // cp.async lands at issue, not at the wait
+std::string g_removed_barrier;  // "file:line" of a __syncthreads that does nothing (the mutation run)
 
 struct Stats {
   uint64_t launches = 0, blocks = 0, threads = 0, switches = 0, barriers = 0, collectives = 0;
@@ -67,7 +72,6 @@ namespace {
 enum class State { kRunnable, kAtBarrier, kAtCollective, kDone };
 
 struct Thread : ThreadView {
-  int linear = 0;
   State state = State::kRunnable;
   const char* file = nullptr;  // where it waits
   int line = 0;
@@ -80,6 +84,7 @@ struct Thread : ThreadView {
     unsigned char* dst;
     unsigned char data[16];
     int bytes;
+    uint64_t site;  // racecheck's id of the cp.async call
   };
   std::vector<std::vector<Copy>> groups;  // groups[0] oldest; the last is the open (uncommitted) one
   void* sp = nullptr;  // saved stack pointer while switched out
@@ -200,7 +205,9 @@ extern "C" void cudasim_fiber_main(Thread* t) {
   __sanitizer_finish_switch_fiber(nullptr, &b.main_stack_lo, &b.main_stack_size);
 #endif
   try {
+    rc::resume_kernel();
     b.entry(b.ctx);
+    rc_track = false;
     cp_async_commit();  // a device completes what was issued, waited for or not
     cp_async_wait(0);
   } catch (...) {
@@ -234,7 +241,7 @@ void init_fiber(Thread& t, unsigned char* stack_lo) {
 std::vector<int> pass_order(int n, uint64_t pass) {
   std::vector<int> order(n);
   for (int i = 0; i < n; ++i) order[i] = i;
-  if (g_order == Order::kReverse) {
+  if (g_order == Order::kReverse) {  // kWarpAhead: the lead warp ran first, then forward
     std::reverse(order.begin(), order.end());
   } else if (g_order == Order::kShuffle) {
     std::mt19937_64 rng(g_seed ^ (pass * 0x9E3779B97F4A7C15ull) ^
@@ -260,14 +267,29 @@ void run_block(Block& b) {
   // Shared memory is undefined at block start: 0xFF bytes read as NaN floats and -1 integers, so
   // a kernel that reads before it writes shows it.
   if (b.cfg->smem) std::memset(dynamic_smem, 0xFF, b.cfg->smem);
+  rc::block_begin(n);
+  auto run = [&](Thread& t) {
+    switch_to_thread(b, t);
+    if (b.error) std::rethrow_exception(b.error);
+    TORCH_CHECK(!rc::found(), rc::report());
+  };
+  const int lead = g_order == Order::kWarpAhead ? static_cast<int>(g_seed % b.warps.size()) : -1;
   for (uint64_t pass = 0;; ++pass) {
     bool ran = false;
+    // The lead warp runs as far as barriers let it before any other thread starts.
+    for (bool again = lead >= 0; again;) {
+      again = false;
+      for (int i = lead * 32; i < std::min(n, lead * 32 + 32); ++i) {
+        if (b.threads[i].state != State::kRunnable) continue;
+        run(b.threads[i]);
+        ran = again = true;
+      }
+    }
     for (int i : pass_order(n, pass)) {
       Thread& t = b.threads[i];
       if (t.state != State::kRunnable) continue;
-      switch_to_thread(b, t);
+      run(t);
       ran = true;
-      if (b.error) std::rethrow_exception(b.error);
     }
     if (ran) continue;
     // Nobody can run: every live thread waits at a barrier (release it if they all wait at the
@@ -288,6 +310,13 @@ void run_block(Block& b) {
       ++g_stats.barriers;
       for (Thread& t : b.threads)
         if (t.state == State::kAtBarrier) t.state = State::kRunnable;
+      if (rc::active()) {
+        // A new interval. A cp.async not yet waited for may land in it: it writes its bytes again.
+        rc::barrier();
+        for (const Thread& t : b.threads)
+          for (const auto& group : t.groups)
+            for (const auto& c : group) rc::note(c.dst, c.bytes, 1, t.linear, c.site);
+      }
       continue;
     }
     const bool divergent = at_barrier == live;
@@ -313,6 +342,8 @@ std::string block_state() { return describe(*g_block); }
 
 
 void syncthreads(const char* file, int line) {
+  const RuntimeScope runtime;
+  if (!g_removed_barrier.empty() && g_removed_barrier == site(file, line)) return;  // as if deleted
   Block& b = *g_block;
   auto& t = static_cast<Thread&>(*current);
   t.state = State::kAtBarrier;
@@ -322,6 +353,7 @@ void syncthreads(const char* file, int line) {
 }
 
 void warp_exchange(const char* what, ExchangeFn compute, const void* in, void* out, const char* file, int line) {
+  const RuntimeScope runtime;
   Block& b = *g_block;
   auto& t = static_cast<Thread&>(*current);
   const int warp_id = t.linear / 32;
@@ -358,35 +390,46 @@ void warp_exchange(const char* what, ExchangeFn compute, const void* in, void* o
   }
   w.arrived = 0;
   for (int l = 0; l < 32; ++l) lanes[l].state = State::kRunnable;
+  // Every lane reached it before any goes on, and a warp's shared-memory accesses are performed in
+  // order: racecheck orders the lanes' accesses across it (docs/cudasim.md says what that misses).
+  rc::warp_synced(warp_id);
   compute(ins, outs);
 }
 
-void cp_async(void* smem_dst, const void* src, int bytes, int src_bytes) {
+void cp_async(void* smem_dst, const void* src, int bytes, int src_bytes, const char* file, int line) {
+  const RuntimeScope runtime;
   auto& t = static_cast<Thread&>(*current);
   TORCH_CHECK(bytes == 4 || bytes == 8 || bytes == 16, "cudasim: cp.async copies 4, 8 or 16 bytes, got ", bytes);
   TORCH_CHECK(reinterpret_cast<uintptr_t>(smem_dst) % bytes == 0 && (src_bytes == 0 || reinterpret_cast<uintptr_t>(src) % bytes == 0),
               "cudasim: cp.async of ", bytes, " bytes needs ", bytes, "-byte aligned addresses");
   if (t.groups.empty()) t.groups.emplace_back();
-  Thread::Copy c{static_cast<unsigned char*>(smem_dst), {}, bytes};
+  Thread::Copy c{static_cast<unsigned char*>(smem_dst), {}, bytes, 0};
   // src_bytes < bytes zero-fills the rest (src_bytes = 0: no read at all, e.g. a row past the end)
   if (src_bytes > 0) std::memcpy(c.data, src, static_cast<size_t>(std::min(src_bytes, bytes)));
+  if (g_cp_async_early) std::memcpy(c.dst, c.data, static_cast<size_t>(bytes));
+  if (rc::active()) {  // the copy may land any time until its wait: a write from now on
+    c.site = rc::site(file, line);
+    rc::note(c.dst, bytes, 1, t.linear, c.site);
+  }
   t.groups.back().push_back(c);
 }
 
 void cp_async_commit() {
+  const RuntimeScope runtime;
   auto& t = static_cast<Thread&>(*current);
   if (t.groups.empty()) t.groups.emplace_back();
   t.groups.emplace_back();  // the committed group stays, a new open one starts
 }
 
 void cp_async_wait(int keep_groups) {
+  const RuntimeScope runtime;
   auto& t = static_cast<Thread&>(*current);
   if (t.groups.empty()) return;
   // Committed groups are all but the last (the open one, which wait_group does not cover):
   // complete the oldest until at most keep_groups committed groups remain pending.
   const int committed = static_cast<int>(t.groups.size()) - 1;
   const int done = std::max(committed - keep_groups, 0);
-  for (int gi = 0; gi < done; ++gi)
+  for (int gi = 0; gi < done && !g_cp_async_early; ++gi)
     for (const auto& c : t.groups[gi]) std::memcpy(c.dst, c.data, static_cast<size_t>(c.bytes));
   t.groups.erase(t.groups.begin(), t.groups.begin() + done);
   if (t.groups.empty()) t.groups.emplace_back();
@@ -400,6 +443,8 @@ cudaError_t set_max_dynamic_smem(const void* fn, int bytes) {
 }
 
 void run_grid(const LaunchConfig& cfg, void (*entry)(void*), void* ctx) {
+  static const bool environment_read = (read_environment(), true);
+  (void)environment_read;
   std::lock_guard<std::mutex> lock(g_mutex);
   const dim3 g = cfg.grid, t = cfg.block;
   const uint64_t threads = static_cast<uint64_t>(t.x) * t.y * t.z;
@@ -432,8 +477,10 @@ void run_grid(const LaunchConfig& cfg, void (*entry)(void*), void* ctx) {
   grid_dim = g;
   dynamic_smem = cfg.smem ? smem : nullptr;
   g_block = &b;
+  rc::launch_begin(cfg.fn, dynamic_smem, cfg.smem);
   struct Reset {
     ~Reset() {
+      rc::launch_end();
       g_block = nullptr;
       current = nullptr;
       dynamic_smem = nullptr;
@@ -458,7 +505,8 @@ void set_schedule(const std::string& order, uint64_t seed) {
   if (order == "forward") g_order = Order::kForward;
   else if (order == "reverse") g_order = Order::kReverse;
   else if (order == "shuffle") g_order = Order::kShuffle;
-  else TORCH_CHECK(false, "cudasim: schedule must be forward, reverse or shuffle, got '", order, "'");
+  else if (order == "warp_ahead") g_order = Order::kWarpAhead;
+  else TORCH_CHECK(false, "cudasim: schedule must be forward, reverse, shuffle or warp_ahead, got '", order, "'");
   g_seed = seed;
 }
 
@@ -470,6 +518,37 @@ void set_arch(int arch) {
 }
 
 int arch() { return g_device.arch; }
+
+void set_racecheck(bool on) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  detail::rc::set_enabled(on);
+}
+
+bool racecheck() { return detail::rc::enabled(); }
+
+void set_cp_async(const std::string& landing) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  TORCH_CHECK(landing == "late" || landing == "early", "cudasim: cp.async landing must be late or early, got '",
+              landing, "'");
+  g_cp_async_early = landing == "early";
+}
+
+void remove_barrier(const std::string& site) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_removed_barrier = site;
+}
+
+std::vector<std::string> racechecked() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return detail::rc::checked_kernels();
+}
+
+// The controls' environment variables, for runs that cannot call them (the mutation run's pytest).
+void read_environment() {
+  if (const char* v = std::getenv("SPECOPS_CUDASIM_RACECHECK")) set_racecheck(std::string(v) == "1");
+  if (const char* v = std::getenv("SPECOPS_CUDASIM_CP_ASYNC")) set_cp_async(v);
+  if (const char* v = std::getenv("SPECOPS_CUDASIM_REMOVE_BARRIER")) remove_barrier(v);
+}
 
 std::map<std::string, uint64_t> stats() {
   return {{"launches", g_stats.launches}, {"blocks", g_stats.blocks}, {"threads", g_stats.threads},

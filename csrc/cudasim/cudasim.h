@@ -69,6 +69,7 @@ namespace detail {
 // The part of an emulated thread that kernel code reads (threadIdx); the runtime's Thread extends it.
 struct ThreadView {
   uint3 tid;
+  int linear = 0;  // x fastest, then y, then z
 };
 
 extern ThreadView* current;  // the running thread
@@ -89,10 +90,18 @@ uint64_t warp_collective(Collective op, uint64_t value, int arg, int width, unsi
 using ExchangeFn = void (*)(const void* const* ins, void* const* outs);
 void warp_exchange(const char* what, ExchangeFn compute, const void* in, void* out, const char* file, int line);
 
-// cp.async emulation: the 16 bytes are read at issue time and land in shared memory only when the
-// issuing thread waits for their group (cp.async.wait_group), so a kernel that reads a tile before
-// waiting for it reads the old contents there, as it may on a device.
-void cp_async(void* smem_dst, const void* src, int bytes, int src_bytes);
+// Racecheck (csrc/cudasim/racecheck.cpp): true while a racecheck launch runs kernel code, so the
+// access hooks record; false in the runtime, and always false when racecheck is off.
+extern bool rc_track;
+// An access the hooks cannot see (ldmatrix rows, read by the warp's exchange; atomics), at its
+// source line. kind: 0 read, 1 write, 2 atomic read-modify-write.
+void rc_note(const void* p, int bytes, int kind, const char* file, int line);
+
+// cp.async emulation: the bytes are read at issue time and land in shared memory when the issuing
+// thread waits for their group (cp.async.wait_group; the latest a device may), so a kernel that
+// reads a tile before waiting for it reads the old contents there, as it may on a device; or at
+// issue (set_cp_async("early"), the earliest).
+void cp_async(void* smem_dst, const void* src, int bytes, int src_bytes, const char* file, int line);
 void cp_async_commit();
 void cp_async_wait(int keep_groups);
 void syncthreads(const char* file, int line);
@@ -171,8 +180,9 @@ cudaError_t cudaFuncSetAttribute(void (*fn)(P...), cudaFuncAttribute attr, int v
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 // One copy per kernel instantiation, shared by the block's fibers (blocks run one at a time).
+// Racecheck finds these among the module's writable static storage (racecheck.cpp).
 #define __shared__ static
 
 #define threadIdx (::cudasim::detail::current->tid)
@@ -268,32 +278,41 @@ inline std::common_type_t<A, B> max(A a, B b) {
 }
 
 // Atomics: fibers never preempt each other between a load and a store, so a read-modify-write is
-// atomic. Returns the old value, as on a device.
+// atomic. Returns the old value, as on a device. Racecheck records it as an atomic access: atomics do
+// not race with each other, only with plain accesses.
 template <class T, class F>
-inline T atomic_rmw(T* addr, F next) {
+inline T atomic_rmw(T* addr, F next, const char* file, int line) {
+  cudasim::detail::rc_note(addr, sizeof(T), 2, file, line);
+  const bool track = cudasim::detail::rc_track;
+  cudasim::detail::rc_track = false;
+  asm volatile("" ::: "memory");  // keeps the store above: the instrumentation's calls come later
   const T old = *addr;
   *addr = next(old);
+  asm volatile("" ::: "memory");
+  cudasim::detail::rc_track = track;
   return old;
 }
 template <class T, class U>
-inline T atomicAdd(T* addr, U v) {
-  return atomic_rmw(addr, [&](T o) { return static_cast<T>(o + static_cast<T>(v)); });
+inline T atomicAdd(T* addr, U v, CUDASIM_SITE) {
+  return atomic_rmw(addr, [&](T o) { return static_cast<T>(o + static_cast<T>(v)); }, file, line);
 }
 template <class T, class U>
-inline T atomicSub(T* addr, U v) {
-  return atomic_rmw(addr, [&](T o) { return static_cast<T>(o - static_cast<T>(v)); });
+inline T atomicSub(T* addr, U v, CUDASIM_SITE) {
+  return atomic_rmw(addr, [&](T o) { return static_cast<T>(o - static_cast<T>(v)); }, file, line);
 }
 template <class T, class U>
-inline T atomicMax(T* addr, U v) {
-  return atomic_rmw(addr, [&](T o) { return o < static_cast<T>(v) ? static_cast<T>(v) : o; });
+inline T atomicMax(T* addr, U v, CUDASIM_SITE) {
+  return atomic_rmw(addr, [&](T o) { return o < static_cast<T>(v) ? static_cast<T>(v) : o; }, file, line);
 }
 template <class T, class U>
-inline T atomicMin(T* addr, U v) {
-  return atomic_rmw(addr, [&](T o) { return static_cast<T>(v) < o ? static_cast<T>(v) : o; });
+inline T atomicMin(T* addr, U v, CUDASIM_SITE) {
+  return atomic_rmw(addr, [&](T o) { return static_cast<T>(v) < o ? static_cast<T>(v) : o; }, file, line);
 }
 template <class T, class U>
-inline T atomicExch(T* addr, U v) { return atomic_rmw(addr, [&](T) { return static_cast<T>(v); }); }
+inline T atomicExch(T* addr, U v, CUDASIM_SITE) {
+  return atomic_rmw(addr, [&](T) { return static_cast<T>(v); }, file, line);
+}
 template <class T, class U, class W>
-inline T atomicCAS(T* addr, U compare, W v) {
-  return atomic_rmw(addr, [&](T o) { return o == static_cast<T>(compare) ? static_cast<T>(v) : o; });
+inline T atomicCAS(T* addr, U compare, W v, CUDASIM_SITE) {
+  return atomic_rmw(addr, [&](T o) { return o == static_cast<T>(compare) ? static_cast<T>(v) : o; }, file, line);
 }

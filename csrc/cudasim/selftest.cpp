@@ -79,7 +79,7 @@ __global__ void empty_kernel(int* out) {
 // D = A B (16 x 16 x 16, bf16 in, fp32 out) through ldmatrix + mma.sync, twice: B^T staged
 // row-major and read with ldmatrix (as K in attention), and B staged row-major and read with
 // ldmatrix.trans (as V). out: [2][16][16] row-major.
-__global__ void mma_16x16x16(const float* a, const float* b, int* out) {
+__global__ void mma_16x16x16(const float* a, const float* b, int* out, int sync) {
   using T = c10::BFloat16;
   constexpr int LD = 24;  // 16 + 8: rows 48 bytes apart, 16-byte aligned
   T* as = reinterpret_cast<T*>(detail::dynamic_smem);  // [16][LD]
@@ -92,7 +92,7 @@ __global__ void mma_16x16x16(const float* a, const float* b, int* out) {
     bt[c * LD + r] = T(b[e]);  // b is [k][n]
     bs[r * LD + c] = T(b[e]);
   }
-  __syncthreads();
+  if (sync) __syncthreads();  // without it, ldmatrix reads rows other lanes wrote: a hazard
   uint32_t af[4], kf[4], vf[4];
   specops::tc::ldsm_x4(af, as + (lane % 16) * LD + (lane / 16) * 8);
   specops::tc::ldsm_x4(kf, bt + ((lane / 16) * 8 + lane % 8) * LD + ((lane / 8) % 2) * 8);
@@ -124,6 +124,78 @@ __global__ void cp_async_visibility(const int* src, int* out) {
   out[64 + t] = s[128 + 4 * t];
 }
 
+// ---- planted hazards for racecheck: 64 threads (two warps); fixed = 1 puts in the missing barrier ----
+
+// RAW: warp 1 reads the words warp 0 wrote (dynamic shared memory).
+__global__ void hazard_raw(int* out, int fixed) {
+  int* s = reinterpret_cast<int*>(detail::dynamic_smem);
+  const int t = threadIdx.x;
+  if (t < 32) s[t] = t + 1;
+  if (fixed) __syncthreads();
+  if (t >= 32) out[t] = s[t - 32];
+}
+
+// WAR: warp 1 overwrites the words warp 0 reads.
+__global__ void hazard_war(int* out, int fixed) {
+  int* s = reinterpret_cast<int*>(detail::dynamic_smem);
+  const int t = threadIdx.x;
+  if (t < 32) out[t] = s[t + 32];
+  if (fixed) __syncthreads();
+  if (t >= 32) s[t] = t;
+}
+
+// WAW: both warps write the same words of a static __shared__ array.
+__global__ void hazard_waw(int* out, int fixed) {
+  __shared__ int s[32];
+  const int t = threadIdx.x;
+  if (t < 32) s[t] = t;
+  if (fixed) __syncthreads();
+  if (t >= 32) s[t - 32] = t;
+  __syncthreads();
+  out[t] = s[t % 32];
+}
+
+// Within one warp: each lane reads its neighbour's word; only __syncwarp orders the lanes.
+__global__ void hazard_warp(int* out, int fixed) {
+  __shared__ int s[32];
+  const int t = threadIdx.x;
+  if (t < 32) s[t] = t;
+  if (fixed) __syncwarp();
+  if (t < 32) out[t] = s[(t + 1) % 32];
+}
+
+// Atomic counters another thread zeroes with plain writes in the same interval.
+__global__ void hazard_atomic(int* out, int fixed) {
+  __shared__ int hist[4];
+  const int t = threadIdx.x;
+  if (t < 4) hist[t] = 0;
+  if (fixed) __syncthreads();
+  atomicAdd(&hist[t % 4], 1);
+  __syncthreads();
+  if (t < 4) out[t] = hist[t];
+}
+
+// A refill by cp.async that another warp's read still needs: warp 0 copies src over its words
+// while warp 1 reads them before the barrier. Late landing (at the wait) hides it; early landing
+// (at issue) shows it; racecheck reports it either way.
+__global__ void hazard_cp_async(const int* src, int* out, int fixed) {
+  int* s = reinterpret_cast<int*>(detail::dynamic_smem);
+  const int t = threadIdx.x;
+  s[t] = t;
+  __syncthreads();
+  int old = -1;
+  if (fixed && t >= 32) old = s[t - 32];
+  __syncthreads();  // (the fixed kernel's reads are done here)
+  if (t < 32 && t % 4 == 0) specops::tc::cp_async16(s + t, src + t, true);
+  specops::tc::cp_async_commit();
+  if (!fixed && t >= 32) old = s[t - 32];  // the refill may land under this read
+  __syncthreads();
+  specops::tc::cp_async_wait<0>();
+  __syncthreads();
+  out[t] = old;
+  out[64 + t] = s[t];
+}
+
 }  // namespace
 
 // Runs one named self-test; returns what its kernel wrote. Raises (c10::Error) where the emulator
@@ -148,14 +220,15 @@ std::vector<int> run(const std::string& name, int arg) {
   } else if (name == "uninitialised_smem") {
     out.assign(32, 0);
     launch("uninitialised_smem", uninitialised_smem, dim3(1), dim3(32), 32 * sizeof(int), nullptr)(out.data());
-  } else if (name == "mma") {  // arg seeds the integer-valued A and B
+  } else if (name == "mma" || name == "mma_nosync") {  // arg seeds the integer-valued A and B
     std::vector<float> a(256), b(256);
     for (int e = 0; e < 256; ++e) {
       a[e] = static_cast<float>((e * 7 + arg) % 9 - 4);
       b[e] = static_cast<float>((e * 5 + 3 * arg) % 7 - 3);
     }
     out.assign(2 * 256 + 512, 0);  // results, then A and B as ints for the caller's check
-    launch("mma_16x16x16", mma_16x16x16, dim3(1), dim3(32), 3 * 16 * 24 * 2, nullptr)(a.data(), b.data(), out.data());
+    launch("mma_16x16x16", mma_16x16x16, dim3(1), dim3(32), 3 * 16 * 24 * 2, nullptr)(a.data(), b.data(), out.data(),
+                                                                                   name == "mma" ? 1 : 0);
     for (int e = 0; e < 256; ++e) {
       out[512 + e] = static_cast<int>(a[e]);
       out[768 + e] = static_cast<int>(b[e]);
@@ -166,6 +239,21 @@ std::vector<int> run(const std::string& name, int arg) {
     out.assign(96, 0);
     launch("cp_async_visibility", cp_async_visibility, dim3(1), dim3(32), 256 * sizeof(int), nullptr)(src.data(),
                                                                                                       out.data());
+  } else if (name.rfind("hazard_", 0) == 0 && name != "hazard_cp_async") {  // arg: fixed
+    auto* fn = name == "hazard_raw"    ? hazard_raw
+               : name == "hazard_war"  ? hazard_war
+               : name == "hazard_waw"  ? hazard_waw
+               : name == "hazard_warp" ? hazard_warp
+               : name == "hazard_atomic" ? hazard_atomic
+                                       : throw std::invalid_argument("cudasim selftest: unknown test '" + name + "'");
+    out.assign(64, -1);
+    launch(name.c_str(), fn, dim3(1), dim3(64), 64 * sizeof(int), nullptr)(out.data(), arg);
+  } else if (name == "hazard_cp_async") {  // arg: fixed
+    std::vector<int> src(64);
+    for (int e = 0; e < 64; ++e) src[e] = 1000 + e;
+    out.assign(128, 0);
+    launch("hazard_cp_async", hazard_cp_async, dim3(1), dim3(64), 64 * sizeof(int), nullptr)(src.data(), out.data(),
+                                                                                             arg);
   } else if (name == "grid_y") {  // arg: grid y
     launch("empty_kernel", empty_kernel, dim3(1, static_cast<unsigned>(arg)), dim3(32), 0, nullptr)(nullptr);
   } else if (name == "block_threads") {  // arg: threads per block

@@ -1,0 +1,146 @@
+"""The barrier-removal run of docs/cudasim.md (not collected by pytest: run it by hand).
+
+For every `__syncthreads()` in csrc/cuda/, one at a time: take the barrier out, run that op family's
+`-k cudasim` tests plus tests/test_cudasim.py's kernel tests under racecheck, and record what caught
+it: a hazard racecheck reported (kind and both source lines), another failure (a wrong result, a
+divergent barrier), or nothing.
+
+Two ways to take a barrier out:
+  --mode site (default): the emulator's `SPECOPS_CUDASIM_REMOVE_BARRIER=file:line` makes that call a
+      no-op at run time, which is what deleting it does to the emulated kernel; no rebuild, so the
+      whole run fits on a small machine.
+  --mode source: in a copy of the repository under --workdir, the call is deleted from the source
+      and `_C_cudasim` is rebuilt (SPECOPS_CUDA=0; ninja recompiles the translation units that
+      include the file), for spot checks that the two agree.
+
+    python tests/cudasim_mutation.py [--only verify.cu:38 ...] [--mode site|source] [--json out.json]
+Prints a markdown table (the one in docs/cudasim.md).
+"""
+import argparse
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CUDA = ROOT / "csrc" / "cuda"
+
+# The tests that run each source's kernels under the emulator.
+FAMILY = {
+    "kv_compact.cu": ["tests/test_kv_compact.py", "tests/test_paged.py"],
+    "sampling.cu": ["tests/test_sampling.py"],
+    "sampling_block.cuh": ["tests/test_sampling.py", "tests/test_topn.py"],
+    "topn.cu": ["tests/test_topn.py"],
+    "tree_attention.cu": ["tests/test_tree_attention.py", "tests/test_paged.py"],
+    "tree_attention_tc.cuh": ["tests/test_tree_attention.py", "tests/test_paged.py"],
+    "tree_mask.cu": ["tests/test_tree_mask.py"],
+    "verify.cu": ["tests/test_verify.py"],
+}
+# test_cudasim.py's kernel tests (its self-tests of the emulator do not depend on csrc/cuda/), first:
+# they run every kernel under racecheck on small shapes.
+KERNEL_TESTS = "cudasim and (thread_order or hazard_free)"
+
+
+def barriers():
+    """(file name, line, the line's text) of every __syncthreads() call in csrc/cuda/."""
+    out = []
+    for path in sorted(CUDA.glob("*.cu")) + sorted(CUDA.glob("*.cuh")):
+        for i, text in enumerate(path.read_text().splitlines(), 1):
+            code = text.split("//")[0]
+            if "__syncthreads()" in code:
+                out.append((path.name, i, text.strip()))
+    return out
+
+
+def classify(output, rc):
+    """hazard / failure / nothing, with the evidence."""
+    if rc == 0:
+        return "nothing", ""
+    if rc == "timeout" and "cudasim racecheck:" not in output and "FAILED" not in output:
+        return "nothing", f"no failure in the tests run within the time limit ({output.count('.')} passed)"
+    m = re.search(r"cudasim racecheck: [^\n]*", output)
+    if m:
+        text = m.group(0)
+        kind = re.search(r"\((RAW|WAR|WAW)\)", text).group(1)
+        sites = re.findall(r"it at (\S+:\d+)", text)
+        return "hazard", f"{kind} {' / '.join(sites)}"
+    failed = re.search(r"^FAILED (\S+)(?: - (.*))?$", output, re.M)
+    why = f"{failed.group(1)}: {(failed.group(2) or 'assertion')[:120]}" if failed else output.strip().splitlines()[-1][:160]
+    if rc == 5 or "no tests ran" in output:
+        return "error", why
+    return "failure", why
+
+
+def run_tests(root, files, env, timeout=None):
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly", "-W", "ignore",
+           "tests/test_cudasim.py", *files, "-k", f"(cudasim and not test_cudasim) or ({KERNEL_TESTS})"]
+    try:
+        p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return out, "timeout"
+    return p.stdout + p.stderr, p.returncode
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", choices=["site", "source"], default="site")
+    ap.add_argument("--only", nargs="*", help="file:line of the barriers to try (default: all)")
+    ap.add_argument("--workdir", default="/tmp/specops-mutation", help="the copy --mode source edits and builds")
+    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--quick", action="store_true", help="test_cudasim.py's kernel tests only, not the family's")
+    ap.add_argument("--timeout", type=float, help="seconds per barrier; a run cut off without a failure is 'nothing'")
+    args = ap.parse_args()
+
+    env = dict(os.environ, SPECOPS_CUDASIM_RACECHECK="1", PYTHONUNBUFFERED="1")
+    root = ROOT
+    if args.mode == "source":
+        root = pathlib.Path(args.workdir)
+        if not root.exists():
+            shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns(".git", "build", "*.so", "__pycache__", ".venv"))
+        env.update(SPECOPS_CUDA="0", MAX_JOBS=env.get("MAX_JOBS", "1"), PYTHONPATH=str(root))
+
+    def build():
+        b = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=root, env=env,
+                           capture_output=True, text=True)
+        if b.returncode:
+            sys.exit(f"build failed:\n{b.stdout[-3000:]}\n{b.stderr[-3000:]}")
+
+    results = []
+    print("| barrier | source line | outcome | evidence | seconds |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, line, text in barriers():
+        site = f"{name}:{line}"
+        if args.only and site not in args.only:
+            continue
+        t0 = time.time()
+        if args.mode == "site":
+            output, rc = run_tests(root, [] if args.quick else FAMILY[name],
+                                   dict(env, SPECOPS_CUDASIM_REMOVE_BARRIER=site), args.timeout)
+        else:
+            path = root / "csrc" / "cuda" / name
+            original = path.read_text()
+            lines = original.splitlines(keepends=True)
+            lines[line - 1] = lines[line - 1].replace("__syncthreads();", ";", 1)  # line numbers stay
+            path.write_text("".join(lines))
+            try:
+                build()
+                output, rc = run_tests(root, [] if args.quick else FAMILY[name], env, args.timeout)
+            finally:
+                path.write_text(original)
+        outcome, evidence = classify(output, rc)
+        seconds = time.time() - t0
+        results.append({"site": site, "text": text, "outcome": outcome, "evidence": evidence, "seconds": round(seconds)})
+        print(f"| {site} | `{text}` | {outcome} | {evidence} | {seconds:.0f} |", flush=True)
+    if args.mode == "source":
+        build()  # leave the copy as the sources are
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
