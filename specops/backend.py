@@ -180,6 +180,11 @@ def _incapable(op, name, args):
 def resolve(op, device, backend=None, args=None):
     """The implementation of ``op`` to run on ``device`` for the call ``args`` (the arguments the
     implementation gets; None skips the capability checks), following the dispatch rule."""
+    return resolve_named(op, device, backend, args)[1]
+
+
+def resolve_named(op, device, backend=None, args=None):
+    """:func:`resolve` as (backend name, implementation)."""
     impls = _IMPLS[op]
     want, source = _requested(backend)
     if want is not None:
@@ -193,7 +198,7 @@ def resolve(op, device, backend=None, args=None):
         why = _incapable(op, want, args)
         if why is not None:
             raise BackendUnavailable(f"{op}: backend {want!r} ({source}) cannot run this call: {why}")
-        return impls[want]
+        return want, impls[want]
     device_type = torch.device(device).type
     skipped = []
     for name in preference(op, device_type):
@@ -201,7 +206,7 @@ def resolve(op, device, backend=None, args=None):
             continue
         why = _incapable(op, name, args)
         if why is None:
-            return impls[name]
+            return name, impls[name]
         skipped.append(f"{name}: {why}")
     raise BackendUnavailable(f"{op}: no backend available on {device}" + (f" ({'; '.join(skipped)})" if skipped else ""))
 

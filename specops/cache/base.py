@@ -1,6 +1,6 @@
 """What every specops KV cache shares: per-sequence lengths and their host mirror, the draft-block
 protocol (``begin_block`` / ``append_block`` / ``end_block``), commit / compact / truncate and the
-transformers ``Cache`` face. Subclasses own the storage: where a forward's rows go (``_plan`` /
+transformers ``Cache`` face. Subclasses own the storage: where a forward's rows go (``_write_target`` /
 ``_write_rows``), what a layer hands to attention (``_layer_view``), the compaction plan and the
 beam reorder.
 """
@@ -66,7 +66,7 @@ class KVCacheBase(Cache):
         self.lens = torch.zeros(batch_size, dtype=torch.int32, device=device)
         self._host_lens = [0] * batch_size  # mirror of lens for overflow checks; None when stale
         self._block = None  # (offset, T) of the draft block being written, or None in plain mode
-        self._write = None  # where the current forward's rows go, planned once per forward (not per layer)
+        self._write = None  # where the current forward's rows go, computed once per forward (not per layer)
         Cache.__init__(self, layers=[_Layer(self, i) for i in range(self.num_layers)])
 
     @classmethod
@@ -123,7 +123,7 @@ class KVCacheBase(Cache):
         rows = _checks.integer("rows", rows, 1)
         self._check_room(offset + rows, "begin_block")
         self._block = (offset, rows)
-        self._write = self._plan(offset, rows)
+        self._write = self._write_target(offset, rows)
 
     def end_block(self):
         self._block = None
@@ -150,9 +150,9 @@ class KVCacheBase(Cache):
             if self._block[1] != T:
                 raise ValueError(f"append_block: the open block has {self._block[1]} rows per sequence, got T={T}")
         elif layer == 0 or self._write is None or self._write[-1] != T:
-            # Plain mode: the first layer of each forward checks room and plans the write.
+            # Plain mode: the first layer of each forward checks room and computes the write target.
             self._check_room(T, "append_block")
-            self._write = self._plan(0, T)
+            self._write = self._write_target(0, T)
         self._write_rows(layer, k, v)
         view = self._layer_view(layer)
         if self._block is None and layer == L - 1:

@@ -41,8 +41,7 @@ class PagedKVCache(KVCacheBase):
                  page_order=None, dtype=torch.float32, device="cpu"):
         names = ("num_layers", "batch_size", "num_kv_heads", "max_len", "head_dim", "page_size")
         check_sizes("PagedKVCache", names, (num_layers, batch_size, num_kv_heads, max_len, head_dim, page_size), dtype)
-        if page_size & (page_size - 1):
-            raise ValueError(f"PagedKVCache page_size must be a power of two >= 1, got {page_size}")
+        _checks.power_of_two("PagedKVCache page_size", page_size)
         max_pages = -(-max_len // page_size)
         needed = batch_size * max_pages
         if num_pages is None:
@@ -74,8 +73,8 @@ class PagedKVCache(KVCacheBase):
         return tuple(gather_pages(pool[layer], self.page_table)[:, :, :self.max_len] for pool in
                      (self.k_pages, self.v_pages))
 
-    def _plan(self, offset, T):
-        # One plan per forward, reused by every layer: the pool row (page * page_size + slot) of
+    def _write_target(self, offset, T):
+        # Computed once per forward, reused by every layer: the pool row (page * page_size + slot) of
         # every new row, int64 [B * T] in (b, t) order. No host sync.
         ps = self.page_size
         rows = (self.lens.to(torch.int64) + offset)[:, None] + torch.arange(T, device=self.lens.device)  # [B, T]

@@ -46,8 +46,8 @@ class StaticKVCache(KVCacheBase):
         # [B, Hkv, S, D] views: what tree_attention (and HF's own attention functions) read.
         return self.k[layer], self.v[layer]
 
-    def _plan(self, offset, T):
-        # One plan per forward, reused by every layer: ("slice", start, T) when every sequence writes
+    def _write_target(self, offset, T):
+        # Computed once per forward, reused by every layer: ("slice", start, T) when every sequence writes
         # at the same row, else ("scatter", index [B, Hkv, T, D], T). The host mirror of lens is fresh
         # here (the room check just read it), so this costs no extra sync.
         host = self.host_lens()

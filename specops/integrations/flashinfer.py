@@ -53,8 +53,10 @@ def supports(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scal
 
 
 @register("tree_attention", "flashinfer", supports=supports)
-def tree_attention_flashinfer(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
-    """Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D] -> [B, Tq, Hq, D] (q's dtype)."""
+def tree_attention_flashinfer(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1,
+                              workspace=None):
+    """Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D] -> [B, Tq, Hq, D] (q's dtype).
+    FlashInfer schedules its own splits: ``num_splits`` / ``workspace`` are not used."""
     import flashinfer
 
     B, Tq, Hq, D = q.shape
