@@ -15,7 +15,7 @@ Two ways to drive it:
 """
 import torch
 
-from ..ops.plan import KVCompactPlan
+from ..ops.kv_compact import _check_values
 from .base import KVCacheBase, check_sizes
 
 
@@ -66,10 +66,13 @@ class StaticKVCache(KVCacheBase):
             self.k[layer].scatter_(2, where, k.to(self.k.dtype))
             self.v[layer].scatter_(2, where, v.to(self.v.dtype))
 
-    def _compact(self, accept_idx, accept_lens, check, backend):
-        KVCompactPlan(self.lens, accept_idx, accept_lens, num_layers=self.num_layers, num_kv_heads=self.num_kv_heads,
-                      head_dim=self.head_dim, max_len=self.max_len, dtype=self.dtype, device=self.lens.device,
-                      check=check, backend=backend).run(self.k, self.v)
+    _COMPACT_OP = "kv_compact"
+
+    def _compact_values(self, accept_idx, accept_lens):
+        _check_values(self.lens, accept_idx, accept_lens, self.max_len)
+
+    def _compact_args(self, accept_idx, accept_lens):
+        return self.k, self.v, self.lens, accept_idx, accept_lens
 
     def _reorder(self, beam_idx):
         self.k.copy_(self.k[:, beam_idx])
