@@ -134,6 +134,19 @@ def tree_values(parents, num_nodes, *, parents_name="parents", num_nodes_name="n
                  (root_bad, root_msg), (child_bad, child_msg)])
 
 
+def tree_nodes(parents, num_nodes, check):
+    """``num_nodes`` of a [B, T] ``parents``: checked int32 [B], or all T for None; with ``check``
+    also the tree value rules (:func:`tree_values`, one host sync). Returns num_nodes."""
+    B, T = parents.shape
+    if num_nodes is None:
+        num_nodes = torch.full((B,), T, dtype=torch.int32, device=parents.device)
+    else:
+        lengths("num_nodes", num_nodes, B, parents.device)
+    if check:
+        tree_values(parents, num_nodes)
+    return num_nodes
+
+
 def lengths(name, t, B, device):
     """An int32 [B] per-sequence length tensor."""
     return tensor(name, t, dtype=torch.int32, shape=(B,), device=device)
