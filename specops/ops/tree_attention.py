@@ -60,10 +60,13 @@ def choose_splits(backend, q, Hkv, S, prefix_lens, block_lens, W, paged=False):
     if backend == "cpp":
         if B == 0:
             return 1
-        p = prefix_lens.clamp(0, S)
-        n = torch.minimum(block_lens.clamp(min=0), (S - p).clamp(max=32 * W))
         tile = splits.CPU_TILE_KEYS
-        max_tiles = int(((p + tile - 1) // tile + (n + tile - 1) // tile).max())
+        if torch.compiler.is_compiling():  # no value reads in a graph: the cache length bounds the tiles
+            max_tiles = -(-S // tile) + 1
+        else:
+            p = prefix_lens.clamp(0, S)
+            n = torch.minimum(block_lens.clamp(min=0), (S - p).clamp(max=32 * W))
+            max_tiles = int(((p + tile - 1) // tile + (n + tile - 1) // tile).max())
         return splits.cpu_splits(B, Tq, Hq, Hkv, D, max_tiles, torch.get_num_threads())
     if backend == "triton":
         from ..triton_kernels import tree_attention as kernels
