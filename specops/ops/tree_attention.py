@@ -67,7 +67,8 @@ def choose_splits(backend, q, Hkv, S, prefix_lens, block_lens, W, paged=False):
             p = prefix_lens.clamp(0, S)
             n = torch.minimum(block_lens.clamp(min=0), (S - p).clamp(max=32 * W))
             max_tiles = int(((p + tile - 1) // tile + (n + tile - 1) // tile).max())
-        return splits.cpu_splits(B, Tq, Hq, Hkv, D, max_tiles, torch.get_num_threads())
+            _THREADS[0] = torch.get_num_threads()
+        return splits.cpu_splits(B, Tq, Hq, Hkv, D, max_tiles, _THREADS[0])
     if backend == "triton":
         from ..triton_kernels import tree_attention as kernels
 
@@ -81,6 +82,7 @@ def choose_splits(backend, q, Hkv, S, prefix_lens, block_lens, W, paged=False):
     return 1  # torch, flashinfer: no split schedule
 
 
+_THREADS = [torch.get_num_threads()]  # the last thread count seen outside a graph (dynamo cannot call it)
 CUDA_FP32_TILE = (16, 32)  # csrc/cuda/tree_attention.cu: query rows per block, keys per tile (fp32 kernel)
 CUDA_TC_ROWS = 64  # tree_attention_tc.cuh kTcRows; keys per tile TcCfg<DP>::kBN: 64 for D <= 64, else 32
 
@@ -97,7 +99,10 @@ def workspace(num_splits, q):
     """The fp32 partials of a ``num_splits`` call (None without splits). Shape: q [B, Tq, Hq, D]
     -> fp32 [num_splits * B * Tq * Hq * (D + 1)]: part_o [ns, R, D] then part_lse [ns, R]."""
     n = splits.workspace_size(num_splits, *q.shape)
-    return torch.empty(n, dtype=torch.float32, device=q.device) if n else None
+    # In a graph always a tensor: inductor cannot lower the op with its mutable optional left None.
+    if n or torch.compiler.is_compiling():
+        return torch.empty(n, dtype=torch.float32, device=q.device)
+    return None
 
 
 def check_args(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
