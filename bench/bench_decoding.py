@@ -98,7 +98,7 @@ class TargetPlan:
     tasks: tuple = TASKS
     prompts: int = 2  # per task
     modes: tuple = ("greedy", "sample")  # at batch 1
-    sample_prompts: int = 1  # per task in the sampled runs (bench/findings.py checks greedy claims)
+    sample_prompts: int = 1  # per task in the sampled runs (bench/paper_claims.py checks greedy claims)
     batch4_modes: tuple = ()  # batch 4 runs one mixed group in these modes
     equal_budget: bool = True  # tsd@<opt-tree n> beside opt-tree, first draft only
 

@@ -19,7 +19,7 @@ import os
 import sys
 
 from . import _HERE  # noqa: F401
-from . import findings as F  # noqa: E402
+from . import paper_claims as F  # noqa: E402
 
 OURS = ("cpp", "triton", "cuda")
 TREE_CHAIN = ("sd", "specinfer", "tsd", "gsd", "opt-tree", "ouroboros", "mjsd")

@@ -1,6 +1,8 @@
-// Host-side argument checks of tree_attention / tree_attention_paged shared by the CPU and CUDA
-// launchers: the K/V view of a call (contiguous or paged) and the shape/dtype checks that do not
-// depend on the device. Each launcher adds its device checks and limits.
+// Host-side arguments of tree_attention / tree_attention_paged shared by the CPU and CUDA
+// launchers: the K/V view of a call (contiguous or paged), the shape/dtype checks that do not
+// depend on the device, and the schedule the caller chose (split count and partials workspace:
+// specops.TreeAttentionPlan decides them once per step; the kernels never do). Each launcher adds
+// its device checks and limits.
 //
 // The public Python ops validate every argument with a ValueError/TypeError that names it; these
 // checks only guard the kernels against direct torch.ops calls.
@@ -14,6 +16,7 @@
 #include <optional>
 
 #include "registration.h"
+#include "tree_attention_common.h"
 
 namespace specops {
 namespace ta {
@@ -71,13 +74,46 @@ inline void check_shapes(const char* op, const at::Tensor& q, const KvView& kv, 
   }
 }
 
+// The kv splits and their partials of one call. Shape: workspace fp32 [>= num_splits * R * (D + 1)],
+// R = B * Tq * Hq: part_o [num_splits, R, D] then part_lse [num_splits, R]. Without a workspace
+// (a direct torch.ops call) a split call allocates its own.
+struct Partials {
+  int32_t n_splits = 1;
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
+  at::Tensor owned;
+};
+
+inline Partials partials(const char* op, const at::Tensor& q, int64_t num_splits,
+                         const std::optional<at::Tensor>& workspace) {
+  TORCH_CHECK(num_splits >= 1 && num_splits <= kMaxSplits, op, ": num_splits must lie in [1, ", kMaxSplits,
+              "], got ", num_splits);
+  Partials p;
+  p.n_splits = static_cast<int32_t>(num_splits);
+  if (num_splits == 1) return p;
+  const int64_t rows = q.size(0) * q.size(1) * q.size(2), D = q.size(3), need = num_splits * rows * (D + 1);
+  at::Tensor ws;
+  if (workspace && workspace->defined()) {
+    ws = *workspace;
+    TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.is_contiguous() && ws.numel() >= need &&
+                    ws.device() == q.device(),
+                op, ": workspace must be a contiguous fp32 tensor of >= num_splits * B * Tq * Hq * (D + 1) = ",
+                need, " elements on q's device");
+  } else {
+    ws = p.owned = at::empty({need}, q.options().dtype(at::kFloat));
+  }
+  p.part_o = ws.data_ptr<float>();
+  p.part_lse = p.part_o + num_splits * rows * D;
+  return p;
+}
+
 // The two registered entry points of a backend, from its device checks and its runner, so both
 // layouts and both backends take their arguments the same way.
 using CheckFn = void (*)(const char* op, const at::Tensor& q, const KvView& kv, const at::Tensor& prefix_lens,
                          const at::Tensor& block_lens, const at::Tensor& mask, const std::optional<at::Tensor>& q_lens);
 using RunFn = at::Tensor (*)(const at::Tensor& q, const KvView& kv, const at::Tensor& prefix_lens,
                              const at::Tensor& block_lens, const at::Tensor& mask,
-                             const std::optional<at::Tensor>& q_lens, double sm_scale);
+                             const std::optional<at::Tensor>& q_lens, double sm_scale, const Partials& parts);
 
 template <CheckFn Check, RunFn Run>
 at::Tensor contiguous_entry(const at::Tensor& q,            // [B, Tq, Hq, D]
@@ -87,10 +123,11 @@ at::Tensor contiguous_entry(const at::Tensor& q,            // [B, Tq, Hq, D]
                             const at::Tensor& block_lens,   // [B] int32
                             const at::Tensor& mask,         // [B, Tq, W] int32
                             const std::optional<at::Tensor>& q_lens,  // [B] int32
-                            double sm_scale) {
+                            double sm_scale, int64_t num_splits,
+                            const std::optional<at::Tensor>& workspace) {  // fp32, see Partials
   const KvView kv = contiguous_view(q, k_cache, v_cache);
   Check("tree_attention", q, kv, prefix_lens, block_lens, mask, q_lens);
-  return Run(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale);
+  return Run(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale, partials("tree_attention", q, num_splits, workspace));
 }
 
 template <CheckFn Check, RunFn Run>
@@ -102,10 +139,12 @@ at::Tensor paged_entry(const at::Tensor& q,            // [B, Tq, Hq, D]
                        const at::Tensor& block_lens,   // [B] int32
                        const at::Tensor& mask,         // [B, Tq, W] int32
                        const std::optional<at::Tensor>& q_lens,  // [B] int32
-                       double sm_scale) {
+                       double sm_scale, int64_t num_splits,
+                       const std::optional<at::Tensor>& workspace) {  // fp32, see Partials
   const KvView kv = paged_view(q, k_pages, v_pages, page_table);
   Check("tree_attention_paged", q, kv, prefix_lens, block_lens, mask, q_lens);
-  return Run(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale);
+  return Run(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale,
+             partials("tree_attention_paged", q, num_splits, workspace));
 }
 
 }  // namespace ta

@@ -3,7 +3,7 @@
 Precedence: the op's ``backend=`` argument, then ``specops.use_backend(name)``, then the
 ``SPECOPS_BACKEND`` environment variable, then the op's preference on the device (by default CUDA:
 cuda, triton, torch; CPU: cpp, torch; ``tree_attention`` on CUDA prefers triton, whose kernel runs on
-tensor cores). A backend runs a call when it is available on the device (built, device visible) and
+tensor cores, then cuda, then the optional flashinfer provider). A backend runs a call when it is available on the device (built, device visible) and
 capable of the call (its ``supports`` check: head dim, grid limits, dtype, sizes). An explicit
 request (any of the first three) that cannot be met raises :class:`BackendUnavailable` with the
 reason; the automatic choice falls through to the next backend that can.
@@ -25,8 +25,10 @@ BACKENDS = ("torch", "cpp", "triton", "cuda", "cudasim", "flashinfer")
 # flashinfer: an optional external provider of tree_attention (specops/integrations/flashinfer.py)
 TEST_ONLY = ("cudasim",)  # never chosen automatically
 PREFERENCE = {"cuda": ("cuda", "triton", "torch"), "cpu": ("cpp", "torch")}
-# Ops whose preference differs from the device's.
-OP_PREFERENCE = {("tree_attention", "cuda"): ("flashinfer", "triton", "cuda", "torch"),
+# Ops whose preference differs from the device's. flashinfer comes after our kernels: its provider
+# reads K/V over the whole cache buffer with a dense mask, one launch per sequence (the figures:
+# specops/integrations/flashinfer.py); it runs when asked for (backend="flashinfer").
+OP_PREFERENCE = {("tree_attention", "cuda"): ("triton", "cuda", "flashinfer", "torch"),
                  ("tree_attention_paged", "cuda"): ("triton", "cuda", "torch")}
 # The torch.ops namespace each compiled backend's kernels are registered in (csrc/schemas.h).
 COMPILED = {"cpp": "specops", "cuda": "specops", "cudasim": "specops_cudasim"}
@@ -178,6 +180,11 @@ def _incapable(op, name, args):
 def resolve(op, device, backend=None, args=None):
     """The implementation of ``op`` to run on ``device`` for the call ``args`` (the arguments the
     implementation gets; None skips the capability checks), following the dispatch rule."""
+    return resolve_named(op, device, backend, args)[1]
+
+
+def resolve_named(op, device, backend=None, args=None):
+    """:func:`resolve` as (backend name, implementation)."""
     impls = _IMPLS[op]
     want, source = _requested(backend)
     if want is not None:
@@ -191,7 +198,7 @@ def resolve(op, device, backend=None, args=None):
         why = _incapable(op, want, args)
         if why is not None:
             raise BackendUnavailable(f"{op}: backend {want!r} ({source}) cannot run this call: {why}")
-        return impls[want]
+        return want, impls[want]
     device_type = torch.device(device).type
     skipped = []
     for name in preference(op, device_type):
@@ -199,7 +206,7 @@ def resolve(op, device, backend=None, args=None):
             continue
         why = _incapable(op, name, args)
         if why is None:
-            return impls[name]
+            return name, impls[name]
         skipped.append(f"{name}: {why}")
     raise BackendUnavailable(f"{op}: no backend available on {device}" + (f" ({'; '.join(skipped)})" if skipped else ""))
 

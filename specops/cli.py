@@ -296,7 +296,7 @@ def main(argv=None):
 
         return run_args(args)
     if args.command == "info":
-        from .report import report
+        from .backend_report import report
 
         print(report())
         return 0

@@ -190,8 +190,6 @@ def load(name, dtype=None, tp_size=1):
     if tp_size != 1 and kind is not None:
         _tp_kwargs(tp_size, None, kind)  # raises: drafts are not sharded
     if kind == "draft":
-        from .distill import load_draft
-
         return load_draft(name, dtype)
     entry = EMBEDDED[base]
     dest = os.path.join(cache_dir(), base)
@@ -244,9 +242,7 @@ def default_draft(target_name, target_dtype):
 
 
 def _shipped_feature_draft(base):
-    import json
-
-    from .distill import shipped_draft_dir
+    from .draft_models import shipped_draft_dir
 
     path = shipped_draft_dir(f"{base}-draft")
     if path is None:
@@ -294,8 +290,6 @@ def load_path(path, dtype=None, tp_size=1):
         raise FileNotFoundError(f"no model at {path!r} (expected an embedded name, an HF model "
                                 f"directory or a .gguf file)")
     if _is_distilled_draft(path):
-        from .distill import load_draft_path
-
         return load_draft_path(path, dtype)
     tok_files = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
     has_tok = "gguf_file" in kwargs or any(os.path.exists(os.path.join(folder, f)) for f in tok_files)
@@ -315,6 +309,64 @@ def _is_distilled_draft(path):
         return False
     with open(cfg) as f:
         return "specops_draft" in json.load(f)
+
+
+def target_embedding(target):
+    """The embedded target's input embedding [V, H] and tokenizer, from its converted cache."""
+    from safetensors import safe_open
+    from transformers import AutoTokenizer
+
+    dest = os.path.join(cache_dir(), target)
+    weights = os.path.join(dest, "model.safetensors")
+    if not os.path.exists(weights):
+        load(target)  # converts the GGUF into the cache once
+    with safe_open(weights, framework="pt") as f:
+        emb = f.get_tensor("model.embed_tokens.weight")
+    with _quiet():
+        tok = AutoTokenizer.from_pretrained(dest)
+    return emb, tok
+
+
+def load_draft(name="smollm2-135m-draft", dtype=None):
+    """Loads a shipped draft (:mod:`specops.draft_models`) by name onto its target's embedding.
+    Returns ``(model, tokenizer)`` (the target's tokenizer).
+
+    ``dtype``: a torch dtype or "bf16"/"fp32" (default bf16; use the target's dtype)."""
+    from . import draft_models
+
+    if not name.endswith(draft_models.SUFFIX):
+        raise ValueError(f"a distilled draft name ends in {draft_models.SUFFIX!r}, got {name!r}")
+    target = name[: -len(draft_models.SUFFIX)]
+    path = draft_models.shipped_draft_dir(name)
+    if path is None:
+        raise ValueError(f"no distilled draft ships for {target!r} (shipped: "
+                         f"{', '.join(draft_models.shipped_drafts()) or 'none'}); "
+                         f"train one with: specops distill --target {target} --out DIR")
+    emb, tok = target_embedding(target)
+    model = draft_models.load_draft_dir(path, emb, dtype=resolve_dtype(dtype, torch.bfloat16))
+    model.specops_name = name
+    return model, tok
+
+
+def load_draft_path(path, dtype=None):
+    """A draft directory exported by ``specops distill`` (``OUT/draft``), onto the embedding of the
+    target it records (an embedded name, or the HF model directory it was trained against).
+    Returns ``(model, tokenizer)``."""
+    from . import draft_models
+
+    _, meta = draft_models.read_config(path)
+    target = meta.get("target")
+    if target and is_embedded_name(target):
+        emb, tok = target_embedding(target)
+    elif target and os.path.isdir(target):
+        tmodel, tok = load_path(target, torch.float32)
+        emb = tmodel.get_input_embeddings().weight.detach()
+    else:
+        raise ValueError(f"the draft in {path} was trained against {target!r}, which is neither an embedded "
+                         f"target nor a model directory here; load it with load_draft_dir(path, embedding)")
+    model = draft_models.load_draft_dir(path, emb, dtype=resolve_dtype(dtype, torch.bfloat16))
+    model.specops_name = path
+    return model, tok
 
 
 def load_any(spec, dtype=None, tp_size=1):

@@ -5,7 +5,7 @@ import torch
 
 import specops
 from specops import backend as _backend
-from specops.report import report
+from specops.backend_report import report
 
 
 def i32(x):

@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from bench import findings, readme  # noqa: E402
+from bench import paper_claims, results_tables  # noqa: E402
 from bench._harness import FIELDS  # noqa: E402
 
 INFO = dict(machine="x86_64-2cores", cpu="Test CPU", threads=2, torch="2.x", triton="3.x", specops="0.1.0",
@@ -119,7 +119,7 @@ def _by_claim(items, word):
 
 
 def test_findings_verdicts_follow_the_rules(results):
-    items = findings.findings(findings.load(results / "decoding.csv"))
+    items = paper_claims.findings(paper_claims.load(results / "decoding.csv"))
     assert len(items) == 4
     # GSD: TSD 4.2x SD's nodes for 1.2x MAL; GSD 1.6x SD's nodes at TSD's MAL.
     assert _by_claim(items, "GSD")["verdict"] == "reproduced"
@@ -135,20 +135,20 @@ def test_findings_disagreement_carries_a_reason_from_the_numbers(tmp_path):
     bad["gsd/int8"] = (20, 2.0, 20, 19, 2.0, 8, 60)  # no node saving, MAL well below TSD's
     bad["mjsd/int8"] = (10, 3.0, 4, 33, 2.2, 30, 45)  # slower than SD, higher perplexity, costly draft
     bad["opt-tree/int8"] = (20, 2.0, 10, 11, 2.0, 8, 55)
-    items = findings.findings(_decoding_rows(bad))
+    items = paper_claims.findings(_decoding_rows(bad))
     gsd = _by_claim(items, "GSD")
     assert gsd["verdict"] == "partially" and "merging saved only" in gsd["reason"]
     mjsd = _by_claim(items, "MJSD")
     assert mjsd["verdict"] == "not reproduced"
     assert "draft cost / target cost = 0.75" in mjsd["reason"]
     assert _by_claim(items, "OPT-Tree")["verdict"] == "not reproduced"
-    table = findings.markdown(items)
+    table = paper_claims.markdown(items)
     assert table.count("\n") == len(items) + 1 and "not reproduced" in table
 
 
 def test_findings_without_equal_budget_rows_skip_that_claim():
     table = {k: v for k, v in GOOD.items() if not k.startswith("tsd@")}
-    claims = [f["claim"] for f in findings.findings(_decoding_rows(table))]
+    claims = [f["claim"] for f in paper_claims.findings(_decoding_rows(table))]
     assert not any("OPT-Tree" in c for c in claims) and len(claims) == 3
 
 
@@ -173,11 +173,11 @@ def test_readme_summary_between_markers_and_full_tables_beside_the_results(resul
     if importlib.util.find_spec("matplotlib"):
         request.getfixturevalue("written_plots")
     path = tmp_path / "README.md"
-    path.write_text(f"# title\n\nbefore\n{readme.BEGIN}\nold text\n{readme.END}\nafter\n")
-    readme.main(["--results", str(results), "--readme", str(path)])
+    path.write_text(f"# title\n\nbefore\n{results_tables.BEGIN}\nold text\n{results_tables.END}\nafter\n")
+    results_tables.main(["--results", str(results), "--readme", str(path)])
     text = path.read_text()
     full = (results.parent / "README.md").read_text()
-    assert text.startswith("# title\n\nbefore\n") and text.endswith(f"{readme.END}\nafter\n")
+    assert text.startswith("# title\n\nbefore\n") and text.endswith(f"{results_tables.END}\nafter\n")
     assert "old text" not in text
     assert "Test CPU" in text and "2026-01-02" in text and "--profile final" in text
     # the summary: one headline row per op; the end-to-end table per prompt category
@@ -192,15 +192,15 @@ def test_readme_summary_between_markers_and_full_tables_beside_the_results(resul
     assert "python -m bench --only tree_mask" in full
     assert "| case | torch ms | cpp ms | cpp vs torch | cpp GB/s (memcpy 30) |" in full
     assert "| B=1, T=16 | 0.5 | 0.01 | 50.00x | 12.5 |" in full
-    assert f"| B=1, T=64 | 2{readme.NOISY} | 0.04 | 50.00x | 15 |" in full
-    assert full.count(readme.NOISY_NOTE) == 2  # the legend on top, the note under the flagged table
+    assert f"| B=1, T=64 | 2{results_tables.NOISY} | 0.04 | 50.00x | 15 |" in full
+    assert full.count(results_tables.NOISY_NOTE) == 2  # the legend on top, the note under the flagged table
     assert "% memcpy" not in full and "of limit" not in full
     assert ("| tiny-lm | greedy | 1 | code | 20.0 | ouroboros/int8 | 35.0 | 1.75x | hf_prompt_lookup | 40 | 0.88x |"
             in full)
     assert "Paper claims re-checked" in full and "**reproduced**" in full
     if importlib.util.find_spec("matplotlib"):
         assert "plots/speedup_tiny-lm_greedy_b1.png" in text and "x86_64-2cores/plots/kernel_tree_mask.png" in full
-    readme.main(["--results", str(results), "--readme", str(path)])  # idempotent
+    results_tables.main(["--results", str(results), "--readme", str(path)])  # idempotent
     assert path.read_text() == text and (results.parent / "README.md").read_text() == full
 
 
@@ -211,17 +211,17 @@ def test_achieved_rate_from_throughput_rows_or_from_the_share_of_the_limit():
         rows.append(_row("tree_attention", "cpp", dict(dtype=dtype), "pct_gemm_peak", "%", 50.0))
     rows.append(_row("tree_attention", "cpp", dict(dtype="bf16", T=2), "throughput", "GFLOP/s", 123.0))
     rows.append(_row("tree_attention", "cpp", dict(dtype="bf16", T=2), "pct_gemm_peak", "%", 99.0))
-    got = readme.achieved(rows)
+    got = results_tables.achieved(rows)
     assert got[("dtype=fp32", "cpp")] == (50.0, "GFLOP/s")
     assert got[("dtype=bf16", "cpp")] == (200.0, "GFLOP/s")
     assert got[("dtype=bf16,T=2", "cpp")] == (123.0, "GFLOP/s")  # measured beats derived
-    assert readme.limit_label(rows, "GFLOP/s") == "GEMM fp32 100 / bf16 400"
+    assert results_tables.limit_label(rows, "GFLOP/s") == "GEMM fp32 100 / bf16 400"
 
 
 def test_noisy_flag_needs_a_spread_wider_than_the_median():
     row = _row("tree_mask", "cpp", dict(T=1), "time", "ms", 2.0)
-    assert not readme._noisy(dict(row, p20=1.0, p80=3.0))  # spread 2.0 == median: not flagged
-    assert readme._noisy(dict(row, p20=1.0, p80=3.1))
+    assert not results_tables._noisy(dict(row, p20=1.0, p80=3.0))  # spread 2.0 == median: not flagged
+    assert results_tables._noisy(dict(row, p20=1.0, p80=3.1))
 
 
 def test_decoding_plan_covers_the_targets_methods_and_drafts():

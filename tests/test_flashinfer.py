@@ -37,10 +37,9 @@ def test_supports_names_what_it_cannot_take():
     assert fi.supports(q, k, v, p, n, m, None, 0.1) is None
 
 
-def test_the_cuda_preference_starts_with_flashinfer_then_triton():
-    assert _backend.preference("tree_attention", "cuda")[:2] == ("flashinfer", "triton")
-    expected = "flashinfer" if importlib.util.find_spec("flashinfer") else "triton"
-    assert specops.default_backend("tree_attention", "cuda") == expected
+def test_the_cuda_preference_puts_our_kernels_before_flashinfer():
+    assert _backend.preference("tree_attention", "cuda") == ("triton", "cuda", "flashinfer", "torch")
+    assert specops.default_backend("tree_attention", "cuda") == "triton"
 
 
 @pytest.mark.skipif(not HAS, reason="flashinfer and a CUDA device needed")

@@ -2,6 +2,9 @@
 greedy token identity in fp32 for several methods and prompts, batch 1 and 3."""
 import importlib.metadata
 import importlib.util
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -29,6 +32,27 @@ def test_default_draft_is_the_shipped_feature_draft_else_follows_the_target_dtyp
     monkeypatch.setattr(models, "_shipped_feature_draft", lambda base: base == "smollm2-135m")
     assert models.default_draft("smollm2-135m", torch.bfloat16) == "smollm2-135m-draft"
     assert models.default_draft("gemma3-270m", torch.bfloat16) == "gemma3-270m-int8"
+
+
+def test_inference_never_imports_the_trainer():
+    # A fresh interpreter: import specops, generate with a feature draft (the run-time draft classes),
+    # and check that no module of specops.distill (trainer, pipeline, corpus) was ever loaded.
+    code = textwrap.dedent("""
+        import sys, torch, specops
+        from specops import draft_models
+        from specops.testing import tiny_causal_lm
+        target = tiny_causal_lm(seed=0)
+        cfg = target.config
+        draft = draft_models.build_draft(cfg, torch.arange(cfg.vocab_size),
+                                         target.get_input_embeddings().weight.detach(), arch="feature").float()
+        out = specops.generate(target, torch.tensor([[1, 2, 3]]), draft=draft, method="sd", max_new_tokens=4)
+        assert out is not None
+        loaded = sorted(m for m in sys.modules if m == "specops.distill" or m.startswith("specops.distill."))
+        print("LOADED", loaded)
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "LOADED []" in res.stdout, res.stdout
 
 
 def test_cache_dir_honours_the_environment(monkeypatch, tmp_path):

@@ -221,3 +221,64 @@ def test_kv_compact_plan_errors_leave_the_caches_untouched():
     with pytest.raises(ValueError, match=r"page_table\[\d, \d+\] = \d+ holds rows the compaction writes"):
         plan.run(kp, vp)
     assert all(torch.equal(a, b) for a, b in zip(before, (k, v, kp, vp)))
+
+
+# ---- the schedule: split count and partials workspace, chosen once per plan ---------------------
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+@pytest.mark.parametrize("num_splits", [None, 1, 3, 7])
+def test_the_plan_schedules_once_and_every_layer_reuses_it(backend, device, layout, num_splits):
+    # Decode over a long prefix: the CPU and GPU rules both split; a forced count (7: more splits
+    # than some sequences have tiles, so empty splits) gives the reference too.
+    op = "tree_attention_paged" if layout == "paged" else "tree_attention"
+    need(op, backend)
+    args, kw, paged = paged_case(2, 2, 3, 700, 8, 2, 64, torch.float32, "chain", True, 16, seed=3, device=device)
+    plan = tree_plan(args, kw, paged if layout == "paged" else None, backend=backend, num_splits=num_splits)
+    data = paged[:2] if layout == "paged" else args[1:3]
+    plan.run(args[0], *data)
+    ns, ws = plan.num_splits, plan.workspace
+    assert ns >= 1 and (num_splits is None or ns == num_splits)
+    q0, B, Tq, Hq, D = args[0], 2, 2, 8, 64
+    if ns == 1:
+        assert ws is None
+    else:
+        assert ws.dtype == torch.float32 and ws.numel() == ns * B * Tq * Hq * (D + 1)
+    for seed, q in enumerate(layer_copies(q0, 3, 9)):
+        got = plan.run(q, *data)
+        assert plan.num_splits == ns and plan.workspace is ws  # chosen once, reused by every layer
+        if layout == "paged":
+            want = specops.tree_attention_paged(q, *paged, *args[3:], backend="torch", **kw)
+        else:
+            want = specops.tree_attention(q, *args[1:], backend="torch", **kw)
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_the_split_rules_split_a_long_decode_and_not_a_full_batch():
+    from specops.ops import splits
+
+    # CPU: 8 items over 2 threads already divide evenly; 3 items over 2 threads split the keys.
+    assert splits.cpu_splits(B=1, Tq=1, Hq=32, Hkv=8, D=128, max_tiles=43, threads=2) == 1
+    assert splits.cpu_splits(B=1, Tq=1, Hq=3, Hkv=3, D=128, max_tiles=43, threads=2) > 1
+    assert splits.cpu_splits(B=1, Tq=1, Hq=3, Hkv=3, D=128, max_tiles=43, threads=1) == 1
+    # GPU: 8 programs on 132 SMs split; 64 sequences fill the device.
+    assert splits.gpu_launch_splits(1, 1, 32, 8, 128, 4096, 2, False, 64, 32, 90, 132) > 1
+    assert splits.gpu_launch_splits(64, 1, 32, 8, 128, 4096, 2, False, 64, 32, 90, 132) == 1
+
+
+def test_num_splits_override_is_checked():
+    args, kw = make_case(1, 2, 3, 40, 4, 2, 64, torch.float32)
+    with pytest.raises(ValueError, match=r"num_splits must be <= 64"):
+        tree_plan(args, kw, num_splits=65)
+    with pytest.raises(TypeError, match=r"num_splits must be an int"):
+        tree_plan(args, kw, num_splits=2.0)
+
+
+@pytest.mark.skipif(not _backend.available("cpp")[0], reason="cpp backend unavailable")
+@pytest.mark.parametrize("op", ["tree_attention", "tree_attention_paged"])
+def test_opcheck_with_a_schedule(op):
+    # The schema's num_splits and the mutated workspace, as a plan passes them.
+    args, kw, paged = paged_case(2, 3, 5, 300, 4, 2, 64, torch.float32, "tree", True, 16, seed=1)
+    ns = 3
+    ws = torch.empty(ns * 2 * 3 * 4 * 65)
+    call = (args[0], *paged, *args[3:]) if op == "tree_attention_paged" else args
+    torch.library.opcheck(getattr(torch.ops.specops, op).default, (*call, kw["q_lens"], 0.125, ns, ws))

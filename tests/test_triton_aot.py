@@ -4,7 +4,7 @@ memory within the arch's limit, no register spills for tree_attention's table; a
 report's occupancy arithmetic and binary parsing."""
 import pytest
 
-from specops import gpu_report
+from specops import kernel_resources
 from specops.triton_kernels import aot
 from specops.triton_kernels import tree_attention as ta
 
@@ -79,8 +79,8 @@ def test_aot_specialises_as_the_jit_does(rows):
 
 
 def test_report_table_lists_every_triton_row(rows):
-    report = gpu_report.triton_rows((80, 90), rows)
-    text = gpu_report.table(report)
+    report = kernel_resources.triton_rows((80, 90), rows)
+    text = kernel_resources.table(report)
     lines = text.splitlines()
     assert len(lines) == len(rows) + 1 and lines[0].split()[:4] == ["kind", "kernel", "config", "arch"]
     assert "tree_attention._tree_attention_kernel" in text and "sm_80" in text and "sm_90" in text
@@ -96,7 +96,7 @@ def test_report_table_lists_every_triton_row(rows):
     (90, 8, 32, 0, (32, "blocks")),
 ])
 def test_occupancy(arch, regs, threads, smem, want):
-    assert gpu_report.occupancy(arch, regs, threads, smem) == want
+    assert kernel_resources.occupancy(arch, regs, threads, smem) == want
 
 
 def test_cuda_binary_parsing():
@@ -115,17 +115,17 @@ Resource usage:
                      "REG": 32, "STACK": 8, "SHARED": 0, "LOCAL": 0, "CONSTANT[0]": 488, "TEXTURE": 0,
                      "SURFACE": 0, "SAMPLER": 0}]
     elf = "arch = sm_90\n.nv.info._Z1kv\n\tAttribute:\tEIATTR_MAX_THREADS\n\tFormat:\tEIFMT_SVAL\n\tValue:\t0x80 0x1 0x1 \n"
-    assert gpu_report._max_threads(elf) == {("sm_90", "_Z1kv"): 128}
-    assert gpu_report._split_name(
+    assert kernel_resources._max_threads(elf) == {("sm_90", "_Z1kv"): 128}
+    assert kernel_resources._split_name(
         "void specops::(anonymous namespace)::tree_attention_kernel<c10::BFloat16, 8>(specops::Args)") == (
         "tree_attention_kernel", "<BFloat16, 8>")
 
 
 def test_cuda_rows_of_the_built_extension():
-    so = gpu_report.cuda_so_path()
+    so = kernel_resources.cuda_so_path()
     if so is None:
         pytest.skip("CUDA extension not built here (specops/_C_cuda*.so)")
-    rows = gpu_report.cuda_rows(so, (80, 90))
+    rows = kernel_resources.cuda_rows(so, (80, 90))
     kernels = {r["kernel"] for r in rows}
     assert {"tree_attention_kernel", "combine_kernel", "kv_compact_kernel"} <= kernels
     assert all(r["regs"] > 0 for r in rows)
@@ -139,18 +139,18 @@ CUDA_STACK_ALLOWANCE = {("tree_attention_tc_kernel", "<BFloat16, 256"): 64, ("tr
 
 
 def test_cuda_kernels_within_budget():
-    so = gpu_report.cuda_so_path()
+    so = kernel_resources.cuda_so_path()
     if so is None:
         pytest.skip("CUDA extension not built here (specops/_C_cuda*.so)")
-    rows = gpu_report.cuda_rows(so, (80, 90))
+    rows = kernel_resources.cuda_rows(so, (80, 90))
     assert {r["arch"] for r in rows} == {80, 90}
     assert any(r["kernel"] == "tree_attention_tc_kernel" for r in rows)
     for r in rows:
         allowed = max([v for (k, c), v in CUDA_STACK_ALLOWANCE.items() if r["kernel"] == k and r["config"].startswith(c)],
                       default=0)
         assert r["spills"] <= allowed, f"{r['kernel']} {r['config']} sm_{r['arch']}: {r['spills']} B of stack"
-        assert r["smem"] <= gpu_report.ARCH[r["arch"]]["smem_block"], f"{r['kernel']} {r['config']}: {r['smem']} B"
+        assert r["smem"] <= kernel_resources.ARCH[r["arch"]]["smem_block"], f"{r['kernel']} {r['config']}: {r['smem']} B"
         assert r["regs"] <= 255
         if r["kernel"] == "tree_attention_tc_kernel":  # resident blocks per SM from the compiler's figures
-            blocks, _ = gpu_report.occupancy(r["arch"], r["regs"], r["threads"], r["smem"])
+            blocks, _ = kernel_resources.occupancy(r["arch"], r["regs"], r["threads"], r["smem"])
             assert blocks >= (1 if ", 256," in r["config"] else 3), (r["config"], r["arch"], blocks)

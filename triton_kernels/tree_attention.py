@@ -23,12 +23,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ..ops.splits import BALANCE, SIM_TARGET, SMS, gpu_launch_splits  # noqa: F401  (BALANCE, SMS: re-exported)
+from ..ops.splits import gpu_splits as auto_splits  # noqa: F401  (the GPU split rule, by its launcher name)
 from .aot import Launch
 
 LOG2E = 1.4426950408889634
 MAX_D = 256  # the widest head the CONFIGS table has tiles for
 GRID_X_MAX = 2**31 - 1  # CUDA's grid-x limit (grid y/z stop at 65535: only the split count goes there)
-MAX_SPLITS = 64
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -247,11 +248,6 @@ PAGED_CONFIGS = {(90, True, 256): (Config(16, 32, 4, 3), Config(16, 32, 4, 3))}
 ARCHS = tuple(CONFIGS)
 SMEM_BIG = 232448  # sm_90 / sm_100 opt-in shared memory per block: table 90
 SMEM_SMALL = 101376  # sm_86 / sm_89 / sm_120 opt-in (A100: 166912): every table 80 entry fits
-SMS = {90: 132, 80: 108}  # H100 SXM / A100 SXM, for planning without a device (AOT, report)
-# Peak tensor-core (fp16/bf16) or CUDA-core (fp32) flop/s over DRAM byte/s of the H100 SXM and
-# A100 SXM datasheets: how many flops one byte of traffic is worth in the split cost model.
-BALANCE = {(90, False): 989e12 / 3.35e12, (90, True): 67e12 / 3.35e12,
-           (80, False): 312e12 / 2.04e12, (80, True): 19.5e12 / 2.04e12}
 
 
 def block_d(D):
@@ -276,11 +272,12 @@ def _cuda_target(index):
 def target(device):
     """(CONFIGS table, SM count, capability) of ``device``: table 90 for sm_90+ parts with 227 KB
     of shared memory per block, else table 80. The interpreter (CPU tensors) plans with table 90
-    and 8 SMs, so that small decode problems split too and the split path is exercised."""
+    and 8 SMs (splits.SIM_TARGET), so that small decode problems split too and the split path is
+    exercised."""
     device = torch.device(device)
     if device.type == "cuda":
         return _cuda_target(device.index if device.index is not None else torch.cuda.current_device())
-    return 90, 8, None
+    return (*SIM_TARGET, None)
 
 
 def supports(q, k_cache, v_cache=None, prefix_lens=None, block_lens=None, mask=None, q_lens=None,
@@ -323,26 +320,6 @@ def _supports(q, Hkv, paged):
     return True, "ok"
 
 
-def auto_splits(n_programs, sms, kv_bytes, part_bytes, flops, balance, n_tiles):
-    """KV splits for a launch of ``n_programs`` programs on ``sms`` SMs (1: no split).
-
-    Cost model (in bytes at full device rate): the kernel streams ``kv_bytes`` of K/V (an upper
-    bound: the cache length, not the lengths, which would need a host sync) and does ``flops``
-    (worth ``flops / balance`` bytes); each split also writes ``part_bytes`` of partials that the
-    combine kernel reads back. Only ``n_programs * ns`` SMs work when that is below ``sms``:
-    cost(ns) = max(kv_bytes + 2 ns part_bytes [ns > 1], flops / balance) / min(1, n_programs ns / sms).
-    A split must halve the cost to be taken (the combine launch is not in the model)."""
-    def cost(ns):
-        traffic = kv_bytes + (2 * ns * part_bytes if ns > 1 else 0)
-        return max(traffic, flops / balance) / min(1.0, n_programs * ns / sms)
-
-    best = 1
-    for ns in range(2, min(MAX_SPLITS, max(1, n_tiles)) + 1):
-        if cost(ns) < cost(best):
-            best = ns
-    return best if 2 * cost(best) <= cost(1) else 1
-
-
 # ---- launches --------------------------------------------------------------------------------
 
 def _kv_layout(k_cache, v_cache, page_table):
@@ -361,13 +338,24 @@ def _kv_layout(k_cache, v_cache, page_table):
     return Hkv, S, strides, paging
 
 
+def splits(q, Hkv, S, arch, sms, paged=False):
+    """The split count :func:`specops.ops.splits.gpu_splits` gives this kernel's launch (its
+    program shape comes from CONFIGS). Shape: q [B, Tq, Hq, D]; S keys per sequence (a bound)."""
+    B, Tq, Hq, D = q.shape
+    cfg = config(arch, q.dtype, D, Tq * (Hq // Hkv), paged=paged)
+    return gpu_launch_splits(B, Tq, Hq, Hkv, D, S, q.element_size(), q.dtype == torch.float32, cfg.block_m,
+                             cfg.block_n, arch, sms)
+
+
 def plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=None, arch=None,
-         sms=None, page_table=None):
+         sms=None, page_table=None, workspace=None):
     """The launches of one call and its output (allocated, not yet written).
 
     Shape: as :func:`tree_attention`, or with ``page_table`` int32 [B, max_pages] as
     :func:`tree_attention_paged` (k_cache / v_cache are then the pages [num_pages, page_size, Hkv, D]).
-    ``arch`` / ``sms`` default to ``q``'s device (the AOT check passes them with meta tensors)."""
+    ``arch`` / ``sms`` default to ``q``'s device (the AOT check passes them with meta tensors).
+    ``num_splits``: the schedule's split count (None: :func:`splits`); ``workspace``: fp32 of
+    >= ``splits.workspace_size`` elements for the partials (None: allocated here)."""
     B, Tq, Hq, D = q.shape
     Hkv, S, kv_strides, paging = _kv_layout(k_cache, v_cache, page_table)
     G = Hq // Hkv
@@ -385,13 +373,7 @@ def plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, n
     BD = block_d(D)
     n_m = triton.cdiv(rows, cfg.block_m)
     R = B * Tq * Hq
-    if num_splits is None:
-        elem = q.element_size()
-        num_splits = auto_splits(n_m * B * Hkv, sms, kv_bytes=2 * B * Hkv * S * D * elem,
-                                 part_bytes=R * (D + 1) * 4, flops=4 * R * S * D,
-                                 balance=BALANCE[arch, q.dtype == torch.float32],
-                                 n_tiles=triton.cdiv(S, cfg.block_n))
-    ns = num_splits
+    ns = num_splits or splits(q, Hkv, S, arch, sms, paged=page_table is not None)
     has_qlen = q_lens is not None
     qlen = q_lens if has_qlen else prefix_lens  # unused pointer when HAS_QLEN is False
     table = page_table if page_table is not None else prefix_lens  # unused pointer unless PAGED
@@ -406,8 +388,10 @@ def plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, n
     if ns == 1:
         return out, [Launch(_tree_attention_kernel, grid, (q, k_cache, v_cache, out, out, *lens, *strides, *sizes),
                             dict(SPLIT=False, **meta))]
-    part = torch.empty(ns, R, D, dtype=torch.float32, device=q.device)
-    lse = torch.empty(ns, R, dtype=torch.float32, device=q.device)
+    if workspace is None:
+        workspace = torch.empty(ns * R * (D + 1), dtype=torch.float32, device=q.device)
+    part = workspace[:ns * R * D].view(ns, R, D)
+    lse = workspace[ns * R * D:ns * R * (D + 1)].view(ns, R)
     BLOCK_R = 16
     return out, [
         Launch(_tree_attention_kernel, grid, (q, k_cache, v_cache, part, lse, *lens, *strides, *sizes),
@@ -418,7 +402,7 @@ def plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, n
 
 
 def _run(q, k_cache, v_cache, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits, arch,
-         ok_why):
+         ok_why, workspace=None):
     ok, why = ok_why
     if not ok:
         raise ValueError(f"tree_attention (triton) cannot run this call: {why}")
@@ -428,25 +412,25 @@ def _run(q, k_cache, v_cache, page_table, prefix_lens, block_lens, mask, q_lens,
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
     sms = None if arch is None else target(q.device)[1]
     out, launches = plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits,
-                         arch=arch, sms=sms, page_table=page_table)
+                         arch=arch, sms=sms, page_table=page_table, workspace=workspace)
     for launch in launches:
         launch.kernel[launch.grid](*launch.args, **launch.kwargs)
     return out
 
 
 def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=None,
-                   arch=None):
+                   arch=None, workspace=None):
     """Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D], prefix_lens / block_lens / q_lens
     int32 [B] (q_lens may be None; any strides), mask int32 [B, Tq, W] -> out [B, Tq, Hq, D] in
     q's dtype. ``num_splits`` forces the number of kv splits (None: chosen from the problem and
-    device); ``arch`` (80 or 90) forces that arch's CONFIGS (tests run sm_80 tiles interpreted).
-    Raises ValueError for what :func:`supports` refuses."""
+    device); ``arch`` (80 or 90) forces that arch's CONFIGS (tests run sm_80 tiles interpreted);
+    ``workspace``: the partials (see :func:`plan`). Raises ValueError for what :func:`supports` refuses."""
     return _run(q, k_cache, v_cache, None, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits, arch,
-                supports(q, k_cache))
+                supports(q, k_cache), workspace)
 
 
 def tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale,
-                         num_splits=None, arch=None):
+                         num_splits=None, arch=None, workspace=None):
     """:func:`tree_attention` over a paged cache, the same kernel with PAGED set.
 
     Shape: k_pages / v_pages [num_pages, page_size, Hkv, D] (page_size a power of two),
@@ -455,7 +439,7 @@ def tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_len
     if page_table.shape[1] > 1 and page_table.stride(1) != 1:
         page_table = page_table.contiguous()
     return _run(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits,
-                arch, supports_paged(q, k_pages))
+                arch, supports_paged(q, k_pages), workspace)
 
 
 # ---- AOT check ---------------------------------------------------------------------------------

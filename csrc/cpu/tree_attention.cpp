@@ -147,14 +147,6 @@ std::pair<ta::ItemFn, ta::CombineFn> pick(Isa isa, int D) {
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// Splits along the keys only when the (sequence, kv head, query tile) items leave threads idle.
-int32_t choose_splits(int64_t items, int64_t threads, int32_t max_tiles) {
-  if (threads <= 1 || items % threads == 0 || items >= 8 * threads) return 1;
-  int32_t ns = 2;
-  while ((items * ns) % threads != 0 && items * ns < 8 * threads) ++ns;
-  return std::max(1, std::min({ns, max_tiles / 2, ta::kMaxSplits}));
-}
-
 using ta::KvView;
 
 // The device half of the checks; the shapes are ta::check_shapes'.
@@ -173,7 +165,7 @@ at::Tensor run(const at::Tensor& q,            // [B, Tq, Hq, D]
                const at::Tensor& block_lens,   // [B] int32
                const at::Tensor& mask,         // [B, Tq, W] int32
                const std::optional<at::Tensor>& q_lens,  // [B] int32
-               double sm_scale) {
+               double sm_scale, const ta::Partials& parts) {
   const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), D = q.size(3);
   const int64_t Hkv = kv.Hkv, S = kv.S, W = mask.size(2);
   auto out = at::empty({B, Tq, Hq, D}, q.options());
@@ -213,7 +205,7 @@ at::Tensor run(const at::Tensor& q,            // [B, Tq, Hq, D]
   pb.Mp = static_cast<int32_t>(round_up(ceil_div(Tq, pb.n_qtiles) * pb.G, 16));
   pb.Dp = static_cast<int32_t>(round_up(D + 16, ta::kPadD));
 
-  int32_t max_tiles = 0, max_block = 0;
+  int32_t max_tiles = 0, max_block = 0;  // the scratch and the thread count follow the real lengths
   for (int64_t b = 0; b < B; ++b) {
     const ta::SeqLens sl = ta::clamp_lens(pb.prefix[b], pb.block[b], static_cast<int32_t>(Tq), pb.S, pb.W, pb.Tq);
     max_tiles = std::max(max_tiles, ta::num_kv_tiles(sl, ta::kTileN));
@@ -223,9 +215,10 @@ at::Tensor run(const at::Tensor& q,            // [B, Tq, Hq, D]
   // than it saves on small problems.
   const double flop = 4.0 * B * Hq * Tq * (static_cast<double>(max_tiles) * ta::kTileN) * D;
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), flop / 4e6 + 1));
-  const int64_t items0 = B * Hkv * pb.n_qtiles;
-  pb.n_splits = choose_splits(items0, threads, max_tiles);
-  const int64_t n_items = items0 * pb.n_splits;
+  pb.n_splits = parts.n_splits;  // the caller's schedule (specops/ops/splits.py)
+  pb.part_o = parts.part_o;
+  pb.part_lse = parts.part_lse;
+  const int64_t n_items = B * Hkv * pb.n_qtiles * pb.n_splits;
 
   // Per-thread scratch, in floats, every region 64-byte aligned.
   int64_t off = 0;
@@ -246,13 +239,6 @@ at::Tensor run(const at::Tensor& q,            // [B, Tq, Hq, D]
   pb.ws_floats = off;
   const int64_t workers = std::min(threads, n_items);
   at::Tensor ws = at::empty({workers, pb.ws_floats}, q.options().dtype(at::kFloat));
-  at::Tensor part_o, part_lse;
-  if (pb.n_splits > 1) {
-    part_o = at::empty({pb.n_splits, B, Tq, Hq, D}, ws.options());
-    part_lse = at::empty({pb.n_splits, B, Tq, Hq}, ws.options());
-    pb.part_o = part_o.data_ptr<float>();
-    pb.part_lse = part_lse.data_ptr<float>();
-  }
 
   const Isa isa = cpu_isa();
   std::pair<ta::ItemFn, ta::CombineFn> fns;

@@ -208,8 +208,9 @@ void launch(K kernel, const Args& a, dim3 grid, int threads, size_t smem, cudaSt
   SPECOPS_LAUNCH_CHECK();
 }
 
-// The launch shape of one call: rows and keys per block tile, shared memory, head-dim bucket.
-struct Plan {
+// The launch shape of one call: rows and keys per block tile, shared memory, head-dim bucket
+// (mirrored by specops/ops/splits.py's CUDA program geometry).
+struct LaunchShape {
   bool tc;       // tensor-core kernel (fp16 / bf16)
   int rows;      // query rows per block
   int tile;      // keys per kv tile
@@ -218,7 +219,7 @@ struct Plan {
   size_t smem;
 };
 
-Plan plan(at::ScalarType dtype, int64_t D) {
+LaunchShape launch_shape(at::ScalarType dtype, int64_t D) {
   if (dtype == at::kFloat) {
     const int dc = D <= 64 ? 2 : (D <= 128 ? 4 : 8);
     return {false, kRows, kTile, kWarps * 32, dc, (2 * kTile * (D + 1) + kRows * D) * sizeof(float)};
@@ -229,7 +230,7 @@ Plan plan(at::ScalarType dtype, int64_t D) {
 }
 
 template <typename scalar_t, bool Paged>
-void run(const Args& a, const Plan& p, dim3 grid, cudaStream_t stream) {
+void run(const Args& a, const LaunchShape& p, dim3 grid, cudaStream_t stream) {
   if constexpr (std::is_same_v<scalar_t, float>) {
     if (p.dbucket == 2) launch(tree_attention_kernel<float, 2, Paged>, a, grid, p.threads, p.smem, stream);
     else if (p.dbucket == 4) launch(tree_attention_kernel<float, 4, Paged>, a, grid, p.threads, p.smem, stream);
@@ -282,7 +283,7 @@ at::Tensor run_call(const at::Tensor& q,            // [B, Tq, Hq, D]
                     const at::Tensor& block_lens,   // [B] int32
                     const at::Tensor& mask,         // [B, Tq, W] int32
                     const std::optional<at::Tensor>& q_lens,  // [B] int32
-                    double sm_scale) {
+                    double sm_scale, const ta::Partials& parts) {
   const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), D = q.size(3);
   const int64_t Hkv = kv.Hkv, S = kv.S, W = mask.size(2);
   const gpu::DeviceGuard guard(q.device());
@@ -318,23 +319,13 @@ at::Tensor run_call(const at::Tensor& q,            // [B, Tq, Hq, D]
 
   a.vec = rows_aligned16(qc, kc, vc) ? 1 : 0;
 
-  // Split the keys (flash-decoding) when the row tiles cannot fill the SMs. No host sync: the
-  // bound uses S, and a split that finds no tile contributes a -inf log-sum-exp.
-  const Plan p = plan(q.scalar_type(), D);
+  // The kv splits (flash-decoding) and their partials are the caller's schedule
+  // (specops/ops/splits.py): a split that finds no tile contributes a -inf log-sum-exp.
+  const LaunchShape p = launch_shape(q.scalar_type(), D);
   const int64_t row_tiles = ceil_div(Tq * a.G, p.rows);
-  int sms = 0;
-  SPECOPS_GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.get_device()));
-  const int64_t blocks = row_tiles * B * Hkv;
-  int64_t ns = 1;
-  if (blocks < 2 * sms) ns = std::min<int64_t>({ceil_div(2 * sms, blocks), ceil_div(S, 4 * p.tile), ta::kMaxSplits});
-  a.n_splits = static_cast<int32_t>(std::max<int64_t>(ns, 1));
-  at::Tensor part_o, part_lse;
-  if (a.n_splits > 1) {
-    part_o = at::empty({a.n_splits, B * Tq * Hq, D}, q.options().dtype(at::kFloat));
-    part_lse = at::empty({a.n_splits, B * Tq * Hq}, q.options().dtype(at::kFloat));
-    a.part_o = part_o.data_ptr<float>();
-    a.part_lse = part_lse.data_ptr<float>();
-  }
+  a.n_splits = parts.n_splits;
+  a.part_o = parts.part_o;
+  a.part_lse = parts.part_lse;
   const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(B * Hkv), static_cast<unsigned>(a.n_splits));
   cudaStream_t stream = gpu::current_stream();
 #define SPECOPS_TA_RUN \

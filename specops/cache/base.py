@@ -1,15 +1,17 @@
 """What every specops KV cache shares: per-sequence lengths and their host mirror, the draft-block
 protocol (``begin_block`` / ``append_block`` / ``end_block``), commit / compact / truncate and the
-transformers ``Cache`` face. Subclasses own the storage: where a forward's rows go (``_plan`` /
-``_write_rows``), what a layer hands to attention (``_layer_view``), the compaction plan and the
-beam reorder.
+transformers ``Cache`` face. Subclasses own the storage: where a forward's rows go (``_write_target`` /
+``_write_rows``), what a layer hands to attention (``_layer_view``), the compaction's op, value
+rules and arguments (``_COMPACT_OP`` / ``_compact_values`` / ``_compact_args``) and the beam reorder.
 """
 import numbers
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from .. import backend as _backend
 from ..ops import _checks
+from ..ops import kv_compact as _kvc
 from ..ops.kv_compact import CACHE_DTYPES
 from ..parallel import local_kv_heads, text_config
 
@@ -67,7 +69,7 @@ class KVCacheBase(Cache):
         self.lens = torch.zeros(batch_size, dtype=torch.int32, device=device)
         self._host_lens = [0] * batch_size  # mirror of lens for overflow checks; None when stale
         self._block = None  # (offset, T) of the draft block being written, or None in plain mode
-        self._write = None  # where the current forward's rows go, planned once per forward (not per layer)
+        self._write = None  # where the current forward's rows go, computed once per forward (not per layer)
         Cache.__init__(self, layers=[_Layer(self, i) for i in range(self.num_layers)])
 
     @classmethod
@@ -126,7 +128,7 @@ class KVCacheBase(Cache):
         rows = _checks.integer("rows", rows, 1)
         self._check_room(offset + rows, "begin_block")
         self._block = (offset, rows)
-        self._write = self._plan(offset, rows)
+        self._write = self._write_target(offset, rows)
 
     def end_block(self):
         self._block = None
@@ -153,9 +155,9 @@ class KVCacheBase(Cache):
             if self._block[1] != T:
                 raise ValueError(f"append_block: the open block has {self._block[1]} rows per sequence, got T={T}")
         elif layer == 0 or self._write is None or self._write[-1] != T:
-            # Plain mode: the first layer of each forward checks room and plans the write.
+            # Plain mode: the first layer of each forward checks room and computes the write target.
             self._check_room(T, "append_block")
-            self._write = self._plan(0, T)
+            self._write = self._write_target(0, T)
         self._write_rows(layer, k, v)
         view = self._layer_view(layer)
         if self._block is None and layer == L - 1:
@@ -203,7 +205,8 @@ class KVCacheBase(Cache):
 
     def compact(self, accept_idx, accept_lens, *, check=True, backend=None, host_counts=None):
         """Keeps the accepted block rows: row ``lens + accept_idx[b, j]`` moves to ``lens + j`` in every
-        layer (one :class:`specops.KVCompactPlan` run: one kernel call), then ``lens += accept_lens``.
+        layer (one call of the compiled op: the cache's storage was checked when it was built, so
+        only the acceptance is checked here), then ``lens += accept_lens``.
         ``host_counts``: accept_lens as a Python list when the caller has read them anyway (the
         decoding loop's packed read); keeps the host mirror of ``lens`` fresh, so the next block's
         room check needs no sync. Trusted, like ``check=False``.
@@ -212,10 +215,19 @@ class KVCacheBase(Cache):
         if host_counts is not None:  # before anything is written
             host_counts = self._host_count_list(host_counts)
         self._compact(accept_idx, accept_lens, check, backend)
-        # No second check: with check=True the plan has verified lens + accept_idx[b, j] < max_len for
+        # No second check: with check=True the value rules have verified lens + accept_idx[b, j] < max_len for
         # strictly increasing accept_idx[b, j] >= j, so lens + accept_lens <= max_len holds; with
         # check=False nothing is checked (and nothing syncs), as documented.
         self.commit(accept_lens, host_counts, check=False)
+
+    def _compact(self, accept_idx, accept_lens, check, backend):
+        B = self.batch_size
+        _kvc.check_accept(self.lens, accept_idx, accept_lens, B, self.lens.device, lens_name="lens")
+        if check:
+            self._compact_values(accept_idx, accept_lens)
+        impl = _backend.resolve(self._COMPACT_OP, self.lens.device, backend)
+        if accept_idx.shape[1] and B:  # the kernels are never launched for an empty acceptance
+            impl(*self._compact_args(accept_idx, accept_lens))
 
     def truncate(self, new_lens, host_lens=None):
         """Metadata only: ``lens = new_lens`` (int32 [B], each <= the current length). The check costs

@@ -16,7 +16,7 @@ a contiguous [B, Hkv, max_len, D] copy, so any attention implementation reads th
 import torch
 
 from ..ops import _checks
-from ..ops.plan import KVCompactPlan
+from ..ops.kv_compact import _check_paged_values
 from ..ops.tree_attention import gather_pages
 from .base import KVCacheBase, check_sizes
 
@@ -41,8 +41,7 @@ class PagedKVCache(KVCacheBase):
                  page_order=None, dtype=torch.float32, device="cpu"):
         names = ("num_layers", "batch_size", "num_kv_heads", "max_len", "head_dim", "page_size")
         check_sizes("PagedKVCache", names, (num_layers, batch_size, num_kv_heads, max_len, head_dim, page_size), dtype)
-        if page_size & (page_size - 1):
-            raise ValueError(f"PagedKVCache page_size must be a power of two >= 1, got {page_size}")
+        _checks.power_of_two("PagedKVCache page_size", page_size)
         max_pages = -(-max_len // page_size)
         needed = batch_size * max_pages
         if num_pages is None:
@@ -74,8 +73,8 @@ class PagedKVCache(KVCacheBase):
         return tuple(gather_pages(pool[layer], self.page_table)[:, :, :self.max_len] for pool in
                      (self.k_pages, self.v_pages))
 
-    def _plan(self, offset, T):
-        # One plan per forward, reused by every layer: the pool row (page * page_size + slot) of
+    def _write_target(self, offset, T):
+        # Computed once per forward, reused by every layer: the pool row (page * page_size + slot) of
         # every new row, int64 [B * T] in (b, t) order. No host sync.
         ps = self.page_size
         rows = (self.lens.to(torch.int64) + offset)[:, None] + torch.arange(T, device=self.lens.device)  # [B, T]
@@ -89,11 +88,13 @@ class PagedKVCache(KVCacheBase):
             rows = new.to(pool.dtype).transpose(1, 2).reshape(B * T, H, D)  # [B * T, Hkv, D]
             pool[layer].view(-1, H, D).index_copy_(0, flat, rows)
 
-    def _compact(self, accept_idx, accept_lens, check, backend):
-        KVCompactPlan(self.lens, accept_idx, accept_lens, num_layers=self.num_layers, num_kv_heads=self.num_kv_heads,
-                      head_dim=self.head_dim, page_table=self.page_table, page_size=self.page_size,
-                      num_pages=self.num_pages, dtype=self.dtype, device=self.lens.device, check=check,
-                      backend=backend).run(self.k_pages, self.v_pages)
+    _COMPACT_OP = "kv_compact_paged"
+
+    def _compact_values(self, accept_idx, accept_lens):
+        _check_paged_values(self.page_table, self.num_pages, self.page_size, self.lens, accept_idx, accept_lens)
+
+    def _compact_args(self, accept_idx, accept_lens):
+        return self.k_pages, self.v_pages, self.page_table, self.lens, accept_idx, accept_lens
 
     def _reorder(self, beam_idx):
         # Copy pages (not table rows): two sequences sharing pages would overwrite each other's rows.

@@ -15,7 +15,7 @@ Two ways to drive it:
 """
 import torch
 
-from ..ops.plan import KVCompactPlan
+from ..ops.kv_compact import _check_values
 from .base import KVCacheBase, check_sizes
 
 
@@ -46,8 +46,8 @@ class StaticKVCache(KVCacheBase):
         # [B, Hkv, S, D] views: what tree_attention (and HF's own attention functions) read.
         return self.k[layer], self.v[layer]
 
-    def _plan(self, offset, T):
-        # One plan per forward, reused by every layer: ("slice", start, T) when every sequence writes
+    def _write_target(self, offset, T):
+        # Computed once per forward, reused by every layer: ("slice", start, T) when every sequence writes
         # at the same row, else ("scatter", index [B, Hkv, T, D], T). The host mirror of lens is fresh
         # here (the room check just read it), so this costs no extra sync.
         host = self.host_lens()
@@ -66,10 +66,13 @@ class StaticKVCache(KVCacheBase):
             self.k[layer].scatter_(2, where, k.to(self.k.dtype))
             self.v[layer].scatter_(2, where, v.to(self.v.dtype))
 
-    def _compact(self, accept_idx, accept_lens, check, backend):
-        KVCompactPlan(self.lens, accept_idx, accept_lens, num_layers=self.num_layers, num_kv_heads=self.num_kv_heads,
-                      head_dim=self.head_dim, max_len=self.max_len, dtype=self.dtype, device=self.lens.device,
-                      check=check, backend=backend).run(self.k, self.v)
+    _COMPACT_OP = "kv_compact"
+
+    def _compact_values(self, accept_idx, accept_lens):
+        _check_values(self.lens, accept_idx, accept_lens, self.max_len)
+
+    def _compact_args(self, accept_idx, accept_lens):
+        return self.k, self.v, self.lens, accept_idx, accept_lens
 
     def _reorder(self, beam_idx):
         self.k.copy_(self.k[:, beam_idx])

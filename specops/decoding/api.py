@@ -4,7 +4,7 @@ import torch
 from .. import models, parallel
 from . import adaptive as _adaptive
 from . import methods
-from ..distill.feature import is_feature_draft
+from ..draft_models import is_feature_draft
 from .draft_lm import DraftLM
 from .eagle import FeatureDraftLM
 from .loop import TargetLM, decode

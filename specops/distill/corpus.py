@@ -67,14 +67,19 @@ def package_docs():
     return out
 
 
+def _parsed(sources):
+    """(rel, module AST) of every source that parses."""
+    for rel, text in sources:
+        try:
+            yield rel, ast.parse(text)
+        except SyntaxError:
+            continue
+
+
 def docstrings(sources):
     """(name, text) of module/class/function docstrings of at least 3 lines from ``sources``."""
     out = []
-    for rel, text in sources:
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:
-            continue
+    for rel, tree in _parsed(sources):
         for node in ast.walk(tree):
             if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
                 doc = ast.get_docstring(node)
@@ -86,11 +91,7 @@ def docstrings(sources):
 def functions_with_summaries(sources):
     """(qualified name, signature line, one-line summary) of documented public stdlib functions."""
     out = []
-    for rel, text in sources:
-        try:
-            tree = ast.parse(text)
-        except SyntaxError:
-            continue
+    for rel, tree in _parsed(sources):
         mod = rel[len("stdlib/"):-3].replace("/", ".").replace(".__init__", "")
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):

@@ -1,8 +1,9 @@
 """FlashInfer's custom-mask prefill as an optional ``tree_attention`` backend (``"flashinfer"``).
 
-When the ``flashinfer`` package imports and the tensors are on a CUDA device, dispatch prefers it for
-fp16/bf16 calls whose head dim FlashInfer compiles (64, 128, 256); any other call falls through to
-the next backend (Triton). Nothing here runs without FlashInfer and a GPU: the machines this project
+It runs fp16/bf16 calls whose head dim FlashInfer compiles (64, 128, 256) when the ``flashinfer``
+package imports and the tensors are on a CUDA device. In the automatic choice it comes after
+``triton`` and ``cuda`` (specops/backend.py), for the reason below; ``backend="flashinfer"`` asks
+for it. Nothing here runs without FlashInfer and a GPU: the machines this project
 is built on have neither, so the provider's test (``tests/test_flashinfer.py``) runs only where both
 exist, comparing it with the torch reference like every backend.
 
@@ -12,6 +13,18 @@ the whole buffer ``S``; the lengths and the tree mask become one boolean ``custo
 (:func:`specops.ops.tree_attention.visibility`), so rows past ``prefix + block`` are simply invisible.
 Query rows that see no key (padding, ``q_lens``) come out as zeros, as the contract says. One
 ``single_prefill_with_kv_cache`` launch per sequence.
+
+Why it is not the default (model: bench/roofline.py's bytes over the H100 SXM / A100 SXM datasheet
+bandwidth; no GPU timing here). At a decode step (Hq 32, Hkv 8, D 128, prefix 4096, 16 tree
+queries, bf16) the op is memory-bound; model: its lower bound is 5.1 us (H100) / 8.4 us (A100) at
+B = 1 and 40.8 / 67.1 us at B = 8, what our kernels approach by reading only the prefix + block
+rows once per kv head. This provider reads K/V over the whole buffer ``S`` (a cache sized to twice
+the rows in use: model 10.3 / 16.8 us at B = 1, 82.0 / 134.7 us at B = 8, mask traffic included),
+in B launches, and FlashInfer's custom-mask prefill runs at about half its causal kernel's speed
+(FlashInfer issue #724), so model ~2x that again: 4x the bound. The batch wrapper
+(``BatchPrefillWithPagedKVCacheWrapper`` planned once per step with a packed custom mask over the
+block only) would remove the launches and the mask over the prefix, but cannot be built or tested
+on machines without FlashInfer and a GPU, so the provider stays behind our kernels.
 """
 import importlib.util
 
@@ -40,8 +53,10 @@ def supports(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scal
 
 
 @register("tree_attention", "flashinfer", supports=supports)
-def tree_attention_flashinfer(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
-    """Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D] -> [B, Tq, Hq, D] (q's dtype)."""
+def tree_attention_flashinfer(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1,
+                              workspace=None):
+    """Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D] -> [B, Tq, Hq, D] (q's dtype).
+    FlashInfer schedules its own splits: ``num_splits`` / ``workspace`` are not used."""
     import flashinfer
 
     B, Tq, Hq, D = q.shape

@@ -50,12 +50,34 @@ def integer(name, value, lo=None, hi=None, why=""):
 
 
 def _first_bad(flags):
-    """Host-syncs once on a stack of per-rule failure flags; returns the first failing index or None."""
-    bad = torch.stack([f.reshape(()) for f in flags]).cpu().tolist()
+    """Host-syncs once on per-rule failure flags (bool tensors, any shape: set anywhere = failed);
+    returns the first failing index or None."""
+    if not flags:
+        return None
+    bad = torch.stack([f.any().reshape(()) for f in flags]).cpu().tolist()
     for i, b in enumerate(bad):
         if b:
             return i
     return None
+
+
+def raise_first(rules):
+    """The value-rule engine of the ops: ``rules`` is a list of ``(flag, message)``, ``flag`` a bool
+    tensor (any shape; the rule fails where it is set) and ``message()`` the error text, built only
+    for the rule that fails (it may read the tensors: that is the error path). One host sync for
+    the whole list; raises ValueError with the first failing rule's message."""
+    which = _first_bad([flag for flag, _ in rules])
+    if which is not None:
+        raise ValueError(rules[which][1]())
+
+
+def power_of_two(label, value, detail=""):
+    """The page-size rule of every paged layout: ``value`` (an int >= 1) is a power of two, because
+    the kernels split row numbers into (page, slot) with shifts and masks. ``label`` names it in the
+    error, ``detail`` follows the value there."""
+    if value < 1 or value & (value - 1):
+        raise ValueError(f"{label} must be a power of two >= 1, got {value}{detail}")
+    return value
 
 
 def first_index(mask):
@@ -74,16 +96,15 @@ def range_values(name, t, lo, hi, what=None):
     if t.numel() == 0:
         return
     bad = (t < lo) | (t > hi)
-    if _first_bad([bad.any()]) is not None:
-        raise ValueError(f"{name} must lie in [{lo}, {hi}]{' (' + what + ')' if what else ''}, "
-                         f"got {at(name, t, bad)}")
+    raise_first([(bad, lambda: f"{name} must lie in [{lo}, {hi}]{' (' + what + ')' if what else ''}, "
+                               f"got {at(name, t, bad)}")])
 
 
 def not_nan_or_posinf(name, t):
     """No NaN and no +inf in ``t`` (-inf is allowed); one host sync."""
-    bad = torch.isnan(t) | (t == float("inf"))
-    if t.numel() and _first_bad([bad.any()]) is not None:
-        raise ValueError(f"{name} must not contain NaN or +inf, got {at(name, t, bad)}")
+    if t.numel():
+        bad = torch.isnan(t) | (t == float("inf"))
+        raise_first([(bad, lambda: f"{name} must not contain NaN or +inf, got {at(name, t, bad)}")])
 
 
 def tree_values(parents, num_nodes, *, parents_name="parents", num_nodes_name="num_nodes"):
@@ -99,17 +120,31 @@ def tree_values(parents, num_nodes, *, parents_name="parents", num_nodes_name="n
     root_bad = valid[:, 0] & (parents[:, 0] != -1)
     child = valid & (idx[None, :] > 0)
     child_bad = child & ((parents < 0) | (parents >= idx[None, :]))
-    which = _first_bad([nodes_bad.any(), root_bad.any(), child_bad.any()])
-    if which == 0:
-        raise ValueError(f"{num_nodes_name} must lie in [1, T={T}], got {at(num_nodes_name, num_nodes, nodes_bad)}")
-    if which == 1:
+
+    def root_msg():
         b = int(root_bad.nonzero()[0, 0])
-        raise ValueError(f"{parents_name}[{b}, 0] must be -1 (node 0 is the root), "
-                         f"got {int(parents[b, 0])}")
-    if which == 2:
+        return f"{parents_name}[{b}, 0] must be -1 (node 0 is the root), got {int(parents[b, 0])}"
+
+    def child_msg():
         b, i = (int(v) for v in child_bad.nonzero()[0])
-        raise ValueError(f"{parents_name}[{b}, {i}] must satisfy -1 < parent < {i} (topological order), "
-                         f"got {int(parents[b, i])}")
+        return f"{parents_name}[{b}, {i}] must satisfy -1 < parent < {i} (topological order), got {int(parents[b, i])}"
+
+    raise_first([(nodes_bad, lambda: f"{num_nodes_name} must lie in [1, T={T}], got "
+                                     f"{at(num_nodes_name, num_nodes, nodes_bad)}"),
+                 (root_bad, root_msg), (child_bad, child_msg)])
+
+
+def tree_nodes(parents, num_nodes, check):
+    """``num_nodes`` of a [B, T] ``parents``: checked int32 [B], or all T for None; with ``check``
+    also the tree value rules (:func:`tree_values`, one host sync). Returns num_nodes."""
+    B, T = parents.shape
+    if num_nodes is None:
+        num_nodes = torch.full((B,), T, dtype=torch.int32, device=parents.device)
+    else:
+        lengths("num_nodes", num_nodes, B, parents.device)
+    if check:
+        tree_values(parents, num_nodes)
+    return num_nodes
 
 
 def lengths(name, t, B, device):

@@ -64,16 +64,14 @@ def check_pools(k_pages, v_pages):
     N, page_size, _ = _page_size("k_pages", k_pages, lead=1)
     _checks.tensor("v_pages", v_pages, dtype=k_pages.dtype, shape=tuple(k_pages.shape), device=k_pages.device,
                    last_stride_one=True)
-    try:
-        _check_no_overlap(k_pages, v_pages)
-    except ValueError as err:  # the shared check names the contiguous op's arguments
-        raise ValueError(str(err).replace("k_cache", "k_pages").replace("v_cache", "v_pages")) from None
+    _check_no_overlap(k_pages, v_pages, "k_pages", "v_pages")
     return N, page_size
 
 
-def check_accept(prefix_lens, accept_idx, accept_lens, B, dev):
-    """The metadata rules of the acceptance (int32 [B], [B, A], [B]; no host sync)."""
-    _checks.lengths("prefix_lens", prefix_lens, B, dev)
+def check_accept(prefix_lens, accept_idx, accept_lens, B, dev, lens_name="prefix_lens"):
+    """The metadata rules of the acceptance (int32 [B], [B, A], [B]; no host sync); ``lens_name``
+    names the committed lengths in errors (the plan's ``lens``)."""
+    _checks.lengths(lens_name, prefix_lens, B, dev)
     _checks.tensor("accept_idx", accept_idx, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
     _checks.lengths("accept_lens", accept_lens, B, dev)
 
@@ -100,10 +98,10 @@ def _span_bytes(t):
     return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
 
 
-def _check_no_overlap(k_cache, v_cache):
+def _check_no_overlap(k_cache, v_cache, k_name="k_cache", v_name="v_cache"):
     """Each cache's rows must be distinct memory (else writes race), and K must not share memory
     with V (else moving K moves V too). Metadata only: shapes, strides and data addresses."""
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+    for name, t in ((k_name, k_cache), (v_name, v_cache)):
         if not t.is_contiguous() and not _no_self_overlap(t.shape, t.stride()):
             raise ValueError(f"{name} must not address one element twice (e.g. an expanded view), "
                              f"got shape {tuple(t.shape)} with strides {t.stride()}")
@@ -120,56 +118,51 @@ def _check_no_overlap(k_cache, v_cache):
     if k_cache.stride() == v_cache.stride() and rem == 0 and gap > 0 and _no_self_overlap(
             tuple(k_cache.shape) + (2,), k_cache.stride() + (gap,)):
         return
-    raise ValueError("v_cache must not share memory with k_cache, got address ranges that interleave "
+    raise ValueError(f"{v_name} must not share memory with {k_name}, got address ranges that interleave "
                      f"{abs(v_lo - k_lo)} bytes apart with strides {k_cache.stride()} and {v_cache.stride()}")
 
 
 def _check_values(prefix_lens, accept_idx, accept_lens, S):
     """Value rules of the contract, one host sync; the message names the first broken rule."""
-    if accept_idx.shape[0] == 0:
-        return
-    rules = _accept_rules(prefix_lens, accept_idx, accept_lens, S)
-    which = _checks._first_bad([r.any() for r in rules])
-    if which is None:
-        return
-    _raise_rule(which, rules[which], prefix_lens, accept_idx, accept_lens, f"S={S}")
+    if accept_idx.shape[0]:
+        _checks.raise_first(_accept_rules(prefix_lens, accept_idx, accept_lens, S, f"S={S}"))
 
 
-def _accept_rules(prefix_lens, accept_idx, accept_lens, rows):
-    """The value rules both layouts share, as bool tensors in _raise_rule's order: accept_lens in
-    [0, A], prefix_lens in [0, rows], accept_idx strictly increasing from 0, rows addressed < rows."""
+def _accept_rules(prefix_lens, accept_idx, accept_lens, rows, label):
+    """The value rules both layouts share, as (flag, message) for :func:`_checks.raise_first`:
+    accept_lens in [0, A], prefix_lens in [0, rows], accept_idx strictly increasing from 0, rows
+    addressed < rows (``label`` names that limit)."""
     A = accept_idx.shape[1]
     j = torch.arange(A, device=accept_idx.device)
     valid = j[None, :] < accept_lens[:, None]  # [B, A]
     idx = accept_idx.to(torch.int64)
     prev = torch.cat([torch.full_like(idx[:, :1], -1), idx[:, :-1]], dim=1)
     src = prefix_lens.to(torch.int64)[:, None] + idx
-    return [
-        (accept_lens < 0) | (accept_lens > A),
-        (prefix_lens < 0) | (prefix_lens > rows),
-        valid & (idx <= prev),
-        valid & (src >= rows),
-    ]
+    lens_bad = (accept_lens < 0) | (accept_lens > A)
+    prefix_bad = (prefix_lens < 0) | (prefix_lens > rows)
+    order_bad, past_bad = valid & (idx <= prev), valid & (src >= rows)
 
+    def first(bad):
+        return bad.nonzero()[0].tolist()
 
-def _raise_rule(which, broken, prefix_lens, accept_idx, accept_lens, rows):
-    """The ValueError of the first broken value rule (0: accept_lens range, 1: prefix_lens range,
-    2: accept_idx order, 3: rows past the cache), at its first position; ``rows`` names the limit."""
-    A = accept_idx.shape[1]
-    bad = broken.nonzero()[0].tolist()
-    if which == 0:
-        raise ValueError(f"accept_lens must lie in [0, A={A}], got accept_lens[{bad[0]}] = "
-                         f"{int(accept_lens[bad[0]])}")
-    if which == 1:
-        raise ValueError(f"prefix_lens must lie in [0, {rows}], got prefix_lens[{bad[0]}] = "
-                         f"{int(prefix_lens[bad[0]])}")
-    b, i = bad
-    if which == 2:
+    def order():
+        b, i = first(order_bad)
         want = ">= 0" if i == 0 else f"> accept_idx[{b}, {i - 1}] = {int(accept_idx[b, i - 1])}"
-        raise ValueError(f"accept_idx[{b}, :accept_lens[{b}]] must be strictly increasing from >= 0: "
-                         f"accept_idx[{b}, {i}] must be {want}, got {int(accept_idx[b, i])}")
-    raise ValueError(f"accept_idx[{b}, {i}] = {int(accept_idx[b, i])} plus prefix_lens[{b}] = "
-                     f"{int(prefix_lens[b])} must address a row < {rows}")
+        return (f"accept_idx[{b}, :accept_lens[{b}]] must be strictly increasing from >= 0: "
+                f"accept_idx[{b}, {i}] must be {want}, got {int(accept_idx[b, i])}")
+
+    def past():
+        b, i = first(past_bad)
+        return (f"accept_idx[{b}, {i}] = {int(accept_idx[b, i])} plus prefix_lens[{b}] = "
+                f"{int(prefix_lens[b])} must address a row < {label}")
+
+    return [
+        (lens_bad, lambda: f"accept_lens must lie in [0, A={A}], got {_checks.at('accept_lens', accept_lens, lens_bad)}"),
+        (prefix_bad, lambda: f"prefix_lens must lie in [0, {label}], got "
+                             f"{_checks.at('prefix_lens', prefix_lens, prefix_bad)}"),
+        (order_bad, order),
+        (past_bad, past),
+    ]
 
 
 # ---- torch reference -------------------------------------------------------------------------------
@@ -300,17 +293,10 @@ def _check_paged_values(page_table, num_pages, page_size, prefix_lens, accept_id
     last = idx.gather(1, (n - 1).clamp(min=0)[:, None])[:, 0] if A else torch.zeros_like(n)
     needed = prefix_lens.long() + torch.where(n > 0, last + 1, 0)
     needed = needed.clamp(max=rows)
-    pages_bad, pages_error = page_rules(page_table, needed, num_pages, page_size)
     clash = _aliased_writes(page_table, num_pages, page_size, needed, prefix_lens, accept_idx, accept_lens)
-    rules = _accept_rules(prefix_lens, accept_idx, accept_lens, rows)
-    which = _checks._first_bad([r.any() for r in rules] + [pages_bad, clash.any()])
-    if which is None:
-        return
-    if which == len(rules):
-        pages_error()
-    if which == len(rules) + 1:
-        _raise_aliased(clash, page_table, page_size, needed)
-    _raise_rule(which, rules[which], prefix_lens, accept_idx, accept_lens, f"max_pages * page_size = {rows}")
+    _checks.raise_first(_accept_rules(prefix_lens, accept_idx, accept_lens, rows, f"max_pages * page_size = {rows}")
+                        + [page_rules(page_table, needed, num_pages, page_size),
+                           (clash, lambda: _aliased_message(clash, page_table, page_size, needed))])
 
 
 def _aliased_writes(page_table, num_pages, page_size, needed, prefix_lens, accept_idx, accept_lens):
@@ -339,7 +325,7 @@ def _aliased_writes(page_table, num_pages, page_size, needed, prefix_lens, accep
     return shared.view(B, M) & written & addressed
 
 
-def _raise_aliased(clash, page_table, page_size, needed):
+def _aliased_message(clash, page_table, page_size, needed):
     """The error for a written page that is addressed twice (error path: host syncs are fine)."""
     b, i = (int(x) for x in clash.nonzero()[0])
     page = int(page_table[b, i])
@@ -347,9 +333,9 @@ def _raise_aliased(clash, page_table, page_size, needed):
     for b2, i2 in (page_table == page).nonzero().tolist():
         if (b2, i2) != (b, i) and i2 < int(pages_needed[b2]):
             break
-    raise ValueError(f"page_table[{b}, {i}] = {page} holds rows the compaction writes (rows [{i * page_size}, "
-                     f"{(i + 1) * page_size}) of sequence {b}), so it must be no other entry the moves address, "
-                     f"got page_table[{b2}, {i2}] = {page} too")
+    return (f"page_table[{b}, {i}] = {page} holds rows the compaction writes (rows [{i * page_size}, "
+            f"{(i + 1) * page_size}) of sequence {b}), so it must be no other entry the moves address, "
+            f"got page_table[{b2}, {i2}] = {page} too")
 
 
 @register("kv_compact_paged", "torch")

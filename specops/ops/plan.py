@@ -1,4 +1,6 @@
-"""Plans: validate and dispatch once, run many times.
+"""Plans: validate, dispatch and schedule once, run many times. A plan is the one place scheduling
+happens: :class:`TreeAttentionPlan` chooses the kv split count of the step (one rule per device
+kind, :mod:`specops.ops.splits`) and owns the partials workspace every layer's kernel reuses.
 
 At decode shapes the Python argument checks of an op cost about as much as its kernel (kv_compact:
 ~12 us of Python against ~2.5 us of C++ per call), and one decoding step calls tree_attention once
@@ -36,15 +38,14 @@ class _Spec:
     def dim(self):
         return len(self.shape)
 
+    def element_size(self):
+        return torch.empty((), dtype=self.dtype).element_size()
+
     def stride(self, dim=None):
         return self._strides if dim is None else self._strides[dim]
 
 
-def _resolve(op, device, backend, args):
-    """(backend name, implementation) of ``op`` for the call ``args``, by the dispatch rule."""
-    impl = _backend.resolve(op, device, backend, args)
-    name = next(n for n, f in _backend._IMPLS[op].items() if f is impl)
-    return name, impl
+_resolve = _backend.resolve_named
 
 
 def _size(name, value, lo=1):
@@ -55,9 +56,7 @@ def _paging(page_table, page_size, num_pages, B, dev):
     """The paged layout's arguments checked: page_table int32 [B, max_pages], page_size a power of
     two, num_pages (optional) >= 1. -> (page_size, num_pages)."""
     _checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
-    page_size = _size("page_size", page_size)
-    if page_size & (page_size - 1):
-        raise ValueError(f"page_size must be a power of two >= 1, got {page_size}")
+    page_size = _checks.power_of_two("page_size", _size("page_size", page_size))
     return page_size, (None if num_pages is None else _size("num_pages", num_pages))
 
 
@@ -75,6 +74,13 @@ class TreeAttentionPlan:
     page_size, Hkv, D]); -> out [B, Tq, Hq, D] in ``dtype``. Hq = num_heads, Hkv = num_kv_heads,
     D = head_dim.
 
+    The schedule: ``num_splits`` (the :attr:`num_splits` property) is the kv split count every
+    ``run`` launches with, chosen once per plan by :func:`specops.ops.tree_attention.choose_splits`
+    for the resolved backend (pass ``num_splits=`` to override), and the plan allocates the fp32
+    partials workspace those splits write (``workspace``; None without splits) once, for all layers.
+    Without ``max_len`` / ``num_pages`` the GPU rule needs the cache length, so the choice is made at
+    the first ``run``.
+
     ``max_len`` (contiguous: S) and ``num_pages`` (paged: the pool size) are optional: when given,
     ``check=True`` verifies the value rules here; when not, at the first ``run`` (where the cache
     shows them). Either way one host sync per plan, none with ``check=False`` (then bad lengths
@@ -86,7 +92,7 @@ class TreeAttentionPlan:
 
     def __init__(self, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None, page_table=None, page_size=None,
                  head_dim, num_heads, num_kv_heads, dtype, device=None, check=True, backend=None, max_len=None,
-                 num_pages=None):
+                 num_pages=None, num_splits=None):
         _checks.tensor("prefix_lens", prefix_lens, dtype=torch.int32, rank=1)
         dev = _device(device, prefix_lens)
         B = prefix_lens.shape[0]
@@ -120,10 +126,31 @@ class TreeAttentionPlan:
             cache = _Spec((B, Hkv, max_len or 1, D), dtype, dev)
             args = (q, cache, cache, prefix_lens, block_lens, mask, q_lens, self.sm_scale)
         self.backend, self._impl = _resolve(self.op, dev, backend, args)
+        if num_splits is not None:
+            num_splits = _checks.integer("num_splits", num_splits, 1, _ta.splits.MAX_SPLITS, "the combine's limit")
+        self._forced_splits, self._num_splits, self.workspace = num_splits, None, None
+        if num_splits is not None or max_len is not None or (self.paged and num_pages is not None):
+            rows = _ta.paged_rows(page_table, num_pages, page_size) if self.paged else max_len
+            self._schedule(rows)
         self._values_pending = check
         if check and (num_pages if self.paged else max_len) is not None:
             self._check_values(num_pages if self.paged else max_len)
         self._first = True
+
+    @property
+    def num_splits(self):
+        """The kv split count of every ``run`` (None until known: see the class)."""
+        return self._num_splits
+
+    def _schedule(self, rows):
+        """Chooses the split count for ``rows`` addressable rows per sequence and allocates the
+        partials workspace [num_splits * B * Tq * Hq * (D + 1)] fp32 (None without splits)."""
+        q = _Spec((self.B, self.Tq, self.num_heads, self.head_dim), self.dtype, self.device)
+        ns = self._forced_splits or _ta.choose_splits(self.backend, q, self.num_kv_heads, rows, self.prefix_lens,
+                                                      self.block_lens, self.mask.shape[2], self.paged)
+        size = _ta.splits.workspace_size(ns, self.B, self.Tq, self.num_heads, self.head_dim)
+        self._num_splits = ns
+        self.workspace = torch.empty(size, dtype=torch.float32, device=self.device) if size else None
 
     def _check_values(self, size):
         W = self.mask.shape[2]
@@ -157,6 +184,9 @@ class TreeAttentionPlan:
             self._check_values(size)
         if _backend._incapable(self.op, self.backend, args) is not None:
             self.backend, self._impl = _resolve(self.op, self.device, self._backend, args)
+            self._num_splits = None
+        if self._num_splits is None:
+            self._schedule(_ta.paged_rows(self.page_table, size, self.page_size) if self.paged else size)
         self._first = False
 
     def run(self, q, k, v):
@@ -166,8 +196,9 @@ class TreeAttentionPlan:
             self._first_run(q, k, v)
         if self.paged:
             return self._impl(q, k, v, self.page_table, self.prefix_lens, self.block_lens, self.mask, self.q_lens,
-                              self.sm_scale)
-        return self._impl(q, k, v, self.prefix_lens, self.block_lens, self.mask, self.q_lens, self.sm_scale)
+                              self.sm_scale, self._num_splits, self.workspace)
+        return self._impl(q, k, v, self.prefix_lens, self.block_lens, self.mask, self.q_lens, self.sm_scale,
+                          self._num_splits, self.workspace)
 
 
 class KVCompactPlan:
@@ -188,10 +219,7 @@ class KVCompactPlan:
         _checks.tensor("lens", lens, dtype=torch.int32, rank=1)
         dev = _device(device, lens)
         B = lens.shape[0]
-        try:
-            _kvc.check_accept(lens, accept_idx, accept_lens, B, dev)
-        except (TypeError, ValueError) as err:  # the shared check names the op's argument
-            raise type(err)(str(err).replace("prefix_lens", "lens")) from None
+        _kvc.check_accept(lens, accept_idx, accept_lens, B, dev, lens_name="lens")
         L, Hkv, D = _size("num_layers", num_layers), _size("num_kv_heads", num_kv_heads), _size("head_dim", head_dim)
         if dtype not in _kvc.CACHE_DTYPES:
             raise TypeError(f"dtype must be one of {_kvc.CACHE_DTYPES}, got {dtype!r}")

@@ -92,12 +92,7 @@ def select_topn_subtree(parents, scores, n, num_nodes=None, *, check=True, backe
         raise ValueError(f"parents must have at least one node (T >= 1), got shape {tuple(parents.shape)}")
     _checks.tensor("scores", scores, dtype=_FLOAT_DTYPES, shape=(B, T), device=parents.device)
     n = _n(n)
-    if num_nodes is None:
-        num_nodes = torch.full((B,), T, dtype=torch.int32, device=parents.device)
-    else:
-        _checks.lengths("num_nodes", num_nodes, B, parents.device)
-    if check:
-        _checks.tree_values(parents, num_nodes)
+    num_nodes = _checks.tree_nodes(parents, num_nodes, check)
     impl = resolve("select_topn_subtree", parents.device, backend)
     return impl(parents, scores.float(), num_nodes, n)
 

@@ -14,8 +14,8 @@ import numbers
 import torch
 
 from .. import _ext
-from ..backend import register, register_compiled, register_supports, resolve
-from . import _checks
+from ..backend import register, register_compiled, register_supports, resolve_named
+from . import _checks, splits
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 CUDA_MAX_D = 256  # the CUDA kernels' head-dim buckets (csrc/cuda/tree_attention.cu)
@@ -44,7 +44,65 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
     if check:
         _length_values(prefix_lens, block_lens, q_lens, S, mask.shape[2], q.shape[1])
     args = (q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, float(sm_scale))
-    return resolve("tree_attention", q.device, backend, args)(*args)
+    name, impl = resolve_named("tree_attention", q.device, backend, args)
+    ns = choose_splits(name, q, k_cache.shape[1], S, prefix_lens, block_lens, mask.shape[2])
+    return impl(*args, ns, workspace(ns, q))
+
+
+def choose_splits(backend, q, Hkv, S, prefix_lens, block_lens, W, paged=False):
+    """The kv split count ``backend``'s kernel runs a call with: the one schedule rule per device
+    kind (:mod:`specops.ops.splits`) with that kernel's geometry. :class:`specops.TreeAttentionPlan`
+    calls it once per step, the ops once per call.
+
+    Shape: q [B, Tq, Hq, D]; Hkv kv heads; S rows a sequence can address; prefix_lens / block_lens
+    int32 [B] (read only on CPU, where that is no device sync); W mask words. -> int >= 1."""
+    B, Tq, Hq, D = q.shape
+    if backend == "cpp":
+        if B == 0:
+            return 1
+        tile = splits.CPU_TILE_KEYS
+        if torch.compiler.is_compiling():  # no value reads in a graph: the cache length bounds the tiles
+            max_tiles = -(-S // tile) + 1
+        else:
+            p = prefix_lens.clamp(0, S)
+            n = torch.minimum(block_lens.clamp(min=0), (S - p).clamp(max=32 * W))
+            max_tiles = int(((p + tile - 1) // tile + (n + tile - 1) // tile).max())
+            _THREADS[0] = torch.get_num_threads()
+        return splits.cpu_splits(B, Tq, Hq, Hkv, D, max_tiles, _THREADS[0])
+    if backend == "triton":
+        from ..triton_kernels import tree_attention as kernels
+
+        arch, sms, _ = kernels.target(q.device)
+        return kernels.splits(q, Hkv, S, arch, sms, paged)
+    if backend in ("cuda", "cudasim"):
+        arch, sms = _gpu_target(q.device)
+        fp32 = q.dtype == torch.float32
+        rows, keys = (CUDA_FP32_TILE if fp32 else (CUDA_TC_ROWS, 64 if D <= 64 else 32))
+        return splits.gpu_launch_splits(B, Tq, Hq, Hkv, D, S, q.element_size(), fp32, rows, keys, arch, sms)
+    return 1  # torch, flashinfer: no split schedule
+
+
+_THREADS = [torch.get_num_threads()]  # the last thread count seen outside a graph (dynamo cannot call it)
+CUDA_FP32_TILE = (16, 32)  # csrc/cuda/tree_attention.cu: query rows per block, keys per tile (fp32 kernel)
+CUDA_TC_ROWS = 64  # tree_attention_tc.cuh kTcRows; keys per tile TcCfg<DP>::kBN: 64 for D <= 64, else 32
+
+
+def _gpu_target(device):
+    """(arch table 80/90, SM count) of a CUDA device; splits.SIM_TARGET for CPU tensors (cudasim)."""
+    if device.type != "cuda":
+        return splits.SIM_TARGET
+    props = torch.cuda.get_device_properties(device)
+    return (90 if props.major >= 9 else 80), props.multi_processor_count
+
+
+def workspace(num_splits, q):
+    """The fp32 partials of a ``num_splits`` call (None without splits). Shape: q [B, Tq, Hq, D]
+    -> fp32 [num_splits * B * Tq * Hq * (D + 1)]: part_o [ns, R, D] then part_lse [ns, R]."""
+    n = splits.workspace_size(num_splits, *q.shape)
+    # In a graph always a tensor: inductor cannot lower the op with its mutable optional left None.
+    if n or torch.compiler.is_compiling():
+        return torch.empty(n, dtype=torch.float32, device=q.device)
+    return None
 
 
 def check_args(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
@@ -92,25 +150,28 @@ def scale(sm_scale, D):
     return float(sm_scale)
 
 
-def _length_values(prefix_lens, block_lens, q_lens, S, W, Tq):
-    """The value rules of the lengths, with one host sync; raises naming the first broken rule."""
-    if prefix_lens.numel() == 0:
-        return
+def _length_rules(prefix_lens, block_lens, q_lens, W, Tq, rows, rows_rule, describe):
+    """The value rules of the lengths for :func:`specops.ops._checks.raise_first`; ``rows`` bounds
+    prefix + block (``rows_rule`` says why), ``describe(label, t, bad)`` words the offending values."""
     p, n = prefix_lens.long(), block_lens.long()
     rules = [
         ("prefix_lens", "must be >= 0", prefix_lens, p < 0),
         ("block_lens", "must be >= 0", block_lens, n < 0),
         ("block_lens", f"must be <= 32 * W = {32 * W} (mask too narrow: mask is [B, Tq, W={W}])",
          block_lens, n > 32 * W),
-        ("prefix_lens + block_lens", f"must be <= S = {S} (the cache length)", p + n, p + n > S),
+        ("prefix_lens + block_lens", f"must be <= {rows_rule}", p + n, p + n > rows),
     ]
     if q_lens is not None:
         rules.append(("q_lens", f"must lie in [0, Tq={Tq}]", q_lens, (q_lens < 0) | (q_lens > Tq)))
-    which = _checks._first_bad([r[3].any() for r in rules])
-    if which is not None:
-        name, rule, t, bad = rules[which]
-        label = f"({name})" if " " in name else name
-        raise ValueError(f"{name} {rule}, got {_checks.at(label, t, bad)}")
+    return [(bad, lambda name=name, rule=rule, t=t, bad=bad: f"{name} {rule}, got "
+             f"{describe(f'({name})' if ' ' in name else name, t, bad)}") for name, rule, t, bad in rules]
+
+
+def _length_values(prefix_lens, block_lens, q_lens, S, W, Tq):
+    """The value rules of the lengths, with one host sync; raises naming the first broken rule."""
+    if prefix_lens.numel():
+        _checks.raise_first(_length_rules(prefix_lens, block_lens, q_lens, W, Tq, S, f"S = {S} (the cache length)",
+                                          _checks.at))
 
 
 def visibility(prefix_lens, block_lens, mask, q_lens, S):
@@ -138,7 +199,8 @@ def visibility(prefix_lens, block_lens, mask, q_lens, S):
 
 
 @register("tree_attention", "torch")
-def _tree_attention_torch(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
+def _tree_attention_torch(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1,
+                          workspace=None):
     # The spec: dense scores over the whole cache in fp32, invisible keys at -inf, and rows that
     # see nothing (padding, empty masks) set to 0 instead of softmax's NaN.
     B, Tq, Hq, D = q.shape
@@ -155,15 +217,18 @@ def _tree_attention_torch(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_
     return out.to(q.dtype)
 
 
-def _compiled(ns, q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
-    return ns.tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale)
+def _compiled(ns, q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1, workspace=None):
+    return ns.tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits,
+                             workspace)
 
 
 @register("tree_attention", "triton")
-def _tree_attention_triton(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
+def _tree_attention_triton(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1,
+                           workspace=None):
     from ..triton_kernels import tree_attention as kernels
 
-    return kernels.tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale)
+    return kernels.tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits,
+                                  workspace=workspace)
 
 
 def _has_schema():
@@ -206,7 +271,7 @@ register_supports("tree_attention", ("triton",), _triton_supports)
 if (_ext.cpu_ext is not None or _ext.cuda_ext is not None) and _has_schema():
 
     @torch.library.register_fake("specops::tree_attention")
-    def _(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
+    def _(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1, workspace=None):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
@@ -247,7 +312,15 @@ def tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_len
     if check:
         _paged_length_values(prefix_lens, block_lens, q_lens, page_table, N, page_size, mask.shape[2], q.shape[1])
     args = (q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, float(sm_scale))
-    return resolve("tree_attention_paged", q.device, backend, args)(*args)
+    name, impl = resolve_named("tree_attention_paged", q.device, backend, args)
+    ns = choose_splits(name, q, k_pages.shape[2], paged_rows(page_table, N, page_size), prefix_lens, block_lens,
+                       mask.shape[2], paged=True)
+    return impl(*args, ns, workspace(ns, q))
+
+
+def paged_rows(page_table, num_pages, page_size):
+    """Rows a sequence of a paged cache can address (0 with an empty pool), as the kernels count them."""
+    return min(page_table.shape[1] * page_size, 2**31 - 1) if num_pages else 0
 
 
 def check_paged_args(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale):
@@ -272,31 +345,29 @@ def _page_size(name, pages, *, lead):
     """(num_pages, page_size, Hkv) of a page pool [*lead dims, num_pages, page_size, Hkv, D];
     page_size must be a power of two (the kernels split row numbers with shifts and masks)."""
     N, page_size, Hkv = pages.shape[lead:lead + 3]
-    if page_size < 1 or page_size & (page_size - 1):
-        raise ValueError(f"{name} page_size (dim {lead + 1}) must be a power of two >= 1, "
-                         f"got {page_size} (shape {tuple(pages.shape)})")
+    _checks.power_of_two(f"{name} page_size (dim {lead + 1})", page_size, f" (shape {tuple(pages.shape)})")
     return N, page_size, Hkv
 
 
 def page_rules(page_table, rows_needed, num_pages, page_size):
-    """The page-table rule of the paged ops, as a flag to sync with the other rules and the error
-    to raise when it fails: every page holding one of a sequence's first ``rows_needed[b]`` rows
-    must be a pool page, ``0 <= page_table[b, i] < num_pages``.
+    """The page-table rule of the paged ops as ``(flag, message)`` for
+    :func:`specops.ops._checks.raise_first`: every page holding one of a sequence's first
+    ``rows_needed[b]`` rows must be a pool page, ``0 <= page_table[b, i] < num_pages``.
 
     Shape: page_table int32 [B, max_pages], rows_needed int64 [B] (at most max_pages * page_size;
-    a larger value is some other rule's error) -> (bool tensor [], raise_error())."""
+    a larger value is some other rule's error) -> (bool tensor [B, max_pages], message())."""
     B, max_pages = page_table.shape
     pages_needed = (rows_needed.clamp(min=0) + page_size - 1) // page_size  # [B]
     used = torch.arange(max_pages, device=page_table.device)[None, :] < pages_needed[:, None]
     bad = used & ((page_table < 0) | (page_table >= num_pages))
 
-    def raise_error():
+    def message():
         b, i = (int(x) for x in bad.nonzero()[0])
-        raise ValueError(f"page_table[{b}, {i}] must lie in [0, num_pages={num_pages}) (page {i} holds rows "
-                         f"[{i * page_size}, {(i + 1) * page_size}) of sequence {b}, which uses "
-                         f"{int(rows_needed[b])} rows), got {int(page_table[b, i])}")
+        return (f"page_table[{b}, {i}] must lie in [0, num_pages={num_pages}) (page {i} holds rows "
+                f"[{i * page_size}, {(i + 1) * page_size}) of sequence {b}, which uses "
+                f"{int(rows_needed[b])} rows), got {int(page_table[b, i])}")
 
-    return bad.any(), raise_error
+    return bad, message
 
 
 def _paged_length_values(prefix_lens, block_lens, q_lens, page_table, num_pages, page_size, W, Tq):
@@ -305,25 +376,11 @@ def _paged_length_values(prefix_lens, block_lens, q_lens, page_table, num_pages,
     if B == 0:
         return
     rows = max_pages * page_size
-    p, n = prefix_lens.long(), block_lens.long()
-    pages_bad, pages_error = page_rules(page_table, (p + n).clamp(max=rows), num_pages, page_size)
-    rules = [
-        ("prefix_lens", "must be >= 0", prefix_lens, (p < 0).any()),
-        ("block_lens", "must be >= 0", block_lens, (n < 0).any()),
-        ("block_lens", f"must be <= 32 * W = {32 * W} (mask too narrow: mask is [B, Tq, W={W}])",
-         block_lens, (n > 32 * W).any()),
-        ("prefix_lens + block_lens", f"must be <= max_pages * page_size = {max_pages} * {page_size} = {rows} "
-         "(the rows page_table can address)", p + n, (p + n > rows).any()),
-    ]
-    if q_lens is not None:
-        rules.append(("q_lens", f"must lie in [0, Tq={Tq}]", q_lens, ((q_lens < 0) | (q_lens > Tq)).any()))
-    which = _checks._first_bad([r[3] for r in rules] + [pages_bad])
-    if which is None:
-        return
-    if which == len(rules):
-        pages_error()
-    name, rule, t, _ = rules[which]
-    raise ValueError(f"{name} {rule}, got values in [{int(t.min())}, {int(t.max())}]")
+    rules = _length_rules(prefix_lens, block_lens, q_lens, W, Tq, rows,
+                          f"max_pages * page_size = {max_pages} * {page_size} = {rows} (the rows page_table can "
+                          "address)", lambda label, t, bad: f"values in [{int(t.min())}, {int(t.max())}]")
+    needed = (prefix_lens.long() + block_lens.long()).clamp(max=rows)
+    _checks.raise_first(rules + [page_rules(page_table, needed, num_pages, page_size)])
 
 
 def gather_pages(pages, page_table):
@@ -342,24 +399,26 @@ def gather_pages(pages, page_table):
 
 @register("tree_attention_paged", "torch")
 def _tree_attention_paged_torch(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens,
-                                sm_scale):
+                                sm_scale, num_splits=1, workspace=None):
     # The spec: the contiguous reference on the cache the page table describes.
     k, v = gather_pages(k_pages, page_table), gather_pages(v_pages, page_table)
     return _tree_attention_torch(q, k, v, prefix_lens, block_lens, mask, q_lens, sm_scale)
 
 
 @register_compiled("tree_attention_paged")
-def _compiled_paged(ns, q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale):
-    return ns.tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale)
+def _compiled_paged(ns, q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale,
+                    num_splits=1, workspace=None):
+    return ns.tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale,
+                                   num_splits, workspace)
 
 
 @register("tree_attention_paged", "triton")
 def _tree_attention_paged_triton(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens,
-                                 sm_scale):
+                                 sm_scale, num_splits=1, workspace=None):
     from ..triton_kernels import tree_attention as kernels
 
     return kernels.tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens,
-                                        sm_scale)
+                                        sm_scale, num_splits, workspace=workspace)
 
 
 def _cuda_supports_paged(q, k_pages, *args):
@@ -389,5 +448,6 @@ def _has_op(name):
 if (_ext.cpu_ext is not None or _ext.cuda_ext is not None) and _has_op("tree_attention_paged"):
 
     @torch.library.register_fake("specops::tree_attention_paged")
-    def _(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale):
+    def _(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1,
+          workspace=None):
         return torch.empty_like(q, memory_format=torch.contiguous_format)

@@ -26,12 +26,7 @@ def build_tree_mask(parents, num_nodes=None, *, check=True, backend=None):
     B, T = parents.shape
     if T == 0:
         raise ValueError(f"parents must have at least one node (T >= 1), got shape {tuple(parents.shape)}")
-    if num_nodes is None:
-        num_nodes = torch.full((B,), T, dtype=torch.int32, device=parents.device)
-    else:
-        _checks.lengths("num_nodes", num_nodes, B, parents.device)
-    if check:
-        _checks.tree_values(parents, num_nodes)
+    num_nodes = _checks.tree_nodes(parents, num_nodes, check)
     return resolve("build_tree_mask", parents.device, backend)(parents, num_nodes)
 
 

@@ -1,7 +1,7 @@
 """One claim of each method paper re-checked on our models, computed from ``decoding.csv`` (nothing
 typed by hand). The claims are listed in docs/methods.md §Paper claims re-checked.
 
-    python -m bench.findings [--results bench/results/<machine>]      # prints the markdown table
+    python -m bench.paper_claims [--results bench/results/<machine>]      # prints the markdown table
 
 One row per claim x (target, draft) pair, on greedy batch-1 runs averaged over the tasks:
 
@@ -275,7 +275,7 @@ def main(argv=None):
     from . import _HERE  # noqa: F401
     from _harness import RESULTS
 
-    parser = argparse.ArgumentParser(prog="python -m bench.findings", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.paper_claims", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", default=None, help="directory holding decoding.csv")
     args = parser.parse_args(argv)

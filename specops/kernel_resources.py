@@ -1,6 +1,6 @@
 """GPU resource report: registers, spills, shared memory and occupancy of every kernel, per arch.
 
-``python -m specops.gpu_report [--arch 80 90] [--cuda-so PATH] [--no-triton]`` prints one row per
+``python -m specops.kernel_resources [--arch 80 90] [--cuda-so PATH] [--no-triton]`` prints one row per
 (kernel, config, arch). No GPU is needed:
 
 - Triton rows come from the AOT compile of ``specops.triton_kernels.aot`` (the launches the
@@ -201,7 +201,7 @@ def table(rows):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m specops.gpu_report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m specops.kernel_resources", description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, nargs="+", default=sorted(ARCH), choices=sorted(ARCH))
     parser.add_argument("--cuda-so", default=None, help="CUDA extension to read (default: the built one, if any)")
     parser.add_argument("--no-triton", action="store_true", help="skip the Triton AOT compile")

@@ -1,0 +1,195 @@
+"""The draft models at run time: what the decoding loop and ``specops.models`` load and drive.
+Training them is :mod:`specops.distill`, which imports this module (never the reverse).
+
+Two architectures (``arch``), both scored by the target's tied LM head restricted to a subset of
+the vocabulary (:class:`SubsetLMHead`):
+
+* ``"feature"`` (EAGLE-style, :func:`feature_draft_class`): one decoder layer over
+  ``fc([embed(x_{p+1}); f_p])``, where ``f_p`` is the target's final hidden state at ``p`` (the
+  input of its LM head). One Llama decoder layer and a final norm give ``g_p``, the draft's
+  estimate of ``f_{p+1}``; deeper draft tokens feed the draft's own ``g`` in place of the target's
+  ``f``. Verification stays exact: the draft only proposes.
+* ``"lm"``: a stand-alone ``LlamaForCausalLM`` of a few layers on the target's frozen embedding.
+
+The head: the target's 49,152 x 576 tied head is 28M MACs per token, as much as eight decoder
+layers. ``SubsetLMHead`` scores only the ``keep`` rows and returns full-vocabulary logits with
+``-inf`` elsewhere, so the loop sees a draft with the target's vocabulary and verification stays
+exact: the draft merely never proposes a dropped token. The embedding is the target's own (frozen,
+not shipped: read from the target when the draft loads), so a draft directory holds only the
+decoder layers, ``fc``, the final norm and ``keep`` (``model.safetensors``, ``config.json``).
+"""
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+RECORD = "training.json"
+ARCHS = ("lm", "feature")
+ARCH = "feature"  # specops_arch of the feature draft
+DRAFTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "drafts")  # the shipped drafts
+SUFFIX = "-draft"
+
+
+class SubsetLMHead(nn.Module):
+    """Tied LM head that scores only ``keep`` rows of ``weight``.
+
+    Shape: weight [V, H] (shared with the input embedding), keep int64 [Vd];
+    forward: hidden [..., H] -> logits [..., V] (``-inf`` outside ``keep``);
+    sub_logits: hidden [..., H] -> logits [..., Vd]."""
+
+    def __init__(self, weight, keep):
+        super().__init__()
+        self.weight = weight
+        self.register_buffer("keep", keep.to(torch.int64), persistent=False)
+        self._sub = None
+        self._sub_key = None
+
+    def sub_weight(self):
+        w = self.weight
+        if self.training or torch.is_grad_enabled() and w.requires_grad:
+            return w.index_select(0, self.keep)
+        # The gathered rows are cached between decode steps; the key notices dtype/device moves
+        # and in-place updates of the shared weight.
+        key = (w.data_ptr(), w.dtype, w.device, w._version, self.keep.data_ptr())
+        if self._sub_key != key:
+            self._sub = w.detach().index_select(0, self.keep)
+            self._sub_key = key
+        return self._sub
+
+    def sub_logits(self, hidden):
+        return F.linear(hidden, self.sub_weight())
+
+    def forward(self, hidden):
+        sub = self.sub_logits(hidden)
+        out = sub.new_full(sub.shape[:-1] + (self.weight.shape[0],), float("-inf"))
+        return out.index_copy_(-1, self.keep, sub)
+
+
+def _llama_class():
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM
+
+
+_FEATURE_CLASS = None
+
+
+def feature_draft_class():
+    """``FeatureDraft``, built lazily so importing specops does not import transformers models.
+
+    Its ``forward`` takes the feature rows from ``features=`` or, when the runner calls it with
+    ids only, from ``feature_input`` set just before the call; the predicted features of the latest
+    call are left in ``last_features``."""
+    global _FEATURE_CLASS
+    if _FEATURE_CLASS is not None:
+        return _FEATURE_CLASS
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    class FeatureDraft(_llama_class()):
+        """A 1..K-layer Llama over ``fc([embed(token); target feature])``.
+
+        Shape: forward(input_ids [B, T], features [B, T, H] or feature_input) -> logits [B, T, V];
+        ``last_features`` [B, T, H] (post-norm, the estimate of the target's next feature)."""
+
+        specops_arch = ARCH
+
+        def __init__(self, config):
+            super().__init__(config)
+            H = config.hidden_size
+            self.fc = nn.Linear(2 * H, H, bias=True)
+            self.feature_input = None
+            self.last_features = None
+
+        def hidden(self, input_ids, features, **kwargs):
+            """Shape: input_ids [B, T], features [B, T, H] -> (post-norm hidden [B, T, H], HF output)."""
+            emb = self.model.embed_tokens(input_ids)
+            if features.shape[:2] != emb.shape[:2] or features.shape[-1] != emb.shape[-1]:
+                raise ValueError(f"features: expected shape {tuple(emb.shape)}, got {tuple(features.shape)}")
+            x = self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1))
+            out = self.model(inputs_embeds=x, **kwargs)
+            self.last_features = out.last_hidden_state
+            return out.last_hidden_state, out
+
+        def forward(self, input_ids=None, position_ids=None, past_key_values=None, use_cache=None,
+                    features=None, attention_mask=None, logits_to_keep=None, **kwargs):
+            feats = features if features is not None else self.feature_input
+            if feats is None:
+                raise ValueError("a feature draft needs the target's features: pass features= or set "
+                                 "feature_input (shape [B, T, hidden]) before calling it")
+            h, out = self.hidden(input_ids, feats, position_ids=position_ids, past_key_values=past_key_values,
+                                 use_cache=use_cache, attention_mask=attention_mask)
+            if isinstance(logits_to_keep, torch.Tensor):  # [B, k] row indices (the runner's last rows)
+                h = torch.take_along_dim(h, logits_to_keep[..., None].to(h.device), dim=1)
+            elif isinstance(logits_to_keep, int) and logits_to_keep > 0:
+                h = h[:, -logits_to_keep:]
+            return CausalLMOutputWithPast(logits=self.lm_head(h), past_key_values=out.past_key_values)
+
+    _FEATURE_CLASS = FeatureDraft
+    return FeatureDraft
+
+
+def is_feature_draft(model):
+    return getattr(model, "specops_arch", None) == ARCH
+
+
+def build_draft(config, keep, embedding, arch="lm"):
+    """A LlamaForCausalLM with ``config`` whose head is a :class:`SubsetLMHead` over ``embedding``;
+    ``arch`` "feature" builds the EAGLE-style feature draft (:func:`feature_draft_class`).
+
+    Shape: keep int [Vd]; embedding [V, H] (the target's input embedding, frozen)."""
+    if arch not in ARCHS:
+        raise ValueError(f"draft arch must be one of {ARCHS}, got {arch!r}")
+    model = (feature_draft_class() if arch == "feature" else _llama_class())(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(embedding.to(model.model.embed_tokens.weight.dtype))
+    model.model.embed_tokens.weight.requires_grad_(False)
+    model.lm_head = SubsetLMHead(model.model.embed_tokens.weight, torch.as_tensor(keep))
+    return model
+
+
+def read_config(draft_dir):
+    """(LlamaConfig, the ``specops_draft`` record) of a draft directory."""
+    from transformers import LlamaConfig
+
+    with open(os.path.join(draft_dir, CONFIG)) as f:
+        raw = json.load(f)
+    meta = raw.pop("specops_draft", {})
+    return LlamaConfig.from_dict(raw), meta
+
+
+def load_draft_dir(draft_dir, embedding, dtype=torch.bfloat16):
+    """Loads a draft directory (``specops distill``'s export) onto the target's ``embedding`` ([V, H])."""
+    from safetensors.torch import load_file
+
+    config, meta = read_config(draft_dir)
+    tensors = load_file(os.path.join(draft_dir, WEIGHTS))
+    keep = tensors.pop("lm_head.keep").to(torch.int64)
+    if embedding.shape[0] != config.vocab_size:
+        raise ValueError(f"the draft in {draft_dir} has a {config.vocab_size}-token vocabulary but the "
+                         f"target's embedding has {embedding.shape[0]} rows")
+    model = build_draft(config, keep, embedding, arch=meta.get("arch", "lm"))
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    missing = [k for k in missing if not k.startswith(("model.embed_tokens", "lm_head"))]
+    if missing or unexpected:
+        raise ValueError(f"draft weights in {draft_dir} do not match its config: missing {missing}, "
+                         f"unexpected {unexpected}")
+    return model.to(dtype).eval()
+
+
+def shipped_draft_dir(name):
+    """The package folder of the shipped draft ``name`` ("<target>-draft"), or None if none ships."""
+    path = os.path.join(DRAFTS_DIR, name)
+    return path if os.path.exists(os.path.join(path, WEIGHTS)) else None
+
+
+def shipped_drafts():
+    """The names of the drafts that ship in the package."""
+    return sorted(d for d in os.listdir(DRAFTS_DIR) if shipped_draft_dir(d)) if os.path.isdir(DRAFTS_DIR) else []
+
+
+__all__ = ["ARCHS", "SubsetLMHead", "build_draft", "feature_draft_class", "is_feature_draft", "load_draft_dir",
+           "read_config", "shipped_draft_dir", "shipped_drafts"]
