@@ -25,6 +25,7 @@ dynamo graphs live there, and inductor's on-disk caches (FX graph and AOTAutogra
 ``<specops cache>/inductor`` unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise) make a later process
 skip code generation. The cache's row count is marked dynamic, so caches of any length share a graph.
 """
+import contextlib
 import os
 import sys
 import time
@@ -130,6 +131,21 @@ class CompiledDecoder:
                                  **({} if mode == "default" else {"mode": mode}))
         self.compile_s = {}
         self.cost_s = {}
+        self._caches = {}  # (batch, layout, page size, dtype) -> (cache, weakref to the runner using it)
+
+    def cache_for(self, runner, make, rows, key):
+        """A KV cache of at least ``rows`` rows for ``runner``: the cache of an earlier runner of this
+        model with the same ``key`` once that runner is gone (reset), else ``make(rows)``. Reuse keeps
+        the graphs' cache inputs the same tensors (CUDA graphs capture their addresses) and saves
+        allocating and zeroing a cache per ``generate``."""
+        entry = self._caches.get(key)
+        if entry is not None and entry[1]() is None and entry[0].max_len >= rows:
+            cache = entry[0]
+            cache.reset()
+        else:
+            cache = make(rows)
+        self._caches[key] = (cache, weakref.ref(runner))
+        return cache
 
     def _forward(self, ids, positions, mask, block, feats):
         kw = dict(position_ids=positions, attention_mask=mask, use_cache=False, specops_block=block)
@@ -142,11 +158,11 @@ class CompiledDecoder:
         [B, 1, Tb, W]; feats [B, Tb, H] or None -> (final hidden states [B, Tb, H] in the model's
         dtype, seconds spent compiling in this call)."""
         hooks = self._stash_hooks()
-        first = key not in self.compile_s
+        graphs = _graph_count()
+        if key not in self.compile_s:
+            print(f"specops: compiling {self.name} for blocks of {key[0]} rows (batch {key[2]}, {key[3]} cache) ...",
+                  file=sys.stderr, flush=True)
         try:
-            if first:
-                print(f"specops: compiling {self.name} for blocks of {key[0]} rows (batch {key[2]}, {key[3]} "
-                      f"cache) ...", file=sys.stderr, flush=True)
             if self.cudagraphs:
                 torch.compiler.cudagraph_mark_step_begin()
             t0 = time.perf_counter()
@@ -156,10 +172,13 @@ class CompiledDecoder:
                 hidden = hidden.clone()
         finally:
             self._restore_hooks(hooks)
+        # Whether this call compiled is dynamo's word (a new grad mode, say, also compiles a graph).
+        first = _graph_count() != graphs
         if first:
-            self.compile_s[key] = dt
+            self.compile_s[key] = self.compile_s.get(key, 0.0) + dt
             print(f"specops: compiled in {dt:.1f} s", file=sys.stderr, flush=True)
         else:
+            self.compile_s.setdefault(key, 0.0)
             old = self.cost_s.get(key)
             self.cost_s[key] = dt if old is None else 0.75 * old + 0.25 * dt
         # The final norm's forward hooks (e.g. the loop's feature capture) see its output here: a hook
@@ -196,11 +215,14 @@ class CompiledRunner:
             self.k_store, self.v_store, self.page_table = cache.k_pages, cache.v_pages, cache.page_table
         else:
             self.k_store, self.v_store, self.page_table = cache.k, cache.v, None
-        # Caches of any length share a graph: their row (page) count is a symbol in it.
-        for t in (self.k_store, self.v_store):
+        # Caches of any length share a graph: their row (page) count is a symbol in it. Under CUDA
+        # graphs the cache tensors are static inputs (updated in place at fixed addresses; the pooled
+        # cache keeps them across runners); the small per-step inputs are copied into the graph's
+        # own buffers by torch's CUDA-graph trees.
+        for t in (self.k_store, self.v_store) + ((self.page_table,) if self.paged else ()):
             torch._dynamo.mark_dynamic(t, 1 if self.paged else 3)
-        if self.paged:
-            torch._dynamo.mark_dynamic(self.page_table, 1)
+            if self.decoder.cudagraphs:
+                torch._dynamo.mark_static_address(t)
         B, dev = spec.batch_size, spec.device
         heads = cfg.num_attention_heads
         # The kernel is chosen once, for this cache's shapes (the eager path does it per forward).
@@ -277,6 +299,10 @@ class CompiledRunner:
         return self.compile_time_s - before
 
 
+def _graph_count():
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
 def _uses_window(cfg):
     """Whether some layer attends through a sliding window (Qwen2 keeps the field but may not use it)."""
     if getattr(cfg, "sliding_window", None) is None:
@@ -285,3 +311,21 @@ def _uses_window(cfg):
         return False
     types = getattr(cfg, "layer_types", None)
     return types is None or "sliding_attention" in types
+
+
+@contextlib.contextmanager
+def compiled_runners(mode="default"):
+    """Within the block every runner the decoding loop makes (target and draft) is a compiled
+    :class:`SpecModel` (``compile=True, compile_mode=mode``): what ``generate(..., compile=True)``
+    does, for code that calls the loop directly (tests, benchmarks)."""
+    from ..decoding import runner
+    from .transformers import SpecModel
+
+    def factory(model, batch_size, max_len, **kw):
+        return SpecModel(model, batch_size, max_len, **{"compile": True, "compile_mode": mode, **kw})
+
+    old = runner.set_runner_factory(factory)
+    try:
+        yield
+    finally:
+        runner.set_runner_factory(old)

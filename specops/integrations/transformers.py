@@ -159,9 +159,17 @@ class SpecModel:
             page_size = _checks.integer("page_size", page_size, 1)
             if page_size & (page_size - 1):
                 raise ValueError(f"page_size must be a power of two >= 1, got {page_size}")
-            self.cache = PagedKVCache.for_model(model, batch_size, rows, dtype=cache_dtype, page_size=page_size)
+
+            def make(n):
+                return PagedKVCache.for_model(model, batch_size, n, dtype=cache_dtype, page_size=page_size)
         else:
-            self.cache = StaticKVCache.for_model(model, batch_size, rows, dtype=cache_dtype)
+            def make(n):
+                return StaticKVCache.for_model(model, batch_size, n, dtype=cache_dtype)
+        if compile:  # a free cache of an earlier runner of the model when it is large enough
+            self.cache = _compiled.decoder_for(model, compile_mode).cache_for(
+                self, make, rows, (batch_size, kv_layout, page_size, cache_dtype))
+        else:
+            self.cache = make(rows)
         self._max_len = max_len
         self.kv_layout = kv_layout
         self.model = use_specops_attention(model).eval()
