@@ -61,7 +61,7 @@ def test_compiled_block_logits_equal_eager_ones(pair, layout):
     outs = []
     for compile_ in (False, True):
         r = SpecModel(target, 3, 48, compile=compile_, **layout)
-        with torch.no_grad():
+        with torch.inference_mode():  # generate's mode: the graphs are shared with the tests below
             first = r.prefill(prompt, lens, last_only=True)
             whole = r.forward_block(tokens, parents, num)
             r.compact(*accept)
@@ -84,8 +84,8 @@ def test_compiled_ar_matches_eager_ar_and_reports_compile_time(pair):
     assert torch.equal(out, eager)
     assert [out[b].tolist() for b in range(3)] == [r[:N_NEW] for r in refs]
     # A second runner of the same model and shapes compiles nothing: the graph is shared.
-    r = SpecModel(target, 3, 40, compile=True)
-    with torch.inference_mode():
+    with torch.inference_mode():  # as generate builds its runners (inference tensors)
+        r = SpecModel(target, 3, 40, compile=True)
         assert r.warmup([1]) == 0.0
     assert r.compile_time_s == 0.0
     dec = compiled.decoder_for(target)
@@ -124,13 +124,15 @@ def test_feature_draft_compiled_is_lossless():
     target = tiny_target(seed=3)
     d = feature_draft(target, seed=4).eval()
     prompts = [[5, 9, 33, 4, 71, 12], [8, 100, 3], [40, 41, 42, 43, 44, 45, 46, 47, 48]]
-    with torch.no_grad():
-        ref, _ = generate(target, prompts, method="ar", max_new_tokens=12, eos_token_id=[])
-        with compiled.compiled_runners():
-            out, m = generate(target, prompts, draft=d, method="sd", max_new_tokens=12, eos_token_id=[],
-                              adaptive=False)
+    kw = dict(draft=d, method="sd", max_new_tokens=12, eos_token_id=[], adaptive=False)
+    ref, _ = generate(target, prompts, method="ar", max_new_tokens=12, eos_token_id=[])
+    _, m_eager = generate(target, prompts, **kw)
+    with compiled.compiled_runners():
+        out, m = generate(target, prompts, **kw)
     assert torch.equal(out, ref)
-    assert m.mean_acceptance_length > 1.2
+    # the same drafts as the eager runners: the draft read the same features, the target captured them
+    assert (m.num_accepted_tokens, m.num_draft_tokens) == (m_eager.num_accepted_tokens, m_eager.num_draft_tokens)
+    assert m.num_accepted_tokens > 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs)")

@@ -178,6 +178,8 @@ class CompiledDecoder:
             self.compile_s[key] = self.compile_s.get(key, 0.0) + dt
             print(f"specops: compiled in {dt:.1f} s", file=sys.stderr, flush=True)
         else:
+            if key not in self.compile_s:  # dynamo's graph of another model of the same architecture
+                print("specops: reused a compiled graph", file=sys.stderr, flush=True)
             self.compile_s.setdefault(key, 0.0)
             old = self.cost_s.get(key)
             self.cost_s[key] = dt if old is None else 0.75 * old + 0.25 * dt
@@ -244,7 +246,7 @@ class CompiledRunner:
         return Tq <= MAX_BUCKET and not (self.window and longest > self.window)
 
     def _key(self, Tb, W):
-        return (Tb, mask_words(32 * W), self.spec.batch_size, self.spec.kv_layout, torch.is_grad_enabled())
+        return (Tb, mask_words(32 * W), self.spec.batch_size, self.spec.kv_layout)
 
     def cost(self, T):
         """Running mean seconds of a compiled forward of ``T`` query rows (its bucket), or None."""
