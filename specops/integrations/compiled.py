@@ -94,15 +94,21 @@ def block_attention(module, query, key, value, block, scaling):
     return out, None
 
 
-_DECODERS = weakref.WeakKeyDictionary()  # model -> {mode: CompiledDecoder}
+_DECODERS = {}  # model -> {mode: CompiledDecoder}; holds the model (the graphs run its modules)
 
 
 def decoder_for(model, mode="default"):
-    """The process-wide :class:`CompiledDecoder` of ``model`` under ``mode``."""
+    """The process-wide :class:`CompiledDecoder` of ``model`` under ``mode``. It keeps ``model``
+    (and its pooled caches) alive until :func:`release`."""
     per_model = _DECODERS.setdefault(model, {})
     if mode not in per_model:
         per_model[mode] = CompiledDecoder(model, mode)
     return per_model[mode]
+
+
+def release(model):
+    """Drops ``model``'s compiled decoders and pooled caches (dynamo's code cache keeps the graphs)."""
+    _DECODERS.pop(model, None)
 
 
 class CompiledDecoder:
@@ -221,8 +227,10 @@ class CompiledRunner:
         # graphs the cache tensors are static inputs (updated in place at fixed addresses; the pooled
         # cache keeps them across runners); the small per-step inputs are copied into the graph's
         # own buffers by torch's CUDA-graph trees.
+        dim = 1 if self.paged else 3
         for t in (self.k_store, self.v_store) + ((self.page_table,) if self.paged else ()):
-            torch._dynamo.mark_dynamic(t, 1 if self.paged else 3)
+            if t.shape[dim] > 1:  # dynamo specialises sizes 0 and 1 anyway
+                torch._dynamo.mark_dynamic(t, dim)
             if self.decoder.cudagraphs:
                 torch._dynamo.mark_static_address(t)
         B, dev = spec.batch_size, spec.device
