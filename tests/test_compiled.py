@@ -60,8 +60,8 @@ def test_compiled_block_logits_equal_eager_ones(pair, layout):
               torch.tensor([3, 2, 1], dtype=torch.int32))
     outs = []
     for compile_ in (False, True):
-        r = SpecModel(target, 3, 48, compile=compile_, **layout)
         with torch.inference_mode():  # generate's mode: the graphs are shared with the tests below
+            r = SpecModel(target, 3, 48, compile=compile_, **layout)
             first = r.prefill(prompt, lens, last_only=True)
             whole = r.forward_block(tokens, parents, num)
             r.compact(*accept)

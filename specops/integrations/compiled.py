@@ -144,6 +144,7 @@ class CompiledDecoder:
         model with the same ``key`` once that runner is gone (reset), else ``make(rows)``. Reuse keeps
         the graphs' cache inputs the same tensors (CUDA graphs capture their addresses) and saves
         allocating and zeroing a cache per ``generate``."""
+        key = key + (torch.is_inference_mode_enabled(),)  # inference tensors make other graphs
         entry = self._caches.get(key)
         if entry is not None and entry[1]() is None and entry[0].max_len >= rows:
             cache = entry[0]
