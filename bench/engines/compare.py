@@ -20,8 +20,10 @@ tokens, batch 1, ``--threads`` threads. Providers:
   tokens per second: the rate at which plain decoding would stream the bf16 weights once per token.
 
 Output: one table (tok/s per category, the median, the ratio to ``specops_ar``) on stdout and
-``bench/results/<machine>/engines.csv`` (this run's rows only).
+``bench/results/<machine>/engines.csv`` (this run's rows, plus earlier rows of providers it did
+not run: ``--methods vllm_cpu/plain,...`` adds peers to a file; ``specops_ar`` always runs).
 """
+import csv
 import os
 import statistics
 import sys
@@ -34,7 +36,7 @@ from specops import models
 from specops.integrations import compiled
 
 import questions as qfile
-from _harness import RESULTS, Recorder, machine_limits
+from _harness import FIELDS, RESULTS, Recorder, machine_limits
 
 from . import PEERS, interpreter, run
 
@@ -68,7 +70,7 @@ def run_specops(target, prompts, new, rec, base):
     first = next(iter(prompts.values()))[0]
     out = {}
     for provider, method, compile_ in SPECOPS:
-        if not rec.wants(provider):
+        if not rec.wants(provider) and provider != "specops_ar":  # AR always runs: the baseline
             continue
         if compile_:
             # The first generate of the process includes compiling the graphs it needs.
@@ -139,6 +141,22 @@ def table(rates, categories):
     return "\n".join(lines)
 
 
+def _write_merged(rec, out_dir, providers):
+    """This run's rows plus the earlier rows of providers it did not run (a ``--methods`` subset adds
+    to the file; every row keeps its own run's ratios)."""
+    path = os.path.join(out_dir, "engines.csv")
+    kept = []
+    if os.path.exists(path):
+        with open(path, newline="") as f:
+            kept = [r for r in csv.DictReader(f) if r["provider"] not in providers]
+    os.makedirs(out_dir, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rec.rows + kept)
+    return path
+
+
 def main(args):
     """Entry from bench_decoding.main with its parsed ``args``."""
     threads = args.threads or torch.get_num_threads()
@@ -167,7 +185,7 @@ def main(args):
             if "specops_ar" in rates:
                 rec.value(provider, dict(base, task=category), "speedup_vs_ar", "x", v / rates["specops_ar"][category])
     out_dir = args.out or os.path.join(RESULTS, rec.info["machine"])
-    csv_path = rec.write(out_dir)
+    csv_path = _write_merged(rec, out_dir, {r["provider"] for r in rec.rows})
     print(table(rates, list(prompts)))
     print(f"# bandwidth limit: {weight_bytes / 1e6:.0f} MB of weights at {gbps:.1f} GB/s copy bandwidth")
     print(f"# wrote {csv_path}")

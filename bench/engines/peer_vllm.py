@@ -21,11 +21,12 @@ def main():
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    torch.set_num_threads(job["threads"])
     kw = dict(model=job["model_dir"], dtype="bfloat16", max_num_seqs=1, max_model_len=2048, seed=0)
     if job["variant"] == "ngram":
         kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
                                     "prompt_lookup_min": 2}
+    # threads: OMP_NUM_THREADS, set by the caller (vLLM binds its threads at start-up and keeps one
+    # core for serving unless that variable is set)
     t0 = time.perf_counter()
     llm = LLM(**kw)
     greedy = SamplingParams(temperature=0.0, max_tokens=job["new_tokens"], ignore_eos=True)
