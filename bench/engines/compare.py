@@ -66,14 +66,13 @@ class _null:
 
 
 def run_specops(target, prompts, new, rec, base):
-    """Every specops provider on every category; compiled ones after a timed warm-up."""
+    """Every specops provider on every category. Compiled providers first compile in a timed
+    warm-up (the first generate of the process); then the categories run with the providers
+    interleaved, so a machine whose load drifts affects them alike."""
     first = next(iter(prompts.values()))[0]
-    out = {}
-    for provider, method, compile_ in SPECOPS:
-        if not rec.wants(provider) and provider != "specops_ar":  # AR always runs: the baseline
-            continue
+    chosen = [p for p in SPECOPS if rec.wants(p[0]) or p[0] == "specops_ar"]  # AR always runs: the baseline
+    for provider, method, compile_ in chosen:
         if compile_:
-            # The first generate of the process includes compiling the graphs it needs.
             before = dict(compiled.decoder_for(target).compile_s)
             n, secs, _ = _generate(target, first, method, True, new)
             rec.value(provider, base, "first_generate_s", "s", secs)
@@ -83,8 +82,9 @@ def run_specops(target, prompts, new, rec, base):
             print(f"# {provider}: first generate incl. compilation {secs:.1f} s", flush=True)
         else:
             _generate(target, first, method, False, 8)  # warm-up
-        out[provider] = {}
-        for category, ids_list in prompts.items():
+    out = {p[0]: {} for p in chosen}
+    for category, ids_list in prompts.items():
+        for provider, method, compile_ in chosen:
             n = s = 0.0
             for ids in ids_list:
                 k, dt, _ = _generate(target, ids, method, compile_, new)
