@@ -8,6 +8,7 @@ with the HF peers measured in the same process on the same model, dtype and prom
     python bench/bench_decoding.py --profile quick --tasks code_edit --new-tokens 8 --methods ar,sd
     python -m bench --only decoding [--quick]          # the same through the suite runner
     python bench/bench_decoding.py --profile final --targets smollm2-135m --questions FILE --per-category 2
+    python bench/bench_decoding.py --compare-engines --threads 2 --engine-python vllm_cpu=PY  # docs/engines.md
 
 ``--questions FILE`` replaces the fixed prompts with a JSON-lines question file in the field's
 format (``question_id``, ``category``, ``turns``; bench/questions.py validates it and names the line
@@ -423,7 +424,14 @@ def main(argv=None):
                         help="every specops method with its fixed budget (default: adaptive speculation)")
     parser.add_argument("--per-category", type=int, default=None, metavar="N",
                         help="with --questions: the first N questions of each category (default all)")
+    parser.add_argument("--compare-engines", action="store_true",
+                        help="specops against peer engines and the bandwidth limit (bench/engines/compare.py)")
+    parser.add_argument("--engine-python", action="append", metavar="PEER=PYTHON",
+                        help="with --compare-engines: a peer's interpreter (vllm_cpu=..., llama_cpp=...)")
     args = parser.parse_args(argv)
+    if args.compare_engines:
+        from engines import compare
+        return compare.main(args)
     tasks = args.tasks.split(",") if args.tasks else None
     overrides = {k: v for k, v in (("prompts", args.prompts), ("modes", tuple(args.modes.split(",")) if args.modes
                                                                    else None)) if v is not None}

@@ -262,3 +262,23 @@ def test_the_loop_on_a_paged_runner_is_token_identical(method):
     assert torch.equal(got, want)
     for b, p in enumerate(prompts):
         assert got[b].tolist() == reference_greedy(target, p, 12)
+
+
+def test_logits_stay_in_the_model_dtype_and_the_head_sees_only_needed_rows():
+    # A bf16 model's logits come back in bf16 (the loop upcasts what its ops need); prefill with
+    # last_only sends one row per prompt through the LM head.
+    model = tiny_model("llama", dtype=torch.bfloat16)
+    rows = []
+    hook = model.lm_head.register_forward_pre_hook(lambda mod, args: rows.append(args[0].shape[1]))
+    try:
+        runner = SpecModel(model, batch_size=2, max_len=32)
+        with torch.no_grad():
+            last = runner.prefill(torch.randint(0, 97, (2, 7)), torch.tensor([7, 4], dtype=torch.int32),
+                                  last_only=True)
+            block = runner.forward_block(torch.randint(0, 97, (2, 3)), torch.tensor([[-1, 0, 0]] * 2,
+                                                                                     dtype=torch.int32))
+    finally:
+        hook.remove()
+    assert last.dtype == block.dtype == torch.bfloat16
+    assert last.shape == (2, 97) and block.shape == (2, 3, 97)
+    assert rows == [1, 3]

@@ -28,6 +28,8 @@ from ..cache import PagedKVCache, StaticKVCache
 from ..ops import _checks
 from ..ops.plan import TreeAttentionPlan
 from ..ops.tree_mask import build_tree_mask, pack_mask
+from . import compiled as _compiled
+from .compiled import block_attention
 
 NAME = "specops"
 _state = threading.local()
@@ -63,6 +65,8 @@ def specops_mask(*args, **kwargs):
 def specops_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """HF attention function. Shape: query [B, Hq, T, D]; key, value [B, Hkv, S, D] (the cache view,
     GQA not expanded) -> ([B, T, Hq, D], None)."""
+    if kwargs.get("specops_block") is not None:  # a compiled block forward (specops.integrations.compiled)
+        return block_attention(module, query, key, value, kwargs["specops_block"], scaling)
     block = getattr(_state, "block", None)
     window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
     if block is None:
@@ -141,16 +145,32 @@ class SpecModel:
 
     prefill_last_only = True  # prefill(..., last_only=True) is supported
 
-    def __init__(self, model, batch_size, max_len, *, cache_dtype=None, kv_layout="contiguous", page_size=16):
+    def __init__(self, model, batch_size, max_len, *, cache_dtype=None, kv_layout="contiguous", page_size=16,
+                 compile=False, compile_mode="default"):
         if kv_layout not in KV_LAYOUTS:
             raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
+        if not isinstance(compile, bool):
+            raise ValueError(f"compile must be a bool, got {compile!r}")
+        max_len = _checks.integer("max_len", max_len, 1)
+        # Compiled blocks are padded to their bucket; the padding rows' K/V land past the valid rows,
+        # so the cache keeps one largest bucket of spare rows (never committed, never attended).
+        rows = max_len + (_compiled.MAX_BUCKET if compile else 0)
         if kv_layout == "paged":
             page_size = _checks.integer("page_size", page_size, 1)
             if page_size & (page_size - 1):
                 raise ValueError(f"page_size must be a power of two >= 1, got {page_size}")
-            self.cache = PagedKVCache.for_model(model, batch_size, max_len, dtype=cache_dtype, page_size=page_size)
+
+            def make(n):
+                return PagedKVCache.for_model(model, batch_size, n, dtype=cache_dtype, page_size=page_size)
         else:
-            self.cache = StaticKVCache.for_model(model, batch_size, max_len, dtype=cache_dtype)
+            def make(n):
+                return StaticKVCache.for_model(model, batch_size, n, dtype=cache_dtype)
+        if compile:  # a free cache of an earlier runner of the model when it is large enough
+            self.cache = _compiled.decoder_for(model, compile_mode).cache_for(
+                self, make, rows, (batch_size, kv_layout, page_size, cache_dtype))
+        else:
+            self.cache = make(rows)
+        self._max_len = max_len
         self.kv_layout = kv_layout
         self.model = use_specops_attention(model).eval()
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -160,6 +180,28 @@ class SpecModel:
             self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         except (TypeError, ValueError):
             self._keeps_logits = False
+        self.compiled = _compiled.CompiledRunner(self, cfg, compile_mode) if compile else None
+
+    @property
+    def buckets(self):
+        """The block sizes compiled forwards are padded to (``()`` when not compiled)."""
+        return _compiled.BUCKETS if self.compiled is not None else ()
+
+    def block_cost(self, T):
+        """Measured seconds of a block forward of ``T`` query rows: the running mean of its bucket's
+        compiled forwards (a step function of T), or None before one ran (or when not compiled)."""
+        return None if self.compiled is None else self.compiled.cost(T)
+
+    @property
+    def compile_time_s(self):
+        """Seconds this runner's forwards spent compiling (tracing, code generation or loading a
+        graph from the disk cache); 0.0 when every graph it used was compiled already."""
+        return 0.0 if self.compiled is None else self.compiled.compile_time_s
+
+    def warmup(self, sizes=None):
+        """Compiles the graphs for blocks of ``sizes`` query rows (default: every bucket) now, before
+        any timed work; returns the seconds spent. Call before ``prefill`` (it writes scratch rows)."""
+        return 0.0 if self.compiled is None else self.compiled.warmup(sizes)
 
     @property
     def lens(self):
@@ -171,13 +213,13 @@ class SpecModel:
 
     @property
     def max_len(self):
-        return self.cache.max_len
+        return self._max_len
 
     def prefill(self, input_ids, lens, *, last_only=False):
         """Runs right-padded prompts from an empty cache and commits them.
 
-        Shape: input_ids int [B, L], lens int32 [B] (1 <= lens <= L) -> logits fp32 [B, L, V]
-        (rows >= lens[b] are padding); with ``last_only`` fp32 [B, V], the logits after each
+        Shape: input_ids int [B, L], lens int32 [B] (1 <= lens <= L) -> logits [B, L, V] in the
+        model's dtype (rows >= lens[b] are padding); with ``last_only`` [B, V], the logits after each
         prompt's last token (the LM head then runs on those rows only)."""
         _checks.tensor("input_ids", input_ids, dtype=(torch.int64, torch.int32), shape=(self.batch_size, None),
                        device=self.device)
@@ -205,7 +247,7 @@ class SpecModel:
         previous calls of the same block). Positions are ``lens + depth``.
 
         Shape: tokens int [B, T - q_start], parents int32 [B, T] (the whole block so far), num_nodes
-        int32 [B] or None -> logits fp32 [B, T - q_start, V]."""
+        int32 [B] or None -> logits [B, T - q_start, V] in the model's dtype."""
         mask, depth = build_tree_mask(parents, num_nodes, check=False)
         T = parents.shape[1]
         block_lens = num_nodes if num_nodes is not None else torch.full_like(self.lens, T)
@@ -216,12 +258,20 @@ class SpecModel:
 
         Shape: tokens int [B, Tq], mask int32 [B, Tq, W] (visibility of block keys 0..), depth int32
         [B, Tq] (position = lens + depth), block_lens int32 [B] (valid block rows incl. these
-        queries) -> logits fp32 [B, Tq, V]. Query rows >= block_lens - q_start are padding."""
+        queries) -> logits [B, Tq, V] in the model's dtype. Query rows >= block_lens - q_start are
+        padding. With ``compile=True`` a block of up to ``max(buckets)`` rows runs the compiled graph
+        of its bucket; a longer one (or one a sliding window cannot take) runs eagerly."""
         B, Tq = tokens.shape
         _checks.tensor("tokens", tokens, dtype=(torch.int64, torch.int32), shape=(self.batch_size, None),
                        device=self.device)
+        longest = max(self.cache.host_lens()) + q_start + Tq
+        if longest > self._max_len:
+            raise ValueError(f"forward_mask: cache overflow: the longest sequence holds {longest - q_start - Tq} "
+                             f"rows, {q_start + Tq} more would exceed max_len={self._max_len}")
+        if self.compiled is not None and self.compiled.takes(Tq, longest):
+            return self.compiled.forward(tokens, mask, depth, block_lens, q_start)
         block = self._block(prefix_lens=self.lens, block_lens=block_lens, mask=mask, q_lens=block_lens - q_start,
-                            longest=max(self.cache.host_lens()) + q_start + Tq)
+                            longest=longest)
         positions = self.lens[:, None].to(torch.int64) + depth
         return self._run(tokens, positions, block, offset=q_start)
 
@@ -240,7 +290,7 @@ class SpecModel:
         finally:
             _state.block = None
             self.cache.end_block()
-        return out.logits.float()
+        return out.logits
 
     def compact(self, accept_idx, accept_lens, **kw):
         """Keeps the accepted block rows (int32 [B, A] node indices, int32 [B] counts); lens += accept_lens."""

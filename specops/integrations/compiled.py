@@ -1,0 +1,342 @@
+"""Compiled block forwards for :class:`~specops.integrations.transformers.SpecModel` (``compile=True``).
+
+The HF model's decoder (embedding, every layer with the ``"specops"`` attention, the final norm) runs
+under ``torch.compile(fullgraph=True, dynamic=False)`` at a few **bucketed block shapes**: a block
+of ``Tq`` query rows is padded to the smallest bucket ``Tb >= Tq`` of :data:`BUCKETS`, so a run
+compiles one graph per bucket it uses (and batch size / cache layout), never one per tree size.
+Padding rows are inert: their queries are past ``q_lens`` (the kernel gives them 0), their K/V go to
+cache rows past the block's valid rows (which no valid query sees and the next forward or the
+compaction overwrites), their position is ``lens`` (inside every position table) and their token 0.
+The cache therefore holds ``max(BUCKETS)`` spare rows past ``max_len``.
+
+Inside the graph nothing goes through the HF ``Cache`` API: the model runs with ``cache=None`` and
+the attention function, recognising a compiled block by its ``specops_block`` keyword (passed down
+through the model's ``**kwargs``), writes the layer's new K/V rows straight into the specops
+cache's storage (one ``index_put_`` per tensor: mutations of whole graph inputs, which inductor
+performs in place) and runs the tree-attention kernel (a registered op with a fake implementation)
+over it. A 4-D ``attention_mask`` (the packed visibility, [B, 1, Tb, W]) makes HF's mask builders
+return early, so no mask is materialised either. The LM head runs outside the graph on the block's
+valid rows only; the final hidden states come out of the graph, so forward hooks on the final norm
+(the loop's feature capture) are applied to them there instead of being traced (a traced hook
+would stay bound to the object it was traced with).
+
+One :class:`CompiledDecoder` per model, shared by every runner of that model in the process: the
+dynamo graphs live there, and inductor's on-disk caches (FX graph and AOTAutograd caches, under
+``<specops cache>/inductor`` unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise) make a later process
+skip code generation. The cache's row count is marked dynamic, so caches of any length share a graph.
+"""
+import contextlib
+import os
+import sys
+import time
+import weakref
+
+import torch
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+MAX_BUCKET = BUCKETS[-1]
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def bucket_for(T):
+    """The bucket a block of ``T`` query rows is padded to, or None when ``T > max(BUCKETS)``."""
+    for b in BUCKETS:
+        if b >= T:
+            return b
+    return None
+
+
+def mask_words(T):
+    """The padded mask width (int32 words) for a block of ``T`` nodes: a power of two >= ceil(T/32)."""
+    w = 1
+    while 32 * w < T:
+        w *= 2
+    return w
+
+
+def set_cache_dir():
+    """Points inductor's on-disk caches at ``<specops cache>/inductor`` unless the user chose a place."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        from .. import models
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(models.cache_dir(), "inductor")
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+def block_attention(module, query, key, value, block, scaling):
+    """The attention of one layer inside a compiled block forward.
+
+    Shape: query [B, Hq, Tb, D]; key, value [B, Hkv, Tb, D] (this forward's new rows, RoPE applied);
+    ``block`` = (impl, prefix_lens int32 [B], block_lens int32 [B], q_lens int32 [B], mask int32
+    [B, 1, Tb, W], rows int64 [B, Tb] (the cache row of every new row), k_store, v_store,
+    page_table): k_store / v_store [L, B, Hkv, S, D] with page_table None (contiguous), or
+    [L, N, ps, Hkv, D] with page_table int32 [B, max_pages] (paged) -> ([B, Tb, Hq, D], None)."""
+    impl, prefix, blens, qlens, mask, rows, k_store, v_store, page_table = block
+    layer = module.layer_idx
+    B, H, T, _ = key.shape
+    dev = key.device
+    # Whole-input index_put_ (not a write into the layer's view): inductor then updates the cache
+    # in place instead of copying it back.
+    lid = torch.full((1, 1, 1), layer, dtype=torch.int64, device=dev)
+    heads = torch.arange(H, device=dev)[None, :, None]  # [1, Hkv, 1]
+    if page_table is None:
+        where = (lid, torch.arange(B, device=dev)[:, None, None], heads, rows[:, None, :])  # [B, Hkv, Tb]
+    else:
+        ps = k_store.shape[2]
+        pages = page_table.long().gather(1, rows // ps)  # [B, Tb]
+        where = (lid, pages[:, None, :], (rows % ps)[:, None, :], heads)  # [B, Hkv, Tb]
+    k_store.index_put_(where, key.to(k_store.dtype))
+    v_store.index_put_(where, value.to(v_store.dtype))
+    q = query.transpose(1, 2)  # [B, Tb, Hq, D]
+    paging = () if page_table is None else (page_table,)
+    scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = impl(q, k_store[layer], v_store[layer], *paging, prefix, blens, mask[:, 0], qlens, scaling)
+    return out, None
+
+
+_DECODERS = {}  # model -> {mode: CompiledDecoder}; holds the model (the graphs run its modules)
+
+
+def decoder_for(model, mode="default"):
+    """The process-wide :class:`CompiledDecoder` of ``model`` under ``mode``. It keeps ``model``
+    (and its pooled caches) alive until :func:`release`."""
+    per_model = _DECODERS.setdefault(model, {})
+    if mode not in per_model:
+        per_model[mode] = CompiledDecoder(model, mode)
+    return per_model[mode]
+
+
+def release(model):
+    """Drops ``model``'s compiled decoders and pooled caches (dynamo's code cache keeps the graphs)."""
+    _DECODERS.pop(model, None)
+
+
+class CompiledDecoder:
+    """``model``'s decoder (up to the final norm) under torch.compile, shared by every runner of the
+    model in this process.
+
+    ``compile_s[key]``: seconds the first call of a graph key took (tracing, then code generation or
+    a disk-cache hit, and one run); ``cost_s[key]``: a running mean of the later calls' seconds."""
+
+    def __init__(self, model, mode="default"):
+        if mode not in MODES:
+            raise ValueError(f"compile_mode must be one of {MODES}, got {mode!r}")
+        set_cache_dir()
+        cfg = torch._dynamo.config
+        # one graph per (bucket, mask width, batch, layout, grad mode): more than dynamo's default 8
+        cfg.recompile_limit = max(cfg.recompile_limit, 64)
+        cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 512)
+        self.model = model
+        self.decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+        norm = getattr(self.decoder, "norm", None)
+        self.norm = norm if isinstance(norm, torch.nn.Module) else None
+        self.mode = mode
+        self.cudagraphs = mode == "reduce-overhead"
+        self.name = getattr(model, "specops_name", None) or type(model).__name__
+        self._fn = torch.compile(self._forward, fullgraph=True, dynamic=False,
+                                 **({} if mode == "default" else {"mode": mode}))
+        self.compile_s = {}
+        self.cost_s = {}
+        self._caches = {}  # (batch, layout, page size, dtype) -> (cache, weakref to the runner using it)
+
+    def cache_for(self, runner, make, rows, key):
+        """A KV cache of at least ``rows`` rows for ``runner``: the cache of an earlier runner of this
+        model with the same ``key`` once that runner is gone (reset), else ``make(rows)``. Reuse keeps
+        the graphs' cache inputs the same tensors (CUDA graphs capture their addresses) and saves
+        allocating and zeroing a cache per ``generate``."""
+        key = key + (torch.is_inference_mode_enabled(),)  # inference tensors make other graphs
+        entry = self._caches.get(key)
+        if entry is not None and entry[1]() is None and entry[0].max_len >= rows:
+            cache = entry[0]
+            cache.reset()
+        else:
+            cache = make(rows)
+        self._caches[key] = (cache, weakref.ref(runner))
+        return cache
+
+    def _forward(self, ids, positions, mask, block, feats):
+        kw = dict(position_ids=positions, attention_mask=mask, use_cache=False, specops_block=block)
+        if feats is not None:  # a feature (EAGLE-style) draft: its own input layer before the decoder
+            return self.model.hidden(ids, feats, **kw)[0]
+        return self.decoder(input_ids=ids, **kw).last_hidden_state
+
+    def __call__(self, key, ids, positions, mask, block, feats=None):
+        """Runs the graph of ``key`` (bucket first). Shape: ids, positions int64 [B, Tb]; mask int32
+        [B, 1, Tb, W]; feats [B, Tb, H] or None -> (final hidden states [B, Tb, H] in the model's
+        dtype, seconds spent compiling in this call)."""
+        hooks = self._stash_hooks()
+        graphs = _graph_count()
+        if key not in self.compile_s:
+            print(f"specops: compiling {self.name} for blocks of {key[0]} rows (batch {key[2]}, {key[3]} cache) ...",
+                  file=sys.stderr, flush=True)
+        try:
+            if self.cudagraphs:
+                torch.compiler.cudagraph_mark_step_begin()
+            t0 = time.perf_counter()
+            hidden = self._fn(ids, positions, mask, block, feats)
+            dt = time.perf_counter() - t0
+            if self.cudagraphs:  # a replay overwrites its outputs: keep ours
+                hidden = hidden.clone()
+        finally:
+            self._restore_hooks(hooks)
+        # Whether this call compiled is dynamo's word (a new grad mode, say, also compiles a graph).
+        first = _graph_count() != graphs
+        if first:
+            self.compile_s[key] = self.compile_s.get(key, 0.0) + dt
+            print(f"specops: compiled in {dt:.1f} s", file=sys.stderr, flush=True)
+        else:
+            if key not in self.compile_s:  # dynamo's graph of another model of the same architecture
+                print("specops: reused a compiled graph", file=sys.stderr, flush=True)
+            self.compile_s.setdefault(key, 0.0)
+            old = self.cost_s.get(key)
+            self.cost_s[key] = dt if old is None else 0.75 * old + 0.25 * dt
+        # The final norm's forward hooks (e.g. the loop's feature capture) see its output here: a hook
+        # traced into the graph would stay bound to the object it was traced with.
+        for hook in (hooks or {}).values():
+            res = hook(self.norm, (hidden,), hidden)
+            hidden = hidden if res is None else res
+        return hidden, (dt if first else 0.0)
+
+    def _stash_hooks(self):
+        if self.norm is None or not self.norm._forward_hooks:
+            return None
+        hooks = dict(self.norm._forward_hooks)
+        self.norm._forward_hooks.clear()
+        return hooks
+
+    def _restore_hooks(self, hooks):
+        if hooks:
+            self.norm._forward_hooks.update(hooks)
+
+
+class CompiledRunner:
+    """The compiled block forwards of one :class:`SpecModel` over its cache."""
+
+    def __init__(self, spec, cfg, mode):
+        from ..distill.feature import is_feature_draft
+        from ..ops.plan import TreeAttentionPlan
+
+        model, cache = spec.model, spec.cache
+        self.spec = spec
+        self.decoder = decoder_for(model, mode)
+        self.paged = spec.kv_layout == "paged"
+        if self.paged:
+            self.k_store, self.v_store, self.page_table = cache.k_pages, cache.v_pages, cache.page_table
+        else:
+            self.k_store, self.v_store, self.page_table = cache.k, cache.v, None
+        # Caches of any length share a graph: their row (page) count is a symbol in it. Under CUDA
+        # graphs the cache tensors are static inputs (updated in place at fixed addresses; the pooled
+        # cache keeps them across runners); the small per-step inputs are copied into the graph's
+        # own buffers by torch's CUDA-graph trees.
+        dim = 1 if self.paged else 3
+        for t in (self.k_store, self.v_store) + ((self.page_table,) if self.paged else ()):
+            if t.shape[dim] > 1:  # dynamo specialises sizes 0 and 1 anyway
+                torch._dynamo.mark_dynamic(t, dim)
+            if self.decoder.cudagraphs:
+                torch._dynamo.mark_static_address(t)
+        B, dev = spec.batch_size, spec.device
+        heads = cfg.num_attention_heads
+        # The kernel is chosen once, for this cache's shapes (the eager path does it per forward).
+        one = torch.ones(B, dtype=torch.int32, device=dev)
+        plan = TreeAttentionPlan(one, one, torch.ones(B, 1, 1, dtype=torch.int32, device=dev), q_lens=one,
+                                 head_dim=cache.head_dim, num_heads=heads, num_kv_heads=cache.num_kv_heads,
+                                 dtype=cache.dtype, device=dev, check=False, page_table=self.page_table,
+                                 page_size=cache.page_size if self.paged else None)
+        self.impl, self.backend = plan._impl, plan.backend
+        self.head = model.get_output_embeddings()
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)
+        self.window = getattr(cfg, "sliding_window", None) if _uses_window(cfg) else None
+        self.feature = is_feature_draft(model)
+        self.arange = torch.arange(spec.cache.max_len + MAX_BUCKET, device=dev)
+        self.compile_time_s = 0.0
+
+    def takes(self, Tq, longest):
+        """Whether a block of ``Tq`` query rows reaching ``longest`` rows runs compiled."""
+        return Tq <= MAX_BUCKET and not (self.window and longest > self.window)
+
+    def _key(self, Tb, W):
+        return (Tb, mask_words(32 * W), self.spec.batch_size, self.spec.kv_layout)
+
+    def cost(self, T):
+        """Running mean seconds of a compiled forward of ``T`` query rows (its bucket), or None."""
+        Tb = bucket_for(T)
+        return None if Tb is None else self.decoder.cost_s.get(self._key(Tb, -(-T // 32)))
+
+    def forward(self, tokens, mask, depth, block_lens, q_start):
+        """Shape: tokens int [B, Tq], mask int32 [B, Tq, W], depth int32 [B, Tq], block_lens int32 [B]
+        -> logits [B, Tq, V] (model dtype; the LM head runs on these rows only)."""
+        pad = torch.nn.functional.pad
+        B, Tq = tokens.shape
+        W = mask.shape[2]
+        Tb, Wb = bucket_for(Tq), mask_words(32 * W)
+        lens = self.spec.lens
+        base = lens.to(torch.int64)[:, None]  # [B, 1]
+        ids = pad(tokens.to(torch.int64), (0, Tb - Tq))
+        positions = base + pad(depth.to(torch.int64), (0, Tb - Tq))  # padding rows: position lens
+        rows = base + self.arange[q_start:q_start + Tb]  # [B, Tb] cache rows of the new K/V
+        m = pad(mask, (0, Wb - W, 0, Tb - Tq))[:, None]  # [B, 1, Tb, Wb]; padding rows see nothing
+        block = (self.impl, lens, block_lens, block_lens - q_start, m, rows, self.k_store, self.v_store,
+                 self.page_table)
+        feats = None
+        if self.feature:
+            f = self.spec.model.feature_input
+            feats = pad(f, (0, 0, 0, Tb - f.shape[1]))
+        hidden, secs = self.decoder(self._key(Tb, W), ids, positions, m, block, feats)
+        self.compile_time_s += secs
+        hidden = hidden[:, :Tq]
+        if self.feature:
+            self.spec.model.last_features = hidden
+        logits = self.head(hidden)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def warmup(self, sizes=None):
+        """Compiles the buckets of ``sizes`` (default all) with a scratch block at the current
+        lengths (its rows stay uncommitted). Returns the seconds spent compiling."""
+        before = self.compile_time_s
+        B, dev = self.spec.batch_size, self.spec.device
+        model = self.spec.model
+        for Tb in sorted({bucket_for(min(int(T), MAX_BUCKET)) for T in (sizes or BUCKETS)}):
+            parents = (torch.arange(Tb, dtype=torch.int32, device=dev) - 1).expand(B, Tb).contiguous()
+            if self.feature:
+                model.feature_input = torch.zeros(B, Tb, model.config.hidden_size, dtype=self.k_store.dtype,
+                                                  device=dev)
+            try:
+                self.spec.forward_block(torch.zeros(B, Tb, dtype=torch.int64, device=dev), parents)
+            finally:
+                if self.feature:
+                    model.feature_input = None
+        return self.compile_time_s - before
+
+
+def _graph_count():
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def _uses_window(cfg):
+    """Whether some layer attends through a sliding window (Qwen2 keeps the field but may not use it)."""
+    if getattr(cfg, "sliding_window", None) is None:
+        return False
+    if getattr(cfg, "use_sliding_window", True) is False:
+        return False
+    types = getattr(cfg, "layer_types", None)
+    return types is None or "sliding_attention" in types
+
+
+@contextlib.contextmanager
+def compiled_runners(mode="default"):
+    """Within the block every runner the decoding loop makes (target and draft) is a compiled
+    :class:`SpecModel` (``compile=True, compile_mode=mode``): what ``generate(..., compile=True)``
+    does, for code that calls the loop directly (tests, benchmarks)."""
+    from ..decoding import runner
+    from .transformers import SpecModel
+
+    def factory(model, batch_size, max_len, **kw):
+        return SpecModel(model, batch_size, max_len, **{"compile": True, "compile_mode": mode, **kw})
+
+    old = runner.set_runner_factory(factory)
+    try:
+        yield
+    finally:
+        runner.set_runner_factory(old)

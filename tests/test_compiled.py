@@ -1,0 +1,149 @@
+"""Compiled block forwards (``SpecModel(compile=True)``, specops/integrations/compiled.py) on tiny
+fp32 models: every lossless method stays token-identical to greedy decoding (the greedy grid of
+tests/test_decoding.py), compiled AR equals eager AR, compiled block logits equal eager ones for
+ragged tree blocks (both cache layouts, partial blocks with ``q_start``), the graphs stay within the
+buckets, and compile time is reported apart.
+
+Compiling is slow on a loaded 2-core machine (tens of seconds per graph): every test here shares one
+target and one draft (module fixtures), so each bucket compiles once per model for the whole file
+(and the inductor disk cache makes a second run mostly tracing)."""
+import pytest
+import torch
+
+from specops.decoding import generate
+from specops.integrations import compiled
+from specops.integrations.transformers import SpecModel
+from specops.testing import perturbed_copy, random_parents, reference_greedy, tiny_causal_lm
+
+from test_decoding import LOSSLESS, N_NEW, PROMPT_LENS, _run
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """(target, draft, ragged prompts, greedy references): one Llama pair for the whole file."""
+    target = tiny_causal_lm("llama", seed=0)
+    draft = perturbed_copy(target, 0.15, seed=1)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in PROMPT_LENS]
+    refs = [reference_greedy(target, p, N_NEW + 4) for p in prompts]
+    return target, draft, prompts, refs
+
+
+def test_buckets():
+    assert [compiled.bucket_for(t) for t in (1, 2, 3, 5, 9, 17, 33, 64)] == [1, 2, 4, 8, 16, 32, 64, 64]
+    assert compiled.bucket_for(65) is None
+    assert [compiled.mask_words(t) for t in (1, 32, 33, 64, 65, 129)] == [1, 1, 2, 2, 4, 8]
+
+
+def test_bad_arguments_are_rejected(pair):
+    target = pair[0]
+    with pytest.raises(ValueError, match="compile must be a bool"):
+        SpecModel(target, 1, 32, compile="yes")
+    with pytest.raises(ValueError, match="compile_mode must be one of"):
+        SpecModel(target, 1, 32, compile=True, compile_mode="fast")
+
+
+@pytest.mark.parametrize("layout", [{}, {"kv_layout": "paged", "page_size": 4}], ids=["contiguous", "paged"])
+def test_compiled_block_logits_equal_eager_ones(pair, layout):
+    # Ragged tree blocks of 5 and 9 nodes (buckets 8 and 16), a partial block (q_start) and a
+    # compaction in between: the compiled runner's logits and cache follow the eager runner's.
+    target = pair[0]
+    gen = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, 128, (3, 13), generator=gen)
+    lens = torch.tensor([13, 6, 9], dtype=torch.int32)
+    num = torch.tensor([9, 5, 7], dtype=torch.int32)
+    parents = random_parents(3, 9, num_nodes=num, generator=gen)
+    tokens = torch.randint(0, 128, (3, 9), generator=gen)
+    accept = (torch.tensor([[0, 2, 5], [0, 1, 0], [0, 3, 4]], dtype=torch.int32),
+              torch.tensor([3, 2, 1], dtype=torch.int32))
+    outs = []
+    for compile_ in (False, True):
+        with torch.inference_mode():  # generate's mode: the graphs are shared with the tests below
+            r = SpecModel(target, 3, 48, compile=compile_, **layout)
+            first = r.prefill(prompt, lens, last_only=True)
+            whole = r.forward_block(tokens, parents, num)
+            r.compact(*accept)
+            head = r.forward_block(tokens[:, :4], parents[:, :4].clamp(max=2), torch.full_like(num, 4))
+            tail = r.forward_block(tokens[:, 4:6], parents[:, :6].clamp(max=3), torch.full_like(num, 6), q_start=4)
+        outs.append((first, whole, head, tail, r.lens.clone()))
+    for name, eager, comp in zip(("prefill", "tree", "head", "q_start", "lens"), *outs):
+        if name == "tree":  # padding rows of the ragged batch are unspecified
+            for b, n in enumerate(num.tolist()):
+                torch.testing.assert_close(comp[b, :n], eager[b, :n], atol=1e-5, rtol=1e-5)
+        else:
+            torch.testing.assert_close(comp, eager, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def test_compiled_ar_matches_eager_ar_and_reports_compile_time(pair):
+    target, _, prompts, refs = pair
+    eager, _ = generate(target, prompts, method="ar", max_new_tokens=N_NEW, eos_token_id=[])
+    with compiled.compiled_runners():
+        out, _ = generate(target, prompts, method="ar", max_new_tokens=N_NEW, eos_token_id=[])
+    assert torch.equal(out, eager)
+    assert [out[b].tolist() for b in range(3)] == [r[:N_NEW] for r in refs]
+    # A second runner of the same model and shapes compiles nothing: the graph is shared.
+    with torch.inference_mode():  # as generate builds its runners (inference tensors)
+        r = SpecModel(target, 3, 40, compile=True)
+        assert r.warmup([1]) == 0.0
+    assert r.compile_time_s == 0.0
+    dec = compiled.decoder_for(target)
+    assert any(k[0] == 1 and s > 0 for k, s in dec.compile_s.items())
+    assert r.block_cost(1) is not None and r.block_cost(1) > 0
+
+
+# Fixed budgets on the contiguous cache for every lossless case; the adaptive controller and the
+# paged layout on a few (each extra combination only re-runs graphs already compiled).
+GRID = [pytest.param(case, False, {}, id=case) for case in LOSSLESS if case != "ar"]
+GRID += [pytest.param(case, True, {}, id=f"{case}-adaptive") for case in ("sd", "tsd", "ngram")]
+GRID += [pytest.param(case, False, {"kv_layout": "paged", "page_size": 4}, id=f"{case}-paged")
+         for case in ("opt-tree", "ouroboros")]
+
+
+@pytest.mark.parametrize("case, adaptive, layout", GRID)
+def test_compiled_greedy_is_token_identical_to_greedy_decoding(pair, case, adaptive, layout):
+    target, draft, prompts, refs = pair
+    with compiled.compiled_runners():
+        out, m = _run(target, draft, prompts, case, adaptive=adaptive, **layout)
+    for b in range(3):
+        assert out[b].tolist() == refs[b][:N_NEW], f"sequence {b} diverged"
+    assert m.num_target_forwards <= N_NEW
+    # every compiled graph is one of the buckets
+    for model in (target, draft):
+        for key in compiled.decoder_for(model).compile_s:
+            assert key[0] in compiled.BUCKETS
+
+
+def test_feature_draft_compiled_is_lossless():
+    # An EAGLE-style draft: its own input layer (features) before the decoder, and the target's
+    # feature capture (a forward hook on the final norm) applied to the compiled graph's output.
+    from test_distill import tiny_target
+    from test_distill_feature import feature_draft
+
+    target = tiny_target(seed=3)
+    d = feature_draft(target, seed=4).eval()
+    prompts = [[5, 9, 33, 4, 71, 12], [8, 100, 3], [40, 41, 42, 43, 44, 45, 46, 47, 48]]
+    kw = dict(draft=d, method="sd", max_new_tokens=12, eos_token_id=[], adaptive=False)
+    ref, _ = generate(target, prompts, method="ar", max_new_tokens=12, eos_token_id=[])
+    _, m_eager = generate(target, prompts, **kw)
+    with compiled.compiled_runners():
+        out, m = generate(target, prompts, **kw)
+    assert torch.equal(out, ref)
+    # the same drafts as the eager runners: the draft read the same features, the target captured them
+    assert (m.num_accepted_tokens, m.num_draft_tokens) == (m_eager.num_accepted_tokens, m_eager.num_draft_tokens)
+    assert m.num_accepted_tokens > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs)")
+def test_cuda_graphs_ar_and_sd_match_eager():
+    # mode="reduce-overhead": CUDA graphs over the cache buffers (marked dynamic, updated in place).
+    target = tiny_causal_lm("llama", seed=0).cuda()
+    draft = perturbed_copy(target, 0.15, seed=1).cuda()
+    prompts = [[3, 5, 7, 9, 11], [4, 6, 8]]
+    ref, _ = generate(target, prompts, method="ar", max_new_tokens=16, eos_token_id=[])
+    with compiled.compiled_runners("reduce-overhead"):
+        for method in ("ar", "sd"):
+            out, _ = generate(target, prompts, draft=draft, method=method, max_new_tokens=16, eos_token_id=[],
+                              adaptive=False)
+            assert torch.equal(out.cpu(), ref.cpu()), method
