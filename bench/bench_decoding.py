@@ -9,6 +9,7 @@ with the HF peers measured in the same process on the same model, dtype and prom
     python -m bench --only decoding [--quick]          # the same through the suite runner
     python bench/bench_decoding.py --profile final --targets smollm2-135m --questions FILE --per-category 2
     python bench/bench_decoding.py --compare-engines --threads 2 --engine-python vllm_cpu=PY  # docs/engines.md
+    python bench/bench_decoding.py --tp 2 --methods ar,ngram,tsd   # TP 2 under torchrun vs one process (docs/scaling.md)
 
 ``--questions FILE`` replaces the fixed prompts with a JSON-lines question file in the field's
 format (``question_id``, ``category``, ``turns``; bench/questions.py validates it and names the line
@@ -238,7 +239,7 @@ def _run_specops(target, groups, new, mode, method, draft, params, warm=False):
     params = dict(params, **(_fresh_pool() if method == "ouroboros" else {}))
     for g, ids in enumerate(groups):
         out, m = specops.generate(target, ids, draft=draft, method=method, max_new_tokens=new, eos_token_id=[],
-                                  seed=g, adaptive=ADAPTIVE["on"], **SAMPLING[mode], **params)
+                                  seed=g, adaptive=ADAPTIVE["on"], logprobs=True, **SAMPLING[mode], **params)
         acc.add(m)
         outs.append(out)
         if warm:
@@ -428,7 +429,14 @@ def main(argv=None):
                         help="specops against peer engines and the bandwidth limit (bench/engines/compare.py)")
     parser.add_argument("--engine-python", action="append", metavar="PEER=PYTHON",
                         help="with --compare-engines: a peer's interpreter (vllm_cpu=..., llama_cpp=...)")
+    parser.add_argument("--tp", type=int, default=None, metavar="N",
+                        help="tensor parallelism over N ranks (torchrun) against one process (bench/decoding_tp.py)")
     args = parser.parse_args(argv)
+    if args.tp:
+        import decoding_tp
+        decoding_tp.run(args.tp, threads=args.threads, new_tokens=args.new_tokens or 48,
+                        **({"methods": args.methods} if args.methods else {}))
+        return 0
     if args.compare_engines:
         from engines import compare
         return compare.main(args)

@@ -120,7 +120,7 @@ def cmd_generate(args):
                          f"(this run has WORLD_SIZE={env_world_size()})")
     from .decoding.api import _runner_kw
 
-    _runner_kw(args.kv_layout, args.page_size)  # before any model loads
+    _runner_kw(args.kv_layout, args.page_size, args.compile, args.compile_mode)  # before any model loads
     target, tok = _setup(args)
     draft = _draft_for(args, args.method, target, params)
     prompts = [_encode(tok, args.prompt, args.raw)] * args.batch
@@ -146,7 +146,8 @@ def cmd_generate(args):
     out, m = generate(target, prompts, draft=draft, method=args.method, max_new_tokens=args.max_new_tokens,
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stop=args.stop,
                       tokenizer=tok, seed=args.seed, compare_ar=args.compare_ar, stream=stream, adaptive=adaptive,
-                      kv_layout=args.kv_layout, page_size=args.page_size, tp_size=args.tp, **params)
+                      kv_layout=args.kv_layout, page_size=args.page_size, tp_size=args.tp, compile=args.compile,
+                      compile_mode=args.compile_mode, **params)
     print()
     for b in range(1, args.batch):
         print(f"--- sequence {b}:\n{tok.decode(out[b, : m.lengths[b]])}")
@@ -272,6 +273,10 @@ def main(argv=None):
     gen.add_argument("--kv-layout", default="contiguous", choices=("contiguous", "paged"),
                      help="KV cache layout of target and draft (default contiguous)")
     gen.add_argument("--page-size", type=int, default=16, help="rows per KV page with --kv-layout paged (power of two)")
+    gen.add_argument("--compile", action="store_true",
+                     help="compiled target and draft forwards (torch.compile, bucketed block shapes; docs/compile.md)")
+    gen.add_argument("--compile-mode", default="default",
+                     help="torch.compile mode with --compile (default; reduce-overhead: CUDA graphs on a GPU)")
     gen.add_argument("--tp", type=int, default=None,
                      help="tensor parallelism over N ranks: run under torchrun --nproc-per-node N (default: the "
                           "torchrun world size); rank 0 prints (docs/scaling.md)")

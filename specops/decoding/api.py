@@ -15,7 +15,7 @@ from .stopping import Stopper
 def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, temperature=0.0, top_k=0,
              top_p=1.0, stop=None, eos_token_id=None, tokenizer=None, seed=0, dtype=None, max_len=None,
              compare_ar=False, stream=None, record_steps=False, adaptive=True, kv_layout="contiguous",
-             page_size=16, tp_size=None, logprobs=False, **method_params):
+             page_size=16, tp_size=None, logprobs=False, compile=False, compile_mode="default", **method_params):
     """Generates with ``method`` and returns ``(new_tokens, metrics)``.
 
     Shape: -> new_tokens int64 [B, n] (generated tokens only, right-padded with the pad token
@@ -42,6 +42,12 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
     kv_layout: "contiguous" (default; one [max_len] slab per sequence) or "paged" (fixed-size pages
         of ``page_size`` rows, a power of two); target and draft caches alike. Greedy output is the
         same token for token.
+    compile: run the target and draft forwards compiled (``torch.compile(fullgraph=True)``; blocks of
+        up to 64 rows padded to a bucket of 1, 2, 4, ..., 64 rows; docs/compile.md). Each (model,
+        bucket) compiles once per process (inductor's disk cache keeps the code); the seconds spent
+        compiling are ``metrics.compile_time_s`` and are left out of the decode time. Greedy output
+        is token-identical to eager. ``compile_mode``: torch.compile's mode ("default";
+        "reduce-overhead" captures CUDA graphs on a GPU).
     logprobs: also sum the emitted tokens' target log-likelihood (``metrics.perplexity``; one gather
         per step). Methods that are not lossless (MJSD, GSD's R5) always do.
     tp_size: tensor parallelism for a target loaded by name or path (docs/scaling.md): run every
@@ -64,7 +70,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
     stop = _check_args(max_new_tokens=max_new_tokens, stop=stop, eos_token_id=eos_token_id, tokenizer=tokenizer,
                        seed=seed, dtype=dtype, max_len=max_len, compare_ar=compare_ar, stream=stream,
                        record_steps=record_steps, logprobs=logprobs)
-    runner_kw = _runner_kw(kv_layout, page_size)
+    runner_kw = _runner_kw(kv_layout, page_size, compile, compile_mode)
     tp = _check_tp_size(tp_size, target)
 
     target_name = target if isinstance(target, str) else getattr(target, "specops_name", None)
@@ -112,7 +118,8 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
         _, metrics_ar = generate(target, [list(p) for p in prompts], method="ar", max_new_tokens=max_new_tokens,
                                  temperature=temperature, top_k=top_k, top_p=top_p, stop=stop,
                                  eos_token_id=eos_token_id, tokenizer=tokenizer, seed=seed, max_len=max_len,
-                                 kv_layout=kv_layout, page_size=page_size)
+                                 kv_layout=kv_layout, page_size=page_size, tp_size=tp_size, compile=compile,
+                                 compile_mode=compile_mode)
 
     B = len(prompts)
     # Every rank seeds the same generator and sees the same (gathered) logits, so every sampled token
@@ -130,10 +137,15 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
                 dmax = max_len + drafter.draft_budget() + drafter.tree_budget() + 1
                 dlm = FeatureDraftLM(draft_model, B, dmax, runner, **runner_kw) if feature else \
                     DraftLM(draft_model, B, dmax, **runner_kw)
+            runners = [r.spec for r in (runner, dlm) if r is not None]
+            compiling = sum(getattr(r, "compile_time_s", 0.0) for r in runners)
             gen, metrics = decode(runner, drafter, prompts, sampling=sampling, stopper=stopper,
                                   generator=generator, draft=dlm, tokenizer=tokenizer, stream=stream,
                                   record_steps=record_steps, adaptive=adaptive, ranks=ranks,
                                   track_logprobs=logprobs or None)
+            # graphs compile on first use inside the decode: reported apart, not as decoding time
+            metrics.compile_time_s = sum(getattr(r, "compile_time_s", 0.0) for r in runners) - compiling
+            metrics.total_time_s -= metrics.compile_time_s
         finally:
             runner.close()
     if metrics_ar is not None:
@@ -196,14 +208,21 @@ def _check_tp_size(tp_size, target):
     return parallel.env_world_size() if tp_size is None else tp_size
 
 
-def _runner_kw(kv_layout, page_size):
-    """The runner keywords for ``kv_layout`` / ``page_size`` (checked here, before any model work).
-    The contiguous layout passes none: it is every runner's default."""
+def _runner_kw(kv_layout, page_size, compile=False, compile_mode="default"):
+    """The runner keywords for ``kv_layout`` / ``page_size`` / ``compile`` (checked here, before any
+    model work). Defaults pass none: they are every runner's defaults."""
+    if not isinstance(compile, bool):
+        raise ValueError(f"compile must be a bool, got {compile!r}")
+    if not isinstance(compile_mode, str):
+        raise ValueError(f"compile_mode must be a torch.compile mode string, got {compile_mode!r}")
+    kw = {"compile": True, "compile_mode": compile_mode} if compile else {}
     if kv_layout not in ("contiguous", "paged"):
         raise ValueError(f"kv_layout must be 'contiguous' or 'paged', got {kv_layout!r}")
     if not _is_int(page_size) or page_size < 1 or page_size & (page_size - 1):
         raise ValueError(f"page_size must be a power of two >= 1 (rows per KV page), got {page_size!r}")
-    return {"kv_layout": "paged", "page_size": page_size} if kv_layout == "paged" else {}
+    if kv_layout == "paged":
+        kw.update(kv_layout="paged", page_size=page_size)
+    return kw
 
 
 # ---- input resolution ------------------------------------------------------------------------

@@ -42,6 +42,7 @@ class Metrics:
     verify_time_s: float = 0.0
     bookkeeping_time_s: float = 0.0
     total_time_s: float = 0.0
+    compile_time_s: float = 0.0  # compiling forwards during this call (generate(compile=True)); not in total_time_s
     target_logprob_sum: float = 0.0
     target_logprob_count: int = 0
     ar_tokens_per_s: float = None
@@ -146,7 +147,8 @@ class Metrics:
         """Multi-line human-readable report."""
         lines = [
             f"method {self.method}: {self.num_generated_tokens} tokens in {self.total_time_s:.2f} s "
-            f"= {self.tokens_per_s:.1f} tok/s (batch {self.batch_size}; prefill {self.prefill_time_s:.2f} s)",
+            f"= {self.tokens_per_s:.1f} tok/s (batch {self.batch_size}; prefill {self.prefill_time_s:.2f} s"
+            + (f"; compiling {self.compile_time_s:.1f} s, not counted" if self.compile_time_s else "") + ")",
             f"target forwards {self.num_target_forwards}, draft forwards {self.num_draft_forwards}",
             f"mean acceptance length {self.mean_acceptance_length:.2f}, draft acceptance rate "
             f"{self.draft_acceptance_rate:.3f}, drafted tokens/step {self.draft_tokens_per_step:.1f}",

@@ -237,6 +237,8 @@ class SpecModel:
         logits = self._run(input_ids, positions, block, offset=0, logits_to_keep=keep)
         self.cache.commit(lens)
         if last_only:
+            if logits.dim() == 4:  # transformers < 5.20 indexes every row with the [B, 1] keep -> [B, B, 1, V]
+                logits = logits[torch.arange(B, device=logits.device), torch.arange(B, device=logits.device)]
             if logits.shape[1] != 1:  # the model ignored logits_to_keep: pick the rows here
                 logits = torch.take_along_dim(logits, last[..., None], dim=1)
             return logits[:, 0]
