@@ -99,11 +99,14 @@ struct Scratch {
   RadixSelect<uint32_t> count_select;
   RadixSelect<uint64_t> mass_select;
 
+  // z is a full row; the selection arrays grow to what a row needs (top-p: its candidates).
   void reserve(int64_t V) {
     if (static_cast<int64_t>(z.size()) < V) z.resize(V);
-    if (static_cast<int64_t>(keys.size()) < V) keys.resize(V);
-    if (static_cast<int64_t>(idx.size()) < V) idx.resize(V);
-    if (static_cast<int64_t>(mass.size()) < V) mass.resize(V);
+  }
+  void reserve_candidates(int64_t n) {
+    if (static_cast<int64_t>(keys.size()) < n) keys.resize(n);
+    if (static_cast<int64_t>(idx.size()) < n) idx.resize(n);
+    if (static_cast<int64_t>(mass.size()) < n) mass.resize(n);
   }
 };
 
@@ -153,6 +156,7 @@ RowStats row_stats(const scalar_t* x, int64_t V, float t, int32_t k, float top_p
     if (k <= kSmallTopK) {
       lo = kth_largest_small(z, V, k, s.heap);
     } else {
+      s.reserve_candidates(V);
       for (int64_t i = 0; i < V; ++i) s.keys[i] = float_key(z[i]);
       lo = key_float(s.count_select.run(s.keys.data(), nullptr, V, static_cast<uint32_t>(k)));
     }
@@ -174,6 +178,8 @@ RowStats row_stats(const scalar_t* x, int64_t V, float t, int32_t k, float top_p
       const double zf = m + std::log(static_cast<double>(slack) / scale) - 1e-3;
       floor_ = std::nextafter(static_cast<float>(zf), -kInf);
     }
+    // compact_ge stores one index past the count at most (branch-free append).
+    if (static_cast<int64_t>(s.idx.size()) < V + 1) s.reserve_candidates(loops.count_ge(z, V, floor_) + 1);
     const int64_t n = loops.compact_ge(z, V, floor_, s.idx.data());
     for (int64_t j = 0; j < n; ++j) {
       s.keys[j] = float_key(z[s.idx[j]]);
@@ -269,6 +275,7 @@ at::Tensor warp_probs_cpu(const at::Tensor& logits,       // [N, V] fp32/bf16/fp
       // Reused across calls by the pool's threads: no allocation or zeroing per call.
       thread_local warp::Scratch s;
       s.reserve(V);
+      s.reserve_candidates(V + 1);
       for (int64_t r = lo; r < hi; ++r) warp_row(xp + r * row_stride, V, t[r], k[r], p[r], o + r * V, s);
     });
   });
