@@ -300,7 +300,8 @@ def logits_fn(kind, backend, c, warp):
     w = WARPS[warp]
     if kind == "fused":
         return lambda: specops.verify_tree_logits(
-            c["tokens"], c["parents"], c["X"], c["uniforms"], **w, draft_logits=c["Y"], mode="mss",
+            c["tokens"], c["parents"], c["X"], c["uniforms"], **w, draft_logits=c["Y"], draft_top_k=w["top_k"],
+            draft_top_p=w["top_p"], mode="mss",
             num_nodes=c["num_nodes"], check=False, backend=backend)
     B, T, V = c["X"].shape
 

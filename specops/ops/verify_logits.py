@@ -90,7 +90,7 @@ def _params(B, T, dev, check, temperature, top_k, top_p, prefix=""):
         except (TypeError, ValueError) as e:
             if not prefix:
                 raise
-            raise type(e)(prefix + str(e)) from None  # name the argument the caller passed
+            raise type(e)(str(e).replace(name, prefix + name)) from None  # the argument the caller passed
         out.append(row[:, None].expand(B, T).reshape(B * T))
     return out
 
