@@ -8,7 +8,7 @@ from specops import gpu_report
 from specops.triton_kernels import aot
 from specops.triton_kernels import tree_attention as ta
 
-MODULES = {"kv_compact", "sampling", "topn", "tree_attention", "tree_mask", "verify"}
+MODULES = {"kv_compact", "sampling", "topn", "tree_attention", "tree_mask", "verify", "verify_logits"}
 
 
 @pytest.fixture(scope="module")
