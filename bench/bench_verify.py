@@ -31,7 +31,8 @@ each logits row once at most (2 * N * V * e; the cpp kernel reads only the rows 
 ``model:H100`` / ``model:A100`` rows: those bytes over the datasheet HBM bandwidth (bench/roofline.py),
 labelled as a model. Peak extra memory: the [N, V] fp32 tensors the composition allocates (measured
 by the profiler) against the fused cpp kernel's scratch (its formula: the profiler does not see
-C++ allocations). ``--logits --quick``: V 32000 / 131072 at N 16 / 256 only.
+C++ allocations). ``--logits --quick``: chains at V 32000 / 131072 and N 16 / 256, the tree at the
+target case, and N 1024 at V 131072 bf16 top-p.
 
     python bench/bench_verify.py --logits [--quick]
 """
@@ -271,7 +272,9 @@ def test_verify(benchmark, provider, params):
 LOGIT_CASES = [dict(V=V, N=N, shape=shape, dtype=dt, warp=w) for V in (32000, 131072, 151936)
                for N in (16, 256, 1024) for shape in ("chain", "tree") for dt in ("bf16", "fp32")
                for w in ("top_p=0.9", "top_k=50")]
-LOGIT_QUICK = [c for c in LOGIT_CASES if c["V"] in (32000, 131072) and c["N"] in (16, 256)]
+LOGIT_QUICK = ([c for c in LOGIT_CASES if c["V"] in (32000, 131072) and c["N"] in (16, 256) and c["shape"] == "chain"]
+               + [dict(V=131072, N=256, shape="tree", dtype="bf16", warp="top_p=0.9"),
+                  dict(V=131072, N=1024, shape="chain", dtype="bf16", warp="top_p=0.9")])
 WARPS = {"top_p=0.9": dict(temperature=0.7, top_k=0, top_p=0.9), "top_k=50": dict(temperature=0.7, top_k=50, top_p=1.0)}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -341,7 +344,7 @@ def measure_logits(rec, quick):
                 continue
             for kind in ("compose", "fused"):
                 rec.time(f"{kind}_{backend}", params, logits_fn(kind, backend, c, params["warp"]), bytes=nbytes[kind],
-                         memory=kind == "compose" and params["N"] == 1024 and not quick,
+                         memory=kind == "compose" and params["N"] == 1024,
                          **({"min_repeats": 3, "budget_s": 0.5} if params["N"] >= 256 else {}))
         if _backend.available("cpp", rec.device)[0]:
             rec.value("fused_cpp", params, "peak_extra_memory_model", "bytes", fused_cpp_scratch_bytes(B, T, V))

@@ -55,8 +55,10 @@ __global__ void __launch_bounds__(kThreads)
            accept_len + b, bonus + b);
 }
 
+// One block per SM at least (the walk is latency-bound, one block per sequence): ptxas may use
+// up to 128 registers instead of spilling the warped rows' statistics.
 template <typename scalar_t>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
     verify_tree_logits_kernel(const int32_t* __restrict__ tokens,       // [B, T]
                               const int32_t* __restrict__ parents,      // [B, T]
                               const int32_t* __restrict__ num_nodes,    // [B]
