@@ -42,7 +42,7 @@ def _row_stats_kernel(
     pid = tl.program_id(0)
     cand_row = cand_ptr + pid.to(tl.int64) * V
     for r in range(pid, R, tl.num_programs(0)):
-        r64 = r.to(tl.int64)
+        r64 = tl.full([], 0, tl.int64) + r
         if r64 < N:
             x_row = x_ptr + r64 * V
         else:
