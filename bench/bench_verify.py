@@ -18,7 +18,26 @@ Derived: speedup_vs_torch_ref, speedup_vs_vectorized, speedup_vs_read_rows (> 0.
 
     python bench/bench_verify.py [--quick]       # CSV under bench/results/<machine>/
     pytest bench/bench_verify.py --benchmark-only
+
+Sampled verification from logits (op verify_tree_logits, ``--logits``; CSV verify_logits.csv):
+mode mss, V in {32000, 131072, 151936}, N = B * T in {16, 256, 1024} as chains (T 8) and trees
+(T 16, 4 children per node), bf16 and fp32 logits, temperature 0.7 with top-p 0.9 or top-k 50.
+Drafts are the target logits plus noise, tokens drawn from them.
+  compose_<backend>  warp_probs of target and draft logits, then verify_tree (today's two passes)
+  fused_<backend>    verify_tree_logits (same backend; bit-identical outputs)
+Bytes per call (a model of what must move, not a measurement): the composition reads each logits
+tensor, writes its fp32 probabilities and reads them back (2 * N * V * (e + 8)); the fused op reads
+each logits row once at most (2 * N * V * e; the cpp kernel reads only the rows its walk reaches).
+``model:H100`` / ``model:A100`` rows: those bytes over the datasheet HBM bandwidth (bench/roofline.py),
+labelled as a model. Peak extra memory: the [N, V] fp32 tensors the composition allocates (measured
+by the profiler) against the fused cpp kernel's scratch (its formula: the profiler does not see
+C++ allocations). ``--logits --quick``: chains at V 32000 / 131072 and N 16 / 256, the tree at the
+target case, and N 1024 at V 131072 bf16 top-p.
+
+    python bench/bench_verify.py --logits [--quick]
 """
+import sys
+
 import pytest
 import torch
 
@@ -248,5 +267,99 @@ def test_verify(benchmark, provider, params):
     pytest_benchmark(benchmark, fn, provider=provider, **params)
 
 
+# ---- verify_tree_logits against warp_probs + verify_tree ------------------------------------------
+
+LOGIT_CASES = [dict(V=V, N=N, shape=shape, dtype=dt, warp=w) for V in (32000, 131072, 151936)
+               for N in (16, 256, 1024) for shape in ("chain", "tree") for dt in ("bf16", "fp32")
+               for w in ("top_p=0.9", "top_k=50")]
+LOGIT_QUICK = ([c for c in LOGIT_CASES if c["V"] in (32000, 131072) and c["N"] in (16, 256) and c["shape"] == "chain"]
+               + [dict(V=131072, N=256, shape="tree", dtype="bf16", warp="top_p=0.9"),
+                  dict(V=131072, N=1024, shape="chain", dtype="bf16", warp="top_p=0.9")])
+WARPS = {"top_p=0.9": dict(temperature=0.7, top_k=0, top_p=0.9), "top_k=50": dict(temperature=0.7, top_k=50, top_p=1.0)}
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def logit_inputs(V, N, shape, dtype, warp, device, noise=1.0):
+    """Built one sequence at a time (only the logits are kept). Shape: logits [B, T, V]."""
+    T = 8 if shape == "chain" else 16
+    B = max(1, N // T)
+    g = torch.Generator().manual_seed(V % 997 + N + T)
+    parents = tree_parents(T, shape == "chain").expand(B, T).contiguous()
+    par = parents[0].long().clamp(min=0)
+    X = torch.empty(B, T, V, dtype=DTYPES[dtype])
+    Y = torch.empty(B, T, V, dtype=DTYPES[dtype])
+    tokens = torch.empty(B, T, dtype=torch.int32)
+    for b in range(B):
+        x = torch.randn(T, V, generator=g) * 4
+        y = x[par] + noise * torch.randn(T, V, generator=g)  # draft row c = the proposer at parents[c]
+        tokens[b] = torch.multinomial((y / 0.7).softmax(-1), 1, generator=g)[:, 0].to(torch.int32)
+        X[b], Y[b] = x, y
+    case = dict(tokens=tokens, parents=parents, num_nodes=torch.full((B,), T, dtype=torch.int32),
+                uniforms=torch.rand(B, T, 2, generator=g), X=X, Y=Y)
+    return {k: v.to(device) for k, v in case.items()}
+
+
+def logits_fn(kind, backend, c, warp):
+    w = WARPS[warp]
+    if kind == "fused":
+        return lambda: specops.verify_tree_logits(
+            c["tokens"], c["parents"], c["X"], c["uniforms"], **w, draft_logits=c["Y"], draft_top_k=w["top_k"],
+            draft_top_p=w["top_p"], mode="mss",
+            num_nodes=c["num_nodes"], check=False, backend=backend)
+    B, T, V = c["X"].shape
+
+    def compose():
+        P = specops.warp_probs(c["X"].view(B * T, V), w["temperature"], w["top_k"], w["top_p"], check=False,
+                               backend=backend).view(B, T, V)
+        Q = specops.warp_probs(c["Y"].view(B * T, V), w["temperature"], w["top_k"], w["top_p"], check=False,
+                               backend=backend).view(B, T, V)
+        return specops.verify_tree(c["tokens"], c["parents"], P, c["uniforms"], draft_probs=Q, mode="mss",
+                                   num_nodes=c["num_nodes"], check=False, backend=backend)
+    return compose
+
+
+def fused_cpp_scratch_bytes(B, T, V):
+    """The cpp kernel's scratch per call (csrc/cpu/verify_logits.cpp): per thread two warped-row
+    slots, mss's two residual rows, warp_probs' z row, the chunk sums and the [2, T] row statistics;
+    not counted: the top-p candidates' keys, indices and masses (16 B per candidate, sized to the
+    row's candidates: the tokens whose mass can matter, far fewer than V on peaked rows)."""
+    rows = 2 + 2 + 1  # slots, residual double buffer, z
+    threads = min(torch.get_num_threads(), B)
+    return threads * (rows * 4 * V + 4 * 8 * ((V + 2047) // 2048) + 2 * T * 24)
+
+
+def measure_logits(rec, quick):
+    from roofline import GPUS
+
+    for params in LOGIT_QUICK if quick else LOGIT_CASES:
+        c = logit_inputs(**params, device=rec.device)
+        B, T, V = c["X"].shape
+        e = c["X"].element_size()
+        nbytes = {"compose": 2 * B * T * V * (e + 8), "fused": 2 * B * T * V * e}
+        for backend in ("cpp", "cuda", "triton"):
+            ok, why = _backend.available(backend, rec.device)
+            if backend == "triton" and torch.device(rec.device).type == "cpu":
+                ok, why = False, "interpreter only on CPU (not a timing)"
+            if not ok:
+                continue
+            for kind in ("compose", "fused"):
+                rec.time(f"{kind}_{backend}", params, logits_fn(kind, backend, c, params["warp"]), bytes=nbytes[kind],
+                         memory=kind == "compose" and params["N"] == 1024,
+                         **({"min_repeats": 3, "budget_s": 0.5} if params["N"] >= 256 else {}))
+        if _backend.available("cpp", rec.device)[0]:
+            rec.value("fused_cpp", params, "peak_extra_memory_model", "bytes", fused_cpp_scratch_bytes(B, T, V))
+        for gpu, (bandwidth, _, _) in GPUS.items():
+            for kind in ("compose", "fused"):
+                rec.value(f"model:{gpu}:{kind}", params, "lower_bound", "ms (memory-bound, model)",
+                          nbytes[kind] / (bandwidth * 1e9) * 1e3)
+        del c
+    for backend in ("cpp", "cuda", "triton"):
+        rec.add_ratios(f"compose_{backend}", over=(f"fused_{backend}",))
+
+
 if __name__ == "__main__":
-    main("verify", measure)
+    if "--logits" in sys.argv:
+        sys.argv.remove("--logits")
+        main("verify_logits", measure_logits)
+    else:
+        main("verify", measure)

@@ -48,6 +48,12 @@ def _base(op):
             return dict(base, target_logits=torch.randn(2, 4, 6, generator=_g()))
         return dict(base, target_probs=_lp(2, 4, 6).exp(), draft_probs=_lp(2, 4, 6).flip(-1).exp(),
                     uniforms=torch.rand(2, 4, 2, generator=_g()), mode="mss")
+    if op == "verify_tree_logits":
+        return dict(tokens=t([[0, 1, 2, 3], [0, 4, 5, 1]]), parents=t(VTREE), num_nodes=t([4, 3]),
+                    target_logits=torch.randn(2, 4, 6, generator=_g()), uniforms=torch.rand(2, 4, 2, generator=_g()),
+                    temperature=t([0.7, 1.0], F32), top_k=t([0, 3]), top_p=t([0.9, 1.0], F32),
+                    draft_logits=torch.randn(2, 4, 6, generator=_g()).flip(-1), draft_temperature=t([1.0, 0.5], F32),
+                    draft_top_k=t([2, 0]), draft_top_p=t([1.0, 0.8], F32), mode="mss")
     if op == "verify_joint":
         return dict(draft_tokens=t([[1, 2, 3], [5, 0, 4]]), target_logprobs=_lp(2, 4, 6),
                     draft_joint_logprobs=-torch.rand(2, 3, generator=_g()), tau=t([0.5, 0.25], F32),
@@ -107,6 +113,10 @@ META = {
     "verify_greedy": [("tokens", I64, None), ("parents", I64, 1), ("target_logits", F64, 1), ("num_nodes", I64, 0)],
     "verify_tree": [("tokens", I64, None), ("parents", I64, 1), ("target_probs", F64, 1), ("uniforms", F64, 2),
                     ("draft_probs", F64, 2), ("num_nodes", I64, 0)],
+    "verify_tree_logits": [("tokens", I64, None), ("parents", I64, 1), ("target_logits", F64, 1),
+                           ("uniforms", F64, 2), ("draft_logits", F64, 2), ("num_nodes", I64, 0), ("temperature", I32, 0),
+                           ("top_k", F32, 0), ("top_p", I32, 0), ("draft_temperature", I32, 0),
+                           ("draft_top_k", F32, 0), ("draft_top_p", I32, 0)],
     "verify_joint": [("draft_tokens", I64, None), ("target_logprobs", F64, 1), ("draft_joint_logprobs", F64, 1),
                      ("tau", F64, 0), ("uniforms", F64, 0)],
     "topn_expand": [("parent_scores", F64, None), ("child_logprobs", F64, 1)],
@@ -132,6 +142,7 @@ def _meta_cases():
 V, E = ValueError, TypeError
 W, TM, TA, KV, VG, VT, VJ, TN, ST = ("warp_probs", "build_tree_mask", "tree_attention", "kv_compact", "verify_greedy",
                                      "verify_tree", "verify_joint", "topn_expand", "select_topn_subtree")
+VL = "verify_tree_logits"
 COMPILED = ("cpp", "cuda", "triton", "cudasim")
 VALUES = [
     # warp_probs: values under check=True, scalar parameters, limits
@@ -233,6 +244,38 @@ VALUES = [
     Case(VT, "tokens-past-v", setv("tokens", (0, 3), 6), V, ("tokens[0, 3]", "got 6")),
     Case(VT, "parent-not-earlier", setv("parents", (0, 2), 2), V, ("parents[0, 2]", "got 2")),
     Case(VT, "num_nodes-past-t", setv("num_nodes", 0, 7), V, ("num_nodes[0] = 7",)),
+    Case(VL, "tokens-past-v", setv("tokens", (0, 3), 6), V, ("tokens[0, 3]", "V=6", "got 6")),
+    Case(VL, "parent-not-earlier", setv("parents", (1, 2), 2), V, ("parents[1, 2]", "got 2")),
+    Case(VL, "num_nodes-zero", setv("num_nodes", 1, 0), V, ("num_nodes[1] = 0",)),
+    Case(VL, "uniform-one", setv("uniforms", (1, 1, 0), 1.0), V, ("uniforms[1, 1, 0] = 1.0",)),
+    Case(VL, "uniform-nan", setv("uniforms", (0, 2, 1), NAN), V, ("uniforms[0, 2, 1] = nan",)),
+    Case(VL, "target-nan", setv("target_logits", (1, 2, 3), NAN), V, ("target_logits[1, 2, 3] = nan",)),
+    Case(VL, "target-inf", setv("target_logits", (0, 0, 5), INF), V, ("target_logits[0, 0, 5] = inf",)),
+    Case(VL, "target-row-all-minus-inf", setv("target_logits", (1, 1), -INF), V,
+         ("target_logits[1, 1]", "at least one finite value", "all -inf")),
+    Case(VL, "draft-nan", setv("draft_logits", (0, 2, 4), NAN), V, ("draft_logits[0, 2, 4] = nan",)),
+    Case(VL, "draft-row-all-minus-inf", setv("draft_logits", (0, 3), -INF), V, ("draft_logits[0, 3]", "all -inf")),
+    Case(VL, "draft-missing", put(draft_logits=None), V, ("draft_logits", "mode='mss'")),
+    Case(VL, "mode-greedy", put(mode="greedy"), V, ("mode", "'greedy'")),
+    Case(VL, "temperature-negative", put(temperature=-0.5), V, ("temperature", ">= 0", "-0.5")),
+    Case(VL, "temperature-str", put(temperature="hot"), E, ("temperature", "str")),
+    Case(VL, "temperature-tensor-nan", setv("temperature", 1, NAN), V, ("temperature[1] = nan",)),
+    Case(VL, "top_k-negative", put(top_k=-1), V, ("top_k", "-1")),
+    Case(VL, "top_k-float", put(top_k=2.5), E, ("top_k", "2.5")),
+    Case(VL, "top_p-zero", put(top_p=0.0), V, ("top_p", "(0, 1]", "0.0")),
+    Case(VL, "top_p-tensor-past-one", setv("top_p", 0, 1.5), V, ("top_p[0] = 1.5",)),
+    Case(VL, "draft_temperature-inf", put(draft_temperature=INF), V, ("draft_temperature", "inf")),
+    Case(VL, "draft_top_k-tensor-negative", setv("draft_top_k", 1, -2), V, ("draft_top_k[1] = -2",)),
+    Case(VL, "draft_top_p-past-one", put(draft_top_p=1.5), V, ("draft_top_p", "1.5")),
+    Case(VL, "draft_top_p-bool", put(draft_top_p=True), E, ("draft_top_p", "bool")),
+    Case(VL, "T=0", lambda a: a.update(tokens=torch.zeros(2, 0, dtype=I32), parents=torch.zeros(2, 0, dtype=I32),
+                                       target_logits=torch.zeros(2, 0, 6), uniforms=torch.zeros(2, 0, 2),
+                                       draft_logits=torch.zeros(2, 0, 6), num_nodes=None), V, ("tokens", "(2, 0)")),
+    Case(VL, "V=0", put(target_logits=lambda: torch.zeros(2, 4, 0), draft_logits=lambda: torch.zeros(2, 4, 0)), V,
+         ("target_logits", "(2, 4, 0)")),
+    Case(VL, "V-over-int32", put(target_logits=lambda: torch.zeros(2, 4, 1).expand(2, 4, 2**31),
+                                 draft_logits=lambda: torch.zeros(2, 4, 1).expand(2, 4, 2**31)), V,
+         ("target_logits", "V=2147483648"), only=COMPILED),
     Case(VJ, "tokens-past-v", setv("draft_tokens", (1, 2), 6), V, ("draft_tokens", "6 at [1, 2]")),
     Case(VJ, "tokens-negative", setv("draft_tokens", (0, 0), -1), V, ("draft_tokens", "-1 at [0, 0]")),
     Case(VJ, "tau=1.5", put(tau=1.5), V, ("tau", "1.5")),
@@ -344,6 +387,16 @@ VALID = [
                                                        .transpose(0, 2))),
     Case(VT, "probs-last-stride", lambda a: a.update(target_probs=a["target_probs"].transpose(1, 2).contiguous()
                                                      .transpose(1, 2))),
+    Case(VL, "padding-rows-may-hold-anything", lambda a: (setv("target_logits", (1, 3), NAN)(a),
+                                                          setv("draft_logits", (0, 0), -INF)(a))),
+    Case(VL, "scalar-parameters", put(temperature=0.8, top_k=2, top_p=0.7, draft_temperature=None, draft_top_k=0,
+                                      draft_top_p=1.0)),
+    Case(VL, "bf16-target-fp32-draft", lambda a: a.update(target_logits=a["target_logits"].bfloat16())),
+    Case(VL, "logits-last-stride", lambda a: a.update(target_logits=a["target_logits"].transpose(1, 2).contiguous()
+                                                      .transpose(1, 2))),
+    Case(VL, "temperature-stride0", put(temperature=lambda: _stride0(0.5, dtype=F32))),
+    Case(VL, "top_k-int64-strided", put(top_k=lambda: _strided([1, 4], I64))),
+    Case(VL, "B=0", lambda a: a.update({k: v[:0] for k, v in a.items() if isinstance(v, torch.Tensor)})),
     Case(VJ, "tau-stride0", put(tau=lambda: _stride0(0.25, dtype=F32))),
     Case(VJ, "uniforms-strided", put(uniforms=lambda: _strided([0.5, 0.25], F32))),
     Case(VJ, "g=0", lambda a: a.update(draft_tokens=a["draft_tokens"][:, :0],
@@ -433,6 +486,6 @@ def test_bad_input(case, backend, device, request):
 
 def test_the_battery_is_large_and_covers_every_public_op():
     ops = {"warp_probs", "build_tree_mask", "tree_attention", "kv_compact", "verify_greedy", "verify_tree",
-           "verify_joint", "topn_expand", "select_topn_subtree"}
+           "verify_tree_logits", "verify_joint", "topn_expand", "select_topn_subtree"}
     assert {c.op for c in CASES} == ops and ops <= set(specops.__all__)
     assert len({c.id for c in CASES}) == len(CASES) >= 280

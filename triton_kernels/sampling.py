@@ -198,6 +198,57 @@ def mass_select(x_row, cand_row, V, t, mx, scale, klo, p, BLOCK: tl.constexpr, B
 
 
 @triton.jit
+def row_stats(x_row, cand_row, V, t, k, p, scale, BLOCK: tl.constexpr, BLOCK_SEL: tl.constexpr):
+    """What a warped row is made of: (mx, klo, s, best). The row max mx, the kept set
+    ``_key(z) >= klo``, the fp32 sum s of exp(z) over it (in BLOCK tiles: the tile width fixes the
+    summation order), and for a greedy row (t below MIN_TEMPERATURE) the index ``best >= 0`` of its
+    one-hot (-1 otherwise; mx = 0 then). cand_row: V fp32 of scratch when top-k or top-p is on."""
+    mx = tl.full([], 0.0, tl.float32)
+    klo = tl.full([], -2147483648, tl.int32)  # keep _key(z) >= klo
+    s = tl.full([], 1.0, tl.float32)
+    best_idx = tl.full([], -1, tl.int32)
+    if t >= MIN_TEMPERATURE:
+        # Subtract the row max before dividing: huge logits and tiny t stay finite, max z = 0.
+        mx = tl.full([], float("-inf"), tl.float32)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+            mx = tl.maximum(mx, tl.max(x, axis=0))
+        if (k > 0) & (k < V):
+            klo = count_select(x_row, cand_row, V, t, mx, k.to(tl.int64), BLOCK) ^ INT_MIN
+        if p < 1.0:
+            kp = mass_select(x_row, cand_row, V, t, mx, scale, klo, p, BLOCK, BLOCK_SEL) ^ INT_MIN
+            klo = tl.maximum(klo, kp)
+        s = tl.zeros([], dtype=tl.float32)
+        for start in range(0, V, BLOCK):
+            z, valid = _load_z(x_row, start + tl.arange(0, BLOCK), V, t, mx)
+            s += tl.sum(tl.where(valid & (_key(z) >= klo), tl.exp(z), 0.0), axis=0)
+    else:
+        # Greedy: the first index of the maximal logit.
+        best = tl.full([], float("-inf"), tl.float32)
+        best_idx = tl.zeros([], dtype=tl.int32)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+            tmax = tl.max(x, axis=0)
+            tidx = tl.min(tl.where(x == tmax, offs, V), axis=0)
+            better = tmax > best
+            best_idx = tl.where(better, tidx, best_idx)
+            best = tl.where(better, tmax, best)
+    return mx, klo, s, best_idx
+
+
+@triton.jit
+def warp_value(x, offs, t, mx, klo, s, best):
+    """Entries ``offs`` of the warped row from their logits x (fp32) and the row's row_stats (t is
+    only read by non-greedy rows: pass 1 for greedy ones). verify_tree_logits evaluates its
+    probabilities with this very function, so they equal warp_probs' bit for bit."""
+    z = tl.math.div_rn(x - mx, t)
+    e = tl.where(_key(z) >= klo, tl.exp(z), 0.0)
+    return tl.where(best >= 0, tl.where(offs == best, 1.0, 0.0), e / s)
+
+
+@triton.jit
 def _warp_probs_kernel(
     logits_ptr,  # [N, V] fp32/bf16/fp16, row stride stride_row
     temp_ptr,  # [N] fp32
@@ -214,45 +265,14 @@ def _warp_probs_kernel(
     x_row = logits_ptr + row * stride_row
     o_row = out_ptr + row * V
     t = tl.load(temp_ptr + row)
-    k = tl.load(top_k_ptr + row)
-    p = tl.load(top_p_ptr + row)
-    if t >= MIN_TEMPERATURE:
-        # Subtract the row max before dividing: huge logits and tiny t stay finite, max z = 0.
-        mx = tl.full([], float("-inf"), tl.float32)
-        for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-            mx = tl.maximum(mx, tl.max(x, axis=0))
-        klo = tl.full([], -2147483648, tl.int32)  # keep _key(z) >= klo
-        if (k > 0) & (k < V):
-            klo = count_select(x_row, o_row, V, t, mx, k.to(tl.int64), BLOCK) ^ INT_MIN
-        if p < 1.0:
-            kp = mass_select(x_row, o_row, V, t, mx, scale, klo, p, BLOCK, BLOCK_SEL) ^ INT_MIN
-            klo = tl.maximum(klo, kp)
-        s = tl.zeros([], dtype=tl.float32)
-        for start in range(0, V, BLOCK):
-            z, valid = _load_z(x_row, start + tl.arange(0, BLOCK), V, t, mx)
-            s += tl.sum(tl.where(valid & (_key(z) >= klo), tl.exp(z), 0.0), axis=0)
-        for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            z, valid = _load_z(x_row, offs, V, t, mx)
-            e = tl.where(_key(z) >= klo, tl.exp(z), 0.0)
-            tl.store(o_row + offs, e / s, mask=valid)
-    else:
-        # Greedy: the first index of the maximal logit.
-        best = tl.full([], float("-inf"), tl.float32)
-        best_idx = tl.zeros([], dtype=tl.int32)
-        for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-            tmax = tl.max(x, axis=0)
-            tidx = tl.min(tl.where(x == tmax, offs, V), axis=0)
-            better = tmax > best
-            best_idx = tl.where(better, tidx, best_idx)
-            best = tl.where(better, tmax, best)
-        for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            tl.store(o_row + offs, tl.where(offs == best_idx, 1.0, 0.0), mask=offs < V)
+    mx, klo, s, best = row_stats(x_row, o_row, V, t, tl.load(top_k_ptr + row), tl.load(top_p_ptr + row), scale,
+                                 BLOCK, BLOCK_SEL)
+    t = tl.where(best >= 0, 1.0, t)
+    tl.debug_barrier()  # the candidates in o_row are read before they are overwritten
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        tl.store(o_row + offs, warp_value(x, offs, t, mx, klo, s, best), mask=offs < V)
 
 
 def warp_probs(logits, temperature, top_k, top_p):

@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .verify_rows import (_accept, _argmax_row, _exp2i, _fallback, _fix, _load_at, _load_row, _sample_row, _sum_fix,
-                          _uniform_index)
+from .verify_rows import (STAT_WORDS, _accept, _argmax_row, _exp2i, _fallback, _fix, _load_at, _load_row, _logit_prob,
+                          _sample_row, _sum_fix, _uniform_index)
 
 MODES = {"mss": 0, "mss_pointmass": 1, "mss_noreplace": 2}
 NBUF = {0: 2, 1: 1, 2: 3}  # scratch rows per sequence: R3 double buffer, R3p copy, R3w + proposer row
@@ -25,15 +25,17 @@ def _match_kernel(
     tok_ptr,  # [B, T] int32
     par_ptr,  # [B, T] int32
     n_ptr,  # [B] int32
-    rows_ptr,  # [B, T, V] logits (R1) or fp32 probs (R4)
+    rows_ptr,  # [B, T, V] logits (R1, and R4 with LOGITS) or fp32 probs (R4)
     u_ptr,  # [B, T, 2] fp32 (R4 only)
     idx_ptr,  # [B, T] int32 out
     len_ptr,  # [B] int32 out
     bonus_ptr,  # [B] int32 out
+    st_ptr,  # [2, B * T, STAT_WORDS] int32 warping statistics (LOGITS only)
     T,
     V,
     S,
     SAMPLE: tl.constexpr,
+    LOGITS: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
@@ -52,8 +54,9 @@ def _match_kernel(
     while done == 0:
         row = rows_ptr + (b * T + u) * V
         if SAMPLE:
-            W = _sum_fix(row, V, scale, BLOCK_V)
-            v = _sample_row(row, V, scale, W, tl.load(u_ptr + (b * T + u) * 2 + 1), BLOCK_V)
+            st = st_ptr + (b * T + u) * STAT_WORDS
+            W = _sum_fix(row, V, scale, BLOCK_V, False, st, LOGITS)
+            v = _sample_row(row, V, scale, W, tl.load(u_ptr + (b * T + u) * 2 + 1), BLOCK_V, False, st, LOGITS)
         else:
             v = _argmax_row(row, V, BLOCK_V)
         hit = (par == u) & (tok == v) & (t_idx > u)
@@ -75,23 +78,26 @@ def _mss_kernel(
     tok_ptr,  # [B, T] int32
     par_ptr,  # [B, T] int32
     n_ptr,  # [B] int32
-    p_ptr,  # [B, T, V] fp32 target
-    q_ptr,  # [B, T, V] fp32 draft (unused by R3p)
+    p_ptr,  # [B, T, V] fp32 target (LOGITS: target logits)
+    q_ptr,  # [B, T, V] fp32 draft (LOGITS: draft logits; unused by R3p)
     u_ptr,  # [B, T, 2] fp32
     buf_ptr,  # [B, NB, V] fp32 scratch
     idx_ptr,  # [B, T] int32 out
     len_ptr,  # [B] int32 out
     bonus_ptr,  # [B] int32 out
+    st_ptr,  # [2, B * T, STAT_WORDS] int32 warping statistics of target, draft rows (LOGITS only)
     T,
     V,
     S,
     MODE: tl.constexpr,  # 0 R3 (mss), 1 R3p (pointmass), 2 R3w (noreplace)
     NB: tl.constexpr,
+    LOGITS: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     # mss_walk of csrc/verify_common.h; row kinds as in _load_row.
     b = tl.program_id(0).to(tl.int64)
+    N = tl.num_programs(0).to(tl.int64) * T
     scale = _exp2i(S)
     inv_scale = _exp2i(-S)
     n = tl.minimum(tl.maximum(tl.load(n_ptr + b), 1), T)
@@ -132,12 +138,12 @@ def _mss_kernel(
             elif MODE == 2:
                 q_kind = qr_kind
                 q_node = qr_node
-                qx = _load_at(q_kind, q_node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB)
+                qx = _load_at(q_kind, q_node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS)
             else:
                 q_kind = tl.full([], 1, tl.int32)
                 q_node = s
-                qx = _load_at(q_kind, q_node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB)
-            rx = _load_at(r_kind, r_node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB)
+                qx = _load_at(q_kind, q_node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS)
+            rx = _load_at(r_kind, r_node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS)
             d = s
             if _accept(tl.load(u_ptr + (b * T + s) * 2), qx, Z, rx, Zq):
                 accepted = s
@@ -150,7 +156,7 @@ def _mss_kernel(
                         for start in range(0, V, BLOCK_V):
                             offs = start + tl.arange(0, BLOCK_V)
                             m = offs < V
-                            v = tl.load(p_ptr + (b * T + r_node) * V + offs, mask=m, other=0.0)
+                            v = _load_row(0, r_node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS)
                             v = tl.where(offs == x, 0.0, v)
                             tl.store(buf_ptr + (b * NB) * V + offs, v, mask=m)
                             acc += _fix(v, scale)
@@ -179,8 +185,8 @@ def _mss_kernel(
                 for start in range(0, V, BLOCK_V):
                     offs = start + tl.arange(0, BLOCK_V)
                     m = offs < V
-                    rr = _load_row(r_kind, r_node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB)
-                    qq = _load_row(q_kind, q_node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB)
+                    rr = _load_row(r_kind, r_node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS)
+                    qq = _load_row(q_kind, q_node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS)
                     c = rr * Zq - Z * qq
                     c = tl.where(c > 0, c, 0.0)
                     tl.store(buf_ptr + (b * NB + dst - 2) * V + offs, c, mask=m)
@@ -203,7 +209,9 @@ def _mss_kernel(
             ud = tl.load(u_ptr + (b * T + d) * 2 + 1)
             if r_kind == 0:
                 row = p_ptr + (b * T + r_node) * V
-                bonus = _sample_row(row, V, scale, _sum_fix(row, V, scale, BLOCK_V), ud, BLOCK_V)
+                st = st_ptr + (b * T + r_node) * STAT_WORDS
+                W = _sum_fix(row, V, scale, BLOCK_V, False, st, LOGITS)
+                bonus = _sample_row(row, V, scale, W, ud, BLOCK_V, False, st, LOGITS)
             else:
                 bonus = _sample_row(buf_ptr + (b * NB + r_kind - 2) * V, V, scale, W, ud, BLOCK_V)
             done += 1
@@ -221,15 +229,17 @@ def _gsd_kernel(
     tok_ptr,  # [B, T] int32
     par_ptr,  # [B, T] int32
     n_ptr,  # [B] int32
-    p_ptr,  # [B, T, V] fp32 target
-    q_ptr,  # [B, T, V] fp32 draft
+    p_ptr,  # [B, T, V] fp32 target (LOGITS: target logits)
+    q_ptr,  # [B, T, V] fp32 draft (LOGITS: draft logits)
     u_ptr,  # [B, T, 2] fp32
     idx_ptr,  # [B, T] int32 out
     len_ptr,  # [B] int32 out
     bonus_ptr,  # [B] int32 out
+    st_ptr,  # [2, B * T, STAT_WORDS] int32 warping statistics (LOGITS only)
     T,
     V,
     S,
+    LOGITS: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
@@ -248,8 +258,13 @@ def _gsd_kernel(
         x = tl.load(tok_ptr + b * T + cur, mask=step, other=-1)
         good = step & (pc >= 0) & (pc < cur)
         xin = good & (x >= 0) & (x < V)
-        pr = tl.load(p_ptr + (b * T + pc) * V + x, mask=xin, other=0.0)
-        qr = tl.load(q_ptr + (b * T + cur) * V + x, mask=xin, other=0.0)
+        if LOGITS:
+            N = tl.num_programs(0).to(tl.int64) * T
+            pr = _logit_prob(p_ptr + (b * T + pc) * V, x, xin, st_ptr + (b * T + pc) * STAT_WORDS)
+            qr = _logit_prob(q_ptr + (b * T + cur) * V, x, xin, st_ptr + (N + b * T + cur) * STAT_WORDS)
+        else:
+            pr = tl.load(p_ptr + (b * T + pc) * V + x, mask=xin, other=0.0)
+            qr = tl.load(q_ptr + (b * T + cur) * V + x, mask=xin, other=0.0)
         uu = tl.load(u_ptr + (b * T + cur) * 2, mask=step, other=0.0)
         edge = good & _accept(uu, qr, 1.0, pr, 1.0)
         ok = ok & (edge | ~step)
@@ -265,8 +280,10 @@ def _gsd_kernel(
     tl.store(idx_ptr + b * T + t_idx, tl.full([BLOCK_T], -1, tl.int32), mask=(t_idx > m) & (t_idx < T))
     tl.store(len_ptr + b, m + 1)
     row = p_ptr + (b * T + end) * V
-    W = _sum_fix(row, V, scale, BLOCK_V)
-    tl.store(bonus_ptr + b, _sample_row(row, V, scale, W, tl.load(u_ptr + (b * T + end) * 2 + 1), BLOCK_V))
+    st = st_ptr + (b * T + end) * STAT_WORDS
+    W = _sum_fix(row, V, scale, BLOCK_V, False, st, LOGITS)
+    u1 = tl.load(u_ptr + (b * T + end) * 2 + 1)
+    tl.store(bonus_ptr + b, _sample_row(row, V, scale, W, u1, BLOCK_V, False, st, LOGITS))
 
 
 @triton.jit
@@ -334,13 +351,15 @@ def verify_greedy(tokens, parents, target_logits, num_nodes):
     if B:
         unused = torch.empty(1, dtype=torch.float32, device=tokens.device)
         _match_kernel[(B,)](tokens.contiguous(), parents.contiguous(), num_nodes.contiguous(),
-                            target_logits.contiguous(), unused, *out, T, V, _fix_shift(V), SAMPLE=False,
+                            target_logits.contiguous(), unused, *out, unused, T, V, _fix_shift(V), SAMPLE=False,
+                            LOGITS=False,
                             BLOCK_T=triton.next_power_of_2(T), BLOCK_V=_block_v(V), enable_fp_fusion=False)
     return out
 
 
-def verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode):
-    """Shape: as specops.verify_tree (validated there)."""
+def verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode, stats=None):
+    """Shape: as specops.verify_tree (validated there). With ``stats`` (int32 [2, B * T,
+    STAT_WORDS], triton_kernels/verify_logits.py) the rows are logits, warped on the fly."""
     B, T = tokens.shape
     V = target_probs.shape[2]
     out = _outputs(tokens, T)
@@ -349,16 +368,18 @@ def verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes,
     args = (tokens.contiguous(), parents.contiguous(), num_nodes.contiguous(), target_probs.contiguous())
     u = uniforms.contiguous()
     q = draft_probs.contiguous() if draft_probs is not None else args[3]
-    common = dict(BLOCK_T=triton.next_power_of_2(T), BLOCK_V=_block_v(V), enable_fp_fusion=False)
+    logits = stats is not None
+    st = stats if logits else u
+    common = dict(LOGITS=logits, BLOCK_T=triton.next_power_of_2(T), BLOCK_V=_block_v(V), enable_fp_fusion=False)
     S = _fix_shift(V)
     if mode == "sample_match":
-        _match_kernel[(B,)](args[0], args[1], args[2], args[3], u, *out, T, V, S, SAMPLE=True, **common)
+        _match_kernel[(B,)](args[0], args[1], args[2], args[3], u, *out, st, T, V, S, SAMPLE=True, **common)
     elif mode == "gsd":
-        _gsd_kernel[(B,)](*args, q, u, *out, T, V, S, **common)
+        _gsd_kernel[(B,)](*args, q, u, *out, st, T, V, S, **common)
     else:
         nb = NBUF[MODES[mode]]
         buf = torch.empty(B, nb, V, dtype=torch.float32, device=tokens.device)
-        _mss_kernel[(B,)](*args, q, u, buf, *out, T, V, S, MODE=MODES[mode], NB=nb, **common)
+        _mss_kernel[(B,)](*args, q, u, buf, *out, st, T, V, S, MODE=MODES[mode], NB=nb, **common)
     return out
 
 

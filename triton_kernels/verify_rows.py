@@ -4,6 +4,10 @@ of csrc/cpu/verify_rows.cpp's row passes."""
 import triton
 import triton.language as tl
 
+from .sampling import warp_value
+
+STAT_WORDS = tl.constexpr(5)  # a row's warping statistics: mx, t (fp32 bits), klo, s (fp32 bits), best
+
 
 @triton.jit
 def _exp2i(e):
@@ -56,23 +60,41 @@ def _det_exp(x):
 
 
 @triton.jit
-def _row_weights(row, offs, V, scale, LOGPROB: tl.constexpr):
-    x = tl.load(row + offs, mask=offs < V, other=0.0).to(tl.float32)
+def _logit_prob(row, offs, m, st):
+    """Entries offs (where m) of a row warped from its logits `row`, with the statistics at st
+    (STAT_WORDS int32 each; st may be a tensor of pointers, one per entry); 0 where not m."""
+    x = tl.load(row + offs, mask=m, other=float("-inf")).to(tl.float32)
+    mx = tl.load(st).to(tl.float32, bitcast=True)
+    t = tl.load(st + 1).to(tl.float32, bitcast=True)
+    klo = tl.load(st + 2)
+    s = tl.load(st + 3).to(tl.float32, bitcast=True)
+    best = tl.load(st + 4)
+    return tl.where(m, warp_value(x, offs, t, mx, klo, s, best), 0.0)
+
+
+@triton.jit
+def _row_weights(row, offs, V, scale, LOGPROB: tl.constexpr, st, LOGITS: tl.constexpr):
+    if LOGITS:
+        x = _logit_prob(row, offs, offs < V, st)
+    else:
+        x = tl.load(row + offs, mask=offs < V, other=0.0).to(tl.float32)
     if LOGPROB:
         x = tl.where(offs < V, _det_exp(x), 0.0)
     return _fix(x, scale)
 
 
 @triton.jit
-def _sum_fix(row, V, scale, BLOCK_V: tl.constexpr, LOGPROB: tl.constexpr = False):
+def _sum_fix(row, V, scale, BLOCK_V: tl.constexpr, LOGPROB: tl.constexpr = False, st=0, LOGITS: tl.constexpr = False):
+    # LOGITS: row holds logits, warped with the statistics at st (see _logit_prob).
     acc = tl.zeros([BLOCK_V], dtype=tl.int64)
     for start in range(0, V, BLOCK_V):
-        acc += _row_weights(row, start + tl.arange(0, BLOCK_V), V, scale, LOGPROB)
+        acc += _row_weights(row, start + tl.arange(0, BLOCK_V), V, scale, LOGPROB, st, LOGITS)
     return tl.sum(acc, axis=0)
 
 
 @triton.jit
-def _sample_row(row, V, scale, W, u, BLOCK_V: tl.constexpr, LOGPROB: tl.constexpr = False):
+def _sample_row(row, V, scale, W, u, BLOCK_V: tl.constexpr, LOGPROB: tl.constexpr = False, st=0,
+                LOGITS: tl.constexpr = False):
     # Inverse CDF over the fixed-point weights: the first index whose running sum exceeds the
     # threshold, in two levels. Level 1: chunk totals (each a parallel sum over BLOCK_V tokens)
     # and a running scan over them, until the chunk where the sum passes the threshold; level 2:
@@ -85,7 +107,7 @@ def _sample_row(row, V, scale, W, u, BLOCK_V: tl.constexpr, LOGPROB: tl.constexp
     start = tl.full([], 0, tl.int64)
     while (found < 0) & (start < V) & (W > 0):
         offs = start + tl.arange(0, BLOCK_V)
-        w = _row_weights(row, offs, V, scale, LOGPROB)
+        w = _row_weights(row, offs, V, scale, LOGPROB, st, LOGITS)
         s = tl.sum(w, axis=0)
         if run + s > t:
             hit = (tl.cumsum(w, axis=0) + run > t) & (offs < V)
@@ -113,15 +135,22 @@ def _argmax_row(row, V, BLOCK_V: tl.constexpr):
 
 
 @triton.jit
-def _load_row(kind, node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB: tl.constexpr):
+def _load_row(kind, node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB: tl.constexpr, st_ptr, N,
+              LOGITS: tl.constexpr):
     # kind 0: target row `node`, 1: draft row `node`, 2..: scratch row kind - 2 (the masked loads
-    # of the rows not selected touch no memory).
-    a = tl.load(p_ptr + (b * T + node) * V + offs, mask=m & (kind == 0), other=0.0)
-    c = tl.load(q_ptr + (b * T + node) * V + offs, mask=m & (kind == 1), other=0.0)
+    # of the rows not selected touch no memory). LOGITS: p_ptr / q_ptr hold logits [N, V], warped
+    # with the statistics st_ptr [2, N, STAT_WORDS].
+    if LOGITS:
+        r = b * T + node
+        a = _logit_prob(p_ptr + r * V, offs, m & (kind == 0), st_ptr + r * STAT_WORDS)
+        c = _logit_prob(q_ptr + r * V, offs, m & (kind == 1), st_ptr + (N + r) * STAT_WORDS)
+    else:
+        a = tl.load(p_ptr + (b * T + node) * V + offs, mask=m & (kind == 0), other=0.0)
+        c = tl.load(q_ptr + (b * T + node) * V + offs, mask=m & (kind == 1), other=0.0)
     s = tl.load(buf_ptr + (b * NB + kind - 2) * V + offs, mask=m & (kind >= 2), other=0.0)
     return tl.where(kind == 0, a, tl.where(kind == 1, c, s))
 
 
 @triton.jit
-def _load_at(kind, node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB: tl.constexpr):
-    return _load_row(kind, node, x, (x >= 0) & (x < V), p_ptr, q_ptr, buf_ptr, b, T, V, NB)
+def _load_at(kind, node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB: tl.constexpr, st_ptr, N, LOGITS: tl.constexpr):
+    return _load_row(kind, node, x, (x >= 0) & (x < V), p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS)

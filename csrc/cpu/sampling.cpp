@@ -21,6 +21,7 @@
 
 #include "../registration.h"
 #include "../sampling_common.h"
+#include "sampling_rows.h"
 #include "sampling_simd.h"
 
 namespace specops {
@@ -86,7 +87,11 @@ class RadixSelect {
   std::vector<uint32_t> keys_, next_keys_;
 };
 
-struct RowScratch {
+}  // namespace
+
+namespace warp {
+
+struct Scratch {
   std::vector<float> z, heap;
   std::vector<uint32_t> keys;
   std::vector<int32_t> idx;
@@ -94,13 +99,28 @@ struct RowScratch {
   RadixSelect<uint32_t> count_select;
   RadixSelect<uint64_t> mass_select;
 
+  // z is a full row; the selection arrays grow to what a row needs (top-p: its candidates).
   void reserve(int64_t V) {
     if (static_cast<int64_t>(z.size()) < V) z.resize(V);
-    if (static_cast<int64_t>(keys.size()) < V) keys.resize(V);
-    if (static_cast<int64_t>(idx.size()) < V) idx.resize(V);
-    if (static_cast<int64_t>(mass.size()) < V) mass.resize(V);
+  }
+  void reserve_candidates(int64_t n) {
+    if (static_cast<int64_t>(keys.size()) < n) keys.resize(n);
+    if (static_cast<int64_t>(idx.size()) < n) idx.resize(n);
+    if (static_cast<int64_t>(mass.size()) < n) mass.resize(n);
   }
 };
+
+void ScratchDeleter::operator()(Scratch* s) const { delete s; }
+
+std::unique_ptr<Scratch, ScratchDeleter> make_scratch(int64_t V) {
+  std::unique_ptr<Scratch, ScratchDeleter> s(new Scratch);
+  s->reserve(V);
+  return s;
+}
+
+const float* scratch_z(const Scratch& s) { return s.z.data(); }
+
+namespace {
 
 // Top-k with k up to this uses the heap scan, above it the radix select.
 constexpr int64_t kSmallTopK = 256;
@@ -113,11 +133,10 @@ const float* as_float(const scalar_t* x, int64_t V, float* buf) {
   return buf;
 }
 
+}  // namespace
+
 template <typename scalar_t>
-void warp_row(const scalar_t* x,  // [V]
-              int64_t V, float t, int32_t k, float top_p,
-              float* out,  // [V]
-              RowScratch& s) {
+RowStats row_stats(const scalar_t* x, int64_t V, float t, int32_t k, float top_p, float* e, Scratch& s) {
   float* z = s.z.data();
   const float* xf = as_float(x, V, z);
   if (greedy_temperature(t)) {
@@ -125,24 +144,24 @@ void warp_row(const scalar_t* x,  // [V]
     int64_t best = 0;
     for (int64_t i = 1; i < V; ++i)
       if (xf[i] > xf[best]) best = i;
-    std::fill(out, out + V, 0.0f);
-    out[best] = 1.0f;
-    return;
+    return {0.0f, t, 0.0f, 1.0f, static_cast<int32_t>(best)};
   }
   const simd::Loops& loops = simd::loops();
   // Subtracting the row max before dividing keeps huge logits and tiny temperatures finite.
-  loops.shift_scale(xf, z, V, loops.row_max(xf, V), t);
+  const float mx = loops.row_max(xf, V);
+  loops.shift_scale(xf, z, V, mx, t);
   const float m = 0.0f;  // max z
   float lo = -kInf;  // keep z >= lo
   if (k > 0 && k < V) {
     if (k <= kSmallTopK) {
       lo = kth_largest_small(z, V, k, s.heap);
     } else {
+      s.reserve_candidates(V);
       for (int64_t i = 0; i < V; ++i) s.keys[i] = float_key(z[i]);
       lo = key_float(s.count_select.run(s.keys.data(), nullptr, V, static_cast<uint32_t>(k)));
     }
   }
-  double sum = loops.exp_masked(z, out, V, m, lo);
+  double sum = loops.exp_masked(z, e, V, m, lo);
   if (top_p < 1.0f) {
     // The candidates: the top-k survivors, or without top-k every token whose mass can matter.
     // With total mass W and target T, the tokens below any z-threshold whose masses are each
@@ -151,7 +170,7 @@ void warp_row(const scalar_t* x,  // [V]
     // mass bound despite exp's ~2e-7 error (and the dropped set is a down-set in z).
     const int shift = mass_shift(V);
     const float scale = mass_scale(V);
-    const uint64_t total = loops.mass_total(out, V, shift);
+    const uint64_t total = loops.mass_total(e, V, shift);
     const uint64_t target = top_p_target(top_p, total);
     float floor_ = lo;
     const uint64_t slack = (total - target) / static_cast<uint64_t>(V);
@@ -159,18 +178,70 @@ void warp_row(const scalar_t* x,  // [V]
       const double zf = m + std::log(static_cast<double>(slack) / scale) - 1e-3;
       floor_ = std::nextafter(static_cast<float>(zf), -kInf);
     }
+    // compact_ge stores one index past the count at most (branch-free append).
+    if (static_cast<int64_t>(s.idx.size()) < V + 1) s.reserve_candidates(loops.count_ge(z, V, floor_) + 1);
     const int64_t n = loops.compact_ge(z, V, floor_, s.idx.data());
     for (int64_t j = 0; j < n; ++j) {
       s.keys[j] = float_key(z[s.idx[j]]);
-      s.mass[j] = mass_fixed(out[s.idx[j]], scale);
+      s.mass[j] = mass_fixed(e[s.idx[j]], scale);
     }
     const float lo_p = key_float(s.mass_select.run(s.keys.data(), s.mass.data(), n, target));
     if (lo_p > lo) {
       lo = lo_p;
-      sum = loops.sum_masked(z, out, V, lo);
+      sum = loops.sum_masked(z, e, V, lo);
     }
   }
-  loops.normalize_masked(z, out, V, lo, static_cast<float>(sum));
+  return {mx, t, lo, static_cast<float>(sum), -1};
+}
+
+void finish_probs(const RowStats& st, float* e, int64_t V, const Scratch& s) {
+  if (st.argmax >= 0) {
+    std::fill(e, e + V, 0.0f);
+    e[st.argmax] = 1.0f;
+    return;
+  }
+  simd::loops().normalize_masked(s.z.data(), e, V, st.lo, st.sum);
+}
+
+template <typename scalar_t>
+void row_probs(const scalar_t* x, int64_t V, const RowStats& st, float* out, Scratch& s) {
+  if (st.argmax < 0) {
+    // The passes of row_stats that produce z and e on the kept set (e there does not depend on
+    // whether the mask is top-k's or the final one).
+    const simd::Loops& loops = simd::loops();
+    float* z = s.z.data();
+    loops.shift_scale(as_float(x, V, z), z, V, st.m, st.t);
+    loops.exp_masked(z, out, V, 0.0f, st.lo);
+  }
+  finish_probs(st, out, V, s);
+}
+
+template <typename scalar_t>
+float prob_at(const scalar_t* x, int64_t tok, const RowStats& st) {
+  if (st.argmax >= 0) return tok == st.argmax ? 1.0f : 0.0f;
+  return simd::loops().prob_at(static_cast<float>(x[tok]), st.m, st.t, st.lo, st.sum);
+}
+
+#define SPECOPS_WARP_ROWS(T)                                                                      \
+  template RowStats row_stats<T>(const T*, int64_t, float, int32_t, float, float*, Scratch&);   \
+  template void row_probs<T>(const T*, int64_t, const RowStats&, float*, Scratch&);             \
+  template float prob_at<T>(const T*, int64_t, const RowStats&);
+SPECOPS_WARP_ROWS(float)
+SPECOPS_WARP_ROWS(at::BFloat16)
+SPECOPS_WARP_ROWS(at::Half)
+SPECOPS_WARP_ROWS(double)
+#undef SPECOPS_WARP_ROWS
+
+}  // namespace warp
+
+namespace {
+
+template <typename scalar_t>
+void warp_row(const scalar_t* x,  // [V]
+              int64_t V, float t, int32_t k, float top_p,
+              float* out,  // [V]
+              warp::Scratch& s) {
+  finish_probs(warp::row_stats(x, V, t, k, top_p, out, s), out, V, s);
 }
 
 at::Tensor warp_probs_cpu(const at::Tensor& logits,       // [N, V] fp32/bf16/fp16
@@ -202,8 +273,9 @@ at::Tensor warp_probs_cpu(const at::Tensor& logits,       // [N, V] fp32/bf16/fp
     const scalar_t* xp = x.data_ptr<scalar_t>();
     at::parallel_for(0, N, 1, [&](int64_t lo, int64_t hi) {
       // Reused across calls by the pool's threads: no allocation or zeroing per call.
-      thread_local RowScratch s;
+      thread_local warp::Scratch s;
       s.reserve(V);
+      s.reserve_candidates(V + 1);
       for (int64_t r = lo; r < hi; ++r) warp_row(xp + r * row_stride, V, t[r], k[r], p[r], o + r * V, s);
     });
   });

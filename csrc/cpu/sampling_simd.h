@@ -35,6 +35,10 @@ struct Loops {
   int64_t (*next_above)(const float* c, int64_t i, int64_t V, float bias, float thr);
   uint64_t (*mass_total)(const float* e, int64_t V, int shift);
   int64_t (*compact_ge)(const float* src, int64_t V, float floor_, int32_t* idx);
+  int64_t (*count_ge)(const float* src, int64_t V, float floor_);
+  // One entry of a warped row, by the lane arithmetic of shift_scale, exp_masked (m = 0) and
+  // normalize_masked: bit-identical to that entry of the row those three passes write.
+  float (*prob_at)(float x, float m, float t, float lo, float sum);
 };
 
 #pragma GCC push_options

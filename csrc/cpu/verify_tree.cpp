@@ -13,62 +13,13 @@ namespace specops {
 namespace verify {
 namespace cpu {
 
-// Rows of one sequence plus scratch. Chunk sums are kept for every scratch row and for the last
-// target row summed, so a draw after a pass reads one chunk, not the row again.
-struct CpuTreeEngine {
-  const float* P;      // [T, V] target rows of this sequence
-  const float* Q;      // [T, V] draft rows, or nullptr
-  const float* U;      // [T, 2] uniforms
-  float* buf;          // [3, V] scratch: residual double buffer + the R3w proposer row
-  int64_t* chunks;     // [4, num_chunks(V)]: scratch rows 0..2, then the target row `summed`
-  int32_t* scratch;    // [T + 2]
-  int64_t V_;
-  float scale_, inv_scale_;
-  int32_t summed = -1;  // target row whose chunk sums are in chunks[3]
-
-  int64_t V() const { return V_; }
-  float scale() const { return scale_; }
-  float inv_scale() const { return inv_scale_; }
-  float u0(int32_t node) const { return U[2 * node]; }
-  float u1(int32_t node) const { return U[2 * node + 1]; }
-  int32_t* ints() { return scratch; }
-  template <class F>
-  void single(F&& f) { f(); }
-  void emit(int32_t* out, int32_t v) { *out = v; }
-
-  const float* row(Vec v) const {
-    if (v.kind == Vec::kTarget) return P + v.node * V_;
-    if (v.kind == Vec::kDraft) return Q + v.node * V_;
-    return buf + (v.kind - Vec::kBuf0) * V_;
-  }
-  float* mrow(Vec v) { return buf + (v.kind - Vec::kBuf0) * V_; }
-  int64_t* chunks_of(int32_t slot) { return chunks + slot * num_chunks(V_); }
-  float at(Vec v, int32_t tok) const { return in_vocab(tok, V_) ? row(v)[tok] : 0.0f; }
-
-  int64_t sum_fix(Vec v) {
-    if (v.kind == Vec::kTarget) summed = v.node;
-    return row_sum_fix(row(v), V_, scale_, v.kind == Vec::kTarget ? chunks_of(3) : nullptr);
-  }
-  int32_t sample(Vec v, int64_t W, float u) {
-    const int64_t* c = v.kind >= Vec::kBuf0 ? chunks_of(v.kind - Vec::kBuf0)
-                                            : (v.kind == Vec::kTarget && v.node == summed ? chunks_of(3) : nullptr);
-    return row_sample(row(v), V_, scale_, W, u, c, false);
-  }
-  int64_t residual(Vec dst, Vec r, Vec q, float Z, float Zq) {
-    return row_residual(mrow(dst), row(r), row(q), Z, Zq, V_, scale_, chunks_of(dst.kind - Vec::kBuf0));
-  }
-  int64_t residual_noreplace(Vec dst, Vec r, Vec q, float Z, float Zq, int32_t x, int64_t* wq) {
-    return row_residual_noreplace(mrow(dst), mrow(Vec::buf(Vec::kBufQ)), row(r), row(q), Z, Zq, x, V_, scale_,
-                                  chunks_of(dst.kind - Vec::kBuf0), wq);
-  }
-  int64_t drop_token(Vec dst, Vec src, int32_t x) {
-    return row_drop_token(mrow(dst), row(src), x, V_, scale_, chunks_of(dst.kind - Vec::kBuf0));
-  }
-  void set_zero(Vec v, int32_t tok) {
-    float* m = mrow(v);
-    chunks_of(v.kind - Vec::kBuf0)[tok / kChunk] -= fix_weight(m[tok], scale_);
-    m[tok] = 0.0f;
-  }
+// The probability rows of one sequence, as they are.
+struct DenseRows {
+  const float* P;  // [T, V] target rows
+  const float* Q;  // [T, V] draft rows, or nullptr
+  int64_t V;
+  const float* row(Vec v) const { return (v.kind == Vec::kTarget ? P : Q) + v.node * V; }
+  float at(Vec v, int32_t tok) const { return row(v)[tok]; }
 };
 
 int32_t parse_mode(const std::string& mode) {
@@ -140,23 +91,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu(
     std::vector<int64_t> chunks(4 * num_chunks(V));
     std::vector<int32_t> scratch(T + 2);
     for (int64_t b = lo; b < hi; ++b) {
-      CpuTreeEngine e{pp + b * T * V, qp ? qp + b * T * V : nullptr, up + b * T * 2, buf.data(), chunks.data(),
-                      scratch.data(), V, scale, inv_scale};
-      const int32_t* tb = tk + b * T;
-      const int32_t* pb = pa + b * T;
-      const int32_t nb = valid_nodes(n[b], static_cast<int32_t>(T));
-      int32_t* out = ai + b * T;
-      if (mode == kSampleMatch) {
-        auto predict = [&](int32_t u) {
-          const Vec row = Vec::target(u);
-          return e.sample(row, e.sum_fix(row), e.u1(u));
-        };
-        match_walk(e, predict, tb, pb, nb, out, al + b, bo + b);
-      } else if (mode == kGsd) {
-        gsd_walk(e, tb, pb, nb, static_cast<int32_t>(T), out, al + b, bo + b);
-      } else {
-        mss_walk(e, mode, tb, pb, nb, out, al + b, bo + b);
-      }
+      CpuTreeEngine<DenseRows> e{{pp + b * T * V, qp ? qp + b * T * V : nullptr, V}, up + b * T * 2, buf.data(),
+                                 chunks.data(), scratch.data(), V, scale, inv_scale};
+      run_walk(e, mode, tk + b * T, pa + b * T, valid_nodes(n[b], static_cast<int32_t>(T)), static_cast<int32_t>(T),
+               ai + b * T, al + b, bo + b);
     }
   });
   return {accept_idx, accept_len, bonus};

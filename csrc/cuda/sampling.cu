@@ -35,6 +35,7 @@
 #include "../registration.h"
 #include "../sampling_common.h"
 #include "sampling_block.cuh"
+#include "sampling_stats.cuh"
 
 namespace specops {
 namespace {
@@ -62,7 +63,8 @@ __global__ void __launch_bounds__(kThreads)
                       const float* __restrict__ temperature,  // [N]
                       const int32_t* __restrict__ top_k,      // [N]
                       const float* __restrict__ top_p,        // [N]
-                      float* __restrict__ out,                // [N, V]
+                      float* __restrict__ out,                // [N, V], or nullptr with stats
+                      WarpRowStats* __restrict__ stats,       // [N] (verify_tree_logits), or nullptr
                       int64_t V) {
   __shared__ float s_float[32];
   __shared__ long long s_index[32];
@@ -91,6 +93,10 @@ __global__ void __launch_bounds__(kThreads)
     const float m = block::reduce(best, block::Max(), s_float);
     long long am = block::reduce(best == m ? idx : static_cast<long long>(V), block::Min(), s_index);
     if (am >= V) am = 0;
+    if (stats) {
+      if (threadIdx.x == 0) stats[row] = {0.0f, 1.0f, 0u, static_cast<int32_t>(am)};
+      return;
+    }
     for (int64_t i = threadIdx.x; i < V; i += blockDim.x) o[i] = i == am ? 1.0f : 0.0f;
     return;
   }
@@ -134,10 +140,11 @@ __global__ void __launch_bounds__(kThreads)
     sum += float_key(zi) >= kappa ? expf(zi) : 0.0f;
   }
   sum = block::reduce(sum, block::Sum(), s_float);
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    const float zi = z(i);
-    o[i] = float_key(zi) >= kappa ? expf(zi) / sum : 0.0f;
+  if (stats) {
+    if (threadIdx.x == 0) stats[row] = {mx, sum, kappa, -1};
+    return;
   }
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) o[i] = warped_value(x, i, mx, t, kappa, sum);
 }
 
 // ---- split rows: (chunk, row) blocks, one launch per pass -------------------------------------
@@ -156,7 +163,8 @@ struct Split {
   const float* temperature;  // [N]
   const int32_t* top_k;      // [N]
   const float* top_p;        // [N]
-  float* out;                // [N, V]
+  float* out;                // [N, V], or nullptr with stats
+  WarpRowStats* stats;       // [N] (verify_tree_logits: the statistics instead of the rows), or nullptr
   int64_t V, chunk;          // block x covers [x * chunk, min(V, (x + 1) * chunk))
   float* part_max;           // [N, C] chunk maxima of the logits
   long long* part_arg;       // [N, C] first index of the chunk maximum (greedy rows)
@@ -324,6 +332,10 @@ __global__ void __launch_bounds__(kThreads) warp_probs_write_kernel(Split<scalar
       if (a.part_max[row * C + c] == mx) am = min(am, a.part_arg[row * C + c]);
     am = block::reduce(am, block::Min(), sh.i64);
     if (am >= V) am = 0;
+    if (a.stats) {
+      if (blockIdx.x == 0 && threadIdx.x == 0) a.stats[row] = {0.0f, 1.0f, 0u, static_cast<int32_t>(am)};
+      return;
+    }
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) o[i] = i == am ? 1.0f : 0.0f;
     return;
   }
@@ -331,10 +343,11 @@ __global__ void __launch_bounds__(kThreads) warp_probs_write_kernel(Split<scalar
   float sum = 0.0f;  // a fixed order: the same in every block of the row
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) sum += a.part_sum[row * C + c];
   sum = block::reduce(sum, block::Sum(), sh.f32);
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float zi = scaled(x, i, mx, t);
-    o[i] = float_key(zi) >= kappa ? expf(zi) / sum : 0.0f;
+  if (a.stats) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) a.stats[row] = {mx, sum, kappa, -1};
+    return;
   }
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) o[i] = warped_value(x, i, mx, t, kappa, sum);
 }
 
 // Blocks per row of the split plan (1: one block per row). Enough blocks for about two per SM,
@@ -365,6 +378,41 @@ void launch_split(const Split<scalar_t>& a, int64_t N, int64_t C, cudaStream_t s
   SPECOPS_LAUNCH_CHECK();
 }
 
+// warp_probs' launch plan for logits [N, V]: the rows into out, or their statistics into stats.
+void launch_warp(const at::Tensor& x, const at::Tensor& tt, const at::Tensor& kk, const at::Tensor& pp, float* out,
+                 WarpRowStats* stats) {
+  const int64_t N = x.size(0), V = x.size(1);
+  int sms = 0;
+  SPECOPS_GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.get_device()));
+  const int64_t C = split_chunks(N, V, sms);
+  const auto stream = gpu::current_stream();
+  if (C == 1) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "warp_probs_cuda", [&] {
+      SPECOPS_LAUNCH(N, kThreads, 0, stream, warp_probs_kernel<scalar_t>)(
+          x.data_ptr<scalar_t>(), x.stride(0), tt.data_ptr<float>(), kk.data_ptr<int32_t>(), pp.data_ptr<float>(),
+          out, stats, V);
+    });
+    SPECOPS_LAUNCH_CHECK();
+    return;
+  }
+  // Scratch of the split plan: chunk partials, row histograms and radix states (one allocation).
+  const int64_t words = 3 * N * C + N * kPasses * block::kRadixBins +
+                        N * (kPasses + 1) * static_cast<int64_t>(sizeof(RowState) / 8);
+  auto scratch = at::empty({words}, x.options().dtype(at::kLong));
+  auto* base = reinterpret_cast<unsigned long long*>(scratch.data_ptr<int64_t>());
+  const int64_t chunk = ceil_div(V, C);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "warp_probs_cuda", [&] {
+    Split<scalar_t> a{x.data_ptr<scalar_t>(), x.stride(0), tt.data_ptr<float>(), kk.data_ptr<int32_t>(),
+                      pp.data_ptr<float>(), out, stats, V, chunk,
+                      reinterpret_cast<float*>(base),                    // part_max: N * C words (half used)
+                      reinterpret_cast<long long*>(base + N * C),        // part_arg
+                      reinterpret_cast<float*>(base + 2 * N * C),        // part_sum (half used)
+                      base + 3 * N * C,                                  // hist
+                      reinterpret_cast<RowState*>(base + 3 * N * C + N * kPasses * block::kRadixBins)};
+    launch_split(a, N, ceil_div(V, chunk), stream);
+  });
+}
+
 at::Tensor warp_probs_cuda(const at::Tensor& logits,       // [N, V] fp32/bf16/fp16
                            const at::Tensor& temperature,  // [N] fp32
                            const at::Tensor& top_k,        // [N] int32
@@ -381,44 +429,20 @@ at::Tensor warp_probs_cuda(const at::Tensor& logits,       // [N, V] fp32/bf16/f
               "warp_probs: temperature, top_k and top_p must have shape [N]");
   const gpu::DeviceGuard guard(logits.device());
   auto x = logits.stride(1) == 1 ? logits : logits.contiguous();
-  auto tt = temperature.contiguous();
-  auto kk = top_k.contiguous();
-  auto pp = top_p.contiguous();
   auto out = at::empty({N, V}, logits.options().dtype(at::kFloat));
   if (N == 0 || V == 0) return out;
-  int sms = 0;
-  SPECOPS_GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, logits.get_device()));
-  const int64_t C = split_chunks(N, V, sms);
-  const auto stream = gpu::current_stream();
-  if (C == 1) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "warp_probs_cuda", [&] {
-      SPECOPS_LAUNCH(N, kThreads, 0, stream, warp_probs_kernel<scalar_t>)(
-          x.data_ptr<scalar_t>(), x.stride(0), tt.data_ptr<float>(), kk.data_ptr<int32_t>(), pp.data_ptr<float>(),
-          out.data_ptr<float>(), V);
-    });
-    SPECOPS_LAUNCH_CHECK();
-    return out;
-  }
-  // Scratch of the split plan: chunk partials, row histograms and radix states (one allocation).
-  const int64_t words = 3 * N * C + N * kPasses * block::kRadixBins +
-                        N * (kPasses + 1) * static_cast<int64_t>(sizeof(RowState) / 8);
-  auto scratch = at::empty({words}, x.options().dtype(at::kLong));
-  auto* base = reinterpret_cast<unsigned long long*>(scratch.data_ptr<int64_t>());
-  const int64_t chunk = ceil_div(V, C);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "warp_probs_cuda", [&] {
-    Split<scalar_t> a{x.data_ptr<scalar_t>(), x.stride(0), tt.data_ptr<float>(), kk.data_ptr<int32_t>(),
-                      pp.data_ptr<float>(), out.data_ptr<float>(), V, chunk,
-                      reinterpret_cast<float*>(base),                    // part_max: N * C words (half used)
-                      reinterpret_cast<long long*>(base + N * C),        // part_arg
-                      reinterpret_cast<float*>(base + 2 * N * C),        // part_sum (half used)
-                      base + 3 * N * C,                                  // hist
-                      reinterpret_cast<RowState*>(base + 3 * N * C + N * kPasses * block::kRadixBins)};
-    launch_split(a, N, ceil_div(V, chunk), stream);
-  });
+  launch_warp(x, temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), out.data_ptr<float>(), nullptr);
   return out;
 }
 
 }  // namespace
+
+void warp_row_stats(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
+                    const at::Tensor& top_p, WarpRowStats* out) {
+  if (logits.size(0) == 0) return;
+  launch_warp(logits, temperature, top_k, top_p, nullptr, out);
+}
+
 }  // namespace specops
 
 SPECOPS_GPU_IMPL(m) { m.impl("warp_probs", &specops::warp_probs_cuda); }

@@ -1,12 +1,19 @@
-// Verification on CUDA: one thread block per sequence. Every thread runs the shared walk of
-// ../verify_common.h redundantly (so all of them reach the V-wide calls together); the engine
-// below does those calls cooperatively: strided loops, int64 fixed-point block sums and scans
-// (exact, so the reduction order cannot change a decision), (value, index) argmax reductions.
-// Tree bookkeeping that the walk writes (e.single) runs on thread 0 between barriers.
+// Verification on CUDA: one thread block per sequence, running the shared walks of
+// ../verify_common.h through the block engine of verify_engine.cuh.
+//
+// verify_tree_logits (design: docs/verify_logits.md): warp_probs' own launch plan computes each
+// row's statistics (max, top-k / top-p threshold key, normaliser; argmax of greedy rows: 16 bytes
+// a row, warp_row_stats in sampling.cu), then the walk kernel evaluates every target / draft value
+// it reads from the logit and those statistics with warp_probs' own expression (warped_value), so
+// the decisions are verify_tree's on warp_probs' rows, bit for bit. Residual rows live in the
+// per-sequence scratch rows verify_tree uses; no [B, T, V] probability tensor exists. Extra memory:
+// 32 bytes per row of statistics + B * nbuf * V fp32 (verify_tree's own scratch) + the split
+// plan's per-row histograms when warp_probs would use it.
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/stack.h>
 #include <torch/library.h>
 
 #include <climits>
@@ -15,244 +22,11 @@
 #include "gpu.cuh"
 #include "../registration.h"
 #include "../verify_common.h"
+#include "verify_engine.cuh"
 
 namespace specops {
 namespace verify {
 namespace cuda {
-
-constexpr int kThreads = 512;
-constexpr int kWarps = kThreads / 32;
-constexpr unsigned kFull = 0xffffffffu;
-
-// Per-block scratch for reductions.
-struct Shared {
-  int64_t i64[kWarps];
-  float f32[kWarps];
-  int32_t i32[kWarps];
-  int64_t chunk[kThreads];  // block_sample's chunk totals
-  int64_t base;             // block_sample: the running sum before the chosen chunk
-};
-
-__device__ int64_t block_sum(int64_t v, Shared& sh) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(kFull, v, o);
-  __syncthreads();  // the previous reader of sh is done
-  if ((threadIdx.x & 31) == 0) sh.i64[threadIdx.x >> 5] = v;
-  __syncthreads();
-  int64_t total = 0;
-  for (int w = 0; w < kWarps; ++w) total += sh.i64[w];
-  return total;
-}
-
-__device__ int32_t block_min(int32_t v, Shared& sh) {
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_down_sync(kFull, v, o));
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.i32[threadIdx.x >> 5] = v;
-  __syncthreads();
-  int32_t m = INT_MAX;
-  for (int w = 0; w < kWarps; ++w) m = min(m, sh.i32[w]);
-  return m;
-}
-
-// Inclusive scan of one int64 per thread over the block; *total gets the block's sum.
-__device__ int64_t block_scan(int64_t v, Shared& sh, int64_t* total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int o = 1; o < 32; o <<= 1) {
-    const int64_t up = __shfl_up_sync(kFull, v, o);
-    if (lane >= o) v += up;
-  }
-  __syncthreads();
-  if (lane == 31) sh.i64[warp] = v;
-  __syncthreads();
-  int64_t before = 0, all = 0;
-  for (int w = 0; w < kWarps; ++w) {
-    if (w < warp) before += sh.i64[w];
-    all += sh.i64[w];
-  }
-  *total = all;
-  return v + before;
-}
-
-// Inverse-CDF draw over weight(i), i < V, whose sum is W: the first index whose running sum
-// exceeds the threshold. Two levels instead of a walk over V in block-wide steps: the row is cut
-// into at most kThreads chunks of L tokens (a multiple of 32), each warp sums whole chunks with
-// coalesced loads, one block scan over the chunk totals finds the chunk where the running sum
-// passes the threshold, and a block scan inside that chunk the token: about six barriers for any
-// V, where the walk took four per kThreads tokens (about a thousand at V = 128K). The weights
-// are non-negative integers, so the result is the walk's (and the CPU kernel's) exactly.
-template <class Weight>
-__device__ int32_t block_sample(int64_t V, int64_t W, float u, Weight&& weight, Shared& sh) {
-  if (W <= 0) return 0;
-  const int64_t t = sample_threshold(u, W);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t L = ceil_div(ceil_div(V, kThreads), 32) * 32;
-  const int64_t chunks = ceil_div(V, L);  // <= kThreads
-  __syncthreads();  // a previous reader of sh.chunk is done
-  for (int64_t c = warp; c < chunks; c += kWarps) {
-    const int64_t end = min(V, (c + 1) * L);
-    int64_t s = 0;
-    for (int64_t i = c * L + lane; i < end; i += 32) s += weight(i);
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(kFull, s, o);
-    if (lane == 0) sh.chunk[c] = s;
-  }
-  __syncthreads();
-  const bool mine = threadIdx.x < chunks;
-  int64_t all;
-  const int64_t incl = block_scan(mine ? sh.chunk[threadIdx.x] : 0, sh, &all);
-  const int32_t c = block_min(mine && incl > t ? static_cast<int32_t>(threadIdx.x) : INT_MAX, sh);
-  if (c == INT_MAX) return static_cast<int32_t>(V - 1);  // W overstated the weights
-  if (static_cast<int32_t>(threadIdx.x) == c) sh.base = incl - sh.chunk[c];
-  __syncthreads();
-  int64_t run = sh.base;
-  const int64_t end = min(V, (c + 1) * L);
-  for (int64_t start = c * L; start < end; start += kThreads) {
-    const int64_t i = start + threadIdx.x;
-    const int64_t w = i < end ? weight(i) : 0;
-    int64_t step;
-    const int64_t in = block_scan(w, sh, &step);
-    const int32_t first = block_min(i < end && run + in > t ? static_cast<int32_t>(threadIdx.x) : INT_MAX, sh);
-    if (first != INT_MAX) return static_cast<int32_t>(start + first);
-    run += step;
-  }
-  return static_cast<int32_t>(V - 1);
-}
-
-template <class Weight>
-__device__ int64_t block_sum_weights(int64_t V, Weight&& weight, Shared& sh) {
-  int64_t s = 0;
-  for (int64_t i = threadIdx.x; i < V; i += kThreads) s += weight(i);
-  return block_sum(s, sh);
-}
-
-template <class scalar_t>
-__device__ int32_t block_argmax(const scalar_t* row, int64_t V, Shared& sh) {
-  float best = -inf_f();
-  int32_t best_i = INT_MAX;
-  for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-    const float v = static_cast<float>(row[i]);
-    if (best_i == INT_MAX || argmax_better(v, i, best, best_i)) {
-      best = v;
-      best_i = static_cast<int32_t>(i);
-    }
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_down_sync(kFull, best, o);
-    const int32_t oi = __shfl_down_sync(kFull, best_i, o);
-    if (oi != INT_MAX && (best_i == INT_MAX || argmax_better(ov, oi, best, best_i))) {
-      best = ov;
-      best_i = oi;
-    }
-  }
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) {
-    sh.f32[threadIdx.x >> 5] = best;
-    sh.i32[threadIdx.x >> 5] = best_i;
-  }
-  __syncthreads();
-  best = sh.f32[0];
-  best_i = sh.i32[0];
-  for (int w = 1; w < kWarps; ++w)
-    if (sh.i32[w] != INT_MAX && (best_i == INT_MAX || argmax_better(sh.f32[w], sh.i32[w], best, best_i))) {
-      best = sh.f32[w];
-      best_i = sh.i32[w];
-    }
-  return best_i == INT_MAX ? 0 : best_i;
-}
-
-struct CudaTreeEngine {
-  const float* P;    // [T, V] target rows of this sequence
-  const float* Q;    // [T, V] draft rows or nullptr
-  const float* U;    // [T, 2]
-  float* buf;        // [nbuf, V] scratch rows
-  int32_t* scratch;  // [T + 2] tree bookkeeping (global, written by thread 0)
-  Shared* sh;
-  int64_t V_;
-  float scale_, inv_scale_;
-
-  __device__ int64_t V() const { return V_; }
-  __device__ float scale() const { return scale_; }
-  __device__ float inv_scale() const { return inv_scale_; }
-  __device__ float u0(int32_t node) const { return U[2 * node]; }
-  __device__ float u1(int32_t node) const { return U[2 * node + 1]; }
-  __device__ int32_t* ints() { return scratch; }
-  template <class F>
-  __device__ void single(F&& f) {
-    __syncthreads();
-    if (threadIdx.x == 0) f();
-    __syncthreads();
-  }
-  __device__ void emit(int32_t* out, int32_t v) {
-    if (threadIdx.x == 0) *out = v;
-  }
-  __device__ const float* row(Vec v) const {
-    if (v.kind == Vec::kTarget) return P + v.node * V_;
-    if (v.kind == Vec::kDraft) return Q + v.node * V_;
-    return buf + (v.kind - Vec::kBuf0) * V_;
-  }
-  __device__ float* mrow(Vec v) { return buf + (v.kind - Vec::kBuf0) * V_; }
-  __device__ float at(Vec v, int32_t tok) const { return in_vocab(tok, V_) ? row(v)[tok] : 0.0f; }
-
-  __device__ int64_t sum_fix(Vec v) {
-    const float* x = row(v);
-    const float sc = scale_;
-    return block_sum_weights(V_, [&](int64_t i) { return fix_weight(x[i], sc); }, *sh);
-  }
-  __device__ int32_t sample(Vec v, int64_t W, float u) {
-    const float* x = row(v);
-    const float sc = scale_;
-    return block_sample(V_, W, u, [&](int64_t i) { return fix_weight(x[i], sc); }, *sh);
-  }
-  // The block_sum after each writing loop is also the barrier that publishes the writes.
-  __device__ int64_t residual(Vec dst, Vec r, Vec q, float Z, float Zq) {
-    const float* rr = row(r);
-    const float* qq = row(q);
-    float* out = mrow(dst);
-    int64_t w = 0;
-    for (int64_t i = threadIdx.x; i < V_; i += kThreads) {
-      const float v = residual_value(rr[i], Zq, Z, qq[i]);
-      out[i] = v;
-      w += fix_weight(v, scale_);
-    }
-    return block_sum(w, *sh);
-  }
-  __device__ int64_t residual_noreplace(Vec dst, Vec r, Vec q, float Z, float Zq, int32_t x, int64_t* wq) {
-    // From the second rejection at a node, q is the scratch row kBufQ that this loop rewrites in
-    // place: every thread must have read q[x] (the walk's acceptance test) before the thread
-    // that owns index x zeroes it, or threads take different decisions and reach different barriers.
-    __syncthreads();
-    const float* rr = row(r);
-    const float* qq = row(q);
-    float* out = mrow(dst);
-    float* qout = mrow(Vec::buf(Vec::kBufQ));
-    int64_t w = 0, w2 = 0;
-    for (int64_t i = threadIdx.x; i < V_; i += kThreads) {
-      const float qi = qq[i];
-      const float v = residual_value(rr[i], Zq, Z, qi);
-      out[i] = v;
-      w += fix_weight(v, scale_);
-      const float qn = i == x ? 0.0f : qi;
-      qout[i] = qn;
-      w2 += fix_weight(qn, scale_);
-    }
-    const int64_t total = block_sum(w, *sh);
-    *wq = block_sum(w2, *sh);
-    return total;
-  }
-  __device__ int64_t drop_token(Vec dst, Vec src, int32_t x) {
-    const float* s = row(src);
-    float* out = mrow(dst);
-    int64_t w = 0;
-    for (int64_t i = threadIdx.x; i < V_; i += kThreads) {
-      const float v = i == x ? 0.0f : s[i];
-      out[i] = v;
-      w += fix_weight(v, scale_);
-    }
-    return block_sum(w, *sh);
-  }
-  __device__ void set_zero(Vec v, int32_t tok) {
-    float* m = mrow(v);
-    single([&] { m[tok] = 0.0f; });
-  }
-};
 
 __global__ void __launch_bounds__(kThreads)
     verify_tree_kernel(const int32_t* __restrict__ tokens,    // [B, T]
@@ -269,30 +43,47 @@ __global__ void __launch_bounds__(kThreads)
                        int32_t T, int64_t V, int32_t nbuf, int32_t mode, int32_t S) {
   __shared__ Shared sh;
   const int64_t b = blockIdx.x;
-  CudaTreeEngine e{target + b * T * V,
-                   draft ? draft + b * T * V : nullptr,
-                   uniforms + b * T * 2,
-                   buf + b * nbuf * V,
-                   scratch + b * (T + 2),
-                   &sh,
-                   V,
-                   exp2i(S),
-                   exp2i(-S)};
-  const int32_t* tb = tokens + b * T;
-  const int32_t* pb = parents + b * T;
-  const int32_t n = valid_nodes(num_nodes[b], T);
-  int32_t* out = accept_idx + b * T;
-  if (mode == kSampleMatch) {
-    auto predict = [&](int32_t u) {
-      const Vec row = Vec::target(u);
-      return e.sample(row, e.sum_fix(row), e.u1(u));
-    };
-    match_walk(e, predict, tb, pb, n, out, accept_len + b, bonus + b);
-  } else if (mode == kGsd) {
-    gsd_walk(e, tb, pb, n, T, out, accept_len + b, bonus + b);
-  } else {
-    mss_walk(e, mode, tb, pb, n, out, accept_len + b, bonus + b);
-  }
+  CudaTreeEngine<DenseRows> e{{target + b * T * V, draft ? draft + b * T * V : nullptr, V},
+                              uniforms + b * T * 2,
+                              buf + b * nbuf * V,
+                              scratch + b * (T + 2),
+                              &sh,
+                              V,
+                              exp2i(S),
+                              exp2i(-S)};
+  run_walk(e, mode, tokens + b * T, parents + b * T, valid_nodes(num_nodes[b], T), T, accept_idx + b * T,
+           accept_len + b, bonus + b);
+}
+
+// One block per SM at least (the walk is latency-bound, one block per sequence): ptxas may use
+// up to 128 registers instead of spilling the warped rows' statistics.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads, 1)
+    verify_tree_logits_kernel(const int32_t* __restrict__ tokens,       // [B, T]
+                              const int32_t* __restrict__ parents,      // [B, T]
+                              const int32_t* __restrict__ num_nodes,    // [B]
+                              const scalar_t* __restrict__ target,      // [B, T, V] logits
+                              const scalar_t* __restrict__ draft,       // [B, T, V] logits or nullptr
+                              const WarpRowStats* __restrict__ stats,   // [2, B * T] target, draft
+                              const float* __restrict__ temperature,    // [2, B * T] target, draft
+                              const float* __restrict__ uniforms,       // [B, T, 2]
+                              float* __restrict__ buf,                  // [B, nbuf, V]
+                              int32_t* __restrict__ scratch,            // [B, T + 2]
+                              int32_t* __restrict__ accept_idx,         // [B, T]
+                              int32_t* __restrict__ accept_len,         // [B]
+                              int32_t* __restrict__ bonus,              // [B]
+                              int32_t T, int64_t V, int32_t nbuf, int32_t mode, int32_t S) {
+  __shared__ Shared sh;
+  const int64_t b = blockIdx.x, N = static_cast<int64_t>(gridDim.x) * T;
+  const LogitRows<scalar_t> rows{target + b * T * V,
+                                 draft ? draft + b * T * V : nullptr,
+                                 {stats + b * T, stats + N + b * T},
+                                 {temperature + b * T, temperature + N + b * T},
+                                 V};
+  CudaTreeEngine<LogitRows<scalar_t>> e{rows, uniforms + b * T * 2, buf + b * nbuf * V, scratch + b * (T + 2), &sh,
+                                        V, exp2i(S), exp2i(-S)};
+  run_walk(e, mode, tokens + b * T, parents + b * T, valid_nodes(num_nodes[b], T), T, accept_idx + b * T,
+           accept_len + b, bonus + b);
 }
 
 struct EmitOnly {
@@ -422,6 +213,80 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(const at::Tensor
   return {accept_idx, accept_len, bonus};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cuda(
+    const at::Tensor& tokens,                       // [B, T] int32
+    const at::Tensor& parents,                      // [B, T] int32
+    const at::Tensor& target_logits,                // [B, T, V] fp32/bf16/fp16
+    const at::Tensor& uniforms,                     // [B, T, 2] fp32
+    const at::Tensor& temperature,                  // [B * T] fp32
+    const at::Tensor& top_k,                        // [B * T] int32
+    const at::Tensor& top_p,                        // [B * T] fp32
+    const c10::optional<at::Tensor>& draft_logits,  // [B, T, V] or None
+    const at::Tensor& draft_temperature,            // [B * T] fp32
+    const at::Tensor& draft_top_k,                  // [B * T] int32
+    const at::Tensor& draft_top_p,                  // [B * T] fp32
+    const at::Tensor& num_nodes,                    // [B] int32
+    c10::string_view mode_name) {
+  const int32_t mode = parse_mode(std::string(mode_name));
+  check_tree(tokens, parents, num_nodes, target_logits);
+  SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
+  const gpu::DeviceGuard guard(tokens.device());
+  const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2), N = B * T;
+  TORCH_CHECK(V <= 2147483647, "verify_tree_logits: V must be <= 2^31 - 1 (int32 token indices), got ", V);
+  TORCH_CHECK(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == T && uniforms.size(2) == 2,
+              "uniforms must have shape [B, T, 2]");
+  const at::Tensor* params[6] = {&temperature, &top_k, &top_p, &draft_temperature, &draft_top_k, &draft_top_p};
+  for (int i = 0; i < 6; ++i) {
+    TORCH_CHECK(params[i]->scalar_type() == (i % 3 == 1 ? at::kInt : at::kFloat) && params[i]->dim() == 1 &&
+                    params[i]->size(0) == N && SPECOPS_ON_GPU(*params[i]),
+                "verify_tree_logits: warping parameters must be [B * T] fp32 / int32 / fp32 " SPECOPS_GPU_NAME
+                " tensors");
+  }
+  const bool has_q = draft_logits.has_value() && draft_logits->defined();
+  TORCH_CHECK(has_q || mode == kMssPointmass || mode == kSampleMatch, "verify_tree_logits: mode ", mode_name,
+              " needs draft_logits");
+  // One kernel per logits dtype: a draft of another dtype is widened to the target's (exact when
+  // the target's is fp32), or the target to fp32 when the draft is fp32 (exact); either way every
+  // z, hence every probability, is what warp_probs computes from the original logits.
+  at::Tensor x = target_logits.contiguous(), y;
+  if (has_q) {
+    TORCH_CHECK(draft_logits->sizes() == target_logits.sizes(), "draft_logits must have the shape of target_logits");
+    y = draft_logits->contiguous();
+    if (y.scalar_type() != x.scalar_type()) {
+      x = x.to(at::kFloat);
+      y = y.to(at::kFloat);
+    }
+  }
+  auto [accept_idx, accept_len, bonus] = outputs(tokens, B, T);
+  if (B == 0) return {accept_idx, accept_len, bonus};
+  // Row statistics with warp_probs' own plan: target rows, then draft rows (each N rows, as the
+  // two warp_probs calls of the composition).
+  auto stats = at::empty({2, N, 4}, tokens.options());
+  auto* st = reinterpret_cast<WarpRowStats*>(stats.data_ptr<int32_t>());
+  auto temps = at::stack({temperature, draft_temperature}).contiguous();
+  warp_row_stats(x.view({N, V}), temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), st);
+  if (has_q)
+    warp_row_stats(y.view({N, V}), draft_temperature.contiguous(), draft_top_k.contiguous(),
+                   draft_top_p.contiguous(), st + N);
+  const int64_t nbuf = mode == kMss ? 2 : (mode == kMssNoreplace ? 3 : (mode == kMssPointmass ? 1 : 0));
+  auto buf = at::empty({B, nbuf, V}, uniforms.options());
+  auto scratch = at::empty({B, T + 2}, tokens.options());
+  auto tok = tokens.contiguous();
+  auto par = parents.contiguous();
+  auto nn = num_nodes.contiguous();
+  auto un = uniforms.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "verify_tree_logits_cuda", [&] {
+    SPECOPS_LAUNCH(B, kThreads, 0, gpu::current_stream(), verify_tree_logits_kernel<scalar_t>)(
+        tok.data_ptr<int32_t>(), par.data_ptr<int32_t>(), nn.data_ptr<int32_t>(), x.data_ptr<scalar_t>(),
+        has_q ? y.data_ptr<scalar_t>() : nullptr, st, temps.data_ptr<float>(), un.data_ptr<float>(),
+        nbuf ? buf.data_ptr<float>() : nullptr, scratch.data_ptr<int32_t>(), accept_idx.data_ptr<int32_t>(),
+        accept_len.data_ptr<int32_t>(), bonus.data_ptr<int32_t>(), static_cast<int32_t>(T), V,
+        static_cast<int32_t>(nbuf), mode, fix_shift(V));
+  });
+  SPECOPS_LAUNCH_CHECK();
+  return {accept_idx, accept_len, bonus};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_greedy_cuda(const at::Tensor& tokens, const at::Tensor& parents,
                                                                   const at::Tensor& target_logits,
                                                                   const at::Tensor& num_nodes) {
@@ -484,5 +349,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_cuda(const at::Tenso
 SPECOPS_GPU_IMPL(m) {
   m.impl("verify_greedy", &specops::verify::cuda::verify_greedy_cuda);
   m.impl("verify_tree", &specops::verify::cuda::verify_tree_cuda);
+  m.impl("verify_tree_logits", &specops::verify::cuda::verify_tree_logits_cuda);
   m.impl("verify_joint", &specops::verify::cuda::verify_joint_cuda);
 }

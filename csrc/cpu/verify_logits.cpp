@@ -1,0 +1,204 @@
+// verify_tree_logits on the CPU: verify_tree's walks (csrc/verify_common.h, the engine of
+// verify_cpu.h) over rows that are warped from logits on demand, never an [N, V] tensor.
+//
+// Design (docs/verify_logits.md). Per sequence, a row's warping statistics (logit max, top-k /
+// top-p threshold, normaliser; argmax for greedy rows: warp::RowStats) are computed by warp_probs'
+// own row passes (sampling_rows.h) the first time the walk touches the row, and kept ([2, T] per
+// sequence). A single probability p(x) is then evaluated from the logit and the statistics by the
+// same lane arithmetic (prob_at), so it equals warp_probs' entry bit for bit. Full rows (the
+// residual's inputs, a bonus draw, R4's draw) are warped into one of two [V] slots (target, draft)
+// only when the walk asks for one; row_stats leaves exp(z) in the slot, so a row materialised right
+// after its statistics costs one more pass. Rows the walk never reaches are never read.
+// Extra memory per thread: the slots, the walk's scratch rows (<= 3) and warp_probs' row scratch.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <string>
+#include <vector>
+
+#include "sampling_rows.h"
+#include "verify_cpu.h"
+
+namespace specops {
+namespace verify {
+namespace cpu {
+namespace {
+
+// A [T, V] block of logits of one of the dtypes warp_probs takes, type-erased (the target's and
+// the draft's dtypes may differ).
+struct LogitBlock {
+  const void* base;
+  at::ScalarType dtype;
+  int64_t V;
+
+  template <class F>
+  auto with_row(int32_t node, F&& f) const {
+    const int64_t off = static_cast<int64_t>(node) * V;
+    switch (dtype) {
+      case at::kBFloat16: return f(static_cast<const at::BFloat16*>(base) + off);
+      case at::kHalf: return f(static_cast<const at::Half*>(base) + off);
+      default: return f(static_cast<const float*>(base) + off);
+    }
+  }
+};
+
+// The target (kind 0) and draft (kind 1) rows of one sequence, warped from logits on demand.
+struct LogitRows {
+  LogitBlock logits[2];
+  const float* temperature[2];  // [T]
+  const int32_t* top_k[2];      // [T]
+  const float* top_p[2];        // [T]
+  int64_t V;
+  int32_t T;
+  warp::RowStats* stats;        // [2, T]
+  uint8_t* known;               // [2, T]: stats computed
+  float* slot;                  // [2, V]
+  warp::Scratch* scratch;
+  int32_t slot_node[2] = {-1, -1};  // node whose warped row is in slot[kind]
+  int32_t exp_node[2] = {-1, -1};   // node whose exp(z) is in slot[kind] and z in the scratch
+
+  const warp::RowStats& row_stats(Vec v) {
+    const int32_t kind = v.kind, node = v.node, i = kind * T + node;
+    if (!known[i]) {
+      float* e = slot + kind * V;
+      stats[i] = logits[kind].with_row(node, [&](auto x) {
+        return warp::row_stats(x, V, temperature[kind][node], top_k[kind][node], top_p[kind][node], e, *scratch);
+      });
+      known[i] = 1;
+      slot_node[kind] = -1;
+      exp_node[kind] = node;
+      exp_node[1 - kind] = -1;  // the scratch's z is this row's now
+    }
+    return stats[i];
+  }
+
+  const float* row(Vec v) {
+    const int32_t kind = v.kind;
+    float* out = slot + kind * V;
+    if (slot_node[kind] != v.node) {
+      const warp::RowStats& st = row_stats(v);
+      if (exp_node[kind] == v.node) {
+        warp::finish_probs(st, out, V, *scratch);
+      } else {
+        logits[kind].with_row(v.node, [&](auto x) { warp::row_probs(x, V, st, out, *scratch); });
+        exp_node[1 - kind] = -1;
+      }
+      exp_node[kind] = -1;
+      slot_node[kind] = v.node;
+    }
+    return out;
+  }
+
+  float at(Vec v, int32_t tok) {
+    if (slot_node[v.kind] == v.node) return slot[v.kind * V + tok];
+    const warp::RowStats& st = row_stats(v);
+    return logits[v.kind].with_row(v.node, [&](auto x) { return warp::prob_at(x, tok, st); });
+  }
+};
+
+void check_params(const char* name, const at::Tensor& t, at::ScalarType dtype, int64_t N) {
+  TORCH_CHECK(t.scalar_type() == dtype, "verify_tree_logits: ", name, " must have dtype ", dtype, ", got ",
+              t.scalar_type());
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == N, "verify_tree_logits: ", name, " must have shape [B * T] = [", N,
+              "], got ", t.sizes());
+}
+
+void check_logits(const char* name, const at::Tensor& x) {
+  const auto dt = x.scalar_type();
+  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, "verify_tree_logits: ", name,
+              " must be fp32, bf16 or fp16, got ", dt);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cpu(
+    const at::Tensor& tokens,                       // [B, T] int32
+    const at::Tensor& parents,                      // [B, T] int32
+    const at::Tensor& target_logits,                // [B, T, V] fp32/bf16/fp16
+    const at::Tensor& uniforms,                     // [B, T, 2] fp32
+    const at::Tensor& temperature,                  // [B * T] fp32
+    const at::Tensor& top_k,                        // [B * T] int32
+    const at::Tensor& top_p,                        // [B * T] fp32
+    const c10::optional<at::Tensor>& draft_logits,  // [B, T, V] fp32/bf16/fp16 or None
+    const at::Tensor& draft_temperature,            // [B * T] fp32
+    const at::Tensor& draft_top_k,                  // [B * T] int32
+    const at::Tensor& draft_top_p,                  // [B * T] fp32
+    const at::Tensor& num_nodes,                    // [B] int32
+    c10::string_view mode_name) {
+  const int32_t mode = parse_mode(std::string(mode_name));
+  check_tree_args(tokens, parents, num_nodes, target_logits);
+  check_logits("target_logits", target_logits);
+  SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
+  const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2);
+  TORCH_CHECK(V <= 2147483647, "verify_tree_logits: V must be <= 2^31 - 1 (int32 token indices), got ", V);
+  TORCH_CHECK(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == T && uniforms.size(2) == 2,
+              "uniforms must have shape [B, T, 2]");
+  const char* names[6] = {"temperature", "top_k", "top_p", "draft_temperature", "draft_top_k", "draft_top_p"};
+  const at::Tensor* params[6] = {&temperature, &top_k, &top_p, &draft_temperature, &draft_top_k, &draft_top_p};
+  for (int i = 0; i < 6; ++i) check_params(names[i], *params[i], i % 3 == 1 ? at::kInt : at::kFloat, B * T);
+  const bool has_q = draft_logits.has_value() && draft_logits->defined();
+  TORCH_CHECK(has_q || !mode_needs_draft(mode), "verify_tree_logits: mode ", mode_name, " needs draft_logits");
+  at::Tensor y;
+  if (has_q) {
+    check_logits("draft_logits", *draft_logits);
+    TORCH_CHECK(draft_logits->sizes() == target_logits.sizes(), "draft_logits must have the shape of target_logits");
+    y = draft_logits->contiguous();
+  }
+  auto tok = tokens.contiguous();
+  auto par = parents.contiguous();
+  auto nn = num_nodes.contiguous();
+  auto x = target_logits.contiguous();
+  auto un = uniforms.contiguous();
+  at::Tensor pc[6];
+  for (int i = 0; i < 6; ++i) pc[i] = params[i]->contiguous();
+  auto accept_idx = at::full({B, T}, -1, tokens.options());
+  auto accept_len = at::empty({B}, tokens.options());
+  auto bonus = at::empty({B}, tokens.options());
+  if (B == 0) return {accept_idx, accept_len, bonus};
+  const int32_t* tk = tok.data_ptr<int32_t>();
+  const int32_t* pa = par.data_ptr<int32_t>();
+  const int32_t* n = nn.data_ptr<int32_t>();
+  const float* up = un.data_ptr<float>();
+  int32_t* ai = accept_idx.data_ptr<int32_t>();
+  int32_t* al = accept_len.data_ptr<int32_t>();
+  int32_t* bo = bonus.data_ptr<int32_t>();
+  const int32_t S = fix_shift(V);
+  const float scale = exp2i(S), inv_scale = exp2i(-S);
+  const int64_t nbuf = mode_buffers(mode);
+  const auto esize = [](const at::Tensor& t) { return static_cast<int64_t>(t.element_size()); };
+  at::parallel_for(0, B, sequences_per_task(V), [&](int64_t lo, int64_t hi) {
+    std::vector<float> buf(nbuf * V), slot(2 * V);
+    std::vector<int64_t> chunks(4 * num_chunks(V));
+    std::vector<int32_t> scratch(T + 2);
+    std::vector<warp::RowStats> stats(2 * T);
+    std::vector<uint8_t> known(2 * T);
+    auto rows_scratch = warp::make_scratch(V);
+    for (int64_t b = lo; b < hi; ++b) {
+      std::fill(known.begin(), known.end(), 0);
+      const int64_t r0 = b * T;
+      LogitRows rows{{{static_cast<const char*>(x.data_ptr()) + r0 * V * esize(x), x.scalar_type(), V},
+                      {has_q ? static_cast<const char*>(y.data_ptr()) + r0 * V * esize(y) : nullptr,
+                       has_q ? y.scalar_type() : x.scalar_type(), V}},
+                     {pc[0].data_ptr<float>() + r0, pc[3].data_ptr<float>() + r0},
+                     {pc[1].data_ptr<int32_t>() + r0, pc[4].data_ptr<int32_t>() + r0},
+                     {pc[2].data_ptr<float>() + r0, pc[5].data_ptr<float>() + r0},
+                     V,
+                     static_cast<int32_t>(T),
+                     stats.data(),
+                     known.data(),
+                     slot.data(),
+                     rows_scratch.get()};
+      CpuTreeEngine<LogitRows> e{rows, up + r0 * 2, buf.data(), chunks.data(), scratch.data(), V, scale, inv_scale};
+      run_walk(e, mode, tk + r0, pa + r0, valid_nodes(n[b], static_cast<int32_t>(T)), static_cast<int32_t>(T),
+               ai + r0, al + b, bo + b);
+    }
+  });
+  return {accept_idx, accept_len, bonus};
+}
+
+}  // namespace cpu
+}  // namespace verify
+}  // namespace specops
+
+TORCH_LIBRARY_IMPL(specops, CPU, m) { m.impl("verify_tree_logits", &specops::verify::cpu::verify_tree_logits_cpu); }

@@ -1,0 +1,186 @@
+"""Sampled tree verification straight from logits: ``verify_tree`` with ``warp_probs`` fused in.
+
+``verify_tree_logits(tokens, parents, target_logits, uniforms, temperature=..., ...)`` returns
+exactly (bit for bit, on every backend) what
+
+    verify_tree(tokens, parents, warp_probs(target_logits.view(B * T, V), t, k, p).view(B, T, V),
+                uniforms, draft_probs=warp_probs(draft_logits.view(B * T, V), dt, dk, dp).view(B, T, V),
+                mode=mode)
+
+returns on that backend, with each per-row ``[B]`` parameter repeated over the sequence's T rows.
+No ``[B, T, V]`` probability tensor exists at any time (docs/verify_logits.md): a row's warping
+statistics (its logit max, the top-k / top-p threshold, the normaliser over the kept set; the
+argmax when its temperature is greedy) are computed the first time the walk reaches it, with the
+same code ``warp_probs`` runs, and a probability ``p(x)`` is evaluated from the logit, the
+statistics and the same operation sequence. Full rows (a residual, a bonus draw) are built in a
+per-sequence scratch row only where the walk needs them. Rows the walk never reaches are never
+read, which is where most of the saving comes from: a chain of T drafts that stops after ``m``
+reads ``m + 1`` target rows, not T.
+"""
+import torch
+
+from ..backend import register, register_compiled, resolve
+from . import _checks
+from . import verify_ref
+from .sampling import _FLOAT_DTYPES, MAX_VOCAB, _row_param, _warp_probs_torch
+from .verify import MODES, NEEDS_DRAFT, _flag, _raise_first, _rows_shape, _tree_args, _tree_flags, _uniform_flag, _valid
+
+
+def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature, top_k=0, top_p=1.0,
+                       draft_logits=None, draft_temperature=None, draft_top_k=0, draft_top_p=1.0, mode,
+                       num_nodes=None, check=True, backend=None):
+    """``verify_tree`` on ``warp_probs`` of the logits, without the probability tensors.
+
+    Shape: tokens, parents int32 [B, T], target_logits fp32/bf16/fp16 [B, T, V] (row ``u`` = the
+    target's logits after node ``u``), uniforms fp32 [B, T, 2], draft_logits fp32/bf16/fp16
+    [B, T, V] or None (row ``c`` = the draft's logits at ``parents[c]``, the distribution node
+    ``c`` was drawn from; needed by ``mss``, ``mss_noreplace`` and ``gsd``), temperature /
+    top_p float or float tensor [B], top_k int or int tensor [B] (the draft's likewise;
+    ``draft_temperature=None`` = the target's), num_nodes int32 [B] or None (= T) ->
+    (accept_idx int32 [B, T], accept_lens int32 [B], bonus int32 [B]).
+
+    Modes and outputs: see ``verify_tree``; warping rule: see ``warp_probs``. ``check=True``
+    validates values with host syncs: tree rules, tokens in [0, V), uniforms in [0, 1),
+    per-row parameters, and logits rows (no NaN / +inf, not all -inf) at valid nodes (the draft's
+    at valid non-root nodes). ``check=False`` syncs nothing. Limit: ``V <= 2**31 - 1`` on the
+    compiled backends.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    B, T, num_nodes = _tree_args(tokens, parents, num_nodes)
+    dev = tokens.device
+    _checks.tensor("target_logits", target_logits, dtype=_FLOAT_DTYPES, rank=3, device=dev)
+    V = _rows_shape("target_logits", target_logits, B, T)
+    _checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B, T, 2), device=dev)
+    needs_draft = mode in NEEDS_DRAFT
+    if draft_logits is None:
+        if needs_draft:
+            raise ValueError(f"draft_logits is required for mode={mode!r} (shape [B, T, V] = [{B}, {T}, {V}])")
+    else:
+        _checks.tensor("draft_logits", draft_logits, dtype=_FLOAT_DTYPES, shape=(B, T, V), device=dev)
+    params = _params(B, T, dev, check, temperature, top_k, top_p)
+    if draft_temperature is None:
+        draft_temperature = temperature
+    draft = _params(B, T, dev, check, draft_temperature, draft_top_k, draft_top_p, prefix="draft_")
+    impl = resolve("verify_tree_logits", dev, backend)
+    if V > MAX_VOCAB and impl is not _verify_tree_logits_torch:
+        raise ValueError(f"target_logits must have V <= {MAX_VOCAB} tokens on the compiled backends (int32 token "
+                         f"indices), got V={V}")
+    if check:
+        valid = _valid(num_nodes, T)
+        child = valid & (torch.arange(T, device=dev) > 0)
+        flags = _tree_flags(tokens, parents, num_nodes, V) + [_uniform_flag("uniforms", uniforms)]
+        flags += _logit_flags("target_logits", target_logits, valid)
+        if draft_logits is not None and needs_draft:
+            flags += _logit_flags("draft_logits", draft_logits, child)
+        _raise_first(flags)
+    if not needs_draft:
+        draft_logits = None
+    return impl(tokens, parents, target_logits, uniforms, *params, draft_logits, *draft, num_nodes, mode)
+
+
+def _params(B, T, dev, check, temperature, top_k, top_p, prefix=""):
+    """Scalars or [B] tensors -> fp32 / int32 / fp32 [B * T] (one value per logits row)."""
+    out = []
+    for name, value, dtype, kind in (("temperature", temperature, torch.float32, "float"),
+                                     ("top_k", top_k, torch.int32, "int"),
+                                     ("top_p", top_p, torch.float32, "float")):
+        try:
+            row = _row_param(name, value, B, dev, dtype=dtype, kind=kind, check=check)
+        except (TypeError, ValueError) as e:
+            if not prefix:
+                raise
+            raise type(e)(str(e).replace(name, prefix + name)) from None  # the argument the caller passed
+        out.append(row[:, None].expand(B, T).reshape(B * T))
+    return out
+
+
+def _logit_flags(name, logits, where):
+    """No NaN / +inf, and at least one finite value, in the rows at the [B, T] positions ``where``."""
+    bad_entry = torch.isnan(logits) | (logits == torch.inf)
+    bad = where & bad_entry.any(-1)
+    empty = where & ~bad & (logits == -torch.inf).all(-1)
+    return [
+        _flag(bad.any(), lambda: (f"{name} must not contain NaN or +inf, got "
+                                  f"{_checks.at(name, logits, bad[..., None] & bad_entry)}",)),
+        _flag(empty.any(), lambda: ("{}[{}, {}] must have at least one finite value, got all -inf".format(
+            name, *_checks.first_index(empty)),)),
+    ]
+
+
+# ---- backends ------------------------------------------------------------------------------
+
+class _LazyRows:
+    """One sequence's warped rows, each computed by warp_probs' reference on first access.
+
+    Indexing: ``rows[u]`` -> fp32 [V]; ``rows[u, x]`` -> its entry (what the walks of verify_ref do)."""
+
+    def __init__(self, logits, t, k, p):  # logits [T, V]; t, k, p [T]
+        self.logits, self.t, self.k, self.p = logits, t, k, p
+        self.shape = tuple(logits.shape)
+        self._rows = {}
+
+    def __getitem__(self, idx):
+        u, rest = (idx[0], idx[1:]) if isinstance(idx, tuple) else (idx, ())
+        u = int(u)
+        if u not in self._rows:
+            s = slice(u, u + 1)
+            self._rows[u] = _warp_probs_torch(self.logits[s], self.t[s], self.k[s], self.p[s])[0]
+        row = self._rows[u]
+        return row[rest] if rest else row
+
+
+@register("verify_tree_logits", "torch")
+def _verify_tree_logits_torch(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp, num_nodes,
+                              mode):
+    B, T, V = target_logits.shape
+    S = verify_ref.fix_shift(V)
+    tok, par, U = tokens.cpu(), parents.cpu(), uniforms.cpu()
+    X = target_logits.cpu()
+    Y = draft_logits.cpu() if draft_logits is not None else None
+    t, k, p, dt, dk, dp = (v.cpu().view(B, T) for v in (t, k, p, dt, dk, dp))
+    paths, bonuses = [], []
+    for b, n in enumerate(verify_ref._clamped_nodes(num_nodes, T)):
+        P = _LazyRows(X[b], t[b], k[b], p[b])
+        Q = _LazyRows(Y[b], dt[b], dk[b], dp[b]) if Y is not None else None
+        if mode == "sample_match":
+            walk = verify_ref._match_walk(
+                tok[b], par[b], n, lambda u, P=P, b=b: verify_ref.sample_weights(
+                    verify_ref.fix_weights(P[u], S), U[b, u, 1]))
+        elif mode == "gsd":
+            walk = verify_ref._gsd_walk(tok[b], par[b], n, P, Q, U[b], S)
+        else:
+            walk = verify_ref._mss_walk(mode, tok[b], par[b], n, P, Q, U[b], S)
+        paths.append(walk[0])
+        bonuses.append(walk[1])
+    return verify_ref._finish(B, T, paths, bonuses, tokens.device)
+
+
+@register_compiled("verify_tree_logits")
+def _compiled(ns, tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp, num_nodes, mode):
+    return ns.verify_tree_logits(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp,
+                                 num_nodes, mode)
+
+
+@register("verify_tree_logits", "triton")
+def _verify_tree_logits_triton(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp,
+                               num_nodes, mode):
+    from ..triton_kernels import verify_logits as kernels
+
+    return kernels.verify_tree_logits(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp,
+                                      num_nodes, mode)
+
+
+def _register_fake():
+    from .. import _ext
+
+    if _ext.cpu_ext is None and _ext.cuda_ext is None:
+        return
+
+    @torch.library.register_fake("specops::verify_tree_logits")
+    def _(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp, num_nodes, mode):
+        B, T = tokens.shape
+        return tokens.new_empty((B, T)), tokens.new_empty((B,)), tokens.new_empty((B,))
+
+
+_register_fake()
