@@ -143,7 +143,7 @@ def _split_name(demangled):
 def cuda_so_path():
     """The built CUDA extension next to this package, or None."""
     here = os.path.dirname(os.path.abspath(__file__))
-    found = sorted(glob.glob(os.path.join(here, "_C_cuda*.so")))
+    found = sorted(glob.glob(os.path.join(here, "_C_cuda.*.so")))  # not _C_cudasim
     return found[0] if found else None
 
 

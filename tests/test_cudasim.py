@@ -312,6 +312,9 @@ def op_cases():
     mask, _ = specops.build_tree_mask(random_parents(2, 9, generator=g))
     cases["tree_attention"] = lambda: specops.tree_attention(q, k, v, i32([250, 61]), i32([9, 5]), mask,
                                                              backend="cudasim")
+    split = specops.TreeAttentionPlan(i32([250, 61]), i32([9, 5]), mask, head_dim=40, num_heads=6, num_kv_heads=2,
+                                      dtype=q.dtype, num_splits=3, backend="cudasim")
+    cases["tree_attention_split"] = lambda: split.run(q, k, v)  # partials and their combine_kernel
     qh, kh, vh = (x.to(torch.bfloat16) for x in (q, k, v))  # the tensor-core kernel, its cp.async tiles
     cases["tree_attention_tc"] = lambda: specops.tree_attention(qh, kh, vh, i32([250, 61]), i32([9, 5]), mask,
                                                                 backend="cudasim")
@@ -343,6 +346,11 @@ def op_cases():
         cases[f"verify_tree[{mode}]"] = (lambda m: lambda: specops.verify_tree(
             c["tokens"], c["parents"], c["target_probs"], c["uniforms"], draft_probs=c["draft_probs"], mode=m,
             num_nodes=c["num_nodes"], backend="cudasim"))(mode)
+    for mode in ("mss", "sample_match"):
+        cases[f"verify_tree_logits[{mode}]"] = (lambda m: lambda: specops.verify_tree_logits(
+            c["tokens"], c["parents"], c["target_logits"], c["uniforms"], temperature=0.8, top_k=40, top_p=0.9,
+            draft_logits=c["target_logits"] if m == "mss" else None, mode=m, num_nodes=c["num_nodes"],
+            backend="cudasim"))(mode)
     return cases
 
 

@@ -138,7 +138,7 @@ CUDA_STACK_ALLOWANCE = {("tree_attention_tc_kernel", "<BFloat16, 256"): 64, ("tr
                         ("tree_attention_kernel", "<float, 4,"): 16,
                         # the walk's captured warped-row lambdas (statistics, logits row) live in a
                         # 104 B stack frame on sm_80 / sm_90 (nvcc 13, no spills)
-                        ("verify_tree_logits_kernel", "<"): 128}
+                        ("verify::cuda::verify_tree_logits_kernel", "<"): 128}
 
 
 def test_cuda_kernels_within_budget():

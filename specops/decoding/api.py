@@ -236,7 +236,7 @@ def _resolve_model(spec, dtype, what, tp_size=1):
         key = (spec, str(dtype), tp_size)
         if key not in _LOADED:
             try:
-                loaded = models.load_any(spec, dtype, tp_size=tp_size)
+                loaded = models.load_any(spec, dtype, **({"tp_size": tp_size} if tp_size != 1 else {}))
             except (ValueError, FileNotFoundError) as err:
                 raise ValueError(f"{what}: {err}") from None
             if len(_LOADED) >= _LOADED_MAX:

@@ -99,6 +99,12 @@ def verify(mode, draft, logits, sampling, generator, active):
     return VerifyResult(accept_idx=idx, accept_lens=kept, bonus_t=bonus, logits=logits, kept=kept)
 
 
+# Modes verified straight from the target's logits. The modes that test draft rows (mss,
+# mss_noreplace, gsd) still get warped target probabilities: their drafters hand over draft
+# probability rows, not the draft logits verify_tree_logits would warp itself.
+_FROM_LOGITS = ("mss_pointmass", "sample_match")
+
+
 def verify_kept(tokens, parents, num_nodes, logits, uniforms, active, *, mode=None, sampling=None, draft_probs=None):
     """The verify op on device tensors, then the accepted lengths masked by ``active``: the part of a
     step from the target's logits to what ``kv_compact`` keeps (no host read, no host data:
@@ -112,6 +118,11 @@ def verify_kept(tokens, parents, num_nodes, logits, uniforms, active, *, mode=No
     tok32 = tokens.to(torch.int32)
     if mode == "greedy":
         idx, lens, bonus = _kernels.verify_greedy(tok32, parents, logits, num_nodes)
+    elif draft_probs is None and mode in _FROM_LOGITS:
+        # the target's warping fused into the walk: no [B, T, V] probability tensor (bit-identical
+        # to the composition below, docs/verify_logits.md)
+        idx, lens, bonus = _kernels.verify_tree_logits(tok32, parents, logits, uniforms, mode=mode, num_nodes=num_nodes,
+                                                       sampling=sampling or SamplingConfig(1.0))
     else:
         B, T, V = logits.shape
         probs = (sampling or SamplingConfig(1.0)).warp(logits.reshape(B * T, V)).reshape(B, T, V)

@@ -63,6 +63,26 @@ def set_cache_dir():
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
+@torch.library.custom_op("specops_compiled::tree_attention", mutates_args=())
+def _compiled_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, page_table: torch.Tensor | None,
+                     prefix_lens: torch.Tensor, block_lens: torch.Tensor, mask: torch.Tensor, q_lens: torch.Tensor,
+                     sm_scale: float) -> torch.Tensor:
+    """The compiled extension's tree attention, unsplit, as one opaque node of a compiled graph.
+
+    The registered ops take an optional partials workspace they write (``Tensor(a!)?``); inductor
+    cannot lower the functionalised form of that mutation, so a graph calls this wrapper, which
+    mutates nothing (one kv split: a compiled block is a decode-sized step)."""
+    if page_table is None:
+        return torch.ops.specops.tree_attention(q, k, v, prefix_lens, block_lens, mask, q_lens, sm_scale, 1, None)
+    return torch.ops.specops.tree_attention_paged(q, k, v, page_table, prefix_lens, block_lens, mask, q_lens,
+                                                  sm_scale, 1, None)
+
+
+@_compiled_kernel.register_fake
+def _(q, k, v, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale):
+    return torch.empty_like(q)
+
+
 def block_attention(module, query, key, value, block, scaling):
     """The attention of one layer inside a compiled block forward.
 
@@ -90,7 +110,11 @@ def block_attention(module, query, key, value, block, scaling):
     q = query.transpose(1, 2)  # [B, Tb, Hq, D]
     paging = () if page_table is None else (page_table,)
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = impl(q, k_store[layer], v_store[layer], *paging, prefix, blens, mask[:, 0], qlens, scaling)
+    if impl is None:  # a compiled extension's kernel
+        out = _compiled_kernel(q, k_store[layer], v_store[layer], page_table, prefix, blens, mask[:, 0], qlens,
+                               float(scaling))
+    else:
+        out = impl(q, k_store[layer], v_store[layer], *paging, prefix, blens, mask[:, 0], qlens, scaling)
     return out, None
 
 
@@ -242,7 +266,8 @@ class CompiledRunner:
                                  head_dim=cache.head_dim, num_heads=heads, num_kv_heads=cache.num_kv_heads,
                                  dtype=cache.dtype, device=dev, check=False, page_table=self.page_table,
                                  page_size=cache.page_size if self.paged else None)
-        self.impl, self.backend = plan._impl, plan.backend
+        self.backend = plan.backend
+        self.impl = None if plan.backend in ("cpp", "cuda") else plan._impl  # None: _compiled_kernel
         self.head = model.get_output_embeddings()
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
         self.window = getattr(cfg, "sliding_window", None) if _uses_window(cfg) else None

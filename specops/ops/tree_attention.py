@@ -55,18 +55,16 @@ def choose_splits(backend, q, Hkv, S, prefix_lens, block_lens, W, paged=False):
     calls it once per step, the ops once per call.
 
     Shape: q [B, Tq, Hq, D]; Hkv kv heads; S rows a sequence can address; prefix_lens / block_lens
-    int32 [B] (read only on CPU, where that is no device sync); W mask words. -> int >= 1."""
+    int32 [B] (not read: no host sync); W mask words. -> int >= 1."""
     B, Tq, Hq, D = q.shape
     if backend == "cpp":
         if B == 0:
             return 1
         tile = splits.CPU_TILE_KEYS
-        if torch.compiler.is_compiling():  # no value reads in a graph: the cache length bounds the tiles
-            max_tiles = -(-S // tile) + 1
-        else:
-            p = prefix_lens.clamp(0, S)
-            n = torch.minimum(block_lens.clamp(min=0), (S - p).clamp(max=32 * W))
-            max_tiles = int(((p + tile - 1) // tile + (n + tile - 1) // tile).max())
+        # No value reads (the ops never read the device): the rows a sequence can address bound the
+        # tiles, and the loop sizes its caches to what a call needs.
+        max_tiles = -(-S // tile) + 1
+        if not torch.compiler.is_compiling():
             _THREADS[0] = torch.get_num_threads()
         return splits.cpu_splits(B, Tq, Hq, Hkv, D, max_tiles, _THREADS[0])
     if backend == "triton":
