@@ -270,10 +270,24 @@ def _tp_kwargs(tp_size, folder, kind=None, **config_kw):
     kv = getattr(text, "num_key_value_heads", None) or heads
     if heads % tp_size == 0 and kv % tp_size == 0:
         return {"distributed_config": DistributedConfig(tp_size=tp_size)}
-    plan = {f"model.{k}": "replicate" for k in (getattr(text, "base_model_tp_plan", None) or {}) if ".self_attn." in k}
+    style = _replicated_style()
+    plan = {f"model.{k}": style for k in (getattr(text, "base_model_tp_plan", None) or {}) if ".self_attn." in k}
     print(f"specops: {heads} attention / {kv} KV heads do not divide by tp_size={tp_size}: attention is "
           f"replicated on every rank, the MLP is sharded", file=sys.stderr, flush=True)
     return {"distributed_config": DistributedConfig(tp_size=tp_size, tp_plan=plan)}
+
+
+def _replicated_style():
+    """transformers' TP style that keeps a module whole on every rank: "replicate" (>= 5.20), else
+    the training style that only adds a gradient all-reduce (inert under inference)."""
+    for module in ("transformers.distributed.tensor_parallel", "transformers.integrations.tensor_parallel"):
+        try:
+            styles = importlib.import_module(module).ALL_PARALLEL_STYLES
+        except (ImportError, AttributeError):
+            continue
+        if "replicate" in styles:
+            return "replicate"
+    return "replicated_with_grad_allreduce"
 
 
 def load_path(path, dtype=None, tp_size=1):
