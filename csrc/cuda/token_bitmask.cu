@@ -1,0 +1,83 @@
+// apply_token_bitmask on CUDA: disallowed logits become -inf, in place.
+//
+// One block per (row, chunk of kChunk tokens); consecutive threads take consecutive tokens, so
+// the stores coalesce and the 32 lanes of a warp read one mask word (a broadcast). Allowed
+// logits are neither read nor written. Logits are handled as raw bit patterns (uint32 for fp32,
+// uint16 for fp16 / bf16), so one kernel body serves the three dtypes.
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include "gpu.cuh"
+#include "../common.h"
+#include "../registration.h"
+
+namespace specops {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kPerThread = 8;
+constexpr int kChunk = kThreads * kPerThread;  // tokens per block
+
+template <typename Bits>
+__global__ void __launch_bounds__(kThreads)
+apply_token_bitmask_kernel(Bits* logits,                      // [B, T, V] raw bits, rows at (b * sb + t * st)
+                           const int32_t* __restrict__ mask,  // [B * T, W]
+                           int64_t T, int64_t V, int64_t W, int64_t sb, int64_t st, int64_t chunks,
+                           Bits neg_inf) {
+  const int64_t u = blockIdx.x;
+  const int64_t r = u / chunks;
+  const int64_t j0 = (u % chunks) * kChunk;
+  Bits* row = logits + (r / T) * sb + (r % T) * st;
+  const int32_t* mrow = mask + r * W;
+#pragma unroll
+  for (int k = 0; k < kPerThread; ++k) {
+    const int64_t j = j0 + k * kThreads + threadIdx.x;
+    if (j < V && !mask_test(mrow, static_cast<int32_t>(j))) row[j] = neg_inf;
+  }
+}
+
+template <typename Bits>
+void launch(const at::Tensor& logits, const at::Tensor& mask, Bits neg_inf) {
+  const bool flat = logits.dim() == 2;
+  const int64_t B = flat ? 1 : logits.size(0);
+  const int64_t T = logits.size(logits.dim() - 2);
+  const int64_t V = logits.size(logits.dim() - 1);
+  const int64_t W = mask.size(mask.dim() - 1);
+  const int64_t sb = flat ? 0 : logits.stride(0);
+  const int64_t st = logits.stride(logits.dim() - 2);
+  const int64_t chunks = ceil_div(V, kChunk);
+  const int64_t blocks = B * T * chunks;
+  TORCH_CHECK_VALUE(blocks <= 2147483647, "apply_token_bitmask: too many rows for one launch (", blocks, " blocks)");
+  SPECOPS_LAUNCH(static_cast<unsigned int>(blocks), kThreads, 0, gpu::current_stream(), apply_token_bitmask_kernel<Bits>)(
+      reinterpret_cast<Bits*>(logits.data_ptr()), mask.data_ptr<int32_t>(), T, V, W, sb, st, chunks, neg_inf);
+  SPECOPS_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void apply_token_bitmask_cuda(const at::Tensor& logits,   // [B, T, V] or [N, V] fp32/fp16/bf16, in place
+                              const at::Tensor& bitmask)  // [B, T, W] or [N, W] int32, W = ceil(V / 32)
+{
+  SPECOPS_CHECK_DTYPE(bitmask, at::kInt);
+  TORCH_CHECK_VALUE(logits.dim() == 2 || logits.dim() == 3, "apply_token_bitmask: logits must have rank 2 or 3");
+  TORCH_CHECK_VALUE(bitmask.dim() == logits.dim(), "apply_token_bitmask: bitmask must have the rank of logits");
+  const int64_t V = logits.size(-1);
+  for (int64_t d = 0; d + 1 < logits.dim(); ++d)
+    TORCH_CHECK_VALUE(bitmask.size(d) == logits.size(d), "apply_token_bitmask: bitmask and logits leading shapes differ");
+  TORCH_CHECK_VALUE(bitmask.size(-1) == ceil_div(V, 32), "apply_token_bitmask: bitmask must have ceil(V / 32) words");
+  TORCH_CHECK_VALUE(V <= 1 || logits.stride(-1) == 1, "apply_token_bitmask: logits must have stride 1 in V");
+  TORCH_CHECK_VALUE(SPECOPS_ON_GPU(logits) && SPECOPS_ON_GPU(bitmask), "apply_token_bitmask: " SPECOPS_GPU_NAME " tensors expected");
+  if (logits.numel() == 0) return;
+  const gpu::DeviceGuard guard(logits.device());
+  auto mask = bitmask.contiguous();
+  switch (logits.scalar_type()) {
+    case at::kFloat: launch<uint32_t>(logits, mask, 0xFF800000u); break;
+    case at::kHalf: launch<uint16_t>(logits, mask, static_cast<uint16_t>(0xFC00u)); break;
+    case at::kBFloat16: launch<uint16_t>(logits, mask, static_cast<uint16_t>(0xFF80u)); break;
+    default: TORCH_CHECK_TYPE(false, "apply_token_bitmask: logits must be fp32, fp16 or bf16, got ", logits.scalar_type());
+  }
+}
+
+}  // namespace specops
+
+SPECOPS_GPU_IMPL(m) { m.impl("apply_token_bitmask", &specops::apply_token_bitmask_cuda); }

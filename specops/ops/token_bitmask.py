@@ -1,0 +1,87 @@
+"""Token bitmasks: a grammar's allowed tokens applied to logits, in place.
+
+Terms: a bitmask row marks token ``j`` as allowed in bit ``j % 32`` of int32 word ``j // 32``
+(the word format of :func:`specops.pack_mask`, and the one ``llguidance`` and ``xgrammar`` fill),
+so a vocabulary of ``V`` tokens takes ``W = ceil(V / 32)`` words; bits at ``j >= V`` in the last
+word are ignored. Applying a row writes ``-inf`` into every disallowed logit and leaves allowed
+ones untouched (``-inf`` or NaN already there included): softmax of the result is the model's
+distribution renormalised over the allowed tokens.
+"""
+import torch
+
+from .. import _ext
+from ..backend import register, register_compiled, resolve
+from . import _checks
+
+LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def apply_token_bitmask(logits, bitmask, *, check=True, backend=None):
+    """Sets every logit whose bit is clear to ``-inf``, in place; returns ``logits``.
+
+    Shape: logits [B, T, V] or [N, V] (fp32/bf16/fp16, stride 1 in V; views are fine),
+    bitmask int32 [B, T, W] or [N, W] with ``W = ceil(V / 32)`` -> logits.
+
+    ``check=True`` also requires every row to allow at least one of its ``V`` tokens (one host
+    sync): a row with none would leave softmax undefined. ``check=False`` skips it; such a row is
+    then all ``-inf``. Metadata errors are raised before anything is written.
+    """
+    _checks.tensor("logits", logits, dtype=LOGIT_DTYPES, last_stride_one=True)
+    if logits.dim() not in (2, 3):
+        raise ValueError(f"logits must have rank 2 ([N, V]) or 3 ([B, T, V]), got shape {tuple(logits.shape)}")
+    V = logits.shape[-1]
+    if V == 0:
+        raise ValueError(f"logits must have at least one token (V >= 1), got shape {tuple(logits.shape)}")
+    W = (V + 31) // 32
+    _checks.tensor("bitmask", bitmask, dtype=torch.int32, rank=logits.dim(),
+                   shape=(*logits.shape[:-1], W), device=logits.device)
+    if check:
+        _check_rows(bitmask, V)
+    impl = resolve("apply_token_bitmask", logits.device, backend)
+    if logits.numel():
+        impl(logits, bitmask)
+    return logits
+
+
+def allowed_tokens(bitmask, V):
+    """The boolean allowed set of each row. Shape: bitmask int32 [..., W] -> bool [..., V]."""
+    bits = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    return ((bitmask[..., :, None] >> bits) & 1).bool().flatten(-2)[..., :V]
+
+
+def _check_rows(bitmask, V):
+    if bitmask.numel() == 0:
+        return
+    empty = ~allowed_tokens(bitmask, V).any(-1)  # [...]
+
+    def message():
+        idx = ", ".join(map(str, _checks.first_index(empty)))
+        return (f"bitmask[{idx}] must allow at least one of the V={V} tokens (the masked distribution of "
+                f"that row would be undefined), got no bit set below {V}")
+
+    _checks.raise_first([(empty, message)])
+
+
+@register("apply_token_bitmask", "torch")
+def _apply_token_bitmask_torch(logits, bitmask):
+    # The spec: unpack the bits, fill the disallowed logits. Allowed logits are never written.
+    logits.masked_fill_(~allowed_tokens(bitmask, logits.shape[-1]), float("-inf"))
+
+
+@register_compiled("apply_token_bitmask")
+def _compiled(ns, logits, bitmask):
+    ns.apply_token_bitmask(logits, bitmask)
+
+
+@register("apply_token_bitmask", "triton")
+def _apply_token_bitmask_triton(logits, bitmask):
+    from ..triton_kernels import token_bitmask as kernels
+
+    kernels.apply_token_bitmask(logits, bitmask)
+
+
+if _ext.cpu_ext is not None or _ext.cuda_ext is not None:
+
+    @torch.library.register_fake("specops::apply_token_bitmask")
+    def _(logits, bitmask):
+        return None

@@ -1,0 +1,235 @@
+"""apply_token_bitmask: golden rows, every backend vs the reference, special values, errors, registration."""
+import pytest
+import torch
+
+import specops
+from specops import backend as _backend
+from specops.ops.token_bitmask import allowed_tokens, apply_token_bitmask
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+NEG_INF = float("-inf")
+
+
+def random_bitmask(shape, V, p_allowed=0.3, generator=None, garbage_tail=True):
+    """A packed mask of ``shape + [ceil(V/32)]`` words, each token allowed with probability
+    ``p_allowed``; with ``garbage_tail`` the bits past V in the last word are random too (the op must
+    ignore them). Every row allows at least one token."""
+    W = (V + 31) // 32
+    allowed = torch.rand(*shape, W * 32, generator=generator) < p_allowed
+    first = torch.randint(0, V, shape, generator=generator)
+    allowed.scatter_(-1, first[..., None], True)
+    if not garbage_tail:
+        allowed[..., V:] = False
+    return specops.pack_mask(allowed), allowed[..., :V]
+
+
+def random_logits(shape, dtype, generator=None):
+    return (torch.randn(*shape, generator=generator) * 3).to(dtype)
+
+
+# ---- golden rows, each on every backend --------------------------------------------------------
+
+def test_single_row_golden(backend):
+    logits = torch.arange(40, dtype=torch.float32)[None].clone()  # [1, 40]
+    mask = torch.tensor([[(1 << 0) | (1 << 5) | (1 << 31), (1 << 2) | (1 << 20)]], dtype=torch.int32)  # bit 20 of word 1 = token 52 >= V
+    out = apply_token_bitmask(logits, mask, backend=backend)
+    assert out is logits
+    kept = (~torch.isinf(logits[0])).nonzero().flatten().tolist()
+    assert kept == [0, 5, 31, 34]
+    assert logits[0, kept].tolist() == [0.0, 5.0, 31.0, 34.0]
+    assert torch.isneginf(logits[0, [1, 2, 30, 32, 33, 35, 39]]).all()
+
+
+def test_all_allowed_leaves_logits_bit_identical(backend):
+    logits = random_logits((2, 3, 70), torch.float32)
+    before = logits.clone()
+    apply_token_bitmask(logits, torch.full((2, 3, 3), -1, dtype=torch.int32), backend=backend)
+    assert torch.equal(logits, before)
+
+
+def test_v1(backend):
+    logits = torch.tensor([[[2.0], [3.0]]])
+    apply_token_bitmask(logits, torch.tensor([[[1], [1 | 2]]], dtype=torch.int32), backend=backend)
+    assert logits.flatten().tolist() == [2.0, 3.0]
+
+
+# ---- every backend vs the reference ----------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (2, 7)], ids=lambda s: f"B{s[0]}T{s[1]}")
+@pytest.mark.parametrize("V", [1, 31, 32, 33, 1000, 50257])
+def test_matches_reference(fast_backend, dtype, shape, V):
+    if fast_backend in ("triton", "cudasim") and V == 50257 and shape != (1, 1):
+        shape = (2, 1)  # the interpreter and the emulator are slow; the big-V path is the same
+    g = torch.Generator().manual_seed(V * 7 + shape[1])
+    logits = random_logits((*shape, V), DTYPES[dtype], g)
+    mask, allowed = random_bitmask(shape, V, generator=g)
+    want = apply_token_bitmask(logits.clone(), mask, backend="torch")
+    got = apply_token_bitmask(logits.clone(), mask, backend=fast_backend)
+    assert torch.equal(got, want)
+    # the reference itself: allowed logits unchanged, the rest -inf
+    assert torch.equal(want[allowed], logits[allowed])
+    assert torch.isneginf(want[~allowed]).all()
+
+
+@pytest.mark.parametrize("V", [33, 1000])
+def test_rank2_matches_rank3(backend, V):
+    g = torch.Generator().manual_seed(V)
+    logits = random_logits((6, V), torch.float32, g)
+    mask, _ = random_bitmask((6,), V, generator=g)
+    flat = apply_token_bitmask(logits.clone(), mask, backend=backend)
+    tree = apply_token_bitmask(logits.clone().view(2, 3, V), mask.view(2, 3, -1), backend=backend)
+    assert torch.equal(flat, tree.view(6, V))
+
+
+def test_views_write_through_to_their_buffer(backend):
+    # A [B, T, V] slice of a wider buffer (rows with padding) and a non-contiguous bitmask.
+    g = torch.Generator().manual_seed(3)
+    V = 100
+    buf = random_logits((4, 9, V + 28), torch.bfloat16, g)
+    mask = random_bitmask((3, 2), V, generator=g)[0].transpose(0, 1)  # [2, 3, W], leading dims transposed
+    assert not mask.is_contiguous()
+    want_buf = buf.clone()
+    apply_token_bitmask(want_buf[1:3, ::2, :V][:, :3], mask, backend="torch")
+    view = buf[1:3, ::2, :V][:, :3]  # [2, 3, V], strides of the wider buffer
+    apply_token_bitmask(view, mask, backend=backend)
+    assert torch.equal(buf, want_buf)  # the padding columns and the skipped rows untouched too
+
+
+def test_empty_leading_dims_are_a_no_op(backend):
+    logits = torch.empty(0, 4, 10)
+    assert apply_token_bitmask(logits, torch.empty(0, 4, 1, dtype=torch.int32), backend=backend) is logits
+    logits = torch.empty(3, 0, 10)
+    apply_token_bitmask(logits, torch.empty(3, 0, 1, dtype=torch.int32), backend=backend)
+
+
+# ---- special values ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+def test_inf_and_nan_where_allowed_are_untouched(backend, dtype):
+    V = 70
+    logits = torch.zeros(1, 2, V, dtype=DTYPES[dtype])
+    logits[0, 0, :4] = torch.tensor([NEG_INF, float("nan"), float("inf"), -0.0])
+    logits[0, 1, 64:68] = torch.tensor([NEG_INF, float("nan"), float("inf"), 1.5])
+    allowed = torch.zeros(1, 2, V, dtype=torch.bool)
+    allowed[0, 0, :4] = True
+    allowed[0, 1, 64:68] = True
+    mask = specops.pack_mask(allowed)
+    out = apply_token_bitmask(logits.clone(), mask, backend=backend)
+    got = out[0, 0, :4].float()
+    assert torch.isneginf(got[0]) and torch.isnan(got[1]) and torch.isposinf(got[2])
+    assert got[3] == 0 and torch.signbit(got[3])  # -0.0 kept bit for bit
+    got = out[0, 1, 64:68].float()
+    assert torch.isneginf(got[0]) and torch.isnan(got[1]) and torch.isposinf(got[2]) and got[3] == 1.5
+    assert torch.isneginf(out[~allowed].float()).all()
+
+
+def test_nan_where_disallowed_becomes_minus_inf(backend):
+    logits = torch.full((1, 1, 40), float("nan"))
+    apply_token_bitmask(logits, torch.tensor([[[1, 0]]], dtype=torch.int32), backend=backend)
+    assert logits[0, 0, 0].isnan() and torch.isneginf(logits[0, 0, 1:]).all()
+
+
+def test_bits_beyond_v_are_ignored(backend):
+    # Only bits past V set: the row allows nothing of the vocabulary, so every logit is -inf
+    # (check=False: with the check on, that row is an error, see below).
+    logits = torch.randn(1, 1, 33)
+    apply_token_bitmask(logits, torch.tensor([[[0, -2]]], dtype=torch.int32), check=False, backend=backend)
+    assert torch.isneginf(logits).all()
+
+
+def test_softmax_of_the_result_is_the_renormalised_distribution():
+    g = torch.Generator().manual_seed(1)
+    logits = random_logits((3, 4, 300), torch.float32, g)
+    mask, allowed = random_bitmask((3, 4), 300, generator=g)
+    p = logits.softmax(-1) * allowed
+    want = p / p.sum(-1, keepdim=True)
+    got = apply_token_bitmask(logits.clone(), mask).softmax(-1)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_allowed_tokens_unpacks_pack_mask():
+    vis = torch.rand(2, 3, 77) < 0.5
+    assert torch.equal(allowed_tokens(specops.pack_mask(vis), 77), vis)
+
+
+# ---- errors -----------------------------------------------------------------------------------
+
+def _bad_cases():
+    f32 = torch.zeros(2, 3, 40)
+    m = torch.zeros(2, 3, 2, dtype=torch.int32) - 1
+    return [
+        ("list logits", [[0.0]], m, TypeError, "logits must be a torch.Tensor"),
+        ("int logits", torch.zeros(2, 3, 40, dtype=torch.int32), m, TypeError, "logits must have dtype"),
+        ("fp64 logits", torch.zeros(2, 3, 40, dtype=torch.float64), m, TypeError, "logits must have dtype"),
+        ("rank 1", torch.zeros(40), m[0, 0], ValueError, r"logits must have rank 2 \(\[N, V\]\) or 3"),
+        ("rank 4", torch.zeros(1, 2, 3, 40), m[None], ValueError, "logits must have rank 2"),
+        ("V = 0", torch.zeros(2, 3, 0), m[..., :0], ValueError, r"at least one token \(V >= 1\)"),
+        ("strided V", torch.zeros(2, 3, 80)[..., ::2], m, ValueError, "logits must have stride 1 in its last dimension"),
+        ("int64 mask", f32, m.long(), TypeError, "bitmask must have dtype torch.int32"),
+        ("tensor mask", f32, [[0]], TypeError, "bitmask must be a torch.Tensor"),
+        ("mask rank", f32, m[0], ValueError, "bitmask must have rank 3"),
+        ("one word short", f32, m[..., :1], ValueError, r"bitmask must have shape \[2, 3, 2\], got \(2, 3, 1\)"),
+        ("one word too many", f32, torch.zeros(2, 3, 3, dtype=torch.int32), ValueError,
+         r"bitmask must have shape \[2, 3, 2\]"),
+        ("rows differ", f32, m[:, :2], ValueError, r"bitmask must have shape \[2, 3, 2\], got \(2, 2, 2\)"),
+        ("device", f32, m.to("meta"), ValueError, "bitmask must be on cpu"),
+        ("empty row", f32, torch.where(torch.arange(3)[None, :, None] == 1, 0, m), ValueError,
+         r"bitmask\[0, 1\] must allow at least one of the V=40 tokens"),
+        ("only tail bits", torch.zeros(4, 33), torch.tensor([[1, 0]] * 3 + [[0, -2]], dtype=torch.int32), ValueError,
+         r"bitmask\[3\] must allow at least one of the V=33 tokens"),
+    ]
+
+
+@pytest.mark.parametrize("case", _bad_cases(), ids=lambda c: c[0])
+def test_bad_input_raises_naming_the_argument_before_writing(backend, case):
+    _, logits, mask, exc, match = case
+    before = logits.clone() if isinstance(logits, torch.Tensor) else None
+    with pytest.raises(exc, match=match):
+        apply_token_bitmask(logits, mask, backend=backend)
+    if before is not None:
+        assert torch.equal(logits, before)
+
+
+def test_check_false_skips_only_the_value_check(backend):
+    logits = torch.zeros(1, 2, 40)
+    apply_token_bitmask(logits, torch.tensor([[[0, 0], [1, 0]]], dtype=torch.int32), check=False, backend=backend)
+    assert torch.isneginf(logits[0, 0]).all() and logits[0, 1, 0] == 0
+    with pytest.raises(ValueError, match="bitmask must have shape"):
+        apply_token_bitmask(logits, torch.zeros(1, 2, 1, dtype=torch.int32), check=False, backend=backend)
+
+
+def test_unknown_backend_names_the_choices():
+    with pytest.raises(ValueError, match="backend= must name one of"):
+        apply_token_bitmask(torch.zeros(1, 3), torch.ones(1, 1, dtype=torch.int32), backend="tpu")
+
+
+# ---- registration -----------------------------------------------------------------------------
+
+needs_cpp = pytest.mark.skipif(not _backend.available("cpp")[0], reason=_backend.available("cpp")[1])
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 3, 33), (3, 70)])
+def test_opcheck(dtype, shape):
+    g = torch.Generator().manual_seed(sum(shape))
+    logits = random_logits(shape, DTYPES[dtype], g)
+    mask, _ = random_bitmask(shape[:-1], shape[-1], generator=g)
+    torch.library.opcheck(torch.ops.specops.apply_token_bitmask.default, (logits, mask))
+
+
+@needs_cpp
+def test_cpp_is_the_cpu_default_and_compiles_fullgraph():
+    assert specops.default_backend("apply_token_bitmask", "cpu") == "cpp"
+    g = torch.Generator().manual_seed(2)
+    logits = random_logits((2, 5, 300), torch.float32, g)
+    mask, _ = random_bitmask((2, 5), 300, generator=g)
+
+    def f(x, m):
+        apply_token_bitmask(x, m, check=False, backend="cpp")
+        return x.softmax(-1)
+
+    got = torch.compile(f, fullgraph=True)(logits.clone(), mask)
+    want = apply_token_bitmask(logits.clone(), mask, backend="torch").softmax(-1)
+    torch.testing.assert_close(got, want)
