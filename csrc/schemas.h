@@ -2,7 +2,7 @@
 // namespace (whose CPU kernels it holds; specops._C_cuda adds the CUDA kernels), and the test-only
 // emulator build specops._C_cudasim defines them again in specops_cudasim::, where the same CUDA
 // sources run on CPU tensors. Mutation marks: kv_compact and kv_compact_paged write both caches
-// in place; tree_attention(_paged) writes its split partials into `workspace` (fp32 scratch that a
+// in place; apply_token_bitmask writes -inf into the logits in place; tree_attention(_paged) writes its split partials into `workspace` (fp32 scratch that a
 // TreeAttentionPlan allocates once per step, see csrc/tree_attention_args.h).
 #pragma once
 
@@ -34,4 +34,6 @@
           "(Tensor scores, Tensor tokens, Tensor parents)");                                              \
     m.def("select_topn_subtree(Tensor parents, Tensor scores, Tensor num_nodes, int n) -> "               \
           "(Tensor keep_idx, Tensor new_parents, Tensor counts)");                                        \
+    m.def("linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");                                      \
+    m.def("apply_token_bitmask(Tensor(a!) logits, Tensor bitmask) -> ()");                                 \
   } while (0)

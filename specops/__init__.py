@@ -6,6 +6,7 @@ from . import _ext  # noqa: F401  (loads the compiled extensions and their op re
 from .backend import BackendUnavailable, available, default_backend, use_backend
 from .ops.tree_attention import tree_attention, tree_attention_paged
 from .ops.kv_compact import kv_compact, kv_compact_paged
+from .ops.linear import linear
 from .ops.plan import KVCompactPlan, TreeAttentionPlan
 from .ops.sampling import warp_probs
 from .ops.topn import select_topn_subtree, topn_expand
@@ -36,6 +37,7 @@ __all__ = [
     "generate",
     "kv_compact",
     "kv_compact_paged",
+    "linear",
     "pack_mask",
     "select_topn_subtree",
     "topn_expand",

@@ -1,0 +1,253 @@
+// specops::linear on the CPU: out[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]), fp32 accumulation.
+//
+// Batch invariance (docs/batch_invariance.md): every output element is reduced in one order that
+// depends on K only. Eight lane partial sums, lane l taking k = 8 j + l for j = 0, 1, ... (one fused
+// multiply-add each, K zero-padded to a multiple of 8), then the lanes combined by halving (l + 4,
+// l + 2, l + 1), then the bias, then one rounding to the output dtype. Tiles of rows and columns,
+// the thread split of the columns and the instruction set change how many elements are computed
+// together, never the order inside one element, so row i of an M-row call is bit for bit the one-row
+// call on row i. The AVX2 kernel and the generic one compute the same bits (tests/test_linear.py).
+//
+// Speed: one pass over the weight serves every row of x. x is converted to fp32 once per call
+// ([M, Kp] in a per-thread buffer); a register tile of MR rows x NR weight rows keeps MR * NR
+// accumulators, and the weight rows of a column block stay in L1 while the row tiles go by.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "../registration.h"
+
+namespace specops {
+namespace {
+
+constexpr int kLanes = 8;
+constexpr int64_t kColBlock = 32;  // weight rows per block: 32 x K bf16 stays in L1 for K <= 512
+
+inline float to_float(float v) { return v; }
+inline float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
+inline float to_float(c10::Half v) { return static_cast<float>(v); }
+
+// The fixed combination of the 8 lane partial sums (= ops/linear/ref.py lanes_to_scalar).
+inline float combine_lanes(const float* p) {
+  const float a0 = p[0] + p[4], a1 = p[1] + p[5], a2 = p[2] + p[6], a3 = p[3] + p[7];
+  const float b0 = a0 + a2, b1 = a1 + a3;
+  return b0 + b1;
+}
+
+template <typename T>
+inline void store_out(T* out, float acc, const T* bias, int64_t n) {
+  if (bias) acc += to_float(bias[n]);
+  out[n] = static_cast<T>(acc);  // c10's conversions round to nearest even
+}
+
+// ---- generic C++: the reference order, one element at a time --------------------------------------
+
+template <typename T>
+void rows_generic(const float* xf, int64_t M, int64_t Kp, const T* w, int64_t K, const T* bias, T* out,
+                  int64_t N, int64_t n_lo, int64_t n_hi) {
+  std::vector<float> wrow(Kp, 0.f);
+  for (int64_t n = n_lo; n < n_hi; ++n) {
+    for (int64_t k = 0; k < K; ++k) wrow[k] = to_float(w[n * K + k]);
+    for (int64_t m = 0; m < M; ++m) {
+      float p[kLanes] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      const float* xr = xf + m * Kp;
+      for (int64_t j = 0; j < Kp; j += kLanes)
+        for (int l = 0; l < kLanes; ++l) p[l] = std::fma(wrow[j + l], xr[j + l], p[l]);
+      store_out(out + m * N, combine_lanes(p), bias, n);
+    }
+  }
+}
+
+#if defined(__x86_64__)
+// ---- AVX2 + FMA (+ F16C for fp16) -----------------------------------------------------------------
+
+#define LIN_TARGET __attribute__((target("avx2,fma,f16c"))) inline
+#define LIN_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+
+LIN_INLINE __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+LIN_INLINE __m256 load8(const c10::BFloat16* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+LIN_INLINE __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+LIN_INLINE float hsum(__m256 v) {  // lanes l + 4, then l + 2, then l + 1: combine_lanes' order
+  const __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
+}
+
+// MR rows of x (fp32, [.., Kp] zero-padded) times NR weight rows starting at n.
+template <int MR, int NR, typename T>
+LIN_TARGET void tile(const float* xf, int64_t Kp, const T* w, int64_t K, const T* bias, T* out, int64_t N,
+                     int64_t n) {
+  __m256 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int r = 0; r < NR; ++r) acc[i][r] = _mm256_setzero_ps();
+  const int64_t full = K / kLanes * kLanes;
+  for (int64_t k = 0; k < full; k += kLanes) {
+    for (int r = 0; r < NR; ++r) {
+      const __m256 wv = load8(w + (n + r) * K + k);
+      for (int i = 0; i < MR; ++i) acc[i][r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xf + i * Kp + k), acc[i][r]);
+    }
+  }
+  if (full < K) {  // the zero-padded last block: the same fused multiply-adds on zeros
+    for (int r = 0; r < NR; ++r) {
+      alignas(32) float tail[kLanes] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      for (int64_t k = full; k < K; ++k) tail[k - full] = to_float(w[(n + r) * K + k]);
+      const __m256 wv = _mm256_load_ps(tail);
+      for (int i = 0; i < MR; ++i) acc[i][r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xf + i * Kp + full), acc[i][r]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int r = 0; r < NR; ++r) store_out(out + i * N, hsum(acc[i][r]), bias, n + r);
+}
+
+// Rows [0, M) x columns [n_lo, n_hi): MR rows by NR columns per tile, column blocks kept in L1.
+template <int MR, int NR, typename T>
+LIN_TARGET void rows_avx2_fixed(const float* xf, int64_t M, int64_t Kp, const T* w, int64_t K, const T* bias,
+                                T* out, int64_t N, int64_t n_lo, int64_t n_hi);
+
+template <int NR, typename T>
+LIN_TARGET void rows_tail_m(int64_t rows, const float* xf, int64_t Kp, const T* w, int64_t K, const T* bias,
+                            T* out, int64_t N, int64_t n) {
+  switch (rows) {  // the last 1-3 rows of x when M is not a multiple of the row tile
+    case 1: tile<1, NR>(xf, Kp, w, K, bias, out, N, n); break;
+    case 2: tile<2, NR>(xf, Kp, w, K, bias, out, N, n); break;
+    case 3: tile<3, NR>(xf, Kp, w, K, bias, out, N, n); break;
+    default: break;
+  }
+}
+
+template <int MR, int NR, typename T>
+LIN_TARGET void rows_avx2_fixed(const float* xf, int64_t M, int64_t Kp, const T* w, int64_t K, const T* bias,
+                                T* out, int64_t N, int64_t n_lo, int64_t n_hi) {
+  for (int64_t b0 = n_lo; b0 < n_hi; b0 += kColBlock) {
+    const int64_t b1 = std::min(n_hi, b0 + kColBlock);
+    int64_t m = 0;
+    for (; m + MR <= M; m += MR) {
+      int64_t n = b0;
+      for (; n + NR <= b1; n += NR) tile<MR, NR>(xf + m * Kp, Kp, w, K, bias, out + m * N, N, n);
+      for (; n < b1; ++n) tile<MR, 1>(xf + m * Kp, Kp, w, K, bias, out + m * N, N, n);
+    }
+    if (m < M) {
+      int64_t n = b0;
+      for (; n + NR <= b1; n += NR) rows_tail_m<NR>(M - m, xf + m * Kp, Kp, w, K, bias, out + m * N, N, n);
+      for (; n < b1; ++n) rows_tail_m<1>(M - m, xf + m * Kp, Kp, w, K, bias, out + m * N, N, n);
+    }
+  }
+}
+
+template <typename T>
+void rows_avx2(const float* xf, int64_t M, int64_t Kp, const T* w, int64_t K, const T* bias, T* out, int64_t N,
+               int64_t n_lo, int64_t n_hi) {
+  // Register tiles (accumulators = MR * NR <= 12 of the 16 ymm registers). One row: 8 independent
+  // accumulator chains hide the FMA latency while the weight streams from memory.
+  if (M == 1) return rows_avx2_fixed<1, 8>(xf, M, Kp, w, K, bias, out, N, n_lo, n_hi);
+  if (M == 2) return rows_avx2_fixed<2, 4>(xf, M, Kp, w, K, bias, out, N, n_lo, n_hi);
+  if (M == 3) return rows_avx2_fixed<3, 4>(xf, M, Kp, w, K, bias, out, N, n_lo, n_hi);
+  return rows_avx2_fixed<4, 3>(xf, M, Kp, w, K, bias, out, N, n_lo, n_hi);
+}
+
+bool has_avx2() {
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  }();
+  return ok;
+}
+#endif  // __x86_64__
+
+// SPECOPS_CPU_ISA=generic forces the generic kernel (tests compare the two), as for tree_attention.
+bool use_avx2() {
+#if defined(__x86_64__)
+  const char* cap = std::getenv("SPECOPS_CPU_ISA");
+  return has_avx2() && !(cap && !std::strcmp(cap, "generic"));
+#else
+  return false;
+#endif
+}
+
+template <typename T>
+void convert_rows(const T* x, int64_t M, int64_t K, int64_t Kp, float* xf) {  // [M, K] -> fp32 [M, Kp]
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) xf[m * Kp + k] = to_float(x[m * K + k]);
+    for (int64_t k = K; k < Kp; ++k) xf[m * Kp + k] = 0.f;
+  }
+}
+
+template <typename T>
+void run_linear(const at::Tensor& x, const at::Tensor& w_t, const at::Tensor& b_t, bool has_bias, at::Tensor& out,
+                int64_t Kp, bool avx2) {
+  const int64_t M = x.size(0), K = x.size(1), N = w_t.size(0);
+  // fp32 copy of x, zero-padded to Kp: converted once, read by every column tile.
+  thread_local std::vector<float> xbuf;
+  xbuf.resize(static_cast<size_t>(M * Kp));
+  convert_rows(x.data_ptr<T>(), M, K, Kp, xbuf.data());
+  const float* xf = xbuf.data();
+  const T* w = w_t.data_ptr<T>();
+  const T* b = has_bias ? b_t.data_ptr<T>() : nullptr;
+  T* o = out.data_ptr<T>();
+  // Columns split between threads in multiples of 8 (the one-row tile); ~16 KB of weight per task
+  // at least, so small projections do not pay more in task overhead than they stream.
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, K * w_t.element_size() * 8));
+  at::parallel_for(0, (N + 7) / 8, grain, [&](int64_t lo, int64_t hi) {
+    const int64_t n_lo = lo * 8, n_hi = std::min(N, hi * 8);
+#if defined(__x86_64__)
+    if (avx2) return rows_avx2<T>(xf, M, Kp, w, K, b, o, N, n_lo, n_hi);
+#endif
+    rows_generic<T>(xf, M, Kp, w, K, b, o, N, n_lo, n_hi);
+  });
+}
+
+}  // namespace
+
+at::Tensor linear_cpu(const at::Tensor& x,                    // [M, K]
+                      const at::Tensor& weight,               // [N, K]
+                      const c10::optional<at::Tensor>& bias)  // [N] or None
+{
+  SPECOPS_CHECK_DIM(x, 2);
+  SPECOPS_CHECK_DIM(weight, 2);
+  TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type(), "weight must have x's dtype ", x.scalar_type(),
+              ", got ", weight.scalar_type());
+  TORCH_CHECK_VALUE(x.size(1) == weight.size(1), "x [M, K] and weight [N, K] must share K, got ", x.sizes(), " and ",
+              weight.sizes());
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) {
+    TORCH_CHECK_VALUE(bias->scalar_type() == x.scalar_type() && bias->dim() == 1 && bias->size(0) == weight.size(0),
+                "bias must be [N] with x's dtype");
+  }
+  const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);  // [M, K] x [N, K]
+  auto xc = x.contiguous();
+  auto wc = weight.contiguous();
+  auto bc = has_bias ? bias->contiguous() : at::Tensor();
+  auto out = at::empty({M, N}, x.options());  // [M, N]
+  if (M == 0 || N == 0) return out;
+  const int64_t Kp = (K + kLanes - 1) / kLanes * kLanes;
+  const bool avx2 = use_avx2();
+  switch (x.scalar_type()) {  // fp32, bf16, fp16 (the Python entry rejects the others)
+    case at::kFloat: run_linear<float>(xc, wc, bc, has_bias, out, Kp, avx2); break;
+    case at::kBFloat16: run_linear<c10::BFloat16>(xc, wc, bc, has_bias, out, Kp, avx2); break;
+    case at::kHalf: run_linear<c10::Half>(xc, wc, bc, has_bias, out, Kp, avx2); break;
+    default: TORCH_CHECK_TYPE(false, "linear: x must be fp32, bf16 or fp16, got ", x.scalar_type());
+  }
+  return out;
+}
+
+}  // namespace specops
+
+TORCH_LIBRARY_IMPL(specops, CPU, m) { m.impl("linear", &specops::linear_cpu); }

@@ -1,0 +1,69 @@
+"""specops.linear: a small-row GEMM whose every output element is reduced in one fixed order.
+
+Row ``i`` of an ``M``-row call equals the one-row call on row ``i`` bit for bit, for every ``M``,
+thread count and batch layout, on each backend. That is what makes a verification block of ``T``
+rows produce the logits an AR step produces for the same prefix (docs/batch_invariance.md): the
+order of a reduction depends on the reduction length ``K`` only, never on how many rows share the
+call or how the output columns are split between threads.
+
+Each backend has its own fixed order (they agree within the tolerance of docs/batch_invariance.md,
+not bit for bit); the spec of the values is the torch reference, :mod:`.ref`.
+"""
+import torch
+
+from ... import _ext
+from ...backend import register, register_compiled, resolve
+from .. import _checks
+from . import ref
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def linear(x, weight, bias=None, *, backend=None):
+    """``x @ weight.T + bias`` with fp32 accumulation, rounded once to ``x``'s dtype.
+
+    Shape: x [..., K], weight [N, K], bias [N] or None -> [..., N] in x's dtype (fp32, bf16 or
+    fp16; weight and bias the same dtype as x). Every output element is the same function of its
+    row of ``x``, its row of ``weight`` and its bias, whatever the other rows: the batch-invariance
+    contract.
+    """
+    _checks.tensor("x", x, dtype=DTYPES)
+    if x.dim() < 1:
+        raise ValueError(f"x must have rank >= 1 ([..., K]), got shape {tuple(x.shape)}")
+    K = x.shape[-1]
+    _checks.tensor("weight", weight, dtype=x.dtype, rank=2, device=x.device)
+    if weight.shape[1] != K:
+        raise ValueError(f"weight must have shape [N, K={K}] (K = x.shape[-1]), got {tuple(weight.shape)}")
+    N = weight.shape[0]
+    if K == 0 or N == 0:
+        raise ValueError(f"x and weight must have K >= 1 and N >= 1, got K={K}, N={N}")
+    if bias is not None:
+        _checks.tensor("bias", bias, dtype=x.dtype, shape=(N,), device=x.device)
+    x2 = x.reshape(-1, K)  # [M, K]
+    if x2.numel() and x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    weight = weight if weight.stride(-1) == 1 else weight.contiguous()
+    out = resolve("linear", x.device, backend, (x2, weight, bias))(x2, weight, bias)  # [M, N]
+    return out.reshape(*x.shape[:-1], N)
+
+
+register("linear", "torch")(ref.linear)
+
+
+@register_compiled("linear")
+def _compiled(ns, x, weight, bias):
+    return ns.linear(x, weight, bias)
+
+
+@register("linear", "triton")
+def _linear_triton(x, weight, bias):
+    from ...triton_kernels import linear as kernels
+
+    return kernels.linear(x, weight, bias)
+
+
+if _ext.cpu_ext is not None or _ext.cuda_ext is not None:
+
+    @torch.library.register_fake("specops::linear")
+    def _(x, weight, bias):
+        return x.new_empty((x.shape[0], weight.shape[0]))
