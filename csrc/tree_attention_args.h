@@ -12,14 +12,26 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
+#include <utility>
 
 #include "registration.h"
 #include "tree_attention_common.h"
 
 namespace specops {
 namespace ta {
+
+// The largest |sm_scale| (specops.ops.tree_attention.SM_SCALE_MAX): fp32 scores of fp16 inputs then
+// stay finite for every input and head dim, and every backend gives the exact (softmax) result.
+constexpr double kMaxSmScale = 65536.0;
+
+inline void check_scale(const char* op, double sm_scale) {
+  TORCH_CHECK_VALUE(std::isfinite(sm_scale) && std::abs(sm_scale) <= kMaxSmScale, op,
+                    ": sm_scale must be a finite number in [-", kMaxSmScale, ", ", kMaxSmScale, "], got ", sm_scale);
+}
 
 // The K/V side of a call, contiguous or paged.
 struct KvView {
@@ -32,7 +44,7 @@ struct KvView {
 // k_cache, v_cache [B, Hkv, S, D].
 inline KvView contiguous_view(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache) {
   SPECOPS_CHECK_DIM(k_cache, 4);
-  TORCH_CHECK(q.dim() >= 1 && k_cache.size(0) == q.size(0), "tree_attention: k_cache must be [B, Hkv, S, D]");
+  TORCH_CHECK_VALUE(q.dim() >= 1 && k_cache.size(0) == q.size(0), "tree_attention: k_cache must be [B, Hkv, S, D]");
   return KvView{k_cache, v_cache, at::Tensor(), k_cache.size(1), k_cache.size(2), 0, 1, 2};
 }
 
@@ -42,9 +54,9 @@ inline KvView paged_view(const at::Tensor& q, const at::Tensor& k_pages, const a
   SPECOPS_CHECK_DIM(k_pages, 4);
   SPECOPS_CHECK_DIM(page_table, 2);
   SPECOPS_CHECK_DTYPE(page_table, at::kInt);
-  TORCH_CHECK(q.dim() >= 1 && page_table.size(0) == q.size(0), "tree_attention_paged: page_table must be [B, max_pages]");
+  TORCH_CHECK_VALUE(q.dim() >= 1 && page_table.size(0) == q.size(0), "tree_attention_paged: page_table must be [B, max_pages]");
   const int64_t page = k_pages.size(1);
-  TORCH_CHECK(page > 0 && (page & (page - 1)) == 0, "tree_attention_paged: page_size must be a power of two, got ",
+  TORCH_CHECK_VALUE(page > 0 && (page & (page - 1)) == 0, "tree_attention_paged: page_size must be a power of two, got ",
               page);
   // No pool page: no row can be addressed (the kernels clamp page ids into [0, num_pages)).
   const int64_t rows = k_pages.size(0) == 0 ? 0 : page_table.size(1) * page;
@@ -60,23 +72,25 @@ inline void check_shapes(const char* op, const at::Tensor& q, const KvView& kv, 
   SPECOPS_CHECK_DTYPE(prefix_lens, at::kInt);
   SPECOPS_CHECK_DTYPE(block_lens, at::kInt);
   SPECOPS_CHECK_DTYPE(mask, at::kInt);
-  TORCH_CHECK(kv.k.scalar_type() == q.scalar_type() && kv.v.scalar_type() == q.scalar_type(), op,
+  TORCH_CHECK_VALUE(kv.k.scalar_type() == q.scalar_type() && kv.v.scalar_type() == q.scalar_type(), op,
               ": q and the K/V caches must share a dtype");
-  TORCH_CHECK(kv.v.sizes() == kv.k.sizes(), op, ": the V cache must have the K cache's shape");
+  TORCH_CHECK_VALUE(kv.v.sizes() == kv.k.sizes(), op, ": the V cache must have the K cache's shape");
   const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), D = q.size(3);
-  TORCH_CHECK(kv.k.size(3) == D, op, ": the caches' last dim must be q's head dim D");
-  TORCH_CHECK(kv.Hkv > 0 && Hq % kv.Hkv == 0, op, ": Hq must be a multiple of Hkv");
-  TORCH_CHECK(mask.size(0) == B && mask.size(1) == Tq, op, ": mask must be [B, Tq, W]");
-  TORCH_CHECK(prefix_lens.numel() == B && block_lens.numel() == B, op, ": lengths must be [B]");
+  TORCH_CHECK_VALUE(kv.k.size(3) == D, op, ": the caches' last dim must be q's head dim D");
+  TORCH_CHECK_VALUE(kv.Hkv > 0 && Hq % kv.Hkv == 0, op, ": Hq must be a multiple of Hkv");
+  TORCH_CHECK_VALUE(mask.size(0) == B && mask.size(1) == Tq, op, ": mask must be [B, Tq, W]");
+  TORCH_CHECK_VALUE(prefix_lens.numel() == B && block_lens.numel() == B, op, ": lengths must be [B]");
   if (q_lens) {
     SPECOPS_CHECK_DTYPE((*q_lens), at::kInt);
-    TORCH_CHECK(q_lens->numel() == B, op, ": q_lens must be [B]");
+    TORCH_CHECK_VALUE(q_lens->numel() == B, op, ": q_lens must be [B]");
   }
 }
 
 // The kv splits and their partials of one call. Shape: workspace fp32 [>= num_splits * R * (D + 1)],
 // R = B * Tq * Hq: part_o [num_splits, R, D] then part_lse [num_splits, R]. Without a workspace
-// (a direct torch.ops call) a split call allocates its own.
+// (a direct torch.ops call) a split call allocates its own. A workspace passed in must share no
+// byte with any input (``args``: name and tensor): the kernels write partials into it before they
+// read the last K/V tile, so an aliased cache would be overwritten mid-call.
 struct Partials {
   int32_t n_splits = 1;
   float* part_o = nullptr;
@@ -84,9 +98,11 @@ struct Partials {
   at::Tensor owned;
 };
 
+using NamedTensors = std::initializer_list<std::pair<const char*, const at::Tensor*>>;
+
 inline Partials partials(const char* op, const at::Tensor& q, int64_t num_splits,
-                         const std::optional<at::Tensor>& workspace) {
-  TORCH_CHECK(num_splits >= 1 && num_splits <= kMaxSplits, op, ": num_splits must lie in [1, ", kMaxSplits,
+                         const std::optional<at::Tensor>& workspace, NamedTensors args) {
+  TORCH_CHECK_VALUE(num_splits >= 1 && num_splits <= kMaxSplits, op, ": num_splits must lie in [1, ", kMaxSplits,
               "], got ", num_splits);
   Partials p;
   p.n_splits = static_cast<int32_t>(num_splits);
@@ -95,10 +111,13 @@ inline Partials partials(const char* op, const at::Tensor& q, int64_t num_splits
   at::Tensor ws;
   if (workspace && workspace->defined()) {
     ws = *workspace;
-    TORCH_CHECK(ws.scalar_type() == at::kFloat && ws.is_contiguous() && ws.numel() >= need &&
+    TORCH_CHECK_VALUE(ws.scalar_type() == at::kFloat && ws.is_contiguous() && ws.numel() >= need &&
                     ws.device() == q.device(),
                 op, ": workspace must be a contiguous fp32 tensor of >= num_splits * B * Tq * Hq * (D + 1) = ",
                 need, " elements on q's device");
+    for (const auto& [name, t] : args)
+      TORCH_CHECK_VALUE(t == nullptr || !bytes_overlap(ws, *t), op, ": workspace must not share memory with ", name,
+                        " (the partials would overwrite it)");
   } else {
     ws = p.owned = at::empty({need}, q.options().dtype(at::kFloat));
   }
@@ -127,7 +146,12 @@ at::Tensor contiguous_entry(const at::Tensor& q,            // [B, Tq, Hq, D]
                             const std::optional<at::Tensor>& workspace) {  // fp32, see Partials
   const KvView kv = contiguous_view(q, k_cache, v_cache);
   Check("tree_attention", q, kv, prefix_lens, block_lens, mask, q_lens);
-  return Run(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale, partials("tree_attention", q, num_splits, workspace));
+  check_scale("tree_attention", sm_scale);
+  const at::Tensor* ql = q_lens ? &*q_lens : nullptr;
+  return Run(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale,
+             partials("tree_attention", q, num_splits, workspace,
+                      {{"q", &q}, {"k_cache", &k_cache}, {"v_cache", &v_cache}, {"prefix_lens", &prefix_lens},
+                       {"block_lens", &block_lens}, {"mask", &mask}, {"q_lens", ql}}));
 }
 
 template <CheckFn Check, RunFn Run>
@@ -143,8 +167,12 @@ at::Tensor paged_entry(const at::Tensor& q,            // [B, Tq, Hq, D]
                        const std::optional<at::Tensor>& workspace) {  // fp32, see Partials
   const KvView kv = paged_view(q, k_pages, v_pages, page_table);
   Check("tree_attention_paged", q, kv, prefix_lens, block_lens, mask, q_lens);
+  check_scale("tree_attention_paged", sm_scale);
+  const at::Tensor* ql = q_lens ? &*q_lens : nullptr;
   return Run(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale,
-             partials("tree_attention_paged", q, num_splits, workspace));
+             partials("tree_attention_paged", q, num_splits, workspace,
+                      {{"q", &q}, {"k_pages", &k_pages}, {"v_pages", &v_pages}, {"page_table", &page_table},
+                       {"prefix_lens", &prefix_lens}, {"block_lens", &block_lens}, {"mask", &mask}, {"q_lens", ql}}));
 }
 
 }  // namespace ta

@@ -79,11 +79,11 @@ void plan_runs(const int32_t* prefix, const int32_t* idx, const int32_t* lens, i
 
 // c is the cache `name`, like the K cache `like_name` (the one it must match).
 void check_cache(const char* op, const at::Tensor& c, const char* name, const at::Tensor& like, const char* like_name) {
-  TORCH_CHECK(c.device().is_cpu(), op, ": ", name, " must be a CPU tensor");
-  TORCH_CHECK(c.dim() == 5, op, ": ", name, " must have rank 5");
-  TORCH_CHECK(c.sizes() == like.sizes() && c.scalar_type() == like.scalar_type(), name, " must match ", like_name,
+  TORCH_CHECK_VALUE(c.device().is_cpu(), op, ": ", name, " must be a CPU tensor");
+  TORCH_CHECK_VALUE(c.dim() == 5, op, ": ", name, " must have rank 5");
+  TORCH_CHECK_VALUE(c.sizes() == like.sizes() && c.scalar_type() == like.scalar_type(), name, " must match ", like_name,
               " in shape and dtype");
-  TORCH_CHECK(c.size(4) <= 1 || c.stride(4) == 1, name, " must have stride 1 in its last dimension");
+  TORCH_CHECK_VALUE(c.size(4) <= 1 || c.stride(4) == 1, name, " must have stride 1 in its last dimension");
 }
 
 void check_index(const char* op, const at::Tensor& prefix_lens, const at::Tensor& accept_idx,
@@ -92,9 +92,9 @@ void check_index(const char* op, const at::Tensor& prefix_lens, const at::Tensor
   SPECOPS_CHECK_DTYPE(accept_idx, at::kInt);
   SPECOPS_CHECK_DTYPE(accept_lens, at::kInt);
   SPECOPS_CHECK_DIM(accept_idx, 2);
-  TORCH_CHECK(prefix_lens.numel() == B && accept_lens.numel() == B && accept_idx.size(0) == B,
+  TORCH_CHECK_VALUE(prefix_lens.numel() == B && accept_lens.numel() == B && accept_idx.size(0) == B,
               "prefix_lens, accept_lens must have shape [B] and accept_idx [B, A]");
-  TORCH_CHECK(prefix_lens.device().is_cpu() && accept_idx.device().is_cpu() && accept_lens.device().is_cpu(),
+  TORCH_CHECK_VALUE(prefix_lens.device().is_cpu() && accept_idx.device().is_cpu() && accept_lens.device().is_cpu(),
               op, ": index tensors must be CPU tensors");
 }
 
@@ -190,7 +190,7 @@ void kv_compact_cpu(const at::Tensor& k_cache,      // [L, B, Hkv, S, D] fp32/fp
   check_cache("kv_compact", k_cache, "k_cache", k_cache, "k_cache");
   check_cache("kv_compact", v_cache, "v_cache", k_cache, "k_cache");
   for (const at::Tensor* c : {&k_cache, &v_cache})
-    TORCH_CHECK(c->size(3) <= 1 || std::abs(c->stride(3)) >= c->size(4), "kv_compact: cache rows must not overlap");
+    TORCH_CHECK_VALUE(c->size(3) <= 1 || std::abs(c->stride(3)) >= c->size(4), "kv_compact: cache rows must not overlap");
   const int64_t L = k_cache.size(0), B = k_cache.size(1), H = k_cache.size(2), S = k_cache.size(3),
                 D = k_cache.size(4);
   check_index("kv_compact", prefix_lens, accept_idx, accept_lens, B);
@@ -211,10 +211,10 @@ void kv_compact_paged_cpu(const at::Tensor& k_pages,      // [L, num_pages, page
   check_cache("kv_compact_paged", v_pages, "v_pages", k_pages, "k_pages");
   SPECOPS_CHECK_DTYPE(page_table, at::kInt);
   SPECOPS_CHECK_DIM(page_table, 2);
-  TORCH_CHECK(page_table.device().is_cpu(), "kv_compact_paged: page_table must be a CPU tensor");
+  TORCH_CHECK_VALUE(page_table.device().is_cpu(), "kv_compact_paged: page_table must be a CPU tensor");
   const int64_t L = k_pages.size(0), N = k_pages.size(1), P = k_pages.size(2), H = k_pages.size(3),
                 D = k_pages.size(4), B = page_table.size(0);
-  TORCH_CHECK(P > 0 && (P & (P - 1)) == 0, "kv_compact_paged: page_size must be a power of two, got ", P);
+  TORCH_CHECK_VALUE(P > 0 && (P & (P - 1)) == 0, "kv_compact_paged: page_size must be a power of two, got ", P);
   check_index("kv_compact_paged", prefix_lens, accept_idx, accept_lens, B);
   if (k_pages.numel() == 0 || accept_idx.size(1) == 0 || B == 0) return;
   const auto table = page_table.contiguous();

@@ -254,10 +254,10 @@ at::Tensor warp_probs_cpu(const at::Tensor& logits,       // [N, V] fp32/bf16/fp
   SPECOPS_CHECK_DTYPE(top_k, at::kInt);
   SPECOPS_CHECK_DTYPE(top_p, at::kFloat);
   const int64_t N = logits.size(0), V = logits.size(1);
-  TORCH_CHECK(temperature.numel() == N && top_k.numel() == N && top_p.numel() == N,
+  TORCH_CHECK_VALUE(temperature.numel() == N && top_k.numel() == N && top_p.numel() == N,
               "warp_probs: temperature, top_k and top_p must have shape [N]");
-  TORCH_CHECK(V >= 1 || N == 0, "warp_probs: logits must have V >= 1");
-  TORCH_CHECK(V <= kMaxVocab, "warp_probs: V must be <= ", kMaxVocab, " (int32 token indices), got ", V);
+  TORCH_CHECK_VALUE(V >= 1 || N == 0, "warp_probs: logits must have V >= 1");
+  TORCH_CHECK_VALUE(V <= kMaxVocab, "warp_probs: V must be <= ", kMaxVocab, " (int32 token indices), got ", V);
   auto x = logits.stride(1) == 1 ? logits : logits.contiguous();
   auto tt = temperature.contiguous();
   auto kk = top_k.contiguous();

@@ -79,9 +79,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topn_expand_cpu(
   SPECOPS_CHECK_DTYPE(parent_scores, at::kFloat);
   SPECOPS_CHECK_DIM(parent_scores, 2);
   SPECOPS_CHECK_DIM(child_logprobs, 3);
-  TORCH_CHECK(n >= 1, "topn_expand: n must be >= 1, got ", n);
+  TORCH_CHECK_VALUE(n >= 1, "topn_expand: n must be >= 1, got ", n);
   const int64_t B = child_logprobs.size(0), P = child_logprobs.size(1), V = child_logprobs.size(2);
-  TORCH_CHECK(parent_scores.size(0) == B && parent_scores.size(1) == P,
+  TORCH_CHECK_VALUE(parent_scores.size(0) == B && parent_scores.size(1) == P,
               "topn_expand: parent_scores must have shape [B, P] of child_logprobs");
   const int64_t kp = std::min({per_parent_k >= 1 ? per_parent_k : V, n, V});
   auto ps = parent_scores.contiguous();
@@ -89,7 +89,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topn_expand_cpu(
   auto scores = at::empty({B, n}, ps.options());                    // [B, n]
   auto tokens = at::empty({B, n}, ps.options().dtype(at::kInt));   // [B, n]
   auto parents = at::empty({B, n}, ps.options().dtype(at::kInt));  // [B, n]
-  TORCH_CHECK(P >= 1 && V >= 1, "topn_expand: child_logprobs must have P >= 1 and V >= 1");
+  TORCH_CHECK_VALUE(P >= 1 && V >= 1, "topn_expand: child_logprobs must have P >= 1 and V >= 1");
   if (B == 0) return {scores, tokens, parents};
   std::vector<Cand> cand(B * P * std::max<int64_t>(kp, 0));  // [B, P, kp], sorted per parent
   std::vector<int64_t> cand_n(B * P, 0);                      // [B, P]
@@ -140,11 +140,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> select_topn_subtree_cpu(
   SPECOPS_CHECK_DTYPE(scores, at::kFloat);
   SPECOPS_CHECK_DTYPE(num_nodes, at::kInt);
   SPECOPS_CHECK_DIM(parents, 2);
-  TORCH_CHECK(n >= 1, "select_topn_subtree: n must be >= 1, got ", n);
+  TORCH_CHECK_VALUE(n >= 1, "select_topn_subtree: n must be >= 1, got ", n);
   const int64_t B = parents.size(0), T = parents.size(1);
-  TORCH_CHECK(T >= 1, "select_topn_subtree: parents must have T >= 1");
-  TORCH_CHECK(scores.sizes() == parents.sizes(), "select_topn_subtree: scores must have the shape of parents");
-  TORCH_CHECK(num_nodes.dim() == 1 && num_nodes.size(0) == B, "select_topn_subtree: num_nodes must have shape [B]");
+  TORCH_CHECK_VALUE(T >= 1, "select_topn_subtree: parents must have T >= 1");
+  TORCH_CHECK_VALUE(scores.sizes() == parents.sizes(), "select_topn_subtree: scores must have the shape of parents");
+  TORCH_CHECK_VALUE(num_nodes.dim() == 1 && num_nodes.size(0) == B, "select_topn_subtree: num_nodes must have shape [B]");
   auto par = parents.contiguous();
   auto sc = scores.contiguous();
   auto nn = num_nodes.contiguous();

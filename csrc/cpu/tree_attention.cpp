@@ -154,9 +154,9 @@ void check_common(const char* op, const at::Tensor& q, const KvView& kv, const a
                   const at::Tensor& block_lens, const at::Tensor& mask, const std::optional<at::Tensor>& q_lens) {
   ta::check_shapes(op, q, kv, prefix_lens, block_lens, mask, q_lens);
   for (const at::Tensor* t : {&q, &kv.k, &kv.v, &prefix_lens, &block_lens, &mask})
-    TORCH_CHECK(t->device().is_cpu(), op, ": CPU tensors expected");
-  if (kv.pages.defined()) TORCH_CHECK(kv.pages.device().is_cpu(), op, ": page_table must be a CPU tensor");
-  if (q_lens) TORCH_CHECK(q_lens->device().is_cpu(), op, ": q_lens must be a CPU tensor");
+    TORCH_CHECK_VALUE(t->device().is_cpu(), op, ": CPU tensors expected");
+  if (kv.pages.defined()) TORCH_CHECK_VALUE(kv.pages.device().is_cpu(), op, ": page_table must be a CPU tensor");
+  if (q_lens) TORCH_CHECK_VALUE(q_lens->device().is_cpu(), op, ": q_lens must be a CPU tensor");
 }
 
 at::Tensor run(const at::Tensor& q,            // [B, Tq, Hq, D]
@@ -243,7 +243,7 @@ at::Tensor run(const at::Tensor& q,            // [B, Tq, Hq, D]
   const Isa isa = cpu_isa();
   std::pair<ta::ItemFn, ta::CombineFn> fns;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "tree_attention_cpu", [&] {
-    TORCH_CHECK((!std::is_same_v<scalar_t, double>), "tree_attention: q must be fp32, fp16 or bf16");
+    TORCH_CHECK_VALUE((!std::is_same_v<scalar_t, double>), "tree_attention: q must be fp32, fp16 or bf16");
     if constexpr (!std::is_same_v<scalar_t, double>) fns = pick<scalar_t>(isa, static_cast<int>(D));
   });
   float* ws_base = ws.data_ptr<float>();

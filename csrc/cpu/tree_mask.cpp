@@ -16,7 +16,7 @@ std::tuple<at::Tensor, at::Tensor> build_tree_mask_cpu(const at::Tensor& parents
   SPECOPS_CHECK_DIM(parents, 2);
   SPECOPS_CHECK_DIM(num_nodes, 1);
   const int64_t B = parents.size(0), T = parents.size(1);
-  TORCH_CHECK(num_nodes.size(0) == B, "num_nodes must have shape [B]");
+  TORCH_CHECK_VALUE(num_nodes.size(0) == B, "num_nodes must have shape [B]");
   const int64_t W = ceil_div(T, 32);
   auto par = parents.contiguous();
   auto nn = num_nodes.contiguous();

@@ -78,11 +78,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_cpu(
   SPECOPS_CHECK_DIM(draft_tokens, 2);
   SPECOPS_CHECK_DIM(target_logprobs, 3);
   const int64_t B = draft_tokens.size(0), g = draft_tokens.size(1), V = target_logprobs.size(2);
-  TORCH_CHECK(target_logprobs.size(0) == B && target_logprobs.size(1) == g + 1 && V >= 1,
+  TORCH_CHECK_VALUE(target_logprobs.size(0) == B && target_logprobs.size(1) == g + 1 && V >= 1,
               "target_logprobs must have shape [B, g + 1, V]");
-  TORCH_CHECK(draft_joint_logprobs.sizes() == draft_tokens.sizes(), "draft_joint_logprobs must have shape [B, g]");
-  TORCH_CHECK(log_tau.dim() == 1 && log_tau.size(0) == B, "log_tau must have shape [B]");
-  TORCH_CHECK(uniforms.dim() == 1 && uniforms.size(0) == B, "uniforms must have shape [B]");
+  TORCH_CHECK_VALUE(draft_joint_logprobs.sizes() == draft_tokens.sizes(), "draft_joint_logprobs must have shape [B, g]");
+  TORCH_CHECK_VALUE(log_tau.dim() == 1 && log_tau.size(0) == B, "log_tau must have shape [B]");
+  TORCH_CHECK_VALUE(uniforms.dim() == 1 && uniforms.size(0) == B, "uniforms must have shape [B]");
   auto tok = draft_tokens.contiguous();
   auto lp = target_logprobs.contiguous();
   auto lq = draft_joint_logprobs.contiguous();

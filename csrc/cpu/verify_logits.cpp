@@ -98,15 +98,15 @@ struct LogitRows {
 };
 
 void check_params(const char* name, const at::Tensor& t, at::ScalarType dtype, int64_t N) {
-  TORCH_CHECK(t.scalar_type() == dtype, "verify_tree_logits: ", name, " must have dtype ", dtype, ", got ",
+  TORCH_CHECK_VALUE(t.scalar_type() == dtype, "verify_tree_logits: ", name, " must have dtype ", dtype, ", got ",
               t.scalar_type());
-  TORCH_CHECK(t.dim() == 1 && t.size(0) == N, "verify_tree_logits: ", name, " must have shape [B * T] = [", N,
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == N, "verify_tree_logits: ", name, " must have shape [B * T] = [", N,
               "], got ", t.sizes());
 }
 
 void check_logits(const char* name, const at::Tensor& x) {
   const auto dt = x.scalar_type();
-  TORCH_CHECK(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, "verify_tree_logits: ", name,
+  TORCH_CHECK_VALUE(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, "verify_tree_logits: ", name,
               " must be fp32, bf16 or fp16, got ", dt);
 }
 
@@ -131,18 +131,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cpu(
   check_logits("target_logits", target_logits);
   SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
   const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2);
-  TORCH_CHECK(V <= 2147483647, "verify_tree_logits: V must be <= 2^31 - 1 (int32 token indices), got ", V);
-  TORCH_CHECK(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == T && uniforms.size(2) == 2,
+  TORCH_CHECK_VALUE(V <= 2147483647, "verify_tree_logits: V must be <= 2^31 - 1 (int32 token indices), got ", V);
+  TORCH_CHECK_VALUE(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == T && uniforms.size(2) == 2,
               "uniforms must have shape [B, T, 2]");
   const char* names[6] = {"temperature", "top_k", "top_p", "draft_temperature", "draft_top_k", "draft_top_p"};
   const at::Tensor* params[6] = {&temperature, &top_k, &top_p, &draft_temperature, &draft_top_k, &draft_top_p};
   for (int i = 0; i < 6; ++i) check_params(names[i], *params[i], i % 3 == 1 ? at::kInt : at::kFloat, B * T);
   const bool has_q = draft_logits.has_value() && draft_logits->defined();
-  TORCH_CHECK(has_q || !mode_needs_draft(mode), "verify_tree_logits: mode ", mode_name, " needs draft_logits");
+  TORCH_CHECK_VALUE(has_q || !mode_needs_draft(mode), "verify_tree_logits: mode ", mode_name, " needs draft_logits");
   at::Tensor y;
   if (has_q) {
     check_logits("draft_logits", *draft_logits);
-    TORCH_CHECK(draft_logits->sizes() == target_logits.sizes(), "draft_logits must have the shape of target_logits");
+    TORCH_CHECK_VALUE(draft_logits->sizes() == target_logits.sizes(), "draft_logits must have the shape of target_logits");
     y = draft_logits->contiguous();
   }
   auto tok = tokens.contiguous();

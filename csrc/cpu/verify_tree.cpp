@@ -28,7 +28,7 @@ int32_t parse_mode(const std::string& mode) {
   if (mode == "mss_noreplace") return kMssNoreplace;
   if (mode == "sample_match") return kSampleMatch;
   if (mode == "gsd") return kGsd;
-  TORCH_CHECK(false, "verify_tree: mode must be one of mss, mss_pointmass, mss_noreplace, sample_match, gsd; got ",
+  TORCH_CHECK_VALUE(false, "verify_tree: mode must be one of mss, mss_pointmass, mss_noreplace, sample_match, gsd; got ",
               mode);
   return -1;
 }
@@ -55,14 +55,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu(
   SPECOPS_CHECK_DTYPE(target_probs, at::kFloat);
   SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
   const int64_t B = tokens.size(0), T = tokens.size(1), V = target_probs.size(2);
-  TORCH_CHECK(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == T && uniforms.size(2) == 2,
+  TORCH_CHECK_VALUE(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == T && uniforms.size(2) == 2,
               "uniforms must have shape [B, T, 2]");
   const bool has_q = draft_probs.has_value() && draft_probs->defined();
-  TORCH_CHECK(has_q || !mode_needs_draft(mode), "verify_tree: mode ", mode_name, " needs draft_probs");
+  TORCH_CHECK_VALUE(has_q || !mode_needs_draft(mode), "verify_tree: mode ", mode_name, " needs draft_probs");
   at::Tensor q;
   if (has_q) {
     SPECOPS_CHECK_DTYPE(*draft_probs, at::kFloat);
-    TORCH_CHECK(draft_probs->sizes() == target_probs.sizes(), "draft_probs must have the shape of target_probs");
+    TORCH_CHECK_VALUE(draft_probs->sizes() == target_probs.sizes(), "draft_probs must have the shape of target_probs");
     q = draft_probs->contiguous();
   }
   auto tok = tokens.contiguous();

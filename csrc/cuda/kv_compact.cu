@@ -134,23 +134,23 @@ void launch(const at::Tensor& k, const at::Tensor& v, const at::Tensor& prefix, 
 void check_index(const char* op, const at::Tensor& k, const at::Tensor& prefix_lens, const at::Tensor& accept_idx,
                  const at::Tensor& accept_lens, int64_t B) {
   for (const at::Tensor* t : {&prefix_lens, &accept_idx, &accept_lens})
-    TORCH_CHECK(SPECOPS_ON_GPU(*t) && t->device() == k.device(), op,
+    TORCH_CHECK_VALUE(SPECOPS_ON_GPU(*t) && t->device() == k.device(), op,
                 ": " SPECOPS_GPU_NAME " tensors on one device expected");
   SPECOPS_CHECK_DTYPE(prefix_lens, at::kInt);
   SPECOPS_CHECK_DTYPE(accept_idx, at::kInt);
   SPECOPS_CHECK_DTYPE(accept_lens, at::kInt);
   SPECOPS_CHECK_DIM(accept_idx, 2);
-  TORCH_CHECK(prefix_lens.numel() == B && accept_lens.numel() == B && accept_idx.size(0) == B,
+  TORCH_CHECK_VALUE(prefix_lens.numel() == B && accept_lens.numel() == B && accept_idx.size(0) == B,
               "prefix_lens, accept_lens must have shape [B] and accept_idx [B, A]");
 }
 
 void check_caches(const char* op, const at::Tensor& k, const at::Tensor& v) {
   for (const at::Tensor* t : {&k, &v})
-    TORCH_CHECK(SPECOPS_ON_GPU(*t) && t->device() == k.device(), op,
+    TORCH_CHECK_VALUE(SPECOPS_ON_GPU(*t) && t->device() == k.device(), op,
                 ": " SPECOPS_GPU_NAME " tensors on one device expected");
-  TORCH_CHECK(k.dim() == 5 && v.sizes() == k.sizes() && v.scalar_type() == k.scalar_type(), op,
+  TORCH_CHECK_VALUE(k.dim() == 5 && v.sizes() == k.sizes() && v.scalar_type() == k.scalar_type(), op,
               ": the K and V caches must be rank 5, of one shape and dtype");
-  TORCH_CHECK(k.size(4) <= 1 || (k.stride(4) == 1 && v.stride(4) == 1), op,
+  TORCH_CHECK_VALUE(k.size(4) <= 1 || (k.stride(4) == 1 && v.stride(4) == 1), op,
               ": the K and V caches must have stride 1 in their last dimension");
 }
 
@@ -193,12 +193,12 @@ void kv_compact_paged_cuda(const at::Tensor& k_pages,      // [L, num_pages, pag
                            const at::Tensor& accept_lens)  // [B] int32
 {
   check_caches("kv_compact_paged", k_pages, v_pages);
-  TORCH_CHECK(SPECOPS_ON_GPU(page_table) && page_table.device() == k_pages.device(),
+  TORCH_CHECK_VALUE(SPECOPS_ON_GPU(page_table) && page_table.device() == k_pages.device(),
               "kv_compact_paged: page_table must be on the caches' device");
   SPECOPS_CHECK_DTYPE(page_table, at::kInt);
   SPECOPS_CHECK_DIM(page_table, 2);
   const int64_t P = k_pages.size(2), B = page_table.size(0);
-  TORCH_CHECK(P > 0 && (P & (P - 1)) == 0, "kv_compact_paged: page_size must be a power of two, got ", P);
+  TORCH_CHECK_VALUE(P > 0 && (P & (P - 1)) == 0, "kv_compact_paged: page_size must be a power of two, got ", P);
   check_index("kv_compact_paged", k_pages, prefix_lens, accept_idx, accept_lens, B);
   if (k_pages.numel() == 0 || accept_idx.size(1) == 0 || B == 0) return;
   const auto table = page_table.contiguous();

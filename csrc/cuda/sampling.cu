@@ -422,10 +422,10 @@ at::Tensor warp_probs_cuda(const at::Tensor& logits,       // [N, V] fp32/bf16/f
   SPECOPS_CHECK_DTYPE(temperature, at::kFloat);
   SPECOPS_CHECK_DTYPE(top_k, at::kInt);
   SPECOPS_CHECK_DTYPE(top_p, at::kFloat);
-  TORCH_CHECK(SPECOPS_ON_GPU(logits) && SPECOPS_ON_GPU(temperature) && SPECOPS_ON_GPU(top_k) && SPECOPS_ON_GPU(top_p),
+  TORCH_CHECK_VALUE(SPECOPS_ON_GPU(logits) && SPECOPS_ON_GPU(temperature) && SPECOPS_ON_GPU(top_k) && SPECOPS_ON_GPU(top_p),
               "warp_probs: " SPECOPS_GPU_NAME " tensors expected");
   const int64_t N = logits.size(0), V = logits.size(1);
-  TORCH_CHECK(temperature.numel() == N && top_k.numel() == N && top_p.numel() == N,
+  TORCH_CHECK_VALUE(temperature.numel() == N && top_k.numel() == N && top_p.numel() == N,
               "warp_probs: temperature, top_k and top_p must have shape [N]");
   const gpu::DeviceGuard guard(logits.device());
   auto x = logits.stride(1) == 1 ? logits : logits.contiguous();

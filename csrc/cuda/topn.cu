@@ -92,11 +92,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topn_expand_cuda(
   SPECOPS_CHECK_DTYPE(parent_scores, at::kFloat);
   SPECOPS_CHECK_DIM(parent_scores, 2);
   SPECOPS_CHECK_DIM(child_logprobs, 3);
-  TORCH_CHECK(SPECOPS_ON_GPU(parent_scores) && SPECOPS_ON_GPU(child_logprobs), "topn_expand: " SPECOPS_GPU_NAME " tensors expected");
+  TORCH_CHECK_VALUE(SPECOPS_ON_GPU(parent_scores) && SPECOPS_ON_GPU(child_logprobs), "topn_expand: " SPECOPS_GPU_NAME " tensors expected");
   const int64_t B = child_logprobs.size(0), P = child_logprobs.size(1), V = child_logprobs.size(2);
-  TORCH_CHECK(parent_scores.size(0) == B && parent_scores.size(1) == P,
+  TORCH_CHECK_VALUE(parent_scores.size(0) == B && parent_scores.size(1) == P,
               "topn_expand: parent_scores must have shape [B, P] of child_logprobs");
-  TORCH_CHECK(n >= 1 && n <= kMaxTop, "topn_expand (cuda): n must lie in [1, ", kMaxTop, "], got ", n);
+  TORCH_CHECK_VALUE(n >= 1 && n <= kMaxTop, "topn_expand (cuda): n must lie in [1, ", kMaxTop, "], got ", n);
   const int64_t kp = std::min({per_parent_k >= 1 ? per_parent_k : V, n, V});
   const gpu::DeviceGuard guard(parent_scores.device());
   auto ps = parent_scores.contiguous();
@@ -104,7 +104,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topn_expand_cuda(
   auto scores = at::empty({B, n}, ps.options());
   auto tokens = at::empty({B, n}, ps.options().dtype(at::kInt));
   auto parents = at::empty({B, n}, ps.options().dtype(at::kInt));
-  TORCH_CHECK(P >= 1 && V >= 1, "topn_expand: child_logprobs must have P >= 1 and V >= 1");
+  TORCH_CHECK_VALUE(P >= 1 && V >= 1, "topn_expand: child_logprobs must have P >= 1 and V >= 1");
   if (B == 0) return {scores, tokens, parents};
   auto cand_score = at::empty({B * P, kp}, ps.options());
   auto cand_token = at::empty({B * P, kp}, ps.options().dtype(at::kInt));
@@ -184,13 +184,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> select_topn_subtree_cuda(
   SPECOPS_CHECK_DTYPE(scores, at::kFloat);
   SPECOPS_CHECK_DTYPE(num_nodes, at::kInt);
   SPECOPS_CHECK_DIM(parents, 2);
-  TORCH_CHECK(SPECOPS_ON_GPU(parents) && SPECOPS_ON_GPU(scores) && SPECOPS_ON_GPU(num_nodes),
+  TORCH_CHECK_VALUE(SPECOPS_ON_GPU(parents) && SPECOPS_ON_GPU(scores) && SPECOPS_ON_GPU(num_nodes),
               "select_topn_subtree: " SPECOPS_GPU_NAME " tensors expected");
-  TORCH_CHECK(n >= 1 && n <= INT32_MAX, "select_topn_subtree: n must be >= 1, got ", n);
+  TORCH_CHECK_VALUE(n >= 1 && n <= INT32_MAX, "select_topn_subtree: n must be >= 1, got ", n);
   const int64_t B = parents.size(0), T = parents.size(1);
-  TORCH_CHECK(T >= 1, "select_topn_subtree: parents must have T >= 1");
-  TORCH_CHECK(scores.sizes() == parents.sizes(), "select_topn_subtree: scores must have the shape of parents");
-  TORCH_CHECK(num_nodes.dim() == 1 && num_nodes.size(0) == B, "select_topn_subtree: num_nodes must have shape [B]");
+  TORCH_CHECK_VALUE(T >= 1, "select_topn_subtree: parents must have T >= 1");
+  TORCH_CHECK_VALUE(scores.sizes() == parents.sizes(), "select_topn_subtree: scores must have the shape of parents");
+  TORCH_CHECK_VALUE(num_nodes.dim() == 1 && num_nodes.size(0) == B, "select_topn_subtree: num_nodes must have shape [B]");
   const gpu::DeviceGuard guard(parents.device());
   auto par = parents.contiguous();
   auto sc = scores.contiguous();

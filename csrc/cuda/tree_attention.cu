@@ -267,14 +267,14 @@ void check_common(const char* op, const at::Tensor& q, const KvView& kv, const a
                   const at::Tensor& block_lens, const at::Tensor& mask, const std::optional<at::Tensor>& q_lens) {
   ta::check_shapes(op, q, kv, prefix_lens, block_lens, mask, q_lens);
   const int64_t B = q.size(0), D = q.size(3);
-  TORCH_CHECK(D <= 256, op, " (cuda): head dim D must be <= 256, got ", D);
-  TORCH_CHECK(B * kv.Hkv < 65536, op, " (cuda): B * Hkv must be < 65536, got ", B * kv.Hkv);
+  TORCH_CHECK_VALUE(D <= 256, op, " (cuda): head dim D must be <= 256, got ", D);
+  TORCH_CHECK_VALUE(B * kv.Hkv < 65536, op, " (cuda): B * Hkv must be < 65536, got ", B * kv.Hkv);
   for (const at::Tensor* t : {&q, &kv.k, &kv.v, &prefix_lens, &block_lens, &mask})
-    TORCH_CHECK(SPECOPS_ON_GPU(*t) && t->device() == q.device(), op,
+    TORCH_CHECK_VALUE(SPECOPS_ON_GPU(*t) && t->device() == q.device(), op,
                 ": " SPECOPS_GPU_NAME " tensors on one device expected");
   if (kv.pages.defined())
-    TORCH_CHECK(SPECOPS_ON_GPU(kv.pages) && kv.pages.device() == q.device(), op, ": page_table must be on q's device");
-  if (q_lens) TORCH_CHECK(q_lens->device() == q.device(), op, ": q_lens must be on q's device");
+    TORCH_CHECK_VALUE(SPECOPS_ON_GPU(kv.pages) && kv.pages.device() == q.device(), op, ": page_table must be on q's device");
+  if (q_lens) TORCH_CHECK_VALUE(q_lens->device() == q.device(), op, ": q_lens must be on q's device");
 }
 
 at::Tensor run_call(const at::Tensor& q,            // [B, Tq, Hq, D]

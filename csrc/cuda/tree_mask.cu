@@ -29,7 +29,7 @@ std::tuple<at::Tensor, at::Tensor> build_tree_mask_cuda(const at::Tensor& parent
   SPECOPS_CHECK_DTYPE(num_nodes, at::kInt);
   SPECOPS_CHECK_DIM(parents, 2);
   SPECOPS_CHECK_DIM(num_nodes, 1);
-  TORCH_CHECK(SPECOPS_ON_GPU(parents) && SPECOPS_ON_GPU(num_nodes), "build_tree_mask: " SPECOPS_GPU_NAME " tensors expected");
+  TORCH_CHECK_VALUE(SPECOPS_ON_GPU(parents) && SPECOPS_ON_GPU(num_nodes), "build_tree_mask: " SPECOPS_GPU_NAME " tensors expected");
   const gpu::DeviceGuard guard(parents.device());
   const int64_t B = parents.size(0), T = parents.size(1);
   const int64_t W = ceil_div(T, 32);

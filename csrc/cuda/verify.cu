@@ -146,7 +146,7 @@ int32_t parse_mode(const std::string& mode) {
   if (mode == "mss_noreplace") return kMssNoreplace;
   if (mode == "sample_match") return kSampleMatch;
   if (mode == "gsd") return kGsd;
-  TORCH_CHECK(false, "verify_tree: mode must be one of mss, mss_pointmass, mss_noreplace, sample_match, gsd; got ",
+  TORCH_CHECK_VALUE(false, "verify_tree: mode must be one of mss, mss_pointmass, mss_noreplace, sample_match, gsd; got ",
               mode);
   return -1;
 }
@@ -158,11 +158,11 @@ void check_tree(const at::Tensor& tokens, const at::Tensor& parents, const at::T
   SPECOPS_CHECK_DTYPE(num_nodes, at::kInt);
   SPECOPS_CHECK_DIM(tokens, 2);
   SPECOPS_CHECK_DIM(rows, 3);
-  TORCH_CHECK(parents.sizes() == tokens.sizes(), "parents must have the shape of tokens");
-  TORCH_CHECK(num_nodes.dim() == 1 && num_nodes.size(0) == tokens.size(0), "num_nodes must have shape [B]");
-  TORCH_CHECK(rows.size(0) == tokens.size(0) && rows.size(1) == tokens.size(1) && rows.size(2) >= 1,
+  TORCH_CHECK_VALUE(parents.sizes() == tokens.sizes(), "parents must have the shape of tokens");
+  TORCH_CHECK_VALUE(num_nodes.dim() == 1 && num_nodes.size(0) == tokens.size(0), "num_nodes must have shape [B]");
+  TORCH_CHECK_VALUE(rows.size(0) == tokens.size(0) && rows.size(1) == tokens.size(1) && rows.size(2) >= 1,
               "probability rows must have shape [B, T, V]");
-  TORCH_CHECK(SPECOPS_ON_GPU(tokens) && SPECOPS_ON_GPU(parents) && SPECOPS_ON_GPU(num_nodes) && SPECOPS_ON_GPU(rows),
+  TORCH_CHECK_VALUE(SPECOPS_ON_GPU(tokens) && SPECOPS_ON_GPU(parents) && SPECOPS_ON_GPU(num_nodes) && SPECOPS_ON_GPU(rows),
               "verify: " SPECOPS_GPU_NAME " tensors expected");
 }
 
@@ -182,15 +182,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(const at::Tensor
   SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
   const gpu::DeviceGuard guard(tokens.device());
   const int64_t B = tokens.size(0), T = tokens.size(1), V = target_probs.size(2);
-  TORCH_CHECK(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == T && uniforms.size(2) == 2,
+  TORCH_CHECK_VALUE(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == T && uniforms.size(2) == 2,
               "uniforms must have shape [B, T, 2]");
   const bool has_q = draft_probs.has_value() && draft_probs->defined();
-  TORCH_CHECK(has_q || mode == kMssPointmass || mode == kSampleMatch, "verify_tree: mode ", mode_name,
+  TORCH_CHECK_VALUE(has_q || mode == kMssPointmass || mode == kSampleMatch, "verify_tree: mode ", mode_name,
               " needs draft_probs");
   at::Tensor q;
   if (has_q) {
     SPECOPS_CHECK_DTYPE(*draft_probs, at::kFloat);
-    TORCH_CHECK(draft_probs->sizes() == target_probs.sizes(), "draft_probs must have the shape of target_probs");
+    TORCH_CHECK_VALUE(draft_probs->sizes() == target_probs.sizes(), "draft_probs must have the shape of target_probs");
     q = draft_probs->contiguous();
   }
   auto [accept_idx, accept_len, bonus] = outputs(tokens, B, T);
@@ -232,25 +232,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cuda(
   SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
   const gpu::DeviceGuard guard(tokens.device());
   const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2), N = B * T;
-  TORCH_CHECK(V <= 2147483647, "verify_tree_logits: V must be <= 2^31 - 1 (int32 token indices), got ", V);
-  TORCH_CHECK(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == T && uniforms.size(2) == 2,
+  TORCH_CHECK_VALUE(V <= 2147483647, "verify_tree_logits: V must be <= 2^31 - 1 (int32 token indices), got ", V);
+  TORCH_CHECK_VALUE(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == T && uniforms.size(2) == 2,
               "uniforms must have shape [B, T, 2]");
   const at::Tensor* params[6] = {&temperature, &top_k, &top_p, &draft_temperature, &draft_top_k, &draft_top_p};
   for (int i = 0; i < 6; ++i) {
-    TORCH_CHECK(params[i]->scalar_type() == (i % 3 == 1 ? at::kInt : at::kFloat) && params[i]->dim() == 1 &&
+    TORCH_CHECK_VALUE(params[i]->scalar_type() == (i % 3 == 1 ? at::kInt : at::kFloat) && params[i]->dim() == 1 &&
                     params[i]->size(0) == N && SPECOPS_ON_GPU(*params[i]),
                 "verify_tree_logits: warping parameters must be [B * T] fp32 / int32 / fp32 " SPECOPS_GPU_NAME
                 " tensors");
   }
   const bool has_q = draft_logits.has_value() && draft_logits->defined();
-  TORCH_CHECK(has_q || mode == kMssPointmass || mode == kSampleMatch, "verify_tree_logits: mode ", mode_name,
+  TORCH_CHECK_VALUE(has_q || mode == kMssPointmass || mode == kSampleMatch, "verify_tree_logits: mode ", mode_name,
               " needs draft_logits");
   // One kernel per logits dtype: a draft of another dtype is widened to the target's (exact when
   // the target's is fp32), or the target to fp32 when the draft is fp32 (exact); either way every
   // z, hence every probability, is what warp_probs computes from the original logits.
   at::Tensor x = target_logits.contiguous(), y;
   if (has_q) {
-    TORCH_CHECK(draft_logits->sizes() == target_logits.sizes(), "draft_logits must have the shape of target_logits");
+    TORCH_CHECK_VALUE(draft_logits->sizes() == target_logits.sizes(), "draft_logits must have the shape of target_logits");
     y = draft_logits->contiguous();
     if (y.scalar_type() != x.scalar_type()) {
       x = x.to(at::kFloat);
@@ -321,11 +321,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_cuda(const at::Tenso
   SPECOPS_CHECK_DIM(draft_tokens, 2);
   SPECOPS_CHECK_DIM(target_logprobs, 3);
   const int64_t B = draft_tokens.size(0), g = draft_tokens.size(1), V = target_logprobs.size(2);
-  TORCH_CHECK(target_logprobs.size(0) == B && target_logprobs.size(1) == g + 1 && V >= 1,
+  TORCH_CHECK_VALUE(target_logprobs.size(0) == B && target_logprobs.size(1) == g + 1 && V >= 1,
               "target_logprobs must have shape [B, g + 1, V]");
-  TORCH_CHECK(draft_joint_logprobs.sizes() == draft_tokens.sizes(), "draft_joint_logprobs must have shape [B, g]");
-  TORCH_CHECK(log_tau.numel() == B && uniforms.numel() == B, "log_tau and uniforms must have shape [B]");
-  TORCH_CHECK(SPECOPS_ON_GPU(draft_tokens) && SPECOPS_ON_GPU(target_logprobs), "verify_joint: " SPECOPS_GPU_NAME " tensors expected");
+  TORCH_CHECK_VALUE(draft_joint_logprobs.sizes() == draft_tokens.sizes(), "draft_joint_logprobs must have shape [B, g]");
+  TORCH_CHECK_VALUE(log_tau.numel() == B && uniforms.numel() == B, "log_tau and uniforms must have shape [B]");
+  TORCH_CHECK_VALUE(SPECOPS_ON_GPU(draft_tokens) && SPECOPS_ON_GPU(target_logprobs), "verify_joint: " SPECOPS_GPU_NAME " tensors expected");
   const gpu::DeviceGuard guard(draft_tokens.device());
   auto [accept_idx, accept_len, bonus] = outputs(draft_tokens, B, g + 1);
   if (B == 0) return {accept_idx, accept_len, bonus};
