@@ -49,6 +49,37 @@ def integer(name, value, lo=None, hi=None, why=""):
     return value
 
 
+def byte_range(t):
+    """(storage address, first byte, one past the last byte) a non-empty tensor addresses: the
+    storage's ``data_ptr()`` plus byte offsets from the storage offset and strides (metadata only)."""
+    es = t.element_size()
+    lo = hi = t.storage_offset()
+    for n, st in zip(t.shape, t.stride()):
+        ext = (n - 1) * st
+        if ext < 0:
+            lo += ext
+        else:
+            hi += ext
+    base = t.untyped_storage().data_ptr()
+    return base + lo * es, base + (hi + 1) * es
+
+
+def disjoint(name, t, others):
+    """``t`` shares no byte with any tensor of ``others`` (name -> tensor or None): their storage
+    ranges do not meet (conservative for interleaved views). Metadata only, no host sync; skipped
+    for tensors without storage (meta, fake: while compiling)."""
+    if t.numel() == 0 or t.device.type == "meta" or torch.compiler.is_compiling():
+        return
+    lo, hi = byte_range(t)
+    for other_name, o in others.items():
+        if o is None or o.numel() == 0 or o.device != t.device:
+            continue
+        olo, ohi = byte_range(o)
+        if lo < ohi and olo < hi:
+            raise ValueError(f"{name} must not share memory with {other_name}, got byte ranges [{lo:#x}, {hi:#x}) "
+                             f"and [{olo:#x}, {ohi:#x}) that overlap")
+
+
 def _first_bad(flags):
     """Host-syncs once on per-rule failure flags (bool tensors, any shape: set anywhere = failed);
     returns the first failing index or None."""

@@ -9,11 +9,19 @@ per layer with the same lengths, mask and cache geometry. A plan takes what is f
 with ``check=True``, its value rules: at most one host sync per plan), resolves the backend once,
 and then ``run`` hands the per-layer tensors straight to the kernel.
 
-``run`` trusts its tensors. Its first call checks them against the op's full metadata rules and the
-plan's declared shapes (no host sync); later calls check nothing, so every call must pass tensors
-of the first call's shapes, dtype and layout (views of one cache, layer by layer). Build a new
-plan when the lengths, mask or cache change shape; a plan keeps references to its length tensors,
-so in-place edits of them between runs are seen, and are not re-validated.
+``run`` reconciles, never trusts: its first call checks the tensors against the op's full
+metadata rules and every size the plan was declared with (rows ``max_len`` / pages ``num_pages``,
+heads, head dim, dtype, device; an error names both sizes), and records their shapes; every later
+call compares its tensors' shapes with those (a few tuple comparisons: no value read, no host sync)
+and raises on any difference, so a plan reused across a cache resize fails loudly instead of
+reading the wrong rows. Build a new plan when the lengths, mask or cache change shape; a plan keeps
+references to its length tensors, so in-place edits of them between runs are seen, and are not
+re-validated.
+
+The split workspace belongs to the plan (allocated by it). One passed in (``workspace=`` or by
+assigning ``plan.workspace``) is checked when it arrives against the plan's own tensors and, at the
+next run, against that run's q / k / v: it must share no byte with any of them (the partials would
+overwrite the cache). Both checks compare storage ranges once, never per call.
 """
 import torch
 
@@ -64,6 +72,22 @@ def _device(device, t):
     return t.device if device is None else torch.device(device)
 
 
+def _declared(name, label, got, what, declared):
+    """A size the plan was declared with (``what``) against the one the tensor has (``label`` of
+    ``name``): equal, or ValueError with both sizes. ``declared`` None: not declared, nothing to do."""
+    if declared is not None and got != declared:
+        raise ValueError(f"{name} has {label}={got}, but the plan was declared with {what}={declared} "
+                         "(the sizes must match)")
+
+
+def _reshaped(names, got, want):
+    """A later run's tensors against the first run's shapes: the first that differs, both shapes."""
+    for name, g, w in zip(names, got, want):
+        if g != w:
+            raise ValueError(f"{name} must have the shape of the plan's first run {tuple(w)}, got {tuple(g)} "
+                             "(build a new plan when the cache changes shape)")
+
+
 class TreeAttentionPlan:
     """One decoding step's :func:`specops.tree_attention` (or ``tree_attention_paged``) for every
     layer: ``plan.run(q, k, v)`` per layer.
@@ -87,12 +111,17 @@ class TreeAttentionPlan:
     give unspecified results, never out-of-bounds access). The backend is resolved here from the
     declared shapes (an explicit ``backend=`` that cannot take them raises BackendUnavailable now);
     if the first run's real tensors fall outside the chosen backend's capabilities (e.g. strides),
-    the choice is made again for them, once.
+    the choice is made again for them, once. The first run reconciles ``max_len`` / ``num_pages``
+    with the cache (equal, or ValueError naming both); later runs must pass the first run's shapes.
+
+    ``workspace``: an fp32 partials buffer to use instead of the plan's own (at least
+    ``num_splits * B * Tq * Hq * (D + 1)`` elements, contiguous, on the plan's device, sharing no
+    byte with any input: checked here and at the next run).
     """
 
     def __init__(self, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None, page_table=None, page_size=None,
                  head_dim, num_heads, num_kv_heads, dtype, device=None, check=True, backend=None, max_len=None,
-                 num_pages=None, num_splits=None):
+                 num_pages=None, num_splits=None, workspace=None):
         _checks.tensor("prefix_lens", prefix_lens, dtype=torch.int32, rank=1)
         dev = _device(device, prefix_lens)
         B = prefix_lens.shape[0]
@@ -112,7 +141,7 @@ class TreeAttentionPlan:
         if max_len is not None:
             max_len = _size("max_len", max_len)
         self.prefix_lens, self.block_lens, self.mask, self.q_lens = prefix_lens, block_lens, mask, q_lens
-        self.page_table, self.page_size = page_table, page_size
+        self.page_table, self.page_size, self.max_len, self.num_pages = page_table, page_size, max_len, num_pages
         self.B, self.Tq, self.num_heads, self.num_kv_heads, self.head_dim = B, Tq, Hq, Hkv, D
         self.dtype, self.device, self.check, self._backend = dtype, dev, check, backend
         self.sm_scale = _ta.scale(sm_scale, D)
@@ -128,7 +157,9 @@ class TreeAttentionPlan:
         self.backend, self._impl = _resolve(self.op, dev, backend, args)
         if num_splits is not None:
             num_splits = _checks.integer("num_splits", num_splits, 1, _ta.splits.MAX_SPLITS, "the combine's limit")
-        self._forced_splits, self._num_splits, self.workspace = num_splits, None, None
+        self._forced_splits, self._num_splits, self._workspace, self._given = num_splits, None, None, None
+        self._shapes = None  # (q, k, v) shapes of the first run: what every later run must pass
+        self._recheck = False  # the next run checks only a newly assigned workspace
         if num_splits is not None or max_len is not None or (self.paged and num_pages is not None):
             rows = _ta.paged_rows(page_table, num_pages, page_size) if self.paged else max_len
             self._schedule(rows)
@@ -136,11 +167,50 @@ class TreeAttentionPlan:
         if check and (num_pages if self.paged else max_len) is not None:
             self._check_values(num_pages if self.paged else max_len)
         self._first = True
+        if workspace is not None:
+            self.workspace = workspace
 
     @property
     def num_splits(self):
         """The kv split count of every ``run`` (None until known: see the class)."""
         return self._num_splits
+
+    @property
+    def workspace(self):
+        """The fp32 partials buffer every ``run`` hands its kernel (None without splits); the plan's
+        own unless one was assigned (see the class)."""
+        return self._workspace
+
+    @workspace.setter
+    def workspace(self, ws):
+        if ws is None:
+            self._given = None
+            if self._num_splits is not None:
+                self._allocate()
+            return
+        _checks.tensor("workspace", ws, dtype=torch.float32, device=self.device)
+        if not ws.is_contiguous():
+            raise ValueError(f"workspace must be contiguous, got shape {tuple(ws.shape)} with strides {ws.stride()}")
+        own = {"prefix_lens": self.prefix_lens, "block_lens": self.block_lens, "mask": self.mask,
+               "q_lens": self.q_lens, "page_table": self.page_table}
+        _checks.disjoint("workspace", ws, own)
+        self._given = ws
+        if self._num_splits is not None:
+            self._allocate()
+        if not self._first:  # a run already passed: the next one checks it against its q / k / v
+            self._first, self._recheck = True, True
+
+    def _allocate(self):
+        """The partials buffer of the chosen split count: the one passed in (checked for size), or
+        the plan's own [num_splits * B * Tq * Hq * (D + 1)] fp32 (None without splits)."""
+        size = _ta.splits.workspace_size(self._num_splits, self.B, self.Tq, self.num_heads, self.head_dim)
+        if self._given is not None:
+            if self._given.numel() < size:
+                raise ValueError(f"workspace must have >= num_splits * B * Tq * Hq * (D + 1) = {size} elements "
+                                 f"(num_splits={self._num_splits}), got {self._given.numel()}")
+            self._workspace = self._given
+        else:
+            self._workspace = torch.empty(size, dtype=torch.float32, device=self.device) if size else None
 
     def _schedule(self, rows):
         """Chooses the split count for ``rows`` addressable rows per sequence and allocates the
@@ -148,9 +218,8 @@ class TreeAttentionPlan:
         q = _Spec((self.B, self.Tq, self.num_heads, self.head_dim), self.dtype, self.device)
         ns = self._forced_splits or _ta.choose_splits(self.backend, q, self.num_kv_heads, rows, self.prefix_lens,
                                                       self.block_lens, self.mask.shape[2], self.paged)
-        size = _ta.splits.workspace_size(ns, self.B, self.Tq, self.num_heads, self.head_dim)
         self._num_splits = ns
-        self.workspace = torch.empty(size, dtype=torch.float32, device=self.device) if size else None
+        self._allocate()
 
     def _check_values(self, size):
         W = self.mask.shape[2]
@@ -162,23 +231,27 @@ class TreeAttentionPlan:
         self._values_pending = False
 
     def _first_run(self, q, k, v):
-        """The op's full metadata rules on the first run's tensors, against the declared shapes."""
+        """The op's full metadata rules on the first run's tensors, reconciled with every declared size."""
+        if self._recheck:  # a workspace assigned after the first run
+            _reshaped(self._names(), (q.shape, k.shape, v.shape), self._shapes)
+            self._check_workspace(q, k, v)
+            self._first = self._recheck = False
+            return
         _checks.tensor("q", q, dtype=self.dtype, shape=(self.B, self.Tq, self.num_heads, self.head_dim),
                        device=self.device)
         if self.paged:
             N, page_size, _ = _ta.check_paged_args(q, k, v, self.page_table, self.prefix_lens, self.block_lens,
                                                    self.mask, self.q_lens, self.sm_scale)
-            if page_size != self.page_size or k.shape[2] != self.num_kv_heads:
-                raise ValueError(f"k_pages must have shape [num_pages, page_size={self.page_size}, "
-                                 f"Hkv={self.num_kv_heads}, D={self.head_dim}] (the plan's), got {tuple(k.shape)}")
+            _declared("k_pages", "page_size", page_size, "page_size", self.page_size)
+            _declared("k_pages", "Hkv", k.shape[2], "num_kv_heads", self.num_kv_heads)
+            _declared("k_pages", "num_pages", N, "num_pages", self.num_pages)
             size = N
             args = (q, k, v, self.page_table, self.prefix_lens, self.block_lens, self.mask, self.q_lens,
                     self.sm_scale)
         else:
             size, _ = _ta.check_args(q, k, v, self.prefix_lens, self.block_lens, self.mask, self.q_lens, self.sm_scale)
-            if k.shape[1] != self.num_kv_heads:
-                raise ValueError(f"k_cache must have shape [B={self.B}, Hkv={self.num_kv_heads}, S, "
-                                 f"D={self.head_dim}] (the plan's), got {tuple(k.shape)}")
+            _declared("k_cache", "Hkv", k.shape[1], "num_kv_heads", self.num_kv_heads)
+            _declared("k_cache", "S", size, "max_len", self.max_len)
             args = (q, k, v, self.prefix_lens, self.block_lens, self.mask, self.q_lens, self.sm_scale)
         if self._values_pending:
             self._check_values(size)
@@ -187,18 +260,31 @@ class TreeAttentionPlan:
             self._num_splits = None
         if self._num_splits is None:
             self._schedule(_ta.paged_rows(self.page_table, size, self.page_size) if self.paged else size)
+        self._check_workspace(q, k, v)
+        self._shapes = (q.shape, k.shape, v.shape)
         self._first = False
+
+    def _names(self):
+        return ("q", "k_pages", "v_pages") if self.paged else ("q", "k_cache", "v_cache")
+
+    def _check_workspace(self, q, k, v):
+        """A workspace passed in shares no byte with this run's tensors (the plan's own cannot)."""
+        if self._given is not None and self._workspace is self._given:
+            _checks.disjoint("workspace", self._given, dict(zip(self._names(), (q, k, v))))
 
     def run(self, q, k, v):
         """One layer. Shape: q [B, Tq, Hq, D]; k, v [B, Hkv, S, D] (contiguous) or [num_pages,
-        page_size, Hkv, D] (paged) -> [B, Tq, Hq, D]. No checks after the first call (see the module)."""
+        page_size, Hkv, D] (paged) -> [B, Tq, Hq, D]. After the first call only the shapes are
+        compared with the first call's (see the module)."""
         if self._first:
             self._first_run(q, k, v)
+        elif q.shape != self._shapes[0] or k.shape != self._shapes[1] or v.shape != self._shapes[2]:
+            _reshaped(self._names(), (q.shape, k.shape, v.shape), self._shapes)
         if self.paged:
             return self._impl(q, k, v, self.page_table, self.prefix_lens, self.block_lens, self.mask, self.q_lens,
-                              self.sm_scale, self._num_splits, self.workspace)
+                              self.sm_scale, self._num_splits, self._workspace)
         return self._impl(q, k, v, self.prefix_lens, self.block_lens, self.mask, self.q_lens, self.sm_scale,
-                          self._num_splits, self.workspace)
+                          self._num_splits, self._workspace)
 
 
 class KVCompactPlan:
@@ -210,8 +296,9 @@ class KVCompactPlan:
     page_size, Hkv, D]); L = num_layers, Hkv = num_kv_heads, D = head_dim. Both modified in place.
 
     ``check=True`` verifies the value rules of the op here (one host sync; the paged rules need
-    ``num_pages``, else they run at the first ``run``). ``run`` trusts its tensors after the first
-    call (see the module). Nothing is written by a call that raises.
+    ``num_pages``, else they run at the first ``run``). The first ``run`` reconciles the declared
+    sizes with the caches (``max_len`` and ``num_pages`` included: ValueError naming both); later
+    runs must pass the first run's shapes (see the module). Nothing is written by a call that raises.
     """
 
     def __init__(self, lens, accept_idx, accept_lens, *, num_layers, num_kv_heads, head_dim, max_len=None,
@@ -233,7 +320,7 @@ class KVCompactPlan:
                 raise TypeError("KVCompactPlan needs max_len (contiguous layout) or page_table and page_size (paged)")
             max_len = _size("max_len", max_len)
         self.lens, self.accept_idx, self.accept_lens = lens, accept_idx, accept_lens
-        self.page_table, self.page_size, self.max_len = page_table, page_size, max_len
+        self.page_table, self.page_size, self.max_len, self.num_pages = page_table, page_size, max_len, num_pages
         self.num_layers, self.B, self.num_kv_heads, self.head_dim = L, B, Hkv, D
         self.dtype, self.device = dtype, dev
         self.op = "kv_compact_paged" if self.paged else "kv_compact"
@@ -243,7 +330,7 @@ class KVCompactPlan:
         self._values_pending = check
         if check and (num_pages is not None or not self.paged):
             self._check_values(num_pages)
-        self._first = True
+        self._first, self._shape = True, None
 
     def _check_values(self, num_pages):
         if self.paged:
@@ -265,14 +352,20 @@ class KVCompactPlan:
         if tuple(k.shape) != want or k.dtype != self.dtype or k.device != self.device:
             raise ValueError(f"{name} must be a {self.dtype} tensor of shape {list(want)} on {self.device} (the "
                              f"plan's), got {k.dtype} {tuple(k.shape)} on {k.device}")
+        if self.paged:
+            _declared(name, "num_pages", N, "num_pages", self.num_pages)
         if self._values_pending:
             self._check_values(N if self.paged else None)
+        self._shape = k.shape
         self._first = False
 
     def run(self, k, v):
         """Compacts ``k`` and ``v`` in place (all layers). Shape: see the class. -> None."""
         if self._first:
             self._first_run(k, v)
+        elif k.shape != self._shape or v.shape != self._shape:
+            names = ("k_pages", "v_pages") if self.paged else ("k_cache", "v_cache")
+            _reshaped(names, (k.shape, v.shape), (self._shape, self._shape))
         if self._noop:
             return None
         if self.paged:

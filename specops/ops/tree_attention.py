@@ -20,6 +20,12 @@ from . import _checks, splits
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 CUDA_MAX_D = 256  # the CUDA kernels' head-dim buckets (csrc/cuda/tree_attention.cu)
 CUDA_MAX_B_HKV = 65535  # B * Hkv: a grid dimension of the CUDA kernel
+# The largest |sm_scale| (csrc/tree_attention_args.h kMaxSmScale). Scores are fp32 q.k * sm_scale:
+# for fp16 inputs |q.k| <= D * 65504**2, so |scores| <= 65536 * D * 4.3e9 stays finite for any D
+# below 1e18; for bf16 / fp32 inputs the scores stay finite while |q.k| <= 5e33, i.e. an overflow
+# can only come from inputs whose unscaled scores nearly overflow already. Within the bound every
+# backend computes the exact softmax (tests/test_bad_input.py: the bound against the reference).
+SM_SCALE_MAX = 65536.0
 
 
 def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None,
@@ -32,7 +38,7 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
 
     Query head ``h`` reads kv head ``h // (Hq // Hkv)`` (GQA/MQA). ``q`` already carries its
     positions (RoPE at ``prefix + depth``). Softmax and accumulation run in fp32. ``sm_scale``
-    defaults to ``1/sqrt(D)``. ``check=True`` verifies the length values (one host sync):
+    defaults to ``1/sqrt(D)``; ``|sm_scale| <= SM_SCALE_MAX`` (65536: the fp32 scores stay finite). ``check=True`` verifies the length values (one host sync):
     non-negative, ``prefix_lens + block_lens <= S``, ``block_lens <= 32 W``, ``q_lens <= Tq``.
     Limits of the cuda backend (``CUDA_MAX_D``, ``CUDA_MAX_B_HKV``): ``D <= 256`` and
     ``B * Hkv <= 65535`` (a grid dimension). The automatic backend choice passes a call it cannot
@@ -140,11 +146,15 @@ def check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, dev):
 
 
 def scale(sm_scale, D):
-    """``sm_scale`` checked, as a float (``1/sqrt(D)`` for None)."""
+    """``sm_scale`` checked, as a float (``1/sqrt(D)`` for None): finite, ``|sm_scale| <=
+    SM_SCALE_MAX`` (scores finite: see SM_SCALE_MAX)."""
     if sm_scale is None:
         return 1.0 / math.sqrt(D)
     if not isinstance(sm_scale, numbers.Real) or isinstance(sm_scale, bool) or not math.isfinite(sm_scale):
         raise TypeError(f"sm_scale must be a finite real number or None, got {sm_scale!r}")
+    if abs(sm_scale) > SM_SCALE_MAX:
+        raise ValueError(f"sm_scale must lie in [-{SM_SCALE_MAX:g}, {SM_SCALE_MAX:g}] (larger scales overflow "
+                         f"the fp32 scores), got {sm_scale!r}")
     return float(sm_scale)
 
 

@@ -1,0 +1,281 @@
+"""Bad input to the plans, the split workspace, sm_scale and the raw ops (issue #34), on every
+backend: a plan reconciles its declared sizes with the tensors it runs on (first run: both sizes in
+the error; later runs: the first run's shapes), a workspace that aliases an input is refused, scales
+that would overflow the scores are refused while the largest allowed one stays exact, and the
+compiled ops' argument errors are ValueError/TypeError like the Python entry points'. Every case
+asserts the exception type, the argument's name (or both sizes) and that no input changed."""
+import pytest
+import torch
+
+import specops
+from specops import backend as _backend
+from specops.ops.tree_attention import SM_SCALE_MAX
+from specops.testing import to_pages
+
+from test_kv_compact import i32
+from test_paged import compaction_case, need
+from test_tree_attention import make_case
+
+
+def _raw(t):
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def _snap(*ts):
+    return [_raw(t).clone() for t in ts]
+
+
+def _same(ts, snap):
+    for t, s in zip(ts, snap):
+        assert torch.equal(_raw(t), s), "an input changed although the call raised"
+
+
+def _case(device, S_extra=0):
+    """A small tree_attention case: q [2, 3, 4, 16], caches [2, 2, S, 16] (S = 19)."""
+    args, kw = make_case(2, 3, 6, 10, 4, 2, 16, torch.float32, kind="tree", padded=True, device=device)
+    return args, kw
+
+
+def _plan(args, kw, backend, paged=None, **extra):
+    q, k, v, prefix, block, mask = args
+    B, Tq, Hq, D = q.shape
+    opts = dict(q_lens=kw.get("q_lens"), head_dim=D, num_heads=Hq, num_kv_heads=k.shape[1], dtype=q.dtype,
+                backend=backend, **extra)
+    if paged is not None:
+        opts.update(page_table=paged[2], page_size=paged[0].shape[1])
+    return specops.TreeAttentionPlan(prefix, block, mask, **opts)
+
+
+def _paged(args, page_size=4):
+    kp, table = to_pages(args[1], page_size, generator=torch.Generator().manual_seed(0))
+    vp, _ = to_pages(args[2], page_size, generator=torch.Generator().manual_seed(0))
+    return kp, vp, table
+
+
+def _storage(t):
+    """fp32 [n] over the whole storage of ``t``: a buffer that aliases it whatever its strides."""
+    return torch.empty(0, dtype=torch.float32, device=t.device).set_(t.untyped_storage())
+
+
+def _raises(exc, parts, fn, *inputs):
+    snap = _snap(*inputs)
+    with pytest.raises(exc) as info:
+        fn()
+    for part in parts:
+        assert part in str(info.value), f"{part!r} missing from the message: {info.value}"
+    _same(inputs, snap)
+
+
+# ---- TreeAttentionPlan: declared sizes against the tensors -----------------------------------------
+
+def test_tree_plan_declared_max_len_must_match_the_cache(backend, device):
+    need("tree_attention", backend)
+    args, kw = _case(device)
+    q, k, v = args[:3]
+    plan = _plan(args, kw, backend, max_len=64)
+    _raises(ValueError, ("k_cache has S=19", "max_len=64"), lambda: plan.run(q, k, v), q, k, v)
+
+
+def test_tree_plan_declared_num_pages_must_match_the_pool(backend, device):
+    need("tree_attention_paged", backend)
+    args, kw = _case(device)
+    kp, vp, table = _paged(args)
+    plan = _plan(args, kw, backend, (kp, vp, table), num_pages=100)
+    _raises(ValueError, ("num_pages", f"num_pages={kp.shape[0]}", "num_pages=100"),
+            lambda: plan.run(args[0], kp, vp), kp, vp, table)
+
+
+@pytest.mark.parametrize("what, change, parts", [
+    ("heads", dict(num_kv_heads=1), ("k_cache has Hkv=2", "num_kv_heads=1")),
+    ("head_dim", dict(head_dim=8, num_heads=4), ("q must have shape [2, 3, 4, 8]", "(2, 3, 4, 16)")),
+    ("num_heads", dict(num_heads=2, num_kv_heads=2), ("q must have shape [2, 3, 2, 16]", "(2, 3, 4, 16)")),
+])
+def test_tree_plan_declared_heads_and_dims_must_match(backend, device, what, change, parts):
+    need("tree_attention", backend)
+    args, kw = _case(device)
+    q, k, v, prefix, block, mask = args
+    opts = dict(q_lens=kw["q_lens"], head_dim=16, num_heads=4, num_kv_heads=2, dtype=torch.float32, backend=backend)
+    plan = specops.TreeAttentionPlan(prefix, block, mask, **{**opts, **change})
+    _raises(ValueError, parts, lambda: plan.run(q, k, v), q, k, v)
+
+
+def test_tree_plan_declared_dtype_and_device_must_match(backend, device):
+    need("tree_attention", backend)
+    args, kw = _case(device)
+    q, k, v = args[:3]
+    plan = _plan(args, kw, backend)
+    _raises(TypeError, ("q must have dtype torch.float32", "torch.float16"),
+            lambda: plan.run(q.half(), k.half(), v.half()), q, k, v)
+    meta = [t.to("meta") for t in (q, k, v)]
+    with pytest.raises(ValueError, match="q must be on"):
+        plan.run(*meta)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_tree_plan_later_runs_must_pass_the_first_runs_shapes(backend, device, layout):
+    op = "tree_attention" if layout == "contiguous" else "tree_attention_paged"
+    need(op, backend)
+    args, kw = _case(device)
+    q, k, v = args[:3]
+    if layout == "paged":
+        k, v, table = _paged(args)
+        plan = _plan(args, kw, backend, (k, v, table))
+        small_k, small_v = k[:-2], v[:-2]  # a smaller pool
+        name = "k_pages"
+    else:
+        plan = _plan(args, kw, backend)
+        small_k, small_v = k[:, :, :-3], v[:, :, :-3]  # a smaller cache (still holds every row used)
+        name = "k_cache"
+    first = plan.run(q, k, v)
+    _raises(ValueError, (name, str(tuple(k.shape)), str(tuple(small_k.shape)), "new plan"),
+            lambda: plan.run(q, small_k, small_v), small_k, small_v)
+    torch.testing.assert_close(plan.run(q, k, v), first, rtol=0, atol=0)  # still good on the right shapes
+
+
+# ---- the split workspace -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_a_workspace_aliasing_the_cache_is_refused(backend, device, layout):
+    op = "tree_attention" if layout == "contiguous" else "tree_attention_paged"
+    need(op, backend)
+    args, kw = _case(device)
+    q, k, v = args[:3]
+    paged = _paged(args) if layout == "paged" else None
+    if paged is not None:
+        k, v = paged[:2]
+    name = "k_pages" if paged is not None else "k_cache"
+    plan = _plan(args, kw, backend, paged, num_splits=2)
+    want = plan.run(q, k, v)
+    n = plan.workspace.numel()
+    plan.workspace = _storage(k)  # the issue's case: partials over the cache
+    _raises(ValueError, ("workspace must not share memory with " + name,), lambda: plan.run(q, k, v), q, k, v)
+    fresh = _plan(args, kw, backend, paged, num_splits=2, workspace=_storage(v))
+    _raises(ValueError, ("workspace must not share memory with",), lambda: fresh.run(q, k, v), q, k, v)
+    with pytest.raises(ValueError, match="workspace must not share memory with mask"):
+        _plan(args, kw, backend, paged, num_splits=2, workspace=args[5].view(torch.float32))
+    with pytest.raises(ValueError, match=r"workspace must have >= .* elements"):
+        _plan(args, kw, backend, paged, num_splits=2, workspace=torch.empty(3, device=device))
+    # a disjoint workspace passed in is used, and gives the plan's own result
+    own = torch.full((n,), float("nan"), device=device)
+    good = _plan(args, kw, backend, paged, num_splits=2, workspace=own)
+    torch.testing.assert_close(good.run(q, k, v), want)
+    assert good.workspace is own
+
+
+def _raw_ops(backend):
+    if backend not in _backend.COMPILED or not _backend.available(backend, "cpu")[0]:
+        pytest.skip(f"{backend} has no torch.ops entry point")
+    return getattr(torch.ops, _backend.COMPILED[backend])
+
+
+def test_the_raw_op_refuses_a_workspace_aliasing_an_input(backend, device):
+    ops = _raw_ops(backend)
+    args, kw = _case(device)
+    q, k, v, prefix, block, mask = args
+    ql = kw["q_lens"]
+    big = torch.zeros(4096, device=device)  # q inside a buffer large enough to be a workspace
+    qb = big[:q.numel()].view_as(q).copy_(q)
+    for ws, qq, name in ((_storage(k), q, "k_cache"), (_storage(v), q, "v_cache"), (big, qb, "q")):
+        assert ws.numel() >= 2 * q.numel() // 16 * 17
+        _raises(ValueError, (f"workspace must not share memory with {name}",),
+                lambda: ops.tree_attention(qq, k, v, prefix, block, mask, ql, 0.25, 2, ws), qq, k, v)
+    kp, vp, table = _paged(args)
+    _raises(ValueError, ("workspace must not share memory with k_pages",),
+            lambda: ops.tree_attention_paged(q, kp, vp, table, prefix, block, mask, ql, 0.25, 2, _storage(kp)),
+            kp, vp)
+
+
+# ---- sm_scale --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scale", [1e38, -1e38, SM_SCALE_MAX * 2])
+def test_a_scale_that_overflows_the_scores_is_refused(backend, device, scale):
+    need("tree_attention", backend)
+    args, kw = _case(device)
+    kw = {**kw, "sm_scale": scale}
+    _raises(ValueError, ("sm_scale", repr(scale)), lambda: specops.tree_attention(*args, **kw, backend=backend),
+            *args[:3])
+    with pytest.raises(ValueError, match="sm_scale"):
+        _plan(args, kw, backend, sm_scale=scale)
+
+
+@pytest.mark.parametrize("scale", [SM_SCALE_MAX, -SM_SCALE_MAX])
+def test_the_largest_scale_is_exact_on_every_backend(backend, device, scale):
+    # scores up to ~1e7: the softmax is one-hot in fp32 and every backend must find the same key
+    need("tree_attention", backend)
+    args, kw = _case(device)
+    kw = {**kw, "sm_scale": scale}
+    want = specops.tree_attention(*args, **kw, backend="torch")
+    assert torch.isfinite(want).all()
+    torch.testing.assert_close(specops.tree_attention(*args, **kw, backend=backend), want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_raw_op_checks_sm_scale(backend, device):
+    ops = _raw_ops(backend)
+    args, kw = _case(device)
+    for bad in (1e38, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="sm_scale"):
+            ops.tree_attention(*args, kw["q_lens"], bad, 1, None)
+
+
+# ---- raw ops: argument errors are ValueError / TypeError ---------------------------------------------
+
+def test_raw_op_argument_errors_are_value_and_type_errors(backend, device):
+    ops = _raw_ops(backend)
+    args, kw = _case(device)
+    q, k, v, prefix, block, mask = args
+    ql = kw["q_lens"]
+    _raises(ValueError, ("rank",), lambda: ops.tree_attention(q, k[0], v[0], prefix, block, mask, ql, 0.25, 1, None),
+            q, k, v)
+    _raises(TypeError, ("prefix_lens",),
+            lambda: ops.tree_attention(q, k, v, prefix.long(), block, mask, ql, 0.25, 1, None), q, k, v)
+    _raises(ValueError, ("num_splits",), lambda: ops.tree_attention(q, k, v, prefix, block, mask, ql, 0.25, 0, None),
+            q, k, v)
+    cache, kp, vp, table, (lens, idx, acc) = compaction_case(2, 6, "random", 4, torch.float32, seed=1, device=device)
+    kc, vc = cache.clone(), -cache
+    _raises(ValueError, ("rank",), lambda: ops.kv_compact(kc[0], vc[0], lens, idx, acc), kc, vc)
+    _raises(ValueError, ("page_size",), lambda: ops.kv_compact_paged(kp[:, :, :3], vp[:, :, :3], table, lens, idx, acc),
+            kp, vp)
+
+
+# ---- KVCompactPlan -------------------------------------------------------------------------------------
+
+def test_kv_compact_plan_declared_num_pages_must_match_the_pool(backend, device):
+    need("kv_compact_paged", backend)
+    cache, kp, vp, table, (lens, idx, acc) = compaction_case(2, 6, "random", 4, torch.float32, seed=2, device=device)
+    L, B, H, S, D = cache.shape
+    geo = dict(num_layers=L, num_kv_heads=H, head_dim=D, dtype=torch.float32, backend=backend)
+    plan = specops.KVCompactPlan(lens, idx, acc, page_table=table, page_size=4, num_pages=kp.shape[1] + 50, **geo)
+    _raises(ValueError, ("k_pages", f"num_pages={kp.shape[1]}", f"num_pages={kp.shape[1] + 50}"),
+            lambda: plan.run(kp, vp), kp, vp)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_kv_compact_plan_later_runs_must_pass_the_first_runs_shapes(backend, device, layout):
+    need("kv_compact" if layout == "contiguous" else "kv_compact_paged", backend)
+    cache, kp, vp, table, (lens, idx, acc) = compaction_case(2, 6, "random", 4, torch.float32, seed=4, device=device)
+    L, B, H, S, D = cache.shape
+    geo = dict(num_layers=L, num_kv_heads=H, head_dim=D, dtype=torch.float32, backend=backend)
+    if layout == "paged":
+        plan = specops.KVCompactPlan(lens, idx, acc, page_table=table, page_size=4, **geo)
+        k, v, name = kp, vp, "k_pages"
+    else:
+        plan = specops.KVCompactPlan(lens, idx, acc, max_len=S, **geo)
+        k, v, name = cache.clone(), -cache, "k_cache"
+    plan.run(k, v)
+    small_k, small_v = k[:1].clone(), v[:1].clone()  # one layer fewer
+    _raises(ValueError, (name, str(tuple(k.shape)), str(tuple(small_k.shape))), lambda: plan.run(small_k, small_v),
+            small_k, small_v)
+    wide = torch.zeros(L, B, H, S, 2 * D, device=device)[..., :D] if layout == "contiguous" else None
+    if wide is not None:  # same shape, other strides: accepted (views of one cache are the point)
+        plan.run(wide, wide.clone())
+
+
+def test_kv_compact_plan_error_names_the_lens_argument(device):
+    cache, _, _, _, (lens, idx, acc) = compaction_case(2, 6, "random", 4, torch.float32, seed=5, device=device)
+    L, B, H, S, D = cache.shape
+    with pytest.raises(ValueError, match=r"accept_lens must have shape \[2\]"):
+        specops.KVCompactPlan(lens, idx, acc[:1], max_len=S, num_layers=L, num_kv_heads=H, head_dim=D,
+                              dtype=torch.float32)
+    with pytest.raises(ValueError, match="num_pages must be >= 1"):
+        specops.KVCompactPlan(lens, idx, acc, page_table=i32([[0, 1], [2, 3]]), page_size=4, num_pages=0,
+                              num_layers=L, num_kv_heads=H, head_dim=D, dtype=torch.float32)
