@@ -287,6 +287,18 @@ G = [  # (label, generate keyword arguments, exception, message parts)
     ("draft-int", dict(draft=5), E, ("draft", "int")),
     ("draft-missing", dict(method="tsd", draft=None), V, ("draft", "tsd")),
     ("target-int", dict(target=5), E, ("target", "int")),
+    # issue #34: sizes checked against what they mean, before any allocation or forward
+    ("paged-page-size-huge", dict(kv_layout="paged", page_size=2**28), V, ("page_size", str(2**28))),
+    ("paged-page-size-past-max-len", dict(kv_layout="paged", max_len=40, page_size=128), V,
+     ("page_size must be <= 64", "128")),
+    ("sd-gamma-huge", dict(gamma=10**6), V, ("gamma=1000000", "block", "max_position_embeddings=1024")),
+    ("sd-gamma-past-max-len", dict(gamma=40, max_len=30), V, ("gamma=40", "block", "max_len=30")),
+    ("prompt-empty-batch-tensor", dict(prompt=torch.zeros(0, 3, dtype=I64)), V, ("prompt", "(0, 3)")),
+    ("prompt-bool-token", dict(prompt=[[1, True, 3]]), V, ("prompt[0][1] = True", "bool")),
+    ("eos-past-vocab", dict(eos_token_id=500), V, ("eos_token_id", "500", "[0, 128)")),
+    ("eos-list-past-vocab", dict(eos_token_id=[2, 128]), V, ("eos_token_id", "128", "[0, 128)")),
+    ("draft-meta", dict(draft=lambda: tiny_causal_lm("llama", seed=3).to("meta")), V, ("draft", "meta")),
+    ("draft-float64", dict(draft=lambda: tiny_causal_lm("llama", seed=3).double()), V, ("draft", "torch.float64")),
 ]
 
 
@@ -314,6 +326,15 @@ def test_a_vanishing_temperature_decodes_greedily(method, temperature, kw, model
         got, _ = specops.generate(target, [[1, 2, 3], [7, 8]], temperature=temperature, **run, **kw)
         want, _ = specops.generate(target, [[1, 2, 3], [7, 8]], temperature=0.0, **run)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("label", ["sd-gamma-huge", "sd-gamma-past-max-len"])
+def test_a_block_too_large_is_not_called_a_long_prompt(label, models):
+    target, draft, _ = models
+    kw = dict(next(g[1] for g in G if g[0] == label))
+    with pytest.raises(ValueError) as info:
+        specops.generate(target, [[1, 2, 3]], draft=draft, method="sd", max_new_tokens=4, **kw)
+    assert "prompt too long" not in str(info.value)
 
 
 def test_the_battery_is_large():

@@ -76,6 +76,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
     target_name = target if isinstance(target, str) else getattr(target, "specops_name", None)
     target, tok = _resolve_model(target, dtype, "target", tp)
     parallel.check_placement(target, "target")
+    _check_weights(target, "target")
     tokenizer = tokenizer or tok
     prompts = _prompts(prompt, tokenizer)
     V = _vocab(target)
@@ -84,6 +85,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
         if bad:
             raise ValueError(f"prompt {b} has token ids outside the target's vocabulary [0, {V}): "
                              f"got prompt[{b}][{bad[0]}] = {p[bad[0]]}")
+    _check_eos_vocab(eos_token_id, V)
 
     draft_model = None
     if drafter.needs_draft_model:
@@ -96,16 +98,19 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
         # would add a broadcast of every proposal while the other ranks wait.
         draft_model, draft_tok = _resolve_model(draft, None, "draft")
         parallel.check_placement(draft_model, "draft")
+        _check_weights(draft_model, "draft", _device_of(target))
         _check_same_vocab(target, tokenizer, draft_model, draft_tok)
 
     need = max(len(p) for p in prompts) + max_new_tokens + drafter.tree_budget() + 1
     limit = getattr(target.config, "max_position_embeddings", None)
+    _check_block_fits(drafter, method, max_len, limit)
     if max_len is None:
         # A sequence may commit up to a whole accepted path past max_new_tokens (the stopper cuts the
         # emitted tokens, not the cache rows) while a batch-mate still drafts: one more block of slack.
         max_len = need + drafter.tree_budget()
         if limit is not None:
             max_len = min(max_len, max(limit, need))
+    _check_page_size(runner_kw, max_len)
     if max_len < need or (limit is not None and need > limit):
         cap = f"max_len={max_len}" if max_len < need else f"the model's max_position_embeddings={limit}"
         raise ValueError(f"prompt too long for the cache: the longest prompt ({max(len(p) for p in prompts)} "
@@ -195,6 +200,70 @@ def _check_args(*, max_new_tokens, stop, eos_token_id, tokenizer, seed, dtype, m
     return stop
 
 
+def _check_eos_vocab(eos_token_id, V):
+    """Explicit stop ids must be tokens of the target's vocabulary [0, V)."""
+    eos = [eos_token_id] if _is_int(eos_token_id) else (eos_token_id or ())
+    for t in eos:
+        if t >= V:
+            raise ValueError(f"eos_token_id must lie in the target's vocabulary [0, {V}), got {t}")
+
+
+def _device_of(model):
+    p = next(model.parameters(), None)
+    return None if p is None else p.device
+
+
+_WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what the caches and kernels take
+
+
+def _check_weights(model, what, device=None):
+    """Every parameter of ``model`` holds data (no meta tensors) on one device (``device``: the
+    target's, for the draft), in a dtype the caches take (fp32, fp16, bf16; quantized weights are
+    not parameters). Metadata only: no forward, no copy."""
+    for name, p in model.named_parameters():
+        if p.device.type == "meta":
+            raise ValueError(f"{what}: parameter {name} is on the meta device (no weights loaded); "
+                             "load the model's weights first")
+        if device is not None and p.device != device:
+            raise ValueError(f"{what} must be on the target's device {device}, got parameter {name} on {p.device}")
+        if p.is_floating_point() and p.dtype not in _WEIGHT_DTYPES:
+            raise ValueError(f"{what}: parameter {name} has dtype {p.dtype}; the KV caches and kernels take "
+                             "float32, float16 or bfloat16 models")
+
+
+def _check_block_fits(drafter, method, max_len, limit):
+    """A method's block that cannot fit the cache even after a one-token prompt is the method
+    parameter's error (e.g. gamma=10**6), not the prompt's. The block at the configured budget
+    (not the adaptive controller's cap, which a short cache only bounds)."""
+    cap = max_len if max_len is not None else limit
+    if cap is None:
+        return
+    param = getattr(drafter, "budget_param", None)
+    rng = getattr(drafter, "adaptive_range", None)
+    cap_value = getattr(drafter, param) if param else None
+    if rng is not None and param:
+        drafter.set_budget(rng[0])  # the configured value, clamped into the controller's range
+    budget, value = drafter.tree_budget(), (getattr(drafter, param) if param else None)
+    if rng is not None and param:
+        drafter.set_budget(cap_value)
+    if budget + 2 <= cap:
+        return
+    named = f" ({param}={value!r})" if param else ""
+    where = f"max_len={max_len}" if max_len is not None else f"the model's max_position_embeddings={limit}"
+    raise ValueError(f"the {method} block{named} is too large for the cache: its {budget} rows plus one prompt "
+                     f"token and one new token need {budget + 2} positions, the cache holds {where}")
+
+
+def _check_page_size(runner_kw, max_len):
+    """A page holds at most the rows a sequence can use (its cache length rounded up to a power of
+    two): a larger one only allocates memory no row reaches (page_size=2**28 would ask for GiBs)."""
+    page_size = runner_kw.get("page_size")
+    bound = 1 << max(max_len - 1, 0).bit_length()
+    if page_size is not None and page_size > bound:
+        raise ValueError(f"page_size must be <= {bound} (a sequence's {max_len} cache rows rounded up to a power "
+                         f"of two; a larger page only allocates rows no sequence reaches), got {page_size}")
+
+
 def _check_tp_size(tp_size, target):
     """The TP degree to load a target by name or path with (1: unsharded)."""
     if tp_size is not None and (not _is_int(tp_size) or tp_size < 1):
@@ -274,14 +343,19 @@ def _prompts(prompt, tokenizer):
         if prompt.dtype not in (torch.int64, torch.int32) or prompt.dim() not in (1, 2):
             raise ValueError(f"a prompt tensor must be int64 [B, L] or [L], got {prompt.dtype} {tuple(prompt.shape)}")
         prompt = prompt[None] if prompt.dim() == 1 else prompt
+        if prompt.shape[0] == 0:
+            raise ValueError(f"prompt must hold at least one sequence, got a tensor of shape {tuple(prompt.shape)}")
         out = [row.tolist() for row in prompt]
     elif isinstance(prompt, (list, tuple)) and prompt:
         if all(isinstance(p, str) for p in prompt):
             if tokenizer is None:
                 raise ValueError("string prompts need a tokenizer: pass tokenizer= or use an embedded target")
             out = [tokenizer(p)["input_ids"] if p else [] for p in prompt]
-        elif all(isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p) for p in prompt):
+        elif all(isinstance(p, (list, tuple)) and all(_is_int(t) for t in p) for p in prompt):
             out = [list(p) for p in prompt]
+        elif all(isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p) for p in prompt):
+            b, i = next((b, i) for b, p in enumerate(prompt) for i, t in enumerate(p) if isinstance(t, bool))
+            raise ValueError(f"prompt token ids must be ints, not bools: got prompt[{b}][{i}] = {prompt[b][i]!r}")
         else:
             raise ValueError("prompt must be a string, a list of strings, a LongTensor or a list of token-id lists, "
                              f"got a list holding {sorted({type(p).__name__ for p in prompt})}")
