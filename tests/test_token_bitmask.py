@@ -31,7 +31,8 @@ def random_logits(shape, dtype, generator=None):
 
 def test_single_row_golden(backend):
     logits = torch.arange(40, dtype=torch.float32)[None].clone()  # [1, 40]
-    mask = torch.tensor([[(1 << 0) | (1 << 5) | (1 << 31), (1 << 2) | (1 << 20)]], dtype=torch.int32)  # bit 20 of word 1 = token 52 >= V
+    # bit 31 makes word 0 negative as int32; bit 20 of word 1 is token 52 >= V (ignored)
+    mask = torch.tensor([[1 + (1 << 5) - 2**31, (1 << 2) | (1 << 20)]], dtype=torch.int32)  # bits 0, 5, 31 | 2, 20
     out = apply_token_bitmask(logits, mask, backend=backend)
     assert out is logits
     kept = (~torch.isinf(logits[0])).nonzero().flatten().tolist()
