@@ -53,6 +53,31 @@ def _add_common(p):
                         "and step costs seen, down to AR steps; also --param adaptive=false)")
 
 
+def _check_flags(args):
+    """The numeric flags and the output path, before any model loads (a bad one would otherwise
+    fail after the load, or lose the whole run at the end). Raises ValueError naming the flag."""
+    for flag, value, lo in (("--threads", args.threads, 1), ("--max-new-tokens", args.max_new_tokens, 1),
+                            ("--top-k", args.top_k, 0)):
+        if value is not None and value < lo:
+            raise ValueError(f"{flag} must be >= {lo}, got {value}")
+    if args.json:
+        check_writable("--json", args.json)
+
+
+def check_writable(flag, path):
+    """``path`` can be opened for writing: the file is created and removed again if it was not there."""
+    import os
+
+    existed = os.path.lexists(path)
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as err:
+        raise ValueError(f"{flag} {path!r} cannot be written: {err.strerror or err}") from None
+    if not existed:
+        os.remove(path)
+
+
 def _setup(args):
     import torch
 
@@ -109,6 +134,7 @@ def cmd_generate(args):
     from .decoding import generate, methods, SamplingConfig
     from .parallel import env_world_size
 
+    _check_flags(args)
     params = dict(args.param or [])
     adaptive = _adaptive_flag(args, params)
     methods.make(args.method, **params)  # bad parameters fail before any model loads
@@ -171,6 +197,7 @@ def cmd_demo(args):
     from .decoding import DESCRIPTIONS, SamplingConfig, generate
     from .decoding import methods as registry
 
+    _check_flags(args)
     methods = args.methods.split(",") if args.methods else list(METHOD_CHOICES)
     for method in methods:
         registry.get(method)  # unknown names fail before any model loads

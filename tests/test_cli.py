@@ -27,3 +27,36 @@ def test_module_reports_a_bad_command_like_the_script():
     done = run("warp-drive")
     assert done.returncode == 2
     assert "invalid choice: 'warp-drive'" in done.stderr
+
+
+# ---- bad flags fail before any model loads (issue #34) -----------------------------------------
+
+@pytest.mark.parametrize("command, flags, shows", [
+    ("generate", ["--threads", "-1"], "--threads must be >= 1, got -1"),
+    ("generate", ["--threads", "0"], "--threads must be >= 1, got 0"),
+    ("generate", ["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+    ("generate", ["--top-k", "-2"], "--top-k must be >= 0, got -2"),
+    ("generate", ["--json", "{tmp}/missing/dir/out.json"], "--json '{tmp}/missing/dir/out.json' cannot be written"),
+    ("generate", ["--json", "{tmp}"], "--json '{tmp}' cannot be written"),
+    ("demo", ["--json", "{tmp}/missing/out.json"], "--json '{tmp}/missing/out.json' cannot be written"),
+    ("demo", ["--threads", "-1"], "--threads must be >= 1, got -1"),
+])
+def test_bad_flags_fail_cleanly_before_the_model_loads(command, flags, shows, tmp_path):
+    flags = [f.format(tmp=tmp_path) for f in flags]
+    prompt = ["--prompt", "hi"] if command == "generate" else []
+    done = run(command, *prompt, *flags)
+    assert done.returncode == 2, done.stderr
+    assert shows.format(tmp=tmp_path) in done.stderr
+    assert "Traceback" not in done.stderr and "loading" not in done.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_a_writable_json_path_is_not_left_behind_by_the_check(tmp_path):
+    from specops import cli
+
+    path = tmp_path / "out.json"
+    cli.check_writable("--json", str(path))
+    assert not path.exists()
+    path.write_text("keep")
+    cli.check_writable("--json", str(path))
+    assert path.read_text() == "keep"
