@@ -14,6 +14,7 @@ import torch
 
 import specops
 from specops import backend as _backend
+from specops.ops.token_bitmask import apply_token_bitmask
 
 from _harness import main, pytest_benchmark
 
@@ -42,7 +43,7 @@ def naive(logits, bitmask):
 def call(provider, logits, bitmask):
     if provider == "naive":
         return lambda: naive(logits, bitmask)
-    return lambda: specops.apply_token_bitmask(logits, bitmask, check=False, backend=provider)
+    return lambda: apply_token_bitmask(logits, bitmask, check=False, backend=provider)
 
 
 def measure(rec, quick):

@@ -1,0 +1,316 @@
+"""Grammar-constrained decoding over draft trees: one grammar state per tree node.
+
+A :class:`Grammar` compiles a JSON schema, a regex or an EBNF grammar once per request, with an
+optional engine (``pip install specops[grammar]``: ``llguidance``, the default, or ``xgrammar``),
+and keeps one *committed* matcher per sequence: the state after every token emitted so far,
+the tree's root (the pending token) included. Per step:
+
+1. :meth:`Grammar.fill_tree_bitmask` walks each sequence's draft tree depth-first from the
+   committed state: node ``i``'s row is the set of tokens allowed after the path root -> ``i``
+   (the tokens of nodes 1..i; the root's token is already committed). The walk goes down with
+   one token and back up with a rollback of one, so no state is copied; a node whose token its
+   parent's row does not allow is *dead*: it can never be accepted (its masked probability is 0),
+   it and its subtree get an all-allowed row (never read by a correct verification), and
+   ``valid`` marks it so a drafter may prune it.
+2. The caller applies the rows to the target's tree logits (``specops.apply_token_bitmask``) and
+   verifies as usual: the result is the target distribution renormalised over the allowed tokens
+   at every node, exactly.
+3. :meth:`Grammar.advance` consumes the emitted tokens (accepted path, then the bonus token) on
+   the committed matchers. Nothing else ever changes them.
+
+The host does the grammar work (the engines are CPU libraries); a step costs one mask per tree
+node and sequence (docs/structured.md has the measured figures).
+"""
+import importlib.util
+import json
+
+import torch
+
+ENGINES = ("llguidance", "xgrammar")
+KINDS = ("json_schema", "regex", "ebnf")
+
+
+def available_engines():
+    """The grammar engines importable here, in order of preference."""
+    return tuple(e for e in ENGINES if importlib.util.find_spec(e) is not None)
+
+
+class _LLGuidance:
+    """llguidance: Earley parser over a lexer, masks computed lazily per state (no per-grammar
+    precomputation); rollback of any number of tokens; ``ebnf`` (GBNF) is translated to its Lark
+    dialect by the converter it ships."""
+
+    name = "llguidance"
+
+    def __init__(self, tokenizer, vocab_size):
+        import llguidance
+        import llguidance.hf
+        import llguidance.torch
+
+        self._llg = llguidance
+        self._fill = llguidance.torch.fill_next_token_bitmask
+        self.tok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
+        self.vocab_size = self.tok.vocab_size
+        self.stop_tokens = set(self.tok.eos_tokens)
+
+    def compile(self, kind, spec):
+        M = self._llg.LLMatcher
+        try:
+            if kind == "json_schema":
+                grammar = M.grammar_from_json_schema(spec)
+            elif kind == "regex":
+                grammar = M.grammar_from_regex(spec)
+            else:
+                from llguidance.gbnf_to_lark import gbnf_to_lark
+
+                grammar = M.grammar_from_lark(gbnf_to_lark(spec))
+        except Exception as err:  # the engine's own parse errors (ValueError / RuntimeError)
+            raise _CompileError(str(err)) from err
+        is_error, messages = M.validate_grammar_with_warnings(grammar, self.tok)
+        if is_error:
+            raise _CompileError("; ".join(messages) or "invalid grammar")
+        return grammar
+
+    def matcher(self, compiled):
+        m = self._llg.LLMatcher(self.tok, compiled, log_level=0)
+        if m.is_error():
+            raise _CompileError(m.get_error())
+        return m
+
+    def fill(self, m, bitmask, row):
+        self._fill(m, bitmask, row)
+
+    def consume(self, m, token):
+        return m.consume_token(token) and not m.is_error()
+
+    def rollback(self, m, n):
+        m.rollback(n)
+
+
+
+class _XGrammar:
+    """xgrammar: pushdown automaton with per-state token masks precomputed at compile time;
+    rollback of any number of tokens; ``ebnf`` is GBNF, its own dialect."""
+
+    name = "xgrammar"
+
+    def __init__(self, tokenizer, vocab_size):
+        import xgrammar
+
+        self._xgr = xgrammar
+        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        self.vocab_size = info.vocab_size
+        self._compiler = xgrammar.GrammarCompiler(info, max_threads=1)
+        self.stop_tokens = set(info.stop_token_ids)
+
+    def compile(self, kind, spec):
+        c = self._compiler
+        try:
+            if kind == "json_schema":
+                return c.compile_json_schema(spec)
+            if kind == "regex":
+                return c.compile_regex(spec)
+            return c.compile_grammar(spec)
+        except Exception as err:  # RuntimeError / ValueError with the engine's message
+            raise _CompileError(str(err)) from err
+
+    def matcher(self, compiled):
+        return self._xgr.GrammarMatcher(compiled)
+
+    def fill(self, m, bitmask, row):
+        m.fill_next_token_bitmask(bitmask, row)
+
+    def consume(self, m, token):
+        return m.accept_token(token)
+
+    def rollback(self, m, n):
+        m.rollback(n)
+
+
+
+_ADAPTERS = {"llguidance": _LLGuidance, "xgrammar": _XGrammar}
+
+
+class _CompileError(Exception):
+    pass
+
+
+class Grammar:
+    """One compiled grammar and the committed state of each of ``batch_size`` sequences.
+
+    Exactly one of ``json_schema`` (a dict or a JSON string), ``regex`` (the whole output must
+    match) or ``ebnf`` (llama.cpp's GBNF, start rule ``root``, for either engine) is given.
+    ``vocab_size`` is the logits' V (default: the tokenizer's); rows have ``ceil(V / 32)`` words
+    and tokens the tokenizer does not have are never allowed. ``engine``: one of :data:`ENGINES`
+    (default: the first installed).
+
+    Raises ImportError when no engine is installed, ValueError naming the argument and quoting the
+    engine when the grammar does not compile.
+    """
+
+    def __init__(self, tokenizer, *, json_schema=None, regex=None, ebnf=None, batch_size=1, vocab_size=None,
+                 engine=None):
+        given = [(k, v) for k, v in (("json_schema", json_schema), ("regex", regex), ("ebnf", ebnf)) if v is not None]
+        if len(given) != 1:
+            raise ValueError(f"exactly one of json_schema, regex, ebnf must be given, got "
+                             f"{[k for k, _ in given] or 'none'}")
+        self.kind, spec = given[0]
+        if self.kind == "json_schema" and isinstance(spec, dict):
+            spec = json.dumps(spec)
+        if not isinstance(spec, str):
+            raise TypeError(f"{self.kind} must be a str{' or dict' if self.kind == 'json_schema' else ''}, "
+                            f"got {type(spec).__name__}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        installed = available_engines()
+        if engine is None:
+            if not installed:
+                raise ImportError("constrained decoding needs a grammar engine: pip install specops[grammar] "
+                                  f"(one of {ENGINES})")
+            engine = installed[0]
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        if engine not in installed:
+            raise ImportError(f"engine {engine!r} is not installed (pip install {engine})")
+        tok_vocab = len(tokenizer)
+        V = tok_vocab if vocab_size is None else vocab_size
+        if isinstance(V, bool) or not isinstance(V, int) or V < 1:
+            raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
+        self.engine = _ADAPTERS[engine](tokenizer, max(V, tok_vocab))
+        self.vocab_size, self.words = V, (V + 31) // 32
+        self._engine_words = (self.engine.vocab_size + 31) // 32
+        try:
+            self._compiled = self.engine.compile(self.kind, spec)
+            self._matchers = [self.engine.matcher(self._compiled) for _ in range(batch_size)]
+            # Per sequence: a stop token was committed. The engines' own "stopped" flags differ
+            # (llguidance sets it as soon as only the stop token may follow), so this is the rule.
+            self._done = [False] * batch_size
+        except _CompileError as err:
+            raise ValueError(f"{self.kind} does not compile with {engine}: {err}") from None
+
+    @property
+    def batch_size(self):
+        return len(self._matchers)
+
+    def _new_rows(self, n):
+        return torch.zeros(n, self._engine_words, dtype=torch.int32)
+
+    def _fit(self, rows):
+        """Engine rows [N, W_engine] -> [N, W] for the logits' V (extra tokens disallowed)."""
+        if self._engine_words >= self.words:
+            rows = rows[:, : self.words].clone()
+        else:
+            rows = torch.cat([rows, rows.new_zeros(rows.shape[0], self.words - self._engine_words)], 1)
+        tail = self.vocab_size % 32
+        if tail:  # bits past V are ignored by apply_token_bitmask; cleared so rows compare exactly
+            rows[:, -1] &= (1 << tail) - 1
+        return rows
+
+    def fill_next_bitmask(self):
+        """Allowed next tokens of each committed state (an AR step, or the prefill's first token).
+
+        Shape: -> int32 [B, W]; a terminated sequence's row allows every token (never read)."""
+        rows = self._new_rows(self.batch_size)
+        for b, m in enumerate(self._matchers):
+            if self._done[b]:
+                rows[b] = -1
+            else:
+                self.engine.fill(m, rows, b)
+        return self._fit(rows)
+
+    def fill_tree_bitmask(self, parents, tokens, num_nodes=None, *, with_valid=False):
+        """Allowed next tokens at every node of a batch of draft trees.
+
+        Shape: parents, tokens int32 [B, T] (the ``build_tree_mask`` convention; node 0 is the
+        pending token, already committed), num_nodes int32 [B] or None (= T) -> bitmask int32
+        [B, T, W] on the CPU, and with ``with_valid`` also valid bool [B, T]: False for padding
+        and for dead nodes (a token its parent's row does not allow, or a descendant of one).
+        Dead and padding rows allow every token. The committed states are unchanged.
+        """
+        B, T = self._tree_shape(parents, tokens, num_nodes)
+        par = parents.tolist()
+        tok = tokens.tolist()
+        n_nodes = [T] * B if num_nodes is None else num_nodes.tolist()
+        rows = self._new_rows(B * T)
+        rows.fill_(-1)
+        valid = torch.zeros(B, T, dtype=torch.bool)
+        for b in range(B):
+            self._fill_tree(b, par[b], tok[b], max(1, min(n_nodes[b], T)), rows, valid[b], T)
+        out = self._fit(rows).view(B, T, self.words)
+        return (out, valid) if with_valid else out
+
+    def _fill_tree(self, b, parents, tokens, n, rows, valid, T):
+        eng, m = self.engine, self._matchers[b]
+        children = [[] for _ in range(n)]
+        for i in range(1, n):
+            p = parents[i]
+            if not 0 <= p < i:
+                raise ValueError(f"parents[{b}, {i}] must satisfy -1 < parent < {i} (topological order), got {p}")
+            children[p].append(i)
+        base = b * T
+        if self._done[b]:
+            return  # a finished sequence: every row allows everything, nothing is valid
+        eng.fill(m, rows, base)
+        valid[0] = True
+        # Depth-first: (node, next child index). Entering a child consumes its token; leaving
+        # it rolls one token back, so the matcher always holds the path to the top of the stack.
+        stack = [[0, 0]]
+        while stack:
+            top = stack[-1]
+            node, k = top
+            if k == len(children[node]):
+                stack.pop()
+                if node != 0:
+                    eng.rollback(m, 1)
+                continue
+            top[1] += 1
+            child = children[node][k]
+            t = tokens[child]
+            allowed = 0 <= t < self.vocab_size and t < self.engine.vocab_size and \
+                (int(rows[base + node, t >> 5]) >> (t & 31)) & 1
+            if not allowed or not eng.consume(m, t):
+                continue  # dead: this node and its subtree keep all-allowed rows, valid False
+            valid[child] = True
+            if t not in eng.stop_tokens:  # after a stop token nothing follows: all-allowed row
+                eng.fill(m, rows, base + child)
+            stack.append([child, 0])
+
+    def _tree_shape(self, parents, tokens, num_nodes):
+        for name, t in (("parents", parents), ("tokens", tokens)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 2:
+                raise ValueError(f"{name} must be a rank-2 tensor [B, T], got "
+                                 f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+        B, T = parents.shape
+        if tuple(tokens.shape) != (B, T):
+            raise ValueError(f"tokens must have shape [{B}, {T}] like parents, got {tuple(tokens.shape)}")
+        if B != self.batch_size:
+            raise ValueError(f"parents must have B = batch_size = {self.batch_size} rows, got {B}")
+        if T < 1:
+            raise ValueError(f"parents must have at least one node (T >= 1), got shape {(B, T)}")
+        if num_nodes is not None and (not isinstance(num_nodes, torch.Tensor) or tuple(num_nodes.shape) != (B,)):
+            raise ValueError(f"num_nodes must be a tensor of shape [{B}], got "
+                             f"{tuple(num_nodes.shape) if isinstance(num_nodes, torch.Tensor) else num_nodes!r}")
+        return B, T
+
+    def advance(self, accepted_tokens):
+        """Commits the emitted tokens of each sequence, in order (the accepted path's tokens, then
+        the bonus token). ``accepted_tokens``: a list of B token lists (a flat list when B = 1).
+
+        Raises ValueError naming the sequence and position of a token the grammar rejects; the
+        tokens before it stay committed."""
+        if self.batch_size == 1 and accepted_tokens and not isinstance(accepted_tokens[0], (list, tuple)):
+            accepted_tokens = [accepted_tokens]
+        if len(accepted_tokens) != self.batch_size:
+            raise ValueError(f"accepted_tokens must hold {self.batch_size} token lists, got {len(accepted_tokens)}")
+        for b, (m, toks) in enumerate(zip(self._matchers, accepted_tokens)):
+            for j, t in enumerate(toks):
+                t = int(t)
+                if self._done[b]:
+                    raise ValueError(f"accepted_tokens[{b}][{j}] = {t} follows the end of the grammar's output")
+                if not 0 <= t < self.engine.vocab_size or not self.engine.consume(m, t):
+                    raise ValueError(f"accepted_tokens[{b}][{j}] = {t} is not allowed by the grammar there")
+                self._done[b] = t in self.engine.stop_tokens
+
+    def is_terminated(self):
+        """Per sequence: the grammar has finished (its stop token was committed)."""
+        return list(self._done)

@@ -1,0 +1,208 @@
+"""specops.decoding.grammar on the SmolLM2 tokenizer: compile errors, tree masks against
+per-node matchers, commit semantics, and greedy masked decoding that yields parseable JSON.
+
+Skips cleanly without a grammar engine (pip install specops[grammar]) or without the converted
+SmolLM2 cache (nothing is downloaded)."""
+import json
+import os
+import re
+
+import pytest
+import torch
+
+from specops import models
+from specops.decoding.grammar import ENGINES, Grammar, available_engines
+from specops.ops.token_bitmask import allowed_tokens, apply_token_bitmask
+
+ENGINE_PARAMS = [pytest.param(e, marks=() if e in available_engines() else
+                              pytest.mark.skip(reason=f"{e} not installed (pip install specops[grammar])"))
+                 for e in ENGINES]
+
+SCHEMA = {"type": "object",
+          "properties": {"name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"},
+                         "kind": {"enum": ["a", "b"]},
+                         "xs": {"type": "array", "items": {"type": "number"}, "maxItems": 3},
+                         "inner": {"type": "object", "properties": {"ok": {"type": "boolean"}},
+                                   "required": ["ok"], "additionalProperties": False}},
+          "required": ["name", "n", "kind", "xs", "inner"], "additionalProperties": False}
+DOC = '{"name": "abc", "n": 12, "kind": "b", "xs": [1.5, 2], "inner": {"ok": true}}'
+
+
+@pytest.fixture(scope="module")
+def tok():
+    if not os.path.exists(os.path.join(models.cache_dir(), "smollm2-135m", "tokenizer.json")):
+        pytest.skip("SmolLM2 not converted in the specops cache (specops.models.load('smollm2-135m') once)")
+    return models.target_embedding("smollm2-135m")[1]
+
+
+@pytest.fixture(params=ENGINE_PARAMS)
+def engine(request):
+    return request.param
+
+
+def ids_of(tok, text, eos=True):
+    return tok.encode(text, add_special_tokens=False) + ([tok.eos_token_id] if eos else [])
+
+
+def bit(row, t):
+    return bool((int(row[t >> 5]) >> (t & 31)) & 1)
+
+
+# ---- construction ---------------------------------------------------------------------------
+
+def test_bad_specs_raise_naming_the_argument(tok, engine):
+    with pytest.raises(ValueError, match="exactly one of json_schema, regex, ebnf"):
+        Grammar(tok, engine=engine)
+    with pytest.raises(ValueError, match="exactly one of json_schema, regex, ebnf"):
+        Grammar(tok, regex="a", ebnf="root ::= \"a\"", engine=engine)
+    with pytest.raises(ValueError, match=f"json_schema does not compile with {engine}: .+"):
+        Grammar(tok, json_schema='{"type": "object", "properties": ', engine=engine)
+    with pytest.raises(ValueError, match=f"regex does not compile with {engine}: .+"):
+        Grammar(tok, regex="(ab", engine=engine)
+    with pytest.raises(ValueError, match=f"ebnf does not compile with {engine}: .+"):
+        Grammar(tok, ebnf="root ::= missing_rule", engine=engine)
+    with pytest.raises(TypeError, match="regex must be a str"):
+        Grammar(tok, regex=5, engine=engine)
+    with pytest.raises(ValueError, match="engine must be one of"):
+        Grammar(tok, regex="a", engine="outlines")
+
+
+def test_padding_columns_are_disallowed(tok, engine):
+    g = Grammar(tok, regex="[a-z]+", vocab_size=len(tok) + 40, engine=engine)
+    rows = g.fill_next_bitmask()
+    assert rows.shape == (1, (len(tok) + 40 + 31) // 32)
+    assert not allowed_tokens(rows, len(tok) + 40)[0, len(tok):].any()
+
+
+# ---- masks ------------------------------------------------------------------------------------
+
+def test_next_mask_follows_the_grammar(tok, engine):
+    g = Grammar(tok, regex="yes|no", engine=engine)
+    allowed = allowed_tokens(g.fill_next_bitmask(), len(tok))[0].nonzero().flatten().tolist()
+    texts = {tok.decode([t]) for t in allowed}
+    assert texts and all("yes".startswith(s) or "no".startswith(s) for s in texts), texts
+    assert tok.eos_token_id not in allowed
+    g.advance(ids_of(tok, "yes", eos=False))
+    row = g.fill_next_bitmask()[0]
+    assert bit(row, tok.eos_token_id) and not g.is_terminated()[0]
+    g.advance([tok.eos_token_id])
+    assert g.is_terminated() == [True]
+
+
+def test_tree_rows_equal_per_node_matchers(tok, engine):
+    """Every valid node's row is the next mask of a fresh matcher fed the node's path."""
+    committed = ids_of(tok, '{"name": "abc", "n": 1', eos=False)
+    cont = ids_of(tok, '2, "kind": "b", "xs": [1.5, 2], "inner": {"ok": true}}', eos=False)
+    dead = ids_of(tok, " hello", eos=False)[0]  # a word right after a digit: never JSON
+    # 0 = root (committed[-1]); a chain of the true continuation, a dead sibling at depth 1,
+    # a child of the dead sibling (dead too), a duplicate branch at depth 2, one at depth 1.
+    parents = [-1, 0, 1, 2, 3, 0, 5, 1, 0]
+    tokens = [committed[-1], cont[0], cont[1], cont[2], cont[3], dead, cont[0], cont[1], cont[0]]
+    g = Grammar(tok, json_schema=SCHEMA, engine=engine, batch_size=2)
+    g.advance([committed, committed[:3]])
+    par = torch.tensor([parents, [-1, 0, 0, 0, 0, 0, 0, 0, 0]], dtype=torch.int32)
+    toks = torch.tensor([tokens, [committed[2], committed[3], committed[4], 7, 7, 7, 7, 7, 7]], dtype=torch.int32)
+    mask, valid = g.fill_tree_bitmask(par, toks, torch.tensor([9, 4], dtype=torch.int32), with_valid=True)
+    assert mask.shape == (2, 9, g.words) and mask.dtype == torch.int32
+    assert valid[0].tolist() == [True, True, True, True, True, False, False, True, True]
+    assert valid[1, :2].tolist() == [True, True] and not valid[1, 4:].any()
+    for b, (p, t, n, base) in enumerate([(parents, tokens, 9, committed), (par[1].tolist(), toks[1].tolist(), 4,
+                                                                            committed[:3])]):
+        for i in range(n):
+            if not valid[b, i]:
+                assert (mask[b, i] == -1).all() or i >= n
+                continue
+            path, j = [], i
+            while j > 0:
+                path.append(t[j])
+                j = p[j]
+            ref = Grammar(tok, json_schema=SCHEMA, engine=engine)
+            ref.advance(base + path[::-1])
+            assert torch.equal(mask[b, i], ref.fill_next_bitmask()[0]), (b, i)
+    # the committed states did not move: the next mask is still that of node 0
+    assert torch.equal(g.fill_next_bitmask(), mask[:, 0])
+    with pytest.raises(ValueError, match=r"accepted_tokens\[0\]\[0\] = .* is not allowed"):
+        g.advance([[tokens[5]], []])
+
+
+def test_bad_tree_input(tok, engine):
+    g = Grammar(tok, regex="a+", engine=engine)
+    with pytest.raises(ValueError, match=r"tokens must have shape \[1, 3\]"):
+        g.fill_tree_bitmask(torch.tensor([[-1, 0, 1]]), torch.tensor([[1, 2]]))
+    with pytest.raises(ValueError, match="B = batch_size = 1"):
+        g.fill_tree_bitmask(torch.tensor([[-1], [-1]]), torch.tensor([[1], [1]]))
+    with pytest.raises(ValueError, match=r"parents\[0, 2\] must satisfy -1 < parent < 2"):
+        g.fill_tree_bitmask(torch.tensor([[-1, 0, 2]]), torch.tensor([[1, 2, 3]]))
+
+
+# ---- decoding -------------------------------------------------------------------------------
+
+def greedy(g, tok, logits_fn, max_tokens=120):
+    """Greedy decoding of one sequence under the grammar, from made-up logits: a draft tree of a
+    chain of the next 3 argmax guesses is masked, verified greedily against the masked rows, and
+    the accepted path plus the bonus token committed (the loop's order of work)."""
+    out = []
+    first = logits_fn(out)  # [V]
+    apply_token_bitmask(first[None], g.fill_next_bitmask())
+    out.append(int(first.argmax()))
+    g.advance([out[-1]])
+    while not g.is_terminated()[0] and len(out) < max_tokens:
+        # drafts: the unmasked argmax chain (often off-grammar: the mask must prune it)
+        chain = [out[-1]]
+        for _ in range(3):
+            chain.append(int(logits_fn(out + chain[1:]).argmax()))
+        parents = torch.tensor([[-1, 0, 1, 2]], dtype=torch.int32)
+        tokens = torch.tensor([chain], dtype=torch.int32)
+        mask = g.fill_tree_bitmask(parents, tokens)  # [1, 4, W]
+        rows = torch.stack([logits_fn(out + chain[1:i + 1]) for i in range(4)])[None]  # [1, 4, V]
+        apply_token_bitmask(rows, mask)
+        accepted = []
+        for i in range(4):
+            best = int(rows[0, i].argmax())
+            if i < 3 and chain[i + 1] == best and best != tok.eos_token_id:
+                accepted.append(best)
+                continue
+            accepted.append(best)  # the bonus / correction token
+            break
+        g.advance([accepted])
+        out += accepted
+    return out
+
+
+def test_greedy_masked_decoding_gives_valid_json(tok, engine):
+    V = len(tok)
+    gen = torch.Generator().manual_seed(0)
+    noise = torch.randn(4096, V, generator=gen)
+    # Whitespace is free between JSON tokens: keep the made-up model from spending its budget there.
+    blank = torch.tensor([tok.decode([t]).strip() == "" for t in range(V)])
+    noise[:, blank] -= 8.0
+
+    def logits_fn(prefix):
+        # A fixed pseudo-random "model": the logits depend on the prefix length only, with the
+        # end token favoured late, so the grammar has to steer every choice.
+        row = noise[len(prefix) % 4096].clone()
+        row[tok.eos_token_id] += 4.0 if len(prefix) > 40 else -4.0
+        return row
+
+    g = Grammar(tok, json_schema=SCHEMA, engine=engine)
+    out = greedy(g, tok, logits_fn, max_tokens=400)
+    assert g.is_terminated() == [True] and out[-1] == tok.eos_token_id, tok.decode(out)
+    doc = json.loads(tok.decode(out[:-1]))
+    assert set(doc) == {"name", "n", "kind", "xs", "inner"}
+    assert doc["kind"] in ("a", "b") and isinstance(doc["n"], int) and len(doc["xs"]) <= 3
+    assert isinstance(doc["inner"]["ok"], bool) and len(doc["name"]) <= 12
+
+
+def test_greedy_masked_decoding_matches_regex(tok, engine):
+    gen = torch.Generator().manual_seed(1)
+    noise = torch.randn(512, len(tok), generator=gen)
+
+    def logits_fn(prefix):
+        row = noise[len(prefix) % 512].clone()
+        row[tok.eos_token_id] += 6.0
+        return row
+
+    g = Grammar(tok, regex=r"[0-9]{3}-[a-z]{2,4}", engine=engine)
+    out = greedy(g, tok, logits_fn)
+    assert out[-1] == tok.eos_token_id
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", tok.decode(out[:-1]))
