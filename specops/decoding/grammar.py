@@ -1,7 +1,7 @@
 """Grammar-constrained decoding over draft trees: one grammar state per tree node.
 
 A :class:`Grammar` compiles a JSON schema, a regex or an EBNF grammar once per request, with an
-optional engine (``pip install specops[grammar]``: ``llguidance``, the default, or ``xgrammar``),
+optional engine (``pip install specops[grammar]``: ``xgrammar``, the default, or ``llguidance``),
 and keeps one *committed* matcher per sequence: the state after every token emitted so far,
 the tree's root (the pending token) included. Per step:
 
@@ -26,7 +26,7 @@ import json
 
 import torch
 
-ENGINES = ("llguidance", "xgrammar")
+ENGINES = ("xgrammar", "llguidance")  # preference order: docs/structured.md §Engine choice
 KINDS = ("json_schema", "regex", "ebnf")
 
 
