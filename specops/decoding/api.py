@@ -250,7 +250,7 @@ def _check_block_fits(drafter, method, max_len, limit):
         return
     named = f" ({param}={value!r})" if param else ""
     where = f"max_len={max_len}" if max_len is not None else f"the model's max_position_embeddings={limit}"
-    raise ValueError(f"the {method} block{named} is too large for the cache: its {budget} rows plus one prompt "
+    raise ValueError(f"the {method} block{named} is too long for the cache: its {budget} rows plus one prompt "
                      f"token and one new token need {budget + 2} positions, the cache holds {where}")
 
 
