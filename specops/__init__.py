@@ -7,6 +7,7 @@ from .backend import BackendUnavailable, available, default_backend, use_backend
 from .ops.tree_attention import tree_attention, tree_attention_paged
 from .ops.kv_compact import kv_compact, kv_compact_paged
 from .ops.linear import linear
+from .ops.token_bitmask import apply_token_bitmask
 from .ops.plan import KVCompactPlan, TreeAttentionPlan
 from .ops.sampling import warp_probs
 from .ops.topn import select_topn_subtree, topn_expand
@@ -29,6 +30,7 @@ def __getattr__(name):
 
 __all__ = [
     "BackendUnavailable",
+    "apply_token_bitmask",
     "KVCompactPlan",
     "TreeAttentionPlan",
     "available",

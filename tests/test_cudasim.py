@@ -351,6 +351,17 @@ def op_cases():
             c["tokens"], c["parents"], c["target_logits"], c["uniforms"], temperature=0.8, top_k=40, top_p=0.9,
             draft_logits=c["target_logits"] if m == "mss" else None, mode=m, num_nodes=c["num_nodes"],
             backend="cudasim"))(mode)
+    xl = torch.randn(21, 530, generator=g).to(torch.bfloat16)
+    wl = torch.randn(19, 530, generator=g).to(torch.bfloat16)
+    bl = torch.randn(19, generator=g).to(torch.bfloat16)
+    cases["linear"] = lambda: specops.linear(xl, wl, bl, backend="cudasim")
+
+    def bitmask():
+        lg = torch.randn(3, 5, 1000, generator=torch.Generator().manual_seed(4))
+        bm = torch.randint(-2**31, 2**31 - 1, (3, 5, 32), generator=torch.Generator().manual_seed(5), dtype=torch.int32)
+        specops.apply_token_bitmask(lg, bm, backend="cudasim")
+        return lg
+    cases["apply_token_bitmask"] = bitmask
     return cases
 
 

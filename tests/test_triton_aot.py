@@ -8,7 +8,8 @@ from specops import kernel_resources
 from specops.triton_kernels import aot
 from specops.triton_kernels import tree_attention as ta
 
-MODULES = {"kv_compact", "linear", "sampling", "topn", "tree_attention", "tree_mask", "verify", "verify_logits"}
+MODULES = {"kv_compact", "linear", "sampling", "token_bitmask", "topn", "tree_attention", "tree_mask", "verify",
+           "verify_logits"}
 
 
 @pytest.fixture(scope="module")

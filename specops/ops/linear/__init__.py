@@ -55,7 +55,13 @@ def _compiled(ns, x, weight, bias):
     return ns.linear(x, weight, bias)
 
 
-@register("linear", "triton")
+def _triton_supports(x, weight, bias):
+    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) < (8, 0):
+        return "the Triton kernel's bf16/fp16 tl.dot needs sm_80 or newer"
+    return None
+
+
+@register("linear", "triton", supports=_triton_supports)
 def _linear_triton(x, weight, bias):
     from ...triton_kernels import linear as kernels
 
