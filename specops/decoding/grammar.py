@@ -11,7 +11,8 @@ the tree's root (the pending token) included. Per step:
    one token and back up with a rollback of one, so no state is copied; a node whose token its
    parent's row does not allow is *dead*: it can never be accepted (its masked probability is 0),
    it and its subtree get an all-allowed row (never read by a correct verification), and
-   ``valid`` marks it so a drafter may prune it.
+   ``valid`` marks it so a drafter may prune it. A stop token ends its branch: its row allows
+   everything and its subtree is dead (the loop stops there).
 2. The caller applies the rows to the target's tree logits (``specops.apply_token_bitmask``) and
    verifies as usual: the result is the target distribution renormalised over the allowed tokens
    at every node, exactly.
@@ -268,11 +269,16 @@ class Grammar:
             t = tokens[child]
             allowed = 0 <= t < self.vocab_size and t < self.engine.vocab_size and \
                 (int(rows[base + node, t >> 5]) >> (t & 31)) & 1
+            if allowed and t in eng.stop_tokens:
+                # The end of the output: nothing follows it (its row stays all-allowed, its subtree
+                # dead), and it is not consumed: llguidance's rollback of a stop token does not
+                # restore the state before it.
+                valid[child] = True
+                continue
             if not allowed or not eng.consume(m, t):
                 continue  # dead: this node and its subtree keep all-allowed rows, valid False
             valid[child] = True
-            if t not in eng.stop_tokens:  # after a stop token nothing follows: all-allowed row
-                eng.fill(m, rows, base + child)
+            eng.fill(m, rows, base + child)
             stack.append([child, 0])
 
     def _tree_shape(self, parents, tokens, num_nodes):
