@@ -1,4 +1,4 @@
-"""The draft model: a :class:`~specops.decoding.runner.ModelRunner` plus the block a drafter grows.
+"""The draft model: a :class:`~specops.engine.ModelRunner` plus the block a drafter grows.
 
 Draft-cache policy (docs/methods.md §KV caches), one mechanism for every drafter:
 
@@ -17,7 +17,8 @@ Draft-cache policy (docs/methods.md §KV caches), one mechanism for every drafte
 """
 import torch
 
-from .runner import ModelRunner
+from ..engine import ModelRunner
+from . import _kernels
 
 
 class DraftLM(ModelRunner):
@@ -179,7 +180,7 @@ class DraftLM(ModelRunner):
                 start = p[-1] + 1 if p else 0  # entries past accept_lens: ignored, kept increasing
                 rows += p + list(range(start, start + A - n))
             up = self.stager.upload(rows + lens).to(torch.int32)
-            self.keep(up[: self.B * A].view(self.B, A), up[self.B * A:], lens)
+            self.keep(up[: self.B * A].view(self.B, A), up[self.B * A:], lens, check=_kernels.CHECK)
         for b in range(self.B):
             self.cached[b].extend(self.tokens[b][i] for i in idx[b])
         self.tokens = self.parents = None
