@@ -233,9 +233,10 @@ class CompiledRunner:
         Tb = bucket_for(T)
         return None if Tb is None else self.decoder.cost_s.get(self._key(Tb, -(-T // 32)))
 
-    def forward(self, tokens, mask, depth, block_lens, q_start):
-        """Shape: tokens int [B, Tq], mask int32 [B, Tq, W], depth int32 [B, Tq], block_lens int32 [B]
-        -> logits [B, Tq, V] (model dtype; the LM head runs on these rows only)."""
+    def forward(self, tokens, mask, depth, block_lens, q_start, features=None):
+        """Shape: tokens int [B, Tq], mask int32 [B, Tq, W], depth int32 [B, Tq], block_lens int32 [B],
+        features [B, Tq, H] (a feature model's input rows; None for other models) -> logits [B, Tq, V]
+        (model dtype; the LM head runs on these rows only)."""
         pad = torch.nn.functional.pad
         B, Tq = tokens.shape
         W = mask.shape[2]
@@ -250,13 +251,13 @@ class CompiledRunner:
                               self.page_table)
         feats = None
         if self.feature:
-            f = self.runner.model.feature_input
-            feats = pad(f, (0, 0, 0, Tb - f.shape[1]))
+            if features is None:
+                raise ValueError("a feature draft's forward needs its input rows: pass features= "
+                                 "(shape [B, T, hidden])")
+            feats = pad(features, (0, 0, 0, Tb - features.shape[1]))
         hidden, secs = self.decoder(self._key(Tb, W), ids, positions, m, block, feats)
         self.compile_time_s += secs
         hidden = hidden[:, :Tq]
-        if self.feature:
-            self.runner.model.last_features = hidden
         logits = self.head(hidden)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
@@ -270,16 +271,12 @@ class CompiledRunner:
         model = self.runner.model
         for Tb in sorted({bucket_for(min(int(T), MAX_BUCKET)) for T in (sizes or BUCKETS)}):
             parents = (torch.arange(Tb, dtype=torch.int32, device=dev) - 1).expand(B, Tb).contiguous()
+            feats = None
             if self.feature:
-                model.feature_input = torch.zeros(B, Tb, model.config.hidden_size, dtype=self.k_store.dtype,
-                                                  device=dev)
-            try:
-                mask, depth = build_tree_mask(parents, None, check=False)
-                self.runner.forward_mask(torch.zeros(B, Tb, dtype=torch.int64, device=dev), mask, depth,
-                                         torch.full((B,), Tb, dtype=torch.int32, device=dev))
-            finally:
-                if self.feature:
-                    model.feature_input = None
+                feats = torch.zeros(B, Tb, model.config.hidden_size, dtype=self.k_store.dtype, device=dev)
+            mask, depth = build_tree_mask(parents, None, check=False)
+            self.runner.forward_mask(torch.zeros(B, Tb, dtype=torch.int64, device=dev), mask, depth,
+                                     torch.full((B,), Tb, dtype=torch.int32, device=dev), features=feats)
         return self.compile_time_s - before
 
 

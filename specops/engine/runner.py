@@ -88,12 +88,16 @@ class ModelRunner:
     model's). ``compile``: blocks of up to ``max(buckets)`` rows run a compiled graph
     (``compile_mode``: torch.compile's mode; docs/compile.md).
 
+    Features are data: ``forward(..., want_hidden=True)`` also returns the LM head's input (the
+    final hidden state after the final norm) of the block's rows, and a feature (EAGLE-style) model
+    gets its per-row input features as ``prefill(..., features=)`` / ``forward(..., features=)``.
+
     With ``keep_features``, ``features`` [B, max_len, H] (model dtype) holds the LM head's input
     (the final hidden state after the final norm) at every committed position ``p``, i.e. the state
     that produced the logits for token ``p + 1`` (for EAGLE-style drafters): filled at prefill and
     by every ``keep``; rows at or past ``lens[b]`` are unspecified. A forward hook on the decoder's
-    final norm (or a pre-hook on the output embedding of a model without one) captures it, only for
-    this runner's own ``prefill`` / ``forward`` calls."""
+    final norm (or a pre-hook on the output embedding of a model without one) captures it (and
+    ``want_hidden``'s rows), only for this runner's own ``prefill`` / ``forward`` calls."""
 
     def __init__(self, model, batch_size, max_len, *, keep_features=False, cache_dtype=None,
                  kv_layout="contiguous", page_size=16, compile=False, compile_mode="default"):
@@ -194,6 +198,10 @@ class ModelRunner:
                                          device=self.device)
         self.features = self._features_buf[:, :max_len]
         self._spare_row = max_len
+        self._install_hook(model)
+
+    def _install_hook(self, model):
+        head = model.get_output_embeddings()
         decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
         norm = getattr(decoder, "norm", None)
         if isinstance(norm, torch.nn.Module):
@@ -216,8 +224,12 @@ class ModelRunner:
             self._hook.remove()
             self._hook = None
 
-    def _captured(self, fn, *args, **kw):
-        self._capturing = self.keep_features
+    def _captured(self, fn, *args, want_hidden=False, **kw):
+        if want_hidden and self._hook is None:
+            if self.model.get_output_embeddings() is None:
+                raise ValueError("want_hidden needs a model with an output embedding (LM head)")
+            self._install_hook(self.model)
+        self._capturing = self.keep_features or want_hidden
         try:
             return fn(*args, **kw)
         finally:
@@ -225,35 +237,41 @@ class ModelRunner:
 
     # ---- the loop's calls ------------------------------------------------------------------------
 
-    def prefill(self, prompts, logits=True):
-        """Commits the prompts (lists of token ids). Shape: -> logits [B, V] after each prompt's last
-        token (model dtype), or None when ``logits`` is False (the LM head then runs on those rows
-        only, or not at all where the model allows)."""
+    def prefill(self, prompts, logits=True, *, features=None):
+        """Commits the prompts (lists of token ids). Shape: features [B, max len, H] or None (a
+        feature model's input rows) -> logits [B, V] after each prompt's last token (model dtype), or
+        None when ``logits`` is False (the LM head then runs on those rows only, or not at all where
+        the model allows)."""
         ids, lens = pad_batch(prompts)
         ids, lens = ids.to(self.device), lens.to(self.device)
         if self.keep_features and self._all_rows:
-            out = self._captured(self.prefill_padded, ids, lens)
+            out = self._captured(self.prefill_padded, ids, lens, features=features)
             out = out[torch.arange(self.B, device=out.device), lens.long() - 1]
         else:
-            out = self._captured(self.prefill_padded, ids, lens, last_only=True)
+            out = self._captured(self.prefill_padded, ids, lens, last_only=True, features=features)
         if self.keep_features:
             self.features[:, : ids.shape[1]] = self._hidden.to(self.features.dtype)
             self._hidden = None
         return out if logits else None
 
-    def forward(self, tokens, parents, num_nodes=None, q_start=0):
+    def forward(self, tokens, parents, num_nodes=None, q_start=0, *, features=None, want_hidden=False):
         """Forward of a (ragged, padded) tree block after the committed rows; logits of nodes
         ``q_start..T-1`` only (rows below ``q_start`` hold their K/V from an earlier call on the
         same block). Positions are ``lens + depth``.
 
         Shape: tokens int64 [B, T - q_start], parents int32 [B, T], num_nodes int32 [B] or None
-        (every row valid) -> logits [B, T - q_start, V] in the model's dtype."""
+        (every row valid), features [B, T - q_start, H] or None (a feature model's input rows)
+        -> logits [B, T - q_start, V] in the model's dtype; with ``want_hidden`` (logits, hidden
+        [B, T - q_start, H]: the LM head's input of the same rows)."""
         self.forwards += 1
         mask, depth = build_tree_mask(parents, num_nodes, check=False)
         T = parents.shape[1]
         block_lens = num_nodes if num_nodes is not None else torch.full_like(self.lens, T)
-        return self._captured(self.forward_mask, tokens, mask[:, q_start:], depth[:, q_start:], block_lens,
-                              q_start=q_start)
+        logits = self._captured(self.forward_mask, tokens, mask[:, q_start:], depth[:, q_start:], block_lens,
+                                q_start=q_start, features=features, want_hidden=want_hidden)
+        if want_hidden:
+            return logits, self._hidden[:, : tokens.shape[1]]
+        return logits
 
     def keep(self, accept_idx, accept_lens, host_counts=None, *, check=True):
         """Keeps, per sequence, the accepted block rows (and their features): one kv_compact on the
@@ -294,12 +312,13 @@ class ModelRunner:
 
     # ---- the general forms -----------------------------------------------------------------------
 
-    def prefill_padded(self, input_ids, lens, *, last_only=False):
+    def prefill_padded(self, input_ids, lens, *, last_only=False, features=None):
         """Runs right-padded prompts from an empty cache and commits them.
 
         Shape: input_ids int [B, L], lens int32 [B] (1 <= lens <= L) -> logits [B, L, V] in the
         model's dtype (rows >= lens[b] are padding); with ``last_only`` [B, V], the logits after each
-        prompt's last token (the LM head then runs on those rows only)."""
+        prompt's last token (the LM head then runs on those rows only). ``features`` [B, L, H]: a
+        feature model's input rows."""
         _checks.tensor("input_ids", input_ids, dtype=(torch.int64, torch.int32), shape=(self.B, None),
                        device=self.device)
         B, L = input_ids.shape
@@ -313,7 +332,7 @@ class ModelRunner:
         positions = torch.arange(L, device=self.device).expand(B, L)
         last = (lens.to(torch.int64) - 1)[:, None]  # [B, 1]
         keep = last if last_only and self._keeps_logits else None
-        logits = self._run(input_ids, positions, block, offset=0, logits_to_keep=keep)
+        logits = self._run(input_ids, positions, block, offset=0, logits_to_keep=keep, features=features)
         self.cache.commit(lens)
         if last_only:
             if logits.dim() == 4:  # transformers < 5.20 indexes every row with the [B, 1] keep -> [B, B, 1, V]
@@ -323,12 +342,13 @@ class ModelRunner:
             return logits[:, 0]
         return logits
 
-    def forward_mask(self, tokens, mask, depth, block_lens, *, q_start=0):
+    def forward_mask(self, tokens, mask, depth, block_lens, *, q_start=0, features=None):
         """The general form of ``forward``: any visibility mask (DAG, lookahead window) over the block.
 
         Shape: tokens int [B, Tq], mask int32 [B, Tq, W] (visibility of block keys 0..), depth int32
         [B, Tq] (position = lens + depth), block_lens int32 [B] (valid block rows incl. these
-        queries) -> logits [B, Tq, V] in the model's dtype. Query rows >= block_lens - q_start are
+        queries), features [B, Tq, H] or None -> logits [B, Tq, V] in the model's dtype. Query rows >=
+        block_lens - q_start are
         padding. With ``compile=True`` a block of up to ``max(buckets)`` rows runs the compiled graph
         of its bucket; a longer one (or one a sliding window cannot take) runs eagerly."""
         B, Tq = tokens.shape
@@ -339,24 +359,26 @@ class ModelRunner:
             raise ValueError(f"forward_mask: cache overflow: the longest sequence holds {longest - q_start - Tq} "
                              f"rows, {q_start + Tq} more would exceed max_len={self.max_len}")
         if self.compiled is not None and self.compiled.takes(Tq, longest):
-            return self.compiled.forward(tokens, mask, depth, block_lens, q_start)
+            return self.compiled.forward(tokens, mask, depth, block_lens, q_start, features)
         block = self._block(prefix_lens=self.lens, block_lens=block_lens, mask=mask, q_lens=block_lens - q_start,
                             longest=longest)
         positions = self.lens[:, None].to(torch.int64) + depth
-        return self._run(tokens, positions, block, offset=q_start)
+        return self._run(tokens, positions, block, offset=q_start, features=features)
 
     def _block(self, **kw):
         if self.kv_layout == "paged":
             kw.update(page_table=self.cache.page_table, page_size=self.cache.page_size)
         return Block(**kw)
 
-    def _run(self, ids, positions, block, offset, logits_to_keep=None):
+    def _run(self, ids, positions, block, offset, logits_to_keep=None, features=None):
         # The block travels as one keyword down to every layer's attention; its packed mask as the
         # 4-D attention_mask, which HF's mask builders pass through (no dense mask is built).
         self.cache.begin_block(offset, ids.shape[1])
         kw = {BLOCK_KW: block}
         if logits_to_keep is not None:
             kw["logits_to_keep"] = logits_to_keep
+        if features is not None:  # a feature (EAGLE-style) model: its input rows, as an argument
+            kw["features"] = features
         try:
             out = self.model(input_ids=ids.long(), position_ids=positions.long(), past_key_values=self.cache,
                              attention_mask=block.mask[:, None], use_cache=True, **kw)
