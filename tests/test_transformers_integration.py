@@ -284,3 +284,19 @@ def test_logits_stay_in_the_model_dtype_and_the_head_sees_only_needed_rows():
     assert last.dtype == block.dtype == torch.bfloat16
     assert last.shape == (2, 97) and block.shape == (2, 3, 97)
     assert rows == [1, 3]
+
+
+def test_want_hidden_returns_the_lm_head_input_of_the_block_rows():
+    # EAGLE-style features are data: forward(..., want_hidden=True) -> (logits, hidden), hidden being
+    # what the LM head read (so head(hidden) gives the logits back), for partial blocks too.
+    model = tiny_model("llama", seed=7)
+    runner = ModelRunner(model, batch_size=2, max_len=32)
+    parents = torch.tensor([[-1, 0, 0, 1]] * 2, dtype=torch.int32)
+    tokens = torch.randint(0, 97, (2, 4))
+    with torch.no_grad():
+        runner.prefill_padded(torch.randint(0, 97, (2, 6)), torch.tensor([6, 4], dtype=torch.int32))
+        plain = runner.forward(tokens[:, :2], parents[:, :2])
+        logits, hidden = runner.forward(tokens[:, 2:], parents, q_start=2, want_hidden=True)
+        torch.testing.assert_close(model.lm_head(hidden), logits, atol=1e-6, rtol=1e-6)
+    assert isinstance(plain, torch.Tensor) and plain.shape == (2, 2, 97)
+    assert hidden.shape == (2, 2, 64) and logits.shape == (2, 2, 97)
