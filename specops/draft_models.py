@@ -120,8 +120,9 @@ def feature_draft_class():
             if feats is None:
                 raise ValueError("a feature draft needs the target's features: pass features= or set "
                                  "feature_input (shape [B, T, hidden]) before calling it")
+            # kwargs: what the runner passes down to the attention (the block's ``specops_block``)
             h, out = self.hidden(input_ids, feats, position_ids=position_ids, past_key_values=past_key_values,
-                                 use_cache=use_cache, attention_mask=attention_mask)
+                                 use_cache=use_cache, attention_mask=attention_mask, **kwargs)
             if isinstance(logits_to_keep, torch.Tensor):  # [B, k] row indices (the runner's last rows)
                 h = torch.take_along_dim(h, logits_to_keep[..., None].to(h.device), dim=1)
             elif isinstance(logits_to_keep, int) and logits_to_keep > 0:

@@ -1,4 +1,4 @@
-"""Compiled block forwards (``SpecModel(compile=True)``, specops/integrations/compiled.py) on tiny
+"""Compiled block forwards (``ModelRunner(compile=True)``, specops/engine/compiled.py) on tiny
 fp32 models: every lossless method stays token-identical to greedy decoding (the greedy grid of
 tests/test_decoding.py), compiled AR equals eager AR, compiled block logits equal eager ones for
 ragged tree blocks (both cache layouts, partial blocks with ``q_start``), the graphs stay within the
@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from specops.decoding import generate
-from specops.integrations import compiled
-from specops.integrations.transformers import SpecModel
+from specops.engine import ModelRunner, compiled
 from specops.testing import perturbed_copy, random_parents, reference_greedy, tiny_causal_lm
 
 from test_decoding import LOSSLESS, N_NEW, PROMPT_LENS, _run
@@ -40,9 +39,9 @@ def test_buckets():
 def test_bad_arguments_are_rejected(pair):
     target = pair[0]
     with pytest.raises(ValueError, match="compile must be a bool"):
-        SpecModel(target, 1, 32, compile="yes")
+        ModelRunner(target, 1, 32, compile="yes")
     with pytest.raises(ValueError, match="compile_mode must be one of"):
-        SpecModel(target, 1, 32, compile=True, compile_mode="fast")
+        ModelRunner(target, 1, 32, compile=True, compile_mode="fast")
 
 
 @pytest.mark.parametrize("layout", [{}, {"kv_layout": "paged", "page_size": 4}], ids=["contiguous", "paged"])
@@ -61,12 +60,12 @@ def test_compiled_block_logits_equal_eager_ones(pair, layout):
     outs = []
     for compile_ in (False, True):
         with torch.inference_mode():  # generate's mode: the graphs are shared with the tests below
-            r = SpecModel(target, 3, 48, compile=compile_, **layout)
-            first = r.prefill(prompt, lens, last_only=True)
-            whole = r.forward_block(tokens, parents, num)
-            r.compact(*accept)
-            head = r.forward_block(tokens[:, :4], parents[:, :4].clamp(max=2), torch.full_like(num, 4))
-            tail = r.forward_block(tokens[:, 4:6], parents[:, :6].clamp(max=3), torch.full_like(num, 6), q_start=4)
+            r = ModelRunner(target, 3, 48, compile=compile_, **layout)
+            first = r.prefill_padded(prompt, lens, last_only=True)
+            whole = r.forward(tokens, parents, num)
+            r.keep(*accept)
+            head = r.forward(tokens[:, :4], parents[:, :4].clamp(max=2), torch.full_like(num, 4))
+            tail = r.forward(tokens[:, 4:6], parents[:, :6].clamp(max=3), torch.full_like(num, 6), q_start=4)
         outs.append((first, whole, head, tail, r.lens.clone()))
     for name, eager, comp in zip(("prefill", "tree", "head", "q_start", "lens"), *outs):
         if name == "tree":  # padding rows of the ragged batch are unspecified
@@ -79,13 +78,12 @@ def test_compiled_block_logits_equal_eager_ones(pair, layout):
 def test_compiled_ar_matches_eager_ar_and_reports_compile_time(pair):
     target, _, prompts, refs = pair
     eager, _ = generate(target, prompts, method="ar", max_new_tokens=N_NEW, eos_token_id=[])
-    with compiled.compiled_runners():
-        out, _ = generate(target, prompts, method="ar", max_new_tokens=N_NEW, eos_token_id=[])
+    out, _ = generate(target, prompts, method="ar", max_new_tokens=N_NEW, eos_token_id=[], compile=True)
     assert torch.equal(out, eager)
     assert [out[b].tolist() for b in range(3)] == [r[:N_NEW] for r in refs]
     # A second runner of the same model and shapes compiles nothing: the graph is shared.
     with torch.inference_mode():  # as generate builds its runners (inference tensors)
-        r = SpecModel(target, 3, 40, compile=True)
+        r = ModelRunner(target, 3, 40, compile=True)
         assert r.warmup([1]) == 0.0
     assert r.compile_time_s == 0.0
     dec = compiled.decoder_for(target)
@@ -104,8 +102,7 @@ GRID += [pytest.param(case, False, {"kv_layout": "paged", "page_size": 4}, id=f"
 @pytest.mark.parametrize("case, adaptive, layout", GRID)
 def test_compiled_greedy_is_token_identical_to_greedy_decoding(pair, case, adaptive, layout):
     target, draft, prompts, refs = pair
-    with compiled.compiled_runners():
-        out, m = _run(target, draft, prompts, case, adaptive=adaptive, **layout)
+    out, m = _run(target, draft, prompts, case, adaptive=adaptive, compile=True, **layout)
     for b in range(3):
         assert out[b].tolist() == refs[b][:N_NEW], f"sequence {b} diverged"
     assert m.num_target_forwards <= N_NEW
@@ -127,8 +124,7 @@ def test_feature_draft_compiled_is_lossless():
     kw = dict(draft=d, method="sd", max_new_tokens=12, eos_token_id=[], adaptive=False)
     ref, _ = generate(target, prompts, method="ar", max_new_tokens=12, eos_token_id=[])
     _, m_eager = generate(target, prompts, **kw)
-    with compiled.compiled_runners():
-        out, m = generate(target, prompts, **kw)
+    out, m = generate(target, prompts, compile=True, **kw)
     assert torch.equal(out, ref)
     # the same drafts as the eager runners: the draft read the same features, the target captured them
     assert (m.num_accepted_tokens, m.num_draft_tokens) == (m_eager.num_accepted_tokens, m_eager.num_draft_tokens)
@@ -142,8 +138,7 @@ def test_cuda_graphs_ar_and_sd_match_eager():
     draft = perturbed_copy(target, 0.15, seed=1).cuda()
     prompts = [[3, 5, 7, 9, 11], [4, 6, 8]]
     ref, _ = generate(target, prompts, method="ar", max_new_tokens=16, eos_token_id=[])
-    with compiled.compiled_runners("reduce-overhead"):
-        for method in ("ar", "sd"):
-            out, _ = generate(target, prompts, draft=draft, method=method, max_new_tokens=16, eos_token_id=[],
-                              adaptive=False)
-            assert torch.equal(out.cpu(), ref.cpu()), method
+    for method in ("ar", "sd"):
+        out, _ = generate(target, prompts, draft=draft, method=method, max_new_tokens=16, eos_token_id=[],
+                          adaptive=False, compile=True, compile_mode="reduce-overhead")
+        assert torch.equal(out.cpu(), ref.cpu()), method

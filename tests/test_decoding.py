@@ -6,7 +6,7 @@ import torch
 
 import specops
 from specops.decoding import METHODS, generate
-from specops.decoding import runner as runner_mod
+from specops.engine import ModelRunner
 from specops.testing import perturbed_copy, reference_greedy, tiny_causal_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread", "kernel_checks")
@@ -238,10 +238,9 @@ def test_compare_ar_fills_speedup(pair):
 # ---- bad input: a clear error before any work -------------------------------------------------------
 
 @pytest.fixture
-def no_work():
-    old = runner_mod.set_runner_factory(lambda *a, **kw: pytest.fail("decoding work started"))
-    yield
-    runner_mod.set_runner_factory(old)
+def no_work(monkeypatch):
+    # every runner (target and draft) is a ModelRunner: building one is the first model work
+    monkeypatch.setattr(ModelRunner, "__init__", lambda *a, **kw: pytest.fail("decoding work started"))
 
 
 @pytest.mark.parametrize("kwargs, match", [

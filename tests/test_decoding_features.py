@@ -76,10 +76,10 @@ def test_tree_method_commits_non_prefix_paths(models, monkeypatch):
     paths = []
     keep = loop.TargetLM.keep
 
-    def record(self, idx, lens, host_counts):
+    def record(self, idx, lens, host_counts, **kw):
         if self.keep_features:  # the target (the draft is a runner too)
             paths.extend(row[:n] for row, n in zip(idx.tolist(), host_counts))
-        keep(self, idx, lens, host_counts)
+        keep(self, idx, lens, host_counts, **kw)
     monkeypatch.setattr(loop.TargetLM, "keep", record)
     run(models, "tsd", [[5, 17, 99, 3, 42, 8, 61], [70, 2, 33]], 14)
     assert any(p and p != list(range(len(p))) for p in paths)

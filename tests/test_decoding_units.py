@@ -134,7 +134,7 @@ def test_ngram_draft_length_doubles_after_a_full_accept_and_resets_after_a_rejec
 
     from specops.decoding.drafters.ngram import NgramDrafter
 
-    from specops.decoding.runner import Stager
+    from specops.engine import Stager
 
     d = NgramDrafter(gamma=2, max_gamma=8)
     assert d.tree_budget() == 9
@@ -206,7 +206,7 @@ def test_metrics_definitions():
 # ---- candidates -------------------------------------------------------------------------------
 
 def test_candidates_stage_into_a_padded_device_draft_with_one_upload():
-    from specops.decoding.runner import Stager
+    from specops.engine import Stager
 
     stager = Stager("cpu")
     c = Candidates(tokens=[[5, 6, 7], [9]], parents=[[-1, 0, 0], [-1]], src=[[4, -1, 6], [2]])

@@ -26,7 +26,8 @@ import collections
 import pytest
 import torch
 
-from specops.decoding import AdaptiveConfig, api, loop, methods, runner
+from specops.decoding import AdaptiveConfig, api, loop, methods
+from specops.engine import runner
 from specops.testing import perturbed_copy, tiny_causal_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""The "specops" attention implementation and SpecModel on tiny random HF models: one tree forward
+"""The "specops" attention implementation and the engine's ModelRunner on tiny random HF models: one tree forward
 equals running each root-to-leaf path as a plain sequence; compaction after every step keeps the
 logits of a plain recompute of the accepted sequence."""
 import pytest
@@ -9,6 +9,7 @@ from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2L
 import specops
 from specops.testing import random_parents
 from specops.cache import StaticKVCache
+from specops.engine import ModelRunner
 from specops.integrations.transformers import SpecModel, use_specops_attention
 
 GQA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -45,10 +46,10 @@ def test_tree_forward_equals_each_path_as_a_sequence(arch):
     prompt = torch.randint(0, 97, (1, 11))
     parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 3, 6, 6]], dtype=torch.int32)
     tokens = torch.randint(0, 97, (1, 9))
-    runner = SpecModel(model, batch_size=1, max_len=64)
+    runner = ModelRunner(model, batch_size=1, max_len=64)
     with torch.no_grad():
-        runner.prefill(prompt, torch.tensor([11], dtype=torch.int32))
-        tree = runner.forward_block(tokens, parents)[0]
+        runner.prefill_padded(prompt, torch.tensor([11], dtype=torch.int32))
+        tree = runner.forward(tokens, parents)[0]
     vis = specops.unpack_mask(specops.build_tree_mask(parents)[0], 9)[0]
     for node in range(9):
         path = vis[node].nonzero().flatten()  # ancestors in topological order = the root-to-node path
@@ -63,15 +64,15 @@ def test_compaction_after_every_step_matches_recompute(arch):
     B = 3
     lens = torch.tensor([5, 9, 7], dtype=torch.int32)
     prompts = torch.randint(0, 97, (B, 9), generator=g)
-    runner = SpecModel(model, batch_size=B, max_len=80)
+    runner = ModelRunner(model, batch_size=B, max_len=80)
     seqs = [prompts[b, : lens[b]].tolist() for b in range(B)]
     with torch.no_grad():
-        runner.prefill(prompts, lens)
+        runner.prefill_padded(prompts, lens)
         for step in range(4):
             T = 6
             parents = random_parents(B, T, generator=g)
             tokens = torch.randint(0, 97, (B, T), generator=g)
-            logits = runner.forward_block(tokens, parents)
+            logits = runner.forward(tokens, parents)
             # accept a random root path per sequence (the root always), of ragged length
             vis = specops.unpack_mask(specops.build_tree_mask(parents)[0], T)
             accept_idx = torch.full((B, T), -1, dtype=torch.int32)
@@ -84,7 +85,7 @@ def test_compaction_after_every_step_matches_recompute(arch):
                 want = plain_logits(model, torch.tensor([seqs[b] + tokens[b, path].tolist()]))[-len(path):]
                 torch.testing.assert_close(logits[b, path], want, atol=3e-5, rtol=1e-4)
                 seqs[b] += tokens[b, path].tolist()
-            runner.compact(accept_idx, accept_lens)
+            runner.keep(accept_idx, accept_lens)
             assert runner.lens.tolist() == [len(s) for s in seqs]
 
 
@@ -113,19 +114,19 @@ def test_generate_with_specops_attention_equals_sdpa_greedy():
 
 
 def test_runner_rejects_bad_prompts_before_any_work():
-    runner = SpecModel(tiny_model("llama"), batch_size=2, max_len=16)
+    runner = ModelRunner(tiny_model("llama"), batch_size=2, max_len=16)
     ids = torch.randint(0, 97, (2, 5))
     with pytest.raises(ValueError, match=r"lens must lie in \[1, 5\]"):
-        runner.prefill(ids, torch.tensor([5, 0], dtype=torch.int32))
+        runner.prefill_padded(ids, torch.tensor([5, 0], dtype=torch.int32))
     with pytest.raises(ValueError, match="exceeds the cache"):
-        runner.prefill(torch.randint(0, 97, (2, 17)), torch.tensor([17, 17], dtype=torch.int32))
+        runner.prefill_padded(torch.randint(0, 97, (2, 17)), torch.tensor([17, 17], dtype=torch.int32))
     with pytest.raises(ValueError, match=r"input_ids must have shape \[2, \*\]"):
-        runner.prefill(torch.randint(0, 97, (3, 5)), torch.tensor([5, 5], dtype=torch.int32))
+        runner.prefill_padded(torch.randint(0, 97, (3, 5)), torch.tensor([5, 5], dtype=torch.int32))
     assert runner.lens.tolist() == [0, 0]
     with torch.no_grad():
-        runner.prefill(ids, torch.tensor([5, 3], dtype=torch.int32))
+        runner.prefill_padded(ids, torch.tensor([5, 3], dtype=torch.int32))
     with pytest.raises(ValueError, match="cache overflow"):
-        runner.forward_block(torch.zeros(2, 12, dtype=torch.long), torch.arange(-1, 11, dtype=torch.int32).expand(2, 12))
+        runner.forward(torch.zeros(2, 12, dtype=torch.long), torch.arange(-1, 11, dtype=torch.int32).expand(2, 12))
     assert runner.lens.tolist() == [5, 3]
 
 
@@ -134,17 +135,17 @@ def test_prefill_last_only_equals_the_last_rows_of_a_full_prefill():
     ids = torch.randint(0, 97, (3, 9))
     lens = torch.tensor([9, 4, 6], dtype=torch.int32)
     with torch.no_grad():
-        full = SpecModel(model, batch_size=3, max_len=32)
-        want = full.prefill(ids, lens)[torch.arange(3), lens.long() - 1]
-        last = SpecModel(model, batch_size=3, max_len=32)
-        got = last.prefill(ids, lens, last_only=True)
+        full = ModelRunner(model, batch_size=3, max_len=32)
+        want = full.prefill_padded(ids, lens)[torch.arange(3), lens.long() - 1]
+        last = ModelRunner(model, batch_size=3, max_len=32)
+        got = last.prefill_padded(ids, lens, last_only=True)
         assert got.shape == (3, 97) and got.dtype == torch.float32
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         assert last.lens.tolist() == [9, 4, 6]
         # the caches agree too: one more step gives the same logits
         step = torch.randint(0, 97, (3, 1))
         parents = torch.full((3, 1), -1, dtype=torch.int32)
-        torch.testing.assert_close(last.forward_block(step, parents), full.forward_block(step, parents))
+        torch.testing.assert_close(last.forward(step, parents), full.forward(step, parents))
 
 
 # ---- the paged KV layout: same logits as the contiguous cache -----------------------------------
@@ -157,16 +158,16 @@ def test_paged_layout_gives_the_contiguous_logits_over_tree_steps(arch, page_siz
     B = 3
     lens = torch.tensor([5, 9, 7], dtype=torch.int32)
     prompts = torch.randint(0, 97, (B, 9), generator=g)
-    runners = [SpecModel(model, batch_size=B, max_len=48),
-               SpecModel(model, batch_size=B, max_len=48, kv_layout="paged", page_size=page_size)]
+    runners = [ModelRunner(model, batch_size=B, max_len=48),
+               ModelRunner(model, batch_size=B, max_len=48, kv_layout="paged", page_size=page_size)]
     assert runners[1].cache.page_table.shape == (B, 48 // page_size)
     with torch.no_grad():
-        got = [r.prefill(prompts, lens) for r in runners]
+        got = [r.prefill_padded(prompts, lens) for r in runners]
         torch.testing.assert_close(got[1], got[0], atol=1e-5, rtol=1e-5)
         for step in range(3):
             parents = random_parents(B, 5, generator=g)
             tokens = torch.randint(0, 97, (B, 5), generator=g)
-            got = [r.forward_block(tokens, parents) for r in runners]
+            got = [r.forward(tokens, parents) for r in runners]
             torch.testing.assert_close(got[1], got[0], atol=1e-5, rtol=1e-5)
             # greedy: the same argmax tokens
             assert torch.equal(got[1].argmax(-1), got[0].argmax(-1))
@@ -179,7 +180,7 @@ def test_paged_layout_gives_the_contiguous_logits_over_tree_steps(arch, page_siz
                 accept_idx[b, len(path):] = torch.arange(len(path), 5, dtype=torch.int32) + 5
                 accept_lens[b] = len(path)
             for r in runners:
-                r.compact(accept_idx, accept_lens)
+                r.keep(accept_idx, accept_lens)
         assert runners[0].lens.tolist() == runners[1].lens.tolist()
 
 
@@ -200,7 +201,7 @@ def test_plain_hf_forward_on_a_paged_cache_matches_sdpa():
 
 def test_one_plan_per_block_serves_every_layer(monkeypatch):
     # The hook builds a TreeAttentionPlan at the first layer and runs it on the others.
-    from specops.integrations import transformers as hook
+    from specops.engine import attention as hook
 
     built = []
     real = hook.TreeAttentionPlan
@@ -213,10 +214,10 @@ def test_one_plan_per_block_serves_every_layer(monkeypatch):
     model = tiny_model("qwen2", seed=3)
     for layout in ("contiguous", "paged"):
         built.clear()
-        runner = SpecModel(model, batch_size=2, max_len=32, kv_layout=layout, page_size=8)
+        runner = ModelRunner(model, batch_size=2, max_len=32, kv_layout=layout, page_size=8)
         with torch.no_grad():
-            runner.prefill(torch.randint(0, 97, (2, 6)), torch.tensor([6, 4], dtype=torch.int32))
-            runner.forward_block(torch.randint(0, 97, (2, 3)), torch.tensor([[-1, 0, 0]] * 2, dtype=torch.int32))
+            runner.prefill_padded(torch.randint(0, 97, (2, 6)), torch.tensor([6, 4], dtype=torch.int32))
+            runner.forward(torch.randint(0, 97, (2, 3)), torch.tensor([[-1, 0, 0]] * 2, dtype=torch.int32))
         assert built == [layout == "paged"] * 2  # two forwards, one plan each (the model has 2 layers)
     assert not hasattr(hook.Block, "kernel")
 
@@ -229,15 +230,14 @@ def test_one_plan_per_block_serves_every_layer(monkeypatch):
 ])
 def test_spec_model_rejects_bad_layouts(kw, exc, match):
     with pytest.raises(exc, match=match):
-        SpecModel(tiny_model("llama"), batch_size=1, max_len=16, **kw)
+        SpecModel(tiny_model("llama"), batch_size=1, max_len=16, **kw)  # the README's name, an alias
 
 
 @pytest.mark.parametrize("method", ["sd", "specinfer", "opt-tree", "ngram"])
-def test_the_loop_on_a_paged_runner_is_token_identical(method):
-    # Until generate() takes kv_layout itself, the runner factory swaps in paged SpecModels (target
-    # and draft): greedy output equals the contiguous cache's and plain greedy decoding's.
+def test_the_loop_on_a_paged_runner_is_token_identical(method, monkeypatch):
+    # generate(kv_layout="paged") gives the target and the draft paged runners: greedy output equals
+    # the contiguous cache's and plain greedy decoding's.
     from specops.decoding import generate
-    from specops.decoding import runner as runner_mod
     from specops.testing import perturbed_copy, reference_greedy, tiny_causal_lm
 
     target = tiny_causal_lm("llama", seed=0)
@@ -248,17 +248,17 @@ def test_the_loop_on_a_paged_runner_is_token_identical(method):
               adaptive=False)
     want, _ = generate(target, prompts, **kw)
     made = []
+    init = ModelRunner.__init__
 
-    def paged(m, b, n):
-        made.append(SpecModel(m, b, n, kv_layout="paged", page_size=4))
-        return made[-1]
+    def recording(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        made.append(self)
 
-    old = runner_mod.set_runner_factory(paged)
-    try:
-        got, _ = generate(target, prompts, **kw)
-    finally:
-        runner_mod.set_runner_factory(old)
-    assert made and all(r.cache.page_table is not None for r in made)
+    monkeypatch.setattr(ModelRunner, "__init__", recording)
+    got, _ = generate(target, prompts, kv_layout="paged", page_size=4, **kw)
+    monkeypatch.undo()
+    assert len(made) == (1 if method == "ngram" else 2)
+    assert all(r.kv_layout == "paged" and r.cache.page_size == 4 for r in made)
     assert torch.equal(got, want)
     for b, p in enumerate(prompts):
         assert got[b].tolist() == reference_greedy(target, p, 12)
@@ -273,14 +273,30 @@ def test_logits_stay_in_the_model_dtype_and_the_head_sees_only_needed_rows():
     rows = []
     hook = model.lm_head.register_forward_pre_hook(lambda mod, args: rows.append(args[0].shape[1]))
     try:
-        runner = SpecModel(model, batch_size=2, max_len=32)
+        runner = ModelRunner(model, batch_size=2, max_len=32)
         with torch.no_grad():
-            last = runner.prefill(torch.randint(0, 97, (2, 7)), torch.tensor([7, 4], dtype=torch.int32),
+            last = runner.prefill_padded(torch.randint(0, 97, (2, 7)), torch.tensor([7, 4], dtype=torch.int32),
                                   last_only=True)
-            block = runner.forward_block(torch.randint(0, 97, (2, 3)), torch.tensor([[-1, 0, 0]] * 2,
+            block = runner.forward(torch.randint(0, 97, (2, 3)), torch.tensor([[-1, 0, 0]] * 2,
                                                                                      dtype=torch.int32))
     finally:
         hook.remove()
     assert last.dtype == block.dtype == torch.bfloat16
     assert last.shape == (2, 97) and block.shape == (2, 3, 97)
     assert rows == [1, 3]
+
+
+def test_want_hidden_returns_the_lm_head_input_of_the_block_rows():
+    # EAGLE-style features are data: forward(..., want_hidden=True) -> (logits, hidden), hidden being
+    # what the LM head read (so head(hidden) gives the logits back), for partial blocks too.
+    model = tiny_model("llama", seed=7)
+    runner = ModelRunner(model, batch_size=2, max_len=32)
+    parents = torch.tensor([[-1, 0, 0, 1]] * 2, dtype=torch.int32)
+    tokens = torch.randint(0, 97, (2, 4))
+    with torch.no_grad():
+        runner.prefill_padded(torch.randint(0, 97, (2, 6)), torch.tensor([6, 4], dtype=torch.int32))
+        plain = runner.forward(tokens[:, :2], parents[:, :2])
+        logits, hidden = runner.forward(tokens[:, 2:], parents, q_start=2, want_hidden=True)
+        torch.testing.assert_close(model.lm_head(hidden), logits, atol=1e-6, rtol=1e-6)
+    assert isinstance(plain, torch.Tensor) and plain.shape == (2, 2, 97)
+    assert hidden.shape == (2, 2, 64) and logits.shape == (2, 2, 97)

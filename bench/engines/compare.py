@@ -11,7 +11,7 @@ tokens, batch 1, ``--threads`` threads. Providers:
 
 * ``specops_ar`` / ``specops_ngram``: ``specops.generate`` with the eager model forward;
 * ``specops_ar_compiled`` / ``specops_ngram_compiled``: the same with compiled forwards
-  (``SpecModel(compile=True)``); the compilation happens in a warm-up before timing, and its time is
+  (``generate(compile=True)``); the compilation happens in a warm-up before timing, and its time is
   reported apart: the first generate including compilation (``first_generate_s``) and the seconds
   per compiled graph (``compile_s``, per bucket);
 * peers, each in its own venv and process (bench/engines/__init__.py): ``vllm_cpu/plain``,
@@ -33,7 +33,7 @@ import torch
 
 import specops
 from specops import models
-from specops.integrations import compiled
+from specops.engine import compiled
 
 import questions as qfile
 from _harness import FIELDS, RESULTS, Recorder, machine_limits
@@ -49,20 +49,10 @@ SPECOPS = (("specops_ar", "ar", False), ("specops_ngram", "ngram", False),
 
 def _generate(target, ids, method, compile_, new):
     """One batch-1 generate; returns (tokens, seconds, metrics)."""
-    ctx = compiled.compiled_runners() if compile_ else _null()
-    with ctx:
-        t0 = time.perf_counter()
-        out, m = specops.generate(target, [ids], method=method, max_new_tokens=new, eos_token_id=[])
-        dt = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out, m = specops.generate(target, [ids], method=method, max_new_tokens=new, eos_token_id=[], compile=compile_)
+    dt = time.perf_counter() - t0
     return out.shape[1], dt, m
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def run_specops(target, prompts, new, rec, base):

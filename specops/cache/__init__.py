@@ -1,8 +1,5 @@
-"""specops KV caches (transformers ``Cache`` subclasses): :class:`StaticKVCache` (one contiguous
-[L, B, Hkv, S, D] buffer) and :class:`PagedKVCache` (a page pool and a page table), with the same
-methods and semantics (:class:`~specops.cache.base.KVCacheBase`)."""
-from .base import KVCacheBase
-from .paged import PagedKVCache
-from .static import StaticKVCache
+"""The KV caches' public name (README: ``specops.cache.StaticKVCache`` / ``PagedKVCache``), kept as an
+alias: they live in the engine, :mod:`specops.engine.cache`."""
+from ..engine.cache import KVCacheBase, PagedKVCache, StaticKVCache
 
 __all__ = ["KVCacheBase", "PagedKVCache", "StaticKVCache"]

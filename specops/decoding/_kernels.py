@@ -5,37 +5,41 @@ pass over the [B, T, V] rows each) are off by default; ``SPECOPS_CHECK=1`` (or `
 turns them on to debug a new drafter. Shape checks always run inside the ops."""
 import os
 
-import specops
+from ..ops import sampling as sampling_ops
+from ..ops import topn as topn_ops
+from ..ops import verify as verify_ops
+from ..ops import verify_logits as verify_logits_ops
 
 CHECK = os.environ.get("SPECOPS_CHECK", "0") == "1"
 
 
 def warp_probs(logits, temperature, top_k=0, top_p=1.0):
-    return specops.warp_probs(logits, temperature, top_k, top_p, check=CHECK)
+    return sampling_ops.warp_probs(logits, temperature, top_k, top_p, check=CHECK)
 
 
 def verify_greedy(tokens, parents, target_logits, num_nodes):
-    return specops.verify_greedy(tokens, parents, target_logits, num_nodes, check=CHECK)
+    return verify_ops.verify_greedy(tokens, parents, target_logits, num_nodes, check=CHECK)
 
 
 def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs, mode, num_nodes):
-    return specops.verify_tree(tokens, parents, target_probs, uniforms, draft_probs=draft_probs, mode=mode,
-                               num_nodes=num_nodes, check=CHECK)
+    return verify_ops.verify_tree(tokens, parents, target_probs, uniforms, draft_probs=draft_probs, mode=mode,
+                                  num_nodes=num_nodes, check=CHECK)
 
 
 def verify_tree_logits(tokens, parents, target_logits, uniforms, *, sampling, mode, num_nodes):
-    return specops.verify_tree_logits(tokens, parents, target_logits, uniforms, temperature=float(sampling.temperature),
-                                      top_k=int(sampling.top_k), top_p=float(sampling.top_p), mode=mode,
-                                      num_nodes=num_nodes, check=CHECK)
+    return verify_logits_ops.verify_tree_logits(tokens, parents, target_logits, uniforms,
+                                                temperature=float(sampling.temperature), top_k=int(sampling.top_k),
+                                                top_p=float(sampling.top_p), mode=mode, num_nodes=num_nodes,
+                                                check=CHECK)
 
 
 def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, uniforms):
-    return specops.verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, uniforms, check=CHECK)
+    return verify_ops.verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, uniforms, check=CHECK)
 
 
 def topn_expand(parent_scores, child_logprobs, n, *, per_parent_k=None):
-    return specops.topn_expand(parent_scores, child_logprobs, n, per_parent_k=per_parent_k, check=CHECK)
+    return topn_ops.topn_expand(parent_scores, child_logprobs, n, per_parent_k=per_parent_k, check=CHECK)
 
 
 def select_topn_subtree(parents, scores, n, num_nodes=None):
-    return specops.select_topn_subtree(parents, scores, n, num_nodes, check=CHECK)
+    return topn_ops.select_topn_subtree(parents, scores, n, num_nodes, check=CHECK)

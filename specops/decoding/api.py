@@ -142,7 +142,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
                 dmax = max_len + drafter.draft_budget() + drafter.tree_budget() + 1
                 dlm = FeatureDraftLM(draft_model, B, dmax, runner, **runner_kw) if feature else \
                     DraftLM(draft_model, B, dmax, **runner_kw)
-            runners = [r.spec for r in (runner, dlm) if r is not None]
+            runners = [r for r in (runner, dlm) if r is not None]
             compiling = sum(getattr(r, "compile_time_s", 0.0) for r in runners)
             gen, metrics = decode(runner, drafter, prompts, sampling=sampling, stopper=stopper,
                                   generator=generator, draft=dlm, tokenizer=tokenizer, stream=stream,

@@ -1,4 +1,4 @@
-"""The draft model: a :class:`~specops.decoding.runner.ModelRunner` plus the block a drafter grows.
+"""The draft model: a :class:`~specops.engine.ModelRunner` plus the block a drafter grows.
 
 Draft-cache policy (docs/methods.md §KV caches), one mechanism for every drafter:
 
@@ -17,7 +17,8 @@ Draft-cache policy (docs/methods.md §KV caches), one mechanism for every drafte
 """
 import torch
 
-from .runner import ModelRunner
+from ..engine import ModelRunner
+from . import _kernels
 
 
 class DraftLM(ModelRunner):
@@ -30,10 +31,12 @@ class DraftLM(ModelRunner):
         self._logits = self._argmax = None
         self._q0 = 0
         self._dev_parents = None  # the block's parents on the device, grown per forward
+        self.hidden = None  # [B, T - q0, H]: the latest forward's LM-head input (a forward with features)
 
-    def prefill(self, prompts, logits=False):
-        """Commits the prompts (without the pending root); the logits are not needed."""
-        out = super().prefill(prompts, logits=logits)
+    def prefill(self, prompts, logits=False, **kw):
+        """Commits the prompts (without the pending root); the logits are not needed. ``kw``:
+        ``features`` for a feature draft (:meth:`ModelRunner.prefill`)."""
+        out = super().prefill(prompts, logits=logits, **kw)
         self.cached = [list(p) for p in prompts]
         return out
 
@@ -89,11 +92,13 @@ class DraftLM(ModelRunner):
         """The first node the next ``forward`` computes a logits row for (its ``first_row_node``)."""
         return min(self.fed)
 
-    def forward(self, rows=None, extra=None):
+    def forward(self, rows=None, extra=None, features=None):
         """Computes every unfed node. Afterwards ``logits(b, node)`` reads any node fed in this call.
 
         ``rows``: (b, node) pairs of nodes fed in this call whose logits to return, ``extra``: ints
         the caller needs on the device; both travel in the forward's one staged upload.
+        ``features`` [B, T - q0, H]: a feature draft's input rows for the unfed nodes; then
+        ``hidden`` holds the forward's LM-head input (the draft's predicted features) of those rows.
         Shape: -> ([len(rows), V] or None, int64 [len(extra)] or None)."""
         rows, extra = rows or [], extra or []
         if all(self.fed[b] == len(self.tokens[b]) for b in range(self.B)):
@@ -120,7 +125,11 @@ class DraftLM(ModelRunner):
         at = 2 * n + self.B
         parents = new_par if q0 == 0 else torch.cat([self._dev_parents[:, :q0], new_par], dim=1)
         self._dev_parents = parents
-        self._logits = super().forward(new_tok, parents, num_nodes, q0)
+        if features is None:
+            self._logits = super().forward(new_tok, parents, num_nodes, q0)
+        else:
+            self._logits, self.hidden = super().forward(new_tok, parents, num_nodes, q0, features=features,
+                                                        want_hidden=True)
         self._argmax = None
         self._q0 = q0
         self.fed = [len(t) for t in self.tokens]
@@ -179,7 +188,7 @@ class DraftLM(ModelRunner):
                 start = p[-1] + 1 if p else 0  # entries past accept_lens: ignored, kept increasing
                 rows += p + list(range(start, start + A - n))
             up = self.stager.upload(rows + lens).to(torch.int32)
-            self.keep(up[: self.B * A].view(self.B, A), up[self.B * A:], lens)
+            self.keep(up[: self.B * A].view(self.B, A), up[self.B * A:], lens, check=_kernels.CHECK)
         for b in range(self.B):
             self.cached[b].extend(self.tokens[b][i] for i in idx[b])
         self.tokens = self.parents = None

@@ -50,11 +50,7 @@ class FeatureDraftLM(DraftLM):
                             device=self.device)
         for b, p in enumerate(prompts):
             feats[b, : len(p)] = self._target_rows(b, 0, len(p))
-        self.model.feature_input = feats
-        try:
-            out = super().prefill(prompts, logits)
-        finally:
-            self.model.feature_input = None
+        out = super().prefill(prompts, logits, features=feats)
         self.exact = [len(p) for p in prompts]
         return out
 
@@ -92,12 +88,8 @@ class FeatureDraftLM(DraftLM):
                 while p >= fed:
                     p = self.parents[b][p]
                 feats[b, i - q0] = self._tail[b] if p < 0 else self._hid[b, p]
-        self.model.feature_input = feats
-        try:
-            out = super().forward(rows, extra)
-        finally:
-            self.model.feature_input = None
-        new = self.model.last_features.detach().to(self._tail.dtype)  # [B, T - q0, H]
+        out = super().forward(rows, extra, features=feats)
+        new = self.hidden.detach().to(self._tail.dtype)  # [B, T - q0, H]: the draft's predicted features
         if self._hid is None or self._hid.shape[1] < T:
             grown = torch.zeros(self.B, T, H, dtype=self._tail.dtype, device=self.device)
             if self._hid is not None:

@@ -22,9 +22,10 @@ import time
 
 import torch
 
+from ..engine import ModelRunner
+from . import _kernels
 from .adaptive import Controller
 from .metrics import Metrics
-from .runner import ModelRunner
 from .sampling import draw
 from .tree import root_draft
 from .verify import verify
@@ -37,7 +38,7 @@ class DecodeState:
     """What drafters read. ``seqs[b]`` = prompt + emitted tokens; its last token is the pending
     root (emitted, not yet in the target cache), also on the device as ``root`` int64 [B].
     ``active[b]``: still generating; ``was_active``: active when the current block was proposed.
-    ``stager``: the target's :class:`~specops.decoding.runner.Stager` (host-built drafts upload
+    ``stager``: the target's :class:`~specops.engine.Stager` (host-built drafts upload
     through it); ``generator`` lives on the target's device."""
     seqs: list
     prompt_lens: list
@@ -121,7 +122,8 @@ class Decoder:
         result = verify(mode, draft, logits, s.sampling, s.generator, self.active_t)
         result.read(draft, s.active, with_argmax=budget != 0 and drafter.needs_target_argmax)
         t2 = time.perf_counter()  # verify time ends with the read (on a GPU it waits for the forward)
-        self.target.keep(result.accept_idx, result.kept, [len(p) for p in result.paths])  # finished: nothing
+        # a finished sequence keeps nothing
+        self.target.keep(result.accept_idx, result.kept, [len(p) for p in result.paths], check=_kernels.CHECK)
         emitted = [self._emit_one(b, result.path_tokens[b][1:] + [result.bonus[b]]) if s.active[b] else []
                    for b in range(s.batch)]
         s.root = result.bonus_t.long()

@@ -1,4 +1,4 @@
-"""Compiled block forwards for :class:`~specops.integrations.transformers.SpecModel` (``compile=True``).
+"""Compiled block forwards for :class:`~specops.engine.ModelRunner` (``compile=True``).
 
 The HF model's decoder (embedding, every layer with the ``"specops"`` attention, the final norm) runs
 under ``torch.compile(fullgraph=True, dynamic=False)`` at a few **bucketed block shapes**: a block
@@ -10,8 +10,9 @@ compaction overwrites), their position is ``lens`` (inside every position table)
 The cache therefore holds ``max(BUCKETS)`` spare rows past ``max_len``.
 
 Inside the graph nothing goes through the HF ``Cache`` API: the model runs with ``cache=None`` and
-the attention function, recognising a compiled block by its ``specops_block`` keyword (passed down
-through the model's ``**kwargs``), writes the layer's new K/V rows straight into the specops
+the attention function, recognising a compiled block by its ``specops_block`` keyword (a
+:class:`~specops.engine.attention.CompiledBlock`, passed down through the model's ``**kwargs``, the
+same keyword an eager block travels by), writes the layer's new K/V rows straight into the specops
 cache's storage (one ``index_put_`` per tensor: mutations of whole graph inputs, which inductor
 performs in place) and runs the tree-attention kernel (a registered op with a fake implementation)
 over it. A 4-D ``attention_mask`` (the packed visibility, [B, 1, Tb, W]) makes HF's mask builders
@@ -25,13 +26,18 @@ dynamo graphs live there, and inductor's on-disk caches (FX graph and AOTAutogra
 ``<specops cache>/inductor`` unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise) make a later process
 skip code generation. The cache's row count is marked dynamic, so caches of any length share a graph.
 """
-import contextlib
 import os
 import sys
 import time
 import weakref
 
 import torch
+
+from .. import models
+from ..draft_models import is_feature_draft
+from ..ops.plan import TreeAttentionPlan
+from ..ops.tree_mask import build_tree_mask
+from .attention import BLOCK_KW, CompiledBlock
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 MAX_BUCKET = BUCKETS[-1]
@@ -57,65 +63,8 @@ def mask_words(T):
 def set_cache_dir():
     """Points inductor's on-disk caches at ``<specops cache>/inductor`` unless the user chose a place."""
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        from .. import models
-
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(models.cache_dir(), "inductor")
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
-
-
-@torch.library.custom_op("specops_compiled::tree_attention", mutates_args=())
-def _compiled_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, page_table: torch.Tensor | None,
-                     prefix_lens: torch.Tensor, block_lens: torch.Tensor, mask: torch.Tensor, q_lens: torch.Tensor,
-                     sm_scale: float) -> torch.Tensor:
-    """The compiled extension's tree attention, unsplit, as one opaque node of a compiled graph.
-
-    The registered ops take an optional partials workspace they write (``Tensor(a!)?``); inductor
-    cannot lower the functionalised form of that mutation, so a graph calls this wrapper, which
-    mutates nothing (one kv split: a compiled block is a decode-sized step)."""
-    if page_table is None:
-        return torch.ops.specops.tree_attention(q, k, v, prefix_lens, block_lens, mask, q_lens, sm_scale, 1, None)
-    return torch.ops.specops.tree_attention_paged(q, k, v, page_table, prefix_lens, block_lens, mask, q_lens,
-                                                  sm_scale, 1, None)
-
-
-@_compiled_kernel.register_fake
-def _(q, k, v, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale):
-    return torch.empty_like(q)
-
-
-def block_attention(module, query, key, value, block, scaling):
-    """The attention of one layer inside a compiled block forward.
-
-    Shape: query [B, Hq, Tb, D]; key, value [B, Hkv, Tb, D] (this forward's new rows, RoPE applied);
-    ``block`` = (impl, prefix_lens int32 [B], block_lens int32 [B], q_lens int32 [B], mask int32
-    [B, 1, Tb, W], rows int64 [B, Tb] (the cache row of every new row), k_store, v_store,
-    page_table): k_store / v_store [L, B, Hkv, S, D] with page_table None (contiguous), or
-    [L, N, ps, Hkv, D] with page_table int32 [B, max_pages] (paged) -> ([B, Tb, Hq, D], None)."""
-    impl, prefix, blens, qlens, mask, rows, k_store, v_store, page_table = block
-    layer = module.layer_idx
-    B, H, T, _ = key.shape
-    dev = key.device
-    # Whole-input index_put_ (not a write into the layer's view): inductor then updates the cache
-    # in place instead of copying it back.
-    lid = torch.full((1, 1, 1), layer, dtype=torch.int64, device=dev)
-    heads = torch.arange(H, device=dev)[None, :, None]  # [1, Hkv, 1]
-    if page_table is None:
-        where = (lid, torch.arange(B, device=dev)[:, None, None], heads, rows[:, None, :])  # [B, Hkv, Tb]
-    else:
-        ps = k_store.shape[2]
-        pages = page_table.long().gather(1, rows // ps)  # [B, Tb]
-        where = (lid, pages[:, None, :], (rows % ps)[:, None, :], heads)  # [B, Hkv, Tb]
-    k_store.index_put_(where, key.to(k_store.dtype))
-    v_store.index_put_(where, value.to(v_store.dtype))
-    q = query.transpose(1, 2)  # [B, Tb, Hq, D]
-    paging = () if page_table is None else (page_table,)
-    scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
-    if impl is None:  # a compiled extension's kernel
-        out = _compiled_kernel(q, k_store[layer], v_store[layer], page_table, prefix, blens, mask[:, 0], qlens,
-                               float(scaling))
-    else:
-        out = impl(q, k_store[layer], v_store[layer], *paging, prefix, blens, mask[:, 0], qlens, scaling)
-    return out, None
 
 
 _DECODERS = {}  # model -> {mode: CompiledDecoder}; holds the model (the graphs run its modules)
@@ -179,7 +128,7 @@ class CompiledDecoder:
         return cache
 
     def _forward(self, ids, positions, mask, block, feats):
-        kw = dict(position_ids=positions, attention_mask=mask, use_cache=False, specops_block=block)
+        kw = {"position_ids": positions, "attention_mask": mask, "use_cache": False, BLOCK_KW: block}
         if feats is not None:  # a feature (EAGLE-style) draft: its own input layer before the decoder
             return self.model.hidden(ids, feats, **kw)[0]
         return self.decoder(input_ids=ids, **kw).last_hidden_state
@@ -234,16 +183,13 @@ class CompiledDecoder:
 
 
 class CompiledRunner:
-    """The compiled block forwards of one :class:`SpecModel` over its cache."""
+    """The compiled block forwards of one :class:`~specops.engine.ModelRunner` over its cache."""
 
-    def __init__(self, spec, cfg, mode):
-        from ..distill.feature import is_feature_draft
-        from ..ops.plan import TreeAttentionPlan
-
-        model, cache = spec.model, spec.cache
-        self.spec = spec
+    def __init__(self, runner, cfg, mode):
+        model, cache = runner.model, runner.cache
+        self.runner = runner
         self.decoder = decoder_for(model, mode)
-        self.paged = spec.kv_layout == "paged"
+        self.paged = runner.kv_layout == "paged"
         if self.paged:
             self.k_store, self.v_store, self.page_table = cache.k_pages, cache.v_pages, cache.page_table
         else:
@@ -258,7 +204,7 @@ class CompiledRunner:
                 torch._dynamo.mark_dynamic(t, dim)
             if self.decoder.cudagraphs:
                 torch._dynamo.mark_static_address(t)
-        B, dev = spec.batch_size, spec.device
+        B, dev = runner.batch_size, runner.device
         heads = cfg.num_attention_heads
         # The kernel is chosen once, for this cache's shapes (the eager path does it per forward).
         one = torch.ones(B, dtype=torch.int32, device=dev)
@@ -267,12 +213,12 @@ class CompiledRunner:
                                  dtype=cache.dtype, device=dev, check=False, page_table=self.page_table,
                                  page_size=cache.page_size if self.paged else None)
         self.backend = plan.backend
-        self.impl = None if plan.backend in ("cpp", "cuda") else plan._impl  # None: _compiled_kernel
+        self.impl = None if plan.backend in ("cpp", "cuda") else plan._impl  # None: attention.compiled_kernel
         self.head = model.get_output_embeddings()
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
         self.window = getattr(cfg, "sliding_window", None) if _uses_window(cfg) else None
         self.feature = is_feature_draft(model)
-        self.arange = torch.arange(spec.cache.max_len + MAX_BUCKET, device=dev)
+        self.arange = torch.arange(runner.cache.max_len + MAX_BUCKET, device=dev)
         self.compile_time_s = 0.0
 
     def takes(self, Tq, longest):
@@ -280,37 +226,38 @@ class CompiledRunner:
         return Tq <= MAX_BUCKET and not (self.window and longest > self.window)
 
     def _key(self, Tb, W):
-        return (Tb, mask_words(32 * W), self.spec.batch_size, self.spec.kv_layout)
+        return (Tb, mask_words(32 * W), self.runner.batch_size, self.runner.kv_layout)
 
     def cost(self, T):
         """Running mean seconds of a compiled forward of ``T`` query rows (its bucket), or None."""
         Tb = bucket_for(T)
         return None if Tb is None else self.decoder.cost_s.get(self._key(Tb, -(-T // 32)))
 
-    def forward(self, tokens, mask, depth, block_lens, q_start):
-        """Shape: tokens int [B, Tq], mask int32 [B, Tq, W], depth int32 [B, Tq], block_lens int32 [B]
-        -> logits [B, Tq, V] (model dtype; the LM head runs on these rows only)."""
+    def forward(self, tokens, mask, depth, block_lens, q_start, features=None):
+        """Shape: tokens int [B, Tq], mask int32 [B, Tq, W], depth int32 [B, Tq], block_lens int32 [B],
+        features [B, Tq, H] (a feature model's input rows; None for other models) -> logits [B, Tq, V]
+        (model dtype; the LM head runs on these rows only)."""
         pad = torch.nn.functional.pad
         B, Tq = tokens.shape
         W = mask.shape[2]
         Tb, Wb = bucket_for(Tq), mask_words(32 * W)
-        lens = self.spec.lens
+        lens = self.runner.lens
         base = lens.to(torch.int64)[:, None]  # [B, 1]
         ids = pad(tokens.to(torch.int64), (0, Tb - Tq))
         positions = base + pad(depth.to(torch.int64), (0, Tb - Tq))  # padding rows: position lens
         rows = base + self.arange[q_start:q_start + Tb]  # [B, Tb] cache rows of the new K/V
         m = pad(mask, (0, Wb - W, 0, Tb - Tq))[:, None]  # [B, 1, Tb, Wb]; padding rows see nothing
-        block = (self.impl, lens, block_lens, block_lens - q_start, m, rows, self.k_store, self.v_store,
-                 self.page_table)
+        block = CompiledBlock(self.impl, lens, block_lens, block_lens - q_start, m, rows, self.k_store, self.v_store,
+                              self.page_table)
         feats = None
         if self.feature:
-            f = self.spec.model.feature_input
-            feats = pad(f, (0, 0, 0, Tb - f.shape[1]))
+            if features is None:
+                raise ValueError("a feature draft's forward needs its input rows: pass features= "
+                                 "(shape [B, T, hidden])")
+            feats = pad(features, (0, 0, 0, Tb - features.shape[1]))
         hidden, secs = self.decoder(self._key(Tb, W), ids, positions, m, block, feats)
         self.compile_time_s += secs
         hidden = hidden[:, :Tq]
-        if self.feature:
-            self.spec.model.last_features = hidden
         logits = self.head(hidden)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
@@ -320,18 +267,16 @@ class CompiledRunner:
         """Compiles the buckets of ``sizes`` (default all) with a scratch block at the current
         lengths (its rows stay uncommitted). Returns the seconds spent compiling."""
         before = self.compile_time_s
-        B, dev = self.spec.batch_size, self.spec.device
-        model = self.spec.model
+        B, dev = self.runner.batch_size, self.runner.device
+        model = self.runner.model
         for Tb in sorted({bucket_for(min(int(T), MAX_BUCKET)) for T in (sizes or BUCKETS)}):
             parents = (torch.arange(Tb, dtype=torch.int32, device=dev) - 1).expand(B, Tb).contiguous()
+            feats = None
             if self.feature:
-                model.feature_input = torch.zeros(B, Tb, model.config.hidden_size, dtype=self.k_store.dtype,
-                                                  device=dev)
-            try:
-                self.spec.forward_block(torch.zeros(B, Tb, dtype=torch.int64, device=dev), parents)
-            finally:
-                if self.feature:
-                    model.feature_input = None
+                feats = torch.zeros(B, Tb, model.config.hidden_size, dtype=self.k_store.dtype, device=dev)
+            mask, depth = build_tree_mask(parents, None, check=False)
+            self.runner.forward_mask(torch.zeros(B, Tb, dtype=torch.int64, device=dev), mask, depth,
+                                     torch.full((B,), Tb, dtype=torch.int32, device=dev), features=feats)
         return self.compile_time_s - before
 
 
@@ -347,21 +292,3 @@ def _uses_window(cfg):
         return False
     types = getattr(cfg, "layer_types", None)
     return types is None or "sliding_attention" in types
-
-
-@contextlib.contextmanager
-def compiled_runners(mode="default"):
-    """Within the block every runner the decoding loop makes (target and draft) is a compiled
-    :class:`SpecModel` (``compile=True, compile_mode=mode``): what ``generate(..., compile=True)``
-    does, for code that calls the loop directly (tests, benchmarks)."""
-    from ..decoding import runner
-    from .transformers import SpecModel
-
-    def factory(model, batch_size, max_len, **kw):
-        return SpecModel(model, batch_size, max_len, **{"compile": True, "compile_mode": mode, **kw})
-
-    old = runner.set_runner_factory(factory)
-    try:
-        yield
-    finally:
-        runner.set_runner_factory(old)

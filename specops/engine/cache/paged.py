@@ -1,6 +1,6 @@
 """PagedKVCache: the K/V of every layer in a pool of fixed-size pages, addressed through a page
 table (the layout of serving engines, and of :func:`specops.tree_attention_paged` /
-:func:`specops.kv_compact_paged`), with the semantics of :class:`~specops.cache.StaticKVCache`.
+:func:`specops.kv_compact_paged`), with the semantics of :class:`~specops.engine.cache.StaticKVCache`.
 
 Layout: ``k_pages``, ``v_pages`` [L, num_pages, page_size, Hkv, D]; ``page_table`` int32
 [B, ceil(max_len / page_size)]. Row ``r`` of sequence ``b`` is slot ``r % page_size`` of page
@@ -15,9 +15,9 @@ a contiguous [B, Hkv, max_len, D] copy, so any attention implementation reads th
 """
 import torch
 
-from ..ops import _checks
-from ..ops.kv_compact import _check_paged_values
-from ..ops.tree_attention import gather_pages
+from ...ops import _checks
+from ...ops.kv_compact import _check_paged_values
+from ...ops.tree_attention import gather_pages
 from .base import KVCacheBase, check_sizes
 
 DEFAULT_PAGE_ORDER_SEED = 0  # page_order=None: a fixed permutation of the pool, the same every run

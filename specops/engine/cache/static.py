@@ -8,14 +8,14 @@ the current draft block already written); they stay uncommitted until ``compact`
 accepted path) or ``commit`` (keep all).
 
 Two ways to drive it:
-- the specops runner (:class:`specops.integrations.transformers.SpecModel`) opens a block
+- the specops runner (:class:`specops.engine.ModelRunner`) opens a block
   (``begin_block``), runs the model, then compacts: lengths may be ragged across the batch;
 - a plain HF forward with ``past_key_values=cache`` and no block open appends and commits like
   ``DynamicCache`` (lengths then stay equal across the batch).
 """
 import torch
 
-from ..ops.kv_compact import _check_values
+from ...ops.kv_compact import _check_values
 from .base import KVCacheBase, check_sizes
 
 

@@ -1,0 +1,209 @@
+"""The ``"specops"`` attention implementation for Hugging Face transformers.
+
+How a tree block reaches the kernel: the runner (:class:`specops.engine.ModelRunner`) calls the HF
+model with the block's metadata as one keyword, ``specops_block``, which HF passes down through
+every layer's ``**kwargs`` to the registered attention function. That keyword is the only channel:
+eager and compiled forwards use it alike (no thread-local state). Along with it the runner passes
+the block's bit-packed visibility as a 4-D ``attention_mask`` ([B, 1, Tq, W]), which makes HF's
+mask builders return early, so no dense mask is ever built.
+
+* Eager (:class:`Block`): the model writes each layer's new K/V into the specops cache
+  (``past_key_values``); the first layer builds one :class:`specops.TreeAttentionPlan` for the
+  block (lengths, mask, backend: checked once) and every layer runs it on its cache view (a
+  [B, Hkv, S, D] slice of a :class:`~specops.engine.cache.StaticKVCache`, or a layer's page pools
+  of a :class:`~specops.engine.cache.PagedKVCache`, whose page table the block carries).
+* Compiled (:class:`CompiledBlock`, :mod:`specops.engine.compiled`): no HF ``Cache``; the attention
+  writes the layer's new rows straight into the cache storage and runs the kernel
+  (:func:`block_attention`).
+
+Positions are ``prefix + depth`` (``position_ids``), so RoPE sees each node at its depth in the tree.
+
+Without a block (a plain HF forward or ``generate`` with ``attn_implementation="specops"``), the
+function treats the new tokens as a causal chain after the cached ones; a padding mask from HF
+(left-padded batches) or a sliding window that the sequence outgrows falls back to torch SDPA.
+"""
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from transformers import AttentionInterface, AttentionMaskInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
+
+from ..ops.plan import TreeAttentionPlan
+from ..ops.tree_mask import pack_mask
+
+NAME = "specops"
+BLOCK_KW = "specops_block"  # the one keyword that carries a block's metadata to every layer
+
+
+@dataclass
+class Block:
+    """What the attention of one eager forward needs beyond the cache view.
+
+    Shape: prefix_lens, block_lens, q_lens int32 [B]; mask int32 [B, Tq, W]; page_table int32
+    [B, max_pages] when the cache is paged (then ``page_size`` too), else None. ``longest`` is a host
+    upper bound on prefix + block rows (for the sliding-window check, so no sync is needed).
+    ``plan``: the :class:`specops.TreeAttentionPlan` the first layer built (checked once, backend
+    resolved once) with the shapes it was built for; later layers with those shapes just run it."""
+
+    prefix_lens: torch.Tensor
+    block_lens: torch.Tensor
+    mask: torch.Tensor
+    q_lens: torch.Tensor
+    longest: int
+    page_table: torch.Tensor = None
+    page_size: int = None
+    plan: tuple = None
+
+
+class CompiledBlock(NamedTuple):
+    """What the attention of one compiled forward needs (graph inputs: tensors, plus the kernel).
+
+    Shape: prefix_lens, block_lens, q_lens int32 [B]; mask int32 [B, 1, Tb, W]; rows int64 [B, Tb]
+    (the cache row of every new row); k_store, v_store [L, B, Hkv, S, D] with page_table None
+    (contiguous), or [L, N, ps, Hkv, D] with page_table int32 [B, max_pages] (paged). ``impl``: the
+    plan's kernel function, or None for the compiled extension's (:func:`compiled_kernel`)."""
+
+    impl: object
+    prefix_lens: torch.Tensor
+    block_lens: torch.Tensor
+    q_lens: torch.Tensor
+    mask: torch.Tensor
+    rows: torch.Tensor
+    k_store: torch.Tensor
+    v_store: torch.Tensor
+    page_table: torch.Tensor
+
+
+def specops_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """HF attention function. Shape: query [B, Hq, T, D]; key, value [B, Hkv, S, D] (the cache view,
+    GQA not expanded; a compiled block: this forward's new rows) -> ([B, T, Hq, D], None)."""
+    block = kwargs.pop(BLOCK_KW, None)
+    if isinstance(block, CompiledBlock):
+        return block_attention(module, query, key, value, block, scaling)
+    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+    if block is None:
+        if attention_mask is not None and attention_mask.dtype == torch.int32:
+            raise RuntimeError(
+                f"{type(module).__name__} received a specops block mask but not its {BLOCK_KW!r} keyword: this "
+                f"model's layers do not pass their keyword arguments down to the attention function")
+        if attention_mask is not None or (window and key.shape[2] > window) or module.training:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                          dropout=dropout, **kwargs)
+        B, T, dev = query.shape[0], query.shape[2], query.device
+        # Unpadded sequences: the first new token's position is the number of rows already cached
+        # (a StaticKVCache hands over its whole buffer, so key.shape[2] says nothing).
+        position_ids = kwargs.get("position_ids")
+        if position_ids is not None:
+            prefix = position_ids[:, 0].to(torch.int32).expand(B).contiguous()
+        else:
+            prefix = torch.full((B,), key.shape[2] - T, dtype=torch.int32, device=dev)
+        block = Block(prefix_lens=prefix,
+                      block_lens=torch.full((B,), T, dtype=torch.int32, device=dev),
+                      mask=causal_mask(B, T, dev), q_lens=None, longest=key.shape[2])
+    elif window and block.longest > window:
+        raise NotImplementedError(
+            f"{type(module).__name__} layer {getattr(module, 'layer_idx', '?')} has a sliding window of {window} "
+            f"rows but a sequence holds up to {block.longest}: tree blocks beyond the window are not supported")
+    q = query.transpose(1, 2)  # [B, T, Hq, D] (a view)
+    # Every layer of one forward passes the same shapes over the same cache: the first layer builds
+    # the plan (argument checks and backend choice), the others only run it (the per-call Python
+    # checks cost about as much as the kernel itself for a single query). A layer of other shapes
+    # (e.g. another head dim) builds its own.
+    shapes = (q.shape, key.shape, q.dtype, scaling)
+    if block.plan is None or block.plan[0] != shapes:
+        plan = TreeAttentionPlan(block.prefix_lens, block.block_lens, block.mask, q_lens=block.q_lens,
+                                 sm_scale=scaling, page_table=block.page_table, page_size=block.page_size,
+                                 head_dim=q.shape[3], num_heads=q.shape[2],
+                                 num_kv_heads=key.shape[2 if block.page_table is not None else 1],
+                                 dtype=q.dtype, device=q.device, check=False)
+        block.plan = (shapes, plan)
+    out = block.plan[1].run(q, key, value)
+    return out, None
+
+
+AttentionInterface.register(NAME, specops_attention)
+# A block's packed mask arrives as a 4-D attention_mask, which HF's mask builders pass through
+# untouched; any other forward (a plain HF call) gets SDPA's mask, which the function above reads.
+AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def use_specops_attention(model):
+    """Switches an HF model to the ``"specops"`` attention implementation; returns the model."""
+    model.set_attn_implementation(NAME)
+    return model
+
+
+_CAUSAL = {}  # (T, device) -> packed chain mask [T, W]; built once, read-only afterwards
+_CAUSAL_MAX = 64
+
+
+def causal_mask(B, T, device):
+    """The chain mask: query i sees block keys 0..i. Shape: -> int32 [B, T, ceil(T/32)] (an
+    expanded view of a cached mask: do not write into it)."""
+    key = (T, str(device))
+    mask = _CAUSAL.get(key)
+    if mask is None:
+        vis = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+        mask = pack_mask(vis)
+        if len(_CAUSAL) >= _CAUSAL_MAX:
+            _CAUSAL.pop(next(iter(_CAUSAL)))
+        _CAUSAL[key] = mask
+    return mask.expand(B, T, -1)
+
+
+# ---- the compiled forwards' attention ----------------------------------------------------------
+
+@torch.library.custom_op("specops_compiled::tree_attention", mutates_args=())
+def compiled_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, page_table: torch.Tensor | None,
+                    prefix_lens: torch.Tensor, block_lens: torch.Tensor, mask: torch.Tensor, q_lens: torch.Tensor,
+                    sm_scale: float) -> torch.Tensor:
+    """The compiled extension's tree attention, unsplit, as one opaque node of a compiled graph.
+
+    The registered ops take an optional partials workspace they write (``Tensor(a!)?``); inductor
+    cannot lower the functionalised form of that mutation, so a graph calls this wrapper, which
+    mutates nothing (one kv split: a compiled block is a decode-sized step)."""
+    if page_table is None:
+        return torch.ops.specops.tree_attention(q, k, v, prefix_lens, block_lens, mask, q_lens, sm_scale, 1, None)
+    return torch.ops.specops.tree_attention_paged(q, k, v, page_table, prefix_lens, block_lens, mask, q_lens,
+                                                  sm_scale, 1, None)
+
+
+@compiled_kernel.register_fake
+def _(q, k, v, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale):
+    return torch.empty_like(q)
+
+
+def block_attention(module, query, key, value, block, scaling):
+    """The attention of one layer inside a compiled block forward.
+
+    Shape: query [B, Hq, Tb, D]; key, value [B, Hkv, Tb, D] (this forward's new rows, RoPE applied);
+    ``block``: a :class:`CompiledBlock` -> ([B, Tb, Hq, D], None)."""
+    layer = module.layer_idx
+    k_store, v_store, page_table, rows = block.k_store, block.v_store, block.page_table, block.rows
+    B, H, T, _ = key.shape
+    dev = key.device
+    # Whole-input index_put_ (not a write into the layer's view): inductor then updates the cache
+    # in place instead of copying it back.
+    lid = torch.full((1, 1, 1), layer, dtype=torch.int64, device=dev)
+    heads = torch.arange(H, device=dev)[None, :, None]  # [1, Hkv, 1]
+    if page_table is None:
+        where = (lid, torch.arange(B, device=dev)[:, None, None], heads, rows[:, None, :])  # [B, Hkv, Tb]
+    else:
+        ps = k_store.shape[2]
+        pages = page_table.long().gather(1, rows // ps)  # [B, Tb]
+        where = (lid, pages[:, None, :], (rows % ps)[:, None, :], heads)  # [B, Hkv, Tb]
+    k_store.index_put_(where, key.to(k_store.dtype))
+    v_store.index_put_(where, value.to(v_store.dtype))
+    q = query.transpose(1, 2)  # [B, Tb, Hq, D]
+    paging = () if page_table is None else (page_table,)
+    scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+    mask = block.mask[:, 0]
+    if block.impl is None:  # a compiled extension's kernel
+        out = compiled_kernel(q, k_store[layer], v_store[layer], page_table, block.prefix_lens, block.block_lens,
+                              mask, block.q_lens, float(scaling))
+    else:
+        out = block.impl(q, k_store[layer], v_store[layer], *paging, block.prefix_lens, block.block_lens, mask,
+                         block.q_lens, scaling)
+    return out, None

@@ -1,0 +1,394 @@
+"""One model runner for target and draft, and the one way host data reaches the device.
+
+:class:`ModelRunner` owns a stock HF causal LM, its KV cache (:class:`~specops.engine.cache.StaticKVCache`
+or :class:`~specops.engine.cache.PagedKVCache`, ``kv_layout=``), its committed lengths and, with
+``compile=True``, its compiled block forwards (:mod:`specops.engine.compiled`). The decoding loop
+drives it with three calls on device tensors::
+
+    prefill(prompts)                               # commits the prompts -> logits [B, V] after each
+    forward(tokens, parents, num_nodes, q_start=0) # a (growing) tree block after the committed rows
+                                                   # -> logits [B, T - q_start, V]
+    keep(accept_idx, accept_lens, host_counts)     # accepted block rows to lens.., lens += accept_lens
+
+The target and the draft are both ModelRunners (the draft's block bookkeeping is
+``specops.decoding.draft_lm.DraftLM``, a subclass); both keep accepted rows with the same ``keep``
+(one kv_compact; a chain prefix moves each row onto itself). ``prefill_padded`` and ``forward_mask``
+are the general forms (right-padded prompt tensors; any visibility mask over the block).
+
+:class:`Stager` is the only path from host lists to the device inside a decode step: values are
+written into a preallocated host buffer (pinned when the device is CUDA) through a NumPy view
+created once, and copied with ``non_blocking=True`` — no tensor is constructed from host data and no
+copy blocks the host. A ring of slots (each guarded by a CUDA event) lets the host refill one slot
+while an earlier copy is still in flight.
+"""
+import inspect
+
+import torch
+
+from ..ops import _checks
+from ..ops.tree_mask import build_tree_mask
+from . import compiled as _compiled
+from .attention import BLOCK_KW, Block, causal_mask, use_specops_attention
+from .cache import PagedKVCache, StaticKVCache
+
+KV_LAYOUTS = ("contiguous", "paged")
+
+
+class Stager:
+    """Uploads host int lists as int64 device tensors: one non-blocking copy per call.
+
+    Shape: ``upload(values)`` list of n ints -> int64 [n] on ``device``."""
+
+    SLOTS = 4
+
+    def __init__(self, device, capacity=256):
+        self.device = torch.device(device)
+        self._cuda = self.device.type == "cuda"
+        self._slots = [None] * self.SLOTS
+        self._events = [None] * self.SLOTS
+        self._next = 0
+        self.uploads = 0  # staged copies made (a counter for tests and benchmarks)
+        for i in range(self.SLOTS):
+            self._alloc(i, capacity)
+
+    def _alloc(self, i, n):
+        host = torch.empty(n, dtype=torch.int64, pin_memory=self._cuda)
+        self._slots[i] = (host, host.numpy())  # the NumPy view: writes reach the buffer, no tensor built
+
+    def upload(self, values):
+        i = self._next
+        self._next = (i + 1) % self.SLOTS
+        n = len(values)
+        if self._events[i] is not None:
+            self._events[i].synchronize()  # only waits when the device is a whole ring behind
+        if self._slots[i][0].numel() < n:
+            self._alloc(i, max(n, 2 * self._slots[i][0].numel()))
+        host, view = self._slots[i]
+        view[:n] = values
+        out = torch.empty(n, dtype=torch.int64, device=self.device)
+        out.copy_(host[:n], non_blocking=True)
+        if self._cuda:
+            if self._events[i] is None:
+                self._events[i] = torch.cuda.Event()
+            self._events[i].record()
+        self.uploads += 1
+        return out
+
+
+class ModelRunner:
+    """A model, its KV cache and its committed lengths, driven by device tensors.
+
+    ``lens`` int32 [B] (device) are the committed rows; ``host_lens`` mirrors them on the host
+    (the cache's mirror), kept fresh from the counts the caller already has (the step's packed
+    read), so no call of a decode step reads the device. A block is written after the committed
+    rows and stays uncommitted until ``keep`` (the accepted path) or ``commit`` (all of it).
+
+    ``kv_layout``: "contiguous" (a :class:`StaticKVCache`) or "paged" (a :class:`PagedKVCache` of
+    ``page_size``-row pages, a power of two); ``cache_dtype``: the cache's dtype (default the
+    model's). ``compile``: blocks of up to ``max(buckets)`` rows run a compiled graph
+    (``compile_mode``: torch.compile's mode; docs/compile.md).
+
+    Features are data: ``forward(..., want_hidden=True)`` also returns the LM head's input (the
+    final hidden state after the final norm) of the block's rows, and a feature (EAGLE-style) model
+    gets its per-row input features as ``prefill(..., features=)`` / ``forward(..., features=)``.
+
+    With ``keep_features``, ``features`` [B, max_len, H] (model dtype) holds the LM head's input
+    (the final hidden state after the final norm) at every committed position ``p``, i.e. the state
+    that produced the logits for token ``p + 1`` (for EAGLE-style drafters): filled at prefill and
+    by every ``keep``; rows at or past ``lens[b]`` are unspecified. A forward hook on the decoder's
+    final norm (or a pre-hook on the output embedding of a model without one) captures it (and
+    ``want_hidden``'s rows), only for this runner's own ``prefill`` / ``forward`` calls."""
+
+    def __init__(self, model, batch_size, max_len, *, keep_features=False, cache_dtype=None,
+                 kv_layout="contiguous", page_size=16, compile=False, compile_mode="default"):
+        if kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
+        if not isinstance(compile, bool):
+            raise ValueError(f"compile must be a bool, got {compile!r}")
+        max_len = _checks.integer("max_len", max_len, 1)
+        # Compiled blocks are padded to their bucket; the padding rows' K/V land past the valid rows,
+        # so the cache keeps one largest bucket of spare rows (never committed, never attended).
+        rows = max_len + (_compiled.MAX_BUCKET if compile else 0)
+        if kv_layout == "paged":
+            page_size = _checks.integer("page_size", page_size, 1)
+            if page_size & (page_size - 1):
+                raise ValueError(f"page_size must be a power of two >= 1, got {page_size}")
+
+            def make(n):
+                return PagedKVCache.for_model(model, batch_size, n, dtype=cache_dtype, page_size=page_size)
+        else:
+            def make(n):
+                return StaticKVCache.for_model(model, batch_size, n, dtype=cache_dtype)
+        if compile:  # a free cache of an earlier runner of the model when it is large enough
+            self.cache = _compiled.decoder_for(model, compile_mode).cache_for(
+                self, make, rows, (batch_size, kv_layout, page_size, cache_dtype))
+        else:
+            self.cache = make(rows)
+        self.B = batch_size
+        self.max_len = max_len
+        self.kv_layout = kv_layout
+        self.model = use_specops_attention(model).eval()
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.vocab_size = cfg.vocab_size
+        self.device = self.cache.device
+        try:
+            self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        except (TypeError, ValueError):
+            self._keeps_logits = False
+        self.compiled = _compiled.CompiledRunner(self, cfg, compile_mode) if compile else None
+        self.stager = Stager(self.device)
+        self.forwards = 0
+        self.keep_features = bool(keep_features)
+        self.features = None
+        self._hidden = None  # [B, T, H]: LM-head input of the latest forward
+        self._capturing = False  # the hook records only our own forwards (a draft may share the model)
+        self._hook = None
+        if self.keep_features:
+            self._install_feature_hook(model, batch_size, max_len)
+
+    @property
+    def lens(self):
+        """The committed lengths, int32 [B] (device)."""
+        return self.cache.lens
+
+    @property
+    def host_lens(self):
+        """The committed lengths as a list: the cache's host mirror, kept fresh from the counts the
+        callers pass (no read back in a decode step)."""
+        return list(self.cache.host_lens())
+
+    @property
+    def batch_size(self):
+        return self.B
+
+    # ---- compiled forwards -----------------------------------------------------------------------
+
+    @property
+    def buckets(self):
+        """The block sizes compiled forwards are padded to (``()`` when not compiled)."""
+        return _compiled.BUCKETS if self.compiled is not None else ()
+
+    def block_cost(self, T):
+        """Measured seconds of a block forward of ``T`` query rows: the running mean of its bucket's
+        compiled forwards (a step function of T), or None before one ran (or when not compiled)."""
+        return None if self.compiled is None else self.compiled.cost(T)
+
+    @property
+    def compile_time_s(self):
+        """Seconds this runner's forwards spent compiling (tracing, code generation or loading a
+        graph from the disk cache); 0.0 when every graph it used was compiled already."""
+        return 0.0 if self.compiled is None else self.compiled.compile_time_s
+
+    def warmup(self, sizes=None):
+        """Compiles the graphs for blocks of ``sizes`` query rows (default: every bucket) now, before
+        any timed work; returns the seconds spent. Call before ``prefill`` (it writes scratch rows)."""
+        return 0.0 if self.compiled is None else self.compiled.warmup(sizes)
+
+    # ---- features --------------------------------------------------------------------------------
+
+    def _install_feature_hook(self, model, batch_size, max_len):
+        head = model.get_output_embeddings()
+        if head is None:
+            raise ValueError("keep_features needs a model with an output embedding (LM head)")
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        param = next(model.parameters())
+        # One spare row past max_len: ``keep`` sends the padding entries of an accepted path there
+        # instead of filtering them (a filter would read back a count).
+        self._features_buf = torch.zeros(batch_size, max_len + 1, cfg.hidden_size, dtype=param.dtype,
+                                         device=self.device)
+        self.features = self._features_buf[:, :max_len]
+        self._spare_row = max_len
+        self._install_hook(model)
+
+    def _install_hook(self, model):
+        head = model.get_output_embeddings()
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+        norm = getattr(decoder, "norm", None)
+        if isinstance(norm, torch.nn.Module):
+            self._hook = norm.register_forward_hook(self._capture_norm)
+        else:
+            self._hook = head.register_forward_pre_hook(self._capture)
+        self._all_rows = not isinstance(norm, torch.nn.Module)  # the head must see every row
+
+    def _capture(self, module, args):
+        if self._capturing:
+            self._hidden = args[0]
+
+    def _capture_norm(self, module, args, output):
+        if self._capturing:
+            self._hidden = output
+
+    def close(self):
+        """Removes the feature hook (a runner is per decode; the model lives on)."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def _captured(self, fn, *args, want_hidden=False, **kw):
+        if want_hidden and self._hook is None:
+            if self.model.get_output_embeddings() is None:
+                raise ValueError("want_hidden needs a model with an output embedding (LM head)")
+            self._install_hook(self.model)
+        self._capturing = self.keep_features or want_hidden
+        try:
+            return fn(*args, **kw)
+        finally:
+            self._capturing = False
+
+    # ---- the loop's calls ------------------------------------------------------------------------
+
+    def prefill(self, prompts, logits=True, *, features=None):
+        """Commits the prompts (lists of token ids). Shape: features [B, max len, H] or None (a
+        feature model's input rows) -> logits [B, V] after each prompt's last token (model dtype), or
+        None when ``logits`` is False (the LM head then runs on those rows only, or not at all where
+        the model allows)."""
+        ids, lens = pad_batch(prompts)
+        ids, lens = ids.to(self.device), lens.to(self.device)
+        if self.keep_features and self._all_rows:
+            out = self._captured(self.prefill_padded, ids, lens, features=features)
+            out = out[torch.arange(self.B, device=out.device), lens.long() - 1]
+        else:
+            out = self._captured(self.prefill_padded, ids, lens, last_only=True, features=features)
+        if self.keep_features:
+            self.features[:, : ids.shape[1]] = self._hidden.to(self.features.dtype)
+            self._hidden = None
+        return out if logits else None
+
+    def forward(self, tokens, parents, num_nodes=None, q_start=0, *, features=None, want_hidden=False):
+        """Forward of a (ragged, padded) tree block after the committed rows; logits of nodes
+        ``q_start..T-1`` only (rows below ``q_start`` hold their K/V from an earlier call on the
+        same block). Positions are ``lens + depth``.
+
+        Shape: tokens int64 [B, T - q_start], parents int32 [B, T], num_nodes int32 [B] or None
+        (every row valid), features [B, T - q_start, H] or None (a feature model's input rows)
+        -> logits [B, T - q_start, V] in the model's dtype; with ``want_hidden`` (logits, hidden
+        [B, T - q_start, H]: the LM head's input of the same rows)."""
+        self.forwards += 1
+        mask, depth = build_tree_mask(parents, num_nodes, check=False)
+        T = parents.shape[1]
+        block_lens = num_nodes if num_nodes is not None else torch.full_like(self.lens, T)
+        logits = self._captured(self.forward_mask, tokens, mask[:, q_start:], depth[:, q_start:], block_lens,
+                                q_start=q_start, features=features, want_hidden=want_hidden)
+        if want_hidden:
+            return logits, self._hidden[:, : tokens.shape[1]]
+        return logits
+
+    def keep(self, accept_idx, accept_lens, host_counts=None, *, check=True):
+        """Keeps, per sequence, the accepted block rows (and their features): one kv_compact on the
+        device; ``lens += accept_lens``.
+
+        Shape: accept_idx int32 [B, A] (block node indices, strictly increasing, root first; entries
+        at or past accept_lens[b] are padding), accept_lens int32 [B] (0 keeps nothing);
+        host_counts: the same counts as a list when the caller read them (then nothing is read
+        back and ``host_lens`` stays fresh). ``check``: the acceptance's value checks (one sync)."""
+        if self.keep_features and self._hidden is not None:
+            self._keep_features(accept_idx, accept_lens)
+        self.cache.compact(accept_idx, accept_lens, check=check, host_counts=host_counts)
+
+    def commit(self, counts):
+        """Keeps the first ``counts[b]`` block rows as they are (a chain accepted in order)."""
+        self.cache.commit(counts)
+
+    def truncate(self, new_lens, host_lens=None):
+        """lens = new_lens, each <= lens: metadata only. ``new_lens``: a host list (one staged upload)
+        or int32 [B] on the device with ``host_lens`` the same values as a list (no host sync)."""
+        if not isinstance(new_lens, torch.Tensor):
+            host_lens = list(new_lens)
+            new_lens = self.stager.upload(host_lens).to(torch.int32)
+        self.cache.truncate(new_lens, host_lens)
+
+    def _keep_features(self, accept_idx, accept_lens):
+        # Before the cache commits: lens are still the positions the paths start at.
+        B, A = accept_idx.shape
+        dev = self.features.device
+        T = self._hidden.shape[1]
+        j = torch.arange(A, device=dev)
+        valid = j[None, :] < accept_lens[:, None]  # [B, A]
+        pos = torch.where(valid, self.lens[:, None].long() + j, self._spare_row)  # [B, A]
+        bi = torch.arange(B, device=dev)[:, None]
+        rows = self._hidden[bi, accept_idx.long().clamp(0, T - 1)]  # [B, A, H]
+        self._features_buf[bi, pos] = rows.to(self.features.dtype)
+        self._hidden = None
+
+    # ---- the general forms -----------------------------------------------------------------------
+
+    def prefill_padded(self, input_ids, lens, *, last_only=False, features=None):
+        """Runs right-padded prompts from an empty cache and commits them.
+
+        Shape: input_ids int [B, L], lens int32 [B] (1 <= lens <= L) -> logits [B, L, V] in the
+        model's dtype (rows >= lens[b] are padding); with ``last_only`` [B, V], the logits after each
+        prompt's last token (the LM head then runs on those rows only). ``features`` [B, L, H]: a
+        feature model's input rows."""
+        _checks.tensor("input_ids", input_ids, dtype=(torch.int64, torch.int32), shape=(self.B, None),
+                       device=self.device)
+        B, L = input_ids.shape
+        _checks.lengths("lens", lens, B, self.device)
+        if L > self.max_len:
+            raise ValueError(f"input_ids: prompt of {L} tokens exceeds the cache (max_len={self.max_len})")
+        _checks.range_values("lens", lens, 1, L, "every prompt needs at least one token")
+        self.cache.reset()
+        block = self._block(prefix_lens=torch.zeros_like(lens), block_lens=lens, mask=causal_mask(B, L, self.device),
+                            q_lens=lens, longest=L)
+        positions = torch.arange(L, device=self.device).expand(B, L)
+        last = (lens.to(torch.int64) - 1)[:, None]  # [B, 1]
+        keep = last if last_only and self._keeps_logits else None
+        logits = self._run(input_ids, positions, block, offset=0, logits_to_keep=keep, features=features)
+        self.cache.commit(lens)
+        if last_only:
+            if logits.dim() == 4:  # transformers < 5.20 indexes every row with the [B, 1] keep -> [B, B, 1, V]
+                logits = logits[torch.arange(B, device=logits.device), torch.arange(B, device=logits.device)]
+            if logits.shape[1] != 1:  # the model ignored logits_to_keep: pick the rows here
+                logits = torch.take_along_dim(logits, last[..., None], dim=1)
+            return logits[:, 0]
+        return logits
+
+    def forward_mask(self, tokens, mask, depth, block_lens, *, q_start=0, features=None):
+        """The general form of ``forward``: any visibility mask (DAG, lookahead window) over the block.
+
+        Shape: tokens int [B, Tq], mask int32 [B, Tq, W] (visibility of block keys 0..), depth int32
+        [B, Tq] (position = lens + depth), block_lens int32 [B] (valid block rows incl. these
+        queries), features [B, Tq, H] or None -> logits [B, Tq, V] in the model's dtype. Query rows >=
+        block_lens - q_start are
+        padding. With ``compile=True`` a block of up to ``max(buckets)`` rows runs the compiled graph
+        of its bucket; a longer one (or one a sliding window cannot take) runs eagerly."""
+        B, Tq = tokens.shape
+        _checks.tensor("tokens", tokens, dtype=(torch.int64, torch.int32), shape=(self.B, None),
+                       device=self.device)
+        longest = max(self.cache.host_lens()) + q_start + Tq
+        if longest > self.max_len:
+            raise ValueError(f"forward_mask: cache overflow: the longest sequence holds {longest - q_start - Tq} "
+                             f"rows, {q_start + Tq} more would exceed max_len={self.max_len}")
+        if self.compiled is not None and self.compiled.takes(Tq, longest):
+            return self.compiled.forward(tokens, mask, depth, block_lens, q_start, features)
+        block = self._block(prefix_lens=self.lens, block_lens=block_lens, mask=mask, q_lens=block_lens - q_start,
+                            longest=longest)
+        positions = self.lens[:, None].to(torch.int64) + depth
+        return self._run(tokens, positions, block, offset=q_start, features=features)
+
+    def _block(self, **kw):
+        if self.kv_layout == "paged":
+            kw.update(page_table=self.cache.page_table, page_size=self.cache.page_size)
+        return Block(**kw)
+
+    def _run(self, ids, positions, block, offset, logits_to_keep=None, features=None):
+        # The block travels as one keyword down to every layer's attention; its packed mask as the
+        # 4-D attention_mask, which HF's mask builders pass through (no dense mask is built).
+        self.cache.begin_block(offset, ids.shape[1])
+        kw = {BLOCK_KW: block}
+        if logits_to_keep is not None:
+            kw["logits_to_keep"] = logits_to_keep
+        if features is not None:  # a feature (EAGLE-style) model: its input rows, as an argument
+            kw["features"] = features
+        try:
+            out = self.model(input_ids=ids.long(), position_ids=positions.long(), past_key_values=self.cache,
+                             attention_mask=block.mask[:, None], use_cache=True, **kw)
+        finally:
+            self.cache.end_block()
+        return out.logits
+
+
+def pad_batch(seqs, pad=0):
+    """Right-padded ids and lengths (prefill only). Shape: -> int64 [B, max len], int32 [B]."""
+    L = max(len(s) for s in seqs)
+    ids = torch.tensor([list(s) + [pad] * (L - len(s)) for s in seqs], dtype=torch.int64)
+    return ids, torch.tensor([len(s) for s in seqs], dtype=torch.int32)
