@@ -153,6 +153,8 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
             metrics.total_time_s -= metrics.compile_time_s
         finally:
             runner.close()
+            if dlm is not None:
+                dlm.close()
     if metrics_ar is not None:
         metrics.ar_tokens_per_s = metrics_ar.tokens_per_s
     elif method == "ar":

@@ -28,10 +28,12 @@ import torch
 from ..ops import _checks
 from ..ops.tree_mask import build_tree_mask
 from . import compiled as _compiled
+from . import linear as _linear
 from .attention import BLOCK_KW, Block, causal_mask, use_specops_attention
 from .cache import PagedKVCache, StaticKVCache
 
 KV_LAYOUTS = ("contiguous", "paged")
+LINEARS = ("auto", "specops", "torch")
 
 
 class Stager:
@@ -86,7 +88,10 @@ class ModelRunner:
     ``kv_layout``: "contiguous" (a :class:`StaticKVCache`) or "paged" (a :class:`PagedKVCache` of
     ``page_size``-row pages, a power of two); ``cache_dtype``: the cache's dtype (default the
     model's). ``compile``: blocks of up to ``max(buckets)`` rows run a compiled graph
-    (``compile_mode``: torch.compile's mode; docs/compile.md).
+    (``compile_mode``: torch.compile's mode; docs/compile.md). ``linear``: "auto" routes the model's
+    ``nn.Linear`` layers through :func:`specops.linear` while the runner lives when the model is bf16
+    or fp16 on the CPU (one pass over each weight serves a whole block; docs/batch_invariance.md),
+    "specops" always, "torch" never; :meth:`close` restores them.
 
     Features are data: ``forward(..., want_hidden=True)`` also returns the LM head's input (the
     final hidden state after the final norm) of the block's rows, and a feature (EAGLE-style) model
@@ -100,7 +105,9 @@ class ModelRunner:
     ``want_hidden``'s rows), only for this runner's own ``prefill`` / ``forward`` calls."""
 
     def __init__(self, model, batch_size, max_len, *, keep_features=False, cache_dtype=None,
-                 kv_layout="contiguous", page_size=16, compile=False, compile_mode="default"):
+                 kv_layout="contiguous", page_size=16, compile=False, compile_mode="default", linear="auto"):
+        if linear not in LINEARS:
+            raise ValueError(f"linear must be one of {LINEARS}, got {linear!r}")
         if kv_layout not in KV_LAYOUTS:
             raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
         if not isinstance(compile, bool):
@@ -136,6 +143,10 @@ class ModelRunner:
         except (TypeError, ValueError):
             self._keeps_logits = False
         self.compiled = _compiled.CompiledRunner(self, cfg, compile_mode) if compile else None
+        # The model's linear layers through specops.linear while this runner lives ("auto": bf16/fp16
+        # models on the CPU, where it reads each weight once per block; specops/engine/linear.py).
+        use = linear == "specops" or (linear == "auto" and _linear.eligible(model))
+        self._undo_linear = _linear.use_specops_linear(model) if use else None
         self.stager = Stager(self.device)
         self.forwards = 0
         self.keep_features = bool(keep_features)
@@ -219,7 +230,11 @@ class ModelRunner:
             self._hidden = output
 
     def close(self):
-        """Removes the feature hook (a runner is per decode; the model lives on)."""
+        """Removes the feature hook and restores the model's linear layers (a runner is per decode;
+        the model lives on)."""
+        if self._undo_linear is not None:
+            self._undo_linear()
+            self._undo_linear = None
         if self._hook is not None:
             self._hook.remove()
             self._hook = None

@@ -1,0 +1,57 @@
+"""specops.linear inside a Hugging Face model: its ``nn.Linear`` modules (the LM head included)
+compute through the batch-invariant small-row GEMM while a :class:`ModelRunner` drives them.
+
+Why: on CPUs torch's bf16 GEMM costs a block of 8-16 rows 5-15 times one row, while specops.linear
+reads the weight once for all rows (docs/batch_invariance.md, ``python bench/bench_linear.py``), so a
+verification block costs about what an AR step costs; and each row's logits come out of one fixed
+reduction order whatever the block size. The modules call the registered op directly: the argument
+checks of :func:`specops.linear` hold for a module's weight once, at patch time, and a per-call
+Python check would cost more than a small projection (211 calls per token for SmolLM2).
+"""
+import types
+
+import torch
+
+from .. import _ext
+from ..ops.linear import DTYPES
+
+_ORIGINAL = "_specops_torch_forward"  # set while a module computes through specops.linear
+
+
+def _forward(self, x):  # x [..., K] -> [..., N]
+    if x.dtype != self.weight.dtype:  # a mixed-precision caller: torch's promotion rules
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+    y = torch.ops.specops.linear(x.reshape(-1, x.shape[-1]), self.weight, self.bias)  # [M, N]
+    return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def eligible(model):
+    """specops.linear pays where torch's GEMM is slow and the compiled CPU kernel exists: CPU
+    models in bf16 or fp16 (in fp32 torch's MKL GEMM is as fast; docs/batch_invariance.md)."""
+    try:
+        p = next(model.parameters())
+    except StopIteration:
+        return False
+    return _ext.cpu_ext is not None and p.device.type == "cpu" and p.dtype in (torch.bfloat16, torch.float16)
+
+
+def use_specops_linear(model):
+    """Routes every plain ``torch.nn.Linear`` of ``model`` (same dtype as its input, on the CPU)
+    through ``specops::linear``; returns a callable that restores the modules' own forwards.
+    Quantized or subclassed linear layers are left alone."""
+    patched = []
+    for module in model.modules():
+        if (type(module) is torch.nn.Linear and not hasattr(module, _ORIGINAL)
+                and module.weight.dtype in DTYPES and module.weight.device.type == "cpu"
+                and module.weight.stride(-1) == 1 and type(module.weight.data) is torch.Tensor):  # not DTensor (TP)
+            setattr(module, _ORIGINAL, True)
+            module.forward = types.MethodType(_forward, module)
+            patched.append(module)
+
+    def undo():
+        for module in patched:
+            del module.forward  # the class's forward again
+            delattr(module, _ORIGINAL)
+        patched.clear()
+
+    return undo

@@ -1,0 +1,89 @@
+"""The engine's use of specops.linear: a ModelRunner routes a bf16/fp16 CPU model's nn.Linear layers
+through the op while it lives ("auto"), leaves fp32 models to torch unless asked, and close() (and
+generate's end) restores the model's own forwards."""
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import specops
+from specops import backend as _backend
+from specops.engine import ModelRunner
+from specops.engine.linear import use_specops_linear
+
+needs_cpp = pytest.mark.skipif(not _backend.available("cpp")[0], reason="the CPU extension is not built")
+
+
+def tiny(dtype):
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256)
+    return LlamaForCausalLM(cfg).to(dtype).eval()
+
+
+def linears(model):
+    return [m for m in model.modules() if type(m) is torch.nn.Linear]
+
+
+def routed(module):
+    return "forward" in vars(module)  # an instance forward shadows the class's
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_auto_routes_16_bit_models_and_close_restores(dtype):
+    model = tiny(dtype)
+    runner = ModelRunner(model, batch_size=1, max_len=32)
+    mods = linears(model)
+    assert mods and all(routed(m) for m in mods)
+    x = torch.randn(3, 5, 64).to(dtype)
+    q = model.model.layers[0].self_attn.q_proj
+    assert torch.equal(q(x), specops.linear(x, q.weight, q.bias, backend="cpp"))
+    runner.close()
+    assert not any(routed(m) for m in mods)
+    assert torch.equal(q(x), torch.nn.functional.linear(x, q.weight, q.bias))
+
+
+@needs_cpp
+def test_fp32_stays_with_torch_unless_asked():
+    model = tiny(torch.float32)
+    ModelRunner(model, batch_size=1, max_len=32).close()
+    assert not any(routed(m) for m in linears(model))
+    runner = ModelRunner(model, batch_size=1, max_len=32, linear="specops")
+    assert all(routed(m) for m in linears(model))
+    runner.close()
+    off = ModelRunner(tiny(torch.bfloat16), batch_size=1, max_len=32, linear="torch")
+    assert not any(routed(m) for m in linears(off.model))
+    with pytest.raises(ValueError, match="linear must be one of"):
+        ModelRunner(model, batch_size=1, max_len=32, linear="fast")
+
+
+@needs_cpp
+def test_generate_leaves_the_model_as_it_found_it():
+    model = tiny(torch.bfloat16)
+    out, _ = specops.generate(model, torch.tensor([[5, 7, 11, 13]]), method="ngram", max_new_tokens=6)
+    assert out.shape == (1, 6)
+    assert not any(routed(m) for m in linears(model))
+
+
+@needs_cpp
+def test_a_second_patch_of_a_routed_model_changes_nothing():
+    model = tiny(torch.bfloat16)
+    undo = use_specops_linear(model)
+    undo_again = use_specops_linear(model)  # e.g. a draft runner sharing the target
+    undo_again()
+    assert all(routed(m) for m in linears(model))
+    undo()
+    assert not any(routed(m) for m in linears(model))
+
+
+@needs_cpp
+def test_mixed_precision_input_falls_back_to_torch():
+    model = tiny(torch.bfloat16)
+    undo = use_specops_linear(model)
+    q = model.model.layers[0].self_attn.q_proj
+    x = torch.randn(2, 64)  # fp32 input into a bf16 layer: torch's rules (here an error, as without us)
+    with pytest.raises(RuntimeError):
+        torch.nn.functional.linear(x, q.weight)
+    with pytest.raises(RuntimeError):
+        q(x)
+    undo()
