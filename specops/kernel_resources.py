@@ -41,6 +41,7 @@ REG_UNIT = 256  # registers are allocated per warp in units of 256
 # call). From the launches in csrc/cuda/*.cu; a kernel with neither an entry nor launch bounds
 # gets no occupancy, one with unknown dynamic shared memory a note.
 CUDA_LAUNCH = {
+    "apply_token_bitmask_kernel": (256, 0),  # token_bitmask.cu: 256 threads, no dynamic shared memory
     "combine_kernel": (128, 0),  # tree_attention.cu: <<<rows, 128, 0>>>
     "build_tree_mask_kernel": (128, 0),  # tree_mask.cu: kThreads = 128, no dynamic shared memory
     "tree_attention_kernel": (None, None),  # tree_attention.cu (fp32): dynamic smem sized per call

@@ -38,6 +38,8 @@ def test_auto_routes_16_bit_models_and_close_restores(dtype):
     x = torch.randn(3, 5, 64).to(dtype)
     q = model.model.layers[0].self_attn.q_proj
     assert torch.equal(q(x), specops.linear(x, q.weight, q.bias, backend="cpp"))
+    one = x[:1, :1]  # an AR step's one row stays with torch under "auto"
+    assert torch.equal(q(one), torch.nn.functional.linear(one, q.weight, q.bias))
     runner.close()
     assert not any(routed(m) for m in mods)
     assert torch.equal(q(x), torch.nn.functional.linear(x, q.weight, q.bias))
@@ -50,6 +52,8 @@ def test_fp32_stays_with_torch_unless_asked():
     assert not any(routed(m) for m in linears(model))
     runner = ModelRunner(model, batch_size=1, max_len=32, linear="specops")
     assert all(routed(m) for m in linears(model))
+    q, one = model.model.layers[0].self_attn.q_proj, torch.randn(1, 1, 64)
+    assert torch.equal(q(one), specops.linear(one, q.weight, q.bias, backend="cpp"))  # every row
     runner.close()
     off = ModelRunner(tiny(torch.bfloat16), batch_size=1, max_len=32, linear="torch")
     assert not any(routed(m) for m in linears(off.model))

@@ -309,9 +309,9 @@ def test_schema_marks_both_caches_mutated(op, names):
 def test_direct_call_with_bad_index_dtype_is_refused():
     k, v = caches(1, 1, 1, 4, 2)
     before = k.clone(), v.clone()
-    with pytest.raises(RuntimeError, match="prefix_lens must be"):
+    with pytest.raises(TypeError, match="prefix_lens must be"):
         torch.ops.specops.kv_compact(k, v, torch.zeros(1, dtype=torch.int64), i32([[1]]), i32([1]))
-    with pytest.raises(RuntimeError, match="v_cache must match k_cache"):
+    with pytest.raises(ValueError, match="v_cache must match k_cache"):
         torch.ops.specops.kv_compact(k, v.half(), i32([0]), i32([[1]]), i32([1]))
     assert torch.equal(k, before[0]) and torch.equal(v, before[1])
 

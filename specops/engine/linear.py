@@ -18,11 +18,17 @@ from ..ops.linear import DTYPES
 _ORIGINAL = "_specops_torch_forward"  # set while a module computes through specops.linear
 
 
-def _forward(self, x):  # x [..., K] -> [..., N]
+def _forward(self, x):  # x [..., K] -> [..., N]: every call through specops.linear
     if x.dtype != self.weight.dtype:  # a mixed-precision caller: torch's promotion rules
         return torch.nn.functional.linear(x, self.weight, self.bias)
     y = torch.ops.specops.linear(x.reshape(-1, x.shape[-1]), self.weight, self.bias)  # [M, N]
     return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def _forward_blocks(self, x):  # one row through torch, blocks (and prompts) through specops.linear
+    if x.numel() == x.shape[-1]:
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+    return _forward(self, x)
 
 
 def eligible(model):
@@ -35,17 +41,21 @@ def eligible(model):
     return _ext.cpu_ext is not None and p.device.type == "cpu" and p.dtype in (torch.bfloat16, torch.float16)
 
 
-def use_specops_linear(model):
+def use_specops_linear(model, *, one_row=True):
     """Routes every plain ``torch.nn.Linear`` of ``model`` (same dtype as its input, on the CPU)
     through ``specops::linear``; returns a callable that restores the modules' own forwards.
-    Quantized or subclassed linear layers are left alone."""
+    Quantized or subclassed linear layers are left alone. ``one_row=False`` leaves one-row calls
+    (an AR step) to torch: streaming a weight from memory for a single row, both run at the same
+    bandwidth (11.2 vs 11.5 GB/s over SmolLM2's weights, docs/batch_invariance.md), and torch's call
+    is the cheaper one from Python; the batch-invariant mode needs every row through the op."""
+    forward = _forward if one_row else _forward_blocks
     patched = []
     for module in model.modules():
         if (type(module) is torch.nn.Linear and not hasattr(module, _ORIGINAL)
                 and module.weight.dtype in DTYPES and module.weight.device.type == "cpu"
                 and module.weight.stride(-1) == 1 and type(module.weight.data) is torch.Tensor):  # not DTensor (TP)
             setattr(module, _ORIGINAL, True)
-            module.forward = types.MethodType(_forward, module)
+            module.forward = types.MethodType(forward, module)
             patched.append(module)
 
     def undo():

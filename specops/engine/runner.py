@@ -89,9 +89,10 @@ class ModelRunner:
     ``page_size``-row pages, a power of two); ``cache_dtype``: the cache's dtype (default the
     model's). ``compile``: blocks of up to ``max(buckets)`` rows run a compiled graph
     (``compile_mode``: torch.compile's mode; docs/compile.md). ``linear``: "auto" routes the model's
-    ``nn.Linear`` layers through :func:`specops.linear` while the runner lives when the model is bf16
-    or fp16 on the CPU (one pass over each weight serves a whole block; docs/batch_invariance.md),
-    "specops" always, "torch" never; :meth:`close` restores them.
+    ``nn.Linear`` calls of more than one row (blocks, prompts) through :func:`specops.linear` while
+    the runner lives when the model is bf16 or fp16 on the CPU (one pass over each weight serves a
+    whole block; docs/batch_invariance.md); "specops" routes every call, one-row steps included (the
+    batch-invariant choice); "torch" none; :meth:`close` restores the model.
 
     Features are data: ``forward(..., want_hidden=True)`` also returns the LM head's input (the
     final hidden state after the final norm) of the block's rows, and a feature (EAGLE-style) model
@@ -146,7 +147,7 @@ class ModelRunner:
         # The model's linear layers through specops.linear while this runner lives ("auto": bf16/fp16
         # models on the CPU, where it reads each weight once per block; specops/engine/linear.py).
         use = linear == "specops" or (linear == "auto" and _linear.eligible(model))
-        self._undo_linear = _linear.use_specops_linear(model) if use else None
+        self._undo_linear = _linear.use_specops_linear(model, one_row=linear == "specops") if use else None
         self.stager = Stager(self.device)
         self.forwards = 0
         self.keep_features = bool(keep_features)
