@@ -91,3 +91,14 @@ def test_mixed_precision_input_falls_back_to_torch():
     with pytest.raises(RuntimeError):
         q(x)
     undo()
+
+
+@needs_cpp
+def test_generate_takes_the_choice_and_checks_it():
+    model = tiny(torch.bfloat16)
+    ids = torch.tensor([[5, 7, 11, 13]])
+    a, _ = specops.generate(model, ids, method="ar", max_new_tokens=5, linear="specops")
+    b, _ = specops.generate(model, ids, method="ar", max_new_tokens=5, linear="torch")
+    assert a.shape == b.shape == (1, 5)
+    with pytest.raises(ValueError, match="linear must be one of"):
+        specops.generate(model, ids, method="ar", max_new_tokens=5, linear="fast")

@@ -24,11 +24,11 @@ inline void check_tree_args(const at::Tensor& tokens, const at::Tensor& parents,
   SPECOPS_CHECK_DIM(parents, 2);
   SPECOPS_CHECK_DIM(num_nodes, 1);
   SPECOPS_CHECK_DIM(rows, 3);
-  TORCH_CHECK(parents.sizes() == tokens.sizes(), "parents must have the shape of tokens");
-  TORCH_CHECK(num_nodes.size(0) == tokens.size(0), "num_nodes must have shape [B]");
-  TORCH_CHECK(rows.size(0) == tokens.size(0) && rows.size(1) == tokens.size(1),
+  TORCH_CHECK_VALUE(parents.sizes() == tokens.sizes(), "parents must have the shape of tokens");
+  TORCH_CHECK_VALUE(num_nodes.size(0) == tokens.size(0), "num_nodes must have shape [B]");
+  TORCH_CHECK_VALUE(rows.size(0) == tokens.size(0) && rows.size(1) == tokens.size(1),
               "probability rows must have shape [B, T, V]");
-  TORCH_CHECK(rows.size(2) >= 1, "V must be >= 1");
+  TORCH_CHECK_VALUE(rows.size(2) >= 1, "V must be >= 1");
 }
 
 int32_t parse_mode(const std::string& mode);

@@ -168,17 +168,17 @@ at::Tensor linear_cuda(const at::Tensor& x,       // [M, K] fp32/bf16/fp16
 {
   SPECOPS_CHECK_DIM(x, 2);
   SPECOPS_CHECK_DIM(weight, 2);
-  TORCH_CHECK(SPECOPS_ON_GPU(x) && SPECOPS_ON_GPU(weight) && weight.device() == x.device(),
+  TORCH_CHECK_VALUE(SPECOPS_ON_GPU(x) && SPECOPS_ON_GPU(weight) && weight.device() == x.device(),
               "linear: " SPECOPS_GPU_NAME " tensors on one device expected");
-  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "linear: weight must have x's dtype ", x.scalar_type(),
+  TORCH_CHECK_TYPE(weight.scalar_type() == x.scalar_type(), "linear: weight must have x's dtype ", x.scalar_type(),
               ", got ", weight.scalar_type());
   const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);
-  TORCH_CHECK(weight.size(1) == K, "linear: weight must have shape [N, ", K, "], got ", weight.sizes());
-  TORCH_CHECK(K > 0, "linear: K must be >= 1, got ", K);
-  TORCH_CHECK(ceil_div(N, kBlockCols) <= 0x7fffffff, "linear: N = ", N, " exceeds the grid");
+  TORCH_CHECK_VALUE(weight.size(1) == K, "linear: weight must have shape [N, ", K, "], got ", weight.sizes());
+  TORCH_CHECK_VALUE(K > 0, "linear: K must be >= 1, got ", K);
+  TORCH_CHECK_VALUE(ceil_div(N, kBlockCols) <= 0x7fffffff, "linear: N = ", N, " exceeds the grid");
   if (bias) {
     SPECOPS_CHECK_DIM((*bias), 1);
-    TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->size(0) == N && bias->device() == x.device(),
+    TORCH_CHECK_VALUE(bias->scalar_type() == x.scalar_type() && bias->size(0) == N && bias->device() == x.device(),
                 "linear: bias must be [N] of x's dtype on x's device");
   }
   const gpu::DeviceGuard guard(x.device());

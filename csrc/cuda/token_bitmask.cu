@@ -10,6 +10,7 @@
 #include "gpu.cuh"
 #include "../common.h"
 #include "../registration.h"
+#include "../token_bitmask_args.h"
 
 namespace specops {
 namespace {
@@ -58,24 +59,14 @@ void launch(const at::Tensor& logits, const at::Tensor& mask, Bits neg_inf) {
 void apply_token_bitmask_cuda(const at::Tensor& logits,   // [B, T, V] or [N, V] fp32/fp16/bf16, in place
                               const at::Tensor& bitmask)  // [B, T, W] or [N, W] int32, W = ceil(V / 32)
 {
-  SPECOPS_CHECK_DTYPE(bitmask, at::kInt);
-  TORCH_CHECK_VALUE(logits.dim() == 2 || logits.dim() == 3, "apply_token_bitmask: logits must have rank 2 or 3");
-  TORCH_CHECK_VALUE(bitmask.dim() == logits.dim(), "apply_token_bitmask: bitmask must have the rank of logits");
-  const int64_t V = logits.size(-1);
-  for (int64_t d = 0; d + 1 < logits.dim(); ++d)
-    TORCH_CHECK_VALUE(bitmask.size(d) == logits.size(d), "apply_token_bitmask: bitmask and logits leading shapes differ");
-  TORCH_CHECK_VALUE(bitmask.size(-1) == ceil_div(V, 32), "apply_token_bitmask: bitmask must have ceil(V / 32) words");
-  TORCH_CHECK_VALUE(V <= 1 || logits.stride(-1) == 1, "apply_token_bitmask: logits must have stride 1 in V");
+  check_token_bitmask_args(logits, bitmask);
   TORCH_CHECK_VALUE(SPECOPS_ON_GPU(logits) && SPECOPS_ON_GPU(bitmask), "apply_token_bitmask: " SPECOPS_GPU_NAME " tensors expected");
+  const uint32_t neg_inf = neg_inf_bits(logits.scalar_type());
   if (logits.numel() == 0) return;
   const gpu::DeviceGuard guard(logits.device());
   auto mask = bitmask.contiguous();
-  switch (logits.scalar_type()) {
-    case at::kFloat: launch<uint32_t>(logits, mask, 0xFF800000u); break;
-    case at::kHalf: launch<uint16_t>(logits, mask, static_cast<uint16_t>(0xFC00u)); break;
-    case at::kBFloat16: launch<uint16_t>(logits, mask, static_cast<uint16_t>(0xFF80u)); break;
-    default: TORCH_CHECK_TYPE(false, "apply_token_bitmask: logits must be fp32, fp16 or bf16, got ", logits.scalar_type());
-  }
+  if (logits.scalar_type() == at::kFloat) launch<uint32_t>(logits, mask, neg_inf);
+  else launch<uint16_t>(logits, mask, static_cast<uint16_t>(neg_inf));
 }
 
 }  // namespace specops

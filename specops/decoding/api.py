@@ -5,6 +5,7 @@ from .. import models, parallel
 from . import adaptive as _adaptive
 from . import methods
 from ..draft_models import is_feature_draft
+from ..engine.runner import LINEARS
 from .draft_lm import DraftLM
 from .eagle import FeatureDraftLM
 from .loop import TargetLM, decode
@@ -15,7 +16,8 @@ from .stopping import Stopper
 def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, temperature=0.0, top_k=0,
              top_p=1.0, stop=None, eos_token_id=None, tokenizer=None, seed=0, dtype=None, max_len=None,
              compare_ar=False, stream=None, record_steps=False, adaptive=True, kv_layout="contiguous",
-             page_size=16, tp_size=None, logprobs=False, compile=False, compile_mode="default", **method_params):
+             page_size=16, tp_size=None, logprobs=False, compile=False, compile_mode="default", linear="auto",
+             **method_params):
     """Generates with ``method`` and returns ``(new_tokens, metrics)``.
 
     Shape: -> new_tokens int64 [B, n] (generated tokens only, right-padded with the pad token
@@ -48,6 +50,9 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
         compiling are ``metrics.compile_time_s`` and are left out of the decode time. Greedy output
         is token-identical to eager. ``compile_mode``: torch.compile's mode ("default";
         "reduce-overhead" captures CUDA graphs on a GPU).
+    linear: "auto" (default) runs the blocks and prompts of a bf16/fp16 CPU model's linear layers
+        through :func:`specops.linear` (one pass over each weight serves the whole block;
+        docs/batch_invariance.md), "specops" every call, one-row steps included, "torch" none.
     logprobs: also sum the emitted tokens' target log-likelihood (``metrics.perplexity``; one gather
         per step). Methods that are not lossless (MJSD, GSD's R5) always do.
     tp_size: tensor parallelism for a target loaded by name or path (docs/scaling.md): run every
@@ -70,7 +75,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
     stop = _check_args(max_new_tokens=max_new_tokens, stop=stop, eos_token_id=eos_token_id, tokenizer=tokenizer,
                        seed=seed, dtype=dtype, max_len=max_len, compare_ar=compare_ar, stream=stream,
                        record_steps=record_steps, logprobs=logprobs)
-    runner_kw = _runner_kw(kv_layout, page_size, compile, compile_mode)
+    runner_kw = _runner_kw(kv_layout, page_size, compile, compile_mode, linear)
     tp = _check_tp_size(tp_size, target)
 
     target_name = target if isinstance(target, str) else getattr(target, "specops_name", None)
@@ -124,7 +129,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
                                  temperature=temperature, top_k=top_k, top_p=top_p, stop=stop,
                                  eos_token_id=eos_token_id, tokenizer=tokenizer, seed=seed, max_len=max_len,
                                  kv_layout=kv_layout, page_size=page_size, tp_size=tp_size, compile=compile,
-                                 compile_mode=compile_mode)
+                                 compile_mode=compile_mode, linear=linear)
 
     B = len(prompts)
     # Every rank seeds the same generator and sees the same (gathered) logits, so every sampled token
@@ -279,9 +284,11 @@ def _check_tp_size(tp_size, target):
     return parallel.env_world_size() if tp_size is None else tp_size
 
 
-def _runner_kw(kv_layout, page_size, compile=False, compile_mode="default"):
-    """The runner keywords for ``kv_layout`` / ``page_size`` / ``compile`` (checked here, before any
-    model work). Defaults pass none: they are every runner's defaults."""
+def _runner_kw(kv_layout, page_size, compile=False, compile_mode="default", linear="auto"):
+    """The runner keywords for ``kv_layout`` / ``page_size`` / ``compile`` / ``linear`` (checked
+    here, before any model work). Defaults pass none: they are every runner's defaults."""
+    if not isinstance(linear, str) or linear not in LINEARS:
+        raise ValueError(f"linear must be one of {LINEARS}, got {linear!r}")
     if not isinstance(compile, bool):
         raise ValueError(f"compile must be a bool, got {compile!r}")
     if not isinstance(compile_mode, str):
@@ -293,6 +300,8 @@ def _runner_kw(kv_layout, page_size, compile=False, compile_mode="default"):
         raise ValueError(f"page_size must be a power of two >= 1 (rows per KV page), got {page_size!r}")
     if kv_layout == "paged":
         kw.update(kv_layout="paged", page_size=page_size)
+    if linear != "auto":
+        kw["linear"] = linear
     return kw
 
 

@@ -1,0 +1,40 @@
+// Host-side argument checks of apply_token_bitmask shared by the CPU and CUDA launchers, and the
+// -inf bit pattern of each logit dtype (the kernels write raw bits). Each launcher adds its device
+// check. The public Python op validates every argument with a ValueError/TypeError naming it; these
+// checks guard the kernels against direct torch.ops calls.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+
+#include "common.h"
+#include "registration.h"
+
+namespace specops {
+
+// logits [B, T, V] or [N, V]; bitmask int32 of the same leading shape and ceil(V / 32) words.
+inline void check_token_bitmask_args(const at::Tensor& logits, const at::Tensor& bitmask) {
+  SPECOPS_CHECK_DTYPE(bitmask, at::kInt);
+  TORCH_CHECK_VALUE(logits.dim() == 2 || logits.dim() == 3, "apply_token_bitmask: logits must have rank 2 or 3");
+  TORCH_CHECK_VALUE(bitmask.dim() == logits.dim(), "apply_token_bitmask: bitmask must have the rank of logits");
+  const int64_t V = logits.size(-1);
+  for (int64_t d = 0; d + 1 < logits.dim(); ++d)
+    TORCH_CHECK_VALUE(bitmask.size(d) == logits.size(d), "apply_token_bitmask: bitmask and logits leading shapes differ");
+  TORCH_CHECK_VALUE(bitmask.size(-1) == ceil_div(V, 32), "apply_token_bitmask: bitmask must have ceil(V / 32) words");
+  TORCH_CHECK_VALUE(V <= 1 || logits.stride(-1) == 1, "apply_token_bitmask: logits must have stride 1 in V");
+}
+
+// The bits of -inf in the logits' dtype (fp32: uint32; fp16 / bf16: uint16); raises for others.
+inline uint32_t neg_inf_bits(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return 0xFF800000u;
+    case at::kHalf: return 0xFC00u;
+    case at::kBFloat16: return 0xFF80u;
+    default: TORCH_CHECK_TYPE(false, "apply_token_bitmask: logits must be fp32, fp16 or bf16, got ", dtype);
+  }
+  return 0;
+}
+
+}  // namespace specops
