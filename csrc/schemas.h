@@ -3,17 +3,19 @@
 // emulator build specops._C_cudasim defines them again in specops_cudasim::, where the same CUDA
 // sources run on CPU tensors. Mutation marks: kv_compact and kv_compact_paged write both caches
 // in place; apply_token_bitmask writes -inf into the logits in place; tree_attention(_paged) writes its split partials into `workspace` (fp32 scratch that a
-// TreeAttentionPlan allocates once per step, see csrc/tree_attention_args.h).
+// TreeAttentionPlan allocates once per step, see csrc/tree_attention_args.h);
+// `invariant` selects the batch-invariant schedule (docs/batch_invariance.md).
 #pragma once
 
 #define SPECOPS_DEFINE_SCHEMAS(m)                                                                          \
   do {                                                                                                    \
     m.def("build_tree_mask(Tensor parents, Tensor num_nodes) -> (Tensor mask, Tensor depth)");            \
     m.def("tree_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor prefix_lens, Tensor block_lens, " \
-          "Tensor mask, Tensor? q_lens, float sm_scale, int num_splits=1, Tensor(a!)? workspace=None) -> Tensor"); \
+          "Tensor mask, Tensor? q_lens, float sm_scale, int num_splits=1, Tensor(a!)? workspace=None, "         \
+          "bool invariant=False) -> Tensor"); \
     m.def("tree_attention_paged(Tensor q, Tensor k_pages, Tensor v_pages, Tensor page_table, "           \
           "Tensor prefix_lens, Tensor block_lens, Tensor mask, Tensor? q_lens, float sm_scale, "            \
-          "int num_splits=1, Tensor(a!)? workspace=None) -> Tensor");                                      \
+          "int num_splits=1, Tensor(a!)? workspace=None, bool invariant=False) -> Tensor");                                      \
     m.def("kv_compact(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor prefix_lens, Tensor accept_idx, "   \
           "Tensor accept_lens) -> ()");                                                                   \
     m.def("kv_compact_paged(Tensor(a!) k_pages, Tensor(b!) v_pages, Tensor page_table, "                 \

@@ -91,8 +91,12 @@ inline void check_shapes(const char* op, const at::Tensor& q, const KvView& kv, 
 // (a direct torch.ops call) a split call allocates its own. A workspace passed in must share no
 // byte with any input (``args``: name and tensor): the kernels write partials into it before they
 // read the last K/V tile, so an aliased cache would be overwritten mid-call.
+// `invariant`: the batch-invariant schedule (docs/batch_invariance.md, "Invariant attention"): each
+// query row alone in its work item, key tiles over the row's virtual sequence (the prefix, then the
+// block keys it sees in index order) aligned to absolute positions, no split.
 struct Partials {
   int32_t n_splits = 1;
+  bool invariant = false;
   float* part_o = nullptr;
   float* part_lse = nullptr;
   at::Tensor owned;
@@ -101,11 +105,14 @@ struct Partials {
 using NamedTensors = std::initializer_list<std::pair<const char*, const at::Tensor*>>;
 
 inline Partials partials(const char* op, const at::Tensor& q, int64_t num_splits,
-                         const std::optional<at::Tensor>& workspace, NamedTensors args) {
+                         const std::optional<at::Tensor>& workspace, bool invariant, NamedTensors args) {
   TORCH_CHECK_VALUE(num_splits >= 1 && num_splits <= kMaxSplits, op, ": num_splits must lie in [1, ", kMaxSplits,
               "], got ", num_splits);
+  TORCH_CHECK_VALUE(!invariant || num_splits == 1, op, ": invariant=True runs unsplit (num_splits must be 1), got ",
+                    num_splits);
   Partials p;
   p.n_splits = static_cast<int32_t>(num_splits);
+  p.invariant = invariant;
   if (num_splits == 1) return p;
   const int64_t rows = q.size(0) * q.size(1) * q.size(2), D = q.size(3), need = num_splits * rows * (D + 1);
   at::Tensor ws;
@@ -143,13 +150,14 @@ at::Tensor contiguous_entry(const at::Tensor& q,            // [B, Tq, Hq, D]
                             const at::Tensor& mask,         // [B, Tq, W] int32
                             const std::optional<at::Tensor>& q_lens,  // [B] int32
                             double sm_scale, int64_t num_splits,
-                            const std::optional<at::Tensor>& workspace) {  // fp32, see Partials
+                            const std::optional<at::Tensor>& workspace,  // fp32, see Partials
+                            bool invariant) {
   const KvView kv = contiguous_view(q, k_cache, v_cache);
   Check("tree_attention", q, kv, prefix_lens, block_lens, mask, q_lens);
   check_scale("tree_attention", sm_scale);
   const at::Tensor* ql = q_lens ? &*q_lens : nullptr;
   return Run(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale,
-             partials("tree_attention", q, num_splits, workspace,
+             partials("tree_attention", q, num_splits, workspace, invariant,
                       {{"q", &q}, {"k_cache", &k_cache}, {"v_cache", &v_cache}, {"prefix_lens", &prefix_lens},
                        {"block_lens", &block_lens}, {"mask", &mask}, {"q_lens", ql}}));
 }
@@ -164,13 +172,14 @@ at::Tensor paged_entry(const at::Tensor& q,            // [B, Tq, Hq, D]
                        const at::Tensor& mask,         // [B, Tq, W] int32
                        const std::optional<at::Tensor>& q_lens,  // [B] int32
                        double sm_scale, int64_t num_splits,
-                       const std::optional<at::Tensor>& workspace) {  // fp32, see Partials
+                       const std::optional<at::Tensor>& workspace,  // fp32, see Partials
+                       bool invariant) {
   const KvView kv = paged_view(q, k_pages, v_pages, page_table);
   Check("tree_attention_paged", q, kv, prefix_lens, block_lens, mask, q_lens);
   check_scale("tree_attention_paged", sm_scale);
   const at::Tensor* ql = q_lens ? &*q_lens : nullptr;
   return Run(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale,
-             partials("tree_attention_paged", q, num_splits, workspace,
+             partials("tree_attention_paged", q, num_splits, workspace, invariant,
                       {{"q", &q}, {"k_pages", &k_pages}, {"v_pages", &v_pages}, {"page_table", &page_table},
                        {"prefix_lens", &prefix_lens}, {"block_lens", &block_lens}, {"mask", &mask}, {"q_lens", ql}}));
 }

@@ -115,6 +115,25 @@ SPECOPS_HD uint32_t mask_bits32(const int32_t* row, int32_t W, int32_t j0, int32
   return bits;
 }
 
+// The batch-invariant schedule (docs/batch_invariance.md, "Invariant attention") walks one query
+// row's *virtual sequence*: the prefix rows [0, prefix), then the block keys the row sees in index
+// order, which is where AR decoding would have appended them. visible_block_keys writes those
+// block indices to anc (room for `block` entries) and returns their count; virtual_row maps
+// virtual position v to its cache row.
+SPECOPS_HD int32_t visible_block_keys(const int32_t* row, int32_t W, int32_t block, int32_t* anc) {
+  int32_t n = 0;
+  for (int32_t j32 = 0; j32 < block; j32 += 32) {
+    uint32_t bits = mask_bits32(row, W, j32, block);
+    for (int32_t k = 0; bits; ++k, bits >>= 1)
+      if (bits & 1u) anc[n++] = j32 + k;
+  }
+  return n;
+}
+
+SPECOPS_HD int32_t virtual_row(const SeqLens& s, const int32_t* anc, int32_t v) {
+  return v < s.prefix ? v : s.prefix + anc[v - s.prefix];
+}
+
 // Log-sum-exp bookkeeping in base 2 (scores are pre-multiplied by log2(e)): a partial result
 // with running max m and sum l has lse2 = m + log2(l), or -inf when it saw no key.
 SPECOPS_HD float lse2(float m, float l) { return l > 0.f ? m + log2f(l) : -INFINITY; }

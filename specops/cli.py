@@ -173,7 +173,7 @@ def cmd_generate(args):
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stop=args.stop,
                       tokenizer=tok, seed=args.seed, compare_ar=args.compare_ar, stream=stream, adaptive=adaptive,
                       kv_layout=args.kv_layout, page_size=args.page_size, tp_size=args.tp, compile=args.compile,
-                      compile_mode=args.compile_mode, **params)
+                      compile_mode=args.compile_mode, batch_invariant=args.batch_invariant, **params)
     print()
     for b in range(1, args.batch):
         print(f"--- sequence {b}:\n{tok.decode(out[b, : m.lengths[b]])}")
@@ -304,6 +304,9 @@ def main(argv=None):
                      help="compiled target and draft forwards (torch.compile, bucketed block shapes; docs/compile.md)")
     gen.add_argument("--compile-mode", default="default",
                      help="torch.compile mode with --compile (default; reduce-overhead: CUDA graphs on a GPU)")
+    gen.add_argument("--batch-invariant", action="store_true",
+                     help="batch-invariant target ops: lossless methods emit AR's greedy tokens bit for bit in bf16 "
+                          "(docs/batch_invariance.md)")
     gen.add_argument("--tp", type=int, default=None,
                      help="tensor parallelism over N ranks: run under torchrun --nproc-per-node N (default: the "
                           "torchrun world size); rank 0 prints (docs/scaling.md)")

@@ -180,3 +180,30 @@ def reference_greedy(model, prompt, n):
         for _ in range(n):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
     return ids[len(prompt):]
+
+
+# ---- the batch-invariant schedule (tree_attention(..., invariant=True)) -------------------------
+
+def ar_view(q, k_cache, v_cache, prefix_lens, block_lens, mask, b, i, *, self_in_block=True, spare_rows=3):
+    """The one-query call that AR decoding makes for query ``i`` of sequence ``b``: the block keys
+    the query sees, appended to the prefix in index order (its *virtual sequence*), the query alone.
+    An invariant backend gives that call's bits to row ``[b, i]`` of the block call.
+
+    Shape: the :func:`specops.tree_attention` arguments (contiguous) -> (q [1, 1, Hq, D], k, v
+    [1, Hkv, L + spare_rows, D], prefix_lens, block_lens int32 [1], mask int32 [1, 1, 1]).
+    ``self_in_block``: the last visible key is the one-row block (AR's step: the new token sees
+    itself), else every visible key is prefix; ``spare_rows`` rows of NaN follow (never read)."""
+    import specops
+
+    S = k_cache.shape[2]
+    vis = specops.ops.tree_attention.visibility(prefix_lens[b:b + 1], block_lens[b:b + 1], mask[b:b + 1, i:i + 1],
+                                                None, S)[0, 0]  # [S]
+    rows = vis.nonzero().squeeze(1)
+    L = rows.numel()
+    pad = lambda c: torch.cat([c[b:b + 1, :, rows], c.new_full((1, c.shape[1], spare_rows, c.shape[3]), float("nan"))],
+                              dim=2)
+    own = 1 if self_in_block and L else 0
+    dev = q.device
+    lens = lambda n: torch.tensor([n], dtype=torch.int32, device=dev)
+    mask1 = torch.tensor([[[own]]], dtype=torch.int32, device=dev)
+    return q[b:b + 1, i:i + 1], pad(k_cache), pad(v_cache), lens(L - own), lens(own), mask1

@@ -55,6 +55,7 @@ struct Problem {
   int32_t B, Tq, Hq, Hkv, G, D, S, W;  // S: rows a sequence can address (paged: max_pages * page_size)
   float scale_log2;  // sm_scale * log2(e)
   int32_t n_qtiles, n_splits;
+  bool invariant;    // the batch-invariant schedule: one query per item, virtual tiles (ta::Partials)
   int32_t Mp, Dp;    // padded query rows per item, padded head dim
   int64_t off_qt, off_ot, off_m, off_l, off_st, off_pt, off_kpk, off_vpk, off_cm, ws_floats;
   float* part_o;     // [n_splits, B, Tq, Hq, D] when n_splits > 1
@@ -199,8 +200,10 @@ at::Tensor run(const at::Tensor& q,            // [B, Tq, Hq, D]
   pb.B = B, pb.Tq = Tq, pb.Hq = Hq, pb.Hkv = Hkv, pb.G = Hq / Hkv, pb.D = D, pb.S = S, pb.W = W;
   pb.scale_log2 = static_cast<float>(sm_scale * M_LOG2E);
 
-  // Query tiles: all G heads of a kv group for a balanced range of queries, <= kMaxRows rows.
-  const int64_t per_tile = std::max<int64_t>(1, ta::kMaxRows / pb.G);
+  // Query tiles: all G heads of a kv group for a balanced range of queries, <= kMaxRows rows; the
+  // invariant schedule gives each query its own item (lanes never mix, but tiles are per query).
+  pb.invariant = parts.invariant;
+  const int64_t per_tile = pb.invariant ? 1 : std::max<int64_t>(1, ta::kMaxRows / pb.G);
   pb.n_qtiles = static_cast<int32_t>(ceil_div(Tq, per_tile));
   pb.Mp = static_cast<int32_t>(round_up(ceil_div(Tq, pb.n_qtiles) * pb.G, 16));
   pb.Dp = static_cast<int32_t>(round_up(D + 16, ta::kPadD));
@@ -208,7 +211,8 @@ at::Tensor run(const at::Tensor& q,            // [B, Tq, Hq, D]
   int32_t max_tiles = 0, max_block = 0;  // the scratch and the thread count follow the real lengths
   for (int64_t b = 0; b < B; ++b) {
     const ta::SeqLens sl = ta::clamp_lens(pb.prefix[b], pb.block[b], static_cast<int32_t>(Tq), pb.S, pb.W, pb.Tq);
-    max_tiles = std::max(max_tiles, ta::num_kv_tiles(sl, ta::kTileN));
+    max_tiles = std::max(max_tiles, pb.invariant ? static_cast<int32_t>(ceil_div(sl.prefix + sl.block, ta::kTileN))
+                                                 : ta::num_kv_tiles(sl, ta::kTileN));
     max_block = std::max(max_block, sl.block);
   }
   // Each worker should get a few tens of microseconds of work, or the fork/join costs more

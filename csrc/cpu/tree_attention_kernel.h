@@ -331,28 +331,6 @@ void run_item(const ta::Problem& pb, float* ws, int64_t item) {
   for (int d = 0; d < pb.Dp; ++d)
     for (int m = 0; m < Ml; ++m) s.ot[d * Mp + m] = 0.f;
 
-  int32_t t0, t1;
-  ta::split_range(ta::num_kv_tiles(sl, kTileN), pb.n_splits, w.s, &t0, &t1);
-  const int np = static_cast<int>(ceil_div(sl.prefix, kTileN));
-  // Lane masks of the block keys this split visits: bit (m % W) of colmask[j - jlo][m / W].
-  const int jlo = (t0 > np ? t0 - np : 0) * kTileN;
-  const int jhi = t1 > np ? ((t1 - np) * kTileN < sl.block ? (t1 - np) * kTileN : sl.block) : 0;
-  if (jhi > jlo) {
-    // kTileN extra zero rows: the register tiles of a short last tile read past the block.
-    for (int64_t e = 0; e < static_cast<int64_t>(jhi - jlo + kTileN) * s.nvm; ++e) colmask[e] = 0;
-    for (int qi = 0; qi < iv - i0; ++qi) {
-      const int32_t* row = pb.mask + (static_cast<int64_t>(w.b) * pb.Tq + i0 + qi) * pb.W;
-      for (int j32 = jlo; j32 < jhi; j32 += 32) {
-        uint32_t bits = ta::mask_bits32(row, pb.W, j32, jhi);
-        while (bits) {
-          const int j = j32 + __builtin_ctz(bits) - jlo;
-          bits &= bits - 1;
-          for (int m = qi * G; m < (qi + 1) * G; ++m) colmask[static_cast<int64_t>(j) * s.nvm + m / W] |= 1u << (m % W);
-        }
-      }
-    }
-  }
-
   // K/V rows are addressed only through kv_off: contiguous (row r at r * stride) or paged (the
   // sequence's page table row; the paged base has no sequence term, sk_b = sv_b = 0).
   const scalar_t* kb = static_cast<const scalar_t*>(pb.k) + w.b * pb.sk_b + w.g * pb.sk_h;
@@ -371,29 +349,29 @@ void run_item(const ta::Problem& pb, float* ws, int64_t item) {
   float* kpk = ws + pb.off_kpk;
   float* vpk = ws + pb.off_vpk;
   const int64_t row_bytes = static_cast<int64_t>(D) * sizeof(scalar_t);
-  for (int t = t0; t < t1; ++t) {
-    const ta::KvTile kt = ta::kv_tile(sl, t, kTileN);
-    const void* vsrc = vp;
-    for (int n = 0; n < kt.len; ++n) {
-      krow[n] = kb + kv_off(kt.start + n, pb.sk_pg, pb.sk_s);
-      vrow[n] = vb + kv_off(kt.start + n, pb.sv_pg, pb.sv_s);
-    }
-    if (table_row && t + 1 < t1) {
-      // Paged rows lie in scattered pages, which the hardware prefetcher cannot follow: ask for the
-      // next tile's rows while this one computes (contiguous caches stream without help).
-      const ta::KvTile nx = ta::kv_tile(sl, t + 1, kTileN);
-      for (int n = 0; n < nx.len; ++n) {
-        const char* kr = reinterpret_cast<const char*>(kb + kv_off(nx.start + n, pb.sk_pg, pb.sk_s));
-        const char* vr = reinterpret_cast<const char*>(vb + kv_off(nx.start + n, pb.sv_pg, pb.sv_s));
-        for (int64_t off = 0; off < row_bytes; off += 64) {
-          __builtin_prefetch(kr + off, 0, 3);
-          __builtin_prefetch(vr + off, 0, 3);
-        }
+  // Paged rows lie in scattered pages, which the hardware prefetcher cannot follow: ask for the
+  // next tile's rows while this one computes (contiguous caches stream without help).
+  auto prefetch = [&](int len, auto&& row_of) {
+    for (int n = 0; n < len; ++n) {
+      const char* kr = reinterpret_cast<const char*>(kb + kv_off(row_of(n), pb.sk_pg, pb.sk_s));
+      const char* vr = reinterpret_cast<const char*>(vb + kv_off(row_of(n), pb.sv_pg, pb.sv_s));
+      for (int64_t off = 0; off < row_bytes; off += 64) {
+        __builtin_prefetch(kr + off, 0, 3);
+        __builtin_prefetch(vr + off, 0, 3);
       }
+    }
+  };
+  // One K/V tile of `len` keys, the n-th at cache row row_of(n); masked by the block keys' lane
+  // masks from colmask row j0 on, or unmasked (j0 < 0).
+  auto visit = [&](int len, auto&& row_of, int j0) {
+    const void* vsrc = vp;
+    for (int n = 0; n < len; ++n) {
+      krow[n] = kb + kv_off(row_of(n), pb.sk_pg, pb.sk_s);
+      vrow[n] = vb + kv_off(row_of(n), pb.sv_pg, pb.sv_s);
     }
     // Rows past the tile repeat its last row: Q K^T computes them, the softmax never reads them.
     for (int n = 0; n < kTileN; ++n) {
-      const int nn = n < kt.len ? n : kt.len - 1;
+      const int nn = n < len ? n : len - 1;
       if constexpr (kDot) {
         kp[n] = reinterpret_cast<const uint16_t*>(krow[nn]);
       } else if constexpr (kInPlace) {
@@ -406,11 +384,11 @@ void run_item(const ta::Problem& pb, float* ws, int64_t item) {
     }
     if constexpr (kDot) {
 #if TA_ISA >= 3
-      pack_pairs(vrow, kt.len, D, pb.Dp, reinterpret_cast<uint16_t*>(vpk));
+      pack_pairs(vrow, len, D, pb.Dp, reinterpret_cast<uint16_t*>(vpk));
 #endif
       vsrc = vpk;
     } else if constexpr (!kInPlace) {
-      for (int n = 0; n < kt.len; ++n) {
+      for (int n = 0; n < len; ++n) {
         const uint16_t* kr = reinterpret_cast<const uint16_t*>(krow[n]);
         const uint16_t* vr = reinterpret_cast<const uint16_t*>(vrow[n]);
         if constexpr (std::is_same_v<scalar_t, c10::Half>) {
@@ -422,8 +400,57 @@ void run_item(const ta::Problem& pb, float* ws, int64_t item) {
         }
       }
     }
-    if (kt.j0 < 0) tile_step<false, kDot>(s, kp, vsrc, kt.len, 0);
-    else tile_step<true, kDot>(s, kp, vsrc, kt.len, kt.j0 - jlo);
+    if (j0 < 0) tile_step<false, kDot>(s, kp, vsrc, len, 0);
+    else tile_step<true, kDot>(s, kp, vsrc, len, j0);
+  };
+
+  if (pb.invariant) {
+    // The batch-invariant schedule: this item is one query (its G heads in lanes); its keys are
+    // its virtual sequence (ta::visible_block_keys), tiled from virtual position 0. A tile then
+    // holds the same rows, in the same places, as in the AR step that has those block keys in the
+    // cache, and every lane's arithmetic depends only on its own row: the same bits.
+    int32_t* anc = reinterpret_cast<int32_t*>(colmask);
+    const int32_t* mrow = pb.mask + (static_cast<int64_t>(w.b) * pb.Tq + i0) * pb.W;
+    const int L = sl.prefix + ta::visible_block_keys(mrow, pb.W, sl.block, anc);
+    for (int v0 = 0; v0 < L; v0 += kTileN) {
+      const int len = L - v0 < kTileN ? L - v0 : kTileN;
+      auto row_of = [&](int n) { return static_cast<int64_t>(ta::virtual_row(sl, anc, v0 + n)); };
+      if (table_row && v0 + kTileN < L) {
+        const int nlen = L - v0 - kTileN < kTileN ? L - v0 - kTileN : kTileN;
+        prefetch(nlen, [&](int n) { return static_cast<int64_t>(ta::virtual_row(sl, anc, v0 + kTileN + n)); });
+      }
+      visit(len, row_of, -1);
+    }
+  } else {
+    int32_t t0, t1;
+    ta::split_range(ta::num_kv_tiles(sl, kTileN), pb.n_splits, w.s, &t0, &t1);
+    const int np = static_cast<int>(ceil_div(sl.prefix, kTileN));
+    // Lane masks of the block keys this split visits: bit (m % W) of colmask[j - jlo][m / W].
+    const int jlo = (t0 > np ? t0 - np : 0) * kTileN;
+    const int jhi = t1 > np ? ((t1 - np) * kTileN < sl.block ? (t1 - np) * kTileN : sl.block) : 0;
+    if (jhi > jlo) {
+      // kTileN extra zero rows: the register tiles of a short last tile read past the block.
+      for (int64_t e = 0; e < static_cast<int64_t>(jhi - jlo + kTileN) * s.nvm; ++e) colmask[e] = 0;
+      for (int qi = 0; qi < iv - i0; ++qi) {
+        const int32_t* row = pb.mask + (static_cast<int64_t>(w.b) * pb.Tq + i0 + qi) * pb.W;
+        for (int j32 = jlo; j32 < jhi; j32 += 32) {
+          uint32_t bits = ta::mask_bits32(row, pb.W, j32, jhi);
+          while (bits) {
+            const int j = j32 + __builtin_ctz(bits) - jlo;
+            bits &= bits - 1;
+            for (int m = qi * G; m < (qi + 1) * G; ++m) colmask[static_cast<int64_t>(j) * s.nvm + m / W] |= 1u << (m % W);
+          }
+        }
+      }
+    }
+    for (int t = t0; t < t1; ++t) {
+      const ta::KvTile kt = ta::kv_tile(sl, t, kTileN);
+      if (table_row && t + 1 < t1) {
+        const ta::KvTile nx = ta::kv_tile(sl, t + 1, kTileN);
+        prefetch(nx.len, [&](int n) { return static_cast<int64_t>(nx.start + n); });
+      }
+      visit(kt.len, [&](int n) { return static_cast<int64_t>(kt.start + n); }, kt.j0 < 0 ? -1 : kt.j0 - jlo);
+    }
   }
 
   for (int m = 0; m < M; ++m) {

@@ -17,7 +17,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
              top_p=1.0, stop=None, eos_token_id=None, tokenizer=None, seed=0, dtype=None, max_len=None,
              compare_ar=False, stream=None, record_steps=False, adaptive=True, kv_layout="contiguous",
              page_size=16, tp_size=None, logprobs=False, compile=False, compile_mode="default", linear="auto",
-             **method_params):
+             batch_invariant=False, **method_params):
     """Generates with ``method`` and returns ``(new_tokens, metrics)``.
 
     Shape: -> new_tokens int64 [B, n] (generated tokens only, right-padded with the pad token
@@ -53,6 +53,12 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
     linear: "auto" (default) runs the blocks and prompts of a bf16/fp16 CPU model's linear layers
         through :func:`specops.linear` (one pass over each weight serves the whole block;
         docs/batch_invariance.md), "specops" every call, one-row steps included, "torch" none.
+    batch_invariant: the target runs batch-invariant ops (every linear through
+        :func:`specops.linear`, the attention's invariant schedule: docs/batch_invariance.md), so a
+        verified block's logits have the bits of AR's one-row steps and every lossless method's greedy
+        output equals ``method="ar"``'s with ``batch_invariant=True``, token for token, in bf16 too
+        (and a sequence's output does not depend on its batch-mates). Needs a CPU target in fp32,
+        bf16 or fp16 whose linear layers are plain ``nn.Linear``; ``linear`` "auto" or "specops".
     logprobs: also sum the emitted tokens' target log-likelihood (``metrics.perplexity``; one gather
         per step). Methods that are not lossless (MJSD, GSD's R5) always do.
     tp_size: tensor parallelism for a target loaded by name or path (docs/scaling.md): run every
@@ -76,6 +82,11 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
                        seed=seed, dtype=dtype, max_len=max_len, compare_ar=compare_ar, stream=stream,
                        record_steps=record_steps, logprobs=logprobs)
     runner_kw = _runner_kw(kv_layout, page_size, compile, compile_mode, linear)
+    if not isinstance(batch_invariant, bool):
+        raise ValueError(f"batch_invariant must be a bool, got {batch_invariant!r}")
+    if batch_invariant and linear == "torch":
+        raise ValueError("batch_invariant=True runs every linear through specops.linear: linear must be 'auto' or "
+                         "'specops', got 'torch'")
     tp = _check_tp_size(tp_size, target)
 
     target_name = target if isinstance(target, str) else getattr(target, "specops_name", None)
@@ -129,7 +140,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
                                  temperature=temperature, top_k=top_k, top_p=top_p, stop=stop,
                                  eos_token_id=eos_token_id, tokenizer=tokenizer, seed=seed, max_len=max_len,
                                  kv_layout=kv_layout, page_size=page_size, tp_size=tp_size, compile=compile,
-                                 compile_mode=compile_mode, linear=linear)
+                                 compile_mode=compile_mode, linear=linear, batch_invariant=batch_invariant)
 
     B = len(prompts)
     # Every rank seeds the same generator and sees the same (gathered) logits, so every sampled token
@@ -139,8 +150,8 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
     with torch.inference_mode():
         # A feature (EAGLE-style) draft reads the target's final hidden states of committed positions.
         feature = draft_model is not None and is_feature_draft(draft_model)
-        runner = TargetLM(target, B, max_len,
-                          keep_features=feature or getattr(drafter, "needs_target_features", False), **runner_kw)
+        runner = TargetLM(target, B, max_len, keep_features=feature or getattr(drafter, "needs_target_features", False),
+                          **runner_kw, **({"batch_invariant": True} if batch_invariant else {}))
         try:
             dlm = None
             if draft_model is not None:

@@ -45,7 +45,8 @@ class Block:
     [B, max_pages] when the cache is paged (then ``page_size`` too), else None. ``longest`` is a host
     upper bound on prefix + block rows (for the sliding-window check, so no sync is needed).
     ``plan``: the :class:`specops.TreeAttentionPlan` the first layer built (checked once, backend
-    resolved once) with the shapes it was built for; later layers with those shapes just run it."""
+    resolved once) with the shapes it was built for; later layers with those shapes just run it.
+    ``invariant``: the attention's batch-invariant schedule (docs/batch_invariance.md)."""
 
     prefix_lens: torch.Tensor
     block_lens: torch.Tensor
@@ -55,6 +56,7 @@ class Block:
     page_table: torch.Tensor = None
     page_size: int = None
     plan: tuple = None
+    invariant: bool = False
 
 
 class CompiledBlock(NamedTuple):
@@ -63,7 +65,8 @@ class CompiledBlock(NamedTuple):
     Shape: prefix_lens, block_lens, q_lens int32 [B]; mask int32 [B, 1, Tb, W]; rows int64 [B, Tb]
     (the cache row of every new row); k_store, v_store [L, B, Hkv, S, D] with page_table None
     (contiguous), or [L, N, ps, Hkv, D] with page_table int32 [B, max_pages] (paged). ``impl``: the
-    plan's kernel function, or None for the compiled extension's (:func:`compiled_kernel`)."""
+    plan's kernel function, or None for the compiled extension's (:func:`compiled_kernel`);
+    ``invariant``: the batch-invariant schedule (docs/batch_invariance.md)."""
 
     impl: object
     prefix_lens: torch.Tensor
@@ -74,6 +77,7 @@ class CompiledBlock(NamedTuple):
     k_store: torch.Tensor
     v_store: torch.Tensor
     page_table: torch.Tensor
+    invariant: bool = False
 
 
 def specops_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -117,7 +121,7 @@ def specops_attention(module, query, key, value, attention_mask, scaling=None, d
                                  sm_scale=scaling, page_table=block.page_table, page_size=block.page_size,
                                  head_dim=q.shape[3], num_heads=q.shape[2],
                                  num_kv_heads=key.shape[2 if block.page_table is not None else 1],
-                                 dtype=q.dtype, device=q.device, check=False)
+                                 dtype=q.dtype, device=q.device, check=False, invariant=block.invariant)
         block.plan = (shapes, plan)
     out = block.plan[1].run(q, key, value)
     return out, None
@@ -158,20 +162,21 @@ def causal_mask(B, T, device):
 @torch.library.custom_op("specops_compiled::tree_attention", mutates_args=())
 def compiled_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, page_table: torch.Tensor | None,
                     prefix_lens: torch.Tensor, block_lens: torch.Tensor, mask: torch.Tensor, q_lens: torch.Tensor,
-                    sm_scale: float) -> torch.Tensor:
+                    sm_scale: float, invariant: bool = False) -> torch.Tensor:
     """The compiled extension's tree attention, unsplit, as one opaque node of a compiled graph.
 
     The registered ops take an optional partials workspace they write (``Tensor(a!)?``); inductor
     cannot lower the functionalised form of that mutation, so a graph calls this wrapper, which
     mutates nothing (one kv split: a compiled block is a decode-sized step)."""
     if page_table is None:
-        return torch.ops.specops.tree_attention(q, k, v, prefix_lens, block_lens, mask, q_lens, sm_scale, 1, None)
+        return torch.ops.specops.tree_attention(q, k, v, prefix_lens, block_lens, mask, q_lens, sm_scale, 1, None,
+                                                invariant)
     return torch.ops.specops.tree_attention_paged(q, k, v, page_table, prefix_lens, block_lens, mask, q_lens,
-                                                  sm_scale, 1, None)
+                                                  sm_scale, 1, None, invariant)
 
 
 @compiled_kernel.register_fake
-def _(q, k, v, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale):
+def _(q, k, v, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale, invariant=False):
     return torch.empty_like(q)
 
 
@@ -202,8 +207,8 @@ def block_attention(module, query, key, value, block, scaling):
     mask = block.mask[:, 0]
     if block.impl is None:  # a compiled extension's kernel
         out = compiled_kernel(q, k_store[layer], v_store[layer], page_table, block.prefix_lens, block.block_lens,
-                              mask, block.q_lens, float(scaling))
+                              mask, block.q_lens, float(scaling), block.invariant)
     else:
         out = block.impl(q, k_store[layer], v_store[layer], *paging, block.prefix_lens, block.block_lens, mask,
-                         block.q_lens, scaling)
+                         block.q_lens, scaling, 1, None, block.invariant)
     return out, None

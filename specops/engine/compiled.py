@@ -226,7 +226,7 @@ class CompiledRunner:
         return Tq <= MAX_BUCKET and not (self.window and longest > self.window)
 
     def _key(self, Tb, W):
-        return (Tb, mask_words(32 * W), self.runner.batch_size, self.runner.kv_layout)
+        return (Tb, mask_words(32 * W), self.runner.batch_size, self.runner.kv_layout, self.runner.batch_invariant)
 
     def cost(self, T):
         """Running mean seconds of a compiled forward of ``T`` query rows (its bucket), or None."""
@@ -248,7 +248,7 @@ class CompiledRunner:
         rows = base + self.arange[q_start:q_start + Tb]  # [B, Tb] cache rows of the new K/V
         m = pad(mask, (0, Wb - W, 0, Tb - Tq))[:, None]  # [B, 1, Tb, Wb]; padding rows see nothing
         block = CompiledBlock(self.impl, lens, block_lens, block_lens - q_start, m, rows, self.k_store, self.v_store,
-                              self.page_table)
+                              self.page_table, self.runner.batch_invariant)
         feats = None
         if self.feature:
             if features is None:

@@ -41,6 +41,27 @@ def eligible(model):
     return _ext.cpu_ext is not None and p.device.type == "cpu" and p.dtype in (torch.bfloat16, torch.float16)
 
 
+def invariant_unavailable(model):
+    """None when every linear of ``model`` can run through ``specops::linear`` (the batch-invariant
+    mode's requirement), else why not: the compiled CPU kernels and CPU weights in fp32/bf16/fp16."""
+    if _ext.cpu_ext is None:
+        return "the compiled CPU extension (specops._C) is not built"
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and not _patchable(module):
+            return (f"its linear layer {name!r} ({type(module).__name__}, {module.weight.dtype} weights on "
+                    f"{module.weight.device}) is not a plain nn.Linear with dense CPU weights in "
+                    f"{', '.join(str(d) for d in DTYPES)}")
+    return None
+
+
+def _patchable(module):
+    """A plain nn.Linear with a dense CPU weight the op takes (quantized, subclassed or DTensor (TP)
+    layers are left alone)."""
+    w = module.weight
+    return (type(module) is torch.nn.Linear and w.dtype in DTYPES and w.device.type == "cpu" and w.stride(-1) == 1
+            and type(w.data) is torch.Tensor)
+
+
 def use_specops_linear(model, *, one_row=True):
     """Routes every plain ``torch.nn.Linear`` of ``model`` (same dtype as its input, on the CPU)
     through ``specops::linear``; returns a callable that restores the modules' own forwards.
@@ -51,9 +72,7 @@ def use_specops_linear(model, *, one_row=True):
     forward = _forward if one_row else _forward_blocks
     patched = []
     for module in model.modules():
-        if (type(module) is torch.nn.Linear and not hasattr(module, _ORIGINAL)
-                and module.weight.dtype in DTYPES and module.weight.device.type == "cpu"
-                and module.weight.stride(-1) == 1 and type(module.weight.data) is torch.Tensor):  # not DTensor (TP)
+        if isinstance(module, torch.nn.Linear) and _patchable(module) and not hasattr(module, _ORIGINAL):
             setattr(module, _ORIGINAL, True)
             module.forward = types.MethodType(forward, module)
             patched.append(module)

@@ -92,7 +92,11 @@ class ModelRunner:
     ``nn.Linear`` calls of more than one row (blocks, prompts) through :func:`specops.linear` while
     the runner lives when the model is bf16 or fp16 on the CPU (one pass over each weight serves a
     whole block; docs/batch_invariance.md); "specops" routes every call, one-row steps included (the
-    batch-invariant choice); "torch" none; :meth:`close` restores the model.
+    batch-invariant choice); "torch" none; :meth:`close` restores the model. ``batch_invariant``:
+    every forward runs batch-invariant ops (every linear call through :func:`specops.linear`, the
+    attention's invariant schedule), so a row's logits have the bits of the one-row AR step that
+    has its ancestors in the cache (docs/batch_invariance.md); it needs ``linear`` "auto" or
+    "specops" and the compiled CPU kernels for the model's linears.
 
     Features are data: ``forward(..., want_hidden=True)`` also returns the LM head's input (the
     final hidden state after the final norm) of the block's rows, and a feature (EAGLE-style) model
@@ -106,9 +110,21 @@ class ModelRunner:
     ``want_hidden``'s rows), only for this runner's own ``prefill`` / ``forward`` calls."""
 
     def __init__(self, model, batch_size, max_len, *, keep_features=False, cache_dtype=None,
-                 kv_layout="contiguous", page_size=16, compile=False, compile_mode="default", linear="auto"):
+                 kv_layout="contiguous", page_size=16, compile=False, compile_mode="default", linear="auto",
+                 batch_invariant=False):
         if linear not in LINEARS:
             raise ValueError(f"linear must be one of {LINEARS}, got {linear!r}")
+        if not isinstance(batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be a bool, got {batch_invariant!r}")
+        if batch_invariant:
+            if linear == "torch":
+                raise ValueError("batch_invariant=True needs every linear through specops.linear: linear must be "
+                                 "'auto' or 'specops', got 'torch'")
+            why = _linear.invariant_unavailable(model)
+            if why is not None:
+                raise ValueError(f"batch_invariant=True is not available for this model: {why}")
+            linear = "specops"
+        self.batch_invariant = batch_invariant
         if kv_layout not in KV_LAYOUTS:
             raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
         if not isinstance(compile, bool):
@@ -382,6 +398,7 @@ class ModelRunner:
         return self._run(tokens, positions, block, offset=q_start, features=features)
 
     def _block(self, **kw):
+        kw["invariant"] = self.batch_invariant
         if self.kv_layout == "paged":
             kw.update(page_table=self.cache.page_table, page_size=self.cache.page_size)
         return Block(**kw)

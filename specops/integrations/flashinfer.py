@@ -30,7 +30,7 @@ import importlib.util
 
 import torch
 
-from ..backend import register
+from ..backend import BackendUnavailable, register
 from ..ops.tree_attention import visibility
 
 HEAD_DIMS = (64, 128, 256)  # what FlashInfer's prebuilt/JIT prefill kernels cover
@@ -54,9 +54,12 @@ def supports(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scal
 
 @register("tree_attention", "flashinfer", supports=supports)
 def tree_attention_flashinfer(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1,
-                              workspace=None):
+                              workspace=None, invariant=False):
     """Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D] -> [B, Tq, Hq, D] (q's dtype).
-    FlashInfer schedules its own splits: ``num_splits`` / ``workspace`` are not used."""
+    FlashInfer schedules its own splits: ``num_splits`` / ``workspace`` are not used; it has no
+    batch-invariant schedule (``invariant=True`` raises BackendUnavailable)."""
+    if invariant:
+        raise BackendUnavailable("tree_attention: backend 'flashinfer' has no batch-invariant schedule (invariant=True)")
     import flashinfer
 
     B, Tq, Hq, D = q.shape

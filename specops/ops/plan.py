@@ -117,11 +117,14 @@ class TreeAttentionPlan:
     ``workspace``: an fp32 partials buffer to use instead of the plan's own (at least
     ``num_splits * B * Tq * Hq * (D + 1)`` elements, contiguous, on the plan's device, sharing no
     byte with any input: checked here and at the next run).
+
+    ``invariant=True``: every run uses the batch-invariant schedule of :func:`specops.tree_attention`
+    (unsplit; ``num_splits`` may only be 1).
     """
 
     def __init__(self, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None, page_table=None, page_size=None,
                  head_dim, num_heads, num_kv_heads, dtype, device=None, check=True, backend=None, max_len=None,
-                 num_pages=None, num_splits=None, workspace=None):
+                 num_pages=None, num_splits=None, workspace=None, invariant=False):
         _checks.tensor("prefix_lens", prefix_lens, dtype=torch.int32, rank=1)
         dev = _device(device, prefix_lens)
         B = prefix_lens.shape[0]
@@ -145,6 +148,10 @@ class TreeAttentionPlan:
         self.B, self.Tq, self.num_heads, self.num_kv_heads, self.head_dim = B, Tq, Hq, Hkv, D
         self.dtype, self.device, self.check, self._backend = dtype, dev, check, backend
         self.sm_scale = _ta.scale(sm_scale, D)
+        self.invariant = _ta.check_invariant(invariant)
+        if invariant and num_splits not in (None, 1):
+            raise ValueError(f"num_splits must be None or 1 with invariant=True (the invariant schedule is unsplit), "
+                             f"got {num_splits!r}")
         self.op = "tree_attention_paged" if self.paged else "tree_attention"
         # Capability args from the declared shapes: what resolve's supports checks read.
         q = _Spec((B, Tq, Hq, D), dtype, dev)
@@ -217,7 +224,8 @@ class TreeAttentionPlan:
         partials workspace [num_splits * B * Tq * Hq * (D + 1)] fp32 (None without splits)."""
         q = _Spec((self.B, self.Tq, self.num_heads, self.head_dim), self.dtype, self.device)
         ns = self._forced_splits or _ta.choose_splits(self.backend, q, self.num_kv_heads, rows, self.prefix_lens,
-                                                      self.block_lens, self.mask.shape[2], self.paged)
+                                                      self.block_lens, self.mask.shape[2], self.paged,
+                                                      invariant=self.invariant)
         self._num_splits = ns
         self._allocate()
 
@@ -282,9 +290,9 @@ class TreeAttentionPlan:
             _reshaped(self._names(), (q.shape, k.shape, v.shape), self._shapes)
         if self.paged:
             return self._impl(q, k, v, self.page_table, self.prefix_lens, self.block_lens, self.mask, self.q_lens,
-                              self.sm_scale, self._num_splits, self._workspace)
+                              self.sm_scale, self._num_splits, self._workspace, self.invariant)
         return self._impl(q, k, v, self.prefix_lens, self.block_lens, self.mask, self.q_lens, self.sm_scale,
-                          self._num_splits, self._workspace)
+                          self._num_splits, self._workspace, self.invariant)
 
 
 class KVCompactPlan:

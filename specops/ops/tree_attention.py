@@ -15,7 +15,7 @@ import torch
 
 from .. import _ext
 from ..backend import register, register_compiled, register_supports, resolve_named
-from . import _checks, splits
+from . import _checks, splits, tree_attention_ref
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 CUDA_MAX_D = 256  # the CUDA kernels' head-dim buckets (csrc/cuda/tree_attention.cu)
@@ -29,7 +29,7 @@ SM_SCALE_MAX = 65536.0
 
 
 def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None,
-                   check=True, backend=None):
+                   check=True, backend=None, invariant=False):
     """Attention of a draft block over a committed prefix plus a masked draft block.
 
     Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D] (same dtype as q: fp32, fp16 or
@@ -45,23 +45,38 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
     take to the next backend; ``backend="cuda"`` raises BackendUnavailable naming the limit.
     With ``check=False`` bad lengths are clamped into range by the kernels (no out-of-bounds
     access), but the result is then unspecified.
+
+    ``invariant=True`` runs the batch-invariant schedule (docs/batch_invariance.md): a query row's
+    output is then, bit for bit, the output the same backend gives that row alone after the block
+    keys it sees were appended to the prefix in index order (AR decoding's view), whatever else
+    shares the call (rows, sequences, padding, layout, threads). Unsplit, one query per work item.
     """
     S, sm_scale = check_args(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale)
+    invariant = check_invariant(invariant)
     if check:
         _length_values(prefix_lens, block_lens, q_lens, S, mask.shape[2], q.shape[1])
     args = (q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, float(sm_scale))
     name, impl = resolve_named("tree_attention", q.device, backend, args)
-    ns = choose_splits(name, q, k_cache.shape[1], S, prefix_lens, block_lens, mask.shape[2])
-    return impl(*args, ns, workspace(ns, q))
+    ns = choose_splits(name, q, k_cache.shape[1], S, prefix_lens, block_lens, mask.shape[2], invariant=invariant)
+    return impl(*args, ns, workspace(ns, q), invariant)
 
 
-def choose_splits(backend, q, Hkv, S, prefix_lens, block_lens, W, paged=False):
+def check_invariant(invariant):
+    """``invariant`` checked: a bool."""
+    if not isinstance(invariant, bool):
+        raise TypeError(f"invariant must be a bool, got {invariant!r}")
+    return invariant
+
+
+def choose_splits(backend, q, Hkv, S, prefix_lens, block_lens, W, paged=False, invariant=False):
     """The kv split count ``backend``'s kernel runs a call with: the one schedule rule per device
     kind (:mod:`specops.ops.splits`) with that kernel's geometry. :class:`specops.TreeAttentionPlan`
     calls it once per step, the ops once per call.
 
     Shape: q [B, Tq, Hq, D]; Hkv kv heads; S rows a sequence can address; prefix_lens / block_lens
-    int32 [B] (not read: no host sync); W mask words. -> int >= 1."""
+    int32 [B] (not read: no host sync); W mask words. -> int >= 1 (1 for the invariant schedule)."""
+    if invariant:
+        return 1
     B, Tq, Hq, D = q.shape
     if backend == "cpp":
         if B == 0:
@@ -208,7 +223,11 @@ def visibility(prefix_lens, block_lens, mask, q_lens, S):
 
 @register("tree_attention", "torch")
 def _tree_attention_torch(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1,
-                          workspace=None):
+                          workspace=None, invariant=False):
+    if invariant:
+        return tree_attention_ref.invariant_ref(q, k_cache, v_cache,
+                                                visibility(prefix_lens, block_lens, mask, q_lens, k_cache.shape[2]),
+                                                sm_scale)
     # The spec: dense scores over the whole cache in fp32, invisible keys at -inf, and rows that
     # see nothing (padding, empty masks) set to 0 instead of softmax's NaN.
     B, Tq, Hq, D = q.shape
@@ -225,18 +244,19 @@ def _tree_attention_torch(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_
     return out.to(q.dtype)
 
 
-def _compiled(ns, q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1, workspace=None):
+def _compiled(ns, q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1, workspace=None,
+              invariant=False):
     return ns.tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits,
-                             workspace)
+                             workspace, invariant)
 
 
 @register("tree_attention", "triton")
 def _tree_attention_triton(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1,
-                           workspace=None):
+                           workspace=None, invariant=False):
     from ..triton_kernels import tree_attention as kernels
 
     return kernels.tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits,
-                                  workspace=workspace)
+                                  workspace=workspace, invariant=invariant)
 
 
 def _has_schema():
@@ -279,14 +299,15 @@ register_supports("tree_attention", ("triton",), _triton_supports)
 if (_ext.cpu_ext is not None or _ext.cuda_ext is not None) and _has_schema():
 
     @torch.library.register_fake("specops::tree_attention")
-    def _(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1, workspace=None):
+    def _(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1, workspace=None,
+          invariant=False):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 # ---- paged KV cache ------------------------------------------------------------------------------
 
 def tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, *, q_lens=None,
-                         sm_scale=None, check=True, backend=None):
+                         sm_scale=None, check=True, backend=None, invariant=False):
     """:func:`tree_attention` over a paged KV cache (the layout of serving engines).
 
     Shape: q [B, Tq, Hq, D], k_pages / v_pages [num_pages, page_size, Hkv, D] (same dtype as q;
@@ -313,17 +334,19 @@ def tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_len
     :func:`tree_attention` with ``prefix_lens + block_lens <= max_pages * page_size``, and
     ``0 <= page_table[b, i] < num_pages`` for every page ``i < ceil((prefix_lens[b] +
     block_lens[b]) / page_size)``. With ``check=False`` the kernels clamp lengths and page ids into
-    range (no out-of-bounds access), but the result is then unspecified.
+    range (no out-of-bounds access), but the result is then unspecified. ``invariant``: as
+    :func:`tree_attention` (a row's bits do not depend on the layout either).
     """
     N, page_size, sm_scale = check_paged_args(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask,
                                               q_lens, sm_scale)
+    invariant = check_invariant(invariant)
     if check:
         _paged_length_values(prefix_lens, block_lens, q_lens, page_table, N, page_size, mask.shape[2], q.shape[1])
     args = (q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, float(sm_scale))
     name, impl = resolve_named("tree_attention_paged", q.device, backend, args)
     ns = choose_splits(name, q, k_pages.shape[2], paged_rows(page_table, N, page_size), prefix_lens, block_lens,
-                       mask.shape[2], paged=True)
-    return impl(*args, ns, workspace(ns, q))
+                       mask.shape[2], paged=True, invariant=invariant)
+    return impl(*args, ns, workspace(ns, q), invariant)
 
 
 def paged_rows(page_table, num_pages, page_size):
@@ -407,26 +430,26 @@ def gather_pages(pages, page_table):
 
 @register("tree_attention_paged", "torch")
 def _tree_attention_paged_torch(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens,
-                                sm_scale, num_splits=1, workspace=None):
+                                sm_scale, num_splits=1, workspace=None, invariant=False):
     # The spec: the contiguous reference on the cache the page table describes.
     k, v = gather_pages(k_pages, page_table), gather_pages(v_pages, page_table)
-    return _tree_attention_torch(q, k, v, prefix_lens, block_lens, mask, q_lens, sm_scale)
+    return _tree_attention_torch(q, k, v, prefix_lens, block_lens, mask, q_lens, sm_scale, invariant=invariant)
 
 
 @register_compiled("tree_attention_paged")
 def _compiled_paged(ns, q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale,
-                    num_splits=1, workspace=None):
+                    num_splits=1, workspace=None, invariant=False):
     return ns.tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale,
-                                   num_splits, workspace)
+                                   num_splits, workspace, invariant)
 
 
 @register("tree_attention_paged", "triton")
 def _tree_attention_paged_triton(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens,
-                                 sm_scale, num_splits=1, workspace=None):
+                                 sm_scale, num_splits=1, workspace=None, invariant=False):
     from ..triton_kernels import tree_attention as kernels
 
     return kernels.tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens,
-                                        sm_scale, num_splits, workspace=workspace)
+                                        sm_scale, num_splits, workspace=workspace, invariant=invariant)
 
 
 def _cuda_supports_paged(q, k_pages, *args):
@@ -457,5 +480,5 @@ if (_ext.cpu_ext is not None or _ext.cuda_ext is not None) and _has_op("tree_att
 
     @torch.library.register_fake("specops::tree_attention_paged")
     def _(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1,
-          workspace=None):
+          workspace=None, invariant=False):
         return torch.empty_like(q, memory_format=torch.contiguous_format)

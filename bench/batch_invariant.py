@@ -1,0 +1,92 @@
+"""Exact speculation in bf16: specops.generate(batch_invariant=True) on SmolLM2-135M bf16, greedy, one
+question per category of bench/questions/specops_mix.jsonl.
+
+For every category, AR with the mode is the reference text. Every lossless method runs with the mode
+(contiguous and paged caches, optionally compiled) and its tokens are compared with the reference;
+the same methods run on the fast path (the default, no mode) and are compared with the fast path's
+AR, which shows the drift the mode removes. The first three questions also decode as one batch of 3
+and are compared with each decoded alone. Decode rates (time to first token apart) of the mode and
+the fast path come from the same run, paired per question.
+
+    python bench/batch_invariant.py [--methods ngram,sd,tsd,specinfer,opt-tree,ouroboros]
+                                    [--new-tokens 96] [--layouts contiguous,paged] [--compiled]
+"""
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import specops  # noqa: E402
+from decoding_linear import prompts  # noqa: E402
+from specops import models  # noqa: E402
+
+
+def decode_rate(m):
+    return (m.num_generated_tokens - 1) / max(1e-9, m.total_time_s - m.prefill_time_s)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--methods", default="ngram,sd,tsd,specinfer,opt-tree,ouroboros")
+    ap.add_argument("--new-tokens", type=int, default=96)
+    ap.add_argument("--layouts", default="contiguous,paged")
+    ap.add_argument("--compiled", action="store_true", help="also run every arm compiled (slow: compiles)")
+    args = ap.parse_args(argv)
+    model, tok = models.load("smollm2-135m", dtype=torch.bfloat16)
+    qs = prompts(tok)
+    gen = lambda p, method, **kw: specops.generate(model, p, method=method, max_new_tokens=args.new_tokens,
+                                                   tokenizer=tok, eos_token_id=[], **kw)
+    gen(next(iter(qs.values())), "ar")  # warm-up
+    methods = args.methods.split(",")
+    layouts = args.layouts.split(",")
+    compiles = [False, True] if args.compiled else [False]
+    same = {}  # (method, arm) -> [equal per category]
+    rate = {}  # (method, mode) -> [(category, decode tok/s, TTFT)]
+    for cat, p in qs.items():
+        ref, m = gen(p, "ar", batch_invariant=True)
+        rate.setdefault(("ar", "invariant"), []).append((cat, decode_rate(m), m.prefill_time_s))
+        fast_ar, m = gen(p, "ar")
+        rate.setdefault(("ar", "fast"), []).append((cat, decode_rate(m), m.prefill_time_s))
+        for method in ["ar"] + methods:
+            for compiled in compiles:
+                for layout in layouts:
+                    if method == "ar" and layout == "contiguous" and not compiled:
+                        continue
+                    out, m = gen(p, method, batch_invariant=True, kv_layout=layout, compile=compiled)
+                    same.setdefault((method, f"{layout}{' compiled' if compiled else ''}"), []).append(
+                        out.tolist() == ref.tolist())
+                    if layout == "contiguous" and not compiled:
+                        rate.setdefault((method, "invariant"), []).append((cat, decode_rate(m), m.prefill_time_s))
+            if method != "ar":
+                out, m = gen(p, method)
+                same.setdefault((method, "fast path vs its AR"), []).append(out.tolist() == fast_ar.tolist())
+                rate.setdefault((method, "fast"), []).append((cat, decode_rate(m), m.prefill_time_s))
+        print(f"{cat}: done", file=sys.stderr, flush=True)
+    first3 = list(qs.values())[:3]
+    batch, _ = specops.generate(model, first3, method="ar", max_new_tokens=args.new_tokens, tokenizer=tok,
+                                eos_token_id=[], batch_invariant=True)
+    alone = [gen(p, "ar", batch_invariant=True)[0][0].tolist() for p in first3]
+    batch_ok = all(batch[b].tolist() == alone[b] for b in range(3))
+
+    print(f"# SmolLM2-135M bf16 greedy, {args.new_tokens} tokens, {len(qs)} categories, {torch.get_num_threads()} "
+          f"threads, load average {os.getloadavg()[0]:.2f}")
+    print("\n| method | arm | token-identical to AR (categories) |\n|---|---|---|")
+    for (method, arm), ok in same.items():
+        print(f"| {method} | {arm} | {sum(ok)}/{len(ok)} |")
+    print(f"\nbatch of 3 (AR, invariant) equals each sequence alone: {batch_ok}")
+    print("\n| method | fast tok/s | invariant tok/s | invariant / fast (median of per-question ratios) | "
+          "vs fast AR | TTFT fast -> invariant s |\n|---|---|---|---|---|---|")
+    for method in ["ar"] + methods:
+        f, i, a = rate[(method, "fast")], rate[(method, "invariant")], rate[("ar", "fast")]
+        ratio = statistics.median(x / y for (_, x, _), (_, y, _) in zip(i, f))
+        vs_ar = statistics.median(x / y for (_, x, _), (_, y, _) in zip(i, a))
+        print(f"| {method} | {statistics.median(x for _, x, _ in f):.1f} | {statistics.median(x for _, x, _ in i):.1f}"
+              f" | {ratio:.2f}x | {vs_ar:.2f}x | {statistics.median(t for *_, t in f):.3f} -> "
+              f"{statistics.median(t for *_, t in i):.3f} |")
+
+
+if __name__ == "__main__":
+    main()
