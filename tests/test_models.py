@@ -2,6 +2,7 @@
 greedy token identity in fp32 for several methods and prompts, batch 1 and 3."""
 import importlib.metadata
 import importlib.util
+import os
 import subprocess
 import sys
 import textwrap
@@ -170,3 +171,19 @@ def test_cli_generate_streams_text_and_prints_metrics(capsys):
     assert "Paris" in out.out and "mean acceptance length" in out.err
     assert main(["generate", "--method", "sd", "--prompt", "x", "--param", "gama=2", "--max-new-tokens", "2"]) == 2
     assert "unknown parameter" in capsys.readouterr().err
+
+
+def test_inductor_caches_go_to_the_specops_cache_even_after_torch_chose_its_default(monkeypatch, tmp_path):
+    # torch writes its temporary-directory default into the variable the first time anything asks;
+    # that default is replaced, a user's own choice is kept.
+    from torch._inductor.runtime.cache_dir_utils import cache_dir as torch_cache_dir
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from specops.engine.compiled import set_cache_dir
+
+    monkeypatch.setenv("SPECOPS_CACHE", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert torch_cache_dir() == os.path.abspath(default_cache_dir())  # torch set its default
+    assert set_cache_dir() == str(tmp_path / "inductor") == os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert set_cache_dir() == str(tmp_path / "mine")

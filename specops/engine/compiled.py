@@ -61,8 +61,15 @@ def mask_words(T):
 
 
 def set_cache_dir():
-    """Points inductor's on-disk caches at ``<specops cache>/inductor`` unless the user chose a place."""
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    """Points inductor's on-disk caches at ``<specops cache>/inductor`` unless the user chose a place.
+
+    Inductor writes its default (a directory under the system's temporary directory, which a reboot
+    empties) into ``TORCHINDUCTOR_CACHE_DIR`` the first time anything asks for it, so the variable
+    holding that default is not a user's choice: it is replaced too."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(models.cache_dir(), "inductor")
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
