@@ -128,3 +128,18 @@ def test_block_logits_have_the_bits_of_ar_steps(layout, dtype):
                 differs |= not torch.equal(block[i], ar)
     if dtype == torch.float32:
         assert differs, "the fast path matched AR bit for bit too: this comparison would not catch a regression"
+
+
+def test_compiled_methods_emit_compiled_ar_tokens():
+    # Compiled forwards (one graph per bucket of 1, 2, 4, ... rows) with the mode: a speculative
+    # method's blocks meet other buckets than AR's one-row steps and must still give AR's tokens.
+    # (Compiled and eager texts may differ from each other: inductor fuses the norms and elementwise
+    # ops with other roundings than eager torch; each is its own reference.)
+    target = tiny_causal_lm("llama", hidden_size=96, num_layers=2, seed=4, dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (93, 40, 7)]
+    kw = dict(max_new_tokens=16, eos_token_id=[], batch_invariant=True, compile=True)
+    ar, _ = generate(target, prompts, method="ar", **kw)
+    out, m = generate(target, prompts, method="ngram", adaptive=False, **kw)
+    assert out.tolist() == ar.tolist()
+    assert m.num_target_forwards < 16
