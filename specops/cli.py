@@ -2,6 +2,7 @@
 ``demo`` (every method on built-in prompts, compared in a table)."""
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -17,6 +18,14 @@ DEMO_PROMPTS = {
     "math": "A train travels 120 km in 1.5 hours, then 80 km in 1 hour. What is its average speed? "
             "Explain step by step.",
 }
+
+
+def _text_or_file(value):
+    """A grammar given inline or as the path of a file holding it (None stays None)."""
+    if value is not None and os.path.isfile(value):
+        with open(value) as f:
+            return f.read()
+    return value
 
 
 def _param(text):
@@ -173,7 +182,9 @@ def cmd_generate(args):
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stop=args.stop,
                       tokenizer=tok, seed=args.seed, compare_ar=args.compare_ar, stream=stream, adaptive=adaptive,
                       kv_layout=args.kv_layout, page_size=args.page_size, tp_size=args.tp, compile=args.compile,
-                      compile_mode=args.compile_mode, batch_invariant=args.batch_invariant, **params)
+                      compile_mode=args.compile_mode, batch_invariant=args.batch_invariant,
+                      json_schema=_text_or_file(args.json_schema), regex=args.regex, ebnf=_text_or_file(args.ebnf),
+                      grammar_engine=args.grammar_engine, **params)
     print()
     for b in range(1, args.batch):
         print(f"--- sequence {b}:\n{tok.decode(out[b, : m.lengths[b]])}")
@@ -304,6 +315,14 @@ def main(argv=None):
                      help="compiled target and draft forwards (torch.compile, bucketed block shapes; docs/compile.md)")
     gen.add_argument("--compile-mode", default="default",
                      help="torch.compile mode with --compile (default; reduce-overhead: CUDA graphs on a GPU)")
+    gen.add_argument("--json-schema", default=None, metavar="SCHEMA",
+                     help="structured output: a JSON schema (inline JSON or a file path) every token obeys "
+                          "(pip install specops[grammar]; docs/structured.md)")
+    gen.add_argument("--regex", default=None, help="structured output: a regex the whole output matches")
+    gen.add_argument("--ebnf", default=None, metavar="GRAMMAR",
+                     help="structured output: a GBNF grammar, start rule root (inline or a file path)")
+    gen.add_argument("--grammar-engine", default=None, choices=("xgrammar", "llguidance"),
+                     help="grammar engine for --json-schema/--regex/--ebnf (default: the first installed)")
     gen.add_argument("--batch-invariant", action="store_true",
                      help="batch-invariant target ops: lossless methods emit AR's greedy tokens bit for bit in bf16 "
                           "(docs/batch_invariance.md)")

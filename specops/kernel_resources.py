@@ -9,7 +9,10 @@
 - CUDA rows come from ``cuobjdump --dump-resource-usage`` / ``-elf`` of the built extension
   (``specops/_C_cuda*.so``): registers, stack, static shared memory and the ``__launch_bounds__``
   thread count. Dynamic shared memory and the block size of kernels without launch bounds are
-  not in the binary: ``CUDA_LAUNCH`` supplies them (see :func:`cuda_rows`).
+  not in the binary: ``CUDA_LAUNCH`` supplies them (see :func:`cuda_rows`). The invariant tree
+  attention kernels (last template argument ``Inv`` = true) also list a query's visible block keys
+  in shared memory, sized per call (:func:`invariant_extra_smem`): their smem column and occupancy
+  leave it out, their notes say so.
 
 Occupancy is resident blocks per SM from registers, shared memory and warps at the A100 (sm_80)
 and H100 (sm_90) figures below, and names the limiting resource.
@@ -46,19 +49,39 @@ CUDA_LAUNCH = {
     "build_tree_mask_kernel": (128, 0),  # tree_mask.cu: kThreads = 128, no dynamic shared memory
     "tree_attention_kernel": (None, None),  # tree_attention.cu (fp32): dynamic smem sized per call
 }
+# The tensor-core kernel has per-instantiation entries only (below): one whose template arguments
+# match none (they changed in the source) would show no dynamic shared memory, so cuda_rows reports
+# it as a problem instead.
 
 
 def _tc_smem(dp):
-    """Dynamic shared memory of tree_attention_tc_kernel<T, DP>: TcCfg<DP>::kSmem of
+    """Dynamic shared memory of tree_attention_tc_kernel<T, DP, Paged, Inv>: TcCfg<DP>::kSmem of
     csrc/cuda/tree_attention_tc.cuh (64 Q rows + 2 x (K, V) tiles of BN rows, DP + 8 halves each)."""
     bn = 32 if dp >= 128 else 64
     return (64 + 4 * bn) * (dp + 8) * 2
 
 
+def invariant_extra_smem(w, s):
+    """Extra dynamic shared memory of the invariant (Inv = true) tree attention kernels for a call
+    with mask width ``w`` and cache length ``s``: the query's visible block keys, room for
+    min(32 w, s) int32 keys rounded up to 16 B (run_call in csrc/cuda/tree_attention.cu). It depends
+    on the call, so the table's smem column leaves it out and the row's notes name it."""
+    return -(-min(32 * w, s) // 4) * 16
+
+
+INV_NOTE = "+ ceil(min(32 W, S) / 4) * 16 B smem per call (invariant key list)"
+
+# Template parameters <T, DP, Paged, Inv>: Inv (invariant=True) adds invariant_extra_smem per call.
 for _t in ("Half", "BFloat16"):
     for _dp in (64, 128, 256):
         for _paged in ("false", "true"):
-            CUDA_LAUNCH[("tree_attention_tc_kernel", f"<{_t}, {_dp}, {_paged}>")] = (128, _tc_smem(_dp))
+            for _inv in ("false", "true"):
+                CUDA_LAUNCH[("tree_attention_tc_kernel", f"<{_t}, {_dp}, {_paged}, {_inv}>")] = (128, _tc_smem(_dp))
+
+
+def _invariant(kernel, config):
+    """Whether a tree attention instantiation is the invariant one (last template argument Inv)."""
+    return kernel in ("tree_attention_kernel", "tree_attention_tc_kernel") and config.rstrip(">").endswith(", true")
 
 
 def occupancy(arch, regs, threads, smem):
@@ -167,15 +190,19 @@ def cuda_rows(so_path, archs):
         kernel, config = _split_name(names[r["function"]])
         threads, dyn = bounds.get((r["arch"], r["function"])), 0
         launch = CUDA_LAUNCH.get((kernel, config), CUDA_LAUNCH.get(kernel))
+        problems = [] if launch is not None or kernel != "tree_attention_tc_kernel" else [
+            f"no CUDA_LAUNCH entry for {config}: dynamic smem unknown"]
         if launch is not None:
             t, dyn = launch
             threads = t or threads
         notes = ["spills are stack bytes"] if r["STACK"] else []
         if dyn is None:
             notes.append("+ dynamic smem per call")
+        elif _invariant(kernel, config):
+            notes.append(INV_NOTE)
         rows.append({"kind": "cuda", "kernel": kernel, "config": config, "arch": arch, "regs": r["REG"],
                      "spills": r["STACK"], "smem": r["SHARED"] + (dyn or 0), "threads": threads,
-                     "detail": "; ".join(notes), "problems": []})
+                     "detail": "; ".join(notes), "problems": problems})
     return rows
 
 

@@ -131,6 +131,13 @@ def test_cuda_rows_of_the_built_extension():
     assert {"tree_attention_kernel", "combine_kernel", "kv_compact_kernel"} <= kernels
     assert all(r["regs"] > 0 for r in rows)
     assert all(r["threads"] for r in rows)  # launch bounds or CUDA_LAUNCH give every block size
+    tc = [r for r in rows if r["kernel"] == "tree_attention_tc_kernel"]
+    # every <T, DP, Paged, Inv> instantiation has its CUDA_LAUNCH entry: dynamic smem counted
+    assert tc and all(not r["problems"] and r["smem"] >= kernel_resources._tc_smem(64) for r in tc)
+    assert {r["config"].rsplit(", ", 1)[1] for r in tc} == {"false>", "true>"}
+    assert all(kernel_resources.INV_NOTE in r["detail"] for r in tc if r["config"].endswith(", true>"))
+    assert kernel_resources.invariant_extra_smem(4, 1000) == 32 * 4 // 4 * 16
+    assert kernel_resources.invariant_extra_smem(64, 1001) == 251 * 16
 
 
 # Stack bytes (spills or local arrays) the CUDA kernels may use per (kernel, config prefix); every

@@ -14,6 +14,9 @@ kernels users get. ``supports`` says, before any launch, whether a shape can run
 ``tree_attention_paged`` is the same kernel with ``PAGED`` set: K/V rows come from a paged cache
 ([num_pages, page_size, Hkv, D], vLLM's layout) through the sequence's page table, in ``_kv_rows``,
 the one place the kernel addresses a K/V row.
+
+``invariant=True`` is the same kernel with ``INVARIANT`` set: the batch-invariant schedule of
+docs/batch_invariance.md (one query row per program, tiles over the row's virtual sequence).
 """
 import functools
 import os
@@ -71,6 +74,22 @@ def _kv_rows(keys, key_ok, table_row, log2_page, num_pages, sk_page, sk_row, sv_
 
 
 @triton.jit
+def _virtual_rows(mask_row, sm_w, nw, L, anc_row):
+    """Writes the row's visible block keys (j < L, bit set; words [0, nw)) in index order to
+    anc_row[0, V) and returns V: each word's set bits ranked by the running count plus a cumsum.
+    The tile loop then gathers a tile's rows from anc_row with one load (a nested loop there would
+    keep Triton from pipelining it: fp32 tiles then spill kilobytes)."""
+    j = tl.arange(0, 32)
+    n = L * 0
+    for w in range(0, nw):
+        bits = tl.where(w * 32 + j < L, (tl.load(mask_row + w * sm_w) >> j) & 1, 0)  # [32]
+        tl.store(anc_row + n + tl.cumsum(bits, axis=0) - 1, w * 32 + j, mask=bits != 0)
+        n += tl.sum(bits)
+    tl.debug_barrier()  # anc_row is read next by other threads than wrote it
+    return n
+
+
+@triton.jit
 def _tree_attention_kernel(
     q_ptr,  # [B, Tq, Hq, D]
     k_ptr,  # [B, Hkv, S, D], or PAGED [num_pages, page_size, Hkv, D]
@@ -80,14 +99,16 @@ def _tree_attention_kernel(
     prefix_ptr, block_ptr, qlen_ptr,  # [B] int32, strides s_pre, s_blk, s_ql (any, 0 included)
     mask_ptr,  # [B, Tq, W] int32, strides sm_b, sm_t, sm_w
     pt_ptr,  # PAGED: page table [B, max_pages] int32, row stride s_pt (else unused)
+    anc_ptr,  # INVARIANT: scratch int32 [B * Tq * Hkv, 32 * W], a program's visible block keys (else unused)
     s_pre, s_blk, s_ql, sq_b, sq_t, sq_h, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s, sm_b, sm_t, sm_w,
     s_pt, sk_pg, sv_pg,  # PAGED: sk_b = sv_b = 0, sk_s / sv_s step between slots, sk_pg / sv_pg between pages
     log2_page, num_pages,
     B, Tq, Hq, Hkv, S, W, D, qk_scale,  # S: rows a sequence can address (PAGED: max_pages * page_size)
     NS,  # number of kv splits (grid dim 1)
-    N_M,  # query-row tiles per (sequence, kv head)
+    N_M,  # query-row tiles per (sequence, kv head); INVARIANT: Tq (one query row a program)
     G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_QLEN: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr, PAGED: tl.constexpr,
+    INVARIANT: tl.constexpr = False,
 ):
     # Grid x = (sequence, kv head, row tile), row tiles innermost so that the programs sharing a
     # K/V stream run side by side (L2 reuse); grid x holds 2^31 - 1 programs, grid y only 65535.
@@ -105,11 +126,18 @@ def _tree_attention_kernel(
     else:
         QL = Tq
 
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    qi = rows // G
-    head = g * G + rows % G
-    in_rows = qi < Tq
-    row_ok = qi < QL
+    if INVARIANT:  # query pid_m, tile row m = its head g * G + m (rows m >= G: padding)
+        rows = tl.arange(0, BLOCK_M)
+        qi = pid_m + rows * 0
+        head = g * G + rows
+        in_rows = rows < G
+        row_ok = in_rows & (pid_m < QL)
+    else:
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        qi = rows // G
+        head = g * G + rows % G
+        in_rows = qi < Tq
+        row_ok = qi < QL
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     offs_n = tl.arange(0, BLOCK_N)
@@ -126,8 +154,16 @@ def _tree_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
-    n_prefix = tl.cdiv(P, BLOCK_N)
-    n_tiles = n_prefix + tl.cdiv(L, BLOCK_N)
+    if INVARIANT:
+        # The tiles of the row's virtual sequence (P + V positions) from virtual position 0: the
+        # rows and places of the AR call's tiles, whatever else the call holds (padding rows: none).
+        nw = tl.where(pid_m < QL, tl.cdiv(L, 32), 0)  # words holding block keys (<= W)
+        anc_row = anc_ptr + pid * (32 * W)
+        V = _virtual_rows(mask_ptr + b * sm_b + pid_m * sm_t, sm_w, nw, L, anc_row)
+        n_tiles = tl.where(pid_m < QL, tl.cdiv(P + V, BLOCK_N), 0)
+    else:
+        n_prefix = tl.cdiv(P, BLOCK_N)
+        n_tiles = n_prefix + tl.cdiv(L, BLOCK_N)
     t0 = (n_tiles * split) // NS
     t1 = (n_tiles * (split + 1)) // NS
 
@@ -136,20 +172,28 @@ def _tree_attention_kernel(
     # keys need no mask bits; block key j is visible to query i iff bit j % 32 of mask[b, i, j // 32].
     # A block tile starts on a word boundary (BLOCK_N % 32 == 0): each row loads its BLOCK_N / 32
     # words (predicated off on prefix tiles) and the bits are expanded in registers.
-    mask_rows = mask_ptr + b * sm_b + tl.minimum(qi, Tq - 1).to(tl.int64) * sm_t  # [BM]
-    word_of_n = offs_n // 32
+    if not INVARIANT:
+        mask_rows = mask_ptr + b * sm_b + tl.minimum(qi, Tq - 1).to(tl.int64) * sm_t  # [BM]
+        word_of_n = offs_n // 32
     for t in range(t0, t1):
-        in_block = t >= n_prefix
-        tb = t - n_prefix
-        keys = tl.where(in_block, P + tb * BLOCK_N, t * BLOCK_N) + offs_n
-        key_ok = keys < tl.where(in_block, P + L, P)
-        words = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-        for k in tl.static_range(BLOCK_N // 32):
-            w = tb * (BLOCK_N // 32) + k
-            wk = tl.load(mask_rows + w * sm_w, mask=row_ok & in_block & (w < W), other=0)  # [BM]
-            words = tl.where((word_of_n == k)[None, :], wk[:, None], words)
-        bit = ((words >> (offs_n & 31)[None, :]) & 1) != 0
-        visible = row_ok[:, None] & key_ok[None, :] & (bit | (not in_block))
+        if INVARIANT:  # virtual position v: row v of the prefix, else row P + anc[v - P]
+            vpos = t * BLOCK_N + offs_n
+            key_ok = vpos < P + V
+            anc = tl.load(anc_row + (vpos - P), mask=key_ok & (vpos >= P), other=0)
+            keys = tl.where(vpos < P, vpos, P + anc)
+            visible = row_ok[:, None] & key_ok[None, :]  # every key of the tile, to all the row's heads
+        else:
+            in_block = t >= n_prefix
+            tb = t - n_prefix
+            keys = tl.where(in_block, P + tb * BLOCK_N, t * BLOCK_N) + offs_n
+            key_ok = keys < tl.where(in_block, P + L, P)
+            words = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+            for k in tl.static_range(BLOCK_N // 32):
+                w = tb * (BLOCK_N // 32) + k
+                wk = tl.load(mask_rows + w * sm_w, mask=row_ok & in_block & (w < W), other=0)  # [BM]
+                words = tl.where((word_of_n == k)[None, :], wk[:, None], words)
+            bit = ((words >> (offs_n & 31)[None, :]) & 1) != 0
+            visible = row_ok[:, None] & key_ok[None, :] & (bit | (not in_block))
         k_rows, v_rows = _kv_rows(keys, key_ok, table_row, log2_page, num_pages, sk_pg, sk_s, sv_pg, sv_s, PAGED)
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q,
@@ -262,6 +306,17 @@ def config(arch, dtype, D, rows, paged=False):
     return decode if rows <= 16 else block
 
 
+def invariant_config(arch, dtype, D, G):
+    """The Config of the invariant schedule: a function of the head size, dtype and GQA group only
+    (never of Tq, B, S, the block or the layout): one query's G heads a program (rows padded to a
+    dot's 16), the decode entry's key tiles; fp32 with 8 warps and 3 stages, where 4 warps spill
+    (the gathered rows pipeline as the paged ones do; up to 10 KB of spills on sm_90). Checked by
+    the AOT cases "invariant ..."."""
+    decode, wide = config(arch, dtype, D, 1), dtype == torch.float32
+    return Config(max(16, triton.next_power_of_2(G)), decode.block_n, 8 if wide else decode.num_warps,
+                  3 if wide else decode.num_stages)
+
+
 @functools.cache
 def _cuda_target(index):
     props = torch.cuda.get_device_properties(index)
@@ -348,14 +403,15 @@ def splits(q, Hkv, S, arch, sms, paged=False):
 
 
 def plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=None, arch=None,
-         sms=None, page_table=None, workspace=None):
+         sms=None, page_table=None, workspace=None, invariant=False):
     """The launches of one call and its output (allocated, not yet written).
 
     Shape: as :func:`tree_attention`, or with ``page_table`` int32 [B, max_pages] as
     :func:`tree_attention_paged` (k_cache / v_cache are then the pages [num_pages, page_size, Hkv, D]).
     ``arch`` / ``sms`` default to ``q``'s device (the AOT check passes them with meta tensors).
     ``num_splits``: the schedule's split count (None: :func:`splits`); ``workspace``: fp32 of
-    >= ``splits.workspace_size`` elements for the partials (None: allocated here)."""
+    >= ``splits.workspace_size`` elements for the partials (None: allocated here). ``invariant``:
+    the batch-invariant schedule (INVARIANT: one program per (query, kv head), never split)."""
     B, Tq, Hq, D = q.shape
     Hkv, S, kv_strides, paging = _kv_layout(k_cache, v_cache, page_table)
     G = Hq // Hkv
@@ -369,22 +425,31 @@ def plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, n
     if q.stride(3) != 1:
         q = q.contiguous()
     rows = Tq * G
-    cfg = config(arch, q.dtype, D, rows, paged=page_table is not None)
+    paged = page_table is not None
+    if invariant:
+        cfg, n_m, ns = invariant_config(arch, q.dtype, D, G), Tq, 1
+        if n_m * B * Hkv > GRID_X_MAX:
+            raise ValueError(f"invariant=True: {n_m * B * Hkv} programs (B * Tq * Hkv) exceed the grid limit "
+                             f"{GRID_X_MAX}")
+    else:
+        cfg = config(arch, q.dtype, D, rows, paged=paged)
+        n_m = triton.cdiv(rows, cfg.block_m)
+        ns = num_splits or splits(q, Hkv, S, arch, sms, paged=paged)
     BD = block_d(D)
-    n_m = triton.cdiv(rows, cfg.block_m)
     R = B * Tq * Hq
-    ns = num_splits or splits(q, Hkv, S, arch, sms, paged=page_table is not None)
     has_qlen = q_lens is not None
     qlen = q_lens if has_qlen else prefix_lens  # unused pointer when HAS_QLEN is False
     table = page_table if page_table is not None else prefix_lens  # unused pointer unless PAGED
+    anc = (torch.empty(n_m * B * Hkv * 32 * W, dtype=torch.int32, device=q.device) if invariant
+           else prefix_lens)  # unused pointer unless INVARIANT
     strides = (prefix_lens.stride(0), block_lens.stride(0), qlen.stride(0), *q.stride()[:3], *kv_strides,
                *mask.stride(), *paging)
     sizes = (B, Tq, Hq, Hkv, S, W, D, float(sm_scale) * LOG2E, ns, n_m)
     meta = dict(G=G, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=BD, HAS_QLEN=has_qlen,
                 UPCAST=os.environ.get("TRITON_INTERPRET") == "1" and q.dtype != torch.float32,
-                PAGED=page_table is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                PAGED=paged, INVARIANT=invariant, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     grid = (n_m * B * Hkv, ns)
-    lens = (prefix_lens, block_lens, qlen, mask, table)
+    lens = (prefix_lens, block_lens, qlen, mask, table, anc)
     if ns == 1:
         return out, [Launch(_tree_attention_kernel, grid, (q, k_cache, v_cache, out, out, *lens, *strides, *sizes),
                             dict(SPLIT=False, **meta))]
@@ -402,35 +467,39 @@ def plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, n
 
 
 def _run(q, k_cache, v_cache, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits, arch,
-         ok_why, workspace=None):
+         ok_why, workspace=None, invariant=False):
     ok, why = ok_why
     if not ok:
         raise ValueError(f"tree_attention (triton) cannot run this call: {why}")
     if num_splits is not None and not 1 <= num_splits <= 65535:
         raise ValueError(f"num_splits must lie in [1, 65535], got {num_splits}")
+    if invariant and num_splits not in (None, 1):
+        raise ValueError(f"num_splits must be None or 1 with invariant=True (the invariant schedule is unsplit), "
+                         f"got {num_splits}")
     if arch is not None and arch not in CONFIGS:
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
     sms = None if arch is None else target(q.device)[1]
     out, launches = plan(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits,
-                         arch=arch, sms=sms, page_table=page_table, workspace=workspace)
+                         arch=arch, sms=sms, page_table=page_table, workspace=workspace, invariant=invariant)
     for launch in launches:
         launch.kernel[launch.grid](*launch.args, **launch.kwargs)
     return out
 
 
 def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=None,
-                   arch=None, workspace=None):
+                   arch=None, workspace=None, invariant=False):
     """Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D], prefix_lens / block_lens / q_lens
     int32 [B] (q_lens may be None; any strides), mask int32 [B, Tq, W] -> out [B, Tq, Hq, D] in
     q's dtype. ``num_splits`` forces the number of kv splits (None: chosen from the problem and
     device); ``arch`` (80 or 90) forces that arch's CONFIGS (tests run sm_80 tiles interpreted);
-    ``workspace``: the partials (see :func:`plan`). Raises ValueError for what :func:`supports` refuses."""
+    ``workspace``: the partials (see :func:`plan`). ``invariant``: the batch-invariant schedule
+    (docs/batch_invariance.md; num_splits None or 1). Raises ValueError for what :func:`supports` refuses."""
     return _run(q, k_cache, v_cache, None, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits, arch,
-                supports(q, k_cache), workspace)
+                supports(q, k_cache), workspace, invariant)
 
 
 def tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale,
-                         num_splits=None, arch=None, workspace=None):
+                         num_splits=None, arch=None, workspace=None, invariant=False):
     """:func:`tree_attention` over a paged cache, the same kernel with PAGED set.
 
     Shape: k_pages / v_pages [num_pages, page_size, Hkv, D] (page_size a power of two),
@@ -439,16 +508,16 @@ def tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_len
     if page_table.shape[1] > 1 and page_table.stride(1) != 1:
         page_table = page_table.contiguous()
     return _run(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits,
-                arch, supports_paged(q, k_pages), workspace)
+                arch, supports_paged(q, k_pages), workspace, invariant)
 
 
 # ---- AOT check ---------------------------------------------------------------------------------
 
-def _aot_call(arch, dtype, D, rows_class, split, paged=False):
+def _aot_call(arch, dtype, D, rows_class, split, paged=False, invariant=False):
     """Meta tensors of a typical call that selects one CONFIGS entry: batch 4 (1 when split), 8
     query heads over 2 kv heads (G = 4), a 4096-row cache, 16-aligned sizes as real models have;
     paged: a pool of 1024 pages of 16 rows ([num_pages, 16, Hkv, D], vLLM's layout), 256 pages a
-    sequence."""
+    sequence; invariant: the INVARIANT variant (its tiles whatever the rows)."""
     Tq = 4 if rows_class == "decode" else 64
     B = 1 if split else 4
     Hq, Hkv, S = 8, 2, 4096
@@ -465,8 +534,9 @@ def _aot_call(arch, dtype, D, rows_class, split, paged=False):
     lens = [torch.empty(B, device="meta", dtype=torch.int32) for _ in range(3)]
     mask = torch.empty(B, Tq, 2, device="meta", dtype=torch.int32)
     out, launches = plan(q, k, v, lens[0], lens[1], mask, lens[2], D ** -0.5, num_splits=4 if split else 1,
-                         arch=arch, sms=SMS[arch], page_table=table)
-    cfg = config(arch, dtype, D, Tq * Hq // Hkv, paged=paged)
+                         arch=arch, sms=SMS[arch], page_table=table, invariant=invariant)
+    cfg = (invariant_config(arch, dtype, D, Hq // Hkv) if invariant else
+           config(arch, dtype, D, Tq * Hq // Hkv, paged=paged))
     assert launches[0].kwargs["BLOCK_M"] == cfg.block_m and launches[0].kwargs["num_stages"] == cfg.num_stages
     return launches
 
@@ -475,7 +545,8 @@ def aot_cases():
     """(name, arch, launches, budget) of every CONFIGS entry: fp32 and bf16 (fp16 once per arch:
     the same tiles), split and not for decode tiles, split also for the widest block tiles; the
     same entries again with a paged cache ("paged ..."), whose row gather must not cost spills
-    either. No spills; table 80 within SMEM_SMALL."""
+    either; the invariant variant ("invariant ...", contiguous for each tile entry, paged for two).
+    No spills; table 80 within SMEM_SMALL."""
     for paged in (False, True):
         tag = "paged " if paged else ""
         for arch in ARCHS:
@@ -488,6 +559,10 @@ def aot_cases():
                             name = f"{tag}{str(dtype)[6:]} D{D} {rows_class}{' split' if split else ''}"
                             yield name, arch, _aot_call(arch, dtype, D, rows_class, split, paged), budget
             yield f"{tag}float16 D128 block", arch, _aot_call(arch, torch.float16, 128, "block", False, paged), budget
+            for dtype, D in (((torch.bfloat16, 128), (torch.float32, 256)) if paged else
+                             [(t, d) for t in (torch.bfloat16, torch.float32) for d in (64, 128, 256)]):
+                yield (f"invariant {tag}{str(dtype)[6:]} D{D}", arch,
+                       _aot_call(arch, dtype, D, "decode", False, paged, invariant=True), budget)
 
 
 AOT_SPECS = aot_cases

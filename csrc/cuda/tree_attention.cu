@@ -16,6 +16,11 @@
 // tree_attention_paged runs the same kernels with Paged = true: K/V rows come from a paged cache
 // ([num_pages, page_size, Hkv, D]) through the sequence's page table, in kv_off, the kernels' one
 // way to address a K/V row.
+// invariant=True runs them with Inv = true, the batch-invariant schedule (docs/batch_invariance.md,
+// "Invariant attention"): a block's row tile holds one query's G heads (padding rows zero), and its
+// keys are the query's virtual sequence (prefix, then the visible block keys in index order, listed
+// once per block in shared memory) in tiles aligned to virtual position 0, no split. Every tile
+// then holds the same rows in the same places as in the query's AR view: the same bits.
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -71,6 +76,71 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// Query row r of this block's row tile of `rows`: its query *i (a.Tq for a padding row) and head *h.
+// Inv: a tile holds one query's heads (ceil(G / rows) tiles per query), the same rows as in the
+// query's AR view; otherwise tiles of `rows` consecutive (query, head) rows, heads fastest.
+template <bool Inv>
+__device__ __forceinline__ void tile_row(const Args& a, int rows, int g, int r, int* i, int* h) {
+  if constexpr (Inv) {
+    const int per = (a.G + rows - 1) / rows, gh = static_cast<int>(blockIdx.x % per) * rows + r;
+    *i = gh < a.G ? static_cast<int>(blockIdx.x / per) : a.Tq;
+    *h = g * a.G + gh;
+  } else {
+    const int m = static_cast<int>(blockIdx.x) * rows + r;
+    *i = m / a.G;
+    *h = g * a.G + m % a.G;
+  }
+}
+
+// Inv: the number of keys in this block's key walk, the query's virtual sequence (0 for a padding
+// query), with its visible block keys in index order written to anc (shared memory, room for
+// min(32 W, S) keys; ta::visible_block_keys' list, filled by all threads: word w's keys go after the
+// popcount of the words before it, no scan). Every thread calls it; a barrier must follow before
+// anc is read.
+__device__ int32_t virtual_length(const Args& a, int b, int i, const ta::SeqLens& sl, int32_t* anc) {
+  if (i >= sl.queries) return 0;
+  const int32_t* mrow = a.mask + (static_cast<int64_t>(b) * a.Tq + i) * a.W;
+  int32_t n = 0;
+  for (int32_t j32 = 0, w = 0; j32 < sl.block; j32 += 32, ++w) {
+    const uint32_t bits = ta::mask_bits32(mrow, a.W, j32, sl.block);
+    if (w % static_cast<int32_t>(blockDim.x) == static_cast<int32_t>(threadIdx.x)) {
+      int32_t k = n;
+      for (uint32_t rest = bits; rest; rest &= rest - 1) anc[k++] = j32 + __ffs(static_cast<int>(rest)) - 1;
+    }
+    n += __popc(bits);
+  }
+  return sl.prefix + n;
+}
+
+// Tile t of the block's key walk (`tile` keys): ta::kv_tile's prefix and block tiles, or (Inv)
+// virtual positions [t * tile, (t + 1) * tile) of the vlen-key virtual sequence (start is then a
+// virtual position, j0 = -1: every key is visible).
+template <bool Inv>
+__device__ __forceinline__ ta::KvTile walk_tile(const ta::SeqLens& sl, int32_t vlen, int32_t t, int32_t tile) {
+  if constexpr (Inv) {
+    ta::KvTile k;
+    k.start = t * tile;
+    k.len = vlen - k.start < tile ? vlen - k.start : tile;
+    k.j0 = -1;
+    return k;
+  } else {
+    return ta::kv_tile(sl, t, tile);
+  }
+}
+
+template <bool Inv>
+__device__ __forceinline__ int32_t walk_tiles(const ta::SeqLens& sl, int32_t vlen, int32_t tile) {
+  if constexpr (Inv) return static_cast<int32_t>(ceil_div(vlen, tile));
+  else return ta::num_kv_tiles(sl, tile);
+}
+
+// Cache row of key n (< kt.len) of a walk tile.
+template <bool Inv>
+__device__ __forceinline__ int64_t walk_row(const ta::SeqLens& sl, const int32_t* anc, const ta::KvTile& kt, int n) {
+  if constexpr (Inv) return ta::virtual_row(sl, anc, kt.start + n);
+  else return kt.start + n;
+}
+
 // Offset of logical K (V: kIsV) row r from the (sequence, kv head) base: the kernels' one way to
 // address a K/V row (contiguous, or through the sequence's page table row when Paged).
 template <bool Paged, bool kIsV>
@@ -80,25 +150,34 @@ __device__ __forceinline__ int64_t kv_off(const Args& a, const int32_t* table_ro
 }
 
 // DC: head-dim chunks of 32 per lane (D <= 32 * DC). Paged: K/V in pages (tree_attention_paged).
-template <typename scalar_t, int DC, bool Paged>
+// Inv: the batch-invariant schedule (one query per block, virtual key tiles).
+template <typename scalar_t, int DC, bool Paged, bool Inv>
 __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(Args a) {
   SPECOPS_DYNAMIC_SMEM(float, smem);
   const int D = a.D, Dp = a.D + 1;  // +1: lane j reading row j of K hits its own bank
   float* ks = smem;              // [kTile][Dp]
   float* vs = ks + kTile * Dp;   // [kTile][Dp]
   float* qs = vs + kTile * Dp;   // [kRows][D], pre-scaled into the base-2 domain
+  int32_t* anc = reinterpret_cast<int32_t*>(qs + kRows * D);  // Inv: [min(32 W, S)] visible block keys
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int b = blockIdx.y / a.Hkv, g = blockIdx.y % a.Hkv, split = blockIdx.z;
   const ta::SeqLens sl = ta::clamp_lens(a.prefix[b], a.block[b], a.q_lens ? a.q_lens[b] : a.Tq, a.S, a.W, a.Tq);
-  const int row0 = blockIdx.x * kRows;
   const scalar_t* q = static_cast<const scalar_t*>(a.q);
   const scalar_t* kb = static_cast<const scalar_t*>(a.k) + b * a.sk_b + g * a.sk_h;
   const scalar_t* vb = static_cast<const scalar_t*>(a.v) + b * a.sv_b + g * a.sv_h;
   const int32_t* table_row = Paged ? a.pages + b * a.s_pages : nullptr;
 
   for (int e = threadIdx.x; e < kRows * D; e += blockDim.x) {
-    const int r = e / D, d = e % D, m = row0 + r, i = m / a.G, h = g * a.G + m % a.G;
+    const int r = e / D, d = e % D;
+    int i, h;
+    tile_row<Inv>(a, kRows, g, r, &i, &h);
     qs[e] = i < sl.queries ? static_cast<float>(q[b * a.sq_b + i * a.sq_t + h * a.sq_h + d]) * a.scale_log2 : 0.f;
+  }
+  int32_t vlen = 0;  // Inv: the virtual sequence's length; anc is published by the first tile's barrier
+  if constexpr (Inv) {
+    int i0, h0;
+    tile_row<Inv>(a, kRows, g, 0, &i0, &h0);
+    vlen = virtual_length(a, b, i0, sl, anc);
   }
 
   float m_run[kRowsPerWarp], l_run[kRowsPerWarp], o[kRowsPerWarp][DC];
@@ -111,20 +190,23 @@ __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(Args a) {
   }
 
   int32_t t0, t1;
-  ta::split_range(ta::num_kv_tiles(sl, kTile), a.n_splits, split, &t0, &t1);
+  ta::split_range(walk_tiles<Inv>(sl, vlen, kTile), a.n_splits, split, &t0, &t1);
   for (int32_t t = t0; t < t1; ++t) {
-    const ta::KvTile kt = ta::kv_tile(sl, t, kTile);
-    __syncthreads();  // every warp is done with the previous tile (and qs is written)
+    const ta::KvTile kt = walk_tile<Inv>(sl, vlen, t, kTile);
+    __syncthreads();  // every warp is done with the previous tile (and qs, anc are written)
     for (int e = threadIdx.x; e < kTile * D; e += blockDim.x) {
       const int n = e / D, d = e % D;
       const bool in = n < kt.len;
-      ks[n * Dp + d] = in ? static_cast<float>(kb[kv_off<Paged, false>(a, table_row, kt.start + n) + d]) : 0.f;
-      vs[n * Dp + d] = in ? static_cast<float>(vb[kv_off<Paged, true>(a, table_row, kt.start + n) + d]) : 0.f;
+      const int64_t row = in ? walk_row<Inv>(sl, anc, kt, n) : 0;
+      ks[n * Dp + d] = in ? static_cast<float>(kb[kv_off<Paged, false>(a, table_row, row) + d]) : 0.f;
+      vs[n * Dp + d] = in ? static_cast<float>(vb[kv_off<Paged, true>(a, table_row, row) + d]) : 0.f;
     }
     __syncthreads();
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-      const int r = warp * kRowsPerWarp + rr, m = row0 + r, i = m / a.G;
+      const int r = warp * kRowsPerWarp + rr;
+      int i, h;
+      tile_row<Inv>(a, kRows, g, r, &i, &h);
       if (i >= sl.queries) continue;  // warp-uniform
       const float* qr = qs + r * D;
       const float* kr = ks + lane * Dp;
@@ -161,7 +243,8 @@ __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(Args a) {
   const int64_t rows = static_cast<int64_t>(a.B) * a.Tq * a.Hq;
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-    const int m = row0 + warp * kRowsPerWarp + rr, i = m / a.G, h = g * a.G + m % a.G;
+    int i, h;
+    tile_row<Inv>(a, kRows, g, warp * kRowsPerWarp + rr, &i, &h);
     if (i >= a.Tq) continue;
     const bool valid = i < sl.queries && l_run[rr] > 0.f;
     const float inv = valid ? 1.f / l_run[rr] : 0.f;
@@ -229,17 +312,18 @@ LaunchShape launch_shape(at::ScalarType dtype, int64_t D) {
   return {true, kTcRows, TcCfg<256>::kBN, kTcWarps * 32, 256, TcCfg<256>::kSmem};
 }
 
-template <typename scalar_t, bool Paged>
-void run(const Args& a, const LaunchShape& p, dim3 grid, cudaStream_t stream) {
+template <typename scalar_t, bool Paged, bool Inv>
+void run(const Args& a, const LaunchShape& p, dim3 grid, size_t smem, cudaStream_t stream) {
   if constexpr (std::is_same_v<scalar_t, float>) {
-    if (p.dbucket == 2) launch(tree_attention_kernel<float, 2, Paged>, a, grid, p.threads, p.smem, stream);
-    else if (p.dbucket == 4) launch(tree_attention_kernel<float, 4, Paged>, a, grid, p.threads, p.smem, stream);
-    else launch(tree_attention_kernel<float, 8, Paged>, a, grid, p.threads, p.smem, stream);
+    if (p.dbucket == 2) launch(tree_attention_kernel<float, 2, Paged, Inv>, a, grid, p.threads, smem, stream);
+    else if (p.dbucket == 4) launch(tree_attention_kernel<float, 4, Paged, Inv>, a, grid, p.threads, smem, stream);
+    else launch(tree_attention_kernel<float, 8, Paged, Inv>, a, grid, p.threads, smem, stream);
   } else {
-    if (p.dbucket == 64) launch(tree_attention_tc_kernel<scalar_t, 64, Paged>, a, grid, p.threads, p.smem, stream);
+    if (p.dbucket == 64)
+      launch(tree_attention_tc_kernel<scalar_t, 64, Paged, Inv>, a, grid, p.threads, smem, stream);
     else if (p.dbucket == 128)
-      launch(tree_attention_tc_kernel<scalar_t, 128, Paged>, a, grid, p.threads, p.smem, stream);
-    else launch(tree_attention_tc_kernel<scalar_t, 256, Paged>, a, grid, p.threads, p.smem, stream);
+      launch(tree_attention_tc_kernel<scalar_t, 128, Paged, Inv>, a, grid, p.threads, smem, stream);
+    else launch(tree_attention_tc_kernel<scalar_t, 256, Paged, Inv>, a, grid, p.threads, smem, stream);
   }
   if (a.n_splits > 1) {
     const int64_t rows = static_cast<int64_t>(a.B) * a.Tq * a.Hq;
@@ -321,15 +405,37 @@ at::Tensor run_call(const at::Tensor& q,            // [B, Tq, Hq, D]
 
   // The kv splits (flash-decoding) and their partials are the caller's schedule
   // (specops/ops/splits.py): a split that finds no tile contributes a -inf log-sum-exp.
+  // The invariant schedule (parts.invariant, unsplit) gives each query its own ceil(G / rows) row
+  // tiles and lists its visible block keys in shared memory after the kernel's own: room for the
+  // most a sequence can have, min(32 W, S) (ta::clamp_lens). That room changes no arithmetic; the
+  // tiles are launch_shape's, a function of D and the dtype only.
   const LaunchShape p = launch_shape(q.scalar_type(), D);
-  const int64_t row_tiles = ceil_div(Tq * a.G, p.rows);
+  const bool inv = parts.invariant;
+  TORCH_CHECK_VALUE(!inv || parts.n_splits == 1, "tree_attention: invariant=True runs unsplit, got num_splits = ",
+                    parts.n_splits);
+  const int64_t row_tiles = inv ? Tq * ceil_div(a.G, p.rows) : ceil_div(Tq * a.G, p.rows);
+  const int64_t anc_room = inv ? std::min<int64_t>(32 * W, S) : 0;
+  const size_t smem = p.smem + static_cast<size_t>(ceil_div(anc_room, 4)) * 16;
+  if (inv) {
+    int optin = 0;
+    SPECOPS_GPU_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, q.get_device()));
+    TORCH_CHECK_VALUE(smem <= static_cast<size_t>(optin), "tree_attention (cuda): invariant=True lists a query's ",
+                      "visible block keys in shared memory, room for min(32 * W, S) = ", anc_room, " keys: ", smem,
+                      " bytes with the kernel's tiles, over the device's ", optin, " (mask width W = ", W,
+                      ", cache length S = ", S, ")");
+  }
   a.n_splits = parts.n_splits;
   a.part_o = parts.part_o;
   a.part_lse = parts.part_lse;
   const dim3 grid(static_cast<unsigned>(row_tiles), static_cast<unsigned>(B * Hkv), static_cast<unsigned>(a.n_splits));
   cudaStream_t stream = gpu::current_stream();
-#define SPECOPS_TA_RUN \
-  [&] { paged ? run<scalar_t, true>(a, p, grid, stream) : run<scalar_t, false>(a, p, grid, stream); }
+#define SPECOPS_TA_RUN                                                                            \
+  [&] {                                                                                           \
+    if (inv) paged ? run<scalar_t, true, true>(a, p, grid, smem, stream)                          \
+                   : run<scalar_t, false, true>(a, p, grid, smem, stream);                        \
+    else paged ? run<scalar_t, true, false>(a, p, grid, smem, stream)                             \
+               : run<scalar_t, false, false>(a, p, grid, smem, stream);                           \
+  }
   AT_DISPATCH_SWITCH(q.scalar_type(), "tree_attention_cuda",
                      AT_DISPATCH_CASE(at::ScalarType::Float, SPECOPS_TA_RUN)
                      AT_DISPATCH_CASE(at::ScalarType::Half, SPECOPS_TA_RUN)

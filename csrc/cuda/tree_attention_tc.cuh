@@ -3,9 +3,12 @@
 // buffered) and read once per GQA group, S = Q K^T and O += P V by mma.sync m16n8k16 from ldmatrix
 // fragments, the online softmax and the visibility bits in registers (see tree_attention.cu).
 //
+// Inv: the batch-invariant schedule (tree_attention.cu): the 64-row tile holds one query's G heads
+// (rows past G zero), its keys walked in virtual tiles.
+//
 // No include guard: tree_attention.cu includes it once, inside its anonymous namespace, after
-// `Args`, `kFull` and `kv_off` (the launch arguments, the full warp mask and the K/V row address
-// both kernels share).
+// `Args`, `kFull`, `kv_off` and the row-tile and key-walk helpers (tile_row, virtual_length,
+// walk_tile, walk_tiles, walk_row) both kernels share.
 
 constexpr int kTcRows = 64;  // query rows per block: 16 per warp
 constexpr int kTcWarps = 4;
@@ -31,8 +34,8 @@ __device__ __forceinline__ void load8(T* dst, const T* src, int n_valid, bool ve
   }
 }
 
-// Paged: K/V in pages (tree_attention_paged), rows addressed through kv_off.
-template <typename scalar_t, int DP, bool Paged>
+// Paged: K/V in pages (tree_attention_paged), rows addressed through kv_off. Inv: see above.
+template <typename scalar_t, int DP, bool Paged, bool Inv>
 __global__ void __launch_bounds__(kTcWarps * 32) tree_attention_tc_kernel(Args a) {
   constexpr int BN = TcCfg<DP>::kBN, LD = TcCfg<DP>::kLd, kChunks = DP / 8;
   // (extern __shared__ arrays of one translation unit must not share a name with another type)
@@ -40,10 +43,10 @@ __global__ void __launch_bounds__(kTcWarps * 32) tree_attention_tc_kernel(Args a
   scalar_t* qs = reinterpret_cast<scalar_t*>(tc_smem);  // [64][LD]
   scalar_t* ks = qs + kTcRows * LD;   // [2][BN][LD]
   scalar_t* vs = ks + 2 * BN * LD;    // [2][BN][LD]
+  int32_t* anc = reinterpret_cast<int32_t*>(tc_smem + TcCfg<DP>::kSmem);  // Inv: visible block keys
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, gid = lane / 4, tig = lane % 4;
   const int b = blockIdx.y / a.Hkv, g = blockIdx.y % a.Hkv, split = blockIdx.z;
   const ta::SeqLens sl = ta::clamp_lens(a.prefix[b], a.block[b], a.q_lens ? a.q_lens[b] : a.Tq, a.S, a.W, a.Tq);
-  const int row0 = blockIdx.x * kTcRows;
   const bool vec = a.vec != 0;
   const scalar_t* q = static_cast<const scalar_t*>(a.q);
   const scalar_t* kb = static_cast<const scalar_t*>(a.k) + b * a.sk_b + g * a.sk_h;
@@ -51,15 +54,24 @@ __global__ void __launch_bounds__(kTcWarps * 32) tree_attention_tc_kernel(Args a
   const int32_t* table_row = Paged ? a.pages + b * a.s_pages : nullptr;
 
   for (int c = tid; c < kTcRows * kChunks; c += blockDim.x) {  // Q rows; zeros for padding rows/dims
-    const int r = c / kChunks, d = (c % kChunks) * 8, m = row0 + r, i = m / a.G, h = g * a.G + m % a.G;
+    const int r = c / kChunks, d = (c % kChunks) * 8;
+    int i, h;
+    tile_row<Inv>(a, kTcRows, g, r, &i, &h);
     const int n = i < sl.queries ? min(8, a.D - d) : 0;
     load8(qs + r * LD + d, n > 0 ? q + b * a.sq_b + i * a.sq_t + h * a.sq_h + d : q, n, vec);
   }
+  int32_t vlen = 0;  // Inv: the virtual sequence's length
+  if constexpr (Inv) {
+    int i0, h0;
+    tile_row<Inv>(a, kTcRows, g, 0, &i0, &h0);
+    vlen = virtual_length(a, b, i0, sl, anc);
+    __syncthreads();  // anc is complete before the first tile's rows are looked up
+  }
   auto load_kv = [&](int32_t t, int buf) {  // tile t's keys; zero rows past its length
-    const ta::KvTile kt = ta::kv_tile(sl, t, BN);
+    const ta::KvTile kt = walk_tile<Inv>(sl, vlen, t, BN);
     for (int c = tid; c < BN * kChunks; c += blockDim.x) {
       const int n = c / kChunks, d = (c % kChunks) * 8, valid = n < kt.len ? min(8, a.D - d) : 0;
-      const int64_t row = kt.start + n;
+      const int64_t row = !Inv || valid > 0 ? walk_row<Inv>(sl, anc, kt, n) : 0;  // (Inv: anc ends at vlen)
       const scalar_t* kr = valid > 0 ? kb + kv_off<Paged, false>(a, table_row, row) + d : kb;
       const scalar_t* vr = valid > 0 ? vb + kv_off<Paged, true>(a, table_row, row) + d : vb;
       load8(ks + (buf * BN + n) * LD + d, kr, valid, vec);
@@ -67,14 +79,17 @@ __global__ void __launch_bounds__(kTcWarps * 32) tree_attention_tc_kernel(Args a
     }
   };
 
-  // This lane's two rows of the warp's 16 (C-fragment rows gid and gid + 8).
+  // This lane's two rows of the warp's 16 (C-fragment rows gid and gid + 8): their queries.
   int qi[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) qi[h] = (row0 + warp * 16 + gid + 8 * h) / a.G;
+  for (int h = 0; h < 2; ++h) {
+    int hq;
+    tile_row<Inv>(a, kTcRows, g, warp * 16 + gid + 8 * h, &qi[h], &hq);
+  }
   float o[DP / 8][4] = {};
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
   int32_t t0, t1;
-  ta::split_range(ta::num_kv_tiles(sl, BN), a.n_splits, split, &t0, &t1);
+  ta::split_range(walk_tiles<Inv>(sl, vlen, BN), a.n_splits, split, &t0, &t1);
   if (t0 < t1) load_kv(t0, 0);
   tc::cp_async_commit();
   for (int32_t t = t0; t < t1; ++t) {
@@ -83,7 +98,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) tree_attention_tc_kernel(Args a
     tc::cp_async_commit();
     tc::cp_async_wait<1>();  // Q and tile t have landed (this thread's copies)
     __syncthreads();         // ... and everyone's
-    const ta::KvTile kt = ta::kv_tile(sl, t, BN);
+    const ta::KvTile kt = walk_tile<Inv>(sl, vlen, t, BN);
     const scalar_t* kt_s = ks + buf * BN * LD;
     const scalar_t* vt_s = vs + buf * BN * LD;
 
@@ -173,7 +188,9 @@ __global__ void __launch_bounds__(kTcWarps * 32) tree_attention_tc_kernel(Args a
     float l = l_run[h];
     l += __shfl_xor_sync(kFull, l, 1);
     l += __shfl_xor_sync(kFull, l, 2);
-    const int m = row0 + warp * 16 + gid + 8 * h, i = qi[h], hq = g * a.G + m % a.G;
+    const int i = qi[h];
+    int i_again, hq;  // the row's head, recomputed: no register holds it through the key loop
+    tile_row<Inv>(a, kTcRows, g, warp * 16 + gid + 8 * h, &i_again, &hq);
     if (i >= a.Tq) continue;
     const bool valid = i < sl.queries && l > 0.f;
     const float inv = valid ? 1.f / l : 0.f;

@@ -8,6 +8,7 @@ from ..draft_models import is_feature_draft
 from ..engine.runner import LINEARS
 from .draft_lm import DraftLM
 from .eagle import FeatureDraftLM
+from .grammar import Grammar
 from .loop import TargetLM, decode
 from .sampling import SamplingConfig
 from .stopping import Stopper
@@ -17,7 +18,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
              top_p=1.0, stop=None, eos_token_id=None, tokenizer=None, seed=0, dtype=None, max_len=None,
              compare_ar=False, stream=None, record_steps=False, adaptive=True, kv_layout="contiguous",
              page_size=16, tp_size=None, logprobs=False, compile=False, compile_mode="default", linear="auto",
-             batch_invariant=False, **method_params):
+             batch_invariant=False, json_schema=None, regex=None, ebnf=None, grammar_engine=None, **method_params):
     """Generates with ``method`` and returns ``(new_tokens, metrics)``.
 
     Shape: -> new_tokens int64 [B, n] (generated tokens only, right-padded with the pad token
@@ -59,6 +60,14 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
         output equals ``method="ar"``'s with ``batch_invariant=True``, token for token, in bf16 too
         (and a sequence's output does not depend on its batch-mates). Needs a CPU target in fp32,
         bf16 or fp16 whose linear layers are plain ``nn.Linear``; ``linear`` "auto" or "specops".
+    json_schema / regex / ebnf: structured output (at most one; needs a tokenizer and a grammar engine,
+        ``pip install specops[grammar]``; ``grammar_engine``: "xgrammar" (default) or "llguidance"):
+        the target's logits at every draft-tree node are masked to the tokens the grammar allows
+        after that node's path, so every method's output follows the grammar (a JSON schema as a
+        dict or string, a regex the whole output matches, an EBNF/GBNF grammar with rule ``root``)
+        and verification stays exact for the masked distribution (greedy: lossless methods give
+        AR's tokens under the same grammar). The grammar's end (its EOS) stops a sequence.
+        docs/structured.md.
     logprobs: also sum the emitted tokens' target log-likelihood (``metrics.perplexity``; one gather
         per step). Methods that are not lossless (MJSD, GSD's R5) always do.
     tp_size: tensor parallelism for a target loaded by name or path (docs/scaling.md): run every
@@ -132,7 +141,19 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
         raise ValueError(f"prompt too long for the cache: the longest prompt ({max(len(p) for p in prompts)} "
                          f"tokens) + max_new_tokens ({max_new_tokens}) + the {method} block "
                          f"({drafter.tree_budget()}) needs {need} positions, the cache holds {cap}")
-    stopper = Stopper(max_new_tokens, _eos_ids(eos_token_id, target, tokenizer), stop or (), tokenizer)
+    grammar = None
+    if any(g is not None for g in (json_schema, regex, ebnf)):
+        if tokenizer is None:
+            raise ValueError("json_schema / regex / ebnf need a tokenizer: pass tokenizer= or a target loaded by name")
+        grammar = Grammar(tokenizer, json_schema=json_schema, regex=regex, ebnf=ebnf, batch_size=len(prompts),
+                          vocab_size=V, engine=grammar_engine)
+    elif grammar_engine is not None:
+        raise ValueError(f"grammar_engine is for json_schema / regex / ebnf, none was given (got grammar_engine="
+                         f"{grammar_engine!r})")
+    eos = _eos_ids(eos_token_id, target, tokenizer)
+    if grammar is not None:  # the grammar's end ends the sequence
+        eos = sorted(set(eos) | set(grammar.stop_tokens))
+    stopper = Stopper(max_new_tokens, eos, stop or (), tokenizer)
 
     metrics_ar = None
     if compare_ar and method != "ar":
@@ -140,7 +161,8 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
                                  temperature=temperature, top_k=top_k, top_p=top_p, stop=stop,
                                  eos_token_id=eos_token_id, tokenizer=tokenizer, seed=seed, max_len=max_len,
                                  kv_layout=kv_layout, page_size=page_size, tp_size=tp_size, compile=compile,
-                                 compile_mode=compile_mode, linear=linear, batch_invariant=batch_invariant)
+                                 compile_mode=compile_mode, linear=linear, batch_invariant=batch_invariant,
+                                 json_schema=json_schema, regex=regex, ebnf=ebnf, grammar_engine=grammar_engine)
 
     B = len(prompts)
     # Every rank seeds the same generator and sees the same (gathered) logits, so every sampled token
@@ -163,7 +185,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
             gen, metrics = decode(runner, drafter, prompts, sampling=sampling, stopper=stopper,
                                   generator=generator, draft=dlm, tokenizer=tokenizer, stream=stream,
                                   record_steps=record_steps, adaptive=adaptive, ranks=ranks,
-                                  track_logprobs=logprobs or None)
+                                  track_logprobs=logprobs or None, grammar=grammar)
             # graphs compile on first use inside the decode: reported apart, not as decoding time
             metrics.compile_time_s = sum(getattr(r, "compile_time_s", 0.0) for r in runners) - compiling
             metrics.total_time_s -= metrics.compile_time_s

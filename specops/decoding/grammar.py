@@ -108,7 +108,9 @@ class _XGrammar:
         c = self._compiler
         try:
             if kind == "json_schema":
-                return c.compile_json_schema(spec)
+                # Fixed separators (", " and ": "), no free whitespace: a small model otherwise fills
+                # its budget with newlines inside an object.
+                return c.compile_json_schema(spec, any_whitespace=False)
             if kind == "regex":
                 return c.compile_regex(spec)
             return c.compile_grammar(spec)
@@ -316,6 +318,11 @@ class Grammar:
                 if not 0 <= t < self.engine.vocab_size or not self.engine.consume(m, t):
                     raise ValueError(f"accepted_tokens[{b}][{j}] = {t} is not allowed by the grammar there")
                 self._done[b] = t in self.engine.stop_tokens
+
+    @property
+    def stop_tokens(self):
+        """The token ids that end the grammar's output (the tokenizer's EOS ids, as the engine sees them)."""
+        return sorted(self.engine.stop_tokens)
 
     def is_terminated(self):
         """Per sequence: the grammar has finished (its stop token was committed)."""

@@ -23,6 +23,7 @@ import time
 import torch
 
 from ..engine import ModelRunner
+from ..ops.token_bitmask import apply_token_bitmask
 from . import _kernels
 from .adaptive import Controller
 from .metrics import Metrics
@@ -82,12 +83,15 @@ class Decoder:
     """Prefill on construction, then :meth:`step` until ``done``."""
 
     def __init__(self, target, drafter, prompts, *, sampling, stopper, generator, draft=None, tokenizer=None,
-                 adaptive=None, observers=(), ranks=None):
+                 adaptive=None, observers=(), ranks=None, grammar=None):
         self.target, self.drafter, self.stopper, self.observers = target, drafter, stopper, list(observers)
+        self.grammar = grammar
         B = len(prompts)
         dev = target.device
         gen = _on_device(generator, dev)
         last = target.prefill(prompts)  # [B, V]
+        if grammar is not None:  # the first token obeys the grammar too
+            last = _masked(last[:, None], grammar.fill_next_bitmask().to(dev)[:, None])[:, 0]
         first = last.argmax(-1) if sampling.greedy else draw(sampling.warp(last), gen)  # int64 [B]
         self.prefill_logits, self.first = last, first
         self.state = s = DecodeState(seqs=[list(p) for p in prompts], prompt_lens=[len(p) for p in prompts],
@@ -97,6 +101,7 @@ class Decoder:
         self.active_t = torch.ones(B, dtype=torch.bool, device=dev)
         self.reasons = [None] * B
         self.first_emitted = [self._emit_one(b, [t]) for b, t in enumerate(first.tolist())]
+        self._advance_grammar(self.first_emitted)
         if draft is not None:
             draft.prefill(prompts)
         drafter.setup(s)
@@ -118,7 +123,10 @@ class Decoder:
                 drafter.set_budget(budget)
             draft, mode = drafter.propose(s), drafter.verify_mode(s.sampling)
         t1 = time.perf_counter()
+        rows = self._grammar_rows(draft)  # before the forward: the host work overlaps a GPU's
         logits = self.target.forward(draft.tokens, draft.parents, draft.num_nodes)
+        if rows is not None:
+            logits = _masked(logits, rows)
         result = verify(mode, draft, logits, s.sampling, s.generator, self.active_t)
         result.read(draft, s.active, with_argmax=budget != 0 and drafter.needs_target_argmax)
         t2 = time.perf_counter()  # verify time ends with the read (on a GPU it waits for the forward)
@@ -127,6 +135,7 @@ class Decoder:
         emitted = [self._emit_one(b, result.path_tokens[b][1:] + [result.bonus[b]]) if s.active[b] else []
                    for b in range(s.batch)]
         s.root = result.bonus_t.long()
+        self._advance_grammar(emitted)
         t3 = time.perf_counter()
         if budget != 0:
             drafter.commit(s, draft, result)
@@ -135,6 +144,26 @@ class Decoder:
         for observe in self.observers:
             observe(self, out)
         return out
+
+    def _grammar_rows(self, draft):
+        """The grammar's allowed tokens at every node of the block (None without a grammar): one
+        host read of the draft's tree, the masks on the host, one non-blocking upload.
+        Shape: -> int32 [B, T, ceil(V / 32)] on the target's device."""
+        if self.grammar is None:
+            return None
+        n = None if draft.num_nodes is None else draft.num_nodes.to(torch.int32).cpu()
+        rows = self.grammar.fill_tree_bitmask(draft.parents.to(torch.int32).cpu(), draft.tokens.to(torch.int32).cpu(), n)
+        return rows.to(self.target.device, non_blocking=True)
+
+    def _advance_grammar(self, emitted):
+        """Commits the emitted tokens to the grammar; a sequence whose grammar has ended stops."""
+        if self.grammar is None:
+            return
+        self.grammar.advance([list(k) for k in emitted])
+        for b, done in enumerate(self.grammar.is_terminated()):
+            if done and self.state.active[b]:
+                self.state.active[b], self.reasons[b] = False, "grammar"
+                self.active_t[b] = False
 
     def _emit_one(self, b, new):
         """Appends sequence ``b``'s new tokens up to a stop condition; returns the kept ones."""
@@ -148,12 +177,16 @@ class Decoder:
 
 
 def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None, tokenizer=None,
-           stream=None, record_steps=False, track_logprobs=None, metrics=None, adaptive=None, ranks=None):
+           stream=None, record_steps=False, track_logprobs=None, metrics=None, adaptive=None, ranks=None,
+           grammar=None):
     """Runs ``drafter``'s method to completion. ``target``: a ModelRunner; ``draft``: a DraftLM or
     None. ``adaptive``: None (fixed budgets) or an AdaptiveConfig; then
     ``drafter.enable_adaptive(adaptive)`` must have run before the caches were sized. ``ranks``: the
     :class:`specops.parallel.RankGroup` of a tensor-parallel target (host decisions taken together,
-    optional per-step divergence check).
+    optional per-step divergence check). ``grammar``: a :class:`specops.decoding.grammar.Grammar`
+    of ``len(prompts)`` sequences: the target's logits at every block node are masked to the tokens
+    the grammar allows after the node's path (docs/structured.md), its stop tokens must be among the
+    stopper's EOS ids.
     ``track_logprobs``: sum the emitted tokens' target log-likelihood (``metrics.perplexity``; a
     gather per step); None = only for methods that are not lossless (MJSD, GSD's R5).
 
@@ -173,7 +206,7 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
     if ranks is not None:
         observers.append(lambda dec, r: ranks.check_step(m.num_target_forwards, dec.state.seqs))
     dec = Decoder(target, drafter, prompts, sampling=sampling, stopper=stopper, generator=generator, draft=draft,
-                  tokenizer=tokenizer, adaptive=adaptive, observers=observers, ranks=ranks)
+                  tokenizer=tokenizer, adaptive=adaptive, observers=observers, ranks=ranks, grammar=grammar)
     m.adaptive = dec.ctl is not None
     if stream is not None:
         for b, kept in enumerate(dec.first_emitted):
@@ -231,6 +264,14 @@ def _controller_observer(m):
                         t_target=r.verify_s + r.keep_s, t_draft=r.draft_s + r.commit_s)
         m.record_budget(r.budget)
     return observe
+
+
+def _masked(logits, rows):
+    """``logits`` with the tokens ``rows`` disallows at -inf (specops.apply_token_bitmask, in
+    place on a contiguous copy when needed). Shape: logits [B, T, V], rows int32 [B, T, W]."""
+    logits = logits.contiguous()
+    apply_token_bitmask(logits.view(-1, logits.shape[-1]), rows.reshape(-1, rows.shape[-1]), check=False)
+    return logits
 
 
 def _controller(cfg, drafter, batch, ranks=None):

@@ -32,6 +32,7 @@ import time
 import weakref
 
 import torch
+import torch._inductor.config as inductor_config
 
 from .. import models
 from ..draft_models import is_feature_draft
@@ -153,7 +154,11 @@ class CompiledDecoder:
             if self.cudagraphs:
                 torch.compiler.cudagraph_mark_step_begin()
             t0 = time.perf_counter()
-            hidden = self._fn(ids, positions, mask, block, feats)
+            # Rounding every bf16/fp16 intermediate as eager torch does makes a row's bits independent
+            # of inductor's fusion choices, which differ between buckets: without it a block's rows
+            # and AR's one-row steps round differently and the batch-invariant mode is not exact.
+            with inductor_config.patch(emulate_precision_casts=True):
+                hidden = self._fn(ids, positions, mask, block, feats)
             dt = time.perf_counter() - t0
             if self.cudagraphs:  # a replay overwrites its outputs: keep ours
                 hidden = hidden.clone()

@@ -1,0 +1,80 @@
+"""generate(json_schema= / regex= / ebnf=): every method's output follows the grammar, greedy lossless
+methods give AR's tokens under it (bf16 with batch_invariant=True), the grammar's end stops a
+sequence, bad arguments raise before any forward (docs/structured.md).
+
+Skips without a grammar engine (pip install specops[grammar]) or without the converted SmolLM2 in
+the specops cache (nothing is downloaded)."""
+import json
+import os
+import re
+
+import pytest
+import torch
+
+import specops
+from specops import models
+from specops.decoding.grammar import available_engines
+from specops.testing import tiny_causal_lm
+from test_grammar import SCHEMA
+
+pytestmark = pytest.mark.skipif(not available_engines(), reason="no grammar engine (pip install specops[grammar])")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    if not os.path.exists(os.path.join(models.cache_dir(), "smollm2-135m", "tokenizer.json")):
+        pytest.skip("SmolLM2 not converted in the specops cache (specops.models.load('smollm2-135m') once)")
+    model, tok = models.load("smollm2-135m", dtype=torch.bfloat16)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Describe a cat as a JSON object."}],
+                                     tokenize=False, add_generation_prompt=True)
+    return model, tok, prompt
+
+
+def _check_schema(text):
+    doc = json.loads(text)
+    assert set(doc) == set(SCHEMA["required"]) and doc["kind"] in ("a", "b") and isinstance(doc["n"], int)
+    assert len(doc["name"]) <= 12 and len(doc["xs"]) <= 3 and isinstance(doc["inner"]["ok"], bool)
+
+
+def test_every_method_follows_a_json_schema_and_lossless_ones_give_ar_tokens(smollm2):
+    model, tok, prompt = smollm2
+    kw = dict(tokenizer=tok, max_new_tokens=120, json_schema=SCHEMA, batch_invariant=True)
+    ar, m = specops.generate(model, prompt, method="ar", **kw)
+    text = tok.decode(ar[0, : m.lengths[0]], skip_special_tokens=True)
+    _check_schema(text)
+    assert m.finish_reasons == ["eos"]  # the grammar's end stopped it
+    for method in ("ngram", "sd", "tsd", "opt-tree"):
+        out, mm = specops.generate(model, prompt, method=method, **kw)
+        assert out.tolist() == ar.tolist(), method
+        assert mm.num_target_forwards < mm.num_generated_tokens  # blocks were verified
+
+
+def test_regex_with_sampling_and_a_batch(smollm2):
+    model, tok, prompt = smollm2
+    out, m = specops.generate(model, [prompt, prompt + "Sure"], method="ngram", tokenizer=tok, max_new_tokens=24,
+                              regex=r"(yes|no), [0-9]{2,4}", temperature=0.9, seed=3)
+    for b in range(2):
+        text = tok.decode(out[b, : m.lengths[b]], skip_special_tokens=True)
+        assert re.fullmatch(r"(yes|no), [0-9]{2,4}", text), text
+
+
+def test_ebnf_and_the_first_token_is_masked(smollm2):
+    model, tok, prompt = smollm2
+    out, m = specops.generate(model, prompt, method="ar", tokenizer=tok, max_new_tokens=8,
+                              ebnf='root ::= "ZZ" [0-9]')
+    assert re.fullmatch(r"ZZ[0-9]", tok.decode(out[0, : m.lengths[0]], skip_special_tokens=True))
+
+
+def test_bad_grammar_arguments_raise_before_work(smollm2, monkeypatch):
+    model, tok, prompt = smollm2
+    calls = []
+    monkeypatch.setattr(type(model), "forward", lambda *a, **k: calls.append(1))
+    with pytest.raises(ValueError, match="exactly one of json_schema, regex, ebnf"):
+        specops.generate(model, prompt, tokenizer=tok, regex="a", ebnf='root ::= "a"')
+    with pytest.raises(ValueError, match="regex does not compile"):
+        specops.generate(model, prompt, tokenizer=tok, regex="(ab")
+    with pytest.raises(ValueError, match="grammar_engine is for json_schema"):
+        specops.generate(model, prompt, tokenizer=tok, grammar_engine="xgrammar")
+    assert not calls
+    with pytest.raises(ValueError, match="need a tokenizer"):
+        specops.generate(tiny_causal_lm(), [[1, 2, 3]], regex="a")
