@@ -11,6 +11,7 @@ the fast path come from the same run, paired per question.
 
     python bench/batch_invariant.py [--methods ngram,sd,tsd,specinfer,opt-tree,ouroboros]
                                     [--new-tokens 96] [--layouts contiguous,paged] [--compiled]
+                                    [--compiled-only] [--categories N]
 """
 import argparse
 import os
@@ -35,11 +36,16 @@ def main(argv=None):
     ap.add_argument("--new-tokens", type=int, default=96)
     ap.add_argument("--layouts", default="contiguous,paged")
     ap.add_argument("--compiled", action="store_true", help="also run every arm compiled (slow: compiles)")
+    ap.add_argument("--compiled-only", action="store_true",
+                    help="only the compiled arms' identity (compiled AR the reference; no timings)")
+    ap.add_argument("--categories", type=int, default=None, help="the first N categories only")
     args = ap.parse_args(argv)
     model, tok = models.load("smollm2-135m", dtype=torch.bfloat16)
-    qs = prompts(tok)
+    qs = dict(list(prompts(tok).items())[: args.categories])
     gen = lambda p, method, **kw: specops.generate(model, p, method=method, max_new_tokens=args.new_tokens,
                                                    tokenizer=tok, eos_token_id=[], **kw)
+    if args.compiled_only:
+        return compiled_only(args, qs, gen)
     gen(next(iter(qs.values())), "ar")  # warm-up
     methods = args.methods.split(",")
     layouts = args.layouts.split(",")
@@ -90,6 +96,28 @@ def main(argv=None):
         print(f"| {method} | {statistics.median(x for _, x, _ in f):.1f} | {statistics.median(x for _, x, _ in i):.1f}"
               f" | {ratio:.2f}x | {vs_ar:.2f}x | {statistics.median(t for *_, t in f):.3f} -> "
               f"{statistics.median(t for *_, t in i):.3f} |")
+
+
+def compiled_only(args, qs, gen):
+    """Compiled AR with the mode is the reference; every method compiled with the mode on every
+    layout is compared with it, and compiled AR with eager AR."""
+    same = {}
+    for cat, p in qs.items():
+        ref = gen(p, "ar", batch_invariant=True, compile=True)[0]
+        eager = gen(p, "ar", batch_invariant=True)[0]
+        same.setdefault(("ar", "compiled vs eager"), []).append(ref.tolist() == eager.tolist())
+        for method in ["ar"] + args.methods.split(","):
+            for layout in args.layouts.split(","):
+                if method == "ar" and layout == "contiguous":
+                    continue
+                out = gen(p, method, batch_invariant=True, kv_layout=layout, compile=True)[0]
+                same.setdefault((method, f"{layout} compiled"), []).append(out.tolist() == ref.tolist())
+        print(f"{cat}: done", file=sys.stderr, flush=True)
+    print(f"# SmolLM2-135M bf16 greedy, {args.new_tokens} tokens, {len(qs)} categories, compiled, "
+          f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}")
+    print("\n| method | arm | token-identical to compiled AR (categories) |\n|---|---|---|")
+    for (method, arm), ok in same.items():
+        print(f"| {method} | {arm} | {sum(ok)}/{len(ok)} |")
 
 
 if __name__ == "__main__":

@@ -143,3 +143,23 @@ def test_compiled_methods_emit_compiled_ar_tokens():
     out, m = generate(target, prompts, method="ngram", adaptive=False, **kw)
     assert out.tolist() == ar.tolist()
     assert m.num_target_forwards < 16
+
+
+def test_smollm2_bf16_methods_emit_ar_tokens():
+    # The real target where installed (converted in the specops cache; nothing is downloaded): a
+    # chat question, 64 tokens, bf16 - where the fast path's blocks drift from AR's text
+    # (docs/batch_invariance.md has the six-category table, bench/batch_invariant.py).
+    import os
+
+    from specops import models
+
+    if not os.path.exists(os.path.join(models.cache_dir(), "smollm2-135m", "tokenizer.json")):
+        pytest.skip("SmolLM2 not converted in the specops cache (specops.models.load('smollm2-135m') once)")
+    model, tok = models.load("smollm2-135m", dtype=torch.bfloat16)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Summarise the water cycle for a child."}],
+                                     tokenize=False, add_generation_prompt=True)
+    kw = dict(tokenizer=tok, max_new_tokens=64, eos_token_id=[], batch_invariant=True)
+    ar, _ = generate(model, prompt, method="ar", **kw)
+    for method in ("ngram", "tsd"):
+        out, _ = generate(model, prompt, method=method, kv_layout="paged" if method == "tsd" else "contiguous", **kw)
+        assert out.tolist() == ar.tolist(), method
