@@ -148,7 +148,7 @@ def _flex_attention(qt, k, v, vis, args):
 
     Shape: qt [B, Hq, Tq, D], k / v [B, Hkv, S, D] -> fn() -> [B, Hq, Tq, D]."""
     try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        from torch.nn.attention.flex_attention import flex_attention
     except ImportError as err:
         return None, f"flex_attention not importable ({err})"
     B, Hq, Tq, D = qt.shape
@@ -169,7 +169,7 @@ def _flex_attention(qt, k, v, vis, args):
             cfg.recompile_limit = max(cfg.recompile_limit, 4096)
             cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 65536)
             _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
-        block_mask = create_block_mask(mask_mod, B, None, Tq, S, device=qt.device)
+        block_mask = _block_mask(dense, mask_mod)
         gqa = Hq != k.shape[1]
         fn = lambda: _FLEX["fn"](qt, k, v, block_mask=block_mask, enable_gqa=gqa)  # noqa: E731
         got = fn().transpose(1, 2)  # [B, Tq, Hq, D]; the first call compiles
@@ -181,6 +181,28 @@ def _flex_attention(qt, k, v, vis, args):
         err = (got.float() - want.float()).abs().max().item()
         return None, f"flex_attention result differs from the reference (max abs error {err:.3g})"
     return fn, None
+
+
+def _block_mask(dense, mask_mod, block=128):
+    """flex_attention's BlockMask of a dense visibility ``dense`` [B, Tq, S] bool, built from its
+    block summaries with tensor ops (create_block_mask evaluates mask_mod under vmap over every
+    (q, kv) pair, which took minutes on GPU for these shapes): blocks with every entry visible are
+    full (no mask_mod call), blocks with some are partial (mask_mod decides), the rest are skipped."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    B, Tq, S = dense.shape
+    nq, nk = -(-Tq // block), -(-S // block)
+    padded = torch.zeros(B, nq * block, nk * block, dtype=torch.bool, device=dense.device)
+    padded[:, :Tq, :S] = dense
+    tiles = padded.view(B, nq, block, nk, block)
+    some, every = tiles.any(4).any(2), tiles.all(4).all(2)  # [B, nq, nk]
+
+    def table(sel):  # [B, nq, nk] bool -> counts [B, 1, nq], selected block indices first [B, 1, nq, nk]
+        order = torch.argsort((~sel).to(torch.uint8), dim=-1, stable=True)
+        return sel.sum(-1, dtype=torch.int32)[:, None], order.to(torch.int32)[:, None]
+
+    partial, full = table(some & ~every), table(every)
+    return BlockMask.from_kv_blocks(*partial, *full, BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(Tq, S))
 
 
 def _flash_attn_unavailable(device, params):

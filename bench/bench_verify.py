@@ -203,7 +203,7 @@ def provider_fn(name, op, c):
         return lambda: specops.verify_tree(c["tokens"], c["parents"], c["probs"], c["uniforms"], draft_probs=c["draft"],
                                            mode=op, num_nodes=c["num_nodes"], check=False, backend=backend)
     if name == "vectorized":
-        chain = bool((c["parents"][0, 1:] == torch.arange(c["parents"].shape[1] - 1)).all())
+        chain = bool((c["parents"][0, 1:].cpu() == torch.arange(c["parents"].shape[1] - 1)).all())
         if op == "greedy":
             paths = root_paths(c["parents"][0].cpu()).to(c["tokens"].device)
             return lambda: greedy_vectorized(c["tokens"], c["logits"], paths)
@@ -214,7 +214,7 @@ def provider_fn(name, op, c):
             return lambda: mss_vectorized(c["tokens"], kids, c["probs"], c["draft"], c["uniforms"])
         return None
     if name == "hf":
-        chain = bool((c["parents"][0, 1:] == torch.arange(c["parents"].shape[1] - 1)).all())
+        chain = bool((c["parents"][0, 1:].cpu() == torch.arange(c["parents"].shape[1] - 1)).all())
         return (lambda: hf_chain(c["tokens"], c["probs"], c["draft"])) if op == "mss" and chain else None
     if name == "read_rows":
         if op == "greedy":

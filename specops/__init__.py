@@ -3,7 +3,7 @@
 ``python -m specops`` prints which backends are available here and why.
 """
 from . import _ext  # noqa: F401  (loads the compiled extensions and their op registrations)
-from .backend import BackendUnavailable, available, default_backend, use_backend
+from .backend import BackendUnavailable, CallUnsupported, available, default_backend, use_backend
 from .ops.tree_attention import tree_attention, tree_attention_paged
 from .ops.kv_compact import kv_compact, kv_compact_paged
 from .ops.linear import linear
@@ -30,6 +30,7 @@ def __getattr__(name):
 
 __all__ = [
     "BackendUnavailable",
+    "CallUnsupported",
     "apply_token_bitmask",
     "KVCompactPlan",
     "TreeAttentionPlan",

@@ -42,6 +42,12 @@ class BackendUnavailable(RuntimeError):
     """An explicitly requested backend cannot run this op on this device."""
 
 
+class CallUnsupported(BackendUnavailable, ValueError):
+    """An explicitly requested backend cannot take this call's arguments (one of its limits, e.g.
+    the cuda kernels' head dim): bad input for that backend, so also a ``ValueError`` naming the
+    argument."""
+
+
 def register(op, backend, supports=None):
     """Decorator: ``fn`` implements ``op`` on ``backend``. ``supports(*args)``, if given, is called
     with the arguments ``fn`` would get and returns None when ``fn`` can run them, else the reason
@@ -197,7 +203,7 @@ def resolve_named(op, device, backend=None, args=None):
             raise BackendUnavailable(f"{op}: backend {want!r} ({source}) unavailable on {device}: {why}")
         why = _incapable(op, want, args)
         if why is not None:
-            raise BackendUnavailable(f"{op}: backend {want!r} ({source}) cannot run this call: {why}")
+            raise CallUnsupported(f"{op}: backend {want!r} ({source}) cannot run this call: {why}")
         return want, impls[want]
     device_type = torch.device(device).type
     skipped = []

@@ -1,15 +1,24 @@
 """Shared fixtures: every test that takes ``backend`` runs once per backend, skipping (with the
-reason) those that cannot run on this machine's CPU tensors.
+reason) those that cannot run on the tensors that test uses.
 
-TRITON_INTERPRET=1 must be set before any module defining @triton.jit kernels is imported;
-conftest is imported before the test modules, so setting it here covers the whole suite.
+Where the tensors live: a test that takes ``device`` gets CUDA tensors on a machine with a GPU
+(CPU tensors for the CPU-only backends cpp and cudasim, which then run there too); a test that does
+not take ``device`` builds CPU tensors, so on a GPU machine its triton and cuda cases are skipped
+(they run, on GPU tensors, in the tests that take ``device``).
+
+Without a GPU, Triton runs in its interpreter on CPU tensors: TRITON_INTERPRET=1 must be set before
+any module defining @triton.jit kernels is imported, and conftest is imported before the test
+modules, so setting it here covers the whole suite. With a GPU the Triton kernels compile and run
+on it (set TRITON_INTERPRET=1 yourself to interpret them there as well).
 """
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch  # (does not import triton)
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 import specops  # noqa: E402
 from specops import backend as _backend  # noqa: E402
@@ -21,13 +30,36 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 KERNEL_BACKENDS = tuple(b for b in _backend.BACKENDS if b != "flashinfer")
 
 
+CPU_ONLY = ("cpp", "cudasim")  # backends that take CPU tensors only
+
+
 def _backend_params(op_backends=KERNEL_BACKENDS):
-    params = []
-    for name in op_backends:
-        ok, why = _backend.available(name, DEVICE)
-        marks = () if ok else (pytest.mark.skip(reason=f"{name}: {why}"),)
-        params.append(pytest.param(name, id=name, marks=marks))
-    return params
+    # Whether a backend can run depends on the test's tensors, known per test item only:
+    # pytest_collection_modifyitems skips the cases that cannot run (the marker names them).
+    return [pytest.param(name, id=name, marks=pytest.mark.specops_backend(name)) for name in op_backends]
+
+
+def _test_device(fixturenames, name):
+    """The device of a test's tensors for backend ``name``: see the module docstring."""
+    if "device" not in fixturenames or name in CPU_ONLY:
+        return "cpu"
+    return DEVICE
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "specops_backend(name): a case of the backend / fast_backend fixtures")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        marker = item.get_closest_marker("specops_backend")
+        if marker is None:
+            continue
+        name = marker.args[0]
+        device = _test_device(item.fixturenames, name)
+        ok, why = _backend.available(name, device)
+        if not ok:
+            item.add_marker(pytest.mark.skip(reason=f"{name}: {why}"))
 
 
 @pytest.fixture(params=_backend_params())
@@ -43,8 +75,12 @@ def fast_backend(request):
 
 
 @pytest.fixture
-def device():
-    return DEVICE
+def device(request):
+    """Where the test's tensors live: CUDA when a GPU is visible, except for the CPU-only backends."""
+    params = getattr(request.node, "callspec", None)
+    params = params.params if params is not None else {}
+    name = params.get("backend", params.get("fast_backend"))
+    return "cpu" if name in CPU_ONLY else DEVICE
 
 
 @pytest.fixture(autouse=True)
@@ -68,3 +104,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+def pytest_runtest_logreport(report):
+    """SPECOPS_FAILURE_LOG=PATH appends every failure and error, with its traceback, the moment it is
+    reported (under xdist too): a run cut off by a time limit still leaves its reasons behind."""
+    path = os.environ.get("SPECOPS_FAILURE_LOG")
+    if not path or not report.failed:
+        return
+    with open(path, "a") as f:
+        f.write(f"==== {report.when} {report.nodeid}\n{report.longreprtext}\n")

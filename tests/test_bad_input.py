@@ -196,13 +196,14 @@ VALUES = [
     Case(TA, "k_cache-last-stride", put(k_cache=lambda: torch.zeros(2, 2, 8, 16).transpose(2, 3)), V,
          ("k_cache", "stride", "(256, 128, 1, 16)")),
     Case(TA, "D-over-cuda-limit", put(q=lambda: torch.zeros(2, 3, 4, 264), k_cache=lambda: torch.zeros(2, 2, 16, 264),
-                                      v_cache=lambda: torch.zeros(2, 2, 16, 264)), V, ("D=264", "256"), only=("cuda",)),
+                                      v_cache=lambda: torch.zeros(2, 2, 16, 264)), V, ("D=264", "256"),
+         only=("cuda", "cudasim")),
     Case(TA, "B*Hkv-over-cuda-limit", put(
         q=lambda: torch.zeros(16384, 1, 4, 8), k_cache=lambda: torch.zeros(16384, 4, 1, 8),
         v_cache=lambda: torch.zeros(16384, 4, 1, 8), prefix_lens=lambda: torch.zeros(16384, dtype=I32),
         block_lens=lambda: torch.zeros(16384, dtype=I32), q_lens=None,
         mask=lambda: torch.zeros(16384, 1, 1, dtype=I32)),
-        V, ("B=16384", "Hkv=4", "65535"), only=("cuda",)),
+        V, ("B=16384", "Hkv=4", "65535"), only=("cuda", "cudasim")),
     # kv_compact: values, aliasing
     Case(KV, "accept_lens-past-a", setv("accept_lens", 0, 4), V, ("accept_lens[0] = 4", "A=3")),
     Case(KV, "accept_lens-negative", setv("accept_lens", 1, -1), V, ("accept_lens[1] = -1",)),
@@ -426,14 +427,20 @@ def _snapshot(args):
 
 
 def _to(args, device):
-    """Moves CPU tensors to ``device`` keeping their exact layout (strides, stride 0, offsets)."""
+    """Moves CPU tensors to ``device`` keeping their exact layout (strides, stride 0, offsets) and
+    their aliasing: arguments that share a storage (k_cache and v_cache as one tensor, overlapping
+    views) share one device storage."""
     if torch.device(device).type == "cpu":
         return args
-    out = {}
+    moved, out = {}, {}
     for k, v in args.items():
         if isinstance(v, torch.Tensor) and v.device.type == "cpu":
-            flat = torch.empty(0, dtype=v.dtype).set_(v.untyped_storage()).to(device)
-            v = flat.as_strided(v.shape, v.stride(), v.storage_offset())
+            storage = v.untyped_storage()
+            if storage.data_ptr() not in moved:
+                raw = torch.empty(0, dtype=torch.uint8).set_(storage)  # [nbytes] uint8
+                moved[storage.data_ptr()] = raw.to(device).untyped_storage()
+            v = torch.empty(0, dtype=v.dtype, device=device).set_(moved[storage.data_ptr()], v.storage_offset(),
+                                                                   v.shape, v.stride())
         out[k] = v
     return out
 

@@ -275,7 +275,7 @@ def _cuda_limits(B, Hkv, D):
     if D > CUDA_MAX_D:
         return f"head dim D={D} > {CUDA_MAX_D}"
     if B * Hkv > CUDA_MAX_B_HKV:
-        return f"B * Hkv = {B * Hkv} > {CUDA_MAX_B_HKV} (grid y limit)"
+        return f"B={B} * Hkv={Hkv} = {B * Hkv} > {CUDA_MAX_B_HKV} (grid y limit)"
     return None
 
 
