@@ -152,7 +152,6 @@ def _flex_attention(qt, k, v, vis, args):
     except ImportError as err:
         return None, f"flex_attention not importable ({err})"
     B, Hq, Tq, D = qt.shape
-    S = k.shape[2]
     dense = vis[:, 0].contiguous()  # [B, Tq, S] bool
 
     def mask_mod(b, h, q_idx, kv_idx):
