@@ -29,28 +29,30 @@ def random_logits(shape, dtype, generator=None):
 
 # ---- golden rows, each on every backend --------------------------------------------------------
 
-def test_single_row_golden(backend):
-    logits = torch.arange(40, dtype=torch.float32)[None].clone()  # [1, 40]
+def test_single_row_golden(backend, device):
+    logits = torch.arange(40, dtype=torch.float32, device=device)[None].clone()  # [1, 40]
     # bit 31 makes word 0 negative as int32; bit 20 of word 1 is token 52 >= V (ignored)
-    mask = torch.tensor([[1 + (1 << 5) - 2**31, (1 << 2) | (1 << 20)]], dtype=torch.int32)  # bits 0, 5, 31 | 2, 20
+    words = [[1 + (1 << 5) - 2**31, (1 << 2) | (1 << 20)]]  # bits 0, 5, 31 | 2, 20
+    mask = torch.tensor(words, dtype=torch.int32, device=device)
     out = apply_token_bitmask(logits, mask, backend=backend)
     assert out is logits
+    logits = logits.cpu()
     kept = (~torch.isinf(logits[0])).nonzero().flatten().tolist()
     assert kept == [0, 5, 31, 34]
     assert logits[0, kept].tolist() == [0.0, 5.0, 31.0, 34.0]
     assert torch.isneginf(logits[0, [1, 2, 30, 32, 33, 35, 39]]).all()
 
 
-def test_all_allowed_leaves_logits_bit_identical(backend):
-    logits = random_logits((2, 3, 70), torch.float32)
+def test_all_allowed_leaves_logits_bit_identical(backend, device):
+    logits = random_logits((2, 3, 70), torch.float32).to(device)
     before = logits.clone()
-    apply_token_bitmask(logits, torch.full((2, 3, 3), -1, dtype=torch.int32), backend=backend)
+    apply_token_bitmask(logits, torch.full((2, 3, 3), -1, dtype=torch.int32, device=device), backend=backend)
     assert torch.equal(logits, before)
 
 
-def test_v1(backend):
-    logits = torch.tensor([[[2.0], [3.0]]])
-    apply_token_bitmask(logits, torch.tensor([[[1], [1 | 2]]], dtype=torch.int32), backend=backend)
+def test_v1(backend, device):
+    logits = torch.tensor([[[2.0], [3.0]]], device=device)
+    apply_token_bitmask(logits, torch.tensor([[[1], [1 | 2]]], dtype=torch.int32, device=device), backend=backend)
     assert logits.flatten().tolist() == [2.0, 3.0]
 
 
@@ -59,14 +61,14 @@ def test_v1(backend):
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
 @pytest.mark.parametrize("shape", [(1, 1), (3, 5), (2, 7)], ids=lambda s: f"B{s[0]}T{s[1]}")
 @pytest.mark.parametrize("V", [1, 31, 32, 33, 1000, 50257])
-def test_matches_reference(fast_backend, dtype, shape, V):
-    if fast_backend in ("triton", "cudasim") and V == 50257 and shape != (1, 1):
+def test_matches_reference(fast_backend, device, dtype, shape, V):
+    if device == "cpu" and fast_backend in ("triton", "cudasim") and V == 50257 and shape != (1, 1):
         shape = (2, 1)  # the interpreter and the emulator are slow; the big-V path is the same
     g = torch.Generator().manual_seed(V * 7 + shape[1])
     logits = random_logits((*shape, V), DTYPES[dtype], g)
     mask, allowed = random_bitmask(shape, V, generator=g)
     want = apply_token_bitmask(logits.clone(), mask, backend="torch")
-    got = apply_token_bitmask(logits.clone(), mask, backend=fast_backend)
+    got = apply_token_bitmask(logits.to(device), mask.to(device), backend=fast_backend).cpu()
     assert torch.equal(got, want)
     # the reference itself: allowed logits unchanged, the rest -inf
     assert torch.equal(want[allowed], logits[allowed])
@@ -74,21 +76,21 @@ def test_matches_reference(fast_backend, dtype, shape, V):
 
 
 @pytest.mark.parametrize("V", [33, 1000])
-def test_rank2_matches_rank3(backend, V):
+def test_rank2_matches_rank3(backend, device, V):
     g = torch.Generator().manual_seed(V)
-    logits = random_logits((6, V), torch.float32, g)
-    mask, _ = random_bitmask((6,), V, generator=g)
+    logits = random_logits((6, V), torch.float32, g).to(device)
+    mask = random_bitmask((6,), V, generator=g)[0].to(device)
     flat = apply_token_bitmask(logits.clone(), mask, backend=backend)
     tree = apply_token_bitmask(logits.clone().view(2, 3, V), mask.view(2, 3, -1), backend=backend)
     assert torch.equal(flat, tree.view(6, V))
 
 
-def test_views_write_through_to_their_buffer(backend):
+def test_views_write_through_to_their_buffer(backend, device):
     # A [B, T, V] slice of a wider buffer (rows with padding) and a non-contiguous bitmask.
     g = torch.Generator().manual_seed(3)
     V = 100
-    buf = random_logits((4, 9, V + 28), torch.bfloat16, g)
-    mask = random_bitmask((3, 2), V, generator=g)[0].transpose(0, 1)  # [2, 3, W], leading dims transposed
+    buf = random_logits((4, 9, V + 28), torch.bfloat16, g).to(device)
+    mask = random_bitmask((3, 2), V, generator=g)[0].to(device).transpose(0, 1)  # [2, 3, W], leading dims transposed
     assert not mask.is_contiguous()
     want_buf = buf.clone()
     apply_token_bitmask(want_buf[1:3, ::2, :V][:, :3], mask, backend="torch")
@@ -97,17 +99,18 @@ def test_views_write_through_to_their_buffer(backend):
     assert torch.equal(buf, want_buf)  # the padding columns and the skipped rows untouched too
 
 
-def test_empty_leading_dims_are_a_no_op(backend):
-    logits = torch.empty(0, 4, 10)
-    assert apply_token_bitmask(logits, torch.empty(0, 4, 1, dtype=torch.int32), backend=backend) is logits
-    logits = torch.empty(3, 0, 10)
-    apply_token_bitmask(logits, torch.empty(3, 0, 1, dtype=torch.int32), backend=backend)
+def test_empty_leading_dims_are_a_no_op(backend, device):
+    logits = torch.empty(0, 4, 10, device=device)
+    empty = torch.empty(0, 4, 1, dtype=torch.int32, device=device)
+    assert apply_token_bitmask(logits, empty, backend=backend) is logits
+    logits = torch.empty(3, 0, 10, device=device)
+    apply_token_bitmask(logits, torch.empty(3, 0, 1, dtype=torch.int32, device=device), backend=backend)
 
 
 # ---- special values ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
-def test_inf_and_nan_where_allowed_are_untouched(backend, dtype):
+def test_inf_and_nan_where_allowed_are_untouched(backend, device, dtype):
     V = 70
     logits = torch.zeros(1, 2, V, dtype=DTYPES[dtype])
     logits[0, 0, :4] = torch.tensor([NEG_INF, float("nan"), float("inf"), -0.0])
@@ -116,7 +119,7 @@ def test_inf_and_nan_where_allowed_are_untouched(backend, dtype):
     allowed[0, 0, :4] = True
     allowed[0, 1, 64:68] = True
     mask = specops.pack_mask(allowed)
-    out = apply_token_bitmask(logits.clone(), mask, backend=backend)
+    out = apply_token_bitmask(logits.to(device), mask.to(device), backend=backend).cpu()
     got = out[0, 0, :4].float()
     assert torch.isneginf(got[0]) and torch.isnan(got[1]) and torch.isposinf(got[2])
     assert got[3] == 0 and torch.signbit(got[3])  # -0.0 kept bit for bit
@@ -125,17 +128,19 @@ def test_inf_and_nan_where_allowed_are_untouched(backend, dtype):
     assert torch.isneginf(out[~allowed].float()).all()
 
 
-def test_nan_where_disallowed_becomes_minus_inf(backend):
-    logits = torch.full((1, 1, 40), float("nan"))
-    apply_token_bitmask(logits, torch.tensor([[[1, 0]]], dtype=torch.int32), backend=backend)
+def test_nan_where_disallowed_becomes_minus_inf(backend, device):
+    logits = torch.full((1, 1, 40), float("nan"), device=device)
+    apply_token_bitmask(logits, torch.tensor([[[1, 0]]], dtype=torch.int32, device=device), backend=backend)
+    logits = logits.cpu()
     assert logits[0, 0, 0].isnan() and torch.isneginf(logits[0, 0, 1:]).all()
 
 
-def test_bits_beyond_v_are_ignored(backend):
+def test_bits_beyond_v_are_ignored(backend, device):
     # Only bits past V set: the row allows nothing of the vocabulary, so every logit is -inf
     # (check=False: with the check on, that row is an error, see below).
-    logits = torch.randn(1, 1, 33)
-    apply_token_bitmask(logits, torch.tensor([[[0, -2]]], dtype=torch.int32), check=False, backend=backend)
+    logits = torch.randn(1, 1, 33, device=device)
+    apply_token_bitmask(logits, torch.tensor([[[0, -2]]], dtype=torch.int32, device=device), check=False,
+                        backend=backend)
     assert torch.isneginf(logits).all()
 
 
@@ -192,12 +197,14 @@ def test_bad_input_raises_naming_the_argument_before_writing(backend, case):
         assert torch.equal(logits, before)
 
 
-def test_check_false_skips_only_the_value_check(backend):
-    logits = torch.zeros(1, 2, 40)
-    apply_token_bitmask(logits, torch.tensor([[[0, 0], [1, 0]]], dtype=torch.int32), check=False, backend=backend)
+def test_check_false_skips_only_the_value_check(backend, device):
+    logits = torch.zeros(1, 2, 40, device=device)
+    apply_token_bitmask(logits, torch.tensor([[[0, 0], [1, 0]]], dtype=torch.int32, device=device), check=False,
+                        backend=backend)
     assert torch.isneginf(logits[0, 0]).all() and logits[0, 1, 0] == 0
     with pytest.raises(ValueError, match="bitmask must have shape"):
-        apply_token_bitmask(logits, torch.zeros(1, 2, 1, dtype=torch.int32), check=False, backend=backend)
+        apply_token_bitmask(logits, torch.zeros(1, 2, 1, dtype=torch.int32, device=device), check=False,
+                            backend=backend)
 
 
 def test_unknown_backend_names_the_choices():
