@@ -21,8 +21,8 @@
     m.def("kv_compact_paged(Tensor(a!) k_pages, Tensor(b!) v_pages, Tensor page_table, "                 \
           "Tensor prefix_lens, Tensor accept_idx, Tensor accept_lens) -> ()");                            \
     m.def("warp_probs(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p) -> Tensor");         \
-    m.def("verify_greedy(Tensor tokens, Tensor parents, Tensor target_logits, Tensor num_nodes)"          \
-          " -> (Tensor accept_idx, Tensor accept_lens, Tensor bonus)");                                   \
+    m.def("verify_greedy(Tensor tokens, Tensor parents, Tensor target_logits, Tensor num_nodes, "         \
+          "Tensor? bitmask=None) -> (Tensor accept_idx, Tensor accept_lens, Tensor bonus)");              \
     m.def("verify_tree(Tensor tokens, Tensor parents, Tensor target_probs, Tensor uniforms, "             \
           "Tensor? draft_probs, Tensor num_nodes, str mode) -> (Tensor accept_idx, Tensor accept_lens, "   \
           "Tensor bonus)");                                                                               \

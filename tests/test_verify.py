@@ -443,3 +443,60 @@ def test_check_false_garbage_is_safe_and_identical_on_every_backend(device):
         assert ((want[2] >= 0) & (want[2] < V)).all() and (want[1] >= 1).all()
         for name in backends[1:]:
             _assert_equal(want, specops.verify_tree(*args, **kw, backend=name))
+
+
+# ---- R1 under a grammar: the bitmask fused into the walk (issue #33) ------------------------------
+
+def _masked_case(B, T, V, device, dtype, seed):
+    """A greedy case whose bitmask often disallows the row's argmax, with NaN and +inf planted at
+    disallowed tokens (the mask turns them into -inf, so check=True accepts them)."""
+    c = _case(B, T, V, "cpu")
+    g = torch.Generator().manual_seed(seed)
+    logits = c["target_logits"].to(dtype)
+    allowed = torch.rand(B, T, V, generator=g) < 0.4
+    allowed.scatter_(-1, torch.randint(0, V, (B, T, 1), generator=g), True)  # every row allows a token
+    top = logits.float().argmax(-1, keepdim=True)
+    allowed.scatter_(-1, top, torch.rand(B, T, 1, generator=g) < 0.3)  # the argmax mostly masked out
+    allowed.scatter_(-1, torch.randint(0, V, (B, T, 1), generator=g), True)
+    weird = ~allowed & (torch.rand(B, T, V, generator=g) < 0.1)
+    logits = logits.masked_fill(weird, float("nan")).masked_fill(weird & (torch.rand(B, T, V, generator=g) < 0.5),
+                                                                 float("inf"))
+    tokens = c["tokens"].clone()
+    # children that carry the masked argmax of their parent, so that masked walks go deep
+    masked_top = torch.where(allowed, logits.float().nan_to_num(nan=-1e9, posinf=-1e9), -torch.inf).argmax(-1)
+    for b in range(B):
+        for i in range(1, int(c["num_nodes"][b])):
+            p = int(c["parents"][b, i])
+            if 0 <= p < i and torch.rand((), generator=g) < 0.5:
+                tokens[b, i] = masked_top[b, p]
+    args = [tokens, c["parents"], logits, c["num_nodes"], specops.pack_mask(allowed)]
+    return [a.to(device) for a in args], logits
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_greedy_bitmask_equals_greedy_on_masked_logits(backend, device, dtype):
+    for i, (B, T, V) in enumerate([(1, 1, 1), (2, 5, 33), (3, 7, 70), (2, 9, 1000), (1, 4, 32000)]):
+        (tok, par, logits, nn, mask), cpu_logits = _masked_case(B, T, V, device, dtype, seed=i)
+        masked = specops.apply_token_bitmask(cpu_logits.clone(), mask.cpu())
+        want = specops.verify_greedy(tok.cpu(), par.cpu(), masked, nn.cpu(), backend="torch")
+        got = specops.verify_greedy(tok, par, logits, nn, bitmask=mask, backend=backend)
+        _assert_equal(want, got)
+        assert got[1].float().mean() > 1 or T == 1  # the masked argmax was followed
+
+
+def test_greedy_bitmask_checks(backend, device):
+    (tok, par, logits, nn, mask), _ = _masked_case(2, 5, 33, device, torch.float32, seed=9)
+    nan_allowed = logits.clone()
+    b, t, j = (specops.ops.token_bitmask.allowed_tokens(mask, 33)).nonzero()[0].tolist()
+    nan_allowed[b, t, j] = float("nan")
+    with pytest.raises(ValueError, match=rf"target_logits\[{b}, {t}\] must not contain NaN or \+inf"):
+        specops.verify_greedy(tok, par, nan_allowed, nn, bitmask=mask, backend=backend)
+    none = mask.clone()
+    none[1, 2] = 0
+    with pytest.raises(ValueError, match=r"bitmask\[1, 2\] must allow at least one of the V=33 tokens"):
+        specops.verify_greedy(tok, par, logits, nn, bitmask=none, backend=backend)
+    specops.verify_greedy(tok, par, logits, nn, bitmask=none, check=False, backend=backend)  # no crash
+    with pytest.raises(ValueError, match=r"bitmask must have shape \[2, 5, 2\]"):
+        specops.verify_greedy(tok, par, logits, nn, bitmask=mask[..., :1], backend=backend)
+    with pytest.raises(TypeError, match="bitmask must have dtype torch.int32"):
+        specops.verify_greedy(tok, par, logits, nn, bitmask=mask.long(), backend=backend)

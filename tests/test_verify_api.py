@@ -138,6 +138,9 @@ def test_opcheck_verify_greedy_and_joint():
     for dtype in (torch.float32, torch.bfloat16):
         torch.library.opcheck(torch.ops.specops.verify_greedy.default,
                               (c["tokens"], c["parents"], c["target_logits"].to(dtype), c["num_nodes"]))
+    mask = specops.pack_mask(torch.rand(3, 9, 13, generator=torch.Generator().manual_seed(8)) < 0.5)
+    torch.library.opcheck(torch.ops.specops.verify_greedy.default,
+                          (c["tokens"], c["parents"], c["target_logits"], c["num_nodes"], mask))
     a = _joint_args("cpu")
     torch.library.opcheck(torch.ops.specops.verify_joint.default,
                           (a["draft_tokens"], a["target_logprobs"], a["draft_joint_logprobs"],

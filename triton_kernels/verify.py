@@ -31,6 +31,7 @@ def _match_kernel(
     len_ptr,  # [B] int32 out
     bonus_ptr,  # [B] int32 out
     st_ptr,  # [2, B * T, STAT_WORDS] int32 warping statistics (LOGITS only)
+    mask_ptr,  # [B, T, W] int32 allowed tokens per node (R1 with MASKED only)
     T,
     V,
     S,
@@ -38,6 +39,7 @@ def _match_kernel(
     LOGITS: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    MASKED: tl.constexpr = False,
 ):
     # R1 (argmax) / R4 (a draw per node): descend into the first child whose token is the prediction.
     b = tl.program_id(0).to(tl.int64)
@@ -58,7 +60,7 @@ def _match_kernel(
             W = _sum_fix(row, V, scale, BLOCK_V, False, st, LOGITS)
             v = _sample_row(row, V, scale, W, tl.load(u_ptr + (b * T + u) * 2 + 1), BLOCK_V, False, st, LOGITS)
         else:
-            v = _argmax_row(row, V, BLOCK_V)
+            v = _argmax_row(row, V, BLOCK_V, mask_ptr + (b * T + u) * ((V + 31) // 32), MASKED)
         hit = (par == u) & (tok == v) & (t_idx > u)
         c = tl.min(tl.where(hit, t_idx, BLOCK_T), axis=0)
         if c < BLOCK_T:
@@ -343,17 +345,19 @@ def _outputs(tokens, T):
             torch.empty(B, dtype=torch.int32, device=dev))
 
 
-def verify_greedy(tokens, parents, target_logits, num_nodes):
-    """Shape: tokens, parents int32 [B, T], target_logits [B, T, V], num_nodes int32 [B] -> outputs."""
+def verify_greedy(tokens, parents, target_logits, num_nodes, bitmask=None):
+    """Shape: tokens, parents int32 [B, T], target_logits [B, T, V], num_nodes int32 [B], bitmask
+    int32 [B, T, ceil(V / 32)] or None -> outputs."""
     B, T = tokens.shape
     V = target_logits.shape[2]
     out = _outputs(tokens, T)
     if B:
         unused = torch.empty(1, dtype=torch.float32, device=tokens.device)
+        mask = bitmask.contiguous() if bitmask is not None else unused
         _match_kernel[(B,)](tokens.contiguous(), parents.contiguous(), num_nodes.contiguous(),
-                            target_logits.contiguous(), unused, *out, unused, T, V, _fix_shift(V), SAMPLE=False,
-                            LOGITS=False,
-                            BLOCK_T=triton.next_power_of_2(T), BLOCK_V=_block_v(V), enable_fp_fusion=False)
+                            target_logits.contiguous(), unused, *out, unused, mask, T, V, _fix_shift(V), SAMPLE=False,
+                            LOGITS=False, BLOCK_T=triton.next_power_of_2(T), BLOCK_V=_block_v(V),
+                            MASKED=bitmask is not None, enable_fp_fusion=False)
     return out
 
 
@@ -373,7 +377,7 @@ def verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes,
     common = dict(LOGITS=logits, BLOCK_T=triton.next_power_of_2(T), BLOCK_V=_block_v(V), enable_fp_fusion=False)
     S = _fix_shift(V)
     if mode == "sample_match":
-        _match_kernel[(B,)](args[0], args[1], args[2], args[3], u, *out, st, T, V, S, SAMPLE=True, **common)
+        _match_kernel[(B,)](args[0], args[1], args[2], args[3], u, *out, st, u, T, V, S, SAMPLE=True, **common)
     elif mode == "gsd":
         _gsd_kernel[(B,)](*args, q, u, *out, st, T, V, S, **common)
     else:

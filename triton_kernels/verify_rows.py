@@ -119,13 +119,17 @@ def _sample_row(row, V, scale, W, u, BLOCK_V: tl.constexpr, LOGPROB: tl.constexp
 
 
 @triton.jit
-def _argmax_row(row, V, BLOCK_V: tl.constexpr):
-    # First index of the maximum, NaN counting as +inf.
+def _argmax_row(row, V, BLOCK_V: tl.constexpr, mask_row, MASKED: tl.constexpr):
+    # First index of the maximum, NaN counting as +inf. MASKED: the tokens whose bit is clear in
+    # mask_row (int32 words, bit j % 32 of word j // 32) count as -inf (apply_token_bitmask's rule).
     best = tl.full([], float("-inf"), tl.float32)
     best_i = tl.full([], 0, tl.int32)
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        if MASKED:
+            words = tl.load(mask_row + (offs >> 5), mask=offs < V, other=0)
+            x = tl.where(((words >> (offs & 31)) & 1) != 0, x, float("-inf"))
         key = tl.where(x != x, float("inf"), x)
         cm = tl.max(key, axis=0)
         ci = tl.min(tl.where(key == cm, offs, V), axis=0)

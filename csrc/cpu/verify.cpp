@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <limits>
 #include <vector>
 
 #include "verify_cpu.h"
@@ -27,13 +28,35 @@ struct EmitOnly {
   void emit(int32_t* out, int32_t v) { *out = v; }
 };
 
+// Row u's logits in fp32 with the tokens its bitmask words (bit j % 32 of word j // 32) disallow at
+// -inf: apply_token_bitmask's rule, on the one row the walk reads.
+template <class T>
+const float* masked_row(const T* row, const int32_t* words, int64_t V, std::vector<float>& tmp) {
+  tmp.resize(V);
+  for (int64_t i = 0; i < V; ++i)
+    tmp[i] = (static_cast<uint32_t>(words[i >> 5]) >> (i & 31)) & 1u ? static_cast<float>(row[i])
+                                                                     : -std::numeric_limits<float>::infinity();
+  return tmp.data();
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(const at::Tensor& tokens,         // [B, T] int32
                                                                  const at::Tensor& parents,        // [B, T] int32
                                                                  const at::Tensor& target_logits,  // [B, T, V]
-                                                                 const at::Tensor& num_nodes)      // [B] int32
+                                                                 const at::Tensor& num_nodes,      // [B] int32
+                                                                 const c10::optional<at::Tensor>& bitmask)  // [B, T, W]
 {
   check_tree_args(tokens, parents, num_nodes, target_logits);
-  const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2);
+  const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2), W = (V + 31) / 32;
+  const bool masked = bitmask.has_value() && bitmask->defined();
+  at::Tensor words;
+  if (masked) {
+    SPECOPS_CHECK_DTYPE(*bitmask, at::kInt);
+    TORCH_CHECK_VALUE(bitmask->dim() == 3 && bitmask->size(0) == B && bitmask->size(1) == T && bitmask->size(2) == W,
+                      "verify_greedy: bitmask must have shape [B, T, ceil(V / 32)] = [", B, ", ", T, ", ", W, "], got ",
+                      bitmask->sizes());
+    TORCH_CHECK_VALUE(bitmask->device().is_cpu(), "verify_greedy: bitmask must be on cpu, got ", bitmask->device());
+    words = bitmask->contiguous();
+  }
   auto tok = tokens.contiguous();
   auto par = parents.contiguous();
   auto nn = num_nodes.contiguous();
@@ -47,6 +70,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(const at::Tenso
   int32_t* ai = accept_idx.data_ptr<int32_t>();
   int32_t* al = accept_len.data_ptr<int32_t>();
   int32_t* bo = bonus.data_ptr<int32_t>();
+  const int32_t* wd = masked ? words.data_ptr<int32_t>() : nullptr;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "verify_greedy_cpu", [&] {
     const scalar_t* lg = logits.data_ptr<scalar_t>();
     at::parallel_for(0, B, sequences_per_task(V), [&](int64_t lo, int64_t hi) {
@@ -54,7 +78,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(const at::Tenso
       std::vector<float> row32;
       for (int64_t b = lo; b < hi; ++b) {
         const scalar_t* rows = lg + b * T * V;
-        auto predict = [&](int32_t u) { return row_argmax(as_float_row(rows + u * V, V, row32), V); };
+        auto predict = [&](int32_t u) {
+          const scalar_t* row = rows + u * V;
+          return row_argmax(wd ? masked_row(row, wd + (b * T + u) * W, V, row32) : as_float_row(row, V, row32), V);
+        };
         match_walk(e, predict, tk + b * T, pa + b * T, valid_nodes(n[b], static_cast<int32_t>(T)), ai + b * T, al + b,
                    bo + b);
       }

@@ -101,12 +101,15 @@ __global__ void __launch_bounds__(kThreads)
                          int32_t* __restrict__ accept_idx,      // [B, T]
                          int32_t* __restrict__ accept_len,      // [B]
                          int32_t* __restrict__ bonus,           // [B]
+                         const int32_t* __restrict__ bitmask,   // [B, T, W] or nullptr
                          int32_t T, int64_t V) {
   __shared__ Shared sh;
-  const int64_t b = blockIdx.x;
+  const int64_t b = blockIdx.x, W = (V + 31) / 32;
   const scalar_t* rows = logits + b * T * V;
   EmitOnly e;
-  auto predict = [&](int32_t u) { return block_argmax(rows + u * V, V, sh); };
+  auto predict = [&](int32_t u) {
+    return block_argmax(rows + u * V, V, sh, bitmask ? bitmask + (b * T + u) * W : nullptr);
+  };
   match_walk(e, predict, tokens + b * T, parents + b * T, valid_nodes(num_nodes[b], T), accept_idx + b * T,
              accept_len + b, bonus + b);
 }
@@ -289,10 +292,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cuda(
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_greedy_cuda(const at::Tensor& tokens, const at::Tensor& parents,
                                                                   const at::Tensor& target_logits,
-                                                                  const at::Tensor& num_nodes) {
+                                                                  const at::Tensor& num_nodes,
+                                                                  const c10::optional<at::Tensor>& bitmask) {
   check_tree(tokens, parents, num_nodes, target_logits);
   const gpu::DeviceGuard guard(tokens.device());
-  const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2);
+  const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2), W = (V + 31) / 32;
+  const bool masked = bitmask.has_value() && bitmask->defined();
+  at::Tensor words;
+  if (masked) {
+    SPECOPS_CHECK_DTYPE(*bitmask, at::kInt);
+    TORCH_CHECK_VALUE(bitmask->dim() == 3 && bitmask->size(0) == B && bitmask->size(1) == T && bitmask->size(2) == W,
+                      "verify_greedy: bitmask must have shape [B, T, ceil(V / 32)] = [", B, ", ", T, ", ", W, "], got ",
+                      bitmask->sizes());
+    TORCH_CHECK_VALUE(SPECOPS_ON_GPU(*bitmask), "verify_greedy: " SPECOPS_GPU_NAME " tensors expected (bitmask)");
+    words = bitmask->contiguous();
+  }
   auto [accept_idx, accept_len, bonus] = outputs(tokens, B, T);
   if (B == 0) return {accept_idx, accept_len, bonus};
   auto tok = tokens.contiguous();
@@ -303,7 +317,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_greedy_cuda(const at::Tens
     SPECOPS_LAUNCH(B, kThreads, 0, gpu::current_stream(), verify_greedy_kernel<scalar_t>)(
         tok.data_ptr<int32_t>(), par.data_ptr<int32_t>(), nn.data_ptr<int32_t>(), logits.data_ptr<scalar_t>(),
         accept_idx.data_ptr<int32_t>(), accept_len.data_ptr<int32_t>(), bonus.data_ptr<int32_t>(),
-        static_cast<int32_t>(T), V);
+        masked ? words.data_ptr<int32_t>() : nullptr, static_cast<int32_t>(T), V);
   });
   SPECOPS_LAUNCH_CHECK();
   return {accept_idx, accept_len, bonus};

@@ -121,12 +121,15 @@ __device__ int64_t block_sum_weights(int64_t V, Weight&& weight, Shared& sh) {
   return block_sum(s, sh);
 }
 
+// words (or nullptr): the row's allowed tokens, bit i % 32 of word i / 32; a disallowed entry
+// counts as -inf (apply_token_bitmask's rule).
 template <class scalar_t>
-__device__ int32_t block_argmax(const scalar_t* row, int64_t V, Shared& sh) {
+__device__ int32_t block_argmax(const scalar_t* row, int64_t V, Shared& sh, const int32_t* words = nullptr) {
   float best = -inf_f();
   int32_t best_i = INT_MAX;
   for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-    const float v = static_cast<float>(row[i]);
+    const bool allowed = words == nullptr || ((static_cast<uint32_t>(words[i >> 5]) >> (i & 31)) & 1u);
+    const float v = allowed ? static_cast<float>(row[i]) : -inf_f();
     if (best_i == INT_MAX || argmax_better(v, i, best, best_i)) {
       best = v;
       best_i = static_cast<int32_t>(i);

@@ -17,8 +17,8 @@ def warp_probs(logits, temperature, top_k=0, top_p=1.0):
     return sampling_ops.warp_probs(logits, temperature, top_k, top_p, check=CHECK)
 
 
-def verify_greedy(tokens, parents, target_logits, num_nodes):
-    return verify_ops.verify_greedy(tokens, parents, target_logits, num_nodes, check=CHECK)
+def verify_greedy(tokens, parents, target_logits, num_nodes, bitmask=None):
+    return verify_ops.verify_greedy(tokens, parents, target_logits, num_nodes, bitmask=bitmask, check=CHECK)
 
 
 def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs, mode, num_nodes):

@@ -125,10 +125,12 @@ class Decoder:
         t1 = time.perf_counter()
         rows = self._grammar_rows(draft)  # before the forward: the host work overlaps a GPU's
         logits = self.target.forward(draft.tokens, draft.parents, draft.num_nodes)
-        if rows is not None:
+        with_argmax = budget != 0 and drafter.needs_target_argmax
+        fused = rows is not None and mode == "greedy" and not with_argmax  # the walk masks the rows it reads
+        if rows is not None and not fused:
             logits = _masked(logits, rows)
-        result = verify(mode, draft, logits, s.sampling, s.generator, self.active_t)
-        result.read(draft, s.active, with_argmax=budget != 0 and drafter.needs_target_argmax)
+        result = verify(mode, draft, logits, s.sampling, s.generator, self.active_t, bitmask=rows if fused else None)
+        result.read(draft, s.active, with_argmax=with_argmax)
         t2 = time.perf_counter()  # verify time ends with the read (on a GPU it waits for the forward)
         # a finished sequence keeps nothing
         self.target.keep(result.accept_idx, result.kept, [len(p) for p in result.paths], check=_kernels.CHECK)

@@ -79,11 +79,14 @@ class VerifyResult:
         return self._argmax
 
 
-def verify(mode, draft, logits, sampling, generator, active):
+def verify(mode, draft, logits, sampling, generator, active, bitmask=None):
     """Shape: draft (a Draft: tokens int64 [B, T], parents int32 [B, T], num_nodes int32 [B]),
-    logits [B, T, V], active bool [B] -> VerifyResult (device tensors; no host read; ``kept`` =
-    ``accept_lens`` with finished sequences masked to 0). ``generator`` lives on the logits' device:
-    the uniforms are drawn there."""
+    logits [B, T, V], active bool [B], bitmask int32 [B, T, ceil(V / 32)] or None (greedy only: the
+    grammar's allowed tokens, fused into the walk) -> VerifyResult (device tensors; no host read;
+    ``kept`` = ``accept_lens`` with finished sequences masked to 0). ``generator`` lives on the
+    logits' device: the uniforms are drawn there."""
+    if bitmask is not None and mode != "greedy":
+        raise ValueError(f"bitmask is fused into the greedy verify only; mode {mode!r} needs masked logits")
     if mode == "joint":
         result = _verify_joint(draft, logits, sampling, generator)
         result.kept = result.accept_lens * active
@@ -95,7 +98,7 @@ def verify(mode, draft, logits, sampling, generator, active):
         draft_probs = draft.draft_probs if draft.draft_probs is not None else \
             torch.full((B, T, V), 1.0 / V, dtype=torch.float32, device=logits.device)
     idx, kept, bonus = verify_kept(draft.tokens, draft.parents, draft.num_nodes, logits, uniforms, active,
-                                   mode=mode, sampling=sampling, draft_probs=draft_probs)
+                                   mode=mode, sampling=sampling, draft_probs=draft_probs, bitmask=bitmask)
     return VerifyResult(accept_idx=idx, accept_lens=kept, bonus_t=bonus, logits=logits, kept=kept)
 
 
@@ -105,19 +108,21 @@ def verify(mode, draft, logits, sampling, generator, active):
 _FROM_LOGITS = ("mss_pointmass", "sample_match")
 
 
-def verify_kept(tokens, parents, num_nodes, logits, uniforms, active, *, mode=None, sampling=None, draft_probs=None):
+def verify_kept(tokens, parents, num_nodes, logits, uniforms, active, *, mode=None, sampling=None, draft_probs=None,
+                bitmask=None):
     """The verify op on device tensors, then the accepted lengths masked by ``active``: the part of a
     step from the target's logits to what ``kv_compact`` keeps (no host read, no host data:
     ``torch.compile(fullgraph=True)``-able and CUDA-graph capturable; tests/test_decoding_graph.py).
     ``mode`` None: greedy (R1) without uniforms, else ``mss_pointmass``; ``sampling`` None: T = 1.
 
     Shape: tokens int64/int32 [B, T], parents int32 [B, T], num_nodes int32 [B], logits [B, T, V],
-    uniforms fp32 [B, T, 2] or None (greedy), active bool [B], draft_probs fp32 [B, T, V] or None
-    -> (accept_idx int32 [B, T], kept int32 [B], bonus [B])."""
+    uniforms fp32 [B, T, 2] or None (greedy), active bool [B], draft_probs fp32 [B, T, V] or None,
+    bitmask int32 [B, T, ceil(V / 32)] or None (greedy) -> (accept_idx int32 [B, T], kept int32 [B],
+    bonus [B])."""
     mode = mode or ("greedy" if uniforms is None else "mss_pointmass")
     tok32 = tokens.to(torch.int32)
     if mode == "greedy":
-        idx, lens, bonus = _kernels.verify_greedy(tok32, parents, logits, num_nodes)
+        idx, lens, bonus = _kernels.verify_greedy(tok32, parents, logits, num_nodes, bitmask)
     elif draft_probs is None and mode in _FROM_LOGITS:
         # the target's warping fused into the walk: no [B, T, V] probability tensor (bit-identical
         # to the composition below, docs/verify_logits.md)

@@ -36,7 +36,7 @@ def apply_token_bitmask(logits, bitmask, *, check=True, backend=None):
     _checks.tensor("bitmask", bitmask, dtype=torch.int32, rank=logits.dim(),
                    shape=(*logits.shape[:-1], W), device=logits.device)
     if check:
-        _check_rows(bitmask, V)
+        check_rows(bitmask, V)
     impl = resolve("apply_token_bitmask", logits.device, backend)
     if logits.numel():
         impl(logits, bitmask)
@@ -49,7 +49,9 @@ def allowed_tokens(bitmask, V):
     return ((bitmask[..., :, None] >> bits) & 1).bool().flatten(-2)[..., :V]
 
 
-def _check_rows(bitmask, V):
+def check_rows(bitmask, V):
+    """Raises ValueError naming the first row of ``bitmask`` (int32 [..., W]) that allows none of
+    the ``V`` tokens (one host sync)."""
     if bitmask.numel() == 0:
         return
     empty = ~allowed_tokens(bitmask, V).any(-1)  # [...]

@@ -27,7 +27,7 @@ import torch
 
 from .. import _ext
 from ..backend import register, register_compiled, resolve
-from . import _checks
+from . import _checks, token_bitmask
 from . import verify_ref  # noqa: F401  (registers the torch backend)
 
 MODES = ("mss", "mss_pointmass", "mss_noreplace", "sample_match", "gsd")
@@ -36,26 +36,38 @@ ROW_SUM_TOL = 1e-3
 _LOGITS = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, check=True, backend=None):
+def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, bitmask=None, check=True, backend=None):
     """R1: at each node accept the first child whose token is the target's argmax; the argmax at
     the last accepted node is the bonus (ties go to the lowest token id).
 
     Shape: tokens, parents int32 [B, T], target_logits fp32/fp16/bf16 [B, T, V], num_nodes int32 [B]
-    or None (= T) -> (accept_idx int32 [B, T], accept_lens int32 [B], bonus int32 [B]).
+    or None (= T), bitmask int32 [B, T, ceil(V / 32)] or None -> (accept_idx int32 [B, T],
+    accept_lens int32 [B], bonus int32 [B]).
 
-    ``check=True`` also validates values (tree rules, tokens in [0, V), no NaN / +inf logits) at
-    the cost of one host sync. With ``check=False`` bad values never crash a kernel: a token
-    outside [0, V) never matches and malformed parents end the walk.
+    ``bitmask`` (a grammar's allowed tokens per node, the layout of :func:`apply_token_bitmask`):
+    the argmax at node ``i`` is over the tokens row ``i`` allows, as if the disallowed logits were
+    ``-inf``; the result equals ``verify_greedy`` on ``apply_token_bitmask(target_logits.clone(),
+    bitmask)``, without that pass over the logits (the walk masks the rows it reads).
+
+    ``check=True`` also validates values (tree rules, tokens in [0, V), no NaN / +inf logits among
+    the allowed ones, every bitmask row allowing a token) at the cost of one host sync. With
+    ``check=False`` bad values never crash a kernel: a token outside [0, V) never matches and
+    malformed parents end the walk.
     """
     B, T, num_nodes = _tree_args(tokens, parents, num_nodes)
     _checks.tensor("target_logits", target_logits, dtype=_LOGITS, rank=3, device=tokens.device)
     V = _rows_shape("target_logits", target_logits, B, T)
+    if bitmask is not None:
+        _checks.tensor("bitmask", bitmask, dtype=torch.int32, shape=(B, T, (V + 31) // 32), device=tokens.device)
     if check:
         bad = torch.isnan(target_logits) | (target_logits == torch.inf)
+        if bitmask is not None:
+            bad &= token_bitmask.allowed_tokens(bitmask, V)
+            token_bitmask.check_rows(bitmask, V)
         _raise_first(_tree_flags(tokens, parents, num_nodes, V) + [_flag(bad.any(), lambda: (
             "target_logits[{}, {}] must not contain NaN or +inf, got ".format(*_first_row(bad.any(-1)))
             + _checks.at("target_logits", target_logits, bad),))])
-    return resolve("verify_greedy", tokens.device, backend)(tokens, parents, target_logits, num_nodes)
+    return resolve("verify_greedy", tokens.device, backend)(tokens, parents, target_logits, num_nodes, bitmask)
 
 
 def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs=None, mode, num_nodes=None,
@@ -264,8 +276,8 @@ def _prob_flags(name, rows, where):
 # ---- backends ------------------------------------------------------------------------------
 
 @register_compiled("verify_greedy")
-def _compiled_greedy(ns, tokens, parents, target_logits, num_nodes):
-    return ns.verify_greedy(tokens, parents, target_logits, num_nodes)
+def _compiled_greedy(ns, tokens, parents, target_logits, num_nodes, bitmask):
+    return ns.verify_greedy(tokens, parents, target_logits, num_nodes, bitmask)
 
 
 @register_compiled("verify_tree")
@@ -279,10 +291,10 @@ def _compiled_joint(ns, draft_tokens, target_logprobs, draft_joint_logprobs, log
 
 
 @register("verify_greedy", "triton")
-def _verify_greedy_triton(tokens, parents, target_logits, num_nodes):
+def _verify_greedy_triton(tokens, parents, target_logits, num_nodes, bitmask):
     from ..triton_kernels import verify as kernels
 
-    return kernels.verify_greedy(tokens, parents, target_logits, num_nodes)
+    return kernels.verify_greedy(tokens, parents, target_logits, num_nodes, bitmask)
 
 
 @register("verify_tree", "triton")
@@ -307,7 +319,7 @@ def _outputs(tokens, T):
 if _ext.cpu_ext is not None or _ext.cuda_ext is not None:
 
     @torch.library.register_fake("specops::verify_greedy")
-    def _(tokens, parents, target_logits, num_nodes):
+    def _(tokens, parents, target_logits, num_nodes, bitmask=None):
         return _outputs(tokens, tokens.shape[1])
 
     @torch.library.register_fake("specops::verify_tree")

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..backend import register
+from .token_bitmask import allowed_tokens
 
 F32 = np.float32
 RESIDUAL_FLOOR = F32(1e-12)
@@ -195,9 +196,11 @@ def _clamped_nodes(num_nodes, T):
 
 
 @register("verify_greedy", "torch")
-def verify_greedy_torch(tokens, parents, target_logits, num_nodes):
+def verify_greedy_torch(tokens, parents, target_logits, num_nodes, bitmask=None):
     B, T = tokens.shape
     tok, par, logits = tokens.cpu(), parents.cpu(), target_logits.cpu()
+    if bitmask is not None:  # the disallowed logits as -inf (apply_token_bitmask's rule)
+        logits = logits.masked_fill(~allowed_tokens(bitmask.cpu(), logits.shape[-1]), float("-inf"))
     paths, bonuses = [], []
     for b, n in enumerate(_clamped_nodes(num_nodes, T)):
         path, bonus = _match_walk(tok[b], par[b], n, lambda u, b=b: argmax_first(logits[b, u]))
