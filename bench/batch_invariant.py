@@ -112,7 +112,9 @@ def compiled_only(args, qs, gen):
                     continue
                 out = gen(p, method, batch_invariant=True, kv_layout=layout, compile=True)[0]
                 same.setdefault((method, f"{layout} compiled"), []).append(out.tolist() == ref.tolist())
-        print(f"{cat}: done", file=sys.stderr, flush=True)
+        # each category's outcome at once: a run cut short still says what it measured
+        outcome = ", ".join(f"{m} {arm.split()[0]} {'=' if ok[-1] else 'DIFFERS'}" for (m, arm), ok in same.items())
+        print(f"{cat}: done ({outcome})", file=sys.stderr, flush=True)
     print(f"# SmolLM2-135M bf16 greedy, {args.new_tokens} tokens, {len(qs)} categories, compiled, "
           f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}")
     print("\n| method | arm | token-identical to compiled AR (categories) |\n|---|---|---|")

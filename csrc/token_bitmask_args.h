@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Optional.h>
 
 #include <cstdint>
 
@@ -24,6 +25,19 @@ inline void check_token_bitmask_args(const at::Tensor& logits, const at::Tensor&
     TORCH_CHECK_VALUE(bitmask.size(d) == logits.size(d), "apply_token_bitmask: bitmask and logits leading shapes differ");
   TORCH_CHECK_VALUE(bitmask.size(-1) == ceil_div(V, 32), "apply_token_bitmask: bitmask must have ceil(V / 32) words");
   TORCH_CHECK_VALUE(V <= 1 || logits.stride(-1) == 1, "apply_token_bitmask: logits must have stride 1 in V");
+}
+
+// The optional per-node bitmask of a verify op over [B, T, V] rows: undefined when absent, else
+// its contiguous int32 [B, T, ceil(V / 32)] words. The launcher adds its device check.
+inline at::Tensor node_bitmask_words(const c10::optional<at::Tensor>& bitmask, const char* op, int64_t B, int64_t T,
+                                     int64_t V) {
+  if (!bitmask.has_value() || !bitmask->defined()) return at::Tensor();
+  SPECOPS_CHECK_DTYPE(*bitmask, at::kInt);
+  const int64_t W = ceil_div(V, 32);
+  TORCH_CHECK_VALUE(bitmask->dim() == 3 && bitmask->size(0) == B && bitmask->size(1) == T && bitmask->size(2) == W,
+                    op, ": bitmask must have shape [B, T, ceil(V / 32)] = [", B, ", ", T, ", ", W, "], got ",
+                    bitmask->sizes());
+  return bitmask->contiguous();
 }
 
 // The bits of -inf in the logits' dtype (fp32: uint32; fp16 / bf16: uint16); raises for others.

@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "../token_bitmask_args.h"
 #include "verify_cpu.h"
 
 namespace specops {
@@ -47,16 +48,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(const at::Tenso
 {
   check_tree_args(tokens, parents, num_nodes, target_logits);
   const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2), W = (V + 31) / 32;
-  const bool masked = bitmask.has_value() && bitmask->defined();
-  at::Tensor words;
-  if (masked) {
-    SPECOPS_CHECK_DTYPE(*bitmask, at::kInt);
-    TORCH_CHECK_VALUE(bitmask->dim() == 3 && bitmask->size(0) == B && bitmask->size(1) == T && bitmask->size(2) == W,
-                      "verify_greedy: bitmask must have shape [B, T, ceil(V / 32)] = [", B, ", ", T, ", ", W, "], got ",
-                      bitmask->sizes());
-    TORCH_CHECK_VALUE(bitmask->device().is_cpu(), "verify_greedy: bitmask must be on cpu, got ", bitmask->device());
-    words = bitmask->contiguous();
-  }
+  const at::Tensor words = node_bitmask_words(bitmask, "verify_greedy", B, T, V);
+  const bool masked = words.defined();
+  TORCH_CHECK_VALUE(!masked || words.device().is_cpu(), "verify_greedy: bitmask must be on cpu, got ", words.device());
   auto tok = tokens.contiguous();
   auto par = parents.contiguous();
   auto nn = num_nodes.contiguous();

@@ -21,6 +21,7 @@
 
 #include "gpu.cuh"
 #include "../registration.h"
+#include "../token_bitmask_args.h"
 #include "../verify_common.h"
 #include "verify_engine.cuh"
 
@@ -296,17 +297,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_greedy_cuda(const at::Tens
                                                                   const c10::optional<at::Tensor>& bitmask) {
   check_tree(tokens, parents, num_nodes, target_logits);
   const gpu::DeviceGuard guard(tokens.device());
-  const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2), W = (V + 31) / 32;
-  const bool masked = bitmask.has_value() && bitmask->defined();
-  at::Tensor words;
-  if (masked) {
-    SPECOPS_CHECK_DTYPE(*bitmask, at::kInt);
-    TORCH_CHECK_VALUE(bitmask->dim() == 3 && bitmask->size(0) == B && bitmask->size(1) == T && bitmask->size(2) == W,
-                      "verify_greedy: bitmask must have shape [B, T, ceil(V / 32)] = [", B, ", ", T, ", ", W, "], got ",
-                      bitmask->sizes());
-    TORCH_CHECK_VALUE(SPECOPS_ON_GPU(*bitmask), "verify_greedy: " SPECOPS_GPU_NAME " tensors expected (bitmask)");
-    words = bitmask->contiguous();
-  }
+  const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2);
+  const at::Tensor words = node_bitmask_words(bitmask, "verify_greedy", B, T, V);
+  const bool masked = words.defined();
+  TORCH_CHECK_VALUE(!masked || SPECOPS_ON_GPU(words), "verify_greedy: " SPECOPS_GPU_NAME " tensors expected (bitmask)");
   auto [accept_idx, accept_len, bonus] = outputs(tokens, B, T);
   if (B == 0) return {accept_idx, accept_len, bonus};
   auto tok = tokens.contiguous();
