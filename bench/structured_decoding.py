@@ -20,10 +20,11 @@ from specops import models
 SCHEMA = {
     "type": "object",
     "properties": {
-        "name": {"type": "string"},
+        "name": {"type": "string", "maxLength": 40},
         "age": {"type": "integer"},
-        "city": {"type": "string"},
-        "hobbies": {"type": "array", "items": {"type": "string"}},
+        "city": {"type": "string", "maxLength": 40},
+        # bounded, so that a small model's repetition loops end inside the token budget
+        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 40}, "maxItems": 5},
         "employed": {"type": "boolean"},
     },
     "required": ["name", "age", "city", "hobbies", "employed"],
