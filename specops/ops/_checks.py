@@ -29,7 +29,7 @@ def tensor(name, t, *, dtype=None, rank=None, shape=None, device=None, last_stri
             if want is not None and got != want:
                 expect = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
                 raise ValueError(f"{name} must have shape {expect}, got {tuple(t.shape)}")
-    if device is not None and t.device != torch.device(device):
+    if device is not None and t.device != (device if isinstance(device, torch.device) else torch.device(device)):
         raise ValueError(f"{name} must be on {device} (with the other inputs), got {t.device}")
     if last_stride_one and t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name} must have stride 1 in its last dimension, got strides {t.stride()}")

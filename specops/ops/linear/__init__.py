@@ -39,12 +39,13 @@ def linear(x, weight, bias=None, *, backend=None):
         raise ValueError(f"x and weight must have K >= 1 and N >= 1, got K={K}, N={N}")
     if bias is not None:
         _checks.tensor("bias", bias, dtype=x.dtype, shape=(N,), device=x.device)
-    x2 = x.reshape(-1, K)  # [M, K]
-    if x2.numel() and x2.stride(-1) != 1:
+    x2 = x if x.dim() == 2 else x.reshape(-1, K)  # [M, K]
+    if x2.stride(-1) != 1 and x2.numel():
         x2 = x2.contiguous()
-    weight = weight if weight.stride(-1) == 1 else weight.contiguous()
+    if weight.stride(-1) != 1:
+        weight = weight.contiguous()
     out = resolve("linear", x.device, backend, (x2, weight, bias))(x2, weight, bias)  # [M, N]
-    return out.reshape(*x.shape[:-1], N)
+    return out if x.dim() == 2 else out.reshape(*x.shape[:-1], N)
 
 
 register("linear", "torch")(ref.linear)
