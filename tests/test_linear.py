@@ -7,7 +7,7 @@ import torch
 
 import specops
 from specops import backend as _backend
-from specops.ops.linear import ref
+from specops.ops.linear import cpu_kernel, ref
 
 CPU_BACKENDS = [pytest.param(b, marks=() if _backend.available(b, "cpu")[0] else
                              pytest.mark.skip(reason=f"{b}: {_backend.available(b, 'cpu')[1]}"))
@@ -143,3 +143,32 @@ def test_registration_opcheck_and_compile():
     assert "linear" in _backend.ops() and {"torch", "cpp"} <= set(_backend.implementations("linear"))
     fn = torch.compile(lambda a: torch.ops.specops.linear(a, w, b), fullgraph=True)
     assert torch.equal(fn(x), specops.linear(x, w, b, backend="cpp"))
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_direct_entry_is_the_registered_op_bit_for_bit(dtype):
+    """The cpp backend's eager calls skip the dispatcher (specops._C.linear); the same kernel."""
+    x, w, b = make(7, 45, 23, dtype)
+    for bias in (b, None):
+        want = torch.ops.specops.linear(x, w, bias)
+        assert torch.equal(specops._C.linear(x, w, bias), want)
+        assert torch.equal(cpu_kernel(x, torch.nn.Parameter(w, requires_grad=False), bias), want)
+    with pytest.raises(ValueError, match="weight must have x's dtype"):
+        specops._C.linear(x, w.double(), None)
+    with pytest.raises(TypeError, match="argument 1 must be a torch.Tensor, got int"):
+        specops._C.linear(x, 3, None)
+    with pytest.raises(TypeError, match="takes 3 arguments, got 2"):
+        specops._C.linear(x, w)
+
+
+@needs_cpp
+def test_direct_entry_leaves_compile_and_subclasses_to_the_op():
+    x, w, b = make(3, 24, 10, torch.float32)
+    fn = torch.compile(lambda a: cpu_kernel(a, w, b), fullgraph=True)  # a raw builtin would break the graph
+    assert torch.equal(fn(x), specops._C.linear(x, w, b))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:  # fake tensors have no data: the op's fake kernel answers
+        out = cpu_kernel(mode.from_tensor(x), mode.from_tensor(w), None)
+    assert out.shape == (3, 10)

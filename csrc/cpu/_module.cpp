@@ -1,9 +1,15 @@
 // specops._C: the CPU kernels, and the schemas of every op (csrc/schemas.h).
+#include <Python.h>
 #include <torch/library.h>
 
 #include "../schemas.h"
 
 TORCH_LIBRARY(specops, m) { SPECOPS_DEFINE_SCHEMAS(m); }
 
+PyObject* specops_linear_py(PyObject*, PyObject* const* args, Py_ssize_t nargs);  // linear.cpp
+
+#define SPECOPS_MODULE_METHODS                                                                        \
+  {"linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(specops_linear_py)), METH_FASTCALL, \
+   "linear(x [M, K], weight [N, K], bias [N] or None): specops::linear's CPU kernel without the dispatcher."},
 #define SPECOPS_MODULE _C
 #include "../module.h"

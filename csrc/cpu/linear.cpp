@@ -15,10 +15,12 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -273,3 +275,48 @@ at::Tensor linear_cpu(const at::Tensor& x,                    // [M, K]
 }  // namespace specops
 
 TORCH_LIBRARY_IMPL(specops, CPU, m) { m.impl("linear", &specops::linear_cpu); }
+
+// specops._C.linear(x, weight, bias): the same kernel called from Python without the dispatcher.
+// torch.ops' generic argument parsing costs ~4 us a call, as much as the kernel itself for a
+// one-row call over a small projection (ops/linear: the cpp backend's eager entry; torch.compile
+// and tensor subclasses keep the registered op). Plain CPU tensors only; errors as the op's.
+PyObject* specops_linear_py(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_Format(PyExc_TypeError, "linear(x, weight, bias) takes 3 arguments, got %zd", nargs);
+    return nullptr;
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (i == 2 && args[i] == Py_None) continue;
+    if (!THPVariable_Check(args[i])) {
+      PyErr_Format(PyExc_TypeError, "linear: argument %d must be a torch.Tensor, got %s", i, Py_TYPE(args[i])->tp_name);
+      return nullptr;
+    }
+  }
+  const at::Tensor& x = THPVariable_Unpack(args[0]);
+  const at::Tensor& weight = THPVariable_Unpack(args[1]);
+  c10::optional<at::Tensor> bias;
+  if (args[2] != Py_None) bias = THPVariable_Unpack(args[2]);
+  at::Tensor out;
+  PyObject* error_type = nullptr;
+  std::string error;
+  Py_BEGIN_ALLOW_THREADS  // a long call (an LM head, a prompt) leaves other Python threads running
+  try {
+    TORCH_CHECK_VALUE(x.device().is_cpu() && weight.device().is_cpu() && (!bias || bias->device().is_cpu()),
+                      "linear: every tensor must be on the CPU, got x on ", x.device(), ", weight on ", weight.device());
+    out = specops::linear_cpu(x, weight, bias);
+  } catch (const c10::ValueError& e) {
+    error_type = PyExc_ValueError, error = e.what_without_backtrace();
+  } catch (const c10::TypeError& e) {
+    error_type = PyExc_TypeError, error = e.what_without_backtrace();
+  } catch (const c10::Error& e) {
+    error_type = PyExc_RuntimeError, error = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    error_type = PyExc_RuntimeError, error = e.what();
+  }
+  Py_END_ALLOW_THREADS
+  if (error_type) {
+    PyErr_SetString(error_type, error.c_str());
+    return nullptr;
+  }
+  return THPVariable_Wrap(std::move(out));
+}

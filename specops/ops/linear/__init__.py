@@ -69,6 +69,25 @@ def _linear_triton(x, weight, bias):
     return kernels.linear(x, weight, bias)
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # not a subclass with its own dispatch (fake, DTensor, ...)
+
+
+def cpu_kernel(x, weight, bias):
+    """The cpp backend's kernel on checked arguments (x [M, K], weight [N, K], bias [N] or None,
+    same dtype, CPU, last stride 1) -> [M, N]. Eager calls of plain tensors go to the extension's
+    direct entry (``specops._C.linear``: the dispatcher's argument parsing costs ~4 us a call, as
+    much as a one-row projection of a small model); torch.compile and tensor subclasses get the
+    registered op."""
+    if (torch.compiler.is_compiling() or type(x) not in _PLAIN or type(weight) not in _PLAIN
+            or (bias is not None and type(bias) not in _PLAIN)):
+        return torch.ops.specops.linear(x, weight, bias)
+    return _ext.cpu_ext.linear(x, weight, bias)
+
+
+if _ext.cpu_ext is not None:
+    register("linear", "cpp")(cpu_kernel)  # replaces register_compiled's: the same op, called directly
+
+
 if _ext.cpu_ext is not None or _ext.cuda_ext is not None:
 
     @torch.library.register_fake("specops::linear")
