@@ -7,7 +7,7 @@ import torch
 
 import specops
 from specops import backend as _backend
-from specops.ops.linear import cpu_kernel, ref
+from specops.ops.linear import cpu_kernel
 
 CPU_BACKENDS = [pytest.param(b, marks=() if _backend.available(b, "cpu")[0] else
                              pytest.mark.skip(reason=f"{b}: {_backend.available(b, 'cpu')[1]}"))
