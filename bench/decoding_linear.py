@@ -1,7 +1,8 @@
 """End-to-end effect of specops.linear in the engine: specops.generate on SmolLM2-135M bf16, greedy,
 one question per category of bench/questions/specops_mix.jsonl, every method with linear="torch"
 (F.linear everywhere), "auto" (blocks and prompts through specops.linear, the default) and "specops"
-(every call), interleaved per question. Time to first token (the prefill) is reported apart from the
+(every call), interleaved per question, with the batch-invariant mode off (its own benchmark is
+bench/batch_invariant.py) so that only the linear choice differs. Time to first token (the prefill) is reported apart from the
 per-token decode rate.
 
     python bench/decoding_linear.py [--methods ar,ngram,sd,tsd] [--new-tokens 96] [--reps 1]
@@ -45,7 +46,7 @@ def main(argv=None):
             for method in args.methods.split(","):
                 for arm in ARMS:
                     _, m = specops.generate(model, p, method=method, max_new_tokens=args.new_tokens, tokenizer=tok,
-                                            linear=arm)
+                                            linear=arm, batch_invariant=False)
                     decode = (m.num_generated_tokens - 1) / max(1e-9, m.total_time_s - m.prefill_time_s)
                     rows.setdefault((method, arm), []).append((cat, decode, m.prefill_time_s))
     print(f"# SmolLM2-135M bf16 greedy, {args.new_tokens} tokens, {torch.get_num_threads()} threads, "

@@ -182,7 +182,8 @@ def cmd_generate(args):
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stop=args.stop,
                       tokenizer=tok, seed=args.seed, compare_ar=args.compare_ar, stream=stream, adaptive=adaptive,
                       kv_layout=args.kv_layout, page_size=args.page_size, tp_size=args.tp, compile=args.compile,
-                      compile_mode=args.compile_mode, batch_invariant=args.batch_invariant,
+                      compile_mode=args.compile_mode,
+                      batch_invariant="auto" if args.batch_invariant is None else args.batch_invariant,
                       json_schema=_text_or_file(args.json_schema), regex=args.regex, ebnf=_text_or_file(args.ebnf),
                       grammar_engine=args.grammar_engine, **params)
     print()
@@ -323,9 +324,9 @@ def main(argv=None):
                      help="structured output: a GBNF grammar, start rule root (inline or a file path)")
     gen.add_argument("--grammar-engine", default=None, choices=("xgrammar", "llguidance"),
                      help="grammar engine for --json-schema/--regex/--ebnf (default: the first installed)")
-    gen.add_argument("--batch-invariant", action="store_true",
+    gen.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
                      help="batch-invariant target ops: lossless methods emit AR's greedy tokens bit for bit in bf16 "
-                          "(docs/batch_invariance.md)")
+                          "(default: on for a bf16/fp16 CPU target, where it costs nothing; docs/batch_invariance.md)")
     gen.add_argument("--tp", type=int, default=None,
                      help="tensor parallelism over N ranks: run under torchrun --nproc-per-node N (default: the "
                           "torchrun world size); rank 0 prints (docs/scaling.md)")

@@ -69,16 +69,32 @@ def test_paged_ar_equals_contiguous_ar(bf16_pair):
 
 def test_bad_input_and_the_model_is_restored():
     target = tiny_causal_lm("llama", dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="batch_invariant must be a bool"):
+    with pytest.raises(ValueError, match="batch_invariant must be True, False or 'auto', got 1"):
         generate(target, [[1, 2]], method="ar", max_new_tokens=2, batch_invariant=1)
     with pytest.raises(ValueError, match="linear must be 'auto' or 'specops'"):
         generate(target, [[1, 2]], method="ar", max_new_tokens=2, batch_invariant=True, linear="torch")
-    with pytest.raises(ValueError, match="batch_invariant must be a bool"):
+    with pytest.raises(ValueError, match="batch_invariant must be True, False or 'auto', got 'yes'"):
         ModelRunner(target, 1, 8, batch_invariant="yes")
     runner = ModelRunner(target, 1, 8, batch_invariant=True)
     assert all("forward" in vars(m) for m in target.modules() if type(m) is torch.nn.Linear)  # every row
     runner.close()
     assert all("forward" not in vars(m) for m in target.modules() if type(m) is torch.nn.Linear)
+
+
+def test_auto_is_on_for_16_bit_cpu_models_only():
+    """generate's default: the mode where it decodes as fast as the fast path (bf16/fp16 CPU)."""
+    for dtype, want in ((torch.bfloat16, True), (torch.float16, True), (torch.float32, False)):
+        runner = ModelRunner(tiny_causal_lm("llama", dtype=dtype), 1, 8, batch_invariant="auto")
+        assert runner.batch_invariant is want, dtype
+        runner.close()
+    runner = ModelRunner(tiny_causal_lm("llama", dtype=torch.bfloat16), 1, 8, batch_invariant="auto", linear="torch")
+    assert runner.batch_invariant is False
+    runner.close()
+    target = tiny_causal_lm("llama", dtype=torch.bfloat16)
+    prompts = [[5, 9, 2, 7, 1], [3, 3, 8]]
+    default, _ = generate(target, prompts, method="ngram", max_new_tokens=N_NEW, eos_token_id=[])
+    on, _ = generate(target, prompts, method="ngram", max_new_tokens=N_NEW, eos_token_id=[], batch_invariant=True)
+    assert default.tolist() == on.tolist()
 
 
 def _ar_logits(model, prompt, path, **kw):

@@ -18,7 +18,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
              top_p=1.0, stop=None, eos_token_id=None, tokenizer=None, seed=0, dtype=None, max_len=None,
              compare_ar=False, stream=None, record_steps=False, adaptive=True, kv_layout="contiguous",
              page_size=16, tp_size=None, logprobs=False, compile=False, compile_mode="default", linear="auto",
-             batch_invariant=False, json_schema=None, regex=None, ebnf=None, grammar_engine=None, **method_params):
+             batch_invariant="auto", json_schema=None, regex=None, ebnf=None, grammar_engine=None, **method_params):
     """Generates with ``method`` and returns ``(new_tokens, metrics)``.
 
     Shape: -> new_tokens int64 [B, n] (generated tokens only, right-padded with the pad token
@@ -60,6 +60,8 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
         output equals ``method="ar"``'s with ``batch_invariant=True``, token for token, in bf16 too
         (and a sequence's output does not depend on its batch-mates). Needs a CPU target in fp32,
         bf16 or fp16 whose linear layers are plain ``nn.Linear``; ``linear`` "auto" or "specops".
+        "auto" (default): on for a bf16/fp16 CPU target with such linears (and ``linear`` not
+        "torch"), where it decodes as fast as the fast path (docs/batch_invariance.md); off elsewhere.
     json_schema / regex / ebnf: structured output (at most one; needs a tokenizer and a grammar engine,
         ``pip install specops[grammar]``; ``grammar_engine``: "xgrammar" (default) or "llguidance"):
         the target's logits at every draft-tree node are masked to the tokens the grammar allows
@@ -91,9 +93,9 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
                        seed=seed, dtype=dtype, max_len=max_len, compare_ar=compare_ar, stream=stream,
                        record_steps=record_steps, logprobs=logprobs)
     runner_kw = _runner_kw(kv_layout, page_size, compile, compile_mode, linear)
-    if not isinstance(batch_invariant, bool):
-        raise ValueError(f"batch_invariant must be a bool, got {batch_invariant!r}")
-    if batch_invariant and linear == "torch":
+    if not (isinstance(batch_invariant, bool) or batch_invariant == "auto"):
+        raise ValueError(f"batch_invariant must be True, False or 'auto', got {batch_invariant!r}")
+    if batch_invariant is True and linear == "torch":
         raise ValueError("batch_invariant=True runs every linear through specops.linear: linear must be 'auto' or "
                          "'specops', got 'torch'")
     tp = _check_tp_size(tp_size, target)
@@ -173,7 +175,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
         # A feature (EAGLE-style) draft reads the target's final hidden states of committed positions.
         feature = draft_model is not None and is_feature_draft(draft_model)
         runner = TargetLM(target, B, max_len, keep_features=feature or getattr(drafter, "needs_target_features", False),
-                          **runner_kw, **({"batch_invariant": True} if batch_invariant else {}))
+                          **runner_kw, batch_invariant=batch_invariant)
         try:
             dlm = None
             if draft_model is not None:

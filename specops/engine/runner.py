@@ -96,7 +96,8 @@ class ModelRunner:
     every forward runs batch-invariant ops (every linear call through :func:`specops.linear`, the
     attention's invariant schedule), so a row's logits have the bits of the one-row AR step that
     has its ancestors in the cache (docs/batch_invariance.md); it needs ``linear`` "auto" or
-    "specops" and the compiled CPU kernels for the model's linears.
+    "specops" and the compiled CPU kernels for the model's linears; "auto" turns it on where it
+    costs nothing measurable, a bf16/fp16 CPU model whose linears are plain ``nn.Linear``.
 
     Features are data: ``forward(..., want_hidden=True)`` also returns the LM head's input (the
     final hidden state after the final norm) of the block's rows, and a feature (EAGLE-style) model
@@ -114,8 +115,11 @@ class ModelRunner:
                  batch_invariant=False):
         if linear not in LINEARS:
             raise ValueError(f"linear must be one of {LINEARS}, got {linear!r}")
-        if not isinstance(batch_invariant, bool):
-            raise ValueError(f"batch_invariant must be a bool, got {batch_invariant!r}")
+        if not (isinstance(batch_invariant, bool) or batch_invariant == "auto"):
+            raise ValueError(f"batch_invariant must be True, False or 'auto', got {batch_invariant!r}")
+        if batch_invariant == "auto":  # where it costs nothing: a bf16/fp16 CPU model's plain linears
+            batch_invariant = (linear != "torch" and _linear.eligible(model)
+                               and _linear.invariant_unavailable(model) is None)
         if batch_invariant:
             if linear == "torch":
                 raise ValueError("batch_invariant=True needs every linear through specops.linear: linear must be "
