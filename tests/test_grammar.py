@@ -135,6 +135,32 @@ def test_bad_tree_input(tok, engine):
         g.fill_tree_bitmask(torch.tensor([[-1, 0, 2]]), torch.tensor([[1, 2, 3]]))
 
 
+def test_constrain_prunes_rejected_candidates_and_appends_forced_tokens(tok, engine):
+    g = Grammar(tok, json_schema=SCHEMA, engine=engine)
+    prefix = ids_of(tok, '{"name": "abc", "n', eos=False)
+    g.advance(prefix)
+    good = ids_of(tok, '": 1', eos=False)  # a valid continuation
+    bad = ids_of(tok, ' hello', eos=False)  # not JSON here
+    tokens = [prefix[-1]] + good + bad
+    parents = [-1] + list(range(len(good))) + [0] + list(range(len(good) + 1, len(good) + len(bad)))
+    out_t, out_p = g.constrain(0, tokens, parents, forced=0)
+    assert out_t == [prefix[-1]] + good and out_p == [-1] + list(range(len(good)))
+    # Forced tokens after the surviving leaf: every one the grammar accepts along the chain, and the
+    # committed state is untouched (the full tree's masks are those of a fresh walk).
+    before = g.fill_next_bitmask()
+    ext_t, ext_p = g.constrain(0, [prefix[-1]], [-1], forced=8)
+    assert all(ext_p[i] == i - 1 for i in range(1, len(ext_t)))
+    assert torch.equal(g.fill_next_bitmask(), before)
+    check = Grammar(tok, json_schema=SCHEMA, engine=engine)
+    check.advance(prefix + ext_t[1:])  # raises if a forced token is not allowed
+    if engine == "xgrammar":  # after '"n' the schema forces '":' (the key is complete)
+        assert tok.decode(ext_t[1:]).startswith('":'), tok.decode(ext_t[1:])
+    with pytest.raises(ValueError, match="b must be in"):
+        g.constrain(1, tokens, parents)
+    with pytest.raises(ValueError, match=r"parents\[2\] must satisfy"):
+        g.constrain(0, [1, 2, 3], [-1, 0, 2])
+
+
 # ---- decoding -------------------------------------------------------------------------------
 
 def greedy(g, tok, logits_fn, max_tokens=120):

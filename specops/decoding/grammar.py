@@ -87,6 +87,10 @@ class _LLGuidance:
     def rollback(self, m, n):
         m.rollback(n)
 
+    def forced(self, m):
+        """The tokens the grammar forces from here (its fast-forward tokens)."""
+        return list(m.compute_ff_tokens())
+
 
 
 class _XGrammar:
@@ -99,6 +103,7 @@ class _XGrammar:
         import xgrammar
 
         self._xgr = xgrammar
+        self._tokenizer = tokenizer
         info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self.vocab_size = info.vocab_size
         self._compiler = xgrammar.GrammarCompiler(info, max_threads=1)
@@ -128,6 +133,12 @@ class _XGrammar:
 
     def rollback(self, m, n):
         m.rollback(n)
+
+    def forced(self, m):
+        """The tokens of the string the grammar forces from here (its jump-forward string), without
+        trailing whitespace, which the model writes merged with what follows (' "', ' 3')."""
+        text = m.find_jump_forward_string().rstrip()
+        return self._tokenizer.encode(text, add_special_tokens=False) if text else []
 
 
 
@@ -282,6 +293,63 @@ class Grammar:
             valid[child] = True
             eng.fill(m, rows, base + child)
             stack.append([child, 0])
+
+    def constrain(self, b, tokens, parents, *, forced=8):
+        """Sequence ``b``'s host-built draft tree (token and parent lists, node 0 the pending root,
+        ``parents[i] < i``) restricted to what the grammar allows, and extended by what it forces.
+
+        A candidate the grammar rejects goes with its subtree (verification would reject it; its rows
+        are better spent elsewhere); stop tokens go too. After every surviving leaf come up to
+        ``forced`` tokens of the grammar's forced continuation (xgrammar's jump-forward string,
+        tokenized; llguidance's fast-forward tokens): drafts the target still verifies, so the
+        output is unchanged and only the acceptance grows. Nodes keep their relative order.
+        Returns ``(tokens, parents)`` lists; the committed state is unchanged."""
+        if not 0 <= b < self.batch_size:
+            raise ValueError(f"b must be in [0, {self.batch_size}), got {b}")
+        if len(tokens) != len(parents) or not tokens:
+            raise ValueError(f"tokens and parents must be non-empty lists of one length, got {len(tokens)} and "
+                             f"{len(parents)}")
+        if self._done[b]:
+            return tokens[:1], [-1]
+        eng, m = self.engine, self._matchers[b]
+        children = [[] for _ in tokens]
+        for i in range(1, len(tokens)):
+            if not 0 <= parents[i] < i:
+                raise ValueError(f"parents[{i}] must satisfy -1 < parent < {i} (topological order), got {parents[i]}")
+            children[parents[i]].append(i)
+        out_t, out_p = [tokens[0]], [-1]
+
+        def ok(t):
+            return 0 <= t < min(self.vocab_size, eng.vocab_size) and t not in eng.stop_tokens and eng.consume(m, t)
+
+        def extend(at):  # the forced chain after out node ``at``; the matcher is at ``at``'s state
+            n = 0
+            for t in eng.forced(m)[:forced] if forced else ():
+                if not ok(t):
+                    break
+                out_t.append(t), out_p.append(at)
+                at, n = len(out_t) - 1, n + 1
+            if n:
+                eng.rollback(m, n)
+
+        stack = [[0, 0, 0, False]]  # input node, its output index, next child, a child survived
+        while stack:
+            top = stack[-1]
+            node, at, k, kept = top
+            if k == len(children[node]):
+                stack.pop()
+                if not kept:
+                    extend(at)
+                if node != 0:
+                    eng.rollback(m, 1)
+                continue
+            top[2] += 1
+            child = children[node][k]
+            if ok(tokens[child]):
+                top[3] = True
+                out_t.append(tokens[child]), out_p.append(at)
+                stack.append([child, len(out_t) - 1, 0, False])
+        return out_t, out_p
 
     def _tree_shape(self, parents, tokens, num_nodes):
         for name, t in (("parents", parents), ("tokens", tokens)):

@@ -53,6 +53,7 @@ class DecodeState:
     draft: object = None
     tokenizer: object = None
     target: object = None  # the target's ModelRunner (``state.target.features`` / ``.lens`` for EAGLE drafters)
+    grammar: object = None  # the request's Grammar or None: host drafters constrain their trees with it
 
     @property
     def batch(self):
@@ -97,7 +98,7 @@ class Decoder:
         self.state = s = DecodeState(seqs=[list(p) for p in prompts], prompt_lens=[len(p) for p in prompts],
                                      active=[True] * B, was_active=[True] * B, sampling=sampling, generator=gen,
                                      vocab_size=last.shape[-1], root=first, stager=target.stager, draft=draft,
-                                     tokenizer=tokenizer, target=target)
+                                     tokenizer=tokenizer, target=target, grammar=grammar)
         self.active_t = torch.ones(B, dtype=torch.bool, device=dev)
         self.reasons = [None] * B
         self.first_emitted = [self._emit_one(b, [t]) for b, t in enumerate(first.tolist())]

@@ -80,9 +80,12 @@ class NgramDrafter(Drafter):
                 for cont in lookup(seq, self.max_ngram, self.min_ngram, length, self.branches):
                     trie.insert(0, cont)
                     longest = max(longest, len(cont))
+            toks, pars = trie.tokens, trie.parents
+            if state.grammar is not None and state.active[b]:  # only what the grammar allows, plus what it forces
+                toks, pars = state.grammar.constrain(b, toks, pars)
             self._proposed.append(longest)
-            tokens.append(trie.tokens)
-            parents.append(trie.parents)
+            tokens.append(toks)
+            parents.append(pars)
         return Candidates(tokens=tokens, parents=parents, depth_drafted=[0] * state.batch,
                           drafted_nodes=[len(t) for t in tokens]).stage(state.stager)
 
