@@ -161,6 +161,22 @@ def test_constrain_prunes_rejected_candidates_and_appends_forced_tokens(tok, eng
         g.constrain(0, [1, 2, 3], [-1, 0, 2])
 
 
+def test_rows_after_paths_equal_the_tree_rows(tok, engine):
+    """A model drafter's masks (allowed tokens after each drafted path) are the rows the tree walk
+    gives the same nodes; a rejected path allows everything; the committed state is unchanged."""
+    g = Grammar(tok, json_schema=SCHEMA, engine=engine)
+    doc = ids_of(tok, DOC, eos=False)
+    g.advance(doc[:3])
+    chain = doc[3:9]
+    tree = g.fill_tree_bitmask(torch.tensor([[-1] + list(range(len(chain)))], dtype=torch.int32),
+                               torch.tensor([[doc[2]] + chain], dtype=torch.int32))[0]  # [7, W]
+    before = g.fill_next_bitmask()
+    rows = g.rows_after([(0, chain[:i]) for i in range(len(chain) + 1)] + [(0, ids_of(tok, " hello", eos=False))])
+    assert torch.equal(rows[:-1], tree)
+    assert bool((rows[-1] == -1).all()) or bool((rows[-1][:-1] == -1).all())  # all allowed (tail bits cleared)
+    assert torch.equal(g.fill_next_bitmask(), before)
+
+
 # ---- decoding -------------------------------------------------------------------------------
 
 def greedy(g, tok, logits_fn, max_tokens=120):

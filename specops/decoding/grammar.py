@@ -294,6 +294,31 @@ class Grammar:
             eng.fill(m, rows, base + child)
             stack.append([child, 0])
 
+    def rows_after(self, paths):
+        """Allowed next tokens after each drafted path (model drafters mask their own logits with
+        them, so they propose only what the grammar allows).
+
+        ``paths``: (b, tokens) pairs, ``tokens`` drafted after sequence ``b``'s committed state.
+        Shape: -> int32 [len(paths), W]; a row of a finished sequence, or after a path the grammar
+        rejects or that has ended, allows every token (such a draft is never accepted past it).
+        The committed states are unchanged."""
+        rows = self._new_rows(len(paths))
+        for i, (b, toks) in enumerate(paths):
+            eng, m = self.engine, self._matchers[b]
+            n, ok = 0, not self._done[b]
+            for t in toks:
+                ok = 0 <= t < eng.vocab_size and t not in eng.stop_tokens and eng.consume(m, t)
+                if not ok:
+                    break
+                n += 1
+            if ok:
+                eng.fill(m, rows, i)
+            else:
+                rows[i] = -1
+            if n:
+                eng.rollback(m, n)
+        return self._fit(rows)
+
     def constrain(self, b, tokens, parents, *, forced=8):
         """Sequence ``b``'s host-built draft tree (token and parent lists, node 0 the pending root,
         ``parents[i] < i``) restricted to what the grammar allows, and extended by what it forces.

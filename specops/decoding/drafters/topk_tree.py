@@ -16,6 +16,7 @@ not lossless) by default, or any lossless mode via ``verify="mss_pointmass"`` / 
 A copy's draft K/V was computed under another context: the draft cache keeps the accepted path
 only up to the first copied node (the rest is re-fed as catch-up).
 """
+from ...ops.token_bitmask import apply_token_bitmask
 from ..readback import read_lists
 from ..token_graph import TokenGraph
 from ..tree import Candidates
@@ -68,7 +69,13 @@ class TopKTreeDrafter(ModelDrafter):
             if not any(frontier):
                 break
             pairs = [(b, blk[b][u]) for b in range(B) for u in frontier[b]]
-            probs = d.forward(rows=pairs)[0].softmax(-1)
+            logits = d.forward(rows=pairs)[0]  # [len(pairs), V]
+            if state.grammar is not None:  # the draft's distribution over the tokens the grammar allows
+                paths = [(b, [graphs[b].token[x] for x in reversed(graphs[b].path(u))][1:])
+                         for b in range(B) for u in frontier[b]]
+                logits = logits.contiguous()
+                apply_token_bitmask(logits, state.grammar.rows_after(paths).to(logits.device), check=False)
+            probs = logits.softmax(-1)
             top_q, top_t = probs.topk(min(self.k, probs.shape[-1]), dim=-1)
             top_q, top_t = read_lists(top_q, top_t)  # one host read per draft forward
             j = 0
