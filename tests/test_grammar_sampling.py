@@ -1,0 +1,160 @@
+"""Sampling under a grammar: the lossless modes emit the target's distribution renormalised over the
+tokens the grammar allows, exactly (docs/structured.md).
+
+The chi-square harness of test_decoding_sampling.py (V = 8 target, a draft that disagrees with it,
+1500 independent rows, the joint of the first three tokens) with a grammar in place of none: a small
+rule grammar that needs no tokenizer or grammar engine ("never token 0, never the previous token
+again"), standing in for :class:`specops.decoding.grammar.Grammar` through its interface. Model
+drafts are masked by it, n-gram candidates pruned by it, the target's rows masked at every node.
+"""
+import pytest
+import torch
+
+from specops.decoding import SamplingConfig, api, generate
+from test_decoding_sampling import ALPHA, PROMPT, ROWS, V, chi_square_pvalue, empirical
+
+pytestmark = pytest.mark.usefixtures("one_thread", "kernel_checks")
+
+
+def allowed_after(last):
+    """The rule: after ``last`` (None: nothing emitted yet) every token but 0 and ``last``."""
+    return [t for t in range(V) if t != 0 and t != last]
+
+
+def row_of(last):
+    return sum(1 << t for t in allowed_after(last))
+
+
+class RuleGrammar:
+    """Grammar's interface (batch_size, stop_tokens, fill_next_bitmask, fill_tree_bitmask,
+    rows_after, constrain, advance, is_terminated) for :func:`allowed_after`. W = 1 word."""
+
+    def __init__(self, tokenizer, *, batch_size, vocab_size, **_):
+        assert vocab_size == V
+        self.last = [None] * batch_size
+
+    @property
+    def batch_size(self):
+        return len(self.last)
+
+    stop_tokens = []
+
+    def is_terminated(self):
+        return [False] * self.batch_size
+
+    def advance(self, accepted):
+        for b, toks in enumerate(accepted):
+            for t in toks:
+                assert t in allowed_after(self.last[b]), (b, t, self.last[b])
+                self.last[b] = t
+
+    def fill_next_bitmask(self):
+        return torch.tensor([[row_of(last)] for last in self.last], dtype=torch.int32)
+
+    def fill_tree_bitmask(self, parents, tokens, num_nodes=None, *, with_valid=False):
+        B, T = parents.shape
+        rows = torch.full((B, T, 1), -1, dtype=torch.int32)
+        valid = torch.zeros(B, T, dtype=torch.bool)
+        n = [T] * B if num_nodes is None else num_nodes.tolist()
+        par, tok = parents.tolist(), tokens.tolist()
+        for b in range(B):
+            valid[b, 0] = True
+            rows[b, 0, 0] = row_of(tok[b][0])
+            for i in range(1, n[b]):
+                p = par[b][i]
+                if valid[b, p] and tok[b][i] in allowed_after(tok[b][p]):
+                    valid[b, i] = True
+                    rows[b, i, 0] = row_of(tok[b][i])
+        return (rows, valid) if with_valid else rows
+
+    def rows_after(self, paths):
+        out = []
+        for b, toks in paths:
+            last, ok = self.last[b], True
+            for t in toks:
+                ok = ok and t in allowed_after(last)
+                last = t
+            out.append([row_of(last) if ok else -1])
+        return torch.tensor(out, dtype=torch.int32)
+
+    def constrain(self, b, tokens, parents, *, forced=8):
+        keep, out_t, out_p = {0: 0}, [tokens[0]], [-1]
+        for i in range(1, len(tokens)):
+            p = parents[i]
+            if p in keep and tokens[i] in allowed_after(tokens[p]):
+                keep[i] = len(out_t)
+                out_t.append(tokens[i]), out_p.append(keep[p])
+        return out_t, out_p
+
+
+class _NoText:
+    """A tokenizer the loop never needs to read (no stop strings, no streaming)."""
+
+    def decode(self, ids, **_):
+        return ""
+
+
+@pytest.fixture(scope="module")
+def models():
+    from specops.testing import perturbed_copy, tiny_causal_lm
+
+    target = tiny_causal_lm("llama", vocab_size=V, hidden_size=32, seed=11, sharpness=3.0)
+    return target, perturbed_copy(target, 0.6, seed=12)
+
+
+def masked_warp(cfg, logits, lasts):
+    """The loop's order: mask the target's row, then warp. logits [N, V] -> probs [N, V]."""
+    logits = logits.clone()
+    for i, last in enumerate(lasts):
+        for t in range(V):
+            if t not in allowed_after(last):
+                logits[i, t] = float("-inf")
+    return cfg.warp(logits)
+
+
+def exact_joint(target, cfg):
+    """P(t1, t2, t3) of the target under the grammar. Shape: -> [V, V, V]."""
+    with torch.no_grad():
+        p1 = masked_warp(cfg, target(torch.tensor([PROMPT])).logits[0, -1:], [None])[0]
+        ids2 = torch.tensor([PROMPT + [a] for a in range(V)])
+        p2 = masked_warp(cfg, target(ids2).logits[:, -1], list(range(V)))
+        ids3 = torch.tensor([PROMPT + [a, b] for a in range(V) for b in range(V)])
+        p3 = masked_warp(cfg, target(ids3).logits[:, -1], [b for a in range(V) for b in range(V)]).view(V, V, V)
+    return torch.nan_to_num(p1[:, None, None] * p2[:, :, None] * p3)  # rows of never-emitted prefixes
+
+
+CASES = [
+    ("ar", {}, "t1"),
+    ("sd", {"gamma": 3}, "t1"),
+    ("tsd", {"k": 3, "theta_prob": 0.05, "theta_sib": 0.05, "max_depth": 2}, "t1"),
+    ("ngram", {"gamma": 3, "branches": 2, "min_ngram": 1}, "t1"),
+    ("specinfer", {"num_drafts": 3, "gamma": 2}, "t1"),
+    ("sd", {"gamma": 3}, "warped"),
+]
+CONFIGS = {"t1": SamplingConfig(1.0, 0, 1.0), "warped": SamplingConfig(0.8, 5, 0.9)}
+
+
+@pytest.mark.parametrize("method, params, cfg_name", CASES, ids=[f"{m}-{c}" for m, _, c in CASES])
+def test_lossless_modes_keep_the_masked_target_distribution(models, monkeypatch, method, params, cfg_name):
+    monkeypatch.setattr(api, "Grammar", RuleGrammar)
+    target, draft = models
+    cfg = CONFIGS[cfg_name]
+    out, m = generate(target, [PROMPT] * ROWS, draft=None if method in ("ar", "ngram") else draft, method=method,
+                      max_new_tokens=3, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                      eos_token_id=[], seed=0, regex="(the rule grammar)", tokenizer=_NoText(), adaptive=False, **params)
+    first3 = out[:, :3]
+    assert not bool((first3 == 0).any()) and not bool((first3[:, 1:] == first3[:, :-1]).any())  # obeys the rule
+    p = chi_square_pvalue(empirical(out), exact_joint(target, cfg))
+    assert p > ALPHA, f"{method} {params} under the grammar: chi-square p = {p:.2e}"
+
+
+def test_the_harness_tells_the_masked_distribution_from_the_plain_one(models, monkeypatch):
+    """Power: the same sample against the target's unmasked distribution fails the test."""
+    from test_decoding_sampling import exact_joint as plain_joint
+
+    monkeypatch.setattr(api, "Grammar", RuleGrammar)
+    target, draft = models
+    cfg = CONFIGS["t1"]
+    out, _ = generate(target, [PROMPT] * ROWS, draft=draft, method="sd", max_new_tokens=3, eos_token_id=[], seed=1,
+                      temperature=1.0, regex="(the rule grammar)", tokenizer=_NoText(), adaptive=False, gamma=3)
+    assert chi_square_pvalue(empirical(out), plain_joint(target, cfg)) < 1e-6
