@@ -12,6 +12,7 @@ EAGLE-style drafters). Nothing in the loop knows which method runs.
 """
 import math
 
+from ...ops.token_bitmask import apply_token_bitmask
 from ..tree import root_draft
 
 # Verification modes (docs/methods.md §Verification rules): greedy = R1; mss = R3 (R2 on a
@@ -158,3 +159,17 @@ class ModelDrafter(Drafter):
                 path.append(node)
             paths.append(path)
         state.draft.commit_paths(paths)
+
+
+def grammar_masked(state, logits, paths):
+    """A model drafter's logits restricted to what the request's grammar allows (unchanged without
+    one): row ``i`` masked with the allowed tokens after ``paths[i]`` = (b, tokens drafted after
+    sequence b's committed state), so the drafter draws from its own distribution renormalised
+    over allowed tokens, which is also the ``q`` the rejection modes read (docs/structured.md).
+    Shape: logits [N, V] -> [N, V] (masked in place on a contiguous copy when needed)."""
+    if state.grammar is None:
+        return logits
+    logits = logits.contiguous()
+    apply_token_bitmask(logits, state.grammar.rows_after(paths).to(logits.device), check=False)
+    return logits
+

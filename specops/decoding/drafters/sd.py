@@ -4,10 +4,9 @@ R2 (rejection sampling with the draft's warped distribution, ``mss`` on a chain)
 ``exit_threshold`` > 0 adds SSD's draft-exit: stop drafting a sequence once the draft's probability
 of its own next token falls below it (the low-probability token is not proposed).
 """
-from ...ops.token_bitmask import apply_token_bitmask
 from ..sampling import choose
 from ..tree import Candidates
-from .base import ModelDrafter
+from .base import ModelDrafter, grammar_masked
 
 
 class ChainDrafter(ModelDrafter):
@@ -42,9 +41,7 @@ class ChainDrafter(ModelDrafter):
             bs = [b for b in range(B) if going[b]]
             logits, _ = d.forward(rows=[(b, tips[b]) for b in bs])  # [len(bs), V]
             if state.grammar is not None:  # draw from the draft's distribution over allowed tokens
-                rows = state.grammar.rows_after([(b, tokens[b][1:]) for b in bs])  # int32 [len(bs), W]
-                logits = logits.contiguous()
-                apply_token_bitmask(logits, rows.to(logits.device), check=False)
+                logits = grammar_masked(state, logits, [(b, tokens[b][1:]) for b in bs])
             chosen, probs = choose(logits, state.sampling, state.generator)
             conf = None
             if self.exit_threshold > 0:

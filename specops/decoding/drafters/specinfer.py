@@ -19,7 +19,7 @@ import torch
 from ..readback import read_lists
 from ..sampling import draw
 from ..tree import Candidates
-from .base import ModelDrafter
+from .base import ModelDrafter, grammar_masked
 from .ngram import lookup
 
 
@@ -62,7 +62,9 @@ class MultiDraftDrafter(ModelDrafter):
             # rows travel with the forward's upload), read back with the argmax rows in one host read.
             draws = [row[(b, tips[b][c])] for b in range(B) if state.active[b] for c in range(k)
                      if not (greedy and c == 0)]
-            logits, draw_rows = d.forward(rows=pairs, extra=draws)
+            logits, draw_rows = d.forward(rows=pairs, extra=draws)  # [len(pairs), V]
+            if state.grammar is not None:  # row order = the dict's insertion order = pairs'
+                logits = grammar_masked(state, logits, [(b, trees[b].path_tokens(t)) for b, t in row])
             if greedy:
                 # Max subtracted first: a tiny draft_temperature must not overflow to inf - inf.
                 probs = torch.softmax((logits - logits.amax(-1, keepdim=True)) / self.draft_temperature, -1)
@@ -140,6 +142,14 @@ class _DraftTrie:
         self.kids.append({})
         self.kids[parent][token] = len(self.tok) - 1
         return len(self.tok) - 1
+
+    def path_tokens(self, node):
+        """The tokens from the root's child down to ``node`` (empty for the root)."""
+        out = []
+        while node > 0:
+            out.append(self.tok[node])
+            node = self.par[node]
+        return out[::-1]
 
 
 def _point_mass(t, V, device):

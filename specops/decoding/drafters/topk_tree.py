@@ -16,11 +16,10 @@ not lossless) by default, or any lossless mode via ``verify="mss_pointmass"`` / 
 A copy's draft K/V was computed under another context: the draft cache keeps the accepted path
 only up to the first copied node (the rest is re-fed as catch-up).
 """
-from ...ops.token_bitmask import apply_token_bitmask
 from ..readback import read_lists
 from ..token_graph import TokenGraph
 from ..tree import Candidates
-from .base import ModelDrafter
+from .base import ModelDrafter, grammar_masked
 
 
 class TopKTreeDrafter(ModelDrafter):
@@ -70,11 +69,10 @@ class TopKTreeDrafter(ModelDrafter):
                 break
             pairs = [(b, blk[b][u]) for b in range(B) for u in frontier[b]]
             logits = d.forward(rows=pairs)[0]  # [len(pairs), V]
-            if state.grammar is not None:  # the draft's distribution over the tokens the grammar allows
+            if state.grammar is not None:  # each node's path: its real parents up to the root
                 paths = [(b, [graphs[b].token[x] for x in reversed(graphs[b].path(u))][1:])
                          for b in range(B) for u in frontier[b]]
-                logits = logits.contiguous()
-                apply_token_bitmask(logits, state.grammar.rows_after(paths).to(logits.device), check=False)
+                logits = grammar_masked(state, logits, paths)
             probs = logits.softmax(-1)
             top_q, top_t = probs.topk(min(self.k, probs.shape[-1]), dim=-1)
             top_q, top_t = read_lists(top_q, top_t)  # one host read per draft forward
