@@ -129,6 +129,7 @@ CASES = [
     ("tsd", {"k": 3, "theta_prob": 0.05, "theta_sib": 0.05, "max_depth": 2}, "t1"),
     ("ngram", {"gamma": 3, "branches": 2, "min_ngram": 1}, "t1"),
     ("specinfer", {"num_drafts": 3, "gamma": 2}, "t1"),
+    ("opt-tree", {"n": 6, "delta": 0.0, "max_depth": 2}, "t1"),
     ("sd", {"gamma": 3}, "warped"),
 ]
 CONFIGS = {"t1": SamplingConfig(1.0, 0, 1.0), "warped": SamplingConfig(0.8, 5, 0.9)}

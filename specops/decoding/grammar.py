@@ -298,14 +298,16 @@ class Grammar:
         """Allowed next tokens after each drafted path (model drafters mask their own logits with
         them, so they propose only what the grammar allows).
 
-        ``paths``: (b, tokens) pairs, ``tokens`` drafted after sequence ``b``'s committed state.
+        ``paths``: (b, tokens) pairs, ``tokens`` drafted after sequence ``b``'s committed state, or
+        (b, None) for a row nobody reads (left all-allowed, no grammar work).
         Shape: -> int32 [len(paths), W]; a row of a finished sequence, or after a path the grammar
         rejects or that has ended, allows every token (such a draft is never accepted past it).
         The committed states are unchanged."""
         rows = self._new_rows(len(paths))
         for i, (b, toks) in enumerate(paths):
             eng, m = self.engine, self._matchers[b]
-            n, ok = 0, not self._done[b]
+            n, ok = 0, not self._done[b] and toks is not None
+            toks = toks or ()
             for t in toks:
                 ok = 0 <= t < eng.vocab_size and t not in eng.stop_tokens and eng.consume(m, t)
                 if not ok:

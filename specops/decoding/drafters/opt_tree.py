@@ -17,7 +17,7 @@ from .. import _kernels
 from ...ops.topn import MAX_N
 from ..readback import read_lists
 from ..tree import Draft
-from .base import ModelDrafter
+from .base import ModelDrafter, grammar_masked
 
 
 class OptTreeDrafter(ModelDrafter):
@@ -48,12 +48,18 @@ class OptTreeDrafter(ModelDrafter):
         d = state.draft
         d.begin(state.seqs, state.active)
         B, n = state.batch, self.n
-        logq = d.forward(rows=[(b, d.root[b]) for b in range(B)])[0].log_softmax(-1)[:, None]  # [B, 1, V]
+        grammar = state.grammar is not None  # then every row is masked with its path's allowed tokens
+        logits = d.forward(rows=[(b, d.root[b]) for b in range(B)])[0]  # [B, V]
+        if grammar:
+            logits = grammar_masked(state, logits, [(b, []) for b in range(B)])
+        logq = logits.log_softmax(-1)[:, None]  # [B, 1, V]
         scores, toks, par = _kernels.topn_expand(logq.new_zeros(B, 1, dtype=torch.float32), logq, n, per_parent_k=n)
         layers = [(scores, toks, par)]  # per layer: [B, n] log p̂, tokens, parent index in previous layer
         blocks = [[[d.root[b]] for b in range(B)]]  # per layer, per sequence: block node of each entry
         going = list(state.active)
         sc, tk, pr, best = _read_layer(layers, n)  # one host read per layer
+        # Under a grammar, the token path of each entry of the newest layer (its rows' masks).
+        paths = [[[tk[b][i]] for i in range(n)] for b in range(B)] if grammar else None
         gain = list(best)  # first layer: E goes from 0 to E_sub
         while len(layers) < self.max_depth:
             going = [going[b] and gain[b] > self.delta for b in range(B)]
@@ -72,11 +78,16 @@ class OptTreeDrafter(ModelDrafter):
             blocks.append(blk)
             pairs = [(b, blk[b][i] if blk[b][i] >= 0 else d.first_unfed) for b in range(B) for i in range(n)]
             rows, dead = d.forward(rows=pairs, extra=[x < 0 for row in blk for x in row])
+            if grammar:  # rows of unfed entries are never expanded: no grammar work for them
+                rows = grammar_masked(state, rows, [(b, paths[b][i] if blk[b][i] >= 0 else None)
+                                                    for b in range(B) for i in range(n)])
             logq = rows.log_softmax(-1).view(B, n, -1)
             dead = dead.view(B, n).bool()
             parent_scores = scores.masked_fill(dead, float("-inf"))
             layers.append(_kernels.topn_expand(parent_scores, logq, n, per_parent_k=n))
             sc, tk, pr, esub = _read_layer(layers, n)
+            if grammar:
+                paths = [[paths[b][pr[b][i]] + [tk[b][i]] for i in range(n)] for b in range(B)]
             for b in range(B):
                 if going[b]:
                     gain[b], best[b] = esub[b] - best[b], esub[b]
