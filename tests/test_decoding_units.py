@@ -139,7 +139,8 @@ def test_ngram_draft_length_doubles_after_a_full_accept_and_resets_after_a_rejec
     d = NgramDrafter(gamma=2, max_gamma=8)
     assert d.tree_budget() == 9
     text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2]  # "1 2" seen before: a long copy follows
-    state = SimpleNamespace(batch=1, seqs=[list(text)], active=[True], was_active=[True], stager=Stager("cpu"))
+    state = SimpleNamespace(batch=1, seqs=[list(text)], active=[True], was_active=[True], stager=Stager("cpu"),
+                            grammar=None)
     d.setup(state)
     lens = []
     for accepted in (2, 4, 8, 3, 0):
