@@ -159,3 +159,16 @@ def test_the_harness_tells_the_masked_distribution_from_the_plain_one(models, mo
     out, _ = generate(target, [PROMPT] * ROWS, draft=draft, method="sd", max_new_tokens=3, eos_token_id=[], seed=1,
                       temperature=1.0, regex="(the rule grammar)", tokenizer=_NoText(), adaptive=False, gamma=3)
     assert chi_square_pvalue(empirical(out), plain_joint(target, cfg)) < 1e-6
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_mjsd_under_a_grammar_follows_it(models, monkeypatch, temperature):
+    """MJSD is not lossless (its joint test is approximate), so no distribution test: its masked
+    beams and the masked target give output that follows the grammar."""
+    monkeypatch.setattr(api, "Grammar", RuleGrammar)
+    target, draft = models
+    out, m = generate(target, [PROMPT] * 64, draft=draft, method="mjsd", max_new_tokens=6, eos_token_id=[], seed=2,
+                      temperature=temperature, regex="(the rule grammar)", tokenizer=_NoText(), adaptive=False,
+                      gamma=3, beams=2)
+    assert not bool((out == 0).any()) and not bool((out[:, 1:] == out[:, :-1]).any())
+    assert m.num_draft_tokens > 0

@@ -19,7 +19,7 @@ from ...ops.topn import MAX_N
 from ..readback import read_lists
 from ..sampling import SamplingConfig
 from ..tree import Candidates
-from .base import ModelDrafter
+from .base import ModelDrafter, grammar_masked
 
 
 class BeamDrafter(ModelDrafter):
@@ -55,10 +55,16 @@ class BeamDrafter(ModelDrafter):
         d = state.draft
         d.begin(state.seqs, state.active)
         B, M = state.batch, self.beams
-        logq = self._logq(d.forward(rows=[(b, d.root[b]) for b in range(B)])[0])[:, None]  # [B, 1, V]
+        grammar = state.grammar is not None  # then every row is masked with its beam's allowed tokens
+        logits = d.forward(rows=[(b, d.root[b]) for b in range(B)])[0]  # [B, V]
+        if grammar:
+            logits = grammar_masked(state, logits, [(b, []) for b in range(B)])
+        logq = self._logq(logits)[:, None]  # [B, 1, V]
         layers = [_kernels.topn_expand(logq.new_zeros(B, 1, dtype=torch.float32), logq, M, per_parent_k=M)]
         blocks = [[[d.root[b]] for b in range(B)]]  # blocks[k+1][b][i]: block node of layers[k] beam i
         host = [read_lists(*layers[-1])]  # per layer: (scores, tokens, parents) as host lists, one read each
+        # Under a grammar, the token path of each beam of the newest layer (its rows' masks).
+        paths = [[[host[0][1][b][i]] for i in range(M)] for b in range(B)] if grammar else None
         for _ in range(1, self.gamma):
             scores = layers[-1][0]
             sc, tk, pr = host[-1]
@@ -68,10 +74,16 @@ class BeamDrafter(ModelDrafter):
             blocks.append(blk)
             pairs = [(b, blk[b][i] if blk[b][i] >= 0 else d.first_unfed) for b in range(B) for i in range(M)]
             rows, dead = d.forward(rows=pairs, extra=[x < 0 for row in blk for x in row])
+            if grammar:  # rows of unfed beams are never expanded: no grammar work for them
+                rows = grammar_masked(state, rows, [(b, paths[b][i] if blk[b][i] >= 0 else None)
+                                                    for b in range(B) for i in range(M)])
             logq = self._logq(rows).view(B, M, -1)
             dead = dead.view(B, M).bool()
             layers.append(_kernels.topn_expand(scores.masked_fill(dead, float("-inf")), logq, M, per_parent_k=M))
             host.append(read_lists(*layers[-1]))
+            if grammar:
+                _, tk, pr = host[-1]
+                paths = [[paths[b][pr[b][i]] + [tk[b][i]] for i in range(M)] for b in range(B)]
         return self._best_beam(state, layers, host, blocks)
 
     def _best_beam(self, state, layers, host, blocks):
