@@ -28,8 +28,8 @@
           "Tensor bonus)");                                                                               \
     m.def("verify_tree_logits(Tensor tokens, Tensor parents, Tensor target_logits, Tensor uniforms, "      \
           "Tensor temperature, Tensor top_k, Tensor top_p, Tensor? draft_logits, Tensor draft_temperature, " \
-          "Tensor draft_top_k, Tensor draft_top_p, Tensor num_nodes, str mode) -> (Tensor accept_idx, "     \
-          "Tensor accept_lens, Tensor bonus)");                                                             \
+          "Tensor draft_top_k, Tensor draft_top_p, Tensor num_nodes, str mode, Tensor? bitmask=None) -> "    \
+          "(Tensor accept_idx, Tensor accept_lens, Tensor bonus)");                                       \
     m.def("verify_joint(Tensor draft_tokens, Tensor target_logprobs, Tensor draft_joint_logprobs, "       \
           "Tensor log_tau, Tensor uniforms) -> (Tensor accept_idx, Tensor accept_lens, Tensor bonus)");    \
     m.def("topn_expand(Tensor parent_scores, Tensor child_logprobs, int n, int per_parent_k) -> "          \

@@ -130,17 +130,37 @@ CASES = [
     ("ngram", {"gamma": 3, "branches": 2, "min_ngram": 1}, "t1"),
     ("specinfer", {"num_drafts": 3, "gamma": 2}, "t1"),
     ("opt-tree", {"n": 6, "delta": 0.0, "max_depth": 2}, "t1"),
+    ("ouroboros", {"gamma": 2, "window": 1, "ngram": 3, "guesses": 2, "branches": 2}, "t1"),
+    ("ouroboros", {"gamma": 3, "ngram": 3, "branches": 2, "model_free": True}, "t1"),
     ("sd", {"gamma": 3}, "warped"),
+    ("eagle-sd", {"gamma": 3}, "t1"),
+    ("eagle-tsd", {"k": 3, "theta_prob": 0.05, "theta_sib": 0.05, "max_depth": 2}, "warped"),
 ]
 CONFIGS = {"t1": SamplingConfig(1.0, 0, 1.0), "warped": SamplingConfig(0.8, 5, 0.9)}
 
 
-@pytest.mark.parametrize("method, params, cfg_name", CASES, ids=[f"{m}-{c}" for m, _, c in CASES])
+def feature_draft(target):
+    """An EAGLE-style draft of the tiny target (untrained: it disagrees with the target)."""
+    from specops.draft_models import build_draft
+    from specops.distill.feature import init_feature_draft
+    from specops.distill.model import draft_config
+
+    torch.manual_seed(13)
+    d = build_draft(draft_config(target.config, 1), torch.arange(V), target.model.embed_tokens.weight.detach(),
+                    arch="feature")
+    return init_feature_draft(d, target, [target.config.num_hidden_layers - 1]).float().eval()
+
+
+@pytest.mark.parametrize("method, params, cfg_name", CASES,
+                         ids=[f"{m}{'-free' if p.get('model_free') else ''}-{c}" for m, p, c in CASES])
 def test_lossless_modes_keep_the_masked_target_distribution(models, monkeypatch, method, params, cfg_name):
     monkeypatch.setattr(api, "Grammar", RuleGrammar)
     target, draft = models
     cfg = CONFIGS[cfg_name]
-    out, m = generate(target, [PROMPT] * ROWS, draft=None if method in ("ar", "ngram") else draft, method=method,
+    if method.startswith("eagle-"):  # the feature draft's rows are masked like any draft model's
+        method, draft = method[len("eagle-"):], feature_draft(target)
+    model_free = method in ("ar", "ngram") or params.get("model_free")
+    out, m = generate(target, [PROMPT] * ROWS, draft=None if model_free else draft, method=method,
                       max_new_tokens=3, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                       eos_token_id=[], seed=0, regex="(the rule grammar)", tokenizer=_NoText(), adaptive=False, **params)
     first3 = out[:, :3]
@@ -172,3 +192,45 @@ def test_mjsd_under_a_grammar_follows_it(models, monkeypatch, temperature):
                       gamma=3, beams=2)
     assert not bool((out == 0).any()) and not bool((out[:, 1:] == out[:, :-1]).any())
     assert m.num_draft_tokens > 0
+
+
+class _Recording(RuleGrammar):
+    """RuleGrammar that counts the verified blocks' drafted nodes and those the rule rejects."""
+    invalid = 0
+    drafted = 0
+
+    def fill_tree_bitmask(self, parents, tokens, num_nodes=None, *, with_valid=False):
+        rows, valid = super().fill_tree_bitmask(parents, tokens, num_nodes, with_valid=True)
+        n = [parents.shape[1]] * parents.shape[0] if num_nodes is None else num_nodes.tolist()
+        for b in range(parents.shape[0]):
+            _Recording.drafted += n[b] - 1
+            _Recording.invalid += n[b] - int(valid[b, : n[b]].sum())
+        return (rows, valid) if with_valid else rows
+
+
+DRAFTERS = [("sd", {"gamma": 3}), ("tsd", {"k": 3, "max_depth": 3}), ("specinfer", {"num_drafts": 3, "gamma": 2}),
+            ("opt-tree", {"n": 6, "max_depth": 3}), ("mjsd", {"gamma": 3, "beams": 2}),
+            ("ouroboros", {"gamma": 3, "window": 1, "ngram": 3, "guesses": 2, "branches": 2}),
+            ("ouroboros", {"gamma": 3, "ngram": 3, "branches": 3, "model_free": True}),
+            ("ngram", {"gamma": 3, "branches": 3, "min_ngram": 1}), ("eagle-tsd", {"k": 3, "max_depth": 3})]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("method, params", DRAFTERS,
+                         ids=[f"{m}{'-free' if p.get('model_free') else ''}" for m, p in DRAFTERS])
+def test_every_drafter_proposes_only_what_the_grammar_allows(models, monkeypatch, method, params, temperature):
+    """Model drafts are drawn from masked rows and host candidates (n-gram, phrases) pruned, so every
+    node of every verified block follows the grammar (none is spent on a token verification must
+    reject)."""
+    monkeypatch.setattr(api, "Grammar", _Recording)
+    monkeypatch.setattr(_Recording, "invalid", 0)
+    monkeypatch.setattr(_Recording, "drafted", 0)
+    target, draft = models
+    if method.startswith("eagle-"):
+        method, draft = method[len("eagle-"):], feature_draft(target)
+    model_free = method == "ngram" or params.get("model_free")
+    out, m = generate(target, [PROMPT, PROMPT[:-1]] * 4, draft=None if model_free else draft, method=method,
+                      max_new_tokens=12, eos_token_id=[], seed=4, temperature=temperature, regex="(the rule grammar)",
+                      tokenizer=_NoText(), adaptive=False, **params)
+    assert not bool((out == 0).any()) and not bool((out[:, 1:] == out[:, :-1]).any())
+    assert _Recording.drafted > m.num_target_forwards and _Recording.invalid == 0

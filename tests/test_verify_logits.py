@@ -151,6 +151,111 @@ def test_few_long_rows_take_warp_probs_split_plan(backend, device, mode):
     check(backend, c, mode, X, Y, 0.8, 0, 0.9, dt=1.0, dk=30, dp=1.0)
 
 
+# ---- under a grammar: the bitmask fused into the walk (issue #33) ----------------------------------
+
+def masked_case(B, T, V, seed, *, device="cpu", dtype=torch.float32, chain=False):
+    """A case with a bitmask that keeps ~40 % of each row and often drops its top tokens, NaN / +inf
+    planted at disallowed logits of both tensors (the mask turns them into -inf), and children
+    that often carry a token their parent's row allows, so that masked walks go deep."""
+    c, X, Y = case(B, T, V, seed, chain=chain)
+    g = torch.Generator().manual_seed(seed + 1)
+    allowed = torch.rand(B, T, V, generator=g) < 0.4
+    allowed.scatter_(-1, X.topk(min(3, V), -1).indices, torch.rand(B, T, min(3, V), generator=g) < 0.3)
+    allowed.scatter_(-1, torch.randint(0, V, (B, T, 1), generator=g), True)  # every row allows a token
+    mask = specops.pack_mask(allowed)
+    par = c["parents"].long()
+    for b in range(B):
+        for i in range(1, int(c["num_nodes"][b])):
+            ok = allowed[b, int(par[b, i])].nonzero().flatten()
+            if 0 <= par[b, i] < i and torch.rand((), generator=g) < 0.7:
+                c["tokens"][b, i] = int(ok[torch.randint(0, len(ok), (), generator=g)])
+    par = torch.where((par >= 0) & (par < torch.arange(T)), par, 0)  # the root and padding: row 0
+    at_parent = allowed.gather(1, par[..., None].expand(-1, -1, V))
+    weird = torch.rand(B, T, V, generator=g) < 0.1
+    X = X.masked_fill(~allowed & weird, float("nan"))
+    Y = Y.masked_fill(~at_parent & weird, float("inf"))
+    c = {k: v.to(device) for k, v in c.items()}
+    return c, X.to(dtype).to(device), Y.to(dtype).to(device), mask.to(device), at_parent.to(device)
+
+
+def masked_composition(backend, c, mode, X, Y, mask, at_parent, t, k, p, dt=None, dk=0, dp=1.0):
+    """The unfused meaning: both logits tensors masked first (the draft's by its parents' rows)."""
+    Xm = specops.apply_token_bitmask(X.clone(), mask, backend=backend)
+    Ym = Y.masked_fill(~at_parent, float("-inf"))
+    return fused(backend, c, mode, Xm, Ym, t, k, p, dt=dt, dk=dk, dp=dp)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("setting", ["plain", "topk-topp", "greedy-target"])
+@pytest.mark.parametrize("mode", MODES)
+def test_bitmask_equals_verify_on_masked_logits(backend, device, mode, setting, dtype):
+    t, k, p, dt, dk, dp = SETTINGS[setting]
+    shapes = [(3, 9, 7, False), (2, 6, 70, True), (2, 12, 301, False)]
+    if backend in SLOW:
+        shapes = [(2, 6, 70, True), (1, 6, 301, False)]
+    for i, (B, T, V, chain) in enumerate(shapes):
+        c, X, Y, mask, at_parent = masked_case(B, T, V, 40 + i, device=device, dtype=dtype, chain=chain)
+        want = masked_composition("torch", {k_: v.cpu() for k_, v in c.items()}, mode, X.cpu(), Y.cpu(), mask.cpu(),
+                                  at_parent.cpu(), t, k, p, dt=dt, dk=dk, dp=dp)
+        got = specops.verify_tree_logits(c["tokens"], c["parents"], X, c["uniforms"], temperature=t, top_k=k,
+                                         top_p=p, draft_logits=Y, draft_temperature=dt, draft_top_k=dk,
+                                         draft_top_p=dp, mode=mode, num_nodes=c["num_nodes"], bitmask=mask,
+                                         backend=backend)
+        assert_same(got, want)
+        if backend != "torch":  # and the unfused composition on this backend agrees
+            assert_same(got, masked_composition(backend, c, mode, X, Y, mask, at_parent, t, k, p, dt=dt, dk=dk, dp=dp))
+
+
+def test_bitmask_walks_reach_deep_and_reject_disallowed_drafts(backend, device):
+    # Accepted paths past the root under the mask, and a draft token its parent's row disallows
+    # is never accepted (its masked target probability is 0).
+    deep = 0
+    for seed in range(4):
+        c, X, Y, mask, at_parent = masked_case(2, 8, 40, 60 + seed, device=device, chain=True)
+        for mode in ("mss", "sample_match"):
+            idx, lens, bonus = specops.verify_tree_logits(
+                c["tokens"], c["parents"], X * 4, c["uniforms"], temperature=1.0, draft_logits=Y * 4, mode=mode,
+                num_nodes=c["num_nodes"], bitmask=mask, backend=backend)
+            allowed = specops.ops.token_bitmask.allowed_tokens(mask, 40).cpu()
+            for b in range(2):
+                path = idx[b, :int(lens[b])].tolist()
+                deep += len(path) > 1
+                for u, v in zip(path, path[1:]):
+                    assert allowed[b, u, int(c["tokens"][b, v])]
+                assert allowed[b, path[-1], int(bonus[b])]
+    assert deep > 0
+
+
+def test_bitmask_checks(backend, device):
+    c, X, Y, mask, at_parent = masked_case(2, 5, 33, 7, device=device)
+    args = (c["tokens"], c["parents"], X, c["uniforms"])
+    kw = dict(temperature=1.0, draft_logits=Y, mode="mss", num_nodes=c["num_nodes"], backend=backend)
+    specops.verify_tree_logits(*args, **kw, bitmask=mask)  # NaN / +inf at disallowed tokens are fine
+    allowed = specops.ops.token_bitmask.allowed_tokens(mask, 33)
+    b, u, j = allowed.nonzero()[0].tolist()
+    bad = X.clone()
+    bad[b, u, j] = float("nan")
+    with pytest.raises(ValueError, match=rf"target_logits must not contain NaN or \+inf, got .*\[{b}, {u}, {j}\]"):
+        specops.verify_tree_logits(c["tokens"], c["parents"], bad, c["uniforms"], **kw, bitmask=mask)
+    with pytest.raises(ValueError, match=r"target_logits must not contain NaN or \+inf"):
+        specops.verify_tree_logits(*args, **kw)  # without the mask, the planted values count
+    clean = specops.apply_token_bitmask(X.clone(), mask)
+    bad = Y.masked_fill(~at_parent, float("-inf"))
+    n = int(c["num_nodes"][1]) - 1  # a valid non-root node
+    bad[1, n, int(at_parent[1, n].nonzero()[0])] = float("inf")
+    with pytest.raises(ValueError, match=rf"draft_logits must not contain NaN or \+inf, got .*\[1, {n}, "):
+        specops.verify_tree_logits(c["tokens"], c["parents"], clean, c["uniforms"], **{**kw, "draft_logits": bad},
+                                   bitmask=mask)
+    none = mask.clone()
+    none[1, 2] = 0
+    with pytest.raises(ValueError, match=r"bitmask\[1, 2\] must allow at least one of the V=33 tokens"):
+        specops.verify_tree_logits(*args, **kw, bitmask=none)
+    with pytest.raises(ValueError, match=r"bitmask must have shape \[2, 5, 2\]"):
+        specops.verify_tree_logits(*args, **kw, bitmask=mask[..., :1])
+    with pytest.raises(TypeError, match=r"bitmask must have dtype torch.int32"):
+        specops.verify_tree_logits(*args, **kw, bitmask=mask.long())
+
+
 def test_cudasim_thread_order_does_not_change_the_result():
     from specops import _ext
 
@@ -205,3 +310,7 @@ def test_opcheck():
         torch.library.opcheck(torch.ops.specops.verify_tree_logits.default,
                               (c["tokens"], c["parents"], X.bfloat16(), c["uniforms"], t, k, p, Y, t, k, p,
                                c["num_nodes"], mode))
+    c, X, Y, mask, _ = masked_case(2, 5, 17, 19)
+    torch.library.opcheck(torch.ops.specops.verify_tree_logits.default,
+                          (c["tokens"], c["parents"], X, c["uniforms"], t, k, p, Y, t, k, p, c["num_nodes"], "mss",
+                           mask))

@@ -29,17 +29,6 @@ struct EmitOnly {
   void emit(int32_t* out, int32_t v) { *out = v; }
 };
 
-// Row u's logits in fp32 with the tokens its bitmask words (bit j % 32 of word j // 32) disallow at
-// -inf: apply_token_bitmask's rule, on the one row the walk reads.
-template <class T>
-const float* masked_row(const T* row, const int32_t* words, int64_t V, std::vector<float>& tmp) {
-  tmp.resize(V);
-  for (int64_t i = 0; i < V; ++i)
-    tmp[i] = (static_cast<uint32_t>(words[i >> 5]) >> (i & 31)) & 1u ? static_cast<float>(row[i])
-                                                                     : -std::numeric_limits<float>::infinity();
-  return tmp.data();
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(const at::Tensor& tokens,         // [B, T] int32
                                                                  const at::Tensor& parents,        // [B, T] int32
                                                                  const at::Tensor& target_logits,  // [B, T, V]

@@ -4,7 +4,9 @@
 
 #include <ATen/ATen.h>
 
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "../registration.h"
 #include "../verify_common.h"
@@ -29,6 +31,25 @@ inline void check_tree_args(const at::Tensor& tokens, const at::Tensor& parents,
   TORCH_CHECK_VALUE(rows.size(0) == tokens.size(0) && rows.size(1) == tokens.size(1),
               "probability rows must have shape [B, T, V]");
   TORCH_CHECK_VALUE(rows.size(2) >= 1, "V must be >= 1");
+}
+
+// Bit i % 32 of word i / 32: token i allowed (apply_token_bitmask's layout).
+inline bool token_allowed(const int32_t* words, int64_t i) {
+  return (static_cast<uint32_t>(words[i >> 5]) >> (i & 31)) & 1u;
+}
+
+// Row u's logits in fp32 with the tokens its bitmask words disallow at -inf: apply_token_bitmask's
+// rule, on the one row a walk reads (widening is exact, so the row's warping is unchanged).
+template <class T>
+const float* masked_row(const T* row, const int32_t* words, int64_t V, float* out) {
+  for (int64_t i = 0; i < V; ++i)
+    out[i] = token_allowed(words, i) ? static_cast<float>(row[i]) : -std::numeric_limits<float>::infinity();
+  return out;
+}
+template <class T>
+const float* masked_row(const T* row, const int32_t* words, int64_t V, std::vector<float>& tmp) {
+  tmp.resize(V);
+  return masked_row(row, words, V, tmp.data());
 }
 
 int32_t parse_mode(const std::string& mode);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "../token_bitmask_args.h"
 #include "sampling_rows.h"
 #include "verify_cpu.h"
 
@@ -43,7 +44,10 @@ struct LogitBlock {
   }
 };
 
-// The target (kind 0) and draft (kind 1) rows of one sequence, warped from logits on demand.
+// The target (kind 0) and draft (kind 1) rows of one sequence, warped from logits on demand. With a
+// bitmask, a row is warped from its masked copy (target row u: mask row u; draft row c: mask row
+// parents[c], the state node c was drawn at), built in a [V] buffer when the walk first needs the
+// whole row; a single probability of a disallowed token is 0, of an allowed one prob_at's.
 struct LogitRows {
   LogitBlock logits[2];
   const float* temperature[2];  // [T]
@@ -55,14 +59,37 @@ struct LogitRows {
   uint8_t* known;               // [2, T]: stats computed
   float* slot;                  // [2, V]
   warp::Scratch* scratch;
+  const int32_t* mask;          // [T, W] or nullptr
+  const int32_t* parents;       // [T]
+  float* masked;                // [2, V] (with a mask)
   int32_t slot_node[2] = {-1, -1};  // node whose warped row is in slot[kind]
   int32_t exp_node[2] = {-1, -1};   // node whose exp(z) is in slot[kind] and z in the scratch
+  int32_t masked_node[2] = {-1, -1};  // node whose masked logits are in masked[kind]
+
+  // The bitmask words of row (kind, node).
+  const int32_t* words(int32_t kind, int32_t node) const {
+    int32_t r = node;
+    if (kind == 1) r = parents[node] >= 0 && parents[node] < node ? parents[node] : 0;
+    return mask + static_cast<int64_t>(r) * ((V + 31) / 32);
+  }
+
+  // f(row pointer) on row (kind, node): the logits, or with a mask their masked fp32 copy.
+  template <class F>
+  auto with_row(int32_t kind, int32_t node, F&& f) {
+    if (!mask) return logits[kind].with_row(node, f);
+    float* m = masked + kind * V;
+    if (masked_node[kind] != node) {
+      logits[kind].with_row(node, [&](auto x) { masked_row(x, words(kind, node), V, m); });
+      masked_node[kind] = node;
+    }
+    return f(static_cast<const float*>(m));
+  }
 
   const warp::RowStats& row_stats(Vec v) {
     const int32_t kind = v.kind, node = v.node, i = kind * T + node;
     if (!known[i]) {
       float* e = slot + kind * V;
-      stats[i] = logits[kind].with_row(node, [&](auto x) {
+      stats[i] = with_row(kind, node, [&](auto x) {
         return warp::row_stats(x, V, temperature[kind][node], top_k[kind][node], top_p[kind][node], e, *scratch);
       });
       known[i] = 1;
@@ -81,7 +108,7 @@ struct LogitRows {
       if (exp_node[kind] == v.node) {
         warp::finish_probs(st, out, V, *scratch);
       } else {
-        logits[kind].with_row(v.node, [&](auto x) { warp::row_probs(x, V, st, out, *scratch); });
+        with_row(kind, v.node, [&](auto x) { warp::row_probs(x, V, st, out, *scratch); });
         exp_node[1 - kind] = -1;
       }
       exp_node[kind] = -1;
@@ -93,6 +120,7 @@ struct LogitRows {
   float at(Vec v, int32_t tok) {
     if (slot_node[v.kind] == v.node) return slot[v.kind * V + tok];
     const warp::RowStats& st = row_stats(v);
+    if (mask && !token_allowed(words(v.kind, v.node), tok)) return 0.0f;
     return logits[v.kind].with_row(v.node, [&](auto x) { return warp::prob_at(x, tok, st); });
   }
 };
@@ -125,7 +153,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cpu(
     const at::Tensor& draft_top_k,                  // [B * T] int32
     const at::Tensor& draft_top_p,                  // [B * T] fp32
     const at::Tensor& num_nodes,                    // [B] int32
-    c10::string_view mode_name) {
+    c10::string_view mode_name,
+    const c10::optional<at::Tensor>& bitmask) {     // [B, T, ceil(V / 32)] int32 or None
   const int32_t mode = parse_mode(std::string(mode_name));
   check_tree_args(tokens, parents, num_nodes, target_logits);
   check_logits("target_logits", target_logits);
@@ -145,6 +174,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cpu(
     TORCH_CHECK_VALUE(draft_logits->sizes() == target_logits.sizes(), "draft_logits must have the shape of target_logits");
     y = draft_logits->contiguous();
   }
+  const at::Tensor words = node_bitmask_words(bitmask, "verify_tree_logits", B, T, V);
+  const bool masked = words.defined();
+  TORCH_CHECK_VALUE(!masked || words.device().is_cpu(), "verify_tree_logits: bitmask must be on cpu, got ",
+                    words.device());
+  const int32_t* mw = masked ? words.data_ptr<int32_t>() : nullptr;
+  const int64_t W = (V + 31) / 32;
   auto tok = tokens.contiguous();
   auto par = parents.contiguous();
   auto nn = num_nodes.contiguous();
@@ -168,7 +203,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cpu(
   const int64_t nbuf = mode_buffers(mode);
   const auto esize = [](const at::Tensor& t) { return static_cast<int64_t>(t.element_size()); };
   at::parallel_for(0, B, sequences_per_task(V), [&](int64_t lo, int64_t hi) {
-    std::vector<float> buf(nbuf * V), slot(2 * V);
+    std::vector<float> buf(nbuf * V), slot(2 * V), masked_rows(masked ? 2 * V : 0);
     std::vector<int64_t> chunks(4 * num_chunks(V));
     std::vector<int32_t> scratch(T + 2);
     std::vector<warp::RowStats> stats(2 * T);
@@ -188,7 +223,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cpu(
                      stats.data(),
                      known.data(),
                      slot.data(),
-                     rows_scratch.get()};
+                     rows_scratch.get(),
+                     masked ? mw + r0 * W : nullptr,
+                     pa + r0,
+                     masked_rows.data()};
       CpuTreeEngine<LogitRows> e{rows, up + r0 * 2, buf.data(), chunks.data(), scratch.data(), V, scale, inv_scale};
       run_walk(e, mode, tk + r0, pa + r0, valid_nodes(n[b], static_cast<int32_t>(T)), static_cast<int32_t>(T),
                ai + r0, al + b, bo + b);

@@ -26,11 +26,11 @@ def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs, mode, n
                                   num_nodes=num_nodes, check=CHECK)
 
 
-def verify_tree_logits(tokens, parents, target_logits, uniforms, *, sampling, mode, num_nodes):
+def verify_tree_logits(tokens, parents, target_logits, uniforms, *, sampling, mode, num_nodes, bitmask=None):
     return verify_logits_ops.verify_tree_logits(tokens, parents, target_logits, uniforms,
                                                 temperature=float(sampling.temperature), top_k=int(sampling.top_k),
                                                 top_p=float(sampling.top_p), mode=mode, num_nodes=num_nodes,
-                                                check=CHECK)
+                                                bitmask=bitmask, check=CHECK)
 
 
 def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, uniforms):

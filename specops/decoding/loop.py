@@ -29,7 +29,7 @@ from .adaptive import Controller
 from .metrics import Metrics
 from .sampling import draw
 from .tree import root_draft
-from .verify import verify
+from .verify import fuses_bitmask, verify
 
 TargetLM = ModelRunner  # the target's runner (api.py builds it under this name)
 
@@ -127,7 +127,7 @@ class Decoder:
         rows = self._grammar_rows(draft)  # before the forward: the host work overlaps a GPU's
         logits = self.target.forward(draft.tokens, draft.parents, draft.num_nodes)
         with_argmax = budget != 0 and drafter.needs_target_argmax
-        fused = rows is not None and mode == "greedy" and not with_argmax  # the walk masks the rows it reads
+        fused = rows is not None and fuses_bitmask(mode, draft) and not with_argmax  # the walk masks the rows it reads
         if rows is not None and not fused:
             logits = _masked(logits, rows)
         result = verify(mode, draft, logits, s.sampling, s.generator, self.active_t, bitmask=rows if fused else None)

@@ -79,14 +79,22 @@ class VerifyResult:
         return self._argmax
 
 
+def fuses_bitmask(mode, draft):
+    """Whether ``verify`` takes a grammar's bitmask into its walk (the op masks the rows it reads)
+    for this mode and draft: greedy, and the modes verified from logits; the others need the
+    logits masked first."""
+    return mode == "greedy" or (mode in _FROM_LOGITS and draft.draft_probs is None)
+
+
 def verify(mode, draft, logits, sampling, generator, active, bitmask=None):
     """Shape: draft (a Draft: tokens int64 [B, T], parents int32 [B, T], num_nodes int32 [B]),
-    logits [B, T, V], active bool [B], bitmask int32 [B, T, ceil(V / 32)] or None (greedy only: the
-    grammar's allowed tokens, fused into the walk) -> VerifyResult (device tensors; no host read;
-    ``kept`` = ``accept_lens`` with finished sequences masked to 0). ``generator`` lives on the
-    logits' device: the uniforms are drawn there."""
-    if bitmask is not None and mode != "greedy":
-        raise ValueError(f"bitmask is fused into the greedy verify only; mode {mode!r} needs masked logits")
+    logits [B, T, V], active bool [B], bitmask int32 [B, T, ceil(V / 32)] or None (where
+    ``fuses_bitmask``: the grammar's allowed tokens, fused into the walk) -> VerifyResult (device
+    tensors; no host read; ``kept`` = ``accept_lens`` with finished sequences masked to 0).
+    ``generator`` lives on the logits' device: the uniforms are drawn there."""
+    if bitmask is not None and not fuses_bitmask(mode, draft):
+        raise ValueError(f"bitmask is fused into greedy and {_FROM_LOGITS} verification without draft rows; "
+                         f"mode {mode!r} needs masked logits")
     if mode == "joint":
         result = _verify_joint(draft, logits, sampling, generator)
         result.kept = result.accept_lens * active
@@ -117,7 +125,8 @@ def verify_kept(tokens, parents, num_nodes, logits, uniforms, active, *, mode=No
 
     Shape: tokens int64/int32 [B, T], parents int32 [B, T], num_nodes int32 [B], logits [B, T, V],
     uniforms fp32 [B, T, 2] or None (greedy), active bool [B], draft_probs fp32 [B, T, V] or None,
-    bitmask int32 [B, T, ceil(V / 32)] or None (greedy) -> (accept_idx int32 [B, T], kept int32 [B],
+    bitmask int32 [B, T, ceil(V / 32)] or None (greedy and the modes from logits) -> (accept_idx
+    int32 [B, T], kept int32 [B],
     bonus [B])."""
     mode = mode or ("greedy" if uniforms is None else "mss_pointmass")
     tok32 = tokens.to(torch.int32)
@@ -127,8 +136,10 @@ def verify_kept(tokens, parents, num_nodes, logits, uniforms, active, *, mode=No
         # the target's warping fused into the walk: no [B, T, V] probability tensor (bit-identical
         # to the composition below, docs/verify_logits.md)
         idx, lens, bonus = _kernels.verify_tree_logits(tok32, parents, logits, uniforms, mode=mode, num_nodes=num_nodes,
-                                                       sampling=sampling or SamplingConfig(1.0))
+                                                       sampling=sampling or SamplingConfig(1.0), bitmask=bitmask)
     else:
+        if bitmask is not None:
+            raise ValueError(f"bitmask: mode {mode!r} with draft rows needs masked logits")
         B, T, V = logits.shape
         probs = (sampling or SamplingConfig(1.0)).warp(logits.reshape(B * T, V)).reshape(B, T, V)
         idx, lens, bonus = _kernels.verify_tree(tok32, parents, probs, uniforms, draft_probs=draft_probs, mode=mode,

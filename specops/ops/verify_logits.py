@@ -20,7 +20,7 @@ reads ``m + 1`` target rows, not T.
 import torch
 
 from ..backend import register, register_compiled, resolve
-from . import _checks
+from . import _checks, token_bitmask
 from . import verify_ref
 from .sampling import _FLOAT_DTYPES, MAX_VOCAB, _row_param, _warp_probs_torch
 from .verify import MODES, NEEDS_DRAFT, _flag, _raise_first, _rows_shape, _tree_args, _tree_flags, _uniform_flag, _valid
@@ -28,7 +28,7 @@ from .verify import MODES, NEEDS_DRAFT, _flag, _raise_first, _rows_shape, _tree_
 
 def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature, top_k=0, top_p=1.0,
                        draft_logits=None, draft_temperature=None, draft_top_k=0, draft_top_p=1.0, mode,
-                       num_nodes=None, check=True, backend=None):
+                       num_nodes=None, bitmask=None, check=True, backend=None):
     """``verify_tree`` on ``warp_probs`` of the logits, without the probability tensors.
 
     Shape: tokens, parents int32 [B, T], target_logits fp32/bf16/fp16 [B, T, V] (row ``u`` = the
@@ -36,13 +36,21 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
     [B, T, V] or None (row ``c`` = the draft's logits at ``parents[c]``, the distribution node
     ``c`` was drawn from; needed by ``mss``, ``mss_noreplace`` and ``gsd``), temperature /
     top_p float or float tensor [B], top_k int or int tensor [B] (the draft's likewise;
-    ``draft_temperature=None`` = the target's), num_nodes int32 [B] or None (= T) ->
-    (accept_idx int32 [B, T], accept_lens int32 [B], bonus int32 [B]).
+    ``draft_temperature=None`` = the target's), num_nodes int32 [B] or None (= T), bitmask int32
+    [B, T, ceil(V / 32)] or None -> (accept_idx int32 [B, T], accept_lens int32 [B], bonus int32 [B]).
+
+    ``bitmask`` (a grammar's allowed tokens after each node, the layout of
+    :func:`apply_token_bitmask`): target row ``u`` is warped as if the logits its row ``u``
+    disallows were ``-inf``, and draft row ``c`` as if those its row ``parents[c]`` disallows were
+    (the grammar state node ``c`` was drawn at). The result equals this op on
+    ``apply_token_bitmask`` of both logits tensors (the draft's with the rows gathered at the
+    parents), without that pass over the logits: the walk masks the rows it reads.
 
     Modes and outputs: see ``verify_tree``; warping rule: see ``warp_probs``. ``check=True``
     validates values with host syncs: tree rules, tokens in [0, V), uniforms in [0, 1),
-    per-row parameters, and logits rows (no NaN / +inf, not all -inf) at valid nodes (the draft's
-    at valid non-root nodes). ``check=False`` syncs nothing. Limit: ``V <= 2**31 - 1`` on the
+    per-row parameters, logits rows (no NaN / +inf, not all -inf, among the allowed tokens) at
+    valid nodes (the draft's at valid non-root nodes), every bitmask row allowing a token.
+    ``check=False`` syncs nothing. Limit: ``V <= 2**31 - 1`` on the
     compiled backends.
     """
     if mode not in MODES:
@@ -58,6 +66,8 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
             raise ValueError(f"draft_logits is required for mode={mode!r} (shape [B, T, V] = [{B}, {T}, {V}])")
     else:
         _checks.tensor("draft_logits", draft_logits, dtype=_FLOAT_DTYPES, shape=(B, T, V), device=dev)
+    if bitmask is not None:
+        _checks.tensor("bitmask", bitmask, dtype=torch.int32, shape=(B, T, (V + 31) // 32), device=dev)
     params = _params(B, T, dev, check, temperature, top_k, top_p)
     if draft_temperature is None:
         draft_temperature = temperature
@@ -70,13 +80,17 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
         valid = _valid(num_nodes, T)
         child = valid & (torch.arange(T, device=dev) > 0)
         flags = _tree_flags(tokens, parents, num_nodes, V) + [_uniform_flag("uniforms", uniforms)]
-        flags += _logit_flags("target_logits", target_logits, valid)
+        if bitmask is not None:
+            token_bitmask.check_rows(bitmask, V)
+        allowed = None if bitmask is None else token_bitmask.allowed_tokens(bitmask, V)  # [B, T, V]
+        flags += _logit_flags("target_logits", target_logits, valid, allowed)
         if draft_logits is not None and needs_draft:
-            flags += _logit_flags("draft_logits", draft_logits, child)
+            at_parent = None if allowed is None else _at_parents(allowed, parents)
+            flags += _logit_flags("draft_logits", draft_logits, child, at_parent)
         _raise_first(flags)
     if not needs_draft:
         draft_logits = None
-    return impl(tokens, parents, target_logits, uniforms, *params, draft_logits, *draft, num_nodes, mode)
+    return impl(tokens, parents, target_logits, uniforms, *params, draft_logits, *draft, num_nodes, mode, bitmask)
 
 
 def _params(B, T, dev, check, temperature, top_k, top_p, prefix=""):
@@ -95,11 +109,25 @@ def _params(B, T, dev, check, temperature, top_k, top_p, prefix=""):
     return out
 
 
-def _logit_flags(name, logits, where):
-    """No NaN / +inf, and at least one finite value, in the rows at the [B, T] positions ``where``."""
+def _at_parents(rows, parents):
+    """Row ``parents[b, c]`` of ``rows`` at every node (the root: its own). Shape: rows [B, T, X],
+    parents int32 [B, T] -> [B, T, X]."""
+    T = rows.shape[1]
+    par = parents.long().clamp(0, T - 1)  # the root's parent is -1; padding may hold anything
+    par = torch.where(par < torch.arange(T, device=par.device), par, 0)
+    return torch.gather(rows, 1, par[..., None].expand(-1, -1, rows.shape[-1]))
+
+
+def _logit_flags(name, logits, where, allowed=None):
+    """No NaN / +inf, and at least one finite value, in the rows at the [B, T] positions ``where``
+    (among the ``allowed`` entries, bool [B, T, V], where given)."""
     bad_entry = torch.isnan(logits) | (logits == torch.inf)
+    finite = logits != -torch.inf
+    if allowed is not None:
+        bad_entry &= allowed
+        finite &= allowed
     bad = where & bad_entry.any(-1)
-    empty = where & ~bad & (logits == -torch.inf).all(-1)
+    empty = where & ~bad & ~finite.any(-1)
     return [
         _flag(bad.any(), lambda: (f"{name} must not contain NaN or +inf, got "
                                   f"{_checks.at(name, logits, bad[..., None] & bad_entry)}",)),
@@ -111,12 +139,13 @@ def _logit_flags(name, logits, where):
 # ---- backends ------------------------------------------------------------------------------
 
 class _LazyRows:
-    """One sequence's warped rows, each computed by warp_probs' reference on first access.
+    """One sequence's warped rows, each computed by warp_probs' reference on first access (from
+    the logits masked by its bitmask row, where given).
 
     Indexing: ``rows[u]`` -> fp32 [V]; ``rows[u, x]`` -> its entry (what the walks of verify_ref do)."""
 
-    def __init__(self, logits, t, k, p):  # logits [T, V]; t, k, p [T]
-        self.logits, self.t, self.k, self.p = logits, t, k, p
+    def __init__(self, logits, t, k, p, mask=None):  # logits [T, V]; t, k, p [T]; mask int32 [T, W] or None
+        self.logits, self.t, self.k, self.p, self.mask = logits, t, k, p, mask
         self.shape = tuple(logits.shape)
         self._rows = {}
 
@@ -125,24 +154,29 @@ class _LazyRows:
         u = int(u)
         if u not in self._rows:
             s = slice(u, u + 1)
-            self._rows[u] = _warp_probs_torch(self.logits[s], self.t[s], self.k[s], self.p[s])[0]
+            x = self.logits[s]
+            if self.mask is not None:
+                x = x.masked_fill(~token_bitmask.allowed_tokens(self.mask[s], x.shape[-1]), float("-inf"))
+            self._rows[u] = _warp_probs_torch(x, self.t[s], self.k[s], self.p[s])[0]
         row = self._rows[u]
         return row[rest] if rest else row
 
 
 @register("verify_tree_logits", "torch")
 def _verify_tree_logits_torch(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp, num_nodes,
-                              mode):
+                              mode, bitmask=None):
     B, T, V = target_logits.shape
     S = verify_ref.fix_shift(V)
     tok, par, U = tokens.cpu(), parents.cpu(), uniforms.cpu()
     X = target_logits.cpu()
     Y = draft_logits.cpu() if draft_logits is not None else None
+    M = bitmask.cpu() if bitmask is not None else None
+    MQ = _at_parents(M, par) if M is not None else None  # draft row c: the mask at parents[c]
     t, k, p, dt, dk, dp = (v.cpu().view(B, T) for v in (t, k, p, dt, dk, dp))
     paths, bonuses = [], []
     for b, n in enumerate(verify_ref._clamped_nodes(num_nodes, T)):
-        P = _LazyRows(X[b], t[b], k[b], p[b])
-        Q = _LazyRows(Y[b], dt[b], dk[b], dp[b]) if Y is not None else None
+        P = _LazyRows(X[b], t[b], k[b], p[b], None if M is None else M[b])
+        Q = _LazyRows(Y[b], dt[b], dk[b], dp[b], None if MQ is None else MQ[b]) if Y is not None else None
         if mode == "sample_match":
             walk = verify_ref._match_walk(
                 tok[b], par[b], n, lambda u, P=P, b=b: verify_ref.sample_weights(
@@ -157,18 +191,19 @@ def _verify_tree_logits_torch(tokens, parents, target_logits, uniforms, t, k, p,
 
 
 @register_compiled("verify_tree_logits")
-def _compiled(ns, tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp, num_nodes, mode):
+def _compiled(ns, tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp, num_nodes, mode,
+              bitmask=None):
     return ns.verify_tree_logits(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp,
-                                 num_nodes, mode)
+                                 num_nodes, mode, bitmask)
 
 
 @register("verify_tree_logits", "triton")
 def _verify_tree_logits_triton(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp,
-                               num_nodes, mode):
+                               num_nodes, mode, bitmask=None):
     from ..triton_kernels import verify_logits as kernels
 
     return kernels.verify_tree_logits(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp,
-                                      num_nodes, mode)
+                                      num_nodes, mode, bitmask)
 
 
 def _register_fake():
@@ -178,7 +213,8 @@ def _register_fake():
         return
 
     @torch.library.register_fake("specops::verify_tree_logits")
-    def _(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp, num_nodes, mode):
+    def _(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp, num_nodes, mode,
+          bitmask=None):
         B, T = tokens.shape
         return tokens.new_empty((B, T)), tokens.new_empty((B,)), tokens.new_empty((B,))
 

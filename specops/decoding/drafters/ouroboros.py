@@ -25,6 +25,11 @@ Draft KV: drafted tokens are committed into the draft cache as drafting goes (th
 each forward is compacted, window and guess rows are dropped); after verification the next
 ``begin`` truncates the draft cache to the longest prefix that agrees with the emitted sequence.
 
+Under a grammar (docs/structured.md) the token each draft forward adds is the draft's argmax over
+the tokens the grammar allows after the drafted path; the drafted chain is cut at its first token the
+grammar rejects and a phrase branch that breaks it is left out, before verification (commit reads
+the comb by position, so pruning happens while it is built).
+
 ``model_free=True`` drops the draft model: the draft is the pool's newest phrases chained from the
 last token up to ``gamma`` tokens, then lengthened the same way (Ouroboros' phrase pool as a
 model-free drafter, next to n-gram lookup).
@@ -33,7 +38,7 @@ import random
 
 from ..phrase_pool import PhrasePool, shared_pool
 from ..tree import Candidates, Trie
-from .base import ModelDrafter
+from .base import ModelDrafter, grammar_masked
 
 
 class OuroborosDrafter(ModelDrafter):
@@ -103,7 +108,7 @@ class OuroborosDrafter(ModelDrafter):
                     chains.append([state.seqs[b][-1]])  # a placeholder block, never committed
                     continue
                 forwards[b] += 1
-                new, path = self._read(d, b, layout[b])
+                new, path = self._read(state, d, b, layout[b], drafted[b])
                 drafted[b] += new
                 paths.append(path)
                 chains.append([new[-1]])
@@ -153,8 +158,9 @@ class OuroborosDrafter(ModelDrafter):
             guesses.append((phrase, nodes))
         return root, cols, guesses
 
-    def _read(self, d, b, layout):
-        """The draft's own continuation after this forward; updates the window and the pool."""
+    def _read(self, state, d, b, layout, prefix):
+        """The draft's own continuation after this forward (after the ``prefix`` drafted so far);
+        updates the window and the pool."""
         root, cols, guesses = layout
 
         def arg(node):
@@ -169,7 +175,12 @@ class OuroborosDrafter(ModelDrafter):
             if m > best_m:
                 best_m, best_nodes = m, nodes[:m]
         end = best_nodes[-1] if best_nodes else root
-        new = [d.tokens[b][n] for n in best_nodes] + [arg(end)]
+        new = [d.tokens[b][n] for n in best_nodes]
+        if state.grammar is None:
+            new.append(arg(end))
+        else:  # the draft's choice among the tokens the grammar allows after the drafted path
+            row = grammar_masked(state, d.logits(b, end)[None].float().clone(), [(b, prefix + new)])
+            new.append(int(row.argmax()))
         path = list(range(root + 1)) + best_nodes
         if cols:
             win = self.windows[b]
@@ -185,20 +196,34 @@ class OuroborosDrafter(ModelDrafter):
     def _comb(self, state, drafted, forwards):
         tokens, parents, tried = [], [], []
         for b in range(state.batch):
-            trie = Trie(state.seqs[b][-1])
+            root = state.seqs[b][-1]
+            chain = self._allowed(state, b, root, [], drafted[b])
+            trie = Trie(root)
             node = 0
-            for tok in drafted[b]:
+            for tok in chain:
                 node = trie.add(node, tok)
-            key = drafted[b][-1] if drafted[b] else state.seqs[b][-1]
+            key = chain[-1] if chain else root
             phrases = self.pool.get(key, self.branches) if state.active[b] else []
+            if state.grammar is not None:
+                phrases = [ph for ph in phrases if len(self._allowed(state, b, root, chain, ph)) == len(ph)]
             for phrase in phrases:
                 trie.insert(node, phrase)
             tokens.append(trie.tokens)
             parents.append(trie.parents)
-            tried.append((len(drafted[b]), phrases))
+            tried.append((len(chain), phrases))
         self._cand, self._tried = Candidates(tokens=tokens, parents=parents, depth_drafted=forwards,
                                              drafted_nodes=[len(t) for t in tokens]), tried
         return self._cand.stage(state.stager)
+
+    @staticmethod
+    def _allowed(state, b, root, chain, tokens):
+        """The longest prefix of ``tokens`` the grammar allows after ``chain`` (all without one)."""
+        if state.grammar is None or not state.active[b] or not tokens:
+            return list(tokens)
+        n = len(chain)
+        toks, _ = state.grammar.constrain(b, [root] + chain + list(tokens), list(range(-1, n + len(tokens))),
+                                          forced=0)
+        return list(tokens)[:max(len(toks) - 1 - n, 0)]
 
     # ---- after verification --------------------------------------------------------------------
 
