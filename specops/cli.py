@@ -336,20 +336,22 @@ def main(argv=None):
     demo.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHOD_CHOICES)}")
     demo.add_argument("--json", default=None, help="write every run's metrics (method x prompt) as JSON")
 
-    from .distill import add_arguments as distill_arguments
-
-    distill_arguments(sub.add_parser("distill", help="distil a small draft model for an embedded target (CPU, resumable)"))
+    # Listed here; their own parsers (specops.distill.cli, python -m bench) read their flags.
+    distill = sub.add_parser("distill", help="distil a small draft model for an embedded target (CPU, resumable)",
+                             add_help=False)
+    distill.add_argument("distill_args", nargs=argparse.REMAINDER)
     bench = sub.add_parser("bench", help="run the benchmark suite (python -m bench; needs a source checkout)",
                            add_help=False)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
 
-    args = parser.parse_args(argv)
-    if args.command == "bench":
-        return cmd_bench(args.bench_args)
-    if args.command == "distill":
-        from .distill import run_args
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # the suite's own parser reads the rest, --help included
+        return cmd_bench(argv[1:])
+    if argv[:1] == ["distill"]:  # training code loads for its own command only
+        from .distill.cli import main as distill_main
 
-        return run_args(args)
+        return distill_main(argv[1:])
+    args = parser.parse_args(argv)
     if args.command == "info":
         from .backend_report import report
 

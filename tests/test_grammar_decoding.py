@@ -43,7 +43,7 @@ def test_every_method_follows_a_json_schema_and_lossless_ones_give_ar_tokens(smo
     text = tok.decode(ar[0, : m.lengths[0]], skip_special_tokens=True)
     _check_schema(text)
     assert m.finish_reasons == ["eos"]  # the grammar's end stopped it
-    for method in ("ngram", "sd", "tsd", "specinfer", "opt-tree"):
+    for method in ("ngram", "sd", "tsd", "specinfer", "opt-tree", "ouroboros"):
         out, mm = specops.generate(model, prompt, method=method, **kw)
         assert out.tolist() == ar.tolist(), method
         assert mm.num_target_forwards < mm.num_generated_tokens  # blocks were verified

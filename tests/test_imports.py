@@ -188,3 +188,36 @@ def test_no_runtime_module_imports_distill_at_module_level():
         f"{a} -> {b} ({_where(a, b)})" for a, b in new)
     stale = [e for e in ALLOWED_DISTILL if e not in bad]
     assert not stale, f"allowed distill imports that no longer exist (remove them from ALLOWED_DISTILL): {stale}"
+
+
+# ---- the same at run time: what each user path actually loads (issue #32) -----------------------
+
+_RUNS = {
+    "import specops": "import specops",
+    "specops info": "from specops import cli; cli.main(['info'])",
+    "generate eager": ("import specops; from specops.testing import tiny_causal_lm\n"
+                       "m = tiny_causal_lm('llama', seed=0)\n"
+                       "specops.generate(m, [[1, 2, 3, 4]], method='ngram', max_new_tokens=4, eos_token_id=[])"),
+    # compiled: the modules of the compiled step load (torch.compile itself is stubbed to eager
+    # tracing, which is not what this checks)
+    "generate compiled": ("import torch, specops; from specops.testing import tiny_causal_lm\n"
+                          "torch.compile = lambda fn=None, **kw: fn if fn is not None else (lambda f: f)\n"
+                          "m = tiny_causal_lm('llama', seed=0)\n"
+                          "specops.generate(m, [[1, 2, 3, 4]], method='ngram', max_new_tokens=4, eos_token_id=[],"
+                          " compile=True)\n"
+                          "import sys; assert 'specops.engine.compiled' in sys.modules"),
+}
+
+
+@pytest.mark.parametrize("path", list(_RUNS))
+def test_user_paths_load_no_training_code(path):
+    import subprocess
+    import sys
+
+    code = _RUNS[path] + "\nimport sys\nprint('LOADED', sorted(m for m in sys.modules if m.startswith('specops.distill')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = [x for x in done.stdout.splitlines() if x.startswith("LOADED")][-1]
+    assert line == "LOADED []", f"{path} loaded training code: {line}"
+    if path == "specops info":
+        assert "backend" in done.stdout  # the command ran
