@@ -74,13 +74,6 @@ def env_world_size():
         return 1
 
 
-def is_first_rank():
-    """True outside torch.distributed and on global rank 0: who prints."""
-    import torch.distributed as dist
-
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-
-
 class RankGroup:
     """The ranks of one tensor-parallel target, which must take every host decision together.
 

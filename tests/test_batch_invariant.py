@@ -105,7 +105,7 @@ def _ar_logits(model, prompt, path, **kw):
         rows = []
         for tok in path:
             rows.append(runner.forward(torch.tensor([[tok]]), torch.tensor([[-1]], dtype=torch.int32))[0, 0])
-            runner.commit(torch.ones(1, dtype=torch.int32))
+            runner.keep(torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32))
         return torch.stack(rows)
     finally:
         runner.close()

@@ -134,15 +134,6 @@ def depths(parents):
     return d
 
 
-def path_to(parents, node):
-    """Root-to-node list of node indices."""
-    out = []
-    while node >= 0:
-        out.append(node)
-        node = parents[node]
-    return out[::-1]
-
-
 class Trie:
     """Token sequences merged on shared prefixes, built in insertion order (BFS order is not
     needed: a child is always created after its parent, so ``parents[i] < i`` holds)."""

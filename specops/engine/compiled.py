@@ -97,7 +97,7 @@ class CompiledDecoder:
     model in this process.
 
     ``compile_s[key]``: seconds the first call of a graph key took (tracing, then code generation or
-    a disk-cache hit, and one run); ``cost_s[key]``: a running mean of the later calls' seconds."""
+    a disk-cache hit, and one run)."""
 
     def __init__(self, model, mode="default"):
         if mode not in MODES:
@@ -119,7 +119,6 @@ class CompiledDecoder:
         self._fn = torch.compile(self._forward, fullgraph=True, dynamic=False,
                                  **({} if mode == "default" else {"mode": mode}))
         self.compile_s = {}
-        self.cost_s = {}
         self._caches = {}  # (batch, layout, page size, dtype) -> (cache, weakref to the runner using it)
 
     def cache_for(self, runner, make, rows, key):
@@ -175,8 +174,6 @@ class CompiledDecoder:
             if key not in self.compile_s:  # dynamo's graph of another model of the same architecture
                 print("specops: reused a compiled graph", file=sys.stderr, flush=True)
             self.compile_s.setdefault(key, 0.0)
-            old = self.cost_s.get(key)
-            self.cost_s[key] = dt if old is None else 0.75 * old + 0.25 * dt
         # The final norm's forward hooks (e.g. the loop's feature capture) see its output here: a hook
         # traced into the graph would stay bound to the object it was traced with.
         for hook in (hooks or {}).values():
@@ -241,11 +238,6 @@ class CompiledRunner:
 
     def _key(self, Tb, W):
         return (Tb, mask_words(32 * W), self.runner.batch_size, self.runner.kv_layout, self.runner.batch_invariant)
-
-    def cost(self, T):
-        """Running mean seconds of a compiled forward of ``T`` query rows (its bucket), or None."""
-        Tb = bucket_for(T)
-        return None if Tb is None else self.decoder.cost_s.get(self._key(Tb, -(-T // 32)))
 
     def forward(self, tokens, mask, depth, block_lens, q_start, features=None):
         """Shape: tokens int [B, Tq], mask int32 [B, Tq, W], depth int32 [B, Tq], block_lens int32 [B],

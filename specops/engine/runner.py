@@ -196,16 +196,6 @@ class ModelRunner:
     # ---- compiled forwards -----------------------------------------------------------------------
 
     @property
-    def buckets(self):
-        """The block sizes compiled forwards are padded to (``()`` when not compiled)."""
-        return _compiled.BUCKETS if self.compiled is not None else ()
-
-    def block_cost(self, T):
-        """Measured seconds of a block forward of ``T`` query rows: the running mean of its bucket's
-        compiled forwards (a step function of T), or None before one ran (or when not compiled)."""
-        return None if self.compiled is None else self.compiled.cost(T)
-
-    @property
     def compile_time_s(self):
         """Seconds this runner's forwards spent compiling (tracing, code generation or loading a
         graph from the disk cache); 0.0 when every graph it used was compiled already."""
@@ -320,10 +310,6 @@ class ModelRunner:
         if self.keep_features and self._hidden is not None:
             self._keep_features(accept_idx, accept_lens)
         self.cache.compact(accept_idx, accept_lens, check=check, host_counts=host_counts)
-
-    def commit(self, counts):
-        """Keeps the first ``counts[b]`` block rows as they are (a chain accepted in order)."""
-        self.cache.commit(counts)
 
     def truncate(self, new_lens, host_lens=None):
         """lens = new_lens, each <= lens: metadata only. ``new_lens``: a host list (one staged upload)
