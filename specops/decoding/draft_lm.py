@@ -84,12 +84,10 @@ class DraftLM(ModelRunner):
         self.parents[b].append(int(parent))
         return len(self.tokens[b]) - 1
 
-    def size(self, b):
-        return len(self.tokens[b])
-
     @property
     def first_unfed(self):
-        """The first node the next ``forward`` computes a logits row for (its ``first_row_node``)."""
+        """The first node the next ``forward`` computes a logits row for (in every sequence: a row of
+        a sequence with fewer nodes is padding)."""
         return min(self.fed)
 
     def forward(self, rows=None, extra=None, features=None):
@@ -135,11 +133,6 @@ class DraftLM(ModelRunner):
         self.fed = [len(t) for t in self.tokens]
         picked = self._logits.reshape(self.B * Tq, -1)[up[at: at + len(rows)]] if rows else None
         return picked, (up[at + len(rows):] if extra else None)
-
-    @property
-    def first_row_node(self):
-        """A node every sequence has a logits row for after ``forward`` (rows may be padding)."""
-        return self._q0
 
     def logits(self, b, node):
         """Shape: -> [V], the draft's next-token logits after block node ``node``."""
