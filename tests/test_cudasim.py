@@ -351,6 +351,18 @@ def op_cases():
             c["tokens"], c["parents"], c["target_logits"], c["uniforms"], temperature=0.8, top_k=40, top_p=0.9,
             draft_logits=c["target_logits"] if m == "mss" else None, mode=m, num_nodes=c["num_nodes"],
             backend="cudasim"))(mode)
+    # under a grammar's bitmask (issue #33): the statistics passes and the walk read the mask words
+    words = torch.randint(-2**31, 2**31 - 1, (2, 23, 19), generator=g, dtype=torch.int32)
+    for mode in ("mss", "sample_match", "gsd"):
+        cases[f"verify_tree_logits_masked[{mode}]"] = (lambda m: lambda: specops.verify_tree_logits(
+            c["tokens"], c["parents"], c["target_logits"], c["uniforms"], temperature=0.8, top_k=40, top_p=0.9,
+            draft_logits=c["target_logits"].flip(-1), mode=m, num_nodes=c["num_nodes"], bitmask=words,
+            check=False, backend="cudasim"))(mode)
+    cw = random_verify_case(1, 3, 32768, generator=g)  # few long rows: warp_probs' split plan
+    wide_words = torch.randint(-2**31, 2**31 - 1, (1, 3, 1024), generator=g, dtype=torch.int32)
+    cases["verify_tree_logits_masked_split"] = lambda: specops.verify_tree_logits(
+        cw["tokens"], cw["parents"], cw["target_logits"], cw["uniforms"], temperature=0.8, top_p=0.9, mode="mss",
+        draft_logits=cw["target_logits"].flip(-1), num_nodes=cw["num_nodes"], bitmask=wide_words, backend="cudasim")
     xl = torch.randn(21, 530, generator=g).to(torch.bfloat16)
     wl = torch.randn(19, 530, generator=g).to(torch.bfloat16)
     bl = torch.randn(19, generator=g).to(torch.bfloat16)

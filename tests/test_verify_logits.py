@@ -263,12 +263,22 @@ def test_cudasim_thread_order_does_not_change_the_result():
     if sim is None:
         pytest.skip(f"cudasim: {_ext.cudasim_ext_error}")
     c, X, Y = case(3, 9, 601, 21)
+    cm, Xm, Ym, mask, _ = masked_case(3, 9, 601, 22)  # and under a grammar bitmask
+
+    def run(mode):
+        return (fused("cudasim", c, mode, X, Y, 0.9, 5, 0.9, dt=1.1, dk=0, dp=0.8),
+                specops.verify_tree_logits(cm["tokens"], cm["parents"], Xm, cm["uniforms"], temperature=0.9,
+                                           top_k=5, top_p=0.9, draft_logits=Ym, draft_temperature=1.1,
+                                           draft_top_p=0.8, mode=mode, num_nodes=cm["num_nodes"], bitmask=mask,
+                                           backend="cudasim"))
+
     try:
         for mode in MODES:
-            want = fused("cudasim", c, mode, X, Y, 0.9, 5, 0.9, dt=1.1, dk=0, dp=0.8)
+            want = run(mode)
             for order, seed in [("reverse", 0), ("shuffle", 1), ("shuffle", 2)]:
                 sim.set_schedule(order, seed)
-                assert_same(fused("cudasim", c, mode, X, Y, 0.9, 5, 0.9, dt=1.1, dk=0, dp=0.8), want)
+                for got, w in zip(run(mode), want):
+                    assert_same(got, w)
                 sim.set_schedule("forward")
     finally:
         sim.set_schedule("forward")

@@ -66,10 +66,22 @@ def _digits(z):
 
 
 @triton.jit
-def _load_z(x_row, offs, V, t, mx):
-    """z = (x - mx) / t, each operation rounded on its own; padding lanes get -inf."""
-    valid = offs < V
+def load_logits(x_row, offs, valid, mask_row, MASKED: tl.constexpr):
+    """Logits ``offs`` of a row as fp32, -inf where not valid. MASKED: also -inf where the
+    bitmask row ``mask_row`` (int32 words, bit j % 32 of word j // 32: apply_token_bitmask's
+    layout) clears the bit, at the load, so a NaN / +inf at a disallowed token is never used."""
     x = tl.load(x_row + offs, mask=valid, other=float("-inf")).to(tl.float32)
+    if MASKED:
+        words = tl.load(mask_row + (offs >> 5), mask=valid, other=0)
+        x = tl.where(((words >> (offs & 31)) & 1) != 0, x, float("-inf"))
+    return x
+
+
+@triton.jit
+def _load_z(x_row, offs, V, t, mx, mask_row, MASKED: tl.constexpr):
+    """z = (x - mx) / t, each operation rounded on its own; padding (and MASKED, disallowed) lanes get -inf."""
+    valid = offs < V
+    x = load_logits(x_row, offs, valid, mask_row, MASKED)
     return tl.math.div_rn(x - mx, t), valid
 
 
@@ -130,20 +142,20 @@ def _candidate_pass(cand_row, n, d_prev, scale, SHIFT: tl.constexpr, BITS: tl.co
 
 
 @triton.jit
-def count_select(x_row, cand_row, V, t, mx, k, BLOCK: tl.constexpr):
+def count_select(x_row, cand_row, V, t, mx, k, BLOCK: tl.constexpr, mask_row, MASKED: tl.constexpr):
     """float_key bits of the max key kappa with #(key >= kappa) >= k (the k-th largest z), in
     four 8-bit digits. The second pass also copies the tokens of the first digit to cand_row (V
     fp32 of scratch); the last two passes read only those, shrinking them once more."""
     bins = tl.arange(0, 256)
     hist = tl.zeros([256], dtype=tl.int32)
     for start in range(0, V, BLOCK):
-        z, valid = _load_z(x_row, start + tl.arange(0, BLOCK), V, t, mx)
+        z, valid = _load_z(x_row, start + tl.arange(0, BLOCK), V, t, mx, mask_row, MASKED)
         hist += tl.histogram((_digits(z) >> 24) & 255, 256, mask=valid)
     d0, above = _pick(hist.to(tl.int64), bins, tl.zeros([], dtype=tl.int64), k)
     hist = tl.zeros([256], dtype=tl.int32)
     n = tl.zeros([], dtype=tl.int32)
     for start in range(0, V, BLOCK):
-        z, valid = _load_z(x_row, start + tl.arange(0, BLOCK), V, t, mx)
+        z, valid = _load_z(x_row, start + tl.arange(0, BLOCK), V, t, mx, mask_row, MASKED)
         kb = _digits(z)
         live = valid & (((kb >> 24) & 255) == d0)
         hist += tl.histogram((kb >> 16) & 255, 256, mask=live)
@@ -160,13 +172,14 @@ def count_select(x_row, cand_row, V, t, mx, k, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def mass_select(x_row, cand_row, V, t, mx, scale, klo, p, BLOCK: tl.constexpr, BLOCK_SEL: tl.constexpr):
+def mass_select(x_row, cand_row, V, t, mx, scale, klo, p, BLOCK: tl.constexpr, BLOCK_SEL: tl.constexpr, mask_row,
+                MASKED: tl.constexpr):
     """float_key bits of the max key kappa whose fixed-point mass M(key >= kappa), over the tokens
     with key >= klo (signed _key), reaches top_p_target(p, total), in eight 4-bit digits.
     cand_row: V fp32 of scratch."""
     total = tl.zeros([], dtype=tl.int64)
     for start in range(0, V, BLOCK):
-        z, valid = _load_z(x_row, start + tl.arange(0, BLOCK), V, t, mx)
+        z, valid = _load_z(x_row, start + tl.arange(0, BLOCK), V, t, mx, mask_row, MASKED)
         total += tl.sum(tl.where(valid & (_key(z) >= klo), _mass(z, scale), 0), axis=0)
     # top_p_target: the smallest integer >= p * total, within [1, total].
     want = p.to(tl.float64) * total.to(tl.float64)
@@ -178,7 +191,7 @@ def mass_select(x_row, cand_row, V, t, mx, scale, klo, p, BLOCK: tl.constexpr, B
     slack = (total - target) // V
     n = tl.zeros([], dtype=tl.int32)
     for start in range(0, V, BLOCK):
-        z, valid = _load_z(x_row, start + tl.arange(0, BLOCK), V, t, mx)
+        z, valid = _load_z(x_row, start + tl.arange(0, BLOCK), V, t, mx, mask_row, MASKED)
         w = _mass(z, scale)
         cand = valid & (_key(z) >= klo) & (w > 0) & (w >= slack)
         c = cand.to(tl.int32)
@@ -198,11 +211,13 @@ def mass_select(x_row, cand_row, V, t, mx, scale, klo, p, BLOCK: tl.constexpr, B
 
 
 @triton.jit
-def row_stats(x_row, cand_row, V, t, k, p, scale, BLOCK: tl.constexpr, BLOCK_SEL: tl.constexpr):
+def row_stats(x_row, cand_row, V, t, k, p, scale, BLOCK: tl.constexpr, BLOCK_SEL: tl.constexpr, mask_row=0,
+              MASKED: tl.constexpr = False):
     """What a warped row is made of: (mx, klo, s, best). The row max mx, the kept set
     ``_key(z) >= klo``, the fp32 sum s of exp(z) over it (in BLOCK tiles: the tile width fixes the
     summation order), and for a greedy row (t below MIN_TEMPERATURE) the index ``best >= 0`` of its
-    one-hot (-1 otherwise; mx = 0 then). cand_row: V fp32 of scratch when top-k or top-p is on."""
+    one-hot (-1 otherwise; mx = 0 then). cand_row: V fp32 of scratch when top-k or top-p is on.
+    MASKED: the row as if the logits its bitmask row mask_row disallows were -inf (load_logits)."""
     mx = tl.full([], 0.0, tl.float32)
     klo = tl.full([], -2147483648, tl.int32)  # keep _key(z) >= klo
     s = tl.full([], 1.0, tl.float32)
@@ -212,16 +227,16 @@ def row_stats(x_row, cand_row, V, t, k, p, scale, BLOCK: tl.constexpr, BLOCK_SEL
         mx = tl.full([], float("-inf"), tl.float32)
         for start in range(0, V, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+            x = load_logits(x_row, offs, offs < V, mask_row, MASKED)
             mx = tl.maximum(mx, tl.max(x, axis=0))
         if (k > 0) & (k < V):
-            klo = count_select(x_row, cand_row, V, t, mx, k.to(tl.int64), BLOCK) ^ INT_MIN
+            klo = count_select(x_row, cand_row, V, t, mx, k.to(tl.int64), BLOCK, mask_row, MASKED) ^ INT_MIN
         if p < 1.0:
-            kp = mass_select(x_row, cand_row, V, t, mx, scale, klo, p, BLOCK, BLOCK_SEL) ^ INT_MIN
+            kp = mass_select(x_row, cand_row, V, t, mx, scale, klo, p, BLOCK, BLOCK_SEL, mask_row, MASKED) ^ INT_MIN
             klo = tl.maximum(klo, kp)
         s = tl.zeros([], dtype=tl.float32)
         for start in range(0, V, BLOCK):
-            z, valid = _load_z(x_row, start + tl.arange(0, BLOCK), V, t, mx)
+            z, valid = _load_z(x_row, start + tl.arange(0, BLOCK), V, t, mx, mask_row, MASKED)
             s += tl.sum(tl.where(valid & (_key(z) >= klo), tl.exp(z), 0.0), axis=0)
     else:
         # Greedy: the first index of the maximal logit.
@@ -229,7 +244,7 @@ def row_stats(x_row, cand_row, V, t, k, p, scale, BLOCK: tl.constexpr, BLOCK_SEL
         best_idx = tl.zeros([], dtype=tl.int32)
         for start in range(0, V, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+            x = load_logits(x_row, offs, offs < V, mask_row, MASKED)
             tmax = tl.max(x, axis=0)
             tidx = tl.min(tl.where(x == tmax, offs, V), axis=0)
             better = tmax > best

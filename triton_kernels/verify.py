@@ -31,7 +31,7 @@ def _match_kernel(
     len_ptr,  # [B] int32 out
     bonus_ptr,  # [B] int32 out
     st_ptr,  # [2, B * T, STAT_WORDS] int32 warping statistics (LOGITS only)
-    mask_ptr,  # [B, T, W] int32 allowed tokens per node (R1 with MASKED only)
+    mask_ptr,  # [B, T, W] int32 allowed tokens per node (MASKED only)
     T,
     V,
     S,
@@ -55,12 +55,14 @@ def _match_kernel(
     bonus = tl.full([], 0, tl.int32)
     while done == 0:
         row = rows_ptr + (b * T + u) * V
+        mrow = mask_ptr + (b * T + u) * ((V + 31) // 32)
         if SAMPLE:
             st = st_ptr + (b * T + u) * STAT_WORDS
-            W = _sum_fix(row, V, scale, BLOCK_V, False, st, LOGITS)
-            v = _sample_row(row, V, scale, W, tl.load(u_ptr + (b * T + u) * 2 + 1), BLOCK_V, False, st, LOGITS)
+            W = _sum_fix(row, V, scale, BLOCK_V, False, st, LOGITS, mrow, MASKED)
+            v = _sample_row(row, V, scale, W, tl.load(u_ptr + (b * T + u) * 2 + 1), BLOCK_V, False, st, LOGITS, mrow,
+                            MASKED)
         else:
-            v = _argmax_row(row, V, BLOCK_V, mask_ptr + (b * T + u) * ((V + 31) // 32), MASKED)
+            v = _argmax_row(row, V, BLOCK_V, mrow, MASKED)
         hit = (par == u) & (tok == v) & (t_idx > u)
         c = tl.min(tl.where(hit, t_idx, BLOCK_T), axis=0)
         if c < BLOCK_T:
@@ -88,6 +90,7 @@ def _mss_kernel(
     len_ptr,  # [B] int32 out
     bonus_ptr,  # [B] int32 out
     st_ptr,  # [2, B * T, STAT_WORDS] int32 warping statistics of target, draft rows (LOGITS only)
+    mask_ptr,  # [B, T, W] int32 allowed tokens per node (LOGITS with MASKED only)
     T,
     V,
     S,
@@ -96,6 +99,7 @@ def _mss_kernel(
     LOGITS: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    MASKED: tl.constexpr = False,
 ):
     # mss_walk of csrc/verify_common.h; row kinds as in _load_row.
     b = tl.program_id(0).to(tl.int64)
@@ -113,6 +117,8 @@ def _mss_kernel(
     while done == 0:
         kids = (par == u) & (t_idx > u)
         nk = tl.sum(kids.to(tl.int32), axis=0)
+        # Every logits row read below is under u's grammar state: target row u, drafts of u's children.
+        mrow = mask_ptr + (b * T + u) * ((V + 31) // 32)
         # The target distribution at u is R / Z, R3w's proposer Qr / Zq.
         r_kind = tl.full([], 0, tl.int32)
         r_node = u
@@ -140,12 +146,12 @@ def _mss_kernel(
             elif MODE == 2:
                 q_kind = qr_kind
                 q_node = qr_node
-                qx = _load_at(q_kind, q_node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS)
+                qx = _load_at(q_kind, q_node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS, mrow, MASKED)
             else:
                 q_kind = tl.full([], 1, tl.int32)
                 q_node = s
-                qx = _load_at(q_kind, q_node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS)
-            rx = _load_at(r_kind, r_node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS)
+                qx = _load_at(q_kind, q_node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS, mrow, MASKED)
+            rx = _load_at(r_kind, r_node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS, mrow, MASKED)
             d = s
             if _accept(tl.load(u_ptr + (b * T + s) * 2), qx, Z, rx, Zq):
                 accepted = s
@@ -158,7 +164,8 @@ def _mss_kernel(
                         for start in range(0, V, BLOCK_V):
                             offs = start + tl.arange(0, BLOCK_V)
                             m = offs < V
-                            v = _load_row(0, r_node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS)
+                            v = _load_row(0, r_node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS,
+                                          mrow, MASKED)
                             v = tl.where(offs == x, 0.0, v)
                             tl.store(buf_ptr + (b * NB) * V + offs, v, mask=m)
                             acc += _fix(v, scale)
@@ -187,8 +194,10 @@ def _mss_kernel(
                 for start in range(0, V, BLOCK_V):
                     offs = start + tl.arange(0, BLOCK_V)
                     m = offs < V
-                    rr = _load_row(r_kind, r_node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS)
-                    qq = _load_row(q_kind, q_node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS)
+                    rr = _load_row(r_kind, r_node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS,
+                                   mrow, MASKED)
+                    qq = _load_row(q_kind, q_node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS,
+                                   mrow, MASKED)
                     c = rr * Zq - Z * qq
                     c = tl.where(c > 0, c, 0.0)
                     tl.store(buf_ptr + (b * NB + dst - 2) * V + offs, c, mask=m)
@@ -212,8 +221,8 @@ def _mss_kernel(
             if r_kind == 0:
                 row = p_ptr + (b * T + r_node) * V
                 st = st_ptr + (b * T + r_node) * STAT_WORDS
-                W = _sum_fix(row, V, scale, BLOCK_V, False, st, LOGITS)
-                bonus = _sample_row(row, V, scale, W, ud, BLOCK_V, False, st, LOGITS)
+                W = _sum_fix(row, V, scale, BLOCK_V, False, st, LOGITS, mrow, MASKED)
+                bonus = _sample_row(row, V, scale, W, ud, BLOCK_V, False, st, LOGITS, mrow, MASKED)
             else:
                 bonus = _sample_row(buf_ptr + (b * NB + r_kind - 2) * V, V, scale, W, ud, BLOCK_V)
             done += 1
@@ -238,16 +247,19 @@ def _gsd_kernel(
     len_ptr,  # [B] int32 out
     bonus_ptr,  # [B] int32 out
     st_ptr,  # [2, B * T, STAT_WORDS] int32 warping statistics (LOGITS only)
+    mask_ptr,  # [B, T, W] int32 allowed tokens per node (LOGITS with MASKED only)
     T,
     V,
     S,
     LOGITS: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    MASKED: tl.constexpr = False,
 ):
     # R5: every node walks its ancestors in lock-step, AND-ing the edge tests on the way.
     b = tl.program_id(0).to(tl.int64)
     scale = _exp2i(S)
+    MW = (V + 31) // 32
     n = tl.minimum(tl.maximum(tl.load(n_ptr + b), 1), T)
     t_idx = tl.arange(0, BLOCK_T)
     live = t_idx < n
@@ -262,8 +274,10 @@ def _gsd_kernel(
         xin = good & (x >= 0) & (x < V)
         if LOGITS:
             N = tl.num_programs(0).to(tl.int64) * T
-            pr = _logit_prob(p_ptr + (b * T + pc) * V, x, xin, st_ptr + (b * T + pc) * STAT_WORDS)
-            qr = _logit_prob(q_ptr + (b * T + cur) * V, x, xin, st_ptr + (N + b * T + cur) * STAT_WORDS)
+            # Both under the parent's grammar state (the mask row pc), as the edge pc -> cur is.
+            mrow = mask_ptr + (b * T + pc) * MW
+            pr = _logit_prob(p_ptr + (b * T + pc) * V, x, xin, st_ptr + (b * T + pc) * STAT_WORDS, mrow, MASKED)
+            qr = _logit_prob(q_ptr + (b * T + cur) * V, x, xin, st_ptr + (N + b * T + cur) * STAT_WORDS, mrow, MASKED)
         else:
             pr = tl.load(p_ptr + (b * T + pc) * V + x, mask=xin, other=0.0)
             qr = tl.load(q_ptr + (b * T + cur) * V + x, mask=xin, other=0.0)
@@ -283,9 +297,10 @@ def _gsd_kernel(
     tl.store(len_ptr + b, m + 1)
     row = p_ptr + (b * T + end) * V
     st = st_ptr + (b * T + end) * STAT_WORDS
-    W = _sum_fix(row, V, scale, BLOCK_V, False, st, LOGITS)
+    mrow = mask_ptr + (b * T + end) * MW
+    W = _sum_fix(row, V, scale, BLOCK_V, False, st, LOGITS, mrow, MASKED)
     u1 = tl.load(u_ptr + (b * T + end) * 2 + 1)
-    tl.store(bonus_ptr + b, _sample_row(row, V, scale, W, u1, BLOCK_V, False, st, LOGITS))
+    tl.store(bonus_ptr + b, _sample_row(row, V, scale, W, u1, BLOCK_V, False, st, LOGITS, mrow, MASKED))
 
 
 @triton.jit
@@ -361,9 +376,10 @@ def verify_greedy(tokens, parents, target_logits, num_nodes, bitmask=None):
     return out
 
 
-def verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode, stats=None):
+def verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode, stats=None, bitmask=None):
     """Shape: as specops.verify_tree (validated there). With ``stats`` (int32 [2, B * T,
-    STAT_WORDS], triton_kernels/verify_logits.py) the rows are logits, warped on the fly."""
+    STAT_WORDS], triton_kernels/verify_logits.py) the rows are logits, warped on the fly, and
+    with ``bitmask`` (int32 [B, T, ceil(V / 32)], stats computed under it) masked as they are read."""
     B, T = tokens.shape
     V = target_probs.shape[2]
     out = _outputs(tokens, T)
@@ -373,17 +389,20 @@ def verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes,
     u = uniforms.contiguous()
     q = draft_probs.contiguous() if draft_probs is not None else args[3]
     logits = stats is not None
+    assert logits or bitmask is None, "a bitmask masks logits rows (stats), not probabilities"
     st = stats if logits else u
-    common = dict(LOGITS=logits, BLOCK_T=triton.next_power_of_2(T), BLOCK_V=_block_v(V), enable_fp_fusion=False)
+    mask = bitmask.contiguous() if bitmask is not None else u
+    common = dict(LOGITS=logits, BLOCK_T=triton.next_power_of_2(T), BLOCK_V=_block_v(V), MASKED=bitmask is not None,
+                  enable_fp_fusion=False)
     S = _fix_shift(V)
     if mode == "sample_match":
-        _match_kernel[(B,)](args[0], args[1], args[2], args[3], u, *out, st, u, T, V, S, SAMPLE=True, **common)
+        _match_kernel[(B,)](args[0], args[1], args[2], args[3], u, *out, st, mask, T, V, S, SAMPLE=True, **common)
     elif mode == "gsd":
-        _gsd_kernel[(B,)](*args, q, u, *out, st, T, V, S, **common)
+        _gsd_kernel[(B,)](*args, q, u, *out, st, mask, T, V, S, **common)
     else:
         nb = NBUF[MODES[mode]]
         buf = torch.empty(B, nb, V, dtype=torch.float32, device=tokens.device)
-        _mss_kernel[(B,)](*args, q, u, buf, *out, st, T, V, S, MODE=MODES[mode], NB=nb, **common)
+        _mss_kernel[(B,)](*args, q, u, buf, *out, st, mask, T, V, S, MODE=MODES[mode], NB=nb, **common)
     return out
 
 

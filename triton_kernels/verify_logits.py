@@ -10,6 +10,10 @@
    writes its rows with, so the walk sees warp_probs' probabilities bit for bit. Residual rows live
    in the walk's [B, NB, V] scratch, as in verify_tree.
 
+With a bitmask (MASKED) both read the mask words next to the logits they mask (load_logits of
+triton_kernels/sampling.py): target row u under bitmask row u, draft row c under row parents[c].
+No masked copy of the logits is made and no pass is added.
+
 Extra memory: 2 * B * T * STAT_WORDS int32 + G * V + B * NB * V fp32 (as verify_tree's).
 """
 import torch
@@ -32,12 +36,17 @@ def _row_stats_kernel(
     top_p_ptr,  # [2, N] fp32
     st_ptr,  # [2, N, STAT_WORDS] int32 out
     cand_ptr,  # [G, V] fp32 scratch
+    mask_ptr,  # [N, W] int32 allowed tokens per node (MASKED only)
+    par_ptr,  # [N] int32 parents (MASKED only)
     N,
     R,  # rows to do: N (target only) or 2 * N
+    D0,  # the first draft row of this launch (MASKED only): N, or 0 for a draft-only launch
+    T,
     V,
     scale,
     BLOCK: tl.constexpr,
     BLOCK_SEL: tl.constexpr,
+    MASKED: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     cand_row = cand_ptr + pid.to(tl.int64) * V
@@ -47,9 +56,18 @@ def _row_stats_kernel(
             x_row = x_ptr + r64 * V
         else:
             x_row = y_ptr + (r64 - N) * V
+        mrow = mask_ptr
+        if MASKED:
+            # Draft row c was drawn in its parent's grammar state: mask row parents[c], row 0 of the
+            # sequence for the root (and a padding node's parent outside [0, c)).
+            c = r64 - D0
+            i = c % T
+            pc = tl.load(par_ptr + c, mask=c >= 0, other=0)
+            node = tl.where(c >= 0, c - i + tl.where((pc >= 0) & (pc < i), pc, 0), r64)
+            mrow = mask_ptr + node * ((V + 31) // 32)
         t = tl.load(temp_ptr + r64)
         mx, klo, s, best = row_stats(x_row, cand_row, V, t, tl.load(top_k_ptr + r64), tl.load(top_p_ptr + r64),
-                                     scale, BLOCK, BLOCK_SEL)
+                                     scale, BLOCK, BLOCK_SEL, mrow, MASKED)
         t = tl.where(best >= 0, 1.0, t)
         out = st_ptr + r64 * STAT_WORDS
         tl.store(out, mx.to(tl.int32, bitcast=True))
@@ -60,8 +78,9 @@ def _row_stats_kernel(
         tl.debug_barrier()  # the next row's candidates overwrite this one's scratch
 
 
-def row_stats_of(target_logits, draft_logits, t, k, p, dt, dk, dp):
-    """Shape: logits [B, T, V] (draft may be None), params [B * T] -> int32 [2, B * T, STAT_WORDS]."""
+def row_stats_of(target_logits, draft_logits, t, k, p, dt, dk, dp, parents=None, bitmask=None):
+    """Shape: logits [B, T, V] (draft may be None), params [B * T], parents int32 [B, T] and bitmask
+    int32 [B, T, ceil(V / 32)] or None -> int32 [2, B * T, STAT_WORDS]."""
     B, T, V = target_logits.shape
     N = B * T
     x = target_logits.contiguous()
@@ -72,28 +91,32 @@ def row_stats_of(target_logits, draft_logits, t, k, p, dt, dk, dp):
     # One launch per logits dtype: the draft's may differ from the target's.
     if draft_logits is None or draft_logits.dtype == x.dtype:
         y = x if draft_logits is None else draft_logits.contiguous()
-        launches = [(x, y, temp, top_k, top_p, stats, N if draft_logits is None else 2 * N)]
+        launches = [(x, y, temp, top_k, top_p, stats, N if draft_logits is None else 2 * N, N)]
     else:
-        launches = [(x, x, temp, top_k, top_p, stats, N),
+        launches = [(x, x, temp, top_k, top_p, stats, N, N),
                     (draft_logits.contiguous(), draft_logits.contiguous(), temp[1:], top_k[1:], top_p[1:], stats[1:],
-                     N)]
-    for xx, yy, tt, kk, pp, st, R in launches:
+                     N, 0)]
+    masked = bitmask is not None
+    mask, par = (bitmask.contiguous(), parents.contiguous()) if masked else (stats, stats)
+    for xx, yy, tt, kk, pp, st, R, D0 in launches:
         G = min(R, MAX_PROGRAMS)
         cand = torch.empty(G, V, dtype=torch.float32, device=x.device)
-        _row_stats_kernel[(G,)](xx, yy, tt, kk, pp, st, cand, N, R, V, scale, BLOCK=block, BLOCK_SEL=block_sel,
-                                num_warps=NUM_WARPS)
+        _row_stats_kernel[(G,)](xx, yy, tt, kk, pp, st, cand, mask, par, N, R, D0, T, V, scale, BLOCK=block,
+                                BLOCK_SEL=block_sel, MASKED=masked, num_warps=NUM_WARPS)
     return stats
 
 
-def verify_tree_logits(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp, num_nodes, mode):
+def verify_tree_logits(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp, num_nodes, mode,
+                       bitmask=None):
     """Shape: as specops.verify_tree_logits (validated there); params [B * T]."""
     if tokens.shape[0] == 0:
         return verify.verify_tree(tokens, parents, target_logits, uniforms, draft_logits, num_nodes, mode)
-    stats = row_stats_of(target_logits, draft_logits, t, k, p, dt, dk, dp)
-    return verify.verify_tree(tokens, parents, target_logits, uniforms, draft_logits, num_nodes, mode, stats=stats)
+    stats = row_stats_of(target_logits, draft_logits, t, k, p, dt, dk, dp, parents, bitmask)
+    return verify.verify_tree(tokens, parents, target_logits, uniforms, draft_logits, num_nodes, mode, stats=stats,
+                              bitmask=bitmask)
 
 
-def _aot_case(T, mode, dtype):
+def _aot_case(T, mode, dtype, masked=False):
     def call():
         B, V = 4, 49152
         i32 = dict(dtype=torch.int32, device="meta")
@@ -101,13 +124,17 @@ def _aot_case(T, mode, dtype):
         x = torch.empty(B, T, V, dtype=dtype, device="meta")
         draft = None if mode in ("sample_match", "mss_pointmass") else torch.empty(B, T, V, dtype=dtype, device="meta")
         prm = [torch.empty(B * T, **f32), torch.empty(B * T, **i32), torch.empty(B * T, **f32)]
+        mask = torch.empty(B, T, V // 32, **i32) if masked else None
         verify_tree_logits(torch.empty(B, T, **i32), torch.empty(B, T, **i32), x, torch.empty(B, T, 2, **f32), *prm,
-                           draft, *prm, torch.empty(B, **i32), mode)
+                           draft, *prm, torch.empty(B, **i32), mode, mask)
     return call
 
 
 # The statistics kernel and every walk with LOGITS=True, per logits dtype, compiled by
-# specops.triton_kernels.aot as the JIT would.
-AOT_SPECS = [(f"logits {mode} T8 {str(dt)[6:]}", None, _aot_case(8, mode, dt), verify._VERIFY_SPILLS)
-             for mode in ("mss", "mss_pointmass", "mss_noreplace", "sample_match", "gsd")
+# specops.triton_kernels.aot as the JIT would; MASKED (a grammar's bitmask) for a draft-reading
+# and a target-only walk, the statistics kernel masked with both.
+AOT_SPECS = [(f"logits {mode} T8 {str(dt)[6:]}{' masked' if masked else ''}", None, _aot_case(8, mode, dt, masked),
+              verify._VERIFY_SPILLS)
+             for mode, masked in [(m, False) for m in ("mss", "mss_pointmass", "mss_noreplace", "sample_match", "gsd")]
+             + [("mss", True), ("sample_match", True), ("gsd", True)]
              for dt in (torch.float32, torch.bfloat16)]

@@ -4,7 +4,7 @@ of csrc/cpu/verify_rows.cpp's row passes."""
 import triton
 import triton.language as tl
 
-from .sampling import warp_value
+from .sampling import load_logits, warp_value
 
 STAT_WORDS = tl.constexpr(5)  # a row's warping statistics: mx, t (fp32 bits), klo, s (fp32 bits), best
 
@@ -60,10 +60,12 @@ def _det_exp(x):
 
 
 @triton.jit
-def _logit_prob(row, offs, m, st):
+def _logit_prob(row, offs, m, st, mrow=0, MASKED: tl.constexpr = False):
     """Entries offs (where m) of a row warped from its logits `row`, with the statistics at st
-    (STAT_WORDS int32 each; st may be a tensor of pointers, one per entry); 0 where not m."""
-    x = tl.load(row + offs, mask=m, other=float("-inf")).to(tl.float32)
+    (STAT_WORDS int32 each; st may be a tensor of pointers, one per entry); 0 where not m.
+    MASKED: the logits the bitmask row mrow (int32 words; may be per entry like st) disallows are
+    -inf, as they were for the statistics."""
+    x = load_logits(row, offs, m, mrow, MASKED)
     mx = tl.load(st).to(tl.float32, bitcast=True)
     t = tl.load(st + 1).to(tl.float32, bitcast=True)
     klo = tl.load(st + 2)
@@ -73,9 +75,9 @@ def _logit_prob(row, offs, m, st):
 
 
 @triton.jit
-def _row_weights(row, offs, V, scale, LOGPROB: tl.constexpr, st, LOGITS: tl.constexpr):
+def _row_weights(row, offs, V, scale, LOGPROB: tl.constexpr, st, LOGITS: tl.constexpr, mrow, MASKED: tl.constexpr):
     if LOGITS:
-        x = _logit_prob(row, offs, offs < V, st)
+        x = _logit_prob(row, offs, offs < V, st, mrow, MASKED)
     else:
         x = tl.load(row + offs, mask=offs < V, other=0.0).to(tl.float32)
     if LOGPROB:
@@ -84,17 +86,19 @@ def _row_weights(row, offs, V, scale, LOGPROB: tl.constexpr, st, LOGITS: tl.cons
 
 
 @triton.jit
-def _sum_fix(row, V, scale, BLOCK_V: tl.constexpr, LOGPROB: tl.constexpr = False, st=0, LOGITS: tl.constexpr = False):
-    # LOGITS: row holds logits, warped with the statistics at st (see _logit_prob).
+def _sum_fix(row, V, scale, BLOCK_V: tl.constexpr, LOGPROB: tl.constexpr = False, st=0, LOGITS: tl.constexpr = False,
+             mrow=0, MASKED: tl.constexpr = False):
+    # LOGITS: row holds logits, warped with the statistics at st (MASKED: under the bitmask row
+    # mrow; see _logit_prob).
     acc = tl.zeros([BLOCK_V], dtype=tl.int64)
     for start in range(0, V, BLOCK_V):
-        acc += _row_weights(row, start + tl.arange(0, BLOCK_V), V, scale, LOGPROB, st, LOGITS)
+        acc += _row_weights(row, start + tl.arange(0, BLOCK_V), V, scale, LOGPROB, st, LOGITS, mrow, MASKED)
     return tl.sum(acc, axis=0)
 
 
 @triton.jit
 def _sample_row(row, V, scale, W, u, BLOCK_V: tl.constexpr, LOGPROB: tl.constexpr = False, st=0,
-                LOGITS: tl.constexpr = False):
+                LOGITS: tl.constexpr = False, mrow=0, MASKED: tl.constexpr = False):
     # Inverse CDF over the fixed-point weights: the first index whose running sum exceeds the
     # threshold, in two levels. Level 1: chunk totals (each a parallel sum over BLOCK_V tokens)
     # and a running scan over them, until the chunk where the sum passes the threshold; level 2:
@@ -107,7 +111,7 @@ def _sample_row(row, V, scale, W, u, BLOCK_V: tl.constexpr, LOGPROB: tl.constexp
     start = tl.full([], 0, tl.int64)
     while (found < 0) & (start < V) & (W > 0):
         offs = start + tl.arange(0, BLOCK_V)
-        w = _row_weights(row, offs, V, scale, LOGPROB, st, LOGITS)
+        w = _row_weights(row, offs, V, scale, LOGPROB, st, LOGITS, mrow, MASKED)
         s = tl.sum(w, axis=0)
         if run + s > t:
             hit = (tl.cumsum(w, axis=0) + run > t) & (offs < V)
@@ -126,10 +130,7 @@ def _argmax_row(row, V, BLOCK_V: tl.constexpr, mask_row, MASKED: tl.constexpr):
     best_i = tl.full([], 0, tl.int32)
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
-        x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-        if MASKED:
-            words = tl.load(mask_row + (offs >> 5), mask=offs < V, other=0)
-            x = tl.where(((words >> (offs & 31)) & 1) != 0, x, float("-inf"))
+        x = load_logits(row, offs, offs < V, mask_row, MASKED)
         key = tl.where(x != x, float("inf"), x)
         cm = tl.max(key, axis=0)
         ci = tl.min(tl.where(key == cm, offs, V), axis=0)
@@ -140,14 +141,15 @@ def _argmax_row(row, V, BLOCK_V: tl.constexpr, mask_row, MASKED: tl.constexpr):
 
 @triton.jit
 def _load_row(kind, node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB: tl.constexpr, st_ptr, N,
-              LOGITS: tl.constexpr):
+              LOGITS: tl.constexpr, mrow=0, MASKED: tl.constexpr = False):
     # kind 0: target row `node`, 1: draft row `node`, 2..: scratch row kind - 2 (the masked loads
     # of the rows not selected touch no memory). LOGITS: p_ptr / q_ptr hold logits [N, V], warped
-    # with the statistics st_ptr [2, N, STAT_WORDS].
+    # with the statistics st_ptr [2, N, STAT_WORDS]; MASKED: under the bitmask row mrow, the walk's
+    # node u (target row u's and its children's draft rows' mask; scratch rows are built masked).
     if LOGITS:
         r = b * T + node
-        a = _logit_prob(p_ptr + r * V, offs, m & (kind == 0), st_ptr + r * STAT_WORDS)
-        c = _logit_prob(q_ptr + r * V, offs, m & (kind == 1), st_ptr + (N + r) * STAT_WORDS)
+        a = _logit_prob(p_ptr + r * V, offs, m & (kind == 0), st_ptr + r * STAT_WORDS, mrow, MASKED)
+        c = _logit_prob(q_ptr + r * V, offs, m & (kind == 1), st_ptr + (N + r) * STAT_WORDS, mrow, MASKED)
     else:
         a = tl.load(p_ptr + (b * T + node) * V + offs, mask=m & (kind == 0), other=0.0)
         c = tl.load(q_ptr + (b * T + node) * V + offs, mask=m & (kind == 1), other=0.0)
@@ -156,5 +158,7 @@ def _load_row(kind, node, offs, m, p_ptr, q_ptr, buf_ptr, b, T, V, NB: tl.conste
 
 
 @triton.jit
-def _load_at(kind, node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB: tl.constexpr, st_ptr, N, LOGITS: tl.constexpr):
-    return _load_row(kind, node, x, (x >= 0) & (x < V), p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS)
+def _load_at(kind, node, x, p_ptr, q_ptr, buf_ptr, b, T, V, NB: tl.constexpr, st_ptr, N, LOGITS: tl.constexpr, mrow=0,
+             MASKED: tl.constexpr = False):
+    return _load_row(kind, node, x, (x >= 0) & (x < V), p_ptr, q_ptr, buf_ptr, b, T, V, NB, st_ptr, N, LOGITS, mrow,
+                     MASKED)

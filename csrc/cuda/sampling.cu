@@ -48,16 +48,19 @@ constexpr int kPasses = 8;             // digit passes: 4 for top-k, 4 for top-p
 __device__ bool top_k_on(int32_t k, int64_t V) { return k > 0 && k < V; }
 __device__ bool top_p_on(float p) { return p < 1.0f; }
 
-// z = (x - max x) / t, each operation rounded on its own (as on every backend).
+// z = (x - max x) / t, each operation rounded on its own (as on every backend); x masked by words
+// (nullptr: none).
 template <typename scalar_t>
-__device__ float scaled(const scalar_t* x, int64_t i, float mx, float t) {
-  return __fdiv_rn(__fsub_rn(static_cast<float>(x[i]), mx), t);
+__device__ float scaled(const scalar_t* x, int64_t i, float mx, float t, const int32_t* words) {
+  return __fdiv_rn(__fsub_rn(logit_at(x, i, words), mx), t);
 }
 
 // ---- one block per row ----------------------------------------------------------------------
 
+// Four resident blocks per SM (32 registers a thread), as before the bitmask reads: without the
+// bound, ptxas takes 40 on sm_90 for the masked loads and three blocks fit.
 template <typename scalar_t>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 4)
     warp_probs_kernel(const scalar_t* __restrict__ logits,  // [N, V], row stride row_stride
                       int64_t row_stride,
                       const float* __restrict__ temperature,  // [N]
@@ -65,6 +68,7 @@ __global__ void __launch_bounds__(kThreads)
                       const float* __restrict__ top_p,        // [N]
                       float* __restrict__ out,                // [N, V], or nullptr with stats
                       WarpRowStats* __restrict__ stats,       // [N] (verify_tree_logits), or nullptr
+                      RowMask mask,                           // verify_tree_logits' bitmask, or none
                       int64_t V) {
   __shared__ float s_float[32];
   __shared__ long long s_index[32];
@@ -76,6 +80,7 @@ __global__ void __launch_bounds__(kThreads)
 
   const int64_t row = blockIdx.x;
   const scalar_t* x = logits + row * row_stride;
+  const int32_t* w = mask.row(row);
   float* o = out + row * V;
   const float t = temperature[row];
 
@@ -84,7 +89,7 @@ __global__ void __launch_bounds__(kThreads)
     float best = -kInf;
     long long idx = V;
     for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-      const float v = static_cast<float>(x[i]);
+      const float v = logit_at(x, i, w);
       if (v > best || (idx == V && v == best)) {
         best = v;
         idx = i;
@@ -104,9 +109,9 @@ __global__ void __launch_bounds__(kThreads)
   // Subtracting the row max first keeps huge logits and tiny temperatures finite; max z = 0, so
   // the unnormalised probabilities are exp(z).
   float mx = -kInf;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, static_cast<float>(x[i]));
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, logit_at(x, i, w));
   mx = block::reduce(mx, block::Max(), s_float);
-  auto z = [&](int64_t i) { return scaled(x, i, mx, t); };
+  auto z = [&](int64_t i) { return scaled(x, i, mx, t, w); };
   const float scale = mass_scale(V);
 
   uint32_t kappa = 0;  // keep float_key(z) >= kappa
@@ -144,7 +149,7 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x == 0) stats[row] = {mx, sum, kappa, -1};
     return;
   }
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) o[i] = warped_value(x, i, mx, t, kappa, sum);
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) o[i] = warped_value(x, i, mx, t, kappa, sum, w);
 }
 
 // ---- split rows: (chunk, row) blocks, one launch per pass -------------------------------------
@@ -165,6 +170,7 @@ struct Split {
   const float* top_p;        // [N]
   float* out;                // [N, V], or nullptr with stats
   WarpRowStats* stats;       // [N] (verify_tree_logits: the statistics instead of the rows), or nullptr
+  RowMask mask;              // verify_tree_logits' bitmask, or none
   int64_t V, chunk;          // block x covers [x * chunk, min(V, (x + 1) * chunk))
   float* part_max;           // [N, C] chunk maxima of the logits
   long long* part_arg;       // [N, C] first index of the chunk maximum (greedy rows)
@@ -238,6 +244,7 @@ __global__ void __launch_bounds__(kThreads) warp_probs_max_kernel(Split<scalar_t
   __shared__ SplitShared sh;
   const int64_t row = blockIdx.y, V = a.V;
   const scalar_t* x = a.logits + row * a.row_stride;
+  const int32_t* w = a.mask.row(row);
   const int64_t begin = blockIdx.x * a.chunk, end = min(V, begin + a.chunk);
   if (blockIdx.x == 0) {
     unsigned long long* h = a.hist + row * kPasses * block::kRadixBins;
@@ -246,7 +253,7 @@ __global__ void __launch_bounds__(kThreads) warp_probs_max_kernel(Split<scalar_t
   float best = -kInf;  // NaN never wins, as in the one-block greedy path
   long long idx = V;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float v = static_cast<float>(x[i]);
+    const float v = logit_at(x, i, w);
     if (v > best || (idx == V && v == best)) {
       best = v;
       idx = i;
@@ -275,6 +282,7 @@ __global__ void __launch_bounds__(kThreads) warp_probs_pass_kernel(Split<scalar_
   if (!(pass < 4 ? top_k_on(k, V) : top_p_on(p))) return;
   const float mx = row_max(a, row, sh);
   const scalar_t* x = a.logits + row * a.row_stride;
+  const int32_t* w = a.mask.row(row);
   const float scale = mass_scale(V);
   const int64_t begin = blockIdx.x * a.chunk, end = min(V, begin + a.chunk);
   block::radix_clear(sub);
@@ -282,7 +290,7 @@ __global__ void __launch_bounds__(kThreads) warp_probs_pass_kernel(Split<scalar_
   block::radix_histogram<W>(
       begin, end,
       [&](int64_t i, uint32_t& key) {
-        const float zi = scaled(x, i, mx, t);
+        const float zi = scaled(x, i, mx, t, w);
         key = float_key(zi);
         if constexpr (!kMass) return W(1);
         else return key >= st.kappa ? static_cast<W>(mass_fixed(expf(zi), scale)) : W(0);
@@ -306,10 +314,11 @@ __global__ void __launch_bounds__(kThreads) warp_probs_sum_kernel(Split<scalar_t
   const RowState st = row_state(a, row, kPasses, a.top_k[row], a.top_p[row], sh);
   const float mx = row_max(a, row, sh);
   const scalar_t* x = a.logits + row * a.row_stride;
+  const int32_t* w = a.mask.row(row);
   const int64_t begin = blockIdx.x * a.chunk, end = min(V, begin + a.chunk);
   float sum = 0.0f;
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const float zi = scaled(x, i, mx, t);
+    const float zi = scaled(x, i, mx, t, w);
     sum += float_key(zi) >= st.kappa ? expf(zi) : 0.0f;
   }
   sum = block::reduce(sum, block::Sum(), sh.f32);
@@ -347,7 +356,8 @@ __global__ void __launch_bounds__(kThreads) warp_probs_write_kernel(Split<scalar
     if (blockIdx.x == 0 && threadIdx.x == 0) a.stats[row] = {mx, sum, kappa, -1};
     return;
   }
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) o[i] = warped_value(x, i, mx, t, kappa, sum);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
+    o[i] = warped_value(x, i, mx, t, kappa, sum, a.mask.row(row));
 }
 
 // Blocks per row of the split plan (1: one block per row). Enough blocks for about two per SM,
@@ -378,9 +388,10 @@ void launch_split(const Split<scalar_t>& a, int64_t N, int64_t C, cudaStream_t s
   SPECOPS_LAUNCH_CHECK();
 }
 
-// warp_probs' launch plan for logits [N, V]: the rows into out, or their statistics into stats.
+// warp_probs' launch plan for logits [N, V]: the rows into out, or their statistics into stats
+// (of the rows masked by mask, where it has words).
 void launch_warp(const at::Tensor& x, const at::Tensor& tt, const at::Tensor& kk, const at::Tensor& pp, float* out,
-                 WarpRowStats* stats) {
+                 WarpRowStats* stats, const RowMask& mask) {
   const int64_t N = x.size(0), V = x.size(1);
   int sms = 0;
   SPECOPS_GPU_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.get_device()));
@@ -390,7 +401,7 @@ void launch_warp(const at::Tensor& x, const at::Tensor& tt, const at::Tensor& kk
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "warp_probs_cuda", [&] {
       SPECOPS_LAUNCH(N, kThreads, 0, stream, warp_probs_kernel<scalar_t>)(
           x.data_ptr<scalar_t>(), x.stride(0), tt.data_ptr<float>(), kk.data_ptr<int32_t>(), pp.data_ptr<float>(),
-          out, stats, V);
+          out, stats, mask, V);
     });
     SPECOPS_LAUNCH_CHECK();
     return;
@@ -403,7 +414,7 @@ void launch_warp(const at::Tensor& x, const at::Tensor& tt, const at::Tensor& kk
   const int64_t chunk = ceil_div(V, C);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "warp_probs_cuda", [&] {
     Split<scalar_t> a{x.data_ptr<scalar_t>(), x.stride(0), tt.data_ptr<float>(), kk.data_ptr<int32_t>(),
-                      pp.data_ptr<float>(), out, stats, V, chunk,
+                      pp.data_ptr<float>(), out, stats, mask, V, chunk,
                       reinterpret_cast<float*>(base),                    // part_max: N * C words (half used)
                       reinterpret_cast<long long*>(base + N * C),        // part_arg
                       reinterpret_cast<float*>(base + 2 * N * C),        // part_sum (half used)
@@ -431,16 +442,17 @@ at::Tensor warp_probs_cuda(const at::Tensor& logits,       // [N, V] fp32/bf16/f
   auto x = logits.stride(1) == 1 ? logits : logits.contiguous();
   auto out = at::empty({N, V}, logits.options().dtype(at::kFloat));
   if (N == 0 || V == 0) return out;
-  launch_warp(x, temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), out.data_ptr<float>(), nullptr);
+  launch_warp(x, temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), out.data_ptr<float>(), nullptr,
+              RowMask{});
   return out;
 }
 
 }  // namespace
 
 void warp_row_stats(const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k,
-                    const at::Tensor& top_p, WarpRowStats* out) {
+                    const at::Tensor& top_p, WarpRowStats* out, const RowMask& mask) {
   if (logits.size(0) == 0) return;
-  launch_warp(logits, temperature, top_k, top_p, nullptr, out);
+  launch_warp(logits, temperature, top_k, top_p, nullptr, out, mask);
 }
 
 }  // namespace specops

@@ -8,7 +8,9 @@
 // the decisions are verify_tree's on warp_probs' rows, bit for bit. Residual rows live in the
 // per-sequence scratch rows verify_tree uses; no [B, T, V] probability tensor exists. Extra memory:
 // 32 bytes per row of statistics + B * nbuf * V fp32 (verify_tree's own scratch) + the split
-// plan's per-row histograms when warp_probs would use it.
+// plan's per-row histograms when warp_probs would use it. A grammar bitmask is read where the logit
+// is read, in both kernels (RowMask, sampling_stats.cuh): each row is warp_probs' on the masked
+// logits without a masked copy or an extra pass over them.
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -73,13 +75,17 @@ __global__ void __launch_bounds__(kThreads, 1)
                               int32_t* __restrict__ accept_idx,         // [B, T]
                               int32_t* __restrict__ accept_len,         // [B]
                               int32_t* __restrict__ bonus,              // [B]
+                              const int32_t* __restrict__ bitmask,      // [B, T, W] or nullptr
                               int32_t T, int64_t V, int32_t nbuf, int32_t mode, int32_t S) {
   __shared__ Shared sh;
-  const int64_t b = blockIdx.x, N = static_cast<int64_t>(gridDim.x) * T;
+  const int64_t b = blockIdx.x, N = static_cast<int64_t>(gridDim.x) * T, W = (V + 31) / 32;
+  const int32_t* words = bitmask ? bitmask + b * T * W : nullptr;
   const LogitRows<scalar_t> rows{target + b * T * V,
                                  draft ? draft + b * T * V : nullptr,
                                  {stats + b * T, stats + N + b * T},
                                  {temperature + b * T, temperature + N + b * T},
+                                 RowMask{words, nullptr, T, W},
+                                 RowMask{words, parents + b * T, T, W},
                                  V};
   CudaTreeEngine<LogitRows<scalar_t>> e{rows, uniforms + b * T * 2, buf + b * nbuf * V, scratch + b * (T + 2), &sh,
                                         V, exp2i(S), exp2i(-S)};
@@ -230,12 +236,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cuda(
     const at::Tensor& draft_top_k,                  // [B * T] int32
     const at::Tensor& draft_top_p,                  // [B * T] fp32
     const at::Tensor& num_nodes,                    // [B] int32
-    c10::string_view mode_name) {
+    c10::string_view mode_name,
+    const c10::optional<at::Tensor>& bitmask) {     // [B, T, ceil(V / 32)] int32 or None
   const int32_t mode = parse_mode(std::string(mode_name));
   check_tree(tokens, parents, num_nodes, target_logits);
   SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
   const gpu::DeviceGuard guard(tokens.device());
   const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2), N = B * T;
+  const at::Tensor words = node_bitmask_words(bitmask, "verify_tree_logits", B, T, V);
+  const bool masked = words.defined();
+  TORCH_CHECK_VALUE(!masked || SPECOPS_ON_GPU(words),
+                    "verify_tree_logits: " SPECOPS_GPU_NAME " tensors expected (bitmask)");
   TORCH_CHECK_VALUE(V <= 2147483647, "verify_tree_logits: V must be <= 2^31 - 1 (int32 token indices), got ", V);
   TORCH_CHECK_VALUE(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == T && uniforms.size(2) == 2,
               "uniforms must have shape [B, T, 2]");
@@ -263,20 +274,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cuda(
   }
   auto [accept_idx, accept_len, bonus] = outputs(tokens, B, T);
   if (B == 0) return {accept_idx, accept_len, bonus};
+  auto par = parents.contiguous();
+  // The bitmask rows each logits row is warped under: target row u its own, draft row c its
+  // parent's (read where the logits are read, in both kernels: no masked copy of the logits).
+  const int32_t* mw = masked ? words.data_ptr<int32_t>() : nullptr;
+  const int64_t W = (V + 31) / 32;
   // Row statistics with warp_probs' own plan: target rows, then draft rows (each N rows, as the
   // two warp_probs calls of the composition).
   auto stats = at::empty({2, N, 4}, tokens.options());
   auto* st = reinterpret_cast<WarpRowStats*>(stats.data_ptr<int32_t>());
   auto temps = at::stack({temperature, draft_temperature}).contiguous();
-  warp_row_stats(x.view({N, V}), temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), st);
+  warp_row_stats(x.view({N, V}), temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), st,
+                 RowMask{mw, nullptr, static_cast<int32_t>(T), W});
   if (has_q)
     warp_row_stats(y.view({N, V}), draft_temperature.contiguous(), draft_top_k.contiguous(),
-                   draft_top_p.contiguous(), st + N);
+                   draft_top_p.contiguous(), st + N,
+                   RowMask{mw, par.data_ptr<int32_t>(), static_cast<int32_t>(T), W});
   const int64_t nbuf = mode == kMss ? 2 : (mode == kMssNoreplace ? 3 : (mode == kMssPointmass ? 1 : 0));
   auto buf = at::empty({B, nbuf, V}, uniforms.options());
   auto scratch = at::empty({B, T + 2}, tokens.options());
   auto tok = tokens.contiguous();
-  auto par = parents.contiguous();
   auto nn = num_nodes.contiguous();
   auto un = uniforms.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "verify_tree_logits_cuda", [&] {
@@ -284,7 +301,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cuda(
         tok.data_ptr<int32_t>(), par.data_ptr<int32_t>(), nn.data_ptr<int32_t>(), x.data_ptr<scalar_t>(),
         has_q ? y.data_ptr<scalar_t>() : nullptr, st, temps.data_ptr<float>(), un.data_ptr<float>(),
         nbuf ? buf.data_ptr<float>() : nullptr, scratch.data_ptr<int32_t>(), accept_idx.data_ptr<int32_t>(),
-        accept_len.data_ptr<int32_t>(), bonus.data_ptr<int32_t>(), static_cast<int32_t>(T), V,
+        accept_len.data_ptr<int32_t>(), bonus.data_ptr<int32_t>(), mw, static_cast<int32_t>(T), V,
         static_cast<int32_t>(nbuf), mode, fix_shift(V));
   });
   SPECOPS_LAUNCH_CHECK();

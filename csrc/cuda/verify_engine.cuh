@@ -128,8 +128,7 @@ __device__ int32_t block_argmax(const scalar_t* row, int64_t V, Shared& sh, cons
   float best = -inf_f();
   int32_t best_i = INT_MAX;
   for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-    const bool allowed = words == nullptr || ((static_cast<uint32_t>(words[i >> 5]) >> (i & 31)) & 1u);
-    const float v = allowed ? static_cast<float>(row[i]) : -inf_f();
+    const float v = logit_at(row, i, words);
     if (best_i == INT_MAX || argmax_better(v, i, best, best_i)) {
       best = v;
       best_i = static_cast<int32_t>(i);
@@ -173,22 +172,29 @@ struct DenseRows {
 
 // verify_tree_logits: the rows of one sequence warped from logits on the fly, entry by entry, by
 // warp_probs' own expression (warped_value) and the row statistics warp_probs' own launch plan
-// computed (warp_row_stats): the walk reads exactly the values warp_probs would have written.
+// computed (warp_row_stats): the walk reads exactly the values warp_probs would have written. With
+// a grammar bitmask, each read masks its logit with the row's words (the statistics were computed
+// with the same words), so the values are warp_probs' on the masked logits.
 template <typename scalar_t>
 struct LogitRows {
   const scalar_t* X;             // [T, V] target logits
   const scalar_t* Y;             // [T, V] draft logits or nullptr
   const WarpRowStats* stats[2];  // [T] target, draft
   const float* temperature[2];   // [T]
+  RowMask target_mask;           // row u: words row u (no words: no mask)
+  RowMask draft_mask;            // row c: words row parents[c]
   int64_t V;
+  // Selects, not stats[v.kind]: an array indexed at run time keeps the whole struct in local memory.
   template <class F>
   __device__ auto with_row(Vec v, F&& f) const {
-    const scalar_t* x = (v.kind == Vec::kTarget ? X : Y) + v.node * V;
-    const WarpRowStats st = stats[v.kind][v.node];
-    const float t = temperature[v.kind][v.node];
-    return f([x, st, t](int64_t i) {
+    const bool target = v.kind == Vec::kTarget;
+    const scalar_t* x = (target ? X : Y) + v.node * V;
+    const WarpRowStats st = (target ? stats[0] : stats[1])[v.node];
+    const float t = (target ? temperature[0] : temperature[1])[v.node];
+    const int32_t* w = target ? target_mask.row(v.node) : draft_mask.row(v.node);
+    return f([x, st, t, w](int64_t i) {
       if (st.argmax >= 0) return i == st.argmax ? 1.0f : 0.0f;
-      return warped_value(x, i, st.mx, t, st.kappa, st.sum);
+      return warped_value(x, i, st.mx, t, st.kappa, st.sum, w);
     });
   }
 };
