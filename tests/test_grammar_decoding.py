@@ -49,6 +49,20 @@ def test_every_method_follows_a_json_schema_and_lossless_ones_give_ar_tokens(smo
         assert mm.num_target_forwards < mm.num_generated_tokens  # blocks were verified
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
+def test_the_other_methods_follow_the_schema_greedy_and_sampled(smollm2, temperature):
+    # gsd and mjsd are not lossless (no identity to AR) and the lossless ones sampled have no fixed
+    # output: each must still produce a document that validates.
+    model, tok, prompt = smollm2
+    methods = ("gsd", "mjsd") if temperature == 0 else \
+        ("ar", "ngram", "sd", "tsd", "gsd", "specinfer", "opt-tree", "ouroboros", "mjsd")
+    for method in methods:
+        out, m = specops.generate(model, prompt, method=method, tokenizer=tok, max_new_tokens=120,
+                                  json_schema=json.dumps(SCHEMA), temperature=temperature, seed=5)
+        _check_schema(tok.decode(out[0, : m.lengths[0]], skip_special_tokens=True))
+        assert m.finish_reasons == ["eos"], method
+
+
 def test_regex_with_sampling_and_a_batch(smollm2):
     model, tok, prompt = smollm2
     out, m = specops.generate(model, [prompt, prompt + "Sure"], method="ngram", tokenizer=tok, max_new_tokens=24,

@@ -208,7 +208,7 @@ class _Recording(RuleGrammar):
         return (rows, valid) if with_valid else rows
 
 
-DRAFTERS = [("sd", {"gamma": 3}), ("tsd", {"k": 3, "max_depth": 3}), ("specinfer", {"num_drafts": 3, "gamma": 2}),
+DRAFTERS = [("sd", {"gamma": 3}), ("tsd", {"k": 3, "max_depth": 3}), ("gsd", {"k": 3, "max_depth": 3}), ("specinfer", {"num_drafts": 3, "gamma": 2}),
             ("opt-tree", {"n": 6, "max_depth": 3}), ("mjsd", {"gamma": 3, "beams": 2}),
             ("ouroboros", {"gamma": 3, "window": 1, "ngram": 3, "guesses": 2, "branches": 2}),
             ("ouroboros", {"gamma": 3, "ngram": 3, "branches": 3, "model_free": True}),
