@@ -6,8 +6,6 @@ import os
 import sys
 import time
 
-METHOD_CHOICES = ("ar", "sd", "specinfer", "tsd", "gsd", "opt-tree", "ouroboros", "mjsd", "ngram")
-
 DEMO_PROMPTS = {
     "code": ("Rewrite this function with type hints and a docstring, keeping the logic:\n\n"
              "def merge(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n"
@@ -210,7 +208,7 @@ def cmd_demo(args):
     from .decoding import methods as registry
 
     _check_flags(args)
-    methods = args.methods.split(",") if args.methods else list(METHOD_CHOICES)
+    methods = args.methods.split(",") if args.methods else list(registry.METHODS)
     for method in methods:
         registry.get(method)  # unknown names fail before any model loads
     SamplingConfig(args.temperature, args.top_k, args.top_p)
@@ -295,13 +293,15 @@ def cmd_bench(argv):
 
 
 def main(argv=None):
+    from .decoding.methods import METHODS  # the CLI's method choices are the registry's names
+
     parser = argparse.ArgumentParser(prog="specops", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="backends available here and why (same as python -m specops)")
 
     gen = sub.add_parser("generate", help="generate with one method, streaming the text, then print metrics")
     _add_common(gen)
-    gen.add_argument("--method", default="ngram", choices=METHOD_CHOICES, help=_method_help())
+    gen.add_argument("--method", default="ngram", choices=list(METHODS), help=_method_help())
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--batch", type=int, default=1, help="run the prompt as a batch of this many sequences")
     gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
@@ -333,7 +333,7 @@ def main(argv=None):
 
     demo = sub.add_parser("demo", help="compare every method on built-in prompts (code, prose, math)")
     _add_common(demo)
-    demo.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHOD_CHOICES)}")
+    demo.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)}")
     demo.add_argument("--json", default=None, help="write every run's metrics (method x prompt) as JSON")
 
     # Listed here; their own parsers (specops.distill.cli, python -m bench) read their flags.

@@ -1,4 +1,4 @@
-"""The method registry: name -> Drafter class. Adding a method = adding a Drafter here."""
+"""The method registry: name -> Drafter class. Adding a method = adding its Drafter class here."""
 from .drafters.base import NullDrafter
 from .drafters.mjsd import BeamDrafter
 from .drafters.sd import ChainDrafter
@@ -8,29 +8,10 @@ from .drafters.opt_tree import OptTreeDrafter
 from .drafters.ouroboros import OuroborosDrafter
 from .drafters.topk_tree import GraphDrafter, TopKTreeDrafter
 
-METHODS = {
-    "ar": NullDrafter,
-    "sd": ChainDrafter,
-    "specinfer": MultiDraftDrafter,
-    "tsd": TopKTreeDrafter,
-    "gsd": GraphDrafter,
-    "opt-tree": OptTreeDrafter,
-    "ouroboros": OuroborosDrafter,
-    "mjsd": BeamDrafter,
-    "ngram": NgramDrafter,
-}
-
-DESCRIPTIONS = {
-    "ar": "autoregressive decoding (the baseline, same loop)",
-    "sd": "speculative decoding, a chain of gamma draft tokens (Leviathan/Chen)",
-    "specinfer": "SpecInfer: several draft chains (i.i.d. samples) merged into a token tree",
-    "tsd": "tree SD: top-k tree with probability and sibling pruning",
-    "gsd": "graph SD: TSD with tau-redundant nodes merged into a DAG, unmerged for verification",
-    "opt-tree": "OPT-Tree: per-layer global top-n by path probability, best-n subtree",
-    "ouroboros": "Ouroboros: lookahead-accelerated draft + phrase pool + K phrase branches",
-    "mjsd": "multi-token joint SD: beam-search draft, joint-likelihood acceptance (approximate)",
-    "ngram": "prompt lookup / n-gram draft (model-free)",
-}
+# The registry and the CLI's choices come from the classes' own names (order: the CLI's).
+METHODS = {cls.name: cls for cls in (NullDrafter, ChainDrafter, MultiDraftDrafter, TopKTreeDrafter, GraphDrafter,
+                                     OptTreeDrafter, OuroborosDrafter, BeamDrafter, NgramDrafter)}
+DESCRIPTIONS = {name: cls.description for name, cls in METHODS.items()}
 
 
 def get(name):

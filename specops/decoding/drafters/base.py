@@ -25,7 +25,8 @@ LOSSLESS_SAMPLING_MODES = ("mss", "mss_pointmass", "mss_noreplace", "sample_matc
 class Drafter:
     """Base class. Subclasses set ``name``, ``PARAMS`` (name -> default) and override ``propose``."""
 
-    name = "base"
+    name = "base"  # the method name the registry and the CLI use
+    description = ""  # one line for `specops demo` / --help
     PARAMS = {}
     needs_draft_model = False
     needs_target_argmax = False
@@ -134,6 +135,7 @@ class NullDrafter(Drafter):
     """Autoregressive decoding through the same loop: the block is the pending root alone."""
 
     name = "ar"
+    description = "autoregressive decoding (the baseline, same loop)"
 
     def propose(self, state):
         return root_draft(state.root)

@@ -24,6 +24,7 @@ from .base import ModelDrafter, grammar_masked
 
 class BeamDrafter(ModelDrafter):
     name = "mjsd"
+    description = "multi-token joint SD: beam-search draft, joint-likelihood acceptance (approximate)"
     PARAMS = {"gamma": 4, "beams": 8, "tau": 0.1, "joint_top_k": 20, "joint_top_p": 0.9}
     sampling_mode = "joint"
     lossless = False

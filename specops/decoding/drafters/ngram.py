@@ -36,6 +36,7 @@ def lookup(seq, max_ngram, min_ngram, length, branches):
 
 class NgramDrafter(Drafter):
     name = "ngram"
+    description = "prompt lookup / n-gram draft (model-free)"
     # gamma 12 doubling to 48: on SmolLM2-135M (bf16, 2 CPU threads, greedy) a verified token costs
     # ~0.8 ms beside a ~40 ms step, and 8 -> 12/48 took code-editing prompts from 2.9x to 3.2x AR.
     PARAMS = {"gamma": 12, "max_ngram": 3, "min_ngram": 1, "branches": 1, "max_gamma": None}  # None: 4 x gamma

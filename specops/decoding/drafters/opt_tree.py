@@ -22,6 +22,7 @@ from .base import ModelDrafter, grammar_masked
 
 class OptTreeDrafter(ModelDrafter):
     name = "opt-tree"
+    description = "OPT-Tree: per-layer global top-n by path probability, best-n subtree"
     # CPU-sized n; delta 0.5 (the reference code's default) sits in [mu, 1] for a draft costing
     # about half a target step, as the int8 copy does here.
     PARAMS = {"n": 10, "delta": 0.5, "max_depth": 8, "verify": None}

@@ -43,6 +43,7 @@ from .base import ModelDrafter, grammar_masked
 
 class OuroborosDrafter(ModelDrafter):
     name = "ouroboros"
+    description = "Ouroboros: lookahead-accelerated draft + phrase pool + K phrase branches"
     # CPU-sized (the paper's W = 15-20 is GPU-sized: here every window token costs draft compute).
     PARAMS = {"gamma": 4, "window": 2, "ngram": 4, "guesses": 4, "branches": 3, "reuse_pool": True,
               "model_free": False}

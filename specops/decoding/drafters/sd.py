@@ -11,6 +11,7 @@ from .base import ModelDrafter, grammar_masked
 
 class ChainDrafter(ModelDrafter):
     name = "sd"
+    description = "speculative decoding, a chain of gamma draft tokens (Leviathan/Chen)"
     PARAMS = {"gamma": 4, "exit_threshold": 0.0}
     sampling_mode = "mss"
     budget_param = "gamma"

@@ -25,6 +25,7 @@ from .ngram import lookup
 
 class MultiDraftDrafter(ModelDrafter):
     name = "specinfer"
+    description = "SpecInfer: several draft chains (i.i.d. samples) merged into a token tree"
     PARAMS = {"num_drafts": 3, "gamma": 4, "draft_temperature": 1.0, "ngram": False}
     sampling_mode = "mss"
     budget_param = "gamma"

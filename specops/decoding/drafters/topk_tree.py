@@ -24,6 +24,7 @@ from .base import ModelDrafter, grammar_masked
 
 class TopKTreeDrafter(ModelDrafter):
     name = "tsd"
+    description = "tree SD: top-k tree with probability and sibling pruning"
     # k and the thresholds are the paper's 70B setting; depth and caps are CPU-sized (paper: 10, 100).
     PARAMS = {"k": 4, "max_depth": 5, "theta_prob": 0.2, "theta_sib": 0.3, "max_nodes": 24,
               "max_tree_nodes": 32, "tau": None, "verify": None}
@@ -122,5 +123,6 @@ class TopKTreeDrafter(ModelDrafter):
 
 class GraphDrafter(TopKTreeDrafter):
     name = "gsd"
+    description = "graph SD: TSD with tau-redundant nodes merged into a DAG, unmerged for verification"
     PARAMS = dict(TopKTreeDrafter.PARAMS, tau=2)
     sampling_mode = "gsd"
