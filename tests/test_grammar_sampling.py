@@ -221,7 +221,7 @@ DRAFTERS = [("sd", {"gamma": 3}), ("tsd", {"k": 3, "max_depth": 3}), ("gsd", {"k
 def test_every_drafter_proposes_only_what_the_grammar_allows(models, monkeypatch, method, params, temperature):
     """Model drafts are drawn from masked rows and host candidates (n-gram, phrases) pruned, so every
     node of every verified block follows the grammar (none is spent on a token verification must
-    reject)."""
+    reject); greedy lossless methods give constrained AR's tokens (fp32)."""
     monkeypatch.setattr(api, "Grammar", _Recording)
     monkeypatch.setattr(_Recording, "invalid", 0)
     monkeypatch.setattr(_Recording, "drafted", 0)
@@ -234,3 +234,7 @@ def test_every_drafter_proposes_only_what_the_grammar_allows(models, monkeypatch
                       tokenizer=_NoText(), adaptive=False, **params)
     assert not bool((out == 0).any()) and not bool((out[:, 1:] == out[:, :-1]).any())
     assert _Recording.drafted > m.num_target_forwards and _Recording.invalid == 0
+    if temperature == 0 and method not in ("gsd", "mjsd"):  # lossless, fp32: constrained AR's tokens
+        ar, _ = generate(target, [PROMPT, PROMPT[:-1]] * 4, method="ar", max_new_tokens=12, eos_token_id=[],
+                         regex="(the rule grammar)", tokenizer=_NoText(), adaptive=False)
+        assert out.tolist() == ar.tolist()
