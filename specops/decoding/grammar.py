@@ -82,7 +82,12 @@ class _LLGuidance:
         self._fill(m, bitmask, row)
 
     def consume(self, m, token):
-        return m.consume_token(token) and not m.is_error()
+        # A rejected token must leave the matcher as it was: consume_token would put it in its error
+        # state (rollback does not clear that), try_consume_tokens does not, but it never takes the
+        # end of text, which is allowed where the grammar accepts.
+        if token in self.stop_tokens:
+            return m.is_accepting() and m.consume_token(token) and not m.is_error()
+        return m.try_consume_tokens([token]) == 1
 
     def rollback(self, m, n):
         m.rollback(n)
