@@ -1,4 +1,8 @@
-"""``specops.generate``: the public entry point (a contract; code outside this repo calls it)."""
+"""``specops.generate``: the public entry point (a contract; code outside this repo calls it), in
+three phases: validation (no model needed), setup (models, prompts, cache size, grammar; every
+check before any forward) and the run."""
+from dataclasses import dataclass
+
 import torch
 
 from .. import models, parallel
@@ -84,22 +88,74 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
     raises ValueError naming the parameter and showing its value, before any model forward
     (TypeError for a ``stream`` that is not callable or a target/draft that is not a model).
     """
+    drafter, adaptive, sampling, stop, runner_kw, tp = _validate(
+        method, method_params, adaptive, temperature, top_k, top_p, linear, batch_invariant, tp_size, target,
+        max_new_tokens=max_new_tokens, stop=stop, eos_token_id=eos_token_id, tokenizer=tokenizer, seed=seed,
+        dtype=dtype, max_len=max_len, compare_ar=compare_ar, stream=stream, record_steps=record_steps,
+        logprobs=logprobs, runner_kw=(kv_layout, page_size, compile, compile_mode, linear))
+    req = _setup(target, prompt, draft, drafter, method, dtype, tp, tokenizer, eos_token_id, max_new_tokens,
+                 max_len, runner_kw, stop, json_schema=json_schema, regex=regex, ebnf=ebnf,
+                 grammar_engine=grammar_engine)
+    metrics_ar = None
+    if compare_ar and method != "ar":
+        _, metrics_ar = generate(req.target, [list(p) for p in req.prompts], method="ar",
+                                 max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                 stop=stop, eos_token_id=eos_token_id, tokenizer=req.tokenizer, seed=seed,
+                                 max_len=req.max_len, kv_layout=kv_layout, page_size=page_size, tp_size=tp_size,
+                                 compile=compile, compile_mode=compile_mode, linear=linear,
+                                 batch_invariant=batch_invariant, json_schema=json_schema, regex=regex, ebnf=ebnf,
+                                 grammar_engine=grammar_engine)
+    gen, metrics = _run(req, drafter, sampling, seed, runner_kw, batch_invariant, adaptive, stream=stream,
+                        record_steps=record_steps, logprobs=logprobs)
+    if metrics_ar is not None:
+        metrics.ar_tokens_per_s = metrics_ar.tokens_per_s
+    elif method == "ar":
+        metrics.ar_tokens_per_s = metrics.tokens_per_s if compare_ar else None
+    pad = _pad_id(req.target, req.tokenizer)
+    n = max(len(g) for g in gen)
+    out = torch.full((len(gen), n), pad, dtype=torch.int64)  # [B, n]
+    for b, g in enumerate(gen):
+        out[b, : len(g)] = torch.tensor(g, dtype=torch.int64)
+    return out, metrics
+
+
+# ---- the three phases of generate ---------------------------------------------------------------
+
+def _validate(method, method_params, adaptive, temperature, top_k, top_p, linear, batch_invariant, tp_size, target,
+              *, runner_kw, **checked):
+    """Everything that needs no model: the method and its parameters, sampling, the loop's options.
+    -> (drafter, adaptive config or None, SamplingConfig, stop strings, runner kwargs, TP size)."""
     drafter = methods.make(method, **method_params)
     adaptive = _adaptive.resolve(adaptive)
     if adaptive is not None:
         drafter.enable_adaptive(adaptive)  # before tree_budget(): the caches hold the largest budget
     sampling = SamplingConfig(temperature, top_k, top_p)
-    stop = _check_args(max_new_tokens=max_new_tokens, stop=stop, eos_token_id=eos_token_id, tokenizer=tokenizer,
-                       seed=seed, dtype=dtype, max_len=max_len, compare_ar=compare_ar, stream=stream,
-                       record_steps=record_steps, logprobs=logprobs)
-    runner_kw = _runner_kw(kv_layout, page_size, compile, compile_mode, linear)
+    stop = _check_args(**checked)
+    runner_kw = _runner_kw(*runner_kw)
     if not (isinstance(batch_invariant, bool) or batch_invariant == "auto"):
         raise ValueError(f"batch_invariant must be True, False or 'auto', got {batch_invariant!r}")
     if batch_invariant is True and linear == "torch":
         raise ValueError("batch_invariant=True runs every linear through specops.linear: linear must be 'auto' or "
                          "'specops', got 'torch'")
-    tp = _check_tp_size(tp_size, target)
+    return drafter, adaptive, sampling, stop, runner_kw, _check_tp_size(tp_size, target)
 
+
+@dataclass
+class _Request:
+    """What setup resolved: the models, the prompts, the cache length, the grammar and the stopper."""
+    target: object  # the HF causal LM
+    tokenizer: object  # or None
+    prompts: list  # B token-id lists (ragged)
+    draft_model: object  # or None (model-free methods)
+    max_len: int  # cache rows per sequence
+    grammar: object  # Grammar or None
+    stopper: Stopper
+
+
+def _setup(target, prompt, draft, drafter, method, dtype, tp, tokenizer, eos_token_id, max_new_tokens, max_len,
+           runner_kw, stop, *, json_schema, regex, ebnf, grammar_engine):
+    """Loads (or checks) the target and the draft, tokenises the prompts, sizes the cache, compiles
+    the grammar: every check that needs a model, before any forward. -> _Request."""
     target_name = target if isinstance(target, str) else getattr(target, "specops_name", None)
     target, tok = _resolve_model(target, dtype, "target", tp)
     parallel.check_placement(target, "target")
@@ -155,39 +211,35 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
     eos = _eos_ids(eos_token_id, target, tokenizer)
     if grammar is not None:  # the grammar's end ends the sequence
         eos = sorted(set(eos) | set(grammar.stop_tokens))
-    stopper = Stopper(max_new_tokens, eos, stop or (), tokenizer)
+    return _Request(target=target, tokenizer=tokenizer, prompts=prompts, draft_model=draft_model, max_len=max_len,
+                    grammar=grammar, stopper=Stopper(max_new_tokens, eos, stop or (), tokenizer))
 
-    metrics_ar = None
-    if compare_ar and method != "ar":
-        _, metrics_ar = generate(target, [list(p) for p in prompts], method="ar", max_new_tokens=max_new_tokens,
-                                 temperature=temperature, top_k=top_k, top_p=top_p, stop=stop,
-                                 eos_token_id=eos_token_id, tokenizer=tokenizer, seed=seed, max_len=max_len,
-                                 kv_layout=kv_layout, page_size=page_size, tp_size=tp_size, compile=compile,
-                                 compile_mode=compile_mode, linear=linear, batch_invariant=batch_invariant,
-                                 json_schema=json_schema, regex=regex, ebnf=ebnf, grammar_engine=grammar_engine)
 
-    B = len(prompts)
+def _run(req, drafter, sampling, seed, runner_kw, batch_invariant, adaptive, *, stream, record_steps, logprobs):
+    """Builds the runners and decodes. -> (generated token lists, metrics)."""
+    B = len(req.prompts)
     # Every rank seeds the same generator and sees the same (gathered) logits, so every sampled token
     # agrees across tensor-parallel ranks without communication.
     generator = torch.Generator().manual_seed(seed)
-    ranks = parallel.RankGroup.for_model(target)
+    ranks = parallel.RankGroup.for_model(req.target)
     with torch.inference_mode():
         # A feature (EAGLE-style) draft reads the target's final hidden states of committed positions.
-        feature = draft_model is not None and is_feature_draft(draft_model)
-        runner = TargetLM(target, B, max_len, keep_features=feature or getattr(drafter, "needs_target_features", False),
+        feature = req.draft_model is not None and is_feature_draft(req.draft_model)
+        runner = TargetLM(req.target, B, req.max_len,
+                          keep_features=feature or getattr(drafter, "needs_target_features", False),
                           **runner_kw, batch_invariant=batch_invariant)
         try:
             dlm = None
-            if draft_model is not None:
-                dmax = max_len + drafter.draft_budget() + drafter.tree_budget() + 1
-                dlm = FeatureDraftLM(draft_model, B, dmax, runner, **runner_kw) if feature else \
-                    DraftLM(draft_model, B, dmax, **runner_kw)
+            if req.draft_model is not None:
+                dmax = req.max_len + drafter.draft_budget() + drafter.tree_budget() + 1
+                dlm = FeatureDraftLM(req.draft_model, B, dmax, runner, **runner_kw) if feature else \
+                    DraftLM(req.draft_model, B, dmax, **runner_kw)
             runners = [r for r in (runner, dlm) if r is not None]
             compiling = sum(getattr(r, "compile_time_s", 0.0) for r in runners)
-            gen, metrics = decode(runner, drafter, prompts, sampling=sampling, stopper=stopper,
-                                  generator=generator, draft=dlm, tokenizer=tokenizer, stream=stream,
+            gen, metrics = decode(runner, drafter, req.prompts, sampling=sampling, stopper=req.stopper,
+                                  generator=generator, draft=dlm, tokenizer=req.tokenizer, stream=stream,
                                   record_steps=record_steps, adaptive=adaptive, ranks=ranks,
-                                  track_logprobs=logprobs or None, grammar=grammar)
+                                  track_logprobs=logprobs or None, grammar=req.grammar)
             # graphs compile on first use inside the decode: reported apart, not as decoding time
             metrics.compile_time_s = sum(getattr(r, "compile_time_s", 0.0) for r in runners) - compiling
             metrics.total_time_s -= metrics.compile_time_s
@@ -195,16 +247,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
             runner.close()
             if dlm is not None:
                 dlm.close()
-    if metrics_ar is not None:
-        metrics.ar_tokens_per_s = metrics_ar.tokens_per_s
-    elif method == "ar":
-        metrics.ar_tokens_per_s = metrics.tokens_per_s if compare_ar else None
-    pad = _pad_id(target, tokenizer)
-    n = max(len(g) for g in gen)
-    out = torch.full((B, n), pad, dtype=torch.int64)
-    for b, g in enumerate(gen):
-        out[b, : len(g)] = torch.tensor(g, dtype=torch.int64)
-    return out, metrics
+    return gen, metrics
 
 
 # ---- argument checks ---------------------------------------------------------------------------
