@@ -202,7 +202,7 @@ def test_bitmask_equals_verify_on_masked_logits(backend, device, mode, setting, 
                                          draft_top_p=dp, mode=mode, num_nodes=c["num_nodes"], bitmask=mask,
                                          backend=backend)
         assert_same(got, want)
-        if backend != "torch":  # and the unfused composition on this backend agrees
+        if backend not in ("torch",) + SLOW:  # and the unfused composition on this backend agrees
             assert_same(got, masked_composition(backend, c, mode, X, Y, mask, at_parent, t, k, p, dt=dt, dk=dk, dp=dp))
 
 
