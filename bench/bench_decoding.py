@@ -167,7 +167,7 @@ def configs(drafts, equal_budget):
     for d in drafts:
         out += [(f"{m}/{_kind(d)}", m, d, {}) for m in MODEL_METHODS]
     if equal_budget and drafts:
-        from specops.decoding.drafters.opt_tree import OptTreeDrafter
+        from specops.decoding.methods.opt_tree import OptTreeDrafter
         # OPT-Tree verifies n nodes + the root. The fixed tree beside it: TSD's top-k tree with k = 2
         # and no pruning, filled breadth-first to exactly the same n nodes (OPT-Tree's "Binary" baseline).
         n = OptTreeDrafter.PARAMS["n"]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specops.decoding import METHODS, Candidates, Metrics, PhrasePool, TokenGraph
-from specops.decoding.drafters.ngram import lookup
+from specops.decoding.methods.ngram import lookup
 from specops.decoding.stopping import Stopper
 from specops.decoding.tree import Trie, depths
 
@@ -132,7 +132,7 @@ def test_ngram_lookup_prefers_long_matches_and_full_continuations():
 def test_ngram_draft_length_doubles_after_a_full_accept_and_resets_after_a_rejection():
     from types import SimpleNamespace
 
-    from specops.decoding.drafters.ngram import NgramDrafter
+    from specops.decoding.methods.ngram import NgramDrafter
 
     from specops.engine import Stager
 

@@ -1,26 +1,23 @@
 """The reference decoding loop: every method as a Drafter on one loop (docs/methods.md §The decoding loop).
 
-``generate`` is the entry point; ``METHODS`` maps method names to Drafter classes.
+``generate`` is the entry point; ``METHODS`` maps method names to Drafter classes (one file per
+method in ``specops/decoding/methods/``). The classes are named for their methods; the names they
+had before (``ChainDrafter`` = ``SD``, ...) stay as aliases.
 """
 from .adaptive import AdaptiveConfig
 from .api import generate
-from .drafters.base import Drafter, ModelDrafter, NullDrafter
-from .drafters.mjsd import BeamDrafter
-from .drafters.sd import ChainDrafter
-from .drafters.specinfer import MultiDraftDrafter
-from .drafters.ngram import NgramDrafter
-from .drafters.opt_tree import OptTreeDrafter
-from .drafters.ouroboros import OuroborosDrafter
-from .drafters.topk_tree import GraphDrafter, TopKTreeDrafter
+from .methods import (AR, GSD, METHODS, MJSD, SD, TSD, DESCRIPTIONS, BeamDrafter, ChainDrafter, Drafter,
+                      GraphDrafter, ModelDrafter, MultiDraftDrafter, NGram, NgramDrafter, NullDrafter, OPTTree,
+                      OptTreeDrafter, Ouroboros, OuroborosDrafter, SpecInfer, TopKTreeDrafter)
 from .metrics import Metrics
-from .methods import DESCRIPTIONS, METHODS
 from .phrase_pool import PhrasePool
 from .sampling import SamplingConfig
 from .token_graph import TokenGraph
 from .tree import Candidates, Draft
 
 __all__ = [
-    "AdaptiveConfig", "BeamDrafter", "Candidates", "ChainDrafter", "DESCRIPTIONS", "Draft", "Drafter", "GraphDrafter", "METHODS",
-    "Metrics", "ModelDrafter", "MultiDraftDrafter", "NgramDrafter", "NullDrafter", "OptTreeDrafter",
-    "OuroborosDrafter", "PhrasePool", "SamplingConfig", "TokenGraph", "TopKTreeDrafter", "generate",
+    "AR", "AdaptiveConfig", "BeamDrafter", "Candidates", "ChainDrafter", "DESCRIPTIONS", "Draft", "Drafter", "GSD",
+    "GraphDrafter", "METHODS", "MJSD", "Metrics", "ModelDrafter", "MultiDraftDrafter", "NGram", "NgramDrafter",
+    "NullDrafter", "OPTTree", "OptTreeDrafter", "Ouroboros", "OuroborosDrafter", "PhrasePool", "SD",
+    "SamplingConfig", "SpecInfer", "TSD", "TokenGraph", "TopKTreeDrafter", "generate",
 ]

@@ -22,7 +22,7 @@ from ..tree import Candidates
 from .base import ModelDrafter, grammar_masked
 
 
-class BeamDrafter(ModelDrafter):
+class MJSD(ModelDrafter):
     name = "mjsd"
     description = "multi-token joint SD: beam-search draft, joint-likelihood acceptance (approximate)"
     PARAMS = {"gamma": 4, "beams": 8, "tau": 0.1, "joint_top_k": 20, "joint_top_p": 0.9}
@@ -118,3 +118,6 @@ class BeamDrafter(ModelDrafter):
                           drafted_nodes=[1 + self.beams * g if state.active[b] else 1 for b in range(B)])
         return cand.stage(state.stager, log_q_joint=log_q, joint_tau=self.tau,
                           joint_warp=(1.0, self.joint_top_k, self.joint_top_p))
+
+
+BeamDrafter = MJSD  # the class's name before issue #32 (a public name: kept)

@@ -13,7 +13,6 @@ EAGLE-style drafters). Nothing in the loop knows which method runs.
 import math
 
 from ...ops.token_bitmask import apply_token_bitmask
-from ..tree import root_draft
 
 # Verification modes (docs/methods.md §Verification rules): greedy = R1; mss = R3 (R2 on a
 # chain); mss_pointmass = R3p; mss_noreplace = R3w; sample_match = R4; gsd = R5 (GSD reference, not
@@ -129,16 +128,6 @@ class Drafter:
 
     def commit(self, state, draft, result):
         """Called after verification; ``state.seqs`` already holds the emitted tokens."""
-
-
-class NullDrafter(Drafter):
-    """Autoregressive decoding through the same loop: the block is the pending root alone."""
-
-    name = "ar"
-    description = "autoregressive decoding (the baseline, same loop)"
-
-    def propose(self, state):
-        return root_draft(state.root)
 
 
 class ModelDrafter(Drafter):

@@ -9,7 +9,7 @@ from ..tree import Candidates
 from .base import ModelDrafter, grammar_masked
 
 
-class ChainDrafter(ModelDrafter):
+class SD(ModelDrafter):
     name = "sd"
     description = "speculative decoding, a chain of gamma draft tokens (Leviathan/Chen)"
     PARAMS = {"gamma": 4, "exit_threshold": 0.0}
@@ -63,3 +63,6 @@ class ChainDrafter(ModelDrafter):
         return Candidates(tokens=tokens, parents=[[-1] + list(range(len(t) - 1)) for t in tokens], src=src,
                           depth_drafted=depth, drafted_nodes=[len(t) for t in tokens],
                           draft_probs=qrows if sampled else None).stage(state.stager, state.vocab_size)
+
+
+ChainDrafter = SD  # the class's name before issue #32 (a public name: kept)

@@ -20,7 +20,7 @@ from ..tree import Draft
 from .base import ModelDrafter, grammar_masked
 
 
-class OptTreeDrafter(ModelDrafter):
+class OPTTree(ModelDrafter):
     name = "opt-tree"
     description = "OPT-Tree: per-layer global top-n by path probability, best-n subtree"
     # CPU-sized n; delta 0.5 (the reference code's default) sits in [mu, 1] for a draft costing
@@ -139,3 +139,6 @@ def _read_layer(layers, n):
     allscores = torch.cat([l[0] for l in layers], dim=1)  # [B, len(layers) * n]
     esub = allscores.topk(min(n, allscores.shape[1]), dim=-1).values.exp().sum(-1)
     return read_lists(sc, tk, pr, esub)
+
+
+OptTreeDrafter = OPTTree  # the class's name before issue #32 (a public name: kept)

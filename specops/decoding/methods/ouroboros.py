@@ -41,7 +41,7 @@ from ..tree import Candidates, Trie
 from .base import ModelDrafter, grammar_masked
 
 
-class OuroborosDrafter(ModelDrafter):
+class Ouroboros(ModelDrafter):
     name = "ouroboros"
     description = "Ouroboros: lookahead-accelerated draft + phrase pool + K phrase branches"
     # CPU-sized (the paper's W = 15-20 is GPU-sized: here every window token costs draft compute).
@@ -254,3 +254,6 @@ class OuroborosDrafter(ModelDrafter):
             seq = state.seqs[b]
             self.pool.add_ngrams(seq, max(min(self._pooled[b], len(seq) - len(path)), 0))
             self._pooled[b] = len(seq)
+
+
+OuroborosDrafter = Ouroboros  # the class's name before issue #32 (a public name: kept)

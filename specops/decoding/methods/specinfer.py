@@ -23,7 +23,7 @@ from .base import ModelDrafter, grammar_masked
 from .ngram import lookup
 
 
-class MultiDraftDrafter(ModelDrafter):
+class SpecInfer(ModelDrafter):
     name = "specinfer"
     description = "SpecInfer: several draft chains (i.i.d. samples) merged into a token tree"
     PARAMS = {"num_drafts": 3, "gamma": 4, "draft_temperature": 1.0, "ngram": False}
@@ -158,3 +158,6 @@ def _point_mass(t, V, device):
     row = torch.zeros(V, dtype=torch.float32, device=device)
     row[t] = 1.0
     return row
+
+
+MultiDraftDrafter = SpecInfer  # the class's name before issue #32 (a public name: kept)

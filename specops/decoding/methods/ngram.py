@@ -34,7 +34,7 @@ def lookup(seq, max_ngram, min_ngram, length, branches):
     return []
 
 
-class NgramDrafter(Drafter):
+class NGram(Drafter):
     name = "ngram"
     description = "prompt lookup / n-gram draft (model-free)"
     # gamma 12 doubling to 48: on SmolLM2-135M (bf16, 2 CPU threads, greedy) a verified token costs
@@ -98,3 +98,6 @@ class NgramDrafter(Drafter):
                 continue
             full = self._proposed[b] == self._len[b] and len(result.paths[b]) - 1 == self._len[b]
             self._len[b] = min(2 * self._len[b], self.max_gamma) if full else self.gamma
+
+
+NgramDrafter = NGram  # the class's name before issue #32 (a public name: kept)

@@ -1,20 +1,12 @@
-"""TSD and GSD (docs/methods.md §TSD, §GSD).
+"""TSD (docs/methods.md §TSD), and the drafting GSD shares with it (gsd.py).
 
-TSD: each drafting step runs the draft model once on the frontier (tree attention over the growing
+Each drafting step runs the draft model once on the frontier (tree attention over the growing
 draft block, positions = prefix + depth), takes the top-``k`` children of every frontier node by
 the draft's probability ``q``, drops children with ``q < theta_sib * max q`` (sibling pruning) and
 stops expanding children with ``q < theta_prob`` (probability pruning, with the paper's leaf
 semantics); drafting ends after ``max_depth`` steps or when the frontier is empty (draft-exit).
-``max_nodes`` caps the draft tree (TSD can explode).
-
-GSD: the same with ``tau`` set: tau-redundant children are merged into the first occurrence
-(``TokenGraph``), the DAG is unmerged into a tree of at most ``max_tree_nodes`` nodes for the
-target. Greedy verification on the unmerged tree is exact, so greedy GSD stays token-identical to
-greedy decoding; the approximation is on the draft side (copies reuse the first occurrence's
-successors and draft distribution) and in the sampling rule: ``gsd`` (R5, the reference rule,
-not lossless) by default, or any lossless mode via ``verify="mss_pointmass"`` / ``"sample_match"``.
-A copy's draft K/V was computed under another context: the draft cache keeps the accepted path
-only up to the first copied node (the rest is re-fed as catch-up).
+``max_nodes`` caps the draft tree (TSD can explode). ``tau`` (None here) merges repeated nodes
+into a graph: that is GSD (gsd.py), which drafts with this class's search.
 """
 from ..readback import read_lists
 from ..token_graph import TokenGraph
@@ -22,7 +14,7 @@ from ..tree import Candidates
 from .base import ModelDrafter, grammar_masked
 
 
-class TopKTreeDrafter(ModelDrafter):
+class TSD(ModelDrafter):
     name = "tsd"
     description = "tree SD: top-k tree with probability and sibling pruning"
     # k and the thresholds are the paper's 70B setting; depth and caps are CPU-sized (paper: 10, 100).
@@ -121,8 +113,4 @@ class TopKTreeDrafter(ModelDrafter):
 
 
 
-class GraphDrafter(TopKTreeDrafter):
-    name = "gsd"
-    description = "graph SD: TSD with tau-redundant nodes merged into a DAG, unmerged for verification"
-    PARAMS = dict(TopKTreeDrafter.PARAMS, tau=2)
-    sampling_mode = "gsd"
+TopKTreeDrafter = TSD  # the class's name before issue #32 (a public name: kept)

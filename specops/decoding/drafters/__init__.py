@@ -1,1 +1,0 @@
-"""Drafters: one per method family (see base.py for the protocol)."""

@@ -1,0 +1,17 @@
+"""AR (docs/methods.md §AR): autoregressive decoding through the same loop, the baseline every
+speed-up is measured against."""
+from ..tree import root_draft
+from .base import Drafter
+
+
+class AR(Drafter):
+    """The block is the pending root alone: one target forward per token."""
+
+    name = "ar"
+    description = "autoregressive decoding (the baseline, same loop)"
+
+    def propose(self, ctx):
+        return root_draft(ctx.root)
+
+
+NullDrafter = AR  # the class's name before issue #32 (a public name: kept)
