@@ -26,41 +26,13 @@ from ..engine import ModelRunner
 from ..ops.token_bitmask import apply_token_bitmask
 from . import _kernels
 from .adaptive import Controller
+from .context import DraftContext, TargetFeatures
 from .metrics import Metrics
 from .sampling import draw
 from .tree import root_draft
 from .verify import fuses_bitmask, verify
 
 TargetLM = ModelRunner  # the target's runner (api.py builds it under this name)
-
-
-@dataclasses.dataclass
-class DecodeState:
-    """What drafters read. ``seqs[b]`` = prompt + emitted tokens; its last token is the pending
-    root (emitted, not yet in the target cache), also on the device as ``root`` int64 [B].
-    ``active[b]``: still generating; ``was_active``: active when the current block was proposed.
-    ``stager``: the target's :class:`~specops.engine.Stager` (host-built drafts upload
-    through it); ``generator`` lives on the target's device."""
-    seqs: list
-    prompt_lens: list
-    active: list
-    was_active: list
-    sampling: object
-    generator: torch.Generator
-    vocab_size: int
-    root: torch.Tensor = None
-    stager: object = None
-    draft: object = None
-    tokenizer: object = None
-    target: object = None  # the target's ModelRunner (``state.target.features`` / ``.lens`` for EAGLE drafters)
-    grammar: object = None  # the request's Grammar or None: host drafters constrain their trees with it
-
-    @property
-    def batch(self):
-        return len(self.seqs)
-
-    def generated(self, b):
-        return self.seqs[b][self.prompt_lens[b]:]
 
 
 @dataclasses.dataclass
@@ -95,10 +67,12 @@ class Decoder:
             last = _masked(last[:, None], grammar.fill_next_bitmask().to(dev)[:, None])[:, 0]
         first = last.argmax(-1) if sampling.greedy else draw(sampling.warp(last), gen)  # int64 [B]
         self.prefill_logits, self.first = last, first
-        self.state = s = DecodeState(seqs=[list(p) for p in prompts], prompt_lens=[len(p) for p in prompts],
-                                     active=[True] * B, was_active=[True] * B, sampling=sampling, generator=gen,
-                                     vocab_size=last.shape[-1], root=first, stager=target.stager, draft=draft,
-                                     tokenizer=tokenizer, target=target, grammar=grammar)
+        # What the drafter sees (the sequences this loop extends); not the target, tokenizer or verifier.
+        self.state = s = DraftContext(
+            seqs=[list(p) for p in prompts], prompt_lens=[len(p) for p in prompts], active=[True] * B,
+            was_active=[True] * B, sampling=sampling, generator=gen, vocab_size=last.shape[-1], root=first,
+            stager=target.stager, vocab_id=(last.shape[-1], getattr(tokenizer, "name_or_path", None)), draft=draft,
+            target=TargetFeatures(target) if drafter.needs_target_features else None, grammar=grammar)
         self.active_t = torch.ones(B, dtype=torch.bool, device=dev)
         self.reasons = [None] * B
         self.first_emitted = [self._emit_one(b, [t]) for b, t in enumerate(first.tolist())]

@@ -2,13 +2,15 @@
 
 A method = a Drafter (what to propose, how the draft model's cache follows) + a verification mode
 (chosen by ``verify_mode``). The loop keeps the accepted rows of any block with one device-side
-kv_compact (a chain prefix moves rows onto themselves), so it needs no host decision. The loop
-calls, per step: ``propose(state) -> Draft`` (device tensors: built there, or a host-built
+kv_compact (a chain prefix moves rows onto themselves), so it needs no host decision. A drafter
+sees a :class:`~specops.decoding.context.DraftContext` ``ctx`` (sequences, sampling, generator, its
+draft runner, the grammar; the target's features only with ``needs_target_features``), never the
+decoder. The loop calls ``setup(ctx)`` once after prefill, then per step: ``propose(ctx) -> Draft`` (device tensors: built there, or a host-built
 :class:`~specops.decoding.tree.Candidates` staged in one upload), then verification, then
-``commit(state, draft, result)``. Capabilities are declared here: ``needs_draft_model``,
+``commit(ctx, draft, result)``. Capabilities are declared here: ``needs_draft_model``,
 ``needs_target_argmax`` (``commit`` reads the target's argmax rows: they come with the step's one
 packed host read), ``needs_target_features`` (the target keeps its final hidden states, for
-EAGLE-style drafters). Nothing in the loop knows which method runs.
+EAGLE-style drafters: ``ctx.target.features``). Nothing in the loop knows which method runs.
 """
 import math
 
@@ -120,47 +122,47 @@ class Drafter:
     def verify_mode(self, sampling):
         return "greedy" if sampling.greedy else self.sampling_mode
 
-    def setup(self, state):
+    def setup(self, ctx):
         """Called once after prefill (the draft model, if any, is prefilled)."""
 
-    def propose(self, state):
+    def propose(self, ctx):
         raise NotImplementedError
 
-    def commit(self, state, draft, result):
-        """Called after verification; ``state.seqs`` already holds the emitted tokens."""
+    def commit(self, ctx, draft, result):
+        """Called after verification; ``ctx.seqs`` already holds the emitted tokens."""
 
 
 class ModelDrafter(Drafter):
-    """A drafter that runs ``state.draft`` (a DraftLM) and fills ``Draft.src`` with draft-block
+    """A drafter that runs ``ctx.draft`` (a DraftLM) and fills ``Draft.src`` with draft-block
     node indices; ``commit`` keeps the accepted path's valid draft K/V (the path's draft-block nodes
     come with the step's read)."""
 
     needs_draft_model = True
 
-    def commit(self, state, draft, result):
+    def commit(self, ctx, draft, result):
         paths = []
-        for b in range(state.batch):
-            if draft.src is None or not state.was_active[b]:
+        for b in range(ctx.batch):
+            if draft.src is None or not ctx.was_active[b]:
                 paths.append(None)
                 continue
-            path = list(range(state.draft.root[b] + 1))  # the catch-up chain
+            path = list(range(ctx.draft.root[b] + 1))  # the catch-up chain
             for node in result.path_src[b][1:]:
                 if node < 0:
                     break
                 path.append(node)
             paths.append(path)
-        state.draft.commit_paths(paths)
+        ctx.draft.commit_paths(paths)
 
 
-def grammar_masked(state, logits, paths):
+def grammar_masked(ctx, logits, paths):
     """A model drafter's logits restricted to what the request's grammar allows (unchanged without
     one): row ``i`` masked with the allowed tokens after ``paths[i]`` = (b, tokens drafted after
     sequence b's committed state), so the drafter draws from its own distribution renormalised
     over allowed tokens, which is also the ``q`` the rejection modes read (docs/structured.md).
     Shape: logits [N, V] -> [N, V] (masked in place on a contiguous copy when needed)."""
-    if state.grammar is None:
+    if ctx.grammar is None:
         return logits
     logits = logits.contiguous()
-    apply_token_bitmask(logits, state.grammar.rows_after(paths).to(logits.device), check=False)
+    apply_token_bitmask(logits, ctx.grammar.rows_after(paths).to(logits.device), check=False)
     return logits
 

@@ -52,14 +52,14 @@ class MJSD(ModelDrafter):
     def _logq(self, logits):
         return self.joint.warp(logits).clamp_min(0).log()
 
-    def propose(self, state):
-        d = state.draft
-        d.begin(state.seqs, state.active)
-        B, M = state.batch, self.beams
-        grammar = state.grammar is not None  # then every row is masked with its beam's allowed tokens
+    def propose(self, ctx):
+        d = ctx.draft
+        d.begin(ctx.seqs, ctx.active)
+        B, M = ctx.batch, self.beams
+        grammar = ctx.grammar is not None  # then every row is masked with its beam's allowed tokens
         logits = d.forward(rows=[(b, d.root[b]) for b in range(B)])[0]  # [B, V]
         if grammar:
-            logits = grammar_masked(state, logits, [(b, []) for b in range(B)])
+            logits = grammar_masked(ctx, logits, [(b, []) for b in range(B)])
         logq = self._logq(logits)[:, None]  # [B, 1, V]
         layers = [_kernels.topn_expand(logq.new_zeros(B, 1, dtype=torch.float32), logq, M, per_parent_k=M)]
         blocks = [[[d.root[b]] for b in range(B)]]  # blocks[k+1][b][i]: block node of layers[k] beam i
@@ -70,13 +70,13 @@ class MJSD(ModelDrafter):
             scores = layers[-1][0]
             sc, tk, pr = host[-1]
             blk = [[d.add(b, tk[b][i], blocks[-1][b][pr[b][i]])
-                    if state.active[b] and math.isfinite(sc[b][i]) else -1 for i in range(M)]
+                    if ctx.active[b] and math.isfinite(sc[b][i]) else -1 for i in range(M)]
                    for b in range(B)]
             blocks.append(blk)
             pairs = [(b, blk[b][i] if blk[b][i] >= 0 else d.first_unfed) for b in range(B) for i in range(M)]
             rows, dead = d.forward(rows=pairs, extra=[x < 0 for row in blk for x in row])
             if grammar:  # rows of unfed beams are never expanded: no grammar work for them
-                rows = grammar_masked(state, rows, [(b, paths[b][i] if blk[b][i] >= 0 else None)
+                rows = grammar_masked(ctx, rows, [(b, paths[b][i] if blk[b][i] >= 0 else None)
                                                     for b in range(B) for i in range(M)])
             logq = self._logq(rows).view(B, M, -1)
             dead = dead.view(B, M).bool()
@@ -85,16 +85,16 @@ class MJSD(ModelDrafter):
             if grammar:
                 _, tk, pr = host[-1]
                 paths = [[paths[b][pr[b][i]] + [tk[b][i]] for i in range(M)] for b in range(B)]
-        return self._best_beam(state, layers, host, blocks)
+        return self._best_beam(ctx, layers, host, blocks)
 
-    def _best_beam(self, state, layers, host, blocks):
-        B, g, M = state.batch, self.gamma, self.beams
+    def _best_beam(self, ctx, layers, host, blocks):
+        B, g, M = ctx.batch, self.gamma, self.beams
         sc, tk, pr = ([layer[i] for layer in host] for i in range(3))
         tokens, src, picks = [], [], []  # picks: per sequence, g columns of the flat score table
         for b in range(B):
-            chain_tok, chain_src = [state.seqs[b][-1]], [state.draft.root[b]]
+            chain_tok, chain_src = [ctx.seqs[b][-1]], [ctx.draft.root[b]]
             path = []
-            if state.active[b]:
+            if ctx.active[b]:
                 # deepest layer with a finite beam, then its best beam
                 k = max((k for k in range(g) if any(math.isfinite(x) for x in sc[k][b])), default=-1)
                 if k >= 0:
@@ -112,11 +112,11 @@ class MJSD(ModelDrafter):
             src.append(chain_src)
         # log q_{1:j} gathered on the device from the layers' scores (the last column: 0 = padding)
         table = torch.cat([layer[0] for layer in layers] + [layers[0][0].new_zeros(B, 1)], dim=1)
-        log_q = table.gather(1, state.stager.upload(picks).view(B, g))
+        log_q = table.gather(1, ctx.stager.upload(picks).view(B, g))
         cand = Candidates(tokens=tokens, parents=[[-1] + list(range(len(t) - 1)) for t in tokens], src=src,
-                          depth_drafted=[g if state.active[b] else 0 for b in range(B)],
-                          drafted_nodes=[1 + self.beams * g if state.active[b] else 1 for b in range(B)])
-        return cand.stage(state.stager, log_q_joint=log_q, joint_tau=self.tau,
+                          depth_drafted=[g if ctx.active[b] else 0 for b in range(B)],
+                          drafted_nodes=[1 + self.beams * g if ctx.active[b] else 1 for b in range(B)])
+        return cand.stage(ctx.stager, log_q_joint=log_q, joint_tau=self.tau,
                           joint_warp=(1.0, self.joint_top_k, self.joint_top_p))
 
 

@@ -66,35 +66,35 @@ class NGram(Drafter):
         self._adaptive = True
         return out
 
-    def setup(self, state):
-        self._len = [self.gamma] * state.batch  # per sequence: tokens to propose next
+    def setup(self, ctx):
+        self._len = [self.gamma] * ctx.batch  # per sequence: tokens to propose next
 
-    def propose(self, state):
+    def propose(self, ctx):
         tokens, parents = [], []
         self._proposed = []
-        for b in range(state.batch):
-            seq = state.seqs[b]
+        for b in range(ctx.batch):
+            seq = ctx.seqs[b]
             trie = Trie(seq[-1])
             longest = 0
-            if state.active[b]:
+            if ctx.active[b]:
                 length = self.gamma if self._adaptive else self._len[b]
                 for cont in lookup(seq, self.max_ngram, self.min_ngram, length, self.branches):
                     trie.insert(0, cont)
                     longest = max(longest, len(cont))
             toks, pars = trie.tokens, trie.parents
-            if state.grammar is not None and state.active[b]:  # only what the grammar allows, plus what it forces
-                toks, pars = state.grammar.constrain(b, toks, pars)
+            if ctx.grammar is not None and ctx.active[b]:  # only what the grammar allows, plus what it forces
+                toks, pars = ctx.grammar.constrain(b, toks, pars)
             self._proposed.append(longest)
             tokens.append(toks)
             parents.append(pars)
-        return Candidates(tokens=tokens, parents=parents, depth_drafted=[0] * state.batch,
-                          drafted_nodes=[len(t) for t in tokens]).stage(state.stager)
+        return Candidates(tokens=tokens, parents=parents, depth_drafted=[0] * ctx.batch,
+                          drafted_nodes=[len(t) for t in tokens]).stage(ctx.stager)
 
-    def commit(self, state, draft, result):
+    def commit(self, ctx, draft, result):
         if self.max_gamma == self.gamma or self._adaptive:
             return
-        for b in range(state.batch):
-            if not state.was_active[b]:
+        for b in range(ctx.batch):
+            if not ctx.was_active[b]:
                 continue
             full = self._proposed[b] == self._len[b] and len(result.paths[b]) - 1 == self._len[b]
             self._len[b] = min(2 * self._len[b], self.max_gamma) if full else self.gamma

@@ -45,19 +45,19 @@ class OPTTree(ModelDrafter):
     def draft_budget(self):
         return self.n * self.max_depth
 
-    def propose(self, state):
-        d = state.draft
-        d.begin(state.seqs, state.active)
-        B, n = state.batch, self.n
-        grammar = state.grammar is not None  # then every row is masked with its path's allowed tokens
+    def propose(self, ctx):
+        d = ctx.draft
+        d.begin(ctx.seqs, ctx.active)
+        B, n = ctx.batch, self.n
+        grammar = ctx.grammar is not None  # then every row is masked with its path's allowed tokens
         logits = d.forward(rows=[(b, d.root[b]) for b in range(B)])[0]  # [B, V]
         if grammar:
-            logits = grammar_masked(state, logits, [(b, []) for b in range(B)])
+            logits = grammar_masked(ctx, logits, [(b, []) for b in range(B)])
         logq = logits.log_softmax(-1)[:, None]  # [B, 1, V]
         scores, toks, par = _kernels.topn_expand(logq.new_zeros(B, 1, dtype=torch.float32), logq, n, per_parent_k=n)
         layers = [(scores, toks, par)]  # per layer: [B, n] log p̂, tokens, parent index in previous layer
         blocks = [[[d.root[b]] for b in range(B)]]  # per layer, per sequence: block node of each entry
-        going = list(state.active)
+        going = list(ctx.active)
         sc, tk, pr, best = _read_layer(layers, n)  # one host read per layer
         # Under a grammar, the token path of each entry of the newest layer (its rows' masks).
         paths = [[[tk[b][i]] for i in range(n)] for b in range(B)] if grammar else None
@@ -80,7 +80,7 @@ class OPTTree(ModelDrafter):
             pairs = [(b, blk[b][i] if blk[b][i] >= 0 else d.first_unfed) for b in range(B) for i in range(n)]
             rows, dead = d.forward(rows=pairs, extra=[x < 0 for row in blk for x in row])
             if grammar:  # rows of unfed entries are never expanded: no grammar work for them
-                rows = grammar_masked(state, rows, [(b, paths[b][i] if blk[b][i] >= 0 else None)
+                rows = grammar_masked(ctx, rows, [(b, paths[b][i] if blk[b][i] >= 0 else None)
                                                     for b in range(B) for i in range(n)])
             logq = rows.log_softmax(-1).view(B, n, -1)
             dead = dead.view(B, n).bool()
@@ -94,13 +94,13 @@ class OPTTree(ModelDrafter):
                     gain[b], best[b] = esub[b] - best[b], esub[b]
                 else:
                     gain[b] = 0.0
-        return self._select(state, layers, blocks)
+        return self._select(ctx, layers, blocks)
 
-    def _select(self, state, layers, blocks):
+    def _select(self, ctx, layers, blocks):
         # The drafted layers as one flat tree (root, then layer by layer: topological, shallower
         # first), then the best n nodes as a rooted subtree (select_topn_subtree), gathered on the
         # device: the Draft is built from the selection without reading it back.
-        B, n, D = state.batch, self.n, len(layers)
+        B, n, D = ctx.batch, self.n, len(layers)
         T = 1 + D * n
         sc = torch.cat([layer[0] for layer in layers], dim=1)  # [B, D * n]
         base = torch.arange(D, device=sc.device).repeat_interleave(n) * n + 1 - n  # flat index of each layer's parents
@@ -111,20 +111,20 @@ class OPTTree(ModelDrafter):
         # The host's part in one upload: which sequences draft, and each flat node's draft-block node.
         src_host = []
         for b in range(B):
-            src_host.append(state.draft.root[b])
+            src_host.append(ctx.draft.root[b])
             for k in range(D):  # a layer-k node was fed iff layer k+1 was drafted from it
                 src_host += blocks[k + 1][b] if k + 1 < len(blocks) else [-1] * n
-        up = state.stager.upload([int(a) for a in state.active] + src_host)
+        up = ctx.stager.upload([int(a) for a in ctx.active] + src_host)
         active = up[:B].bool()
         scores = torch.cat([sc.new_zeros(B, 1), sc], dim=1).masked_fill(~active[:, None], float("-inf"))
         keep, new_par, counts = _kernels.select_topn_subtree(parents, scores, n + 1)  # [B, n + 1] x2, [B]
         valid = torch.arange(n + 1, device=keep.device)[None, :] < counts[:, None]
         at = torch.where(valid, keep, 0).long()
-        root = state.root[:, None]
+        root = ctx.root[:, None]
         tokens = torch.cat([root, torch.cat([layer[1] for layer in layers], dim=1).to(root.dtype)], dim=1)
         layer_of = torch.where(at > 0, (at - 1) // n + 1, 0)
         depth_drafted = [1 + sum(1 for k in range(1, len(blocks)) if any(x >= 0 for x in blocks[k][b]))
-                         if state.active[b] else 0 for b in range(B)]
+                         if ctx.active[b] else 0 for b in range(B)]
         return Draft(tokens=torch.where(valid, tokens.gather(1, at), 0), parents=torch.where(valid, new_par, 0),
                      num_nodes=counts.to(torch.int32),
                      src=torch.where(valid, up[B:].view(B, T).gather(1, at), -1).to(torch.int32),

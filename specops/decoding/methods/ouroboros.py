@@ -73,31 +73,31 @@ class Ouroboros(ModelDrafter):
         per_forward = self.gamma + self.ngram + (self.window + self.guesses) * self._phrase
         return per_forward + self.gamma + self.ngram
 
-    def setup(self, state):
-        ident = (state.vocab_size, getattr(state.tokenizer, "name_or_path", None))
+    def setup(self, ctx):
+        ident = ctx.vocab_id
         cap = max(self.guesses, self.branches, 1)
         self.pool = shared_pool(ident, self._phrase, cap) if self.reuse_pool else PhrasePool(self._phrase, cap)
         rng = random.Random(10)
         # per sequence: the length up to which the emitted text's n-grams are in the pool (AR steps
         # of adaptive speculation skip commit; the next commit adds their n-grams too)
-        self._pooled = [len(s) for s in state.seqs]
+        self._pooled = [len(s) for s in ctx.seqs]
         self.windows = []
-        for b in range(state.batch):
-            prompt = state.seqs[b][: state.prompt_lens[b]]
+        for b in range(ctx.batch):
+            prompt = ctx.seqs[b][: ctx.prompt_lens[b]]
             self.pool.add_ngrams(prompt)
             self.windows.append([[rng.choice(prompt) for _ in range(self._phrase)] for _ in range(self.window)])
 
     # ---- drafting ----------------------------------------------------------------------------
 
-    def propose(self, state):
+    def propose(self, ctx):
         if self.model_free:
-            return self._comb(state, [self._pool_chain(state, b) for b in range(state.batch)],
-                              [0] * state.batch)
-        d = state.draft
-        d.begin(state.seqs, state.active)
-        B = state.batch
+            return self._comb(ctx, [self._pool_chain(ctx, b) for b in range(ctx.batch)],
+                              [0] * ctx.batch)
+        d = ctx.draft
+        d.begin(ctx.seqs, ctx.active)
+        B = ctx.batch
         drafted = [[] for _ in range(B)]
-        going = list(state.active)
+        going = list(ctx.active)
         forwards = [0] * B
         while any(going):
             layout = [self._lay_out(d, b, going[b]) for b in range(B)]
@@ -106,10 +106,10 @@ class Ouroboros(ModelDrafter):
             for b in range(B):
                 if not going[b]:
                     paths.append(None)
-                    chains.append([state.seqs[b][-1]])  # a placeholder block, never committed
+                    chains.append([ctx.seqs[b][-1]])  # a placeholder block, never committed
                     continue
                 forwards[b] += 1
-                new, path = self._read(state, d, b, layout[b], drafted[b])
+                new, path = self._read(ctx, d, b, layout[b], drafted[b])
                 drafted[b] += new
                 paths.append(path)
                 chains.append([new[-1]])
@@ -118,14 +118,14 @@ class Ouroboros(ModelDrafter):
             d.commit_paths(paths)
             if any(going):
                 d.begin_chain(chains)
-        return self._comb(state, drafted, forwards)
+        return self._comb(ctx, drafted, forwards)
 
-    def _pool_chain(self, state, b):
+    def _pool_chain(self, ctx, b):
         """Model-free draft: newest pool phrases chained from the last token, up to gamma tokens."""
         out = []
-        if not state.active[b]:
+        if not ctx.active[b]:
             return out
-        last = state.seqs[b][-1]
+        last = ctx.seqs[b][-1]
         while len(out) < self.gamma:
             phrase = self.pool.get(last, 1)
             if not phrase:
@@ -159,7 +159,7 @@ class Ouroboros(ModelDrafter):
             guesses.append((phrase, nodes))
         return root, cols, guesses
 
-    def _read(self, state, d, b, layout, prefix):
+    def _read(self, ctx, d, b, layout, prefix):
         """The draft's own continuation after this forward (after the ``prefix`` drafted so far);
         updates the window and the pool."""
         root, cols, guesses = layout
@@ -177,10 +177,10 @@ class Ouroboros(ModelDrafter):
                 best_m, best_nodes = m, nodes[:m]
         end = best_nodes[-1] if best_nodes else root
         new = [d.tokens[b][n] for n in best_nodes]
-        if state.grammar is None:
+        if ctx.grammar is None:
             new.append(arg(end))
         else:  # the draft's choice among the tokens the grammar allows after the drafted path
-            row = grammar_masked(state, d.logits(b, end)[None].float().clone(), [(b, prefix + new)])
+            row = grammar_masked(ctx, d.logits(b, end)[None].float().clone(), [(b, prefix + new)])
             new.append(int(row.argmax()))
         path = list(range(root + 1)) + best_nodes
         if cols:
@@ -194,19 +194,19 @@ class Ouroboros(ModelDrafter):
                 win[i] = [arg(parent_spine)] + [arg(col[level - 1]) for level in range(1, self._phrase)]
         return new, path
 
-    def _comb(self, state, drafted, forwards):
+    def _comb(self, ctx, drafted, forwards):
         tokens, parents, tried = [], [], []
-        for b in range(state.batch):
-            root = state.seqs[b][-1]
-            chain = self._allowed(state, b, root, [], drafted[b])
+        for b in range(ctx.batch):
+            root = ctx.seqs[b][-1]
+            chain = self._allowed(ctx, b, root, [], drafted[b])
             trie = Trie(root)
             node = 0
             for tok in chain:
                 node = trie.add(node, tok)
             key = chain[-1] if chain else root
-            phrases = self.pool.get(key, self.branches) if state.active[b] else []
-            if state.grammar is not None:
-                phrases = [ph for ph in phrases if len(self._allowed(state, b, root, chain, ph)) == len(ph)]
+            phrases = self.pool.get(key, self.branches) if ctx.active[b] else []
+            if ctx.grammar is not None:
+                phrases = [ph for ph in phrases if len(self._allowed(ctx, b, root, chain, ph)) == len(ph)]
             for phrase in phrases:
                 trie.insert(node, phrase)
             tokens.append(trie.tokens)
@@ -214,24 +214,24 @@ class Ouroboros(ModelDrafter):
             tried.append((len(chain), phrases))
         self._cand, self._tried = Candidates(tokens=tokens, parents=parents, depth_drafted=forwards,
                                              drafted_nodes=[len(t) for t in tokens]), tried
-        return self._cand.stage(state.stager)
+        return self._cand.stage(ctx.stager)
 
     @staticmethod
-    def _allowed(state, b, root, chain, tokens):
+    def _allowed(ctx, b, root, chain, tokens):
         """The longest prefix of ``tokens`` the grammar allows after ``chain`` (all without one)."""
-        if state.grammar is None or not state.active[b] or not tokens:
+        if ctx.grammar is None or not ctx.active[b] or not tokens:
             return list(tokens)
         n = len(chain)
-        toks, _ = state.grammar.constrain(b, [root] + chain + list(tokens), list(range(-1, n + len(tokens))),
+        toks, _ = ctx.grammar.constrain(b, [root] + chain + list(tokens), list(range(-1, n + len(tokens))),
                                           forced=0)
         return list(tokens)[:max(len(toks) - 1 - n, 0)]
 
     # ---- after verification --------------------------------------------------------------------
 
-    def commit(self, state, draft, result):
+    def commit(self, ctx, draft, result):
         argmax, cand = result.target_argmax(), self._cand
-        for b in range(state.batch):
-            if not state.was_active[b]:
+        for b in range(ctx.batch):
+            if not ctx.was_active[b]:
                 continue
             n, phrases = self._tried[b]  # n drafted chain tokens (nodes 1..n), phrases below n
             tok, par, v = cand.tokens[b], cand.parents[b], argmax[b]
@@ -251,7 +251,7 @@ class Ouroboros(ModelDrafter):
                     nodes.append(node)
                 corrected = [v[n]] + [v[x] for x in nodes[:-1]]
                 self.pool.replace(tok[n], phrase, corrected)
-            seq = state.seqs[b]
+            seq = ctx.seqs[b]
             self.pool.add_ngrams(seq, max(min(self._pooled[b], len(seq) - len(path)), 0))
             self._pooled[b] = len(seq)
 

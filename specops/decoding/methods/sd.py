@@ -26,13 +26,13 @@ class SD(ModelDrafter):
     def draft_budget(self):
         return self.gamma
 
-    def propose(self, state):
-        d = state.draft
-        d.begin(state.seqs, state.active)
-        B = state.batch
+    def propose(self, ctx):
+        d = ctx.draft
+        d.begin(ctx.seqs, ctx.active)
+        B = ctx.batch
         tips = list(d.root)
-        going = list(state.active)
-        tokens = [[s[-1]] for s in state.seqs]
+        going = list(ctx.active)
+        tokens = [[s[-1]] for s in ctx.seqs]
         src = [[d.root[b]] for b in range(B)]
         qrows = [[None] for _ in range(B)]
         depth = [0] * B
@@ -41,9 +41,9 @@ class SD(ModelDrafter):
                 break
             bs = [b for b in range(B) if going[b]]
             logits, _ = d.forward(rows=[(b, tips[b]) for b in bs])  # [len(bs), V]
-            if state.grammar is not None:  # draw from the draft's distribution over allowed tokens
-                logits = grammar_masked(state, logits, [(b, tokens[b][1:]) for b in bs])
-            chosen, probs = choose(logits, state.sampling, state.generator)
+            if ctx.grammar is not None:  # draw from the draft's distribution over allowed tokens
+                logits = grammar_masked(ctx, logits, [(b, tokens[b][1:]) for b in bs])
+            chosen, probs = choose(logits, ctx.sampling, ctx.generator)
             conf = None
             if self.exit_threshold > 0:
                 conf = (probs if probs is not None else logits.softmax(-1))
@@ -62,7 +62,7 @@ class SD(ModelDrafter):
         sampled = any(r is not None for rows in qrows for r in rows[1:])  # row 0 = root, unused
         return Candidates(tokens=tokens, parents=[[-1] + list(range(len(t) - 1)) for t in tokens], src=src,
                           depth_drafted=depth, drafted_nodes=[len(t) for t in tokens],
-                          draft_probs=qrows if sampled else None).stage(state.stager, state.vocab_size)
+                          draft_probs=qrows if sampled else None).stage(ctx.stager, ctx.vocab_size)
 
 
 ChainDrafter = SD  # the class's name before issue #32 (a public name: kept)

@@ -43,16 +43,16 @@ class SpecInfer(ModelDrafter):
     def draft_budget(self):
         return self.num_drafts * self.gamma
 
-    def propose(self, state):
-        d = state.draft
-        d.begin(state.seqs, state.active)
-        B, k, greedy = state.batch, self.num_drafts, state.sampling.greedy
-        trees = [_DraftTrie(state.seqs[b][-1], d.root[b]) for b in range(B)]
+    def propose(self, ctx):
+        d = ctx.draft
+        d.begin(ctx.seqs, ctx.active)
+        B, k, greedy = ctx.batch, self.num_drafts, ctx.sampling.greedy
+        trees = [_DraftTrie(ctx.seqs[b][-1], d.root[b]) for b in range(B)]
         tips = [[0] * k for _ in range(B)]
         for step in range(self.gamma):
             pairs, row = [], {}
             for b in range(B):
-                if state.active[b]:
+                if ctx.active[b]:
                     for t in sorted(set(tips[b])):
                         row[(b, t)] = len(pairs)
                         pairs.append((b, trees[b].blk[t]))
@@ -61,23 +61,23 @@ class SpecInfer(ModelDrafter):
                 break
             # Every chain's draw of this level at once (one independent draw per chain and row; the
             # rows travel with the forward's upload), read back with the argmax rows in one host read.
-            draws = [row[(b, tips[b][c])] for b in range(B) if state.active[b] for c in range(k)
+            draws = [row[(b, tips[b][c])] for b in range(B) if ctx.active[b] for c in range(k)
                      if not (greedy and c == 0)]
             logits, draw_rows = d.forward(rows=pairs, extra=draws)  # [len(pairs), V]
-            if state.grammar is not None:  # row order = the dict's insertion order = pairs'
-                logits = grammar_masked(state, logits, [(b, trees[b].path_tokens(t)) for b, t in row])
+            if ctx.grammar is not None:  # row order = the dict's insertion order = pairs'
+                logits = grammar_masked(ctx, logits, [(b, trees[b].path_tokens(t)) for b, t in row])
             if greedy:
                 # Max subtracted first: a tiny draft_temperature must not overflow to inf - inf.
                 probs = torch.softmax((logits - logits.amax(-1, keepdim=True)) / self.draft_temperature, -1)
             else:
-                probs = state.sampling.warp(logits)
-            drawn = (draw(probs[draw_rows], state.generator) if draws
+                probs = ctx.sampling.warp(logits)
+            drawn = (draw(probs[draw_rows], ctx.generator) if draws
                      else probs.new_zeros(0, dtype=torch.int64))
             argmax, drawn = read_lists(logits.argmax(-1) if greedy else drawn[:0], drawn)
             drawn = iter(drawn)
             last = step == self.gamma - 1
             for b in range(B):
-                if not state.active[b]:
+                if not ctx.active[b]:
                     continue
                 tr = trees[b]
                 for c in range(k):
@@ -92,10 +92,10 @@ class SpecInfer(ModelDrafter):
                     elif not greedy:
                         tr.dups.append((tok, t, q))  # another independent draw of the same token
                     tips[b][c] = nxt
-        return self._target_tree(state, trees)
+        return self._target_tree(ctx, trees)
 
-    def _target_tree(self, state, trees):
-        B, greedy, V = state.batch, state.sampling.greedy, state.vocab_size
+    def _target_tree(self, ctx, trees):
+        B, greedy, V = ctx.batch, ctx.sampling.greedy, ctx.vocab_size
         tokens, parents, src, rows = [], [], [], []
         for b in range(B):
             tr = trees[b]
@@ -105,25 +105,25 @@ class SpecInfer(ModelDrafter):
                 par.append(parent)
                 sr.append(-1)
                 qr.append(q)
-            if self.ngram and state.active[b]:
-                conts = lookup(state.seqs[b], 3, 1, self.gamma, 1)
+            if self.ngram and ctx.active[b]:
+                conts = lookup(ctx.seqs[b], 3, 1, self.gamma, 1)
                 parent = 0
                 for t in (conts[0] if conts else []):
                     tok.append(t)
                     par.append(parent)
                     sr.append(-1)
-                    qr.append(None if greedy else _point_mass(t, V, state.root.device))
+                    qr.append(None if greedy else _point_mass(t, V, ctx.root.device))
                     parent = len(tok) - 1
             tokens.append(tok)
             parents.append(par)
             src.append(sr)
             rows.append(qr)
         cand = Candidates(tokens=tokens, parents=parents, src=src,
-                          depth_drafted=[self.gamma if state.active[b] else 0 for b in range(B)],
+                          depth_drafted=[self.gamma if ctx.active[b] else 0 for b in range(B)],
                           drafted_nodes=[len(tr.tok) for tr in trees])
         if not greedy:
             cand.draft_probs = rows
-        return cand.stage(state.stager, V)
+        return cand.stage(ctx.stager, V)
 
 
 class _DraftTrie:

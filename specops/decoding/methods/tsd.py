@@ -47,25 +47,25 @@ class TSD(ModelDrafter):
     def draft_budget(self):
         return self.max_nodes
 
-    def propose(self, state):
-        d = state.draft
-        d.begin(state.seqs, state.active)
-        B = state.batch
-        graphs = [TokenGraph(state.seqs[b][-1], self.tau) for b in range(B)]
+    def propose(self, ctx):
+        d = ctx.draft
+        d.begin(ctx.seqs, ctx.active)
+        B = ctx.batch
+        graphs = [TokenGraph(ctx.seqs[b][-1], self.tau) for b in range(B)]
         blk = [{0: d.root[b]} for b in range(B)]  # graph node -> draft-block node (fed or to be fed)
         qrow = [{} for _ in range(B)]  # graph node -> draft q after it (for R5)
-        frontier = [[0] if state.active[b] else [] for b in range(B)]
+        frontier = [[0] if ctx.active[b] else [] for b in range(B)]
         depth = [0] * B
-        keep_rows = not state.sampling.greedy and self.sampling_mode == "gsd"
+        keep_rows = not ctx.sampling.greedy and self.sampling_mode == "gsd"
         for step in range(self.max_depth):
             if not any(frontier):
                 break
             pairs = [(b, blk[b][u]) for b in range(B) for u in frontier[b]]
             logits = d.forward(rows=pairs)[0]  # [len(pairs), V]
-            if state.grammar is not None:  # each node's path: its real parents up to the root
+            if ctx.grammar is not None:  # each node's path: its real parents up to the root
                 paths = [(b, [graphs[b].token[x] for x in reversed(graphs[b].path(u))][1:])
                          for b in range(B) for u in frontier[b]]
-                logits = grammar_masked(state, logits, paths)
+                logits = grammar_masked(ctx, logits, paths)
             probs = logits.softmax(-1)
             top_q, top_t = probs.topk(min(self.k, probs.shape[-1]), dim=-1)
             top_q, top_t = read_lists(top_q, top_t)  # one host read per draft forward
@@ -94,9 +94,9 @@ class TSD(ModelDrafter):
                             blk[b][c] = d.add(b, t, blk[b][u])
                             nxt.append(c)
                 frontier[b] = nxt
-        return self._unmerged(state, graphs, blk, qrow, depth, keep_rows)
+        return self._unmerged(ctx, graphs, blk, qrow, depth, keep_rows)
 
-    def _unmerged(self, state, graphs, blk, qrow, depth, keep_rows):
+    def _unmerged(self, ctx, graphs, blk, qrow, depth, keep_rows):
         tokens, parents, src, copied, rows = [], [], [], [], []
         for b, g in enumerate(graphs):
             tok, par, gsrc, cp = g.unmerge(self.max_tree_nodes, self.max_depth)
@@ -109,7 +109,7 @@ class TSD(ModelDrafter):
         return Candidates(tokens=tokens, parents=parents, src=src, copied=copied, depth_drafted=depth,
                           drafted_nodes=[len(g) for g in graphs],
                           draft_probs=rows if keep_rows and any(r is not None for rr in rows for r in rr) else None
-                          ).stage(state.stager, state.vocab_size)
+                          ).stage(ctx.stager, ctx.vocab_size)
 
 
 
