@@ -16,6 +16,14 @@
     m.def("tree_attention_paged(Tensor q, Tensor k_pages, Tensor v_pages, Tensor page_table, "           \
           "Tensor prefix_lens, Tensor block_lens, Tensor mask, Tensor? q_lens, float sm_scale, "            \
           "int num_splits=1, Tensor(a!)? workspace=None, bool invariant=False) -> Tensor");                                      \
+    /* The same ops without the workspace (a split call allocates its partials): no mutated      */     \
+    /* argument, so inductor can call them as opaque nodes of a compiled graph.                   */     \
+    m.def("tree_attention.functional(Tensor q, Tensor k_cache, Tensor v_cache, Tensor prefix_lens, "      \
+          "Tensor block_lens, Tensor mask, Tensor? q_lens, float sm_scale, int num_splits=1, "             \
+          "bool invariant=False) -> Tensor");                                                             \
+    m.def("tree_attention_paged.functional(Tensor q, Tensor k_pages, Tensor v_pages, Tensor page_table, " \
+          "Tensor prefix_lens, Tensor block_lens, Tensor mask, Tensor? q_lens, float sm_scale, "            \
+          "int num_splits=1, bool invariant=False) -> Tensor");                                           \
     m.def("kv_compact(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor prefix_lens, Tensor accept_idx, "   \
           "Tensor accept_lens) -> ()");                                                                   \
     m.def("kv_compact_paged(Tensor(a!) k_pages, Tensor(b!) v_pages, Tensor page_table, "                 \

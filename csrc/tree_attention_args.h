@@ -184,5 +184,33 @@ at::Tensor paged_entry(const at::Tensor& q,            // [B, Tq, Hq, D]
                        {"prefix_lens", &prefix_lens}, {"block_lens", &block_lens}, {"mask", &mask}, {"q_lens", ql}}));
 }
 
+// The `.functional` overloads (no workspace argument: what a compiled graph calls).
+template <CheckFn Check, RunFn Run>
+at::Tensor contiguous_functional(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                 const at::Tensor& prefix_lens, const at::Tensor& block_lens, const at::Tensor& mask,
+                                 const std::optional<at::Tensor>& q_lens, double sm_scale, int64_t num_splits,
+                                 bool invariant) {
+  return contiguous_entry<Check, Run>(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale,
+                                      num_splits, std::nullopt, invariant);
+}
+
+template <CheckFn Check, RunFn Run>
+at::Tensor paged_functional(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages,
+                            const at::Tensor& page_table, const at::Tensor& prefix_lens, const at::Tensor& block_lens,
+                            const at::Tensor& mask, const std::optional<at::Tensor>& q_lens, double sm_scale,
+                            int64_t num_splits, bool invariant) {
+  return paged_entry<Check, Run>(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale,
+                                 num_splits, std::nullopt, invariant);
+}
+
+// Registers both ops and their `.functional` overloads for one backend.
+#define SPECOPS_TA_REGISTER(m, CHECK, RUN)                                                            \
+  do {                                                                                                \
+    m.impl("tree_attention", &specops::ta::contiguous_entry<CHECK, RUN>);                             \
+    m.impl("tree_attention_paged", &specops::ta::paged_entry<CHECK, RUN>);                            \
+    m.impl("tree_attention.functional", &specops::ta::contiguous_functional<CHECK, RUN>);             \
+    m.impl("tree_attention_paged.functional", &specops::ta::paged_functional<CHECK, RUN>);            \
+  } while (0)
+
 }  // namespace ta
 }  // namespace specops

@@ -269,6 +269,5 @@ at::Tensor run(const at::Tensor& q,            // [B, Tq, Hq, D]
 }  // namespace specops
 
 TORCH_LIBRARY_IMPL(specops, CPU, m) {
-  m.impl("tree_attention", &specops::ta::contiguous_entry<specops::check_common, specops::run>);
-  m.impl("tree_attention_paged", &specops::ta::paged_entry<specops::check_common, specops::run>);
+  SPECOPS_TA_REGISTER(m, specops::check_common, specops::run);
 }

@@ -449,6 +449,5 @@ at::Tensor run_call(const at::Tensor& q,            // [B, Tq, Hq, D]
 }  // namespace specops
 
 SPECOPS_GPU_IMPL(m) {
-  m.impl("tree_attention", &specops::ta::contiguous_entry<specops::check_common, specops::run_call>);
-  m.impl("tree_attention_paged", &specops::ta::paged_entry<specops::check_common, specops::run_call>);
+  SPECOPS_TA_REGISTER(m, specops::check_common, specops::run_call);
 }

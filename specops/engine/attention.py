@@ -65,7 +65,7 @@ class CompiledBlock(NamedTuple):
     Shape: prefix_lens, block_lens, q_lens int32 [B]; mask int32 [B, 1, Tb, W]; rows int64 [B, Tb]
     (the cache row of every new row); k_store, v_store [L, B, Hkv, S, D] with page_table None
     (contiguous), or [L, N, ps, Hkv, D] with page_table int32 [B, max_pages] (paged). ``impl``: the
-    plan's kernel function, or None for the compiled extension's (:func:`compiled_kernel`);
+    plan's kernel function, or None for the compiled extension's registered op (its ``.functional`` overload);
     ``invariant``: the batch-invariant schedule (docs/batch_invariance.md)."""
 
     impl: object
@@ -159,27 +159,6 @@ def causal_mask(B, T, device):
 
 # ---- the compiled forwards' attention ----------------------------------------------------------
 
-@torch.library.custom_op("specops_compiled::tree_attention", mutates_args=())
-def compiled_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, page_table: torch.Tensor | None,
-                    prefix_lens: torch.Tensor, block_lens: torch.Tensor, mask: torch.Tensor, q_lens: torch.Tensor,
-                    sm_scale: float, invariant: bool = False) -> torch.Tensor:
-    """The compiled extension's tree attention, unsplit, as one opaque node of a compiled graph.
-
-    The registered ops take an optional partials workspace they write (``Tensor(a!)?``); inductor
-    cannot lower the functionalised form of that mutation, so a graph calls this wrapper, which
-    mutates nothing (one kv split: a compiled block is a decode-sized step)."""
-    if page_table is None:
-        return torch.ops.specops.tree_attention(q, k, v, prefix_lens, block_lens, mask, q_lens, sm_scale, 1, None,
-                                                invariant)
-    return torch.ops.specops.tree_attention_paged(q, k, v, page_table, prefix_lens, block_lens, mask, q_lens,
-                                                  sm_scale, 1, None, invariant)
-
-
-@compiled_kernel.register_fake
-def _(q, k, v, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale, invariant=False):
-    return torch.empty_like(q)
-
-
 def block_attention(module, query, key, value, block, scaling):
     """The attention of one layer inside a compiled block forward.
 
@@ -205,9 +184,17 @@ def block_attention(module, query, key, value, block, scaling):
     paging = () if page_table is None else (page_table,)
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
     mask = block.mask[:, 0]
-    if block.impl is None:  # a compiled extension's kernel
-        out = compiled_kernel(q, k_store[layer], v_store[layer], page_table, block.prefix_lens, block.block_lens,
-                              mask, block.q_lens, float(scaling), block.invariant)
+    if block.impl is None:  # the compiled extension's registered op: one opaque node of the graph
+        # The `.functional` overload (no workspace argument): inductor cannot lower the
+        # functionalised form of the default overload's optional mutated workspace.
+        if page_table is None:
+            out = torch.ops.specops.tree_attention.functional(
+                q, k_store[layer], v_store[layer], block.prefix_lens, block.block_lens, mask, block.q_lens,
+                float(scaling), 1, block.invariant)
+        else:
+            out = torch.ops.specops.tree_attention_paged.functional(
+                q, k_store[layer], v_store[layer], page_table, block.prefix_lens, block.block_lens, mask,
+                block.q_lens, float(scaling), 1, block.invariant)
     else:
         out = block.impl(q, k_store[layer], v_store[layer], *paging, block.prefix_lens, block.block_lens, mask,
                          block.q_lens, scaling, 1, None, block.invariant)

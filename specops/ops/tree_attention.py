@@ -303,6 +303,11 @@ if (_ext.cpu_ext is not None or _ext.cuda_ext is not None) and _has_schema():
           invariant=False):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
+    # The overload without a workspace: what a compiled graph calls (no mutated argument).
+    @torch.library.register_fake("specops::tree_attention.functional")
+    def _(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1, invariant=False):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+
 
 # ---- paged KV cache ------------------------------------------------------------------------------
 
@@ -481,4 +486,9 @@ if (_ext.cpu_ext is not None or _ext.cuda_ext is not None) and _has_op("tree_att
     @torch.library.register_fake("specops::tree_attention_paged")
     def _(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1,
           workspace=None, invariant=False):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    @torch.library.register_fake("specops::tree_attention_paged.functional")
+    def _(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1,
+          invariant=False):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
