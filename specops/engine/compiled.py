@@ -40,8 +40,9 @@ from ..ops.plan import TreeAttentionPlan
 from ..ops.tree_mask import build_tree_mask
 from .attention import BLOCK_KW, CompiledBlock
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-MAX_BUCKET = BUCKETS[-1]
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # CUDA graphs' row buckets (static shapes)
+MAX_BUCKET = BUCKETS[-1]  # the most rows a compiled forward takes
+BLOCK = "2-64"  # the graph key's row count of the dynamic-rows graph (2..MAX_BUCKET rows)
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -61,6 +62,9 @@ def mask_words(T):
     return w
 
 
+MASK_WORDS = mask_words(MAX_BUCKET)  # every compiled forward's mask width: one shape for all blocks
+
+
 def set_cache_dir():
     """Points inductor's on-disk caches at ``<specops cache>/inductor`` unless the user chose a place.
 
@@ -73,6 +77,21 @@ def set_cache_dir():
     if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(models.cache_dir(), "inductor")
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+def cpu_options():
+    """Inductor's options for a CPU graph. The C++ wrapper calls the graph's kernels, extern matmuls and
+    the attention op from C++: on SmolLM2-135M it took a one-row step from ~41 to ~32 ms (the Python
+    wrapper's ~500 lines of calls cost ~9 ms). Building the wrapper apart from the kernels (at -O1) keeps
+    its compile at ~130 s instead of ~300 s. Runtime shape and stride asserts are left out: the inputs
+    are built by this module."""
+    return {"cpp_wrapper": True, "cpp_wrapper_build_separate": True, "size_asserts": False,
+            "scalar_asserts": False, "alignment_asserts": False}
+
+
+def _on_cpu(model):
+    p = next(model.parameters(), None)
+    return p is None or p.device.type == "cpu"
 
 
 _DECODERS = {}  # model -> {mode: CompiledDecoder}; holds the model (the graphs run its modules)
@@ -117,8 +136,10 @@ class CompiledDecoder:
         self.cudagraphs = mode == "reduce-overhead"
         self.name = getattr(model, "specops_name", None) or type(model).__name__
         self._fn = torch.compile(self._forward, fullgraph=True, dynamic=False,
-                                 **({} if mode == "default" else {"mode": mode}))
+                                 **({"options": cpu_options()} if mode == "default" and _on_cpu(model)
+                                    else {} if mode == "default" else {"mode": mode}))
         self.compile_s = {}
+        self._seen = set()  # (key, grad mode, inference mode) of every graph that ran
         self._caches = {}  # (batch, layout, page size, dtype) -> (cache, weakref to the runner using it)
 
     def cache_for(self, runner, make, rows, key):
@@ -149,18 +170,21 @@ class CompiledDecoder:
         hooks = self._stash_hooks()
         graphs = _graph_count()
         if key not in self.compile_s:
-            print(f"specops: compiling {self.name} for blocks of {key[0]} rows (batch {key[2]}, {key[3]} cache) ...",
+            print(f"specops: compiling {self.name} for blocks of {key[0]} row{'s' * (key[0] != 1)} "
+                  f"(batch {key[2]}, {key[3]} cache) ...",
                   file=sys.stderr, flush=True)
         try:
             if self.cudagraphs:
                 torch.compiler.cudagraph_mark_step_begin()
             t0 = time.perf_counter()
+            seen = (key, torch.is_grad_enabled(), torch.is_inference_mode_enabled())
             # Rounding every bf16/fp16 intermediate as eager torch does makes a row's bits independent
             # of inductor's fusion choices, which differ between buckets: without it a block's rows
             # and AR's one-row steps round differently and the batch-invariant mode is not exact.
             with inductor_config.patch(emulate_precision_casts=True):
-                hidden = self._fn(ids, positions, mask, block, feats)
+                hidden = self._run(seen in self._seen, ids, positions, mask, block, feats)
             dt = time.perf_counter() - t0
+            self._seen.add(seen)
             if self.cudagraphs:  # a replay overwrites its outputs: keep ours
                 hidden = hidden.clone()
         finally:
@@ -180,6 +204,21 @@ class CompiledDecoder:
             res = hook(self.norm, (hidden,), hidden)
             hidden = hidden if res is None else res
         return hidden, (dt if first else 0.0)
+
+    def _run(self, warm, *args):
+        """Once a graph ran for this key and grad mode (``warm``), only the guards that tell the code
+        object's graphs apart are evaluated (~280 parameter guards cost ~3 ms a step). An input that
+        needs another graph all the same (say, a tensor made outside inference mode where the graph
+        saw inference tensors) makes dynamo refuse before running anything: then the full guards
+        choose or compile the graph."""
+        if warm:
+            try:
+                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                    return self._fn(*args)
+            except RuntimeError as e:
+                if "skip_guard_eval_unsafe" not in str(e):
+                    raise
+        return self._fn(*args)
 
     def _stash_hooks(self):
         if self.norm is None or not self.norm._forward_hooks:
@@ -224,7 +263,7 @@ class CompiledRunner:
                                  dtype=cache.dtype, device=dev, check=False, page_table=self.page_table,
                                  page_size=cache.page_size if self.paged else None)
         self.backend = plan.backend
-        self.impl = None if plan.backend in ("cpp", "cuda") else plan._impl  # None: attention.compiled_kernel
+        self.impl = None if plan.backend in ("cpp", "cuda") else plan._impl  # None: the registered op
         self.head = model.get_output_embeddings()
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
         self.window = getattr(cfg, "sliding_window", None) if _uses_window(cfg) else None
@@ -236,8 +275,8 @@ class CompiledRunner:
         """Whether a block of ``Tq`` query rows reaching ``longest`` rows runs compiled."""
         return Tq <= MAX_BUCKET and not (self.window and longest > self.window)
 
-    def _key(self, Tb, W):
-        return (Tb, mask_words(32 * W), self.runner.batch_size, self.runner.kv_layout, self.runner.batch_invariant)
+    def _key(self, Tb, Wb):
+        return (Tb, Wb, self.runner.batch_size, self.runner.kv_layout, self.runner.batch_invariant)
 
     def forward(self, tokens, mask, depth, block_lens, q_start, features=None):
         """Shape: tokens int [B, Tq], mask int32 [B, Tq, W], depth int32 [B, Tq], block_lens int32 [B],
@@ -245,23 +284,29 @@ class CompiledRunner:
         (model dtype; the LM head runs on these rows only)."""
         pad = torch.nn.functional.pad
         B, Tq = tokens.shape
-        W = mask.shape[2]
-        Tb, Wb = bucket_for(Tq), mask_words(32 * W)
+        # One graph for a one-row step (AR, a chain draft), one for every block of 2..64 rows (its row
+        # count a symbol); CUDA graphs capture static shapes, so there blocks are padded to buckets.
+        Tb = bucket_for(Tq) if self.decoder.cudagraphs else Tq
         lens = self.runner.lens
         base = lens.to(torch.int64)[:, None]  # [B, 1]
         ids = pad(tokens.to(torch.int64), (0, Tb - Tq))
         positions = base + pad(depth.to(torch.int64), (0, Tb - Tq))  # padding rows: position lens
         rows = base + self.arange[q_start:q_start + Tb]  # [B, Tb] cache rows of the new K/V
-        m = pad(mask, (0, Wb - W, 0, Tb - Tq))[:, None]  # [B, 1, Tb, Wb]; padding rows see nothing
-        block = CompiledBlock(self.impl, lens, block_lens, block_lens - q_start, m, rows, self.k_store, self.v_store,
-                              self.page_table, self.runner.batch_invariant)
+        Wb = max(MASK_WORDS, mask_words(32 * mask.shape[2]))  # wider only for a partial block past 64 rows
+        m = pad(mask, (0, Wb - mask.shape[2], 0, Tb - Tq))[:, None]  # [B, 1, Tb, Wb]; padding rows see nothing
         feats = None
         if self.feature:
             if features is None:
                 raise ValueError("a feature draft's forward needs its input rows: pass features= "
                                  "(shape [B, T, hidden])")
             feats = pad(features, (0, 0, 0, Tb - features.shape[1]))
-        hidden, secs = self.decoder(self._key(Tb, W), ids, positions, m, block, feats)
+        dynamic = Tb > 1 and not self.decoder.cudagraphs
+        if dynamic:
+            for t, dim in ((ids, 1), (positions, 1), (rows, 1), (m, 2)) + (((feats, 1),) if feats is not None else ()):
+                torch._dynamo.mark_dynamic(t, dim, min=2, max=MAX_BUCKET)
+        block = CompiledBlock(self.impl, lens, block_lens, block_lens - q_start, m, rows, self.k_store, self.v_store,
+                              self.page_table, self.runner.batch_invariant)
+        hidden, secs = self.decoder(self._key(BLOCK if dynamic else Tb, Wb), ids, positions, m, block, feats)
         self.compile_time_s += secs
         hidden = hidden[:, :Tq]
         logits = self.head(hidden)
@@ -275,7 +320,10 @@ class CompiledRunner:
         before = self.compile_time_s
         B, dev = self.runner.batch_size, self.runner.device
         model = self.runner.model
-        for Tb in sorted({bucket_for(min(int(T), MAX_BUCKET)) for T in (sizes or BUCKETS)}):
+        sizes = sorted({bucket_for(min(int(T), MAX_BUCKET)) for T in (sizes or BUCKETS)})
+        if not self.decoder.cudagraphs:  # one graph for blocks of any size > 1
+            sizes = sorted({min(T, 2) for T in sizes})
+        for Tb in sizes:
             parents = (torch.arange(Tb, dtype=torch.int32, device=dev) - 1).expand(B, Tb).contiguous()
             feats = None
             if self.feature:
