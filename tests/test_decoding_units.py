@@ -236,6 +236,42 @@ def test_every_method_rejects_unknown_parameters(name):
     assert drafter.tree_budget() >= 1 and drafter.draft_budget() >= 0
 
 
+# ---- verification from logits ---------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["mss", "mss_noreplace", "gsd"])
+def test_rejection_modes_verify_draft_logits_as_the_warped_rows(mode):
+    # The loop hands the rejection modes the draft's logits and warp (verify_tree_logits warps the
+    # rows its walk reads); the result is verify_tree on both warped probability tensors, bit for
+    # bit, including a point-mass row (0 / -inf) and a zero row (uniform under top-k and top-p).
+    from specops.decoding import Draft, SamplingConfig
+    from specops.decoding import verify as verify_mod
+    from specops import verify_tree
+    from specops.testing import random_verify_case
+
+    g = torch.Generator().manual_seed(7)
+    B, T, V = 3, 6, 13
+    c = random_verify_case(B, T, V, generator=g, match=0.4)
+    draft_logits = torch.randn(B, T, V, generator=g) * 2
+    draft_logits[0, 1] = float("-inf")
+    draft_logits[0, 1, int(c["tokens"][0, 1])] = 0.0  # a point mass at node 1's token
+    draft_logits[1, 2] = 0.0  # no row: uniform
+    sampling, warp = SamplingConfig(0.8, 5, 0.9), SamplingConfig(1.3, 4, 0.8)
+    draft = Draft(tokens=c["tokens"].long(), parents=c["parents"], num_nodes=c["num_nodes"], draft_logits=draft_logits,
+                  draft_warp=warp)
+    active = torch.ones(B, dtype=torch.bool)
+    got = verify_mod.verify(mode, draft, c["target_logits"], sampling, torch.Generator().manual_seed(3), active)
+    uniforms = torch.rand(B, T, 2, generator=torch.Generator().manual_seed(3))  # verify's draw
+
+    def warped(cfg, x):
+        return cfg.warp(x.reshape(B * T, V)).reshape(B, T, V)
+    assert torch.equal(warped(warp, draft_logits)[1, 2], torch.full((V,), 1.0 / V))
+    idx, lens, bonus = verify_tree(c["tokens"], c["parents"], warped(sampling, c["target_logits"]), uniforms,
+                                   draft_probs=warped(warp, draft_logits), mode=mode, num_nodes=c["num_nodes"])
+    assert torch.equal(got.accept_lens, lens) and torch.equal(got.bonus_t.long(), bonus.long())
+    for b in range(B):
+        assert torch.equal(got.accept_idx[b, : lens[b]], idx[b, : lens[b]])
+
+
 # ---- kernel input checks ----------------------------------------------------------------------
 
 def test_kernel_checks_are_off_on_the_hot_path_and_switchable(monkeypatch):

@@ -26,10 +26,16 @@ def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs, mode, n
                                   num_nodes=num_nodes, check=CHECK)
 
 
-def verify_tree_logits(tokens, parents, target_logits, uniforms, *, sampling, mode, num_nodes, bitmask=None):
+def verify_tree_logits(tokens, parents, target_logits, uniforms, *, sampling, mode, num_nodes, bitmask=None,
+                       draft_logits=None, draft_sampling=None):
+    """``sampling`` / ``draft_sampling``: SamplingConfigs (the target's warp; the draft rows' warp,
+    None = the target's)."""
+    d = draft_sampling or sampling
     return verify_logits_ops.verify_tree_logits(tokens, parents, target_logits, uniforms,
                                                 temperature=float(sampling.temperature), top_k=int(sampling.top_k),
-                                                top_p=float(sampling.top_p), mode=mode, num_nodes=num_nodes,
+                                                top_p=float(sampling.top_p), draft_logits=draft_logits,
+                                                draft_temperature=float(d.temperature), draft_top_k=int(d.top_k),
+                                                draft_top_p=float(d.top_p), mode=mode, num_nodes=num_nodes,
                                                 bitmask=bitmask, check=CHECK)
 
 

@@ -101,7 +101,7 @@ class Decoder:
         rows = self._grammar_rows(draft)  # before the forward: the host work overlaps a GPU's
         logits = self.target.forward(draft.tokens, draft.parents, draft.num_nodes)
         with_argmax = budget != 0 and drafter.needs_target_argmax
-        fused = rows is not None and fuses_bitmask(mode, draft) and not with_argmax  # the walk masks the rows it reads
+        fused = rows is not None and fuses_bitmask(mode) and not with_argmax  # the walk masks the rows it reads
         if rows is not None and not fused:
             logits = _masked(logits, rows)
         result = verify(mode, draft, logits, s.sampling, s.generator, self.active_t, bitmask=rows if fused else None)
@@ -284,14 +284,19 @@ class _LogprobSum:
         for b, kept in enumerate(r.emitted):
             rows += [b * T + i for i in r.result.paths[b][: len(kept)]]
             toks += kept
+        mask = r.result.bitmask  # fused into verification: the rows read here are masked the same way
         if rows:
-            self.add(r.result.logits.reshape(-1, r.result.logits.shape[-1]), rows, toks, dec.state.stager)
+            self.add(r.result.logits.reshape(-1, r.result.logits.shape[-1]), rows, toks, dec.state.stager,
+                     None if mask is None else mask.reshape(-1, mask.shape[-1]))
 
-    def add(self, logits, rows, tokens, stager):
-        """Shape: logits [N, V]; rows, tokens: equal-length int lists (row of logits, emitted token)."""
+    def add(self, logits, rows, tokens, stager, mask=None):
+        """Shape: logits [N, V]; rows, tokens: equal-length int lists (row of logits, emitted token);
+        mask int32 [N, ceil(V / 32)] or None (the grammar's rows: the likelihood under the masked target)."""
         up = stager.upload(rows + tokens)
         n = len(rows)
-        sel = logits[up[:n]].float()  # [n, V]
+        sel = logits[up[:n]].float()  # [n, V], a copy (indexed by a tensor)
+        if mask is not None:
+            apply_token_bitmask(sel, mask[up[:n]], check=False)
         # log_softmax at one entry = logit - logsumexp: no [n, V] log-prob tensor is materialised
         part = (sel.gather(-1, up[n:, None])[:, 0] - sel.logsumexp(-1)).sum(dtype=torch.float64)
         self.sum = part if self.sum is None else self.sum + part

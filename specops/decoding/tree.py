@@ -14,9 +14,16 @@ class Draft:
     """What a drafter hands the loop: one padded token tree per sequence, on the device.
 
     Shape: tokens int64 [B, T] (node 0 = the pending root; padding 0), parents int32 [B, T]
-    (``parents[b, 0] = -1``, padding 0), num_nodes int32 [B]; ``draft_probs`` fp32 [B, T, V] or
-    None: row ``i`` = the distribution node ``i`` was drawn from (its proposer's distribution at its
-    parent; uniform where none), only for the rejection modes (``mss``, ``mss_noreplace``, ``gsd``);
+    (``parents[b, 0] = -1``, padding 0), num_nodes int32 [B].
+
+    Draft rows, only for the rejection modes (``mss``, ``mss_noreplace``, ``gsd``), which test each
+    node against the distribution it was drawn from: ``draft_logits`` fp32 [B, T, V] or None, row
+    ``i`` = the proposer's logits at node ``i``'s parent (before warping; zeros where the drafter
+    has none: a zero row is uniform under any warp, top-k and top-p keep ties), and ``draft_warp``
+    (a SamplingConfig: the temperature / top-k / top-p the drafter warped them with); verification
+    warps the rows its walk reads (``verify_tree_logits``), so no probability tensor is built.
+    ``draft_probs`` fp32 [B, T, V] or None: the same rows as probabilities, for a drafter that has
+    no logits (verified as log-probabilities at temperature 1, equal up to rounding).
     ``src`` int32 [B, T] or None: the draft-block node that holds node ``i``'s draft K/V, or -1
     (never fed, or a copy made under another context): read back along the accepted path with the
     step's one read, for the drafter's commit.
@@ -33,6 +40,8 @@ class Draft:
     tokens: torch.Tensor
     parents: torch.Tensor
     num_nodes: torch.Tensor
+    draft_logits: torch.Tensor = None
+    draft_warp: object = None
     draft_probs: torch.Tensor = None
     src: torch.Tensor = None
     depth: list = None
@@ -53,10 +62,14 @@ class Candidates:
     """A token tree per sequence built on the host (Python lists, ragged), for drafters whose
     search runs on the host; :meth:`stage` turns it into a :class:`Draft` with one staged upload.
 
-    ``draft_probs[b]``: None or a list of n_b rows (device fp32 [V], None for uniform).
-    ``src``, ``depth_drafted``, ``drafted_nodes``, ``copied``: as in :class:`Draft`, as lists."""
+    ``draft_logits[b]``: None or a list of n_b rows (device logits [V], None where the drafter has
+    none), warped with ``draft_warp``; ``draft_probs[b]`` likewise with probability rows (fp32 [V],
+    None for uniform). ``src``, ``depth_drafted``, ``drafted_nodes``, ``copied``: as in
+    :class:`Draft`, as lists."""
     tokens: list
     parents: list
+    draft_logits: list = None
+    draft_warp: object = None
     draft_probs: list = None
     src: list = None
     depth_drafted: list = None
@@ -86,25 +99,25 @@ class Candidates:
         up = stager.upload(flat)
         n = B * T
         src = up[2 * n: 3 * n].view(B, T).to(torch.int32) if self.src is not None else None
+        logits = self.pack_draft_logits(V) if self.draft_logits is not None else None
         probs = self.pack_draft_probs(V) if self.draft_probs is not None else None
         return Draft(tokens=up[:n].view(B, T), parents=up[n: 2 * n].view(B, T).to(torch.int32),
-                     num_nodes=up[-B:].to(torch.int32), draft_probs=probs, src=src,
+                     num_nodes=up[-B:].to(torch.int32), draft_logits=logits, draft_warp=self.draft_warp,
+                     draft_probs=probs, src=src,
                      depth=[max(depths(p)) for p in self.parents],
                      depth_drafted=self.depth_drafted or [0] * B,
                      drafted_nodes=self.drafted_nodes or self.num_nodes(), copied=self.copied, **fields)
 
+    def pack_draft_logits(self, V):
+        """Shape: -> fp32 [B, T, V] on the rows' device; a node without a row gets zeros (uniform
+        under any warp; the built-in drafters leave only rows the walk never reads: the root,
+        padding, a sequence that drafted nothing)."""
+        return _pack(self.draft_logits, max(len(t) for t in self.tokens), V, 0.0)
+
     def pack_draft_probs(self, V):
         """Shape: -> fp32 [B, T, V] on the rows' device; rows without a proposal distribution are
         uniform (built on the device: no host data)."""
-        T = max(len(t) for t in self.tokens)
-        real = next(r for rows in self.draft_probs if rows is not None for r in rows if r is not None)
-        uni = torch.full((V,), 1.0 / V, dtype=torch.float32, device=real.device)
-        out = []
-        for b in range(self.batch):
-            rows = self.draft_probs[b] or []
-            rows = [r if r is not None else uni for r in rows]
-            out.append(torch.stack(rows + [uni] * (T - len(rows))))
-        return torch.stack(out)
+        return _pack(self.draft_probs, max(len(t) for t in self.tokens), V, 1.0 / V)
 
     def validate(self):
         """Tree rules (cheap host check; drafters are trusted, this guards new ones)."""
@@ -115,6 +128,21 @@ class Candidates:
             for i in range(1, len(p)):
                 if not 0 <= p[i] < i:
                     raise AssertionError(f"sequence {b}: parents[{i}] = {p[i]} is not in [0, {i})")
+
+
+def _pack(per_seq, T, V, fill):
+    """Per-sequence lists of device rows [V] (None: ``fill``) -> fp32 [B, T, V], padded with
+    ``fill`` rows, stacked on the device (the fill row is built there: no host data); None when no
+    node has a row (the verifier treats every row as uniform then)."""
+    real = next((r for rows in per_seq if rows is not None for r in rows if r is not None), None)
+    if real is None:
+        return None
+    pad = torch.full((V,), fill, dtype=torch.float32, device=real.device)
+    out = []
+    for rows in per_seq:
+        rows = [r.float() if r is not None else pad for r in rows or []]
+        out.append(torch.stack(rows + [pad] * (T - len(rows))))
+    return torch.stack(out)
 
 
 def root_draft(root):

@@ -9,6 +9,7 @@ import dataclasses
 
 import torch
 
+from ..ops.verify import NEEDS_DRAFT
 from . import _kernels
 from .sampling import SamplingConfig, draw
 
@@ -17,7 +18,9 @@ from .sampling import SamplingConfig, draw
 class VerifyResult:
     """Device outputs: ``accept_idx`` int32 [B, A] (accepted node indices, root first; entries at
     or past ``accept_lens[b]`` are padding), ``accept_lens`` int32 [B], ``bonus_t`` int64 [B] (the
-    token emitted after the path), ``logits`` [B, T, V] (the target's block logits).
+    token emitted after the path), ``logits`` [B, T, V] (the target's block logits), ``bitmask``
+    int32 [B, T, ceil(V / 32)] or None (a grammar's rows fused into the walk: ``logits`` are unmasked
+    then).
 
     Host lists, filled by :meth:`read` (the step's one host read): ``paths[b]`` (accepted node
     indices, root first), ``path_tokens[b]`` (their tokens), ``path_src[b]`` (their draft-block
@@ -29,6 +32,7 @@ class VerifyResult:
     bonus_t: torch.Tensor
     logits: torch.Tensor
     kept: torch.Tensor = None
+    bitmask: torch.Tensor = None
     paths: list = None
     path_tokens: list = None
     path_src: list = None
@@ -79,11 +83,11 @@ class VerifyResult:
         return self._argmax
 
 
-def fuses_bitmask(mode, draft):
-    """Whether ``verify`` takes a grammar's bitmask into its walk (the op masks the rows it reads)
-    for this mode and draft: greedy, and the modes verified from logits; the others need the
-    logits masked first."""
-    return mode == "greedy" or (mode in _FROM_LOGITS and draft.draft_probs is None)
+def fuses_bitmask(mode):
+    """Whether ``verify`` takes a grammar's bitmask into its walk (the op masks the rows it reads:
+    the target's at every node, the draft's at the node's parent): every mode but ``joint``, whose
+    test reads whole warped rows (the loop masks its logits first)."""
+    return mode != "joint"
 
 
 def verify(mode, draft, logits, sampling, generator, active, bitmask=None):
@@ -92,58 +96,62 @@ def verify(mode, draft, logits, sampling, generator, active, bitmask=None):
     ``fuses_bitmask``: the grammar's allowed tokens, fused into the walk) -> VerifyResult (device
     tensors; no host read; ``kept`` = ``accept_lens`` with finished sequences masked to 0).
     ``generator`` lives on the logits' device: the uniforms are drawn there."""
-    if bitmask is not None and not fuses_bitmask(mode, draft):
-        raise ValueError(f"bitmask is fused into greedy and {_FROM_LOGITS} verification without draft rows; "
-                         f"mode {mode!r} needs masked logits")
+    if bitmask is not None and not fuses_bitmask(mode):
+        raise ValueError(f"bitmask is fused into every mode but 'joint'; mode {mode!r} needs masked logits")
     if mode == "joint":
         result = _verify_joint(draft, logits, sampling, generator)
         result.kept = result.accept_lens * active
         return result
-    B, T, V = logits.shape
+    B, T, _ = logits.shape
     uniforms = None if mode == "greedy" else torch.rand(B, T, 2, generator=generator, device=logits.device)
-    draft_probs = None
-    if mode in ("mss", "mss_noreplace", "gsd"):  # proposer rows; uniform where the drafter has none
-        draft_probs = draft.draft_probs if draft.draft_probs is not None else \
-            torch.full((B, T, V), 1.0 / V, dtype=torch.float32, device=logits.device)
+    draft_logits, draft_warp = _draft_rows(mode, draft, logits)
     idx, kept, bonus = verify_kept(draft.tokens, draft.parents, draft.num_nodes, logits, uniforms, active,
-                                   mode=mode, sampling=sampling, draft_probs=draft_probs, bitmask=bitmask)
-    return VerifyResult(accept_idx=idx, accept_lens=kept, bonus_t=bonus, logits=logits, kept=kept)
+                                   mode=mode, sampling=sampling, draft_logits=draft_logits, draft_sampling=draft_warp,
+                                   bitmask=bitmask)
+    return VerifyResult(accept_idx=idx, accept_lens=kept, bonus_t=bonus, logits=logits, kept=kept, bitmask=bitmask)
 
 
-# Modes verified straight from the target's logits. The modes that test draft rows (mss,
-# mss_noreplace, gsd) still get warped target probabilities: their drafters hand over draft
-# probability rows, not the draft logits verify_tree_logits would warp itself.
-_FROM_LOGITS = ("mss_pointmass", "sample_match")
+def _draft_rows(mode, draft, logits):
+    """The draft rows a rejection mode tests nodes against, as logits and their warp (None, None for
+    the other modes). Shape: -> ([B, T, V] or None, SamplingConfig or None)."""
+    if mode not in NEEDS_DRAFT:
+        return None, None
+    if draft.draft_logits is not None:
+        return draft.draft_logits, draft.draft_warp
+    if draft.draft_probs is not None:  # probability rows: their logs, warped at temperature 1
+        return draft.draft_probs.log(), _AS_IS
+    # No row at all: uniform everywhere (zero logits; one row, expanded, not a [B, T, V] tensor).
+    B, T, V = logits.shape
+    return logits.new_zeros((1, 1, 1), dtype=torch.float32).expand(B, T, V), _AS_IS
 
 
-def verify_kept(tokens, parents, num_nodes, logits, uniforms, active, *, mode=None, sampling=None, draft_probs=None,
-                bitmask=None):
+_AS_IS = SamplingConfig(1.0)  # temperature 1, no top-k / top-p: softmax of the rows
+
+
+def verify_kept(tokens, parents, num_nodes, logits, uniforms, active, *, mode=None, sampling=None, draft_logits=None,
+                draft_sampling=None, bitmask=None):
     """The verify op on device tensors, then the accepted lengths masked by ``active``: the part of a
     step from the target's logits to what ``kv_compact`` keeps (no host read, no host data:
     ``torch.compile(fullgraph=True)``-able and CUDA-graph capturable; tests/test_decoding_graph.py).
     ``mode`` None: greedy (R1) without uniforms, else ``mss_pointmass``; ``sampling`` None: T = 1.
 
+    The mode -> op choice, in one place: greedy (R1) -> ``verify_greedy``; every sampled rule ->
+    ``verify_tree_logits``, which warps only the rows its walk reads (the target's with ``sampling``,
+    the draft's with ``draft_sampling``): no [B, T, V] probability tensor (docs/verify_logits.md).
+
     Shape: tokens int64/int32 [B, T], parents int32 [B, T], num_nodes int32 [B], logits [B, T, V],
-    uniforms fp32 [B, T, 2] or None (greedy), active bool [B], draft_probs fp32 [B, T, V] or None,
-    bitmask int32 [B, T, ceil(V / 32)] or None (greedy and the modes from logits) -> (accept_idx
-    int32 [B, T], kept int32 [B],
-    bonus [B])."""
+    uniforms fp32 [B, T, 2] or None (greedy), active bool [B], draft_logits [B, T, V] or None (the
+    modes in ``ops.verify.NEEDS_DRAFT``: row ``c`` = the draft's logits at ``parents[c]``),
+    draft_sampling a SamplingConfig or None (= ``sampling``), bitmask int32 [B, T, ceil(V / 32)] or
+    None -> (accept_idx int32 [B, T], kept int32 [B], bonus [B])."""
     mode = mode or ("greedy" if uniforms is None else "mss_pointmass")
     tok32 = tokens.to(torch.int32)
     if mode == "greedy":
         idx, lens, bonus = _kernels.verify_greedy(tok32, parents, logits, num_nodes, bitmask)
-    elif draft_probs is None and mode in _FROM_LOGITS:
-        # the target's warping fused into the walk: no [B, T, V] probability tensor (bit-identical
-        # to the composition below, docs/verify_logits.md)
-        idx, lens, bonus = _kernels.verify_tree_logits(tok32, parents, logits, uniforms, mode=mode, num_nodes=num_nodes,
-                                                       sampling=sampling or SamplingConfig(1.0), bitmask=bitmask)
     else:
-        if bitmask is not None:
-            raise ValueError(f"bitmask: mode {mode!r} with draft rows needs masked logits")
-        B, T, V = logits.shape
-        probs = (sampling or SamplingConfig(1.0)).warp(logits.reshape(B * T, V)).reshape(B, T, V)
-        idx, lens, bonus = _kernels.verify_tree(tok32, parents, probs, uniforms, draft_probs=draft_probs, mode=mode,
-                                                num_nodes=num_nodes)
+        idx, lens, bonus = _kernels.verify_tree_logits(tok32, parents, logits, uniforms, mode=mode, num_nodes=num_nodes,
+                                                       sampling=sampling or SamplingConfig(1.0), bitmask=bitmask,
+                                                       draft_logits=draft_logits, draft_sampling=draft_sampling)
     return idx, lens * active, bonus
 
 

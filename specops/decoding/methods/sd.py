@@ -1,5 +1,7 @@
 """SD / SSD (docs/methods.md §SD): a chain of ``gamma`` draft tokens, verified by R1 (greedy) or
-R2 (rejection sampling with the draft's warped distribution, ``mss`` on a chain).
+R2 (rejection sampling with the draft's warped distribution, ``mss`` on a chain): each token's
+draft logits row (masked by the grammar, if any) goes to verification with the sampling config it was
+warped with, which warps only the rows its walk reads.
 
 ``exit_threshold`` > 0 adds SSD's draft-exit: stop drafting a sequence once the draft's probability
 of its own next token falls below it (the low-probability token is not proposed).
@@ -34,7 +36,7 @@ class SD(ModelDrafter):
         going = list(ctx.active)
         tokens = [[s[-1]] for s in ctx.seqs]
         src = [[d.root[b]] for b in range(B)]
-        qrows = [[None] for _ in range(B)]
+        drawn_from = [[None] for _ in range(B)]  # per node: the draft logits row it was drawn from
         depth = [0] * B
         for _ in range(self.gamma):
             if not any(going):
@@ -54,15 +56,16 @@ class SD(ModelDrafter):
                     continue
                 depth[b] += 1
                 tokens[b].append(tok)
-                qrows[b].append(None if probs is None else probs[j])
+                drawn_from[b].append(None if probs is None else logits[j])
                 tips[b] = d.add(b, tok, tips[b])
                 src[b].append(tips[b])
                 if len(tokens[b]) > self.gamma:
                     going[b] = False
-        sampled = any(r is not None for rows in qrows for r in rows[1:])  # row 0 = root, unused
+        sampled = not ctx.sampling.greedy  # R2 tests each token against the row it was drawn from
         return Candidates(tokens=tokens, parents=[[-1] + list(range(len(t) - 1)) for t in tokens], src=src,
                           depth_drafted=depth, drafted_nodes=[len(t) for t in tokens],
-                          draft_probs=qrows if sampled else None).stage(ctx.stager, ctx.vocab_size)
+                          draft_logits=drawn_from if sampled else None, draft_warp=ctx.sampling
+                          ).stage(ctx.stager, ctx.vocab_size)
 
 
 ChainDrafter = SD  # the class's name before issue #32 (a public name: kept)

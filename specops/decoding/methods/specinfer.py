@@ -3,8 +3,10 @@ in one target forward by R1 (greedy) or R3 (multi-step speculative sampling, ``m
 
 Proposers: ``num_drafts`` chains from the draft model and, with ``ngram=True``, one prompt-lookup
 chain. Sampling: the model chains are i.i.d. samples of the warped draft distribution (R3 needs
-each child to be an independent draw from the distribution its ``draft_probs`` row names; the
-n-gram chain is a point mass, for which R3 reduces to R3p). Greedy: the first chain is the draft's
+each child to be an independent draw from the distribution its draft row names: the draft logits it
+was drawn from, warped by verification with the sampling config; the n-gram chain's rows are point
+masses, for which R3 reduces to R3p; under a grammar the chain stops before its first token the
+grammar rejects). Greedy: the first chain is the draft's
 argmax chain, the others are sampled at ``draft_temperature`` for diversity (R1 is exact whatever
 the proposals are).
 
@@ -84,7 +86,7 @@ class SpecInfer(ModelDrafter):
                     t = tips[b][c]
                     j = row[(b, t)]
                     tok = argmax[j] if greedy and c == 0 else next(drawn)
-                    q = None if greedy else probs[j]
+                    q = None if greedy else logits[j]  # the row it was drawn from, before warping
                     nxt = tr.kids[t].get(tok)
                     if nxt is None:
                         blk = -1 if last else d.add(b, tok, tr.blk[t])
@@ -108,7 +110,7 @@ class SpecInfer(ModelDrafter):
             if self.ngram and ctx.active[b]:
                 conts = lookup(ctx.seqs[b], 3, 1, self.gamma, 1)
                 parent = 0
-                for t in (conts[0] if conts else []):
+                for t in _allowed(ctx, b, conts[0] if conts else []):
                     tok.append(t)
                     par.append(parent)
                     sr.append(-1)
@@ -121,8 +123,8 @@ class SpecInfer(ModelDrafter):
         cand = Candidates(tokens=tokens, parents=parents, src=src,
                           depth_drafted=[self.gamma if ctx.active[b] else 0 for b in range(B)],
                           drafted_nodes=[len(tr.tok) for tr in trees])
-        if not greedy:
-            cand.draft_probs = rows
+        if not greedy:  # the model chains' rows were warped with the sampling config (the point masses: by any)
+            cand.draft_logits, cand.draft_warp = rows, ctx.sampling
         return cand.stage(ctx.stager, V)
 
 
@@ -154,10 +156,20 @@ class _DraftTrie:
 
 
 def _point_mass(t, V, device):
-    """Shape: -> fp32 [V], one-hot at ``t`` (a fill on the device, no host data)."""
-    row = torch.zeros(V, dtype=torch.float32, device=device)
-    row[t] = 1.0
+    """The logits of a point mass at ``t``: 0 there, -inf elsewhere, so every warp (any temperature,
+    top-k, top-p) gives the one-hot row. Shape: -> fp32 [V] (a fill on the device, no host data)."""
+    row = torch.full((V,), float("-inf"), dtype=torch.float32, device=device)
+    row[t] = 0.0
     return row
+
+
+def _allowed(ctx, b, chain):
+    """The longest prefix of the n-gram ``chain`` (below the root) the grammar allows (all without
+    one): a point mass on a token the grammar rejects would leave its draft row nothing to draw."""
+    if ctx.grammar is None or not chain:
+        return chain
+    toks, _ = ctx.grammar.constrain(b, [ctx.seqs[b][-1]] + list(chain), list(range(-1, len(chain))), forced=0)
+    return list(chain)[:len(toks) - 1]
 
 
 MultiDraftDrafter = SpecInfer  # the class's name before issue #32 (a public name: kept)

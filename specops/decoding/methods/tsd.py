@@ -9,9 +9,12 @@ semantics); drafting ends after ``max_depth`` steps or when the frontier is empt
 into a graph: that is GSD (gsd.py), which drafts with this class's search.
 """
 from ..readback import read_lists
+from ..sampling import SamplingConfig
 from ..token_graph import TokenGraph
 from ..tree import Candidates
 from .base import ModelDrafter, grammar_masked
+
+_SOFTMAX = SamplingConfig(1.0)  # the warp of TSD's q: temperature 1, no top-k / top-p
 
 
 class TSD(ModelDrafter):
@@ -53,7 +56,7 @@ class TSD(ModelDrafter):
         B = ctx.batch
         graphs = [TokenGraph(ctx.seqs[b][-1], self.tau) for b in range(B)]
         blk = [{0: d.root[b]} for b in range(B)]  # graph node -> draft-block node (fed or to be fed)
-        qrow = [{} for _ in range(B)]  # graph node -> draft q after it (for R5)
+        qrow = [{} for _ in range(B)]  # graph node -> the draft logits after it (R5 tests its children on them)
         frontier = [[0] if ctx.active[b] else [] for b in range(B)]
         depth = [0] * B
         keep_rows = not ctx.sampling.greedy and self.sampling_mode == "gsd"
@@ -77,7 +80,7 @@ class TSD(ModelDrafter):
                     depth[b] += 1
                 for u in frontier[b]:
                     if keep_rows:
-                        qrow[b][u] = probs[j]
+                        qrow[b][u] = logits[j]
                     qs, ts = top_q[j], top_t[j]
                     j += 1
                     for q, t in zip(qs, ts):
@@ -104,13 +107,12 @@ class TSD(ModelDrafter):
             parents.append(par)
             copied.append(cp)
             src.append([-1 if cp[i] else blk[b].get(gsrc[i], -1) for i in range(len(tok))])
-            if keep_rows:  # None: uniform (a node without a recorded proposer row)
-                rows.append([None] + [qrow[b].get(g.parent[gsrc[i]]) for i in range(1, len(tok))])
+            if keep_rows:  # every child's graph parent was expanded, so has a row (a copy: its first occurrence's)
+                rows.append([None] + [qrow[b][g.parent[gsrc[i]]] for i in range(1, len(tok))])
+        # q = the softmax of the draft's logits (top-k children by it): warped at temperature 1
         return Candidates(tokens=tokens, parents=parents, src=src, copied=copied, depth_drafted=depth,
-                          drafted_nodes=[len(g) for g in graphs],
-                          draft_probs=rows if keep_rows and any(r is not None for rr in rows for r in rr) else None
-                          ).stage(ctx.stager, ctx.vocab_size)
-
+                          drafted_nodes=[len(g) for g in graphs], draft_logits=rows if keep_rows else None,
+                          draft_warp=_SOFTMAX).stage(ctx.stager, ctx.vocab_size)
 
 
 TopKTreeDrafter = TSD  # the class's name before issue #32 (a public name: kept)
