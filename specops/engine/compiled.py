@@ -1,13 +1,13 @@
-"""Compiled block forwards for :class:`~specops.engine.ModelRunner` (``compile=True``).
+"""Compiled block forwards for :class:`~specops.engine.ModelRunner` (``compile=True``; docs/compile.md).
 
 The HF model's decoder (embedding, every layer with the ``"specops"`` attention, the final norm) runs
-under ``torch.compile(fullgraph=True, dynamic=False)`` at a few **bucketed block shapes**: a block
-of ``Tq`` query rows is padded to the smallest bucket ``Tb >= Tq`` of :data:`BUCKETS`, so a run
-compiles one graph per bucket it uses (and batch size / cache layout), never one per tree size.
-Padding rows are inert: their queries are past ``q_lens`` (the kernel gives them 0), their K/V go to
-cache rows past the block's valid rows (which no valid query sees and the next forward or the
-compaction overwrites), their position is ``lens`` (inside every position table) and their token 0.
-The cache therefore holds ``max(BUCKETS)`` spare rows past ``max_len``.
+under ``torch.compile(fullgraph=True)`` as two graphs per (model, batch, cache layout): one for
+one-row steps (static shapes) and one for every block of 2..64 rows, its row count a symbol. Under
+CUDA graphs (static shapes) a block is padded to the smallest bucket ``Tb >= Tq`` of
+:data:`BUCKETS` instead. Padding rows are inert: their queries are past ``q_lens`` (the kernel gives
+them 0), their K/V go to cache rows past the block's valid rows (which no valid query sees and the
+next forward or the compaction overwrites), their position is ``lens`` (inside every position
+table) and their token 0. The cache therefore holds ``max(BUCKETS)`` spare rows past ``max_len``.
 
 Inside the graph nothing goes through the HF ``Cache`` API: the model runs with ``cache=None`` and
 the attention function, recognising a compiled block by its ``specops_block`` keyword (a
