@@ -166,8 +166,12 @@ class ModelRunner:
         self.compiled = _compiled.CompiledRunner(self, cfg, compile_mode) if compile else None
         # The model's linear layers through specops.linear while this runner lives ("auto": bf16/fp16
         # models on the CPU, where it reads each weight once per block; specops/engine/linear.py).
+        # One-row calls too when compiled: torch's call is cheaper only from Python; inside a graph
+        # with the C++ wrapper specops.linear's one-row GEMV wins (SmolLM2-135M one-row step 31.7 ->
+        # 26.4 ms, docs/compile.md).
         use = linear == "specops" or (linear == "auto" and _linear.eligible(model))
-        self._undo_linear = _linear.use_specops_linear(model, one_row=linear == "specops") if use else None
+        one_row = linear == "specops" or compile
+        self._undo_linear = _linear.use_specops_linear(model, one_row=one_row) if use else None
         self.stager = Stager(self.device)
         self.forwards = 0
         self.keep_features = bool(keep_features)
