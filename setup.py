@@ -31,10 +31,16 @@ SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"] if os.env
 CXX_FLAGS = ["-O3", "-fopenmp", "-std=c++20"] + SANITIZE
 # The emulator build: no FMA contraction (a device's __f*_rn intrinsics are single IEEE operations),
 # CUDA's "#pragma unroll" is not GCC's.
-# ThreadSanitizer's instrumentation without its runtime: csrc/cudasim/racecheck.cpp defines the
-# __tsan_* calls (a flag test when racecheck is off). ASan builds go without (the two exclude each other).
+# Racecheck: ThreadSanitizer's instrumentation without its runtime; csrc/cudasim/racecheck.cpp defines
+# the __tsan_* calls (a flag test when racecheck is off). Only kernel code carries it (KERNEL_CODE:
+# every csrc/cuda/*.cu and the planted kernels of selftest.cpp); the emulator's runtime (fibers,
+# scheduler, collectives, racecheck itself) is compiled without, so it pays nothing for it.
+# SPECOPS_RACECHECK tells the runtime the kernels are instrumented. ASan builds go without (the two
+# exclude each other).
 RACECHECK = [] if SANITIZE else ["-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0"]
-CUDASIM_FLAGS = ["-O2", "-std=c++20", "-DSPECOPS_CUDASIM", "-ffp-contract=off", "-Wno-unknown-pragmas"] + SANITIZE + RACECHECK
+CUDASIM_FLAGS = (["-O2", "-std=c++20", "-DSPECOPS_CUDASIM", "-ffp-contract=off", "-Wno-unknown-pragmas"] + SANITIZE
+                 + (["-DSPECOPS_RACECHECK"] if RACECHECK else []))
+KERNEL_CODE = [os.path.join("csrc", "cudasim", "selftest.cpp")]  # + the csrc/cuda/*.cu wrappers
 
 
 def _sources(*patterns):
@@ -53,7 +59,8 @@ def _mode(var):
 
 def _cudasim_sources():
     """csrc/cudasim/*.cpp, plus a one-line C++ file per csrc/cuda/*.cu that includes it: the
-    CUDA sources compile unchanged as host C++ (torch's build would hand a .cu to nvcc)."""
+    CUDA sources compile unchanged as host C++ (torch's build would hand a .cu to nvcc).
+    Returns (every source, the kernel code among them)."""
     out = os.path.join("build", "cudasim")
     os.makedirs(os.path.join(HERE, out), exist_ok=True)
     wrappers = []
@@ -65,7 +72,7 @@ def _cudasim_sources():
             with open(full, "w") as f:
                 f.write(text)
         wrappers.append(path)
-    return _sources("cudasim/*.cpp") + wrappers
+    return _sources("cudasim/*.cpp") + wrappers, wrappers + KERNEL_CODE
 
 
 def _cuda_reason_missing():
@@ -93,12 +100,15 @@ def extensions():
         )
     ]
     if _mode("SPECOPS_CUDASIM") != "0":
-        exts.append(cpp_extension.CppExtension(
+        sources, kernel_code = _cudasim_sources()
+        sim = cpp_extension.CppExtension(
             "specops._C_cudasim",
-            _cudasim_sources(),
+            sources,
             extra_compile_args={"cxx": CUDASIM_FLAGS},
             extra_link_args=SANITIZE,
-        ))
+        )
+        sim.extra_flags = {"flags": RACECHECK, "sources": kernel_code} if RACECHECK else None  # BuildExt
+        exts.append(sim)
     mode = _mode("SPECOPS_CUDA")
     missing = _cuda_reason_missing()
     if mode == "0":
@@ -124,7 +134,9 @@ def extensions():
 
 
 class BuildExt(cpp_extension.BuildExtension):
-    """Makes a CUDA (or emulator) build failure non-fatal under SPECOPS_CUDA(SIM)=auto."""
+    """Makes a CUDA (or emulator) build failure non-fatal under SPECOPS_CUDA(SIM)=auto, and compiles an
+    extension's `extra_flags["sources"]` with `extra_flags["flags"]` added (racecheck's instrumentation
+    of the emulator's kernel code only)."""
 
     OPTIONAL = {"specops._C_cuda": "SPECOPS_CUDA", "specops._C_cudasim": "SPECOPS_CUDASIM"}
 
@@ -135,6 +147,26 @@ class BuildExt(cpp_extension.BuildExtension):
         self.extensions = [e for e in self.extensions if e.name not in self._failed]
 
     def build_extension(self, ext):
+        extra = getattr(ext, "extra_flags", None)
+        if not extra:
+            return self._build_extension(ext)
+        compile_all = self.compiler.compile  # torch's ninja build of a list of sources with one set of flags
+
+        def compile_two_sets(sources, output_dir=None, extra_postargs=None, **kw):
+            marked = set(extra["sources"])
+            plain, special = [s for s in sources if s not in marked], [s for s in sources if s in marked]
+            flags = dict(extra_postargs, cxx=extra_postargs["cxx"] + extra["flags"])
+            # a folder of their own: their own build.ninja and objects
+            return (compile_all(plain, output_dir=output_dir, extra_postargs=extra_postargs, **kw)
+                    + compile_all(special, output_dir=os.path.join(output_dir, "extra_flags"), extra_postargs=flags, **kw))
+
+        self.compiler.compile = compile_two_sets
+        try:
+            return self._build_extension(ext)
+        finally:
+            self.compiler.compile = compile_all
+
+    def _build_extension(self, ext):
         var = self.OPTIONAL.get(ext.name)
         if var is None or _mode(var) == "1":
             return super().build_extension(ext)

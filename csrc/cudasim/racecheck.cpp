@@ -1,14 +1,17 @@
 // Racecheck: shared-memory hazards between the threads of a block (docs/cudasim.md).
 //
-// How accesses are seen: the emulator build compiles every source with GCC's ThreadSanitizer
-// instrumentation (-fsanitize=thread, setup.py) but does not link its runtime; the __tsan_* entry
-// points the compiler calls before each load and store are defined here. With racecheck off they
-// return at once. With it on, an access by an emulated thread to shared memory is recorded in shadow
-// state: the running launch's dynamic shared memory, or the module's writable static storage, where
-// every `__shared__` variable lives (function statics, cudasim.h). Accesses from the runtime itself
-// (barriers, collectives, the warp exchange that reads ldmatrix rows) are not recorded: rc_track is
-// false there. ldmatrix rows, cp.async destinations and atomics are recorded explicitly at their call
-// sites (an atomic races with plain accesses, not with other atomics).
+// How accesses are seen: the emulator build compiles the kernel code (csrc/cuda/*.cu, selftest.cpp)
+// with GCC's ThreadSanitizer instrumentation (-fsanitize=thread, setup.py) but does not link its
+// runtime; the __tsan_* entry points the compiler calls before each load and store are defined here.
+// The runtime (this file included) is compiled without it, so it pays nothing; SPECOPS_RACECHECK
+// says the kernels have it. With racecheck off the entry points return at once. With it on, an
+// access by an emulated thread to shared memory is recorded in shadow state: the running launch's
+// dynamic shared memory, or the module's writable static storage, where every `__shared__` variable
+// lives (function statics, cudasim.h). Accesses from the runtime itself (barriers, collectives, the
+// warp exchange that reads ldmatrix rows) are not recorded: it is not instrumented, and rc_track is
+// false there (inline code that the linker may share with the kernels' instrumented copies).
+// ldmatrix rows, cp.async destinations and atomics are recorded explicitly at their call sites (an
+// atomic races with plain accesses, not with other atomics).
 //
 // Shadow state, per byte: the last write and up to two reads since the block's last barrier, each
 // as (barrier epoch, thread, the warp's __syncwarp count, call site). A read of a byte another thread
@@ -278,9 +281,9 @@ std::string thread_name(int tid) {
 }  // namespace
 
 void set_enabled(bool on) {
-#if !defined(__SANITIZE_THREAD__)
-  TORCH_CHECK(!on, "cudasim: racecheck needs the build with its instrumentation (setup.py leaves it out of "
-              "SPECOPS_SANITIZE=1 builds)");
+#if !defined(SPECOPS_RACECHECK)
+  TORCH_CHECK(!on, "cudasim: racecheck needs the build with its instrumentation (setup.py's; SPECOPS_SANITIZE=1 "
+              "and CMake builds leave it out)");
 #endif
   g.enabled = on;
 }

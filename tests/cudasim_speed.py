@@ -1,0 +1,70 @@
+"""The emulator's speed (not collected by pytest: run it by hand; docs/testing.md quotes it).
+
+Runs each of tests/test_cudasim.py's kernel cases (one call per CUDA kernel and verify mode) with
+racecheck off and on, and prints the best of --reps wall times per case and their sums:
+
+    python tests/cudasim_speed.py [--reps 3] [--only tree_attention linear ...] [--json out.json]
+"""
+import argparse
+import importlib.util
+import json
+import os
+import pathlib
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def load_cases():
+    spec = importlib.util.spec_from_file_location("_cudasim_cases", HERE / "test_cudasim.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if mod.sim is None:
+        raise SystemExit("specops._C_cudasim is not built")
+    return mod.sim, mod.CASES
+
+
+def best(fn, reps):
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    sim, cases = load_cases()
+    import specops
+    print(f"# {specops._ext.cudasim_ext.__file__}  load average {os.getloadavg()[0]:.2f}")
+    rows = {}
+    print(f"{'case':40s} {'off s':>8s} {'on s':>8s}")
+    for name, case in cases.items():
+        if args.only and name not in args.only:
+            continue
+        case()  # warm-up (lazy plans, shadow maps)
+        sim.set_racecheck(False)
+        off = best(case, args.reps)
+        on = float("nan")
+        try:
+            sim.set_racecheck(True)  # raises in a build without the instrumentation
+            on = best(case, args.reps)
+        except RuntimeError:
+            pass
+        finally:
+            sim.set_racecheck(False)
+        rows[name] = (off, on)
+        print(f"{name:40s} {off:8.3f} {on:8.3f}", flush=True)
+    off, on = sum(r[0] for r in rows.values()), sum(r[1] for r in rows.values())
+    print(f"{'total':40s} {off:8.3f} {on:8.3f}   load average {os.getloadavg()[0]:.2f}")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
