@@ -40,6 +40,10 @@
           "(Tensor accept_idx, Tensor accept_lens, Tensor bonus)");                                       \
     m.def("verify_joint(Tensor draft_tokens, Tensor target_logprobs, Tensor draft_joint_logprobs, "       \
           "Tensor log_tau, Tensor uniforms) -> (Tensor accept_idx, Tensor accept_lens, Tensor bonus)");    \
+    m.def("verify_joint_logits(Tensor draft_tokens, Tensor target_logits, Tensor draft_joint_logprobs, "   \
+          "Tensor log_tau, Tensor uniforms, Tensor temperature, Tensor top_k, Tensor top_p, "               \
+          "Tensor bonus_temperature, Tensor bonus_top_k, Tensor bonus_top_p, Tensor num_nodes) -> "         \
+          "(Tensor accept_idx, Tensor accept_lens, Tensor bonus)");                                       \
     m.def("topn_expand(Tensor parent_scores, Tensor child_logprobs, int n, int per_parent_k) -> "          \
           "(Tensor scores, Tensor tokens, Tensor parents)");                                              \
     m.def("select_topn_subtree(Tensor parents, Tensor scores, Tensor num_nodes, int n) -> "               \

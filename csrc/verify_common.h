@@ -134,6 +134,42 @@ SPECOPS_HD float det_exp(float x) {
   return mul_rn(p, exp2i(static_cast<int32_t>(k)));
 }
 
+// log(x) of a probability from single IEEE operations only (bit-identical on every backend, unlike
+// logf / __logf / tl.log): x = m 2^e with m in [sqrt(1/2), sqrt(2)), log x = e ln 2 + log1p(m - 1),
+// the latter a degree-20 Taylor polynomial (|m - 1| <= 0.415: truncation < 2^-29). x below 2^-126
+// (0, and the denormals a kernel may flush to 0) gives -inf; NaN stays NaN. R6's logits form.
+constexpr float kSqrt2 = 1.41421353816986083984375f;  // fp32(sqrt 2)
+// fp32((-1)^(n+1) / n) for n = 1..20, written out exactly.
+#define SPECOPS_LOG1P_COEFFS                                                                              \
+  {1.0f, -0.5f, 0.3333333432674407958984375f, -0.25f, 0.20000000298023223876953125f,                     \
+   -0.16666667163372039794921875f, 0.14285714924335479736328125f, -0.125f,                                \
+   0.111111111938953399658203125f, -0.100000001490116119384765625f, 0.0909090936183929443359375f,         \
+   -0.083333335816860198974609375f, 0.076923079788684844970703125f, -0.071428574621677398681640625f,      \
+   0.066666670143604278564453125f, -0.0625f, 0.0588235296308994293212890625f,                            \
+   -0.0555555559694766998291015625f, 0.052631579339504241943359375f, -0.0500000007450580596923828125f}
+
+SPECOPS_HD float det_log(float x) {
+  if (x != x) return x;
+  if (!(x >= exp2i(-126))) return -inf_f();
+  uint32_t bits;
+  memcpy(&bits, &x, sizeof(bits));
+  int32_t e = static_cast<int32_t>(bits >> 23) - 127;  // x > 0: no sign bit
+  bits = (bits & 0x007fffffu) | 0x3f800000u;
+  float m;
+  memcpy(&m, &bits, sizeof(m));
+  if (m > kSqrt2) {
+    m = mul_rn(m, 0.5f);  // exact
+    e += 1;
+  }
+  const float r = sub_rn(m, 1.0f);  // exact (Sterbenz)
+  const float c[20] = SPECOPS_LOG1P_COEFFS;
+  float p = c[19];  // Horner, highest power first
+  for (int32_t n = 18; n >= 0; --n) p = add_rn(mul_rn(p, r), c[n]);
+  const float ef = static_cast<float>(e);
+  return add_rn(mul_rn(ef, kLn2Hi), add_rn(mul_rn(ef, kLn2Lo), mul_rn(p, r)));
+}
+#undef SPECOPS_LOG1P_COEFFS
+
 // R6 prefix test tau < min(1, p_joint / q_joint) in log space; tau = 0 (log -inf) accepts all.
 SPECOPS_HD bool joint_pass(float log_tau, float lp, float lq) {
   if (log_tau == -inf_f()) return true;
@@ -151,6 +187,25 @@ SPECOPS_HD bool argmax_better(float v, int64_t i, float best, int64_t best_i) {
 
 SPECOPS_HD int32_t valid_nodes(int32_t n, int32_t T) { return n < 1 ? 1 : (n > T ? T : n); }
 SPECOPS_HD bool in_vocab(int32_t x, int64_t V) { return x >= 0 && x < V; }
+
+// R6's walk over one chain of n >= 1 nodes (the root, then drafts tokens[0..n-2]): the longest
+// prefix passing joint_pass (not the first failure), as its last node eta in [0, n - 1].
+// logp(row, x) is the target's log-probability of token x in row `row` (x in [0, V)); lq[j - 1]
+// the draft's joint log-probability of the first j drafts. p_joint accumulates in fp32, left to right.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class LogP>
+SPECOPS_HD int32_t joint_eta(const int32_t* tokens, int32_t n, int64_t V, float log_tau, const float* lq, LogP&& logp) {
+  float joint = 0.0f;
+  int32_t eta = 0;
+  for (int32_t j = 1; j < n; ++j) {
+    const int32_t x = tokens[j - 1];
+    joint = add_rn(joint, in_vocab(x, V) ? logp(j - 1, x) : -inf_f());
+    if (joint_pass(log_tau, joint, lq[j - 1])) eta = j;
+  }
+  return eta;
+}
 
 // Children of u among the first n nodes, in index order (the drafter's ranking), into kids.
 SPECOPS_HD int32_t collect_children(const int32_t* parents, int32_t n, int32_t u, int32_t* kids) {

@@ -13,7 +13,7 @@ from .ops.sampling import warp_probs
 from .ops.topn import select_topn_subtree, topn_expand
 from .ops.tree_mask import build_tree_mask, pack_mask, unpack_mask
 from .ops.verify import verify_greedy, verify_joint, verify_tree
-from .ops.verify_logits import verify_tree_logits
+from .ops.verify_logits import verify_joint_logits, verify_tree_logits
 from .integrations import flashinfer as _flashinfer  # noqa: F401  (registers the optional provider)
 
 __version__ = "0.1.0"
@@ -50,6 +50,7 @@ __all__ = [
     "use_backend",
     "verify_greedy",
     "verify_joint",
+    "verify_joint_logits",
     "verify_tree",
     "verify_tree_logits",
     "warp_probs",

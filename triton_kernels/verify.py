@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .verify_rows import (STAT_WORDS, _accept, _argmax_row, _exp2i, _fallback, _fix, _load_at, _load_row, _logit_prob,
-                          _sample_row, _sum_fix, _uniform_index)
+from .verify_rows import (STAT_WORDS, _accept, _argmax_row, _det_log, _exp2i, _fallback, _fix, _load_at, _load_row,
+                          _logit_prob, _sample_row, _sum_fix, _uniform_index)
 
 MODES = {"mss": 0, "mss_pointmass": 1, "mss_noreplace": 2}
 NBUF = {0: 2, 1: 1, 2: 3}  # scratch rows per sequence: R3 double buffer, R3p copy, R3w + proposer row
@@ -306,29 +306,43 @@ def _gsd_kernel(
 @triton.jit
 def _joint_kernel(
     tok_ptr,  # [B, g] int32
-    lp_ptr,  # [B, g + 1, V] fp32 target log-probs
+    lp_ptr,  # [B, g + 1, V] fp32 target log-probs (LOGITS: target logits)
     lq_ptr,  # [B, g] fp32 draft joint log-probs
     lt_ptr,  # [B] fp32 log tau
     u_ptr,  # [B] fp32
     idx_ptr,  # [B, g + 1] int32 out
     len_ptr,  # [B] int32 out
     bonus_ptr,  # [B] int32 out
+    st_ptr,  # [2, B * (g + 1), STAT_WORDS] int32 statistics of the test's, the bonus's warp (LOGITS only)
+    n_ptr,  # [B] int32 chain nodes (LOGITS only; else g + 1)
     G,
     V,
     S,
+    LOGITS: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    # R6: the longest passing prefix (not the first failure), bonus from the next row.
+    # R6 (joint_eta of csrc/verify_common.h): the longest passing prefix (not the first failure),
+    # bonus from the next row. LOGITS: a tested value is det_log of the logit's warped probability
+    # (the test's statistics), the bonus row warped with the bonus's statistics.
     b = tl.program_id(0).to(tl.int64)
+    N = tl.num_programs(0).to(tl.int64) * (G + 1)
     scale = _exp2i(S)
     log_tau = tl.load(lt_ptr + b)
+    if LOGITS:
+        n = tl.minimum(tl.maximum(tl.load(n_ptr + b), 1), G + 1)
+    else:
+        n = G + 1
     joint = tl.full([], 0.0, tl.float32)
     eta = tl.full([], 0, tl.int32)
-    for j in range(1, G + 1):
+    for j in range(1, n):
         x = tl.load(tok_ptr + b * G + j - 1)
         ok = (x >= 0) & (x < V)
-        lp = tl.load(lp_ptr + (b * (G + 1) + j - 1) * V + x, mask=ok, other=float("-inf"))
+        r = b * (G + 1) + j - 1
+        if LOGITS:
+            lp = _det_log(_logit_prob(lp_ptr + r * V, x, ok, st_ptr + r * STAT_WORDS))
+        else:
+            lp = tl.load(lp_ptr + r * V + x, mask=ok, other=float("-inf"))
         joint = joint + tl.where(ok, lp, float("-inf"))
         lq = tl.load(lq_ptr + b * G + j - 1)
         passed = (log_tau == float("-inf")) | ((log_tau < 0) & (joint - lq > log_tau))
@@ -336,9 +350,17 @@ def _joint_kernel(
     t_idx = tl.arange(0, BLOCK_T)
     tl.store(idx_ptr + b * (G + 1) + t_idx, tl.where(t_idx <= eta, t_idx, -1), mask=t_idx < G + 1)
     tl.store(len_ptr + b, eta + 1)
-    row = lp_ptr + (b * (G + 1) + eta) * V
-    W = _sum_fix(row, V, scale, BLOCK_V, LOGPROB=True)
-    tl.store(bonus_ptr + b, _sample_row(row, V, scale, W, tl.load(u_ptr + b), BLOCK_V, LOGPROB=True))
+    r = b * (G + 1) + eta
+    row = lp_ptr + r * V
+    st = st_ptr + (N + r) * STAT_WORDS
+    u = tl.load(u_ptr + b)
+    if LOGITS:
+        W = _sum_fix(row, V, scale, BLOCK_V, False, st, True)
+        bonus = _sample_row(row, V, scale, W, u, BLOCK_V, False, st, True)
+    else:  # log-probabilities: weights of their det_exp
+        W = _sum_fix(row, V, scale, BLOCK_V, True)
+        bonus = _sample_row(row, V, scale, W, u, BLOCK_V, True)
+    tl.store(bonus_ptr + b, bonus)
 
 
 # ---- launchers -------------------------------------------------------------------------------
@@ -406,16 +428,21 @@ def verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes,
     return out
 
 
-def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms):
+def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms, stats=None, num_nodes=None):
     """Shape: draft_tokens int32 [B, g], target_logprobs fp32 [B, g + 1, V], draft_joint_logprobs fp32
-    [B, g], log_tau fp32 [B], uniforms fp32 [B] -> outputs with accept_idx [B, g + 1]."""
+    [B, g], log_tau fp32 [B], uniforms fp32 [B] -> outputs with accept_idx [B, g + 1]. With ``stats``
+    (int32 [2, B * (g + 1), STAT_WORDS]: the test's warp, the bonus's; triton_kernels/verify_logits.py)
+    and ``num_nodes`` (int32 [B]) the rows are logits, warped on the fly (verify_joint_logits)."""
     B, g = draft_tokens.shape
     V = target_logprobs.shape[2]
     out = _outputs(draft_tokens, g + 1)
     if B:
+        logits = stats is not None
+        u = uniforms.contiguous()
         _joint_kernel[(B,)](draft_tokens.contiguous(), target_logprobs.contiguous(),
-                            draft_joint_logprobs.contiguous(), log_tau.contiguous(), uniforms.contiguous(), *out,
-                            g, V, _fix_shift(V), BLOCK_T=triton.next_power_of_2(g + 1), BLOCK_V=_block_v(V),
+                            draft_joint_logprobs.contiguous(), log_tau.contiguous(), u, *out,
+                            stats if logits else u, num_nodes.contiguous() if logits else u, g, V, _fix_shift(V),
+                            LOGITS=logits, BLOCK_T=triton.next_power_of_2(g + 1), BLOCK_V=_block_v(V),
                             enable_fp_fusion=False)
     return out
 

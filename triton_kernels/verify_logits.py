@@ -116,6 +116,18 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, t, k, p, draft_
                               bitmask=bitmask)
 
 
+def verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p, bt, bk, bp,
+                        num_nodes):
+    """Shape: as specops.verify_joint_logits (validated there); params [B * (g + 1)]. The statistics
+    kernel above warps the rows twice (the test's warp as the target's, the bonus's as the draft's),
+    then R6's kernel reads them as logits."""
+    if draft_tokens.shape[0] == 0:
+        return verify.verify_joint(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms)
+    stats = row_stats_of(target_logits, target_logits, t, k, p, bt, bk, bp)
+    return verify.verify_joint(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, stats=stats,
+                               num_nodes=num_nodes)
+
+
 def _aot_case(T, mode, dtype, masked=False):
     def call():
         B, V = 4, 49152
@@ -130,6 +142,18 @@ def _aot_case(T, mode, dtype, masked=False):
     return call
 
 
+def _aot_joint_case(T, dtype):
+    def call():
+        B, V = 4, 49152
+        i32 = dict(dtype=torch.int32, device="meta")
+        f32 = dict(dtype=torch.float32, device="meta")
+        prm = [torch.empty(B * T, **f32), torch.empty(B * T, **i32), torch.empty(B * T, **f32)]
+        verify_joint_logits(torch.empty(B, T - 1, **i32), torch.empty(B, T, V, dtype=dtype, device="meta"),
+                            torch.empty(B, T - 1, **f32), torch.empty(B, **f32), torch.empty(B, **f32), *prm, *prm,
+                            torch.empty(B, **i32))
+    return call
+
+
 # The statistics kernel and every walk with LOGITS=True, per logits dtype, compiled by
 # specops.triton_kernels.aot as the JIT would; MASKED (a grammar's bitmask) for a draft-reading
 # and a target-only walk, the statistics kernel masked with both.
@@ -138,3 +162,5 @@ AOT_SPECS = [(f"logits {mode} T8 {str(dt)[6:]}{' masked' if masked else ''}", No
              for mode, masked in [(m, False) for m in ("mss", "mss_pointmass", "mss_noreplace", "sample_match", "gsd")]
              + [("mss", True), ("sample_match", True), ("gsd", True)]
              for dt in (torch.float32, torch.bfloat16)]
+AOT_SPECS += [(f"logits joint T8 {str(dt)[6:]}", None, _aot_joint_case(8, dt), verify._VERIFY_SPILLS)
+              for dt in (torch.float32, torch.bfloat16)]

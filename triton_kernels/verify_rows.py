@@ -60,6 +60,43 @@ def _det_exp(x):
 
 
 @triton.jit
+def _det_log(x):
+    # csrc/verify_common.h det_log: x = m 2**e, m in [sqrt(1/2), sqrt(2)); e ln 2 + log1p(m - 1)
+    # by a degree-20 Taylor polynomial in the same operation order (fp32((-1)**(n+1) / n) written
+    # out exactly); x below 2**-126 -> -inf, NaN stays NaN.
+    tiny = x < 1.1754943508222875079687365372222456778186655567720875215087517062784172594547271728515625e-38
+    bits = tl.where(tiny | (x != x), 1.0, x).to(tl.int32, bitcast=True)
+    e = (bits >> 23) - 127
+    m = ((bits & 0x007FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
+    big = m > 1.41421353816986083984375
+    m = tl.where(big, m * 0.5, m)
+    e = tl.where(big, e + 1, e)
+    r = m - 1.0
+    p = r * -0.0500000007450580596923828125 + 0.052631579339504241943359375
+    p = p * r + -0.0555555559694766998291015625
+    p = p * r + 0.0588235296308994293212890625
+    p = p * r + -0.0625
+    p = p * r + 0.066666670143604278564453125
+    p = p * r + -0.071428574621677398681640625
+    p = p * r + 0.076923079788684844970703125
+    p = p * r + -0.083333335816860198974609375
+    p = p * r + 0.0909090936183929443359375
+    p = p * r + -0.100000001490116119384765625
+    p = p * r + 0.111111111938953399658203125
+    p = p * r + -0.125
+    p = p * r + 0.14285714924335479736328125
+    p = p * r + -0.16666667163372039794921875
+    p = p * r + 0.20000000298023223876953125
+    p = p * r + -0.25
+    p = p * r + 0.3333333432674407958984375
+    p = p * r + -0.5
+    p = p * r + 1.0
+    ef = e.to(tl.float32)
+    out = ef * 0.693145751953125 + (ef * 1.428606765330187045037746429443359375e-06 + p * r)
+    return tl.where(x != x, x, tl.where(tiny, float("-inf"), out))
+
+
+@triton.jit
 def _logit_prob(row, offs, m, st, mrow=0, MASKED: tl.constexpr = False):
     """Entries offs (where m) of a row warped from its logits `row`, with the statistics at st
     (STAT_WORDS int32 each; st may be a tensor of pointers, one per entry); 0 where not m.

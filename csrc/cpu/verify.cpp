@@ -114,14 +114,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_cpu(
   at::parallel_for(0, B, sequences_per_task(V), [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; ++b) {
       const float* rows = lpp + b * (g + 1) * V;
-      // R6: the longest prefix passing the test, not the first failure.
-      float joint = 0.0f;
-      int32_t eta = 0;
-      for (int64_t j = 1; j <= g; ++j) {
-        const int32_t x = tk[b * g + j - 1];
-        joint = add_rn(joint, in_vocab(x, V) ? rows[(j - 1) * V + x] : -inf_f());
-        if (joint_pass(ltp[b], joint, lqp[b * g + j - 1])) eta = static_cast<int32_t>(j);
-      }
+      const int32_t eta = joint_eta(tk + b * g, static_cast<int32_t>(g + 1), V, ltp[b], lqp + b * g,
+                                    [&](int32_t row, int32_t x) { return rows[row * V + x]; });
       for (int32_t j = 0; j <= eta; ++j) ai[b * (g + 1) + j] = j;
       al[b] = eta + 1;
       const float* row = rows + eta * V;

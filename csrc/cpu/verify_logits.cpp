@@ -1,5 +1,5 @@
-// verify_tree_logits on the CPU: verify_tree's walks (csrc/verify_common.h, the engine of
-// verify_cpu.h) over rows that are warped from logits on demand, never an [N, V] tensor.
+// verify_tree_logits and verify_joint_logits on the CPU: verify_tree's walks and R6's (csrc/verify_common.h,
+// the engine of verify_cpu.h) over rows that are warped from logits on demand, never an [N, V] tensor.
 //
 // Design (docs/verify_logits.md). Per sequence, a row's warping statistics (logit max, top-k /
 // top-p threshold, normaliser; argmax for greedy rows: warp::RowStats) are computed by warp_probs'
@@ -125,17 +125,22 @@ struct LogitRows {
   }
 };
 
-void check_params(const char* name, const at::Tensor& t, at::ScalarType dtype, int64_t N) {
-  TORCH_CHECK_VALUE(t.scalar_type() == dtype, "verify_tree_logits: ", name, " must have dtype ", dtype, ", got ",
-              t.scalar_type());
-  TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == N, "verify_tree_logits: ", name, " must have shape [B * T] = [", N,
-              "], got ", t.sizes());
+// The six warping parameters of a launch, [N] each: temperature, top_k, top_p, then the second row kind's.
+void check_params(const char* op, const char* const names[6], const at::Tensor* const params[6], int64_t N) {
+  for (int i = 0; i < 6; ++i) {
+    const at::Tensor& t = *params[i];
+    const at::ScalarType dtype = i % 3 == 1 ? at::kInt : at::kFloat;
+    TORCH_CHECK_VALUE(t.scalar_type() == dtype, op, ": ", names[i], " must have dtype ", dtype, ", got ",
+                      t.scalar_type());
+    TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == N, op, ": ", names[i], " must have shape [B * T] = [", N,
+                      "], got ", t.sizes());
+  }
 }
 
-void check_logits(const char* name, const at::Tensor& x) {
+void check_logits(const char* op, const char* name, const at::Tensor& x) {
   const auto dt = x.scalar_type();
-  TORCH_CHECK_VALUE(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, "verify_tree_logits: ", name,
-              " must be fp32, bf16 or fp16, got ", dt);
+  TORCH_CHECK_VALUE(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, op, ": ", name,
+                    " must be fp32, bf16 or fp16, got ", dt);
 }
 
 }  // namespace
@@ -157,7 +162,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cpu(
     const c10::optional<at::Tensor>& bitmask) {     // [B, T, ceil(V / 32)] int32 or None
   const int32_t mode = parse_mode(std::string(mode_name));
   check_tree_args(tokens, parents, num_nodes, target_logits);
-  check_logits("target_logits", target_logits);
+  check_logits("verify_tree_logits", "target_logits", target_logits);
   SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
   const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2);
   TORCH_CHECK_VALUE(V <= 2147483647, "verify_tree_logits: V must be <= 2^31 - 1 (int32 token indices), got ", V);
@@ -165,12 +170,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cpu(
               "uniforms must have shape [B, T, 2]");
   const char* names[6] = {"temperature", "top_k", "top_p", "draft_temperature", "draft_top_k", "draft_top_p"};
   const at::Tensor* params[6] = {&temperature, &top_k, &top_p, &draft_temperature, &draft_top_k, &draft_top_p};
-  for (int i = 0; i < 6; ++i) check_params(names[i], *params[i], i % 3 == 1 ? at::kInt : at::kFloat, B * T);
+  check_params("verify_tree_logits", names, params, B * T);
   const bool has_q = draft_logits.has_value() && draft_logits->defined();
   TORCH_CHECK_VALUE(has_q || !mode_needs_draft(mode), "verify_tree_logits: mode ", mode_name, " needs draft_logits");
   at::Tensor y;
   if (has_q) {
-    check_logits("draft_logits", *draft_logits);
+    check_logits("verify_tree_logits", "draft_logits", *draft_logits);
     TORCH_CHECK_VALUE(draft_logits->sizes() == target_logits.sizes(), "draft_logits must have the shape of target_logits");
     y = draft_logits->contiguous();
   }
@@ -235,8 +240,105 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cpu(
   return {accept_idx, accept_len, bonus};
 }
 
+// R6 from logits (verify_joint_logits): the rows' two row kinds are the same logits under two warps,
+// the test's (kind 0: one probability per row, from its statistics) and the bonus's (kind 1: the
+// one row eta, warped whole for the draw).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_logits_cpu(
+    const at::Tensor& draft_tokens,          // [B, g] int32
+    const at::Tensor& target_logits,         // [B, g + 1, V] fp32/bf16/fp16
+    const at::Tensor& draft_joint_logprobs,  // [B, g] fp32
+    const at::Tensor& log_tau,               // [B] fp32
+    const at::Tensor& uniforms,              // [B] fp32
+    const at::Tensor& temperature,           // [B * (g + 1)] fp32
+    const at::Tensor& top_k,                 // [B * (g + 1)] int32
+    const at::Tensor& top_p,                 // [B * (g + 1)] fp32
+    const at::Tensor& bonus_temperature,     // [B * (g + 1)] fp32
+    const at::Tensor& bonus_top_k,           // [B * (g + 1)] int32
+    const at::Tensor& bonus_top_p,           // [B * (g + 1)] fp32
+    const at::Tensor& num_nodes) {           // [B] int32
+  constexpr const char* op = "verify_joint_logits";
+  SPECOPS_CHECK_DTYPE(draft_tokens, at::kInt);
+  SPECOPS_CHECK_DTYPE(draft_joint_logprobs, at::kFloat);
+  SPECOPS_CHECK_DTYPE(log_tau, at::kFloat);
+  SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
+  SPECOPS_CHECK_DTYPE(num_nodes, at::kInt);
+  SPECOPS_CHECK_DIM(draft_tokens, 2);
+  SPECOPS_CHECK_DIM(target_logits, 3);
+  check_logits(op, "target_logits", target_logits);
+  const int64_t B = draft_tokens.size(0), g = draft_tokens.size(1), T = g + 1, V = target_logits.size(2);
+  TORCH_CHECK_VALUE(target_logits.size(0) == B && target_logits.size(1) == T && V >= 1,
+                    "verify_joint_logits: target_logits must have shape [B, g + 1, V]");
+  TORCH_CHECK_VALUE(V <= 2147483647, "verify_joint_logits: V must be <= 2^31 - 1 (int32 token indices), got ", V);
+  TORCH_CHECK_VALUE(draft_joint_logprobs.sizes() == draft_tokens.sizes(),
+                    "verify_joint_logits: draft_joint_logprobs must have shape [B, g]");
+  TORCH_CHECK_VALUE(log_tau.dim() == 1 && log_tau.size(0) == B && uniforms.dim() == 1 && uniforms.size(0) == B &&
+                        num_nodes.dim() == 1 && num_nodes.size(0) == B,
+                    "verify_joint_logits: log_tau, uniforms and num_nodes must have shape [B]");
+  const char* names[6] = {"temperature", "top_k", "top_p", "bonus_temperature", "bonus_top_k", "bonus_top_p"};
+  const at::Tensor* params[6] = {&temperature, &top_k, &top_p, &bonus_temperature, &bonus_top_k, &bonus_top_p};
+  check_params(op, names, params, B * T);
+  auto tok = draft_tokens.contiguous();
+  auto x = target_logits.contiguous();
+  auto lq = draft_joint_logprobs.contiguous();
+  auto lt = log_tau.contiguous();
+  auto un = uniforms.contiguous();
+  auto nn = num_nodes.contiguous();
+  at::Tensor pc[6];
+  for (int i = 0; i < 6; ++i) pc[i] = params[i]->contiguous();
+  auto accept_idx = at::full({B, T}, -1, draft_tokens.options());
+  auto accept_len = at::empty({B}, draft_tokens.options());
+  auto bonus = at::empty({B}, draft_tokens.options());
+  if (B == 0) return {accept_idx, accept_len, bonus};
+  const int32_t* tk = tok.data_ptr<int32_t>();
+  const float* lqp = lq.data_ptr<float>();
+  const float* ltp = lt.data_ptr<float>();
+  const float* up = un.data_ptr<float>();
+  const int32_t* n = nn.data_ptr<int32_t>();
+  int32_t* ai = accept_idx.data_ptr<int32_t>();
+  int32_t* al = accept_len.data_ptr<int32_t>();
+  int32_t* bo = bonus.data_ptr<int32_t>();
+  const int32_t S = fix_shift(V);
+  const float scale = exp2i(S);
+  const int64_t esize = x.element_size();
+  at::parallel_for(0, B, sequences_per_task(V), [&](int64_t lo, int64_t hi) {
+    std::vector<float> slot(2 * V);
+    std::vector<int64_t> chunks(num_chunks(V));
+    std::vector<warp::RowStats> stats(2 * T);
+    std::vector<uint8_t> known(2 * T);
+    auto rows_scratch = warp::make_scratch(V);
+    for (int64_t b = lo; b < hi; ++b) {
+      std::fill(known.begin(), known.end(), 0);
+      const int64_t r0 = b * T;
+      const LogitBlock block{static_cast<const char*>(x.data_ptr()) + r0 * V * esize, x.scalar_type(), V};
+      LogitRows rows{{block, block},
+                     {pc[0].data_ptr<float>() + r0, pc[3].data_ptr<float>() + r0},
+                     {pc[1].data_ptr<int32_t>() + r0, pc[4].data_ptr<int32_t>() + r0},
+                     {pc[2].data_ptr<float>() + r0, pc[5].data_ptr<float>() + r0},
+                     V,
+                     static_cast<int32_t>(T),
+                     stats.data(),
+                     known.data(),
+                     slot.data(),
+                     rows_scratch.get(),
+                     nullptr,
+                     nullptr,
+                     nullptr};
+      const int32_t eta = joint_eta(tk + b * g, valid_nodes(n[b], static_cast<int32_t>(T)), V, ltp[b], lqp + b * g,
+                                    [&](int32_t row, int32_t token) { return det_log(rows.at(Vec::target(row), token)); });
+      for (int32_t j = 0; j <= eta; ++j) ai[r0 + j] = j;
+      al[b] = eta + 1;
+      const float* row = rows.row(Vec::draft(eta));  // kind 1: the bonus warp
+      bo[b] = row_sample(row, V, scale, row_sum_fix(row, V, scale, chunks.data()), up[b], chunks.data(), false);
+    }
+  });
+  return {accept_idx, accept_len, bonus};
+}
+
 }  // namespace cpu
 }  // namespace verify
 }  // namespace specops
 
-TORCH_LIBRARY_IMPL(specops, CPU, m) { m.impl("verify_tree_logits", &specops::verify::cpu::verify_tree_logits_cpu); }
+TORCH_LIBRARY_IMPL(specops, CPU, m) {
+  m.impl("verify_tree_logits", &specops::verify::cpu::verify_tree_logits_cpu);
+  m.impl("verify_joint_logits", &specops::verify::cpu::verify_joint_logits_cpu);
+}

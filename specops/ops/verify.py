@@ -139,14 +139,7 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, unifo
     V = target_logprobs.shape[2]
     _checks.tensor("draft_joint_logprobs", draft_joint_logprobs, dtype=torch.float32, shape=(B, g), device=dev)
     _checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B,), device=dev)
-    if isinstance(tau, torch.Tensor):
-        _checks.tensor("tau", tau, dtype=torch.float32, shape=(B,), device=dev)
-    elif isinstance(tau, (int, float)) and not isinstance(tau, bool):
-        if not 0.0 <= tau <= 1.0:
-            raise ValueError(f"tau must lie in [0, 1], got {tau}")
-        tau = torch.full((B,), float(tau), dtype=torch.float32, device=dev)
-    else:
-        raise TypeError(f"tau must be a float or a torch.Tensor, got {type(tau).__name__} {tau!r:.60}")
+    tau = tau_tensor(tau, B, dev)
     if check:
         bad_tok = (draft_tokens < 0) | (draft_tokens >= V)
         bad_tau = (tau < 0) | (tau > 1) | torch.isnan(tau)
@@ -174,6 +167,18 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, unifo
 
 
 # ---- argument checks -----------------------------------------------------------------------
+
+def tau_tensor(tau, B, device):
+    """R6's ``tau``: a float in [0, 1] (checked here, no sync) or an fp32 [B] tensor (its values are
+    checked by the op under ``check=True``) -> fp32 [B]."""
+    if isinstance(tau, torch.Tensor):
+        return _checks.tensor("tau", tau, dtype=torch.float32, shape=(B,), device=device)
+    if isinstance(tau, (int, float)) and not isinstance(tau, bool):
+        if not 0.0 <= tau <= 1.0:
+            raise ValueError(f"tau must lie in [0, 1], got {tau}")
+        return torch.full((B,), float(tau), dtype=torch.float32, device=device)
+    raise TypeError(f"tau must be a float or a torch.Tensor, got {type(tau).__name__} {tau!r:.60}")
+
 
 def _tree_args(tokens, parents, num_nodes):
     _checks.tensor("tokens", tokens, dtype=torch.int32, rank=2)

@@ -16,6 +16,10 @@ statistics and the same operation sequence. Full rows (a residual, a bonus draw)
 per-sequence scratch row only where the walk needs them. Rows the walk never reaches are never
 read, which is where most of the saving comes from: a chain of T drafts that stops after ``m``
 reads ``m + 1`` target rows, not T.
+
+``verify_joint_logits`` is R6 (MJSD) on the same machinery: the test's warp and the bonus's are the
+two row kinds over one logits tensor (the walks' target and draft), the test reads one probability
+per row. ``verify_mode`` is the mode -> op policy the decoding loop calls (R1-R6).
 """
 import torch
 
@@ -23,7 +27,8 @@ from ..backend import register, register_compiled, resolve
 from . import _checks, token_bitmask
 from . import verify_ref
 from .sampling import _FLOAT_DTYPES, MAX_VOCAB, _row_param, _warp_probs_torch
-from .verify import MODES, NEEDS_DRAFT, _flag, _raise_first, _rows_shape, _tree_args, _tree_flags, _uniform_flag, _valid
+from .verify import (MODES, NEEDS_DRAFT, _flag, _raise_first, _rows_shape, _tree_args, _tree_flags, _uniform_flag,
+                     _valid, tau_tensor, verify_greedy)
 
 
 def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature, top_k=0, top_p=1.0,
@@ -91,6 +96,139 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
     if not needs_draft:
         draft_logits = None
     return impl(tokens, parents, target_logits, uniforms, *params, draft_logits, *draft, num_nodes, mode, bitmask)
+
+
+def verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, tau, uniforms, *, temperature, top_k=0,
+                        top_p=1.0, bonus_temperature=None, bonus_top_k=0, bonus_top_p=1.0, num_nodes=None, check=True,
+                        backend=None):
+    """R6 (MJSD) from logits: ``verify_joint``'s longest-passing-prefix test on the target's logits,
+    warped per row as ``warp_probs`` would, without a [B, g + 1, V] log-probability tensor.
+
+    Shape: draft_tokens int32 [B, g], target_logits fp32/bf16/fp16 [B, g + 1, V] (row ``i`` = the
+    target's logits after the root and ``i`` drafts), draft_joint_logprobs fp32 [B, g] (``log
+    q(x_1..x_j)``), tau float or fp32 [B] in [0, 1], uniforms fp32 [B], temperature / top_p float
+    or float tensor [B], top_k int or int tensor [B] (the test's warp; the bonus's likewise,
+    ``bonus_temperature=None`` = the test's), num_nodes int32 [B] or None (= g + 1: chain nodes,
+    the root included; a sequence tests only its first ``num_nodes[b] - 1`` drafts) ->
+    (accept_idx int32 [B, g + 1], accept_lens int32 [B], bonus int32 [B]).
+
+    The test: ``p_joint`` accumulates ``det_log(P[b, j - 1, x_j])`` left to right in fp32, where
+    ``P`` is ``warp_probs`` of the rows with the test's warp and ``det_log`` the log of
+    csrc/verify_common.h (single IEEE operations, so every backend takes the same decisions; within
+    about an ulp of ``log``); the prefix ``j`` passes when ``tau < min(1, p_joint / q_joint)`` in log
+    space, and the longest passing prefix ``eta`` is accepted. The bonus is the inverse-CDF draw
+    with ``uniforms[b]`` from ``warp_probs`` of row ``eta`` with the bonus warp (verify_tree's draw;
+    the argmax for a greedy bonus warp). Each row's warping statistics are computed once and a
+    probability is evaluated from one logit (docs/verify_logits.md); only the bonus row is read whole
+    a second time. ``tau = 1`` accepts nothing, ``tau = 0`` every draft. Not lossless by design.
+
+    ``check=True`` validates values with one host sync: draft tokens in [0, V) and joint
+    log-probabilities ``<= 0`` (not NaN) where tested, tau in [0, 1], uniforms in [0, 1), per-row
+    parameters, logits rows at valid nodes (no NaN / +inf, not all -inf), num_nodes in [1, g + 1].
+    ``check=False`` syncs nothing. Limit: ``V <= 2**31 - 1`` on the compiled backends.
+    """
+    _checks.tensor("draft_tokens", draft_tokens, dtype=torch.int32, rank=2)
+    B, g = draft_tokens.shape
+    T = g + 1
+    dev = draft_tokens.device
+    _checks.tensor("target_logits", target_logits, dtype=_FLOAT_DTYPES, rank=3, device=dev)
+    if target_logits.shape[:2] != (B, T) or target_logits.shape[2] < 1:
+        raise ValueError(f"target_logits must have shape [B, g + 1, V] = [{B}, {T}, V >= 1], "
+                         f"got {tuple(target_logits.shape)}")
+    V = target_logits.shape[2]
+    _checks.tensor("draft_joint_logprobs", draft_joint_logprobs, dtype=torch.float32, shape=(B, g), device=dev)
+    _checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B,), device=dev)
+    tau = tau_tensor(tau, B, dev)
+    if num_nodes is None:
+        num_nodes = torch.full((B,), T, dtype=torch.int32, device=dev)
+    else:
+        _checks.lengths("num_nodes", num_nodes, B, dev)
+    params = _params(B, T, dev, check, temperature, top_k, top_p)
+    if bonus_temperature is None:
+        bonus_temperature = temperature
+    bonus = _params(B, T, dev, check, bonus_temperature, bonus_top_k, bonus_top_p, prefix="bonus_")
+    impl = resolve("verify_joint_logits", dev, backend)
+    if V > MAX_VOCAB and impl is not _verify_joint_logits_torch:
+        raise ValueError(f"target_logits must have V <= {MAX_VOCAB} tokens on the compiled backends (int32 token "
+                         f"indices), got V={V}")
+    if check:
+        _raise_first(_joint_flags(draft_tokens, target_logits, draft_joint_logprobs, tau, uniforms, num_nodes))
+    return impl(draft_tokens, target_logits, draft_joint_logprobs, torch.log(tau), uniforms, *params, *bonus,
+                num_nodes)
+
+
+# ---- the mode -> op policy -----------------------------------------------------------------
+
+VERIFY_MODES = ("greedy",) + MODES + ("joint",)  # every rule a decoding method verifies with (R1-R6)
+
+
+def fuses_bitmask(mode):
+    """Whether :func:`verify_mode` takes a grammar's bitmask into its walk (the op masks the rows it
+    reads: the target's at every node, the draft's at the node's parent): every mode but ``joint``,
+    whose op has no bitmask (its caller masks the logits first)."""
+    return mode != "joint"
+
+
+def verify_mode(mode, tokens, parents, target_logits, uniforms, *, num_nodes=None, temperature=1.0, top_k=0,
+                top_p=1.0, draft_logits=None, draft_temperature=None, draft_top_k=0, draft_top_p=1.0, bitmask=None,
+                joint_logprobs=None, tau=None, joint_temperature=1.0, joint_top_k=0, joint_top_p=1.0, check=True,
+                backend=None):
+    """The verify op of a rule, in one place: ``greedy`` (R1) -> ``verify_greedy``; every sampled
+    tree rule (``MODES``) -> ``verify_tree_logits``; ``joint`` (R6) -> ``verify_joint_logits`` on
+    the chain ``tokens[:, 1:]``. Every path reads logits and warps only the rows it needs: no
+    [B, T, V] probability tensor for any mode.
+
+    Shape: tokens, parents int32 [B, T], target_logits [B, T, V], uniforms fp32 [B, T, 2] (None for
+    greedy; ``joint`` reads ``uniforms[:, 0, 0]``), num_nodes int32 [B] or None; temperature /
+    top_k / top_p: the warp the emitted tokens follow (the target's rows; R6: its bonus);
+    draft_logits / draft_*: the draft rows of the rejection modes (see ``verify_tree_logits``);
+    bitmask int32 [B, T, ceil(V / 32)] or None (where ``fuses_bitmask``); R6: joint_logprobs fp32
+    [B, T - 1], tau, and the test's warp joint_* (None joint_logprobs: only for T = 1, nothing to
+    test) -> (accept_idx int32 [B, T], accept_lens int32 [B], bonus int32 [B])."""
+    if mode not in VERIFY_MODES:
+        raise ValueError(f"mode must be one of {VERIFY_MODES}, got {mode!r}")
+    if bitmask is not None and not fuses_bitmask(mode):
+        raise ValueError(f"bitmask is fused into every mode but 'joint'; mode {mode!r} needs masked logits")
+    if mode == "greedy":
+        return verify_greedy(tokens, parents, target_logits, num_nodes, bitmask=bitmask, check=check,
+                             backend=backend)
+    if mode == "joint":
+        _checks.tensor("uniforms", uniforms, dtype=torch.float32, rank=3)
+        B, T = tokens.shape[0], target_logits.shape[1]
+        if joint_logprobs is None:  # a chain without drafts (an AR step): the bonus draw alone
+            if T != 1:
+                raise ValueError(f"joint_logprobs is required for mode='joint' with drafts (T = {T} > 1)")
+            joint_logprobs, tau = target_logits.new_zeros((B, 0), dtype=torch.float32), 1.0
+        return verify_joint_logits(tokens[:, 1:], target_logits, joint_logprobs, tau, uniforms[:, 0, 0],
+                                   temperature=joint_temperature, top_k=joint_top_k, top_p=joint_top_p,
+                                   bonus_temperature=temperature, bonus_top_k=top_k, bonus_top_p=top_p,
+                                   num_nodes=num_nodes, check=check, backend=backend)
+    return verify_tree_logits(tokens, parents, target_logits, uniforms, temperature=temperature, top_k=top_k,
+                              top_p=top_p, draft_logits=draft_logits, draft_temperature=draft_temperature,
+                              draft_top_k=draft_top_k, draft_top_p=draft_top_p, mode=mode, num_nodes=num_nodes,
+                              bitmask=bitmask, check=check, backend=backend)
+
+
+def _joint_flags(draft_tokens, target_logits, draft_joint_logprobs, tau, uniforms, num_nodes):
+    """verify_joint_logits' value rules; positions past a chain's ``num_nodes`` are padding."""
+    g, V = draft_tokens.shape[1], target_logits.shape[2]
+    nodes_bad = (num_nodes < 1) | (num_nodes > g + 1)
+    rows = _valid(num_nodes, g + 1)  # [B, g + 1]: rows of the chain's nodes
+    tested = rows[:, 1:]  # [B, g]: draft j - 1 is tested when node j is in the chain
+    bad_tok = tested & ((draft_tokens < 0) | (draft_tokens >= V))
+    bad_tau = (tau < 0) | (tau > 1) | torch.isnan(tau)
+    bad_joint = tested & (torch.isnan(draft_joint_logprobs) | (draft_joint_logprobs > 0))
+    return [
+        _flag(nodes_bad.any(), lambda: (f"num_nodes must lie in [1, g + 1 = {g + 1}], got "
+                                        f"{_checks.at('num_nodes', num_nodes, nodes_bad)}",)),
+        _flag(bad_tok.any(), lambda: (f"draft_tokens must lie in [0, V={V}), got "
+                                      f"{_checks.at('draft_tokens', draft_tokens, bad_tok)}",)),
+        _flag(bad_tau.any(), lambda: (f"tau must lie in [0, 1], got {_checks.at('tau', tau, bad_tau)}",)),
+        _uniform_flag("uniforms", uniforms),
+        _flag(bad_joint.any(), lambda: (
+            "draft_joint_logprobs must be log-probabilities (<= 0, not NaN), got "
+            f"{_checks.at('draft_joint_logprobs', draft_joint_logprobs, bad_joint)}",)),
+    ] + _logit_flags("target_logits", target_logits, rows)
 
 
 def _params(B, T, dev, check, temperature, top_k, top_p, prefix=""):
@@ -206,6 +344,40 @@ def _verify_tree_logits_triton(tokens, parents, target_logits, uniforms, t, k, p
                                       num_nodes, mode, bitmask)
 
 
+@register("verify_joint_logits", "torch")
+def _verify_joint_logits_torch(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p, bt, bk,
+                               bp, num_nodes):
+    B, g = draft_tokens.shape
+    T, V = g + 1, target_logits.shape[2]
+    S = verify_ref.fix_shift(V)
+    tok, X, lq, lt, U = (v.cpu() for v in (draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms))
+    t, k, p, bt, bk, bp = (v.cpu().view(B, T) for v in (t, k, p, bt, bk, bp))
+    paths, bonuses = [], []
+    for b, n in enumerate(verify_ref._clamped_nodes(num_nodes, T)):
+        P = _LazyRows(X[b], t[b], k[b], p[b])  # the test's rows
+        eta = verify_ref.joint_eta(tok[b], n, V, lt[b], lq[b], lambda row, x, P=P: verify_ref.det_log(P[row, x]))
+        paths.append(list(range(eta + 1)))
+        bonus_row = _LazyRows(X[b], bt[b], bk[b], bp[b])[eta]
+        bonuses.append(verify_ref.sample_weights(verify_ref.fix_weights(bonus_row, S), U[b]))
+    return verify_ref._finish(B, T, paths, bonuses, draft_tokens.device)
+
+
+@register_compiled("verify_joint_logits")
+def _compiled_joint(ns, draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p, bt, bk, bp,
+                    num_nodes):
+    return ns.verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p, bt, bk,
+                                  bp, num_nodes)
+
+
+@register("verify_joint_logits", "triton")
+def _verify_joint_logits_triton(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p, bt, bk,
+                                bp, num_nodes):
+    from ..triton_kernels import verify_logits as kernels
+
+    return kernels.verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p,
+                                       bt, bk, bp, num_nodes)
+
+
 def _register_fake():
     from .. import _ext
 
@@ -217,6 +389,14 @@ def _register_fake():
           bitmask=None):
         B, T = tokens.shape
         return tokens.new_empty((B, T)), tokens.new_empty((B,)), tokens.new_empty((B,))
+
+    if not hasattr(torch.ops.specops, "verify_joint_logits"):
+        return  # an extension built before the op (a stale build): the torch backend still runs
+
+    @torch.library.register_fake("specops::verify_joint_logits")
+    def _(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p, bt, bk, bp, num_nodes):
+        B, g = draft_tokens.shape
+        return draft_tokens.new_empty((B, g + 1)), draft_tokens.new_empty((B,)), draft_tokens.new_empty((B,))
 
 
 _register_fake()

@@ -88,6 +88,46 @@ def det_exp(x):
     return p * two_k
 
 
+_SQRT2 = F32(1.41421353816986083984375)
+_LOG1P_C = [F32((-1) ** (n + 1) / n) for n in range(1, 21)]  # fp32((-1)^(n+1) / n), n = 1..20
+
+
+def det_log(x):
+    """log of an fp32 probability from single IEEE operations (csrc/verify_common.h det_log):
+    x = m 2**e with m in [sqrt(1/2), sqrt(2)), e ln 2 + a degree-20 Taylor polynomial of
+    log1p(m - 1); x below 2**-126 gives -inf, NaN stays NaN. Shape: a scalar -> np.float32."""
+    x = F32(x)
+    if x != x:
+        return x
+    if not x >= F32(2.0**-126):
+        return F32(-np.inf)
+    bits = int(np.array(x, dtype=F32).view(np.uint32))
+    e = (bits >> 23) - 127
+    m = np.array((bits & 0x007FFFFF) | 0x3F800000, dtype=np.uint32).view(F32)[()]
+    if m > _SQRT2:
+        m, e = m * F32(0.5), e + 1
+    r = m - F32(1.0)
+    p = _LOG1P_C[19]
+    for c in reversed(_LOG1P_C[:19]):
+        p = p * r + c
+    ef = F32(e)
+    return ef * _LN2_HI + (ef * _LN2_LO + p * r)
+
+
+def joint_eta(tokens, n, V, log_tau, lq, logp):
+    """R6 over one chain of ``n`` nodes: the last node of the longest prefix passing ``tau <
+    min(1, p_joint / q_joint)`` (not the first failure). ``logp(row, x)`` -> fp32 log-probability;
+    ``p_joint`` accumulates in fp32, left to right (csrc/verify_common.h joint_eta)."""
+    joint, eta = F32(0.0), 0
+    log_tau = F32(log_tau)
+    for j in range(1, n):
+        x = int(tokens[j - 1])
+        joint = joint + (F32(logp(j - 1, x)) if 0 <= x < V else F32(-np.inf))
+        if log_tau == -np.inf or (log_tau < 0 and joint - F32(lq[j - 1]) > log_tau):
+            eta = j
+    return eta
+
+
 def argmax_first(row):
     """First index of the maximum, NaN counting as +inf."""
     row = row.float()
@@ -237,13 +277,7 @@ def verify_joint_torch(draft_tokens, target_logprobs, draft_joint_logprobs, log_
     tok, L, lq, lt, U = (t.cpu() for t in (draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms))
     paths, bonuses = [], []
     for b in range(B):
-        joint, eta = F32(0.0), 0
-        for j in range(1, g + 1):
-            x = int(tok[b, j - 1])
-            joint = joint + (F32(L[b, j - 1, x]) if 0 <= x < V else F32(-np.inf))
-            log_tau = F32(lt[b])
-            if log_tau == -np.inf or (log_tau < 0 and joint - F32(lq[b, j - 1]) > log_tau):
-                eta = j  # the longest passing prefix, not the first failure
+        eta = joint_eta(tok[b], g + 1, V, lt[b], lq[b], lambda row, x, b=b: L[b, row, x])
         paths.append(list(range(eta + 1)))
         bonuses.append(sample_weights(fix_weights(det_exp(L[b, eta]), S), U[b]))
     return _finish(B, g + 1, paths, bonuses, draft_tokens.device)

@@ -1,0 +1,264 @@
+"""verify_joint_logits (R6 from logits): the torch reference is verify_joint's test on det_log of
+warp_probs' rows, with verify_tree's bonus draw from the bonus warp; cpp, cudasim (the CUDA
+kernels), cuda and triton equal it bit for bit over odd vocabularies and chain lengths, ragged
+chains, scalar and per-row warps, greedy rows, bf16 / fp16 logits and every tau. Bad input raises
+naming the argument; the schema passes opcheck."""
+import numpy as np
+import pytest
+import torch
+
+import specops
+from specops.ops import verify_logits, verify_ref
+from specops.ops.verify_ref import det_log
+
+I32 = torch.int32
+
+# (temperature, top_k, top_p, bonus_temperature, bonus_top_k, bonus_top_p); MJSD's own: 1, 20, 0.9.
+SETTINGS = {
+    "mjsd": (1.0, 20, 0.9, 0.8, 0, 1.0),
+    "plain": (0.7, 0, 1.0, None, 0, 1.0),
+    "topk-topp": (1.3, 5, 0.6, 1.0, 3, 0.9),
+    "greedy-test": (0.0, 0, 1.0, 1.0, 0, 1.0),
+    "greedy-bonus": (1.0, 4, 0.95, 0.0, 0, 1.0),
+}
+TAUS = (0.0, 0.05, 0.3, 1.0)
+
+
+def case(B, g, V, seed, *, device="cpu", dtype=torch.float32, ragged=True):
+    """Logits, drafts that are often the target's top tokens (so prefixes pass and fail), draft joint
+    log-probs near the target's, ragged chain lengths and uniforms."""
+    gen = torch.Generator().manual_seed(seed)
+    X = torch.randn(B, g + 1, V, generator=gen) * 3
+    top = X[:, :g].argmax(-1)
+    tok = torch.where(torch.rand(B, g, generator=gen) < 0.7, top, torch.randint(0, V, (B, g), generator=gen))
+    lp = torch.log_softmax(X[:, :g], -1).gather(-1, tok[..., None])[..., 0]
+    lq = torch.cumsum(lp + torch.randn(B, g, generator=gen) * 0.5, 1).clamp(max=0.0)
+    n = torch.randint(1, g + 2, (B,), generator=gen, dtype=I32) if ragged else torch.full((B,), g + 1, dtype=I32)
+    c = dict(draft_tokens=tok.to(I32), target_logits=X.to(dtype), draft_joint_logprobs=lq.float(),
+             uniforms=torch.rand(B, generator=gen), num_nodes=n)
+    return {k: v.to(device) for k, v in c.items()}
+
+
+def run(backend, c, tau, setting, **kw):
+    t, k, p, bt, bk, bp = SETTINGS[setting] if isinstance(setting, str) else setting
+    return specops.verify_joint_logits(c["draft_tokens"], c["target_logits"], c["draft_joint_logprobs"], tau,
+                                       c["uniforms"], temperature=t, top_k=k, top_p=p, bonus_temperature=bt,
+                                       bonus_top_k=bk, bonus_top_p=bp, num_nodes=c["num_nodes"], backend=backend,
+                                       **kw)
+
+
+def assert_same(got, want):
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == I32 and torch.equal(g.cpu(), w.cpu())
+
+
+def on_cpu(c):
+    return {k: v.cpu() for k, v in c.items()}
+
+
+GRID = [(3, 4, 7), (2, 1, 33), (4, 6, 301), (1, 9, 1000), (2, 0, 5)]
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_equals_the_reference(fast_backend, device, setting):
+    grid = GRID if fast_backend != "triton" else [(3, 4, 7), (2, 5, 33), (1, 3, 301)]  # interpreted here
+    for i, (B, g, V) in enumerate(grid):
+        c = case(B, g, V, 10 + i, device=device)
+        for tau in TAUS:
+            assert_same(run(fast_backend, c, tau, setting), run("torch", on_cpu(c), tau, setting))
+
+
+def test_per_row_parameters_and_tau(fast_backend, device):
+    c = case(4, 5, 50, 3, device=device)
+    t = torch.tensor([0.7, 0.0, 1.5, 1.0], device=device)
+    k = torch.tensor([0, 4, 9, 60], dtype=I32, device=device)
+    p = torch.tensor([0.9, 1.0, 0.6, 0.3], device=device)
+    bt = torch.tensor([1.0, 0.5, 0.0, 2.0], device=device)
+    bk = torch.tensor([3, 0, 0, 1], dtype=torch.int64, device=device)
+    bp = torch.tensor([1.0, 0.7, 0.9, 0.99], device=device)
+    tau = torch.tensor([0.0, 0.2, 0.6, 1.0], device=device)
+    got = run(fast_backend, c, tau, (t, k, p, bt, bk, bp))
+    want = run("torch", on_cpu(c), tau.cpu(), tuple(v.cpu() for v in (t, k, p, bt, bk, bp)))
+    assert_same(got, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_logits(fast_backend, device, dtype):
+    c = case(3, 4, 129, 4, device=device, dtype=dtype)
+    for tau in TAUS:
+        assert_same(run(fast_backend, c, tau, "mjsd"), run("torch", on_cpu(c), tau, "mjsd"))
+
+
+def test_ties_and_minus_inf_logits(fast_backend, device):
+    c = case(3, 5, 41, 5)
+    X = torch.round(c["target_logits"] / 2).clamp(-3, 3)  # many ties at the top-k / top-p boundaries
+    X = X.masked_fill(torch.rand(X.shape, generator=torch.Generator().manual_seed(1)) < 0.3, float("-inf"))
+    X[..., 0] = 0.0  # every row keeps a finite logit
+    c["target_logits"] = X
+    for setting in ((1.0, 5, 1.0, 1.0, 0, 1e-6), (1.0, 0, 0.6, 1.0, 3, 0.5), (1.0, 8, 0.97, 1.0, 8, 0.97)):
+        for tau in TAUS:
+            assert_same(run(fast_backend, {k: v.to(device) for k, v in c.items()}, tau, setting),
+                        run("torch", c, tau, setting))
+
+
+def test_reference_is_the_composition():
+    # The spec in plain terms: verify_joint's test on det_log of warp_probs' rows (the chain cut at
+    # num_nodes), the bonus drawn from warp_probs of row eta with the bonus warp.
+    for seed, setting in enumerate(SETTINGS):
+        c = case(3, 5, 23, 20 + seed)
+        t, k, p, bt, bk, bp = SETTINGS[setting]
+        B, T, V = c["target_logits"].shape
+        P = specops.warp_probs(c["target_logits"].view(B * T, V), t, k, p, backend="torch").view(B, T, V)
+        Pb = specops.warp_probs(c["target_logits"].view(B * T, V), t if bt is None else bt, bk, bp,
+                                backend="torch").view(B, T, V)
+        L = torch.tensor(np.vectorize(det_log, otypes=[np.float32])(P.numpy()))
+        for tau in TAUS:
+            idx, lens, bonus = run("torch", c, tau, setting)
+            for b in range(B):
+                n = int(c["num_nodes"][b])
+                one = specops.verify_joint(c["draft_tokens"][b:b + 1, :n - 1].contiguous(), L[b:b + 1, :n].contiguous(),
+                                           c["draft_joint_logprobs"][b:b + 1, :n - 1].contiguous(), tau,
+                                           c["uniforms"][b:b + 1], backend="torch", check=False)
+                assert int(lens[b]) == int(one[1][0]) and idx[b, :n].tolist() == one[0][0].tolist()
+                eta = int(lens[b]) - 1
+                S = verify_ref.fix_shift(V)
+                assert int(bonus[b]) == verify_ref.sample_weights(verify_ref.fix_weights(Pb[b, eta], S),
+                                                                  c["uniforms"][b])
+
+
+def test_outcomes_vary_and_tau_ends():
+    # tau = 0 accepts every tested draft, tau = 1 none; in between the prefixes vary.
+    seen = set()
+    for seed in range(8):
+        c = case(3, 6, 30, 40 + seed)
+        n = c["num_nodes"]
+        assert run("torch", c, 0.0, "mjsd")[1].tolist() == n.tolist()
+        assert run("torch", c, 1.0, "mjsd")[1].tolist() == [1] * 3
+        seen.update(run("torch", c, 0.05, "plain")[1].tolist())
+    assert len(seen) > 2
+
+
+def test_det_log_is_within_an_ulp_of_log():
+    xs = np.float32(np.concatenate([np.logspace(-37.9, 0, 5000), [1.0, 0.5, 2.0**-126, 0.999999, 1e-3]]))
+    got = np.array([det_log(x) for x in xs], dtype=np.float64)
+    want = np.log(xs.astype(np.float64))
+    assert np.all(np.abs(got - want) <= 2 * np.spacing(np.float32(np.abs(want))).astype(np.float64) + 1e-45)
+    assert det_log(0.0) == -np.inf and det_log(1e-40) == -np.inf and det_log(1.0) == 0.0
+    assert np.isnan(det_log(float("nan")))
+
+
+def test_torch_reference_warps_rows_one_at_a_time():
+    calls = []
+    real = verify_logits._warp_probs_torch
+    verify_logits._warp_probs_torch = lambda x, *a: calls.append(tuple(x.shape)) or real(x, *a)
+    try:
+        run("torch", case(2, 4, 19, 6, ragged=False), 0.0, "mjsd")
+    finally:
+        verify_logits._warp_probs_torch = real
+    assert calls and set(calls) == {(1, 19)} and len(calls) == 2 * (4 + 1)  # 4 tested rows + the bonus row
+
+
+# ---- bad input ---------------------------------------------------------------------------------------
+
+def _bad(name, change, err, match):
+    return pytest.param(name, change, err, match, id=f"{name}-{match[:24]}")
+
+
+BAD = [
+    _bad("draft_tokens", lambda c: c.update(draft_tokens=c["draft_tokens"].long()), TypeError,
+         r"draft_tokens must have dtype torch.int32, got torch.int64"),
+    _bad("target_logits", lambda c: c.update(target_logits=c["target_logits"][:, :-1]), ValueError,
+         r"target_logits must have shape \[B, g \+ 1, V\] = \[2, 5, V >= 1\], got \(2, 4, 9\)"),
+    _bad("target_logits", lambda c: c.update(target_logits=c["target_logits"].double()), TypeError,
+         r"target_logits must have dtype"),
+    _bad("draft_joint_logprobs", lambda c: c.update(draft_joint_logprobs=c["draft_joint_logprobs"][:, :2]),
+         ValueError, r"draft_joint_logprobs must have shape \[2, 4\], got \(2, 2\)"),
+    _bad("uniforms", lambda c: c.update(uniforms=c["uniforms"].double()), TypeError,
+         r"uniforms must have dtype torch.float32"),
+    _bad("num_nodes", lambda c: c.update(num_nodes=c["num_nodes"].long()), TypeError,
+         r"num_nodes must have dtype torch.int32"),
+    _bad("tau", lambda c: c.update(tau=1.5), ValueError, r"tau must lie in \[0, 1\], got 1.5"),
+    _bad("tau", lambda c: c.update(tau="x"), TypeError, r"tau must be a float or a torch.Tensor, got str"),
+    _bad("temperature", lambda c: c.update(temperature=-1.0), ValueError, r"temperature must be finite and >= 0"),
+    _bad("bonus_top_p", lambda c: c.update(bonus_top_p=0.0), ValueError, r"bonus_top_p must be in \(0, 1\]"),
+    _bad("bonus_top_k", lambda c: c.update(bonus_top_k=1.5), TypeError, r"bonus_top_k must be an int"),
+    # value rules (check=True, one host sync)
+    _bad("num_nodes", lambda c: c["num_nodes"].__setitem__(1, 6), ValueError,
+         r"num_nodes must lie in \[1, g \+ 1 = 5\], got num_nodes\[1\] = 6"),
+    _bad("draft_tokens", lambda c: c["draft_tokens"].__setitem__((1, 2), 9), ValueError,
+         r"draft_tokens must lie in \[0, V=9\), got draft_tokens\[1, 2\] = 9"),
+    _bad("tau", lambda c: c.update(tau=torch.tensor([0.5, float("nan")])), ValueError, r"tau must lie in \[0, 1\]"),
+    _bad("uniforms", lambda c: c["uniforms"].__setitem__(0, 1.0), ValueError, r"uniforms must lie in \[0, 1\)"),
+    _bad("draft_joint_logprobs", lambda c: c["draft_joint_logprobs"].__setitem__((0, 3), 0.5), ValueError,
+         r"draft_joint_logprobs must be log-probabilities \(<= 0, not NaN\), got draft_joint_logprobs\[0, 3\] = 0.5"),
+    _bad("target_logits", lambda c: c["target_logits"].__setitem__((1, 1, 4), float("nan")), ValueError,
+         r"target_logits must not contain NaN or \+inf, got target_logits\[1, 1, 4\] = nan"),
+    _bad("target_logits", lambda c: c["target_logits"].__setitem__((0, 2), float("-inf")), ValueError,
+         r"target_logits\[0, 2\] must have at least one finite value"),
+]
+
+
+@pytest.mark.parametrize("name,change,err,match", BAD)
+def test_bad_input_names_the_argument(backend, name, change, err, match):
+    c = case(2, 4, 9, 7, ragged=False)
+    c.update(tau=0.3, temperature=1.0, top_k=0, top_p=1.0, bonus_temperature=None, bonus_top_k=0, bonus_top_p=1.0)
+    change(c)
+    with pytest.raises(err, match=match):
+        specops.verify_joint_logits(c["draft_tokens"], c["target_logits"], c["draft_joint_logprobs"], c["tau"],
+                                    c["uniforms"], temperature=c["temperature"], top_k=c["top_k"], top_p=c["top_p"],
+                                    bonus_temperature=c["bonus_temperature"], bonus_top_k=c["bonus_top_k"],
+                                    bonus_top_p=c["bonus_top_p"], num_nodes=c["num_nodes"], backend=backend)
+
+
+def test_padding_past_num_nodes_is_not_checked(backend):
+    c = case(2, 4, 9, 8, ragged=False)
+    c["num_nodes"] = torch.tensor([3, 5], dtype=I32)
+    c["draft_tokens"][0, 2:] = -7  # padding of the 3-node chain
+    c["draft_joint_logprobs"][0, 2:] = float("nan")
+    c["target_logits"][0, 3:] = float("nan")
+    assert_same(run(backend, c, 0.2, "mjsd"), run("torch", c, 0.2, "mjsd"))
+
+
+def test_check_false_does_not_sync(monkeypatch):
+    if not hasattr(torch.ops.specops, "verify_joint_logits"):
+        pytest.skip("specops._C is not built (or predates verify_joint_logits)")
+    c = case(2, 4, 9, 9)
+    monkeypatch.setattr(torch.Tensor, "item", lambda *a: pytest.fail("host sync"))
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda *a: pytest.fail("host sync"))
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda *a: pytest.fail("host sync"))
+    monkeypatch.setattr(verify_logits, "_raise_first", lambda *a: pytest.fail("value checks"))
+    specops.verify_joint_logits(c["draft_tokens"], c["target_logits"], c["draft_joint_logprobs"], 0.3, c["uniforms"],
+                                temperature=1.0, top_k=4, num_nodes=c["num_nodes"], check=False, backend="cpp")
+
+
+# ---- registration ------------------------------------------------------------------------------------
+
+def _kernel_args(c, g):
+    B = c["draft_tokens"].shape[0]
+    N = B * (g + 1)
+    t, k, p = torch.full((N,), 0.8), torch.full((N,), 3, dtype=I32), torch.full((N,), 0.9)
+    return (c["draft_tokens"], c["target_logits"], c["draft_joint_logprobs"], torch.log(torch.full((B,), 0.3)),
+            c["uniforms"], t, k, p, t, k, p, c["num_nodes"])
+
+
+def test_opcheck():
+    if not hasattr(torch.ops.specops, "verify_joint_logits"):
+        pytest.skip("specops._C is not built (or predates verify_joint_logits)")
+    for dtype in (torch.float32, torch.bfloat16):
+        c = case(3, 4, 17, 11, dtype=dtype)
+        torch.library.opcheck(torch.ops.specops.verify_joint_logits.default, _kernel_args(c, 4))
+    c = case(2, 0, 5, 12)
+    torch.library.opcheck(torch.ops.specops.verify_joint_logits.default, _kernel_args(c, 0))
+
+
+def test_torch_compile_fullgraph():
+    if not hasattr(torch.ops.specops, "verify_joint_logits"):
+        pytest.skip("specops._C is not built (or predates verify_joint_logits)")
+    c = case(3, 4, 17, 13)
+
+    def step(tok, x, lq, u, n):
+        return specops.verify_joint_logits(tok, x, lq, 0.2, u, temperature=1.0, top_k=5, top_p=0.9, num_nodes=n,
+                                           check=False, backend="cpp")
+
+    args = (c["draft_tokens"], c["target_logits"], c["draft_joint_logprobs"], c["uniforms"], c["num_nodes"])
+    assert_same(torch.compile(step, fullgraph=True)(*args), step(*args))
