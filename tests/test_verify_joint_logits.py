@@ -226,7 +226,7 @@ def test_check_false_does_not_sync(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "item", lambda *a: pytest.fail("host sync"))
     monkeypatch.setattr(torch.Tensor, "tolist", lambda *a: pytest.fail("host sync"))
     monkeypatch.setattr(torch.Tensor, "cpu", lambda *a: pytest.fail("host sync"))
-    monkeypatch.setattr(verify_logits, "_raise_first", lambda *a: pytest.fail("value checks"))
+    monkeypatch.setattr(verify_logits, "raise_flags", lambda *a: pytest.fail("value checks"))
     specops.verify_joint_logits(c["draft_tokens"], c["target_logits"], c["draft_joint_logprobs"], 0.3, c["uniforms"],
                                 temperature=1.0, top_k=4, num_nodes=c["num_nodes"], check=False, backend="cpp")
 

@@ -54,9 +54,9 @@ def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, bitmask=Non
     ``check=False`` bad values never crash a kernel: a token outside [0, V) never matches and
     malformed parents end the walk.
     """
-    B, T, num_nodes = _tree_args(tokens, parents, num_nodes)
+    B, T, num_nodes = tree_args(tokens, parents, num_nodes)
     _checks.tensor("target_logits", target_logits, dtype=_LOGITS, rank=3, device=tokens.device)
-    V = _rows_shape("target_logits", target_logits, B, T)
+    V = rows_shape("target_logits", target_logits, B, T)
     if bitmask is not None:
         _checks.tensor("bitmask", bitmask, dtype=torch.int32, shape=(B, T, (V + 31) // 32), device=tokens.device)
     if check:
@@ -64,7 +64,7 @@ def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, bitmask=Non
         if bitmask is not None:
             bad &= token_bitmask.allowed_tokens(bitmask, V)
             token_bitmask.check_rows(bitmask, V)
-        _raise_first(_tree_flags(tokens, parents, num_nodes, V) + [_flag(bad.any(), lambda: (
+        raise_flags(tree_flags(tokens, parents, num_nodes, V) + [flag(bad.any(), lambda: (
             "target_logits[{}, {}] must not contain NaN or +inf, got ".format(*_first_row(bad.any(-1)))
             + _checks.at("target_logits", target_logits, bad),))])
     return resolve("verify_greedy", tokens.device, backend)(tokens, parents, target_logits, num_nodes, bitmask)
@@ -95,10 +95,10 @@ def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs=None, mo
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    B, T, num_nodes = _tree_args(tokens, parents, num_nodes)
+    B, T, num_nodes = tree_args(tokens, parents, num_nodes)
     dev = tokens.device
     _checks.tensor("target_probs", target_probs, dtype=torch.float32, rank=3, device=dev)
-    V = _rows_shape("target_probs", target_probs, B, T)
+    V = rows_shape("target_probs", target_probs, B, T)
     _checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B, T, 2), device=dev)
     if draft_probs is None:
         if mode in NEEDS_DRAFT:
@@ -106,13 +106,13 @@ def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs=None, mo
     else:
         _checks.tensor("draft_probs", draft_probs, dtype=torch.float32, shape=(B, T, V), device=dev)
     if check:
-        valid = _valid(num_nodes, T)
+        valid = valid_mask(num_nodes, T)
         child = valid & (torch.arange(T, device=dev) > 0)
-        flags = _tree_flags(tokens, parents, num_nodes, V) + [_uniform_flag("uniforms", uniforms)]
+        flags = tree_flags(tokens, parents, num_nodes, V) + [uniform_flag("uniforms", uniforms)]
         flags += _prob_flags("target_probs", target_probs, valid)
         if draft_probs is not None and mode in NEEDS_DRAFT:
             flags += _prob_flags("draft_probs", draft_probs, child)
-        _raise_first(flags)
+        raise_flags(flags)
     return resolve("verify_tree", dev, backend)(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode)
 
 
@@ -147,17 +147,17 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, unifo
         lse = torch.logsumexp(target_logprobs, -1)
         off = lse.abs() > ROW_SUM_TOL
         bad_joint = torch.isnan(draft_joint_logprobs) | (draft_joint_logprobs > 0)
-        _raise_first([
-            _flag(bad_tok.any(), lambda: ("draft_tokens must lie in [0, V={}), got {} at [{}, {}]".format(
+        raise_flags([
+            flag(bad_tok.any(), lambda: ("draft_tokens must lie in [0, V={}), got {} at [{}, {}]".format(
                 V, *_first_value(draft_tokens, bad_tok)),)),
-            _flag(bad_tau.any(), lambda: (f"tau must lie in [0, 1], got {_checks.at('tau', tau, bad_tau)}",)),
-            _uniform_flag("uniforms", uniforms),
-            _flag(bad_target.any(), lambda: ("target_logprobs must not contain NaN or +inf, got "
+            flag(bad_tau.any(), lambda: (f"tau must lie in [0, 1], got {_checks.at('tau', tau, bad_tau)}",)),
+            uniform_flag("uniforms", uniforms),
+            flag(bad_target.any(), lambda: ("target_logprobs must not contain NaN or +inf, got "
                                              + _checks.at("target_logprobs", target_logprobs, bad_target),)),
-            _flag(off.any(), lambda: (
+            flag(off.any(), lambda: (
                 "target_logprobs[{}, {}] must be a log-distribution (logsumexp 0 within {}), got {:.6g}".format(
                     *_first_row(off), ROW_SUM_TOL, float(lse[_first_row(off)])),)),
-            _flag(bad_joint.any(), lambda: (
+            flag(bad_joint.any(), lambda: (
                 "draft_joint_logprobs must be log-probabilities (<= 0, not NaN), got "
                 f"{_checks.at('draft_joint_logprobs', draft_joint_logprobs, bad_joint)}",)),
         ])
@@ -180,7 +180,7 @@ def tau_tensor(tau, B, device):
     raise TypeError(f"tau must be a float or a torch.Tensor, got {type(tau).__name__} {tau!r:.60}")
 
 
-def _tree_args(tokens, parents, num_nodes):
+def tree_args(tokens, parents, num_nodes):
     _checks.tensor("tokens", tokens, dtype=torch.int32, rank=2)
     B, T = tokens.shape
     if T == 0:
@@ -193,22 +193,22 @@ def _tree_args(tokens, parents, num_nodes):
     return B, T, num_nodes
 
 
-def _rows_shape(name, rows, B, T):
+def rows_shape(name, rows, B, T):
     if rows.shape[:2] != (B, T) or rows.shape[2] < 1:
         raise ValueError(f"{name} must have shape [B, T, V] = [{B}, {T}, V >= 1], got {tuple(rows.shape)}")
     return rows.shape[2]
 
 
-def _valid(num_nodes, T):
+def valid_mask(num_nodes, T):
     return torch.arange(T, device=num_nodes.device)[None, :] < num_nodes[:, None]
 
 
-def _flag(bad, message):
+def flag(bad, message):
     """A lazily described failure: ``bad`` a bool tensor, ``message()`` -> (text,)."""
     return bad, message
 
 
-def _raise_first(flags):
+def raise_flags(flags):
     """One host sync over every flag; raises ValueError for the first that is set."""
     if not flags:
         return
@@ -227,7 +227,7 @@ def _first_row(mask):
     return tuple(mask.nonzero()[0].tolist())
 
 
-def _tree_flags(tokens, parents, num_nodes, V):
+def tree_flags(tokens, parents, num_nodes, V):
     B, T = tokens.shape
     idx = torch.arange(T, device=tokens.device)
     valid = idx[None, :] < num_nodes[:, None]
@@ -253,13 +253,13 @@ def _tree_flags(tokens, parents, num_nodes, V):
         got, b, i = _first_value(tokens, tok_bad)
         return (f"tokens[{b}, {i}] must lie in [0, V={V}), got {got}",)
 
-    return [_flag(nodes_bad.any(), nodes_message), _flag(root_bad.any(), root_message),
-            _flag(par_bad.any(), parent_message), _flag(tok_bad.any(), token_message)]
+    return [flag(nodes_bad.any(), nodes_message), flag(root_bad.any(), root_message),
+            flag(par_bad.any(), parent_message), flag(tok_bad.any(), token_message)]
 
 
-def _uniform_flag(name, u):
+def uniform_flag(name, u):
     bad = ~((u >= 0) & (u < 1))
-    return _flag(bad.any(), lambda: (f"{name} must lie in [0, 1) (NaN counts as outside), got "
+    return flag(bad.any(), lambda: (f"{name} must lie in [0, 1) (NaN counts as outside), got "
                                      f"{_checks.at(name, u, bad)}",))
 
 
@@ -270,10 +270,10 @@ def _prob_flags(name, rows, where):
     sums = rows.sum(-1, dtype=torch.float64)
     off = where & ~nonfinite & ((sums - 1).abs() > ROW_SUM_TOL)
     return [
-        _flag(nonfinite.any(), lambda: (f"{name}[{', '.join(map(str, _first_row(nonfinite)))}] must be finite and "
+        flag(nonfinite.any(), lambda: (f"{name}[{', '.join(map(str, _first_row(nonfinite)))}] must be finite and "
                                         "non-negative, got "
                                         f"{_checks.at(name, rows, nonfinite[..., None] & bad_entry)}",)),
-        _flag(off.any(), lambda: (f"{name}[{', '.join(map(str, _first_row(off)))}] must sum to 1 (within "
+        flag(off.any(), lambda: (f"{name}[{', '.join(map(str, _first_row(off)))}] must sum to 1 (within "
                                   f"{ROW_SUM_TOL}), got {float(sums[_first_row(off)]):.6g}",)),
     ]
 

@@ -27,8 +27,8 @@ from ..backend import register, register_compiled, resolve
 from . import _checks, token_bitmask
 from . import verify_ref
 from .sampling import _FLOAT_DTYPES, MAX_VOCAB, _row_param, _warp_probs_torch
-from .verify import (MODES, NEEDS_DRAFT, _flag, _raise_first, _rows_shape, _tree_args, _tree_flags, _uniform_flag,
-                     _valid, tau_tensor, verify_greedy)
+from .verify import (MODES, NEEDS_DRAFT, flag, raise_flags, rows_shape, tree_args, tree_flags, uniform_flag,
+                     valid_mask, tau_tensor, verify_greedy)
 
 
 def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature, top_k=0, top_p=1.0,
@@ -60,10 +60,10 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    B, T, num_nodes = _tree_args(tokens, parents, num_nodes)
+    B, T, num_nodes = tree_args(tokens, parents, num_nodes)
     dev = tokens.device
     _checks.tensor("target_logits", target_logits, dtype=_FLOAT_DTYPES, rank=3, device=dev)
-    V = _rows_shape("target_logits", target_logits, B, T)
+    V = rows_shape("target_logits", target_logits, B, T)
     _checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B, T, 2), device=dev)
     needs_draft = mode in NEEDS_DRAFT
     if draft_logits is None:
@@ -82,9 +82,9 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
         raise ValueError(f"target_logits must have V <= {MAX_VOCAB} tokens on the compiled backends (int32 token "
                          f"indices), got V={V}")
     if check:
-        valid = _valid(num_nodes, T)
+        valid = valid_mask(num_nodes, T)
         child = valid & (torch.arange(T, device=dev) > 0)
-        flags = _tree_flags(tokens, parents, num_nodes, V) + [_uniform_flag("uniforms", uniforms)]
+        flags = tree_flags(tokens, parents, num_nodes, V) + [uniform_flag("uniforms", uniforms)]
         if bitmask is not None:
             token_bitmask.check_rows(bitmask, V)
         allowed = None if bitmask is None else token_bitmask.allowed_tokens(bitmask, V)  # [B, T, V]
@@ -92,7 +92,7 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
         if draft_logits is not None and needs_draft:
             at_parent = None if allowed is None else _at_parents(allowed, parents)
             flags += _logit_flags("draft_logits", draft_logits, child, at_parent)
-        _raise_first(flags)
+        raise_flags(flags)
     if not needs_draft:
         draft_logits = None
     return impl(tokens, parents, target_logits, uniforms, *params, draft_logits, *draft, num_nodes, mode, bitmask)
@@ -152,7 +152,7 @@ def verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, tau, 
         raise ValueError(f"target_logits must have V <= {MAX_VOCAB} tokens on the compiled backends (int32 token "
                          f"indices), got V={V}")
     if check:
-        _raise_first(_joint_flags(draft_tokens, target_logits, draft_joint_logprobs, tau, uniforms, num_nodes))
+        raise_flags(_joint_flags(draft_tokens, target_logits, draft_joint_logprobs, tau, uniforms, num_nodes))
     return impl(draft_tokens, target_logits, draft_joint_logprobs, torch.log(tau), uniforms, *params, *bonus,
                 num_nodes)
 
@@ -213,19 +213,19 @@ def _joint_flags(draft_tokens, target_logits, draft_joint_logprobs, tau, uniform
     """verify_joint_logits' value rules; positions past a chain's ``num_nodes`` are padding."""
     g, V = draft_tokens.shape[1], target_logits.shape[2]
     nodes_bad = (num_nodes < 1) | (num_nodes > g + 1)
-    rows = _valid(num_nodes, g + 1)  # [B, g + 1]: rows of the chain's nodes
+    rows = valid_mask(num_nodes, g + 1)  # [B, g + 1]: rows of the chain's nodes
     tested = rows[:, 1:]  # [B, g]: draft j - 1 is tested when node j is in the chain
     bad_tok = tested & ((draft_tokens < 0) | (draft_tokens >= V))
     bad_tau = (tau < 0) | (tau > 1) | torch.isnan(tau)
     bad_joint = tested & (torch.isnan(draft_joint_logprobs) | (draft_joint_logprobs > 0))
     return [
-        _flag(nodes_bad.any(), lambda: (f"num_nodes must lie in [1, g + 1 = {g + 1}], got "
+        flag(nodes_bad.any(), lambda: (f"num_nodes must lie in [1, g + 1 = {g + 1}], got "
                                         f"{_checks.at('num_nodes', num_nodes, nodes_bad)}",)),
-        _flag(bad_tok.any(), lambda: (f"draft_tokens must lie in [0, V={V}), got "
+        flag(bad_tok.any(), lambda: (f"draft_tokens must lie in [0, V={V}), got "
                                       f"{_checks.at('draft_tokens', draft_tokens, bad_tok)}",)),
-        _flag(bad_tau.any(), lambda: (f"tau must lie in [0, 1], got {_checks.at('tau', tau, bad_tau)}",)),
-        _uniform_flag("uniforms", uniforms),
-        _flag(bad_joint.any(), lambda: (
+        flag(bad_tau.any(), lambda: (f"tau must lie in [0, 1], got {_checks.at('tau', tau, bad_tau)}",)),
+        uniform_flag("uniforms", uniforms),
+        flag(bad_joint.any(), lambda: (
             "draft_joint_logprobs must be log-probabilities (<= 0, not NaN), got "
             f"{_checks.at('draft_joint_logprobs', draft_joint_logprobs, bad_joint)}",)),
     ] + _logit_flags("target_logits", target_logits, rows)
@@ -267,9 +267,9 @@ def _logit_flags(name, logits, where, allowed=None):
     bad = where & bad_entry.any(-1)
     empty = where & ~bad & ~finite.any(-1)
     return [
-        _flag(bad.any(), lambda: (f"{name} must not contain NaN or +inf, got "
+        flag(bad.any(), lambda: (f"{name} must not contain NaN or +inf, got "
                                   f"{_checks.at(name, logits, bad[..., None] & bad_entry)}",)),
-        _flag(empty.any(), lambda: ("{}[{}, {}] must have at least one finite value, got all -inf".format(
+        flag(empty.any(), lambda: ("{}[{}, {}] must have at least one finite value, got all -inf".format(
             name, *_checks.first_index(empty)),)),
     ]
 
@@ -312,20 +312,20 @@ def _verify_tree_logits_torch(tokens, parents, target_logits, uniforms, t, k, p,
     MQ = _at_parents(M, par) if M is not None else None  # draft row c: the mask at parents[c]
     t, k, p, dt, dk, dp = (v.cpu().view(B, T) for v in (t, k, p, dt, dk, dp))
     paths, bonuses = [], []
-    for b, n in enumerate(verify_ref._clamped_nodes(num_nodes, T)):
+    for b, n in enumerate(verify_ref.clamped_nodes(num_nodes, T)):
         P = _LazyRows(X[b], t[b], k[b], p[b], None if M is None else M[b])
         Q = _LazyRows(Y[b], dt[b], dk[b], dp[b], None if MQ is None else MQ[b]) if Y is not None else None
         if mode == "sample_match":
-            walk = verify_ref._match_walk(
+            walk = verify_ref.match_walk(
                 tok[b], par[b], n, lambda u, P=P, b=b: verify_ref.sample_weights(
                     verify_ref.fix_weights(P[u], S), U[b, u, 1]))
         elif mode == "gsd":
-            walk = verify_ref._gsd_walk(tok[b], par[b], n, P, Q, U[b], S)
+            walk = verify_ref.gsd_walk(tok[b], par[b], n, P, Q, U[b], S)
         else:
-            walk = verify_ref._mss_walk(mode, tok[b], par[b], n, P, Q, U[b], S)
+            walk = verify_ref.mss_walk(mode, tok[b], par[b], n, P, Q, U[b], S)
         paths.append(walk[0])
         bonuses.append(walk[1])
-    return verify_ref._finish(B, T, paths, bonuses, tokens.device)
+    return verify_ref.finish(B, T, paths, bonuses, tokens.device)
 
 
 @register_compiled("verify_tree_logits")
@@ -353,13 +353,13 @@ def _verify_joint_logits_torch(draft_tokens, target_logits, draft_joint_logprobs
     tok, X, lq, lt, U = (v.cpu() for v in (draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms))
     t, k, p, bt, bk, bp = (v.cpu().view(B, T) for v in (t, k, p, bt, bk, bp))
     paths, bonuses = [], []
-    for b, n in enumerate(verify_ref._clamped_nodes(num_nodes, T)):
+    for b, n in enumerate(verify_ref.clamped_nodes(num_nodes, T)):
         P = _LazyRows(X[b], t[b], k[b], p[b])  # the test's rows
         eta = verify_ref.joint_eta(tok[b], n, V, lt[b], lq[b], lambda row, x, P=P: verify_ref.det_log(P[row, x]))
         paths.append(list(range(eta + 1)))
         bonus_row = _LazyRows(X[b], bt[b], bk[b], bp[b])[eta]
         bonuses.append(verify_ref.sample_weights(verify_ref.fix_weights(bonus_row, S), U[b]))
-    return verify_ref._finish(B, T, paths, bonuses, draft_tokens.device)
+    return verify_ref.finish(B, T, paths, bonuses, draft_tokens.device)
 
 
 @register_compiled("verify_joint_logits")

@@ -138,7 +138,7 @@ def _children(parents, n, u):
     return [c for c in range(u + 1, n) if int(parents[c]) == u]
 
 
-def _finish(B, T, paths, bonuses, device):
+def finish(B, T, paths, bonuses, device):
     accept_idx = torch.full((B, T), -1, dtype=torch.int32)
     for b, path in enumerate(paths):
         accept_idx[b, : len(path)] = torch.tensor(path, dtype=torch.int32)
@@ -146,7 +146,7 @@ def _finish(B, T, paths, bonuses, device):
     return accept_idx.to(device), lens.to(device), torch.tensor(bonuses, dtype=torch.int32).to(device)
 
 
-def _match_walk(tokens, parents, n, predict):
+def match_walk(tokens, parents, n, predict):
     """R1 / R4: descend into the first child whose token is the prediction at the node."""
     path, u = [0], 0
     while True:
@@ -158,7 +158,7 @@ def _match_walk(tokens, parents, n, predict):
         path.append(u)
 
 
-def _mss_walk(mode, tokens, parents, n, P, Q, U, S):
+def mss_walk(mode, tokens, parents, n, P, Q, U, S):
     """R2 / R3 / R3p / R3w on one sequence; see mss_walk in csrc/verify_common.h."""
     V = P.shape[1]
     inv = F32(2.0**-S)
@@ -211,7 +211,7 @@ def _mss_walk(mode, tokens, parents, n, P, Q, U, S):
         path.append(u)
 
 
-def _gsd_walk(tokens, parents, n, P, Q, U, S):
+def gsd_walk(tokens, parents, n, P, Q, U, S):
     """R5: the deepest node whose root path passes every edge test (lowest index among equals)."""
     V = P.shape[1]
     depth, best = {0: 0}, 0
@@ -231,7 +231,7 @@ def _gsd_walk(tokens, parents, n, P, Q, U, S):
     return path[::-1], sample_weights(fix_weights(P[best], S), U[best, 1])
 
 
-def _clamped_nodes(num_nodes, T):
+def clamped_nodes(num_nodes, T):
     return [min(max(int(v), 1), T) for v in num_nodes.cpu()]
 
 
@@ -242,11 +242,11 @@ def verify_greedy_torch(tokens, parents, target_logits, num_nodes, bitmask=None)
     if bitmask is not None:  # the disallowed logits as -inf (apply_token_bitmask's rule)
         logits = logits.masked_fill(~allowed_tokens(bitmask.cpu(), logits.shape[-1]), float("-inf"))
     paths, bonuses = [], []
-    for b, n in enumerate(_clamped_nodes(num_nodes, T)):
-        path, bonus = _match_walk(tok[b], par[b], n, lambda u, b=b: argmax_first(logits[b, u]))
+    for b, n in enumerate(clamped_nodes(num_nodes, T)):
+        path, bonus = match_walk(tok[b], par[b], n, lambda u, b=b: argmax_first(logits[b, u]))
         paths.append(path)
         bonuses.append(bonus)
-    return _finish(B, T, paths, bonuses, tokens.device)
+    return finish(B, T, paths, bonuses, tokens.device)
 
 
 @register("verify_tree", "torch")
@@ -256,17 +256,17 @@ def verify_tree_torch(tokens, parents, target_probs, uniforms, draft_probs, num_
     tok, par, P, U = tokens.cpu(), parents.cpu(), target_probs.cpu(), uniforms.cpu()
     Q = draft_probs.cpu() if draft_probs is not None else None
     paths, bonuses = [], []
-    for b, n in enumerate(_clamped_nodes(num_nodes, T)):
+    for b, n in enumerate(clamped_nodes(num_nodes, T)):
         Qb = Q[b] if Q is not None else None
         if mode == "sample_match":
-            walk = _match_walk(tok[b], par[b], n, lambda u, b=b: sample_weights(fix_weights(P[b, u], S), U[b, u, 1]))
+            walk = match_walk(tok[b], par[b], n, lambda u, b=b: sample_weights(fix_weights(P[b, u], S), U[b, u, 1]))
         elif mode == "gsd":
-            walk = _gsd_walk(tok[b], par[b], n, P[b], Qb, U[b], S)
+            walk = gsd_walk(tok[b], par[b], n, P[b], Qb, U[b], S)
         else:
-            walk = _mss_walk(mode, tok[b], par[b], n, P[b], Qb, U[b], S)
+            walk = mss_walk(mode, tok[b], par[b], n, P[b], Qb, U[b], S)
         paths.append(walk[0])
         bonuses.append(walk[1])
-    return _finish(B, T, paths, bonuses, tokens.device)
+    return finish(B, T, paths, bonuses, tokens.device)
 
 
 @register("verify_joint", "torch")
@@ -280,4 +280,4 @@ def verify_joint_torch(draft_tokens, target_logprobs, draft_joint_logprobs, log_
         eta = joint_eta(tok[b], g + 1, V, lt[b], lq[b], lambda row, x, b=b: L[b, row, x])
         paths.append(list(range(eta + 1)))
         bonuses.append(sample_weights(fix_weights(det_exp(L[b, eta]), S), U[b]))
-    return _finish(B, g + 1, paths, bonuses, draft_tokens.device)
+    return finish(B, g + 1, paths, bonuses, draft_tokens.device)
