@@ -217,11 +217,11 @@ def test_candidates_stage_into_a_padded_device_draft_with_one_upload():
     assert d.tokens.tolist() == [[5, 6, 7], [9, 0, 0]] and d.tokens.dtype == torch.int64
     assert d.parents.tolist() == [[-1, 0, 0], [-1, 0, 0]] and d.parents.dtype == torch.int32
     assert d.num_nodes.tolist() == [3, 1] and d.num_nodes.dtype == torch.int32
-    assert d.src.tolist() == [[4, -1, 6], [2, 0, 0]] and d.depth == [1, 0] and d.draft_probs is None
-    c.draft_probs = [list(torch.eye(4)[:3]), None]
-    rows = c.stage(stager, 4).draft_probs
-    assert rows.shape == (2, 3, 4) and torch.allclose(rows.sum(-1), torch.ones(2, 3))
-    assert torch.equal(rows[0], torch.eye(4)[:3]) and torch.equal(rows[1], torch.full((3, 4), 0.25))
+    assert d.src.tolist() == [[4, -1, 6], [2, 0, 0]] and d.depth == [1, 0] and d.draft_logits is None
+    c.draft_logits = [list(torch.eye(4)[:3] * 3), None]  # a sequence without rows: zero logits (uniform)
+    rows = c.stage(stager, 4).draft_logits
+    assert rows.shape == (2, 3, 4) and rows.dtype == torch.float32
+    assert torch.equal(rows[0], torch.eye(4)[:3] * 3) and torch.equal(rows[1], torch.zeros(3, 4))
     with pytest.raises(AssertionError):
         Candidates(tokens=[[1, 2]], parents=[[-1, 1]]).validate()
 
@@ -272,6 +272,42 @@ def test_rejection_modes_verify_draft_logits_as_the_warped_rows(mode):
         assert torch.equal(got.accept_idx[b, : lens[b]], idx[b, : lens[b]])
 
 
+def test_mjsd_verifies_from_logits_with_its_joint_warp_and_the_generation_bonus():
+    # The loop's R6 step is verify_joint_logits on the chain: the test under MJSD's warp, the bonus
+    # under the sampling config, ragged chains cut at num_nodes, no [B, T, V] tensor on the way.
+    from specops import verify_joint_logits
+    from specops.decoding import Draft, SamplingConfig
+    from specops.decoding import verify as verify_mod
+
+    g = torch.Generator().manual_seed(11)
+    B, T, V = 3, 5, 17
+    logits = torch.randn(B, T, V, generator=g) * 3
+    tokens = torch.cat([torch.zeros(B, 1, dtype=torch.int64), logits[:, :-1].argmax(-1)], 1)
+    tokens[1, 2] = int(logits[1, 1].argmin())  # a prefix that fails
+    log_q = torch.cumsum(torch.full((B, T - 1), -0.4), 1)
+    num_nodes = torch.tensor([5, 4, 2], dtype=torch.int32)
+    for sampling in (SamplingConfig(0.0), SamplingConfig(0.8, 5, 0.9)):
+        for tau in (0.0, 0.1, 1.0):
+            draft = Draft(tokens=tokens, parents=torch.arange(-1, T - 1, dtype=torch.int32).expand(B, T).contiguous(),
+                          num_nodes=num_nodes, log_q_joint=log_q, joint_tau=tau, joint_warp=(1.0, 20, 0.9))
+            active = torch.tensor([True, True, False])
+            got = verify_mod.verify("joint", draft, logits, sampling, torch.Generator().manual_seed(5), active)
+            u = torch.rand(B, T, 2, generator=torch.Generator().manual_seed(5))[:, 0, 0]
+            idx, lens, bonus = verify_joint_logits(tokens[:, 1:].to(torch.int32), logits, log_q, tau, u,
+                                                   temperature=1.0, top_k=20, top_p=0.9,
+                                                   bonus_temperature=sampling.temperature,
+                                                   bonus_top_k=sampling.top_k, bonus_top_p=sampling.top_p,
+                                                   num_nodes=num_nodes)
+            assert torch.equal(got.accept_idx, idx) and torch.equal(got.bonus_t, bonus)
+            assert got.kept.tolist() == (lens * active).tolist()
+            assert (lens <= num_nodes).all()
+            if tau == 0.0:
+                assert lens.tolist() == num_nodes.tolist()
+            if sampling.greedy:
+                eta = (lens - 1).long()
+                assert bonus.tolist() == logits[torch.arange(B), eta].argmax(-1).tolist()
+
+
 # ---- kernel input checks ----------------------------------------------------------------------
 
 def test_kernel_checks_are_off_on_the_hot_path_and_switchable(monkeypatch):
@@ -279,13 +315,15 @@ def test_kernel_checks_are_off_on_the_hot_path_and_switchable(monkeypatch):
 
     assert _kernels.CHECK is False or __import__("os").environ.get("SPECOPS_CHECK") == "1"
     monkeypatch.setattr(_kernels, "CHECK", True)
-    bad = torch.tensor([[0.5, 0.2]])  # rows of draft_probs must sum to 1 when checked
+    from specops.decoding import SamplingConfig
+
     tokens = torch.tensor([[1, 0]], dtype=torch.int32)
     parents = torch.tensor([[-1, 0]], dtype=torch.int32)
-    p = torch.full((1, 2, 2), 0.5)
-    with pytest.raises(ValueError):
-        _kernels.verify_tree(tokens, parents, p, torch.full((1, 2, 2), 0.5), draft_probs=bad[None].expand(1, 2, 2),
-                             mode="mss", num_nodes=None)
+    logits = torch.zeros(1, 2, 2)
+    bad = torch.tensor([[[0.0, float("nan")], [0.0, 0.0]]])  # NaN draft logits are refused when checked
+    with pytest.raises(ValueError, match="draft_logits must not contain NaN"):
+        _kernels.verify_mode("mss", tokens, parents, logits, torch.full((1, 2, 2), 0.5), num_nodes=None,
+                             sampling=SamplingConfig(1.0), draft_logits=bad.roll(1, 1))
 
 
 # ---- command line -----------------------------------------------------------------------------

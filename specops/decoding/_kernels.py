@@ -7,7 +7,6 @@ import os
 
 from ..ops import sampling as sampling_ops
 from ..ops import topn as topn_ops
-from ..ops import verify as verify_ops
 from ..ops import verify_logits as verify_logits_ops
 
 CHECK = os.environ.get("SPECOPS_CHECK", "0") == "1"
@@ -17,30 +16,22 @@ def warp_probs(logits, temperature, top_k=0, top_p=1.0):
     return sampling_ops.warp_probs(logits, temperature, top_k, top_p, check=CHECK)
 
 
-def verify_greedy(tokens, parents, target_logits, num_nodes, bitmask=None):
-    return verify_ops.verify_greedy(tokens, parents, target_logits, num_nodes, bitmask=bitmask, check=CHECK)
-
-
-def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs, mode, num_nodes):
-    return verify_ops.verify_tree(tokens, parents, target_probs, uniforms, draft_probs=draft_probs, mode=mode,
-                                  num_nodes=num_nodes, check=CHECK)
-
-
-def verify_tree_logits(tokens, parents, target_logits, uniforms, *, sampling, mode, num_nodes, bitmask=None,
-                       draft_logits=None, draft_sampling=None):
-    """``sampling`` / ``draft_sampling``: SamplingConfigs (the target's warp; the draft rows' warp,
-    None = the target's)."""
+def verify_mode(mode, tokens, parents, target_logits, uniforms, *, num_nodes, sampling, draft_logits=None,
+                draft_sampling=None, bitmask=None, joint=None):
+    """The verify op of ``mode`` (ops.verify_logits.verify_mode). ``sampling`` / ``draft_sampling``:
+    SamplingConfigs (the target's warp; the draft rows' warp, None = the target's);
+    ``joint``: None or (log_q_joint, tau, the test's SamplingConfig)."""
     d = draft_sampling or sampling
-    return verify_logits_ops.verify_tree_logits(tokens, parents, target_logits, uniforms,
-                                                temperature=float(sampling.temperature), top_k=int(sampling.top_k),
-                                                top_p=float(sampling.top_p), draft_logits=draft_logits,
-                                                draft_temperature=float(d.temperature), draft_top_k=int(d.top_k),
-                                                draft_top_p=float(d.top_p), mode=mode, num_nodes=num_nodes,
-                                                bitmask=bitmask, check=CHECK)
-
-
-def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, uniforms):
-    return verify_ops.verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, uniforms, check=CHECK)
+    kw = {}
+    if joint is not None:
+        lq, tau, jw = joint
+        kw = dict(joint_logprobs=lq, tau=tau, joint_temperature=float(jw.temperature), joint_top_k=int(jw.top_k),
+                  joint_top_p=float(jw.top_p))
+    return verify_logits_ops.verify_mode(mode, tokens, parents, target_logits, uniforms, num_nodes=num_nodes,
+                                         temperature=float(sampling.temperature), top_k=int(sampling.top_k),
+                                         top_p=float(sampling.top_p), draft_logits=draft_logits,
+                                         draft_temperature=float(d.temperature), draft_top_k=int(d.top_k),
+                                         draft_top_p=float(d.top_p), bitmask=bitmask, check=CHECK, **kw)
 
 
 def topn_expand(parent_scores, child_logprobs, n, *, per_parent_k=None):

@@ -22,8 +22,6 @@ class Draft:
     has none: a zero row is uniform under any warp, top-k and top-p keep ties), and ``draft_warp``
     (a SamplingConfig: the temperature / top-k / top-p the drafter warped them with); verification
     warps the rows its walk reads (``verify_tree_logits``), so no probability tensor is built.
-    ``draft_probs`` fp32 [B, T, V] or None: the same rows as probabilities, for a drafter that has
-    no logits (verified as log-probabilities at temperature 1, equal up to rounding).
     ``src`` int32 [B, T] or None: the draft-block node that holds node ``i``'s draft K/V, or -1
     (never fed, or a copy made under another context): read back along the accepted path with the
     step's one read, for the drafter's commit.
@@ -42,7 +40,6 @@ class Draft:
     num_nodes: torch.Tensor
     draft_logits: torch.Tensor = None
     draft_warp: object = None
-    draft_probs: torch.Tensor = None
     src: torch.Tensor = None
     depth: list = None
     depth_drafted: list = None
@@ -63,14 +60,12 @@ class Candidates:
     search runs on the host; :meth:`stage` turns it into a :class:`Draft` with one staged upload.
 
     ``draft_logits[b]``: None or a list of n_b rows (device logits [V], None where the drafter has
-    none), warped with ``draft_warp``; ``draft_probs[b]`` likewise with probability rows (fp32 [V],
-    None for uniform). ``src``, ``depth_drafted``, ``drafted_nodes``, ``copied``: as in
+    none), warped with ``draft_warp``. ``src``, ``depth_drafted``, ``drafted_nodes``, ``copied``: as in
     :class:`Draft`, as lists."""
     tokens: list
     parents: list
     draft_logits: list = None
     draft_warp: object = None
-    draft_probs: list = None
     src: list = None
     depth_drafted: list = None
     drafted_nodes: list = None
@@ -100,10 +95,9 @@ class Candidates:
         n = B * T
         src = up[2 * n: 3 * n].view(B, T).to(torch.int32) if self.src is not None else None
         logits = self.pack_draft_logits(V) if self.draft_logits is not None else None
-        probs = self.pack_draft_probs(V) if self.draft_probs is not None else None
         return Draft(tokens=up[:n].view(B, T), parents=up[n: 2 * n].view(B, T).to(torch.int32),
                      num_nodes=up[-B:].to(torch.int32), draft_logits=logits, draft_warp=self.draft_warp,
-                     draft_probs=probs, src=src,
+                     src=src,
                      depth=[max(depths(p)) for p in self.parents],
                      depth_drafted=self.depth_drafted or [0] * B,
                      drafted_nodes=self.drafted_nodes or self.num_nodes(), copied=self.copied, **fields)
@@ -113,11 +107,6 @@ class Candidates:
         under any warp; the built-in drafters leave only rows the walk never reads: the root,
         padding, a sequence that drafted nothing)."""
         return _pack(self.draft_logits, max(len(t) for t in self.tokens), V, 0.0)
-
-    def pack_draft_probs(self, V):
-        """Shape: -> fp32 [B, T, V] on the rows' device; rows without a proposal distribution are
-        uniform (built on the device: no host data)."""
-        return _pack(self.draft_probs, max(len(t) for t in self.tokens), V, 1.0 / V)
 
     def validate(self):
         """Tree rules (cheap host check; drafters are trusted, this guards new ones)."""

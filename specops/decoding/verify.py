@@ -10,8 +10,9 @@ import dataclasses
 import torch
 
 from ..ops.verify import NEEDS_DRAFT
+from ..ops.verify_logits import fuses_bitmask  # noqa: F401  (the loop's question, answered by the policy)
 from . import _kernels
-from .sampling import SamplingConfig, draw
+from .sampling import SamplingConfig
 
 
 @dataclasses.dataclass
@@ -83,31 +84,18 @@ class VerifyResult:
         return self._argmax
 
 
-def fuses_bitmask(mode):
-    """Whether ``verify`` takes a grammar's bitmask into its walk (the op masks the rows it reads:
-    the target's at every node, the draft's at the node's parent): every mode but ``joint``, whose
-    test reads whole warped rows (the loop masks its logits first)."""
-    return mode != "joint"
-
-
 def verify(mode, draft, logits, sampling, generator, active, bitmask=None):
     """Shape: draft (a Draft: tokens int64 [B, T], parents int32 [B, T], num_nodes int32 [B]),
     logits [B, T, V], active bool [B], bitmask int32 [B, T, ceil(V / 32)] or None (where
     ``fuses_bitmask``: the grammar's allowed tokens, fused into the walk) -> VerifyResult (device
     tensors; no host read; ``kept`` = ``accept_lens`` with finished sequences masked to 0).
     ``generator`` lives on the logits' device: the uniforms are drawn there."""
-    if bitmask is not None and not fuses_bitmask(mode):
-        raise ValueError(f"bitmask is fused into every mode but 'joint'; mode {mode!r} needs masked logits")
-    if mode == "joint":
-        result = _verify_joint(draft, logits, sampling, generator)
-        result.kept = result.accept_lens * active
-        return result
     B, T, _ = logits.shape
     uniforms = None if mode == "greedy" else torch.rand(B, T, 2, generator=generator, device=logits.device)
     draft_logits, draft_warp = _draft_rows(mode, draft, logits)
     idx, kept, bonus = verify_kept(draft.tokens, draft.parents, draft.num_nodes, logits, uniforms, active,
                                    mode=mode, sampling=sampling, draft_logits=draft_logits, draft_sampling=draft_warp,
-                                   bitmask=bitmask)
+                                   bitmask=bitmask, joint=_joint_args(mode, draft))
     return VerifyResult(accept_idx=idx, accept_lens=kept, bonus_t=bonus, logits=logits, kept=kept, bitmask=bitmask)
 
 
@@ -118,8 +106,6 @@ def _draft_rows(mode, draft, logits):
         return None, None
     if draft.draft_logits is not None:
         return draft.draft_logits, draft.draft_warp
-    if draft.draft_probs is not None:  # probability rows: their logs, warped at temperature 1
-        return draft.draft_probs.log(), _AS_IS
     # No row at all: uniform everywhere (zero logits; one row, expanded, not a [B, T, V] tensor).
     B, T, V = logits.shape
     return logits.new_zeros((1, 1, 1), dtype=torch.float32).expand(B, T, V), _AS_IS
@@ -128,53 +114,32 @@ def _draft_rows(mode, draft, logits):
 _AS_IS = SamplingConfig(1.0)  # temperature 1, no top-k / top-p: softmax of the rows
 
 
+def _joint_args(mode, draft):
+    """R6's inputs from an MJSD draft: (log_q_joint fp32 [B, T - 1], tau, the test's warp as a
+    SamplingConfig); None for other modes and for a block of roots alone (nothing to test)."""
+    if mode != "joint" or draft.log_q_joint is None:
+        return None
+    return draft.log_q_joint, float(draft.joint_tau), SamplingConfig(*draft.joint_warp)
+
+
 def verify_kept(tokens, parents, num_nodes, logits, uniforms, active, *, mode=None, sampling=None, draft_logits=None,
-                draft_sampling=None, bitmask=None):
+                draft_sampling=None, bitmask=None, joint=None):
     """The verify op on device tensors, then the accepted lengths masked by ``active``: the part of a
     step from the target's logits to what ``kv_compact`` keeps (no host read, no host data:
     ``torch.compile(fullgraph=True)``-able and CUDA-graph capturable; tests/test_decoding_graph.py).
     ``mode`` None: greedy (R1) without uniforms, else ``mss_pointmass``; ``sampling`` None: T = 1.
-
-    The mode -> op choice, in one place: greedy (R1) -> ``verify_greedy``; every sampled rule ->
-    ``verify_tree_logits``, which warps only the rows its walk reads (the target's with ``sampling``,
-    the draft's with ``draft_sampling``): no [B, T, V] probability tensor (docs/verify_logits.md).
+    The mode -> op choice is ``ops.verify_logits.verify_mode``'s (no [B, T, V] probability tensor
+    for any mode: docs/verify_logits.md).
 
     Shape: tokens int64/int32 [B, T], parents int32 [B, T], num_nodes int32 [B], logits [B, T, V],
     uniforms fp32 [B, T, 2] or None (greedy), active bool [B], draft_logits [B, T, V] or None (the
     modes in ``ops.verify.NEEDS_DRAFT``: row ``c`` = the draft's logits at ``parents[c]``),
     draft_sampling a SamplingConfig or None (= ``sampling``), bitmask int32 [B, T, ceil(V / 32)] or
-    None -> (accept_idx int32 [B, T], kept int32 [B], bonus [B])."""
+    None, joint (R6) None or (log_q_joint fp32 [B, T - 1], tau, the test's SamplingConfig) ->
+    (accept_idx int32 [B, T], kept int32 [B], bonus int32 [B])."""
     mode = mode or ("greedy" if uniforms is None else "mss_pointmass")
-    tok32 = tokens.to(torch.int32)
-    if mode == "greedy":
-        idx, lens, bonus = _kernels.verify_greedy(tok32, parents, logits, num_nodes, bitmask)
-    else:
-        idx, lens, bonus = _kernels.verify_tree_logits(tok32, parents, logits, uniforms, mode=mode, num_nodes=num_nodes,
-                                                       sampling=sampling or SamplingConfig(1.0), bitmask=bitmask,
-                                                       draft_logits=draft_logits, draft_sampling=draft_sampling)
+    idx, lens, bonus = _kernels.verify_mode(mode, tokens.to(torch.int32), parents, logits, uniforms,
+                                            num_nodes=num_nodes, sampling=sampling or SamplingConfig(1.0),
+                                            draft_logits=draft_logits, draft_sampling=draft_sampling,
+                                            bitmask=bitmask, joint=joint)
     return idx, lens * active, bonus
-
-
-def _verify_joint(draft, logits, sampling, generator):
-    # MJSD (R6): the block is a chain [r, x_1..x_g]; the joint test uses MJSD's own warp for p and q,
-    # the bonus the generation warp (argmax when greedy), at the first position after the prefix.
-    B, T, V = logits.shape
-    g = T - 1
-    dev = logits.device
-    if g == 0:
-        eta = torch.zeros(B, dtype=torch.int64, device=dev)
-    else:
-        jw = SamplingConfig(*draft.joint_warp)
-        logp = jw.warp(logits.reshape(B * T, V)).reshape(B, T, V).clamp_min(0).log()
-        uniforms = torch.rand(B, generator=generator, device=dev)
-        _, lens, _ = _kernels.verify_joint(draft.tokens[:, 1:].to(torch.int32), logp, draft.log_q_joint,
-                                           float(draft.joint_tau), uniforms)
-        # the accepted prefix ends at node eta (shorter chains of a ragged batch: at their last node)
-        eta = torch.minimum(lens.to(torch.int64) - 1, draft.num_nodes.to(torch.int64) - 1)
-    rows = logits[torch.arange(B, device=dev), eta]  # [B, V]
-    if sampling.greedy:
-        bonus = rows.argmax(-1)
-    else:
-        bonus = draw(sampling.warp(rows), generator)
-    idx = torch.arange(T, dtype=torch.int32, device=dev).expand(B, T).contiguous()
-    return VerifyResult(accept_idx=idx, accept_lens=(eta + 1).to(torch.int32), bonus_t=bonus, logits=logits)
