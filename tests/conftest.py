@@ -18,6 +18,76 @@ import torch  # (does not import triton)
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+
+def _lighter_triton_interpreter():
+    """Two pieces of repeated bookkeeping in Triton's interpreter (triton/runtime/interpreter.py,
+    3.x), skipped without changing what a kernel computes:
+
+    * every call of a @triton.jit helper from inside a kernel re-patches triton.language for the
+      interpreter (``_patch_lang``: ``inspect.getmembers`` over tl, tl.tensor and tl.math, ~0.35 ms
+      a call), although the launch around it has patched the same modules and restores them only
+      when it ends. Here a helper whose language modules the running launch has patched skips it;
+      the launch itself patches and restores as before.
+    * ``_get_np_dtype`` builds a 19-entry dict of dtypes at each of its calls (every cast, splat,
+      load and binary op); here its answers are cached per dtype.
+
+    On the interpreted verify / sampling kernels these were over half the time (the kernels run
+    thousands of helper calls per launch). Kept as is when the interpreter's layout differs (another
+    Triton version): the suite is then only slower."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    try:
+        import inspect
+
+        import triton.language as tl
+        from triton.runtime import interpreter as interp
+    except ImportError:
+        return
+    needed = ("_patch_lang", "_get_np_dtype", "GridExecutor", "_LangPatchScope")
+    if not all(hasattr(interp, n) for n in needed) or getattr(interp, "_specops_lighter", False):
+        return
+    patch_lang, np_dtype, run_grid = interp._patch_lang, interp._get_np_dtype, interp.GridExecutor.__call__
+    active = []  # per running launch: the ids of the language modules it has patched
+    langs_of = {}
+
+    def _patch_lang(fn):
+        key = langs_of.get(fn)
+        if key is None:
+            key = langs_of[fn] = frozenset(id(v) for v in fn.__globals__.values()
+                                           if inspect.ismodule(v) and v in (tl, tl.core))
+        if active and key and key <= active[-1]:
+            return interp._LangPatchScope()  # nothing to restore: the launch's patch stays
+        scope = patch_lang(fn)
+        if active:
+            active[-1] |= key
+        return scope
+
+    def _call(self, *args, **kwargs):
+        active.append(set())
+        try:
+            return run_grid(self, *args, **kwargs)
+        finally:
+            active.pop()
+
+    dtypes = {}
+
+    def _get_np_dtype(tt_dtype):
+        # The original's rule: a block type maps as its element type, every pointer to uint64.
+        if isinstance(tt_dtype, tl.block_type):
+            tt_dtype = tt_dtype.element_ty
+        if isinstance(tt_dtype, tl.pointer_type):
+            return np_dtype(tt_dtype)
+        got = dtypes.get(tt_dtype)
+        if got is None:
+            got = dtypes[tt_dtype] = np_dtype(tt_dtype)
+        return got
+
+    interp._patch_lang, interp._get_np_dtype, interp.GridExecutor.__call__ = _patch_lang, _get_np_dtype, _call
+    interp._specops_lighter = True
+
+
+_lighter_triton_interpreter()
+
 import pytest  # noqa: E402
 
 import specops  # noqa: E402
