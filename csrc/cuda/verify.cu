@@ -10,7 +10,8 @@
 // 32 bytes per row of statistics + B * nbuf * V fp32 (verify_tree's own scratch) + the split
 // plan's per-row histograms when warp_probs would use it. A grammar bitmask is read where the logit
 // is read, in both kernels (RowMask, sampling_stats.cuh): each row is warp_probs' on the masked
-// logits without a masked copy or an extra pass over them.
+// logits without a masked copy or an extra pass over them. verify_joint_logits reuses the same
+// statistics and LogitRows for R6: the test's warp and the bonus's as its two row kinds.
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -121,6 +122,20 @@ __global__ void __launch_bounds__(kThreads)
              accept_len + b, bonus + b);
 }
 
+// R6 over one sequence's chain of n nodes on one block: eta from joint_eta (every thread,
+// redundantly: g is small), the accepted prefix, then draw(eta), the bonus drawn from row eta by the
+// whole block. logp(row, x): the test's log-probability of token x in row `row`.
+template <class LogP, class Draw>
+__device__ void joint_walk(const int32_t* tokens, int32_t n, int64_t V, float log_tau, const float* lq, LogP&& logp,
+                           Draw&& draw, int32_t* accept_idx, int32_t* accept_len, int32_t* bonus) {
+  const int32_t eta = joint_eta(tokens, n, V, log_tau, lq, logp);
+  for (int32_t j = threadIdx.x; j <= eta; j += kThreads) accept_idx[j] = j;
+  if (threadIdx.x == 0) *accept_len = eta + 1;
+  const int32_t tok = draw(eta);
+  if (threadIdx.x == 0) *bonus = tok;
+}
+
+// verify_joint: the target's rows are log-probabilities; the bonus weighs det_exp of its row.
 __global__ void __launch_bounds__(kThreads)
     verify_joint_kernel(const int32_t* __restrict__ draft_tokens,  // [B, g]
                         const float* __restrict__ logprobs,        // [B, g + 1, V]
@@ -134,20 +149,54 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ Shared sh;
   const int64_t b = blockIdx.x;
   const float* rows = logprobs + b * (g + 1) * V;
-  float joint = 0.0f;
-  int32_t eta = 0;
-  for (int32_t j = 1; j <= g; ++j) {  // every thread, redundantly: g is small
-    const int32_t x = draft_tokens[b * g + j - 1];
-    joint = add_rn(joint, in_vocab(x, V) ? rows[(j - 1) * V + x] : -inf_f());
-    if (joint_pass(log_tau[b], joint, joint_q[b * g + j - 1])) eta = j;
-  }
-  for (int32_t j = threadIdx.x; j <= eta; j += kThreads) accept_idx[b * (g + 1) + j] = j;
-  if (threadIdx.x == 0) accept_len[b] = eta + 1;
-  const float* row = rows + eta * V;
-  const float scale = exp2i(S);
-  auto weight = [&](int64_t i) { return fix_weight(det_exp(row[i]), scale); };
-  const int32_t tok = block_sample(V, block_sum_weights(V, weight, sh), uniforms[b], weight, sh);
-  if (threadIdx.x == 0) bonus[b] = tok;
+  const float scale = exp2i(S), u = uniforms[b];
+  joint_walk(
+      draft_tokens + b * g, g + 1, V, log_tau[b], joint_q + b * g,
+      [&](int32_t row, int32_t x) { return rows[row * V + x]; },
+      [&](int32_t eta) {
+        const float* row = rows + eta * V;
+        auto weight = [&](int64_t i) { return fix_weight(det_exp(row[i]), scale); };
+        return block_sample(V, block_sum_weights(V, weight, sh), u, weight, sh);
+      },
+      accept_idx + b * (g + 1), accept_len + b, bonus + b);
+}
+
+// verify_joint_logits: the rows are logits, read through LogitRows with two row kinds over the
+// same logits, the test's warp (kTarget: one probability per row, det_log of it) and the bonus's
+// (kDraft: row eta's warped values for the draw), each from warp_row_stats' statistics.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kThreads)
+    verify_joint_logits_kernel(const int32_t* __restrict__ draft_tokens,  // [B, g]
+                               const scalar_t* __restrict__ logits,       // [B, g + 1, V]
+                               const WarpRowStats* __restrict__ stats,    // [2, B * (g + 1)] test, bonus
+                               const float* __restrict__ temperature,     // [2, B * (g + 1)] test, bonus
+                               const float* __restrict__ joint_q,         // [B, g]
+                               const float* __restrict__ log_tau,         // [B]
+                               const float* __restrict__ uniforms,        // [B]
+                               const int32_t* __restrict__ num_nodes,     // [B]
+                               int32_t* __restrict__ accept_idx,          // [B, g + 1]
+                               int32_t* __restrict__ accept_len,          // [B]
+                               int32_t* __restrict__ bonus,               // [B]
+                               int32_t g, int64_t V, int32_t S) {
+  __shared__ Shared sh;
+  const int32_t T = g + 1;
+  const int64_t b = blockIdx.x, N = static_cast<int64_t>(gridDim.x) * T;
+  const scalar_t* x = logits + b * T * V;
+  const LogitRows<scalar_t> rows{x, x, {stats + b * T, stats + N + b * T},
+                                 {temperature + b * T, temperature + N + b * T}, RowMask{}, RowMask{}, V};
+  const float scale = exp2i(S), u = uniforms[b];
+  joint_walk(
+      draft_tokens + b * g, valid_nodes(num_nodes[b], T), V, log_tau[b], joint_q + b * g,
+      [&](int32_t row, int32_t tok) {
+        return det_log(rows.with_row(Vec::target(row), [&](auto p) { return p(tok); }));
+      },
+      [&](int32_t eta) {
+        return rows.with_row(Vec::draft(eta), [&](auto p) {
+          auto weight = [&](int64_t i) { return fix_weight(p(i), scale); };
+          return block_sample(V, block_sum_weights(V, weight, sh), u, weight, sh);
+        });
+      },
+      accept_idx + b * T, accept_len + b, bonus + b);
 }
 
 int32_t parse_mode(const std::string& mode) {
@@ -367,11 +416,78 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_cuda(const at::Tenso
   return {accept_idx, accept_len, bonus};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_logits_cuda(
+    const at::Tensor& draft_tokens,          // [B, g] int32
+    const at::Tensor& target_logits,         // [B, g + 1, V] fp32/bf16/fp16
+    const at::Tensor& draft_joint_logprobs,  // [B, g] fp32
+    const at::Tensor& log_tau,               // [B] fp32
+    const at::Tensor& uniforms,              // [B] fp32
+    const at::Tensor& temperature,           // [B * (g + 1)] fp32
+    const at::Tensor& top_k,                 // [B * (g + 1)] int32
+    const at::Tensor& top_p,                 // [B * (g + 1)] fp32
+    const at::Tensor& bonus_temperature,     // [B * (g + 1)] fp32
+    const at::Tensor& bonus_top_k,           // [B * (g + 1)] int32
+    const at::Tensor& bonus_top_p,           // [B * (g + 1)] fp32
+    const at::Tensor& num_nodes) {           // [B] int32
+  SPECOPS_CHECK_DTYPE(draft_tokens, at::kInt);
+  SPECOPS_CHECK_DTYPE(draft_joint_logprobs, at::kFloat);
+  SPECOPS_CHECK_DTYPE(log_tau, at::kFloat);
+  SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
+  SPECOPS_CHECK_DTYPE(num_nodes, at::kInt);
+  SPECOPS_CHECK_DIM(draft_tokens, 2);
+  SPECOPS_CHECK_DIM(target_logits, 3);
+  const int64_t B = draft_tokens.size(0), g = draft_tokens.size(1), T = g + 1, V = target_logits.size(2), N = B * T;
+  TORCH_CHECK_VALUE(target_logits.size(0) == B && target_logits.size(1) == T && V >= 1,
+                    "verify_joint_logits: target_logits must have shape [B, g + 1, V]");
+  TORCH_CHECK_VALUE(V <= 2147483647, "verify_joint_logits: V must be <= 2^31 - 1 (int32 token indices), got ", V);
+  TORCH_CHECK_VALUE(draft_joint_logprobs.sizes() == draft_tokens.sizes(),
+                    "verify_joint_logits: draft_joint_logprobs must have shape [B, g]");
+  TORCH_CHECK_VALUE(log_tau.numel() == B && uniforms.numel() == B && num_nodes.numel() == B,
+                    "verify_joint_logits: log_tau, uniforms and num_nodes must have shape [B]");
+  const at::Tensor* params[6] = {&temperature, &top_k, &top_p, &bonus_temperature, &bonus_top_k, &bonus_top_p};
+  for (int i = 0; i < 6; ++i) {
+    TORCH_CHECK_VALUE(params[i]->scalar_type() == (i % 3 == 1 ? at::kInt : at::kFloat) && params[i]->dim() == 1 &&
+                          params[i]->size(0) == N && SPECOPS_ON_GPU(*params[i]),
+                      "verify_joint_logits: warping parameters must be [B * (g + 1)] fp32 / int32 / fp32 "
+                      SPECOPS_GPU_NAME " tensors");
+  }
+  TORCH_CHECK_VALUE(SPECOPS_ON_GPU(draft_tokens) && SPECOPS_ON_GPU(target_logits) &&
+                        SPECOPS_ON_GPU(draft_joint_logprobs) && SPECOPS_ON_GPU(log_tau) && SPECOPS_ON_GPU(uniforms) &&
+                        SPECOPS_ON_GPU(num_nodes),
+                    "verify_joint_logits: " SPECOPS_GPU_NAME " tensors expected");
+  const gpu::DeviceGuard guard(draft_tokens.device());
+  auto [accept_idx, accept_len, bonus] = outputs(draft_tokens, B, T);
+  if (B == 0) return {accept_idx, accept_len, bonus};
+  auto x = target_logits.contiguous();
+  // Row statistics with warp_probs' own plan: the test's warp, then the bonus's (each N rows, as
+  // the two warp_probs calls of the composition).
+  auto stats = at::empty({2, N, 4}, draft_tokens.options());
+  auto* st = reinterpret_cast<WarpRowStats*>(stats.data_ptr<int32_t>());
+  auto temps = at::stack({temperature, bonus_temperature}).contiguous();
+  warp_row_stats(x.view({N, V}), temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), st);
+  warp_row_stats(x.view({N, V}), bonus_temperature.contiguous(), bonus_top_k.contiguous(), bonus_top_p.contiguous(),
+                 st + N);
+  auto tok = draft_tokens.contiguous();
+  auto lq = draft_joint_logprobs.contiguous();
+  auto lt = log_tau.contiguous();
+  auto un = uniforms.contiguous();
+  auto nn = num_nodes.contiguous();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "verify_joint_logits_cuda", [&] {
+    SPECOPS_LAUNCH(B, kThreads, 0, gpu::current_stream(), verify_joint_logits_kernel<scalar_t>)(
+        tok.data_ptr<int32_t>(), x.data_ptr<scalar_t>(), st, temps.data_ptr<float>(), lq.data_ptr<float>(),
+        lt.data_ptr<float>(), un.data_ptr<float>(), nn.data_ptr<int32_t>(), accept_idx.data_ptr<int32_t>(),
+        accept_len.data_ptr<int32_t>(), bonus.data_ptr<int32_t>(), static_cast<int32_t>(g), V, fix_shift(V));
+  });
+  SPECOPS_LAUNCH_CHECK();
+  return {accept_idx, accept_len, bonus};
+}
+
 }  // namespace cuda
 }  // namespace verify
 }  // namespace specops
 
 SPECOPS_GPU_IMPL(m) {
+  m.impl("verify_joint_logits", &specops::verify::cuda::verify_joint_logits_cuda);
   m.impl("verify_greedy", &specops::verify::cuda::verify_greedy_cuda);
   m.impl("verify_tree", &specops::verify::cuda::verify_tree_cuda);
   m.impl("verify_tree_logits", &specops::verify::cuda::verify_tree_logits_cuda);
