@@ -78,7 +78,8 @@ def test_equals_the_composition(backend, device, mode, setting, shape):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("mode", MODES)
 def test_low_precision_logits(backend, device, mode, dtype):
-    c, X, Y = case(3, 8, 129, 11, device=device, dtype=dtype)
+    B, T = (2, 6) if backend in SLOW else (3, 8)  # interpreted: half the rows, a ragged batch still
+    c, X, Y = case(B, T, 129, 11, device=device, dtype=dtype)
     check(backend, c, mode, X, Y, 0.9, 7, 0.85, dt=1.1, dk=0, dp=0.95)
 
 
@@ -101,7 +102,8 @@ def test_per_row_parameters_with_a_greedy_row(backend, device, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_ties_at_the_top_k_and_top_p_boundaries(backend, device, mode):
     # Logits on a coarse grid: many tokens share the k-th value and the top-p crossing value.
-    c, X, Y = case(3, 8, 41, 14, device=device)
+    B, T = (2, 6) if backend in SLOW else (3, 8)  # interpreted: half the rows, a ragged batch still
+    c, X, Y = case(B, T, 41, 14, device=device)
     X, Y = (torch.round(v / 2).clamp(-3, 3) for v in (X, Y))
     for k, p in ((5, 1.0), (0, 0.6), (3, 0.5), (8, 0.97)):
         check(backend, c, mode, X, Y, 1.0, k, p, dt=1.0, dk=k, dp=p)
@@ -109,7 +111,8 @@ def test_ties_at_the_top_k_and_top_p_boundaries(backend, device, mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_minus_inf_logits_and_top_p_keeping_one_token(backend, device, mode):
-    c, X, Y = case(3, 8, 37, 15, device=device)
+    B, T = (2, 6) if backend in SLOW else (3, 8)  # interpreted: half the rows, a ragged batch still
+    c, X, Y = case(B, T, 37, 15, device=device)
     g = torch.Generator().manual_seed(5)
     X = X.masked_fill(torch.rand(X.shape, generator=g).to(device) < 0.4, float("-inf"))
     Y = Y.masked_fill(torch.rand(Y.shape, generator=g).to(device) < 0.4, float("-inf"))
