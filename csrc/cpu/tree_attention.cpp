@@ -7,7 +7,8 @@
 // (tests use it to run every variant on one machine).
 //
 // tree_attention_paged runs the same kernel on a paged cache ([num_pages, page_size, Hkv, D] and a
-// page table): the kernel addresses K/V rows only through ta::kv_row_offset.
+// page table): the kernel addresses K/V rows only through ta::kv_row_offset, and copies fp32 paged
+// rows into its packed tiles (kernel.h, `visit`).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
