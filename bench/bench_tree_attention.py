@@ -24,9 +24,19 @@ Masks of the baselines are built once outside the timing (a model builds one per
 FLOP counts are dense: 4 * B * Hq * Tq * (prefix + tree) * D.
 
     python bench/bench_tree_attention.py [--quick] [--providers cpp,sdpa_gqa]
+    python bench/bench_tree_attention.py --paged-ratio [--quick] [--repeats N]
     pytest bench/bench_tree_attention.py --benchmark-only
+
+``--paged-ratio``: cpp ``tree_attention_paged`` against cpp ``tree_attention`` on the same K/V
+(pages of 16, scattered), the two timed interleaved (one sample of each in turn, medians of the
+samples), at the decode shape (B 1, H 32/8, D 128, prefix 4096, tree 16, fp32; issue #31's target:
+>= 0.9x) and over the grid (>= 0.8x); prints a table, the load average and the lowest ratio.
 """
 import math
+import os
+import statistics
+import sys
+import time
 import types
 
 import pytest
@@ -39,7 +49,7 @@ from specops.ops.tree_attention import visibility
 from specops.testing import random_parents, to_pages
 
 import roofline
-from _harness import main, pytest_benchmark
+from _harness import case_label, main, pytest_benchmark
 
 PROVIDERS = ("torch", "hf_sdpa", "sdpa_gqa", "flex_attention", "cpp", "paged", "triton", "cuda", "flashinfer",
              "flash_attn")
@@ -106,11 +116,7 @@ def _providers(rec, params, args):
             if not ok:
                 rec.skip(provider, params, why)
                 continue
-            # Same permutation for K and V (equal seeds): one page table.
-            kp, table = to_pages(k, PAGE_SIZE, generator=torch.Generator().manual_seed(0), fill=0.0)
-            vp, _ = to_pages(v, PAGE_SIZE, generator=torch.Generator().manual_seed(0), fill=0.0)
-            fn = lambda kp=kp, vp=vp, t=table: specops.tree_attention_paged(  # noqa: E731
-                q, kp, vp, t, prefix_lens, block_lens, packed, check=False, backend="cpp")
+            fn = _paged_fn(args)
         elif provider == "flex_attention":
             fn, reason = _flex_attention(qt, k, v, vis, args)
             if reason:
@@ -136,6 +142,60 @@ def _providers(rec, params, args):
             fn = lambda p=provider: specops.tree_attention(*args, check=False, backend=p)  # noqa: E731
         out.append((provider, fn))
     return out
+
+
+def _paged_fn(args):
+    """cpp tree_attention_paged over the K/V of ``args`` (inputs()) in pages of PAGE_SIZE rows,
+    scattered in a random order (the same permutation for K and V: one page table)."""
+    q, k, v, prefix_lens, block_lens, packed = args
+    kp, table = to_pages(k, PAGE_SIZE, generator=torch.Generator().manual_seed(0), fill=0.0)
+    vp, _ = to_pages(v, PAGE_SIZE, generator=torch.Generator().manual_seed(0), fill=0.0)
+    return lambda: specops.tree_attention_paged(q, kp, vp, table, prefix_lens, block_lens, packed, check=False,
+                                                backend="cpp")
+
+
+DECODE = dict(Hq=32, Hkv=8, D=128, prefix=4096, tree=16, B=1, dtype="fp32", mask="tree")
+
+
+def paged_ratio(cases, repeats=15, sample_s=0.02):
+    """Contiguous / paged time of cpp tree_attention per case, timed interleaved: each sample runs
+    one fn enough calls to last ~``sample_s``, contiguous and paged alternate, ``repeats`` samples
+    each. -> [(params, contiguous ms, paged ms, ratio of the medians)]."""
+    rows = []
+    for params in cases:
+        args = inputs(**params, device="cpu")
+        fns = (lambda: specops.tree_attention(*args, check=False, backend="cpp"), _paged_fn(args))
+        for fn in fns * 2:  # warm-up
+            fn()
+        t0 = time.perf_counter()
+        fns[0]()
+        inner = max(1, int(sample_s / max(time.perf_counter() - t0, 1e-6)))
+        times = ([], [])
+        for _ in range(repeats):
+            for fn, out in zip(fns, times):
+                t0 = time.perf_counter()
+                for _ in range(inner):
+                    fn()
+                out.append((time.perf_counter() - t0) / inner * 1e3)
+        c, p = statistics.median(times[0]), statistics.median(times[1])
+        rows.append((params, c, p, c / p))
+        print(f"{case_label(params):60s} contiguous {c:9.3f} ms  paged {p:9.3f} ms  {c / p:.3f}x", flush=True)
+    return rows
+
+
+def _paged_ratio_main(argv):
+    quick, repeats = "--quick" in argv, 15
+    if "--repeats" in argv:
+        repeats = int(argv[argv.index("--repeats") + 1])
+    ok, why = _backend.available("cpp", "cpu")
+    if not ok:
+        sys.exit(f"cpp backend unavailable: {why}")
+    print(f"specops {specops.__file__}, threads {torch.get_num_threads()}, load average {os.getloadavg()}")
+    decode = paged_ratio([DECODE], repeats)[0][3]
+    grid = paged_ratio([c for c in _cases(quick) if c != DECODE], repeats)
+    low = min(grid, key=lambda r: r[3])
+    print(f"decode shape: {decode:.3f}x contiguous (target >= 0.9); lowest in the grid: {low[3]:.3f}x at "
+          f"{case_label(low[0])} (target >= 0.8); load average {os.getloadavg()}")
 
 
 _FLEX = {}  # the torch.compile'd flex_attention, shared by every case (compiled per shape on first use)
@@ -249,4 +309,7 @@ def test_tree_attention(benchmark, provider, params):
 
 
 if __name__ == "__main__":
-    main("tree_attention", measure)
+    if "--paged-ratio" in sys.argv:
+        _paged_ratio_main(sys.argv[1:])
+    else:
+        main("tree_attention", measure)
