@@ -130,6 +130,32 @@ def test_feature_draft_compiled_is_lossless():
     assert m.num_accepted_tokens > 0
 
 
+def test_a_new_decoder_loads_the_saved_graph_instead_of_compiling(tmp_path, monkeypatch, capfd):
+    # A graph is compiled ahead of time and saved under the specops cache; a decoder with nothing in
+    # memory (as in a new process) loads it from there and decodes the same tokens.
+    monkeypatch.setenv("SPECOPS_CACHE", str(tmp_path))
+    model = tiny_causal_lm("llama", seed=7)
+    prompts = [[5, 9, 33, 4], [8, 100, 3, 4, 5, 6]]
+    kw = dict(method="ar", max_new_tokens=6, eos_token_id=[])
+    ref, _ = generate(model, prompts, **kw)
+    first, _ = generate(model, prompts, compile=True, **kw)
+    saved = sorted((tmp_path / "compiled").glob("*.aot"))
+    assert len(saved) == 1, saved  # the one-row graph
+    assert "compiled and saved to" in capfd.readouterr().err
+    compiled.release(model)
+    again, _ = generate(model, prompts, compile=True, **kw)
+    assert f"loaded from {saved[0]}" in capfd.readouterr().err
+    assert sorted((tmp_path / "compiled").glob("*.aot")) == saved
+    assert torch.equal(first, ref) and torch.equal(again, ref)
+    # a corrupt file is compiled again (and replaced), not trusted
+    saved[0].write_bytes(b"not a graph")
+    compiled.release(model)
+    third, _ = generate(model, prompts, compile=True, **kw)
+    err = capfd.readouterr().err
+    assert "could not load" in err and "compiled and saved to" in err
+    assert torch.equal(third, ref)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs)")
 def test_cuda_graphs_ar_and_sd_match_eager():
     # mode="reduce-overhead": CUDA graphs over the cache buffers (marked dynamic, updated in place).

@@ -8,7 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 import specops
 from specops import backend as _backend
 from specops.engine import ModelRunner
-from specops.engine.linear import use_specops_linear
+from specops.engine.linear import SpecopsLinear, use_specops_linear
 
 needs_cpp = pytest.mark.skipif(not _backend.available("cpp")[0], reason="the CPU extension is not built")
 
@@ -21,11 +21,11 @@ def tiny(dtype):
 
 
 def linears(model):
-    return [m for m in model.modules() if type(m) is torch.nn.Linear]
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
 
 
 def routed(module):
-    return "forward" in vars(module)  # an instance forward shadows the class's
+    return isinstance(module, SpecopsLinear)  # the module's class swapped for the routing subclass
 
 
 @needs_cpp

@@ -26,6 +26,9 @@ dynamo graphs live there, and inductor's on-disk caches (FX graph and AOTAutogra
 ``<specops cache>/inductor`` unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise) make a later process
 skip code generation. The cache's row count is marked dynamic, so caches of any length share a graph.
 """
+import functools
+import hashlib
+import inspect
 import os
 import sys
 import time
@@ -111,6 +114,20 @@ def release(model):
     _DECODERS.pop(model, None)
 
 
+class _Decoder:
+    """The function the graphs compile, bound to this object alone: a saved graph's guards pickle what
+    its ``self`` holds (modules by reference), which must not be the decoder's table of graphs."""
+
+    def __init__(self, model, decoder):
+        self.model, self.decoder = model, decoder
+
+    def forward(self, ids, positions, mask, block, feats):
+        kw = {"position_ids": positions, "attention_mask": mask, "use_cache": False, BLOCK_KW: block}
+        if feats is not None:  # a feature (EAGLE-style) draft: its own input layer before the decoder
+            return self.model.hidden(ids, feats, **kw)[0]
+        return self.decoder(input_ids=ids, **kw).last_hidden_state
+
+
 class CompiledDecoder:
     """``model``'s decoder (up to the final norm) under torch.compile, shared by every runner of the
     model in this process.
@@ -124,7 +141,7 @@ class CompiledDecoder:
         set_cache_dir()
         cfg = torch._dynamo.config
         # One graph per (model, bucket, mask width, batch, layout, grad mode), all of them entries of
-        # the one code object _forward: a process that decodes with a target and a draft, both layouts
+        # the one code object _Decoder.forward: a process that decodes with a target and a draft, both layouts
         # and every bucket passed 64 (bench/batch_invariant.py: a hard failure under fullgraph=True).
         cfg.recompile_limit = max(cfg.recompile_limit, 1024)
         cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 8192)
@@ -135,11 +152,24 @@ class CompiledDecoder:
         self.mode = mode
         self.cudagraphs = mode == "reduce-overhead"
         self.name = getattr(model, "specops_name", None) or type(model).__name__
-        self._fn = torch.compile(self._forward, fullgraph=True, dynamic=False,
-                                 **({"options": cpu_options()} if mode == "default" and _on_cpu(model)
-                                    else {} if mode == "default" else {"mode": mode}))
+        self.options = ({"options": cpu_options()} if mode == "default" and _on_cpu(model)
+                        else {} if mode == "default" else {"mode": mode})
+        self._step = _Decoder(model, self.decoder)
+        self._fn = torch.compile(self._step.forward, fullgraph=True, dynamic=False, **self.options)
+        # The same function compiled ahead of time (saved to and loaded from disk: _saved_graph). Guards on
+        # object identities cannot be saved: those are left to the graph's key (model, batch, layout,
+        # modes), which names the file.
+        # (Only under the default mode: torch.compile takes a mode or options, not both.)
+        if mode == "default":
+            options = dict(self.options.get("options", {}), guard_filter_fn=_saveable_guards)
+            with torch._dynamo.config.patch(enable_aot_compile=True):
+                self._aot_fn = torch.compile(self._step.forward, fullgraph=True, options=options)
         self.compile_s = {}
         self._seen = set()  # (key, grad mode, inference mode) of every graph that ran
+        self._saved = {} if mode == "default" else None  # seen -> graph loaded from / saved to disk
+        self._checked = {}  # (seen, cache storage) -> its saved graph, once its input signature matched
+        self._model_digest = None  # saved_path's digest of the model, the code and the options
+        self._unsaved = set()  # seen keys that cannot be compiled ahead of time (dynamo's cache runs them)
         self._caches = {}  # (batch, layout, page size, dtype) -> (cache, weakref to the runner using it)
 
     def cache_for(self, runner, make, rows, key):
@@ -156,12 +186,6 @@ class CompiledDecoder:
             cache = make(rows)
         self._caches[key] = (cache, weakref.ref(runner))
         return cache
-
-    def _forward(self, ids, positions, mask, block, feats):
-        kw = {"position_ids": positions, "attention_mask": mask, "use_cache": False, BLOCK_KW: block}
-        if feats is not None:  # a feature (EAGLE-style) draft: its own input layer before the decoder
-            return self.model.hidden(ids, feats, **kw)[0]
-        return self.decoder(input_ids=ids, **kw).last_hidden_state
 
     def __call__(self, key, ids, positions, mask, block, feats=None):
         """Runs the graph of ``key`` (bucket first). Shape: ids, positions int64 [B, Tb]; mask int32
@@ -182,7 +206,7 @@ class CompiledDecoder:
             # of inductor's fusion choices, which differ between buckets: without it a block's rows
             # and AR's one-row steps round differently and the batch-invariant mode is not exact.
             with inductor_config.patch(emulate_precision_casts=True):
-                hidden = self._run(seen in self._seen, ids, positions, mask, block, feats)
+                hidden, how = self._run(seen, ids, positions, mask, block, feats)
             dt = time.perf_counter() - t0
             self._seen.add(seen)
             if self.cudagraphs:  # a replay overwrites its outputs: keep ours
@@ -190,10 +214,11 @@ class CompiledDecoder:
         finally:
             self._restore_hooks(hooks)
         # Whether this call compiled is dynamo's word (a new grad mode, say, also compiles a graph).
-        first = _graph_count() != graphs
+        first = how is not None or _graph_count() != graphs
         if first:
             self.compile_s[key] = self.compile_s.get(key, 0.0) + dt
-            print(f"specops: compiled in {dt:.1f} s", file=sys.stderr, flush=True)
+            print(f"specops: {how or 'compiled'} in {dt:.1f} s",
+                  file=sys.stderr, flush=True)
         else:
             if key not in self.compile_s:  # dynamo's graph of another model of the same architecture
                 print("specops: reused a compiled graph", file=sys.stderr, flush=True)
@@ -205,20 +230,88 @@ class CompiledDecoder:
             hidden = hidden if res is None else res
         return hidden, (dt if first else 0.0)
 
-    def _run(self, warm, *args):
-        """Once a graph ran for this key and grad mode (``warm``), only the guards that tell the code
-        object's graphs apart are evaluated (~280 parameter guards cost ~3 ms a step). An input that
-        needs another graph all the same (say, a tensor made outside inference mode where the graph
-        saw inference tensors) makes dynamo refuse before running anything: then the full guards
-        choose or compile the graph."""
-        if warm:
+    def _run(self, seen, *args):
+        """Runs the graph of ``seen`` (key, grad mode, inference mode) -> (hidden, what this call did to
+        get the graph from disk: "loaded from <file>", "compiled and saved to <file>", else None).
+
+        Under the default mode a graph is compiled ahead of time (``aot_compile``) and saved under the
+        specops cache (:meth:`saved_path`), so a later process loads it instead of tracing the model
+        again. The file's name is the graph's guard: it digests the model, the code and every input's
+        dtype, device and static sizes (:func:`_signature`), checked once per (key, cache storage).
+        dynamo's own guards are not run: the ~280 parameter guards cost ~3 ms a step, and those on
+        identities cannot be saved. Under other modes, or when a graph cannot be saved, dynamo's cache
+        runs it: once warm, only the guards that tell the code object's graphs apart are evaluated. An
+        input that needs another graph all the same (say, a tensor made outside inference mode where the
+        graph saw inference tensors) makes dynamo refuse before running anything: then the full guards
+        choose or compile."""
+        if self._saved is not None and seen not in self._unsaved:
+            token = (seen, args[3].k_store.untyped_storage().data_ptr())
+            graph, how = self._checked.get(token), None
+            if graph is None:
+                sig = _signature(args)
+                graph = self._saved.get((seen, sig))
+                if graph is None:
+                    graph, how = self._saved_graph(seen, sig, args)
+            if graph is not None:
+                self._checked[token] = graph
+                return graph(self._step, *args), how
+        if seen in self._seen:
             try:
                 with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-                    return self._fn(*args)
+                    return self._fn(*args), None
             except RuntimeError as e:
                 if "skip_guard_eval_unsafe" not in str(e):
                     raise
-        return self._fn(*args)
+        return self._fn(*args), None
+
+    def saved_path(self, seen, sig):
+        """The file of the graph ``seen`` for inputs of signature ``sig`` in the specops cache: named by a
+        digest of everything the graph depends on (the model's class, config and parameters' shapes,
+        dtypes and devices, the sources of specops' engine and ops and of the model's module, torch's
+        version, the CPU's vector ISA, the compile options, the key, modes and input signature)."""
+        if self._model_digest is None:
+            cfg = getattr(self.model, "config", None)
+            params = [(n, tuple(p.shape), str(p.dtype), p.device.type) for n, p in self.model.named_parameters()]
+            h = hashlib.sha256()
+            for part in (torch.__version__, _source_digest(type(self.decoder)), type(self.model).__qualname__,
+                         cfg.to_json_string() if hasattr(cfg, "to_json_string") else repr(cfg), repr(params),
+                         self.mode, repr(self.options), str(torch.backends.cpu.get_cpu_capability())):
+                h.update(part.encode() + b"\0")
+            self._model_digest = h.hexdigest()
+        h = hashlib.sha256(f"{self._model_digest}\0{seen!r}\0{sig!r}".encode())
+        return os.path.join(models.cache_dir(), "compiled", f"{self.name}-{h.hexdigest()[:24]}.aot")
+
+    def _saved_graph(self, seen, sig, args):
+        """(graph, how): the graph loaded from :meth:`saved_path`, else compiled ahead of time and saved
+        there; (None, None) when it cannot be compiled that way (dynamo's cache runs it instead)."""
+        path = self.saved_path(seen, sig)
+        graph, how = None, f"loaded from {path}"
+        if os.path.exists(path):
+            try:
+                with open(path, "rb") as f:
+                    graph = torch.compiler.load_compiled_function(f)
+            except Exception as e:  # a truncated file, say: compile it again
+                print(f"specops: could not load {path} ({type(e).__name__}: {e}); compiling again",
+                      file=sys.stderr, flush=True)
+                graph = None
+        if graph is None:
+            try:
+                graph = self._aot_fn.aot_compile((args, {}))
+            except Exception as e:
+                print(f"specops: this graph cannot be compiled ahead of time ({type(e).__name__}: {e}); "
+                      "compiling it for this process only", file=sys.stderr, flush=True)
+                self._unsaved.add(seen)
+                return None, None
+            how = f"compiled and saved to {path}"
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                graph.save_compiled_function(path)
+            except Exception as e:
+                print(f"specops: could not save the compiled graph to {path} ({type(e).__name__}: {e})",
+                      file=sys.stderr, flush=True)
+        graph.disable_guard_check()  # the file's name is the guard (saved_path)
+        self._saved[(seen, sig)] = graph
+        return graph, how
 
     def _stash_hooks(self):
         if self.norm is None or not self.norm._forward_hooks:
@@ -346,3 +439,38 @@ def _uses_window(cfg):
         return False
     types = getattr(cfg, "layer_types", None)
     return types is None or "sliding_attention" in types
+
+
+@functools.lru_cache(maxsize=None)
+def _source_digest(decoder_type):
+    """A digest of the code a graph traces: specops' engine and ops sources and the model's module."""
+    h = hashlib.sha256()
+    here = os.path.dirname(os.path.abspath(__file__))
+    files = [os.path.join(d, f) for d in (here, os.path.join(here, "..", "ops"))
+             for f in sorted(os.listdir(d)) if f.endswith(".py")]
+    for path in files + [inspect.getfile(decoder_type)]:
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def _signature(args):
+    """What a saved graph assumes of its inputs: every tensor's dtype, device and sizes (-1 for the
+    dimensions marked dynamic), and the other values (the block's kernel by name, flags)."""
+    out = []
+    for a in args[:3] + tuple(args[3]) + args[4:]:
+        if isinstance(a, torch.Tensor):
+            dyn = getattr(a, "_dynamo_dynamic_indices", ())
+            out.append((str(a.dtype), a.device.type, tuple(-1 if d in dyn else n for d, n in enumerate(a.shape))))
+        elif callable(a):
+            out.append(f"{a.__module__}.{a.__qualname__}")
+        else:
+            out.append(repr(a))
+    return tuple(out)
+
+
+def _saveable_guards(entries):
+    """Keeps the guards a saved graph can carry: not those on globals or on object identities."""
+    bad = torch._dynamo.guards.CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+    return [not (e.is_global or e.guard_type in bad or any(t in bad for t in e.derived_guard_types))
+            for e in entries]

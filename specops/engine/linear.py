@@ -8,27 +8,33 @@ reduction order whatever the block size. The modules call the registered op dire
 checks of :func:`specops.linear` hold for a module's weight once, at patch time, and a per-call
 Python check would cost more than a small projection (211 calls per token for SmolLM2).
 """
-import types
-
 import torch
 
 from .. import _ext
 from ..ops.linear import DTYPES, cpu_kernel
 
-_ORIGINAL = "_specops_torch_forward"  # set while a module computes through specops.linear
+class SpecopsLinear(torch.nn.Linear):
+    """An ``nn.Linear`` computing every call through specops.linear. A patched module's class is
+    swapped to this subclass (and back by the undo): an instance-bound ``forward`` would be a closure
+    a saved compiled graph cannot carry."""
+
+    def forward(self, x):  # x [..., K] -> [..., N]
+        if x.dtype != self.weight.dtype:  # a mixed-precision caller: torch's promotion rules
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+        y = cpu_kernel(x.reshape(-1, x.shape[-1]), self.weight, self.bias)  # [M, N]
+        return y.view(*x.shape[:-1], y.shape[-1])
 
 
-def _forward(self, x):  # x [..., K] -> [..., N]: every call through specops.linear
-    if x.dtype != self.weight.dtype:  # a mixed-precision caller: torch's promotion rules
-        return torch.nn.functional.linear(x, self.weight, self.bias)
-    y = cpu_kernel(x.reshape(-1, x.shape[-1]), self.weight, self.bias)  # [M, N]
-    return y.view(*x.shape[:-1], y.shape[-1])
+class SpecopsBlockLinear(SpecopsLinear):
+    """One row through torch, blocks (and prompts) through specops.linear."""
+
+    def forward(self, x):
+        if x.numel() == x.shape[-1]:
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+        return super().forward(x)
 
 
-def _forward_blocks(self, x):  # one row through torch, blocks (and prompts) through specops.linear
-    if x.numel() == x.shape[-1]:
-        return torch.nn.functional.linear(x, self.weight, self.bias)
-    return _forward(self, x)
+_CLASSES = (torch.nn.Linear, SpecopsLinear, SpecopsBlockLinear)
 
 
 def eligible(model):
@@ -58,7 +64,7 @@ def _patchable(module):
     """A plain nn.Linear with a dense CPU weight the op takes (quantized, subclassed or DTensor (TP)
     layers are left alone)."""
     w = module.weight
-    return (type(module) is torch.nn.Linear and w.dtype in DTYPES and w.device.type == "cpu" and w.stride(-1) == 1
+    return (type(module) in _CLASSES and w.dtype in DTYPES and w.device.type == "cpu" and w.stride(-1) == 1
             and type(w.data) is torch.Tensor)
 
 
@@ -69,18 +75,16 @@ def use_specops_linear(model, *, one_row=True):
     (an AR step) to torch: streaming a weight from memory for a single row, both run at the same
     bandwidth (11.2 vs 11.5 GB/s over SmolLM2's weights, docs/batch_invariance.md), and torch's call
     is the cheaper one from Python; the batch-invariant mode needs every row through the op."""
-    forward = _forward if one_row else _forward_blocks
+    cls = SpecopsLinear if one_row else SpecopsBlockLinear
     patched = []
     for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and _patchable(module) and not hasattr(module, _ORIGINAL):
-            setattr(module, _ORIGINAL, True)
-            module.forward = types.MethodType(forward, module)
+        if type(module) is torch.nn.Linear and _patchable(module):
+            module.__class__ = cls
             patched.append(module)
 
     def undo():
         for module in patched:
-            del module.forward  # the class's forward again
-            delattr(module, _ORIGINAL)
+            module.__class__ = torch.nn.Linear
         patched.clear()
 
     return undo
