@@ -342,6 +342,10 @@ def op_cases():
     lq = -torch.rand(2, 5, generator=g).cumsum(-1)
     uj = torch.rand(2, generator=g)
     cases["verify_joint"] = lambda: specops.verify_joint(tokens, lp, lq, 0.3, uj, backend="cudasim")
+    jl = torch.randn(2, 6, 601, generator=g)
+    cases["verify_joint_logits"] = lambda: specops.verify_joint_logits(
+        tokens, jl, lq, 0.3, uj, temperature=0.8, top_k=40, top_p=0.9, bonus_temperature=0.7,
+        num_nodes=torch.tensor([6, 4], dtype=torch.int32), backend="cudasim")
     for mode in specops.ops.verify.MODES:
         cases[f"verify_tree[{mode}]"] = (lambda m: lambda: specops.verify_tree(
             c["tokens"], c["parents"], c["target_probs"], c["uniforms"], draft_probs=c["draft_probs"], mode=m,

@@ -163,7 +163,10 @@ class CompiledDecoder:
         if mode == "default":
             options = dict(self.options.get("options", {}), guard_filter_fn=_saveable_guards)
             with torch._dynamo.config.patch(enable_aot_compile=True):
-                self._aot_fn = torch.compile(self._step.forward, fullgraph=True, options=options)
+                # dynamic=False as for _fn: only the dimensions marked dynamic are symbols. (Automatic
+                # dynamism would carry what other models' graphs of this code object saw into this one,
+                # e.g. a float made an input, which aot_compile cannot trace.)
+                self._aot_fn = torch.compile(self._step.forward, fullgraph=True, dynamic=False, options=options)
         self.compile_s = {}
         self._seen = set()  # (key, grad mode, inference mode) of every graph that ran
         self._saved = {} if mode == "default" else None  # seen -> graph loaded from / saved to disk
