@@ -149,12 +149,12 @@ def test_det_log_is_within_an_ulp_of_log():
 
 def test_torch_reference_warps_rows_one_at_a_time():
     calls = []
-    real = verify_logits._warp_probs_torch
-    verify_logits._warp_probs_torch = lambda x, *a: calls.append(tuple(x.shape)) or real(x, *a)
+    real = verify_logits.warp_probs_torch
+    verify_logits.warp_probs_torch = lambda x, *a: calls.append(tuple(x.shape)) or real(x, *a)
     try:
         run("torch", case(2, 4, 19, 6, ragged=False), 0.0, "mjsd")
     finally:
-        verify_logits._warp_probs_torch = real
+        verify_logits.warp_probs_torch = real
     assert calls and set(calls) == {(1, 19)} and len(calls) == 2 * (4 + 1)  # 4 tested rows + the bonus row
 
 

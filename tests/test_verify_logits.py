@@ -303,13 +303,13 @@ def test_torch_reference_never_builds_an_n_by_v_tensor():
 
     c, X, Y = case(1, 8, 19, 18, chain=True)
     calls = []
-    real = verify_logits._warp_probs_torch
-    verify_logits._warp_probs_torch = lambda x, *a: calls.append(x.shape) or real(x, *a)
+    real = verify_logits.warp_probs_torch
+    verify_logits.warp_probs_torch = lambda x, *a: calls.append(x.shape) or real(x, *a)
     try:
         c["tokens"][0, 1:] = int(X[0, 0].argmin())  # a token top-k 1 removes: rejected at once
         fused("torch", c, "sample_match", X, Y, 1.0, 1, 1.0)
     finally:
-        verify_logits._warp_probs_torch = real
+        verify_logits.warp_probs_torch = real
     assert calls == [(1, 19)]
 
 

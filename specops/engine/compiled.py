@@ -444,7 +444,7 @@ def _uses_window(cfg):
     return types is None or "sliding_attention" in types
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _source_digest(decoder_type):
     """A digest of the code a graph traces: specops' engine and ops sources and the model's module."""
     h = hashlib.sha256()

@@ -40,17 +40,17 @@ from .. import _ext
 from ..backend import register, register_compiled, resolve
 from . import _checks
 
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MIN_TEMPERATURE = 2.0**-126  # below it (0 and denormals) a row is greedy
 MAX_VOCAB = 2**31 - 1  # V limit of the compiled backends (int32 token indices)
 
 
-def _row_param(name, value, N, device, *, dtype, kind, check):
+def row_param(name, value, N, device, *, dtype, kind, check):
     """Turns a scalar or an [N] tensor parameter into an [N] tensor of ``dtype``.
 
     Scalars are validated here (no sync); tensor values only under ``check=True``."""
     if isinstance(value, torch.Tensor):
-        allowed = _FLOAT_DTYPES + (torch.float64,) if kind == "float" else (torch.int32, torch.int64)
+        allowed = FLOAT_DTYPES + (torch.float64,) if kind == "float" else (torch.int32, torch.int64)
         _checks.tensor(name, value, dtype=allowed, shape=(N,), device=device)
         if check:
             _check_param_values(name, value)
@@ -98,16 +98,16 @@ def warp_probs(logits, temperature, top_k=0, top_p=1.0, *, check=True, backend=N
     (one host sync); ``check=False`` skips those value checks. Limit: ``V <= 2**31 - 1``
     (``MAX_VOCAB``) on the cpp, cuda and triton backends (ValueError naming V).
     """
-    _checks.tensor("logits", logits, dtype=_FLOAT_DTYPES, rank=2)
+    _checks.tensor("logits", logits, dtype=FLOAT_DTYPES, rank=2)
     N, V = logits.shape
     if V == 0:
         raise ValueError(f"logits must have at least one token (V >= 1), got shape {tuple(logits.shape)}")
     dev = logits.device
-    t = _row_param("temperature", temperature, N, dev, dtype=torch.float32, kind="float", check=check)
-    k = _row_param("top_k", top_k, N, dev, dtype=torch.int32, kind="int", check=check)
-    p = _row_param("top_p", top_p, N, dev, dtype=torch.float32, kind="float", check=check)
+    t = row_param("temperature", temperature, N, dev, dtype=torch.float32, kind="float", check=check)
+    k = row_param("top_k", top_k, N, dev, dtype=torch.int32, kind="int", check=check)
+    p = row_param("top_p", top_p, N, dev, dtype=torch.float32, kind="float", check=check)
     impl = resolve("warp_probs", dev, backend)
-    if V > MAX_VOCAB and impl is not _warp_probs_torch:  # before any pass over the logits
+    if V > MAX_VOCAB and impl is not warp_probs_torch:  # before any pass over the logits
         raise ValueError(f"logits must have V <= {MAX_VOCAB} tokens on the compiled backends (int32 token "
                          f"indices), got V={V}")
     if check and N:
@@ -128,7 +128,7 @@ def _check_logits(logits):
 
 
 @register("warp_probs", "torch")
-def _warp_probs_torch(logits, temperature, top_k, top_p):
+def warp_probs_torch(logits, temperature, top_k, top_p):
     # The spec, vectorised over rows with one sort: every threshold is a value of z.
     N, V = logits.shape
     greedy = ~(temperature >= MIN_TEMPERATURE)

@@ -26,7 +26,7 @@ import torch
 from ..backend import register, register_compiled, resolve
 from . import _checks, token_bitmask
 from . import verify_ref
-from .sampling import _FLOAT_DTYPES, MAX_VOCAB, _row_param, _warp_probs_torch
+from .sampling import FLOAT_DTYPES, MAX_VOCAB, row_param, warp_probs_torch
 from .verify import (MODES, NEEDS_DRAFT, flag, raise_flags, rows_shape, tree_args, tree_flags, uniform_flag,
                      valid_mask, tau_tensor, verify_greedy)
 
@@ -62,7 +62,7 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     B, T, num_nodes = tree_args(tokens, parents, num_nodes)
     dev = tokens.device
-    _checks.tensor("target_logits", target_logits, dtype=_FLOAT_DTYPES, rank=3, device=dev)
+    _checks.tensor("target_logits", target_logits, dtype=FLOAT_DTYPES, rank=3, device=dev)
     V = rows_shape("target_logits", target_logits, B, T)
     _checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B, T, 2), device=dev)
     needs_draft = mode in NEEDS_DRAFT
@@ -70,7 +70,7 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
         if needs_draft:
             raise ValueError(f"draft_logits is required for mode={mode!r} (shape [B, T, V] = [{B}, {T}, {V}])")
     else:
-        _checks.tensor("draft_logits", draft_logits, dtype=_FLOAT_DTYPES, shape=(B, T, V), device=dev)
+        _checks.tensor("draft_logits", draft_logits, dtype=FLOAT_DTYPES, shape=(B, T, V), device=dev)
     if bitmask is not None:
         _checks.tensor("bitmask", bitmask, dtype=torch.int32, shape=(B, T, (V + 31) // 32), device=dev)
     params = _params(B, T, dev, check, temperature, top_k, top_p)
@@ -131,7 +131,7 @@ def verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, tau, 
     B, g = draft_tokens.shape
     T = g + 1
     dev = draft_tokens.device
-    _checks.tensor("target_logits", target_logits, dtype=_FLOAT_DTYPES, rank=3, device=dev)
+    _checks.tensor("target_logits", target_logits, dtype=FLOAT_DTYPES, rank=3, device=dev)
     if target_logits.shape[:2] != (B, T) or target_logits.shape[2] < 1:
         raise ValueError(f"target_logits must have shape [B, g + 1, V] = [{B}, {T}, V >= 1], "
                          f"got {tuple(target_logits.shape)}")
@@ -238,7 +238,7 @@ def _params(B, T, dev, check, temperature, top_k, top_p, prefix=""):
                                      ("top_k", top_k, torch.int32, "int"),
                                      ("top_p", top_p, torch.float32, "float")):
         try:
-            row = _row_param(name, value, B, dev, dtype=dtype, kind=kind, check=check)
+            row = row_param(name, value, B, dev, dtype=dtype, kind=kind, check=check)
         except (TypeError, ValueError) as e:
             if not prefix:
                 raise
@@ -295,7 +295,7 @@ class _LazyRows:
             x = self.logits[s]
             if self.mask is not None:
                 x = x.masked_fill(~token_bitmask.allowed_tokens(self.mask[s], x.shape[-1]), float("-inf"))
-            self._rows[u] = _warp_probs_torch(x, self.t[s], self.k[s], self.p[s])[0]
+            self._rows[u] = warp_probs_torch(x, self.t[s], self.k[s], self.p[s])[0]
         row = self._rows[u]
         return row[rest] if rest else row
 
