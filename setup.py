@@ -182,7 +182,7 @@ class BuildExt(cpp_extension.BuildExtension):
 
 def _record_torch_version():
     """specops/_build_info.py: the torch the extensions are compiled against, so that importing them
-    under another torch fails with a clear message instead of an undefined symbol (specops/_ext.py)."""
+    under another torch fails with a clear message instead of an undefined symbol (specops/extension.py)."""
     path = os.path.join(HERE, "specops", "_build_info.py")
     text = f'"""Written by setup.py at build time."""\nTORCH_VERSION = {torch.__version__!r}\n'
     if not os.path.exists(path) or open(path).read() != text:

@@ -429,6 +429,9 @@ def main(argv=None):
                         help="specops against peer engines and the bandwidth limit (bench/engines/compare.py)")
     parser.add_argument("--engine-python", action="append", metavar="PEER=PYTHON",
                         help="with --compare-engines: a peer's interpreter (vllm_cpu=..., llama_cpp=...)")
+    parser.add_argument("--llama-convert", default=None, metavar="PATH",
+                        help="with --compare-engines: llama.cpp's convert_hf_to_gguf.py, to write the bf16 GGUF "
+                             "llama_cpp/plain reads (once; kept in the specops cache)")
     parser.add_argument("--tp", type=int, default=None, metavar="N",
                         help="tensor parallelism over N ranks (torchrun) against one process (bench/decoding_tp.py)")
     args = parser.parse_args(argv)

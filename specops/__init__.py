@@ -2,7 +2,7 @@
 
 ``python -m specops`` prints which backends are available here and why.
 """
-from . import _ext  # noqa: F401  (loads the compiled extensions and their op registrations)
+from . import extension  # noqa: F401  (loads the compiled extensions and their op registrations)
 from .backend import BackendUnavailable, CallUnsupported, available, default_backend, use_backend
 from .ops.tree_attention import tree_attention, tree_attention_paged
 from .ops.kv_compact import kv_compact, kv_compact_paged

@@ -19,7 +19,7 @@ import threading
 
 import torch
 
-from . import _ext
+from . import extension
 
 BACKENDS = ("torch", "cpp", "triton", "cuda", "cudasim", "flashinfer")
 # flashinfer: an optional external provider of tree_attention (specops/integrations/flashinfer.py)
@@ -115,8 +115,8 @@ def _probe(backend, device_type, interpret):
     if backend == "torch":
         return True, "reference implementation, always available"
     if backend == "cpp":
-        if _ext.cpu_ext is None:
-            return False, _ext.cpu_ext_error
+        if extension.cpu_ext is None:
+            return False, extension.cpu_ext_error
         if device_type != "cpu":
             return False, f"CPU extension; tensors are on {device_type}"
         return True, "CPU extension (OpenMP / at::parallel_for)"
@@ -134,9 +134,9 @@ def _probe(backend, device_type, interpret):
             return False, f"{why}; CPU tensors need TRITON_INTERPRET=1"
         return False, f"{why}; no Triton backend for {device_type}"
     if backend == "cuda":
-        if _ext.cuda_ext is None:
-            return False, _ext.cuda_ext_error
-        built = f"extension built for {', '.join(_ext.cuda_archs()) or 'no arch'}"
+        if extension.cuda_ext is None:
+            return False, extension.cuda_ext_error
+        built = f"extension built for {', '.join(extension.cuda_archs()) or 'no arch'}"
         if not torch.cuda.is_available():
             return False, f"{built}; no CUDA device visible"
         if device_type != "cuda":
@@ -151,8 +151,8 @@ def _probe(backend, device_type, interpret):
             return False, "flashinfer installed; no CUDA device visible"
         return True, "flashinfer installed (custom-mask prefill)"
     if backend == "cudasim":
-        if _ext.cudasim_ext is None:
-            return False, _ext.cudasim_ext_error
+        if extension.cudasim_ext is None:
+            return False, extension.cudasim_ext_error
         if device_type != "cpu":
             return False, f"test-only CUDA emulation on CPU tensors; tensors are on {device_type}"
         return True, ("test-only: the CUDA kernels compiled as C++ and run by a SIMT emulation on CPU "
@@ -183,7 +183,9 @@ def preference(op, device_type):
     return OP_PREFERENCE.get((op, device_type), PREFERENCE.get(device_type, ("torch",)))
 
 
-def _incapable(op, name, args):
+def incapable(op, name, args):
+    """Why backend ``name`` cannot run ``op`` on the call ``args`` (its registered capability
+    check, :func:`register_supports`), or None: it can, it has no check, or ``args`` is None."""
     check = _SUPPORTS.get((op, name))
     return None if check is None or args is None else check(*args)
 
@@ -229,7 +231,7 @@ def _walk(op, device, want, source, args):
             ok, why = False, f"{op} has no {want} implementation"
         if not ok:
             raise BackendUnavailable(f"{op}: backend {want!r} ({source}) unavailable on {device}: {why}")
-        why = _incapable(op, want, args)
+        why = incapable(op, want, args)
         if why is not None:
             raise CallUnsupported(f"{op}: backend {want!r} ({source}) cannot run this call: {why}")
         return want, impls[want], (op, want) in _SUPPORTS
@@ -240,7 +242,7 @@ def _walk(op, device, want, source, args):
         if name not in impls or not available(name, device_type)[0]:
             continue
         checked = checked or (op, name) in _SUPPORTS
-        why = _incapable(op, name, args)
+        why = incapable(op, name, args)
         if why is None:
             return name, impls[name], checked
         skipped.append(f"{name}: {why}")
@@ -268,7 +270,7 @@ def _installed(name, device_type):
     if name == "torch":
         return True
     if name == "cuda":
-        return _ext.cuda_ext is not None and device_type == "cuda"
+        return extension.cuda_ext is not None and device_type == "cuda"
     if name == "triton":
         return _triton_importable()[0] and (device_type == "cuda" or _interpret())
     if name == "flashinfer":

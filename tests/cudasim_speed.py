@@ -41,7 +41,7 @@ def main():
     args = ap.parse_args()
     sim, cases = load_cases()
     import specops
-    print(f"# {specops._ext.cudasim_ext.__file__}  load average {os.getloadavg()[0]:.2f}")
+    print(f"# {specops.extension.cudasim_ext.__file__}  load average {os.getloadavg()[0]:.2f}")
     rows = {}
     print(f"{'case':40s} {'off s':>8s} {'on s':>8s}")
     for name, case in cases.items():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import specops
-from specops import _ext
+from specops import extension as _ext
 from specops.testing import random_accept, random_parents, random_verify_case
 
 sim = _ext.cudasim_ext

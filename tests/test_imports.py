@@ -221,3 +221,71 @@ def test_user_paths_load_no_training_code(path):
     assert line == "LOADED []", f"{path} loaded training code: {line}"
     if path == "specops info":
         assert "backend" in done.stdout  # the command ran
+
+
+# ---- no private name crosses a module boundary in ops/ (issue #31) -------------------------------
+
+def _is_private(name):
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_crossings(tree):
+    """[(line, what)] where a module reaches a ``_name`` that another module defines: a private
+    module in an import's dotted path (``from .. import _x``, ``from ._x import y``, ``import a._x``),
+    a private name imported from a module (``from .x import _y``, whatever it is bound to), or a
+    private attribute reached through a name that an import binds (``mod._y``, ``mod.sub._y``).
+    Names imported at any depth count (function-level imports too); dunder names are not private.
+    A name an import binds counts as imported in the whole file, even where a local shadows it (none
+    does in ops/). What the scan cannot see: ``getattr(mod, "_y")`` and private names reached
+    through values a public function returns."""
+    found, bound = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if any(_is_private(p) for p in alias.name.split(".")):
+                    found.append((node.lineno, f"import {alias.name}"))
+                bound.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom):
+            src = "." * node.level + (node.module or "")
+            if any(_is_private(p) for p in (node.module or "").split(".")):
+                found.append((node.lineno, f"from {src} import ... (a private module)"))
+            for alias in node.names:
+                if _is_private(alias.name):
+                    found.append((node.lineno, f"from {src} import {alias.name}"))
+                bound.add(alias.asname or alias.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            chain, base = [node.attr], node.value
+            while isinstance(base, ast.Attribute):
+                chain.append(base.attr)
+                base = base.value
+            # only the outermost attribute of a chain reports (its inner ones are walked too)
+            if isinstance(base, ast.Name) and base.id in bound and _is_private(node.attr):
+                found.append((node.lineno, ".".join([base.id] + chain[::-1])))
+    return sorted(set(found))
+
+
+def test_the_private_name_scan_sees_each_kind_of_crossing():
+    # a scan that found nothing would pass the test below
+    src = ("from .. import _ext\nfrom ._checks import tensor\nfrom .tree_attention import _has_op as h, public\n"
+           "import specops._ext\nfrom . import kv_compact as kvc, __version__\n"
+           "def f():\n    from . import plan\n    return kvc._check_values, plan.sub._x, kvc.__doc__, public\n"
+           "class _Local:\n    pass\n_local = _Local()._hidden\n")
+    got = [what for _, what in _private_crossings(ast.parse(src))]
+    assert got == ["from .. import _ext", "from ._checks import ... (a private module)",
+                   "from .tree_attention import _has_op", "import specops._ext", "kvc._check_values",
+                   "plan.sub._x"], got
+    assert any(mod.startswith("specops.ops.") for mod in MODULES)
+
+
+def test_no_private_name_crosses_a_module_boundary_in_ops():
+    """A module under specops/ops/ uses only public names of other modules (specops' own and third
+    parties' alike): what another op module, backend or the extension loader shares with it is
+    public API of that module, so it is renamed, moved or removed only with its users in view. The
+    scan is on the source (see :func:`_private_crossings` for what counts and what it cannot see)."""
+    bad = []
+    for mod, (path, _) in sorted(MODULES.items()):
+        if mod == "specops.ops" or mod.startswith("specops.ops."):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            bad += [f"{path.relative_to(ROOT)}:{line}: {what}" for line, what in _private_crossings(tree)]
+    assert not bad, "private names crossing a module boundary in ops/ (make them public):\n" + "\n".join(bad)

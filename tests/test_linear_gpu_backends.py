@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import specops
-from specops import _ext
+from specops import extension as _ext
 from specops.ops.linear import ref
 
 GPU_BACKENDS = ("triton", "cuda", "cudasim")

@@ -461,7 +461,7 @@ def _cudasim_cases():
 
 @pytest.mark.parametrize("name", ["tree_attention_paged[fp32]", "tree_attention_paged[bf16]", "kv_compact_paged"])
 def test_cudasim_result_does_not_depend_on_the_thread_order(name):
-    from specops import _ext
+    from specops import extension as _ext
 
     sim = _ext.cudasim_ext
     if sim is None:

@@ -262,7 +262,7 @@ def test_ties_at_the_top_k_boundary_keep_every_tied_token(fast_backend, device):
 
 @pytest.mark.parametrize("order, seed", [("reverse", 0), ("shuffle", 3)])
 def test_cudasim_split_plan_does_not_depend_on_the_thread_order(order, seed):
-    sim = pytest.importorskip("specops._ext").cudasim_ext
+    sim = pytest.importorskip("specops.extension").cudasim_ext
     if sim is None:
         pytest.skip("cudasim unavailable")
     g = torch.Generator().manual_seed(5)

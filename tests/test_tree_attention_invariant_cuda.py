@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import specops
-from specops import _ext
+from specops import extension as _ext
 from specops.testing import ar_view, to_pages
 from test_tree_attention import assert_close, make_case
 

@@ -260,7 +260,7 @@ def test_bitmask_checks(backend, device):
 
 
 def test_cudasim_thread_order_does_not_change_the_result():
-    from specops import _ext
+    from specops import extension as _ext
 
     sim = _ext.cudasim_ext
     if sim is None:

@@ -10,7 +10,7 @@ Python check would cost more than a small projection (211 calls per token for Sm
 """
 import torch
 
-from .. import _ext
+from .. import extension as _ext
 from ..ops.linear import DTYPES, cpu_kernel
 
 class SpecopsLinear(torch.nn.Linear):

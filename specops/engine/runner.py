@@ -25,7 +25,7 @@ import inspect
 
 import torch
 
-from ..ops import _checks
+from ..ops import checks as _checks
 from ..ops.tree_mask import build_tree_mask
 from . import compiled as _compiled
 from . import linear as _linear

@@ -12,10 +12,10 @@ Rows past the accepted ones keep whatever they held. Truncation needs no op: low
 """
 import torch
 
-from .. import _ext
+from .. import extension
 from ..backend import register, register_compiled, resolve
-from . import _checks
-from .tree_attention import _has_op, _page_size, page_rules
+from . import checks
+from .tree_attention import check_page_pool, page_rules
 
 CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -42,7 +42,7 @@ def kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens, *, check=
     dev = k_cache.device
     check_accept(prefix_lens, accept_idx, accept_lens, B, dev)
     if check:
-        _check_values(prefix_lens, accept_idx, accept_lens, S)
+        check_values(prefix_lens, accept_idx, accept_lens, S)
     impl = resolve("kv_compact", dev, backend)
     if k_cache.numel() and accept_idx.shape[1]:
         impl(k_cache, v_cache, prefix_lens, accept_idx, accept_lens)
@@ -51,19 +51,19 @@ def kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens, *, check=
 
 def check_caches(k_cache, v_cache):
     """The metadata rules of :func:`kv_compact`'s caches [L, B, Hkv, S, D] (no host sync)."""
-    _checks.tensor("k_cache", k_cache, dtype=CACHE_DTYPES, rank=5, last_stride_one=True)
-    _checks.tensor("v_cache", v_cache, dtype=k_cache.dtype, shape=tuple(k_cache.shape), device=k_cache.device,
-                   last_stride_one=True)
+    checks.tensor("k_cache", k_cache, dtype=CACHE_DTYPES, rank=5, last_stride_one=True)
+    checks.tensor("v_cache", v_cache, dtype=k_cache.dtype, shape=tuple(k_cache.shape), device=k_cache.device,
+                  last_stride_one=True)
     _check_no_overlap(k_cache, v_cache)
 
 
 def check_pools(k_pages, v_pages):
     """The metadata rules of :func:`kv_compact_paged`'s page pools [L, num_pages, page_size, Hkv, D]
     (no host sync); returns (num_pages, page_size)."""
-    _checks.tensor("k_pages", k_pages, dtype=CACHE_DTYPES, rank=5, last_stride_one=True)
-    N, page_size, _ = _page_size("k_pages", k_pages, lead=1)
-    _checks.tensor("v_pages", v_pages, dtype=k_pages.dtype, shape=tuple(k_pages.shape), device=k_pages.device,
-                   last_stride_one=True)
+    checks.tensor("k_pages", k_pages, dtype=CACHE_DTYPES, rank=5, last_stride_one=True)
+    N, page_size, _ = check_page_pool("k_pages", k_pages, lead=1)
+    checks.tensor("v_pages", v_pages, dtype=k_pages.dtype, shape=tuple(k_pages.shape), device=k_pages.device,
+                  last_stride_one=True)
     _check_no_overlap(k_pages, v_pages, "k_pages", "v_pages")
     return N, page_size
 
@@ -71,9 +71,9 @@ def check_pools(k_pages, v_pages):
 def check_accept(prefix_lens, accept_idx, accept_lens, B, dev, lens_name="prefix_lens"):
     """The metadata rules of the acceptance (int32 [B], [B, A], [B]; no host sync); ``lens_name``
     names the committed lengths in errors (the plan's ``lens``)."""
-    _checks.lengths(lens_name, prefix_lens, B, dev)
-    _checks.tensor("accept_idx", accept_idx, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
-    _checks.lengths("accept_lens", accept_lens, B, dev)
+    checks.lengths(lens_name, prefix_lens, B, dev)
+    checks.tensor("accept_idx", accept_idx, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
+    checks.lengths("accept_lens", accept_lens, B, dev)
 
 
 # ---- validation ----------------------------------------------------------------------------------
@@ -122,14 +122,14 @@ def _check_no_overlap(k_cache, v_cache, k_name="k_cache", v_name="v_cache"):
                      f"{abs(v_lo - k_lo)} bytes apart with strides {k_cache.stride()} and {v_cache.stride()}")
 
 
-def _check_values(prefix_lens, accept_idx, accept_lens, S):
+def check_values(prefix_lens, accept_idx, accept_lens, S):
     """Value rules of the contract, one host sync; the message names the first broken rule."""
     if accept_idx.shape[0]:
-        _checks.raise_first(_accept_rules(prefix_lens, accept_idx, accept_lens, S, f"S={S}"))
+        checks.raise_first(_accept_rules(prefix_lens, accept_idx, accept_lens, S, f"S={S}"))
 
 
 def _accept_rules(prefix_lens, accept_idx, accept_lens, rows, label):
-    """The value rules both layouts share, as (flag, message) for :func:`_checks.raise_first`:
+    """The value rules both layouts share, as (flag, message) for :func:`checks.raise_first`:
     accept_lens in [0, A], prefix_lens in [0, rows], accept_idx strictly increasing from 0, rows
     addressed < rows (``label`` names that limit)."""
     A = accept_idx.shape[1]
@@ -157,9 +157,9 @@ def _accept_rules(prefix_lens, accept_idx, accept_lens, rows, label):
                 f"{int(prefix_lens[b])} must address a row < {label}")
 
     return [
-        (lens_bad, lambda: f"accept_lens must lie in [0, A={A}], got {_checks.at('accept_lens', accept_lens, lens_bad)}"),
+        (lens_bad, lambda: f"accept_lens must lie in [0, A={A}], got {checks.at('accept_lens', accept_lens, lens_bad)}"),
         (prefix_bad, lambda: f"prefix_lens must lie in [0, {label}], got "
-                             f"{_checks.at('prefix_lens', prefix_lens, prefix_bad)}"),
+                             f"{checks.at('prefix_lens', prefix_lens, prefix_bad)}"),
         (order_bad, order),
         (past_bad, past),
     ]
@@ -209,7 +209,7 @@ def _kv_compact_triton(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
     kernels.kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens)
 
 
-if _ext.cpu_ext is not None or _ext.cuda_ext is not None:
+if extension.cpu_ext is not None or extension.cuda_ext is not None:
 
     @torch.library.register_fake("specops::kv_compact")
     def _(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
@@ -245,11 +245,11 @@ def kv_compact_paged(k_pages, v_pages, page_table, prefix_lens, accept_idx, acce
     """
     dev = k_pages.device
     N, page_size = check_pools(k_pages, v_pages)
-    _checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, device=dev)
+    checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, device=dev)
     B = page_table.shape[0]
     check_accept(prefix_lens, accept_idx, accept_lens, B, dev)
     if check:
-        _check_paged_values(page_table, N, page_size, prefix_lens, accept_idx, accept_lens)
+        check_paged_values(page_table, N, page_size, prefix_lens, accept_idx, accept_lens)
     impl = resolve("kv_compact_paged", dev, backend)
     if k_pages.numel() and accept_idx.shape[1] and B:
         impl(k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens)
@@ -281,7 +281,7 @@ def paged_moves(page_table, page_size, prefix_lens, accept_idx, accept_lens):
     return (moving, src, dst, *place(src), *place(dst))
 
 
-def _check_paged_values(page_table, num_pages, page_size, prefix_lens, accept_idx, accept_lens):
+def check_paged_values(page_table, num_pages, page_size, prefix_lens, accept_idx, accept_lens):
     """Value rules of kv_compact_paged, one host sync; the message names the first broken rule."""
     B, A = accept_idx.shape
     M = page_table.shape[1]
@@ -294,9 +294,9 @@ def _check_paged_values(page_table, num_pages, page_size, prefix_lens, accept_id
     needed = prefix_lens.long() + torch.where(n > 0, last + 1, 0)
     needed = needed.clamp(max=rows)
     clash = _aliased_writes(page_table, num_pages, page_size, needed, prefix_lens, accept_idx, accept_lens)
-    _checks.raise_first(_accept_rules(prefix_lens, accept_idx, accept_lens, rows, f"max_pages * page_size = {rows}")
-                        + [page_rules(page_table, needed, num_pages, page_size),
-                           (clash, lambda: _aliased_message(clash, page_table, page_size, needed))])
+    checks.raise_first(_accept_rules(prefix_lens, accept_idx, accept_lens, rows, f"max_pages * page_size = {rows}")
+                       + [page_rules(page_table, needed, num_pages, page_size),
+                          (clash, lambda: _aliased_message(clash, page_table, page_size, needed))])
 
 
 def _aliased_writes(page_table, num_pages, page_size, needed, prefix_lens, accept_idx, accept_lens):
@@ -363,7 +363,7 @@ def _kv_compact_paged_triton(k_pages, v_pages, page_table, prefix_lens, accept_i
     kernels.kv_compact_paged(k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens)
 
 
-if (_ext.cpu_ext is not None or _ext.cuda_ext is not None) and _has_op("kv_compact_paged"):
+if (extension.cpu_ext is not None or extension.cuda_ext is not None) and extension.has_op("kv_compact_paged"):
 
     @torch.library.register_fake("specops::kv_compact_paged")
     def _(k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens):

@@ -26,7 +26,7 @@ overwrite the cache). Both checks compare storage ranges once, never per call.
 import torch
 
 from .. import backend as _backend
-from . import _checks
+from . import checks
 from . import kv_compact as _kvc
 from . import tree_attention as _ta
 
@@ -57,14 +57,14 @@ _resolve = _backend.resolve_named
 
 
 def _size(name, value, lo=1):
-    return _checks.integer(name, value, lo)
+    return checks.integer(name, value, lo)
 
 
 def _paging(page_table, page_size, num_pages, B, dev):
     """The paged layout's arguments checked: page_table int32 [B, max_pages], page_size a power of
     two, num_pages (optional) >= 1. -> (page_size, num_pages)."""
-    _checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
-    page_size = _checks.power_of_two("page_size", _size("page_size", page_size))
+    checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
+    page_size = checks.power_of_two("page_size", _size("page_size", page_size))
     return page_size, (None if num_pages is None else _size("num_pages", num_pages))
 
 
@@ -125,16 +125,16 @@ class TreeAttentionPlan:
     def __init__(self, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None, page_table=None, page_size=None,
                  head_dim, num_heads, num_kv_heads, dtype, device=None, check=True, backend=None, max_len=None,
                  num_pages=None, num_splits=None, workspace=None, invariant=False):
-        _checks.tensor("prefix_lens", prefix_lens, dtype=torch.int32, rank=1)
+        checks.tensor("prefix_lens", prefix_lens, dtype=torch.int32, rank=1)
         dev = _device(device, prefix_lens)
         B = prefix_lens.shape[0]
-        _checks.tensor("mask", mask, dtype=torch.int32, rank=3, device=dev)
+        checks.tensor("mask", mask, dtype=torch.int32, rank=3, device=dev)
         Tq = mask.shape[1]
         _ta.check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, dev)
         D, Hq, Hkv = _size("head_dim", head_dim), _size("num_heads", num_heads), _size("num_kv_heads", num_kv_heads)
         _ta.check_heads(Hq, Hkv, D, "num_kv_heads")
-        if dtype not in _ta._FLOATS:
-            raise TypeError(f"dtype must be one of {_ta._FLOATS}, got {dtype!r}")
+        if dtype not in _ta.FLOAT_DTYPES:
+            raise TypeError(f"dtype must be one of {_ta.FLOAT_DTYPES}, got {dtype!r}")
         self.paged = page_table is not None
         if self.paged:
             page_size, num_pages = _paging(page_table, page_size, num_pages, B, dev)
@@ -163,7 +163,7 @@ class TreeAttentionPlan:
             args = (q, cache, cache, prefix_lens, block_lens, mask, q_lens, self.sm_scale)
         self.backend, self._impl = _resolve(self.op, dev, backend, args)
         if num_splits is not None:
-            num_splits = _checks.integer("num_splits", num_splits, 1, _ta.splits.MAX_SPLITS, "the combine's limit")
+            num_splits = checks.integer("num_splits", num_splits, 1, _ta.splits.MAX_SPLITS, "the combine's limit")
         self._forced_splits, self._num_splits, self._workspace, self._given = num_splits, None, None, None
         self._shapes = None  # (q, k, v) shapes of the first run: what every later run must pass
         self._recheck = False  # the next run checks only a newly assigned workspace
@@ -195,12 +195,12 @@ class TreeAttentionPlan:
             if self._num_splits is not None:
                 self._allocate()
             return
-        _checks.tensor("workspace", ws, dtype=torch.float32, device=self.device)
+        checks.tensor("workspace", ws, dtype=torch.float32, device=self.device)
         if not ws.is_contiguous():
             raise ValueError(f"workspace must be contiguous, got shape {tuple(ws.shape)} with strides {ws.stride()}")
         own = {"prefix_lens": self.prefix_lens, "block_lens": self.block_lens, "mask": self.mask,
                "q_lens": self.q_lens, "page_table": self.page_table}
-        _checks.disjoint("workspace", ws, own)
+        checks.disjoint("workspace", ws, own)
         self._given = ws
         if self._num_splits is not None:
             self._allocate()
@@ -232,10 +232,10 @@ class TreeAttentionPlan:
     def _check_values(self, size):
         W = self.mask.shape[2]
         if self.paged:
-            _ta._paged_length_values(self.prefix_lens, self.block_lens, self.q_lens, self.page_table, size,
-                                     self.page_size, W, self.Tq)
+            _ta.paged_length_values(self.prefix_lens, self.block_lens, self.q_lens, self.page_table, size,
+                                    self.page_size, W, self.Tq)
         else:
-            _ta._length_values(self.prefix_lens, self.block_lens, self.q_lens, size, W, self.Tq)
+            _ta.length_values(self.prefix_lens, self.block_lens, self.q_lens, size, W, self.Tq)
         self._values_pending = False
 
     def _first_run(self, q, k, v):
@@ -245,8 +245,8 @@ class TreeAttentionPlan:
             self._check_workspace(q, k, v)
             self._first = self._recheck = False
             return
-        _checks.tensor("q", q, dtype=self.dtype, shape=(self.B, self.Tq, self.num_heads, self.head_dim),
-                       device=self.device)
+        checks.tensor("q", q, dtype=self.dtype, shape=(self.B, self.Tq, self.num_heads, self.head_dim),
+                      device=self.device)
         if self.paged:
             N, page_size, _ = _ta.check_paged_args(q, k, v, self.page_table, self.prefix_lens, self.block_lens,
                                                    self.mask, self.q_lens, self.sm_scale)
@@ -263,7 +263,7 @@ class TreeAttentionPlan:
             args = (q, k, v, self.prefix_lens, self.block_lens, self.mask, self.q_lens, self.sm_scale)
         if self._values_pending:
             self._check_values(size)
-        if _backend._incapable(self.op, self.backend, args) is not None:
+        if _backend.incapable(self.op, self.backend, args) is not None:
             self.backend, self._impl = _resolve(self.op, self.device, self._backend, args)
             self._num_splits = None
         if self._num_splits is None:
@@ -278,7 +278,7 @@ class TreeAttentionPlan:
     def _check_workspace(self, q, k, v):
         """A workspace passed in shares no byte with this run's tensors (the plan's own cannot)."""
         if self._given is not None and self._workspace is self._given:
-            _checks.disjoint("workspace", self._given, dict(zip(self._names(), (q, k, v))))
+            checks.disjoint("workspace", self._given, dict(zip(self._names(), (q, k, v))))
 
     def run(self, q, k, v):
         """One layer. Shape: q [B, Tq, Hq, D]; k, v [B, Hkv, S, D] (contiguous) or [num_pages,
@@ -311,7 +311,7 @@ class KVCompactPlan:
 
     def __init__(self, lens, accept_idx, accept_lens, *, num_layers, num_kv_heads, head_dim, max_len=None,
                  page_table=None, page_size=None, num_pages=None, dtype, device=None, check=True, backend=None):
-        _checks.tensor("lens", lens, dtype=torch.int32, rank=1)
+        checks.tensor("lens", lens, dtype=torch.int32, rank=1)
         dev = _device(device, lens)
         B = lens.shape[0]
         _kvc.check_accept(lens, accept_idx, accept_lens, B, dev, lens_name="lens")
@@ -342,10 +342,10 @@ class KVCompactPlan:
 
     def _check_values(self, num_pages):
         if self.paged:
-            _kvc._check_paged_values(self.page_table, num_pages, self.page_size, self.lens, self.accept_idx,
-                                     self.accept_lens)
+            _kvc.check_paged_values(self.page_table, num_pages, self.page_size, self.lens, self.accept_idx,
+                                    self.accept_lens)
         else:
-            _kvc._check_values(self.lens, self.accept_idx, self.accept_lens, self.max_len)
+            _kvc.check_values(self.lens, self.accept_idx, self.accept_lens, self.max_len)
         self._values_pending = False
 
     def _first_run(self, k, v):

@@ -36,9 +36,9 @@ import numbers
 
 import torch
 
-from .. import _ext
+from .. import extension
 from ..backend import register, register_compiled, resolve
-from . import _checks
+from . import checks
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MIN_TEMPERATURE = 2.0**-126  # below it (0 and denormals) a row is greedy
@@ -51,7 +51,7 @@ def row_param(name, value, N, device, *, dtype, kind, check):
     Scalars are validated here (no sync); tensor values only under ``check=True``."""
     if isinstance(value, torch.Tensor):
         allowed = FLOAT_DTYPES + (torch.float64,) if kind == "float" else (torch.int32, torch.int64)
-        _checks.tensor(name, value, dtype=allowed, shape=(N,), device=device)
+        checks.tensor(name, value, dtype=allowed, shape=(N,), device=device)
         if check:
             _check_param_values(name, value)
         if kind == "int":
@@ -82,7 +82,7 @@ def _check_param_values(name, value):
     if isinstance(value, torch.Tensor):  # one host sync, only under check=True
         bad = ~ok(value)
         if bool(bad.any()):
-            raise ValueError(f"{name} must be {want}, got {_checks.at(name, value, bad)}")
+            raise ValueError(f"{name} must be {want}, got {checks.at(name, value, bad)}")
     elif not ok(value):  # a Python scalar: no torch op on the hot path
         raise ValueError(f"{name} must be {want}, got {value}")
 
@@ -98,7 +98,7 @@ def warp_probs(logits, temperature, top_k=0, top_p=1.0, *, check=True, backend=N
     (one host sync); ``check=False`` skips those value checks. Limit: ``V <= 2**31 - 1``
     (``MAX_VOCAB``) on the cpp, cuda and triton backends (ValueError naming V).
     """
-    _checks.tensor("logits", logits, dtype=FLOAT_DTYPES, rank=2)
+    checks.tensor("logits", logits, dtype=FLOAT_DTYPES, rank=2)
     N, V = logits.shape
     if V == 0:
         raise ValueError(f"logits must have at least one token (V >= 1), got shape {tuple(logits.shape)}")
@@ -118,7 +118,7 @@ def warp_probs(logits, temperature, top_k=0, top_p=1.0, *, check=True, backend=N
 def _check_logits(logits):
     bad_value = torch.isnan(logits) | (logits == float("inf"))
     empty_row = (logits == float("-inf")).all(dim=1)
-    which = _checks._first_bad([bad_value.any(), empty_row.any()])
+    which = checks.first_bad([bad_value.any(), empty_row.any()])
     if which == 0:
         r, c = (int(v) for v in bad_value.nonzero()[0])
         raise ValueError(f"logits must not contain NaN or +inf, got {logits[r, c].item()} at [{r}, {c}]")
@@ -161,7 +161,7 @@ def _warp_probs_triton(logits, temperature, top_k, top_p):
     return kernels.warp_probs(logits, temperature, top_k, top_p)
 
 
-if _ext.cpu_ext is not None or _ext.cuda_ext is not None:
+if extension.cpu_ext is not None or extension.cuda_ext is not None:
 
     @torch.library.register_fake("specops::warp_probs")
     def _(logits, temperature, top_k, top_p):

@@ -9,9 +9,9 @@ distribution renormalised over the allowed tokens.
 """
 import torch
 
-from .. import _ext
+from .. import extension
 from ..backend import register, register_compiled, resolve
-from . import _checks
+from . import checks
 
 LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -26,15 +26,15 @@ def apply_token_bitmask(logits, bitmask, *, check=True, backend=None):
     sync): a row with none would leave softmax undefined. ``check=False`` skips it; such a row is
     then all ``-inf``. Metadata errors are raised before anything is written.
     """
-    _checks.tensor("logits", logits, dtype=LOGIT_DTYPES, last_stride_one=True)
+    checks.tensor("logits", logits, dtype=LOGIT_DTYPES, last_stride_one=True)
     if logits.dim() not in (2, 3):
         raise ValueError(f"logits must have rank 2 ([N, V]) or 3 ([B, T, V]), got shape {tuple(logits.shape)}")
     V = logits.shape[-1]
     if V == 0:
         raise ValueError(f"logits must have at least one token (V >= 1), got shape {tuple(logits.shape)}")
     W = (V + 31) // 32
-    _checks.tensor("bitmask", bitmask, dtype=torch.int32, rank=logits.dim(),
-                   shape=(*logits.shape[:-1], W), device=logits.device)
+    checks.tensor("bitmask", bitmask, dtype=torch.int32, rank=logits.dim(),
+                  shape=(*logits.shape[:-1], W), device=logits.device)
     if check:
         check_rows(bitmask, V)
     impl = resolve("apply_token_bitmask", logits.device, backend)
@@ -57,11 +57,11 @@ def check_rows(bitmask, V):
     empty = ~allowed_tokens(bitmask, V).any(-1)  # [...]
 
     def message():
-        idx = ", ".join(map(str, _checks.first_index(empty)))
+        idx = ", ".join(map(str, checks.first_index(empty)))
         return (f"bitmask[{idx}] must allow at least one of the V={V} tokens (the masked distribution of "
                 f"that row would be undefined), got no bit set below {V}")
 
-    _checks.raise_first([(empty, message)])
+    checks.raise_first([(empty, message)])
 
 
 @register("apply_token_bitmask", "torch")
@@ -82,7 +82,7 @@ def _apply_token_bitmask_triton(logits, bitmask):
     kernels.apply_token_bitmask(logits, bitmask)
 
 
-if _ext.cpu_ext is not None or _ext.cuda_ext is not None:
+if extension.cpu_ext is not None or extension.cuda_ext is not None:
 
     @torch.library.register_fake("specops::apply_token_bitmask")
     def _(logits, bitmask):

@@ -30,9 +30,9 @@ backend of ``topn_expand`` keeps its selection in shared memory and so takes ``n
 """
 import torch
 
-from .. import _ext
+from .. import extension
 from ..backend import register, register_compiled, register_supports, resolve
-from . import _checks
+from . import checks
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _CUDA_MAX_N = 2048  # kTopItems * kThreads in csrc/cuda/topn.cu
@@ -41,7 +41,7 @@ MAX_VOCAB = 2**31 - 1  # tokens are int32
 
 
 def _n(n):
-    return _checks.integer("n", n, 1, MAX_N, "MAX_N: outputs are [B, n]; no draft tree is that large")
+    return checks.integer("n", n, 1, MAX_N, "MAX_N: outputs are [B, n]; no draft tree is that large")
 
 
 def topn_expand(parent_scores, child_logprobs, n, *, per_parent_k=None, check=True, backend=None):
@@ -54,20 +54,20 @@ def topn_expand(parent_scores, child_logprobs, n, *, per_parent_k=None, check=Tr
     ``per_parent_k`` (None = no limit) caps the candidates each parent contributes, chosen
     by the same order. ``check=True`` rejects NaN and ``+inf`` in the inputs (one host sync).
     """
-    _checks.tensor("parent_scores", parent_scores, dtype=_FLOAT_DTYPES, rank=2)
+    checks.tensor("parent_scores", parent_scores, dtype=_FLOAT_DTYPES, rank=2)
     B, P = parent_scores.shape
-    _checks.tensor("child_logprobs", child_logprobs, dtype=_FLOAT_DTYPES, shape=(B, P, None),
-                   device=parent_scores.device)
+    checks.tensor("child_logprobs", child_logprobs, dtype=_FLOAT_DTYPES, shape=(B, P, None),
+                  device=parent_scores.device)
     V = child_logprobs.shape[2]
     if P == 0 or V == 0:
         raise ValueError(f"child_logprobs must have P >= 1 and V >= 1, got shape {tuple(child_logprobs.shape)}")
     if V > MAX_VOCAB:
         raise ValueError(f"child_logprobs must have V <= {MAX_VOCAB} (tokens are int32), got V={V}")
     n = _n(n)
-    k = V if per_parent_k is None else _checks.integer("per_parent_k", per_parent_k, 1)
+    k = V if per_parent_k is None else checks.integer("per_parent_k", per_parent_k, 1)
     if check:
-        _checks.not_nan_or_posinf("parent_scores", parent_scores)
-        _checks.not_nan_or_posinf("child_logprobs", child_logprobs)
+        checks.not_nan_or_posinf("parent_scores", parent_scores)
+        checks.not_nan_or_posinf("child_logprobs", child_logprobs)
     args = (parent_scores.float(), child_logprobs, n, min(k, V))
     return resolve("topn_expand", parent_scores.device, backend, args)(*args)
 
@@ -86,13 +86,13 @@ def select_topn_subtree(parents, scores, n, num_nodes=None, *, check=True, backe
     the parents. Slots ``j >= counts[b]`` hold -1 in both. Nodes whose score is ``-inf`` or NaN
     (and so their descendants) are never kept; the root always is.
     """
-    _checks.tensor("parents", parents, dtype=torch.int32, rank=2)
+    checks.tensor("parents", parents, dtype=torch.int32, rank=2)
     B, T = parents.shape
     if T == 0:
         raise ValueError(f"parents must have at least one node (T >= 1), got shape {tuple(parents.shape)}")
-    _checks.tensor("scores", scores, dtype=_FLOAT_DTYPES, shape=(B, T), device=parents.device)
+    checks.tensor("scores", scores, dtype=_FLOAT_DTYPES, shape=(B, T), device=parents.device)
     n = _n(n)
-    num_nodes = _checks.tree_nodes(parents, num_nodes, check)
+    num_nodes = checks.tree_nodes(parents, num_nodes, check)
     impl = resolve("select_topn_subtree", parents.device, backend)
     return impl(parents, scores.float(), num_nodes, n)
 
@@ -187,7 +187,7 @@ def _select_topn_subtree_triton(parents, scores, num_nodes, n):
     return kernels.select_topn_subtree(parents, scores, num_nodes, n)
 
 
-if _ext.cpu_ext is not None or _ext.cuda_ext is not None:
+if extension.cpu_ext is not None or extension.cuda_ext is not None:
 
     @torch.library.register_fake("specops::topn_expand")
     def _(parent_scores, child_logprobs, n, per_parent_k):

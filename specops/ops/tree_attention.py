@@ -13,11 +13,11 @@ import numbers
 
 import torch
 
-from .. import _ext
+from .. import extension
 from ..backend import register, register_compiled, register_supports, resolve_named
-from . import _checks, splits, tree_attention_ref
+from . import checks, splits, tree_attention_ref
 
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CUDA_MAX_D = 256  # the CUDA kernels' head-dim buckets (csrc/cuda/tree_attention.cu)
 CUDA_MAX_B_HKV = 65535  # B * Hkv: a grid dimension of the CUDA kernel
 # The largest |sm_scale| (csrc/tree_attention_args.h kMaxSmScale). Scores are fp32 q.k * sm_scale:
@@ -54,7 +54,7 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
     S, sm_scale = check_args(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale)
     invariant = check_invariant(invariant)
     if check:
-        _length_values(prefix_lens, block_lens, q_lens, S, mask.shape[2], q.shape[1])
+        length_values(prefix_lens, block_lens, q_lens, S, mask.shape[2], q.shape[1])
     args = (q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, float(sm_scale))
     name, impl = resolve_named("tree_attention", q.device, backend, args)
     ns = choose_splits(name, q, k_cache.shape[1], S, prefix_lens, block_lens, mask.shape[2], invariant=invariant)
@@ -126,15 +126,15 @@ def workspace(num_splits, q):
 
 def check_args(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
     """The metadata rules of :func:`tree_attention` (no host sync); returns (S, sm_scale as a float)."""
-    _checks.tensor("q", q, dtype=_FLOATS, rank=4)
+    checks.tensor("q", q, dtype=FLOAT_DTYPES, rank=4)
     B, Tq, Hq, D = q.shape
     dev = q.device
-    _checks.tensor("k_cache", k_cache, dtype=q.dtype, rank=4, device=dev, last_stride_one=True)
+    checks.tensor("k_cache", k_cache, dtype=q.dtype, rank=4, device=dev, last_stride_one=True)
     if k_cache.shape[0] != B or k_cache.shape[3] != D:
         raise ValueError(f"k_cache must have shape [B={B}, Hkv, S, D={D}] (q is [B, Tq, Hq, D]), "
                          f"got {tuple(k_cache.shape)}")
-    _checks.tensor("v_cache", v_cache, dtype=q.dtype, shape=tuple(k_cache.shape), device=dev,
-                   last_stride_one=True)
+    checks.tensor("v_cache", v_cache, dtype=q.dtype, shape=tuple(k_cache.shape), device=dev,
+                  last_stride_one=True)
     Hkv, S = k_cache.shape[1], k_cache.shape[2]
     check_heads(Hq, Hkv, D, "k_cache")
     check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, dev)
@@ -151,13 +151,13 @@ def check_heads(Hq, Hkv, D, kv_name):
 
 def check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, dev):
     """The metadata rules of the block description (lengths int32 [B], mask int32 [B, Tq, W])."""
-    _checks.lengths("prefix_lens", prefix_lens, B, dev)
-    _checks.lengths("block_lens", block_lens, B, dev)
-    _checks.tensor("mask", mask, dtype=torch.int32, rank=3, device=dev)
+    checks.lengths("prefix_lens", prefix_lens, B, dev)
+    checks.lengths("block_lens", block_lens, B, dev)
+    checks.tensor("mask", mask, dtype=torch.int32, rank=3, device=dev)
     if mask.shape[0] != B or mask.shape[1] != Tq:
         raise ValueError(f"mask must have shape [B={B}, Tq={Tq}, W], got {tuple(mask.shape)}")
     if q_lens is not None:
-        _checks.lengths("q_lens", q_lens, B, dev)
+        checks.lengths("q_lens", q_lens, B, dev)
 
 
 def scale(sm_scale, D):
@@ -174,7 +174,7 @@ def scale(sm_scale, D):
 
 
 def _length_rules(prefix_lens, block_lens, q_lens, W, Tq, rows, rows_rule, describe):
-    """The value rules of the lengths for :func:`specops.ops._checks.raise_first`; ``rows`` bounds
+    """The value rules of the lengths for :func:`specops.ops.checks.raise_first`; ``rows`` bounds
     prefix + block (``rows_rule`` says why), ``describe(label, t, bad)`` words the offending values."""
     p, n = prefix_lens.long(), block_lens.long()
     rules = [
@@ -190,11 +190,11 @@ def _length_rules(prefix_lens, block_lens, q_lens, W, Tq, rows, rows_rule, descr
              f"{describe(f'({name})' if ' ' in name else name, t, bad)}") for name, rule, t, bad in rules]
 
 
-def _length_values(prefix_lens, block_lens, q_lens, S, W, Tq):
+def length_values(prefix_lens, block_lens, q_lens, S, W, Tq):
     """The value rules of the lengths, with one host sync; raises naming the first broken rule."""
     if prefix_lens.numel():
-        _checks.raise_first(_length_rules(prefix_lens, block_lens, q_lens, W, Tq, S, f"S = {S} (the cache length)",
-                                          _checks.at))
+        checks.raise_first(_length_rules(prefix_lens, block_lens, q_lens, W, Tq, S, f"S = {S} (the cache length)",
+                                         checks.at))
 
 
 def visibility(prefix_lens, block_lens, mask, q_lens, S):
@@ -259,14 +259,6 @@ def _tree_attention_triton(q, k_cache, v_cache, prefix_lens, block_lens, mask, q
                                   workspace=workspace, invariant=invariant)
 
 
-def _has_schema():
-    try:
-        torch.ops.specops.tree_attention.default  # noqa: B018
-    except (AttributeError, RuntimeError):
-        return False
-    return True
-
-
 register_compiled("tree_attention")(_compiled)
 
 
@@ -296,7 +288,7 @@ def _triton_supports(*args):
 
 register_supports("tree_attention", ("triton",), _triton_supports)
 
-if (_ext.cpu_ext is not None or _ext.cuda_ext is not None) and _has_schema():
+if (extension.cpu_ext is not None or extension.cuda_ext is not None) and extension.has_op("tree_attention"):
 
     @torch.library.register_fake("specops::tree_attention")
     def _(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1, workspace=None,
@@ -346,7 +338,7 @@ def tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_len
                                               q_lens, sm_scale)
     invariant = check_invariant(invariant)
     if check:
-        _paged_length_values(prefix_lens, block_lens, q_lens, page_table, N, page_size, mask.shape[2], q.shape[1])
+        paged_length_values(prefix_lens, block_lens, q_lens, page_table, N, page_size, mask.shape[2], q.shape[1])
     args = (q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, float(sm_scale))
     name, impl = resolve_named("tree_attention_paged", q.device, backend, args)
     ns = choose_splits(name, q, k_pages.shape[2], paged_rows(page_table, N, page_size), prefix_lens, block_lens,
@@ -362,32 +354,32 @@ def paged_rows(page_table, num_pages, page_size):
 def check_paged_args(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale):
     """The metadata rules of :func:`tree_attention_paged` (no host sync); returns (num_pages,
     page_size, sm_scale as a float)."""
-    _checks.tensor("q", q, dtype=_FLOATS, rank=4)
+    checks.tensor("q", q, dtype=FLOAT_DTYPES, rank=4)
     B, Tq, Hq, D = q.shape
     dev = q.device
-    _checks.tensor("k_pages", k_pages, dtype=q.dtype, rank=4, device=dev, last_stride_one=True)
-    N, page_size, Hkv = _page_size("k_pages", k_pages, lead=0)
+    checks.tensor("k_pages", k_pages, dtype=q.dtype, rank=4, device=dev, last_stride_one=True)
+    N, page_size, Hkv = check_page_pool("k_pages", k_pages, lead=0)
     if k_pages.shape[3] != D:
         raise ValueError(f"k_pages must have shape [num_pages, page_size, Hkv, D={D}] (q is [B, Tq, Hq, D]), "
                          f"got {tuple(k_pages.shape)}")
     check_heads(Hq, Hkv, D, "k_pages")
-    _checks.tensor("v_pages", v_pages, dtype=q.dtype, shape=tuple(k_pages.shape), device=dev, last_stride_one=True)
-    _checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
+    checks.tensor("v_pages", v_pages, dtype=q.dtype, shape=tuple(k_pages.shape), device=dev, last_stride_one=True)
+    checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
     check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, dev)
     return N, page_size, scale(sm_scale, D)
 
 
-def _page_size(name, pages, *, lead):
+def check_page_pool(name, pages, *, lead):
     """(num_pages, page_size, Hkv) of a page pool [*lead dims, num_pages, page_size, Hkv, D];
     page_size must be a power of two (the kernels split row numbers with shifts and masks)."""
     N, page_size, Hkv = pages.shape[lead:lead + 3]
-    _checks.power_of_two(f"{name} page_size (dim {lead + 1})", page_size, f" (shape {tuple(pages.shape)})")
+    checks.power_of_two(f"{name} page_size (dim {lead + 1})", page_size, f" (shape {tuple(pages.shape)})")
     return N, page_size, Hkv
 
 
 def page_rules(page_table, rows_needed, num_pages, page_size):
     """The page-table rule of the paged ops as ``(flag, message)`` for
-    :func:`specops.ops._checks.raise_first`: every page holding one of a sequence's first
+    :func:`specops.ops.checks.raise_first`: every page holding one of a sequence's first
     ``rows_needed[b]`` rows must be a pool page, ``0 <= page_table[b, i] < num_pages``.
 
     Shape: page_table int32 [B, max_pages], rows_needed int64 [B] (at most max_pages * page_size;
@@ -406,7 +398,7 @@ def page_rules(page_table, rows_needed, num_pages, page_size):
     return bad, message
 
 
-def _paged_length_values(prefix_lens, block_lens, q_lens, page_table, num_pages, page_size, W, Tq):
+def paged_length_values(prefix_lens, block_lens, q_lens, page_table, num_pages, page_size, W, Tq):
     """The value rules of tree_attention_paged, one host sync; raises naming the first broken rule."""
     B, max_pages = page_table.shape
     if B == 0:
@@ -416,7 +408,7 @@ def _paged_length_values(prefix_lens, block_lens, q_lens, page_table, num_pages,
                           f"max_pages * page_size = {max_pages} * {page_size} = {rows} (the rows page_table can "
                           "address)", lambda label, t, bad: f"values in [{int(t.min())}, {int(t.max())}]")
     needed = (prefix_lens.long() + block_lens.long()).clamp(max=rows)
-    _checks.raise_first(rules + [page_rules(page_table, needed, num_pages, page_size)])
+    checks.raise_first(rules + [page_rules(page_table, needed, num_pages, page_size)])
 
 
 def gather_pages(pages, page_table):
@@ -472,16 +464,7 @@ def _triton_supports_paged(*args):
 register_supports("tree_attention_paged", ("cuda", "cudasim"), _cuda_supports_paged)
 register_supports("tree_attention_paged", ("triton",), _triton_supports_paged)
 
-def _has_op(name):
-    """The compiled extension defines ``specops::<name>`` (an older build may not)."""
-    try:
-        getattr(torch.ops.specops, name).default  # noqa: B018
-    except (AttributeError, RuntimeError):
-        return False
-    return True
-
-
-if (_ext.cpu_ext is not None or _ext.cuda_ext is not None) and _has_op("tree_attention_paged"):
+if (extension.cpu_ext is not None or extension.cuda_ext is not None) and extension.has_op("tree_attention_paged"):
 
     @torch.library.register_fake("specops::tree_attention_paged")
     def _(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1,

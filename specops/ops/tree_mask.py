@@ -7,9 +7,9 @@ format ``tree_attention`` consumes. Depth positions the node: ``position = prefi
 """
 import torch
 
-from .. import _ext
+from .. import extension
 from ..backend import register, register_compiled, resolve
-from . import _checks
+from . import checks
 
 
 def build_tree_mask(parents, num_nodes=None, *, check=True, backend=None):
@@ -22,11 +22,11 @@ def build_tree_mask(parents, num_nodes=None, *, check=True, backend=None):
     ``check=False`` skips the value checks (tree rules, ``num_nodes`` range) that need a host sync;
     the kernels never loop on malformed input, but its output is then unspecified.
     """
-    _checks.tensor("parents", parents, dtype=torch.int32, rank=2)
+    checks.tensor("parents", parents, dtype=torch.int32, rank=2)
     B, T = parents.shape
     if T == 0:
         raise ValueError(f"parents must have at least one node (T >= 1), got shape {tuple(parents.shape)}")
-    num_nodes = _checks.tree_nodes(parents, num_nodes, check)
+    num_nodes = checks.tree_nodes(parents, num_nodes, check)
     return resolve("build_tree_mask", parents.device, backend)(parents, num_nodes)
 
 
@@ -80,7 +80,7 @@ def _build_tree_mask_triton(parents, num_nodes):
     return kernels.build_tree_mask(parents, num_nodes)
 
 
-if _ext.cpu_ext is not None or _ext.cuda_ext is not None:
+if extension.cpu_ext is not None or extension.cuda_ext is not None:
 
     @torch.library.register_fake("specops::build_tree_mask")
     def _(parents, num_nodes):

@@ -25,9 +25,9 @@ Rules (docs/methods.md §Verification rules): R1 ``verify_greedy``; ``verify_tre
 """
 import torch
 
-from .. import _ext
+from .. import extension
 from ..backend import register, register_compiled, resolve
-from . import _checks, token_bitmask
+from . import checks, token_bitmask
 from . import verify_ref  # noqa: F401  (registers the torch backend)
 
 MODES = ("mss", "mss_pointmass", "mss_noreplace", "sample_match", "gsd")
@@ -55,10 +55,10 @@ def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, bitmask=Non
     malformed parents end the walk.
     """
     B, T, num_nodes = tree_args(tokens, parents, num_nodes)
-    _checks.tensor("target_logits", target_logits, dtype=_LOGITS, rank=3, device=tokens.device)
+    checks.tensor("target_logits", target_logits, dtype=_LOGITS, rank=3, device=tokens.device)
     V = rows_shape("target_logits", target_logits, B, T)
     if bitmask is not None:
-        _checks.tensor("bitmask", bitmask, dtype=torch.int32, shape=(B, T, (V + 31) // 32), device=tokens.device)
+        checks.tensor("bitmask", bitmask, dtype=torch.int32, shape=(B, T, (V + 31) // 32), device=tokens.device)
     if check:
         bad = torch.isnan(target_logits) | (target_logits == torch.inf)
         if bitmask is not None:
@@ -66,7 +66,7 @@ def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, bitmask=Non
             token_bitmask.check_rows(bitmask, V)
         raise_flags(tree_flags(tokens, parents, num_nodes, V) + [flag(bad.any(), lambda: (
             "target_logits[{}, {}] must not contain NaN or +inf, got ".format(*_first_row(bad.any(-1)))
-            + _checks.at("target_logits", target_logits, bad),))])
+            + checks.at("target_logits", target_logits, bad),))])
     return resolve("verify_greedy", tokens.device, backend)(tokens, parents, target_logits, num_nodes, bitmask)
 
 
@@ -97,14 +97,14 @@ def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs=None, mo
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     B, T, num_nodes = tree_args(tokens, parents, num_nodes)
     dev = tokens.device
-    _checks.tensor("target_probs", target_probs, dtype=torch.float32, rank=3, device=dev)
+    checks.tensor("target_probs", target_probs, dtype=torch.float32, rank=3, device=dev)
     V = rows_shape("target_probs", target_probs, B, T)
-    _checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B, T, 2), device=dev)
+    checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B, T, 2), device=dev)
     if draft_probs is None:
         if mode in NEEDS_DRAFT:
             raise ValueError(f"draft_probs is required for mode={mode!r} (shape [B, T, V] = [{B}, {T}, {V}])")
     else:
-        _checks.tensor("draft_probs", draft_probs, dtype=torch.float32, shape=(B, T, V), device=dev)
+        checks.tensor("draft_probs", draft_probs, dtype=torch.float32, shape=(B, T, V), device=dev)
     if check:
         valid = valid_mask(num_nodes, T)
         child = valid & (torch.arange(T, device=dev) > 0)
@@ -129,16 +129,16 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, unifo
     in log space. ``tau = 1`` accepts nothing (target-only decoding), ``tau = 0`` accepts all
     ``g`` drafts. Not lossless by design. ``check=True`` validates values with one host sync.
     """
-    _checks.tensor("draft_tokens", draft_tokens, dtype=torch.int32, rank=2)
+    checks.tensor("draft_tokens", draft_tokens, dtype=torch.int32, rank=2)
     B, g = draft_tokens.shape
     dev = draft_tokens.device
-    _checks.tensor("target_logprobs", target_logprobs, dtype=torch.float32, rank=3, device=dev)
+    checks.tensor("target_logprobs", target_logprobs, dtype=torch.float32, rank=3, device=dev)
     if target_logprobs.shape[:2] != (B, g + 1) or target_logprobs.shape[2] < 1:
         raise ValueError(f"target_logprobs must have shape [B, g + 1, V] = [{B}, {g + 1}, V >= 1], "
                          f"got {tuple(target_logprobs.shape)}")
     V = target_logprobs.shape[2]
-    _checks.tensor("draft_joint_logprobs", draft_joint_logprobs, dtype=torch.float32, shape=(B, g), device=dev)
-    _checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B,), device=dev)
+    checks.tensor("draft_joint_logprobs", draft_joint_logprobs, dtype=torch.float32, shape=(B, g), device=dev)
+    checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B,), device=dev)
     tau = tau_tensor(tau, B, dev)
     if check:
         bad_tok = (draft_tokens < 0) | (draft_tokens >= V)
@@ -150,16 +150,16 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, unifo
         raise_flags([
             flag(bad_tok.any(), lambda: ("draft_tokens must lie in [0, V={}), got {} at [{}, {}]".format(
                 V, *_first_value(draft_tokens, bad_tok)),)),
-            flag(bad_tau.any(), lambda: (f"tau must lie in [0, 1], got {_checks.at('tau', tau, bad_tau)}",)),
+            flag(bad_tau.any(), lambda: (f"tau must lie in [0, 1], got {checks.at('tau', tau, bad_tau)}",)),
             uniform_flag("uniforms", uniforms),
             flag(bad_target.any(), lambda: ("target_logprobs must not contain NaN or +inf, got "
-                                             + _checks.at("target_logprobs", target_logprobs, bad_target),)),
+                                             + checks.at("target_logprobs", target_logprobs, bad_target),)),
             flag(off.any(), lambda: (
                 "target_logprobs[{}, {}] must be a log-distribution (logsumexp 0 within {}), got {:.6g}".format(
                     *_first_row(off), ROW_SUM_TOL, float(lse[_first_row(off)])),)),
             flag(bad_joint.any(), lambda: (
                 "draft_joint_logprobs must be log-probabilities (<= 0, not NaN), got "
-                f"{_checks.at('draft_joint_logprobs', draft_joint_logprobs, bad_joint)}",)),
+                f"{checks.at('draft_joint_logprobs', draft_joint_logprobs, bad_joint)}",)),
         ])
     log_tau = torch.log(tau)
     return resolve("verify_joint", dev, backend)(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau,
@@ -172,7 +172,7 @@ def tau_tensor(tau, B, device):
     """R6's ``tau``: a float in [0, 1] (checked here, no sync) or an fp32 [B] tensor (its values are
     checked by the op under ``check=True``) -> fp32 [B]."""
     if isinstance(tau, torch.Tensor):
-        return _checks.tensor("tau", tau, dtype=torch.float32, shape=(B,), device=device)
+        return checks.tensor("tau", tau, dtype=torch.float32, shape=(B,), device=device)
     if isinstance(tau, (int, float)) and not isinstance(tau, bool):
         if not 0.0 <= tau <= 1.0:
             raise ValueError(f"tau must lie in [0, 1], got {tau}")
@@ -181,15 +181,15 @@ def tau_tensor(tau, B, device):
 
 
 def tree_args(tokens, parents, num_nodes):
-    _checks.tensor("tokens", tokens, dtype=torch.int32, rank=2)
+    checks.tensor("tokens", tokens, dtype=torch.int32, rank=2)
     B, T = tokens.shape
     if T == 0:
         raise ValueError(f"tokens must have at least one node (T >= 1), got shape {tuple(tokens.shape)}")
-    _checks.tensor("parents", parents, dtype=torch.int32, shape=(B, T), device=tokens.device)
+    checks.tensor("parents", parents, dtype=torch.int32, shape=(B, T), device=tokens.device)
     if num_nodes is None:
         num_nodes = torch.full((B,), T, dtype=torch.int32, device=tokens.device)
     else:
-        _checks.lengths("num_nodes", num_nodes, B, tokens.device)
+        checks.lengths("num_nodes", num_nodes, B, tokens.device)
     return B, T, num_nodes
 
 
@@ -239,7 +239,7 @@ def tree_flags(tokens, parents, num_nodes, V):
     nodes_bad = (num_nodes < 1) | (num_nodes > T)
 
     def nodes_message():
-        return (f"num_nodes must lie in [1, T={T}], got {_checks.at('num_nodes', num_nodes, nodes_bad)}",)
+        return (f"num_nodes must lie in [1, T={T}], got {checks.at('num_nodes', num_nodes, nodes_bad)}",)
 
     def root_message():
         b = int(root_bad.nonzero()[0, 0])
@@ -260,7 +260,7 @@ def tree_flags(tokens, parents, num_nodes, V):
 def uniform_flag(name, u):
     bad = ~((u >= 0) & (u < 1))
     return flag(bad.any(), lambda: (f"{name} must lie in [0, 1) (NaN counts as outside), got "
-                                     f"{_checks.at(name, u, bad)}",))
+                                     f"{checks.at(name, u, bad)}",))
 
 
 def _prob_flags(name, rows, where):
@@ -272,7 +272,7 @@ def _prob_flags(name, rows, where):
     return [
         flag(nonfinite.any(), lambda: (f"{name}[{', '.join(map(str, _first_row(nonfinite)))}] must be finite and "
                                         "non-negative, got "
-                                        f"{_checks.at(name, rows, nonfinite[..., None] & bad_entry)}",)),
+                                        f"{checks.at(name, rows, nonfinite[..., None] & bad_entry)}",)),
         flag(off.any(), lambda: (f"{name}[{', '.join(map(str, _first_row(off)))}] must sum to 1 (within "
                                   f"{ROW_SUM_TOL}), got {float(sums[_first_row(off)]):.6g}",)),
     ]
@@ -321,7 +321,7 @@ def _outputs(tokens, T):
     return tokens.new_empty((B, T)), tokens.new_empty((B,)), tokens.new_empty((B,))
 
 
-if _ext.cpu_ext is not None or _ext.cuda_ext is not None:
+if extension.cpu_ext is not None or extension.cuda_ext is not None:
 
     @torch.library.register_fake("specops::verify_greedy")
     def _(tokens, parents, target_logits, num_nodes, bitmask=None):

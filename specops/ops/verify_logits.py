@@ -24,7 +24,7 @@ per row. ``verify_mode`` is the mode -> op policy the decoding loop calls (R1-R6
 import torch
 
 from ..backend import register, register_compiled, resolve
-from . import _checks, token_bitmask
+from . import checks, token_bitmask
 from . import verify_ref
 from .sampling import FLOAT_DTYPES, MAX_VOCAB, row_param, warp_probs_torch
 from .verify import (MODES, NEEDS_DRAFT, flag, raise_flags, rows_shape, tree_args, tree_flags, uniform_flag,
@@ -62,17 +62,17 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     B, T, num_nodes = tree_args(tokens, parents, num_nodes)
     dev = tokens.device
-    _checks.tensor("target_logits", target_logits, dtype=FLOAT_DTYPES, rank=3, device=dev)
+    checks.tensor("target_logits", target_logits, dtype=FLOAT_DTYPES, rank=3, device=dev)
     V = rows_shape("target_logits", target_logits, B, T)
-    _checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B, T, 2), device=dev)
+    checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B, T, 2), device=dev)
     needs_draft = mode in NEEDS_DRAFT
     if draft_logits is None:
         if needs_draft:
             raise ValueError(f"draft_logits is required for mode={mode!r} (shape [B, T, V] = [{B}, {T}, {V}])")
     else:
-        _checks.tensor("draft_logits", draft_logits, dtype=FLOAT_DTYPES, shape=(B, T, V), device=dev)
+        checks.tensor("draft_logits", draft_logits, dtype=FLOAT_DTYPES, shape=(B, T, V), device=dev)
     if bitmask is not None:
-        _checks.tensor("bitmask", bitmask, dtype=torch.int32, shape=(B, T, (V + 31) // 32), device=dev)
+        checks.tensor("bitmask", bitmask, dtype=torch.int32, shape=(B, T, (V + 31) // 32), device=dev)
     params = _params(B, T, dev, check, temperature, top_k, top_p)
     if draft_temperature is None:
         draft_temperature = temperature
@@ -127,22 +127,22 @@ def verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, tau, 
     parameters, logits rows at valid nodes (no NaN / +inf, not all -inf), num_nodes in [1, g + 1].
     ``check=False`` syncs nothing. Limit: ``V <= 2**31 - 1`` on the compiled backends.
     """
-    _checks.tensor("draft_tokens", draft_tokens, dtype=torch.int32, rank=2)
+    checks.tensor("draft_tokens", draft_tokens, dtype=torch.int32, rank=2)
     B, g = draft_tokens.shape
     T = g + 1
     dev = draft_tokens.device
-    _checks.tensor("target_logits", target_logits, dtype=FLOAT_DTYPES, rank=3, device=dev)
+    checks.tensor("target_logits", target_logits, dtype=FLOAT_DTYPES, rank=3, device=dev)
     if target_logits.shape[:2] != (B, T) or target_logits.shape[2] < 1:
         raise ValueError(f"target_logits must have shape [B, g + 1, V] = [{B}, {T}, V >= 1], "
                          f"got {tuple(target_logits.shape)}")
     V = target_logits.shape[2]
-    _checks.tensor("draft_joint_logprobs", draft_joint_logprobs, dtype=torch.float32, shape=(B, g), device=dev)
-    _checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B,), device=dev)
+    checks.tensor("draft_joint_logprobs", draft_joint_logprobs, dtype=torch.float32, shape=(B, g), device=dev)
+    checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B,), device=dev)
     tau = tau_tensor(tau, B, dev)
     if num_nodes is None:
         num_nodes = torch.full((B,), T, dtype=torch.int32, device=dev)
     else:
-        _checks.lengths("num_nodes", num_nodes, B, dev)
+        checks.lengths("num_nodes", num_nodes, B, dev)
     params = _params(B, T, dev, check, temperature, top_k, top_p)
     if bonus_temperature is None:
         bonus_temperature = temperature
@@ -193,7 +193,7 @@ def verify_mode(mode, tokens, parents, target_logits, uniforms, *, num_nodes=Non
         return verify_greedy(tokens, parents, target_logits, num_nodes, bitmask=bitmask, check=check,
                              backend=backend)
     if mode == "joint":
-        _checks.tensor("uniforms", uniforms, dtype=torch.float32, rank=3)
+        checks.tensor("uniforms", uniforms, dtype=torch.float32, rank=3)
         B, T = tokens.shape[0], target_logits.shape[1]
         if joint_logprobs is None:  # a chain without drafts (an AR step): the bonus draw alone
             if T != 1:
@@ -220,14 +220,14 @@ def _joint_flags(draft_tokens, target_logits, draft_joint_logprobs, tau, uniform
     bad_joint = tested & (torch.isnan(draft_joint_logprobs) | (draft_joint_logprobs > 0))
     return [
         flag(nodes_bad.any(), lambda: (f"num_nodes must lie in [1, g + 1 = {g + 1}], got "
-                                        f"{_checks.at('num_nodes', num_nodes, nodes_bad)}",)),
+                                        f"{checks.at('num_nodes', num_nodes, nodes_bad)}",)),
         flag(bad_tok.any(), lambda: (f"draft_tokens must lie in [0, V={V}), got "
-                                      f"{_checks.at('draft_tokens', draft_tokens, bad_tok)}",)),
-        flag(bad_tau.any(), lambda: (f"tau must lie in [0, 1], got {_checks.at('tau', tau, bad_tau)}",)),
+                                      f"{checks.at('draft_tokens', draft_tokens, bad_tok)}",)),
+        flag(bad_tau.any(), lambda: (f"tau must lie in [0, 1], got {checks.at('tau', tau, bad_tau)}",)),
         uniform_flag("uniforms", uniforms),
         flag(bad_joint.any(), lambda: (
             "draft_joint_logprobs must be log-probabilities (<= 0, not NaN), got "
-            f"{_checks.at('draft_joint_logprobs', draft_joint_logprobs, bad_joint)}",)),
+            f"{checks.at('draft_joint_logprobs', draft_joint_logprobs, bad_joint)}",)),
     ] + _logit_flags("target_logits", target_logits, rows)
 
 
@@ -268,9 +268,9 @@ def _logit_flags(name, logits, where, allowed=None):
     empty = where & ~bad & ~finite.any(-1)
     return [
         flag(bad.any(), lambda: (f"{name} must not contain NaN or +inf, got "
-                                  f"{_checks.at(name, logits, bad[..., None] & bad_entry)}",)),
+                                  f"{checks.at(name, logits, bad[..., None] & bad_entry)}",)),
         flag(empty.any(), lambda: ("{}[{}, {}] must have at least one finite value, got all -inf".format(
-            name, *_checks.first_index(empty)),)),
+            name, *checks.first_index(empty)),)),
     ]
 
 
@@ -379,9 +379,9 @@ def _verify_joint_logits_triton(draft_tokens, target_logits, draft_joint_logprob
 
 
 def _register_fake():
-    from .. import _ext
+    from .. import extension
 
-    if _ext.cpu_ext is None and _ext.cuda_ext is None:
+    if extension.cpu_ext is None and extension.cuda_ext is None:
         return
 
     @torch.library.register_fake("specops::verify_tree_logits")

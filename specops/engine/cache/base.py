@@ -10,7 +10,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ... import backend as _backend
-from ...ops import _checks
+from ...ops import checks as _checks
 from ...ops import kv_compact as _kvc
 from ...ops.kv_compact import CACHE_DTYPES
 from ...parallel import local_kv_heads, text_config

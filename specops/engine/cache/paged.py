@@ -15,8 +15,8 @@ a contiguous [B, Hkv, max_len, D] copy, so any attention implementation reads th
 """
 import torch
 
-from ...ops import _checks
-from ...ops.kv_compact import _check_paged_values
+from ...ops import checks as _checks
+from ...ops.kv_compact import check_paged_values as _check_paged_values
 from ...ops.tree_attention import gather_pages
 from .base import KVCacheBase, check_sizes
 

@@ -15,7 +15,7 @@ Two ways to drive it:
 """
 import torch
 
-from ...ops.kv_compact import _check_values
+from ...ops.kv_compact import check_values as _check_values
 from .base import KVCacheBase, check_sizes
 
 

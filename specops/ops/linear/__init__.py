@@ -11,9 +11,9 @@ not bit for bit); the spec of the values is the torch reference, :mod:`.ref`.
 """
 import torch
 
-from ... import _ext
+from ... import extension
 from ...backend import register, register_compiled, resolve
-from .. import _checks
+from .. import checks
 from . import ref
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -27,18 +27,18 @@ def linear(x, weight, bias=None, *, backend=None):
     row of ``x``, its row of ``weight`` and its bias, whatever the other rows: the batch-invariance
     contract.
     """
-    _checks.tensor("x", x, dtype=DTYPES)
+    checks.tensor("x", x, dtype=DTYPES)
     if x.dim() < 1:
         raise ValueError(f"x must have rank >= 1 ([..., K]), got shape {tuple(x.shape)}")
     K = x.shape[-1]
-    _checks.tensor("weight", weight, dtype=x.dtype, rank=2, device=x.device)
+    checks.tensor("weight", weight, dtype=x.dtype, rank=2, device=x.device)
     if weight.shape[1] != K:
         raise ValueError(f"weight must have shape [N, K={K}] (K = x.shape[-1]), got {tuple(weight.shape)}")
     N = weight.shape[0]
     if K == 0 or N == 0:
         raise ValueError(f"x and weight must have K >= 1 and N >= 1, got K={K}, N={N}")
     if bias is not None:
-        _checks.tensor("bias", bias, dtype=x.dtype, shape=(N,), device=x.device)
+        checks.tensor("bias", bias, dtype=x.dtype, shape=(N,), device=x.device)
     x2 = x if x.dim() == 2 else x.reshape(-1, K)  # [M, K]
     if x2.stride(-1) != 1 and x2.numel():
         x2 = x2.contiguous()
@@ -81,14 +81,14 @@ def cpu_kernel(x, weight, bias):
     if (torch.compiler.is_compiling() or type(x) not in _PLAIN or type(weight) not in _PLAIN
             or (bias is not None and type(bias) not in _PLAIN)):
         return torch.ops.specops.linear(x, weight, bias)
-    return _ext.cpu_ext.linear(x, weight, bias)
+    return extension.cpu_ext.linear(x, weight, bias)
 
 
-if _ext.cpu_ext is not None:
+if extension.cpu_ext is not None:
     register("linear", "cpp")(cpu_kernel)  # replaces register_compiled's: the same op, called directly
 
 
-if _ext.cpu_ext is not None or _ext.cuda_ext is not None:
+if extension.cpu_ext is not None or extension.cuda_ext is not None:
 
     @torch.library.register_fake("specops::linear")
     def _(x, weight, bias):

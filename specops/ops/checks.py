@@ -80,7 +80,7 @@ def disjoint(name, t, others):
                              f"and [{olo:#x}, {ohi:#x}) that overlap")
 
 
-def _first_bad(flags):
+def first_bad(flags):
     """Host-syncs once on per-rule failure flags (bool tensors, any shape: set anywhere = failed);
     returns the first failing index or None."""
     if not flags:
@@ -97,7 +97,7 @@ def raise_first(rules):
     tensor (any shape; the rule fails where it is set) and ``message()`` the error text, built only
     for the rule that fails (it may read the tensors: that is the error path). One host sync for
     the whole list; raises ValueError with the first failing rule's message."""
-    which = _first_bad([flag for flag, _ in rules])
+    which = first_bad([flag for flag, _ in rules])
     if which is not None:
         raise ValueError(rules[which][1]())
 

@@ -4,7 +4,7 @@ Importing an extension runs its TORCH_LIBRARY registrations; nothing here probes
 """
 import importlib
 
-import torch  # noqa: F401  (loads libc10/libtorch, which the extensions link against)
+import torch  # loads libc10/libtorch, which the extensions link against
 
 
 def _check_torch_version():
@@ -34,6 +34,15 @@ _check_torch_version()
 cpu_ext, cpu_ext_error = _load("_C")
 cuda_ext, cuda_ext_error = _load("_C_cuda")
 cudasim_ext, cudasim_ext_error = _load("_C_cudasim")
+
+
+def has_op(name):
+    """The compiled extension defines ``specops::<name>`` (an older build may not)."""
+    try:
+        getattr(torch.ops.specops, name).default  # noqa: B018
+    except (AttributeError, RuntimeError):
+        return False
+    return True
 
 
 def cuda_archs():
