@@ -235,9 +235,9 @@ def _private_crossings(tree):
     a private name imported from a module (``from .x import _y``, whatever it is bound to), or a
     private attribute reached through a name that an import binds (``mod._y``, ``mod.sub._y``).
     Names imported at any depth count (function-level imports too); dunder names are not private.
-    A name an import binds counts as imported in the whole file, even where a local shadows it (none
-    does in ops/). What the scan cannot see: ``getattr(mod, "_y")`` and private names reached
-    through values a public function returns."""
+    A name an import binds counts as imported in the whole file (a local of the same name that
+    shadows it is scanned as if it were the import). What the scan cannot see: ``getattr(mod, "_y")``
+    and private names reached through values that a public function returns."""
     found, bound = [], set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
