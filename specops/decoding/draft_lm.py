@@ -8,12 +8,16 @@ Draft-cache policy (docs/methods.md §KV caches), one mechanism for every drafte
   ending with the pending root ``r`` (so the draft always computes a fresh distribution after ``r``).
   SD's "feed ``x_gamma`` and the bonus" (the draft never ran on ``x_gamma``) and OPT-Tree's
   "re-feed the accepted tokens" are both this catch-up chain.
-* Drafters add tree nodes below the chain (``add``) and ``forward`` computes every node not yet
-  fed, in one forward with ``q_start`` at the first unfed node; the new nodes travel to the device
-  in one staged upload (nothing blocks).
+* Drafters add tree nodes below the chain and ``forward`` computes every node not yet fed, in one
+  forward with ``q_start`` at the first unfed node. A node's token is either a host int (``add``:
+  a host search chose it) or a device value (``add_device``: chosen on the device, never read); the
+  block's structure (parents, node counts) is always on the host. The host-known part of the new
+  nodes travels in one staged upload (nothing blocks), the device tokens are scattered into the
+  block on the device.
 * ``commit_paths`` keeps a root path of fed block nodes (their K/V were computed under exactly that
   context) with the runner's ``keep``, the target's own compaction. Anything else is dropped by the
-  next ``begin``.
+  next ``begin``. The tokens of kept device nodes come from the caller (the step's one read brought
+  the accepted path's tokens back), so a commit reads nothing.
 """
 import torch
 
@@ -31,6 +35,8 @@ class DraftLM(ModelRunner):
         self._logits = self._argmax = None
         self._q0 = 0
         self._dev_parents = None  # the block's parents on the device, grown per forward
+        self._dev_tokens = None  # [B, T] the block's tokens on the device, once it has device nodes
+        self._pending = []  # (device tokens [n], [(b, node)] * n) added since the latest forward
         self.hidden = None  # [B, T - q0, H]: the latest forward's LM-head input (a forward with features)
 
     def prefill(self, prompts, logits=False, **kw):
@@ -76,13 +82,27 @@ class DraftLM(ModelRunner):
     def _open(self):
         self.fed = [0] * self.B
         self._logits = self._argmax = None
-        self._dev_parents = None
+        self._dev_parents = self._dev_tokens = None
+        self._pending = []
 
     def add(self, b, token, parent):
         """A new block node below block node ``parent``; returns its index."""
         self.tokens[b].append(int(token))
         self.parents[b].append(int(parent))
         return len(self.tokens[b]) - 1
+
+    def add_device(self, bs, parents, tokens):
+        """New block nodes whose tokens stay on the device: node ``j`` below block node
+        ``parents[j]`` of sequence ``bs[j]``, token
+        ``tokens[j]``. ``tokens[b]`` holds None for them on the host. Returns the node indices.
+        Shape: tokens int64 [len(bs)] on the runner's device."""
+        nodes = []
+        for b, parent in zip(bs, parents):
+            self.tokens[b].append(None)
+            self.parents[b].append(int(parent))
+            nodes.append(len(self.tokens[b]) - 1)
+        self._pending.append((tokens, list(zip(bs, nodes))))
+        return nodes
 
     @property
     def first_unfed(self):
@@ -106,13 +126,16 @@ class DraftLM(ModelRunner):
         Tq = T - q0
         if any(n < q0 for _, n in rows):
             raise IndexError("logits are kept only for the nodes computed by this forward()")
-        # One upload: the new columns q0..T-1 of tokens and parents, the node counts, the rows, extra.
+        # One upload: the new columns q0..T-1 of tokens (-1 where the device holds the token) and
+        # parents, the node counts, the device tokens' block positions, the rows, extra.
         flat = []
         for b in range(self.B):
-            flat += self.tokens[b][q0:] + [0] * (T - len(self.tokens[b]))
+            flat += [-1 if t is None else t for t in self.tokens[b][q0:]] + [0] * (T - len(self.tokens[b]))
         for b in range(self.B):
             flat += self.parents[b][q0:] + [0] * (T - len(self.parents[b]))
         flat += [len(t) for t in self.tokens]
+        placed = [b * T + n for _, where in self._pending for b, n in where]
+        flat += placed
         flat += [b * Tq + n - q0 for b, n in rows]
         flat += extra
         up = self.stager.upload(flat)
@@ -121,6 +144,9 @@ class DraftLM(ModelRunner):
         new_par = up[n: 2 * n].view(self.B, Tq).to(torch.int32)
         num_nodes = up[2 * n: 2 * n + self.B].to(torch.int32)
         at = 2 * n + self.B
+        if placed or self._dev_tokens is not None:
+            new_tok = self._device_columns(new_tok, up[at: at + len(placed)], q0, T)
+        at += len(placed)
         parents = new_par if q0 == 0 else torch.cat([self._dev_parents[:, :q0], new_par], dim=1)
         self._dev_parents = parents
         if features is None:
@@ -133,6 +159,22 @@ class DraftLM(ModelRunner):
         self.fed = [len(t) for t in self.tokens]
         picked = self._logits.reshape(self.B * Tq, -1)[up[at: at + len(rows)]] if rows else None
         return picked, (up[at + len(rows):] if extra else None)
+
+    def _device_columns(self, uploaded, placed, q0, T):
+        """The new columns with the device tokens filled in: those added since the latest forward
+        (scattered at ``placed``, flat positions in the [B, T] block) and earlier ones this forward
+        feeds again. Keeps the block's tokens on the device. Shape: uploaded int64 [B, T - q0]
+        (-1 at device tokens) -> int64 [B, T - q0]."""
+        block = uploaded.new_zeros(self.B, T)
+        if self._dev_tokens is not None:
+            block[:, : self._dev_tokens.shape[1]] = self._dev_tokens
+        if self._pending:
+            block.view(-1)[placed] = torch.cat([t.reshape(-1) for t, _ in self._pending])
+            self._pending = []
+        cols = torch.where(uploaded < 0, block[:, q0:], uploaded)
+        block[:, q0:] = cols
+        self._dev_tokens = block
+        return cols
 
     def logits(self, b, node):
         """Shape: -> [V], the draft's next-token logits after block node ``node``."""
@@ -159,9 +201,12 @@ class DraftLM(ModelRunner):
         idx = self.stager.upload([b * Tq + n - self._q0 for b, n in pairs])
         return self._logits.reshape(self.B * Tq, -1)[idx]
 
-    def commit_paths(self, paths):
+    def commit_paths(self, paths, path_tokens=None):
         """Keeps, per sequence, the fed prefix of a block root path (list of block nodes starting
-        at 0) in the cache. The block is closed afterwards. Returns the kept counts."""
+        at 0) in the cache. The block is closed afterwards. Returns the kept counts.
+
+        ``path_tokens[b]``: the tokens of ``paths[b]``'s nodes (needed for nodes whose token is on
+        the device, ``add_device``; None: every kept node's token is on the host)."""
         idx, lens = [], []
         for b in range(self.B):
             path = paths[b] if paths[b] is not None else []
@@ -183,8 +228,12 @@ class DraftLM(ModelRunner):
             up = self.stager.upload(rows + lens).to(torch.int32)
             self.keep(up[: self.B * A].view(self.B, A), up[self.B * A:], lens, check=_kernels.CHECK)
         for b in range(self.B):
-            self.cached[b].extend(self.tokens[b][i] for i in idx[b])
+            known = self.tokens[b]
+            for j, i in enumerate(idx[b]):
+                tok = known[i] if known[i] is not None else path_tokens[b][j]
+                self.cached[b].append(tok)
         self.tokens = self.parents = None
         self._logits = self._argmax = None
-        self._dev_parents = None
+        self._dev_parents = self._dev_tokens = None
+        self._pending = []
         return lens

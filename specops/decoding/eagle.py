@@ -98,10 +98,10 @@ class FeatureDraftLM(DraftLM):
         self._hid[:, q0:T] = new
         return out
 
-    def commit_paths(self, paths):
+    def commit_paths(self, paths, path_tokens=None):
         hid, chain = self._hid, self._chain_len
         before = [len(c) for c in self.cached]
-        lens = super().commit_paths(paths)
+        lens = super().commit_paths(paths, path_tokens)
         for b in range(self.B):
             if lens[b] and hid is not None:
                 last = (paths[b] or [])[lens[b] - 1]

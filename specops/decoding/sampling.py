@@ -58,15 +58,10 @@ def inverse_cdf(probs, u):
     return torch.minimum(idx, last)
 
 
-def sample(probs, generator):
-    """One token per row. Shape: probs fp32 [N, V] -> list of N ints."""
-    return draw(probs, generator).tolist()
-
-
 def choose(logits, sampling, generator):
-    """Next tokens and their warped distributions. Shape: logits [N, V] -> (list of N ints,
-    probs fp32 [N, V]); greedy returns the argmax (and the one-hot rows)."""
+    """Next tokens and their warped distributions, left on the device (no host read). Shape: logits
+    [N, V] -> (int64 [N], probs fp32 [N, V] or None); greedy returns the argmax (and None)."""
     if sampling.greedy:
-        return logits.argmax(-1).tolist(), None
+        return logits.argmax(-1), None
     probs = sampling.warp(logits)
-    return sample(probs, generator), probs
+    return draw(probs, generator), probs

@@ -136,23 +136,28 @@ class Drafter:
 class ModelDrafter(Drafter):
     """A drafter that runs ``ctx.draft`` (a DraftLM) and fills ``Draft.src`` with draft-block
     node indices; ``commit`` keeps the accepted path's valid draft K/V (the path's draft-block nodes
-    come with the step's read)."""
+    and tokens come with the step's read, so a token chosen on the device is never read for it)."""
 
     needs_draft_model = True
 
     def commit(self, ctx, draft, result):
-        paths = []
+        paths, tokens = [], []
         for b in range(ctx.batch):
             if draft.src is None or not ctx.was_active[b]:
                 paths.append(None)
+                tokens.append(None)
                 continue
-            path = list(range(ctx.draft.root[b] + 1))  # the catch-up chain
-            for node in result.path_src[b][1:]:
+            root = ctx.draft.root[b]
+            path = list(range(root + 1))  # the catch-up chain (its tokens are on the host)
+            toks = [None] * (root + 1)
+            for node, tok in zip(result.path_src[b][1:], result.path_tokens[b][1:]):
                 if node < 0:
                     break
                 path.append(node)
+                toks.append(tok)
             paths.append(path)
-        ctx.draft.commit_paths(paths)
+            tokens.append(toks)
+        ctx.draft.commit_paths(paths, tokens)
 
 
 def grammar_masked(ctx, logits, paths):

@@ -3,11 +3,23 @@ R2 (rejection sampling with the draft's warped distribution, ``mss`` on a chain)
 draft logits row (masked by the grammar, if any) goes to verification with the sampling config it was
 warped with, which warps only the rows its walk reads.
 
+The chain's structure (a parent per level, ``gamma`` levels per active sequence) is known on the
+host; only its tokens are data, and they stay on the device: each draft forward chooses the next
+token on the device (argmax, or a draw with the loop's generator) and feeds it to the next forward
+(``DraftLM.add_device``), the chain is assembled on the device, and the draft cache's commit takes
+the kept tokens from the step's read. Without a grammar or ``exit_threshold``, drafting reads the
+device not once.
+
 ``exit_threshold`` > 0 adds SSD's draft-exit: stop drafting a sequence once the draft's probability
-of its own next token falls below it (the low-probability token is not proposed).
+of its own next token falls below it (the low-probability token is not proposed). That and a
+grammar (whose masks follow the drafted tokens) are host searches: they read the chosen tokens (and
+their probabilities) once per draft forward.
 """
+import torch
+
+from ..readback import read_lists
 from ..sampling import choose
-from ..tree import Candidates
+from ..tree import Draft
 from .base import ModelDrafter, grammar_masked
 
 
@@ -31,41 +43,76 @@ class SD(ModelDrafter):
     def propose(self, ctx):
         d = ctx.draft
         d.begin(ctx.seqs, ctx.active)
-        B = ctx.batch
-        tips = list(d.root)
-        going = list(ctx.active)
-        tokens = [[s[-1]] for s in ctx.seqs]
-        src = [[d.root[b]] for b in range(B)]
-        drawn_from = [[None] for _ in range(B)]  # per node: the draft logits row it was drawn from
-        depth = [0] * B
-        for _ in range(self.gamma):
-            if not any(going):
-                break
-            bs = [b for b in range(B) if going[b]]
-            logits, _ = d.forward(rows=[(b, tips[b]) for b in bs])  # [len(bs), V]
-            if ctx.grammar is not None:  # draw from the draft's distribution over allowed tokens
-                logits = grammar_masked(ctx, logits, [(b, tokens[b][1:]) for b in bs])
-            chosen, probs = choose(logits, ctx.sampling, ctx.generator)
-            conf = None
-            if self.exit_threshold > 0:
-                conf = (probs if probs is not None else logits.softmax(-1))
-            for j, b in enumerate(bs):
-                tok = chosen[j]
-                if conf is not None and float(conf[j, tok]) < self.exit_threshold:
-                    going[b] = False
-                    continue
-                depth[b] += 1
-                tokens[b].append(tok)
-                drawn_from[b].append(None if probs is None else logits[j])
-                tips[b] = d.add(b, tok, tips[b])
-                src[b].append(tips[b])
-                if len(tokens[b]) > self.gamma:
-                    going[b] = False
+        B, dev, G = ctx.batch, ctx.root.device, self.gamma
         sampled = not ctx.sampling.greedy  # R2 tests each token against the row it was drawn from
-        return Candidates(tokens=tokens, parents=[[-1] + list(range(len(t) - 1)) for t in tokens], src=src,
-                          depth_drafted=depth, drafted_nodes=[len(t) for t in tokens],
-                          draft_logits=drawn_from if sampled else None, draft_warp=ctx.sampling
-                          ).stage(ctx.stager, ctx.vocab_size)
+        host = ctx.grammar is not None or self.exit_threshold > 0  # a search on each forward's tokens
+        tips, going, depth = list(d.root), list(ctx.active), [0] * B
+        drafted = [[] for _ in range(B)]  # the drafted tokens on the host (a host search only)
+        tokens = torch.zeros(B, G + 1, dtype=torch.int64, device=dev)  # [B, G + 1], column 0 = the roots
+        tokens[:, 0] = ctx.root
+        rows = torch.zeros(B, G + 1, ctx.vocab_size, dtype=torch.float32, device=dev) if sampled else None
+        for _ in range(G):
+            bs = [b for b in range(B) if going[b]]
+            if not bs:
+                break
+            col = depth[bs[0]] + 1  # every drafting sequence is at the same level
+            full = len(bs) == B  # else the sequences' indices travel with the forward's upload
+            logits, at = d.forward(rows=[(b, tips[b]) for b in bs], extra=None if full else bs)  # [n, V]
+            if ctx.grammar is not None:  # draw from the draft's distribution over allowed tokens
+                logits = grammar_masked(ctx, logits, [(b, drafted[b]) for b in bs])
+            chosen, probs = choose(logits, ctx.sampling, ctx.generator)  # int64 [n] on the device
+            if full:
+                tokens[:, col] = chosen
+                if sampled:
+                    rows[:, col] = logits
+            else:
+                tokens[at, col] = chosen
+                if sampled:
+                    rows[at, col] = logits.float()
+            if host:
+                bs = self._host_search(ctx, bs, chosen, probs, logits, drafted, going)
+                for b in bs:
+                    tips[b] = d.add(b, drafted[b][-1], tips[b])
+            else:
+                tips_bs = d.add_device(bs, [tips[b] for b in bs], chosen)
+                for b, tip in zip(bs, tips_bs):
+                    tips[b] = tip
+            for b in bs:
+                depth[b] += 1
+        nodes = [1 + n for n in depth]
+        T = max(nodes)
+        up = ctx.stager.upload(nodes + list(d.root))  # [2B]: node counts, the roots' block nodes
+        num_nodes = up[:B].to(torch.int32)
+        ar = torch.arange(T, device=dev)
+        valid = ar < up[:B, None]  # [B, T]; a sequence that stopped early wrote a column past its end
+        draft_logits = None
+        if sampled:
+            draft_logits = torch.where(valid[..., None], rows[:, :T], 0.0) if host else rows[:, :T]
+        return Draft(tokens=torch.where(valid, tokens[:, :T], 0),
+                     parents=torch.where(valid, ar - 1, 0).to(torch.int32), num_nodes=num_nodes,
+                     draft_logits=draft_logits, draft_warp=ctx.sampling if sampled else None,
+                     src=torch.where(valid, up[B:, None] + ar, 0).to(torch.int32),
+                     depth=depth, depth_drafted=list(depth), drafted_nodes=nodes)
+
+    def _host_search(self, ctx, bs, chosen, probs, logits, drafted, going):
+        """Reads the chosen tokens (and their probabilities, with ``exit_threshold``) once, appends
+        the kept ones to ``drafted`` and stops the sequences that exit or reach ``gamma``; returns
+        the sequences whose token is proposed."""
+        if self.exit_threshold > 0:
+            conf = probs if probs is not None else logits.softmax(-1)
+            toks, conf = read_lists(chosen, conf.gather(1, chosen[:, None])[:, 0])
+        else:
+            toks, conf = read_lists(chosen)[0], None
+        kept = []
+        for j, b in enumerate(bs):
+            if conf is not None and conf[j] < self.exit_threshold:
+                going[b] = False
+                continue
+            drafted[b].append(toks[j])
+            kept.append(b)
+            if len(drafted[b]) >= self.gamma:
+                going[b] = False
+        return kept
 
 
 ChainDrafter = SD  # the class's name before issue #32 (a public name: kept)
