@@ -44,9 +44,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_greedy_cpu(const at::Tenso
   auto par = parents.contiguous();
   auto nn = num_nodes.contiguous();
   auto logits = target_logits.contiguous();
-  auto accept_idx = at::full({B, T}, -1, tokens.options());
-  auto accept_len = at::empty({B}, tokens.options());
-  auto bonus = at::empty({B}, tokens.options());
+  auto [accept_idx, accept_len, bonus] = outputs(tokens, B, T);
   const int32_t* tk = tok.data_ptr<int32_t>();
   const int32_t* pa = par.data_ptr<int32_t>();
   const int32_t* n = nn.data_ptr<int32_t>();
@@ -80,50 +78,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_cpu(
     const at::Tensor& log_tau,               // [B] fp32
     const at::Tensor& uniforms)              // [B] fp32
 {
-  SPECOPS_CHECK_DTYPE(draft_tokens, at::kInt);
   SPECOPS_CHECK_DTYPE(target_logprobs, at::kFloat);
-  SPECOPS_CHECK_DTYPE(draft_joint_logprobs, at::kFloat);
-  SPECOPS_CHECK_DTYPE(log_tau, at::kFloat);
-  SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
-  SPECOPS_CHECK_DIM(draft_tokens, 2);
-  SPECOPS_CHECK_DIM(target_logprobs, 3);
-  const int64_t B = draft_tokens.size(0), g = draft_tokens.size(1), V = target_logprobs.size(2);
-  TORCH_CHECK_VALUE(target_logprobs.size(0) == B && target_logprobs.size(1) == g + 1 && V >= 1,
-              "target_logprobs must have shape [B, g + 1, V]");
-  TORCH_CHECK_VALUE(draft_joint_logprobs.sizes() == draft_tokens.sizes(), "draft_joint_logprobs must have shape [B, g]");
-  TORCH_CHECK_VALUE(log_tau.dim() == 1 && log_tau.size(0) == B, "log_tau must have shape [B]");
-  TORCH_CHECK_VALUE(uniforms.dim() == 1 && uniforms.size(0) == B, "uniforms must have shape [B]");
-  auto tok = draft_tokens.contiguous();
+  const auto [B, g, V] = check_joint_args("", draft_tokens, target_logprobs, "target_logprobs", draft_joint_logprobs,
+                                          log_tau, uniforms);
   auto lp = target_logprobs.contiguous();
-  auto lq = draft_joint_logprobs.contiguous();
-  auto lt = log_tau.contiguous();
-  auto un = uniforms.contiguous();
-  auto accept_idx = at::full({B, g + 1}, -1, draft_tokens.options());
-  auto accept_len = at::empty({B}, draft_tokens.options());
-  auto bonus = at::empty({B}, draft_tokens.options());
-  const int32_t* tk = tok.data_ptr<int32_t>();
   const float* lpp = lp.data_ptr<float>();
-  const float* lqp = lq.data_ptr<float>();
-  const float* ltp = lt.data_ptr<float>();
-  const float* up = un.data_ptr<float>();
-  int32_t* ai = accept_idx.data_ptr<int32_t>();
-  int32_t* al = accept_len.data_ptr<int32_t>();
-  int32_t* bo = bonus.data_ptr<int32_t>();
-  const int32_t S = fix_shift(V);
-  const float scale = exp2i(S);
+  const JointIo io(draft_tokens, draft_joint_logprobs, log_tau, uniforms, B, g);
+  const float scale = exp2i(fix_shift(V));
   at::parallel_for(0, B, sequences_per_task(V), [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; ++b) {
       const float* rows = lpp + b * (g + 1) * V;
-      const int32_t eta = joint_eta(tk + b * g, static_cast<int32_t>(g + 1), V, ltp[b], lqp + b * g,
-                                    [&](int32_t row, int32_t x) { return rows[row * V + x]; });
-      for (int32_t j = 0; j <= eta; ++j) ai[b * (g + 1) + j] = j;
-      al[b] = eta + 1;
+      const int32_t eta = joint_eta(io.tokens + b * g, static_cast<int32_t>(g + 1), V, io.log_tau[b],
+                                    io.joint_q + b * g, [&](int32_t row, int32_t x) { return rows[row * V + x]; });
       const float* row = rows + eta * V;
       std::vector<int64_t> chunks(num_chunks(V));
-      bo[b] = row_sample(row, V, scale, row_sum_fix_exp(row, V, scale, chunks.data()), up[b], chunks.data(), true);
+      io.accept(b, eta, row_sample(row, V, scale, row_sum_fix_exp(row, V, scale, chunks.data()), io.uniforms[b],
+                                   chunks.data(), true));
     }
   });
-  return {accept_idx, accept_len, bonus};
+  return io.result();
 }
 
 }  // namespace cpu

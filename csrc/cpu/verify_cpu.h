@@ -1,37 +1,21 @@
-// Launcher checks and the tree-walk engine shared by csrc/cpu/verify.cpp, verify_tree.cpp and
-// verify_logits.cpp (the row passes are in verify_rows.h).
+// The tree-walk engine shared by csrc/cpu/verify.cpp, verify_tree.cpp and verify_logits.cpp (the
+// row passes are in verify_rows.h; the launchers' argument checks in ../verify_args.h).
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <limits>
-#include <string>
+#include <tuple>
 #include <vector>
 
 #include "../registration.h"
+#include "../verify_args.h"
 #include "../verify_common.h"
 #include "verify_rows.h"
 
 namespace specops {
 namespace verify {
 namespace cpu {
-
-// Checks shared by the launchers of verify.cpp / verify_tree.cpp (the Python op validates first).
-inline void check_tree_args(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& num_nodes,
-                            const at::Tensor& rows) {
-  SPECOPS_CHECK_DTYPE(tokens, at::kInt);
-  SPECOPS_CHECK_DTYPE(parents, at::kInt);
-  SPECOPS_CHECK_DTYPE(num_nodes, at::kInt);
-  SPECOPS_CHECK_DIM(tokens, 2);
-  SPECOPS_CHECK_DIM(parents, 2);
-  SPECOPS_CHECK_DIM(num_nodes, 1);
-  SPECOPS_CHECK_DIM(rows, 3);
-  TORCH_CHECK_VALUE(parents.sizes() == tokens.sizes(), "parents must have the shape of tokens");
-  TORCH_CHECK_VALUE(num_nodes.size(0) == tokens.size(0), "num_nodes must have shape [B]");
-  TORCH_CHECK_VALUE(rows.size(0) == tokens.size(0) && rows.size(1) == tokens.size(1),
-              "probability rows must have shape [B, T, V]");
-  TORCH_CHECK_VALUE(rows.size(2) >= 1, "V must be >= 1");
-}
 
 // Bit i % 32 of word i / 32: token i allowed (apply_token_bitmask's layout).
 inline bool token_allowed(const int32_t* words, int64_t i) {
@@ -52,9 +36,38 @@ const float* masked_row(const T* row, const int32_t* words, int64_t V, std::vect
   return masked_row(row, words, V, tmp.data());
 }
 
-int32_t parse_mode(const std::string& mode);
-bool mode_needs_draft(int32_t mode);
-int64_t mode_buffers(int32_t mode);  // scratch rows the mode's walk needs
+// R6's launch tensors (verify_joint, verify_joint_logits): the per-sequence inputs, contiguous
+// (draft tokens [B, g], joint log-probabilities [B, g], log tau [B], uniforms [B]), and the outputs
+// (accept_idx [B, g + 1], accept_len [B], bonus [B]), which one task per sequence reads and writes.
+struct JointIo {
+  int64_t g;
+  at::Tensor tok, lq, lt, un, accept_idx, accept_len, bonus;
+  const int32_t* tokens;   // [B, g]
+  const float* joint_q;    // [B, g]
+  const float* log_tau;    // [B]
+  const float* uniforms;   // [B]
+
+  JointIo(const at::Tensor& draft_tokens, const at::Tensor& draft_joint_logprobs, const at::Tensor& log_tau_,
+          const at::Tensor& uniforms_, int64_t B, int64_t g_)
+      : g(g_), tok(draft_tokens.contiguous()), lq(draft_joint_logprobs.contiguous()), lt(log_tau_.contiguous()),
+        un(uniforms_.contiguous()) {
+    std::tie(accept_idx, accept_len, bonus) = outputs(draft_tokens, B, g + 1);
+    tokens = tok.data_ptr<int32_t>();
+    joint_q = lq.data_ptr<float>();
+    log_tau = lt.data_ptr<float>();
+    uniforms = un.data_ptr<float>();
+  }
+
+  // Sequence b accepts its first eta drafts (accept_idx 0..eta; the rest stay -1) and `token`.
+  void accept(int64_t b, int32_t eta, int32_t token) const {
+    int32_t* ai = accept_idx.data_ptr<int32_t>() + b * (g + 1);
+    for (int32_t j = 0; j <= eta; ++j) ai[j] = j;
+    accept_len.data_ptr<int32_t>()[b] = eta + 1;
+    bonus.data_ptr<int32_t>()[b] = token;
+  }
+
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> result() const { return {accept_idx, accept_len, bonus}; }
+};
 
 // One sequence's walk state for the shared walks of ../verify_common.h. Rows supplies the target
 // and draft rows: row(Vec) -> const float* [V] and at(Vec, tok) for kinds kTarget / kDraft (dense

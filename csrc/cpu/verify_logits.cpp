@@ -14,7 +14,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <string>
+#include <array>
+#include <memory>
 #include <vector>
 
 #include "../token_bitmask_args.h"
@@ -125,17 +126,48 @@ struct LogitRows {
   }
 };
 
-// The six warping parameters of a launch, [N] each: temperature, top_k, top_p, then the second row kind's.
-void check_params(const char* op, const char* const names[6], const at::Tensor* const params[6], int64_t N) {
-  for (int i = 0; i < 6; ++i) {
-    const at::Tensor& t = *params[i];
-    const at::ScalarType dtype = i % 3 == 1 ? at::kInt : at::kFloat;
-    TORCH_CHECK_VALUE(t.scalar_type() == dtype, op, ": ", names[i], " must have dtype ", dtype, ", got ",
-                      t.scalar_type());
-    TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == N, op, ": ", names[i], " must have shape [B * T] = [", N,
-                      "], got ", t.sizes());
-  }
+// Rows [r0, r0 + T) of a contiguous [N, V] logits tensor; an undefined one (no draft) gives no rows,
+// typed `absent`.
+LogitBlock logit_block(const at::Tensor& t, int64_t r0, int64_t V, at::ScalarType absent) {
+  if (!t.defined()) return {nullptr, absent, V};
+  return {static_cast<const char*>(t.data_ptr()) + r0 * V * static_cast<int64_t>(t.element_size()), t.scalar_type(),
+          V};
 }
+
+// What LogitRows keeps per task (statistics, the [2, V] slots, warp_probs' row scratch) for
+// sequences of T rows; rows() starts a sequence.
+struct LogitRowsState {
+  int64_t V;
+  int32_t T;
+  std::vector<float> slot;
+  std::vector<warp::RowStats> stats;
+  std::vector<uint8_t> known;
+  std::unique_ptr<warp::Scratch, warp::ScratchDeleter> scratch;
+
+  LogitRowsState(int64_t V, int64_t T)
+      : V(V), T(static_cast<int32_t>(T)), slot(2 * V), stats(2 * T), known(2 * T), scratch(warp::make_scratch(V)) {}
+
+  // The rows of the sequence whose first row is r0: its target and draft logits, pc the six
+  // contiguous warping parameters ([N] each), and with a bitmask its words [T, W], the sequence's
+  // parents [T] and a [2, V] buffer for masked rows.
+  LogitRows rows(const LogitBlock& target, const LogitBlock& draft, const std::array<at::Tensor, 6>& pc, int64_t r0,
+                 const int32_t* mask = nullptr, const int32_t* parents = nullptr, float* masked = nullptr) {
+    std::fill(known.begin(), known.end(), 0);
+    return LogitRows{{target, draft},
+                     {pc[0].data_ptr<float>() + r0, pc[3].data_ptr<float>() + r0},
+                     {pc[1].data_ptr<int32_t>() + r0, pc[4].data_ptr<int32_t>() + r0},
+                     {pc[2].data_ptr<float>() + r0, pc[5].data_ptr<float>() + r0},
+                     V,
+                     T,
+                     stats.data(),
+                     known.data(),
+                     slot.data(),
+                     scratch.get(),
+                     mask,
+                     parents,
+                     masked};
+  }
+};
 
 void check_logits(const char* op, const char* name, const at::Tensor& x) {
   const auto dt = x.scalar_type();
@@ -160,25 +192,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cpu(
     const at::Tensor& num_nodes,                    // [B] int32
     c10::string_view mode_name,
     const c10::optional<at::Tensor>& bitmask) {     // [B, T, ceil(V / 32)] int32 or None
-  const int32_t mode = parse_mode(std::string(mode_name));
-  check_tree_args(tokens, parents, num_nodes, target_logits);
-  check_logits("verify_tree_logits", "target_logits", target_logits);
-  SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
-  const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2);
-  TORCH_CHECK_VALUE(V <= 2147483647, "verify_tree_logits: V must be <= 2^31 - 1 (int32 token indices), got ", V);
-  TORCH_CHECK_VALUE(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == T && uniforms.size(2) == 2,
-              "uniforms must have shape [B, T, 2]");
-  const char* names[6] = {"temperature", "top_k", "top_p", "draft_temperature", "draft_top_k", "draft_top_p"};
+  const int32_t mode = parse_mode(mode_name);
   const at::Tensor* params[6] = {&temperature, &top_k, &top_p, &draft_temperature, &draft_top_k, &draft_top_p};
-  check_params("verify_tree_logits", names, params, B * T);
-  const bool has_q = draft_logits.has_value() && draft_logits->defined();
-  TORCH_CHECK_VALUE(has_q || !mode_needs_draft(mode), "verify_tree_logits: mode ", mode_name, " needs draft_logits");
-  at::Tensor y;
-  if (has_q) {
-    check_logits("verify_tree_logits", "draft_logits", *draft_logits);
-    TORCH_CHECK_VALUE(draft_logits->sizes() == target_logits.sizes(), "draft_logits must have the shape of target_logits");
-    y = draft_logits->contiguous();
-  }
+  const bool has_q = check_tree_logits_args(mode, mode_name, tokens, parents, num_nodes, target_logits, uniforms,
+                                            params, draft_logits);
+  check_logits("verify_tree_logits", "target_logits", target_logits);
+  if (has_q) check_logits("verify_tree_logits", "draft_logits", *draft_logits);
+  const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2);
+  const at::Tensor y = has_q ? draft_logits->contiguous() : at::Tensor();
   const at::Tensor words = node_bitmask_words(bitmask, "verify_tree_logits", B, T, V);
   const bool masked = words.defined();
   TORCH_CHECK_VALUE(!masked || words.device().is_cpu(), "verify_tree_logits: bitmask must be on cpu, got ",
@@ -190,11 +211,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cpu(
   auto nn = num_nodes.contiguous();
   auto x = target_logits.contiguous();
   auto un = uniforms.contiguous();
-  at::Tensor pc[6];
-  for (int i = 0; i < 6; ++i) pc[i] = params[i]->contiguous();
-  auto accept_idx = at::full({B, T}, -1, tokens.options());
-  auto accept_len = at::empty({B}, tokens.options());
-  auto bonus = at::empty({B}, tokens.options());
+  const auto pc = contiguous_params(params);
+  auto [accept_idx, accept_len, bonus] = outputs(tokens, B, T);
   if (B == 0) return {accept_idx, accept_len, bonus};
   const int32_t* tk = tok.data_ptr<int32_t>();
   const int32_t* pa = par.data_ptr<int32_t>();
@@ -206,32 +224,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cpu(
   const int32_t S = fix_shift(V);
   const float scale = exp2i(S), inv_scale = exp2i(-S);
   const int64_t nbuf = mode_buffers(mode);
-  const auto esize = [](const at::Tensor& t) { return static_cast<int64_t>(t.element_size()); };
   at::parallel_for(0, B, sequences_per_task(V), [&](int64_t lo, int64_t hi) {
-    std::vector<float> buf(nbuf * V), slot(2 * V), masked_rows(masked ? 2 * V : 0);
+    std::vector<float> buf(nbuf * V), masked_rows(masked ? 2 * V : 0);
     std::vector<int64_t> chunks(4 * num_chunks(V));
     std::vector<int32_t> scratch(T + 2);
-    std::vector<warp::RowStats> stats(2 * T);
-    std::vector<uint8_t> known(2 * T);
-    auto rows_scratch = warp::make_scratch(V);
+    LogitRowsState state(V, T);
     for (int64_t b = lo; b < hi; ++b) {
-      std::fill(known.begin(), known.end(), 0);
       const int64_t r0 = b * T;
-      LogitRows rows{{{static_cast<const char*>(x.data_ptr()) + r0 * V * esize(x), x.scalar_type(), V},
-                      {has_q ? static_cast<const char*>(y.data_ptr()) + r0 * V * esize(y) : nullptr,
-                       has_q ? y.scalar_type() : x.scalar_type(), V}},
-                     {pc[0].data_ptr<float>() + r0, pc[3].data_ptr<float>() + r0},
-                     {pc[1].data_ptr<int32_t>() + r0, pc[4].data_ptr<int32_t>() + r0},
-                     {pc[2].data_ptr<float>() + r0, pc[5].data_ptr<float>() + r0},
-                     V,
-                     static_cast<int32_t>(T),
-                     stats.data(),
-                     known.data(),
-                     slot.data(),
-                     rows_scratch.get(),
-                     masked ? mw + r0 * W : nullptr,
-                     pa + r0,
-                     masked_rows.data()};
+      LogitRows rows = state.rows(logit_block(x, r0, V, x.scalar_type()), logit_block(y, r0, V, x.scalar_type()), pc,
+                                  r0, masked ? mw + r0 * W : nullptr, pa + r0, masked_rows.data());
       CpuTreeEngine<LogitRows> e{rows, up + r0 * 2, buf.data(), chunks.data(), scratch.data(), V, scale, inv_scale};
       run_walk(e, mode, tk + r0, pa + r0, valid_nodes(n[b], static_cast<int32_t>(T)), static_cast<int32_t>(T),
                ai + r0, al + b, bo + b);
@@ -256,82 +257,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_logits_cpu(
     const at::Tensor& bonus_top_k,           // [B * (g + 1)] int32
     const at::Tensor& bonus_top_p,           // [B * (g + 1)] fp32
     const at::Tensor& num_nodes) {           // [B] int32
-  constexpr const char* op = "verify_joint_logits";
-  SPECOPS_CHECK_DTYPE(draft_tokens, at::kInt);
-  SPECOPS_CHECK_DTYPE(draft_joint_logprobs, at::kFloat);
-  SPECOPS_CHECK_DTYPE(log_tau, at::kFloat);
-  SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
-  SPECOPS_CHECK_DTYPE(num_nodes, at::kInt);
-  SPECOPS_CHECK_DIM(draft_tokens, 2);
-  SPECOPS_CHECK_DIM(target_logits, 3);
-  check_logits(op, "target_logits", target_logits);
-  const int64_t B = draft_tokens.size(0), g = draft_tokens.size(1), T = g + 1, V = target_logits.size(2);
-  TORCH_CHECK_VALUE(target_logits.size(0) == B && target_logits.size(1) == T && V >= 1,
-                    "verify_joint_logits: target_logits must have shape [B, g + 1, V]");
-  TORCH_CHECK_VALUE(V <= 2147483647, "verify_joint_logits: V must be <= 2^31 - 1 (int32 token indices), got ", V);
-  TORCH_CHECK_VALUE(draft_joint_logprobs.sizes() == draft_tokens.sizes(),
-                    "verify_joint_logits: draft_joint_logprobs must have shape [B, g]");
-  TORCH_CHECK_VALUE(log_tau.dim() == 1 && log_tau.size(0) == B && uniforms.dim() == 1 && uniforms.size(0) == B &&
-                        num_nodes.dim() == 1 && num_nodes.size(0) == B,
-                    "verify_joint_logits: log_tau, uniforms and num_nodes must have shape [B]");
-  const char* names[6] = {"temperature", "top_k", "top_p", "bonus_temperature", "bonus_top_k", "bonus_top_p"};
   const at::Tensor* params[6] = {&temperature, &top_k, &top_p, &bonus_temperature, &bonus_top_k, &bonus_top_p};
-  check_params(op, names, params, B * T);
-  auto tok = draft_tokens.contiguous();
+  const auto [B, g, V] = check_joint_logits_args(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms,
+                                                 params, num_nodes);
+  check_logits("verify_joint_logits", "target_logits", target_logits);
+  const int64_t T = g + 1;
   auto x = target_logits.contiguous();
-  auto lq = draft_joint_logprobs.contiguous();
-  auto lt = log_tau.contiguous();
-  auto un = uniforms.contiguous();
   auto nn = num_nodes.contiguous();
-  at::Tensor pc[6];
-  for (int i = 0; i < 6; ++i) pc[i] = params[i]->contiguous();
-  auto accept_idx = at::full({B, T}, -1, draft_tokens.options());
-  auto accept_len = at::empty({B}, draft_tokens.options());
-  auto bonus = at::empty({B}, draft_tokens.options());
-  if (B == 0) return {accept_idx, accept_len, bonus};
-  const int32_t* tk = tok.data_ptr<int32_t>();
-  const float* lqp = lq.data_ptr<float>();
-  const float* ltp = lt.data_ptr<float>();
-  const float* up = un.data_ptr<float>();
+  const auto pc = contiguous_params(params);
+  const JointIo io(draft_tokens, draft_joint_logprobs, log_tau, uniforms, B, g);
+  if (B == 0) return io.result();
   const int32_t* n = nn.data_ptr<int32_t>();
-  int32_t* ai = accept_idx.data_ptr<int32_t>();
-  int32_t* al = accept_len.data_ptr<int32_t>();
-  int32_t* bo = bonus.data_ptr<int32_t>();
-  const int32_t S = fix_shift(V);
-  const float scale = exp2i(S);
-  const int64_t esize = x.element_size();
+  const float scale = exp2i(fix_shift(V));
   at::parallel_for(0, B, sequences_per_task(V), [&](int64_t lo, int64_t hi) {
-    std::vector<float> slot(2 * V);
     std::vector<int64_t> chunks(num_chunks(V));
-    std::vector<warp::RowStats> stats(2 * T);
-    std::vector<uint8_t> known(2 * T);
-    auto rows_scratch = warp::make_scratch(V);
+    LogitRowsState state(V, T);
     for (int64_t b = lo; b < hi; ++b) {
-      std::fill(known.begin(), known.end(), 0);
       const int64_t r0 = b * T;
-      const LogitBlock block{static_cast<const char*>(x.data_ptr()) + r0 * V * esize, x.scalar_type(), V};
-      LogitRows rows{{block, block},
-                     {pc[0].data_ptr<float>() + r0, pc[3].data_ptr<float>() + r0},
-                     {pc[1].data_ptr<int32_t>() + r0, pc[4].data_ptr<int32_t>() + r0},
-                     {pc[2].data_ptr<float>() + r0, pc[5].data_ptr<float>() + r0},
-                     V,
-                     static_cast<int32_t>(T),
-                     stats.data(),
-                     known.data(),
-                     slot.data(),
-                     rows_scratch.get(),
-                     nullptr,
-                     nullptr,
-                     nullptr};
-      const int32_t eta = joint_eta(tk + b * g, valid_nodes(n[b], static_cast<int32_t>(T)), V, ltp[b], lqp + b * g,
+      const LogitBlock block = logit_block(x, r0, V, x.scalar_type());
+      LogitRows rows = state.rows(block, block, pc, r0);
+      const int32_t eta = joint_eta(io.tokens + b * g, valid_nodes(n[b], static_cast<int32_t>(T)), V, io.log_tau[b],
+                                    io.joint_q + b * g,
                                     [&](int32_t row, int32_t token) { return det_log(rows.at(Vec::target(row), token)); });
-      for (int32_t j = 0; j <= eta; ++j) ai[r0 + j] = j;
-      al[b] = eta + 1;
       const float* row = rows.row(Vec::draft(eta));  // kind 1: the bonus warp
-      bo[b] = row_sample(row, V, scale, row_sum_fix(row, V, scale, chunks.data()), up[b], chunks.data(), false);
+      io.accept(b, eta, row_sample(row, V, scale, row_sum_fix(row, V, scale, chunks.data()), io.uniforms[b],
+                                   chunks.data(), false));
     }
   });
-  return {accept_idx, accept_len, bonus};
+  return io.result();
 }
 
 }  // namespace cpu

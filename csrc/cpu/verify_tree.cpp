@@ -4,7 +4,6 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <string>
 #include <vector>
 
 #include "verify_cpu.h"
@@ -22,26 +21,6 @@ struct DenseRows {
   float at(Vec v, int32_t tok) const { return row(v)[tok]; }
 };
 
-int32_t parse_mode(const std::string& mode) {
-  if (mode == "mss") return kMss;
-  if (mode == "mss_pointmass") return kMssPointmass;
-  if (mode == "mss_noreplace") return kMssNoreplace;
-  if (mode == "sample_match") return kSampleMatch;
-  if (mode == "gsd") return kGsd;
-  TORCH_CHECK_VALUE(false, "verify_tree: mode must be one of mss, mss_pointmass, mss_noreplace, sample_match, gsd; got ",
-              mode);
-  return -1;
-}
-
-bool mode_needs_draft(int32_t mode) { return mode == kMss || mode == kMssNoreplace || mode == kGsd; }
-
-int64_t mode_buffers(int32_t mode) {
-  if (mode == kMss) return 2;
-  if (mode == kMssNoreplace) return 3;
-  if (mode == kMssPointmass) return 1;
-  return 0;
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu(
     const at::Tensor& tokens,                    // [B, T] int32
     const at::Tensor& parents,                   // [B, T] int32
@@ -50,29 +29,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cpu(
     const c10::optional<at::Tensor>& draft_probs,  // [B, T, V] fp32 or None
     const at::Tensor& num_nodes,                 // [B] int32
     c10::string_view mode_name) {
-  const int32_t mode = parse_mode(std::string(mode_name));
-  check_tree_args(tokens, parents, num_nodes, target_probs);
-  SPECOPS_CHECK_DTYPE(target_probs, at::kFloat);
-  SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
+  const int32_t mode = parse_mode(mode_name);
+  const bool has_q = check_tree_probs_args(mode, mode_name, tokens, parents, num_nodes, target_probs, uniforms,
+                                           draft_probs);
   const int64_t B = tokens.size(0), T = tokens.size(1), V = target_probs.size(2);
-  TORCH_CHECK_VALUE(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == T && uniforms.size(2) == 2,
-              "uniforms must have shape [B, T, 2]");
-  const bool has_q = draft_probs.has_value() && draft_probs->defined();
-  TORCH_CHECK_VALUE(has_q || !mode_needs_draft(mode), "verify_tree: mode ", mode_name, " needs draft_probs");
-  at::Tensor q;
-  if (has_q) {
-    SPECOPS_CHECK_DTYPE(*draft_probs, at::kFloat);
-    TORCH_CHECK_VALUE(draft_probs->sizes() == target_probs.sizes(), "draft_probs must have the shape of target_probs");
-    q = draft_probs->contiguous();
-  }
+  const at::Tensor q = has_q ? draft_probs->contiguous() : at::Tensor();
   auto tok = tokens.contiguous();
   auto par = parents.contiguous();
   auto nn = num_nodes.contiguous();
   auto p = target_probs.contiguous();
   auto un = uniforms.contiguous();
-  auto accept_idx = at::full({B, T}, -1, tokens.options());
-  auto accept_len = at::empty({B}, tokens.options());
-  auto bonus = at::empty({B}, tokens.options());
+  auto [accept_idx, accept_len, bonus] = outputs(tokens, B, T);
   const int32_t* tk = tok.data_ptr<int32_t>();
   const int32_t* pa = par.data_ptr<int32_t>();
   const int32_t* n = nn.data_ptr<int32_t>();

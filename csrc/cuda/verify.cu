@@ -25,6 +25,7 @@
 #include "gpu.cuh"
 #include "../registration.h"
 #include "../token_bitmask_args.h"
+#include "../verify_args.h"
 #include "../verify_common.h"
 #include "verify_engine.cuh"
 
@@ -199,34 +200,16 @@ __global__ void __launch_bounds__(kThreads)
       accept_idx + b * T, accept_len + b, bonus + b);
 }
 
-int32_t parse_mode(const std::string& mode) {
-  if (mode == "mss") return kMss;
-  if (mode == "mss_pointmass") return kMssPointmass;
-  if (mode == "mss_noreplace") return kMssNoreplace;
-  if (mode == "sample_match") return kSampleMatch;
-  if (mode == "gsd") return kGsd;
-  TORCH_CHECK_VALUE(false, "verify_tree: mode must be one of mss, mss_pointmass, mss_noreplace, sample_match, gsd; got ",
-              mode);
-  return -1;
-}
-
-void check_tree(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& num_nodes,
-                const at::Tensor& rows) {
-  SPECOPS_CHECK_DTYPE(tokens, at::kInt);
-  SPECOPS_CHECK_DTYPE(parents, at::kInt);
-  SPECOPS_CHECK_DTYPE(num_nodes, at::kInt);
-  SPECOPS_CHECK_DIM(tokens, 2);
-  SPECOPS_CHECK_DIM(rows, 3);
-  TORCH_CHECK_VALUE(parents.sizes() == tokens.sizes(), "parents must have the shape of tokens");
-  TORCH_CHECK_VALUE(num_nodes.dim() == 1 && num_nodes.size(0) == tokens.size(0), "num_nodes must have shape [B]");
-  TORCH_CHECK_VALUE(rows.size(0) == tokens.size(0) && rows.size(1) == tokens.size(1) && rows.size(2) >= 1,
-              "probability rows must have shape [B, T, V]");
+// tokens, parents, num_nodes and the rows on the device (after check_tree_args).
+void check_tree_device(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& num_nodes,
+                       const at::Tensor& rows) {
   TORCH_CHECK_VALUE(SPECOPS_ON_GPU(tokens) && SPECOPS_ON_GPU(parents) && SPECOPS_ON_GPU(num_nodes) && SPECOPS_ON_GPU(rows),
-              "verify: " SPECOPS_GPU_NAME " tensors expected");
+                    "verify: " SPECOPS_GPU_NAME " tensors expected");
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> outputs(const at::Tensor& like, int64_t B, int64_t T) {
-  return {at::full({B, T}, -1, like.options()), at::empty({B}, like.options()), at::empty({B}, like.options())};
+// The six warping parameters on the device (after check_params).
+void check_params_device(const char* message, const at::Tensor* const params[6]) {
+  for (int i = 0; i < 6; ++i) TORCH_CHECK_VALUE(SPECOPS_ON_GPU(*params[i]), message);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(const at::Tensor& tokens, const at::Tensor& parents,
@@ -235,26 +218,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(const at::Tensor
                                                                 const c10::optional<at::Tensor>& draft_probs,
                                                                 const at::Tensor& num_nodes,
                                                                 c10::string_view mode_name) {
-  const int32_t mode = parse_mode(std::string(mode_name));
-  check_tree(tokens, parents, num_nodes, target_probs);
-  SPECOPS_CHECK_DTYPE(target_probs, at::kFloat);
-  SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
+  const int32_t mode = parse_mode(mode_name);
+  const bool has_q = check_tree_probs_args(mode, mode_name, tokens, parents, num_nodes, target_probs, uniforms,
+                                           draft_probs);
+  check_tree_device(tokens, parents, num_nodes, target_probs);
   const gpu::DeviceGuard guard(tokens.device());
   const int64_t B = tokens.size(0), T = tokens.size(1), V = target_probs.size(2);
-  TORCH_CHECK_VALUE(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == T && uniforms.size(2) == 2,
-              "uniforms must have shape [B, T, 2]");
-  const bool has_q = draft_probs.has_value() && draft_probs->defined();
-  TORCH_CHECK_VALUE(has_q || mode == kMssPointmass || mode == kSampleMatch, "verify_tree: mode ", mode_name,
-              " needs draft_probs");
-  at::Tensor q;
-  if (has_q) {
-    SPECOPS_CHECK_DTYPE(*draft_probs, at::kFloat);
-    TORCH_CHECK_VALUE(draft_probs->sizes() == target_probs.sizes(), "draft_probs must have the shape of target_probs");
-    q = draft_probs->contiguous();
-  }
+  const at::Tensor q = has_q ? draft_probs->contiguous() : at::Tensor();
   auto [accept_idx, accept_len, bonus] = outputs(tokens, B, T);
   if (B == 0) return {accept_idx, accept_len, bonus};
-  const int64_t nbuf = mode == kMss ? 2 : (mode == kMssNoreplace ? 3 : (mode == kMssPointmass ? 1 : 0));
+  const int64_t nbuf = mode_buffers(mode);
   auto buf = at::empty({B, nbuf, V}, target_probs.options());
   auto scratch = at::empty({B, T + 2}, tokens.options());
   auto tok = tokens.contiguous();
@@ -287,34 +260,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cuda(
     const at::Tensor& num_nodes,                    // [B] int32
     c10::string_view mode_name,
     const c10::optional<at::Tensor>& bitmask) {     // [B, T, ceil(V / 32)] int32 or None
-  const int32_t mode = parse_mode(std::string(mode_name));
-  check_tree(tokens, parents, num_nodes, target_logits);
-  SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
+  const int32_t mode = parse_mode(mode_name);
+  const at::Tensor* params[6] = {&temperature, &top_k, &top_p, &draft_temperature, &draft_top_k, &draft_top_p};
+  const bool has_q = check_tree_logits_args(mode, mode_name, tokens, parents, num_nodes, target_logits, uniforms,
+                                            params, draft_logits);
+  check_tree_device(tokens, parents, num_nodes, target_logits);
+  check_params_device("verify_tree_logits: warping parameters must be [B * T] fp32 / int32 / fp32 " SPECOPS_GPU_NAME
+                      " tensors", params);
   const gpu::DeviceGuard guard(tokens.device());
   const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2), N = B * T;
   const at::Tensor words = node_bitmask_words(bitmask, "verify_tree_logits", B, T, V);
   const bool masked = words.defined();
   TORCH_CHECK_VALUE(!masked || SPECOPS_ON_GPU(words),
                     "verify_tree_logits: " SPECOPS_GPU_NAME " tensors expected (bitmask)");
-  TORCH_CHECK_VALUE(V <= 2147483647, "verify_tree_logits: V must be <= 2^31 - 1 (int32 token indices), got ", V);
-  TORCH_CHECK_VALUE(uniforms.dim() == 3 && uniforms.size(0) == B && uniforms.size(1) == T && uniforms.size(2) == 2,
-              "uniforms must have shape [B, T, 2]");
-  const at::Tensor* params[6] = {&temperature, &top_k, &top_p, &draft_temperature, &draft_top_k, &draft_top_p};
-  for (int i = 0; i < 6; ++i) {
-    TORCH_CHECK_VALUE(params[i]->scalar_type() == (i % 3 == 1 ? at::kInt : at::kFloat) && params[i]->dim() == 1 &&
-                    params[i]->size(0) == N && SPECOPS_ON_GPU(*params[i]),
-                "verify_tree_logits: warping parameters must be [B * T] fp32 / int32 / fp32 " SPECOPS_GPU_NAME
-                " tensors");
-  }
-  const bool has_q = draft_logits.has_value() && draft_logits->defined();
-  TORCH_CHECK_VALUE(has_q || mode == kMssPointmass || mode == kSampleMatch, "verify_tree_logits: mode ", mode_name,
-              " needs draft_logits");
   // One kernel per logits dtype: a draft of another dtype is widened to the target's (exact when
   // the target's is fp32), or the target to fp32 when the draft is fp32 (exact); either way every
   // z, hence every probability, is what warp_probs computes from the original logits.
   at::Tensor x = target_logits.contiguous(), y;
   if (has_q) {
-    TORCH_CHECK_VALUE(draft_logits->sizes() == target_logits.sizes(), "draft_logits must have the shape of target_logits");
     y = draft_logits->contiguous();
     if (y.scalar_type() != x.scalar_type()) {
       x = x.to(at::kFloat);
@@ -339,7 +302,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cuda(
     warp_row_stats(y.view({N, V}), draft_temperature.contiguous(), draft_top_k.contiguous(),
                    draft_top_p.contiguous(), st + N,
                    RowMask{mw, par.data_ptr<int32_t>(), static_cast<int32_t>(T), W});
-  const int64_t nbuf = mode == kMss ? 2 : (mode == kMssNoreplace ? 3 : (mode == kMssPointmass ? 1 : 0));
+  const int64_t nbuf = mode_buffers(mode);
   auto buf = at::empty({B, nbuf, V}, uniforms.options());
   auto scratch = at::empty({B, T + 2}, tokens.options());
   auto tok = tokens.contiguous();
@@ -361,7 +324,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_greedy_cuda(const at::Tens
                                                                   const at::Tensor& target_logits,
                                                                   const at::Tensor& num_nodes,
                                                                   const c10::optional<at::Tensor>& bitmask) {
-  check_tree(tokens, parents, num_nodes, target_logits);
+  check_tree_args(tokens, parents, num_nodes, target_logits);
+  check_tree_device(tokens, parents, num_nodes, target_logits);
   const gpu::DeviceGuard guard(tokens.device());
   const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2);
   const at::Tensor words = node_bitmask_words(bitmask, "verify_greedy", B, T, V);
@@ -387,18 +351,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_cuda(const at::Tenso
                                                                  const at::Tensor& target_logprobs,
                                                                  const at::Tensor& draft_joint_logprobs,
                                                                  const at::Tensor& log_tau, const at::Tensor& uniforms) {
-  SPECOPS_CHECK_DTYPE(draft_tokens, at::kInt);
   SPECOPS_CHECK_DTYPE(target_logprobs, at::kFloat);
-  SPECOPS_CHECK_DTYPE(draft_joint_logprobs, at::kFloat);
-  SPECOPS_CHECK_DTYPE(log_tau, at::kFloat);
-  SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
-  SPECOPS_CHECK_DIM(draft_tokens, 2);
-  SPECOPS_CHECK_DIM(target_logprobs, 3);
-  const int64_t B = draft_tokens.size(0), g = draft_tokens.size(1), V = target_logprobs.size(2);
-  TORCH_CHECK_VALUE(target_logprobs.size(0) == B && target_logprobs.size(1) == g + 1 && V >= 1,
-              "target_logprobs must have shape [B, g + 1, V]");
-  TORCH_CHECK_VALUE(draft_joint_logprobs.sizes() == draft_tokens.sizes(), "draft_joint_logprobs must have shape [B, g]");
-  TORCH_CHECK_VALUE(log_tau.numel() == B && uniforms.numel() == B, "log_tau and uniforms must have shape [B]");
+  const auto [B, g, V] = check_joint_args("", draft_tokens, target_logprobs, "target_logprobs", draft_joint_logprobs,
+                                          log_tau, uniforms);
   TORCH_CHECK_VALUE(SPECOPS_ON_GPU(draft_tokens) && SPECOPS_ON_GPU(target_logprobs), "verify_joint: " SPECOPS_GPU_NAME " tensors expected");
   const gpu::DeviceGuard guard(draft_tokens.device());
   auto [accept_idx, accept_len, bonus] = outputs(draft_tokens, B, g + 1);
@@ -429,28 +384,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_logits_cuda(
     const at::Tensor& bonus_top_k,           // [B * (g + 1)] int32
     const at::Tensor& bonus_top_p,           // [B * (g + 1)] fp32
     const at::Tensor& num_nodes) {           // [B] int32
-  SPECOPS_CHECK_DTYPE(draft_tokens, at::kInt);
-  SPECOPS_CHECK_DTYPE(draft_joint_logprobs, at::kFloat);
-  SPECOPS_CHECK_DTYPE(log_tau, at::kFloat);
-  SPECOPS_CHECK_DTYPE(uniforms, at::kFloat);
-  SPECOPS_CHECK_DTYPE(num_nodes, at::kInt);
-  SPECOPS_CHECK_DIM(draft_tokens, 2);
-  SPECOPS_CHECK_DIM(target_logits, 3);
-  const int64_t B = draft_tokens.size(0), g = draft_tokens.size(1), T = g + 1, V = target_logits.size(2), N = B * T;
-  TORCH_CHECK_VALUE(target_logits.size(0) == B && target_logits.size(1) == T && V >= 1,
-                    "verify_joint_logits: target_logits must have shape [B, g + 1, V]");
-  TORCH_CHECK_VALUE(V <= 2147483647, "verify_joint_logits: V must be <= 2^31 - 1 (int32 token indices), got ", V);
-  TORCH_CHECK_VALUE(draft_joint_logprobs.sizes() == draft_tokens.sizes(),
-                    "verify_joint_logits: draft_joint_logprobs must have shape [B, g]");
-  TORCH_CHECK_VALUE(log_tau.numel() == B && uniforms.numel() == B && num_nodes.numel() == B,
-                    "verify_joint_logits: log_tau, uniforms and num_nodes must have shape [B]");
   const at::Tensor* params[6] = {&temperature, &top_k, &top_p, &bonus_temperature, &bonus_top_k, &bonus_top_p};
-  for (int i = 0; i < 6; ++i) {
-    TORCH_CHECK_VALUE(params[i]->scalar_type() == (i % 3 == 1 ? at::kInt : at::kFloat) && params[i]->dim() == 1 &&
-                          params[i]->size(0) == N && SPECOPS_ON_GPU(*params[i]),
-                      "verify_joint_logits: warping parameters must be [B * (g + 1)] fp32 / int32 / fp32 "
-                      SPECOPS_GPU_NAME " tensors");
-  }
+  const auto [B, g, V] = check_joint_logits_args(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms,
+                                                 params, num_nodes);
+  const int64_t T = g + 1, N = B * T;
+  check_params_device("verify_joint_logits: warping parameters must be [B * (g + 1)] fp32 / int32 / fp32 "
+                      SPECOPS_GPU_NAME " tensors", params);
   TORCH_CHECK_VALUE(SPECOPS_ON_GPU(draft_tokens) && SPECOPS_ON_GPU(target_logits) &&
                         SPECOPS_ON_GPU(draft_joint_logprobs) && SPECOPS_ON_GPU(log_tau) && SPECOPS_ON_GPU(uniforms) &&
                         SPECOPS_ON_GPU(num_nodes),

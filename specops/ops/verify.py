@@ -129,17 +129,8 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, unifo
     in log space. ``tau = 1`` accepts nothing (target-only decoding), ``tau = 0`` accepts all
     ``g`` drafts. Not lossless by design. ``check=True`` validates values with one host sync.
     """
-    checks.tensor("draft_tokens", draft_tokens, dtype=torch.int32, rank=2)
-    B, g = draft_tokens.shape
-    dev = draft_tokens.device
-    checks.tensor("target_logprobs", target_logprobs, dtype=torch.float32, rank=3, device=dev)
-    if target_logprobs.shape[:2] != (B, g + 1) or target_logprobs.shape[2] < 1:
-        raise ValueError(f"target_logprobs must have shape [B, g + 1, V] = [{B}, {g + 1}, V >= 1], "
-                         f"got {tuple(target_logprobs.shape)}")
-    V = target_logprobs.shape[2]
-    checks.tensor("draft_joint_logprobs", draft_joint_logprobs, dtype=torch.float32, shape=(B, g), device=dev)
-    checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B,), device=dev)
-    tau = tau_tensor(tau, B, dev)
+    B, g, V, tau = joint_args(draft_tokens, "target_logprobs", target_logprobs, torch.float32, draft_joint_logprobs,
+                              tau, uniforms)
     if check:
         bad_tok = (draft_tokens < 0) | (draft_tokens >= V)
         bad_tau = (tau < 0) | (tau > 1) | torch.isnan(tau)
@@ -162,11 +153,28 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, unifo
                 f"{checks.at('draft_joint_logprobs', draft_joint_logprobs, bad_joint)}",)),
         ])
     log_tau = torch.log(tau)
-    return resolve("verify_joint", dev, backend)(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau,
-                                                 uniforms)
+    return resolve("verify_joint", draft_tokens.device, backend)(draft_tokens, target_logprobs, draft_joint_logprobs,
+                                                                 log_tau, uniforms)
 
 
 # ---- argument checks -----------------------------------------------------------------------
+
+def joint_args(draft_tokens, target_name, target, target_dtype, draft_joint_logprobs, tau, uniforms):
+    """The metadata rules R6's ops share (no host sync): draft_tokens int32 [B, g], the target's rows
+    ``target`` (named ``target_name``, dtype ``target_dtype``: one or a tuple) [B, g + 1, V >= 1],
+    draft_joint_logprobs fp32 [B, g], uniforms fp32 [B], all on draft_tokens' device, and ``tau``
+    (:func:`tau_tensor`). Returns (B, g, V, tau as fp32 [B])."""
+    checks.tensor("draft_tokens", draft_tokens, dtype=torch.int32, rank=2)
+    B, g = draft_tokens.shape
+    dev = draft_tokens.device
+    checks.tensor(target_name, target, dtype=target_dtype, rank=3, device=dev)
+    if target.shape[:2] != (B, g + 1) or target.shape[2] < 1:
+        raise ValueError(f"{target_name} must have shape [B, g + 1, V] = [{B}, {g + 1}, V >= 1], "
+                         f"got {tuple(target.shape)}")
+    checks.tensor("draft_joint_logprobs", draft_joint_logprobs, dtype=torch.float32, shape=(B, g), device=dev)
+    checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B,), device=dev)
+    return B, g, target.shape[2], tau_tensor(tau, B, dev)
+
 
 def tau_tensor(tau, B, device):
     """R6's ``tau``: a float in [0, 1] (checked here, no sync) or an fp32 [B] tensor (its values are

@@ -27,8 +27,8 @@ from ..backend import register, register_compiled, resolve
 from . import checks, token_bitmask
 from . import verify_ref
 from .sampling import FLOAT_DTYPES, MAX_VOCAB, row_param, warp_probs_torch
-from .verify import (MODES, NEEDS_DRAFT, flag, raise_flags, rows_shape, tree_args, tree_flags, uniform_flag,
-                     valid_mask, tau_tensor, verify_greedy)
+from .verify import (MODES, NEEDS_DRAFT, flag, joint_args, raise_flags, rows_shape, tree_args, tree_flags,
+                     uniform_flag, valid_mask, verify_greedy)
 
 
 def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature, top_k=0, top_p=1.0,
@@ -73,14 +73,9 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
         checks.tensor("draft_logits", draft_logits, dtype=FLOAT_DTYPES, shape=(B, T, V), device=dev)
     if bitmask is not None:
         checks.tensor("bitmask", bitmask, dtype=torch.int32, shape=(B, T, (V + 31) // 32), device=dev)
-    params = _params(B, T, dev, check, temperature, top_k, top_p)
-    if draft_temperature is None:
-        draft_temperature = temperature
-    draft = _params(B, T, dev, check, draft_temperature, draft_top_k, draft_top_p, prefix="draft_")
-    impl = resolve("verify_tree_logits", dev, backend)
-    if V > MAX_VOCAB and impl is not _verify_tree_logits_torch:
-        raise ValueError(f"target_logits must have V <= {MAX_VOCAB} tokens on the compiled backends (int32 token "
-                         f"indices), got V={V}")
+    impl, params, draft = _warps_and_impl("verify_tree_logits", _verify_tree_logits_torch, backend, B, T, V, dev,
+                                          check, (temperature, top_k, top_p),
+                                          (draft_temperature, draft_top_k, draft_top_p), "draft_")
     if check:
         valid = valid_mask(num_nodes, T)
         child = valid & (torch.arange(T, device=dev) > 0)
@@ -127,30 +122,17 @@ def verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, tau, 
     parameters, logits rows at valid nodes (no NaN / +inf, not all -inf), num_nodes in [1, g + 1].
     ``check=False`` syncs nothing. Limit: ``V <= 2**31 - 1`` on the compiled backends.
     """
-    checks.tensor("draft_tokens", draft_tokens, dtype=torch.int32, rank=2)
-    B, g = draft_tokens.shape
+    B, g, V, tau = joint_args(draft_tokens, "target_logits", target_logits, FLOAT_DTYPES, draft_joint_logprobs, tau,
+                              uniforms)
     T = g + 1
     dev = draft_tokens.device
-    checks.tensor("target_logits", target_logits, dtype=FLOAT_DTYPES, rank=3, device=dev)
-    if target_logits.shape[:2] != (B, T) or target_logits.shape[2] < 1:
-        raise ValueError(f"target_logits must have shape [B, g + 1, V] = [{B}, {T}, V >= 1], "
-                         f"got {tuple(target_logits.shape)}")
-    V = target_logits.shape[2]
-    checks.tensor("draft_joint_logprobs", draft_joint_logprobs, dtype=torch.float32, shape=(B, g), device=dev)
-    checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B,), device=dev)
-    tau = tau_tensor(tau, B, dev)
     if num_nodes is None:
         num_nodes = torch.full((B,), T, dtype=torch.int32, device=dev)
     else:
         checks.lengths("num_nodes", num_nodes, B, dev)
-    params = _params(B, T, dev, check, temperature, top_k, top_p)
-    if bonus_temperature is None:
-        bonus_temperature = temperature
-    bonus = _params(B, T, dev, check, bonus_temperature, bonus_top_k, bonus_top_p, prefix="bonus_")
-    impl = resolve("verify_joint_logits", dev, backend)
-    if V > MAX_VOCAB and impl is not _verify_joint_logits_torch:
-        raise ValueError(f"target_logits must have V <= {MAX_VOCAB} tokens on the compiled backends (int32 token "
-                         f"indices), got V={V}")
+    impl, params, bonus = _warps_and_impl("verify_joint_logits", _verify_joint_logits_torch, backend, B, T, V, dev,
+                                          check, (temperature, top_k, top_p),
+                                          (bonus_temperature, bonus_top_k, bonus_top_p), "bonus_")
     if check:
         raise_flags(_joint_flags(draft_tokens, target_logits, draft_joint_logprobs, tau, uniforms, num_nodes))
     return impl(draft_tokens, target_logits, draft_joint_logprobs, torch.log(tau), uniforms, *params, *bonus,
@@ -245,6 +227,23 @@ def _params(B, T, dev, check, temperature, top_k, top_p, prefix=""):
             raise type(e)(str(e).replace(name, prefix + name)) from None  # the argument the caller passed
         out.append(row[:, None].expand(B, T).reshape(B * T))
     return out
+
+
+def _warps_and_impl(op, torch_impl, backend, B, T, V, dev, check, first, second, prefix):
+    """The per-row parameters of a call's two warps, ``first`` and ``second`` (temperature, top_k,
+    top_p) -> :func:`_params` each (the second's arguments named with ``prefix``; its temperature
+    None: the first's), and the implementation of ``op``: the compiled ones index tokens with int32,
+    so they take ``V <= MAX_VOCAB``. Returns (impl, first's params, second's params)."""
+    params = _params(B, T, dev, check, *first)
+    temperature, top_k, top_p = second
+    if temperature is None:
+        temperature = first[0]
+    second = _params(B, T, dev, check, temperature, top_k, top_p, prefix=prefix)
+    impl = resolve(op, dev, backend)
+    if V > MAX_VOCAB and impl is not torch_impl:
+        raise ValueError(f"target_logits must have V <= {MAX_VOCAB} tokens on the compiled backends (int32 token "
+                         f"indices), got V={V}")
+    return impl, params, second
 
 
 def _at_parents(rows, parents):
