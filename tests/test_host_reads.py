@@ -41,8 +41,9 @@ STEPS = (2, 3, 4)  # step 1 is the warm-up (its caches' host lengths are fresh f
 # method -> (generate kwargs, (propose reads per step, per draft forward), staged uploads of the loop
 # per step). The loop reads once; the drafter's commit reads nothing. Drafters that keep their draft
 # block on the device (choose on the device, feed the choice back, assemble the tree there) read
-# nothing in propose; a drafter that searches on the host (GSD's merge, Ouroboros' pool, a grammar,
-# SSD's exit) reads once per draft forward. The target block is built on the device (AR: the roots;
+# nothing in propose (SpecInfer: once per step, the size of the tree it merged on the device); a
+# drafter that searches on the host (GSD's merge, Ouroboros' pool, a grammar, SSD's exit) reads once
+# per draft forward. The target block is built on the device (AR: the roots;
 # SD: its chain; OPT-Tree: gathered from its subtree choice) or staged once by propose (a host-built
 # tree). The loop stages one upload only for the log-likelihood rows, which it gathers for methods
 # that are not lossless (GSD's R5, MJSD) or when asked.
@@ -54,8 +55,8 @@ EXPECTED = {
     "sd": ({}, (0, 0), 0),
     "sd-sampled": ({"method": "sd", "temperature": 1.0}, (0, 0), 0),
     "sd-exit": ({"method": "sd", "exit_threshold": 0.02}, (0, 1), 0),  # SSD's exit: a host decision
-    "specinfer": ({}, (0, 1), 0),
-    "specinfer-sampled": ({"method": "specinfer", "temperature": 1.0}, (0, 1), 0),
+    "specinfer": ({}, (1, 0), 0),  # the merged tree's size, once
+    "specinfer-sampled": ({"method": "specinfer", "temperature": 1.0}, (1, 0), 0),
     "tsd": ({}, (0, 1), 0),
     "gsd": ({}, (0, 1), 1),
     "opt-tree": ({}, (0, 1), 0),

@@ -150,14 +150,21 @@ class ModelDrafter(Drafter):
             root = ctx.draft.root[b]
             path = list(range(root + 1))  # the catch-up chain (its tokens are on the host)
             toks = [None] * (root + 1)
+            nodes = []
             for node, tok in zip(result.path_src[b][1:], result.path_tokens[b][1:]):
                 if node < 0:
                     break
-                path.append(node)
+                nodes.append(node)
                 toks.append(tok)
-            paths.append(path)
+            paths.append(path + self.draft_nodes(b, nodes))
             tokens.append(toks)
         ctx.draft.commit_paths(paths, tokens)
+
+    def draft_nodes(self, b, nodes):
+        """The draft-block nodes whose K/V to keep for an accepted path whose nodes' ``src`` are
+        ``nodes`` (the fed prefix below the root); the same unless a drafter's block holds the
+        path's tokens elsewhere."""
+        return nodes
 
 
 def grammar_masked(ctx, logits, paths):

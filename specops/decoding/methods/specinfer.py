@@ -15,12 +15,17 @@ through a node stay below it (they are independent draws given the prefix). When
 draw the same token at the same node, R3 must see every draw: the extra draws are kept as leaf
 duplicates (sampling only), which is lossless because acceptance at a node depends only on the
 multiset of tokens drawn there.
+
+On the device: the draws stay there, the draft block holds one node per chain and level (its
+structure is known on the host; a merged node's row is its creator's), the merge compares tips and
+tokens on the device, and one read per step brings back the merged tree's size; the draft cache's
+commit keeps the accepted path along one chain's nodes (``draft_nodes``).
 """
 import torch
 
 from ..readback import read_lists
 from ..sampling import draw
-from ..tree import Candidates
+from ..tree import Draft, root_draft
 from .base import ModelDrafter, grammar_masked
 from .ngram import lookup
 
@@ -46,121 +51,156 @@ class SpecInfer(ModelDrafter):
         return self.num_drafts * self.gamma
 
     def propose(self, ctx):
+        """The chains grow on the device: every draft forward feeds each chain's latest token
+        (``add_device``: one draft-block node per chain, so the draft block's structure is known on
+        the host whatever the chains drew) and the k draws per sequence are merged into the trie by
+        comparing tips and tokens on the device. One read at the end brings back the trie's node
+        counts, so the target block is no longer than the merged tree (a grammar adds one read per
+        forward: its masks follow the chains' tokens)."""
         d = ctx.draft
         d.begin(ctx.seqs, ctx.active)
-        B, k, greedy = ctx.batch, self.num_drafts, ctx.sampling.greedy
-        trees = [_DraftTrie(ctx.seqs[b][-1], d.root[b]) for b in range(B)]
-        tips = [[0] * k for _ in range(B)]
-        for step in range(self.gamma):
-            pairs, row = [], {}
-            for b in range(B):
-                if ctx.active[b]:
-                    for t in sorted(set(tips[b])):
-                        row[(b, t)] = len(pairs)
-                        pairs.append((b, trees[b].blk[t]))
-            if not pairs:
-                d.forward()
-                break
-            # Every chain's draw of this level at once (one independent draw per chain and row; the
-            # rows travel with the forward's upload), read back with the argmax rows in one host read.
-            draws = [row[(b, tips[b][c])] for b in range(B) if ctx.active[b] for c in range(k)
-                     if not (greedy and c == 0)]
-            logits, draw_rows = d.forward(rows=pairs, extra=draws)  # [len(pairs), V]
-            if ctx.grammar is not None:  # row order = the dict's insertion order = pairs'
-                logits = grammar_masked(ctx, logits, [(b, trees[b].path_tokens(t)) for b, t in row])
-            if greedy:
-                # Max subtracted first: a tiny draft_temperature must not overflow to inf - inf.
-                probs = torch.softmax((logits - logits.amax(-1, keepdim=True)) / self.draft_temperature, -1)
-            else:
-                probs = ctx.sampling.warp(logits)
-            drawn = (draw(probs[draw_rows], ctx.generator) if draws
-                     else probs.new_zeros(0, dtype=torch.int64))
-            argmax, drawn = read_lists(logits.argmax(-1) if greedy else drawn[:0], drawn)
-            drawn = iter(drawn)
-            last = step == self.gamma - 1
-            for b in range(B):
-                if not ctx.active[b]:
-                    continue
-                tr = trees[b]
-                for c in range(k):
-                    t = tips[b][c]
-                    j = row[(b, t)]
-                    tok = argmax[j] if greedy and c == 0 else next(drawn)
-                    q = None if greedy else logits[j]  # the row it was drawn from, before warping
-                    nxt = tr.kids[t].get(tok)
-                    if nxt is None:
-                        blk = -1 if last else d.add(b, tok, tr.blk[t])
-                        nxt = tr.add(tok, t, blk, q)
-                    elif not greedy:
-                        tr.dups.append((tok, t, q))  # another independent draw of the same token
-                    tips[b][c] = nxt
-        return self._target_tree(ctx, trees)
+        B, k, G, greedy = ctx.batch, self.num_drafts, self.gamma, ctx.sampling.greedy
+        act = [b for b in range(B) if ctx.active[b]]
+        if not act:
+            d.forward()
+            return root_draft(ctx.root)
+        A, dev = len(act), ctx.root.device
+        tips = [[d.root[b]] * k for b in act]  # [A][k] each chain's draft-block tip (host: the structure)
+        self.chain_nodes = {b: [] for b in act}  # per fed level, each chain's draft-block node
+        paths = [[[] for _ in range(k)] for _ in act]  # each chain's tokens on the host (a grammar only)
+        chain = torch.arange(k, device=dev)
+        node = torch.zeros(A, k, dtype=torch.int64, device=dev)  # each chain's trie node (0 = the root)
+        creator = None  # [A, k]: the chain whose draft node holds the row of each chain's trie node
+        total = torch.zeros(A, dtype=torch.int64, device=dev)  # trie nodes made so far (root excluded)
+        slots = []  # per level: (tokens, parent trie nodes, created, trie node ids, draft rows) [A, k]
+        for step in range(G):
+            logits, _ = d.forward(rows=[(b, t) for b, row in zip(act, tips) for t in row])  # [A * k, V]
+            V = logits.shape[-1]
+            logits = logits.view(A, k, V)
+            if creator is not None:  # a merged node's row is its creator's (as if fed once)
+                logits = logits.gather(1, creator[..., None].expand(A, k, V))
+            if ctx.grammar is not None:
+                logits = grammar_masked(ctx, logits.reshape(A * k, V),
+                                        [(b, paths[i][c]) for i, b in enumerate(act) for c in range(k)]).view(A, k, V)
+            x = self._draw(ctx, logits)  # [A, k] int64
+            # Merge: chain c joins the first chain c' <= c at the same node that drew the same token.
+            same = ((node[:, :, None] == node[:, None, :]) & (x[:, :, None] == x[:, None, :])
+                    & (chain[None, :] <= chain[:, None])[None])  # [A, k, k']
+            rep = same.to(torch.int32).argmax(-1)  # [A, k] the chain that makes the node (argmax: the first)
+            created = rep == chain
+            ids = total[:, None] + created.cumsum(1)  # [A, k] trie ids, in creation order (level, chain)
+            slots.append((x, node, created, ids, None if greedy else logits))
+            node, creator = ids.gather(1, rep), rep
+            total = total + created.sum(1)
+            if ctx.grammar is not None:
+                for i, row in enumerate(read_lists(x)[0]):
+                    for c, tok in enumerate(row):
+                        paths[i][c].append(tok)
+            if step < G - 1:  # the last level is never fed
+                new = d.add_device([b for b in act for _ in range(k)], [t for row in tips for t in row],
+                                   x.reshape(-1))
+                tips = [new[i * k: (i + 1) * k] for i in range(A)]
+                for b, row in zip(act, tips):
+                    self.chain_nodes[b].append(row)
+        return self._target_tree(ctx, act, slots, total)
 
-    def _target_tree(self, ctx, trees):
-        B, greedy, V = ctx.batch, ctx.sampling.greedy, ctx.vocab_size
-        tokens, parents, src, rows = [], [], [], []
-        for b in range(B):
-            tr = trees[b]
-            tok, par, sr, qr = list(tr.tok), list(tr.par), list(tr.blk), list(tr.q)
-            for t, parent, q in tr.dups:  # leaf duplicates (sampling only)
-                tok.append(t)
-                par.append(parent)
-                sr.append(-1)
-                qr.append(q)
-            if self.ngram and ctx.active[b]:
-                conts = lookup(ctx.seqs[b], 3, 1, self.gamma, 1)
-                parent = 0
-                for t in _allowed(ctx, b, conts[0] if conts else []):
-                    tok.append(t)
-                    par.append(parent)
-                    sr.append(-1)
-                    qr.append(None if greedy else _point_mass(t, V, ctx.root.device))
-                    parent = len(tok) - 1
-            tokens.append(tok)
-            parents.append(par)
-            src.append(sr)
-            rows.append(qr)
-        cand = Candidates(tokens=tokens, parents=parents, src=src,
-                          depth_drafted=[self.gamma if ctx.active[b] else 0 for b in range(B)],
-                          drafted_nodes=[len(tr.tok) for tr in trees])
-        if not greedy:  # the model chains' rows were warped with the sampling config (the point masses: by any)
-            cand.draft_logits, cand.draft_warp = rows, ctx.sampling
-        return cand.stage(ctx.stager, V)
+    def _draw(self, ctx, logits):
+        """Every chain's draw of one level, in (sequence, chain) order: i.i.d. from the warped rows
+        (greedy: chain 0 takes the argmax, the others draw at ``draft_temperature`` for diversity).
+        Shape: logits [A, k, V] -> int64 [A, k] on the device."""
+        A, k, V = logits.shape
+        if not ctx.sampling.greedy:
+            return draw(ctx.sampling.warp(logits.reshape(A * k, V)), ctx.generator).view(A, k)
+        top = logits[:, 0].argmax(-1)[:, None]  # [A, 1]
+        if k == 1:
+            return top
+        rest = logits[:, 1:].reshape(A * (k - 1), V)
+        # Max subtracted first: a tiny draft_temperature must not overflow to inf - inf.
+        probs = torch.softmax((rest - rest.amax(-1, keepdim=True)) / self.draft_temperature, -1)
+        return torch.cat([top, draw(probs, ctx.generator).view(A, k - 1)], 1)
 
+    def _target_tree(self, ctx, act, slots, total):
+        """The target block: per sequence the root, the trie in creation order, the leaf
+        duplicates (sampling: every draw stays a child, since R3 must see the multiset of draws at
+        a node), then the n-gram chain. One read brings the counts back (the block's length); the
+        structure is scattered on the device. Shape: -> Draft with T = the longest merged tree."""
+        B, A, k, G, greedy = ctx.batch, len(act), self.num_drafts, self.gamma, ctx.sampling.greedy
+        dev = ctx.root.device
+        x, parent, created, ids = (torch.cat([level[i] for level in slots], 1) for i in range(4))  # [A, S]
+        rows = None if greedy else torch.cat([level[4] for level in slots], 1)  # [A, S, V]
+        dup = ~created if not greedy else torch.zeros_like(created)  # [A, S] slots kept as leaf duplicates
+        made, dups = read_lists(total, dup.sum(1))
+        extra = {b: [] for b in act}
+        for i, b in enumerate(act):
+            if self.ngram:
+                conts = lookup(ctx.seqs[b], 3, 1, G, 1)
+                extra[b] = _allowed(ctx, b, conts[0] if conts else [])
+        nodes = [1] * B
+        for i, b in enumerate(act):
+            nodes[b] = 1 + made[i] + dups[i] + len(extra[b])
+        T = max(nodes)
+        # One upload: node counts, the roots' draft nodes, the sequences drafting, each slot's draft
+        # node (-1: the last level, never fed), the n-gram nodes (block position, token, parent).
+        slot_src = []
+        for b in act:
+            for level in range(G):
+                slot_src += self.chain_nodes[b][level] if level < G - 1 else [-1] * k
+        ng_at, ng_tok, ng_par = [], [], []
+        for i, b in enumerate(act):
+            first = 1 + made[i] + dups[i]
+            for j, tok in enumerate(extra[b]):
+                ng_at.append(b * T + first + j)
+                ng_tok.append(tok)
+                ng_par.append(0 if j == 0 else first + j - 1)
+        up = ctx.stager.upload(nodes + [ctx.draft.root[b] for b in range(B)] + act + slot_src + ng_at + ng_tok + ng_par)
+        num_nodes, roots = up[:B].to(torch.int32), up[B: 2 * B]
+        at = 2 * B
+        seq, at = up[at: at + A], at + A
+        S = G * k
+        slot_src, at = up[at: at + A * S].view(A, S), at + A * S
+        n = len(ng_at)
+        ng_at, ng_tok, ng_par = up[at: at + n], up[at + n: at + 2 * n], up[at + 2 * n: at + 3 * n]
+        # Each slot's block position: its trie id, a duplicate after the trie, else a dump row (B * T).
+        dump = B * T
+        pos = torch.where(created, ids, total[:, None] + dup.cumsum(1))
+        flat = torch.where(created | dup, seq[:, None] * T + pos, dump).reshape(-1)  # [A * S]
+        tokens = torch.zeros(B * T + 1, dtype=torch.int64, device=dev)
+        parents = torch.zeros(B * T + 1, dtype=torch.int64, device=dev)
+        src = torch.zeros(B * T + 1, dtype=torch.int64, device=dev)
+        tokens[flat], parents[flat] = x.reshape(-1), parent.reshape(-1)
+        src[flat] = torch.where(created, slot_src, -1).reshape(-1)
+        if n:
+            tokens[ng_at], parents[ng_at], src[ng_at] = ng_tok, ng_par, -1
+        tokens, parents, src = (t[:dump].view(B, T) for t in (tokens, parents, src))
+        tokens[:, 0], parents[:, 0], src[:, 0] = ctx.root, -1, roots
+        draft_logits = None
+        if not greedy:  # the chains' rows were warped with the sampling config (the point masses: by any)
+            V = rows.shape[-1]
+            draft_logits = torch.zeros(B * T + 1, V, dtype=torch.float32, device=dev)
+            draft_logits[flat] = rows.reshape(A * S, V).float()
+            if n:  # the n-gram chain's rows: point masses, 0 at the token and -inf elsewhere
+                draft_logits[ng_at] = float("-inf")
+                draft_logits[ng_at, ng_tok] = 0.0
+            draft_logits = draft_logits[:dump].view(B, T, V)
+        active = [b in self.chain_nodes for b in range(B)]
+        return Draft(tokens=tokens, parents=parents.to(torch.int32), num_nodes=num_nodes,
+                     draft_logits=draft_logits, draft_warp=None if greedy else ctx.sampling,
+                     src=src.to(torch.int32), depth=[G if a else 0 for a in active],
+                     depth_drafted=[G if a else 0 for a in active],
+                     drafted_nodes=[1 + (made[act.index(b)] if active[b] else 0) for b in range(B)])
 
-class _DraftTrie:
-    """Draft chains merged on shared prefixes. Node 0 = the pending root. ``blk``: draft-block
-    node (or -1 for last-step nodes, never fed); ``q``: the distribution the node was drawn from."""
-
-    def __init__(self, root_token, root_blk):
-        self.tok, self.par, self.blk, self.q = [root_token], [-1], [root_blk], [None]
-        self.kids = [{}]
-        self.dups = []
-
-    def add(self, token, parent, blk, q):
-        self.tok.append(token)
-        self.par.append(parent)
-        self.blk.append(blk)
-        self.q.append(q)
-        self.kids.append({})
-        self.kids[parent][token] = len(self.tok) - 1
-        return len(self.tok) - 1
-
-    def path_tokens(self, node):
-        """The tokens from the root's child down to ``node`` (empty for the root)."""
-        out = []
-        while node > 0:
-            out.append(self.tok[node])
-            node = self.par[node]
-        return out[::-1]
-
-
-def _point_mass(t, V, device):
-    """The logits of a point mass at ``t``: 0 there, -inf elsewhere, so every warp (any temperature,
-    top-k, top-p) gives the one-hot row. Shape: -> fp32 [V] (a fill on the device, no host data)."""
-    row = torch.full((V,), float("-inf"), dtype=torch.float32, device=device)
-    row[t] = 0.0
-    return row
+    def draft_nodes(self, b, nodes):
+        """A merged node's draft K/V sit in the draft block of the chain that created it; those of
+        an accepted path are kept along the chain that made its deepest fed node, whose own nodes
+        above it hold the same tokens (the chains' draft nodes are never merged)."""
+        if not nodes:
+            return nodes
+        last = nodes[-1]
+        for level, row in enumerate(self.chain_nodes[b]):
+            if last in row:
+                c = row.index(last)
+                return [self.chain_nodes[b][i][c] for i in range(level + 1)]
+        return nodes
 
 
 def _allowed(ctx, b, chain):
