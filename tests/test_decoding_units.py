@@ -418,3 +418,39 @@ def test_inverse_cdf_draws_follow_the_row_distribution():
     got = inverse_cdf(p.expand(n, 4), torch.rand(n, 1, generator=g))
     freq = torch.bincount(got, minlength=4).double() / n
     assert freq[1] == 0 and torch.allclose(freq, p.double(), atol=0.01)
+
+
+def test_draft_lm_device_tokens_feed_like_host_tokens_and_commit_from_path_tokens():
+    # Ragged catch-up chains (the second forward feeds one sequence's chain again from q0): nodes
+    # whose tokens stay on the device (add_device) give the logits host tokens (add) give, and a
+    # commit takes their tokens from the caller, reading nothing.
+    from specops.decoding.draft_lm import DraftLM
+    from specops.testing import tiny_causal_lm
+
+    model = tiny_causal_lm("llama", seed=0)
+    prompts = [[5, 17, 99, 3], [70, 2, 33, 8, 61, 4]]
+    seqs = [prompts[0] + [9, 12, 40], prompts[1] + [7]]  # catch-up chains of 3 and 1 tokens
+    drafted = [[21, 22], [31, 32]]
+    out = []
+    for device in (False, True):
+        d = DraftLM(model, 2, 40)
+        with torch.inference_mode():
+            d.prefill(prompts)
+            d.begin(seqs, [True, True])
+            tips = list(d.root)
+            rows = []
+            for level in range(2):
+                logits, _ = d.forward(rows=[(b, tips[b]) for b in range(2)])
+                rows.append(logits)
+                toks = [drafted[b][level] for b in range(2)]
+                if device:
+                    tips = d.add_device([0, 1], tips, torch.tensor(toks))
+                else:
+                    tips = [d.add(b, toks[b], tips[b]) for b in range(2)]
+            rows.append(d.forward(rows=[(b, tips[b]) for b in range(2)])[0])  # feeds an earlier device token again
+            paths = [list(range(d.root[b] + 1)) + [d.root[b] + 1, d.root[b] + 2] for b in range(2)]
+            lens = d.commit_paths(paths, [[None] * (d.root[b] + 1) + drafted[b] for b in range(2)])
+        out.append((torch.stack(rows), lens, [list(c) for c in d.cached]))
+    assert torch.equal(out[0][0], out[1][0])
+    assert out[0][1:] == out[1][1:]
+    assert out[1][2] == [seqs[b] + drafted[b] for b in range(2)]
