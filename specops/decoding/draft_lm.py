@@ -93,8 +93,8 @@ class DraftLM(ModelRunner):
 
     def add_device(self, bs, parents, tokens):
         """New block nodes whose tokens stay on the device: node ``j`` below block node
-        ``parents[j]`` of sequence ``bs[j]``, token
-        ``tokens[j]``. ``tokens[b]`` holds None for them on the host. Returns the node indices.
+        ``parents[j]`` of sequence ``bs[j]``, token ``tokens[j]`` (never read: the next ``forward``
+        scatters it into the block; ``self.tokens[b]`` holds None there). Returns the node indices.
         Shape: tokens int64 [len(bs)] on the runner's device."""
         nodes = []
         for b, parent in zip(bs, parents):

@@ -68,7 +68,7 @@ class SD(ModelDrafter):
             else:
                 tokens[at, col] = chosen
                 if sampled:
-                    rows[at, col] = logits.float()
+                    rows[at, col] = logits
             if host:
                 bs = self._host_search(ctx, bs, chosen, probs, logits, drafted, going)
                 for b in bs:
