@@ -96,9 +96,12 @@ LIN_INLINE float hsum(__m256 v) {  // lanes l + 4, then l + 2, then l + 1: combi
 // Weight rows are short (K * 2 bytes: ~1 KB for a 135M model) and a tile reads NR of them side by
 // side, so the hardware prefetcher sees NR short streams and trains too late: a one-row call over the
 // LM head ran at ~60 % of the DRAM bandwidth. The tile that first reads a column block therefore
-// prefetches the weight bytes kPrefetchAhead past its own, spread over its K loop (measured on a
-// 2-core EPYC, LM head 49152 x 576 bf16, M = 1: 4.6 ms -> 2.8 ms; the bandwidth floor is ~2.3 ms).
-constexpr int64_t kPrefetchAhead = 16 << 10;
+// prefetches, spread over its K loop, the weight bytes one whole tile plus kPrefetchMargin past its
+// own (at least kPrefetchAhead), so that even the last of the next tile's NR rows is in cache when
+// that tile starts (2-core EPYC, M = 1, bf16: LM head 49152 x 576 4.6 ms -> 2.8 ms, the bandwidth
+// floor being ~2.3 ms; a fixed 16 KB distance is less than one 8-row tile at K = 1536, 24 KB, and
+// left SmolLM2's down projection, 576 x 1536, at 9.4 GB/s where its K = 576 weights ran at 18-22).
+constexpr int64_t kPrefetchAhead = 16 << 10, kPrefetchMargin = 8 << 10;
 
 // MR rows of x (fp32, [.., Kp] zero-padded) times NR weight rows starting at n; pf (or nullptr):
 // the first of pf_lines cache lines to prefetch while doing so.
@@ -157,7 +160,8 @@ LIN_TARGET void rows_avx2_fixed(const float* xf, int64_t M, int64_t Kp, const T*
       int64_t n = b0;
       if (m == 0) {  // the first pass over the block reads it from memory; prefetch ahead of it
         for (; n + NR <= b1; n += NR) {
-          const char* at = reinterpret_cast<const char*>(w + n * K) + kPrefetchAhead;
+          const char* at = reinterpret_cast<const char*>(w + n * K) +
+                           std::max<int64_t>(kPrefetchAhead, NR * K * sizeof(T) + kPrefetchMargin);
           const int64_t lines = std::min<int64_t>(NR * K * sizeof(T) / 64, (w_end - at) / 64);
           tile<MR, NR>(xf + m * Kp, Kp, w, K, bias, out + m * N, N, n, lines > 0 ? at : nullptr,
                        std::max<int64_t>(lines, 0));
