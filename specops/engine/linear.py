@@ -10,8 +10,9 @@ Python check would cost more than a small projection (211 calls per token for Sm
 """
 import torch
 
-from .. import extension as _ext
+from .. import extension
 from ..ops.linear import DTYPES, cpu_kernel
+
 
 class SpecopsLinear(torch.nn.Linear):
     """An ``nn.Linear`` computing every call through specops.linear. A patched module's class is
@@ -44,13 +45,13 @@ def eligible(model):
         p = next(model.parameters())
     except StopIteration:
         return False
-    return _ext.cpu_ext is not None and p.device.type == "cpu" and p.dtype in (torch.bfloat16, torch.float16)
+    return extension.cpu_ext is not None and p.device.type == "cpu" and p.dtype in (torch.bfloat16, torch.float16)
 
 
 def invariant_unavailable(model):
     """None when every linear of ``model`` can run through ``specops::linear`` (the batch-invariant
     mode's requirement), else why not: the compiled CPU kernels and CPU weights in fp32/bf16/fp16."""
-    if _ext.cpu_ext is None:
+    if extension.cpu_ext is None:
         return "the compiled CPU extension (specops._C) is not built"
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and not _patchable(module):

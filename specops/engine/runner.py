@@ -25,7 +25,7 @@ import inspect
 
 import torch
 
-from ..ops import checks as _checks
+from ..ops import checks
 from ..ops.tree_mask import build_tree_mask
 from . import compiled as _compiled
 from . import linear as _linear
@@ -133,12 +133,12 @@ class ModelRunner:
             raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
         if not isinstance(compile, bool):
             raise ValueError(f"compile must be a bool, got {compile!r}")
-        max_len = _checks.integer("max_len", max_len, 1)
+        max_len = checks.integer("max_len", max_len, 1)
         # Compiled blocks are padded to their bucket; the padding rows' K/V land past the valid rows,
         # so the cache keeps one largest bucket of spare rows (never committed, never attended).
         rows = max_len + (_compiled.MAX_BUCKET if compile else 0)
         if kv_layout == "paged":
-            page_size = _checks.integer("page_size", page_size, 1)
+            page_size = checks.integer("page_size", page_size, 1)
             if page_size & (page_size - 1):
                 raise ValueError(f"page_size must be a power of two >= 1, got {page_size}")
 
@@ -345,13 +345,13 @@ class ModelRunner:
         model's dtype (rows >= lens[b] are padding); with ``last_only`` [B, V], the logits after each
         prompt's last token (the LM head then runs on those rows only). ``features`` [B, L, H]: a
         feature model's input rows."""
-        _checks.tensor("input_ids", input_ids, dtype=(torch.int64, torch.int32), shape=(self.B, None),
+        checks.tensor("input_ids", input_ids, dtype=(torch.int64, torch.int32), shape=(self.B, None),
                        device=self.device)
         B, L = input_ids.shape
-        _checks.lengths("lens", lens, B, self.device)
+        checks.lengths("lens", lens, B, self.device)
         if L > self.max_len:
             raise ValueError(f"input_ids: prompt of {L} tokens exceeds the cache (max_len={self.max_len})")
-        _checks.range_values("lens", lens, 1, L, "every prompt needs at least one token")
+        checks.range_values("lens", lens, 1, L, "every prompt needs at least one token")
         self.cache.reset()
         block = self._block(prefix_lens=torch.zeros_like(lens), block_lens=lens, mask=causal_mask(B, L, self.device),
                             q_lens=lens, longest=L)
@@ -378,7 +378,7 @@ class ModelRunner:
         padding. With ``compile=True`` a block of up to ``max(buckets)`` rows runs the compiled graph
         of its bucket; a longer one (or one a sliding window cannot take) runs eagerly."""
         B, Tq = tokens.shape
-        _checks.tensor("tokens", tokens, dtype=(torch.int64, torch.int32), shape=(self.B, None),
+        checks.tensor("tokens", tokens, dtype=(torch.int64, torch.int32), shape=(self.B, None),
                        device=self.device)
         longest = max(self.cache.host_lens()) + q_start + Tq
         if longest > self.max_len:

@@ -10,7 +10,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ... import backend as _backend
-from ...ops import checks as _checks
+from ...ops import checks
 from ...ops import kv_compact as _kvc
 from ...ops.kv_compact import CACHE_DTYPES
 from ...parallel import local_kv_heads, text_config
@@ -124,8 +124,8 @@ class KVCacheBase(Cache):
         """The next forward writes ``rows`` new rows at ``lens + offset`` (a draft block that grows
         over several forwards passes its current size as ``offset``); raises before anything is
         written if any sequence would overflow. ``offset`` >= 0, ``rows`` >= 1 (ints)."""
-        offset = _checks.integer("offset", offset, 0)
-        rows = _checks.integer("rows", rows, 1)
+        offset = checks.integer("offset", offset, 0)
+        rows = checks.integer("rows", rows, 1)
         self._check_room(offset + rows, "begin_block")
         self._block = (offset, rows)
         self._write = self._write_target(offset, rows)
@@ -142,12 +142,12 @@ class KVCacheBase(Cache):
         mode they go to ``lens`` and are committed after the last layer."""
         L, B, H, D = self.num_layers, self.batch_size, self.num_kv_heads, self.head_dim
         dev = self.lens.device
-        layer = _checks.integer("layer", layer, 0, L - 1, f"the cache has num_layers={L}")
+        layer = checks.integer("layer", layer, 0, L - 1, f"the cache has num_layers={L}")
         T = k.shape[2] if isinstance(k, torch.Tensor) and k.dim() == 4 else -1
         if (T < 1 or not isinstance(v, torch.Tensor) or k.shape != (B, H, T, D) or v.shape != k.shape
                 or k.device != dev or v.device != dev or k.dtype not in CACHE_DTYPES or v.dtype != k.dtype):
-            _checks.tensor("k", k, dtype=CACHE_DTYPES, shape=(B, H, None, D), device=dev)
-            _checks.tensor("v", v, dtype=k.dtype, shape=(B, H, T, D), device=dev)
+            checks.tensor("k", k, dtype=CACHE_DTYPES, shape=(B, H, None, D), device=dev)
+            checks.tensor("v", v, dtype=k.dtype, shape=(B, H, T, D), device=dev)
             if T < 1:
                 raise ValueError(f"k must hold at least one row (T >= 1), got shape {tuple(k.shape)}")
         self._check_not_aliased(k, v)
@@ -185,7 +185,7 @@ class KVCacheBase(Cache):
         ``lens[b] + counts[b] <= max_len``; without ``host_counts`` that costs one host sync, which
         refreshes the host mirror (so the next block's room check needs none). ``check=False``
         skips the value checks (no sync) and leaves the result unspecified for bad counts."""
-        _checks.lengths("counts", counts, self.batch_size, self.lens.device)
+        checks.lengths("counts", counts, self.batch_size, self.lens.device)
         if host_counts is not None:
             host_counts = self._host_count_list(host_counts)
         if check:
@@ -233,7 +233,7 @@ class KVCacheBase(Cache):
         """Metadata only: ``lens = new_lens`` (int32 [B], each <= the current length). The check costs
         one host sync, none when the caller passes the same lengths as a list (``host_lens``) and the
         cache's host copy of its lengths is fresh: then both sides are compared on the host."""
-        _checks.lengths("new_lens", new_lens, self.batch_size, self.lens.device)
+        checks.lengths("new_lens", new_lens, self.batch_size, self.lens.device)
         if host_lens is not None:
             host_lens = self._host_count_list(host_lens)
         if host_lens is not None and self._host_lens is not None:
@@ -243,7 +243,7 @@ class KVCacheBase(Cache):
         else:
             bad = (new_lens < 0) | (new_lens > self.lens)
             if bool(bad.any()):
-                b = _checks.first_index(bad)[0]
+                b = checks.first_index(bad)[0]
                 raise ValueError(f"new_lens must lie in [0, lens], got new_lens[{b}] = {int(new_lens[b])} "
                                  f"for lens[{b}] = {int(self.lens[b])}")
         self.lens.copy_(new_lens)
@@ -258,15 +258,15 @@ class KVCacheBase(Cache):
     def crop(self, tokens_to_remove):
         """HF's crop: drop the last ``|tokens_to_remove|`` rows of every sequence (transformers passes
         a negative count, ``crop(-n)``; a positive one removes as many); lengths stop at 0."""
-        n = abs(_checks.integer("tokens_to_remove", tokens_to_remove))
+        n = abs(checks.integer("tokens_to_remove", tokens_to_remove))
         self.truncate((self.lens - n).clamp(min=0))
 
     def reorder_cache(self, beam_idx):
         """Sequence ``b`` takes the K/V and length of sequence ``beam_idx[b]`` (int32/int64 [B] in
         [0, B); one host sync)."""
         B = self.batch_size
-        _checks.tensor("beam_idx", beam_idx, dtype=(torch.int32, torch.int64), shape=(B,), device=self.lens.device)
-        _checks.range_values("beam_idx", beam_idx, 0, B - 1, f"a sequence of the batch of B={B}")
+        checks.tensor("beam_idx", beam_idx, dtype=(torch.int32, torch.int64), shape=(B,), device=self.lens.device)
+        checks.range_values("beam_idx", beam_idx, 0, B - 1, f"a sequence of the batch of B={B}")
         self._reorder(beam_idx)
         self.lens.copy_(self.lens[beam_idx])
         self._host_lens = None

@@ -15,7 +15,7 @@ a contiguous [B, Hkv, max_len, D] copy, so any attention implementation reads th
 """
 import torch
 
-from ...ops import checks as _checks
+from ...ops import checks
 from ...ops.kv_compact import check_paged_values as _check_paged_values
 from ...ops.tree_attention import gather_pages
 from .base import KVCacheBase, check_sizes
@@ -41,12 +41,12 @@ class PagedKVCache(KVCacheBase):
                  page_order=None, dtype=torch.float32, device="cpu"):
         names = ("num_layers", "batch_size", "num_kv_heads", "max_len", "head_dim", "page_size")
         check_sizes("PagedKVCache", names, (num_layers, batch_size, num_kv_heads, max_len, head_dim, page_size), dtype)
-        _checks.power_of_two("PagedKVCache page_size", page_size)
+        checks.power_of_two("PagedKVCache page_size", page_size)
         max_pages = -(-max_len // page_size)
         needed = batch_size * max_pages
         if num_pages is None:
             num_pages = needed
-        num_pages = _checks.integer("num_pages", num_pages)
+        num_pages = checks.integer("num_pages", num_pages)
         if num_pages < needed:
             raise ValueError(f"PagedKVCache num_pages must be >= batch_size * ceil(max_len / page_size) = "
                              f"{batch_size} * {max_pages} = {needed}, got {num_pages}")
@@ -110,7 +110,7 @@ def _page_order(page_order, num_pages):
         return torch.randperm(num_pages, generator=torch.Generator().manual_seed(DEFAULT_PAGE_ORDER_SEED))
     if isinstance(page_order, torch.Generator):
         return torch.randperm(num_pages, generator=page_order, device=page_order.device).cpu()
-    _checks.tensor("page_order", page_order, dtype=(torch.int32, torch.int64), shape=(num_pages,))
+    checks.tensor("page_order", page_order, dtype=(torch.int32, torch.int64), shape=(num_pages,))
     order = page_order.cpu().long()
     if not torch.equal(order.sort().values, torch.arange(num_pages)):
         raise ValueError(f"page_order must be a permutation of 0..num_pages-1 = 0..{num_pages - 1}, got "
