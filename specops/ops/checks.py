@@ -36,12 +36,19 @@ def tensor(name, t, *, dtype=None, rank=None, shape=None, device=None, last_stri
     return t
 
 
+def scalar(name, value, types, want, width=None):
+    """A Python scalar argument of ``types`` (bool rejected): TypeError ``"{name} must be {want}, got
+    {type} {repr}"`` (the repr cut to ``width`` characters where given). Returns it."""
+    if isinstance(value, bool) or not isinstance(value, types):
+        got = format(repr(value), f".{width}" if width else "")
+        raise TypeError(f"{name} must be {want}, got {type(value).__name__} {got}")
+    return value
+
+
 def integer(name, value, lo=None, hi=None, why=""):
     """A Python integer argument (bool is rejected) in ``[lo, hi]`` (``None``: unbounded);
     ``why`` explains the upper bound. Returns it as an int."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    value = int(value)
+    value = int(scalar(name, value, numbers.Integral, "an int"))
     if lo is not None and value < lo:
         raise ValueError(f"{name} must be >= {lo}, got {value}")
     if hi is not None and value > hi:
@@ -80,26 +87,34 @@ def disjoint(name, t, others):
                              f"and [{olo:#x}, {ohi:#x}) that overlap")
 
 
-def first_bad(flags):
-    """Host-syncs once on per-rule failure flags (bool tensors, any shape: set anywhere = failed);
-    returns the first failing index or None."""
-    if not flags:
-        return None
-    bad = torch.stack([f.any().reshape(()) for f in flags]).cpu().tolist()
-    for i, b in enumerate(bad):
-        if b:
-            return i
-    return None
-
+# ---- value rules: a rule is ``(bad, message)``, ``bad`` a bool tensor (any shape; the rule fails
+# where it is set) and ``message()`` the error text, built only for the rule that fails (it may read
+# the tensors: that is the error path). :func:`raise_first` checks a list of them with one host sync.
 
 def raise_first(rules):
-    """The value-rule engine of the ops: ``rules`` is a list of ``(flag, message)``, ``flag`` a bool
-    tensor (any shape; the rule fails where it is set) and ``message()`` the error text, built only
-    for the rule that fails (it may read the tensors: that is the error path). One host sync for
-    the whole list; raises ValueError with the first failing rule's message."""
-    which = first_bad([flag for flag, _ in rules])
-    if which is not None:
-        raise ValueError(rules[which][1]())
+    """The value-rule engine of the ops: one host sync for the whole list of rules; raises
+    ValueError with the first failing rule's message."""
+    if not rules:
+        return
+    bad = torch.stack([flag.any().reshape(()) for flag, _ in rules]).cpu().tolist()
+    for failed, (_, message) in zip(bad, rules):
+        if failed:
+            raise ValueError(message())
+
+
+def rule(name, t, bad, expect, got=None):
+    """Every value of ``t`` satisfies ``expect``; fails where ``bad`` is set: ``"{name} must {expect},
+    got {got(name, t, bad)}"`` (``got``: :func:`at` unless given, e.g. :func:`value_at`)."""
+    return bad, lambda: f"{name} must {expect}, got {(got or at)(name, t, bad)}"
+
+
+def row_rule(name, bad, expect, got):
+    """A rule over rows (``bad`` indexed by row): ``"{name}[i, j] must {expect}, got {got}"`` for the
+    first failing row (``got``: a string, or a function of the row's index tuple)."""
+    def message():
+        idx = first_index(bad)
+        return f"{name}[{', '.join(map(str, idx))}] must {expect}, got {got(idx) if callable(got) else got}"
+    return bad, message
 
 
 def power_of_two(label, value, detail=""):
@@ -122,57 +137,100 @@ def at(name, t, mask):
     return f"{name}[{', '.join(map(str, idx))}] = {t[idx].item()}"
 
 
+def value_at(name, t, mask):
+    """``"value at [i, j]"`` for the first set element of ``mask`` (one host sync)."""
+    idx = first_index(mask)
+    return f"{t[idx].item()} at [{', '.join(map(str, idx))}]"
+
+
 def range_values(name, t, lo, hi, what=None):
     """Every value of ``t`` lies in ``[lo, hi]`` (one host sync)."""
-    if t.numel() == 0:
-        return
-    bad = (t < lo) | (t > hi)
-    raise_first([(bad, lambda: f"{name} must lie in [{lo}, {hi}]{' (' + what + ')' if what else ''}, "
-                               f"got {at(name, t, bad)}")])
+    if t.numel():
+        raise_first([rule(name, t, (t < lo) | (t > hi), f"lie in [{lo}, {hi}]{' (' + what + ')' if what else ''}")])
 
 
 def not_nan_or_posinf(name, t):
     """No NaN and no +inf in ``t`` (-inf is allowed); one host sync."""
     if t.numel():
-        bad = torch.isnan(t) | (t == float("inf"))
-        raise_first([(bad, lambda: f"{name} must not contain NaN or +inf, got {at(name, t, bad)}")])
+        raise_first([rule(name, t, torch.isnan(t) | (t == float("inf")), "not contain NaN or +inf")])
 
 
-def tree_values(parents, num_nodes, *, parents_name="parents", num_nodes_name="num_nodes"):
-    """``parents`` [B, T] describes, per row, a topologically ordered tree of ``num_nodes[b]`` nodes:
-    ``parents[b, 0] == -1`` and ``-1 < parents[b, i] < i`` for ``0 < i < num_nodes[b]``.
-    Padding entries (``i >= num_nodes[b]``) are ignored. One host sync."""
-    B, T = parents.shape
-    if B == 0 or T == 0:
-        return
+def uniform_rule(name, u):
+    """The rule of a tensor of uniforms: every value in [0, 1) (NaN fails)."""
+    return rule(name, u, ~((u >= 0) & (u < 1)), "lie in [0, 1) (NaN counts as outside)")
+
+
+def prob_rules(name, rows, where, tol):
+    """Probability rows [..., V]: finite, non-negative and summing to 1 (within ``tol``) at the
+    positions ``where`` (bool [...])."""
+    bad_entry = ~torch.isfinite(rows) | (rows < 0)
+    nonfinite = where & bad_entry.any(-1)
+    sums = rows.sum(-1, dtype=torch.float64)
+    off = where & ~nonfinite & ((sums - 1).abs() > tol)
+    return [row_rule(name, nonfinite, "be finite and non-negative",
+                     lambda _: at(name, rows, nonfinite[..., None] & bad_entry)),
+            row_rule(name, off, f"sum to 1 (within {tol})", lambda idx: f"{float(sums[idx]):.6g}")]
+
+
+def logit_rules(name, logits, where, allowed=None):
+    """Logit rows [..., V]: no NaN / +inf, and at least one value above -inf, at the positions
+    ``where`` (bool [...]), among the ``allowed`` entries (bool [..., V]) where given."""
+    bad_entry = torch.isnan(logits) | (logits == torch.inf)
+    finite = logits != -torch.inf
+    if allowed is not None:
+        bad_entry &= allowed
+        finite &= allowed
+    bad = where[..., None] & bad_entry
+    empty = where & ~bad.any(-1) & ~finite.any(-1)
+    return [rule(name, logits, bad, "not contain NaN or +inf"),
+            row_rule(name, empty, "have at least one finite value", "all -inf")]
+
+
+def tree_rules(parents, num_nodes, tokens=None, V=None):
+    """The rules of a batch of trees (T >= 1): ``num_nodes`` in [1, T], ``parents[b, 0] == -1`` and
+    ``-1 < parents[b, i] < i`` for ``0 < i < num_nodes[b]`` (padding ignored); with ``tokens`` also
+    ``0 <= tokens[b, i] < V`` at those nodes."""
+    T = parents.shape[1]
     idx = torch.arange(T, device=parents.device)
-    nodes_bad = (num_nodes < 1) | (num_nodes > T)
     valid = idx[None, :] < num_nodes[:, None]
     root_bad = valid[:, 0] & (parents[:, 0] != -1)
     child = valid & (idx[None, :] > 0)
     child_bad = child & ((parents < 0) | (parents >= idx[None, :]))
 
-    def root_msg():
-        b = int(root_bad.nonzero()[0, 0])
-        return f"{parents_name}[{b}, 0] must be -1 (node 0 is the root), got {int(parents[b, 0])}"
+    def root():
+        b = first_index(root_bad)[0]
+        return f"parents[{b}, 0] must be -1 (node 0 is the root), got {int(parents[b, 0])}"
 
-    def child_msg():
-        b, i = (int(v) for v in child_bad.nonzero()[0])
-        return f"{parents_name}[{b}, {i}] must satisfy -1 < parent < {i} (topological order), got {int(parents[b, i])}"
+    def parent():
+        b, i = first_index(child_bad)
+        return f"parents[{b}, {i}] must satisfy -1 < parent < {i} (topological order), got {int(parents[b, i])}"
 
-    raise_first([(nodes_bad, lambda: f"{num_nodes_name} must lie in [1, T={T}], got "
-                                     f"{at(num_nodes_name, num_nodes, nodes_bad)}"),
-                 (root_bad, root_msg), (child_bad, child_msg)])
+    rules = [rule("num_nodes", num_nodes, (num_nodes < 1) | (num_nodes > T), f"lie in [1, T={T}]"),
+             (root_bad, root), (child_bad, parent)]
+    if tokens is not None:
+        rules.append(row_rule("tokens", child & ((tokens < 0) | (tokens >= V)), f"lie in [0, V={V})",
+                              lambda i: int(tokens[i])))
+    return rules
+
+
+def tree_values(parents, num_nodes):
+    """``parents`` [B, T] describes, per row, a topologically ordered tree of ``num_nodes[b]`` nodes
+    (:func:`tree_rules`). One host sync."""
+    if parents.numel():
+        raise_first(tree_rules(parents, num_nodes))
+
+
+def node_counts(num_nodes, B, T, device):
+    """``num_nodes`` checked int32 [B], or all T for None. Returns num_nodes."""
+    if num_nodes is None:
+        return torch.full((B,), T, dtype=torch.int32, device=device)
+    return lengths("num_nodes", num_nodes, B, device)
 
 
 def tree_nodes(parents, num_nodes, check):
-    """``num_nodes`` of a [B, T] ``parents``: checked int32 [B], or all T for None; with ``check``
-    also the tree value rules (:func:`tree_values`, one host sync). Returns num_nodes."""
-    B, T = parents.shape
-    if num_nodes is None:
-        num_nodes = torch.full((B,), T, dtype=torch.int32, device=parents.device)
-    else:
-        lengths("num_nodes", num_nodes, B, parents.device)
+    """``num_nodes`` of a [B, T] ``parents`` (:func:`node_counts`); with ``check`` also the tree
+    value rules (:func:`tree_values`, one host sync). Returns num_nodes."""
+    num_nodes = node_counts(num_nodes, *parents.shape, parents.device)
     if check:
         tree_values(parents, num_nodes)
     return num_nodes

@@ -45,26 +45,26 @@ MIN_TEMPERATURE = 2.0**-126  # below it (0 and denormals) a row is greedy
 MAX_VOCAB = 2**31 - 1  # V limit of the compiled backends (int32 token indices)
 
 
-def row_param(name, value, N, device, *, dtype, kind, check):
-    """Turns a scalar or an [N] tensor parameter into an [N] tensor of ``dtype``.
+def row_param(name, value, N, device, *, dtype, kind, check, prefix=""):
+    """Turns a scalar or an [N] tensor parameter into an [N] tensor of ``dtype``; errors name it
+    ``prefix + name`` (the argument the caller passed, e.g. ``draft_top_k``).
 
     Scalars are validated here (no sync); tensor values only under ``check=True``."""
+    label = prefix + name
+    ok, want = _RULES[name]
     if isinstance(value, torch.Tensor):
         allowed = FLOAT_DTYPES + (torch.float64,) if kind == "float" else (torch.int32, torch.int64)
-        checks.tensor(name, value, dtype=allowed, shape=(N,), device=device)
-        if check:
-            _check_param_values(name, value)
+        checks.tensor(label, value, dtype=allowed, shape=(N,), device=device)
+        if check:  # one host sync
+            checks.raise_first([checks.rule(label, value, ~ok(value), f"be {want}")])
         if kind == "int":
             value = value.clamp(max=2**31 - 1)  # k >= V disables top-k anyway
         return value.to(dtype)
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an int or an int tensor of shape [N], got {type(value).__name__} "
-                            f"{value!r:.60}")
-    elif isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a float or a float tensor of shape [N], got {type(value).__name__} "
-                        f"{value!r:.60}")
-    _check_param_values(name, value)
+    integral = kind == "int"
+    checks.scalar(label, value, numbers.Integral if integral else numbers.Real,
+                  f"{'an int or an int' if integral else 'a float or a float'} tensor of shape [N]", 60)
+    if not ok(value):  # a Python scalar: no torch op on the hot path
+        raise ValueError(f"{label} must be {want}, got {value}")
     if kind == "int":
         value = min(int(value), 2**31 - 1)
     return torch.full((N,), value, dtype=dtype, device=device)
@@ -75,16 +75,6 @@ _RULES = {  # name -> (per-value test, expectation); tests work on floats and on
     "top_k": (lambda v: v >= 0, ">= 0 (0 = disabled)"),
     "top_p": (lambda v: (v > 0) & (v <= 1), "in (0, 1] (1 = disabled)"),
 }
-
-
-def _check_param_values(name, value):
-    ok, want = _RULES[name]
-    if isinstance(value, torch.Tensor):  # one host sync, only under check=True
-        bad = ~ok(value)
-        if bool(bad.any()):
-            raise ValueError(f"{name} must be {want}, got {checks.at(name, value, bad)}")
-    elif not ok(value):  # a Python scalar: no torch op on the hot path
-        raise ValueError(f"{name} must be {want}, got {value}")
 
 
 def warp_probs(logits, temperature, top_k=0, top_p=1.0, *, check=True, backend=None):
@@ -116,15 +106,11 @@ def warp_probs(logits, temperature, top_k=0, top_p=1.0, *, check=True, backend=N
 
 
 def _check_logits(logits):
-    bad_value = torch.isnan(logits) | (logits == float("inf"))
     empty_row = (logits == float("-inf")).all(dim=1)
-    which = checks.first_bad([bad_value.any(), empty_row.any()])
-    if which == 0:
-        r, c = (int(v) for v in bad_value.nonzero()[0])
-        raise ValueError(f"logits must not contain NaN or +inf, got {logits[r, c].item()} at [{r}, {c}]")
-    if which == 1:
-        r = int(empty_row.nonzero()[0, 0])
-        raise ValueError(f"logits row {r} must have at least one finite value, got all -inf")
+    checks.raise_first([checks.rule("logits", logits, torch.isnan(logits) | (logits == float("inf")),
+                                    "not contain NaN or +inf", checks.value_at),
+                        (empty_row, lambda: f"logits row {checks.first_index(empty_row)[0]} must have at least one "
+                                            "finite value, got all -inf")])
 
 
 @register("warp_probs", "torch")

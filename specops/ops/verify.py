@@ -64,9 +64,9 @@ def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, bitmask=Non
         if bitmask is not None:
             bad &= token_bitmask.allowed_tokens(bitmask, V)
             token_bitmask.check_rows(bitmask, V)
-        raise_flags(tree_flags(tokens, parents, num_nodes, V) + [flag(bad.any(), lambda: (
-            "target_logits[{}, {}] must not contain NaN or +inf, got ".format(*_first_row(bad.any(-1)))
-            + checks.at("target_logits", target_logits, bad),))])
+        checks.raise_first(checks.tree_rules(parents, num_nodes, tokens, V) + [checks.row_rule(
+            "target_logits", bad.any(-1), "not contain NaN or +inf",
+            lambda _: checks.at("target_logits", target_logits, bad))])
     return resolve("verify_greedy", tokens.device, backend)(tokens, parents, target_logits, num_nodes, bitmask)
 
 
@@ -108,11 +108,11 @@ def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs=None, mo
     if check:
         valid = valid_mask(num_nodes, T)
         child = valid & (torch.arange(T, device=dev) > 0)
-        flags = tree_flags(tokens, parents, num_nodes, V) + [uniform_flag("uniforms", uniforms)]
-        flags += _prob_flags("target_probs", target_probs, valid)
+        rules = checks.tree_rules(parents, num_nodes, tokens, V) + [checks.uniform_rule("uniforms", uniforms)]
+        rules += checks.prob_rules("target_probs", target_probs, valid, ROW_SUM_TOL)
         if draft_probs is not None and mode in NEEDS_DRAFT:
-            flags += _prob_flags("draft_probs", draft_probs, child)
-        raise_flags(flags)
+            rules += checks.prob_rules("draft_probs", draft_probs, child, ROW_SUM_TOL)
+        checks.raise_first(rules)
     return resolve("verify_tree", dev, backend)(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode)
 
 
@@ -132,26 +132,17 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, unifo
     B, g, V, tau = joint_args(draft_tokens, "target_logprobs", target_logprobs, torch.float32, draft_joint_logprobs,
                               tau, uniforms)
     if check:
-        bad_tok = (draft_tokens < 0) | (draft_tokens >= V)
-        bad_tau = (tau < 0) | (tau > 1) | torch.isnan(tau)
-        bad_target = torch.isnan(target_logprobs) | (target_logprobs == torch.inf)
         lse = torch.logsumexp(target_logprobs, -1)
-        off = lse.abs() > ROW_SUM_TOL
-        bad_joint = torch.isnan(draft_joint_logprobs) | (draft_joint_logprobs > 0)
-        raise_flags([
-            flag(bad_tok.any(), lambda: ("draft_tokens must lie in [0, V={}), got {} at [{}, {}]".format(
-                V, *_first_value(draft_tokens, bad_tok)),)),
-            flag(bad_tau.any(), lambda: (f"tau must lie in [0, 1], got {checks.at('tau', tau, bad_tau)}",)),
-            uniform_flag("uniforms", uniforms),
-            flag(bad_target.any(), lambda: ("target_logprobs must not contain NaN or +inf, got "
-                                             + checks.at("target_logprobs", target_logprobs, bad_target),)),
-            flag(off.any(), lambda: (
-                "target_logprobs[{}, {}] must be a log-distribution (logsumexp 0 within {}), got {:.6g}".format(
-                    *_first_row(off), ROW_SUM_TOL, float(lse[_first_row(off)])),)),
-            flag(bad_joint.any(), lambda: (
-                "draft_joint_logprobs must be log-probabilities (<= 0, not NaN), got "
-                f"{checks.at('draft_joint_logprobs', draft_joint_logprobs, bad_joint)}",)),
-        ])
+        checks.raise_first([
+            checks.rule("draft_tokens", draft_tokens, (draft_tokens < 0) | (draft_tokens >= V), f"lie in [0, V={V})",
+                        checks.value_at),
+            tau_rule(tau), checks.uniform_rule("uniforms", uniforms),
+            checks.rule("target_logprobs", target_logprobs,
+                        torch.isnan(target_logprobs) | (target_logprobs == torch.inf), "not contain NaN or +inf"),
+            checks.row_rule("target_logprobs", lse.abs() > ROW_SUM_TOL,
+                            f"be a log-distribution (logsumexp 0 within {ROW_SUM_TOL})",
+                            lambda i: f"{float(lse[i]):.6g}"),
+            joint_rule(draft_joint_logprobs, True)])
     log_tau = torch.log(tau)
     return resolve("verify_joint", draft_tokens.device, backend)(draft_tokens, target_logprobs, draft_joint_logprobs,
                                                                  log_tau, uniforms)
@@ -181,11 +172,20 @@ def tau_tensor(tau, B, device):
     checked by the op under ``check=True``) -> fp32 [B]."""
     if isinstance(tau, torch.Tensor):
         return checks.tensor("tau", tau, dtype=torch.float32, shape=(B,), device=device)
-    if isinstance(tau, (int, float)) and not isinstance(tau, bool):
-        if not 0.0 <= tau <= 1.0:
-            raise ValueError(f"tau must lie in [0, 1], got {tau}")
-        return torch.full((B,), float(tau), dtype=torch.float32, device=device)
-    raise TypeError(f"tau must be a float or a torch.Tensor, got {type(tau).__name__} {tau!r:.60}")
+    if not 0.0 <= checks.scalar("tau", tau, (int, float), "a float or a torch.Tensor", 60) <= 1.0:
+        raise ValueError(f"tau must lie in [0, 1], got {tau}")
+    return torch.full((B,), float(tau), dtype=torch.float32, device=device)
+
+
+def tau_rule(tau):
+    """R6's value rule of ``tau`` (fp32 [B]): in [0, 1], not NaN."""
+    return checks.rule("tau", tau, (tau < 0) | (tau > 1) | torch.isnan(tau), "lie in [0, 1]")
+
+
+def joint_rule(draft_joint_logprobs, tested):
+    """R6's value rule of ``draft_joint_logprobs`` at the ``tested`` positions: <= 0, not NaN."""
+    bad = tested & (torch.isnan(draft_joint_logprobs) | (draft_joint_logprobs > 0))
+    return checks.rule("draft_joint_logprobs", draft_joint_logprobs, bad, "be log-probabilities (<= 0, not NaN)")
 
 
 def tree_args(tokens, parents, num_nodes):
@@ -194,11 +194,7 @@ def tree_args(tokens, parents, num_nodes):
     if T == 0:
         raise ValueError(f"tokens must have at least one node (T >= 1), got shape {tuple(tokens.shape)}")
     checks.tensor("parents", parents, dtype=torch.int32, shape=(B, T), device=tokens.device)
-    if num_nodes is None:
-        num_nodes = torch.full((B,), T, dtype=torch.int32, device=tokens.device)
-    else:
-        checks.lengths("num_nodes", num_nodes, B, tokens.device)
-    return B, T, num_nodes
+    return B, T, checks.tree_nodes(parents, num_nodes, False)
 
 
 def rows_shape(name, rows, B, T):
@@ -209,81 +205,6 @@ def rows_shape(name, rows, B, T):
 
 def valid_mask(num_nodes, T):
     return torch.arange(T, device=num_nodes.device)[None, :] < num_nodes[:, None]
-
-
-def flag(bad, message):
-    """A lazily described failure: ``bad`` a bool tensor, ``message()`` -> (text,)."""
-    return bad, message
-
-
-def raise_flags(flags):
-    """One host sync over every flag; raises ValueError for the first that is set."""
-    if not flags:
-        return
-    bad = torch.stack([f[0].reshape(()) for f in flags]).cpu().tolist()
-    for is_bad, (_, message) in zip(bad, flags):
-        if is_bad:
-            raise ValueError(message()[0])
-
-
-def _first_value(t, mask):
-    idx = mask.nonzero()[0].tolist()
-    return (int(t[tuple(idx)]), *idx)
-
-
-def _first_row(mask):
-    return tuple(mask.nonzero()[0].tolist())
-
-
-def tree_flags(tokens, parents, num_nodes, V):
-    B, T = tokens.shape
-    idx = torch.arange(T, device=tokens.device)
-    valid = idx[None, :] < num_nodes[:, None]
-    root_bad = valid[:, 0] & (parents[:, 0] != -1)
-    child = valid & (idx[None, :] > 0)
-    par_bad = child & ((parents < 0) | (parents >= idx[None, :]))
-    tok_bad = child & ((tokens < 0) | (tokens >= V))
-
-    nodes_bad = (num_nodes < 1) | (num_nodes > T)
-
-    def nodes_message():
-        return (f"num_nodes must lie in [1, T={T}], got {checks.at('num_nodes', num_nodes, nodes_bad)}",)
-
-    def root_message():
-        b = int(root_bad.nonzero()[0, 0])
-        return (f"parents[{b}, 0] must be -1 (node 0 is the root), got {int(parents[b, 0])}",)
-
-    def parent_message():
-        got, b, i = _first_value(parents, par_bad)
-        return (f"parents[{b}, {i}] must satisfy -1 < parent < {i} (topological order), got {got}",)
-
-    def token_message():
-        got, b, i = _first_value(tokens, tok_bad)
-        return (f"tokens[{b}, {i}] must lie in [0, V={V}), got {got}",)
-
-    return [flag(nodes_bad.any(), nodes_message), flag(root_bad.any(), root_message),
-            flag(par_bad.any(), parent_message), flag(tok_bad.any(), token_message)]
-
-
-def uniform_flag(name, u):
-    bad = ~((u >= 0) & (u < 1))
-    return flag(bad.any(), lambda: (f"{name} must lie in [0, 1) (NaN counts as outside), got "
-                                     f"{checks.at(name, u, bad)}",))
-
-
-def _prob_flags(name, rows, where):
-    """Finite, non-negative rows summing to 1 at the [B, T] positions ``where``."""
-    bad_entry = ~torch.isfinite(rows) | (rows < 0)
-    nonfinite = where & bad_entry.any(-1)
-    sums = rows.sum(-1, dtype=torch.float64)
-    off = where & ~nonfinite & ((sums - 1).abs() > ROW_SUM_TOL)
-    return [
-        flag(nonfinite.any(), lambda: (f"{name}[{', '.join(map(str, _first_row(nonfinite)))}] must be finite and "
-                                        "non-negative, got "
-                                        f"{checks.at(name, rows, nonfinite[..., None] & bad_entry)}",)),
-        flag(off.any(), lambda: (f"{name}[{', '.join(map(str, _first_row(off)))}] must sum to 1 (within "
-                                  f"{ROW_SUM_TOL}), got {float(sums[_first_row(off)]):.6g}",)),
-    ]
 
 
 # ---- backends ------------------------------------------------------------------------------

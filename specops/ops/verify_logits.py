@@ -27,8 +27,10 @@ from ..backend import register, register_compiled, resolve
 from . import checks, token_bitmask
 from . import verify_ref
 from .sampling import FLOAT_DTYPES, MAX_VOCAB, row_param, warp_probs_torch
-from .verify import (MODES, NEEDS_DRAFT, flag, joint_args, raise_flags, rows_shape, tree_args, tree_flags,
-                     uniform_flag, valid_mask, verify_greedy)
+from .verify import (MODES, NEEDS_DRAFT, joint_args, joint_rule, rows_shape, tau_rule, tree_args, valid_mask,
+                     verify_greedy)
+
+raise_flags = checks.raise_first  # the value checks of this module's ops (one host sync)
 
 
 def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature, top_k=0, top_p=1.0,
@@ -79,15 +81,15 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
     if check:
         valid = valid_mask(num_nodes, T)
         child = valid & (torch.arange(T, device=dev) > 0)
-        flags = tree_flags(tokens, parents, num_nodes, V) + [uniform_flag("uniforms", uniforms)]
+        rules = checks.tree_rules(parents, num_nodes, tokens, V) + [checks.uniform_rule("uniforms", uniforms)]
         if bitmask is not None:
             token_bitmask.check_rows(bitmask, V)
         allowed = None if bitmask is None else token_bitmask.allowed_tokens(bitmask, V)  # [B, T, V]
-        flags += _logit_flags("target_logits", target_logits, valid, allowed)
+        rules += checks.logit_rules("target_logits", target_logits, valid, allowed)
         if draft_logits is not None and needs_draft:
             at_parent = None if allowed is None else _at_parents(allowed, parents)
-            flags += _logit_flags("draft_logits", draft_logits, child, at_parent)
-        raise_flags(flags)
+            rules += checks.logit_rules("draft_logits", draft_logits, child, at_parent)
+        raise_flags(rules)
     if not needs_draft:
         draft_logits = None
     return impl(tokens, parents, target_logits, uniforms, *params, draft_logits, *draft, num_nodes, mode, bitmask)
@@ -126,15 +128,12 @@ def verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, tau, 
                               uniforms)
     T = g + 1
     dev = draft_tokens.device
-    if num_nodes is None:
-        num_nodes = torch.full((B,), T, dtype=torch.int32, device=dev)
-    else:
-        checks.lengths("num_nodes", num_nodes, B, dev)
+    num_nodes = checks.node_counts(num_nodes, B, T, dev)
     impl, params, bonus = _warps_and_impl("verify_joint_logits", _verify_joint_logits_torch, backend, B, T, V, dev,
                                           check, (temperature, top_k, top_p),
                                           (bonus_temperature, bonus_top_k, bonus_top_p), "bonus_")
     if check:
-        raise_flags(_joint_flags(draft_tokens, target_logits, draft_joint_logprobs, tau, uniforms, num_nodes))
+        raise_flags(_joint_rules(draft_tokens, target_logits, draft_joint_logprobs, tau, uniforms, num_nodes))
     return impl(draft_tokens, target_logits, draft_joint_logprobs, torch.log(tau), uniforms, *params, *bonus,
                 num_nodes)
 
@@ -191,26 +190,16 @@ def verify_mode(mode, tokens, parents, target_logits, uniforms, *, num_nodes=Non
                               bitmask=bitmask, check=check, backend=backend)
 
 
-def _joint_flags(draft_tokens, target_logits, draft_joint_logprobs, tau, uniforms, num_nodes):
+def _joint_rules(draft_tokens, target_logits, draft_joint_logprobs, tau, uniforms, num_nodes):
     """verify_joint_logits' value rules; positions past a chain's ``num_nodes`` are padding."""
     g, V = draft_tokens.shape[1], target_logits.shape[2]
-    nodes_bad = (num_nodes < 1) | (num_nodes > g + 1)
     rows = valid_mask(num_nodes, g + 1)  # [B, g + 1]: rows of the chain's nodes
     tested = rows[:, 1:]  # [B, g]: draft j - 1 is tested when node j is in the chain
-    bad_tok = tested & ((draft_tokens < 0) | (draft_tokens >= V))
-    bad_tau = (tau < 0) | (tau > 1) | torch.isnan(tau)
-    bad_joint = tested & (torch.isnan(draft_joint_logprobs) | (draft_joint_logprobs > 0))
-    return [
-        flag(nodes_bad.any(), lambda: (f"num_nodes must lie in [1, g + 1 = {g + 1}], got "
-                                        f"{checks.at('num_nodes', num_nodes, nodes_bad)}",)),
-        flag(bad_tok.any(), lambda: (f"draft_tokens must lie in [0, V={V}), got "
-                                      f"{checks.at('draft_tokens', draft_tokens, bad_tok)}",)),
-        flag(bad_tau.any(), lambda: (f"tau must lie in [0, 1], got {checks.at('tau', tau, bad_tau)}",)),
-        uniform_flag("uniforms", uniforms),
-        flag(bad_joint.any(), lambda: (
-            "draft_joint_logprobs must be log-probabilities (<= 0, not NaN), got "
-            f"{checks.at('draft_joint_logprobs', draft_joint_logprobs, bad_joint)}",)),
-    ] + _logit_flags("target_logits", target_logits, rows)
+    return [checks.rule("num_nodes", num_nodes, (num_nodes < 1) | (num_nodes > g + 1), f"lie in [1, g + 1 = {g + 1}]"),
+            checks.rule("draft_tokens", draft_tokens, tested & ((draft_tokens < 0) | (draft_tokens >= V)),
+                        f"lie in [0, V={V})"),
+            tau_rule(tau), checks.uniform_rule("uniforms", uniforms), joint_rule(draft_joint_logprobs, tested),
+            ] + checks.logit_rules("target_logits", target_logits, rows)
 
 
 def _params(B, T, dev, check, temperature, top_k, top_p, prefix=""):
@@ -219,12 +208,7 @@ def _params(B, T, dev, check, temperature, top_k, top_p, prefix=""):
     for name, value, dtype, kind in (("temperature", temperature, torch.float32, "float"),
                                      ("top_k", top_k, torch.int32, "int"),
                                      ("top_p", top_p, torch.float32, "float")):
-        try:
-            row = row_param(name, value, B, dev, dtype=dtype, kind=kind, check=check)
-        except (TypeError, ValueError) as e:
-            if not prefix:
-                raise
-            raise type(e)(str(e).replace(name, prefix + name)) from None  # the argument the caller passed
+        row = row_param(name, value, B, dev, dtype=dtype, kind=kind, check=check, prefix=prefix)
         out.append(row[:, None].expand(B, T).reshape(B * T))
     return out
 
@@ -253,24 +237,6 @@ def _at_parents(rows, parents):
     par = parents.long().clamp(0, T - 1)  # the root's parent is -1; padding may hold anything
     par = torch.where(par < torch.arange(T, device=par.device), par, 0)
     return torch.gather(rows, 1, par[..., None].expand(-1, -1, rows.shape[-1]))
-
-
-def _logit_flags(name, logits, where, allowed=None):
-    """No NaN / +inf, and at least one finite value, in the rows at the [B, T] positions ``where``
-    (among the ``allowed`` entries, bool [B, T, V], where given)."""
-    bad_entry = torch.isnan(logits) | (logits == torch.inf)
-    finite = logits != -torch.inf
-    if allowed is not None:
-        bad_entry &= allowed
-        finite &= allowed
-    bad = where & bad_entry.any(-1)
-    empty = where & ~bad & ~finite.any(-1)
-    return [
-        flag(bad.any(), lambda: (f"{name} must not contain NaN or +inf, got "
-                                  f"{checks.at(name, logits, bad[..., None] & bad_entry)}",)),
-        flag(empty.any(), lambda: ("{}[{}, {}] must have at least one finite value, got all -inf".format(
-            name, *checks.first_index(empty)),)),
-    ]
 
 
 # ---- backends ------------------------------------------------------------------------------
