@@ -129,7 +129,7 @@ def check_values(prefix_lens, accept_idx, accept_lens, S):
 
 
 def _accept_rules(prefix_lens, accept_idx, accept_lens, rows, label):
-    """The value rules both layouts share, as (flag, message) for :func:`checks.raise_first`:
+    """The value rules both layouts share (:mod:`specops.ops.checks` rules):
     accept_lens in [0, A], prefix_lens in [0, rows], accept_idx strictly increasing from 0, rows
     addressed < rows (``label`` names that limit)."""
     A = accept_idx.shape[1]
@@ -142,27 +142,20 @@ def _accept_rules(prefix_lens, accept_idx, accept_lens, rows, label):
     prefix_bad = (prefix_lens < 0) | (prefix_lens > rows)
     order_bad, past_bad = valid & (idx <= prev), valid & (src >= rows)
 
-    def first(bad):
-        return bad.nonzero()[0].tolist()
-
     def order():
-        b, i = first(order_bad)
+        b, i = checks.first_index(order_bad)
         want = ">= 0" if i == 0 else f"> accept_idx[{b}, {i - 1}] = {int(accept_idx[b, i - 1])}"
         return (f"accept_idx[{b}, :accept_lens[{b}]] must be strictly increasing from >= 0: "
                 f"accept_idx[{b}, {i}] must be {want}, got {int(accept_idx[b, i])}")
 
     def past():
-        b, i = first(past_bad)
+        b, i = checks.first_index(past_bad)
         return (f"accept_idx[{b}, {i}] = {int(accept_idx[b, i])} plus prefix_lens[{b}] = "
                 f"{int(prefix_lens[b])} must address a row < {label}")
 
-    return [
-        (lens_bad, lambda: f"accept_lens must lie in [0, A={A}], got {checks.at('accept_lens', accept_lens, lens_bad)}"),
-        (prefix_bad, lambda: f"prefix_lens must lie in [0, {label}], got "
-                             f"{checks.at('prefix_lens', prefix_lens, prefix_bad)}"),
-        (order_bad, order),
-        (past_bad, past),
-    ]
+    return [checks.rule("accept_lens", accept_lens, lens_bad, f"lie in [0, A={A}]"),
+            checks.rule("prefix_lens", prefix_lens, prefix_bad, f"lie in [0, {label}]"), (order_bad, order),
+            (past_bad, past)]
 
 
 # ---- torch reference -------------------------------------------------------------------------------

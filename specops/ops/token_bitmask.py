@@ -54,14 +54,9 @@ def check_rows(bitmask, V):
     the ``V`` tokens (one host sync)."""
     if bitmask.numel() == 0:
         return
-    empty = ~allowed_tokens(bitmask, V).any(-1)  # [...]
-
-    def message():
-        idx = ", ".join(map(str, checks.first_index(empty)))
-        return (f"bitmask[{idx}] must allow at least one of the V={V} tokens (the masked distribution of "
-                f"that row would be undefined), got no bit set below {V}")
-
-    checks.raise_first([(empty, message)])
+    checks.raise_first([checks.row_rule("bitmask", ~allowed_tokens(bitmask, V).any(-1), f"allow at least one of the "
+                                        f"V={V} tokens (the masked distribution of that row would be undefined)",
+                                        f"no bit set below {V}")])
 
 
 @register("apply_token_bitmask", "torch")

@@ -173,28 +173,26 @@ def scale(sm_scale, D):
     return float(sm_scale)
 
 
-def _length_rules(prefix_lens, block_lens, q_lens, W, Tq, rows, rows_rule, describe):
-    """The value rules of the lengths for :func:`specops.ops.checks.raise_first`; ``rows`` bounds
-    prefix + block (``rows_rule`` says why), ``describe(label, t, bad)`` words the offending values."""
+def _length_rules(prefix_lens, block_lens, q_lens, W, Tq, rows, rows_rule, got):
+    """The value rules of the lengths (:mod:`specops.ops.checks` rules); ``rows`` bounds prefix +
+    block (``rows_rule`` says why), ``got(name, t, bad)`` words the offending values."""
     p, n = prefix_lens.long(), block_lens.long()
     rules = [
-        ("prefix_lens", "must be >= 0", prefix_lens, p < 0),
-        ("block_lens", "must be >= 0", block_lens, n < 0),
-        ("block_lens", f"must be <= 32 * W = {32 * W} (mask too narrow: mask is [B, Tq, W={W}])",
-         block_lens, n > 32 * W),
-        ("prefix_lens + block_lens", f"must be <= {rows_rule}", p + n, p + n > rows),
+        ("prefix_lens", "be >= 0", prefix_lens, p < 0),
+        ("block_lens", "be >= 0", block_lens, n < 0),
+        ("block_lens", f"be <= 32 * W = {32 * W} (mask too narrow: mask is [B, Tq, W={W}])", block_lens, n > 32 * W),
+        ("prefix_lens + block_lens", f"be <= {rows_rule}", p + n, p + n > rows),
     ]
     if q_lens is not None:
-        rules.append(("q_lens", f"must lie in [0, Tq={Tq}]", q_lens, (q_lens < 0) | (q_lens > Tq)))
-    return [(bad, lambda name=name, rule=rule, t=t, bad=bad: f"{name} {rule}, got "
-             f"{describe(f'({name})' if ' ' in name else name, t, bad)}") for name, rule, t, bad in rules]
+        rules.append(("q_lens", f"lie in [0, Tq={Tq}]", q_lens, (q_lens < 0) | (q_lens > Tq)))
+    return [checks.rule(name, t, bad, expect, got) for name, expect, t, bad in rules]
 
 
 def length_values(prefix_lens, block_lens, q_lens, S, W, Tq):
     """The value rules of the lengths, with one host sync; raises naming the first broken rule."""
     if prefix_lens.numel():
         checks.raise_first(_length_rules(prefix_lens, block_lens, q_lens, W, Tq, S, f"S = {S} (the cache length)",
-                                         checks.at))
+                                         lambda name, t, bad: checks.at(f"({name})" if " " in name else name, t, bad)))
 
 
 def visibility(prefix_lens, block_lens, mask, q_lens, S):
@@ -378,9 +376,9 @@ def check_page_pool(name, pages, *, lead):
 
 
 def page_rules(page_table, rows_needed, num_pages, page_size):
-    """The page-table rule of the paged ops as ``(flag, message)`` for
-    :func:`specops.ops.checks.raise_first`: every page holding one of a sequence's first
-    ``rows_needed[b]`` rows must be a pool page, ``0 <= page_table[b, i] < num_pages``.
+    """The page-table rule of the paged ops (a :mod:`specops.ops.checks` rule): every page holding
+    one of a sequence's first ``rows_needed[b]`` rows must be a pool page, ``0 <= page_table[b, i] <
+    num_pages``.
 
     Shape: page_table int32 [B, max_pages], rows_needed int64 [B] (at most max_pages * page_size;
     a larger value is some other rule's error) -> (bool tensor [B, max_pages], message())."""
@@ -390,7 +388,7 @@ def page_rules(page_table, rows_needed, num_pages, page_size):
     bad = used & ((page_table < 0) | (page_table >= num_pages))
 
     def message():
-        b, i = (int(x) for x in bad.nonzero()[0])
+        b, i = checks.first_index(bad)
         return (f"page_table[{b}, {i}] must lie in [0, num_pages={num_pages}) (page {i} holds rows "
                 f"[{i * page_size}, {(i + 1) * page_size}) of sequence {b}, which uses "
                 f"{int(rows_needed[b])} rows), got {int(page_table[b, i])}")
@@ -406,7 +404,7 @@ def paged_length_values(prefix_lens, block_lens, q_lens, page_table, num_pages, 
     rows = max_pages * page_size
     rules = _length_rules(prefix_lens, block_lens, q_lens, W, Tq, rows,
                           f"max_pages * page_size = {max_pages} * {page_size} = {rows} (the rows page_table can "
-                          "address)", lambda label, t, bad: f"values in [{int(t.min())}, {int(t.max())}]")
+                          "address)", lambda name, t, bad: f"values in [{int(t.min())}, {int(t.max())}]")
     needed = (prefix_lens.long() + block_lens.long()).clamp(max=rows)
     checks.raise_first(rules + [page_rules(page_table, needed, num_pages, page_size)])
 
