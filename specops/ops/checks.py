@@ -45,6 +45,14 @@ def scalar(name, value, types, want, width=None):
     return value
 
 
+def nonempty(name, t, dim, what):
+    """The size of ``t``'s dimension ``dim``, which must be >= 1 (``what`` names one entry of it,
+    e.g. ``"node (T >= 1)"``)."""
+    if t.shape[dim] == 0:
+        raise ValueError(f"{name} must have at least one {what}, got shape {tuple(t.shape)}")
+    return t.shape[dim]
+
+
 def integer(name, value, lo=None, hi=None, why=""):
     """A Python integer argument (bool is rejected) in ``[lo, hi]`` (``None``: unbounded);
     ``why`` explains the upper bound. Returns it as an int."""

@@ -89,20 +89,24 @@ def warp_probs(logits, temperature, top_k=0, top_p=1.0, *, check=True, backend=N
     (``MAX_VOCAB``) on the cpp, cuda and triton backends (ValueError naming V).
     """
     checks.tensor("logits", logits, dtype=FLOAT_DTYPES, rank=2)
-    N, V = logits.shape
-    if V == 0:
-        raise ValueError(f"logits must have at least one token (V >= 1), got shape {tuple(logits.shape)}")
+    N, V = logits.shape[0], checks.nonempty("logits", logits, 1, "token (V >= 1)")
     dev = logits.device
     t = row_param("temperature", temperature, N, dev, dtype=torch.float32, kind="float", check=check)
     k = row_param("top_k", top_k, N, dev, dtype=torch.int32, kind="int", check=check)
     p = row_param("top_p", top_p, N, dev, dtype=torch.float32, kind="float", check=check)
-    impl = resolve("warp_probs", dev, backend)
-    if V > MAX_VOCAB and impl is not warp_probs_torch:  # before any pass over the logits
-        raise ValueError(f"logits must have V <= {MAX_VOCAB} tokens on the compiled backends (int32 token "
-                         f"indices), got V={V}")
+    impl = vocab_limit("logits", V, resolve("warp_probs", dev, backend), warp_probs_torch)  # before any pass
     if check and N:
         _check_logits(logits)
     return impl(logits, t, k, p)
+
+
+def vocab_limit(name, V, impl, reference):
+    """``impl`` (returned) takes ``name``'s V tokens: the compiled backends index tokens with int32,
+    so every implementation but the torch ``reference`` needs ``V <= MAX_VOCAB``."""
+    if V > MAX_VOCAB and impl is not reference:
+        raise ValueError(f"{name} must have V <= {MAX_VOCAB} tokens on the compiled backends (int32 token "
+                         f"indices), got V={V}")
+    return impl
 
 
 def _check_logits(logits):

@@ -29,9 +29,7 @@ def apply_token_bitmask(logits, bitmask, *, check=True, backend=None):
     checks.tensor("logits", logits, dtype=LOGIT_DTYPES, last_stride_one=True)
     if logits.dim() not in (2, 3):
         raise ValueError(f"logits must have rank 2 ([N, V]) or 3 ([B, T, V]), got shape {tuple(logits.shape)}")
-    V = logits.shape[-1]
-    if V == 0:
-        raise ValueError(f"logits must have at least one token (V >= 1), got shape {tuple(logits.shape)}")
+    V = checks.nonempty("logits", logits, -1, "token (V >= 1)")
     W = (V + 31) // 32
     checks.tensor("bitmask", bitmask, dtype=torch.int32, rank=logits.dim(),
                   shape=(*logits.shape[:-1], W), device=logits.device)

@@ -87,10 +87,8 @@ def select_topn_subtree(parents, scores, n, num_nodes=None, *, check=True, backe
     (and so their descendants) are never kept; the root always is.
     """
     checks.tensor("parents", parents, dtype=torch.int32, rank=2)
-    B, T = parents.shape
-    if T == 0:
-        raise ValueError(f"parents must have at least one node (T >= 1), got shape {tuple(parents.shape)}")
-    checks.tensor("scores", scores, dtype=_FLOAT_DTYPES, shape=(B, T), device=parents.device)
+    checks.nonempty("parents", parents, 1, "node (T >= 1)")
+    checks.tensor("scores", scores, dtype=_FLOAT_DTYPES, shape=tuple(parents.shape), device=parents.device)
     n = _n(n)
     num_nodes = checks.tree_nodes(parents, num_nodes, check)
     impl = resolve("select_topn_subtree", parents.device, backend)

@@ -23,9 +23,7 @@ def build_tree_mask(parents, num_nodes=None, *, check=True, backend=None):
     the kernels never loop on malformed input, but its output is then unspecified.
     """
     checks.tensor("parents", parents, dtype=torch.int32, rank=2)
-    B, T = parents.shape
-    if T == 0:
-        raise ValueError(f"parents must have at least one node (T >= 1), got shape {tuple(parents.shape)}")
+    checks.nonempty("parents", parents, 1, "node (T >= 1)")
     num_nodes = checks.tree_nodes(parents, num_nodes, check)
     return resolve("build_tree_mask", parents.device, backend)(parents, num_nodes)
 

@@ -57,8 +57,7 @@ def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, bitmask=Non
     B, T, num_nodes = tree_args(tokens, parents, num_nodes)
     checks.tensor("target_logits", target_logits, dtype=_LOGITS, rank=3, device=tokens.device)
     V = rows_shape("target_logits", target_logits, B, T)
-    if bitmask is not None:
-        checks.tensor("bitmask", bitmask, dtype=torch.int32, shape=(B, T, (V + 31) // 32), device=tokens.device)
+    draft_and_bitmask(None, "", None, None, bitmask, B, T, V, tokens.device)
     if check:
         bad = torch.isnan(target_logits) | (target_logits == torch.inf)
         if bitmask is not None:
@@ -93,18 +92,12 @@ def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs=None, mo
     ``check=True`` validates values with one host sync: tree rules, tokens in [0, V), uniforms in
     [0, 1), finite non-negative probability rows summing to 1 (within 1e-3) at valid nodes.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    B, T, num_nodes = tree_args(tokens, parents, num_nodes)
+    B, T, num_nodes = tree_args(tokens, parents, num_nodes, mode)
     dev = tokens.device
     checks.tensor("target_probs", target_probs, dtype=torch.float32, rank=3, device=dev)
     V = rows_shape("target_probs", target_probs, B, T)
     checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B, T, 2), device=dev)
-    if draft_probs is None:
-        if mode in NEEDS_DRAFT:
-            raise ValueError(f"draft_probs is required for mode={mode!r} (shape [B, T, V] = [{B}, {T}, {V}])")
-    else:
-        checks.tensor("draft_probs", draft_probs, dtype=torch.float32, shape=(B, T, V), device=dev)
+    draft_and_bitmask(mode, "draft_probs", draft_probs, torch.float32, None, B, T, V, dev)
     if check:
         valid = valid_mask(num_nodes, T)
         child = valid & (torch.arange(T, device=dev) > 0)
@@ -188,13 +181,26 @@ def joint_rule(draft_joint_logprobs, tested):
     return checks.rule("draft_joint_logprobs", draft_joint_logprobs, bad, "be log-probabilities (<= 0, not NaN)")
 
 
-def tree_args(tokens, parents, num_nodes):
+def tree_args(tokens, parents, num_nodes, mode=...):
+    """The metadata rules of the tree ops' tree (and ``mode``, where given: one of MODES)."""
+    if mode is not ... and mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     checks.tensor("tokens", tokens, dtype=torch.int32, rank=2)
-    B, T = tokens.shape
-    if T == 0:
-        raise ValueError(f"tokens must have at least one node (T >= 1), got shape {tuple(tokens.shape)}")
-    checks.tensor("parents", parents, dtype=torch.int32, shape=(B, T), device=tokens.device)
-    return B, T, checks.tree_nodes(parents, num_nodes, False)
+    checks.nonempty("tokens", tokens, 1, "node (T >= 1)")
+    checks.tensor("parents", parents, dtype=torch.int32, shape=tuple(tokens.shape), device=tokens.device)
+    return *tokens.shape, checks.tree_nodes(parents, num_nodes, False)
+
+
+def draft_and_bitmask(mode, name, draft, dtype, bitmask, B, T, V, dev):
+    """The optional arguments of the tree ops: the draft rows ``draft`` [B, T, V] (named ``name``,
+    ``dtype``: one or a tuple), required where ``mode`` reads them (NEEDS_DRAFT), and the int32
+    [B, T, ceil(V / 32)] ``bitmask``."""
+    if draft is not None:
+        checks.tensor(name, draft, dtype=dtype, shape=(B, T, V), device=dev)
+    elif mode in NEEDS_DRAFT:
+        raise ValueError(f"{name} is required for mode={mode!r} (shape [B, T, V] = [{B}, {T}, {V}])")
+    if bitmask is not None:
+        checks.tensor("bitmask", bitmask, dtype=torch.int32, shape=(B, T, (V + 31) // 32), device=dev)
 
 
 def rows_shape(name, rows, B, T):

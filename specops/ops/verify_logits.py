@@ -26,9 +26,9 @@ import torch
 from ..backend import register, register_compiled, resolve
 from . import checks, token_bitmask
 from . import verify_ref
-from .sampling import FLOAT_DTYPES, MAX_VOCAB, row_param, warp_probs_torch
-from .verify import (MODES, NEEDS_DRAFT, joint_args, joint_rule, rows_shape, tau_rule, tree_args, valid_mask,
-                     verify_greedy)
+from .sampling import FLOAT_DTYPES, row_param, vocab_limit, warp_probs_torch
+from .verify import (MODES, NEEDS_DRAFT, draft_and_bitmask, joint_args, joint_rule, rows_shape, tau_rule, tree_args,
+                     valid_mask, verify_greedy)
 
 raise_flags = checks.raise_first  # the value checks of this module's ops (one host sync)
 
@@ -60,21 +60,13 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
     ``check=False`` syncs nothing. Limit: ``V <= 2**31 - 1`` on the
     compiled backends.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    B, T, num_nodes = tree_args(tokens, parents, num_nodes)
+    B, T, num_nodes = tree_args(tokens, parents, num_nodes, mode)
     dev = tokens.device
     checks.tensor("target_logits", target_logits, dtype=FLOAT_DTYPES, rank=3, device=dev)
     V = rows_shape("target_logits", target_logits, B, T)
     checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B, T, 2), device=dev)
     needs_draft = mode in NEEDS_DRAFT
-    if draft_logits is None:
-        if needs_draft:
-            raise ValueError(f"draft_logits is required for mode={mode!r} (shape [B, T, V] = [{B}, {T}, {V}])")
-    else:
-        checks.tensor("draft_logits", draft_logits, dtype=FLOAT_DTYPES, shape=(B, T, V), device=dev)
-    if bitmask is not None:
-        checks.tensor("bitmask", bitmask, dtype=torch.int32, shape=(B, T, (V + 31) // 32), device=dev)
+    draft_and_bitmask(mode, "draft_logits", draft_logits, FLOAT_DTYPES, bitmask, B, T, V, dev)
     impl, params, draft = _warps_and_impl("verify_tree_logits", _verify_tree_logits_torch, backend, B, T, V, dev,
                                           check, (temperature, top_k, top_p),
                                           (draft_temperature, draft_top_k, draft_top_p), "draft_")
@@ -223,11 +215,7 @@ def _warps_and_impl(op, torch_impl, backend, B, T, V, dev, check, first, second,
     if temperature is None:
         temperature = first[0]
     second = _params(B, T, dev, check, temperature, top_k, top_p, prefix=prefix)
-    impl = resolve(op, dev, backend)
-    if V > MAX_VOCAB and impl is not torch_impl:
-        raise ValueError(f"target_logits must have V <= {MAX_VOCAB} tokens on the compiled backends (int32 token "
-                         f"indices), got V={V}")
-    return impl, params, second
+    return vocab_limit("target_logits", V, resolve(op, dev, backend), torch_impl), params, second
 
 
 def _at_parents(rows, parents):
