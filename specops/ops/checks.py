@@ -200,7 +200,7 @@ def tree_rules(parents, num_nodes, tokens=None, V=None):
     ``0 <= tokens[b, i] < V`` at those nodes."""
     T = parents.shape[1]
     idx = torch.arange(T, device=parents.device)
-    valid = idx[None, :] < num_nodes[:, None]
+    valid = valid_mask(num_nodes, T)
     root_bad = valid[:, 0] & (parents[:, 0] != -1)
     child = valid & (idx[None, :] > 0)
     child_bad = child & ((parents < 0) | (parents >= idx[None, :]))
@@ -226,6 +226,11 @@ def tree_values(parents, num_nodes):
     (:func:`tree_rules`). One host sync."""
     if parents.numel():
         raise_first(tree_rules(parents, num_nodes))
+
+
+def valid_mask(num_nodes, T):
+    """bool [B, T]: which of T positions are among the first ``num_nodes[b]`` (the rest is padding)."""
+    return torch.arange(T, device=num_nodes.device)[None, :] < num_nodes[:, None]
 
 
 def node_counts(num_nodes, B, T, device):

@@ -55,8 +55,7 @@ def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, bitmask=Non
     malformed parents end the walk.
     """
     B, T, num_nodes = tree_args(tokens, parents, num_nodes)
-    checks.tensor("target_logits", target_logits, dtype=_LOGITS, rank=3, device=tokens.device)
-    V = rows_shape("target_logits", target_logits, B, T)
+    V = rows_arg("target_logits", target_logits, _LOGITS, B, T, tokens.device)
     draft_and_bitmask(None, "", None, None, bitmask, B, T, V, tokens.device)
     if check:
         bad = torch.isnan(target_logits) | (target_logits == torch.inf)
@@ -94,12 +93,11 @@ def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs=None, mo
     """
     B, T, num_nodes = tree_args(tokens, parents, num_nodes, mode)
     dev = tokens.device
-    checks.tensor("target_probs", target_probs, dtype=torch.float32, rank=3, device=dev)
-    V = rows_shape("target_probs", target_probs, B, T)
+    V = rows_arg("target_probs", target_probs, torch.float32, B, T, dev)
     checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B, T, 2), device=dev)
     draft_and_bitmask(mode, "draft_probs", draft_probs, torch.float32, None, B, T, V, dev)
     if check:
-        valid = valid_mask(num_nodes, T)
+        valid = checks.valid_mask(num_nodes, T)
         child = valid & (torch.arange(T, device=dev) > 0)
         rules = checks.tree_rules(parents, num_nodes, tokens, V) + [checks.uniform_rule("uniforms", uniforms)]
         rules += checks.prob_rules("target_probs", target_probs, valid, ROW_SUM_TOL)
@@ -151,13 +149,10 @@ def joint_args(draft_tokens, target_name, target, target_dtype, draft_joint_logp
     checks.tensor("draft_tokens", draft_tokens, dtype=torch.int32, rank=2)
     B, g = draft_tokens.shape
     dev = draft_tokens.device
-    checks.tensor(target_name, target, dtype=target_dtype, rank=3, device=dev)
-    if target.shape[:2] != (B, g + 1) or target.shape[2] < 1:
-        raise ValueError(f"{target_name} must have shape [B, g + 1, V] = [{B}, {g + 1}, V >= 1], "
-                         f"got {tuple(target.shape)}")
+    V = rows_arg(target_name, target, target_dtype, B, g + 1, dev, "g + 1")
     checks.tensor("draft_joint_logprobs", draft_joint_logprobs, dtype=torch.float32, shape=(B, g), device=dev)
     checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B,), device=dev)
-    return B, g, target.shape[2], tau_tensor(tau, B, dev)
+    return B, g, V, tau_tensor(tau, B, dev)
 
 
 def tau_tensor(tau, B, device):
@@ -203,14 +198,13 @@ def draft_and_bitmask(mode, name, draft, dtype, bitmask, B, T, V, dev):
         checks.tensor("bitmask", bitmask, dtype=torch.int32, shape=(B, T, (V + 31) // 32), device=dev)
 
 
-def rows_shape(name, rows, B, T):
+def rows_arg(name, rows, dtype, B, T, dev, T_name="T"):
+    """A rows argument [B, T, V >= 1] of ``dtype`` (one or a tuple; ``T_name`` words T in the error);
+    returns V."""
+    checks.tensor(name, rows, dtype=dtype, rank=3, device=dev)
     if rows.shape[:2] != (B, T) or rows.shape[2] < 1:
-        raise ValueError(f"{name} must have shape [B, T, V] = [{B}, {T}, V >= 1], got {tuple(rows.shape)}")
+        raise ValueError(f"{name} must have shape [B, {T_name}, V] = [{B}, {T}, V >= 1], got {tuple(rows.shape)}")
     return rows.shape[2]
-
-
-def valid_mask(num_nodes, T):
-    return torch.arange(T, device=num_nodes.device)[None, :] < num_nodes[:, None]
 
 
 # ---- backends ------------------------------------------------------------------------------

@@ -27,8 +27,8 @@ from ..backend import register, register_compiled, resolve
 from . import checks, token_bitmask
 from . import verify_ref
 from .sampling import FLOAT_DTYPES, row_param, vocab_limit, warp_probs_torch
-from .verify import (MODES, NEEDS_DRAFT, draft_and_bitmask, joint_args, joint_rule, rows_shape, tau_rule, tree_args,
-                     valid_mask, verify_greedy)
+from .verify import (MODES, NEEDS_DRAFT, draft_and_bitmask, joint_args, joint_rule, rows_arg, tau_rule, tree_args,
+                     verify_greedy)
 
 raise_flags = checks.raise_first  # the value checks of this module's ops (one host sync)
 
@@ -62,8 +62,7 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
     """
     B, T, num_nodes = tree_args(tokens, parents, num_nodes, mode)
     dev = tokens.device
-    checks.tensor("target_logits", target_logits, dtype=FLOAT_DTYPES, rank=3, device=dev)
-    V = rows_shape("target_logits", target_logits, B, T)
+    V = rows_arg("target_logits", target_logits, FLOAT_DTYPES, B, T, dev)
     checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B, T, 2), device=dev)
     needs_draft = mode in NEEDS_DRAFT
     draft_and_bitmask(mode, "draft_logits", draft_logits, FLOAT_DTYPES, bitmask, B, T, V, dev)
@@ -71,7 +70,7 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
                                           check, (temperature, top_k, top_p),
                                           (draft_temperature, draft_top_k, draft_top_p), "draft_")
     if check:
-        valid = valid_mask(num_nodes, T)
+        valid = checks.valid_mask(num_nodes, T)
         child = valid & (torch.arange(T, device=dev) > 0)
         rules = checks.tree_rules(parents, num_nodes, tokens, V) + [checks.uniform_rule("uniforms", uniforms)]
         if bitmask is not None:
@@ -185,7 +184,7 @@ def verify_mode(mode, tokens, parents, target_logits, uniforms, *, num_nodes=Non
 def _joint_rules(draft_tokens, target_logits, draft_joint_logprobs, tau, uniforms, num_nodes):
     """verify_joint_logits' value rules; positions past a chain's ``num_nodes`` are padding."""
     g, V = draft_tokens.shape[1], target_logits.shape[2]
-    rows = valid_mask(num_nodes, g + 1)  # [B, g + 1]: rows of the chain's nodes
+    rows = checks.valid_mask(num_nodes, g + 1)  # [B, g + 1]: rows of the chain's nodes
     tested = rows[:, 1:]  # [B, g]: draft j - 1 is tested when node j is in the chain
     return [checks.rule("num_nodes", num_nodes, (num_nodes < 1) | (num_nodes > g + 1), f"lie in [1, g + 1 = {g + 1}]"),
             checks.rule("draft_tokens", draft_tokens, tested & ((draft_tokens < 0) | (draft_tokens >= V)),
