@@ -1,9 +1,10 @@
-"""Argument validation shared by every op: errors name the argument, the expectation and what came
-(the value, and for tensors the position of the first offending element).
+"""Argument validation shared by every op, in one vocabulary: errors name the argument, the
+expectation and what came (the value, and for tensors the position of the first offending element).
 
-Metadata checks (type, dtype, rank, shape, device) never touch tensor values. Value checks
-(``tree_values``, ``range_values``, ``finite_values``) need one host sync and run only when an
-op's ``check=True``.
+Metadata checks (``tensor``, ``scalar`` / ``integer``, ``nonempty``, ``power_of_two``, ``lengths``)
+never touch tensor values. Value checks are rules, ``(bad, message)`` (``rule``, ``row_rule`` and
+the named ones: ``uniform_rule``, ``prob_rules``, ``logit_rules``, ``tree_rules``), which an op
+collects and hands to ``raise_first``: one host sync, only when the op's ``check=True``.
 """
 import numbers
 

@@ -50,11 +50,14 @@ def allowed_tokens(bitmask, V):
 def check_rows(bitmask, V):
     """Raises ValueError naming the first row of ``bitmask`` (int32 [..., W]) that allows none of
     the ``V`` tokens (one host sync)."""
-    if bitmask.numel() == 0:
-        return
-    checks.raise_first([checks.row_rule("bitmask", ~allowed_tokens(bitmask, V).any(-1), f"allow at least one of the "
-                                        f"V={V} tokens (the masked distribution of that row would be undefined)",
-                                        f"no bit set below {V}")])
+    if bitmask.numel():
+        checks.raise_first([rows_rule(bitmask, V)])
+
+
+def rows_rule(bitmask, V):
+    """The value rule of a bitmask (int32 [..., W]): every row allows one of the ``V`` tokens."""
+    return checks.row_rule("bitmask", ~allowed_tokens(bitmask, V).any(-1), f"allow at least one of the V={V} tokens "
+                           "(the masked distribution of that row would be undefined)", f"no bit set below {V}")
 
 
 @register("apply_token_bitmask", "torch")

@@ -61,8 +61,7 @@ def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, bitmask=Non
         bad = torch.isnan(target_logits) | (target_logits == torch.inf)
         if bitmask is not None:
             bad &= token_bitmask.allowed_tokens(bitmask, V)
-            token_bitmask.check_rows(bitmask, V)
-        checks.raise_first(checks.tree_rules(parents, num_nodes, tokens, V) + [checks.row_rule(
+        checks.raise_first(tree_value_rules(tokens, parents, num_nodes, V, bitmask=bitmask)[0] + [checks.row_rule(
             "target_logits", bad.any(-1), "not contain NaN or +inf",
             lambda _: checks.at("target_logits", target_logits, bad))])
     return resolve("verify_greedy", tokens.device, backend)(tokens, parents, target_logits, num_nodes, bitmask)
@@ -97,9 +96,7 @@ def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs=None, mo
     checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B, T, 2), device=dev)
     draft_and_bitmask(mode, "draft_probs", draft_probs, torch.float32, None, B, T, V, dev)
     if check:
-        valid = checks.valid_mask(num_nodes, T)
-        child = valid & (torch.arange(T, device=dev) > 0)
-        rules = checks.tree_rules(parents, num_nodes, tokens, V) + [checks.uniform_rule("uniforms", uniforms)]
+        rules, valid, child = tree_value_rules(tokens, parents, num_nodes, V, uniforms)
         rules += checks.prob_rules("target_probs", target_probs, valid, ROW_SUM_TOL)
         if draft_probs is not None and mode in NEEDS_DRAFT:
             rules += checks.prob_rules("draft_probs", draft_probs, child, ROW_SUM_TOL)
@@ -184,6 +181,17 @@ def tree_args(tokens, parents, num_nodes, mode=...):
     checks.nonempty("tokens", tokens, 1, "node (T >= 1)")
     checks.tensor("parents", parents, dtype=torch.int32, shape=tuple(tokens.shape), device=tokens.device)
     return *tokens.shape, checks.tree_nodes(parents, num_nodes, False)
+
+
+def tree_value_rules(tokens, parents, num_nodes, V, uniforms=None, bitmask=None):
+    """The value rules the tree ops start with, in order: every bitmask row allows a token (where
+    given), the tree and its tokens, the uniforms (where given). -> (rules, valid nodes bool [B, T],
+    valid non-root nodes bool [B, T])."""
+    T = tokens.shape[1]
+    valid = checks.valid_mask(num_nodes, T)
+    rules = ([] if bitmask is None else [token_bitmask.rows_rule(bitmask, V)]) + checks.tree_rules(
+        parents, num_nodes, tokens, V) + ([] if uniforms is None else [checks.uniform_rule("uniforms", uniforms)])
+    return rules, valid, valid & (torch.arange(T, device=tokens.device) > 0)
 
 
 def draft_and_bitmask(mode, name, draft, dtype, bitmask, B, T, V, dev):

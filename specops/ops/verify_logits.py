@@ -28,7 +28,7 @@ from . import checks, token_bitmask
 from . import verify_ref
 from .sampling import FLOAT_DTYPES, row_param, vocab_limit, warp_probs_torch
 from .verify import (MODES, NEEDS_DRAFT, draft_and_bitmask, joint_args, joint_rule, rows_arg, tau_rule, tree_args,
-                     verify_greedy)
+                     tree_value_rules, verify_greedy)
 
 raise_flags = checks.raise_first  # the value checks of this module's ops (one host sync)
 
@@ -70,11 +70,7 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
                                           check, (temperature, top_k, top_p),
                                           (draft_temperature, draft_top_k, draft_top_p), "draft_")
     if check:
-        valid = checks.valid_mask(num_nodes, T)
-        child = valid & (torch.arange(T, device=dev) > 0)
-        rules = checks.tree_rules(parents, num_nodes, tokens, V) + [checks.uniform_rule("uniforms", uniforms)]
-        if bitmask is not None:
-            token_bitmask.check_rows(bitmask, V)
+        rules, valid, child = tree_value_rules(tokens, parents, num_nodes, V, uniforms, bitmask)
         allowed = None if bitmask is None else token_bitmask.allowed_tokens(bitmask, V)  # [B, T, V]
         rules += checks.logit_rules("target_logits", target_logits, valid, allowed)
         if draft_logits is not None and needs_draft:
