@@ -379,3 +379,55 @@ def test_cli_turns_adaptive_off_by_flag_or_parameter(capsys):
     assert _adaptive_flag(argparse.Namespace(no_adaptive=True), {"adaptive": True}) is False
     assert main(["generate", "--prompt", "x", "--param", "adaptive=maybe"]) == 2  # before any model loads
     assert "--param adaptive takes true or false, got 'maybe'" in capsys.readouterr().err
+
+
+# ---- n-gram under adaptive speculation: proposals sized by their match ------------------------------
+
+def test_longest_matches_ranks_by_match_length_then_full_then_recency():
+    from specops.decoding.methods.ngram import longest_matches
+
+    seq = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3]
+    # "1 2 3" (3 tokens) at 0 beats the more recent "9 2 3" (2 tokens): unlike lookup's recency
+    assert longest_matches(seq, 1, 32, 2, 2) == [([4, 5], 3), ([7, 8], 2)]
+    assert longest_matches(seq, 3, 32, 2, 2) == [([4, 5], 3)]  # min_ngram: at least 3 matched
+    assert longest_matches(seq, 1, 2, 2, 2) == [([7, 8], 2), ([4, 5], 2)]  # capped: a tie, most recent
+    assert longest_matches([5, 6, 7], 1, 32, 4, 1) == [] and longest_matches([5], 1, 32, 4, 1) == []
+    # equal matches: a full-length continuation before a recent one cut short by the end of the text
+    assert longest_matches([1, 2, 1, 2, 1], 1, 1, 3, 2) == [([2, 1, 2], 1), ([2, 1], 1)]
+
+
+def test_adaptive_ngram_sizes_each_proposal_by_its_match():
+    from types import SimpleNamespace
+
+    from specops.engine import Stager
+
+    d = methods.make("ngram")
+    d.enable_adaptive(AdaptiveConfig())
+    d.set_budget(12)
+    copy = list(range(100, 140))
+
+    def proposed(text):
+        state = SimpleNamespace(batch=1, seqs=[list(text)], active=[True], was_active=[True],
+                                stager=Stager("cpu"), grammar=None)
+        d.setup(state)
+        return int(d.propose(state).num_nodes[0]) - 1
+
+    assert proposed(copy + [7, 100]) == 1  # a 1-token match: one token
+    assert proposed(copy + [7, 100, 101]) == 1  # 2 tokens: still one
+    assert proposed(copy + [7, 100, 101, 102]) == 6  # 3 tokens: 2 per matched token
+    assert proposed(copy + [7] + copy[:20]) == 12  # a long match: the budget caps it
+    d.set_budget(48)
+    assert proposed(copy + [7] + copy[:10]) == 20 and proposed([1, 2, 3, 4]) == 0
+
+
+def test_adaptive_ngram_is_lossless_on_copied_text(pair):
+    target = pair[0]
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randint(3, 60, (18,), generator=gen).tolist()
+    prompts = [base + base[:5], base[:9] + base + base[:2]]  # long matches: long proposals
+    refs = [reference_greedy(target, p, 24) for p in prompts]
+    for branches in (1, 2):
+        out, m = generate(target, prompts, method="ngram", branches=branches, max_new_tokens=24, eos_token_id=[],
+                          record_steps=True)
+        assert [out[b].tolist() for b in range(2)] == refs
+        assert max(n for s in m.steps for n in s["nodes"]) > 3
