@@ -13,7 +13,7 @@ at most ``MATCH_SCALE`` tokens per matched token, one token after a match of ``S
 or fewer. The match length predicts acceptance far better than one per-sequence rate: on the
 code-editing prompts (SmolLM2-135M, greedy, 160 tokens) a continuation after a 1-2 token match
 had its first token accepted 29-41 % of the time and a second one 12-19 %, after a 5+ token match
-93-98 % and 8 tokens 62-80 %; on a 2-core CPU a verified token costs ~15 % of a one-token step, so
+93-98 % and 8 tokens 62-80 %; on a 2-core CPU a verified token costs ~13 % of a one-token step, so
 long proposals after weak matches were the time sink (docs/methods.md §Adaptive speculation)."""
 from ..tree import Candidates, Trie
 from .base import Drafter
