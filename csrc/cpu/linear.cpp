@@ -100,7 +100,8 @@ LIN_INLINE float hsum(__m256 v) {  // lanes l + 4, then l + 2, then l + 1: combi
 // own (at least kPrefetchAhead), so that even the last of the next tile's NR rows is in cache when
 // that tile starts (2-core EPYC, M = 1, bf16: LM head 49152 x 576 4.6 ms -> 2.8 ms, the bandwidth
 // floor being ~2.3 ms; a fixed 16 KB distance is less than one 8-row tile at K = 1536, 24 KB, and
-// left SmolLM2's down projection, 576 x 1536, at 9.4 GB/s where its K = 576 weights ran at 18-22).
+// left SmolLM2's down projection, 576 x 1536, at 9.4 GB/s where its K = 576 weights ran at 18-22 on a
+// 2-core Xeon VM).
 constexpr int64_t kPrefetchAhead = 16 << 10, kPrefetchMargin = 8 << 10;
 
 // MR rows of x (fp32, [.., Kp] zero-padded) times NR weight rows starting at n; pf (or nullptr):

@@ -217,9 +217,9 @@ at::Tensor run(const at::Tensor& q,            // [B, Tq, Hq, D]
     max_block = std::max(max_block, sl.block);
   }
   // Each worker should get a few tens of microseconds of work, or the fork/join costs more than it
-  // saves on small problems. The kernel runs at ~14 GFLOP/s of this count on one Zen 3 core (a decode
-  // step of SmolLM2, 9 query heads over a 300-row prefix: 0.9 MFLOP in 64 us), so 0.5 MFLOP is
-  // ~35 us. (At 4 MFLOP a worker, every decode step of a small model ran on one thread.)
+  // saves on small problems. The kernel runs at ~14 GFLOP/s of this count on one core of a 2-core
+  // Xeon VM (a decode step of SmolLM2, 9 query heads over a 300-row prefix: 0.9 MFLOP in 64 us), so
+  // 0.5 MFLOP is ~35 us. (At 4 MFLOP a worker, every decode step of a small model ran on one thread.)
   const double flop = 4.0 * B * Hq * Tq * (static_cast<double>(max_tiles) * ta::kTileN) * D;
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), flop / 5e5 + 1));
   pb.n_splits = parts.n_splits;  // the caller's schedule (specops/ops/splits.py)
