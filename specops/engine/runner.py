@@ -138,9 +138,7 @@ class ModelRunner:
         # so the cache keeps one largest bucket of spare rows (never committed, never attended).
         rows = max_len + (_compiled.MAX_BUCKET if compile else 0)
         if kv_layout == "paged":
-            page_size = checks.integer("page_size", page_size, 1)
-            if page_size & (page_size - 1):
-                raise ValueError(f"page_size must be a power of two >= 1, got {page_size}")
+            page_size = checks.power_of_two("page_size", checks.integer("page_size", page_size, 1))
 
             def make(n):
                 return PagedKVCache.for_model(model, batch_size, n, dtype=cache_dtype, page_size=page_size)

@@ -47,8 +47,7 @@ class _Layer(CacheLayerMixin):
 def check_sizes(cls_name, names, sizes, dtype):
     """Constructor arguments: positive ints and a KV dtype, named in the error."""
     for name, size in zip(names, sizes):
-        if isinstance(size, bool) or not isinstance(size, numbers.Integral):
-            raise TypeError(f"{cls_name} {name} must be an int, got {type(size).__name__} {size!r}")
+        checks.scalar(f"{cls_name} {name}", size, numbers.Integral, "an int")
     if min(sizes) < 1:
         raise ValueError(f"{cls_name} sizes must be >= 1, got [{', '.join(names)}] = {list(sizes)}")
     if dtype not in CACHE_DTYPES:
