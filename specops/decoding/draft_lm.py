@@ -9,11 +9,11 @@ Draft-cache policy (docs/methods.md §KV caches), one mechanism for every drafte
   SD's "feed ``x_gamma`` and the bonus" (the draft never ran on ``x_gamma``) and OPT-Tree's
   "re-feed the accepted tokens" are both this catch-up chain.
 * Drafters add tree nodes below the chain and ``forward`` computes every node not yet fed, in one
-  forward with ``q_start`` at the first unfed node. A node's token is either a host int (``add``:
-  a host search chose it) or a device value (``add_device``: chosen on the device, never read); the
-  block's structure (parents, node counts) is always on the host. The host-known part of the new
-  nodes travels in one staged upload (nothing blocks), the device tokens are scattered into the
-  block on the device.
+  forward with ``q_start`` at the first unfed node. A node's token and parent are either host ints
+  (``add``: a host search chose them) or device values (``add_device``: chosen on the device, never
+  read; a parent on the device must be a node fed by an earlier forward); the node counts are always
+  on the host. The host-known part of the new nodes travels in one staged upload (nothing blocks),
+  the device values are scattered into the block's device copy (tokens, parents).
 * ``commit_paths`` keeps a root path of fed block nodes (their K/V were computed under exactly that
   context) with the runner's ``keep``, the target's own compaction. Anything else is dropped by the
   next ``begin``. The tokens of kept device nodes come from the caller (the step's one read brought
@@ -34,9 +34,9 @@ class DraftLM(ModelRunner):
         self.root = [0] * batch_size
         self._logits = self._argmax = None
         self._q0 = 0
-        self._dev_parents = None  # the block's parents on the device, grown per forward
+        self._dev_parents = None  # [B, T] int32 the block's parents on the device, grown per forward
         self._dev_tokens = None  # [B, T] the block's tokens on the device, once it has device nodes
-        self._pending = []  # (device tokens [n], [(b, node)] * n) added since the latest forward
+        self._pending = []  # (tokens [N], parents [N] or None, [(b, node, entry)]) added since the latest forward
         self.hidden = None  # [B, T - q0, H]: the latest forward's LM-head input (a forward with features)
 
     def prefill(self, prompts, logits=False, **kw):
@@ -91,17 +91,21 @@ class DraftLM(ModelRunner):
         self.parents[b].append(int(parent))
         return len(self.tokens[b]) - 1
 
-    def add_device(self, bs, parents, tokens):
-        """New block nodes whose tokens stay on the device: node ``j`` below block node
-        ``parents[j]`` of sequence ``bs[j]``, token ``tokens[j]`` (never read: the next ``forward``
-        scatters it into the block; ``self.tokens[b]`` holds None there). Returns the node indices.
-        Shape: tokens int64 [len(bs)] on the runner's device."""
+    def add_device(self, bs, parents, tokens, at=None):
+        """New block nodes whose tokens stay on the device: node ``j`` of sequence ``bs[j]`` takes
+        token ``tokens[at[j]]`` (``at`` None: ``j``), below block node ``parents[j]`` (a host list)
+        or ``parents[at[j]]`` (a device tensor: a node fed by an earlier forward). Device values are
+        never read: the next ``forward`` scatters them into the block (``self.tokens[b]``, and
+        ``self.parents[b]`` for a device parent, hold None there). Returns the node indices.
+        Shape: tokens int64 [N], parents int [N] on the runner's device (or a host list [len(bs)])."""
+        at = range(len(bs)) if at is None else at
+        on_device = isinstance(parents, torch.Tensor)
         nodes = []
-        for b, parent in zip(bs, parents):
+        for j, b in enumerate(bs):
             self.tokens[b].append(None)
-            self.parents[b].append(int(parent))
+            self.parents[b].append(None if on_device else int(parents[j]))
             nodes.append(len(self.tokens[b]) - 1)
-        self._pending.append((tokens, list(zip(bs, nodes))))
+        self._pending.append((tokens, parents if on_device else None, list(zip(bs, nodes, at))))
         return nodes
 
     @property
@@ -110,13 +114,13 @@ class DraftLM(ModelRunner):
         a sequence with fewer nodes is padding)."""
         return min(self.fed)
 
-    def forward(self, rows=None, extra=None, features=None):
+    def forward(self, rows=None, extra=None):
         """Computes every unfed node. Afterwards ``logits(b, node)`` reads any node fed in this call.
 
         ``rows``: (b, node) pairs of nodes fed in this call whose logits to return, ``extra``: ints
-        the caller needs on the device; both travel in the forward's one staged upload.
-        ``features`` [B, T - q0, H]: a feature draft's input rows for the unfed nodes; then
-        ``hidden`` holds the forward's LM-head input (the draft's predicted features) of those rows.
+        the caller needs on the device; both travel in the forward's one staged upload. A feature
+        draft (``node_features``) also gets ``hidden``: the forward's LM-head input (the draft's
+        predicted features) of the computed rows.
         Shape: -> ([len(rows), V] or None, int64 [len(extra)] or None)."""
         rows, extra = rows or [], extra or []
         if all(self.fed[b] == len(self.tokens[b]) for b in range(self.B)):
@@ -127,15 +131,25 @@ class DraftLM(ModelRunner):
         if any(n < q0 for _, n in rows):
             raise IndexError("logits are kept only for the nodes computed by this forward()")
         # One upload: the new columns q0..T-1 of tokens (-1 where the device holds the token) and
-        # parents, the node counts, the device tokens' block positions, the rows, extra.
+        # parents (-2 where the device holds it), the node counts, where each device value goes in
+        # the [B, T] block and which pending entry it takes (tokens, then parents), the rows, extra.
         flat = []
         for b in range(self.B):
             flat += [-1 if t is None else t for t in self.tokens[b][q0:]] + [0] * (T - len(self.tokens[b]))
         for b in range(self.B):
-            flat += self.parents[b][q0:] + [0] * (T - len(self.parents[b]))
+            flat += [-2 if p is None else p for p in self.parents[b][q0:]] + [0] * (T - len(self.parents[b]))
         flat += [len(t) for t in self.tokens]
-        placed = [b * T + n for _, where in self._pending for b, n in where]
-        flat += placed
+        counts = []
+        for kind in (0, 1):  # 0: tokens (every pending entry), 1: parents (the entries with device parents)
+            base, pos, take = 0, [], []
+            for e in self._pending:
+                if e[kind] is None:
+                    continue
+                pos += [b * T + n for b, n, _ in e[2]]
+                take += [base + j for _, _, j in e[2]]
+                base += e[kind].shape[0]
+            counts.append(len(pos))
+            flat += pos + take
         flat += [b * Tq + n - q0 for b, n in rows]
         flat += extra
         up = self.stager.upload(flat)
@@ -144,15 +158,21 @@ class DraftLM(ModelRunner):
         new_par = up[n: 2 * n].view(self.B, Tq).to(torch.int32)
         num_nodes = up[2 * n: 2 * n + self.B].to(torch.int32)
         at = 2 * n + self.B
-        if placed or self._dev_tokens is not None:
-            new_tok = self._device_columns(new_tok, up[at: at + len(placed)], q0, T)
-        at += len(placed)
-        parents = new_par if q0 == 0 else torch.cat([self._dev_parents[:, :q0], new_par], dim=1)
-        self._dev_parents = parents
+        k_tok, k_par = counts
+        tok_at, par_at = up[at: at + 2 * k_tok], up[at + 2 * k_tok: at + 2 * (k_tok + k_par)]
+        at += 2 * (k_tok + k_par)
+        if k_tok or self._dev_tokens is not None:
+            values = torch.cat([e[0].reshape(-1) for e in self._pending]) if k_tok else None
+            self._dev_tokens, new_tok = _filled(self._dev_tokens, new_tok, tok_at, values, q0, -1)
+        values = torch.cat([e[1].reshape(-1) for e in self._pending if e[1] is not None]) if k_par else None
+        held = new_par == -2  # [B, Tq] nodes whose parent the device holds
+        self._dev_parents, _ = _filled(self._dev_parents, new_par, par_at, values, q0, -2)
+        self._pending = []
+        features = self.node_features(q0, self._dev_parents, held)
         if features is None:
-            self._logits = super().forward(new_tok, parents, num_nodes, q0)
+            self._logits = super().forward(new_tok, self._dev_parents, num_nodes, q0)
         else:
-            self._logits, self.hidden = super().forward(new_tok, parents, num_nodes, q0, features=features,
+            self._logits, self.hidden = super().forward(new_tok, self._dev_parents, num_nodes, q0, features=features,
                                                         want_hidden=True)
         self._argmax = None
         self._q0 = q0
@@ -160,21 +180,11 @@ class DraftLM(ModelRunner):
         picked = self._logits.reshape(self.B * Tq, -1)[up[at: at + len(rows)]] if rows else None
         return picked, (up[at + len(rows):] if extra else None)
 
-    def _device_columns(self, uploaded, placed, q0, T):
-        """The new columns with the device tokens filled in: those added since the latest forward
-        (scattered at ``placed``, flat positions in the [B, T] block) and earlier ones this forward
-        feeds again. Keeps the block's tokens on the device. Shape: uploaded int64 [B, T - q0]
-        (-1 at device tokens) -> int64 [B, T - q0]."""
-        block = uploaded.new_zeros(self.B, T)
-        if self._dev_tokens is not None:
-            block[:, : self._dev_tokens.shape[1]] = self._dev_tokens
-        if self._pending:
-            block.view(-1)[placed] = torch.cat([t.reshape(-1) for t, _ in self._pending])
-            self._pending = []
-        cols = torch.where(uploaded < 0, block[:, q0:], uploaded)
-        block[:, q0:] = cols
-        self._dev_tokens = block
-        return cols
+    def node_features(self, q0, parents, held):
+        """A feature draft's input rows for the nodes ``q0..`` of the next forward (None: a plain
+        LM). Shape: parents int32 [B, T] (on the device), held bool [B, T - q0] (the device chose
+        the node's parent) -> [B, T - q0, H] or None."""
+        return None
 
     def logits(self, b, node):
         """Shape: -> [V], the draft's next-token logits after block node ``node``."""
@@ -212,7 +222,10 @@ class DraftLM(ModelRunner):
             path = paths[b] if paths[b] is not None else []
             keep = []
             for j, node in enumerate(path):
-                if node < 0 or node >= self.fed[b] or (j and self.parents[b][node] != keep[-1]):
+                if node < 0 or node >= self.fed[b]:
+                    break
+                parent = self.parents[b][node]  # None: the device chose it (the path follows the tree)
+                if j and parent is not None and parent != keep[-1]:
                     break
                 keep.append(node)
             if not keep or keep[0] != 0:
@@ -237,3 +250,21 @@ class DraftLM(ModelRunner):
         self._dev_parents = self._dev_tokens = None
         self._pending = []
         return lens
+
+
+def _filled(block, cols, placed, values, q0, hole):
+    """The block's device copy grown to the new columns, the device-held values scattered in, and
+    the new columns with their holes filled (a re-fed column's earlier device values come from
+    ``block``). Shape: block [B, T'] or None, cols [B, T - q0] (``hole`` where the device holds the
+    value), placed int64 [2k] (k flat positions in [B, T], then the k entries of ``values`` [N]
+    they take) -> ([B, T], [B, T - q0])."""
+    B, Tq = cols.shape
+    grown = cols.new_zeros(B, q0 + Tq)
+    if block is not None:
+        grown[:, : block.shape[1]] = block
+    if values is not None:
+        k = placed.shape[0] // 2
+        grown.view(-1)[placed[:k]] = values[placed[k:]].to(grown.dtype)
+    cols = torch.where(cols == hole, grown[:, q0:], cols)
+    grown[:, q0:] = cols
+    return grown, cols

@@ -69,13 +69,11 @@ class FeatureDraftLM(DraftLM):
         self._chain_len = [0] * self.B
         self._hid = None
 
-    def forward(self, rows=None, extra=None):
-        if all(self.fed[b] == len(self.tokens[b]) for b in range(self.B)):
-            return super().forward(rows, extra)
-        q0 = min(self.fed)
-        T = max(len(t) for t in self.tokens)
+    def node_features(self, q0, parents, held):
+        T = parents.shape[1]
         H = self._tail.shape[-1]
         feats = torch.zeros(self.B, T - q0, H, dtype=self._tail.dtype, device=self.device)
+        on_device = False
         for b in range(self.B):
             n, fed = len(self.tokens[b]), self.fed[b]
             chain = min(self._chain_len[b], n)
@@ -85,17 +83,29 @@ class FeatureDraftLM(DraftLM):
                 # The parent's predicted feature; a parent fed in this same call has none yet
                 # (several nodes added at once, e.g. a phrase), so the nearest fed ancestor's stands in.
                 p = self.parents[b][i]
+                if p is None:  # the device chose the parent (fed earlier): gathered below
+                    on_device = True
+                    continue
                 while p >= fed:
                     p = self.parents[b][p]
                 feats[b, i - q0] = self._tail[b] if p < 0 else self._hid[b, p]
-        out = super().forward(rows, extra, features=feats)
-        new = self.hidden.detach().to(self._tail.dtype)  # [B, T - q0, H]: the draft's predicted features
-        if self._hid is None or self._hid.shape[1] < T:
-            grown = torch.zeros(self.B, T, H, dtype=self._tail.dtype, device=self.device)
-            if self._hid is not None:
-                grown[:, : self._hid.shape[1]] = self._hid
-            self._hid = grown
-        self._hid[:, q0:T] = new
+        if on_device:
+            at = parents[:, q0:].long().clamp(0, self._hid.shape[1] - 1)  # [B, T - q0]
+            feats = torch.where(held[..., None], self._hid.gather(1, at[..., None].expand(-1, -1, H)), feats)
+        return feats
+
+    def forward(self, rows=None, extra=None):
+        q0, T = min(self.fed), max(len(t) for t in self.tokens)
+        computes = any(self.fed[b] < len(self.tokens[b]) for b in range(self.B))
+        out = super().forward(rows, extra)
+        if computes:
+            new = self.hidden.detach().to(self._tail.dtype)  # [B, T - q0, H]: the draft's predicted features
+            if self._hid is None or self._hid.shape[1] < T:
+                grown = torch.zeros(self.B, T, new.shape[-1], dtype=self._tail.dtype, device=self.device)
+                if self._hid is not None:
+                    grown[:, : self._hid.shape[1]] = self._hid
+                self._hid = grown
+            self._hid[:, q0:T] = new
         return out
 
     def commit_paths(self, paths, path_tokens=None):
