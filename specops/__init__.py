@@ -6,6 +6,7 @@ from . import extension  # noqa: F401  (loads the compiled extensions and their 
 from .backend import BackendUnavailable, CallUnsupported, available, default_backend, use_backend
 from .ops.tree_attention import tree_attention, tree_attention_paged
 from .ops.kv_compact import kv_compact, kv_compact_paged
+from .ops.layout import KvLayout
 from .ops.linear import linear
 from .ops.token_bitmask import apply_token_bitmask
 from .ops.plan import KVCompactPlan, TreeAttentionPlan
@@ -33,6 +34,7 @@ __all__ = [
     "CallUnsupported",
     "apply_token_bitmask",
     "KVCompactPlan",
+    "KvLayout",
     "TreeAttentionPlan",
     "available",
     "build_tree_mask",

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 import specops
 from specops import backend as _backend
-from specops.ops.kv_compact import source_rows
+from specops.ops.kv_compact import moves
+from specops.ops.layout import KvLayout
 from specops.testing import random_accept
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -111,9 +112,12 @@ def test_accept_everything_is_identity(backend, device):
     assert torch.equal(k, before[0]) and torch.equal(v, before[1])
 
 
-def test_source_rows_is_the_gather_map():
-    src = source_rows(i32([2, 0]), i32([[0, 3, 4], [1, 2, 9]]), i32([3, 1]), 7)
-    assert src.tolist() == [[0, 1, 2, 5, 6, 5, 6], [1, 1, 2, 3, 4, 5, 6]]
+def test_moves_are_the_spec():
+    # Row 3 <- 5 and 4 <- 6 of sequence 0 (node 0 an identity), row 0 <- 1 of sequence 1.
+    k = torch.zeros(1, 2, 1, 7, 1)
+    moving, src, dst, _, _ = moves(KvLayout.contiguous(k, k), i32([2, 0]), i32([[0, 3, 4], [1, 2, 9]]), i32([3, 1]))
+    assert moving.tolist() == [[False, True, True], [True, False, False]]
+    assert src[moving].tolist() == [5, 6, 1] and dst[moving].tolist() == [3, 4, 0]
 
 
 # ---- errors ----------------------------------------------------------------------------------------

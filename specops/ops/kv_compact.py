@@ -10,14 +10,32 @@ Sources and destinations overlap (destination ``j`` may be the source of an earl
 backend produces what a gather of all sources followed by a scatter to all destinations produces.
 Rows past the accepted ones keep whatever they held. Truncation needs no op: lower the lengths.
 """
+import functools
+
 import torch
 
 from .. import extension
 from ..backend import register, register_compiled, resolve
 from . import checks
-from .tree_attention import check_page_pool, page_rules
+from .layout import KvLayout, Spec
 
 CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def compact(kv, prefix_lens, accept_idx, accept_lens, *, check=True, backend=None):
+    """The one entry of the op: :func:`kv_compact` on the KV layout ``kv`` (a
+    :class:`~specops.ops.layout.KvLayout` of all layers, contiguous [L, B, Hkv, S, D] or paged [L,
+    num_pages, page_size, Hkv, D]); :func:`kv_compact` and :func:`kv_compact_paged` build it.
+    Shape: prefix_lens int32 [B], accept_idx int32 [B, A], accept_lens int32 [B] -> None."""
+    kv.check(dtype=CACHE_DTYPES, rank=5, distinct=True)
+    B, dev = kv.batch(), kv.k.device
+    check_accept(prefix_lens, accept_idx, accept_lens, B, dev)
+    if check:
+        accept_values(kv, prefix_lens, accept_idx, accept_lens)
+    impl = resolve(kv.op("kv_compact"), dev, backend)
+    if kv.k.numel() and accept_idx.shape[1] and B:
+        impl(*kv.tensors(), prefix_lens, accept_idx, accept_lens)
+    return None
 
 
 def kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens, *, check=True, backend=None):
@@ -37,179 +55,9 @@ def kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens, *, check=
     ``check=False`` skips those value checks: the kernels then skip rows whose source or destination
     falls outside ``[0, S)`` (never writing out of bounds), but the result is otherwise unspecified.
     """
-    check_caches(k_cache, v_cache)
-    L, B, H, S, D = k_cache.shape
-    dev = k_cache.device
-    check_accept(prefix_lens, accept_idx, accept_lens, B, dev)
-    if check:
-        check_values(prefix_lens, accept_idx, accept_lens, S)
-    impl = resolve("kv_compact", dev, backend)
-    if k_cache.numel() and accept_idx.shape[1]:
-        impl(k_cache, v_cache, prefix_lens, accept_idx, accept_lens)
-    return None
+    return compact(KvLayout.contiguous(k_cache, v_cache), prefix_lens, accept_idx, accept_lens, check=check,
+                   backend=backend)
 
-
-def check_caches(k_cache, v_cache):
-    """The metadata rules of :func:`kv_compact`'s caches [L, B, Hkv, S, D] (no host sync)."""
-    checks.tensor("k_cache", k_cache, dtype=CACHE_DTYPES, rank=5, last_stride_one=True)
-    checks.tensor("v_cache", v_cache, dtype=k_cache.dtype, shape=tuple(k_cache.shape), device=k_cache.device,
-                  last_stride_one=True)
-    _check_no_overlap(k_cache, v_cache)
-
-
-def check_pools(k_pages, v_pages):
-    """The metadata rules of :func:`kv_compact_paged`'s page pools [L, num_pages, page_size, Hkv, D]
-    (no host sync); returns (num_pages, page_size)."""
-    checks.tensor("k_pages", k_pages, dtype=CACHE_DTYPES, rank=5, last_stride_one=True)
-    N, page_size, _ = check_page_pool("k_pages", k_pages, lead=1)
-    checks.tensor("v_pages", v_pages, dtype=k_pages.dtype, shape=tuple(k_pages.shape), device=k_pages.device,
-                  last_stride_one=True)
-    _check_no_overlap(k_pages, v_pages, "k_pages", "v_pages")
-    return N, page_size
-
-
-def check_accept(prefix_lens, accept_idx, accept_lens, B, dev, lens_name="prefix_lens"):
-    """The metadata rules of the acceptance (int32 [B], [B, A], [B]; no host sync); ``lens_name``
-    names the committed lengths in errors (the plan's ``lens``)."""
-    checks.lengths(lens_name, prefix_lens, B, dev)
-    checks.tensor("accept_idx", accept_idx, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
-    checks.lengths("accept_lens", accept_lens, B, dev)
-
-
-# ---- validation ----------------------------------------------------------------------------------
-
-def _no_self_overlap(sizes, strides):
-    """Sufficient condition for distinct indices to address distinct elements: ordered by stride,
-    every stride exceeds the span of all smaller ones. Every slice / permute / select of a dense
-    tensor satisfies it; an expanded (stride 0) view does not."""
-    dims = sorted((st, sz) for sz, st in zip(sizes, strides) if sz > 1)
-    span = 0  # largest element offset reachable with the dims seen so far
-    for st, sz in dims:
-        if st <= span:
-            return False
-        span += st * (sz - 1)
-    return True
-
-
-def _span_bytes(t):
-    """Bytes from the first to one past the last element a (non-empty) tensor addresses."""
-    if t.is_contiguous():
-        return t.numel() * t.element_size()
-    return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
-
-
-def _check_no_overlap(k_cache, v_cache, k_name="k_cache", v_name="v_cache"):
-    """Each cache's rows must be distinct memory (else writes race), and K must not share memory
-    with V (else moving K moves V too). Metadata only: shapes, strides and data addresses."""
-    for name, t in ((k_name, k_cache), (v_name, v_cache)):
-        if not t.is_contiguous() and not _no_self_overlap(t.shape, t.stride()):
-            raise ValueError(f"{name} must not address one element twice (e.g. an expanded view), "
-                             f"got shape {tuple(t.shape)} with strides {t.stride()}")
-    if torch.compiler.is_compiling() or k_cache.numel() == 0:
-        return  # fake tensors have no storage address to compare
-    k_lo, v_lo = k_cache.data_ptr(), v_cache.data_ptr()
-    k_hi, v_hi = k_lo + _span_bytes(k_cache), v_lo + _span_bytes(v_cache)
-    if k_hi <= v_lo or v_hi <= k_lo:
-        return  # disjoint address ranges: the common case, decided without touching storages
-    # Interleaved ranges (e.g. K and V are kv[:, 0] and kv[:, 1] of one [L, 2, ...] tensor). With
-    # equal strides the pair is one tensor with an extra dim of size 2 and stride |address gap|.
-    es = k_cache.element_size()
-    gap, rem = divmod(abs(v_lo - k_lo), es)
-    if k_cache.stride() == v_cache.stride() and rem == 0 and gap > 0 and _no_self_overlap(
-            tuple(k_cache.shape) + (2,), k_cache.stride() + (gap,)):
-        return
-    raise ValueError(f"{v_name} must not share memory with {k_name}, got address ranges that interleave "
-                     f"{abs(v_lo - k_lo)} bytes apart with strides {k_cache.stride()} and {v_cache.stride()}")
-
-
-def check_values(prefix_lens, accept_idx, accept_lens, S):
-    """Value rules of the contract, one host sync; the message names the first broken rule."""
-    if accept_idx.shape[0]:
-        checks.raise_first(_accept_rules(prefix_lens, accept_idx, accept_lens, S, f"S={S}"))
-
-
-def _accept_rules(prefix_lens, accept_idx, accept_lens, rows, label):
-    """The value rules both layouts share (:mod:`specops.ops.checks` rules):
-    accept_lens in [0, A], prefix_lens in [0, rows], accept_idx strictly increasing from 0, rows
-    addressed < rows (``label`` names that limit)."""
-    A = accept_idx.shape[1]
-    j = torch.arange(A, device=accept_idx.device)
-    valid = j[None, :] < accept_lens[:, None]  # [B, A]
-    idx = accept_idx.to(torch.int64)
-    prev = torch.cat([torch.full_like(idx[:, :1], -1), idx[:, :-1]], dim=1)
-    src = prefix_lens.to(torch.int64)[:, None] + idx
-    lens_bad = (accept_lens < 0) | (accept_lens > A)
-    prefix_bad = (prefix_lens < 0) | (prefix_lens > rows)
-    order_bad, past_bad = valid & (idx <= prev), valid & (src >= rows)
-
-    def order():
-        b, i = checks.first_index(order_bad)
-        want = ">= 0" if i == 0 else f"> accept_idx[{b}, {i - 1}] = {int(accept_idx[b, i - 1])}"
-        return (f"accept_idx[{b}, :accept_lens[{b}]] must be strictly increasing from >= 0: "
-                f"accept_idx[{b}, {i}] must be {want}, got {int(accept_idx[b, i])}")
-
-    def past():
-        b, i = checks.first_index(past_bad)
-        return (f"accept_idx[{b}, {i}] = {int(accept_idx[b, i])} plus prefix_lens[{b}] = "
-                f"{int(prefix_lens[b])} must address a row < {label}")
-
-    return [checks.rule("accept_lens", accept_lens, lens_bad, f"lie in [0, A={A}]"),
-            checks.rule("prefix_lens", prefix_lens, prefix_bad, f"lie in [0, {label}]"), (order_bad, order),
-            (past_bad, past)]
-
-
-# ---- torch reference -------------------------------------------------------------------------------
-
-def source_rows(prefix_lens, accept_idx, accept_lens, S):
-    """Where every cache row takes its value from: the spec of the op as a gather map.
-
-    Shape: prefix_lens, accept_lens int32 [B], accept_idx int32 [B, A] -> int64 [B, S].
-    Row ``p + j`` (``j < n``) takes row ``p + accept_idx[j]``; every other row keeps its own value.
-    Rows whose source or destination leaves ``[0, S)`` (only possible unchecked) keep their own."""
-    B, A = accept_idx.shape
-    dev = accept_idx.device
-    rows = torch.arange(S, device=dev)
-    j = rows[None, :] - prefix_lens.to(torch.int64)[:, None]  # [B, S] offset into the block
-    n = accept_lens.to(torch.int64).clamp(0, A)[:, None]
-    moved = (j >= 0) & (j < n)
-    idx = accept_idx.to(torch.int64).gather(1, j.clamp(0, max(A - 1, 0)))
-    src = prefix_lens.to(torch.int64)[:, None] + idx
-    moved &= (src >= 0) & (src < S)
-    return torch.where(moved, src, rows[None, :])
-
-
-@register("kv_compact", "torch")
-def _kv_compact_torch(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
-    # Gather every row from its source first, then write the whole result back: overlap-safe by
-    # construction, so this is the reference the kernels are held to. It rewrites the whole cache
-    # through a full-size temporary: the spec, not a fast path.
-    L, B, H, S, D = k_cache.shape
-    src = source_rows(prefix_lens, accept_idx, accept_lens, S)
-    index = src[None, :, None, :, None].expand(L, B, H, S, D)
-    for cache in (k_cache, v_cache):
-        cache.copy_(cache.gather(3, index))
-
-
-@register_compiled("kv_compact")
-def _compiled(ns, k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
-    ns.kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens)
-
-
-@register("kv_compact", "triton")
-def _kv_compact_triton(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
-    from ..triton_kernels import kv_compact as kernels
-
-    kernels.kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens)
-
-
-if extension.cpu_ext is not None or extension.cuda_ext is not None:
-
-    @torch.library.register_fake("specops::kv_compact")
-    def _(k_cache, v_cache, prefix_lens, accept_idx, accept_lens):
-        return None
-
-
-# ---- paged KV cache ------------------------------------------------------------------------------
 
 def kv_compact_paged(k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens, *, check=True,
                      backend=None):
@@ -236,75 +84,97 @@ def kv_compact_paged(k_pages, v_pages, page_table, prefix_lens, accept_idx, acce
     byte is written. ``check=False`` skips them: moves whose rows or pages are out of range are
     skipped (never writing out of bounds), the result is otherwise unspecified.
     """
-    dev = k_pages.device
-    N, page_size = check_pools(k_pages, v_pages)
-    checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, device=dev)
-    B = page_table.shape[0]
-    check_accept(prefix_lens, accept_idx, accept_lens, B, dev)
-    if check:
-        check_paged_values(page_table, N, page_size, prefix_lens, accept_idx, accept_lens)
-    impl = resolve("kv_compact_paged", dev, backend)
-    if k_pages.numel() and accept_idx.shape[1] and B:
-        impl(k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens)
-    return None
+    return compact(KvLayout.paged(k_pages, v_pages, page_table), prefix_lens, accept_idx, accept_lens,
+                   check=check, backend=backend)
 
 
-def paged_moves(page_table, page_size, prefix_lens, accept_idx, accept_lens):
-    """Every row a compaction touches, as pool rows: the spec of the paged placement.
+def check_accept(prefix_lens, accept_idx, accept_lens, B, dev, lens_name="prefix_lens"):
+    """The metadata rules of the acceptance (int32 [B], [B, A], [B]; no host sync); ``lens_name``
+    names the committed lengths in errors (the plan's ``lens``)."""
+    checks.lengths(lens_name, prefix_lens, B, dev)
+    checks.tensor("accept_idx", accept_idx, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
+    checks.lengths("accept_lens", accept_lens, B, dev)
 
-    Shape: page_table int32 [B, max_pages], prefix_lens / accept_lens int32 [B], accept_idx int32
-    [B, A] -> (moving bool [B, A], src / dst logical rows int64 [B, A], src / dst pool pages int64
-    [B, A] (-1 where the table cannot place the row), src / dst slots int64 [B, A]). ``moving``
-    marks the moves that copy (not identities, rows inside the table's range)."""
+
+# ---- validation ----------------------------------------------------------------------------------
+
+def accept_values(kv, prefix_lens, accept_idx, accept_lens):
+    """The value rules of the op on the layout ``kv`` (its shapes are read, not its values), one host
+    sync; the message names the first broken rule: ``accept_lens`` in [0, A], ``prefix_lens`` in
+    [0, rows], ``accept_idx`` strictly increasing from 0 addressing rows < rows (rows: the layout's
+    :meth:`~specops.ops.layout.KvLayout.capacity`); paged also the pages the call addresses in the
+    pool, and no page a move writes addressed twice."""
     B, A = accept_idx.shape
-    M = page_table.shape[1]
-    rows = M * page_size
-    j = torch.arange(A, device=accept_idx.device)
-    p = prefix_lens.long()[:, None]
-    src, dst = p + accept_idx.long(), p + j[None, :]
-    moving = (j[None, :] < accept_lens.long().clamp(0, A)[:, None]) & (src != dst)
-    moving &= (src >= 0) & (src < rows) & (dst >= 0) & (dst < rows)
+    if B == 0:
+        return
+    rows = kv.capacity()
+    rules = _accept_rules(prefix_lens, accept_idx, accept_lens, rows,
+                          f"max_pages * page_size = {rows}" if kv.is_paged else f"S={rows}")
+    if kv.is_paged:
+        n = accept_lens.long().clamp(0, A)
+        last = accept_idx.long().gather(1, (n - 1).clamp(min=0)[:, None])[:, 0] if A else torch.zeros_like(n)
+        needed = (prefix_lens.long() + torch.where(n > 0, last + 1, 0)).clamp(max=rows)
+        clash = _aliased_writes(kv, needed, prefix_lens, accept_idx, accept_lens)
+        rules += [kv.page_rule(needed), (clash, lambda: _aliased_message(clash, kv.page_table, kv.page_size, needed))]
+    checks.raise_first(rules)
 
-    def place(r):
-        if M == 0:  # no row can be placed (and none moves)
-            return torch.full_like(r, -1), r % page_size
-        page = page_table.long().gather(1, r.clamp(0, rows - 1) // page_size)
-        return torch.where(moving, page, -1), r % page_size
 
-    return (moving, src, dst, *place(src), *place(dst))
+def check_values(prefix_lens, accept_idx, accept_lens, S):
+    """:func:`accept_values` of a contiguous cache of S rows."""
+    cache = Spec((1, accept_idx.shape[0], 1, S, 1), torch.float32, accept_idx.device)
+    accept_values(KvLayout.contiguous(cache, cache), prefix_lens, accept_idx, accept_lens)
 
 
 def check_paged_values(page_table, num_pages, page_size, prefix_lens, accept_idx, accept_lens):
-    """Value rules of kv_compact_paged, one host sync; the message names the first broken rule."""
-    B, A = accept_idx.shape
-    M = page_table.shape[1]
-    rows = M * page_size
-    if B == 0:
-        return
+    """:func:`accept_values` of a pool of ``num_pages`` pages of ``page_size`` rows."""
+    pool = Spec((1, num_pages, page_size, 1, 1), torch.float32, page_table.device)
+    accept_values(KvLayout.paged(pool, pool, page_table), prefix_lens, accept_idx, accept_lens)
+
+
+def _accept_rules(prefix_lens, accept_idx, accept_lens, rows, label):
+    """The value rules both layouts share (:mod:`specops.ops.checks` rules): accept_lens in [0, A],
+    prefix_lens in [0, rows], accept_idx strictly increasing from 0, rows addressed < rows
+    (``label`` names that limit)."""
+    A = accept_idx.shape[1]
+    j = torch.arange(A, device=accept_idx.device)
+    valid = j[None, :] < accept_lens[:, None]  # [B, A]
     idx = accept_idx.to(torch.int64)
-    n = accept_lens.long().clamp(0, A)
-    last = idx.gather(1, (n - 1).clamp(min=0)[:, None])[:, 0] if A else torch.zeros_like(n)
-    needed = prefix_lens.long() + torch.where(n > 0, last + 1, 0)
-    needed = needed.clamp(max=rows)
-    clash = _aliased_writes(page_table, num_pages, page_size, needed, prefix_lens, accept_idx, accept_lens)
-    checks.raise_first(_accept_rules(prefix_lens, accept_idx, accept_lens, rows, f"max_pages * page_size = {rows}")
-                       + [page_rules(page_table, needed, num_pages, page_size),
-                          (clash, lambda: _aliased_message(clash, page_table, page_size, needed))])
+    prev = torch.cat([torch.full_like(idx[:, :1], -1), idx[:, :-1]], dim=1)
+    src = prefix_lens.to(torch.int64)[:, None] + idx
+    lens_bad = (accept_lens < 0) | (accept_lens > A)
+    prefix_bad = (prefix_lens < 0) | (prefix_lens > rows)
+    order_bad, past_bad = valid & (idx <= prev), valid & (src >= rows)
+
+    def order():
+        b, i = checks.first_index(order_bad)
+        want = ">= 0" if i == 0 else f"> accept_idx[{b}, {i - 1}] = {int(accept_idx[b, i - 1])}"
+        return (f"accept_idx[{b}, :accept_lens[{b}]] must be strictly increasing from >= 0: "
+                f"accept_idx[{b}, {i}] must be {want}, got {int(accept_idx[b, i])}")
+
+    def past():
+        b, i = checks.first_index(past_bad)
+        return (f"accept_idx[{b}, {i}] = {int(accept_idx[b, i])} plus prefix_lens[{b}] = "
+                f"{int(prefix_lens[b])} must address a row < {label}")
+
+    return [checks.rule("accept_lens", accept_lens, lens_bad, f"lie in [0, A={A}]"),
+            checks.rule("prefix_lens", prefix_lens, prefix_bad, f"lie in [0, {label}]"), (order_bad, order),
+            (past_bad, past)]
 
 
-def _aliased_writes(page_table, num_pages, page_size, needed, prefix_lens, accept_idx, accept_lens):
+def _aliased_writes(kv, needed, prefix_lens, accept_idx, accept_lens):
     """[B, max_pages] bool: page_table[b, i] holds a row the compaction writes, and the same pool page
     is also another addressed entry (another sequence's, or another page index of this one), among
     the first ceil(needed[b] / page_size) entries of every row. No host sync: entries sorted by
     pool page, counted per group."""
+    page_table, page_size = kv.page_table, kv.page_size
     B, M = page_table.shape
     dev = page_table.device
-    moving, _, dst, _, _, dp, _ = paged_moves(page_table, page_size, prefix_lens, accept_idx, accept_lens)
+    moving, _, dst, _, _ = moves(kv, prefix_lens, accept_idx, accept_lens)
     written = torch.zeros(B, M + 1, dtype=torch.long, device=dev)  # column M: moves that write nothing
-    col = torch.where(moving & (dp >= 0) & (dp < num_pages), dst // page_size, M).clamp(0, M)
+    col = torch.where(moving, dst // page_size, M).clamp(0, M)
     written = written.scatter_add(1, col, torch.ones_like(col))[:, :M] > 0
     addressed = torch.arange(M, device=dev)[None, :] < ((needed.clamp(min=0) + page_size - 1) // page_size)[:, None]
-    addressed &= (page_table >= 0) & (page_table < num_pages)
+    addressed &= (page_table >= 0) & (page_table < kv.num_pages)
     n = B * M
     if n == 0:
         return written
@@ -331,33 +201,54 @@ def _aliased_message(clash, page_table, page_size, needed):
             f"got page_table[{b2}, {i2}] = {page} too")
 
 
-@register("kv_compact_paged", "torch")
-def _kv_compact_paged_torch(k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens):
+# ---- torch reference -------------------------------------------------------------------------------
+
+def moves(kv, prefix_lens, accept_idx, accept_lens):
+    """The copies a compaction makes: the spec of the op on the layout ``kv``.
+
+    Shape: prefix_lens / accept_lens int32 [B], accept_idx int32 [B, A] -> (moving bool [B, A],
+    src / dst rows int64 [B, A], src / dst addresses (:meth:`~specops.ops.layout.KvLayout.address`
+    of those rows, each a pair of int64 [B, A])). Move ``j`` of sequence ``b`` copies row
+    ``prefix_lens[b] + accept_idx[b, j]`` to row ``prefix_lens[b] + j``; ``moving`` marks the
+    copies: ``j < accept_lens[b]``, not an identity, both rows within the layout's capacity and
+    (paged) on pool pages. Others (only possible unchecked) are skipped, as the kernels skip them."""
+    B, A = accept_idx.shape
+    rows = kv.capacity()
+    dev = accept_idx.device
+    j = torch.arange(A, device=dev)
+    p = prefix_lens.long()[:, None]
+    src, dst = p + accept_idx.long(), p + j[None, :]
+    moving = (j[None, :] < accept_lens.long().clamp(0, A)[:, None]) & (src != dst)
+    moving &= (src >= 0) & (src < rows) & (dst >= 0) & (dst < rows)
+    b = torch.arange(B, device=dev)[:, None]
+    at = kv.address(b, src), kv.address(b, dst)
+    if kv.is_paged:
+        for page, _ in at:
+            moving &= (page >= 0) & (page < kv.num_pages)
+    return (moving, src, dst, *at)
+
+
+def _torch(*args):
     # Gather every moving row's source first, then scatter to the destinations: overlap-safe by
-    # construction. Moves whose pages leave the pool (unchecked input) are skipped, as the kernels do.
-    N = k_pages.shape[1]
-    moving, _, _, sp, ss, dp, ds = paged_moves(page_table, k_pages.shape[2], prefix_lens, accept_idx, accept_lens)
-    moving = moving & (sp >= 0) & (sp < N) & (dp >= 0) & (dp < N)
+    # construction, so this is the reference the kernels are held to.
+    kv, (prefix_lens, accept_idx, accept_lens) = KvLayout(*args[:-3]), args[-3:]
+    moving, _, _, src, dst = moves(kv, prefix_lens, accept_idx, accept_lens)
     sel = moving.nonzero(as_tuple=True)
-    for cache in (k_pages, v_pages):
-        rows = cache[:, sp[sel], ss[sel]]  # [L, moves, Hkv, D], a copy
-        cache[:, dp[sel], ds[sel]] = rows
+    src, dst = kv.index(*(t[sel] for t in src)), kv.index(*(t[sel] for t in dst))
+    for cache in (kv.k, kv.v):
+        rows = cache[src]  # a copy
+        cache[dst] = rows
 
 
-@register_compiled("kv_compact_paged")
-def _compiled_paged(ns, k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens):
-    ns.kv_compact_paged(k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens)
-
-
-@register("kv_compact_paged", "triton")
-def _kv_compact_paged_triton(k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens):
+def _triton(op, *args):
     from ..triton_kernels import kv_compact as kernels
 
-    kernels.kv_compact_paged(k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens)
+    getattr(kernels, op)(*args)
 
 
-if (extension.cpu_ext is not None or extension.cuda_ext is not None) and extension.has_op("kv_compact_paged"):
-
-    @torch.library.register_fake("specops::kv_compact_paged")
-    def _(k_pages, v_pages, page_table, prefix_lens, accept_idx, accept_lens):
-        return None
+for _op in ("kv_compact", "kv_compact_paged"):
+    register(_op, "torch")(_torch)
+    register(_op, "triton")(functools.partial(_triton, _op))
+    register_compiled(_op)(lambda ns, *args, _op=_op: getattr(ns, _op)(*args))
+    if (extension.cpu_ext is not None or extension.cuda_ext is not None) and extension.has_op(_op):
+        torch.library.register_fake(f"specops::{_op}")(lambda *args: None)

@@ -29,29 +29,7 @@ from .. import backend as _backend
 from . import checks
 from . import kv_compact as _kvc
 from . import tree_attention as _ta
-
-
-class _Spec:
-    """A stand-in tensor for the capability checks of :func:`specops.backend.resolve` at plan time:
-    the declared shape, dtype and device, with dense strides (no storage)."""
-
-    def __init__(self, shape, dtype, device):
-        self.shape, self.dtype, self.device = torch.Size(shape), dtype, device
-        strides, acc = [], 1
-        for n in reversed(self.shape):
-            strides.append(acc)
-            acc *= max(n, 1)
-        self._strides = tuple(reversed(strides))
-
-    def dim(self):
-        return len(self.shape)
-
-    def element_size(self):
-        return torch.empty((), dtype=self.dtype).element_size()
-
-    def stride(self, dim=None):
-        return self._strides if dim is None else self._strides[dim]
-
+from .layout import KvLayout, Spec, check_table
 
 _resolve = _backend.resolve_named
 
@@ -63,7 +41,7 @@ def _size(name, value, lo=1):
 def _paging(page_table, page_size, num_pages, B, dev):
     """The paged layout's arguments checked: page_table int32 [B, max_pages], page_size a power of
     two, num_pages (optional) >= 1. -> (page_size, num_pages)."""
-    checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
+    check_table(page_table, B, dev)
     page_size = checks.power_of_two("page_size", _size("page_size", page_size))
     return page_size, (None if num_pages is None else _size("num_pages", num_pages))
 
@@ -152,30 +130,36 @@ class TreeAttentionPlan:
         if invariant and num_splits not in (None, 1):
             raise ValueError(f"num_splits must be None or 1 with invariant=True (the invariant schedule is unsplit), "
                              f"got {num_splits!r}")
+        self._table = (page_table,) if self.paged else ()  # the layout's argument after k, v
         self.op = "tree_attention_paged" if self.paged else "tree_attention"
         # Capability args from the declared shapes: what resolve's supports checks read.
-        q = _Spec((B, Tq, Hq, D), dtype, dev)
-        if self.paged:
-            pool = _Spec((num_pages or 1, page_size, Hkv, D), dtype, dev)
-            args = (q, pool, pool, page_table, prefix_lens, block_lens, mask, q_lens, self.sm_scale)
-        else:
-            cache = _Spec((B, Hkv, max_len or 1, D), dtype, dev)
-            args = (q, cache, cache, prefix_lens, block_lens, mask, q_lens, self.sm_scale)
-        self.backend, self._impl = _resolve(self.op, dev, backend, args)
+        size = num_pages if self.paged else max_len
+        self.backend, self._impl = _resolve(self.op, dev, backend, self._args(Spec((B, Tq, Hq, D), dtype, dev),
+                                                                             self._declared_layout(size or 1)))
         if num_splits is not None:
             num_splits = checks.integer("num_splits", num_splits, 1, _ta.splits.MAX_SPLITS, "the combine's limit")
         self._forced_splits, self._num_splits, self._workspace, self._given = num_splits, None, None, None
         self._shapes = None  # (q, k, v) shapes of the first run: what every later run must pass
         self._recheck = False  # the next run checks only a newly assigned workspace
-        if num_splits is not None or max_len is not None or (self.paged and num_pages is not None):
-            rows = _ta.paged_rows(page_table, num_pages, page_size) if self.paged else max_len
-            self._schedule(rows)
+        if num_splits is not None or size is not None:
+            self._schedule(self._declared_layout(size or 0).rows())
         self._values_pending = check
-        if check and (num_pages if self.paged else max_len) is not None:
-            self._check_values(num_pages if self.paged else max_len)
+        if check and size is not None:
+            self._check_values(self._declared_layout(size))
         self._first = True
         if workspace is not None:
             self.workspace = workspace
+
+    def _declared_layout(self, size):
+        """The layout the plan was declared with, ``size`` rows (contiguous) or pool pages (paged)."""
+        if self.paged:
+            pool = Spec((size, self.page_size, self.num_kv_heads, self.head_dim), self.dtype, self.device)
+            return KvLayout.paged(pool, pool, self.page_table)
+        cache = Spec((self.B, self.num_kv_heads, size, self.head_dim), self.dtype, self.device)
+        return KvLayout.contiguous(cache, cache)
+
+    def _args(self, q, kv):
+        return (q, *kv.tensors(), self.prefix_lens, self.block_lens, self.mask, self.q_lens, self.sm_scale)
 
     @property
     def num_splits(self):
@@ -222,20 +206,15 @@ class TreeAttentionPlan:
     def _schedule(self, rows):
         """Chooses the split count for ``rows`` addressable rows per sequence and allocates the
         partials workspace [num_splits * B * Tq * Hq * (D + 1)] fp32 (None without splits)."""
-        q = _Spec((self.B, self.Tq, self.num_heads, self.head_dim), self.dtype, self.device)
+        q = Spec((self.B, self.Tq, self.num_heads, self.head_dim), self.dtype, self.device)
         ns = self._forced_splits or _ta.choose_splits(self.backend, q, self.num_kv_heads, rows, self.prefix_lens,
                                                       self.block_lens, self.mask.shape[2], self.paged,
                                                       invariant=self.invariant)
         self._num_splits = ns
         self._allocate()
 
-    def _check_values(self, size):
-        W = self.mask.shape[2]
-        if self.paged:
-            _ta.paged_length_values(self.prefix_lens, self.block_lens, self.q_lens, self.page_table, size,
-                                    self.page_size, W, self.Tq)
-        else:
-            _ta.length_values(self.prefix_lens, self.block_lens, self.q_lens, size, W, self.Tq)
+    def _check_values(self, kv):
+        _ta.length_values(self.prefix_lens, self.block_lens, self.q_lens, kv, self.mask.shape[2], self.Tq)
         self._values_pending = False
 
     def _first_run(self, q, k, v):
@@ -247,27 +226,24 @@ class TreeAttentionPlan:
             return
         checks.tensor("q", q, dtype=self.dtype, shape=(self.B, self.Tq, self.num_heads, self.head_dim),
                       device=self.device)
+        kv = KvLayout(k, v, *self._table)
+        _ta.check_args(q, kv, self.prefix_lens, self.block_lens, self.mask, self.q_lens, self.sm_scale)
+        name = kv.names[0]
         if self.paged:
-            N, page_size, _ = _ta.check_paged_args(q, k, v, self.page_table, self.prefix_lens, self.block_lens,
-                                                   self.mask, self.q_lens, self.sm_scale)
-            _declared("k_pages", "page_size", page_size, "page_size", self.page_size)
-            _declared("k_pages", "Hkv", k.shape[2], "num_kv_heads", self.num_kv_heads)
-            _declared("k_pages", "num_pages", N, "num_pages", self.num_pages)
-            size = N
-            args = (q, k, v, self.page_table, self.prefix_lens, self.block_lens, self.mask, self.q_lens,
-                    self.sm_scale)
+            _declared(name, "page_size", kv.page_size, "page_size", self.page_size)
+        _declared(name, "Hkv", kv.num_kv_heads, "num_kv_heads", self.num_kv_heads)
+        if self.paged:
+            _declared(name, "num_pages", kv.num_pages, "num_pages", self.num_pages)
         else:
-            size, _ = _ta.check_args(q, k, v, self.prefix_lens, self.block_lens, self.mask, self.q_lens, self.sm_scale)
-            _declared("k_cache", "Hkv", k.shape[1], "num_kv_heads", self.num_kv_heads)
-            _declared("k_cache", "S", size, "max_len", self.max_len)
-            args = (q, k, v, self.prefix_lens, self.block_lens, self.mask, self.q_lens, self.sm_scale)
+            _declared(name, "S", kv.rows(), "max_len", self.max_len)
         if self._values_pending:
-            self._check_values(size)
+            self._check_values(kv)
+        args = self._args(q, kv)
         if _backend.incapable(self.op, self.backend, args) is not None:
             self.backend, self._impl = _resolve(self.op, self.device, self._backend, args)
             self._num_splits = None
         if self._num_splits is None:
-            self._schedule(_ta.paged_rows(self.page_table, size, self.page_size) if self.paged else size)
+            self._schedule(kv.rows())
         self._check_workspace(q, k, v)
         self._shapes = (q.shape, k.shape, v.shape)
         self._first = False
@@ -288,11 +264,8 @@ class TreeAttentionPlan:
             self._first_run(q, k, v)
         elif q.shape != self._shapes[0] or k.shape != self._shapes[1] or v.shape != self._shapes[2]:
             _reshaped(self._names(), (q.shape, k.shape, v.shape), self._shapes)
-        if self.paged:
-            return self._impl(q, k, v, self.page_table, self.prefix_lens, self.block_lens, self.mask, self.q_lens,
-                              self.sm_scale, self._num_splits, self._workspace, self.invariant)
-        return self._impl(q, k, v, self.prefix_lens, self.block_lens, self.mask, self.q_lens, self.sm_scale,
-                          self._num_splits, self._workspace, self.invariant)
+        return self._impl(q, k, v, *self._table, self.prefix_lens, self.block_lens, self.mask, self.q_lens,
+                          self.sm_scale, self._num_splits, self._workspace, self.invariant)
 
 
 class KVCompactPlan:
@@ -331,39 +304,39 @@ class KVCompactPlan:
         self.page_table, self.page_size, self.max_len, self.num_pages = page_table, page_size, max_len, num_pages
         self.num_layers, self.B, self.num_kv_heads, self.head_dim = L, B, Hkv, D
         self.dtype, self.device = dtype, dev
+        self._table = (page_table,) if self.paged else ()  # the layout's argument after k, v
         self.op = "kv_compact_paged" if self.paged else "kv_compact"
         self._impl = _backend.resolve(self.op, dev, backend)
         # The kernels are never launched for an empty acceptance (the ops' rule).
         self._noop = accept_idx.shape[1] == 0 or B == 0
         self._values_pending = check
         if check and (num_pages is not None or not self.paged):
-            self._check_values(num_pages)
+            self._check_values(self._declared_layout(num_pages if self.paged else max_len))
         self._first, self._shape = True, None
 
-    def _check_values(self, num_pages):
-        if self.paged:
-            _kvc.check_paged_values(self.page_table, num_pages, self.page_size, self.lens, self.accept_idx,
-                                    self.accept_lens)
-        else:
-            _kvc.check_values(self.lens, self.accept_idx, self.accept_lens, self.max_len)
+    def _declared_layout(self, size):
+        """The layout the plan was declared with: ``size`` rows (contiguous) or pool pages (paged)."""
+        L, B, H, D = self.num_layers, self.B, self.num_kv_heads, self.head_dim
+        shape = (L, size, self.page_size, H, D) if self.paged else (L, B, H, size, D)
+        cache = Spec(shape, self.dtype, self.device)
+        return KvLayout(cache, cache, *self._table)
+
+    def _check_values(self, kv):
+        _kvc.accept_values(kv, self.lens, self.accept_idx, self.accept_lens)
         self._values_pending = False
 
     def _first_run(self, k, v):
-        if self.paged:
-            N, page_size = _kvc.check_pools(k, v)
-            want = (self.num_layers, N, self.page_size, self.num_kv_heads, self.head_dim)
-            name = "k_pages"
-        else:
-            _kvc.check_caches(k, v)
-            want = (self.num_layers, self.B, self.num_kv_heads, self.max_len, self.head_dim)
-            name = "k_cache"
+        kv = KvLayout(k, v, *self._table)
+        kv.check(dtype=_kvc.CACHE_DTYPES, rank=5, distinct=True, table=False)
+        want = self._declared_layout(kv.num_pages if self.paged else self.max_len).k.shape
+        name = kv.names[0]
         if tuple(k.shape) != want or k.dtype != self.dtype or k.device != self.device:
             raise ValueError(f"{name} must be a {self.dtype} tensor of shape {list(want)} on {self.device} (the "
                              f"plan's), got {k.dtype} {tuple(k.shape)} on {k.device}")
         if self.paged:
-            _declared(name, "num_pages", N, "num_pages", self.num_pages)
+            _declared(name, "num_pages", kv.num_pages, "num_pages", self.num_pages)
         if self._values_pending:
-            self._check_values(N if self.paged else None)
+            self._check_values(kv)
         self._shape = k.shape
         self._first = False
 
@@ -376,10 +349,7 @@ class KVCompactPlan:
             _reshaped(names, (k.shape, v.shape), (self._shape, self._shape))
         if self._noop:
             return None
-        if self.paged:
-            self._impl(k, v, self.page_table, self.lens, self.accept_idx, self.accept_lens)
-        else:
-            self._impl(k, v, self.lens, self.accept_idx, self.accept_lens)
+        self._impl(k, v, *self._table, self.lens, self.accept_idx, self.accept_lens)
         return None
 
 

@@ -8,6 +8,7 @@ block, and block key ``j`` is visible to query ``i`` iff bit ``j % 32`` of word 
 set (trees, DAGs, lookahead windows), and the queries need not be the whole block. Query rows
 ``i >= q_lens[b]`` are padding and, like a query that sees no key, give 0.
 """
+import functools
 import math
 import numbers
 
@@ -16,6 +17,7 @@ import torch
 from .. import extension
 from ..backend import register, register_compiled, register_supports, resolve_named
 from . import checks, splits, tree_attention_ref
+from .layout import KvLayout, check_heads  # noqa: F401  (check_heads: the plan's rule too)
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CUDA_MAX_D = 256  # the CUDA kernels' head-dim buckets (csrc/cuda/tree_attention.cu)
@@ -26,6 +28,23 @@ CUDA_MAX_B_HKV = 65535  # B * Hkv: a grid dimension of the CUDA kernel
 # can only come from inputs whose unscaled scores nearly overflow already. Within the bound every
 # backend computes the exact softmax (tests/test_bad_input.py: the bound against the reference).
 SM_SCALE_MAX = 65536.0
+
+
+def attend(q, kv, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None, check=True, backend=None,
+           invariant=False):
+    """The one entry of the op: :func:`tree_attention` over the KV layout ``kv`` (a
+    :class:`~specops.ops.layout.KvLayout`, contiguous or paged); the layouts' own entries
+    :func:`tree_attention` and :func:`tree_attention_paged` build it. Shape: q [B, Tq, Hq, D],
+    prefix_lens / block_lens / q_lens int32 [B], mask int32 [B, Tq, W] -> out [B, Tq, Hq, D]."""
+    sm_scale = check_args(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale)
+    invariant = check_invariant(invariant)
+    if check:
+        length_values(prefix_lens, block_lens, q_lens, kv, mask.shape[2], q.shape[1])
+    args = (q, *kv.tensors(), prefix_lens, block_lens, mask, q_lens, sm_scale)
+    name, impl = resolve_named(kv.op("tree_attention"), q.device, backend, args)
+    ns = choose_splits(name, q, kv.num_kv_heads, kv.rows(), prefix_lens, block_lens, mask.shape[2], kv.is_paged,
+                       invariant=invariant)
+    return impl(*args, ns, workspace(ns, q), invariant)
 
 
 def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None,
@@ -51,14 +70,43 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
     keys it sees were appended to the prefix in index order (AR decoding's view), whatever else
     shares the call (rows, sequences, padding, layout, threads). Unsplit, one query per work item.
     """
-    S, sm_scale = check_args(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale)
-    invariant = check_invariant(invariant)
-    if check:
-        length_values(prefix_lens, block_lens, q_lens, S, mask.shape[2], q.shape[1])
-    args = (q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, float(sm_scale))
-    name, impl = resolve_named("tree_attention", q.device, backend, args)
-    ns = choose_splits(name, q, k_cache.shape[1], S, prefix_lens, block_lens, mask.shape[2], invariant=invariant)
-    return impl(*args, ns, workspace(ns, q), invariant)
+    return attend(q, KvLayout.contiguous(k_cache, v_cache), prefix_lens, block_lens, mask, q_lens=q_lens,
+                  sm_scale=sm_scale, check=check, backend=backend, invariant=invariant)
+
+
+def tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, *, q_lens=None,
+                         sm_scale=None, check=True, backend=None, invariant=False):
+    """:func:`tree_attention` over a paged KV cache (the layout of serving engines).
+
+    Shape: q [B, Tq, Hq, D], k_pages / v_pages [num_pages, page_size, Hkv, D] (same dtype as q;
+    page_size a power of two >= 1; any strides with last-dim stride 1), page_table int32
+    [B, max_pages], prefix_lens / block_lens / q_lens int32 [B], mask int32 [B, Tq, W]
+    -> out [B, Tq, Hq, D] in q's dtype.
+
+    Row ``r`` of sequence ``b`` (the cache row ``r`` of :func:`tree_attention`) is slot
+    ``r % page_size`` of page ``page_table[b, r // page_size]``: the prefix fills the sequence's
+    first pages and the draft block's rows live in the pages right after it (the page holding row
+    ``prefix_lens[b]`` onwards). Pages may be scattered over the pool in any order and shared
+    between sequences (read only). Mask, GQA, ragged batches, ``q_lens``, ``sm_scale`` and the
+    tolerances are those of :func:`tree_attention`.
+
+    Layouts: vLLM's flash-attention backend stores each layer's cache as ``[2, num_blocks,
+    block_size, num_kv_heads, head_size]``: pass ``kv[0]`` and ``kv[1]``. FlashInfer's paged cache
+    ``[num_pages, 2, page_size, num_heads, head_dim]`` (NHD) is ``kv[:, 0]`` / ``kv[:, 1]``; its HND
+    layout ``[num_pages, 2, num_heads, page_size, head_dim]`` is ``kv[:, 0].transpose(1, 2)`` /
+    ``kv[:, 1].transpose(1, 2)`` (views, no copy: only the last dim needs stride 1). FlashInfer's
+    CSR page list (``kv_indptr``, ``kv_indices``) becomes ``page_table`` row by row (pad each row
+    with any page id: entries past the rows the lengths address are never read).
+
+    ``check=True`` verifies the values (one host sync): the length rules of
+    :func:`tree_attention` with ``prefix_lens + block_lens <= max_pages * page_size``, and
+    ``0 <= page_table[b, i] < num_pages`` for every page ``i < ceil((prefix_lens[b] +
+    block_lens[b]) / page_size)``. With ``check=False`` the kernels clamp lengths and page ids into
+    range (no out-of-bounds access), but the result is then unspecified. ``invariant``: as
+    :func:`tree_attention` (a row's bits do not depend on the layout either).
+    """
+    return attend(q, KvLayout.paged(k_pages, v_pages, page_table), prefix_lens, block_lens, mask, q_lens=q_lens,
+                  sm_scale=sm_scale, check=check, backend=backend, invariant=invariant)
 
 
 def check_invariant(invariant):
@@ -124,29 +172,13 @@ def workspace(num_splits, q):
     return None
 
 
-def check_args(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
-    """The metadata rules of :func:`tree_attention` (no host sync); returns (S, sm_scale as a float)."""
+def check_args(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale):
+    """The metadata rules of :func:`attend` (no host sync); returns sm_scale as a float."""
     checks.tensor("q", q, dtype=FLOAT_DTYPES, rank=4)
     B, Tq, Hq, D = q.shape
-    dev = q.device
-    checks.tensor("k_cache", k_cache, dtype=q.dtype, rank=4, device=dev, last_stride_one=True)
-    if k_cache.shape[0] != B or k_cache.shape[3] != D:
-        raise ValueError(f"k_cache must have shape [B={B}, Hkv, S, D={D}] (q is [B, Tq, Hq, D]), "
-                         f"got {tuple(k_cache.shape)}")
-    checks.tensor("v_cache", v_cache, dtype=q.dtype, shape=tuple(k_cache.shape), device=dev,
-                  last_stride_one=True)
-    Hkv, S = k_cache.shape[1], k_cache.shape[2]
-    check_heads(Hq, Hkv, D, "k_cache")
-    check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, dev)
-    return S, scale(sm_scale, D)
-
-
-def check_heads(Hq, Hkv, D, kv_name):
-    """GQA/MQA: the kv heads divide the query heads; a non-empty head dim."""
-    if Hkv == 0 or Hq % Hkv:
-        raise ValueError(f"{kv_name} heads must divide q heads (Hq % Hkv == 0), got Hq={Hq}, Hkv={Hkv}")
-    if D == 0:
-        raise ValueError("q must have a non-empty head dimension D, got D=0")
+    kv.check(dtype=q.dtype, rank=4, device=q.device, B=B, D=D, Hq=Hq)
+    check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, q.device)
+    return scale(sm_scale, D)
 
 
 def check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, dev):
@@ -173,26 +205,41 @@ def scale(sm_scale, D):
     return float(sm_scale)
 
 
-def _length_rules(prefix_lens, block_lens, q_lens, W, Tq, rows, rows_rule, got):
-    """The value rules of the lengths (:mod:`specops.ops.checks` rules); ``rows`` bounds prefix +
-    block (``rows_rule`` says why), ``got(name, t, bad)`` words the offending values."""
+def length_values(prefix_lens, block_lens, q_lens, kv, W, Tq):
+    """The value rules of the lengths over the layout ``kv``, with one host sync; raises naming the
+    first broken rule: lengths >= 0, ``block_lens <= 32 W``, ``prefix_lens + block_lens`` within
+    the rows a sequence can hold, ``q_lens`` in [0, Tq], and (paged) the pages those rows use in
+    the pool."""
+    if prefix_lens.numel() == 0:
+        return
+    rows = kv.capacity()
+    if kv.is_paged:
+        M, ps = kv.page_table.shape[1], kv.page_size
+        limit = f"max_pages * page_size = {M} * {ps} = {rows} (the rows page_table can address)"
+        got = lambda name, t, bad: f"values in [{int(t.min())}, {int(t.max())}]"  # noqa: E731
+    else:
+        limit = f"S = {rows} (the cache length)"
+        got = lambda name, t, bad: checks.at(f"({name})" if " " in name else name, t, bad)  # noqa: E731
     p, n = prefix_lens.long(), block_lens.long()
     rules = [
         ("prefix_lens", "be >= 0", prefix_lens, p < 0),
         ("block_lens", "be >= 0", block_lens, n < 0),
         ("block_lens", f"be <= 32 * W = {32 * W} (mask too narrow: mask is [B, Tq, W={W}])", block_lens, n > 32 * W),
-        ("prefix_lens + block_lens", f"be <= {rows_rule}", p + n, p + n > rows),
+        ("prefix_lens + block_lens", f"be <= {limit}", p + n, p + n > rows),
     ]
     if q_lens is not None:
         rules.append(("q_lens", f"lie in [0, Tq={Tq}]", q_lens, (q_lens < 0) | (q_lens > Tq)))
-    return [checks.rule(name, t, bad, expect, got) for name, expect, t, bad in rules]
+    rules = [checks.rule(name, t, bad, expect, got) for name, expect, t, bad in rules]
+    if kv.is_paged:
+        rules.append(kv.page_rule((p + n).clamp(max=rows)))
+    checks.raise_first(rules)
 
 
-def length_values(prefix_lens, block_lens, q_lens, S, W, Tq):
-    """The value rules of the lengths, with one host sync; raises naming the first broken rule."""
-    if prefix_lens.numel():
-        checks.raise_first(_length_rules(prefix_lens, block_lens, q_lens, W, Tq, S, f"S = {S} (the cache length)",
-                                         lambda name, t, bad: checks.at(f"({name})" if " " in name else name, t, bad)))
+def gather_pages(pages, page_table):
+    """The contiguous cache a paged one stands for (:meth:`KvLayout.gather`). Shape: pages
+    [num_pages, page_size, Hkv, D], page_table int32 [B, max_pages] -> [B, Hkv, max_pages *
+    page_size, D]."""
+    return KvLayout.paged(pages, pages, page_table).gather().k
 
 
 def visibility(prefix_lens, block_lens, mask, q_lens, S):
@@ -219,22 +266,33 @@ def visibility(prefix_lens, block_lens, mask, q_lens, S):
     return vis
 
 
-@register("tree_attention", "torch")
-def _tree_attention_torch(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1,
-                          workspace=None, invariant=False):
-    if invariant:
-        return tree_attention_ref.invariant_ref(q, k_cache, v_cache,
-                                                visibility(prefix_lens, block_lens, mask, q_lens, k_cache.shape[2]),
-                                                sm_scale)
-    # The spec: dense scores over the whole cache in fp32, invisible keys at -inf, and rows that
-    # see nothing (padding, empty masks) set to 0 instead of softmax's NaN.
+# ---- backends: one implementation per backend for both layouts, registered under each layout's op
+# (separate torch.library ops with their own schemas: "tree_attention" takes (k_cache, v_cache),
+# "tree_attention_paged" (k_pages, v_pages, page_table)).
+
+def _split(paged, args):
+    """(q, layout, the op's rest through sm_scale, (num_splits, workspace, invariant)) of an op's
+    positional arguments (the schedule's defaulted where left out)."""
+    n = 3 if paged else 2
+    rest = args[1 + n:]
+    return args[0], KvLayout(*args[1:1 + n]), rest[:5], rest[5:] + (1, None, False)[len(rest) - 5:]
+
+
+def _torch(paged, *args):
+    # The spec: dense scores over the whole cache in fp32, invisible keys at -inf, and rows that see
+    # nothing (padding, empty masks) set to 0 instead of softmax's NaN; a paged cache is the
+    # contiguous one its page table describes.
+    q, kv, (prefix_lens, block_lens, mask, q_lens, sm_scale), (_, _, invariant) = _split(paged, args)
+    kv = kv.gather()
     B, Tq, Hq, D = q.shape
-    Hkv, S = k_cache.shape[1], k_cache.shape[2]
+    Hkv, S = kv.k.shape[1], kv.k.shape[2]
     vis = visibility(prefix_lens, block_lens, mask, q_lens, S)  # [B, Tq, S]
+    if invariant:
+        return tree_attention_ref.invariant_ref(q, kv.k, kv.v, vis, sm_scale)
     # Rows past prefix + block are not part of the op: zero them so garbage there cannot leak.
     used = vis.any(1)[:, None, :, None]  # [B, 1, S, 1]
-    k = k_cache.float().masked_fill(~used, 0).repeat_interleave(Hq // Hkv, dim=1)  # [B, Hq, S, D]
-    v = v_cache.float().masked_fill(~used, 0).repeat_interleave(Hq // Hkv, dim=1)
+    k = kv.k.float().masked_fill(~used, 0).repeat_interleave(Hq // Hkv, dim=1)  # [B, Hq, S, D]
+    v = kv.v.float().masked_fill(~used, 0).repeat_interleave(Hq // Hkv, dim=1)
     scores = torch.einsum("bthd,bhsd->bhts", q.float(), k) * sm_scale  # [B, Hq, Tq, S]
     scores = scores.masked_fill(~vis[:, None], float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
@@ -242,26 +300,17 @@ def _tree_attention_torch(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_
     return out.to(q.dtype)
 
 
-def _compiled(ns, q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1, workspace=None,
-              invariant=False):
-    return ns.tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits,
-                             workspace, invariant)
-
-
-@register("tree_attention", "triton")
-def _tree_attention_triton(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1,
-                           workspace=None, invariant=False):
+def _triton(paged, *args):
     from ..triton_kernels import tree_attention as kernels
 
-    return kernels.tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits,
-                                  workspace=workspace, invariant=invariant)
+    q, kv, rest, (num_splits, workspace, invariant) = _split(paged, args)
+    run = kernels.tree_attention_paged if paged else kernels.tree_attention
+    return run(q, *kv.tensors(), *rest, num_splits, workspace=workspace, invariant=invariant)
 
 
-register_compiled("tree_attention")(_compiled)
-
-
-def _cuda_limits(B, Hkv, D):
-    """The CUDA kernel's launch limits (shared by both layouts): None, or why a call exceeds them."""
+def _cuda_limits(paged, q, *args):
+    """The CUDA kernel's launch limits (and its emulation's): None, or why a call exceeds them."""
+    B, D, Hkv = q.shape[0], q.shape[3], _split(paged, (q, *args))[1].num_kv_heads
     if D > CUDA_MAX_D:
         return f"head dim D={D} > {CUDA_MAX_D}"
     if B * Hkv > CUDA_MAX_B_HKV:
@@ -269,207 +318,24 @@ def _cuda_limits(B, Hkv, D):
     return None
 
 
-def _cuda_supports(q, k_cache, *args):
-    """What the CUDA kernel (and its emulation) can launch: D <= 256, B * Hkv blocks in grid y."""
-    return _cuda_limits(q.shape[0], k_cache.shape[1], q.shape[3])
-
-
-register_supports("tree_attention", ("cuda", "cudasim"), _cuda_supports)
-
-
-def _triton_supports(*args):
+def _triton_supports(paged, *args):
     from ..triton_kernels import tree_attention as kernels
 
-    ok, why = kernels.supports(*args)
+    ok, why = (kernels.supports_paged if paged else kernels.supports)(*args)
     return None if ok else why
 
 
-register_supports("tree_attention", ("triton",), _triton_supports)
-
-if (extension.cpu_ext is not None or extension.cuda_ext is not None) and extension.has_op("tree_attention"):
-
-    @torch.library.register_fake("specops::tree_attention")
-    def _(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1, workspace=None,
-          invariant=False):
-        return torch.empty_like(q, memory_format=torch.contiguous_format)
-
-    # The overload without a workspace: what a compiled graph calls (no mutated argument).
-    @torch.library.register_fake("specops::tree_attention.functional")
-    def _(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1, invariant=False):
-        return torch.empty_like(q, memory_format=torch.contiguous_format)
+def _fake(q, *args, **kwargs):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-# ---- paged KV cache ------------------------------------------------------------------------------
-
-def tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, *, q_lens=None,
-                         sm_scale=None, check=True, backend=None, invariant=False):
-    """:func:`tree_attention` over a paged KV cache (the layout of serving engines).
-
-    Shape: q [B, Tq, Hq, D], k_pages / v_pages [num_pages, page_size, Hkv, D] (same dtype as q;
-    page_size a power of two >= 1; any strides with last-dim stride 1), page_table int32
-    [B, max_pages], prefix_lens / block_lens / q_lens int32 [B], mask int32 [B, Tq, W]
-    -> out [B, Tq, Hq, D] in q's dtype.
-
-    Row ``r`` of sequence ``b`` (the cache row ``r`` of :func:`tree_attention`) is slot
-    ``r % page_size`` of page ``page_table[b, r // page_size]``: the prefix fills the sequence's
-    first pages and the draft block's rows live in the pages right after it (the page holding row
-    ``prefix_lens[b]`` onwards). Pages may be scattered over the pool in any order and shared
-    between sequences (read only). Mask, GQA, ragged batches, ``q_lens``, ``sm_scale`` and the
-    tolerances are those of :func:`tree_attention`.
-
-    Layouts: vLLM's flash-attention backend stores each layer's cache as ``[2, num_blocks,
-    block_size, num_kv_heads, head_size]``: pass ``kv[0]`` and ``kv[1]``. FlashInfer's paged cache
-    ``[num_pages, 2, page_size, num_heads, head_dim]`` (NHD) is ``kv[:, 0]`` / ``kv[:, 1]``; its HND
-    layout ``[num_pages, 2, num_heads, page_size, head_dim]`` is ``kv[:, 0].transpose(1, 2)`` /
-    ``kv[:, 1].transpose(1, 2)`` (views, no copy: only the last dim needs stride 1). FlashInfer's
-    CSR page list (``kv_indptr``, ``kv_indices``) becomes ``page_table`` row by row (pad each row
-    with any page id: entries past the rows the lengths address are never read).
-
-    ``check=True`` verifies the values (one host sync): the length rules of
-    :func:`tree_attention` with ``prefix_lens + block_lens <= max_pages * page_size``, and
-    ``0 <= page_table[b, i] < num_pages`` for every page ``i < ceil((prefix_lens[b] +
-    block_lens[b]) / page_size)``. With ``check=False`` the kernels clamp lengths and page ids into
-    range (no out-of-bounds access), but the result is then unspecified. ``invariant``: as
-    :func:`tree_attention` (a row's bits do not depend on the layout either).
-    """
-    N, page_size, sm_scale = check_paged_args(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask,
-                                              q_lens, sm_scale)
-    invariant = check_invariant(invariant)
-    if check:
-        paged_length_values(prefix_lens, block_lens, q_lens, page_table, N, page_size, mask.shape[2], q.shape[1])
-    args = (q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, float(sm_scale))
-    name, impl = resolve_named("tree_attention_paged", q.device, backend, args)
-    ns = choose_splits(name, q, k_pages.shape[2], paged_rows(page_table, N, page_size), prefix_lens, block_lens,
-                       mask.shape[2], paged=True, invariant=invariant)
-    return impl(*args, ns, workspace(ns, q), invariant)
-
-
-def paged_rows(page_table, num_pages, page_size):
-    """Rows a sequence of a paged cache can address (0 with an empty pool), as the kernels count them."""
-    return min(page_table.shape[1] * page_size, 2**31 - 1) if num_pages else 0
-
-
-def check_paged_args(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale):
-    """The metadata rules of :func:`tree_attention_paged` (no host sync); returns (num_pages,
-    page_size, sm_scale as a float)."""
-    checks.tensor("q", q, dtype=FLOAT_DTYPES, rank=4)
-    B, Tq, Hq, D = q.shape
-    dev = q.device
-    checks.tensor("k_pages", k_pages, dtype=q.dtype, rank=4, device=dev, last_stride_one=True)
-    N, page_size, Hkv = check_page_pool("k_pages", k_pages, lead=0)
-    if k_pages.shape[3] != D:
-        raise ValueError(f"k_pages must have shape [num_pages, page_size, Hkv, D={D}] (q is [B, Tq, Hq, D]), "
-                         f"got {tuple(k_pages.shape)}")
-    check_heads(Hq, Hkv, D, "k_pages")
-    checks.tensor("v_pages", v_pages, dtype=q.dtype, shape=tuple(k_pages.shape), device=dev, last_stride_one=True)
-    checks.tensor("page_table", page_table, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
-    check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, dev)
-    return N, page_size, scale(sm_scale, D)
-
-
-def check_page_pool(name, pages, *, lead):
-    """(num_pages, page_size, Hkv) of a page pool [*lead dims, num_pages, page_size, Hkv, D];
-    page_size must be a power of two (the kernels split row numbers with shifts and masks)."""
-    N, page_size, Hkv = pages.shape[lead:lead + 3]
-    checks.power_of_two(f"{name} page_size (dim {lead + 1})", page_size, f" (shape {tuple(pages.shape)})")
-    return N, page_size, Hkv
-
-
-def page_rules(page_table, rows_needed, num_pages, page_size):
-    """The page-table rule of the paged ops (a :mod:`specops.ops.checks` rule): every page holding
-    one of a sequence's first ``rows_needed[b]`` rows must be a pool page, ``0 <= page_table[b, i] <
-    num_pages``.
-
-    Shape: page_table int32 [B, max_pages], rows_needed int64 [B] (at most max_pages * page_size;
-    a larger value is some other rule's error) -> (bool tensor [B, max_pages], message())."""
-    B, max_pages = page_table.shape
-    pages_needed = (rows_needed.clamp(min=0) + page_size - 1) // page_size  # [B]
-    used = torch.arange(max_pages, device=page_table.device)[None, :] < pages_needed[:, None]
-    bad = used & ((page_table < 0) | (page_table >= num_pages))
-
-    def message():
-        b, i = checks.first_index(bad)
-        return (f"page_table[{b}, {i}] must lie in [0, num_pages={num_pages}) (page {i} holds rows "
-                f"[{i * page_size}, {(i + 1) * page_size}) of sequence {b}, which uses "
-                f"{int(rows_needed[b])} rows), got {int(page_table[b, i])}")
-
-    return bad, message
-
-
-def paged_length_values(prefix_lens, block_lens, q_lens, page_table, num_pages, page_size, W, Tq):
-    """The value rules of tree_attention_paged, one host sync; raises naming the first broken rule."""
-    B, max_pages = page_table.shape
-    if B == 0:
-        return
-    rows = max_pages * page_size
-    rules = _length_rules(prefix_lens, block_lens, q_lens, W, Tq, rows,
-                          f"max_pages * page_size = {max_pages} * {page_size} = {rows} (the rows page_table can "
-                          "address)", lambda name, t, bad: f"values in [{int(t.min())}, {int(t.max())}]")
-    needed = (prefix_lens.long() + block_lens.long()).clamp(max=rows)
-    checks.raise_first(rules + [page_rules(page_table, needed, num_pages, page_size)])
-
-
-def gather_pages(pages, page_table):
-    """The contiguous cache a paged one stands for (the reference's view; page ids clamped into the
-    pool as the kernels clamp them).
-
-    Shape: pages [num_pages, page_size, Hkv, D], page_table int32 [B, max_pages]
-    -> [B, Hkv, max_pages * page_size, D] (zeros from an empty pool)."""
-    N, P, H, D = pages.shape
-    B, M = page_table.shape
-    if N == 0:
-        return pages.new_zeros(B, H, M * P, D)
-    rows = pages[page_table.long().clamp(0, N - 1)]  # [B, M, P, H, D]
-    return rows.reshape(B, M * P, H, D).transpose(1, 2)
-
-
-@register("tree_attention_paged", "torch")
-def _tree_attention_paged_torch(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens,
-                                sm_scale, num_splits=1, workspace=None, invariant=False):
-    # The spec: the contiguous reference on the cache the page table describes.
-    k, v = gather_pages(k_pages, page_table), gather_pages(v_pages, page_table)
-    return _tree_attention_torch(q, k, v, prefix_lens, block_lens, mask, q_lens, sm_scale, invariant=invariant)
-
-
-@register_compiled("tree_attention_paged")
-def _compiled_paged(ns, q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale,
-                    num_splits=1, workspace=None, invariant=False):
-    return ns.tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale,
-                                   num_splits, workspace, invariant)
-
-
-@register("tree_attention_paged", "triton")
-def _tree_attention_paged_triton(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens,
-                                 sm_scale, num_splits=1, workspace=None, invariant=False):
-    from ..triton_kernels import tree_attention as kernels
-
-    return kernels.tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens,
-                                        sm_scale, num_splits, workspace=workspace, invariant=invariant)
-
-
-def _cuda_supports_paged(q, k_pages, *args):
-    """What the CUDA kernel (and its emulation) can launch on a paged cache: D <= 256, B * Hkv <= 65535."""
-    return _cuda_limits(q.shape[0], k_pages.shape[2], q.shape[3])
-
-
-def _triton_supports_paged(*args):
-    from ..triton_kernels import tree_attention as kernels
-
-    ok, why = kernels.supports_paged(*args)
-    return None if ok else why
-
-
-register_supports("tree_attention_paged", ("cuda", "cudasim"), _cuda_supports_paged)
-register_supports("tree_attention_paged", ("triton",), _triton_supports_paged)
-
-if (extension.cpu_ext is not None or extension.cuda_ext is not None) and extension.has_op("tree_attention_paged"):
-
-    @torch.library.register_fake("specops::tree_attention_paged")
-    def _(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1,
-          workspace=None, invariant=False):
-        return torch.empty_like(q, memory_format=torch.contiguous_format)
-
-    @torch.library.register_fake("specops::tree_attention_paged.functional")
-    def _(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale, num_splits=1,
-          invariant=False):
-        return torch.empty_like(q, memory_format=torch.contiguous_format)
+for _paged, _op in ((False, "tree_attention"), (True, "tree_attention_paged")):
+    register(_op, "torch")(functools.partial(_torch, _paged))
+    register(_op, "triton")(functools.partial(_triton, _paged))
+    register_compiled(_op)(lambda ns, *args, _op=_op: getattr(ns, _op)(*args))
+    register_supports(_op, ("cuda", "cudasim"), functools.partial(_cuda_limits, _paged))
+    register_supports(_op, ("triton",), functools.partial(_triton_supports, _paged))
+    if (extension.cpu_ext is not None or extension.cuda_ext is not None) and extension.has_op(_op):
+        # The overload without a workspace: what a compiled graph calls (no mutated argument).
+        for _name in (_op, _op + ".functional"):
+            torch.library.register_fake(f"specops::{_name}")(_fake)
