@@ -1,9 +1,11 @@
 """Compiled block forwards for :class:`~specops.engine.ModelRunner` (``compile=True``; docs/compile.md).
 
 The HF model's decoder (embedding, every layer with the ``"specops"`` attention, the final norm) runs
-under ``torch.compile(fullgraph=True)`` as two graphs per (model, batch, cache layout): one for
-one-row steps (static shapes) and one for every block of 2..64 rows, its row count a symbol. Under
-CUDA graphs (static shapes) a block is padded to the smallest bucket ``Tb >= Tq`` of
+under ``torch.compile(fullgraph=True)`` as one graph per (model, batch, cache layout) whose row count
+is a symbol: AR's one-row steps and every block of up to 64 rows run the same code. Dynamo specialises
+a size of 1, so the graph is traced with two rows (a one-row block that arrives first is padded to two
+once); a saved graph runs one row unpadded, and a row's bits equal those of a graph traced for one row.
+Under CUDA graphs (static shapes) a block is padded to the smallest bucket ``Tb >= Tq`` of
 :data:`BUCKETS` instead. Padding rows are inert: their queries are past ``q_lens`` (the kernel gives
 them 0), their K/V go to cache rows past the block's valid rows (which no valid query sees and the
 next forward or the compaction overwrites), their position is ``lens`` (inside every position
@@ -45,7 +47,7 @@ from .attention import BLOCK_KW, CompiledBlock
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # CUDA graphs' row buckets (static shapes)
 MAX_BUCKET = BUCKETS[-1]  # the most rows a compiled forward takes
-BLOCK = "2-64"  # the graph key's row count of the dynamic-rows graph (2..MAX_BUCKET rows)
+BLOCK = "1-64"  # the graph key's row count of the dynamic-rows graph (1..MAX_BUCKET rows)
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -169,6 +171,7 @@ class CompiledDecoder:
                 self._aot_fn = torch.compile(self._step.forward, fullgraph=True, dynamic=False, options=options)
         self.compile_s = {}
         self._seen = set()  # (key, grad mode, inference mode) of every graph that ran
+        self._loaded = set()  # the seen keys whose graph is a saved one (no guards: any row count runs)
         self._saved = {} if mode == "default" else None  # seen -> graph loaded from / saved to disk
         self._checked = {}  # (seen, cache storage) -> its saved graph, once its input signature matched
         self._model_digest = None  # saved_path's digest of the model, the code and the options
@@ -257,6 +260,7 @@ class CompiledDecoder:
                     graph, how = self._saved_graph(seen, sig, args)
             if graph is not None:
                 self._checked[token] = graph
+                self._loaded.add(seen)
                 return graph(self._step, *args), how
         if seen in self._seen:
             try:
@@ -266,6 +270,12 @@ class CompiledDecoder:
                 if "skip_guard_eval_unsafe" not in str(e):
                     raise
         return self._fn(*args), None
+
+    def runs_one_row(self, key):
+        """Whether the graph of ``key`` (in the current grad and inference modes) takes a one-row block
+        as it is: a saved graph runs unguarded; dynamo's own graphs were traced for >= 2 rows and
+        guard on it."""
+        return (key, torch.is_grad_enabled(), torch.is_inference_mode_enabled()) in self._loaded
 
     def saved_path(self, seen, sig):
         """The file of the graph ``seen`` for inputs of signature ``sig`` in the specops cache: named by a
@@ -380,15 +390,17 @@ class CompiledRunner:
         (model dtype; the LM head runs on these rows only)."""
         pad = torch.nn.functional.pad
         B, Tq = tokens.shape
-        # One graph for a one-row step (AR, a chain draft), one for every block of 2..64 rows (its row
-        # count a symbol); CUDA graphs capture static shapes, so there blocks are padded to buckets.
-        Tb = bucket_for(Tq) if self.decoder.cudagraphs else Tq
+        # One graph for every row count (a symbol); CUDA graphs capture static shapes, so there
+        # blocks are padded to buckets. A one-row block is padded to two until a saved graph runs it.
+        dynamic = not self.decoder.cudagraphs
+        Wb = max(MASK_WORDS, mask_words(32 * mask.shape[2]))  # wider only for a partial block past 64 rows
+        key = self._key(BLOCK if dynamic else bucket_for(Tq), Wb)
+        Tb = bucket_for(Tq) if not dynamic else Tq if Tq > 1 or self.decoder.runs_one_row(key) else 2
         lens = self.runner.lens
         base = lens.to(torch.int64)[:, None]  # [B, 1]
         ids = pad(tokens.to(torch.int64), (0, Tb - Tq))
         positions = base + pad(depth.to(torch.int64), (0, Tb - Tq))  # padding rows: position lens
         rows = base + self.arange[q_start:q_start + Tb]  # [B, Tb] cache rows of the new K/V
-        Wb = max(MASK_WORDS, mask_words(32 * mask.shape[2]))  # wider only for a partial block past 64 rows
         m = pad(mask, (0, Wb - mask.shape[2], 0, Tb - Tq))[:, None]  # [B, 1, Tb, Wb]; padding rows see nothing
         feats = None
         if self.feature:
@@ -396,13 +408,12 @@ class CompiledRunner:
                 raise ValueError("a feature draft's forward needs its input rows: pass features= "
                                  "(shape [B, T, hidden])")
             feats = pad(features, (0, 0, 0, Tb - features.shape[1]))
-        dynamic = Tb > 1 and not self.decoder.cudagraphs
-        if dynamic:
+        if dynamic:  # (the bounds are the trace's; a saved graph is not guarded by them)
             for t, dim in ((ids, 1), (positions, 1), (rows, 1), (m, 2)) + (((feats, 1),) if feats is not None else ()):
                 torch._dynamo.mark_dynamic(t, dim, min=2, max=MAX_BUCKET)
         block = CompiledBlock(self.impl, lens, block_lens, block_lens - q_start, m, rows, self.k_store, self.v_store,
                               self.page_table, self.runner.batch_invariant)
-        hidden, secs = self.decoder(self._key(BLOCK if dynamic else Tb, Wb), ids, positions, m, block, feats)
+        hidden, secs = self.decoder(key, ids, positions, m, block, feats)
         self.compile_time_s += secs
         hidden = hidden[:, :Tq]
         logits = self.head(hidden)
@@ -417,8 +428,8 @@ class CompiledRunner:
         B, dev = self.runner.batch_size, self.runner.device
         model = self.runner.model
         sizes = sorted({bucket_for(min(int(T), MAX_BUCKET)) for T in (sizes or BUCKETS)})
-        if not self.decoder.cudagraphs:  # one graph for blocks of any size > 1
-            sizes = sorted({min(T, 2) for T in sizes})
+        if not self.decoder.cudagraphs:  # one graph for blocks of any size, traced with two rows
+            sizes = [2]
         for Tb in sizes:
             parents = (torch.arange(Tb, dtype=torch.int32, device=dev) - 1).expand(B, Tb).contiguous()
             feats = None
