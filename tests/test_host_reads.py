@@ -63,7 +63,7 @@ EXPECTED = {
     "opt-tree": ({}, (0, 1), 0),
     "ouroboros": ({}, (0, 1), 0),
     "ouroboros-model-free": ({"method": "ouroboros", "model_free": True}, (0, 0), 0),
-    "mjsd": ({}, (0, 1), 1),
+    "mjsd": ({}, (0, 0), 1),  # the beams grow and the best is traced back on the device
     # the adaptive controller observes every step (fixed costs that make drafting pay: no AR steps)
     "opt-tree-adaptive": ({"method": "opt-tree", "adaptive": FREE_DRAFTS}, (0, 1), 0),
     "sd-adaptive": ({"method": "sd", "adaptive": FREE_DRAFTS}, (0, 0), 0),
@@ -244,15 +244,15 @@ def test_one_read_no_blocking_upload_no_host_built_tensor_per_step(models, monke
 
 def test_staged_uploads_of_the_drafters_are_one_per_forward(models, monkeypatch):
     # The draft side stages each forward's new nodes together with the rows it samples from (and
-    # flags it needs on the device): one non-blocking copy per forward, plus the target block (or
-    # OPT-Tree's block-node map, MJSD's joint-score picks) and the draft's truncate; Ouroboros also
-    # keeps each forward's accepted draft path. The drafter's commit stages the kept path.
-    for case, extra in (("sd", 2), ("specinfer", 2), ("tsd", 2), ("opt-tree", 2), ("mjsd", 3)):
+    # values it needs on the device): one non-blocking copy per forward, plus the target block (or
+    # its host-known part: SD's node counts, OPT-Tree's block-node map; none for MJSD, whose chain
+    # is traced on the device) and the draft's truncate. The drafter's commit stages the kept path.
+    for case, lo, hi in (("sd", 1, 2), ("specinfer", 1, 2), ("tsd", 1, 2), ("opt-tree", 1, 2), ("mjsd", 0, 1)):
         counter = count_steps(models, monkeypatch, case)
         for s in STEPS:
             F = counter.forwards[s]
             staged = per_step(counter, "staged", s)
-            assert F + 1 <= staged["propose"] <= F + extra and staged["commit"] == 1, (case, s, F, staged)
+            assert F + lo <= staged["propose"] <= F + hi and staged["commit"] == 1, (case, s, F, staged)
 
 
 def test_the_counter_sees_every_kind_of_traffic(monkeypatch):

@@ -184,7 +184,6 @@ class DraftLM(ModelRunner):
         """A feature draft's input rows for the nodes ``q0..`` of the next forward (None: a plain
         LM). Shape: parents int32 [B, T] (on the device), held bool [B, T - q0] (the device chose
         the node's parent) -> [B, T - q0, H] or None."""
-        return None
 
     def logits(self, b, node):
         """Shape: -> [V], the draft's next-token logits after block node ``node``."""

@@ -18,7 +18,7 @@ from .. import _kernels
 from ...ops.topn import MAX_N
 from ..readback import read_lists
 from ..sampling import SamplingConfig
-from ..tree import Candidates
+from ..tree import Draft
 from .base import ModelDrafter, grammar_masked
 
 
@@ -53,71 +53,77 @@ class MJSD(ModelDrafter):
         return self.joint.warp(logits).clamp_min(0).log()
 
     def propose(self, ctx):
+        """The beams grow on the device: every layer's ``beams`` (token, parent) pairs come from
+        ``topn_expand`` and are fed back as they are (``add_device``: a drafting sequence adds
+        exactly ``beams`` nodes per layer, so the block's layout is known on the host; a beam whose
+        score is -inf is fed too and never expanded), and the best beam's chain is traced back on
+        the device, so drafting reads nothing (a grammar reads each layer once: its masks follow
+        the beams' tokens)."""
         d = ctx.draft
         d.begin(ctx.seqs, ctx.active)
         B, M = ctx.batch, self.beams
+        act = [b for b in range(B) if ctx.active[b]]
         grammar = ctx.grammar is not None  # then every row is masked with its beam's allowed tokens
-        logits = d.forward(rows=[(b, d.root[b]) for b in range(B)])[0]  # [B, V]
+        # with the first forward's upload: the roots' block nodes and which sequences draft
+        logits, up = d.forward(rows=[(b, d.root[b]) for b in range(B)], extra=list(d.root) + [int(a) for a in ctx.active])
+        roots, active = up[:B], up[B:].bool()
         if grammar:
             logits = grammar_masked(ctx, logits, [(b, []) for b in range(B)])
         logq = self._logq(logits)[:, None]  # [B, 1, V]
-        layers = [_kernels.topn_expand(logq.new_zeros(B, 1, dtype=torch.float32), logq, M, per_parent_k=M)]
-        blocks = [[[d.root[b]] for b in range(B)]]  # blocks[k+1][b][i]: block node of layers[k] beam i
-        host = [read_lists(*layers[-1])]  # per layer: (scores, tokens, parents) as host lists, one read each
+        start = logq.new_zeros(B, 1, dtype=torch.float32).masked_fill(~active[:, None], float("-inf"))
+        layers = [_kernels.topn_expand(start, logq, M, per_parent_k=M)]  # per layer: [B, M] scores, tokens, parents
+        host = read_lists(*layers[-1]) if grammar else None
         # Under a grammar, the token path of each beam of the newest layer (its rows' masks).
-        paths = [[[host[0][1][b][i]] for i in range(M)] for b in range(B)] if grammar else None
-        for _ in range(1, self.gamma):
-            scores = layers[-1][0]
-            sc, tk, pr = host[-1]
-            blk = [[d.add(b, tk[b][i], blocks[-1][b][pr[b][i]])
-                    if ctx.active[b] and math.isfinite(sc[b][i]) else -1 for i in range(M)]
-                   for b in range(B)]
-            blocks.append(blk)
-            pairs = [(b, blk[b][i] if blk[b][i] >= 0 else d.first_unfed) for b in range(B) for i in range(M)]
-            rows, dead = d.forward(rows=pairs, extra=[x < 0 for row in blk for x in row])
-            if grammar:  # rows of unfed beams are never expanded: no grammar work for them
-                rows = grammar_masked(ctx, rows, [(b, paths[b][i] if blk[b][i] >= 0 else None)
-                                                    for b in range(B) for i in range(M)])
+        paths = [[[host[1][b][i]] for i in range(M)] for b in range(B)] if grammar else None
+        at = [b * M + i for b in act for i in range(M)]
+        for k in range(1, self.gamma):
+            scores, toks, par = layers[-1]
+            # Layer k - 1's beam i sits at block node root + 1 + (k - 1) * M + i; its parent is the
+            # root (k = 1) or layer k - 2's beam par[i].
+            parents = ([d.root[b] for b in act for _ in range(M)] if k == 1
+                       else (roots[:, None] + 1 + (k - 2) * M + par.clamp(min=0)).reshape(-1))
+            new = d.add_device([b for b in act for _ in range(M)], parents, toks.clamp(min=0).long().reshape(-1), at)
+            node = iter(new)  # a finished sequence's rows: any computed row (never expanded)
+            pairs = [(b, next(node) if ctx.active[b] else d.first_unfed) for b in range(B) for _ in range(M)]
+            rows = d.forward(rows=pairs)[0]  # [B * M, V]
+            if grammar:  # rows of dead beams are never expanded: no grammar work for them
+                rows = grammar_masked(ctx, rows, [(b, paths[b][i] if ctx.active[b] and math.isfinite(host[0][b][i])
+                                                   else None) for b in range(B) for i in range(M)])
             logq = self._logq(rows).view(B, M, -1)
-            dead = dead.view(B, M).bool()
-            layers.append(_kernels.topn_expand(scores.masked_fill(dead, float("-inf")), logq, M, per_parent_k=M))
-            host.append(read_lists(*layers[-1]))
+            layers.append(_kernels.topn_expand(scores, logq, M, per_parent_k=M))
             if grammar:
-                _, tk, pr = host[-1]
-                paths = [[paths[b][pr[b][i]] + [tk[b][i]] for i in range(M)] for b in range(B)]
-        return self._best_beam(ctx, layers, host, blocks)
+                host = read_lists(*layers[-1])
+                paths = [[paths[b][host[2][b][i]] + [host[1][b][i]] for i in range(M)] for b in range(B)]
+        return self._best_beam(ctx, layers, roots)
 
-    def _best_beam(self, ctx, layers, host, blocks):
+    def _best_beam(self, ctx, layers, roots):
+        """The best beam of the deepest layer that has one, traced back through the layers on the
+        device: a chain with its draft-block nodes and per-prefix joint log-probs ``log q_{1:j}``
+        (the beams' scores). Shape: -> Draft with T = gamma + 1."""
         B, g, M = ctx.batch, self.gamma, self.beams
-        sc, tk, pr = ([layer[i] for layer in host] for i in range(3))
-        tokens, src, picks = [], [], []  # picks: per sequence, g columns of the flat score table
-        for b in range(B):
-            chain_tok, chain_src = [ctx.seqs[b][-1]], [ctx.draft.root[b]]
-            path = []
-            if ctx.active[b]:
-                # deepest layer with a finite beam, then its best beam
-                k = max((k for k in range(g) if any(math.isfinite(x) for x in sc[k][b])), default=-1)
-                if k >= 0:
-                    i = max(range(len(sc[k][b])), key=lambda j: sc[k][b][j])
-                    for kk in range(k, -1, -1):
-                        path.append((kk, i))
-                        i = pr[kk][b][i]
-                    path.reverse()
-                for kk, i in path:
-                    chain_tok.append(tk[kk][b][i])
-                    fed = kk + 1 < len(blocks) and blocks[kk + 1][b][i] >= 0
-                    chain_src.append(blocks[kk + 1][b][i] if fed else -1)
-            picks += [kk * M + i for kk, i in path] + [len(layers) * M] * (g - len(chain_tok) + 1)
-            tokens.append(chain_tok)
-            src.append(chain_src)
-        # log q_{1:j} gathered on the device from the layers' scores (the last column: 0 = padding)
-        table = torch.cat([layer[0] for layer in layers] + [layers[0][0].new_zeros(B, 1)], dim=1)
-        log_q = table.gather(1, ctx.stager.upload(picks).view(B, g))
-        cand = Candidates(tokens=tokens, parents=[[-1] + list(range(len(t) - 1)) for t in tokens], src=src,
-                          depth_drafted=[g if ctx.active[b] else 0 for b in range(B)],
-                          drafted_nodes=[1 + self.beams * g if ctx.active[b] else 1 for b in range(B)])
-        return cand.stage(ctx.stager, log_q_joint=log_q, joint_tau=self.tau,
-                          joint_warp=(1.0, self.joint_top_k, self.joint_top_p))
+        # Layers are sorted best first, so a layer's best beam is its first; -inf beams only have
+        # -inf children, so the layers with a finite beam are a prefix.
+        last = torch.stack([layer[0][:, 0] for layer in layers], 1).isfinite().sum(1) - 1  # [B], -1: none
+        cur = torch.zeros(B, 1, dtype=torch.int64, device=roots.device)  # the path's beam in layer k
+        tok, src, log_q = [], [], []
+        for k in range(g - 1, -1, -1):
+            scores, toks, par = layers[k]
+            on = k <= last
+            tok.append(torch.where(on, toks.gather(1, cur)[:, 0].long(), 0))
+            log_q.append(torch.where(on, scores.gather(1, cur)[:, 0], 0.0))
+            fed = roots + 1 + k * M + cur[:, 0] if k < g - 1 else torch.full_like(roots, -1)  # the last layer is never fed
+            src.append(torch.where(on, fed, 0))
+            cur = torch.where(on[:, None], par.gather(1, cur).long().clamp(min=0), 0)
+        num_nodes = (last + 2).to(torch.int32)
+        ar = torch.arange(g + 1, device=roots.device)
+        valid = ar < num_nodes[:, None]  # [B, g + 1]
+        return Draft(tokens=torch.stack([ctx.root] + tok[::-1], 1), num_nodes=num_nodes,
+                     parents=torch.where(valid, ar - 1, 0).to(torch.int32),
+                     src=torch.stack([roots] + src[::-1], 1).to(torch.int32), depth=last + 1,
+                     depth_drafted=[g if a else 0 for a in ctx.active],
+                     drafted_nodes=[1 + M * g if a else 1 for a in ctx.active],
+                     log_q_joint=torch.stack(log_q[::-1], 1), joint_tau=self.tau,
+                     joint_warp=(1.0, self.joint_top_k, self.joint_top_p))
 
 
 BeamDrafter = MJSD  # the class's name before issue #32 (a public name: kept)
