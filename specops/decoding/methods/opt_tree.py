@@ -46,57 +46,56 @@ class OPTTree(ModelDrafter):
         return self.n * self.max_depth
 
     def propose(self, ctx):
+        """The layers grow on the device: each layer's ``n`` (token, parent) pairs come from
+        ``topn_expand`` and are fed back as they are (``add_device``: a sequence that goes on adds
+        exactly ``n`` nodes, so the layout is host-known; an entry whose score is -inf is fed too and
+        never expanded), E_sub is kept on the device, and the subtree is chosen there. The one host
+        decision is ``delta``'s stop: which sequences go on, read once per layer (a grammar reads
+        the layer's tokens with it: its masks follow them)."""
         d = ctx.draft
         d.begin(ctx.seqs, ctx.active)
         B, n = ctx.batch, self.n
         grammar = ctx.grammar is not None  # then every row is masked with its path's allowed tokens
-        logits = d.forward(rows=[(b, d.root[b]) for b in range(B)])[0]  # [B, V]
+        # with the first forward's upload: the roots' block nodes and which sequences draft
+        logits, up = d.forward(rows=[(b, d.root[b]) for b in range(B)], extra=list(d.root) + [int(a) for a in ctx.active])
+        base, going = up[:B], up[B:].bool()  # base: the block node of the newest fed layer's first entry
+        active = going
         if grammar:
             logits = grammar_masked(ctx, logits, [(b, []) for b in range(B)])
         logq = logits.log_softmax(-1)[:, None]  # [B, 1, V]
-        scores, toks, par = _kernels.topn_expand(logq.new_zeros(B, 1, dtype=torch.float32), logq, n, per_parent_k=n)
-        layers = [(scores, toks, par)]  # per layer: [B, n] log p̂, tokens, parent index in previous layer
-        blocks = [[[d.root[b]] for b in range(B)]]  # per layer, per sequence: block node of each entry
-        going = list(ctx.active)
-        sc, tk, pr, best = _read_layer(layers, n)  # one host read per layer
-        # Under a grammar, the token path of each entry of the newest layer (its rows' masks).
-        paths = [[[tk[b][i]] for i in range(n)] for b in range(B)] if grammar else None
-        gain = list(best)  # first layer: E goes from 0 to E_sub
+        layers = [_kernels.topn_expand(logq.new_zeros(B, 1, dtype=torch.float32), logq, n, per_parent_k=n)]
+        firsts = []  # per fed layer, per sequence: the block node of its first entry (-1: not fed)
+        best = gain = _esub(layers, n)  # fp64 [B]: the first layer takes E from 0 to E_sub
+        paths = [[[]] for _ in range(B)]  # under a grammar: the token path of each entry of the newest layer
         while len(layers) < self.max_depth:
-            going = [going[b] and gain[b] > self.delta for b in range(B)]
-            if not any(going):
+            going = going & (gain > self.delta)
+            scores, toks, par = layers[-1]
+            if grammar:
+                flags, sc, tk, pr = read_lists(going, scores, toks, par)
+                paths = [[paths[b][max(pr[b][i], 0)] + [tk[b][i]] for i in range(n)] for b in range(B)]
+            else:
+                flags = read_lists(going)[0]  # the one read per layer: delta's stop
+            if not any(flags):
                 break
-            scores = layers[-1][0]
-            blk = []
-            for b in range(B):
-                row = []
-                for i in range(n):
-                    if going[b] and math.isfinite(sc[b][i]):
-                        row.append(d.add(b, tk[b][i], blocks[-1][b][pr[b][i]]))
-                    else:
-                        row.append(-1)
-                blk.append(row)
-            blocks.append(blk)
-            pairs = [(b, blk[b][i] if blk[b][i] >= 0 else d.first_unfed) for b in range(B) for i in range(n)]
-            rows, dead = d.forward(rows=pairs, extra=[x < 0 for row in blk for x in row])
-            if grammar:  # rows of unfed entries are never expanded: no grammar work for them
-                rows = grammar_masked(ctx, rows, [(b, paths[b][i] if blk[b][i] >= 0 else None)
+            bs = [b for b in range(B) if flags[b]]
+            first = [len(d.tokens[b]) if flags[b] else -1 for b in range(B)]
+            new = iter(d.add_device([b for b in bs for _ in range(n)], (base[:, None] + par.clamp(min=0)).reshape(-1),
+                                    toks.clamp(min=0).long().reshape(-1), [b * n + i for b in bs for i in range(n)]))
+            firsts.append(first)
+            pairs = [(b, next(new) if flags[b] else d.first_unfed) for b in range(B) for _ in range(n)]
+            rows, base = d.forward(rows=pairs, extra=first)
+            if grammar:  # rows of entries never expanded: no grammar work for them
+                rows = grammar_masked(ctx, rows, [(b, paths[b][i] if flags[b] and math.isfinite(sc[b][i]) else None)
                                                     for b in range(B) for i in range(n)])
             logq = rows.log_softmax(-1).view(B, n, -1)
-            dead = dead.view(B, n).bool()
-            parent_scores = scores.masked_fill(dead, float("-inf"))
-            layers.append(_kernels.topn_expand(parent_scores, logq, n, per_parent_k=n))
-            sc, tk, pr, esub = _read_layer(layers, n)
-            if grammar:
-                paths = [[paths[b][pr[b][i]] + [tk[b][i]] for i in range(n)] for b in range(B)]
-            for b in range(B):
-                if going[b]:
-                    gain[b], best[b] = esub[b] - best[b], esub[b]
-                else:
-                    gain[b] = 0.0
-        return self._select(ctx, layers, blocks)
+            layers.append(_kernels.topn_expand(scores.masked_fill(~going[:, None], float("-inf")), logq, n,
+                                               per_parent_k=n))
+            esub = _esub(layers, n)
+            gain = torch.where(going, esub - best, 0.0)
+            best = torch.where(going, esub, best)
+        return self._select(ctx, layers, firsts, active)
 
-    def _select(self, ctx, layers, blocks):
+    def _select(self, ctx, layers, firsts, active):
         # The drafted layers as one flat tree (root, then layer by layer: topological, shallower
         # first), then the best n nodes as a rooted subtree (select_topn_subtree), gathered on the
         # device: the Draft is built from the selection without reading it back.
@@ -108,14 +107,15 @@ class OPTTree(ModelDrafter):
         pr = torch.cat([layer[2] for layer in layers], dim=1)  # [B, D * n]
         flat_par = torch.where(sc > float("-inf"), pr.clamp(min=0) + base, 0).to(torch.int32)
         parents = torch.cat([flat_par.new_full((B, 1), -1), flat_par], dim=1)  # [B, T]
-        # The host's part in one upload: which sequences draft, and each flat node's draft-block node.
+        # The host's part in one upload: each flat node's draft-block node (a layer-k entry was fed
+        # iff layer k + 1 was drafted from it).
         src_host = []
         for b in range(B):
             src_host.append(ctx.draft.root[b])
-            for k in range(D):  # a layer-k node was fed iff layer k+1 was drafted from it
-                src_host += blocks[k + 1][b] if k + 1 < len(blocks) else [-1] * n
-        up = ctx.stager.upload([int(a) for a in ctx.active] + src_host)
-        active = up[:B].bool()
+            for k in range(D):
+                first = firsts[k][b] if k < len(firsts) else -1
+                src_host += [first + i for i in range(n)] if first >= 0 else [-1] * n
+        src = ctx.stager.upload(src_host).view(B, T)
         scores = torch.cat([sc.new_zeros(B, 1), sc], dim=1).masked_fill(~active[:, None], float("-inf"))
         keep, new_par, counts = _kernels.select_topn_subtree(parents, scores, n + 1)  # [B, n + 1] x2, [B]
         valid = torch.arange(n + 1, device=keep.device)[None, :] < counts[:, None]
@@ -123,22 +123,18 @@ class OPTTree(ModelDrafter):
         root = ctx.root[:, None]
         tokens = torch.cat([root, torch.cat([layer[1] for layer in layers], dim=1).to(root.dtype)], dim=1)
         layer_of = torch.where(at > 0, (at - 1) // n + 1, 0)
-        depth_drafted = [1 + sum(1 for k in range(1, len(blocks)) if any(x >= 0 for x in blocks[k][b]))
-                         if ctx.active[b] else 0 for b in range(B)]
+        depth_drafted = [1 + sum(f[b] >= 0 for f in firsts) if ctx.active[b] else 0 for b in range(B)]
         return Draft(tokens=torch.where(valid, tokens.gather(1, at), 0), parents=torch.where(valid, new_par, 0),
-                     num_nodes=counts.to(torch.int32),
-                     src=torch.where(valid, up[B:].view(B, T).gather(1, at), -1).to(torch.int32),
+                     num_nodes=counts.to(torch.int32), src=torch.where(valid, src.gather(1, at), -1).to(torch.int32),
                      depth=torch.where(valid, layer_of, 0).amax(-1), depth_drafted=depth_drafted,
                      drafted_nodes=[1 + n * d for d in depth_drafted])
 
 
-def _read_layer(layers, n):
-    """The newest layer's scores, tokens and parent indices ([B, n] each) and every sequence's
-    E_sub (the sum of its n largest path probabilities over all layers, [B]): one host read."""
-    sc, tk, pr = layers[-1]
-    allscores = torch.cat([l[0] for l in layers], dim=1)  # [B, len(layers) * n]
-    esub = allscores.topk(min(n, allscores.shape[1]), dim=-1).values.exp().sum(-1)
-    return read_lists(sc, tk, pr, esub)
+def _esub(layers, n):
+    """Every sequence's E_sub: the sum of its n largest path probabilities over all layers, in fp64
+    (the stop test ``gain > delta`` compares differences of these). Shape: -> fp64 [B]."""
+    allscores = torch.cat([layer[0] for layer in layers], dim=1)  # [B, len(layers) * n]
+    return allscores.topk(min(n, allscores.shape[1]), dim=-1).values.exp().sum(-1).double()
 
 
 OptTreeDrafter = OPTTree  # the class's name before issue #32 (a public name: kept)
