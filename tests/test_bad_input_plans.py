@@ -12,9 +12,8 @@ from specops import backend as _backend
 from specops.ops.tree_attention import SM_SCALE_MAX
 from specops.testing import to_pages
 
-from test_kv_compact import i32
-from test_paged import compaction_case, need
-from test_tree_attention import make_case
+from test_kv_compact import compaction_case, i32
+from test_tree_attention import make_case, need
 
 
 def _raw(t):

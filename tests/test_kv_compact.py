@@ -1,22 +1,27 @@
-"""kv_compact: golden moves, overlap patterns, every backend vs a gather-then-scatter reference,
-strided views, unchecked input, errors leave the caches untouched, registration."""
+"""kv_compact on both KV layouts (contiguous, and paged: kv_compact_paged): golden moves on every
+backend and layout, overlap patterns, every backend vs a gather-then-scatter reference, strided views,
+pages shared and scattered, unchecked input, errors leave the caches untouched, registration."""
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import specops
 from specops import backend as _backend
 from specops.ops.kv_compact import moves
 from specops.ops.layout import KvLayout
-from specops.testing import random_accept
+from specops.testing import from_pages, random_accept, to_pages
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def need(backend):
-    if backend not in _backend.implementations("kv_compact"):
-        pytest.skip(f"kv_compact has no {backend} backend")
+def need(backend, op="kv_compact"):
+    if backend not in _backend.implementations(op):
+        pytest.skip(f"{op} has no {backend} backend")
+
+
+@pytest.fixture(params=["contiguous", "paged"])
+def layout(request):
+    """The KV layout axis: the contiguous op, or the paged one on the same rows in scattered pages."""
+    return request.param
 
 
 def i32(values, device="cpu"):
@@ -34,21 +39,48 @@ def expected(cache, prefix_lens, accept_idx, accept_lens):
     return out
 
 
-def caches(L, B, H, S, D, dtype=torch.float32, device="cpu", layout="contiguous"):
+def caches(L, B, H, S, D, dtype=torch.float32, device="cpu", view="contiguous"):
     """K and V filled with distinct random values, as contiguous tensors or as views of bigger ones."""
     def rnd(*shape):
         return torch.randn(*shape, dtype=dtype, device=device)
 
-    if layout == "contiguous":
+    if view == "contiguous":
         return rnd(L, B, H, S, D), rnd(L, B, H, S, D)
-    if layout == "sliced":  # padded head dim; a batch and a strided head slice of a bigger cache
+    if view == "sliced":  # padded head dim; a batch and a strided head slice of a bigger cache
         return tuple(rnd(L, B + 2, 2 * H, S + 3, D + 5)[:, 1:B + 1, ::2, :S, :D] for _ in range(2))
-    if layout == "interleaved":  # one [L, 2, B, H, S, D] tensor: K and V share a storage
+    if view == "interleaved":  # one [L, 2, B, H, S, D] tensor: K and V share a storage
         kv = rnd(L, 2, B, H, S, D)
         return kv[:, 0], kv[:, 1]
-    if layout == "seq_major":  # stored [L, B, S, H, D], viewed as [L, B, H, S, D]
+    if view == "seq_major":  # stored [L, B, S, H, D], viewed as [L, B, H, S, D]
         return tuple(rnd(L, B, S, H, D).transpose(2, 3) for _ in range(2))
-    raise ValueError(layout)
+    raise ValueError(view)
+
+
+def compact(layout, k, v, *lens, backend, check=True, page_size=4):
+    """kv_compact in ``layout`` on k, v [L, B, H, S, D], in place (paged: on the same rows in scattered
+    pages, read back into k and v)."""
+    if layout == "contiguous":
+        return specops.kv_compact(k, v, *lens, check=check, backend=backend)
+    need(backend, "kv_compact_paged")
+    (kp, table), (vp, _) = (to_pages(t, page_size, generator=torch.Generator().manual_seed(0), fill=7.0) for t in (k, v))
+    out = specops.kv_compact_paged(kp, vp, table, *lens, check=check, backend=backend)
+    k.copy_(from_pages(kp, table, k.shape[3]))
+    v.copy_(from_pages(vp, table, v.shape[3]))
+    return out
+
+
+def compaction_case(B, A, pattern, page_size, dtype, seed, L=2, H=2, D=8, extra=5, device="cpu"):
+    """A contiguous cache [L, B, H, S, D] with S = A + extra, its paged layout and valid moves."""
+    g = torch.Generator().manual_seed(seed)
+    idx, lens = random_accept(B, A, generator=g, pattern=pattern)
+    S = A + extra
+    last = torch.where(lens > 0, idx.gather(1, (lens.long() - 1).clamp(min=0)[:, None])[:, 0], 0)
+    prefix = (torch.rand(B, generator=g) * (S - last).float()).long().clamp(max=S - 1 - last).to(torch.int32)
+    cache = torch.randn(L, B, H, S, D, generator=g).to(dtype)
+    k_pages, table = to_pages(cache, page_size, generator=g, fill=7.0)
+    v_pages = -k_pages  # V = -K, in the same pages
+    lens_args = [t.to(device) for t in (prefix, idx, lens)]
+    return cache.to(device), k_pages.to(device), v_pages.to(device), table.to(device), lens_args
 
 
 def run_and_compare(k, v, prefix_lens, accept_idx, accept_lens, backend):
@@ -63,14 +95,14 @@ def run_and_compare(k, v, prefix_lens, accept_idx, accept_lens, backend):
 
 # ---- golden moves, each on every backend -----------------------------------------------------------
 
-def test_moves_accepted_rows_next_to_the_prefix(backend, device):
+def test_moves_accepted_rows_next_to_the_prefix(backend, device, layout):
     need(backend)
     L, B, H, S, D = 2, 1, 2, 10, 4
     k = torch.arange(L * B * H * S * D, dtype=torch.float32).view(L, B, H, S, D).to(device)
     v = -k.clone()
     before = k.clone()
     # prefix 3, block rows 3..8; accept nodes 0, 2, 5 -> rows 3, 5, 8 move to rows 3, 4, 5
-    specops.kv_compact(k, v, i32([3], device), i32([[0, 2, 5, 1, 1, 1]], device), i32([3], device),
+    compact(layout, k, v, i32([3], device), i32([[0, 2, 5, 1, 1, 1]], device), i32([3], device),
                        backend=backend)
     assert torch.equal(k[:, :, :, 3], before[:, :, :, 3])
     assert torch.equal(k[:, :, :, 4], before[:, :, :, 5])
@@ -80,36 +112,135 @@ def test_moves_accepted_rows_next_to_the_prefix(backend, device):
     assert torch.equal(v, -k)
 
 
-def test_shift_chain_reads_every_source_before_it_is_overwritten(backend, device):
+def test_shift_chain_reads_every_source_before_it_is_overwritten(backend, device, layout):
     need(backend)
     # accept 1..5 of a 6-node block: destination j is the source of move j - 1
     k = torch.arange(8, dtype=torch.float32).view(1, 1, 1, 8, 1).expand(1, 1, 1, 8, 4).contiguous().to(device)
     v = k.clone()
-    specops.kv_compact(k, v, i32([1], device), i32([[1, 2, 3, 4, 5, 0]], device), i32([5], device),
+    compact(layout, k, v, i32([1], device), i32([[1, 2, 3, 4, 5, 0]], device), i32([5], device),
                        backend=backend)
     assert k[0, 0, 0, :, 0].tolist() == [0, 2, 3, 4, 5, 6, 6, 7]
     assert torch.equal(v, k)
 
 
-def test_accept_last_only_and_accept_nothing(backend, device):
+def test_accept_last_only_and_accept_nothing(backend, device, layout):
     need(backend)
     k = torch.arange(2 * 9, dtype=torch.float32).view(1, 2, 1, 9, 1).repeat(1, 1, 1, 1, 3).to(device)
     v = k.clone()
     before = k.clone()
-    specops.kv_compact(k, v, i32([2, 0], device), i32([[6, 0, 0], [4, 4, 4]], device), i32([1, 0], device),
+    compact(layout, k, v, i32([2, 0], device), i32([[6, 0, 0], [4, 4, 4]], device), i32([1, 0], device),
                        backend=backend)
     assert k[0, 0, 0, :, 0].tolist() == [0, 1, 8, 3, 4, 5, 6, 7, 8]
     assert torch.equal(k[:, 1], before[:, 1])  # accept_lens 0: nothing moves, padding ignored
     assert torch.equal(v, k)
 
 
-def test_accept_everything_is_identity(backend, device):
+def test_accept_everything_is_identity(backend, device, layout):
     need(backend)
     k, v = caches(2, 3, 2, 12, 8, device=device)
     before = k.clone(), v.clone()
     idx = torch.arange(5, dtype=torch.int32, device=device).expand(3, 5).contiguous()
-    specops.kv_compact(k, v, i32([0, 4, 7], device), idx, i32([5, 5, 5], device), backend=backend)
+    compact(layout, k, v, i32([0, 4, 7], device), idx, i32([5, 5, 5], device), backend=backend)
     assert torch.equal(k, before[0]) and torch.equal(v, before[1])
+
+
+# ---- paged placement: scattered and shared pages ---------------------------------------------------
+
+def test_kv_compact_paged_pages_outside_the_moves_are_untouched(backend, device):
+    # Spare pages, the slots past S and other sequences' pages keep their bytes.
+    need(backend, "kv_compact_paged")
+    cache, kp, vp, table, (prefix, idx, lens) = compaction_case(3, 24, "random", 4, torch.float32, seed=11,
+                                                                device=device)
+    S = cache.shape[3]
+    n = -(-S // 4)
+    used = set(table[:, :n].flatten().tolist())
+    before = kp.clone()
+    specops.kv_compact_paged(kp, vp, table, prefix, idx, lens, backend=backend)
+    spare = [p for p in range(kp.shape[1]) if p not in used]
+    assert spare and torch.equal(kp[:, spare], before[:, spare])
+    for b in range(3):
+        last = int(table[b, n - 1])
+        tail = S - (n - 1) * 4
+        assert torch.equal(kp[:, last, tail:], before[:, last, tail:])
+
+
+def test_kv_compact_paged_golden_moves_within_and_across_pages(backend, device):
+    # page_size 2; the sequence's rows 0..7 live in pages [3, 0, 2, 1]: rows 2,3 in page 0, 4,5 in
+    # page 2, 6,7 in page 1. prefix 2, accept nodes 1, 2, 5 -> rows 3, 4, 7 move to rows 2, 3, 4:
+    # row 3 -> 2 inside page 0, row 4 (page 2) -> 3 (page 0), row 7 (page 1) -> 4 (page 2).
+    need(backend, "kv_compact_paged")
+    kp = torch.arange(4 * 2 * 3, dtype=torch.float32).view(1, 4, 2, 1, 3).to(device)
+    vp = -kp
+    before = kp.clone()
+    table = i32([[3, 0, 2, 1]], device)
+    specops.kv_compact_paged(kp, vp, table, i32([2], device), i32([[1, 2, 5, 0]], device), i32([3], device),
+                             backend=backend)
+    assert torch.equal(kp[0, 0, 0], before[0, 0, 1])  # row 2 <- row 3
+    assert torch.equal(kp[0, 0, 1], before[0, 2, 0])  # row 3 <- row 4
+    assert torch.equal(kp[0, 2, 0], before[0, 1, 1])  # row 4 <- row 7
+    for page, slot in [(3, 0), (3, 1), (2, 1), (1, 0), (1, 1)]:
+        assert torch.equal(kp[0, page, slot], before[0, page, slot])
+    assert torch.equal(vp, -kp)
+
+
+def test_kv_compact_paged_shift_chain_through_one_page(backend, device):
+    # Every destination is the previous move's source, all inside one 64-row page.
+    need(backend, "kv_compact_paged")
+    kp = torch.arange(64, dtype=torch.float32).view(1, 1, 64, 1, 1).repeat(1, 1, 1, 1, 4).to(device)
+    vp = kp.clone()
+    idx = torch.arange(1, 31, dtype=torch.int32, device=device)[None]
+    specops.kv_compact_paged(kp, vp, i32([[0]], device), i32([3], device), idx, i32([30], device), backend=backend)
+    assert kp[0, 0, :, 0, 0].tolist() == [0, 1, 2] + list(range(4, 34)) + list(range(33, 64))
+    assert torch.equal(vp, kp)
+
+
+def test_kv_compact_paged_sequences_may_share_untouched_prefix_pages(backend, device):
+    # Sequences 1 and 2 read sequence 0's first page (a shared prompt); the moves touch only rows past
+    # it, so the check passes and every sequence compacts its own pages.
+    need(backend, "kv_compact_paged")
+    g = torch.Generator().manual_seed(0)
+    cache = torch.randn(2, 3, 2, 40, 4, generator=g)
+    kp, table = to_pages(cache, 16, generator=g, fill=0.0, shared_prefix_pages=1)
+    vp = -kp
+    S = 40
+    prefix = i32([20, 17, 25], device)
+    idx = i32([[0, 3, 9], [1, 2, 4], [0, 1, 2]], device)
+    lens = i32([3, 3, 2], device)
+    kp, vp, table = kp.to(device), vp.to(device), table.to(device)
+    want = expected(from_pages(kp, table, S).cpu(), prefix.cpu(), idx.cpu(), lens.cpu())
+    specops.kv_compact_paged(kp, vp, table, prefix, idx, lens, backend=backend)
+    assert torch.equal(from_pages(kp, table, S).cpu(), want) and torch.equal(vp, -kp)
+
+
+def test_kv_compact_paged_interleaved_k_and_v_views(backend, device):
+    need(backend, "kv_compact_paged")
+    _, kp, vp, table, (prefix, idx, lens) = compaction_case(2, 12, "random", 4, torch.float32, seed=5,
+                                                                device=device)
+    kv = torch.stack([kp, vp], dim=2)  # [L, N, 2, page, H, D]: K and V of a page side by side
+    k, v = kv[:, :, 0], kv[:, :, 1]
+    specops.kv_compact_paged(k, v, table, prefix, idx, lens, backend=backend)
+    specops.kv_compact_paged(kp, vp, table, prefix, idx, lens, backend="torch")
+    assert torch.equal(k, kp) and torch.equal(v, vp)
+
+
+def test_kv_compact_paged_unchecked_garbage_never_writes_outside(backend, device):
+    # The pool is the middle of a bigger buffer; garbage page ids, lengths and indices never reach the
+    # guard pages, and the valid sequence 0 still compacts.
+    need(backend, "kv_compact_paged")
+    big = torch.randn(2, 12, 4, 2, 8, device=device)
+    kp = big[:, 2:10]
+    vp = -kp.clone()
+    guard = big[:, :2].clone(), big[:, 10:].clone()
+    table = i32([[1, 0, 2, 3], [-3, 8, 2**31 - 1, 5], [4, 4, 4, 4], [6, 7, -1, 9]], device)
+    prefix = i32([3, 2, -4, 2**31 - 3], device)
+    idx = i32([[1, 2, 4], [0, 5, 9], [0, 30, 1], [5, 2**31 - 1, 0]], device)
+    lens = i32([3, 3, -2, 3], device)
+    k0 = kp.clone()
+    specops.kv_compact_paged(kp, vp, table, prefix, idx, lens, check=False, backend=backend)
+    assert torch.equal(big[:, :2], guard[0]) and torch.equal(big[:, 10:], guard[1])
+    # sequence 0: rows 4, 5, 7 (page 0 slot 0, page 0 slot 1, page 0 slot 3) -> rows 3, 4, 5
+    assert torch.equal(kp[:, 1, 3], k0[:, 0, 0]) and torch.equal(kp[:, 0, 0], k0[:, 0, 1])
+    assert torch.equal(kp[:, 0, 1], k0[:, 0, 3])
 
 
 def test_moves_are_the_spec():
@@ -122,55 +253,98 @@ def test_moves_are_the_spec():
 
 # ---- errors ----------------------------------------------------------------------------------------
 
-def _good():
+def _good(layout="contiguous"):
+    if layout == "paged":
+        g = torch.Generator().manual_seed(3)
+        kp, vp = torch.randn(2, 6, 4, 3, 4, generator=g), torch.randn(2, 6, 4, 3, 4, generator=g)
+        # Sequence 0 moves row 5 to row 4, sequence 1 row 6 to row 5: both inside their page 1.
+        return dict(k_pages=kp, v_pages=vp, page_table=i32([[5, 0, 2], [1, 3, 4]]), prefix_lens=i32([2, 4]),
+                    accept_idx=i32([[0, 1, 3], [0, 2, 6]]), accept_lens=i32([3, 2]))
     k, v = caches(2, 2, 3, 10, 4)
     return dict(k_cache=k, v_cache=v, prefix_lens=i32([2, 5]), accept_idx=i32([[0, 1, 3], [0, 2, 9]]),
                 accept_lens=i32([3, 1]))
 
 
-BAD = [
-    ("k_cache", lambda a: a["k_cache"].double(), TypeError, "k_cache must have dtype"),
-    ("k_cache", lambda a: [1.0], TypeError, "k_cache must be a torch.Tensor"),
-    ("k_cache", lambda a: a["k_cache"][0], ValueError, "k_cache must have rank 5"),
-    ("k_cache", lambda a: a["k_cache"].transpose(3, 4).contiguous().transpose(3, 4), ValueError,
+BAD = [  # (layout, argument, make, exc, match)
+    ("contiguous", "k_cache", lambda a: a["k_cache"].double(), TypeError, "k_cache must have dtype"),
+    ("contiguous", "k_cache", lambda a: [1.0], TypeError, "k_cache must be a torch.Tensor"),
+    ("contiguous", "k_cache", lambda a: a["k_cache"][0], ValueError, "k_cache must have rank 5"),
+    ("contiguous", "k_cache", lambda a: a["k_cache"].transpose(3, 4).contiguous().transpose(3, 4), ValueError,
      "k_cache must have stride 1 in its last dimension"),
-    ("v_cache", lambda a: a["v_cache"].half(), TypeError, "v_cache must have dtype torch.float32"),
-    ("v_cache", lambda a: a["v_cache"][:, :, :, :9], ValueError, r"v_cache must have shape \[2, 2, 3, 10, 4\]"),
-    ("v_cache", lambda a: a["k_cache"], ValueError, "v_cache must not share memory with k_cache"),
-    ("v_cache", lambda a: a["k_cache"][:, :, :, :].transpose(1, 1), ValueError, "v_cache must not share memory"),
-    ("k_cache", lambda a: a["k_cache"][:, :, :1].expand(2, 2, 3, 10, 4), ValueError,
+    ("contiguous", "v_cache", lambda a: a["v_cache"].half(), TypeError, "v_cache must have dtype torch.float32"),
+    ("contiguous", "v_cache", lambda a: a["v_cache"][:, :, :, :9], ValueError, r"v_cache must have shape \[2, 2, 3, 10, 4\]"),
+    ("contiguous", "v_cache", lambda a: a["k_cache"], ValueError, "v_cache must not share memory with k_cache"),
+    ("contiguous", "v_cache", lambda a: a["k_cache"][:, :, :, :].transpose(1, 1), ValueError, "v_cache must not share memory"),
+    ("contiguous", "k_cache", lambda a: a["k_cache"][:, :, :1].expand(2, 2, 3, 10, 4), ValueError,
      "k_cache must not address one element twice"),
-    ("prefix_lens", lambda a: a["prefix_lens"].long(), TypeError, "prefix_lens must have dtype torch.int32"),
-    ("prefix_lens", lambda a: i32([2]), ValueError, r"prefix_lens must have shape \[2\]"),
-    ("prefix_lens", lambda a: i32([-1, 5]), ValueError, r"prefix_lens must lie in \[0, S=10\]"),
-    ("prefix_lens", lambda a: i32([2, 11]), ValueError, r"prefix_lens must lie in \[0, S=10\]"),
-    ("accept_idx", lambda a: a["accept_idx"][0], ValueError, "accept_idx must have rank 2"),
-    ("accept_idx", lambda a: a["accept_idx"][:1], ValueError, r"accept_idx must have shape \[2, \*\]"),
-    ("accept_idx", lambda a: a["accept_idx"].float(), TypeError, "accept_idx must have dtype torch.int32"),
-    ("accept_idx", lambda a: i32([[0, 1, 1], [0, 2, 9]]), ValueError,
+    ("contiguous", "prefix_lens", lambda a: a["prefix_lens"].long(), TypeError, "prefix_lens must have dtype torch.int32"),
+    ("contiguous", "prefix_lens", lambda a: i32([2]), ValueError, r"prefix_lens must have shape \[2\]"),
+    ("contiguous", "prefix_lens", lambda a: i32([-1, 5]), ValueError, r"prefix_lens must lie in \[0, S=10\]"),
+    ("contiguous", "prefix_lens", lambda a: i32([2, 11]), ValueError, r"prefix_lens must lie in \[0, S=10\]"),
+    ("contiguous", "accept_idx", lambda a: a["accept_idx"][0], ValueError, "accept_idx must have rank 2"),
+    ("contiguous", "accept_idx", lambda a: a["accept_idx"][:1], ValueError, r"accept_idx must have shape \[2, \*\]"),
+    ("contiguous", "accept_idx", lambda a: a["accept_idx"].float(), TypeError, "accept_idx must have dtype torch.int32"),
+    ("contiguous", "accept_idx", lambda a: i32([[0, 1, 1], [0, 2, 9]]), ValueError,
      r"accept_idx\[0, 2\] must be > accept_idx\[0, 1\] = 1, got 1"),
-    ("accept_idx", lambda a: i32([[0, 3, 2], [0, 2, 9]]), ValueError, r"accept_idx\[0, 2\] must be > "),
-    ("accept_idx", lambda a: i32([[0, 1, 3], [-1, 2, 9]]), ValueError, r"accept_idx\[1, 0\] must be >= 0, got -1"),
-    ("accept_idx", lambda a: i32([[0, 1, 8], [0, 2, 9]]), ValueError,
+    ("contiguous", "accept_idx", lambda a: i32([[0, 3, 2], [0, 2, 9]]), ValueError, r"accept_idx\[0, 2\] must be > "),
+    ("contiguous", "accept_idx", lambda a: i32([[0, 1, 3], [-1, 2, 9]]), ValueError, r"accept_idx\[1, 0\] must be >= 0, got -1"),
+    ("contiguous", "accept_idx", lambda a: i32([[0, 1, 8], [0, 2, 9]]), ValueError,
      r"accept_idx\[0, 2\] = 8 plus prefix_lens\[0\] = 2 must address a row < S=10"),
-    ("accept_lens", lambda a: i32([4, 1]), ValueError, r"accept_lens must lie in \[0, A=3\], got accept_lens\[0\] = 4"),
-    ("accept_lens", lambda a: i32([3, -1]), ValueError, r"accept_lens must lie in \[0, A=3\]"),
-    ("accept_lens", lambda a: i32([3, 1, 1]), ValueError, r"accept_lens must have shape \[2\]"),
-    ("accept_lens", lambda a: i32([3, 1]).to("meta"), ValueError, "accept_lens must be on cpu"),
+    ("contiguous", "accept_lens", lambda a: i32([4, 1]), ValueError, r"accept_lens must lie in \[0, A=3\], got accept_lens\[0\] = 4"),
+    ("contiguous", "accept_lens", lambda a: i32([3, -1]), ValueError, r"accept_lens must lie in \[0, A=3\]"),
+    ("contiguous", "accept_lens", lambda a: i32([3, 1, 1]), ValueError, r"accept_lens must have shape \[2\]"),
+    ("contiguous", "accept_lens", lambda a: i32([3, 1]).to("meta"), ValueError, "accept_lens must be on cpu"),
+    ("paged", "k_pages", lambda a: a["k_pages"][:, :, :3], ValueError, r"k_pages page_size \(dim 2\) must be a power of two"),
+    ("paged", "k_pages", lambda a: a["k_pages"].double(), TypeError, "k_pages must have dtype"),
+    ("paged", "k_pages", lambda a: a["k_pages"][0], ValueError, "k_pages must have rank 5"),
+    ("paged", "v_pages", lambda a: a["v_pages"][:, :5], ValueError, r"v_pages must have shape \[2, 6, 4, 3, 4\]"),
+    ("paged", "v_pages", lambda a: a["k_pages"], ValueError, "v_pages must not share memory with k_pages"),
+    ("paged", "k_pages", lambda a: a["k_pages"][:, :1].expand(2, 6, 4, 3, 4), ValueError,
+     "k_pages must not address one element twice"),
+    ("paged", "page_table", lambda a: a["page_table"].long(), TypeError, "page_table must have dtype torch.int32"),
+    ("paged", "page_table", lambda a: i32([[5, 0, 2]]), ValueError, r"prefix_lens must have shape \[1\]"),
+    ("paged", "page_table", lambda a: i32([[5, 6, 2], [1, 3, 4]]), ValueError,
+     r"page_table\[0, 1\] must lie in \[0, num_pages=6\) \(page 1 holds rows \[4, 8\) of sequence 0, which uses 6 "
+     r"rows\), got 6"),
+    ("paged", "page_table", lambda a: i32([[5, 0, 2], [1, -1, 4]]), ValueError,
+     r"page_table\[1, 1\] must lie in \[0, num_pages=6\)"),
+    # sequence 1's page 1 is sequence 0's page 1, which both write
+    ("paged", "page_table", lambda a: i32([[5, 3, 2], [1, 3, 4]]), ValueError,
+     r"page_table\[0, 1\] = 3 holds rows the compaction writes \(rows \[4, 8\) of sequence 0\), so it must be no "
+     r"other entry the moves address, got page_table\[1, 1\] = 3 too"),
+    # a written page that is also sequence 1's prefix page 0 (read only there: still refused)
+    ("paged", "page_table", lambda a: i32([[5, 1, 2], [1, 3, 4]]), ValueError, r"page_table\[0, 1\] = 1 holds rows .* "
+     r"got page_table\[1, 0\] = 1 too"),
+    # one sequence listing the written page twice
+    ("paged", "page_table", lambda a: i32([[0, 0, 2], [1, 3, 4]]), ValueError, r"page_table\[0, 1\] = 0 holds rows .* "
+     r"got page_table\[0, 0\] = 0 too"),
+    ("paged", "prefix_lens", lambda a: i32([2, 13]), ValueError, r"prefix_lens must lie in \[0, max_pages \* page_size = 12\]"),
+    ("paged", "accept_idx", lambda a: i32([[0, 1, 1], [0, 2, 6]]), ValueError,
+     r"accept_idx\[0, 2\] must be > accept_idx\[0, 1\] = 1"),
+    ("paged", "accept_idx", lambda a: i32([[0, 1, 10], [0, 2, 6]]), ValueError,
+     r"accept_idx\[0, 2\] = 10 plus prefix_lens\[0\] = 2 must address a row < max_pages \* page_size = 12"),
+    ("paged", "accept_lens", lambda a: i32([4, 1]), ValueError, r"accept_lens must lie in \[0, A=3\]"),
+    ("paged", "accept_lens", lambda a: i32([3, 1]).to("meta"), ValueError, "accept_lens must be on cpu"),
 ]
 
 
-@pytest.mark.parametrize("arg, make, exc, match", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
-def test_bad_input_raises_naming_the_argument_and_leaves_caches_untouched(backend, arg, make, exc, match):
-    need(backend)
-    args = _good()
+@pytest.mark.parametrize("layout, arg, make, exc, match", BAD, ids=[f"{b[0]}-{b[1]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_input_raises_naming_the_argument_and_leaves_caches_untouched(backend, layout, arg, make, exc, match):
+    op = "kv_compact" if layout == "contiguous" else "kv_compact_paged"
+    need(backend, op)
+    args = _good(layout)
     args[arg] = make(args)
-    k, v = args["k_cache"], args["v_cache"]
+    k, v = (args[name] for name in (("k_cache", "v_cache") if layout == "contiguous" else ("k_pages", "v_pages")))
     before = [t.clone() for t in (k, v) if isinstance(t, torch.Tensor)]
     with pytest.raises(exc, match=match):
-        specops.kv_compact(**args, backend=backend)
+        getattr(specops, op)(**args, backend=backend)
     after = [t for t in (k, v) if isinstance(t, torch.Tensor)]
     assert all(torch.equal(a, b) for a, b in zip(after, before))
+
+
+def test_good_input_passes_the_checks(layout):
+    compact = specops.kv_compact if layout == "contiguous" else specops.kv_compact_paged
+    compact(**_good(layout))  # the base of BAD is valid
 
 
 def test_padding_entries_are_not_validated(backend):
@@ -185,16 +359,16 @@ def test_padding_entries_are_not_validated(backend):
 
 def test_interleaved_k_and_v_views_of_one_tensor_are_accepted(backend):
     need(backend)
-    k, v = caches(2, 2, 3, 10, 4, layout="interleaved")
+    k, v = caches(2, 2, 3, 10, 4, view="interleaved")
     run_and_compare(k, v, i32([1, 0]), i32([[1, 3, 4], [2, 5, 6]]), i32([3, 2]), backend)
 
 
-# ---- every backend vs the gather-then-scatter reference -----------------------------------------
+# ---- every backend vs the gather-then-scatter reference: test_kv_compact_grid.py -----------------
 
 PATTERNS = ("random", "all", "last", "alternating", "shift")
 
 
-def _grid_case(B, L, A, pattern, dtype, layout, device, seed, H=2, D=8):
+def _grid_case(B, L, A, pattern, dtype, view, device, seed, H=2, D=8):
     g = torch.Generator().manual_seed(seed)
     idx, lens = random_accept(B, A, generator=g, pattern=pattern)
     S = A + 9
@@ -202,87 +376,8 @@ def _grid_case(B, L, A, pattern, dtype, layout, device, seed, H=2, D=8):
     top = (S - 1 - torch.where(lens > 0, idx.gather(1, (lens.long() - 1).clamp(min=0)[:, None])[:, 0], 0)).clamp(min=0)
     prefix = (torch.rand(B, generator=g) * (top + 1).float()).long().clamp(max=top).to(torch.int32)
     prefix[0] = top[0]  # one sequence's last source is the last row of the cache
-    k, v = caches(L, B, H, S, D, dtype=dtype, device=device, layout=layout)
+    k, v = caches(L, B, H, S, D, dtype=dtype, device=device, view=view)
     return k, v, prefix.to(device), idx.to(device), lens.to(device)
-
-
-@pytest.mark.parametrize("pattern", PATTERNS)
-@pytest.mark.parametrize("B", [1, 3, 8])
-@pytest.mark.parametrize("L", [1, 4])
-def test_matches_gather_then_scatter(backend, device, pattern, B, L):
-    need(backend)
-    A = 64
-    case = _grid_case(B, L, A, pattern, torch.float32, "contiguous", device, seed=B * 100 + L)
-    run_and_compare(*case, backend)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("layout", ["contiguous", "sliced", "interleaved", "seq_major"])
-def test_matches_reference_for_every_dtype_and_layout(backend, device, dtype, layout):
-    need(backend)
-    A = 33
-    for seed, pattern in enumerate(PATTERNS):
-        case = _grid_case(3, 2, A, pattern, dtype, layout, device, seed=seed, H=3, D=5)
-        run_and_compare(*case, backend)
-
-
-def test_rows_of_64_kib_slices_move_in_parallel_and_stay_correct(backend, device):
-    need(backend)
-    # 63 rows of 512 B per slice and cache: big enough that cpp splits the slices across threads;
-    # "shift" makes every destination the source of the previous move, in one overlapping run.
-    for pattern in ("shift", "alternating", "random"):
-        case = _grid_case(3, 2, 64, pattern, torch.float32, "contiguous", device, seed=7, H=4, D=128)
-        run_and_compare(*case, backend)
-
-
-def test_empty_inputs_are_no_ops(backend, device):
-    need(backend)
-    k, v = caches(2, 2, 1, 6, 4, device=device)
-    before = k.clone(), v.clone()
-    z = i32([0, 0], device)
-    specops.kv_compact(k, v, z, torch.zeros(2, 0, dtype=torch.int32, device=device), z, backend=backend)
-    specops.kv_compact(k, v, i32([1, 2], device), i32([[1, 2], [3, 4]], device), z, backend=backend)
-    assert torch.equal(k, before[0]) and torch.equal(v, before[1])
-    e = torch.zeros(0, 2, 1, 6, 4, device=device)
-    specops.kv_compact(e, e.clone(), z, i32([[1, 2], [3, 4]], device), i32([2, 2], device), backend=backend)
-
-
-def test_unchecked_garbage_never_writes_outside_the_caches(backend, device):
-    need(backend)
-    # The caches are the middle of bigger buffers; whatever unchecked garbage says, the guard
-    # regions around them stay untouched and in-range accepted rows of valid sequences still move.
-    L, B, H, S, D = 2, 4, 2, 12, 8
-    big_k, big_v = (torch.randn(L, B, H, S + 10, D, device=device) for _ in range(2))
-    k, v = big_k[:, :, :, 5:5 + S], big_v[:, :, :, 5:5 + S]
-    guard = [t[:, :, :, i].clone() for t in (big_k, big_v) for i in (slice(0, 5), slice(5 + S, None))]
-    prefix = i32([3, 10, -4, 2**31 - 3], device)
-    idx = i32([[1, 2, 4], [-9, 5, 6], [0, 30, 1], [5, 2**31 - 1, 0]], device)
-    lens = i32([3, 9, -2, 3], device)
-    k0 = k.clone()
-    specops.kv_compact(k, v, prefix, idx, lens, check=False, backend=backend)
-    after = [t[:, :, :, i] for t in (big_k, big_v) for i in (slice(0, 5), slice(5 + S, None))]
-    assert all(torch.equal(a, g) for a, g in zip(after, guard))
-    # sequence 0 is valid: rows 4, 5, 7 moved to 3, 4, 5
-    assert torch.equal(k[:, 0, :, 3:6].cpu(), k0[:, 0, :, [4, 5, 7]].cpu())
-
-
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(B=st.integers(1, 5), A=st.integers(1, 40), extra=st.integers(0, 6), seed=st.integers(0, 2**31 - 1),
-       pattern=st.sampled_from(PATTERNS), layout=st.sampled_from(["contiguous", "sliced", "seq_major"]))
-def test_property_every_backend_equals_gather_then_scatter(B, A, extra, seed, pattern, layout, device):
-    g = torch.Generator().manual_seed(seed)
-    idx, lens = random_accept(B, A, generator=g, pattern=pattern)
-    S = A + extra
-    last = torch.where(lens > 0, idx.gather(1, (lens.long() - 1).clamp(min=0)[:, None])[:, 0], 0)
-    prefix = torch.minimum((torch.rand(B, generator=g) * (S - last).float()).long(), S - 1 - last).to(torch.int32)
-    base = caches(2, B, 3, S, 6, layout=layout, device=device)
-    want = [expected(t.cpu(), prefix, idx, lens) for t in base]
-    for name in _backend.implementations("kv_compact"):
-        if not _backend.available(name, device)[0]:
-            continue
-        k, v = (t.clone() for t in base)  # clone() keeps the strides of dense views
-        specops.kv_compact(k, v, prefix.to(device), idx.to(device), lens.to(device), backend=name)
-        assert torch.equal(k.cpu(), want[0]) and torch.equal(v.cpu(), want[1]), name
 
 
 # ---- dispatch and registration -----------------------------------------------------------------
@@ -321,22 +416,33 @@ def test_direct_call_with_bad_index_dtype_is_refused():
 
 
 @needs_cpp
-@pytest.mark.parametrize("layout", ["contiguous", "sliced"])
+@pytest.mark.parametrize("view", ["contiguous", "sliced", "paged"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_opcheck(layout, dtype):
-    k, v, prefix, idx, lens = _grid_case(3, 2, 9, "random", dtype, layout, "cpu", seed=3)
+def test_opcheck(view, dtype):
+    if view == "paged":
+        _, kp, vp, table, lens = compaction_case(3, 9, "random", 4, dtype, seed=3)
+        torch.library.opcheck(torch.ops.specops.kv_compact_paged.default, (kp, vp, table, *lens))
+        return
+    k, v, prefix, idx, lens = _grid_case(3, 2, 9, "random", dtype, view, "cpu", seed=3)
     torch.library.opcheck(torch.ops.specops.kv_compact.default, (k, v, prefix, idx, lens))
 
 
 @needs_cpp
-def test_torch_compile_fullgraph():
+def test_torch_compile_fullgraph(layout):
     k, v, prefix, idx, lens = _grid_case(3, 2, 11, "random", torch.float32, "contiguous", "cpu", seed=5)
     want_k, want_v = (expected(t, prefix, idx, lens) for t in (k, v))
+    cache = (k, v)
+    if layout == "paged":
+        (kp, table), (vp, _) = (to_pages(t, 4, generator=torch.Generator().manual_seed(0), fill=0.0) for t in (k, v))
+        cache = (kp, vp, table)
+    op = specops.kv_compact if layout == "contiguous" else specops.kv_compact_paged
 
-    def step(k, v, prefix, idx, lens):
-        specops.kv_compact(k, v, prefix, idx, lens, check=False, backend="cpp")
-        return prefix + lens
+    def step(*args):
+        op(*args, check=False, backend="cpp")
+        return args[-3] + args[-1]
 
-    new_prefix = torch.compile(step, fullgraph=True)(k, v, prefix, idx, lens)
+    new_prefix = torch.compile(step, fullgraph=True)(*cache, prefix, idx, lens)
     assert torch.equal(new_prefix, prefix + lens)
+    if layout == "paged":
+        k, v = (from_pages(t, table, k.shape[3]) for t in cache[:2])
     assert torch.equal(k, want_k) and torch.equal(v, want_v)

@@ -10,9 +10,8 @@ from specops import BackendUnavailable
 from specops import backend as _backend
 from specops.testing import to_pages
 
-from test_kv_compact import PATTERNS, i32
-from test_paged import PAGED_CASES, compaction_case, need, paged_case
-from test_tree_attention import make_case
+from test_kv_compact import PATTERNS, compaction_case, i32
+from test_tree_attention import PAGED_CASES, PAGED_IDS, make_case, need, paged_case
 
 
 def tree_plan(args, kw, paged=None, layers=None, **extra):
@@ -32,9 +31,7 @@ def layer_copies(t, n, seed):
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "paged"])
-@pytest.mark.parametrize("B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded, page_size", PAGED_CASES,
-                         ids=[f"B{c[0]}-T{c[1]}-L{c[2]}-P{c[3]}-H{c[4]}x{c[5]}-D{c[6]}-{str(c[7])[6:]}-ps{c[10]}"
-                              for c in PAGED_CASES])
+@pytest.mark.parametrize("B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded, page_size", PAGED_CASES, ids=PAGED_IDS)
 def test_tree_attention_plan_equals_the_op_on_every_layer(backend, device, layout, B, Tq, L, P, Hq, Hkv, D, dtype,
                                                           kind, padded, page_size):
     op = "tree_attention_paged" if layout == "paged" else "tree_attention"

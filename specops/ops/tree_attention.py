@@ -216,10 +216,10 @@ def length_values(prefix_lens, block_lens, q_lens, kv, W, Tq):
     if kv.is_paged:
         M, ps = kv.page_table.shape[1], kv.page_size
         limit = f"max_pages * page_size = {M} * {ps} = {rows} (the rows page_table can address)"
-        got = lambda name, t, bad: f"values in [{int(t.min())}, {int(t.max())}]"  # noqa: E731
+        got = lambda name, t, bad: f"values in [{int(t.min())}, {int(t.max())}]"
     else:
         limit = f"S = {rows} (the cache length)"
-        got = lambda name, t, bad: checks.at(f"({name})" if " " in name else name, t, bad)  # noqa: E731
+        got = lambda name, t, bad: checks.at(f"({name})" if " " in name else name, t, bad)
     p, n = prefix_lens.long(), block_lens.long()
     rules = [
         ("prefix_lens", "be >= 0", prefix_lens, p < 0),
@@ -284,7 +284,7 @@ def _torch(paged, *args):
     # contiguous one its page table describes.
     q, kv, (prefix_lens, block_lens, mask, q_lens, sm_scale), (_, _, invariant) = _split(paged, args)
     kv = kv.gather()
-    B, Tq, Hq, D = q.shape
+    Hq = q.shape[2]
     Hkv, S = kv.k.shape[1], kv.k.shape[2]
     vis = visibility(prefix_lens, block_lens, mask, q_lens, S)  # [B, Tq, S]
     if invariant:
