@@ -71,6 +71,24 @@ def test_cpp_every_isa_variant_keeps_the_property(monkeypatch, isa):
         assert_close(out, specops.tree_attention(*args, backend="torch", invariant=True, **kw), dtype)
 
 
+@pytest.mark.parametrize("isa", ["avx512bf16", "avx512", "avx2", "generic"])
+@pytest.mark.parametrize("invariant", [False, True])
+def test_cpp_narrow_items_on_every_isa_variant(monkeypatch, isa, invariant):
+    # Items of <= 4 query rows (a decode step's GQA group, a 2-query block at G = 2, every item of the
+    # invariant schedule at G <= 4) take the CPU kernel's narrow path (head dims in lanes): masked
+    # block keys, prefixes across a tile, head dims with a tail past the last whole vector.
+    if "cpp" not in BACKENDS:
+        pytest.skip("cpp backend unavailable")
+    monkeypatch.setenv("SPECOPS_CPU_ISA", isa)
+    for n, (B, Tq, L, P, Hq, Hkv, D, kind) in enumerate([(2, 1, 1, CPU_TILE + 54, 9, 3, 67, "chain"),
+                                                         (3, 2, 9, CPU_TILE + 1, 4, 2, 40, "tree"),
+                                                         (1, 4, 4, 5, 4, 4, 19, "dag")]):
+        for dtype in (torch.float32, torch.bfloat16):
+            args, kw = make_case(B, Tq, L, P, Hq, Hkv, D, dtype, kind=kind, padded=n == 1, seed=n)
+            got = specops.tree_attention(*args, backend="cpp", invariant=invariant, **kw)
+            assert_close(got, specops.tree_attention(*args, backend="torch", **kw), dtype)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_batch_composition_threads_and_layout_change_no_bit(backend):
     B, Tq, L, P, Hq, Hkv, D, kind, padded = CASES[0]

@@ -36,6 +36,7 @@ namespace ta {
 constexpr int kTileN = 96;     // keys per K/V tile (a multiple of every register-tile height)
 constexpr int kPadD = 32;      // O^T / packed-V rows: D + 16 (>= D + tile_rows - 1) rounded up to this
 constexpr int kMaxRows = 192;  // query rows (queries x group heads) per work item
+constexpr int kNarrow = 4;     // items of at most this many query rows take the narrow path (kernel.h)
 
 // Everything a work item needs; pointers index the caller's tensors with element strides.
 struct Problem {
@@ -57,6 +58,7 @@ struct Problem {
   float scale_log2;  // sm_scale * log2(e)
   int32_t n_qtiles, n_splits;
   bool invariant;    // the batch-invariant schedule: one query per item, virtual tiles (ta::Partials)
+  bool narrow;       // every item has <= kNarrow query rows: head dims in lanes (kernel.h, narrow_tile)
   int32_t Mp, Dp;    // padded query rows per item, padded head dim
   int64_t off_qt, off_ot, off_m, off_l, off_st, off_pt, off_kpk, off_vpk, off_cm, ws_floats;
   float* part_o;     // [n_splits, B, Tq, Hq, D] when n_splits > 1
@@ -134,11 +136,11 @@ Isa cpu_isa() {
 }
 
 template <typename scalar_t>
-std::pair<ta::ItemFn, ta::CombineFn> pick(Isa isa, int D) {
+std::pair<ta::ItemFn, ta::CombineFn> pick(Isa isa, int D, bool narrow) {
   constexpr bool bf16 = std::is_same_v<scalar_t, c10::BFloat16>;
 #if defined(__x86_64__)
   if constexpr (bf16) {
-    if (isa >= kAvx512Bf16 && D % 2 == 0)
+    if (isa >= kAvx512Bf16 && D % 2 == 0 && !narrow)
       return {&ta_avx512bf16::run_item<scalar_t, true>, &ta_avx512bf16::combine<scalar_t>};
   }
   if (isa >= kAvx512) return {&ta_avx512::run_item<scalar_t, false>, &ta_avx512::combine<scalar_t>};
@@ -207,6 +209,9 @@ at::Tensor run(const at::Tensor& q,            // [B, Tq, Hq, D]
   const int64_t per_tile = pb.invariant ? 1 : std::max<int64_t>(1, ta::kMaxRows / pb.G);
   pb.n_qtiles = static_cast<int32_t>(ceil_div(Tq, per_tile));
   pb.Mp = static_cast<int32_t>(round_up(ceil_div(Tq, pb.n_qtiles) * pb.G, 16));
+  // The path depends on the item's row capacity alone (G under the invariant schedule), never on
+  // lengths, so an AR step and a verified block of the invariant schedule take the same one.
+  pb.narrow = ceil_div(Tq, pb.n_qtiles) * pb.G <= ta::kNarrow;
   pb.Dp = static_cast<int32_t>(round_up(D + 16, ta::kPadD));
 
   int32_t max_tiles = 0, max_block = 0;  // the scratch and the thread count follow the real lengths
@@ -251,7 +256,7 @@ at::Tensor run(const at::Tensor& q,            // [B, Tq, Hq, D]
   std::pair<ta::ItemFn, ta::CombineFn> fns;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "tree_attention_cpu", [&] {
     TORCH_CHECK_VALUE((!std::is_same_v<scalar_t, double>), "tree_attention: q must be fp32, fp16 or bf16");
-    if constexpr (!std::is_same_v<scalar_t, double>) fns = pick<scalar_t>(isa, static_cast<int>(D));
+    if constexpr (!std::is_same_v<scalar_t, double>) fns = pick<scalar_t>(isa, static_cast<int>(D), pb.narrow);
   });
   float* ws_base = ws.data_ptr<float>();
   std::atomic<int64_t> next{0};

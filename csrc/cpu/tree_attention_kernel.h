@@ -256,8 +256,84 @@ void chunk_step(const ItemState& s, int v0, const K* const* kp, const void* vsrc
   }
 }
 
+// Narrow items (pb.narrow: <= kNarrow query rows, e.g. a decode step's GQA group, or every item of
+// the batch-invariant schedule when G <= kNarrow). Query rows in lanes would leave most lanes idle
+// and pay a broadcast per key and head dim, so here the head dim is in lanes: a score is one dot
+// product (FMAs down D, one horizontal sum), and P V adds p * V rows into [M][D] fp32 accumulators.
+// K/V arrive as fp32 rows (converted per tile, or in place for fp32). Layout: Q [M][D] (pre-scaled
+// into the base-2 domain), O [M][D]; scores and probabilities [M][kTileN] in the S^T scratch.
+template <int M, bool kMasked>
+void narrow_tile(const ItemState& s, const float* const* kp, const float* const* vp, int len, int j0) {
+  const int D = s.pb->D, dv = D / W * W, lp = (len + W - 1) / W * W;
+  float* sc = s.st;
+  for (int n = 0; n < len; ++n) {
+    const float* k = kp[n];
+    vf acc[M];
+    TA_UNROLL for (int m = 0; m < M; ++m) acc[m] = Vec::zero();
+    for (int d = 0; d < dv; d += W) {
+      const vf kv = Vec::load(k + d);
+      TA_UNROLL for (int m = 0; m < M; ++m) acc[m] = Vec::fma(kv, Vec::load(s.qt + m * D + d), acc[m]);
+    }
+    TA_UNROLL for (int m = 0; m < M; ++m) {
+      float x = Vec::hsum(acc[m]);
+      for (int d = dv; d < D; ++d) x += k[d] * s.qt[m * D + d];
+      if constexpr (kMasked) {
+        if (!((s.colmask[static_cast<int64_t>(j0 + n) * s.nvm + m / W] >> (m % W)) & 1u)) x = -INFINITY;
+      }
+      sc[m * kTileN + n] = x;
+    }
+  }
+  // Online softmax per row; rows that saw nothing keep a finite reference, as in chunk_step.
+  alignas(64) float al[M];
+  TA_UNROLL for (int m = 0; m < M; ++m) {
+    float* r = sc + m * kTileN;
+    float mx = -INFINITY;
+    for (int n = 0; n < len; ++n) mx = r[n] > mx ? r[n] : mx;
+    for (int n = len; n < lp; ++n) r[n] = -INFINITY;
+    const float m_old = s.mrow[m], m_new = m_old > mx ? m_old : mx, ref = m_new > -3.0e38f ? m_new : -3.0e38f;
+    s.mrow[m] = m_new;
+    alignas(64) float a[W];
+    Vec::store(a, Vec::exp2(Vec::set1(m_old - ref)));
+    al[m] = a[0];
+    const vf rv = Vec::set1(ref);
+    vf sum = Vec::zero();
+    for (int n = 0; n < lp; n += W) {
+      const vf p = Vec::exp2(Vec::sub(Vec::load(r + n), rv));
+      Vec::store(r + n, p);
+      sum = Vec::add(sum, p);
+    }
+    s.lrow[m] = s.lrow[m] * al[m] + Vec::hsum(sum);
+  }
+  for (int d = 0; d < dv; d += W) {
+    vf acc[M];
+    TA_UNROLL for (int m = 0; m < M; ++m) acc[m] = Vec::mul(Vec::load(s.ot + m * D + d), Vec::set1(al[m]));
+    for (int n = 0; n < len; ++n) {
+      const vf v = Vec::load(vp[n] + d);
+      TA_UNROLL for (int m = 0; m < M; ++m) acc[m] = Vec::fma(Vec::set1(sc[m * kTileN + n]), v, acc[m]);
+    }
+    TA_UNROLL for (int m = 0; m < M; ++m) Vec::store(s.ot + m * D + d, acc[m]);
+  }
+  for (int d = dv; d < D; ++d)
+    TA_UNROLL for (int m = 0; m < M; ++m) {
+      float o = s.ot[m * D + d] * al[m];
+      for (int n = 0; n < len; ++n) o += sc[m * kTileN + n] * vp[n][d];
+      s.ot[m * D + d] = o;
+    }
+}
+
 template <bool kMasked, bool kDot, typename K>
 void tile_step(const ItemState& s, const K* const* kp, const void* vsrc, int len, int j0) {
+  if constexpr (!kDot) {
+    if (s.pb->narrow) {
+      const float* const* vp = static_cast<const float* const*>(vsrc);
+      switch (s.M) {
+        case 1: narrow_tile<1, kMasked>(s, kp, vp, len, j0); return;
+        case 2: narrow_tile<2, kMasked>(s, kp, vp, len, j0); return;
+        case 3: narrow_tile<3, kMasked>(s, kp, vp, len, j0); return;
+        default: narrow_tile<4, kMasked>(s, kp, vp, len, j0); return;
+      }
+    }
+  }
   const int nv = (s.M + W - 1) / W;
   const int nch = (nv + kMaxMC - 1) / kMaxMC;
   for (int ch = 0; ch < nch; ++ch) {
@@ -320,6 +396,9 @@ void run_item(const ta::Problem& pb, float* ws, int64_t item) {
     if constexpr (kDot) {
       uint16_t* qt = reinterpret_cast<uint16_t*>(s.qt);
       for (int d = 0; d < D; ++d) qt[((d >> 1) * Mp + m) * 2 + (d & 1)] = qr ? qr[d].x : 0;
+    } else if (pb.narrow) {
+      if (qr)
+        for (int d = 0; d < D; ++d) s.qt[m * D + d] = static_cast<float>(qr[d]) * pb.scale_log2;
     } else {
       for (int d = 0; d < D; ++d) s.qt[d * Mp + m] = qr ? static_cast<float>(qr[d]) * pb.scale_log2 : 0.f;
     }
@@ -328,8 +407,11 @@ void run_item(const ta::Problem& pb, float* ws, int64_t item) {
     s.mrow[m] = -INFINITY;
     s.lrow[m] = 0.f;
   }
-  for (int d = 0; d < pb.Dp; ++d)
-    for (int m = 0; m < Ml; ++m) s.ot[d * Mp + m] = 0.f;
+  if (pb.narrow)
+    for (int e = 0; e < M * D; ++e) s.ot[e] = 0.f;
+  else
+    for (int d = 0; d < pb.Dp; ++d)
+      for (int m = 0; m < Ml; ++m) s.ot[d * Mp + m] = 0.f;
 
   // K/V rows are addressed only through kv_off: contiguous (row r at r * stride) or paged (the
   // sequence's page table row; the paged base has no sequence term, sk_b = sv_b = 0).
@@ -469,16 +551,18 @@ void run_item(const ta::Problem& pb, float* ws, int64_t item) {
     }
   }
 
+  // O^T [Dp][Mp], or O [M][D] on the narrow path
+  const int64_t od = pb.narrow ? 1 : Mp, om = pb.narrow ? D : 1;
   for (int m = 0; m < M; ++m) {
     const int i = i0 + m / G, h = w.g * G + m % G;
     const float l = s.lrow[m], inv = l > 0.f ? 1.f / l : 0.f;
     if (pb.n_splits == 1) {
       scalar_t* o = out_row(i, h);
-      for (int d = 0; d < D; ++d) o[d] = scalar_t(s.ot[d * Mp + m] * inv);
+      for (int d = 0; d < D; ++d) o[d] = scalar_t(s.ot[d * od + m * om] * inv);
     } else {
       const int64_t r = ((static_cast<int64_t>(w.s) * pb.B + w.b) * pb.Tq + i) * pb.Hq + h;
       float* po = pb.part_o + r * D;
-      for (int d = 0; d < D; ++d) po[d] = s.ot[d * Mp + m] * inv;
+      for (int d = 0; d < D; ++d) po[d] = s.ot[d * od + m * om] * inv;
       pb.part_lse[r] = ta::lse2(s.mrow[m], l);
     }
   }

@@ -27,6 +27,7 @@ struct Vec {
   static TA_INLINE vf add(vf a, vf b) { return _mm512_add_ps(a, b); }
   static TA_INLINE vf sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
   static TA_INLINE vf max(vf a, vf b) { return _mm512_max_ps(a, b); }
+  static TA_INLINE float hsum(vf a) { return _mm512_reduce_add_ps(a); }
   // Lane k takes a where bit k of `bits` is set, b elsewhere.
   static TA_INLINE vf select(uint32_t bits, vf a, vf b) {
     return _mm512_mask_blend_ps(static_cast<__mmask16>(bits), b, a);
@@ -75,6 +76,11 @@ struct Vec {
   static TA_INLINE vf add(vf a, vf b) { return _mm256_add_ps(a, b); }
   static TA_INLINE vf sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
   static TA_INLINE vf max(vf a, vf b) { return _mm256_max_ps(a, b); }
+  static TA_INLINE float hsum(vf a) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+  }
   static TA_INLINE vf select(uint32_t bits, vf a, vf b) {
     const __m256i lane = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     const __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(bits)), lane), lane);
@@ -145,6 +151,11 @@ struct Vec {
   TA_LANEWISE(sub, a.v[k] - b.v[k])
   TA_LANEWISE(max, a.v[k] > b.v[k] ? a.v[k] : b.v[k])
 #undef TA_LANEWISE
+  static TA_INLINE float hsum(vf a) {  // the AVX2 order: (k, k + 4) pairs, then halves
+    float h[4];
+    for (int k = 0; k < 4; ++k) h[k] = a.v[k] + a.v[k + 4];
+    return (h[0] + h[2]) + (h[1] + h[3]);
+  }
   static TA_INLINE vf fma(vf a, vf b, vf c) {
     vf r;
     for (int k = 0; k < W; ++k) r.v[k] = a.v[k] * b.v[k] + c.v[k];
