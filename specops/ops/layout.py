@@ -42,6 +42,7 @@ class KvLayout:
 
     def __init__(self, k, v, page_table=None, page_size=None):
         self.k, self.v, self.page_table, self.declared_page_size = k, v, page_table, page_size
+        self.is_paged = page_table is not None
 
     @classmethod
     def contiguous(cls, k, v):
@@ -54,10 +55,6 @@ class KvLayout:
         if page_table is None:
             raise TypeError("page_table must be a torch.Tensor for a paged layout, got None")
         return cls(k_pages, v_pages, page_table, page_size)
-
-    @property
-    def is_paged(self):
-        return self.page_table is not None
 
     @property
     def names(self):
