@@ -114,12 +114,13 @@ def test_moves_accepted_rows_next_to_the_prefix(backend, device, layout):
 
 def test_shift_chain_reads_every_source_before_it_is_overwritten(backend, device, layout):
     need(backend)
-    # accept 1..5 of a 6-node block: destination j is the source of move j - 1
-    k = torch.arange(8, dtype=torch.float32).view(1, 1, 1, 8, 1).expand(1, 1, 1, 8, 4).contiguous().to(device)
+    # accept nodes 1..30 after a prefix of 3: destination j is the source of move j - 1 (paged: all
+    # inside one 64-row page)
+    k = torch.arange(64, dtype=torch.float32).view(1, 1, 1, 64, 1).repeat(1, 1, 1, 1, 4).to(device)
     v = k.clone()
-    compact(layout, k, v, i32([1], device), i32([[1, 2, 3, 4, 5, 0]], device), i32([5], device),
-                       backend=backend)
-    assert k[0, 0, 0, :, 0].tolist() == [0, 2, 3, 4, 5, 6, 6, 7]
+    idx = torch.arange(1, 31, dtype=torch.int32, device=device)[None]
+    compact(layout, k, v, i32([3], device), idx, i32([30], device), backend=backend, page_size=64)
+    assert k[0, 0, 0, :, 0].tolist() == [0, 1, 2] + list(range(4, 34)) + list(range(33, 64))
     assert torch.equal(v, k)
 
 
@@ -181,17 +182,6 @@ def test_kv_compact_paged_golden_moves_within_and_across_pages(backend, device):
     for page, slot in [(3, 0), (3, 1), (2, 1), (1, 0), (1, 1)]:
         assert torch.equal(kp[0, page, slot], before[0, page, slot])
     assert torch.equal(vp, -kp)
-
-
-def test_kv_compact_paged_shift_chain_through_one_page(backend, device):
-    # Every destination is the previous move's source, all inside one 64-row page.
-    need(backend, "kv_compact_paged")
-    kp = torch.arange(64, dtype=torch.float32).view(1, 1, 64, 1, 1).repeat(1, 1, 1, 1, 4).to(device)
-    vp = kp.clone()
-    idx = torch.arange(1, 31, dtype=torch.int32, device=device)[None]
-    specops.kv_compact_paged(kp, vp, i32([[0]], device), i32([3], device), idx, i32([30], device), backend=backend)
-    assert kp[0, 0, :, 0, 0].tolist() == [0, 1, 2] + list(range(4, 34)) + list(range(33, 64))
-    assert torch.equal(vp, kp)
 
 
 def test_kv_compact_paged_sequences_may_share_untouched_prefix_pages(backend, device):
