@@ -90,6 +90,22 @@ def test_compiled_ar_matches_eager_ar_and_reports_compile_time(pair):
     assert any(k[0] == compiled.BLOCK and s > 0 for k, s in dec.compile_s.items())
 
 
+def test_frozen_decoder_runs_warm_graphs_and_refuses_new_ones(pair):
+    # Timed work after a warm-up runs under frozen(): the warmed graph runs, a new one raises before
+    # anything compiles (here: another batch size, another graph key).
+    target, _, prompts, refs = pair
+    kw = dict(method="ar", max_new_tokens=4, eos_token_id=[], compile=True)
+    generate(target, prompts, **kw)
+    dec = compiled.decoder_for(target)
+    seen = dict(dec.compile_s)
+    with dec.frozen():
+        out, _ = generate(target, prompts, **kw)
+        with pytest.raises(RuntimeError, match="needs a new compiled graph.*batch 1"):
+            generate(target, prompts[:1], **kw)
+    assert [out[b].tolist() for b in range(3)] == [r[:4] for r in refs]
+    assert dec.compile_s == seen
+
+
 # Fixed budgets on the contiguous cache for every lossless case; the adaptive controller and the
 # paged layout on a few (each extra combination only re-runs graphs already compiled).
 GRID = [pytest.param(case, False, {}, id=case) for case in LOSSLESS if case != "ar"]

@@ -28,6 +28,7 @@ dynamo graphs live there, and inductor's on-disk caches (FX graph and AOTAutogra
 ``<specops cache>/inductor`` unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise) make a later process
 skip code generation. The cache's row count is marked dynamic, so caches of any length share a graph.
 """
+import contextlib
 import functools
 import hashlib
 import inspect
@@ -177,6 +178,7 @@ class CompiledDecoder:
         self._model_digest = None  # saved_path's digest of the model, the code and the options
         self._unsaved = set()  # seen keys that cannot be compiled ahead of time (dynamo's cache runs them)
         self._caches = {}  # (batch, layout, page size, dtype) -> (cache, weakref to the runner using it)
+        self._frozen = False  # inside frozen(): a graph not yet run raises instead of compiling
 
     def cache_for(self, runner, make, rows, key):
         """A KV cache of at least ``rows`` rows for ``runner``: the cache of an earlier runner of this
@@ -193,10 +195,25 @@ class CompiledDecoder:
         self._caches[key] = (cache, weakref.ref(runner))
         return cache
 
+    @contextlib.contextmanager
+    def frozen(self):
+        """A region where no graph is compiled or loaded: a forward that needs a graph this decoder has
+        not run yet, or a dynamo recompile of one it has, raises RuntimeError instead. For timed work
+        after a warm-up, where a compile would be timed as decoding."""
+        outer, self._frozen = self._frozen, True
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                yield self
+        finally:
+            self._frozen = outer
+
     def __call__(self, key, ids, positions, mask, block, feats=None):
         """Runs the graph of ``key`` (bucket first). Shape: ids, positions int64 [B, Tb]; mask int32
         [B, 1, Tb, W]; feats [B, Tb, H] or None -> (final hidden states [B, Tb, H] in the model's
         dtype, seconds spent compiling in this call)."""
+        if self._frozen and key not in self.compile_s:
+            raise RuntimeError(f"specops: {self.name} needs a new compiled graph (rows {key[0]}, mask words "
+                               f"{key[1]}, batch {key[2]}, {key[3]} cache) inside frozen(): warm it up before")
         hooks = self._stash_hooks()
         graphs = _graph_count()
         if key not in self.compile_s:
