@@ -406,7 +406,7 @@ class CompiledRunner:
         features [B, Tq, H] (a feature model's input rows; None for other models) -> logits [B, Tq, V]
         (model dtype; the LM head runs on these rows only)."""
         pad = torch.nn.functional.pad
-        B, Tq = tokens.shape
+        Tq = tokens.shape[1]
         # One graph for every row count (a symbol); CUDA graphs capture static shapes, so there
         # blocks are padded to buckets. A one-row block is padded to two until a saved graph runs it.
         dynamic = not self.decoder.cudagraphs
