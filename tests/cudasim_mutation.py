@@ -31,14 +31,14 @@ CUDA = ROOT / "csrc" / "cuda"
 
 # The tests that run each source's kernels under the emulator.
 FAMILY = {
-    "kv_compact.cu": ["tests/test_kv_compact.py", "tests/test_paged.py"],
+    "kv_compact.cu": ["tests/test_kv_compact.py", "tests/test_kv_compact_grid.py"],
     "linear.cu": ["tests/test_linear_gpu_backends.py"],
     "sampling.cu": ["tests/test_sampling.py"],
     "sampling_block.cuh": ["tests/test_sampling.py", "tests/test_topn.py"],
     "token_bitmask.cu": ["tests/test_token_bitmask.py"],
     "topn.cu": ["tests/test_topn.py"],
-    "tree_attention.cu": ["tests/test_tree_attention.py", "tests/test_paged.py"],
-    "tree_attention_tc.cuh": ["tests/test_tree_attention.py", "tests/test_paged.py"],
+    "tree_attention.cu": ["tests/test_tree_attention.py", "tests/test_tree_attention_kernels.py"],
+    "tree_attention_tc.cuh": ["tests/test_tree_attention.py", "tests/test_tree_attention_kernels.py"],
     "tree_mask.cu": ["tests/test_tree_mask.py"],
     "verify.cu": ["tests/test_verify.py"],
 }
