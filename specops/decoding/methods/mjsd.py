@@ -57,8 +57,8 @@ class MJSD(ModelDrafter):
         ``topn_expand`` and are fed back as they are (``add_device``: a drafting sequence adds
         exactly ``beams`` nodes per layer, so the block's layout is known on the host; a beam whose
         score is -inf is fed too and never expanded), and the best beam's chain is traced back on
-        the device, so drafting reads nothing (a grammar reads each layer once: its masks follow
-        the beams' tokens)."""
+        the device, so drafting reads nothing. A grammar reads each layer once (its masks follow the
+        beams' tokens), and then only the finite beams are fed."""
         d = ctx.draft
         d.begin(ctx.seqs, ctx.active)
         B, M = ctx.batch, self.beams
@@ -75,28 +75,34 @@ class MJSD(ModelDrafter):
         host = read_lists(*layers[-1]) if grammar else None
         # Under a grammar, the token path of each beam of the newest layer (its rows' masks).
         paths = [[[host[1][b][i]] for i in range(M)] for b in range(B)] if grammar else None
-        at = [b * M + i for b in act for i in range(M)]
+        bases = []  # per fed layer: [B] the block node of its first beam
         for k in range(1, self.gamma):
             scores, toks, par = layers[-1]
-            # Layer k - 1's beam i sits at block node root + 1 + (k - 1) * M + i; its parent is the
-            # root (k = 1) or layer k - 2's beam par[i].
-            parents = ([d.root[b] for b in act for _ in range(M)] if k == 1
-                       else (roots[:, None] + 1 + (k - 2) * M + par.clamp(min=0)).reshape(-1))
-            new = d.add_device([b for b in act for _ in range(M)], parents, toks.clamp(min=0).long().reshape(-1), at)
-            node = iter(new)  # a finished sequence's rows: any computed row (never expanded)
-            pairs = [(b, next(node) if ctx.active[b] else d.first_unfed) for b in range(B) for _ in range(M)]
-            rows = d.forward(rows=pairs)[0]  # [B * M, V]
+            # Layer k - 1's beam i sits at block node base + i; its parent is the root (k = 1) or layer
+            # k - 2's beam par[i]. Under a grammar the layer was read: only its finite beams (a prefix,
+            # sorted best first) are fed, as before the device search; else every beam is.
+            live = [sum(map(math.isfinite, host[0][b])) if grammar else M for b in range(B)]
+            pick = [(b, i) for b in act for i in range(live[b])]
+            parents = [d.root[b] for b, _ in pick] if k == 1 else (bases[-1][:, None] + par.clamp(min=0)).reshape(-1)
+            first = [len(d.tokens[b]) for b in range(B)]
+            node = iter(d.add_device([b for b, _ in pick], parents, toks.clamp(min=0).long().reshape(-1),
+                                     [b * M + i for b, i in pick]))
+            # a beam not fed takes any computed row (its score is -inf: never expanded)
+            pairs = [(b, next(node) if ctx.active[b] and i < live[b] else d.first_unfed)
+                     for b in range(B) for i in range(M)]
+            rows, base = d.forward(rows=pairs, extra=first)  # rows [B * M, V]
+            bases.append(base)
             if grammar:  # rows of dead beams are never expanded: no grammar work for them
-                rows = grammar_masked(ctx, rows, [(b, paths[b][i] if ctx.active[b] and math.isfinite(host[0][b][i])
-                                                   else None) for b in range(B) for i in range(M)])
+                rows = grammar_masked(ctx, rows, [(b, paths[b][i] if ctx.active[b] and i < live[b] else None)
+                                                   for b in range(B) for i in range(M)])
             logq = self._logq(rows).view(B, M, -1)
             layers.append(_kernels.topn_expand(scores, logq, M, per_parent_k=M))
             if grammar:
                 host = read_lists(*layers[-1])
                 paths = [[paths[b][host[2][b][i]] + [host[1][b][i]] for i in range(M)] for b in range(B)]
-        return self._best_beam(ctx, layers, roots)
+        return self._best_beam(ctx, layers, roots, bases)
 
-    def _best_beam(self, ctx, layers, roots):
+    def _best_beam(self, ctx, layers, roots, bases):
         """The best beam of the deepest layer that has one, traced back through the layers on the
         device: a chain with its draft-block nodes and per-prefix joint log-probs ``log q_{1:j}``
         (the beams' scores). Shape: -> Draft with T = gamma + 1."""
@@ -111,7 +117,7 @@ class MJSD(ModelDrafter):
             on = k <= last
             tok.append(torch.where(on, toks.gather(1, cur)[:, 0].long(), 0))
             log_q.append(torch.where(on, scores.gather(1, cur)[:, 0], 0.0))
-            fed = roots + 1 + k * M + cur[:, 0] if k < g - 1 else torch.full_like(roots, -1)  # the last layer is never fed
+            fed = bases[k] + cur[:, 0] if k < g - 1 else torch.full_like(roots, -1)  # the last layer is never fed
             src.append(torch.where(on, fed, 0))
             cur = torch.where(on[:, None], par.gather(1, cur).long().clamp(min=0), 0)
         num_nodes = (last + 2).to(torch.int32)

@@ -9,8 +9,6 @@ the largest p̂, a rooted subtree (the paper's Thm 3.1; ties go to the shallower
 Greedy: R1; sampling: R4 (``sample_match``, the reference's rule; ``verify="mss_pointmass"`` gives
 the same acceptance probability).
 """
-import math
-
 import torch
 
 from .. import _kernels
@@ -48,10 +46,10 @@ class OPTTree(ModelDrafter):
     def propose(self, ctx):
         """The layers grow on the device: each layer's ``n`` (token, parent) pairs come from
         ``topn_expand`` and are fed back as they are (``add_device``: a sequence that goes on adds
-        exactly ``n`` nodes, so the layout is host-known; an entry whose score is -inf is fed too and
-        never expanded), E_sub is kept on the device, and the subtree is chosen there. The one host
-        decision is ``delta``'s stop: which sequences go on, read once per layer (a grammar reads
-        the layer's tokens with it: its masks follow them)."""
+        its finite entries, a prefix of the layer), E_sub is kept on the device, and the subtree is
+        chosen there. The one host decision is ``delta``'s stop: how many entries each sequence
+        feeds (0: it stops), read once per layer (a grammar reads the layer's tokens with it: its
+        masks follow them)."""
         d = ctx.draft
         d.begin(ctx.seqs, ctx.active)
         B, n = ctx.batch, self.n
@@ -70,22 +68,25 @@ class OPTTree(ModelDrafter):
         while len(layers) < self.max_depth:
             going = going & (gain > self.delta)
             scores, toks, par = layers[-1]
+            # the one read per layer: delta's stop, as the count of entries to feed (its finite ones,
+            # a prefix: sorted best first; 0 = stop)
+            live = torch.where(going, scores.isfinite().sum(1), 0)
             if grammar:
-                flags, sc, tk, pr = read_lists(going, scores, toks, par)
+                live, tk, pr = read_lists(live, toks, par)
                 paths = [[paths[b][max(pr[b][i], 0)] + [tk[b][i]] for i in range(n)] for b in range(B)]
             else:
-                flags = read_lists(going)[0]  # the one read per layer: delta's stop
-            if not any(flags):
+                live = read_lists(live)[0]
+            if not any(live):
                 break
-            bs = [b for b in range(B) if flags[b]]
-            first = [len(d.tokens[b]) if flags[b] else -1 for b in range(B)]
-            new = iter(d.add_device([b for b in bs for _ in range(n)], (base[:, None] + par.clamp(min=0)).reshape(-1),
-                                    toks.clamp(min=0).long().reshape(-1), [b * n + i for b in bs for i in range(n)]))
+            pick = [(b, i) for b in range(B) for i in range(live[b])]
+            first = [len(d.tokens[b]) if live[b] else -1 for b in range(B)]
+            new = iter(d.add_device([b for b, _ in pick], (base[:, None] + par.clamp(min=0)).reshape(-1),
+                                    toks.clamp(min=0).long().reshape(-1), [b * n + i for b, i in pick]))
             firsts.append(first)
-            pairs = [(b, next(new) if flags[b] else d.first_unfed) for b in range(B) for _ in range(n)]
+            pairs = [(b, next(new) if i < live[b] else d.first_unfed) for b in range(B) for i in range(n)]
             rows, base = d.forward(rows=pairs, extra=first)
             if grammar:  # rows of entries never expanded: no grammar work for them
-                rows = grammar_masked(ctx, rows, [(b, paths[b][i] if flags[b] and math.isfinite(sc[b][i]) else None)
+                rows = grammar_masked(ctx, rows, [(b, paths[b][i] if i < live[b] else None)
                                                     for b in range(B) for i in range(n)])
             logq = rows.log_softmax(-1).view(B, n, -1)
             layers.append(_kernels.topn_expand(scores.masked_fill(~going[:, None], float("-inf")), logq, n,
