@@ -1,18 +1,33 @@
-"""What every specops KV cache shares: per-sequence lengths and their host mirror, the draft-block
-protocol (``begin_block`` / ``append_block`` / ``end_block``), commit / compact / truncate and the
-transformers ``Cache`` face. Subclasses own the storage: where a forward's rows go (``_write_target`` /
-``_write_rows``), what a layer hands to attention (``_layer_view``), the compaction's op, value
-rules and arguments (``_COMPACT_OP`` / ``_compact_values`` / ``_compact_args``) and the beam reorder.
+"""specops' KV cache: :class:`KVCache`, one class over a :class:`~specops.ops.layout.KvLayout` of all
+layers (contiguous ``k``, ``v`` [L, B, Hkv, S, D], or paged ``k_pages``, ``v_pages`` [L, num_pages,
+page_size, Hkv, D] with a ``page_table``), and a transformers ``Cache``, so a stock HF model writes
+into it. :class:`~specops.engine.cache.StaticKVCache` and :class:`~specops.engine.cache.PagedKVCache`
+allocate one of each layout.
+
+``lens`` int32 [B] counts the committed rows of every sequence. A forward appends its T new rows at
+``lens[b] + offset`` (``offset`` = rows of the current draft block already written); they stay
+uncommitted until ``compact`` (keep the accepted path) or ``commit`` (keep all). Where a row lives,
+and which compiled op compacts the cache, is the layout's (:meth:`KvLayout.address` /
+:meth:`KvLayout.op`): the paged write address is the layout's, not a copy of it.
+
+Two ways to drive it:
+- the specops runner (:class:`specops.engine.ModelRunner`) opens a block (``begin_block``), runs the
+  model, then compacts: lengths may be ragged across the batch; a layer's attention gets the
+  layer's storage ([B, Hkv, S, D], or the page pools [num_pages, page_size, Hkv, D], which the
+  ``"specops"`` attention reads through the block's page table);
+- a plain HF forward with ``past_key_values=cache`` and no block open appends and commits like
+  ``DynamicCache`` (lengths then stay equal across the batch); a paged layer hands attention its
+  rows gathered into a contiguous [B, Hkv, max_len, D] copy, which any attention reads.
 """
 import numbers
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from ... import backend as _backend
-from ...ops import checks
-from ...ops import kv_compact as _kvc
+from ...backend import resolve
+from ...ops import checks, kv_compact
 from ...ops.kv_compact import CACHE_DTYPES
+from ...ops.layout import KvLayout
 from ...parallel import local_kv_heads, text_config
 
 
@@ -25,7 +40,8 @@ class _Layer(CacheLayerMixin):
     def __init__(self, owner, index):
         super().__init__()
         self.owner, self.index = owner, index
-        self.keys, self.values = owner._layer_storage(index)
+        kv = owner.layer_kv(index)
+        self.keys, self.values = kv.k, kv.v
         self.is_initialized = True
 
     def lazy_initialization(self, key_states, value_states):
@@ -55,17 +71,47 @@ def check_sizes(cls_name, names, sizes, dtype):
         raise TypeError(f"{cls_name} dtype must be {want}, got {dtype!r}")
 
 
-class KVCacheBase(Cache):
-    """Lengths bookkeeping and the block protocol over a subclass's storage.
+def rows_index(kv, b, r):
+    """The index of ``kv.k`` / ``kv.v`` selecting row ``r[i, j]`` of sequence ``b[i, j]`` (int64
+    tensors, broadcast together) in flattened (i, j) order: :meth:`KvLayout.address` then
+    :meth:`KvLayout.index`."""
+    return kv.index(*(a.flatten() for a in kv.address(b, r)))
 
-    Shape: lens int32 [B]. Subclasses set ``num_layers``, ``num_kv_heads``, ``head_dim``,
-    ``max_len``, ``dtype`` and their storage before calling ``_init_base``.
+
+class KVCache(Cache):
+    """The KV cache of ``max_len`` rows per sequence over ``layout``, a :class:`KvLayout` of all
+    layers: contiguous k, v [L, B, Hkv, S, D] (S >= max_len) or paged k_pages, v_pages [L, num_pages,
+    page_size, Hkv, D] with page_table int32 [B, max_pages] (max_pages * page_size >= max_len);
+    fp32, fp16 or bf16 (what ``kv_compact`` moves), stride 1 in D, K and V in separate memory.
+    ``max_len`` None: every row the layout holds. The layout's tensors are the cache's storage
+    (written in place; a paged table must address each sequence's own pages).
+
+    Shape: lens int32 [B]. Attributes: ``k``, ``v`` (contiguous) or ``k_pages``, ``v_pages``,
+    ``page_table``, ``num_pages`` (paged); ``page_size`` (None contiguous), ``num_layers``,
+    ``num_kv_heads``, ``head_dim``, ``max_len``, ``dtype``, ``layout``.
 
     Every method validates its arguments before it writes anything: a rejected call leaves the
     storage and ``lens`` bit-identical."""
 
-    def _init_base(self, batch_size, device):
-        self.lens = torch.zeros(batch_size, dtype=torch.int32, device=device)
+    def __init__(self, layout, max_len=None):
+        name = type(self).__name__
+        if not isinstance(layout, KvLayout):
+            raise TypeError(f"{name} layout must be a specops.ops.layout.KvLayout, got {type(layout).__name__}")
+        layout.check(dtype=CACHE_DTYPES, rank=5, distinct=True)
+        k, cap = layout.k, layout.capacity()
+        max_len = cap if max_len is None else max_len
+        sizes = (k.shape[0], layout.batch(), layout.num_kv_heads, max_len, k.shape[-1])
+        check_sizes(name, ("num_layers", "batch_size", "num_kv_heads", "max_len", "head_dim"), sizes, k.dtype)
+        if max_len > cap:
+            raise ValueError(f"{name} max_len must be <= {cap} (the rows the layout holds per sequence), got {max_len}")
+        self.layout, self.dtype, self.page_size = layout, k.dtype, layout.page_size
+        self.num_layers, batch_size, self.num_kv_heads, self.max_len, self.head_dim = sizes
+        if layout.is_paged:
+            self.k_pages, self.v_pages, self.page_table = layout.tensors()
+            self.num_pages = layout.num_pages
+        else:
+            self.k, self.v = layout.k, layout.v
+        self.lens = torch.zeros(batch_size, dtype=torch.int32, device=k.device)
         self._host_lens = [0] * batch_size  # mirror of lens for overflow checks; None when stale
         self._block = None  # (offset, T) of the draft block being written, or None in plain mode
         self._write = None  # where the current forward's rows go, computed once per forward (not per layer)
@@ -73,10 +119,10 @@ class KVCacheBase(Cache):
 
     @classmethod
     def for_model(cls, model, batch_size, max_len, *, dtype=None, device=None, **kwargs):
-        """Sized from an HF model's config (text config for multimodal wrappers); a model sharded by
-        tensor parallelism gets this rank's KV heads (``specops.parallel.local_kv_heads``; heads that
-        do not divide by the TP size raise ValueError). ``kwargs`` go to the constructor (e.g.
-        ``page_size``)."""
+        """Sized from an HF model's config (text config for multimodal wrappers), on
+        :class:`StaticKVCache` / :class:`PagedKVCache`; a model sharded by tensor parallelism gets
+        this rank's KV heads (``specops.parallel.local_kv_heads``; heads that do not divide by the
+        TP size raise ValueError). ``kwargs`` go to the constructor (e.g. ``page_size``)."""
         cfg = text_config(model)
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -85,7 +131,7 @@ class KVCacheBase(Cache):
         return cls(cfg.num_hidden_layers, batch_size, kv_heads, max_len, head_dim,
                    dtype=dtype or param.dtype, device=device or param.device, **kwargs)
 
-    # ---- sizes ------------------------------------------------------------------------------
+    # ---- sizes and views --------------------------------------------------------------------
     @property
     def batch_size(self):
         return self.lens.shape[0]
@@ -93,6 +139,17 @@ class KVCacheBase(Cache):
     @property
     def device(self):
         return self.lens.device
+
+    def layer_kv(self, layer):
+        """The layout of one layer: k, v [B, Hkv, S, D], or [num_pages, page_size, Hkv, D] with the
+        cache's page table (views of the storage)."""
+        return KvLayout(self.layout.k[layer], self.layout.v[layer], self.layout.page_table)
+
+    def gather(self, layer):
+        """The layer's rows as a contiguous cache: -> k, v [B, Hkv, max_len, D] (a copy when paged,
+        views otherwise)."""
+        kv = self.layer_kv(layer).gather()
+        return kv.k[:, :, :self.max_len], kv.v[:, :, :self.max_len]
 
     def host_lens(self):
         """Committed lengths as a Python list (one host sync if they changed on the device)."""
@@ -135,7 +192,7 @@ class KVCacheBase(Cache):
 
     def append_block(self, layer, k, v):
         """Writes one layer's new rows. Shape: k, v [B, Hkv, T, D] -> what the layer's attention
-        reads (see the subclass).
+        reads (see the module).
 
         In a block (``begin_block``) the rows go to ``lens + offset`` and stay uncommitted; in plain
         mode they go to ``lens`` and are committed after the last layer."""
@@ -157,12 +214,28 @@ class KVCacheBase(Cache):
             # Plain mode: the first layer of each forward checks room and computes the write target.
             self._check_room(T, "append_block")
             self._write = self._write_target(0, T)
-        self._write_rows(layer, k, v)
-        view = self._layer_view(layer)
+        index, flat, _ = self._write
+        kv = self.layer_kv(layer)
+        for cache, new in ((kv.k, k), (kv.v, v)):
+            cache[index] = new.transpose(1, 2).flatten(0, 1).to(cache.dtype) if flat else new
         if self._block is None and layer == L - 1:
             self._write = None
             self.commit(torch.full_like(self.lens, T), host_counts=[T] * B)
-        return view
+        if kv.is_paged and self._block is None:
+            return self.gather(layer)
+        return kv.k, kv.v
+
+    def _write_target(self, offset, T):
+        # Computed once per forward, reused by every layer: (index of a layer's k / v, flat, T). A
+        # contiguous cache whose sequences all write at the same row takes one slice, [B, Hkv, T, D]
+        # (a copy into a view: plain decoding's path); otherwise the new rows' addresses select
+        # [B * T, Hkv, D] in (b, t) order (flat). The room check just read the host mirror of lens:
+        # no sync here.
+        if not self.layout.is_paged and len(set(self.host_lens())) == 1:
+            start = self.host_lens()[0] + offset
+            return (slice(None), slice(None), slice(start, start + T)), False, T
+        rows = (self.lens.long() + offset)[:, None] + torch.arange(T, device=self.device)  # [B, T]
+        return rows_index(self.layer_kv(0), torch.arange(self.batch_size, device=self.device)[:, None], rows), True, T
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         return self.append_block(layer_idx, key_states, value_states)
@@ -204,8 +277,8 @@ class KVCacheBase(Cache):
 
     def compact(self, accept_idx, accept_lens, *, check=True, backend=None, host_counts=None):
         """Keeps the accepted block rows: row ``lens + accept_idx[b, j]`` moves to ``lens + j`` in every
-        layer (one call of the compiled op: the cache's storage was checked when it was built, so
-        only the acceptance is checked here), then ``lens += accept_lens``.
+        layer (one call of the layout's compiled op: the cache's storage was checked when it was
+        built, so only the acceptance is checked here), then ``lens += accept_lens``.
         ``host_counts``: accept_lens as a Python list when the caller has read them anyway (the
         decoding loop's packed read); keeps the host mirror of ``lens`` fresh, so the next block's
         room check needs no sync. Trusted, like ``check=False``.
@@ -213,20 +286,16 @@ class KVCacheBase(Cache):
         Shape: accept_idx int32 [B, A], accept_lens int32 [B]."""
         if host_counts is not None:  # before anything is written
             host_counts = self._host_count_list(host_counts)
-        self._compact(accept_idx, accept_lens, check, backend)
+        kv_compact.check_accept(self.lens, accept_idx, accept_lens, self.batch_size, self.device, lens_name="lens")
+        if check:
+            kv_compact.accept_values(self.layout, self.lens, accept_idx, accept_lens)
+        impl = resolve(self.layout.op("kv_compact"), self.device, backend)
+        if accept_idx.shape[1]:  # the kernels are never launched for an empty acceptance
+            impl(*self.layout.tensors(), self.lens, accept_idx, accept_lens)
         # No second check: with check=True the value rules have verified lens + accept_idx[b, j] < max_len for
         # strictly increasing accept_idx[b, j] >= j, so lens + accept_lens <= max_len holds; with
         # check=False nothing is checked (and nothing syncs), as documented.
         self.commit(accept_lens, host_counts, check=False)
-
-    def _compact(self, accept_idx, accept_lens, check, backend):
-        B = self.batch_size
-        _kvc.check_accept(self.lens, accept_idx, accept_lens, B, self.lens.device, lens_name="lens")
-        if check:
-            self._compact_values(accept_idx, accept_lens)
-        impl = _backend.resolve(self._COMPACT_OP, self.lens.device, backend)
-        if accept_idx.shape[1] and B:  # the kernels are never launched for an empty acceptance
-            impl(*self._compact_args(accept_idx, accept_lens))
 
     def truncate(self, new_lens, host_lens=None):
         """Metadata only: ``lens = new_lens`` (int32 [B], each <= the current length). The check costs
@@ -266,7 +335,13 @@ class KVCacheBase(Cache):
         B = self.batch_size
         checks.tensor("beam_idx", beam_idx, dtype=(torch.int32, torch.int64), shape=(B,), device=self.lens.device)
         checks.range_values("beam_idx", beam_idx, 0, B - 1, f"a sequence of the batch of B={B}")
-        self._reorder(beam_idx)
+        # Every row of every layer, copied to the rows of sequence b (paged: into b's own pages; its
+        # table row stays, else two sequences would share pages and overwrite each other's rows).
+        r = torch.arange(self.layout.capacity(), device=self.device)[None, :]
+        dst = rows_index(self.layout, torch.arange(B, device=self.device)[:, None], r)
+        src = rows_index(self.layout, beam_idx.long()[:, None], r)
+        for t in (self.layout.k, self.layout.v):
+            t[dst] = t[src]  # the right side is a copy: sources are read before any write
         self.lens.copy_(self.lens[beam_idx])
         self._host_lens = None
 
@@ -275,7 +350,7 @@ class KVCacheBase(Cache):
         read rows it has already overwritten. Metadata only."""
         if torch.compiler.is_compiling():
             return
-        own = {t.untyped_storage().data_ptr() for t in self._layer_storage(None)}
+        own = {t.untyped_storage().data_ptr() for t in (self.layout.k, self.layout.v)}
         for name, t in (("k", k), ("v", v)):
             if t.untyped_storage().data_ptr() in own:
                 raise ValueError(f"{name} must not share memory with the cache's own k/v buffers "
