@@ -313,7 +313,7 @@ def main(argv=None):
                      help="KV cache layout of target and draft (default contiguous)")
     gen.add_argument("--page-size", type=int, default=16, help="rows per KV page with --kv-layout paged (power of two)")
     gen.add_argument("--compile", action="store_true",
-                     help="compiled target and draft forwards (torch.compile, bucketed block shapes; docs/compile.md)")
+                     help="compiled target and draft forwards (torch.compile, one graph for blocks of 1-64 rows; docs/compile.md)")
     gen.add_argument("--compile-mode", default="default",
                      help="torch.compile mode with --compile (default; reduce-overhead: CUDA graphs on a GPU)")
     gen.add_argument("--json-schema", default=None, metavar="SCHEMA",

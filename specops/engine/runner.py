@@ -87,8 +87,8 @@ class ModelRunner:
 
     ``kv_layout``: "contiguous" (a :class:`StaticKVCache`) or "paged" (a :class:`PagedKVCache` of
     ``page_size``-row pages, a power of two); ``cache_dtype``: the cache's dtype (default the
-    model's). ``compile``: blocks of up to ``max(buckets)`` rows run a compiled graph
-    (``compile_mode``: torch.compile's mode; docs/compile.md). ``linear``: "auto" routes the model's
+    model's). ``compile``: blocks of up to 64 rows run one compiled graph (its row
+    count a symbol; under CUDA graphs one per bucket) (``compile_mode``: torch.compile's mode; docs/compile.md). ``linear``: "auto" routes the model's
     ``nn.Linear`` calls of more than one row (blocks, prompts) through :func:`specops.linear` while
     the runner lives when the model is bf16 or fp16 on the CPU (one pass over each weight serves a
     whole block; docs/batch_invariance.md); "specops" routes every call, one-row steps included (the
@@ -134,8 +134,9 @@ class ModelRunner:
         if not isinstance(compile, bool):
             raise ValueError(f"compile must be a bool, got {compile!r}")
         max_len = checks.integer("max_len", max_len, 1)
-        # Compiled blocks are padded to their bucket; the padding rows' K/V land past the valid rows,
-        # so the cache keeps one largest bucket of spare rows (never committed, never attended).
+        # A compiled block may carry padding rows (a first one-row block traces with two; CUDA graphs
+        # pad to buckets) whose K/V land past the valid rows: the cache keeps 64 spare rows (never
+        # committed, never attended).
         rows = max_len + (_compiled.MAX_BUCKET if compile else 0)
         if kv_layout == "paged":
             page_size = checks.power_of_two("page_size", checks.integer("page_size", page_size, 1))
@@ -204,8 +205,9 @@ class ModelRunner:
         return 0.0 if self.compiled is None else self.compiled.compile_time_s
 
     def warmup(self, sizes=None):
-        """Compiles the graphs for blocks of ``sizes`` query rows (default: every bucket) now, before
-        any timed work; returns the seconds spent. Call before ``prefill`` (it writes scratch rows)."""
+        """Compiles (or loads) the graph for blocks of ``sizes`` query rows now (one graph for every
+        size; under CUDA graphs one per bucket, default every bucket), before any timed work; returns
+        the seconds spent. Call before ``prefill`` (it writes scratch rows)."""
         return 0.0 if self.compiled is None else self.compiled.warmup(sizes)
 
     # ---- features --------------------------------------------------------------------------------
@@ -373,8 +375,8 @@ class ModelRunner:
         [B, Tq] (position = lens + depth), block_lens int32 [B] (valid block rows incl. these
         queries), features [B, Tq, H] or None -> logits [B, Tq, V] in the model's dtype. Query rows >=
         block_lens - q_start are
-        padding. With ``compile=True`` a block of up to ``max(buckets)`` rows runs the compiled graph
-        of its bucket; a longer one (or one a sliding window cannot take) runs eagerly."""
+        padding. With ``compile=True`` a block of up to 64 rows runs the compiled graph; a longer one
+        (or one a sliding window cannot take) runs eagerly."""
         B, Tq = tokens.shape
         checks.tensor("tokens", tokens, dtype=(torch.int64, torch.int32), shape=(self.B, None),
                        device=self.device)
