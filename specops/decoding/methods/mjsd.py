@@ -2,8 +2,9 @@
 by design: it aims at lower perplexity than greedy decoding, not at the target's distribution.
 
 Beam search runs inside the draft block as a tree (not as B x beams rows whose K/V get reordered):
-each step feeds the surviving beams and keeps the global top-``beams`` (beam, token) pairs by
-cumulative warped draft log-prob (``topn_expand``); no KV is copied until the final path is known.
+each step feeds the beams (a dead one, score -inf, is never expanded) and keeps the global
+top-``beams`` (beam, token) pairs by cumulative warped draft log-prob (``topn_expand``); no KV is
+copied until the final path is known, and the search stays on the device.
 The highest-scoring final beam is proposed as a chain with its per-prefix joint log-probs
 ``log q_{1:j}``. Both ``p`` and ``q`` use MJSD's own warp for the joint test (temperature 1,
 top-``joint_top_k`` then top-``joint_top_p``; the paper's App. D: 20 and 0.9); the bonus token uses
