@@ -1,83 +1,112 @@
-"""StaticKVCache: appends at per-sequence lengths, compaction through kv_compact, truncation,
-overflow raised before anything is written, and the runner's argument checks."""
+"""KVCache on both layouts (StaticKVCache, PagedKVCache): appends at per-sequence lengths, compaction
+through kv_compact, truncation, overflow raised before anything is written, and the argument checks.
+Tests that take ``layout`` run on a contiguous and a paged cache and read both through ``dense``."""
 import pytest
 import torch
 
-from specops.cache import StaticKVCache
+from specops.cache import KVCacheBase, PagedKVCache, StaticKVCache
+from specops.engine.cache import KVCache
+from specops.ops.layout import KvLayout
+from specops.testing import from_pages, random_accept
 
 
-def filled_cache(L=2, B=3, H=2, S=16, D=4, dtype=torch.float32):
-    cache = StaticKVCache(L, B, H, S, D, dtype=dtype)
-    cache.k.copy_(torch.randn_like(cache.k))
-    cache.v.copy_(torch.randn_like(cache.v))
+@pytest.fixture(params=["contiguous", "paged"])
+def layout(request):
+    return request.param
+
+
+def filled_cache(L=2, B=3, H=2, S=16, D=4, dtype=torch.float32, layout="contiguous"):
+    if layout == "paged":  # pages of 4 rows, scattered over the pool, S not a multiple of the page
+        cache = PagedKVCache(L, B, H, S, D, page_size=4, dtype=dtype)
+    else:
+        cache = StaticKVCache(L, B, H, S, D, dtype=dtype)
+    cache.layout.k.copy_(torch.randn_like(cache.layout.k))
+    cache.layout.v.copy_(torch.randn_like(cache.layout.v))
     return cache
 
 
-def test_block_rows_land_after_each_sequence_and_stay_uncommitted():
-    cache = filled_cache()
+def dense(cache):
+    """Every layer's rows as a contiguous cache (a copy): k, v [L, B, Hkv, max_len, D]."""
+    kv = cache.layout.gather()
+    return tuple(t[..., :cache.max_len, :].clone() for t in (kv.k, kv.v))
+
+
+def test_block_rows_land_after_each_sequence_and_stay_uncommitted(layout):
+    cache = filled_cache(layout=layout)
     cache.commit(torch.tensor([2, 5, 0], dtype=torch.int32))
     k = torch.randn(3, 2, 4, 4)
     v = torch.randn(3, 2, 4, 4)
     cache.begin_block(1, 4)
     cache.append_block(1, k, v)
     cache.end_block()
+    got_k, got_v = dense(cache)
     for b, start in enumerate([3, 6, 1]):
-        assert torch.equal(cache.k[1, b, :, start:start + 4], k[b])
-        assert torch.equal(cache.v[1, b, :, start:start + 4], v[b])
+        assert torch.equal(got_k[1, b, :, start:start + 4], k[b])
+        assert torch.equal(got_v[1, b, :, start:start + 4], v[b])
     assert cache.lens.tolist() == [2, 5, 0]
 
 
-def test_plain_mode_appends_and_commits_after_the_last_layer():
-    cache = filled_cache(L=2, B=1)
+def test_plain_mode_appends_and_commits_after_the_last_layer(layout):
+    cache = filled_cache(L=2, B=1, layout=layout)
     k = torch.randn(1, 2, 3, 4)
     cache.append_block(0, k, k)
     assert cache.lens.tolist() == [0]
     cache.append_block(1, k, k)
     assert cache.lens.tolist() == [3] and cache.get_seq_length() == 3
-    assert torch.equal(cache.k[1, 0, :, :3], k[0])
+    assert torch.equal(dense(cache)[0][1, 0, :, :3], k[0])
 
 
-def test_compact_moves_accepted_rows_in_every_layer_and_advances_lens():
-    cache = filled_cache()
+def test_compact_moves_accepted_rows_in_every_layer_and_advances_lens(layout):
+    cache = filled_cache(layout=layout)
     cache.commit(torch.tensor([3, 0, 7], dtype=torch.int32))
-    before_k, before_v = cache.k.clone(), cache.v.clone()
+    before_k, before_v = dense(cache)
     accept_idx = torch.tensor([[0, 2, 5], [0, 1, 2], [0, 4, -1]], dtype=torch.int32)
     accept_lens = torch.tensor([3, 3, 2], dtype=torch.int32)
     cache.compact(accept_idx, accept_lens)
+    got_k, got_v = dense(cache)
     for b, (P, idx) in enumerate([(3, [0, 2, 5]), (0, [0, 1, 2]), (7, [0, 4])]):
         for j, src in enumerate(idx):
-            assert torch.equal(cache.k[:, b, :, P + j], before_k[:, b, :, P + src])
-            assert torch.equal(cache.v[:, b, :, P + j], before_v[:, b, :, P + src])
+            assert torch.equal(got_k[:, b, :, P + j], before_k[:, b, :, P + src])
+            assert torch.equal(got_v[:, b, :, P + j], before_v[:, b, :, P + src])
     assert cache.lens.tolist() == [6, 3, 9]
 
 
-def test_overflow_raises_before_anything_is_written():
-    cache = filled_cache(S=8)
+def _state(cache):
+    return cache.layout.k.clone(), cache.layout.v.clone(), cache.lens.clone(), list(cache.host_lens())
+
+
+def _unchanged(cache, before):
+    after = _state(cache)
+    return all(torch.equal(a, b) for a, b in zip(before[:3], after[:3])) and before[3] == after[3]
+
+
+def test_overflow_raises_before_anything_is_written(layout):
+    cache = filled_cache(S=8, layout=layout)
     cache.commit(torch.tensor([2, 6, 1], dtype=torch.int32))
-    before = cache.k.clone()
+    before = _state(cache)
     with pytest.raises(ValueError, match="cache overflow.*max_len=8"):
         cache.begin_block(0, 3)
     with pytest.raises(ValueError, match="cache overflow"):
         cache.append_block(0, torch.randn(3, 2, 3, 4), torch.randn(3, 2, 3, 4))
-    assert torch.equal(cache.k, before) and cache.lens.tolist() == [2, 6, 1]
+    assert _unchanged(cache, before)
 
 
-def test_compact_error_leaves_cache_untouched():
-    cache = filled_cache()
+def test_compact_error_leaves_cache_untouched(layout):
+    cache = filled_cache(layout=layout)
     cache.commit(torch.tensor([3, 3, 3], dtype=torch.int32))
-    before = cache.k.clone(), cache.v.clone(), cache.lens.clone()
+    before = _state(cache)
     bad = torch.tensor([[0, 2, 1]] * 3, dtype=torch.int32)  # not increasing
     with pytest.raises(ValueError, match="accept_idx"):
         cache.compact(bad, torch.tensor([3, 3, 3], dtype=torch.int32))
-    assert all(torch.equal(a, b) for a, b in zip(before, (cache.k, cache.v, cache.lens)))
+    assert _unchanged(cache, before)
 
 
-def test_truncate_is_metadata_only_and_checked():
-    cache = filled_cache()
+def test_truncate_is_metadata_only_and_checked(layout):
+    cache = filled_cache(layout=layout)
     cache.commit(torch.tensor([5, 4, 3], dtype=torch.int32))
-    before = cache.k.clone()
+    before = _state(cache)
     cache.truncate(torch.tensor([2, 4, 0], dtype=torch.int32))
-    assert cache.lens.tolist() == [2, 4, 0] and torch.equal(cache.k, before)
+    assert cache.lens.tolist() == [2, 4, 0] and torch.equal(cache.layout.k, before[0])
     with pytest.raises(ValueError, match=r"new_lens must lie in \[0, lens\]"):
         cache.truncate(torch.tensor([3, 4, 0], dtype=torch.int32))
     with pytest.raises(TypeError, match="new_lens must have dtype torch.int32"):
@@ -106,43 +135,35 @@ def test_host_counts_keep_the_host_lengths_fresh_without_a_read(monkeypatch):
     assert cache.lens.tolist() == [6, 5, 1]
 
 
-def test_sizes_and_shape_errors():
+def test_sizes_and_shape_errors(layout):
     with pytest.raises(ValueError, match="StaticKVCache sizes must be >= 1"):
         StaticKVCache(2, 0, 2, 8, 4)
-    cache = filled_cache()
+    cache = filled_cache(layout=layout)
     with pytest.raises(ValueError, match=r"k must have shape \[3, 2, \*, 4\]"):
         cache.append_block(0, torch.randn(3, 1, 2, 4), torch.randn(3, 1, 2, 4))
 
 
 @pytest.mark.parametrize("lens", [[4, 4, 4], [4, 1, 6]])
-def test_every_layer_of_a_block_writes_at_lens_plus_offset_equal_or_ragged(lens):
-    # Equal lengths take the slice-copy plan, ragged ones the scatter plan; both convert dtype.
-    cache = filled_cache(L=3, dtype=torch.bfloat16)
+def test_every_layer_of_a_block_writes_at_lens_plus_offset_equal_or_ragged(lens, layout):
+    # Contiguous: equal lengths take the slice-copy plan, ragged ones the row addresses (paged: always
+    # the addresses); every plan converts dtype.
+    cache = filled_cache(L=3, dtype=torch.bfloat16, layout=layout)
     cache.commit(torch.tensor(lens, dtype=torch.int32))
-    before = cache.k.clone()
+    want_k, want_v = dense(cache)
     ks = [torch.randn(3, 2, 2, 4) for _ in range(3)]
     cache.begin_block(2, 2)
     for layer, k in enumerate(ks):
         cache.append_block(layer, k, -k)
     cache.end_block()
-    want = before.clone()
     for layer, k in enumerate(ks):
         for b, n in enumerate(lens):
-            want[layer, b, :, n + 2:n + 4] = k[b].to(torch.bfloat16)
-            assert torch.equal(cache.v[layer, b, :, n + 2:n + 4], (-k[b]).to(torch.bfloat16))
-    assert torch.equal(cache.k, want) and cache.lens.tolist() == lens
+            want_k[layer, b, :, n + 2:n + 4] = k[b].to(torch.bfloat16)
+            want_v[layer, b, :, n + 2:n + 4] = (-k[b]).to(torch.bfloat16)
+    got_k, got_v = dense(cache)
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v) and cache.lens.tolist() == lens
 
 
 # ---- issue #16 item 1: bad arguments raise before anything is written --------------------------
-
-def _state(cache):
-    return cache.k.clone(), cache.v.clone(), cache.lens.clone(), list(cache.host_lens())
-
-
-def _unchanged(cache, before):
-    after = _state(cache)
-    return all(torch.equal(a, b) for a, b in zip(before[:3], after[:3])) and before[3] == after[3]
-
 
 @pytest.mark.parametrize("call, exc, match", [
     (lambda c: c.begin_block(-5, 2), ValueError, "offset must be >= 0, got -5"),
@@ -160,17 +181,18 @@ def _unchanged(cache, before):
     (lambda c: c.append_block(0, torch.randn(1, 2, 1, 4).double(), torch.randn(1, 2, 1, 4).double()), TypeError,
      "k must have dtype .*got torch.float64"),
 ])
-def test_issue_16_bad_arguments_leave_the_cache_untouched(call, exc, match):
-    cache = filled_cache(L=2, B=1, S=16)
+def test_issue_16_bad_arguments_leave_the_cache_untouched(call, exc, match, layout):
+    cache = filled_cache(L=2, B=1, S=16, layout=layout)
     cache.commit(torch.tensor([6], dtype=torch.int32))
-    before = _state(cache)
+    before, rows = _state(cache), dense(cache)[0]
     with pytest.raises(exc, match=match):
         call(cache)
     assert _unchanged(cache, before)
     cache.begin_block(0, 2)  # still usable: the next block lands after the committed rows
     k = torch.randn(1, 2, 2, 4)
     cache.append_block(0, k, k)
-    assert torch.equal(cache.k[0, 0, :, 6:8], k[0]) and torch.equal(cache.k[0, 0, :, :6], before[0][0, 0, :, :6])
+    got = dense(cache)[0]
+    assert torch.equal(got[0, 0, :, 6:8], k[0]) and torch.equal(got[0, 0, :, :6], rows[0, 0, :, :6])
 
 
 def test_issue_16_cache_dtype_must_be_a_float_kv_dtype():
@@ -179,11 +201,14 @@ def test_issue_16_cache_dtype_must_be_a_float_kv_dtype():
             StaticKVCache(1, 1, 1, 4, 2, dtype=dtype)
 
 
-def test_new_rows_may_not_be_views_of_the_cache():
-    cache = filled_cache()
+def test_new_rows_may_not_be_views_of_the_cache(layout):
+    cache = filled_cache(layout=layout)
     before = _state(cache)
+    view = cache.layout.k[1].flatten()[:48].view(3, 2, 2, 4)  # rows shaped like new ones, in the storage
     with pytest.raises(ValueError, match="k must not share memory with the cache"):
-        cache.append_block(0, cache.k[1, :, :, :2], torch.randn(3, 2, 2, 4))
+        cache.append_block(0, view, torch.randn(3, 2, 2, 4))
+    with pytest.raises(ValueError, match="v must not share memory with the cache"):
+        cache.append_block(0, torch.randn(3, 2, 2, 4), cache.layout.v[0].flatten()[8:56].view(3, 2, 2, 4))
     assert _unchanged(cache, before)
 
 
@@ -199,24 +224,61 @@ def test_commit_with_host_counts_checks_them_and_keeps_the_mirror_fresh():
     assert cache._host_lens is None and cache.lens.tolist() == [2, 3, 9]
 
 
-def test_crop_follows_transformers_sign_convention_and_reorder_is_checked():
-    cache = filled_cache()
+def test_crop_follows_transformers_sign_convention_and_reorder_is_checked(layout):
+    cache = filled_cache(layout=layout)
     cache.commit(torch.tensor([5, 2, 7], dtype=torch.int32))
     cache.crop(-3)  # what transformers' assisted generation passes
     assert cache.lens.tolist() == [2, 0, 4]
     cache.crop(1)
     assert cache.lens.tolist() == [1, 0, 3]
-    k = cache.k.clone()
+    k, v = dense(cache)
     cache.reorder_cache(torch.tensor([2, 2, 0]))
-    assert cache.lens.tolist() == [3, 3, 1] and torch.equal(cache.k[:, 0], k[:, 2])
+    got_k, got_v = dense(cache)
+    assert cache.lens.tolist() == [3, 3, 1]
+    assert torch.equal(got_k, k[:, [2, 2, 0]]) and torch.equal(got_v, v[:, [2, 2, 0]])
     with pytest.raises(ValueError, match=r"beam_idx\[1\] = 3"):
         cache.reorder_cache(torch.tensor([0, 3, 1]))
 
 
-# ---- PagedKVCache: the semantics of StaticKVCache on scattered pages -----------------------------
 
-from specops.cache import PagedKVCache  # noqa: E402
-from specops.testing import from_pages, random_accept  # noqa: E402
+# ---- KVCache over a layout: the constructors only allocate ---------------------------------------
+
+def test_kvcache_wraps_a_users_layout():
+    k, v = torch.zeros(2, 3, 2, 8, 4), torch.zeros(2, 3, 2, 8, 4)
+    cache = KVCache(KvLayout.contiguous(k, v), max_len=6)
+    assert KVCacheBase is KVCache and isinstance(StaticKVCache(1, 1, 1, 4, 2), KVCache)
+    assert cache.k is k and (cache.max_len, cache.num_layers, cache.num_kv_heads, cache.head_dim) == (6, 2, 2, 4)
+    rows = torch.randn(3, 2, 6, 4)
+    for layer in range(2):
+        cache.append_block(layer, rows, -rows)
+    assert torch.equal(k[1, :, :, :6], rows) and torch.equal(v[0, :, :, :6], -rows) and cache.lens.tolist() == [6] * 3
+    (kp, vp), table = torch.zeros(2, 2, 5, 4, 1, 2), torch.tensor([[3, 1], [0, 4]], dtype=torch.int32)
+    paged = KVCache(KvLayout.paged(kp, vp, table))
+    assert paged.k_pages is kp and paged.v_pages is vp and paged.page_table is table
+    assert (paged.max_len, paged.page_size, paged.num_pages) == (8, 4, 5)
+    with pytest.raises(ValueError, match="cache overflow"):
+        paged.begin_block(0, 9)
+
+
+@pytest.mark.parametrize("make, exc, match", [
+    (lambda k, v, t: KVCache((k, v)), TypeError, "KVCache layout must be a specops.ops.layout.KvLayout, got tuple"),
+    (lambda k, v, t: KVCache(KvLayout.contiguous(k, v), max_len=9), ValueError,
+     r"KVCache max_len must be <= 8 \(the rows the layout holds per sequence\), got 9"),
+    (lambda k, v, t: KVCache(KvLayout.contiguous(k, v), max_len=0), ValueError, "KVCache sizes must be >= 1"),
+    (lambda k, v, t: KVCache(KvLayout.contiguous(k.double(), v.double())), TypeError, "k_cache must have dtype"),
+    (lambda k, v, t: KVCache(KvLayout.contiguous(k, k)), ValueError, "v_cache must not share memory with k_cache"),
+    (lambda k, v, t: KVCache(KvLayout.contiguous(k[0], v[0])), ValueError, "k_cache must have rank 5"),
+    (lambda k, v, t: KVCache(KvLayout.paged(k, v, t.long())), TypeError, "page_table must have dtype torch.int32"),
+    (lambda k, v, t: KVCache(KvLayout.paged(*torch.zeros(2, 2, 3, 3, 2, 4), t)), ValueError,
+     "page_size .* power of two"),
+])
+def test_kvcache_checks_the_layout_it_is_given(make, exc, match):
+    k, v = torch.zeros(2, 3, 2, 8, 4), torch.zeros(2, 3, 2, 8, 4)
+    with pytest.raises(exc, match=match):
+        make(k, v, torch.zeros(3, 2, dtype=torch.int32))
+
+
+# ---- PagedKVCache: the semantics of StaticKVCache on scattered pages -----------------------------
 
 
 def pair(L=2, B=3, H=2, S=21, D=4, page_size=4, dtype=torch.float32, **kw):
@@ -308,19 +370,3 @@ def test_paged_plain_mode_hands_attention_a_contiguous_copy():
 def test_paged_constructor_errors_name_the_argument(kw, exc, match):
     with pytest.raises(exc, match=match):
         PagedKVCache(2, 3, 2, 21, 4, **{"page_size": 4, **kw})
-
-
-def test_paged_bad_arguments_leave_the_cache_untouched():
-    static, paged = pair(S=8, page_size=2)
-    paged.k_pages.copy_(torch.randn_like(paged.k_pages))
-    paged.commit(torch.tensor([2, 6, 1], dtype=torch.int32))
-    before = paged.k_pages.clone(), paged.v_pages.clone(), paged.lens.clone()
-    with pytest.raises(ValueError, match="cache overflow"):
-        paged.begin_block(0, 3)
-    with pytest.raises(ValueError, match=r"k must have shape \[3, 2, \*, 4\]"):
-        paged.append_block(0, torch.randn(3, 1, 2, 4), torch.randn(3, 1, 2, 4))
-    with pytest.raises(ValueError, match="accept_idx"):
-        paged.compact(torch.tensor([[0, 2, 1]] * 3, dtype=torch.int32), torch.tensor([3, 0, 3], dtype=torch.int32))
-    with pytest.raises(ValueError, match="k must not share memory with the cache"):
-        paged.append_block(0, paged.k_pages[1, :3].transpose(1, 2)[:, :, :1], torch.randn(3, 2, 1, 4))
-    assert all(torch.equal(a, b) for a, b in zip(before, (paged.k_pages, paged.v_pages, paged.lens)))
