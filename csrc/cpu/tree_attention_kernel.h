@@ -260,23 +260,30 @@ void chunk_step(const ItemState& s, int v0, const K* const* kp, const void* vsrc
 // the batch-invariant schedule when G <= kNarrow). Query rows in lanes would leave most lanes idle
 // and pay a broadcast per key and head dim, so here the head dim is in lanes: a score is one dot
 // product (FMAs down D, one horizontal sum), and P V adds p * V rows into [M][D] fp32 accumulators.
-// K/V arrive as fp32 rows (converted per tile, or in place for fp32). Layout: Q [M][D] (pre-scaled
-// into the base-2 domain), O [M][D]; scores and probabilities [M][kTileN] in the S^T scratch.
-template <int M, bool kMasked>
-void narrow_tile(const ItemState& s, const float* const* kp, const float* const* vp, int len, int j0) {
+// K/V rows are read in place (fp16 / bf16 widened in registers). Layout: Q [M][D] (pre-scaled into
+// the base-2 domain), O [M][D]; scores and probabilities [M][kTileN] in the S^T scratch.
+template <typename T>
+TA_INLINE vf load_row(const T* p) {
+  if constexpr (std::is_same_v<T, float>) return Vec::load(p);
+  else if constexpr (std::is_same_v<T, c10::Half>) return Vec::load_f16(reinterpret_cast<const uint16_t*>(p));
+  else return Vec::load_bf16(reinterpret_cast<const uint16_t*>(p));
+}
+
+template <int M, bool kMasked, typename T>
+void narrow_tile(const ItemState& s, const T* const* kp, const T* const* vp, int len, int j0) {
   const int D = s.pb->D, dv = D / W * W, lp = (len + W - 1) / W * W;
   float* sc = s.st;
   for (int n = 0; n < len; ++n) {
-    const float* k = kp[n];
+    const T* k = kp[n];
     vf acc[M];
     TA_UNROLL for (int m = 0; m < M; ++m) acc[m] = Vec::zero();
     for (int d = 0; d < dv; d += W) {
-      const vf kv = Vec::load(k + d);
+      const vf kv = load_row(k + d);
       TA_UNROLL for (int m = 0; m < M; ++m) acc[m] = Vec::fma(kv, Vec::load(s.qt + m * D + d), acc[m]);
     }
     TA_UNROLL for (int m = 0; m < M; ++m) {
       float x = Vec::hsum(acc[m]);
-      for (int d = dv; d < D; ++d) x += k[d] * s.qt[m * D + d];
+      for (int d = dv; d < D; ++d) x += static_cast<float>(k[d]) * s.qt[m * D + d];
       if constexpr (kMasked) {
         if (!((s.colmask[static_cast<int64_t>(j0 + n) * s.nvm + m / W] >> (m % W)) & 1u)) x = -INFINITY;
       }
@@ -308,7 +315,7 @@ void narrow_tile(const ItemState& s, const float* const* kp, const float* const*
     vf acc[M];
     TA_UNROLL for (int m = 0; m < M; ++m) acc[m] = Vec::mul(Vec::load(s.ot + m * D + d), Vec::set1(al[m]));
     for (int n = 0; n < len; ++n) {
-      const vf v = Vec::load(vp[n] + d);
+      const vf v = load_row(vp[n] + d);
       TA_UNROLL for (int m = 0; m < M; ++m) acc[m] = Vec::fma(Vec::set1(sc[m * kTileN + n]), v, acc[m]);
     }
     TA_UNROLL for (int m = 0; m < M; ++m) Vec::store(s.ot + m * D + d, acc[m]);
@@ -316,24 +323,23 @@ void narrow_tile(const ItemState& s, const float* const* kp, const float* const*
   for (int d = dv; d < D; ++d)
     TA_UNROLL for (int m = 0; m < M; ++m) {
       float o = s.ot[m * D + d] * al[m];
-      for (int n = 0; n < len; ++n) o += sc[m * kTileN + n] * vp[n][d];
+      for (int n = 0; n < len; ++n) o += sc[m * kTileN + n] * static_cast<float>(vp[n][d]);
       s.ot[m * D + d] = o;
     }
 }
 
+template <bool kMasked, typename T>
+void narrow_step(const ItemState& s, const T* const* kp, const T* const* vp, int len, int j0) {
+  switch (s.M) {
+    case 1: narrow_tile<1, kMasked>(s, kp, vp, len, j0); return;
+    case 2: narrow_tile<2, kMasked>(s, kp, vp, len, j0); return;
+    case 3: narrow_tile<3, kMasked>(s, kp, vp, len, j0); return;
+    default: narrow_tile<4, kMasked>(s, kp, vp, len, j0); return;
+  }
+}
+
 template <bool kMasked, bool kDot, typename K>
 void tile_step(const ItemState& s, const K* const* kp, const void* vsrc, int len, int j0) {
-  if constexpr (!kDot) {
-    if (s.pb->narrow) {
-      const float* const* vp = static_cast<const float* const*>(vsrc);
-      switch (s.M) {
-        case 1: narrow_tile<1, kMasked>(s, kp, vp, len, j0); return;
-        case 2: narrow_tile<2, kMasked>(s, kp, vp, len, j0); return;
-        case 3: narrow_tile<3, kMasked>(s, kp, vp, len, j0); return;
-        default: narrow_tile<4, kMasked>(s, kp, vp, len, j0); return;
-      }
-    }
-  }
   const int nv = (s.M + W - 1) / W;
   const int nch = (nv + kMaxMC - 1) / kMaxMC;
   for (int ch = 0; ch < nch; ++ch) {
@@ -450,6 +456,11 @@ void run_item(const ta::Problem& pb, float* ws, int64_t item) {
     for (int n = 0; n < len; ++n) {
       krow[n] = kb + kv_off(row_of(n), pb.sk_pg, pb.sk_s);
       vrow[n] = vb + kv_off(row_of(n), pb.sv_pg, pb.sv_s);
+    }
+    if (pb.narrow) {  // rows in place, whatever the layout (each is read once per pass)
+      if (j0 < 0) narrow_step<false>(s, krow, vrow, len, 0);
+      else narrow_step<true>(s, krow, vrow, len, j0);
+      return;
     }
     // fp32 paged rows are copied into the packed tiles (contiguous rows, as in a contiguous
     // cache): in place, a head's rows of a page lie Hkv * D apart (4 KiB at Hkv 8, D 128), so a

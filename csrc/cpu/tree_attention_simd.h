@@ -46,6 +46,14 @@ struct Vec {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
     return _mm512_scalef_ps(p, n);
   }
+  // W fp32 lanes from W fp16 / bf16 values (the narrow path converts K/V rows in registers).
+  static TA_INLINE vf load_f16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static TA_INLINE vf load_bf16(const uint16_t* p) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  }
   static TA_INLINE void cvt_f16(const uint16_t* src, float* dst, int64_t n) {
     int64_t i = 0;
     for (; i + 16 <= n; i += 16)
@@ -101,6 +109,13 @@ struct Vec {
     // 2^n by building the exponent field; n = -127 gives the bit pattern of 0.
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  }
+  static TA_INLINE vf load_f16(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static TA_INLINE vf load_bf16(const uint16_t* p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
   }
   static TA_INLINE void cvt_f16(const uint16_t* src, float* dst, int64_t n) {
     int64_t i = 0;
@@ -169,6 +184,16 @@ struct Vec {
   static TA_INLINE vf exp2(vf a) {
     vf r;
     for (int k = 0; k < W; ++k) r.v[k] = a.v[k] <= -150.f ? 0.f : exp2f(a.v[k]);
+    return r;
+  }
+  static TA_INLINE vf load_f16(const uint16_t* p) {
+    vf r;
+    cvt_f16(p, r.v, W);
+    return r;
+  }
+  static TA_INLINE vf load_bf16(const uint16_t* p) {
+    vf r;
+    cvt_bf16(p, r.v, W);
     return r;
   }
   static TA_INLINE void cvt_f16(const uint16_t* src, float* dst, int64_t n) {
