@@ -292,8 +292,9 @@ class KVCache(Cache):
         impl = resolve(self.layout.op("kv_compact"), self.device, backend)
         if accept_idx.shape[1]:  # the kernels are never launched for an empty acceptance
             impl(*self.layout.tensors(), self.lens, accept_idx, accept_lens)
-        # No second check: with check=True the value rules have verified lens + accept_idx[b, j] < max_len for
-        # strictly increasing accept_idx[b, j] >= j, so lens + accept_lens <= max_len holds; with
+        # No second check: with check=True the value rules have verified lens + accept_idx[b, j] < the layout's
+        # capacity (max_len for a StaticKVCache; a paged one's last page may hold more, rows the sequence
+        # owns) for strictly increasing accept_idx[b, j] >= j, so lens + accept_lens stays within it; with
         # check=False nothing is checked (and nothing syncs), as documented.
         self.commit(accept_lens, host_counts, check=False)
 
