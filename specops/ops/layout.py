@@ -104,7 +104,9 @@ class KvLayout:
         """Where row ``r`` of sequence ``b`` lives (int64 tensors, broadcast together): the indices
         into k's dims (lead, lead + 2) = (b, r) contiguous, (lead, lead + 1) = (page, slot) paged.
         Paged rows past the table read its last entry: callers mask them (page ids not clamped)."""
-        b, r = torch.broadcast_tensors(torch.as_tensor(b).long(), torch.as_tensor(r).long())
+        # (tensors pass through as they are: the caches call this every forward, with no host data)
+        b, r = (x if isinstance(x, torch.Tensor) else torch.as_tensor(x) for x in (b, r))
+        b, r = torch.broadcast_tensors(b.long(), r.long())
         if not self.is_paged:
             return b, r
         ps = self.page_size
