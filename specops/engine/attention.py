@@ -30,6 +30,7 @@ from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
+from ..ops.layout import KvLayout
 from ..ops.plan import TreeAttentionPlan
 from ..ops.tree_mask import pack_mask
 
@@ -172,12 +173,10 @@ def block_attention(module, query, key, value, block, scaling):
     # in place instead of copying it back.
     lid = torch.full((1, 1, 1), layer, dtype=torch.int64, device=dev)
     heads = torch.arange(H, device=dev)[None, :, None]  # [1, Hkv, 1]
-    if page_table is None:
-        where = (lid, torch.arange(B, device=dev)[:, None, None], heads, rows[:, None, :])  # [B, Hkv, Tb]
-    else:
-        ps = k_store.shape[2]
-        pages = page_table.long().gather(1, rows // ps)  # [B, Tb]
-        where = (lid, pages[:, None, :], (rows % ps)[:, None, :], heads)  # [B, Hkv, Tb]
+    # The rows' addresses are the layout's (b, row) or (page, slot), as the eager caches' and the kernels'.
+    x, y = KvLayout(k_store, v_store, page_table).address(torch.arange(B, device=dev)[:, None], rows)  # [B, Tb]
+    x, y = x[:, None, :], y[:, None, :]
+    where = (lid, x, heads, y) if page_table is None else (lid, x, y, heads)  # [B, Hkv, Tb]
     k_store.index_put_(where, key.to(k_store.dtype))
     v_store.index_put_(where, value.to(v_store.dtype))
     q = query.transpose(1, 2)  # [B, Tb, Hq, D]
