@@ -7,7 +7,7 @@ implementation the model runs with. The engine imports ``specops.ops`` (and the 
 helpers ``specops.models``, ``specops.draft_models``, ``specops.parallel``), never
 ``specops.decoding``, which drives it.
 """
-from .cache import KVCacheBase, PagedKVCache, StaticKVCache
+from .cache import KVCache, KVCacheBase, PagedKVCache, StaticKVCache
 from .runner import KV_LAYOUTS, ModelRunner, Stager, pad_batch
 
-__all__ = ["KV_LAYOUTS", "KVCacheBase", "ModelRunner", "PagedKVCache", "Stager", "StaticKVCache", "pad_batch"]
+__all__ = ["KV_LAYOUTS", "KVCache", "KVCacheBase", "ModelRunner", "PagedKVCache", "Stager", "StaticKVCache", "pad_batch"]

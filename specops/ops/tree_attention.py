@@ -235,13 +235,6 @@ def length_values(prefix_lens, block_lens, q_lens, kv, W, Tq):
     checks.raise_first(rules)
 
 
-def gather_pages(pages, page_table):
-    """The contiguous cache a paged one stands for (:meth:`KvLayout.gather`). Shape: pages
-    [num_pages, page_size, Hkv, D], page_table int32 [B, max_pages] -> [B, Hkv, max_pages *
-    page_size, D]."""
-    return KvLayout.paged(pages, pages, page_table).gather().k
-
-
 def visibility(prefix_lens, block_lens, mask, q_lens, S):
     """The dense boolean visibility the op implements (for the reference and the baselines).
 
