@@ -7,7 +7,6 @@ description text of the installed distributions. Every file read is listed in th
 its size and a content hash, so a run can say exactly what it trained on.
 """
 import ast
-import hashlib
 import importlib.metadata
 import os
 import random
@@ -15,10 +14,6 @@ import sysconfig
 
 _SKIP_DIRS = {"test", "tests", "idle_test", "__pycache__", "site-packages", "dist-packages", "ensurepip",
               "lib2to3", "turtledemo", "config-3.11-x86_64-linux-gnu"}
-
-
-def _digest(text):
-    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:16]
 
 
 def stdlib_sources(limit=None):
@@ -103,9 +98,6 @@ def functions_with_summaries(sources):
     return out
 
 
-def manifest_entry(kind, items):
-    return {"kind": kind, "items": len(items), "chars": sum(len(t) for _, t in items),
-            "files": [{"name": n, "chars": len(t), "sha256_16": _digest(t)} for n, t in items]}
 
 
 # ---- prompts the target answers (its own text is the distribution the draft must match) ---------

@@ -17,7 +17,7 @@ import torch
 from .. import extension
 from ..backend import register, register_compiled, resolve
 from . import checks
-from .layout import KvLayout, Spec
+from .layout import KvLayout
 
 CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -117,18 +117,6 @@ def accept_values(kv, prefix_lens, accept_idx, accept_lens):
         clash = _aliased_writes(kv, needed, prefix_lens, accept_idx, accept_lens)
         rules += [kv.page_rule(needed), (clash, lambda: _aliased_message(clash, kv.page_table, kv.page_size, needed))]
     checks.raise_first(rules)
-
-
-def check_values(prefix_lens, accept_idx, accept_lens, S):
-    """:func:`accept_values` of a contiguous cache of S rows."""
-    cache = Spec((1, accept_idx.shape[0], 1, S, 1), torch.float32, accept_idx.device)
-    accept_values(KvLayout.contiguous(cache, cache), prefix_lens, accept_idx, accept_lens)
-
-
-def check_paged_values(page_table, num_pages, page_size, prefix_lens, accept_idx, accept_lens):
-    """:func:`accept_values` of a pool of ``num_pages`` pages of ``page_size`` rows."""
-    pool = Spec((1, num_pages, page_size, 1, 1), torch.float32, page_table.device)
-    accept_values(KvLayout.paged(pool, pool, page_table), prefix_lens, accept_idx, accept_lens)
 
 
 def _accept_rules(prefix_lens, accept_idx, accept_lens, rows, label):
