@@ -67,7 +67,9 @@ class CompiledBlock(NamedTuple):
     (the cache row of every new row); k_store, v_store [L, B, Hkv, S, D] with page_table None
     (contiguous), or [L, N, ps, Hkv, D] with page_table int32 [B, max_pages] (paged). ``impl``: the
     plan's kernel function, or None for the compiled extension's registered op (its ``.functional`` overload);
-    ``invariant``: the batch-invariant schedule (docs/batch_invariance.md)."""
+    ``invariant``: the batch-invariant schedule (docs/batch_invariance.md). ``layer``: which layer of the
+    stores this attention reads and writes; a graph of a run of layers passes that run's stores and the
+    index within it, None (the whole decoder's graph) the module's ``layer_idx``."""
 
     impl: object
     prefix_lens: torch.Tensor
@@ -79,6 +81,7 @@ class CompiledBlock(NamedTuple):
     v_store: torch.Tensor
     page_table: torch.Tensor
     invariant: bool = False
+    layer: int = None  # the layer's index into the stores (None: the module's layer_idx)
 
 
 def specops_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -165,7 +168,7 @@ def block_attention(module, query, key, value, block, scaling):
 
     Shape: query [B, Hq, Tb, D]; key, value [B, Hkv, Tb, D] (this forward's new rows, RoPE applied);
     ``block``: a :class:`CompiledBlock` -> ([B, Tb, Hq, D], None)."""
-    layer = module.layer_idx
+    layer = module.layer_idx if block.layer is None else block.layer
     k_store, v_store, page_table, rows = block.k_store, block.v_store, block.page_table, block.rows
     B, H, T, _ = key.shape
     dev = key.device

@@ -131,6 +131,33 @@ class _Decoder:
         return self.decoder(input_ids=ids, **kw).last_hidden_state
 
 
+class _Layers:
+    """The function of the layered graph: a run of ``len(layers)`` decoder layers, called once per run
+    with those layers' modules and stores, so one graph serves every run of the decoder (docs/compile.md:
+    a compile of 6 layers instead of 30). Shape: hidden [B, Tb, H]; cos, sin [B, Tb, D]; positions
+    int64 [B, Tb]; mask int32 [B, 1, Tb, W]; k, v: the run's stores ([n, B, Hkv, S, D] contiguous,
+    [n, N, ps, Hkv, D] paged) -> hidden [B, Tb, H]."""
+
+    def forward(self, layers, hidden, cos, sin, positions, mask, block, k, v):
+        for j, layer in enumerate(layers):
+            own = CompiledBlock(block.impl, block.prefix_lens, block.block_lens, block.q_lens, block.mask,
+                                block.rows, k, v, block.page_table, block.invariant, j)
+            hidden = layer(hidden, attention_mask=mask, position_ids=positions, position_embeddings=(cos, sin),
+                           use_cache=False, **{BLOCK_KW: own})
+        return hidden
+
+
+def run_length(layers, most=8):
+    """How many layers one call of the layered graph runs: the largest divisor of ``layers`` up to
+    ``most`` (each call costs ~0.15 ms of wrappers on a CPU; each layer in the graph, compile time)."""
+    return max(n for n in range(1, min(layers, most) + 1) if layers % n == 0)
+
+
+# Decoders whose forward is embed -> rotary -> every layer with (cos, sin) -> norm, as written in
+# CompiledDecoder._run_layered (the HF forwards of these classes read so, for a 4-D mask).
+LAYERED = ("LlamaModel", "Qwen2Model", "Qwen3Model", "MistralModel")
+
+
 class CompiledDecoder:
     """``model``'s decoder (up to the final norm) under torch.compile, shared by every runner of the
     model in this process.
@@ -170,6 +197,17 @@ class CompiledDecoder:
                 # dynamism would carry what other models' graphs of this code object saw into this one,
                 # e.g. a float made an input, which aot_compile cannot trace.)
                 self._aot_fn = torch.compile(self._step.forward, fullgraph=True, dynamic=False, options=options)
+        # CPU, default mode: one layer's graph called per layer (compiles once for all layers).
+        self.layered = (mode == "default" and _on_cpu(model) and type(self.decoder).__name__ in LAYERED
+                        and os.environ.get("SPECOPS_COMPILE_WHOLE") != "1")
+        if self.layered:
+            self._layers = _Layers()
+            layers = tuple(self.decoder.layers[:self.decoder.config.num_hidden_layers])
+            self.run_length = n = run_length(len(layers))
+            self._runs = [layers[i:i + n] for i in range(0, len(layers), n)]
+            options = dict(self.options["options"], guard_filter_fn=_saveable_guards)
+            with torch._dynamo.config.patch(enable_aot_compile=True):
+                self._layers_aot = torch.compile(self._layers.forward, fullgraph=True, dynamic=False, options=options)
         self.compile_s = {}
         self._seen = set()  # (key, grad mode, inference mode) of every graph that ran
         self._loaded = set()  # the seen keys whose graph is a saved one (no guards: any row count runs)
@@ -267,6 +305,8 @@ class CompiledDecoder:
         input that needs another graph all the same (say, a tensor made outside inference mode where the
         graph saw inference tensors) makes dynamo refuse before running anything: then the full guards
         choose or compile."""
+        if self.layered and args[4] is None:
+            return self._run_layered(seen, *args[:4])
         if self._saved is not None and seen not in self._unsaved:
             token = (seen, args[3].k_store.untyped_storage().data_ptr())
             graph, how = self._checked.get(token), None
@@ -287,6 +327,39 @@ class CompiledDecoder:
                 if "skip_guard_eval_unsafe" not in str(e):
                     raise
         return self._fn(*args), None
+
+    def _run_layered(self, seen, ids, positions, mask, block):
+        """The decoder as one graph of :attr:`run_length` layers called per run of layers; the
+        embedding, rotary tables and final norm run eagerly (a handful of ops). -> (hidden [B, Tb, H],
+        how the graph was got or None)."""
+        d = self.decoder
+        hidden = d.embed_tokens(ids)  # [B, Tb, H]
+        cos, sin = d.rotary_emb(hidden, position_ids=positions)  # [B, Tb, D] each
+        n, k, v = self.run_length, block.k_store, block.v_store
+        token = (seen, "layered", k.untyped_storage().data_ptr())
+        graph, how = self._checked.get(token), None
+        if graph is None:
+            if self._frozen:
+                raise RuntimeError(f"specops: {self.name} needs its layered graph inside frozen()")
+            for t in (hidden, cos, sin):
+                torch._dynamo.mark_dynamic(t, 1, min=2, max=MAX_BUCKET)
+            args = (self._runs[0], hidden, cos, sin, positions, mask, block, k[:n], v[:n])
+            dim = 3 if block.page_table is None else 1  # the stores' row (page) dim
+            for t in args[-2:]:
+                if t.shape[dim] > 1:
+                    torch._dynamo.mark_dynamic(t, dim)
+            sig = _signature(args)
+            graph = self._saved.get((seen, sig))
+            if graph is None:
+                graph, how = self._saved_graph(seen, sig, args, self._layers_aot)
+            if graph is None:
+                raise RuntimeError(f"specops: {self.name}'s layered graph could not be compiled ahead of time")
+            self._checked[token] = graph
+            self._loaded.add(seen)
+        for i, run in enumerate(self._runs):
+            hidden = graph(self._layers, run, hidden, cos, sin, positions, mask, block,
+                           k[i * n:(i + 1) * n], v[i * n:(i + 1) * n])
+        return d.norm(hidden), how
 
     def runs_one_row(self, key):
         """Whether the graph of ``key`` (in the current grad and inference modes) takes a one-row block
@@ -311,7 +384,7 @@ class CompiledDecoder:
         h = hashlib.sha256(f"{self._model_digest}\0{seen!r}\0{sig!r}".encode())
         return os.path.join(models.cache_dir(), "compiled", f"{self.name}-{h.hexdigest()[:24]}.aot")
 
-    def _saved_graph(self, seen, sig, args):
+    def _saved_graph(self, seen, sig, args, compiler=None):
         """(graph, how): the graph loaded from :meth:`saved_path`, else compiled ahead of time and saved
         there; (None, None) when it cannot be compiled that way (dynamo's cache runs it instead)."""
         path = self.saved_path(seen, sig)
@@ -326,7 +399,7 @@ class CompiledDecoder:
                 graph = None
         if graph is None:
             try:
-                graph = self._aot_fn.aot_compile((args, {}))
+                graph = (compiler or self._aot_fn).aot_compile((args, {}))
             except Exception as e:
                 print(f"specops: this graph cannot be compiled ahead of time ({type(e).__name__}: {e}); "
                       "compiling it for this process only", file=sys.stderr, flush=True)
@@ -489,8 +562,11 @@ def _signature(args):
     """What a saved graph assumes of its inputs: every tensor's dtype, device and sizes (-1 for the
     dimensions marked dynamic), and the other values (the block's kernel by name, flags)."""
     out = []
-    for a in args[:3] + tuple(args[3]) + args[4:]:
-        if isinstance(a, torch.Tensor):
+    flat = [x for a in args for x in (a if isinstance(a, tuple) else (a,))]
+    for a in flat:
+        if isinstance(a, torch.nn.Module):
+            out.append(f"{type(a).__module__}.{type(a).__qualname__}")
+        elif isinstance(a, torch.Tensor):
             dyn = getattr(a, "_dynamo_dynamic_indices", ())
             out.append((str(a.dtype), a.device.type, tuple(-1 if d in dyn else n for d, n in enumerate(a.shape))))
         elif callable(a):
