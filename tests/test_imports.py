@@ -150,7 +150,7 @@ def _where(a, b):
 
 def test_every_module_parses_and_the_walk_sees_the_rooms():
     # a walk that found nothing would pass every check below
-    for mod in ("specops.ops.plan", "specops.engine.runner", "specops.engine.attention", "specops.engine.compiled",
+    for mod in ("specops.ops.tree_attention.plan", "specops.engine.runner", "specops.engine.attention", "specops.engine.compiled",
                 "specops.engine.cache.base", "specops.decoding.loop", "specops.distill.train"):
         assert mod in MODULES, mod
     assert any(a == "specops.decoding.loop" and b == "specops.engine" for a, b, _, _ in EDGES)

@@ -1,6 +1,6 @@
 """Plans: validate, dispatch and schedule once, run many times. A plan is the one place scheduling
 happens: :class:`TreeAttentionPlan` chooses the kv split count of the step (one rule per device
-kind, :mod:`specops.ops.splits`) and owns the partials workspace every layer's kernel reuses.
+kind, :mod:`specops.ops.tree_attention.splits`) and owns the partials workspace every layer's kernel reuses.
 
 At decode shapes the Python argument checks of an op cost about as much as its kernel (kv_compact:
 ~12 us of Python against ~2.5 us of C++ per call), and one decoding step calls tree_attention once
@@ -25,11 +25,11 @@ overwrite the cache). Both checks compare storage ranges once, never per call.
 """
 import torch
 
-from .. import backend as _backend
-from . import checks
-from . import kv_compact as _kvc
-from . import tree_attention as _ta
-from .layout import KvLayout, Spec, check_table
+from ... import backend as _backend
+from .. import checks
+from .. import kv_compact as _kvc
+from .. import tree_attention as _ta
+from ..layout import KvLayout, Spec, check_table
 
 _resolve = _backend.resolve_named
 

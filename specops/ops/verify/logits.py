@@ -23,12 +23,12 @@ per row. ``verify_mode`` is the mode -> op policy the decoding loop calls (R1-R6
 """
 import torch
 
-from ..backend import register, register_compiled, resolve
-from . import checks, token_bitmask
-from . import verify_ref
-from .sampling import FLOAT_DTYPES, row_param, vocab_limit, warp_probs_torch
-from .verify import (MODES, NEEDS_DRAFT, draft_and_bitmask, joint_args, joint_rule, rows_arg, tau_rule, tree_args,
-                     tree_value_rules, verify_greedy)
+from ...backend import register, register_compiled, resolve
+from .. import checks, token_bitmask
+from ..sampling import FLOAT_DTYPES, row_param, vocab_limit, warp_probs_torch
+from . import (MODES, NEEDS_DRAFT, draft_and_bitmask, joint_args, joint_rule, rows_arg, tau_rule, tree_args,
+               tree_value_rules, verify_greedy)
+from . import ref as verify_ref
 
 raise_flags = checks.raise_first  # the value checks of this module's ops (one host sync)
 
@@ -286,7 +286,7 @@ def _compiled(ns, tokens, parents, target_logits, uniforms, t, k, p, draft_logit
 @register("verify_tree_logits", "triton")
 def _verify_tree_logits_triton(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp,
                                num_nodes, mode, bitmask=None):
-    from ..triton_kernels import verify_logits as kernels
+    from ...triton_kernels import verify_logits as kernels
 
     return kernels.verify_tree_logits(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp,
                                       num_nodes, mode, bitmask)
@@ -320,14 +320,14 @@ def _compiled_joint(ns, draft_tokens, target_logits, draft_joint_logprobs, log_t
 @register("verify_joint_logits", "triton")
 def _verify_joint_logits_triton(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p, bt, bk,
                                 bp, num_nodes):
-    from ..triton_kernels import verify_logits as kernels
+    from ...triton_kernels import verify_logits as kernels
 
     return kernels.verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p,
                                        bt, bk, bp, num_nodes)
 
 
 def _register_fake():
-    from .. import extension
+    from ... import extension
 
     if extension.cpu_ext is None and extension.cuda_ext is None:
         return

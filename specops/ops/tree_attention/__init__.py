@@ -14,10 +14,11 @@ import numbers
 
 import torch
 
-from .. import extension
-from ..backend import register, register_compiled, register_supports, resolve_named
-from . import checks, splits, tree_attention_ref
-from .layout import KvLayout, check_heads  # noqa: F401  (check_heads: the plan's rule too)
+from ... import extension
+from ...backend import register, register_compiled, register_supports, resolve_named
+from .. import checks
+from ..layout import KvLayout, check_heads  # noqa: F401  (check_heads: the plan's rule too)
+from . import ref, splits
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CUDA_MAX_D = 256  # the CUDA kernels' head-dim buckets (csrc/cuda/tree_attention.cu)
@@ -118,7 +119,7 @@ def check_invariant(invariant):
 
 def choose_splits(backend, q, Hkv, S, prefix_lens, block_lens, W, paged=False, invariant=False):
     """The kv split count ``backend``'s kernel runs a call with: the one schedule rule per device
-    kind (:mod:`specops.ops.splits`) with that kernel's geometry. :class:`specops.TreeAttentionPlan`
+    kind (:mod:`specops.ops.tree_attention.splits`) with that kernel's geometry. :class:`specops.TreeAttentionPlan`
     calls it once per step, the ops once per call.
 
     Shape: q [B, Tq, Hq, D]; Hkv kv heads; S rows a sequence can address; prefix_lens / block_lens
@@ -137,7 +138,7 @@ def choose_splits(backend, q, Hkv, S, prefix_lens, block_lens, W, paged=False, i
             _THREADS[0] = torch.get_num_threads()
         return splits.cpu_splits(B, Tq, Hq, Hkv, D, max_tiles, _THREADS[0])
     if backend == "triton":
-        from ..triton_kernels import tree_attention as kernels
+        from ...triton_kernels import tree_attention as kernels
 
         arch, sms, _ = kernels.target(q.device)
         return kernels.splits(q, Hkv, S, arch, sms, paged)
@@ -281,7 +282,7 @@ def _torch(paged, *args):
     Hkv, S = kv.k.shape[1], kv.k.shape[2]
     vis = visibility(prefix_lens, block_lens, mask, q_lens, S)  # [B, Tq, S]
     if invariant:
-        return tree_attention_ref.invariant_ref(q, kv.k, kv.v, vis, sm_scale)
+        return ref.invariant_ref(q, kv.k, kv.v, vis, sm_scale)
     # Rows past prefix + block are not part of the op: zero them so garbage there cannot leak.
     used = vis.any(1)[:, None, :, None]  # [B, 1, S, 1]
     k = kv.k.float().masked_fill(~used, 0).repeat_interleave(Hq // Hkv, dim=1)  # [B, Hq, S, D]
@@ -294,7 +295,7 @@ def _torch(paged, *args):
 
 
 def _triton(paged, *args):
-    from ..triton_kernels import tree_attention as kernels
+    from ...triton_kernels import tree_attention as kernels
 
     q, kv, rest, (num_splits, workspace, invariant) = _split(paged, args)
     run = kernels.tree_attention_paged if paged else kernels.tree_attention
@@ -312,7 +313,7 @@ def _cuda_limits(paged, q, *args):
 
 
 def _triton_supports(paged, *args):
-    from ..triton_kernels import tree_attention as kernels
+    from ...triton_kernels import tree_attention as kernels
 
     ok, why = (kernels.supports_paged if paged else kernels.supports)(*args)
     return None if ok else why

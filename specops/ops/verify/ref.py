@@ -16,8 +16,8 @@ arithmetic contract that makes integer outputs identical on every backend:
 import numpy as np
 import torch
 
-from ..backend import register
-from .token_bitmask import allowed_tokens
+from ...backend import register
+from ..token_bitmask import allowed_tokens
 
 F32 = np.float32
 RESIDUAL_FLOOR = F32(1e-12)

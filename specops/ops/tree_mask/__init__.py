@@ -7,9 +7,9 @@ format ``tree_attention`` consumes. Depth positions the node: ``position = prefi
 """
 import torch
 
-from .. import extension
-from ..backend import register, register_compiled, resolve
-from . import checks
+from ... import extension
+from ...backend import register, register_compiled, resolve
+from .. import checks
 
 
 def build_tree_mask(parents, num_nodes=None, *, check=True, backend=None):
@@ -73,7 +73,7 @@ def _compiled(ns, parents, num_nodes):
 
 @register("build_tree_mask", "triton")
 def _build_tree_mask_triton(parents, num_nodes):
-    from ..triton_kernels import tree_mask as kernels
+    from ...triton_kernels import tree_mask as kernels
 
     return kernels.build_tree_mask(parents, num_nodes)
 

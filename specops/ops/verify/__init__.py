@@ -25,10 +25,10 @@ Rules (docs/methods.md §Verification rules): R1 ``verify_greedy``; ``verify_tre
 """
 import torch
 
-from .. import extension
-from ..backend import register, register_compiled, resolve
-from . import checks, token_bitmask
-from . import verify_ref  # noqa: F401  (registers the torch backend)
+from ... import extension
+from ...backend import register, register_compiled, resolve
+from .. import checks, token_bitmask
+from . import ref  # noqa: F401  (registers the torch backend)
 
 MODES = ("mss", "mss_pointmass", "mss_noreplace", "sample_match", "gsd")
 NEEDS_DRAFT = ("mss", "mss_noreplace", "gsd")
@@ -234,21 +234,21 @@ def _compiled_joint(ns, draft_tokens, target_logprobs, draft_joint_logprobs, log
 
 @register("verify_greedy", "triton")
 def _verify_greedy_triton(tokens, parents, target_logits, num_nodes, bitmask):
-    from ..triton_kernels import verify as kernels
+    from ...triton_kernels import verify as kernels
 
     return kernels.verify_greedy(tokens, parents, target_logits, num_nodes, bitmask)
 
 
 @register("verify_tree", "triton")
 def _verify_tree_triton(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode):
-    from ..triton_kernels import verify as kernels
+    from ...triton_kernels import verify as kernels
 
     return kernels.verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode)
 
 
 @register("verify_joint", "triton")
 def _verify_joint_triton(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms):
-    from ..triton_kernels import verify as kernels
+    from ...triton_kernels import verify as kernels
 
     return kernels.verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms)
 

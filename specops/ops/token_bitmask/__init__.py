@@ -9,9 +9,9 @@ distribution renormalised over the allowed tokens.
 """
 import torch
 
-from .. import extension
-from ..backend import register, register_compiled, resolve
-from . import checks
+from ... import extension
+from ...backend import register, register_compiled, resolve
+from .. import checks
 
 LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -73,7 +73,7 @@ def _compiled(ns, logits, bitmask):
 
 @register("apply_token_bitmask", "triton")
 def _apply_token_bitmask_triton(logits, bitmask):
-    from ..triton_kernels import token_bitmask as kernels
+    from ...triton_kernels import token_bitmask as kernels
 
     kernels.apply_token_bitmask(logits, bitmask)
 

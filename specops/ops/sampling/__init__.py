@@ -36,9 +36,9 @@ import numbers
 
 import torch
 
-from .. import extension
-from ..backend import register, register_compiled, resolve
-from . import checks
+from ... import extension
+from ...backend import register, register_compiled, resolve
+from .. import checks
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MIN_TEMPERATURE = 2.0**-126  # below it (0 and denormals) a row is greedy
@@ -146,7 +146,7 @@ def _compiled(ns, logits, temperature, top_k, top_p):
 
 @register("warp_probs", "triton")
 def _warp_probs_triton(logits, temperature, top_k, top_p):
-    from ..triton_kernels import sampling as kernels
+    from ...triton_kernels import sampling as kernels
 
     return kernels.warp_probs(logits, temperature, top_k, top_p)
 

@@ -30,9 +30,9 @@ backend of ``topn_expand`` keeps its selection in shared memory and so takes ``n
 """
 import torch
 
-from .. import extension
-from ..backend import register, register_compiled, register_supports, resolve
-from . import checks
+from ... import extension
+from ...backend import register, register_compiled, register_supports, resolve
+from .. import checks
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _CUDA_MAX_N = 2048  # kTopItems * kThreads in csrc/cuda/topn.cu
@@ -173,14 +173,14 @@ def _subtree_compiled(ns, parents, scores, num_nodes, n):
 
 @register("topn_expand", "triton")
 def _topn_expand_triton(parent_scores, child_logprobs, n, per_parent_k):
-    from ..triton_kernels import topn as kernels
+    from ...triton_kernels import topn as kernels
 
     return kernels.topn_expand(parent_scores, child_logprobs, n, per_parent_k)
 
 
 @register("select_topn_subtree", "triton")
 def _select_topn_subtree_triton(parents, scores, num_nodes, n):
-    from ..triton_kernels import topn as kernels
+    from ...triton_kernels import topn as kernels
 
     return kernels.select_topn_subtree(parents, scores, num_nodes, n)
 

@@ -14,10 +14,10 @@ import functools
 
 import torch
 
-from .. import extension
-from ..backend import register, register_compiled, resolve
-from . import checks
-from .layout import KvLayout
+from ... import extension
+from ...backend import register, register_compiled, resolve
+from .. import checks
+from ..layout import KvLayout
 
 CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -229,7 +229,7 @@ def _torch(*args):
 
 
 def _triton(op, *args):
-    from ..triton_kernels import kv_compact as kernels
+    from ...triton_kernels import kv_compact as kernels
 
     getattr(kernels, op)(*args)
 
