@@ -10,6 +10,8 @@ import torch
 from ... import extension
 from ...backend import register, register_compiled, resolve
 from .. import checks
+from . import ref
+from .ref import pack_mask, unpack_mask  # noqa: F401  (the word format: public, specops.pack_mask)
 
 
 def build_tree_mask(parents, num_nodes=None, *, check=True, backend=None):
@@ -28,42 +30,7 @@ def build_tree_mask(parents, num_nodes=None, *, check=True, backend=None):
     return resolve("build_tree_mask", parents.device, backend)(parents, num_nodes)
 
 
-def pack_mask(visible):
-    """Packs a boolean visibility matrix into the int32 word format.
-
-    Shape: visible bool [..., N] -> int32 [..., ceil(N/32)]."""
-    n = visible.shape[-1]
-    words = (n + 31) // 32
-    padded = torch.zeros(*visible.shape[:-1], words * 32, dtype=torch.int64, device=visible.device)
-    padded[..., :n] = visible.to(torch.int64)
-    weights = torch.ones(32, dtype=torch.int64, device=visible.device) << torch.arange(32, device=visible.device)
-    packed = (padded.view(*visible.shape[:-1], words, 32) * weights).sum(-1)
-    # Word values >= 2**31 wrap to negative int32: the bit pattern is what matters.
-    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
-
-
-def unpack_mask(mask, n):
-    """Inverse of :func:`pack_mask`. Shape: mask int32 [..., W] -> bool [..., n] (n <= 32 W)."""
-    bits = torch.arange(32, device=mask.device)
-    out = ((mask.to(torch.int64)[..., :, None] >> bits) & 1).bool()
-    return out.flatten(-2)[..., :n]
-
-
-@register("build_tree_mask", "torch")
-def _build_tree_mask_torch(parents, num_nodes):
-    # The spec: node i sees what its parent sees, plus itself, filled in topological order.
-    B, T = parents.shape
-    dev = parents.device
-    rows = torch.arange(B, device=dev)
-    visible = torch.zeros(B, T, T, dtype=torch.bool, device=dev)
-    depth = torch.zeros(B, T, dtype=torch.int32, device=dev)
-    for i in range(T):
-        is_child = (i > 0) & (i < num_nodes)
-        parent = parents[:, i].clamp(0, max(i - 1, 0)).long()
-        visible[:, i] = visible[rows, parent] & is_child[:, None]
-        visible[:, i, i] = True
-        depth[:, i] = torch.where(is_child, depth[rows, parent] + 1, 0)
-    return pack_mask(visible), depth
+register("build_tree_mask", "torch")(ref.build_tree_mask)
 
 
 @register_compiled("build_tree_mask")
