@@ -7,8 +7,8 @@ a warm-up step), split by phase (``propose``: the drafter; ``commit``: the draft
 * **reads** — every way a tensor's values reach Python (``tolist``, ``item``, ``cpu``, ``numpy``,
   ``int()``, ``bool()``, ``float()``, ``__index__``, iteration): the loop's one packed read; none in
   propose for drafters that keep their block on the device (SD, MJSD), one per step for SpecInfer
-  (its merged tree's size), at most one per draft forward for a stop decision (OPT-Tree's ``delta``)
-  or the tokens a drafter's host-side search needs;
+  (its merged tree's size), at most one per draft forward for a stop decision (OPT-Tree's ``delta``,
+  TSD's frontier and tree sizes) or the tokens a drafter's host-side search needs;
 * **host-built tensors** — tensors constructed from host data (``torch.tensor``, ``as_tensor``,
   ``from_numpy``, ``frombuffer``, ``Tensor.new_tensor``, indexing with a Python list): none; on a GPU
   each would be a blocking upload;
