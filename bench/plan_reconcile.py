@@ -16,7 +16,7 @@ import time
 import torch
 
 import specops
-from specops.ops.plan import KVCompactPlan, TreeAttentionPlan
+from specops import KVCompactPlan, TreeAttentionPlan
 from specops.testing import to_pages
 
 

@@ -12,6 +12,20 @@
 
 namespace specops {
 
+// Where the rows of one cache live, in bytes per step: a (layer, sequence, head) slice at
+// l * l + b * b + h * h, row r of it at r * s. Paged caches: b = 0, and row r of sequence b at
+// page * page + slot * s, page and slot from the sequence's row of the page table (KvPaging).
+struct KvStrides {
+  int64_t l, b, h, s, page;
+};
+
+// Paged caches: the page table [B, max_pages] (null: contiguous), its row stride, and the pool's shape.
+struct KvPaging {
+  const int32_t* table = nullptr;
+  int64_t s_table = 0;
+  int32_t log2_page = 0, num_pages = 0;
+};
+
 // How many moves sequence b makes: accept_len clamped to [0, A]. The public op rejects
 // values outside that range; the clamp only keeps unchecked input inside accept_idx.
 SPECOPS_HD int32_t kv_num_moves(int32_t accept_len, int32_t A) {

@@ -11,6 +11,9 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <utility>
 
 #define SPECOPS_CHECK_DTYPE(x, dt) \
   TORCH_CHECK_TYPE((x).scalar_type() == (dt), #x " must be " #dt ", got ", (x).scalar_type())
@@ -42,6 +45,35 @@ inline bool bytes_overlap(const at::Tensor& a, const at::Tensor& b) {
   uintptr_t alo, ahi, blo, bhi;
   if (!range(a, alo, ahi) || !range(b, blo, bhi)) return false;
   return alo < bhi && blo < ahi;
+}
+
+// Arguments by name, for checks over many of them (a null pointer: an absent optional argument).
+using NamedTensors = std::initializer_list<std::pair<const char*, const at::Tensor*>>;
+
+inline const at::Tensor* given(const std::optional<at::Tensor>& t) { return t.has_value() ? &*t : nullptr; }
+
+// The CPU backend's device: what a launcher's shared entry (the *_args.h headers) checks every
+// tensor against, and the guard it holds while it allocates (none on the CPU). csrc/cuda/gpu.cuh
+// defines GpuDevice, its CUDA / emulator twin.
+struct CpuDevice {
+  static constexpr const char* kName = "CPU";
+  static bool on(const at::Tensor& t) { return t.is_cpu(); }
+  struct Guard {
+    explicit Guard(const at::Device&) {}
+  };
+};
+
+// Every tensor given lies on Dev and on the first one's device.
+template <class Dev>
+void check_device(const char* op, NamedTensors args) {
+  const std::pair<const char*, const at::Tensor*>* first = nullptr;
+  for (const auto& arg : args) {
+    const at::Tensor* t = arg.second;
+    if (t == nullptr || !t->defined()) continue;
+    if (first == nullptr) first = &arg;
+    TORCH_CHECK_VALUE(Dev::on(*t) && t->device() == first->second->device(), op, ": ", arg.first, " must be a ",
+                      Dev::kName, " tensor on ", first->first, "'s device, got ", t->device());
+  }
 }
 
 }  // namespace specops

@@ -1,22 +1,21 @@
 // Host-side arguments of tree_attention / tree_attention_paged shared by the CPU and CUDA
-// launchers: the K/V view of a call (contiguous or paged), the shape/dtype checks that do not
-// depend on the device, and the schedule the caller chose (split count and partials workspace:
-// specops.TreeAttentionPlan decides them once per step; the kernels never do). Each launcher adds
-// its device checks and limits.
+// launchers: the K/V view of a call (contiguous or paged), the checks (the device ones through the
+// backend's Device, csrc/registration.h), the schedule the caller chose (split count and partials
+// workspace: specops.TreeAttentionPlan decides them once per step; the kernels never do), the
+// operands and the fields of the kernels' argument structs. Each launcher adds its limits.
 //
 // The public Python ops validate every argument with a ValueError/TypeError that names it; these
 // checks only guard the kernels against direct torch.ops calls.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <initializer_list>
 #include <optional>
-#include <utility>
 
 #include "registration.h"
 #include "tree_attention_common.h"
@@ -102,8 +101,6 @@ struct Partials {
   at::Tensor owned;
 };
 
-using NamedTensors = std::initializer_list<std::pair<const char*, const at::Tensor*>>;
-
 inline Partials partials(const char* op, const at::Tensor& q, int64_t num_splits,
                          const std::optional<at::Tensor>& workspace, bool invariant, NamedTensors args) {
   TORCH_CHECK_VALUE(num_splits >= 1 && num_splits <= kMaxSplits, op, ": num_splits must lie in [1, ", kMaxSplits,
@@ -133,15 +130,73 @@ inline Partials partials(const char* op, const at::Tensor& q, int64_t num_splits
   return p;
 }
 
-// The two registered entry points of a backend, from its device checks and its runner, so both
-// layouts and both backends take their arguments the same way.
-using CheckFn = void (*)(const char* op, const at::Tensor& q, const KvView& kv, const at::Tensor& prefix_lens,
-                         const at::Tensor& block_lens, const at::Tensor& mask, const std::optional<at::Tensor>& q_lens);
+// The tensors a runner reads: q, k and v with stride 1 in the head dim, the rest contiguous (q_lens
+// undefined when absent).
+struct Operands {
+  at::Tensor q, k, v, prefix, block, mask, q_lens;
+};
+
+inline Operands operands(const at::Tensor& q, const KvView& kv, const at::Tensor& prefix_lens,
+                         const at::Tensor& block_lens, const at::Tensor& mask,
+                         const std::optional<at::Tensor>& q_lens) {
+  auto last_unit = [](const at::Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); };
+  return {last_unit(q), last_unit(kv.k), last_unit(kv.v), prefix_lens.contiguous(), block_lens.contiguous(),
+          mask.contiguous(), q_lens ? q_lens->contiguous() : at::Tensor()};
+}
+
+// The fields the CPU kernel's Problem and the CUDA kernels' Args share: pointers, element strides
+// (paged: through the view's dims, with the page table), sizes and the log2-scaled softmax scale.
+template <class Fields>
+void fill_fields(Fields& a, const Operands& t, const at::Tensor& out, const KvView& kv, double sm_scale) {
+  const at::Tensor &q = t.q, &k = t.k, &v = t.v;
+  a.q = q.data_ptr();
+  a.k = k.data_ptr();
+  a.v = v.data_ptr();
+  a.out = out.data_ptr();
+  a.prefix = t.prefix.data_ptr<int32_t>();
+  a.block = t.block.data_ptr<int32_t>();
+  a.q_lens = t.q_lens.defined() ? t.q_lens.data_ptr<int32_t>() : nullptr;
+  a.mask = t.mask.data_ptr<int32_t>();
+  a.sq_b = q.stride(0), a.sq_t = q.stride(1), a.sq_h = q.stride(2);
+  a.sk_b = kv.dim_b < 0 ? 0 : k.stride(kv.dim_b), a.sk_h = k.stride(kv.dim_h), a.sk_s = k.stride(kv.dim_s);
+  a.sv_b = kv.dim_b < 0 ? 0 : v.stride(kv.dim_b), a.sv_h = v.stride(kv.dim_h), a.sv_s = v.stride(kv.dim_s);
+  if (kv.pages.defined()) {
+    a.pages = kv.pages.data_ptr<int32_t>();
+    a.s_pages = kv.pages.stride(0);
+    a.sk_pg = k.stride(0), a.sv_pg = v.stride(0);
+    a.log2_page = static_cast<int32_t>(__builtin_ctzll(static_cast<unsigned long long>(k.size(1))));
+    a.num_pages = static_cast<int32_t>(k.size(0));
+  }
+  const int64_t Hq = q.size(2);
+  a.B = q.size(0), a.Tq = q.size(1), a.Hq = Hq, a.Hkv = kv.Hkv, a.G = Hq / kv.Hkv, a.D = q.size(3), a.S = kv.S;
+  a.W = t.mask.size(2);
+  a.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);  // * log2(e)
+}
+
+// A backend's limits beyond the shared checks, and its runner.
+using LimitFn = void (*)(const char* op, const at::Tensor& q, const KvView& kv);
 using RunFn = at::Tensor (*)(const at::Tensor& q, const KvView& kv, const at::Tensor& prefix_lens,
                              const at::Tensor& block_lens, const at::Tensor& mask,
                              const std::optional<at::Tensor>& q_lens, double sm_scale, const Partials& parts);
 
-template <CheckFn Check, RunFn Run>
+inline void no_limits(const char*, const at::Tensor&, const KvView&) {}
+
+// Both layouts' entries: the checks, then the runner. `args`: every tensor argument by name (q_lens
+// null when absent), for the device checks and the workspace's overlap check.
+template <class Dev, LimitFn Limits, RunFn Run>
+at::Tensor call(const char* op, const at::Tensor& q, const KvView& kv, const at::Tensor& prefix_lens,
+                const at::Tensor& block_lens, const at::Tensor& mask, const std::optional<at::Tensor>& q_lens,
+                double sm_scale, int64_t num_splits, const std::optional<at::Tensor>& workspace, bool invariant,
+                NamedTensors args) {
+  check_shapes(op, q, kv, prefix_lens, block_lens, mask, q_lens);
+  check_device<Dev>(op, args);
+  Limits(op, q, kv);
+  check_scale(op, sm_scale);
+  return Run(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale,
+             partials(op, q, num_splits, workspace, invariant, args));
+}
+
+template <class Dev, LimitFn Limits, RunFn Run>
 at::Tensor contiguous_entry(const at::Tensor& q,            // [B, Tq, Hq, D]
                             const at::Tensor& k_cache,      // [B, Hkv, S, D]
                             const at::Tensor& v_cache,      // [B, Hkv, S, D]
@@ -152,17 +207,13 @@ at::Tensor contiguous_entry(const at::Tensor& q,            // [B, Tq, Hq, D]
                             double sm_scale, int64_t num_splits,
                             const std::optional<at::Tensor>& workspace,  // fp32, see Partials
                             bool invariant) {
-  const KvView kv = contiguous_view(q, k_cache, v_cache);
-  Check("tree_attention", q, kv, prefix_lens, block_lens, mask, q_lens);
-  check_scale("tree_attention", sm_scale);
-  const at::Tensor* ql = q_lens ? &*q_lens : nullptr;
-  return Run(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale,
-             partials("tree_attention", q, num_splits, workspace, invariant,
-                      {{"q", &q}, {"k_cache", &k_cache}, {"v_cache", &v_cache}, {"prefix_lens", &prefix_lens},
-                       {"block_lens", &block_lens}, {"mask", &mask}, {"q_lens", ql}}));
+  return call<Dev, Limits, Run>("tree_attention", q, contiguous_view(q, k_cache, v_cache), prefix_lens, block_lens,
+                                mask, q_lens, sm_scale, num_splits, workspace, invariant,
+                                {{"q", &q}, {"k_cache", &k_cache}, {"v_cache", &v_cache}, {"prefix_lens", &prefix_lens},
+                                 {"block_lens", &block_lens}, {"mask", &mask}, {"q_lens", given(q_lens)}});
 }
 
-template <CheckFn Check, RunFn Run>
+template <class Dev, LimitFn Limits, RunFn Run>
 at::Tensor paged_entry(const at::Tensor& q,            // [B, Tq, Hq, D]
                        const at::Tensor& k_pages,      // [num_pages, page_size, Hkv, D]
                        const at::Tensor& v_pages,      // [num_pages, page_size, Hkv, D]
@@ -174,42 +225,39 @@ at::Tensor paged_entry(const at::Tensor& q,            // [B, Tq, Hq, D]
                        double sm_scale, int64_t num_splits,
                        const std::optional<at::Tensor>& workspace,  // fp32, see Partials
                        bool invariant) {
-  const KvView kv = paged_view(q, k_pages, v_pages, page_table);
-  Check("tree_attention_paged", q, kv, prefix_lens, block_lens, mask, q_lens);
-  check_scale("tree_attention_paged", sm_scale);
-  const at::Tensor* ql = q_lens ? &*q_lens : nullptr;
-  return Run(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale,
-             partials("tree_attention_paged", q, num_splits, workspace, invariant,
-                      {{"q", &q}, {"k_pages", &k_pages}, {"v_pages", &v_pages}, {"page_table", &page_table},
-                       {"prefix_lens", &prefix_lens}, {"block_lens", &block_lens}, {"mask", &mask}, {"q_lens", ql}}));
+  return call<Dev, Limits, Run>("tree_attention_paged", q, paged_view(q, k_pages, v_pages, page_table), prefix_lens,
+                                block_lens, mask, q_lens, sm_scale, num_splits, workspace, invariant,
+                                {{"q", &q}, {"k_pages", &k_pages}, {"v_pages", &v_pages}, {"page_table", &page_table},
+                                 {"prefix_lens", &prefix_lens}, {"block_lens", &block_lens}, {"mask", &mask},
+                                 {"q_lens", given(q_lens)}});
 }
 
 // The `.functional` overloads (no workspace argument: what a compiled graph calls).
-template <CheckFn Check, RunFn Run>
+template <class Dev, LimitFn Limits, RunFn Run>
 at::Tensor contiguous_functional(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                  const at::Tensor& prefix_lens, const at::Tensor& block_lens, const at::Tensor& mask,
                                  const std::optional<at::Tensor>& q_lens, double sm_scale, int64_t num_splits,
                                  bool invariant) {
-  return contiguous_entry<Check, Run>(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale,
-                                      num_splits, std::nullopt, invariant);
+  return contiguous_entry<Dev, Limits, Run>(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale,
+                                            num_splits, std::nullopt, invariant);
 }
 
-template <CheckFn Check, RunFn Run>
+template <class Dev, LimitFn Limits, RunFn Run>
 at::Tensor paged_functional(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages,
                             const at::Tensor& page_table, const at::Tensor& prefix_lens, const at::Tensor& block_lens,
                             const at::Tensor& mask, const std::optional<at::Tensor>& q_lens, double sm_scale,
                             int64_t num_splits, bool invariant) {
-  return paged_entry<Check, Run>(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens, sm_scale,
-                                 num_splits, std::nullopt, invariant);
+  return paged_entry<Dev, Limits, Run>(q, k_pages, v_pages, page_table, prefix_lens, block_lens, mask, q_lens,
+                                       sm_scale, num_splits, std::nullopt, invariant);
 }
 
 // Registers both ops and their `.functional` overloads for one backend.
-#define SPECOPS_TA_REGISTER(m, CHECK, RUN)                                                            \
+#define SPECOPS_TA_REGISTER(m, DEV, LIMITS, RUN)                                                      \
   do {                                                                                                \
-    m.impl("tree_attention", &specops::ta::contiguous_entry<CHECK, RUN>);                             \
-    m.impl("tree_attention_paged", &specops::ta::paged_entry<CHECK, RUN>);                            \
-    m.impl("tree_attention.functional", &specops::ta::contiguous_functional<CHECK, RUN>);             \
-    m.impl("tree_attention_paged.functional", &specops::ta::paged_functional<CHECK, RUN>);            \
+    m.impl("tree_attention", &specops::ta::contiguous_entry<DEV, LIMITS, RUN>);                       \
+    m.impl("tree_attention_paged", &specops::ta::paged_entry<DEV, LIMITS, RUN>);                      \
+    m.impl("tree_attention.functional", &specops::ta::contiguous_functional<DEV, LIMITS, RUN>);       \
+    m.impl("tree_attention_paged.functional", &specops::ta::paged_functional<DEV, LIMITS, RUN>);      \
   } while (0)
 
 }  // namespace ta

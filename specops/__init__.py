@@ -9,12 +9,13 @@ from .ops.kv_compact import kv_compact, kv_compact_paged
 from .ops.layout import KvLayout
 from .ops.linear import linear
 from .ops.token_bitmask import apply_token_bitmask
-from .ops.plan import KVCompactPlan, TreeAttentionPlan
+from .ops.kv_compact.plan import KVCompactPlan
 from .ops.sampling import warp_probs
 from .ops.topn import select_topn_subtree, topn_expand
+from .ops.tree_attention.plan import TreeAttentionPlan
 from .ops.tree_mask import build_tree_mask, pack_mask, unpack_mask
 from .ops.verify import verify_greedy, verify_joint, verify_tree
-from .ops.verify_logits import verify_joint_logits, verify_tree_logits
+from .ops.verify.logits import verify_joint_logits, verify_tree_logits
 from .integrations import flashinfer as _flashinfer  # noqa: F401  (registers the optional provider)
 
 __version__ = "0.1.0"

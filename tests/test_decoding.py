@@ -113,6 +113,29 @@ def test_exact_draft_copy_accepts_every_chain_token(pair):
     assert m.acceptance_rate_per_pos == [1.0, 1.0, 1.0]
 
 
+@pytest.mark.parametrize("params", [{}, {"max_nodes": 6, "max_tree_nodes": 4},
+                                    {"max_depth": 7, "theta_prob": 0.1, "theta_sib": 0.1, "max_nodes": 40,
+                                     "max_tree_nodes": 20}, {"k": 3, "max_tree_nodes": 5}],
+                         ids=["default", "node-cap", "deep", "tree-cap"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_tsd_device_search_is_the_host_search(pair, monkeypatch, params, temperature):
+    # TSD grows its tree on the device; GSD's merge (and a grammar) keep the host search. Without a
+    # merge both must build the same trees: same tokens, same steps, same draft-side counts.
+    _, target, draft, prompts, _ = pair
+    from specops.decoding.methods.tsd import TSD
+
+    def run():
+        out, m = _run(target, draft, prompts, "tsd", temperature=temperature, seed=3, record_steps=True, **params)
+        steps = [{k: v for k, v in s.items() if not k.endswith("_s")} for s in m.steps]
+        counts = (m.num_target_forwards, m.num_draft_forwards, m.num_accepted_tokens, m.num_drafted_nodes,
+                  m.num_draft_tokens, m.draft_depth)
+        return out, steps, counts
+    device = run()
+    monkeypatch.setattr(TSD, "propose", lambda self, ctx: self.grow_on_host(ctx))
+    host = run()
+    assert torch.equal(device[0], host[0]) and device[1:] == host[1:]
+
+
 def test_tsd_with_k1_is_sd_and_opt_tree_n1_is_a_chain(pair):
     _, target, draft, prompts, refs = pair
     _, m_tsd = _run(target, draft, prompts, "tsd", k=1, theta_prob=0.0, theta_sib=0.0, max_depth=4)

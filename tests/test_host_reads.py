@@ -7,8 +7,8 @@ a warm-up step), split by phase (``propose``: the drafter; ``commit``: the draft
 * **reads** — every way a tensor's values reach Python (``tolist``, ``item``, ``cpu``, ``numpy``,
   ``int()``, ``bool()``, ``float()``, ``__index__``, iteration): the loop's one packed read; none in
   propose for drafters that keep their block on the device (SD, MJSD), one per step for SpecInfer
-  (its merged tree's size), at most one per draft forward for a stop decision (OPT-Tree's ``delta``)
-  or the tokens a drafter's host-side search needs;
+  (its merged tree's size), at most one per draft forward for a stop decision (OPT-Tree's ``delta``,
+  TSD's frontier and tree sizes) or the tokens a drafter's host-side search needs;
 * **host-built tensors** — tensors constructed from host data (``torch.tensor``, ``as_tensor``,
   ``from_numpy``, ``frombuffer``, ``Tensor.new_tensor``, indexing with a Python list): none; on a GPU
   each would be a blocking upload;
@@ -44,9 +44,10 @@ STEPS = (2, 3, 4)  # step 1 is the warm-up (its caches' host lengths are fresh f
 # the loop per step). The loop reads once; the drafter's commit reads nothing. Drafters that keep
 # their draft block on the device (choose on the device, feed the choice back, assemble the tree
 # there) read nothing in propose (SpecInfer: once per step, the size of the tree it merged on the
-# device; OPT-Tree: once per layer, which sequences ``delta`` lets go on, none after its last); a
-# drafter that searches on the host (GSD's merge, Ouroboros' pool, a grammar, SSD's exit) reads once
-# per draft forward. The target block is built on the device (AR: the roots; SD: its chain; MJSD:
+# device; OPT-Tree: once per layer, which sequences ``delta`` lets go on, none after its last; TSD:
+# once per layer, its new frontier's and tree's sizes as a [2, B] count, which feed exactly the
+# frontier and stop on an empty one, tsd.py says why); a drafter that searches on the host (GSD's
+# merge, Ouroboros' pool, a grammar, SSD's exit) reads once per draft forward. The target block is built on the device (AR: the roots; SD: its chain; MJSD:
 # its best beam; OPT-Tree: gathered from its subtree choice) or staged once by propose (a host-built
 # tree). The loop stages one upload only for the log-likelihood rows, which it gathers for methods
 # that are not lossless (GSD's R5, MJSD) or when asked.
@@ -60,8 +61,8 @@ EXPECTED = {
     "sd-exit": ({"method": "sd", "exit_threshold": 0.02}, (0, 1), 0),  # SSD's exit: a host decision
     "specinfer": ({}, (1, 0), 0),  # the merged tree's size, once
     "specinfer-sampled": ({"method": "specinfer", "temperature": 1.0}, (1, 0), 0),
-    "tsd": ({}, (0, 1), 0),
-    "gsd": ({}, (0, 1), 1),
+    "tsd": ({}, (0, 1), 0),  # the frontier's and tree's sizes per layer (the search stays on the device)
+    "gsd": ({}, (0, 1), 1),  # the merge searches on the host
     "opt-tree": ({}, (0, 1), 0),  # delta's stop: a [B] flag per layer
     "ouroboros": ({}, (0, 1), 0),
     "ouroboros-model-free": ({"method": "ouroboros", "model_free": True}, (0, 0), 0),
@@ -248,8 +249,9 @@ def test_staged_uploads_of_the_drafters_are_one_per_forward(models, monkeypatch)
     # The draft side stages each forward's new nodes together with the rows it samples from (and
     # values it needs on the device): one non-blocking copy per forward, plus the target block (or
     # its host-known part: SD's node counts, OPT-Tree's block-node map; none for MJSD, whose chain
-    # is traced on the device) and the draft's truncate. The drafter's commit stages the kept path.
-    for case, lo, hi in (("sd", 1, 2), ("specinfer", 1, 2), ("tsd", 1, 2), ("opt-tree", 1, 2), ("mjsd", 0, 1)):
+    # is traced on the device, or TSD, whose tree is assembled there) and the draft's truncate. The
+    # drafter's commit stages the kept path.
+    for case, lo, hi in (("sd", 1, 2), ("specinfer", 1, 2), ("tsd", 0, 0), ("opt-tree", 1, 2), ("mjsd", 0, 1)):
         counter = count_steps(models, monkeypatch, case)
         for s in STEPS:
             F = counter.forwards[s]

@@ -150,7 +150,7 @@ def _where(a, b):
 
 def test_every_module_parses_and_the_walk_sees_the_rooms():
     # a walk that found nothing would pass every check below
-    for mod in ("specops.ops.plan", "specops.engine.runner", "specops.engine.attention", "specops.engine.compiled",
+    for mod in ("specops.ops.tree_attention.plan", "specops.engine.runner", "specops.engine.attention", "specops.engine.compiled",
                 "specops.engine.cache.base", "specops.decoding.loop", "specops.distill.train"):
         assert mod in MODULES, mod
     assert any(a == "specops.decoding.loop" and b == "specops.engine" for a, b, _, _ in EDGES)
@@ -275,7 +275,10 @@ def test_the_private_name_scan_sees_each_kind_of_crossing():
     assert got == ["from .. import _ext", "from ._checks import ... (a private module)",
                    "from .tree_attention import _has_op", "import specops._ext", "kvc._check_values",
                    "plan.sub._x"], got
-    assert any(mod.startswith("specops.ops.") for mod in MODULES)
+    # the walk reaches into the op folders: their __init__, ref, plan and family modules
+    for mod in ("specops.ops.tree_attention", "specops.ops.tree_attention.ref", "specops.ops.tree_attention.plan",
+                "specops.ops.kv_compact.plan", "specops.ops.verify.logits", "specops.ops.linear.ref"):
+        assert mod in MODULES, mod
 
 
 def test_no_private_name_crosses_a_module_boundary_in_ops():
@@ -289,3 +292,22 @@ def test_no_private_name_crosses_a_module_boundary_in_ops():
             tree = ast.parse(path.read_text(), filename=str(path))
             bad += [f"{path.relative_to(ROOT)}:{line}: {what}" for line, what in _private_crossings(tree)]
     assert not bad, "private names crossing a module boundary in ops/ (make them public):\n" + "\n".join(bad)
+
+
+# ---- one folder per op (issue #31) ------------------------------------------------------------------
+
+OPS_SHARED = {"__init__", "checks", "layout"}  # what every op shares: the rule vocabulary, KvLayout
+
+
+def test_every_op_is_a_folder_with_its_reference():
+    """specops/ops/ holds the shared modules and one folder per op stem: ``__init__.py`` (the entry,
+    its contract, checks and backend registrations) and ``ref.py`` (the torch reference) in each. A
+    module beside them would be an op (or a piece of one) outside its folder."""
+    ops = ROOT / "specops" / "ops"
+    loose = sorted(p.stem for p in ops.glob("*.py") if p.stem not in OPS_SHARED)
+    assert not loose, f"modules outside an op folder in specops/ops/ (move them into their op's folder): {loose}"
+    folders = sorted(p for p in ops.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert {p.name for p in folders} >= {"tree_attention", "kv_compact", "verify", "sampling", "topn", "tree_mask",
+                                         "token_bitmask", "linear"}
+    missing = [f"{p.name}/{f}" for p in folders for f in ("__init__.py", "ref.py") if not (p / f).is_file()]
+    assert not missing, f"op folders without their entry or torch reference: {missing}"

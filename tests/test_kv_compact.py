@@ -6,7 +6,7 @@ import torch
 
 import specops
 from specops import backend as _backend
-from specops.ops.kv_compact import moves
+from specops.ops.kv_compact.ref import moves
 from specops.ops.layout import KvLayout
 from specops.testing import from_pages, random_accept, to_pages
 

@@ -251,7 +251,7 @@ def test_the_plan_schedules_once_and_every_layer_reuses_it(backend, device, layo
 
 
 def test_the_split_rules_split_a_long_decode_and_not_a_full_batch():
-    from specops.ops import splits
+    from specops.ops.tree_attention import splits
 
     # CPU: 8 items over 2 threads already divide evenly; 3 items over 2 threads split the keys.
     assert splits.cpu_splits(B=1, Tq=1, Hq=32, Hkv=8, D=128, max_tiles=43, threads=2) == 1

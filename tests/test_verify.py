@@ -8,7 +8,7 @@ import torch
 import specops
 from specops import backend as _backend
 from specops.ops.verify import MODES
-from specops.ops.verify_ref import det_exp, fix_shift, fix_weights, sample_weights
+from specops.ops.verify.ref import det_exp, fix_shift, fix_weights, sample_weights
 from specops.testing import random_verify_case
 
 I32 = torch.int32

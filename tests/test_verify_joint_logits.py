@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import specops
-from specops.ops import verify_logits, verify_ref
-from specops.ops.verify_ref import det_log
+from specops.ops.verify import logits as verify_logits
+from specops.ops.verify import ref as verify_ref
+from specops.ops.verify.ref import det_log
 
 I32 = torch.int32
 

@@ -24,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..ops.splits import BALANCE, SMS, gpu_launch_splits  # noqa: F401  (BALANCE, SMS: re-exported)
-from ..ops.splits import gpu_splits as auto_splits  # noqa: F401  (the GPU split rule, by its launcher name)
+from ..ops.tree_attention.splits import BALANCE, SMS, gpu_launch_splits  # noqa: F401  (BALANCE, SMS: re-exported)
+from ..ops.tree_attention.splits import gpu_splits as auto_splits  # noqa: F401  (the GPU split rule, by its launcher name)
 from .aot import Launch
 from .tree_attention_configs import (ARCHS, CONFIGS, GRID_X_MAX, MAX_D, PAGED_CONFIGS, SMEM_BIG,  # noqa: F401
                                      SMEM_SMALL, Config, block_d, config, invariant_config, supports,

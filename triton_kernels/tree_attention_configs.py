@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from ..ops.splits import SIM_TARGET
+from ..ops.tree_attention.splits import SIM_TARGET
 
 MAX_D = 256  # the widest head the CONFIGS table has tiles for
 GRID_X_MAX = 2**31 - 1  # CUDA's grid-x limit (grid y/z stop at 65535: only the split count goes there)

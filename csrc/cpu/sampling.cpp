@@ -19,8 +19,7 @@
 #include <cmath>
 #include <vector>
 
-#include "../registration.h"
-#include "../sampling_common.h"
+#include "../sampling_args.h"
 #include "sampling_rows.h"
 #include "sampling_simd.h"
 
@@ -244,34 +243,17 @@ void warp_row(const scalar_t* x,  // [V]
   finish_probs(warp::row_stats(x, V, t, k, top_p, out, s), out, V, s);
 }
 
-at::Tensor warp_probs_cpu(const at::Tensor& logits,       // [N, V] fp32/bf16/fp16
-                          const at::Tensor& temperature,  // [N] fp32
-                          const at::Tensor& top_k,        // [N] int32
-                          const at::Tensor& top_p)        // [N] fp32
-{
-  SPECOPS_CHECK_DIM(logits, 2);
-  SPECOPS_CHECK_DTYPE(temperature, at::kFloat);
-  SPECOPS_CHECK_DTYPE(top_k, at::kInt);
-  SPECOPS_CHECK_DTYPE(top_p, at::kFloat);
-  const int64_t N = logits.size(0), V = logits.size(1);
-  TORCH_CHECK_VALUE(temperature.numel() == N && top_k.numel() == N && top_p.numel() == N,
-              "warp_probs: temperature, top_k and top_p must have shape [N]");
-  TORCH_CHECK_VALUE(V >= 1 || N == 0, "warp_probs: logits must have V >= 1");
-  TORCH_CHECK_VALUE(V <= kMaxVocab, "warp_probs: V must be <= ", kMaxVocab, " (int32 token indices), got ", V);
-  auto x = logits.stride(1) == 1 ? logits : logits.contiguous();
-  auto tt = temperature.contiguous();
-  auto kk = top_k.contiguous();
-  auto pp = top_p.contiguous();
-  auto out = at::empty({N, V}, logits.options().dtype(at::kFloat));  // [N, V]
-  if (N == 0 || V == 0) return out;
+void warp_probs_cpu(const warp::Call& c) {
+  const at::Tensor& x = c.logits;
+  const int64_t V = c.V;
   const int64_t row_stride = x.stride(0);
-  const float* t = tt.data_ptr<float>();
-  const int32_t* k = kk.data_ptr<int32_t>();
-  const float* p = pp.data_ptr<float>();
-  float* o = out.data_ptr<float>();
+  const float* t = c.temperature.data_ptr<float>();
+  const int32_t* k = c.top_k.data_ptr<int32_t>();
+  const float* p = c.top_p.data_ptr<float>();
+  float* o = c.out.data_ptr<float>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "warp_probs_cpu", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
-    at::parallel_for(0, N, 1, [&](int64_t lo, int64_t hi) {
+    at::parallel_for(0, c.N, 1, [&](int64_t lo, int64_t hi) {
       // Reused across calls by the pool's threads: no allocation or zeroing per call.
       thread_local warp::Scratch s;
       s.reserve(V);
@@ -279,10 +261,11 @@ at::Tensor warp_probs_cpu(const at::Tensor& logits,       // [N, V] fp32/bf16/fp
       for (int64_t r = lo; r < hi; ++r) warp_row(xp + r * row_stride, V, t[r], k[r], p[r], o + r * V, s);
     });
   });
-  return out;
 }
 
 }  // namespace
 }  // namespace specops
 
-TORCH_LIBRARY_IMPL(specops, CPU, m) { m.impl("warp_probs", &specops::warp_probs_cpu); }
+TORCH_LIBRARY_IMPL(specops, CPU, m) {
+  m.impl("warp_probs", &specops::warp::entry<specops::CpuDevice, specops::warp_probs_cpu>);
+}

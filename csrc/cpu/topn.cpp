@@ -18,10 +18,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "../registration.h"
 #include "../sampling_common.h"
+#include "../topn_args.h"
 #include "sampling_simd.h"
-
 
 namespace specops {
 namespace {
@@ -72,30 +71,13 @@ void row_top(const float* c, int64_t V, float bias, int64_t kp, std::vector<Cand
   std::sort_heap(heap.begin(), heap.end(), before);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> topn_expand_cpu(
-    const at::Tensor& parent_scores,   // [B, P] fp32
-    const at::Tensor& child_logprobs,  // [B, P, V] fp32/bf16/fp16
-    int64_t n, int64_t per_parent_k) {
-  SPECOPS_CHECK_DTYPE(parent_scores, at::kFloat);
-  SPECOPS_CHECK_DIM(parent_scores, 2);
-  SPECOPS_CHECK_DIM(child_logprobs, 3);
-  TORCH_CHECK_VALUE(n >= 1, "topn_expand: n must be >= 1, got ", n);
-  const int64_t B = child_logprobs.size(0), P = child_logprobs.size(1), V = child_logprobs.size(2);
-  TORCH_CHECK_VALUE(parent_scores.size(0) == B && parent_scores.size(1) == P,
-              "topn_expand: parent_scores must have shape [B, P] of child_logprobs");
-  const int64_t kp = std::min({per_parent_k >= 1 ? per_parent_k : V, n, V});
-  auto ps = parent_scores.contiguous();
-  auto cl = child_logprobs.contiguous();
-  auto scores = at::empty({B, n}, ps.options());                    // [B, n]
-  auto tokens = at::empty({B, n}, ps.options().dtype(at::kInt));   // [B, n]
-  auto parents = at::empty({B, n}, ps.options().dtype(at::kInt));  // [B, n]
-  TORCH_CHECK_VALUE(P >= 1 && V >= 1, "topn_expand: child_logprobs must have P >= 1 and V >= 1");
-  if (B == 0) return {scores, tokens, parents};
+void topn_expand_cpu(const topn::Expand& e) {
+  const int64_t B = e.B, P = e.P, V = e.V, n = e.n, kp = e.kp;
   std::vector<Cand> cand(B * P * std::max<int64_t>(kp, 0));  // [B, P, kp], sorted per parent
   std::vector<int64_t> cand_n(B * P, 0);                      // [B, P]
-  const float* psp = ps.data_ptr<float>();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, cl.scalar_type(), "topn_expand_cpu", [&] {
-    const scalar_t* c = cl.data_ptr<scalar_t>();
+  const float* psp = e.parent_scores.data_ptr<float>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, e.child_logprobs.scalar_type(), "topn_expand_cpu", [&] {
+    const scalar_t* c = e.child_logprobs.data_ptr<scalar_t>();
     at::parallel_for(0, B * P, 1, [&](int64_t lo, int64_t hi) {
       std::vector<float> row;
       std::vector<Cand> heap;
@@ -106,9 +88,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topn_expand_cpu(
       }
     });
   });
-  float* os = scores.data_ptr<float>();
-  int32_t* ot = tokens.data_ptr<int32_t>();
-  int32_t* op = parents.data_ptr<int32_t>();
+  float* os = e.scores.data_ptr<float>();
+  int32_t* ot = e.tokens.data_ptr<int32_t>();
+  int32_t* op = e.parents.data_ptr<int32_t>();
   at::parallel_for(0, B, 1, [&](int64_t lo, int64_t hi) {
     std::vector<Cand> all;
     for (int64_t b = lo; b < hi; ++b) {
@@ -128,35 +110,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topn_expand_cpu(
       }
     }
   });
-  return {scores, tokens, parents};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> select_topn_subtree_cpu(
-    const at::Tensor& parents,    // [B, T] int32
-    const at::Tensor& scores,     // [B, T] fp32
-    const at::Tensor& num_nodes,  // [B] int32
-    int64_t n) {
-  SPECOPS_CHECK_DTYPE(parents, at::kInt);
-  SPECOPS_CHECK_DTYPE(scores, at::kFloat);
-  SPECOPS_CHECK_DTYPE(num_nodes, at::kInt);
-  SPECOPS_CHECK_DIM(parents, 2);
-  TORCH_CHECK_VALUE(n >= 1, "select_topn_subtree: n must be >= 1, got ", n);
-  const int64_t B = parents.size(0), T = parents.size(1);
-  TORCH_CHECK_VALUE(T >= 1, "select_topn_subtree: parents must have T >= 1");
-  TORCH_CHECK_VALUE(scores.sizes() == parents.sizes(), "select_topn_subtree: scores must have the shape of parents");
-  TORCH_CHECK_VALUE(num_nodes.dim() == 1 && num_nodes.size(0) == B, "select_topn_subtree: num_nodes must have shape [B]");
-  auto par = parents.contiguous();
-  auto sc = scores.contiguous();
-  auto nn = num_nodes.contiguous();
-  auto keep = at::empty({B, n}, par.options());        // [B, n]
-  auto new_parents = at::empty({B, n}, par.options());  // [B, n]
-  auto counts = at::empty({B}, par.options());          // [B]
-  const int32_t* pp = par.data_ptr<int32_t>();
-  const float* sp = sc.data_ptr<float>();
-  const int32_t* np = nn.data_ptr<int32_t>();
-  int32_t* ok = keep.data_ptr<int32_t>();
-  int32_t* onp = new_parents.data_ptr<int32_t>();
-  int32_t* oc = counts.data_ptr<int32_t>();
+void select_topn_subtree_cpu(const topn::Select& s) {
+  const int64_t B = s.B, T = s.T, n = s.n;
+  const int32_t* pp = s.parents.data_ptr<int32_t>();
+  const float* sp = s.scores.data_ptr<float>();
+  const int32_t* np = s.num_nodes.data_ptr<int32_t>();
+  int32_t* ok = s.keep.data_ptr<int32_t>();
+  int32_t* onp = s.new_parents.data_ptr<int32_t>();
+  int32_t* oc = s.counts.data_ptr<int32_t>();
   at::parallel_for(0, B, 1, [&](int64_t lo, int64_t hi) {
     std::vector<Cand> order;
     std::vector<float> eff(T);
@@ -187,13 +150,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> select_topn_subtree_cpu(
       oc[b] = count;
     }
   });
-  return {keep, new_parents, counts};
 }
 
 }  // namespace
 }  // namespace specops
 
 TORCH_LIBRARY_IMPL(specops, CPU, m) {
-  m.impl("topn_expand", &specops::topn_expand_cpu);
-  m.impl("select_topn_subtree", &specops::select_topn_subtree_cpu);
+  SPECOPS_TOPN_REGISTER(m, specops::CpuDevice, INT32_MAX, specops::topn_expand_cpu, specops::select_topn_subtree_cpu);
 }

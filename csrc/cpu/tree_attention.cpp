@@ -153,16 +153,6 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 using ta::KvView;
 
-// The device half of the checks; the shapes are ta::check_shapes'.
-void check_common(const char* op, const at::Tensor& q, const KvView& kv, const at::Tensor& prefix_lens,
-                  const at::Tensor& block_lens, const at::Tensor& mask, const std::optional<at::Tensor>& q_lens) {
-  ta::check_shapes(op, q, kv, prefix_lens, block_lens, mask, q_lens);
-  for (const at::Tensor* t : {&q, &kv.k, &kv.v, &prefix_lens, &block_lens, &mask})
-    TORCH_CHECK_VALUE(t->device().is_cpu(), op, ": CPU tensors expected");
-  if (kv.pages.defined()) TORCH_CHECK_VALUE(kv.pages.device().is_cpu(), op, ": page_table must be a CPU tensor");
-  if (q_lens) TORCH_CHECK_VALUE(q_lens->device().is_cpu(), op, ": q_lens must be a CPU tensor");
-}
-
 at::Tensor run(const at::Tensor& q,            // [B, Tq, Hq, D]
                const KvView& kv,
                const at::Tensor& prefix_lens,  // [B] int32
@@ -170,38 +160,13 @@ at::Tensor run(const at::Tensor& q,            // [B, Tq, Hq, D]
                const at::Tensor& mask,         // [B, Tq, W] int32
                const std::optional<at::Tensor>& q_lens,  // [B] int32
                double sm_scale, const ta::Partials& parts) {
-  const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), D = q.size(3);
-  const int64_t Hkv = kv.Hkv, S = kv.S, W = mask.size(2);
+  const int64_t B = q.size(0), Tq = q.size(1), Hq = q.size(2), D = q.size(3), Hkv = kv.Hkv;
   auto out = at::empty({B, Tq, Hq, D}, q.options());
   if (out.numel() == 0) return out;
-
-  auto last_unit = [](const at::Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); };
-  const at::Tensor qc = last_unit(q), kc = last_unit(kv.k), vc = last_unit(kv.v);
-  const at::Tensor pl = prefix_lens.contiguous(), bl = block_lens.contiguous(), mk = mask.contiguous();
-  const at::Tensor ql = q_lens ? q_lens->contiguous() : at::Tensor();
-
+  const ta::Operands t = ta::operands(q, kv, prefix_lens, block_lens, mask, q_lens);  // outlives pb's pointers
   ta::Problem pb{};
-  pb.q = qc.data_ptr();
-  pb.k = kc.data_ptr();
-  pb.v = vc.data_ptr();
-  pb.out = out.data_ptr();
-  pb.prefix = pl.data_ptr<int32_t>();
-  pb.block = bl.data_ptr<int32_t>();
-  pb.q_lens = ql.defined() ? ql.data_ptr<int32_t>() : nullptr;
-  pb.mask = mk.data_ptr<int32_t>();
-  pb.sq_b = qc.stride(0), pb.sq_t = qc.stride(1), pb.sq_h = qc.stride(2);
-  pb.sk_b = kv.dim_b < 0 ? 0 : kc.stride(kv.dim_b), pb.sk_h = kc.stride(kv.dim_h), pb.sk_s = kc.stride(kv.dim_s);
-  pb.sv_b = kv.dim_b < 0 ? 0 : vc.stride(kv.dim_b), pb.sv_h = vc.stride(kv.dim_h), pb.sv_s = vc.stride(kv.dim_s);
-  if (kv.pages.defined()) {
-    pb.pages = kv.pages.data_ptr<int32_t>();
-    pb.s_pages = kv.pages.stride(0);
-    pb.sk_pg = kc.stride(0), pb.sv_pg = vc.stride(0);
-    pb.log2_page = static_cast<int32_t>(__builtin_ctzll(static_cast<uint64_t>(kc.size(1))));
-    pb.num_pages = static_cast<int32_t>(kc.size(0));
-  }
+  ta::fill_fields(pb, t, out, kv, sm_scale);
   pb.so_b = out.stride(0), pb.so_t = out.stride(1), pb.so_h = out.stride(2);
-  pb.B = B, pb.Tq = Tq, pb.Hq = Hq, pb.Hkv = Hkv, pb.G = Hq / Hkv, pb.D = D, pb.S = S, pb.W = W;
-  pb.scale_log2 = static_cast<float>(sm_scale * M_LOG2E);
 
   // Query tiles: all G heads of a kv group for a balanced range of queries, <= kMaxRows rows; the
   // invariant schedule gives each query its own item (lanes never mix, but tiles are per query).
@@ -277,5 +242,5 @@ at::Tensor run(const at::Tensor& q,            // [B, Tq, Hq, D]
 }  // namespace specops
 
 TORCH_LIBRARY_IMPL(specops, CPU, m) {
-  SPECOPS_TA_REGISTER(m, specops::check_common, specops::run);
+  SPECOPS_TA_REGISTER(m, specops::CpuDevice, specops::ta::no_limits, specops::run);
 }

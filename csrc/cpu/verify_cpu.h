@@ -5,7 +5,6 @@
 #include <ATen/ATen.h>
 
 #include <limits>
-#include <tuple>
 #include <vector>
 
 #include "../registration.h"
@@ -36,37 +35,49 @@ const float* masked_row(const T* row, const int32_t* words, int64_t V, std::vect
   return masked_row(row, words, V, tmp.data());
 }
 
-// R6's launch tensors (verify_joint, verify_joint_logits): the per-sequence inputs, contiguous
-// (draft tokens [B, g], joint log-probabilities [B, g], log tau [B], uniforms [B]), and the outputs
-// (accept_idx [B, g + 1], accept_len [B], bonus [B]), which one task per sequence reads and writes.
+// A tree call's per-sequence inputs and outputs (verify_greedy, verify_tree, verify_tree_logits: a
+// TreeCall's tensors), which one task per sequence reads and writes.
+struct TreeIo {
+  const int32_t* tokens;     // [B, T]
+  const int32_t* parents;    // [B, T]
+  const int32_t* num_nodes;  // [B]
+  const float* uniforms;     // [B, T, 2] (verify_tree*; verify_greedy: null)
+  int32_t* accept_idx;       // [B, T]
+  int32_t* accept_len;       // [B]
+  int32_t* bonus;            // [B]
+
+  explicit TreeIo(const TreeCall& c)
+      : tokens(c.tokens.data_ptr<int32_t>()), parents(c.parents.data_ptr<int32_t>()),
+        num_nodes(c.num_nodes.data_ptr<int32_t>()),
+        uniforms(c.uniforms.defined() ? c.uniforms.data_ptr<float>() : nullptr),
+        accept_idx(c.accept_idx.data_ptr<int32_t>()), accept_len(c.accept_len.data_ptr<int32_t>()),
+        bonus(c.bonus.data_ptr<int32_t>()) {}
+};
+
+// R6's per-sequence inputs and outputs (verify_joint, verify_joint_logits: a JointCall's tensors),
+// which one task per sequence reads and writes.
 struct JointIo {
   int64_t g;
-  at::Tensor tok, lq, lt, un, accept_idx, accept_len, bonus;
   const int32_t* tokens;   // [B, g]
   const float* joint_q;    // [B, g]
   const float* log_tau;    // [B]
   const float* uniforms;   // [B]
+  int32_t* accept_idx;     // [B, g + 1]
+  int32_t* accept_len;     // [B]
+  int32_t* bonus;          // [B]
 
-  JointIo(const at::Tensor& draft_tokens, const at::Tensor& draft_joint_logprobs, const at::Tensor& log_tau_,
-          const at::Tensor& uniforms_, int64_t B, int64_t g_)
-      : g(g_), tok(draft_tokens.contiguous()), lq(draft_joint_logprobs.contiguous()), lt(log_tau_.contiguous()),
-        un(uniforms_.contiguous()) {
-    std::tie(accept_idx, accept_len, bonus) = outputs(draft_tokens, B, g + 1);
-    tokens = tok.data_ptr<int32_t>();
-    joint_q = lq.data_ptr<float>();
-    log_tau = lt.data_ptr<float>();
-    uniforms = un.data_ptr<float>();
-  }
+  explicit JointIo(const JointCall& c)
+      : g(c.g), tokens(c.tokens.data_ptr<int32_t>()), joint_q(c.joint_q.data_ptr<float>()),
+        log_tau(c.log_tau.data_ptr<float>()), uniforms(c.uniforms.data_ptr<float>()),
+        accept_idx(c.accept_idx.data_ptr<int32_t>()), accept_len(c.accept_len.data_ptr<int32_t>()),
+        bonus(c.bonus.data_ptr<int32_t>()) {}
 
   // Sequence b accepts its first eta drafts (accept_idx 0..eta; the rest stay -1) and `token`.
   void accept(int64_t b, int32_t eta, int32_t token) const {
-    int32_t* ai = accept_idx.data_ptr<int32_t>() + b * (g + 1);
-    for (int32_t j = 0; j <= eta; ++j) ai[j] = j;
-    accept_len.data_ptr<int32_t>()[b] = eta + 1;
-    bonus.data_ptr<int32_t>()[b] = token;
+    for (int32_t j = 0; j <= eta; ++j) accept_idx[b * (g + 1) + j] = j;
+    accept_len[b] = eta + 1;
+    bonus[b] = token;
   }
-
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> result() const { return {accept_idx, accept_len, bonus}; }
 };
 
 // One sequence's walk state for the shared walks of ../verify_common.h. Rows supplies the target

@@ -18,7 +18,6 @@
 #include <memory>
 #include <vector>
 
-#include "../token_bitmask_args.h"
 #include "sampling_rows.h"
 #include "verify_cpu.h"
 
@@ -169,113 +168,50 @@ struct LogitRowsState {
   }
 };
 
-void check_logits(const char* op, const char* name, const at::Tensor& x) {
-  const auto dt = x.scalar_type();
-  TORCH_CHECK_VALUE(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf, op, ": ", name,
-                    " must be fp32, bf16 or fp16, got ", dt);
-}
-
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cpu(
-    const at::Tensor& tokens,                       // [B, T] int32
-    const at::Tensor& parents,                      // [B, T] int32
-    const at::Tensor& target_logits,                // [B, T, V] fp32/bf16/fp16
-    const at::Tensor& uniforms,                     // [B, T, 2] fp32
-    const at::Tensor& temperature,                  // [B * T] fp32
-    const at::Tensor& top_k,                        // [B * T] int32
-    const at::Tensor& top_p,                        // [B * T] fp32
-    const c10::optional<at::Tensor>& draft_logits,  // [B, T, V] fp32/bf16/fp16 or None
-    const at::Tensor& draft_temperature,            // [B * T] fp32
-    const at::Tensor& draft_top_k,                  // [B * T] int32
-    const at::Tensor& draft_top_p,                  // [B * T] fp32
-    const at::Tensor& num_nodes,                    // [B] int32
-    c10::string_view mode_name,
-    const c10::optional<at::Tensor>& bitmask) {     // [B, T, ceil(V / 32)] int32 or None
-  const int32_t mode = parse_mode(mode_name);
-  const at::Tensor* params[6] = {&temperature, &top_k, &top_p, &draft_temperature, &draft_top_k, &draft_top_p};
-  const bool has_q = check_tree_logits_args(mode, mode_name, tokens, parents, num_nodes, target_logits, uniforms,
-                                            params, draft_logits);
-  check_logits("verify_tree_logits", "target_logits", target_logits);
-  if (has_q) check_logits("verify_tree_logits", "draft_logits", *draft_logits);
-  const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2);
-  const at::Tensor y = has_q ? draft_logits->contiguous() : at::Tensor();
-  const at::Tensor words = node_bitmask_words(bitmask, "verify_tree_logits", B, T, V);
-  const bool masked = words.defined();
-  TORCH_CHECK_VALUE(!masked || words.device().is_cpu(), "verify_tree_logits: bitmask must be on cpu, got ",
-                    words.device());
-  const int32_t* mw = masked ? words.data_ptr<int32_t>() : nullptr;
-  const int64_t W = (V + 31) / 32;
-  auto tok = tokens.contiguous();
-  auto par = parents.contiguous();
-  auto nn = num_nodes.contiguous();
-  auto x = target_logits.contiguous();
-  auto un = uniforms.contiguous();
-  const auto pc = contiguous_params(params);
-  auto [accept_idx, accept_len, bonus] = outputs(tokens, B, T);
-  if (B == 0) return {accept_idx, accept_len, bonus};
-  const int32_t* tk = tok.data_ptr<int32_t>();
-  const int32_t* pa = par.data_ptr<int32_t>();
-  const int32_t* n = nn.data_ptr<int32_t>();
-  const float* up = un.data_ptr<float>();
-  int32_t* ai = accept_idx.data_ptr<int32_t>();
-  int32_t* al = accept_len.data_ptr<int32_t>();
-  int32_t* bo = bonus.data_ptr<int32_t>();
+void verify_tree_logits_cpu(const TreeCall& c) {
+  const int64_t T = c.T, V = c.V, W = (V + 31) / 32;
+  const at::Tensor &x = c.target, &y = c.draft;
+  const bool masked = c.words.defined();
+  const int32_t* mw = masked ? c.words.data_ptr<int32_t>() : nullptr;
+  const TreeIo io(c);
   const int32_t S = fix_shift(V);
   const float scale = exp2i(S), inv_scale = exp2i(-S);
-  const int64_t nbuf = mode_buffers(mode);
-  at::parallel_for(0, B, sequences_per_task(V), [&](int64_t lo, int64_t hi) {
+  const int64_t nbuf = mode_buffers(c.mode);
+  at::parallel_for(0, c.B, sequences_per_task(V), [&](int64_t lo, int64_t hi) {
     std::vector<float> buf(nbuf * V), masked_rows(masked ? 2 * V : 0);
     std::vector<int64_t> chunks(4 * num_chunks(V));
     std::vector<int32_t> scratch(T + 2);
     LogitRowsState state(V, T);
     for (int64_t b = lo; b < hi; ++b) {
       const int64_t r0 = b * T;
-      LogitRows rows = state.rows(logit_block(x, r0, V, x.scalar_type()), logit_block(y, r0, V, x.scalar_type()), pc,
-                                  r0, masked ? mw + r0 * W : nullptr, pa + r0, masked_rows.data());
-      CpuTreeEngine<LogitRows> e{rows, up + r0 * 2, buf.data(), chunks.data(), scratch.data(), V, scale, inv_scale};
-      run_walk(e, mode, tk + r0, pa + r0, valid_nodes(n[b], static_cast<int32_t>(T)), static_cast<int32_t>(T),
-               ai + r0, al + b, bo + b);
+      LogitRows rows = state.rows(logit_block(x, r0, V, x.scalar_type()), logit_block(y, r0, V, x.scalar_type()),
+                                  c.params, r0, masked ? mw + r0 * W : nullptr, io.parents + r0, masked_rows.data());
+      CpuTreeEngine<LogitRows> e{rows, io.uniforms + r0 * 2, buf.data(), chunks.data(), scratch.data(), V, scale,
+                                 inv_scale};
+      run_walk(e, c.mode, io.tokens + r0, io.parents + r0, valid_nodes(io.num_nodes[b], static_cast<int32_t>(T)),
+               static_cast<int32_t>(T), io.accept_idx + r0, io.accept_len + b, io.bonus + b);
     }
   });
-  return {accept_idx, accept_len, bonus};
 }
 
 // R6 from logits (verify_joint_logits): the rows' two row kinds are the same logits under two warps,
 // the test's (kind 0: one probability per row, from its statistics) and the bonus's (kind 1: the
 // one row eta, warped whole for the draw).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_logits_cpu(
-    const at::Tensor& draft_tokens,          // [B, g] int32
-    const at::Tensor& target_logits,         // [B, g + 1, V] fp32/bf16/fp16
-    const at::Tensor& draft_joint_logprobs,  // [B, g] fp32
-    const at::Tensor& log_tau,               // [B] fp32
-    const at::Tensor& uniforms,              // [B] fp32
-    const at::Tensor& temperature,           // [B * (g + 1)] fp32
-    const at::Tensor& top_k,                 // [B * (g + 1)] int32
-    const at::Tensor& top_p,                 // [B * (g + 1)] fp32
-    const at::Tensor& bonus_temperature,     // [B * (g + 1)] fp32
-    const at::Tensor& bonus_top_k,           // [B * (g + 1)] int32
-    const at::Tensor& bonus_top_p,           // [B * (g + 1)] fp32
-    const at::Tensor& num_nodes) {           // [B] int32
-  const at::Tensor* params[6] = {&temperature, &top_k, &top_p, &bonus_temperature, &bonus_top_k, &bonus_top_p};
-  const auto [B, g, V] = check_joint_logits_args(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms,
-                                                 params, num_nodes);
-  check_logits("verify_joint_logits", "target_logits", target_logits);
-  const int64_t T = g + 1;
-  auto x = target_logits.contiguous();
-  auto nn = num_nodes.contiguous();
-  const auto pc = contiguous_params(params);
-  const JointIo io(draft_tokens, draft_joint_logprobs, log_tau, uniforms, B, g);
-  if (B == 0) return io.result();
-  const int32_t* n = nn.data_ptr<int32_t>();
+void verify_joint_logits_cpu(const JointCall& c) {
+  const int64_t g = c.g, T = g + 1, V = c.V;
+  const at::Tensor& x = c.target;
+  const int32_t* n = c.num_nodes.data_ptr<int32_t>();
+  const JointIo io(c);
   const float scale = exp2i(fix_shift(V));
-  at::parallel_for(0, B, sequences_per_task(V), [&](int64_t lo, int64_t hi) {
+  at::parallel_for(0, c.B, sequences_per_task(V), [&](int64_t lo, int64_t hi) {
     std::vector<int64_t> chunks(num_chunks(V));
     LogitRowsState state(V, T);
     for (int64_t b = lo; b < hi; ++b) {
       const int64_t r0 = b * T;
       const LogitBlock block = logit_block(x, r0, V, x.scalar_type());
-      LogitRows rows = state.rows(block, block, pc, r0);
+      LogitRows rows = state.rows(block, block, c.params, r0);
       const int32_t eta = joint_eta(io.tokens + b * g, valid_nodes(n[b], static_cast<int32_t>(T)), V, io.log_tau[b],
                                     io.joint_q + b * g,
                                     [&](int32_t row, int32_t token) { return det_log(rows.at(Vec::target(row), token)); });
@@ -284,7 +220,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_logits_cpu(
                                    chunks.data(), false));
     }
   });
-  return io.result();
 }
 
 }  // namespace cpu
@@ -292,6 +227,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_logits_cpu(
 }  // namespace specops
 
 TORCH_LIBRARY_IMPL(specops, CPU, m) {
-  m.impl("verify_tree_logits", &specops::verify::cpu::verify_tree_logits_cpu);
-  m.impl("verify_joint_logits", &specops::verify::cpu::verify_joint_logits_cpu);
+  namespace sv = specops::verify;
+  m.impl("verify_tree_logits", &sv::tree_logits_entry<specops::CpuDevice, false, sv::cpu::verify_tree_logits_cpu>);
+  m.impl("verify_joint_logits", &sv::joint_logits_entry<specops::CpuDevice, false, sv::cpu::verify_joint_logits_cpu>);
 }

@@ -10,6 +10,8 @@
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
+#include "../registration.h"
+
 #if defined(SPECOPS_CUDASIM)
 
 #include "../cudasim/cudasim.h"
@@ -61,3 +63,13 @@ inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream();
 }  // namespace specops
 
 #endif
+
+namespace specops {
+// The device of this build's launchers, for the shared entries of the *_args.h headers (CpuDevice's
+// twin, csrc/registration.h).
+struct GpuDevice {
+  static constexpr const char* kName = SPECOPS_GPU_NAME;
+  static bool on(const at::Tensor& t) { return SPECOPS_ON_GPU(t); }
+  using Guard = gpu::DeviceGuard;
+};
+}  // namespace specops

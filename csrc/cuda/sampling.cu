@@ -32,8 +32,7 @@
 #include <type_traits>
 
 #include "gpu.cuh"
-#include "../registration.h"
-#include "../sampling_common.h"
+#include "../sampling_args.h"
 #include "sampling_block.cuh"
 #include "sampling_stats.cuh"
 
@@ -424,27 +423,8 @@ void launch_warp(const at::Tensor& x, const at::Tensor& tt, const at::Tensor& kk
   });
 }
 
-at::Tensor warp_probs_cuda(const at::Tensor& logits,       // [N, V] fp32/bf16/fp16
-                           const at::Tensor& temperature,  // [N] fp32
-                           const at::Tensor& top_k,        // [N] int32
-                           const at::Tensor& top_p)        // [N] fp32
-{
-  SPECOPS_CHECK_DIM(logits, 2);
-  SPECOPS_CHECK_DTYPE(temperature, at::kFloat);
-  SPECOPS_CHECK_DTYPE(top_k, at::kInt);
-  SPECOPS_CHECK_DTYPE(top_p, at::kFloat);
-  TORCH_CHECK_VALUE(SPECOPS_ON_GPU(logits) && SPECOPS_ON_GPU(temperature) && SPECOPS_ON_GPU(top_k) && SPECOPS_ON_GPU(top_p),
-              "warp_probs: " SPECOPS_GPU_NAME " tensors expected");
-  const int64_t N = logits.size(0), V = logits.size(1);
-  TORCH_CHECK_VALUE(temperature.numel() == N && top_k.numel() == N && top_p.numel() == N,
-              "warp_probs: temperature, top_k and top_p must have shape [N]");
-  const gpu::DeviceGuard guard(logits.device());
-  auto x = logits.stride(1) == 1 ? logits : logits.contiguous();
-  auto out = at::empty({N, V}, logits.options().dtype(at::kFloat));
-  if (N == 0 || V == 0) return out;
-  launch_warp(x, temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), out.data_ptr<float>(), nullptr,
-              RowMask{});
-  return out;
+void warp_probs_cuda(const warp::Call& c) {
+  launch_warp(c.logits, c.temperature, c.top_k, c.top_p, c.out.data_ptr<float>(), nullptr, RowMask{});
 }
 
 }  // namespace
@@ -457,4 +437,6 @@ void warp_row_stats(const at::Tensor& logits, const at::Tensor& temperature, con
 
 }  // namespace specops
 
-SPECOPS_GPU_IMPL(m) { m.impl("warp_probs", &specops::warp_probs_cuda); }
+SPECOPS_GPU_IMPL(m) {
+  m.impl("warp_probs", &specops::warp::entry<specops::GpuDevice, specops::warp_probs_cuda>);
+}

@@ -8,8 +8,6 @@
 #include <torch/library.h>
 
 #include "gpu.cuh"
-#include "../common.h"
-#include "../registration.h"
 #include "../token_bitmask_args.h"
 
 namespace specops {
@@ -38,37 +36,17 @@ apply_token_bitmask_kernel(Bits* logits,                      // [B, T, V] raw b
 }
 
 template <typename Bits>
-void launch(const at::Tensor& logits, const at::Tensor& mask, Bits neg_inf) {
-  const bool flat = logits.dim() == 2;
-  const int64_t B = flat ? 1 : logits.size(0);
-  const int64_t T = logits.size(logits.dim() - 2);
-  const int64_t V = logits.size(logits.dim() - 1);
-  const int64_t W = mask.size(mask.dim() - 1);
-  const int64_t sb = flat ? 0 : logits.stride(0);
-  const int64_t st = logits.stride(logits.dim() - 2);
-  const int64_t chunks = ceil_div(V, kChunk);
-  const int64_t blocks = B * T * chunks;
+void launch(const BitmaskRows& c, Bits neg_inf) {
+  const int64_t chunks = ceil_div(c.V, kChunk);
+  const int64_t blocks = c.B * c.T * chunks;
   TORCH_CHECK_VALUE(blocks <= 2147483647, "apply_token_bitmask: too many rows for one launch (", blocks, " blocks)");
   SPECOPS_LAUNCH(static_cast<unsigned int>(blocks), kThreads, 0, gpu::current_stream(), apply_token_bitmask_kernel<Bits>)(
-      reinterpret_cast<Bits*>(logits.data_ptr()), mask.data_ptr<int32_t>(), T, V, W, sb, st, chunks, neg_inf);
+      reinterpret_cast<Bits*>(c.logits.data_ptr()), c.mask.data_ptr<int32_t>(), c.T, c.V, c.W, c.sb, c.st, chunks,
+      neg_inf);
   SPECOPS_LAUNCH_CHECK();
 }
 
 }  // namespace
-
-void apply_token_bitmask_cuda(const at::Tensor& logits,   // [B, T, V] or [N, V] fp32/fp16/bf16, in place
-                              const at::Tensor& bitmask)  // [B, T, W] or [N, W] int32, W = ceil(V / 32)
-{
-  check_token_bitmask_args(logits, bitmask);
-  TORCH_CHECK_VALUE(SPECOPS_ON_GPU(logits) && SPECOPS_ON_GPU(bitmask), "apply_token_bitmask: " SPECOPS_GPU_NAME " tensors expected");
-  const uint32_t neg_inf = neg_inf_bits(logits.scalar_type());
-  if (logits.numel() == 0) return;
-  const gpu::DeviceGuard guard(logits.device());
-  auto mask = bitmask.contiguous();
-  if (logits.scalar_type() == at::kFloat) launch<uint32_t>(logits, mask, neg_inf);
-  else launch<uint16_t>(logits, mask, static_cast<uint16_t>(neg_inf));
-}
-
 }  // namespace specops
 
-SPECOPS_GPU_IMPL(m) { m.impl("apply_token_bitmask", &specops::apply_token_bitmask_cuda); }
+SPECOPS_GPU_IMPL(m) { SPECOPS_TOKEN_BITMASK_REGISTER(m, specops::GpuDevice, specops::launch); }

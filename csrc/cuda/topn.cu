@@ -19,8 +19,8 @@
 #include <algorithm>
 
 #include "gpu.cuh"
-#include "../registration.h"
 #include "../sampling_common.h"
+#include "../topn_args.h"
 #include "sampling_block.cuh"
 
 namespace specops {
@@ -85,44 +85,25 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> topn_expand_cuda(
-    const at::Tensor& parent_scores,   // [B, P] fp32
-    const at::Tensor& child_logprobs,  // [B, P, V] fp32/bf16/fp16
-    int64_t n, int64_t per_parent_k) {
-  SPECOPS_CHECK_DTYPE(parent_scores, at::kFloat);
-  SPECOPS_CHECK_DIM(parent_scores, 2);
-  SPECOPS_CHECK_DIM(child_logprobs, 3);
-  TORCH_CHECK_VALUE(SPECOPS_ON_GPU(parent_scores) && SPECOPS_ON_GPU(child_logprobs), "topn_expand: " SPECOPS_GPU_NAME " tensors expected");
-  const int64_t B = child_logprobs.size(0), P = child_logprobs.size(1), V = child_logprobs.size(2);
-  TORCH_CHECK_VALUE(parent_scores.size(0) == B && parent_scores.size(1) == P,
-              "topn_expand: parent_scores must have shape [B, P] of child_logprobs");
-  TORCH_CHECK_VALUE(n >= 1 && n <= kMaxTop, "topn_expand (cuda): n must lie in [1, ", kMaxTop, "], got ", n);
-  const int64_t kp = std::min({per_parent_k >= 1 ? per_parent_k : V, n, V});
-  const gpu::DeviceGuard guard(parent_scores.device());
-  auto ps = parent_scores.contiguous();
-  auto cl = child_logprobs.contiguous();
-  auto scores = at::empty({B, n}, ps.options());
-  auto tokens = at::empty({B, n}, ps.options().dtype(at::kInt));
-  auto parents = at::empty({B, n}, ps.options().dtype(at::kInt));
-  TORCH_CHECK_VALUE(P >= 1 && V >= 1, "topn_expand: child_logprobs must have P >= 1 and V >= 1");
-  if (B == 0) return {scores, tokens, parents};
-  auto cand_score = at::empty({B * P, kp}, ps.options());
-  auto cand_token = at::empty({B * P, kp}, ps.options().dtype(at::kInt));
+void topn_expand_cuda(const topn::Expand& e) {
+  const int64_t B = e.B, P = e.P, V = e.V, n = e.n, kp = e.kp;
+  const auto f32 = e.parent_scores.options();
+  auto cand_score = at::empty({B * P, kp}, f32);
+  auto cand_token = at::empty({B * P, kp}, f32.dtype(at::kInt));
   const auto stream = gpu::current_stream();
   const size_t sm1 = kp * (sizeof(int64_t) + sizeof(float));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, cl.scalar_type(), "topn_expand_cuda", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, e.child_logprobs.scalar_type(), "topn_expand_cuda", [&] {
     SPECOPS_LAUNCH(B * P, kThreads, sm1, stream, topn_parent_kernel<scalar_t>)(
-        ps.data_ptr<float>(), cl.data_ptr<scalar_t>(), cand_score.data_ptr<float>(),
+        e.parent_scores.data_ptr<float>(), e.child_logprobs.data_ptr<scalar_t>(), cand_score.data_ptr<float>(),
         cand_token.data_ptr<int32_t>(), V, static_cast<int>(kp));
   });
   SPECOPS_LAUNCH_CHECK();
   const size_t sm2 = n * (sizeof(int64_t) + sizeof(float));
   SPECOPS_LAUNCH(B, kThreads, sm2, stream, topn_merge_kernel)(
-      cand_score.data_ptr<float>(), cand_token.data_ptr<int32_t>(), scores.data_ptr<float>(),
-      tokens.data_ptr<int32_t>(), parents.data_ptr<int32_t>(), P * kp, static_cast<int>(kp),
+      cand_score.data_ptr<float>(), cand_token.data_ptr<int32_t>(), e.scores.data_ptr<float>(),
+      e.tokens.data_ptr<int32_t>(), e.parents.data_ptr<int32_t>(), P * kp, static_cast<int>(kp),
       static_cast<int>(n));
   SPECOPS_LAUNCH_CHECK();
-  return {scores, tokens, parents};
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -175,44 +156,21 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) counts[b] = count;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> select_topn_subtree_cuda(
-    const at::Tensor& parents,    // [B, T] int32
-    const at::Tensor& scores,     // [B, T] fp32
-    const at::Tensor& num_nodes,  // [B] int32
-    int64_t n) {
-  SPECOPS_CHECK_DTYPE(parents, at::kInt);
-  SPECOPS_CHECK_DTYPE(scores, at::kFloat);
-  SPECOPS_CHECK_DTYPE(num_nodes, at::kInt);
-  SPECOPS_CHECK_DIM(parents, 2);
-  TORCH_CHECK_VALUE(SPECOPS_ON_GPU(parents) && SPECOPS_ON_GPU(scores) && SPECOPS_ON_GPU(num_nodes),
-              "select_topn_subtree: " SPECOPS_GPU_NAME " tensors expected");
-  TORCH_CHECK_VALUE(n >= 1 && n <= INT32_MAX, "select_topn_subtree: n must be >= 1, got ", n);
-  const int64_t B = parents.size(0), T = parents.size(1);
-  TORCH_CHECK_VALUE(T >= 1, "select_topn_subtree: parents must have T >= 1");
-  TORCH_CHECK_VALUE(scores.sizes() == parents.sizes(), "select_topn_subtree: scores must have the shape of parents");
-  TORCH_CHECK_VALUE(num_nodes.dim() == 1 && num_nodes.size(0) == B, "select_topn_subtree: num_nodes must have shape [B]");
-  const gpu::DeviceGuard guard(parents.device());
-  auto par = parents.contiguous();
-  auto sc = scores.contiguous();
-  auto nn = num_nodes.contiguous();
-  auto keep = at::empty({B, n}, par.options());
-  auto new_parents = at::empty({B, n}, par.options());
-  auto counts = at::empty({B}, par.options());
-  if (B == 0) return {keep, new_parents, counts};
-  auto eff = at::empty({B, T}, sc.options());
-  auto pos = at::empty({B, T}, par.options());
+void select_topn_subtree_cuda(const topn::Select& s) {
+  const int64_t B = s.B, T = s.T;
+  auto eff = at::empty({B, T}, s.scores.options());
+  auto pos = at::empty({B, T}, s.parents.options());
   SPECOPS_LAUNCH(B, kThreads, 0, gpu::current_stream(), select_topn_subtree_kernel)(
-      par.data_ptr<int32_t>(), sc.data_ptr<float>(), nn.data_ptr<int32_t>(), eff.data_ptr<float>(),
-      pos.data_ptr<int32_t>(), keep.data_ptr<int32_t>(), new_parents.data_ptr<int32_t>(),
-      counts.data_ptr<int32_t>(), static_cast<int32_t>(T), static_cast<int32_t>(n));
+      s.parents.data_ptr<int32_t>(), s.scores.data_ptr<float>(), s.num_nodes.data_ptr<int32_t>(),
+      eff.data_ptr<float>(), pos.data_ptr<int32_t>(), s.keep.data_ptr<int32_t>(), s.new_parents.data_ptr<int32_t>(),
+      s.counts.data_ptr<int32_t>(), static_cast<int32_t>(T), static_cast<int32_t>(s.n));
   SPECOPS_LAUNCH_CHECK();
-  return {keep, new_parents, counts};
 }
 
 }  // namespace
 }  // namespace specops
 
 SPECOPS_GPU_IMPL(m) {
-  m.impl("topn_expand", &specops::topn_expand_cuda);
-  m.impl("select_topn_subtree", &specops::select_topn_subtree_cuda);
+  SPECOPS_TOPN_REGISTER(m, specops::GpuDevice, specops::kMaxTop, specops::topn_expand_cuda,
+                        specops::select_topn_subtree_cuda);
 }

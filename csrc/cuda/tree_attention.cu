@@ -346,19 +346,11 @@ bool rows_aligned16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 
 using ta::KvView;
 
-// The device half of the checks and the CUDA limits; the shapes are ta::check_shapes'.
-void check_common(const char* op, const at::Tensor& q, const KvView& kv, const at::Tensor& prefix_lens,
-                  const at::Tensor& block_lens, const at::Tensor& mask, const std::optional<at::Tensor>& q_lens) {
-  ta::check_shapes(op, q, kv, prefix_lens, block_lens, mask, q_lens);
+// The CUDA kernels' limits (the shared checks are ta::call's).
+void limits(const char* op, const at::Tensor& q, const KvView& kv) {
   const int64_t B = q.size(0), D = q.size(3);
   TORCH_CHECK_VALUE(D <= 256, op, " (cuda): head dim D must be <= 256, got ", D);
   TORCH_CHECK_VALUE(B * kv.Hkv < 65536, op, " (cuda): B * Hkv must be < 65536, got ", B * kv.Hkv);
-  for (const at::Tensor* t : {&q, &kv.k, &kv.v, &prefix_lens, &block_lens, &mask})
-    TORCH_CHECK_VALUE(SPECOPS_ON_GPU(*t) && t->device() == q.device(), op,
-                ": " SPECOPS_GPU_NAME " tensors on one device expected");
-  if (kv.pages.defined())
-    TORCH_CHECK_VALUE(SPECOPS_ON_GPU(kv.pages) && kv.pages.device() == q.device(), op, ": page_table must be on q's device");
-  if (q_lens) TORCH_CHECK_VALUE(q_lens->device() == q.device(), op, ": q_lens must be on q's device");
 }
 
 at::Tensor run_call(const at::Tensor& q,            // [B, Tq, Hq, D]
@@ -373,35 +365,11 @@ at::Tensor run_call(const at::Tensor& q,            // [B, Tq, Hq, D]
   const gpu::DeviceGuard guard(q.device());
   auto out = at::empty({B, Tq, Hq, D}, q.options());
   if (out.numel() == 0) return out;
-  auto last_unit = [](const at::Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); };
-  const at::Tensor qc = last_unit(q), kc = last_unit(kv.k), vc = last_unit(kv.v);
-  const at::Tensor pl = prefix_lens.contiguous(), bl = block_lens.contiguous(), mk = mask.contiguous();
-  const at::Tensor ql = q_lens ? q_lens->contiguous() : at::Tensor();
+  const ta::Operands t = ta::operands(q, kv, prefix_lens, block_lens, mask, q_lens);  // outlives a's pointers
   const bool paged = kv.pages.defined();
-
   Args a{};
-  a.q = qc.data_ptr();
-  a.k = kc.data_ptr();
-  a.v = vc.data_ptr();
-  a.out = out.data_ptr();
-  a.prefix = pl.data_ptr<int32_t>();
-  a.block = bl.data_ptr<int32_t>();
-  a.q_lens = ql.defined() ? ql.data_ptr<int32_t>() : nullptr;
-  a.mask = mk.data_ptr<int32_t>();
-  a.sq_b = qc.stride(0), a.sq_t = qc.stride(1), a.sq_h = qc.stride(2);
-  a.sk_b = kv.dim_b < 0 ? 0 : kc.stride(kv.dim_b), a.sk_h = kc.stride(kv.dim_h), a.sk_s = kc.stride(kv.dim_s);
-  a.sv_b = kv.dim_b < 0 ? 0 : vc.stride(kv.dim_b), a.sv_h = vc.stride(kv.dim_h), a.sv_s = vc.stride(kv.dim_s);
-  if (paged) {
-    a.pages = kv.pages.data_ptr<int32_t>();
-    a.s_pages = kv.pages.stride(0);
-    a.sk_pg = kc.stride(0), a.sv_pg = vc.stride(0);
-    a.log2_page = static_cast<int32_t>(__builtin_ctzll(static_cast<unsigned long long>(kc.size(1))));
-    a.num_pages = static_cast<int32_t>(kc.size(0));
-  }
-  a.B = B, a.Tq = Tq, a.Hq = Hq, a.Hkv = Hkv, a.G = Hq / Hkv, a.D = D, a.S = S, a.W = W;
-  a.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
-
-  a.vec = rows_aligned16(qc, kc, vc) ? 1 : 0;
+  ta::fill_fields(a, t, out, kv, sm_scale);
+  a.vec = rows_aligned16(t.q, t.k, t.v) ? 1 : 0;
 
   // The kv splits (flash-decoding) and their partials are the caller's schedule
   // (specops/ops/splits.py): a split that finds no tile contributes a -inf log-sum-exp.
@@ -449,5 +417,5 @@ at::Tensor run_call(const at::Tensor& q,            // [B, Tq, Hq, D]
 }  // namespace specops
 
 SPECOPS_GPU_IMPL(m) {
-  SPECOPS_TA_REGISTER(m, specops::check_common, specops::run_call);
+  SPECOPS_TA_REGISTER(m, specops::GpuDevice, specops::limits, specops::run_call);
 }

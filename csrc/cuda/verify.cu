@@ -19,12 +19,9 @@
 #include <ATen/ops/stack.h>
 #include <torch/library.h>
 
-#include <climits>
-#include <string>
+#include <array>
 
 #include "gpu.cuh"
-#include "../registration.h"
-#include "../token_bitmask_args.h"
 #include "../verify_args.h"
 #include "../verify_common.h"
 #include "verify_engine.cuh"
@@ -200,225 +197,96 @@ __global__ void __launch_bounds__(kThreads)
       accept_idx + b * T, accept_len + b, bonus + b);
 }
 
-// tokens, parents, num_nodes and the rows on the device (after check_tree_args).
-void check_tree_device(const at::Tensor& tokens, const at::Tensor& parents, const at::Tensor& num_nodes,
-                       const at::Tensor& rows) {
-  TORCH_CHECK_VALUE(SPECOPS_ON_GPU(tokens) && SPECOPS_ON_GPU(parents) && SPECOPS_ON_GPU(num_nodes) && SPECOPS_ON_GPU(rows),
-                    "verify: " SPECOPS_GPU_NAME " tensors expected");
-}
-
-// The six warping parameters on the device (after check_params).
-void check_params_device(const char* message, const at::Tensor* const params[6]) {
-  for (int i = 0; i < 6; ++i) TORCH_CHECK_VALUE(SPECOPS_ON_GPU(*params[i]), message);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_cuda(const at::Tensor& tokens, const at::Tensor& parents,
-                                                                const at::Tensor& target_probs,
-                                                                const at::Tensor& uniforms,
-                                                                const c10::optional<at::Tensor>& draft_probs,
-                                                                const at::Tensor& num_nodes,
-                                                                c10::string_view mode_name) {
-  const int32_t mode = parse_mode(mode_name);
-  const bool has_q = check_tree_probs_args(mode, mode_name, tokens, parents, num_nodes, target_probs, uniforms,
-                                           draft_probs);
-  check_tree_device(tokens, parents, num_nodes, target_probs);
-  const gpu::DeviceGuard guard(tokens.device());
-  const int64_t B = tokens.size(0), T = tokens.size(1), V = target_probs.size(2);
-  const at::Tensor q = has_q ? draft_probs->contiguous() : at::Tensor();
-  auto [accept_idx, accept_len, bonus] = outputs(tokens, B, T);
-  if (B == 0) return {accept_idx, accept_len, bonus};
-  const int64_t nbuf = mode_buffers(mode);
-  auto buf = at::empty({B, nbuf, V}, target_probs.options());
-  auto scratch = at::empty({B, T + 2}, tokens.options());
-  auto tok = tokens.contiguous();
-  auto par = parents.contiguous();
-  auto nn = num_nodes.contiguous();
-  auto p = target_probs.contiguous();
-  auto un = uniforms.contiguous();
+void verify_tree_cuda(const TreeCall& c) {
+  const int64_t B = c.B, T = c.T, V = c.V, nbuf = mode_buffers(c.mode);
+  auto buf = at::empty({B, nbuf, V}, c.target.options());
+  auto scratch = at::empty({B, T + 2}, c.tokens.options());
   SPECOPS_LAUNCH(B, kThreads, 0, gpu::current_stream(), verify_tree_kernel)(
-      tok.data_ptr<int32_t>(), par.data_ptr<int32_t>(), nn.data_ptr<int32_t>(), p.data_ptr<float>(),
-      has_q ? q.data_ptr<float>() : nullptr, un.data_ptr<float>(), nbuf ? buf.data_ptr<float>() : nullptr,
-      scratch.data_ptr<int32_t>(), accept_idx.data_ptr<int32_t>(), accept_len.data_ptr<int32_t>(),
-      bonus.data_ptr<int32_t>(), static_cast<int32_t>(T), V, static_cast<int32_t>(nbuf), mode,
-      fix_shift(V));
+      c.tokens.data_ptr<int32_t>(), c.parents.data_ptr<int32_t>(), c.num_nodes.data_ptr<int32_t>(),
+      c.target.data_ptr<float>(), c.draft.defined() ? c.draft.data_ptr<float>() : nullptr,
+      c.uniforms.data_ptr<float>(), nbuf ? buf.data_ptr<float>() : nullptr, scratch.data_ptr<int32_t>(),
+      c.accept_idx.data_ptr<int32_t>(), c.accept_len.data_ptr<int32_t>(), c.bonus.data_ptr<int32_t>(),
+      static_cast<int32_t>(T), V, static_cast<int32_t>(nbuf), c.mode, fix_shift(V));
   SPECOPS_LAUNCH_CHECK();
-  return {accept_idx, accept_len, bonus};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_tree_logits_cuda(
-    const at::Tensor& tokens,                       // [B, T] int32
-    const at::Tensor& parents,                      // [B, T] int32
-    const at::Tensor& target_logits,                // [B, T, V] fp32/bf16/fp16
-    const at::Tensor& uniforms,                     // [B, T, 2] fp32
-    const at::Tensor& temperature,                  // [B * T] fp32
-    const at::Tensor& top_k,                        // [B * T] int32
-    const at::Tensor& top_p,                        // [B * T] fp32
-    const c10::optional<at::Tensor>& draft_logits,  // [B, T, V] or None
-    const at::Tensor& draft_temperature,            // [B * T] fp32
-    const at::Tensor& draft_top_k,                  // [B * T] int32
-    const at::Tensor& draft_top_p,                  // [B * T] fp32
-    const at::Tensor& num_nodes,                    // [B] int32
-    c10::string_view mode_name,
-    const c10::optional<at::Tensor>& bitmask) {     // [B, T, ceil(V / 32)] int32 or None
-  const int32_t mode = parse_mode(mode_name);
-  const at::Tensor* params[6] = {&temperature, &top_k, &top_p, &draft_temperature, &draft_top_k, &draft_top_p};
-  const bool has_q = check_tree_logits_args(mode, mode_name, tokens, parents, num_nodes, target_logits, uniforms,
-                                            params, draft_logits);
-  check_tree_device(tokens, parents, num_nodes, target_logits);
-  check_params_device("verify_tree_logits: warping parameters must be [B * T] fp32 / int32 / fp32 " SPECOPS_GPU_NAME
-                      " tensors", params);
-  const gpu::DeviceGuard guard(tokens.device());
-  const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2), N = B * T;
-  const at::Tensor words = node_bitmask_words(bitmask, "verify_tree_logits", B, T, V);
-  const bool masked = words.defined();
-  TORCH_CHECK_VALUE(!masked || SPECOPS_ON_GPU(words),
-                    "verify_tree_logits: " SPECOPS_GPU_NAME " tensors expected (bitmask)");
+void verify_tree_logits_cuda(const TreeCall& c) {
+  const int64_t B = c.B, T = c.T, V = c.V, N = B * T;
+  const std::array<at::Tensor, 6>& pc = c.params;
+  const bool has_q = c.draft.defined();
   // One kernel per logits dtype: a draft of another dtype is widened to the target's (exact when
   // the target's is fp32), or the target to fp32 when the draft is fp32 (exact); either way every
   // z, hence every probability, is what warp_probs computes from the original logits.
-  at::Tensor x = target_logits.contiguous(), y;
-  if (has_q) {
-    y = draft_logits->contiguous();
-    if (y.scalar_type() != x.scalar_type()) {
-      x = x.to(at::kFloat);
-      y = y.to(at::kFloat);
-    }
+  at::Tensor x = c.target, y = c.draft;
+  if (has_q && y.scalar_type() != x.scalar_type()) {
+    x = x.to(at::kFloat);
+    y = y.to(at::kFloat);
   }
-  auto [accept_idx, accept_len, bonus] = outputs(tokens, B, T);
-  if (B == 0) return {accept_idx, accept_len, bonus};
-  auto par = parents.contiguous();
   // The bitmask rows each logits row is warped under: target row u its own, draft row c its
   // parent's (read where the logits are read, in both kernels: no masked copy of the logits).
-  const int32_t* mw = masked ? words.data_ptr<int32_t>() : nullptr;
+  const int32_t* mw = c.words.defined() ? c.words.data_ptr<int32_t>() : nullptr;
   const int64_t W = (V + 31) / 32;
   // Row statistics with warp_probs' own plan: target rows, then draft rows (each N rows, as the
   // two warp_probs calls of the composition).
-  auto stats = at::empty({2, N, 4}, tokens.options());
+  auto stats = at::empty({2, N, 4}, c.tokens.options());
   auto* st = reinterpret_cast<WarpRowStats*>(stats.data_ptr<int32_t>());
-  auto temps = at::stack({temperature, draft_temperature}).contiguous();
-  warp_row_stats(x.view({N, V}), temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), st,
-                 RowMask{mw, nullptr, static_cast<int32_t>(T), W});
+  auto temps = at::stack({pc[0], pc[3]}).contiguous();
+  warp_row_stats(x.view({N, V}), pc[0], pc[1], pc[2], st, RowMask{mw, nullptr, static_cast<int32_t>(T), W});
   if (has_q)
-    warp_row_stats(y.view({N, V}), draft_temperature.contiguous(), draft_top_k.contiguous(),
-                   draft_top_p.contiguous(), st + N,
-                   RowMask{mw, par.data_ptr<int32_t>(), static_cast<int32_t>(T), W});
-  const int64_t nbuf = mode_buffers(mode);
-  auto buf = at::empty({B, nbuf, V}, uniforms.options());
-  auto scratch = at::empty({B, T + 2}, tokens.options());
-  auto tok = tokens.contiguous();
-  auto nn = num_nodes.contiguous();
-  auto un = uniforms.contiguous();
+    warp_row_stats(y.view({N, V}), pc[3], pc[4], pc[5], st + N,
+                   RowMask{mw, c.parents.data_ptr<int32_t>(), static_cast<int32_t>(T), W});
+  const int64_t nbuf = mode_buffers(c.mode);
+  auto buf = at::empty({B, nbuf, V}, c.uniforms.options());
+  auto scratch = at::empty({B, T + 2}, c.tokens.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "verify_tree_logits_cuda", [&] {
     SPECOPS_LAUNCH(B, kThreads, 0, gpu::current_stream(), verify_tree_logits_kernel<scalar_t>)(
-        tok.data_ptr<int32_t>(), par.data_ptr<int32_t>(), nn.data_ptr<int32_t>(), x.data_ptr<scalar_t>(),
-        has_q ? y.data_ptr<scalar_t>() : nullptr, st, temps.data_ptr<float>(), un.data_ptr<float>(),
-        nbuf ? buf.data_ptr<float>() : nullptr, scratch.data_ptr<int32_t>(), accept_idx.data_ptr<int32_t>(),
-        accept_len.data_ptr<int32_t>(), bonus.data_ptr<int32_t>(), mw, static_cast<int32_t>(T), V,
-        static_cast<int32_t>(nbuf), mode, fix_shift(V));
+        c.tokens.data_ptr<int32_t>(), c.parents.data_ptr<int32_t>(), c.num_nodes.data_ptr<int32_t>(),
+        x.data_ptr<scalar_t>(), has_q ? y.data_ptr<scalar_t>() : nullptr, st, temps.data_ptr<float>(),
+        c.uniforms.data_ptr<float>(), nbuf ? buf.data_ptr<float>() : nullptr, scratch.data_ptr<int32_t>(),
+        c.accept_idx.data_ptr<int32_t>(), c.accept_len.data_ptr<int32_t>(), c.bonus.data_ptr<int32_t>(), mw,
+        static_cast<int32_t>(T), V, static_cast<int32_t>(nbuf), c.mode, fix_shift(V));
   });
   SPECOPS_LAUNCH_CHECK();
-  return {accept_idx, accept_len, bonus};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_greedy_cuda(const at::Tensor& tokens, const at::Tensor& parents,
-                                                                  const at::Tensor& target_logits,
-                                                                  const at::Tensor& num_nodes,
-                                                                  const c10::optional<at::Tensor>& bitmask) {
-  check_tree_args(tokens, parents, num_nodes, target_logits);
-  check_tree_device(tokens, parents, num_nodes, target_logits);
-  const gpu::DeviceGuard guard(tokens.device());
-  const int64_t B = tokens.size(0), T = tokens.size(1), V = target_logits.size(2);
-  const at::Tensor words = node_bitmask_words(bitmask, "verify_greedy", B, T, V);
-  const bool masked = words.defined();
-  TORCH_CHECK_VALUE(!masked || SPECOPS_ON_GPU(words), "verify_greedy: " SPECOPS_GPU_NAME " tensors expected (bitmask)");
-  auto [accept_idx, accept_len, bonus] = outputs(tokens, B, T);
-  if (B == 0) return {accept_idx, accept_len, bonus};
-  auto tok = tokens.contiguous();
-  auto par = parents.contiguous();
-  auto nn = num_nodes.contiguous();
-  auto logits = target_logits.contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, logits.scalar_type(), "verify_greedy_cuda", [&] {
-    SPECOPS_LAUNCH(B, kThreads, 0, gpu::current_stream(), verify_greedy_kernel<scalar_t>)(
-        tok.data_ptr<int32_t>(), par.data_ptr<int32_t>(), nn.data_ptr<int32_t>(), logits.data_ptr<scalar_t>(),
-        accept_idx.data_ptr<int32_t>(), accept_len.data_ptr<int32_t>(), bonus.data_ptr<int32_t>(),
-        masked ? words.data_ptr<int32_t>() : nullptr, static_cast<int32_t>(T), V);
+void verify_greedy_cuda(const TreeCall& c) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.target.scalar_type(), "verify_greedy_cuda", [&] {
+    SPECOPS_LAUNCH(c.B, kThreads, 0, gpu::current_stream(), verify_greedy_kernel<scalar_t>)(
+        c.tokens.data_ptr<int32_t>(), c.parents.data_ptr<int32_t>(), c.num_nodes.data_ptr<int32_t>(),
+        c.target.data_ptr<scalar_t>(), c.accept_idx.data_ptr<int32_t>(), c.accept_len.data_ptr<int32_t>(),
+        c.bonus.data_ptr<int32_t>(), c.words.defined() ? c.words.data_ptr<int32_t>() : nullptr,
+        static_cast<int32_t>(c.T), c.V);
   });
   SPECOPS_LAUNCH_CHECK();
-  return {accept_idx, accept_len, bonus};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_cuda(const at::Tensor& draft_tokens,
-                                                                 const at::Tensor& target_logprobs,
-                                                                 const at::Tensor& draft_joint_logprobs,
-                                                                 const at::Tensor& log_tau, const at::Tensor& uniforms) {
-  SPECOPS_CHECK_DTYPE(target_logprobs, at::kFloat);
-  const auto [B, g, V] = check_joint_args("", draft_tokens, target_logprobs, "target_logprobs", draft_joint_logprobs,
-                                          log_tau, uniforms);
-  TORCH_CHECK_VALUE(SPECOPS_ON_GPU(draft_tokens) && SPECOPS_ON_GPU(target_logprobs), "verify_joint: " SPECOPS_GPU_NAME " tensors expected");
-  const gpu::DeviceGuard guard(draft_tokens.device());
-  auto [accept_idx, accept_len, bonus] = outputs(draft_tokens, B, g + 1);
-  if (B == 0) return {accept_idx, accept_len, bonus};
-  auto tok = draft_tokens.contiguous();
-  auto lp = target_logprobs.contiguous();
-  auto lq = draft_joint_logprobs.contiguous();
-  auto lt = log_tau.contiguous();
-  auto un = uniforms.contiguous();
-  SPECOPS_LAUNCH(B, kThreads, 0, gpu::current_stream(), verify_joint_kernel)(
-      tok.data_ptr<int32_t>(), lp.data_ptr<float>(), lq.data_ptr<float>(), lt.data_ptr<float>(),
-      un.data_ptr<float>(), accept_idx.data_ptr<int32_t>(), accept_len.data_ptr<int32_t>(),
-      bonus.data_ptr<int32_t>(), static_cast<int32_t>(g), V, fix_shift(V));
+void verify_joint_cuda(const JointCall& c) {
+  SPECOPS_LAUNCH(c.B, kThreads, 0, gpu::current_stream(), verify_joint_kernel)(
+      c.tokens.data_ptr<int32_t>(), c.target.data_ptr<float>(), c.joint_q.data_ptr<float>(),
+      c.log_tau.data_ptr<float>(), c.uniforms.data_ptr<float>(), c.accept_idx.data_ptr<int32_t>(),
+      c.accept_len.data_ptr<int32_t>(), c.bonus.data_ptr<int32_t>(), static_cast<int32_t>(c.g), c.V,
+      fix_shift(c.V));
   SPECOPS_LAUNCH_CHECK();
-  return {accept_idx, accept_len, bonus};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_logits_cuda(
-    const at::Tensor& draft_tokens,          // [B, g] int32
-    const at::Tensor& target_logits,         // [B, g + 1, V] fp32/bf16/fp16
-    const at::Tensor& draft_joint_logprobs,  // [B, g] fp32
-    const at::Tensor& log_tau,               // [B] fp32
-    const at::Tensor& uniforms,              // [B] fp32
-    const at::Tensor& temperature,           // [B * (g + 1)] fp32
-    const at::Tensor& top_k,                 // [B * (g + 1)] int32
-    const at::Tensor& top_p,                 // [B * (g + 1)] fp32
-    const at::Tensor& bonus_temperature,     // [B * (g + 1)] fp32
-    const at::Tensor& bonus_top_k,           // [B * (g + 1)] int32
-    const at::Tensor& bonus_top_p,           // [B * (g + 1)] fp32
-    const at::Tensor& num_nodes) {           // [B] int32
-  const at::Tensor* params[6] = {&temperature, &top_k, &top_p, &bonus_temperature, &bonus_top_k, &bonus_top_p};
-  const auto [B, g, V] = check_joint_logits_args(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms,
-                                                 params, num_nodes);
-  const int64_t T = g + 1, N = B * T;
-  check_params_device("verify_joint_logits: warping parameters must be [B * (g + 1)] fp32 / int32 / fp32 "
-                      SPECOPS_GPU_NAME " tensors", params);
-  TORCH_CHECK_VALUE(SPECOPS_ON_GPU(draft_tokens) && SPECOPS_ON_GPU(target_logits) &&
-                        SPECOPS_ON_GPU(draft_joint_logprobs) && SPECOPS_ON_GPU(log_tau) && SPECOPS_ON_GPU(uniforms) &&
-                        SPECOPS_ON_GPU(num_nodes),
-                    "verify_joint_logits: " SPECOPS_GPU_NAME " tensors expected");
-  const gpu::DeviceGuard guard(draft_tokens.device());
-  auto [accept_idx, accept_len, bonus] = outputs(draft_tokens, B, T);
-  if (B == 0) return {accept_idx, accept_len, bonus};
-  auto x = target_logits.contiguous();
+void verify_joint_logits_cuda(const JointCall& c) {
+  const int64_t B = c.B, N = B * (c.g + 1), V = c.V;
+  const std::array<at::Tensor, 6>& pc = c.params;
   // Row statistics with warp_probs' own plan: the test's warp, then the bonus's (each N rows, as
   // the two warp_probs calls of the composition).
-  auto stats = at::empty({2, N, 4}, draft_tokens.options());
+  auto stats = at::empty({2, N, 4}, c.tokens.options());
   auto* st = reinterpret_cast<WarpRowStats*>(stats.data_ptr<int32_t>());
-  auto temps = at::stack({temperature, bonus_temperature}).contiguous();
-  warp_row_stats(x.view({N, V}), temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), st);
-  warp_row_stats(x.view({N, V}), bonus_temperature.contiguous(), bonus_top_k.contiguous(), bonus_top_p.contiguous(),
-                 st + N);
-  auto tok = draft_tokens.contiguous();
-  auto lq = draft_joint_logprobs.contiguous();
-  auto lt = log_tau.contiguous();
-  auto un = uniforms.contiguous();
-  auto nn = num_nodes.contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "verify_joint_logits_cuda", [&] {
+  auto temps = at::stack({pc[0], pc[3]}).contiguous();
+  warp_row_stats(c.target.view({N, V}), pc[0], pc[1], pc[2], st);
+  warp_row_stats(c.target.view({N, V}), pc[3], pc[4], pc[5], st + N);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.target.scalar_type(), "verify_joint_logits_cuda", [&] {
     SPECOPS_LAUNCH(B, kThreads, 0, gpu::current_stream(), verify_joint_logits_kernel<scalar_t>)(
-        tok.data_ptr<int32_t>(), x.data_ptr<scalar_t>(), st, temps.data_ptr<float>(), lq.data_ptr<float>(),
-        lt.data_ptr<float>(), un.data_ptr<float>(), nn.data_ptr<int32_t>(), accept_idx.data_ptr<int32_t>(),
-        accept_len.data_ptr<int32_t>(), bonus.data_ptr<int32_t>(), static_cast<int32_t>(g), V, fix_shift(V));
+        c.tokens.data_ptr<int32_t>(), c.target.data_ptr<scalar_t>(), st, temps.data_ptr<float>(),
+        c.joint_q.data_ptr<float>(), c.log_tau.data_ptr<float>(), c.uniforms.data_ptr<float>(),
+        c.num_nodes.data_ptr<int32_t>(), c.accept_idx.data_ptr<int32_t>(), c.accept_len.data_ptr<int32_t>(),
+        c.bonus.data_ptr<int32_t>(), static_cast<int32_t>(c.g), V, fix_shift(V));
   });
   SPECOPS_LAUNCH_CHECK();
-  return {accept_idx, accept_len, bonus};
 }
 
 }  // namespace cuda
@@ -426,9 +294,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_joint_logits_cuda(
 }  // namespace specops
 
 SPECOPS_GPU_IMPL(m) {
-  m.impl("verify_joint_logits", &specops::verify::cuda::verify_joint_logits_cuda);
-  m.impl("verify_greedy", &specops::verify::cuda::verify_greedy_cuda);
-  m.impl("verify_tree", &specops::verify::cuda::verify_tree_cuda);
-  m.impl("verify_tree_logits", &specops::verify::cuda::verify_tree_logits_cuda);
-  m.impl("verify_joint", &specops::verify::cuda::verify_joint_cuda);
+  namespace sv = specops::verify;
+  using Dev = specops::GpuDevice;
+  m.impl("verify_joint_logits", &sv::joint_logits_entry<Dev, true, sv::cuda::verify_joint_logits_cuda>);
+  m.impl("verify_greedy", &sv::greedy_entry<Dev, sv::cuda::verify_greedy_cuda>);
+  m.impl("verify_tree", &sv::tree_entry<Dev, sv::cuda::verify_tree_cuda>);
+  m.impl("verify_tree_logits", &sv::tree_logits_entry<Dev, true, sv::cuda::verify_tree_logits_cuda>);
+  m.impl("verify_joint", &sv::joint_entry<Dev, sv::cuda::verify_joint_cuda>);
 }

@@ -7,7 +7,7 @@ import os
 
 from ..ops import sampling as sampling_ops
 from ..ops import topn as topn_ops
-from ..ops import verify_logits as verify_logits_ops
+from ..ops.verify import logits as verify_logits_ops
 
 CHECK = os.environ.get("SPECOPS_CHECK", "0") == "1"
 

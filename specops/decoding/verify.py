@@ -10,7 +10,7 @@ import dataclasses
 import torch
 
 from ..ops.verify import NEEDS_DRAFT
-from ..ops.verify_logits import fuses_bitmask  # noqa: F401  (the loop's question, answered by the policy)
+from ..ops.verify.logits import fuses_bitmask  # noqa: F401  (the loop's question, answered by the policy)
 from . import _kernels
 from .sampling import SamplingConfig
 

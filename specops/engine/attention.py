@@ -31,7 +31,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 from ..ops.layout import KvLayout
-from ..ops.plan import TreeAttentionPlan
+from ..ops.tree_attention.plan import TreeAttentionPlan
 from ..ops.tree_mask import pack_mask
 
 NAME = "specops"

@@ -42,7 +42,7 @@ import torch._inductor.config as inductor_config
 
 from .. import models
 from ..draft_models import is_feature_draft
-from ..ops.plan import TreeAttentionPlan
+from ..ops.tree_attention.plan import TreeAttentionPlan
 from ..ops.tree_mask import build_tree_mask
 from .attention import BLOCK_KW, CompiledBlock
 

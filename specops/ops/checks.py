@@ -96,6 +96,22 @@ def disjoint(name, t, others):
                              f"and [{olo:#x}, {ohi:#x}) that overlap")
 
 
+def declared(name, label, got, what, value):
+    """A size a plan was declared with (``what`` = ``value``) against the one its tensor has
+    (``label`` = ``got`` of ``name``): equal, or ValueError naming both. ``value`` None: not declared."""
+    if value is not None and got != value:
+        raise ValueError(f"{name} has {label}={got}, but the plan was declared with {what}={value} "
+                         "(the sizes must match)")
+
+
+def same_shapes(names, got, want):
+    """A plan's later run against its first run's shapes: ValueError naming the first that differs."""
+    for name, g, w in zip(names, got, want):
+        if g != w:
+            raise ValueError(f"{name} must have the shape of the plan's first run {tuple(w)}, got {tuple(g)} "
+                             "(build a new plan when the cache changes shape)")
+
+
 # ---- value rules: a rule is ``(bad, message)``, ``bad`` a bool tensor (any shape; the rule fails
 # where it is set) and ``message()`` the error text, built only for the rule that fails (it may read
 # the tensors: that is the error path). :func:`raise_first` checks a list of them with one host sync.

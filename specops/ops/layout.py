@@ -191,6 +191,14 @@ def check_table(page_table, B, device):
                          shape=None if B is None else (B, None), device=device)
 
 
+def check_paging(page_table, page_size, num_pages, B, device):
+    """A plan's paged-layout arguments: page_table int32 [B, max_pages], page_size a power of two,
+    num_pages (optional) >= 1. -> (page_size, num_pages)."""
+    check_table(page_table, B, device)
+    page_size = checks.power_of_two("page_size", checks.integer("page_size", page_size, 1))
+    return page_size, (None if num_pages is None else checks.integer("num_pages", num_pages, 1))
+
+
 def check_heads(Hq, Hkv, D, kv_name):
     """GQA/MQA: the kv heads divide the query heads; a non-empty head dim."""
     if Hkv == 0 or Hq % Hkv:

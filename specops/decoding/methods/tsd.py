@@ -7,11 +7,21 @@ stops expanding children with ``q < theta_prob`` (probability pruning, with the 
 semantics); drafting ends after ``max_depth`` steps or when the frontier is empty (draft-exit).
 ``max_nodes`` caps the draft tree (TSD can explode). ``tau`` (None here) merges repeated nodes
 into a graph: that is GSD (gsd.py), which drafts with this class's search.
+
+Without merging (``tau`` None), grammar or kept draft rows, the tree grows on the device
+(``grow_on_device``): top-k, both prunings and the node cap are tensor ops, the new frontier is fed
+back with ``add_device``, and the tree (tokens, parents, draft-block nodes) is assembled there; the
+search is the host one's, node for node. GSD's merge, a grammar's masks and R5's kept rows need the
+host search below it (one read per draft forward).
 """
+import itertools
+
+import torch
+
 from ..readback import read_lists
 from ..sampling import SamplingConfig
 from ..token_graph import TokenGraph
-from ..tree import Candidates
+from ..tree import Candidates, Draft
 from .base import ModelDrafter, grammar_masked
 
 _SOFTMAX = SamplingConfig(1.0)  # the warp of TSD's q: temperature 1, no top-k / top-p
@@ -51,6 +61,110 @@ class TSD(ModelDrafter):
         return self.max_nodes
 
     def propose(self, ctx):
+        keep_rows = not ctx.sampling.greedy and self.sampling_mode == "gsd"
+        if self.tau is None and ctx.grammar is None and not keep_rows:
+            return self.grow_on_device(ctx)
+        return self.grow_on_host(ctx)
+
+    def grow_on_device(self, ctx):
+        """TSD's search on the device. Graph nodes are numbered in creation order (BFS: layer by
+        layer, a layer's children in frontier order, siblings best first), which is also the
+        order of the host search's unmerged tree, so the first ``max_tree_nodes`` nodes are the
+        target's tree as they are.
+
+        The one read per draft forward is a [2, B] count (each sequence's new frontier and tree
+        sizes), read after each layer's expansion. It is the host's part of the search: the draft
+        forward's block (``DraftLM`` keeps node counts on the host) takes exactly the frontier, and
+        an empty frontier stops drafting early. Without it every layer would be fed at a fixed
+        width, up to ``max_nodes - 1`` rows of which most are dead (theta_prob prunes most
+        children), for ``max_depth`` forwards: on a 2-core CPU a row costs 7-9 % of a one-row step
+        (SmolLM2 bf16: a 16-row block 2.4x), and the target's block would carry the cap's padding too.
+        Shape: -> Draft with tokens int64 [B, T], T = min(largest tree, max_tree_nodes)."""
+        d = ctx.draft
+        d.begin(ctx.seqs, ctx.active)
+        B, M = ctx.batch, self.max_nodes
+        logits, up = d.forward(rows=[(b, d.root[b]) for b in range(B)],
+                               extra=list(d.root) + [int(a) for a in ctx.active])
+        dev = up.device
+        fblk = up[:B, None]  # [B, W] the draft-block node of each frontier entry (valid: a prefix of live)
+        live_dev = up[B:]  # [B] frontier sizes (the roots of the active sequences)
+        fidx = torch.zeros(B, 1, dtype=torch.int64, device=dev)  # [B, W] graph node of each frontier entry
+        # The graph in creation order; column M takes what the cap drops.
+        gtok = ctx.root.new_zeros(B, M + 1)
+        gtok[:, 0] = ctx.root
+        gpar = torch.zeros(B, M + 1, dtype=torch.int64, device=dev)
+        gpar[:, 0] = -1
+        gsrc = torch.full((B, M + 1), -1, dtype=torch.int64, device=dev)
+        gsrc[:, 0] = up[:B]
+        count = torch.ones(B, dtype=torch.int64, device=dev)
+        live = [int(a) for a in ctx.active]
+        sizes = [1] * B  # graph nodes per sequence (host: from the reads)
+        layer_sizes = [[1] * B]  # sizes after each layer (Draft.depth of the truncated tree)
+        depth_drafted = list(live)
+        for step in range(self.max_depth):
+            W = fidx.shape[1]
+            probs = logits.softmax(-1)
+            top_q, top_t = probs.topk(min(self.k, probs.shape[-1]), dim=-1)  # [B * W, K]
+            K = top_q.shape[-1]
+            # fp64 as the host search compared (Python floats of the fp32 probabilities)
+            top_q = top_q.double().view(B, W * K)
+            best = top_q.view(B, W, K)[..., :1].expand(B, W, K).reshape(B, W * K)
+            entry = torch.arange(W * K, device=dev) // K  # [W * K] the frontier entry of each candidate
+            cand = (entry[None] < live_dev[:, None]) & (top_q >= self.theta_sib * best)  # sibling pruning
+            pos = count[:, None] + cand.cumsum(1) - 1  # graph node each candidate becomes
+            keep = cand & (pos < M)  # the node cap, in creation order
+            at = torch.where(keep, pos, M)
+            gtok.scatter_(1, at, top_t.view(B, W * K).to(gtok.dtype))
+            gpar.scatter_(1, at, fidx.gather(1, entry[None].expand(B, W * K)))
+            count = count + keep.sum(1)
+            grow = keep & (top_q >= self.theta_prob) if step < self.max_depth - 1 else torch.zeros_like(keep)
+            nlive = grow.sum(1)
+            # the one read: the new frontier's and the tree's sizes
+            live, sizes = read_lists(nlive, count)
+            layer_sizes.append(sizes)
+            if not any(live):
+                break
+            W2 = max(live)
+            # The new frontier: the growing candidates, a prefix in creation order (column W2: the rest).
+            slot = torch.where(grow, grow.cumsum(1) - 1, W2)
+            nfidx = torch.zeros(B, W2 + 1, dtype=torch.int64, device=dev).scatter_(1, slot, pos)[:, :W2]
+            ntok = torch.zeros(B, W2 + 1, dtype=top_t.dtype, device=dev).scatter_(
+                1, slot, top_t.view(B, W * K))[:, :W2]
+            pentry = torch.zeros(B, W2 + 1, dtype=torch.int64, device=dev).scatter_(
+                1, slot, entry[None].expand(B, W * K).contiguous())[:, :W2]
+            pblk = fblk.gather(1, pentry)  # [B, W2] the parent's draft-block node
+            pick = [(b, i) for b in range(B) for i in range(live[b])]
+            first = [len(d.tokens[b]) if live[b] else -1 for b in range(B)]
+            new = iter(d.add_device([b for b, _ in pick], pblk.reshape(-1), ntok.reshape(-1).long(),
+                                    [b * W2 + i for b, i in pick]))
+            pairs = [(b, next(new) if i < live[b] else d.first_unfed) for b in range(B) for i in range(W2)]
+            logits, firstd = d.forward(rows=pairs, extra=first)
+            depth_drafted = [x + (n > 0) for x, n in zip(depth_drafted, live)]
+            live_dev = nlive
+            fidx = nfidx
+            fblk = firstd[:, None] + torch.arange(W2, device=dev)[None]  # consecutive nodes per sequence
+            fed = torch.arange(W2, device=dev)[None] < nlive[:, None]
+            gsrc.scatter_(1, torch.where(fed, nfidx, M), fblk)
+        return self._device_draft(ctx, gtok, gpar, gsrc, count, sizes, layer_sizes, depth_drafted)
+
+    def _device_draft(self, ctx, gtok, gpar, gsrc, count, sizes, layer_sizes, depth_drafted):
+        # The target's tree: the first max_tree_nodes graph nodes (parents precede children).
+        cap = self.max_tree_nodes
+        T = min(max(sizes), cap)
+        valid = torch.arange(T, device=count.device)[None] < count[:, None]
+        # tree depth = the layers that added a node within the first ``cap`` nodes
+        depth = [sum(before[b] < min(after[b], cap) for before, after in itertools.pairwise(layer_sizes))
+                 for b in range(ctx.batch)]
+        return Draft(tokens=torch.where(valid, gtok[:, :T], 0),
+                     parents=torch.where(valid, gpar[:, :T], 0).to(torch.int32),
+                     num_nodes=count.clamp(max=cap).to(torch.int32),
+                     src=torch.where(valid, gsrc[:, :T], -1).to(torch.int32), depth=depth,
+                     depth_drafted=depth_drafted, drafted_nodes=list(sizes))
+
+    def grow_on_host(self, ctx):
+        """The search on host lists (GSD's merge needs them; a grammar's masks and R5's kept rows
+        follow the tokens): one read per draft forward (the frontier's top-k), the tree staged in
+        one upload."""
         d = ctx.draft
         d.begin(ctx.seqs, ctx.active)
         B = ctx.batch

@@ -9,9 +9,11 @@ distribution renormalised over the allowed tokens.
 """
 import torch
 
-from .. import extension
-from ..backend import register, register_compiled, resolve
-from . import checks
+from ... import extension
+from ...backend import register, register_compiled, resolve
+from .. import checks
+from . import ref
+from .ref import allowed_tokens
 
 LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -41,12 +43,6 @@ def apply_token_bitmask(logits, bitmask, *, check=True, backend=None):
     return logits
 
 
-def allowed_tokens(bitmask, V):
-    """The boolean allowed set of each row. Shape: bitmask int32 [..., W] -> bool [..., V]."""
-    bits = torch.arange(32, device=bitmask.device, dtype=torch.int32)
-    return ((bitmask[..., :, None] >> bits) & 1).bool().flatten(-2)[..., :V]
-
-
 def check_rows(bitmask, V):
     """Raises ValueError naming the first row of ``bitmask`` (int32 [..., W]) that allows none of
     the ``V`` tokens (one host sync)."""
@@ -60,10 +56,7 @@ def rows_rule(bitmask, V):
                            "(the masked distribution of that row would be undefined)", f"no bit set below {V}")
 
 
-@register("apply_token_bitmask", "torch")
-def _apply_token_bitmask_torch(logits, bitmask):
-    # The spec: unpack the bits, fill the disallowed logits. Allowed logits are never written.
-    logits.masked_fill_(~allowed_tokens(bitmask, logits.shape[-1]), float("-inf"))
+register("apply_token_bitmask", "torch")(ref.apply_token_bitmask)
 
 
 @register_compiled("apply_token_bitmask")
@@ -73,7 +66,7 @@ def _compiled(ns, logits, bitmask):
 
 @register("apply_token_bitmask", "triton")
 def _apply_token_bitmask_triton(logits, bitmask):
-    from ..triton_kernels import token_bitmask as kernels
+    from ...triton_kernels import token_bitmask as kernels
 
     kernels.apply_token_bitmask(logits, bitmask)
 

@@ -36,12 +36,12 @@ import numbers
 
 import torch
 
-from .. import extension
-from ..backend import register, register_compiled, resolve
-from . import checks
+from ... import extension
+from ...backend import register, register_compiled, resolve
+from .. import checks
+from . import ref
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-MIN_TEMPERATURE = 2.0**-126  # below it (0 and denormals) a row is greedy
 MAX_VOCAB = 2**31 - 1  # V limit of the compiled backends (int32 token indices)
 
 
@@ -94,7 +94,7 @@ def warp_probs(logits, temperature, top_k=0, top_p=1.0, *, check=True, backend=N
     t = row_param("temperature", temperature, N, dev, dtype=torch.float32, kind="float", check=check)
     k = row_param("top_k", top_k, N, dev, dtype=torch.int32, kind="int", check=check)
     p = row_param("top_p", top_p, N, dev, dtype=torch.float32, kind="float", check=check)
-    impl = vocab_limit("logits", V, resolve("warp_probs", dev, backend), warp_probs_torch)  # before any pass
+    impl = vocab_limit("logits", V, resolve("warp_probs", dev, backend), ref.warp_probs)  # before any pass
     if check and N:
         _check_logits(logits)
     return impl(logits, t, k, p)
@@ -117,26 +117,7 @@ def _check_logits(logits):
                                             "finite value, got all -inf")])
 
 
-@register("warp_probs", "torch")
-def warp_probs_torch(logits, temperature, top_k, top_p):
-    # The spec, vectorised over rows with one sort: every threshold is a value of z.
-    N, V = logits.shape
-    greedy = ~(temperature >= MIN_TEMPERATURE)
-    x = logits.float()
-    z = (x - x.max(dim=-1, keepdim=True).values) / torch.where(greedy, 1.0, temperature)[:, None]
-    z_sorted, order = z.sort(dim=-1, descending=True)
-    # top-k: the k-th largest value; ties with it are kept.
-    k = torch.where((top_k > 0) & (top_k < V), top_k, V).long()
-    keep = z >= z_sorted.gather(1, (k - 1)[:, None])
-    # top-p over the survivors: the first token (by decreasing z) where the mass reaches p.
-    probs_sorted = torch.softmax(z.masked_fill(~keep, float("-inf")), dim=-1).gather(1, order).double()
-    cum = probs_sorted.cumsum(dim=-1)
-    crossing = (cum < top_p.double()[:, None] * cum[:, -1:]).sum(dim=-1).clamp(max=V - 1)
-    cutoff = z_sorted.gather(1, crossing[:, None])
-    keep &= (top_p >= 1)[:, None] | (z >= cutoff)
-    probs = torch.softmax(z.masked_fill(~keep, float("-inf")), dim=-1)
-    one_hot = torch.zeros_like(probs).scatter_(1, x.argmax(dim=-1, keepdim=True), 1.0)
-    return torch.where(greedy[:, None], one_hot, probs)
+register("warp_probs", "torch")(ref.warp_probs)
 
 
 @register_compiled("warp_probs")
@@ -146,7 +127,7 @@ def _compiled(ns, logits, temperature, top_k, top_p):
 
 @register("warp_probs", "triton")
 def _warp_probs_triton(logits, temperature, top_k, top_p):
-    from ..triton_kernels import sampling as kernels
+    from ...triton_kernels import sampling as kernels
 
     return kernels.warp_probs(logits, temperature, top_k, top_p)
 

@@ -16,8 +16,7 @@ arithmetic contract that makes integer outputs identical on every backend:
 import numpy as np
 import torch
 
-from ..backend import register
-from .token_bitmask import allowed_tokens
+from ..token_bitmask.ref import allowed_tokens
 
 F32 = np.float32
 RESIDUAL_FLOOR = F32(1e-12)
@@ -235,8 +234,7 @@ def clamped_nodes(num_nodes, T):
     return [min(max(int(v), 1), T) for v in num_nodes.cpu()]
 
 
-@register("verify_greedy", "torch")
-def verify_greedy_torch(tokens, parents, target_logits, num_nodes, bitmask=None):
+def verify_greedy(tokens, parents, target_logits, num_nodes, bitmask=None):
     B, T = tokens.shape
     tok, par, logits = tokens.cpu(), parents.cpu(), target_logits.cpu()
     if bitmask is not None:  # the disallowed logits as -inf (apply_token_bitmask's rule)
@@ -249,8 +247,7 @@ def verify_greedy_torch(tokens, parents, target_logits, num_nodes, bitmask=None)
     return finish(B, T, paths, bonuses, tokens.device)
 
 
-@register("verify_tree", "torch")
-def verify_tree_torch(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode):
+def verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode):
     B, T = tokens.shape
     S = fix_shift(target_probs.shape[2])
     tok, par, P, U = tokens.cpu(), parents.cpu(), target_probs.cpu(), uniforms.cpu()
@@ -269,8 +266,7 @@ def verify_tree_torch(tokens, parents, target_probs, uniforms, draft_probs, num_
     return finish(B, T, paths, bonuses, tokens.device)
 
 
-@register("verify_joint", "torch")
-def verify_joint_torch(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms):
+def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms):
     B, g = draft_tokens.shape
     V = target_logprobs.shape[2]
     S = fix_shift(V)

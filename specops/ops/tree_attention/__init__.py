@@ -14,10 +14,12 @@ import numbers
 
 import torch
 
-from .. import extension
-from ..backend import register, register_compiled, register_supports, resolve_named
-from . import checks, splits, tree_attention_ref
-from .layout import KvLayout, check_heads  # noqa: F401  (check_heads: the plan's rule too)
+from ... import extension
+from ...backend import register, register_compiled, register_supports, resolve_named
+from .. import checks
+from ..layout import KvLayout
+from . import ref, splits
+from .ref import visibility  # noqa: F401  (the op's visibility rule: baselines and specops.testing use it)
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CUDA_MAX_D = 256  # the CUDA kernels' head-dim buckets (csrc/cuda/tree_attention.cu)
@@ -118,8 +120,8 @@ def check_invariant(invariant):
 
 def choose_splits(backend, q, Hkv, S, prefix_lens, block_lens, W, paged=False, invariant=False):
     """The kv split count ``backend``'s kernel runs a call with: the one schedule rule per device
-    kind (:mod:`specops.ops.splits`) with that kernel's geometry. :class:`specops.TreeAttentionPlan`
-    calls it once per step, the ops once per call.
+    kind (:mod:`.splits`) with that kernel's geometry. :class:`specops.TreeAttentionPlan` calls it
+    once per step, the ops once per call.
 
     Shape: q [B, Tq, Hq, D]; Hkv kv heads; S rows a sequence can address; prefix_lens / block_lens
     int32 [B] (not read: no host sync); W mask words. -> int >= 1 (1 for the invariant schedule)."""
@@ -137,7 +139,7 @@ def choose_splits(backend, q, Hkv, S, prefix_lens, block_lens, W, paged=False, i
             _THREADS[0] = torch.get_num_threads()
         return splits.cpu_splits(B, Tq, Hq, Hkv, D, max_tiles, _THREADS[0])
     if backend == "triton":
-        from ..triton_kernels import tree_attention as kernels
+        from ...triton_kernels import tree_attention as kernels
 
         arch, sms, _ = kernels.target(q.device)
         return kernels.splits(q, Hkv, S, arch, sms, paged)
@@ -235,75 +237,21 @@ def length_values(prefix_lens, block_lens, q_lens, kv, W, Tq):
     checks.raise_first(rules)
 
 
-def visibility(prefix_lens, block_lens, mask, q_lens, S):
-    """The dense boolean visibility the op implements (for the reference and the baselines).
-
-    Shape: prefix_lens / block_lens / q_lens int32 [B] (q_lens may be None), mask int32 [B, Tq, W]
-    -> bool [B, Tq, S]."""
-    B, Tq, W = mask.shape
-    dev = mask.device
-    s = torch.arange(S, device=dev)
-    p = prefix_lens.long()[:, None, None]
-    n = block_lens.long()[:, None, None]
-    j = s[None, None, :] - p  # block index of key s, [B, 1, S]
-    in_block = (j >= 0) & (j < n) & (j < 32 * W)
-    jc = j.clamp(0, max(32 * W - 1, 0)).expand(B, Tq, S)
-    if W:
-        words = torch.gather(mask, 2, (jc >> 5)).long() & 0xFFFFFFFF
-        bit = ((words >> (jc & 31)) & 1).bool()
-    else:
-        bit = torch.zeros(B, Tq, S, dtype=torch.bool, device=dev)
-    vis = (s[None, None, :] < p) | (in_block & bit)
-    if q_lens is not None:
-        vis &= (torch.arange(Tq, device=dev)[None, :] < q_lens.long()[:, None])[:, :, None]
-    return vis
-
-
 # ---- backends: one implementation per backend for both layouts, registered under each layout's op
 # (separate torch.library ops with their own schemas: "tree_attention" takes (k_cache, v_cache),
 # "tree_attention_paged" (k_pages, v_pages, page_table)).
 
-def _split(paged, args):
-    """(q, layout, the op's rest through sm_scale, (num_splits, workspace, invariant)) of an op's
-    positional arguments (the schedule's defaulted where left out)."""
-    n = 3 if paged else 2
-    rest = args[1 + n:]
-    return args[0], KvLayout(*args[1:1 + n]), rest[:5], rest[5:] + (1, None, False)[len(rest) - 5:]
-
-
-def _torch(paged, *args):
-    # The spec: dense scores over the whole cache in fp32, invisible keys at -inf, and rows that see
-    # nothing (padding, empty masks) set to 0 instead of softmax's NaN; a paged cache is the
-    # contiguous one its page table describes.
-    q, kv, (prefix_lens, block_lens, mask, q_lens, sm_scale), (_, _, invariant) = _split(paged, args)
-    kv = kv.gather()
-    Hq = q.shape[2]
-    Hkv, S = kv.k.shape[1], kv.k.shape[2]
-    vis = visibility(prefix_lens, block_lens, mask, q_lens, S)  # [B, Tq, S]
-    if invariant:
-        return tree_attention_ref.invariant_ref(q, kv.k, kv.v, vis, sm_scale)
-    # Rows past prefix + block are not part of the op: zero them so garbage there cannot leak.
-    used = vis.any(1)[:, None, :, None]  # [B, 1, S, 1]
-    k = kv.k.float().masked_fill(~used, 0).repeat_interleave(Hq // Hkv, dim=1)  # [B, Hq, S, D]
-    v = kv.v.float().masked_fill(~used, 0).repeat_interleave(Hq // Hkv, dim=1)
-    scores = torch.einsum("bthd,bhsd->bhts", q.float(), k) * sm_scale  # [B, Hq, Tq, S]
-    scores = scores.masked_fill(~vis[:, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-    out = torch.einsum("bhts,bhsd->bthd", probs, v)
-    return out.to(q.dtype)
-
-
 def _triton(paged, *args):
-    from ..triton_kernels import tree_attention as kernels
+    from ...triton_kernels import tree_attention as kernels
 
-    q, kv, rest, (num_splits, workspace, invariant) = _split(paged, args)
+    q, kv, rest, (num_splits, workspace, invariant) = ref.unpack(paged, args)
     run = kernels.tree_attention_paged if paged else kernels.tree_attention
     return run(q, *kv.tensors(), *rest, num_splits, workspace=workspace, invariant=invariant)
 
 
 def _cuda_limits(paged, q, *args):
     """The CUDA kernel's launch limits (and its emulation's): None, or why a call exceeds them."""
-    B, D, Hkv = q.shape[0], q.shape[3], _split(paged, (q, *args))[1].num_kv_heads
+    B, D, Hkv = q.shape[0], q.shape[3], ref.unpack(paged, (q, *args))[1].num_kv_heads
     if D > CUDA_MAX_D:
         return f"head dim D={D} > {CUDA_MAX_D}"
     if B * Hkv > CUDA_MAX_B_HKV:
@@ -312,7 +260,7 @@ def _cuda_limits(paged, q, *args):
 
 
 def _triton_supports(paged, *args):
-    from ..triton_kernels import tree_attention as kernels
+    from ...triton_kernels import tree_attention as kernels
 
     ok, why = (kernels.supports_paged if paged else kernels.supports)(*args)
     return None if ok else why
@@ -323,7 +271,7 @@ def _fake(q, *args, **kwargs):
 
 
 for _paged, _op in ((False, "tree_attention"), (True, "tree_attention_paged")):
-    register(_op, "torch")(functools.partial(_torch, _paged))
+    register(_op, "torch")(functools.partial(ref.tree_attention, _paged))
     register(_op, "triton")(functools.partial(_triton, _paged))
     register_compiled(_op)(lambda ns, *args, _op=_op: getattr(ns, _op)(*args))
     register_supports(_op, ("cuda", "cudasim"), functools.partial(_cuda_limits, _paged))

@@ -14,10 +14,11 @@ import functools
 
 import torch
 
-from .. import extension
-from ..backend import register, register_compiled, resolve
-from . import checks
-from .layout import KvLayout
+from ... import extension
+from ...backend import register, register_compiled, resolve
+from .. import checks
+from ..layout import KvLayout
+from . import ref
 
 CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -157,7 +158,7 @@ def _aliased_writes(kv, needed, prefix_lens, accept_idx, accept_lens):
     page_table, page_size = kv.page_table, kv.page_size
     B, M = page_table.shape
     dev = page_table.device
-    moving, _, dst, _, _ = moves(kv, prefix_lens, accept_idx, accept_lens)
+    moving, _, dst, _, _ = ref.moves(kv, prefix_lens, accept_idx, accept_lens)
     written = torch.zeros(B, M + 1, dtype=torch.long, device=dev)  # column M: moves that write nothing
     col = torch.where(moving, dst // page_size, M).clamp(0, M)
     written = written.scatter_add(1, col, torch.ones_like(col))[:, :M] > 0
@@ -189,53 +190,16 @@ def _aliased_message(clash, page_table, page_size, needed):
             f"got page_table[{b2}, {i2}] = {page} too")
 
 
-# ---- torch reference -------------------------------------------------------------------------------
-
-def moves(kv, prefix_lens, accept_idx, accept_lens):
-    """The copies a compaction makes: the spec of the op on the layout ``kv``.
-
-    Shape: prefix_lens / accept_lens int32 [B], accept_idx int32 [B, A] -> (moving bool [B, A],
-    src / dst rows int64 [B, A], src / dst addresses (:meth:`~specops.ops.layout.KvLayout.address`
-    of those rows, each a pair of int64 [B, A])). Move ``j`` of sequence ``b`` copies row
-    ``prefix_lens[b] + accept_idx[b, j]`` to row ``prefix_lens[b] + j``; ``moving`` marks the
-    copies: ``j < accept_lens[b]``, not an identity, both rows within the layout's capacity and
-    (paged) on pool pages. Others (only possible unchecked) are skipped, as the kernels skip them."""
-    B, A = accept_idx.shape
-    rows = kv.capacity()
-    dev = accept_idx.device
-    j = torch.arange(A, device=dev)
-    p = prefix_lens.long()[:, None]
-    src, dst = p + accept_idx.long(), p + j[None, :]
-    moving = (j[None, :] < accept_lens.long().clamp(0, A)[:, None]) & (src != dst)
-    moving &= (src >= 0) & (src < rows) & (dst >= 0) & (dst < rows)
-    b = torch.arange(B, device=dev)[:, None]
-    at = kv.address(b, src), kv.address(b, dst)
-    if kv.is_paged:
-        for page, _ in at:
-            moving &= (page >= 0) & (page < kv.num_pages)
-    return (moving, src, dst, *at)
-
-
-def _torch(*args):
-    # Gather every moving row's source first, then scatter to the destinations: overlap-safe by
-    # construction, so this is the reference the kernels are held to.
-    kv, (prefix_lens, accept_idx, accept_lens) = KvLayout(*args[:-3]), args[-3:]
-    moving, _, _, src, dst = moves(kv, prefix_lens, accept_idx, accept_lens)
-    sel = moving.nonzero(as_tuple=True)
-    src, dst = kv.index(*(t[sel] for t in src)), kv.index(*(t[sel] for t in dst))
-    for cache in (kv.k, kv.v):
-        rows = cache[src]  # a copy
-        cache[dst] = rows
-
+# ---- backends ---------------------------------------------------------------------------------------
 
 def _triton(op, *args):
-    from ..triton_kernels import kv_compact as kernels
+    from ...triton_kernels import kv_compact as kernels
 
     getattr(kernels, op)(*args)
 
 
 for _op in ("kv_compact", "kv_compact_paged"):
-    register(_op, "torch")(_torch)
+    register(_op, "torch")(ref.kv_compact)
     register(_op, "triton")(functools.partial(_triton, _op))
     register_compiled(_op)(lambda ns, *args, _op=_op: getattr(ns, _op)(*args))
     if (extension.cpu_ext is not None or extension.cuda_ext is not None) and extension.has_op(_op):

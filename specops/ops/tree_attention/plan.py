@@ -1,6 +1,8 @@
-"""Plans: validate, dispatch and schedule once, run many times. A plan is the one place scheduling
-happens: :class:`TreeAttentionPlan` chooses the kv split count of the step (one rule per device
-kind, :mod:`specops.ops.splits`) and owns the partials workspace every layer's kernel reuses.
+"""Plans: validate, dispatch and schedule once, run many times (:class:`TreeAttentionPlan` here,
+:class:`specops.ops.kv_compact.plan.KVCompactPlan` on the same terms). A plan is the one place
+scheduling happens: :class:`TreeAttentionPlan` chooses the kv split count of the step (one rule per
+device kind, :mod:`specops.ops.tree_attention.splits`) and owns the partials workspace every
+layer's kernel reuses.
 
 At decode shapes the Python argument checks of an op cost about as much as its kernel (kv_compact:
 ~12 us of Python against ~2.5 us of C++ per call), and one decoding step calls tree_attention once
@@ -25,45 +27,10 @@ overwrite the cache). Both checks compare storage ranges once, never per call.
 """
 import torch
 
-from .. import backend as _backend
-from . import checks
-from . import kv_compact as _kvc
-from . import tree_attention as _ta
-from .layout import KvLayout, Spec, check_table
-
-_resolve = _backend.resolve_named
-
-
-def _size(name, value, lo=1):
-    return checks.integer(name, value, lo)
-
-
-def _paging(page_table, page_size, num_pages, B, dev):
-    """The paged layout's arguments checked: page_table int32 [B, max_pages], page_size a power of
-    two, num_pages (optional) >= 1. -> (page_size, num_pages)."""
-    check_table(page_table, B, dev)
-    page_size = checks.power_of_two("page_size", _size("page_size", page_size))
-    return page_size, (None if num_pages is None else _size("num_pages", num_pages))
-
-
-def _device(device, t):
-    return t.device if device is None else torch.device(device)
-
-
-def _declared(name, label, got, what, declared):
-    """A size the plan was declared with (``what``) against the one the tensor has (``label`` of
-    ``name``): equal, or ValueError with both sizes. ``declared`` None: not declared, nothing to do."""
-    if declared is not None and got != declared:
-        raise ValueError(f"{name} has {label}={got}, but the plan was declared with {what}={declared} "
-                         "(the sizes must match)")
-
-
-def _reshaped(names, got, want):
-    """A later run's tensors against the first run's shapes: the first that differs, both shapes."""
-    for name, g, w in zip(names, got, want):
-        if g != w:
-            raise ValueError(f"{name} must have the shape of the plan's first run {tuple(w)}, got {tuple(g)} "
-                             "(build a new plan when the cache changes shape)")
+from ...backend import incapable, resolve_named
+from .. import checks
+from .. import tree_attention as _ta
+from ..layout import KvLayout, Spec, check_heads, check_paging
 
 
 class TreeAttentionPlan:
@@ -104,23 +71,24 @@ class TreeAttentionPlan:
                  head_dim, num_heads, num_kv_heads, dtype, device=None, check=True, backend=None, max_len=None,
                  num_pages=None, num_splits=None, workspace=None, invariant=False):
         checks.tensor("prefix_lens", prefix_lens, dtype=torch.int32, rank=1)
-        dev = _device(device, prefix_lens)
+        dev = prefix_lens.device if device is None else torch.device(device)
         B = prefix_lens.shape[0]
         checks.tensor("mask", mask, dtype=torch.int32, rank=3, device=dev)
         Tq = mask.shape[1]
         _ta.check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, dev)
-        D, Hq, Hkv = _size("head_dim", head_dim), _size("num_heads", num_heads), _size("num_kv_heads", num_kv_heads)
-        _ta.check_heads(Hq, Hkv, D, "num_kv_heads")
+        D, Hq, Hkv = (checks.integer(name, v, 1) for name, v in
+                      (("head_dim", head_dim), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads)))
+        check_heads(Hq, Hkv, D, "num_kv_heads")
         if dtype not in _ta.FLOAT_DTYPES:
             raise TypeError(f"dtype must be one of {_ta.FLOAT_DTYPES}, got {dtype!r}")
         self.paged = page_table is not None
         if self.paged:
-            page_size, num_pages = _paging(page_table, page_size, num_pages, B, dev)
+            page_size, num_pages = check_paging(page_table, page_size, num_pages, B, dev)
         elif page_size is not None:
             raise ValueError(f"page_size is for the paged layout: pass page_table too (got page_size={page_size} "
                              "and page_table=None)")
         if max_len is not None:
-            max_len = _size("max_len", max_len)
+            max_len = checks.integer("max_len", max_len, 1)
         self.prefix_lens, self.block_lens, self.mask, self.q_lens = prefix_lens, block_lens, mask, q_lens
         self.page_table, self.page_size, self.max_len, self.num_pages = page_table, page_size, max_len, num_pages
         self.B, self.Tq, self.num_heads, self.num_kv_heads, self.head_dim = B, Tq, Hq, Hkv, D
@@ -134,8 +102,8 @@ class TreeAttentionPlan:
         self.op = "tree_attention_paged" if self.paged else "tree_attention"
         # Capability args from the declared shapes: what resolve's supports checks read.
         size = num_pages if self.paged else max_len
-        self.backend, self._impl = _resolve(self.op, dev, backend, self._args(Spec((B, Tq, Hq, D), dtype, dev),
-                                                                             self._declared_layout(size or 1)))
+        self.backend, self._impl = resolve_named(self.op, dev, backend, self._args(Spec((B, Tq, Hq, D), dtype, dev),
+                                                                                  self._declared_layout(size or 1)))
         if num_splits is not None:
             num_splits = checks.integer("num_splits", num_splits, 1, _ta.splits.MAX_SPLITS, "the combine's limit")
         self._forced_splits, self._num_splits, self._workspace, self._given = num_splits, None, None, None
@@ -220,7 +188,7 @@ class TreeAttentionPlan:
     def _first_run(self, q, k, v):
         """The op's full metadata rules on the first run's tensors, reconciled with every declared size."""
         if self._recheck:  # a workspace assigned after the first run
-            _reshaped(self._names(), (q.shape, k.shape, v.shape), self._shapes)
+            checks.same_shapes(self._names(), (q.shape, k.shape, v.shape), self._shapes)
             self._check_workspace(q, k, v)
             self._first = self._recheck = False
             return
@@ -230,17 +198,17 @@ class TreeAttentionPlan:
         _ta.check_args(q, kv, self.prefix_lens, self.block_lens, self.mask, self.q_lens, self.sm_scale)
         name = kv.names[0]
         if self.paged:
-            _declared(name, "page_size", kv.page_size, "page_size", self.page_size)
-        _declared(name, "Hkv", kv.num_kv_heads, "num_kv_heads", self.num_kv_heads)
+            checks.declared(name, "page_size", kv.page_size, "page_size", self.page_size)
+        checks.declared(name, "Hkv", kv.num_kv_heads, "num_kv_heads", self.num_kv_heads)
         if self.paged:
-            _declared(name, "num_pages", kv.num_pages, "num_pages", self.num_pages)
+            checks.declared(name, "num_pages", kv.num_pages, "num_pages", self.num_pages)
         else:
-            _declared(name, "S", kv.rows(), "max_len", self.max_len)
+            checks.declared(name, "S", kv.rows(), "max_len", self.max_len)
         if self._values_pending:
             self._check_values(kv)
         args = self._args(q, kv)
-        if _backend.incapable(self.op, self.backend, args) is not None:
-            self.backend, self._impl = _resolve(self.op, self.device, self._backend, args)
+        if incapable(self.op, self.backend, args) is not None:
+            self.backend, self._impl = resolve_named(self.op, self.device, self._backend, args)
             self._num_splits = None
         if self._num_splits is None:
             self._schedule(kv.rows())
@@ -263,94 +231,6 @@ class TreeAttentionPlan:
         if self._first:
             self._first_run(q, k, v)
         elif q.shape != self._shapes[0] or k.shape != self._shapes[1] or v.shape != self._shapes[2]:
-            _reshaped(self._names(), (q.shape, k.shape, v.shape), self._shapes)
+            checks.same_shapes(self._names(), (q.shape, k.shape, v.shape), self._shapes)
         return self._impl(q, k, v, *self._table, self.prefix_lens, self.block_lens, self.mask, self.q_lens,
                           self.sm_scale, self._num_splits, self._workspace, self.invariant)
-
-
-class KVCompactPlan:
-    """One step's :func:`specops.kv_compact` (or ``kv_compact_paged``): ``plan.run(k, v)``.
-
-    Shape: lens int32 [B] (the committed rows: the op's ``prefix_lens``), accept_idx int32 [B, A],
-    accept_lens int32 [B]; contiguous layout (``max_len`` = S): run(k, v [L, B, Hkv, S, D]); paged
-    layout (``page_table`` int32 [B, max_pages], ``page_size``): run(k_pages, v_pages [L, num_pages,
-    page_size, Hkv, D]); L = num_layers, Hkv = num_kv_heads, D = head_dim. Both modified in place.
-
-    ``check=True`` verifies the value rules of the op here (one host sync; the paged rules need
-    ``num_pages``, else they run at the first ``run``). The first ``run`` reconciles the declared
-    sizes with the caches (``max_len`` and ``num_pages`` included: ValueError naming both); later
-    runs must pass the first run's shapes (see the module). Nothing is written by a call that raises.
-    """
-
-    def __init__(self, lens, accept_idx, accept_lens, *, num_layers, num_kv_heads, head_dim, max_len=None,
-                 page_table=None, page_size=None, num_pages=None, dtype, device=None, check=True, backend=None):
-        checks.tensor("lens", lens, dtype=torch.int32, rank=1)
-        dev = _device(device, lens)
-        B = lens.shape[0]
-        _kvc.check_accept(lens, accept_idx, accept_lens, B, dev, lens_name="lens")
-        L, Hkv, D = _size("num_layers", num_layers), _size("num_kv_heads", num_kv_heads), _size("head_dim", head_dim)
-        if dtype not in _kvc.CACHE_DTYPES:
-            raise TypeError(f"dtype must be one of {_kvc.CACHE_DTYPES}, got {dtype!r}")
-        self.paged = page_table is not None
-        if self.paged:
-            if max_len is not None:
-                raise ValueError(f"max_len is for the contiguous layout, got max_len={max_len} with a page_table")
-            page_size, num_pages = _paging(page_table, page_size, num_pages, B, dev)
-        else:
-            if max_len is None:
-                raise TypeError("KVCompactPlan needs max_len (contiguous layout) or page_table and page_size (paged)")
-            max_len = _size("max_len", max_len)
-        self.lens, self.accept_idx, self.accept_lens = lens, accept_idx, accept_lens
-        self.page_table, self.page_size, self.max_len, self.num_pages = page_table, page_size, max_len, num_pages
-        self.num_layers, self.B, self.num_kv_heads, self.head_dim = L, B, Hkv, D
-        self.dtype, self.device = dtype, dev
-        self._table = (page_table,) if self.paged else ()  # the layout's argument after k, v
-        self.op = "kv_compact_paged" if self.paged else "kv_compact"
-        self._impl = _backend.resolve(self.op, dev, backend)
-        # The kernels are never launched for an empty acceptance (the ops' rule).
-        self._noop = accept_idx.shape[1] == 0 or B == 0
-        self._values_pending = check
-        if check and (num_pages is not None or not self.paged):
-            self._check_values(self._declared_layout(num_pages if self.paged else max_len))
-        self._first, self._shape = True, None
-
-    def _declared_layout(self, size):
-        """The layout the plan was declared with: ``size`` rows (contiguous) or pool pages (paged)."""
-        L, B, H, D = self.num_layers, self.B, self.num_kv_heads, self.head_dim
-        shape = (L, size, self.page_size, H, D) if self.paged else (L, B, H, size, D)
-        cache = Spec(shape, self.dtype, self.device)
-        return KvLayout(cache, cache, *self._table)
-
-    def _check_values(self, kv):
-        _kvc.accept_values(kv, self.lens, self.accept_idx, self.accept_lens)
-        self._values_pending = False
-
-    def _first_run(self, k, v):
-        kv = KvLayout(k, v, *self._table)
-        kv.check(dtype=_kvc.CACHE_DTYPES, rank=5, distinct=True, table=False)
-        want = self._declared_layout(kv.num_pages if self.paged else self.max_len).k.shape
-        name = kv.names[0]
-        if tuple(k.shape) != want or k.dtype != self.dtype or k.device != self.device:
-            raise ValueError(f"{name} must be a {self.dtype} tensor of shape {list(want)} on {self.device} (the "
-                             f"plan's), got {k.dtype} {tuple(k.shape)} on {k.device}")
-        if self.paged:
-            _declared(name, "num_pages", kv.num_pages, "num_pages", self.num_pages)
-        if self._values_pending:
-            self._check_values(kv)
-        self._shape = k.shape
-        self._first = False
-
-    def run(self, k, v):
-        """Compacts ``k`` and ``v`` in place (all layers). Shape: see the class. -> None."""
-        if self._first:
-            self._first_run(k, v)
-        elif k.shape != self._shape or v.shape != self._shape:
-            names = ("k_pages", "v_pages") if self.paged else ("k_cache", "v_cache")
-            _reshaped(names, (k.shape, v.shape), (self._shape, self._shape))
-        if self._noop:
-            return None
-        self._impl(k, v, *self._table, self.lens, self.accept_idx, self.accept_lens)
-        return None
-
-
-__all__ = ["KVCompactPlan", "TreeAttentionPlan"]

@@ -16,7 +16,7 @@ sample at ``u`` (R4), the bonus at the path's end (R5, and R2/R3/R3p/R3w where `
 node tested at the end node, or the end node itself if it has no children), and R3's uniformly
 random choice of the next child to try. No uniform is read twice, so a verification step is a
 pure function of its inputs: CUDA-graph safe and bit-identical on every backend (see
-``verify_ref`` for the arithmetic contract that makes it so).
+:mod:`.ref` for the arithmetic contract that makes it so).
 
 Rules (docs/methods.md §Verification rules): R1 ``verify_greedy``; ``verify_tree`` modes
 ``mss`` R3 (R2 on a chain), ``mss_pointmass`` R3p, ``mss_noreplace`` R3w, ``sample_match`` R4,
@@ -25,10 +25,10 @@ Rules (docs/methods.md §Verification rules): R1 ``verify_greedy``; ``verify_tre
 """
 import torch
 
-from .. import extension
-from ..backend import register, register_compiled, resolve
-from . import checks, token_bitmask
-from . import verify_ref  # noqa: F401  (registers the torch backend)
+from ... import extension
+from ...backend import register, register_compiled, resolve
+from .. import checks, token_bitmask
+from . import ref
 
 MODES = ("mss", "mss_pointmass", "mss_noreplace", "sample_match", "gsd")
 NEEDS_DRAFT = ("mss", "mss_noreplace", "gsd")
@@ -217,6 +217,11 @@ def rows_arg(name, rows, dtype, B, T, dev, T_name="T"):
 
 # ---- backends ------------------------------------------------------------------------------
 
+register("verify_greedy", "torch")(ref.verify_greedy)
+register("verify_tree", "torch")(ref.verify_tree)
+register("verify_joint", "torch")(ref.verify_joint)
+
+
 @register_compiled("verify_greedy")
 def _compiled_greedy(ns, tokens, parents, target_logits, num_nodes, bitmask):
     return ns.verify_greedy(tokens, parents, target_logits, num_nodes, bitmask)
@@ -234,21 +239,21 @@ def _compiled_joint(ns, draft_tokens, target_logprobs, draft_joint_logprobs, log
 
 @register("verify_greedy", "triton")
 def _verify_greedy_triton(tokens, parents, target_logits, num_nodes, bitmask):
-    from ..triton_kernels import verify as kernels
+    from ...triton_kernels import verify as kernels
 
     return kernels.verify_greedy(tokens, parents, target_logits, num_nodes, bitmask)
 
 
 @register("verify_tree", "triton")
 def _verify_tree_triton(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode):
-    from ..triton_kernels import verify as kernels
+    from ...triton_kernels import verify as kernels
 
     return kernels.verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode)
 
 
 @register("verify_joint", "triton")
 def _verify_joint_triton(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms):
-    from ..triton_kernels import verify as kernels
+    from ...triton_kernels import verify as kernels
 
     return kernels.verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms)
 

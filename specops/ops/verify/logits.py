@@ -23,12 +23,12 @@ per row. ``verify_mode`` is the mode -> op policy the decoding loop calls (R1-R6
 """
 import torch
 
-from ..backend import register, register_compiled, resolve
-from . import checks, token_bitmask
-from . import verify_ref
-from .sampling import FLOAT_DTYPES, row_param, vocab_limit, warp_probs_torch
-from .verify import (MODES, NEEDS_DRAFT, draft_and_bitmask, joint_args, joint_rule, rows_arg, tau_rule, tree_args,
-                     tree_value_rules, verify_greedy)
+from ...backend import register, register_compiled, resolve
+from .. import checks, token_bitmask
+from ..sampling import FLOAT_DTYPES, row_param, vocab_limit
+from ..sampling.ref import warp_probs as warp_probs_torch
+from . import (MODES, NEEDS_DRAFT, draft_and_bitmask, joint_args, joint_rule, ref, rows_arg, tau_rule, tree_args,
+               tree_value_rules, verify_greedy)
 
 raise_flags = checks.raise_first  # the value checks of this module's ops (one host sync)
 
@@ -228,7 +228,7 @@ class _LazyRows:
     """One sequence's warped rows, each computed by warp_probs' reference on first access (from
     the logits masked by its bitmask row, where given).
 
-    Indexing: ``rows[u]`` -> fp32 [V]; ``rows[u, x]`` -> its entry (what the walks of verify_ref do)."""
+    Indexing: ``rows[u]`` -> fp32 [V]; ``rows[u, x]`` -> its entry (what the walks of :mod:`.ref` do)."""
 
     def __init__(self, logits, t, k, p, mask=None):  # logits [T, V]; t, k, p [T]; mask int32 [T, W] or None
         self.logits, self.t, self.k, self.p, self.mask = logits, t, k, p, mask
@@ -252,7 +252,7 @@ class _LazyRows:
 def _verify_tree_logits_torch(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp, num_nodes,
                               mode, bitmask=None):
     B, T, V = target_logits.shape
-    S = verify_ref.fix_shift(V)
+    S = ref.fix_shift(V)
     tok, par, U = tokens.cpu(), parents.cpu(), uniforms.cpu()
     X = target_logits.cpu()
     Y = draft_logits.cpu() if draft_logits is not None else None
@@ -260,20 +260,20 @@ def _verify_tree_logits_torch(tokens, parents, target_logits, uniforms, t, k, p,
     MQ = _at_parents(M, par) if M is not None else None  # draft row c: the mask at parents[c]
     t, k, p, dt, dk, dp = (v.cpu().view(B, T) for v in (t, k, p, dt, dk, dp))
     paths, bonuses = [], []
-    for b, n in enumerate(verify_ref.clamped_nodes(num_nodes, T)):
+    for b, n in enumerate(ref.clamped_nodes(num_nodes, T)):
         P = _LazyRows(X[b], t[b], k[b], p[b], None if M is None else M[b])
         Q = _LazyRows(Y[b], dt[b], dk[b], dp[b], None if MQ is None else MQ[b]) if Y is not None else None
         if mode == "sample_match":
-            walk = verify_ref.match_walk(
-                tok[b], par[b], n, lambda u, P=P, b=b: verify_ref.sample_weights(
-                    verify_ref.fix_weights(P[u], S), U[b, u, 1]))
+            walk = ref.match_walk(
+                tok[b], par[b], n, lambda u, P=P, b=b: ref.sample_weights(
+                    ref.fix_weights(P[u], S), U[b, u, 1]))
         elif mode == "gsd":
-            walk = verify_ref.gsd_walk(tok[b], par[b], n, P, Q, U[b], S)
+            walk = ref.gsd_walk(tok[b], par[b], n, P, Q, U[b], S)
         else:
-            walk = verify_ref.mss_walk(mode, tok[b], par[b], n, P, Q, U[b], S)
+            walk = ref.mss_walk(mode, tok[b], par[b], n, P, Q, U[b], S)
         paths.append(walk[0])
         bonuses.append(walk[1])
-    return verify_ref.finish(B, T, paths, bonuses, tokens.device)
+    return ref.finish(B, T, paths, bonuses, tokens.device)
 
 
 @register_compiled("verify_tree_logits")
@@ -286,7 +286,7 @@ def _compiled(ns, tokens, parents, target_logits, uniforms, t, k, p, draft_logit
 @register("verify_tree_logits", "triton")
 def _verify_tree_logits_triton(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp,
                                num_nodes, mode, bitmask=None):
-    from ..triton_kernels import verify_logits as kernels
+    from ...triton_kernels import verify_logits as kernels
 
     return kernels.verify_tree_logits(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp,
                                       num_nodes, mode, bitmask)
@@ -297,17 +297,17 @@ def _verify_joint_logits_torch(draft_tokens, target_logits, draft_joint_logprobs
                                bp, num_nodes):
     B, g = draft_tokens.shape
     T, V = g + 1, target_logits.shape[2]
-    S = verify_ref.fix_shift(V)
+    S = ref.fix_shift(V)
     tok, X, lq, lt, U = (v.cpu() for v in (draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms))
     t, k, p, bt, bk, bp = (v.cpu().view(B, T) for v in (t, k, p, bt, bk, bp))
     paths, bonuses = [], []
-    for b, n in enumerate(verify_ref.clamped_nodes(num_nodes, T)):
+    for b, n in enumerate(ref.clamped_nodes(num_nodes, T)):
         P = _LazyRows(X[b], t[b], k[b], p[b])  # the test's rows
-        eta = verify_ref.joint_eta(tok[b], n, V, lt[b], lq[b], lambda row, x, P=P: verify_ref.det_log(P[row, x]))
+        eta = ref.joint_eta(tok[b], n, V, lt[b], lq[b], lambda row, x, P=P: ref.det_log(P[row, x]))
         paths.append(list(range(eta + 1)))
         bonus_row = _LazyRows(X[b], bt[b], bk[b], bp[b])[eta]
-        bonuses.append(verify_ref.sample_weights(verify_ref.fix_weights(bonus_row, S), U[b]))
-    return verify_ref.finish(B, T, paths, bonuses, draft_tokens.device)
+        bonuses.append(ref.sample_weights(ref.fix_weights(bonus_row, S), U[b]))
+    return ref.finish(B, T, paths, bonuses, draft_tokens.device)
 
 
 @register_compiled("verify_joint_logits")
@@ -320,14 +320,14 @@ def _compiled_joint(ns, draft_tokens, target_logits, draft_joint_logprobs, log_t
 @register("verify_joint_logits", "triton")
 def _verify_joint_logits_triton(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p, bt, bk,
                                 bp, num_nodes):
-    from ..triton_kernels import verify_logits as kernels
+    from ...triton_kernels import verify_logits as kernels
 
     return kernels.verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p,
                                        bt, bk, bp, num_nodes)
 
 
 def _register_fake():
-    from .. import extension
+    from ... import extension
 
     if extension.cpu_ext is None and extension.cuda_ext is None:
         return

@@ -30,9 +30,10 @@ backend of ``topn_expand`` keeps its selection in shared memory and so takes ``n
 """
 import torch
 
-from .. import extension
-from ..backend import register, register_compiled, register_supports, resolve
-from . import checks
+from ... import extension
+from ...backend import register, register_compiled, register_supports, resolve
+from .. import checks
+from . import ref
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _CUDA_MAX_N = 2048  # kTopItems * kThreads in csrc/cuda/topn.cu
@@ -95,63 +96,11 @@ def select_topn_subtree(parents, scores, n, num_nodes=None, *, check=True, backe
     return impl(parents, scores.float(), num_nodes, n)
 
 
-# ---- torch reference -----------------------------------------------------------------------------
+# ---- backends ----------------------------------------------------------------------------------------
 
-@register("topn_expand", "torch")
-def _topn_expand_torch(parent_scores, child_logprobs, n, per_parent_k):
-    # The spec: stable descending sorts keep equal scores in increasing (parent, token) order.
-    B, P, V = child_logprobs.shape
-    s = parent_scores[:, :, None] + child_logprobs.float()  # [B, P, V]
-    s = torch.where(torch.isnan(s), float("-inf"), s)
-    if per_parent_k < V:
-        order = s.sort(dim=-1, descending=True, stable=True).indices
-        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(V, device=s.device).expand_as(order))
-        s = s.masked_fill(rank >= per_parent_k, float("-inf"))
-    top, flat = s.reshape(B, P * V).sort(dim=-1, descending=True, stable=True)
-    top, flat = top[:, :n], flat[:, :n]
-    if top.shape[1] < n:  # fewer than n candidates at all
-        top = torch.cat([top, top.new_full((B, n - top.shape[1]), float("-inf"))], dim=1)
-        flat = torch.cat([flat, flat.new_zeros((B, n - flat.shape[1]))], dim=1)
-    ok = top > float("-inf")
-    none = torch.full_like(flat, -1)
-    return (top, torch.where(ok, flat % V, none).to(torch.int32), torch.where(ok, flat // V, none).to(torch.int32))
+register("topn_expand", "torch")(ref.topn_expand)
+register("select_topn_subtree", "torch")(ref.select_topn_subtree)
 
-
-@register("select_topn_subtree", "torch")
-def _select_topn_subtree_torch(parents, scores, num_nodes, n):
-    B, T = parents.shape
-    dev = parents.device
-    rows = torch.arange(B, device=dev)
-    idx = torch.arange(T, device=dev)
-    s = torch.where(torch.isnan(scores), float("-inf"), scores)
-    # Effective score: min over the path below the root, filled in topological order.
-    eff = torch.full((B, T), float("inf"), device=dev)
-    for i in range(1, T):
-        parent = parents[:, i].clamp(0, i - 1).long()
-        from_parent = torch.where(parent > 0, eff[rows, parent], float("inf"))
-        eff[:, i] = torch.minimum(s[:, i], from_parent)
-    eff = torch.where(idx[None, :] < num_nodes[:, None], eff, float("-inf"))
-    eff[:, 0] = float("inf")
-    # Best n by (eff desc, index asc): a stable descending sort.
-    top, order = eff.sort(dim=-1, descending=True, stable=True)
-    chosen = (torch.arange(T, device=dev)[None, :] < n) & (top > float("-inf"))
-    keep = torch.zeros(B, T, dtype=torch.bool, device=dev).scatter_(1, order, chosen)
-    counts = keep.sum(dim=1)
-    pos = torch.where(keep, keep.cumsum(dim=1) - 1, -1)
-    new_parent_full = torch.where(keep & (idx[None, :] > 0),
-                                  pos.gather(1, parents.clamp(0, T - 1).long()), -1)
-    # Kept nodes in increasing original index, then padding.
-    ranked = torch.where(keep, idx[None, :], T).sort(dim=1).values
-    if T < n:
-        ranked = torch.cat([ranked, ranked.new_full((B, n - T), T)], dim=1)
-    ranked = ranked[:, :n]
-    valid = ranked < T
-    keep_idx = torch.where(valid, ranked, -1).to(torch.int32)
-    new_parents = torch.where(valid, new_parent_full.gather(1, ranked.clamp(max=T - 1)), -1).to(torch.int32)
-    return keep_idx, new_parents, counts.to(torch.int32)
-
-
-# ---- compiled backends ---------------------------------------------------------------------------
 
 @register_compiled("topn_expand")
 def _topn_compiled(ns, parent_scores, child_logprobs, n, per_parent_k):
@@ -173,14 +122,14 @@ def _subtree_compiled(ns, parents, scores, num_nodes, n):
 
 @register("topn_expand", "triton")
 def _topn_expand_triton(parent_scores, child_logprobs, n, per_parent_k):
-    from ..triton_kernels import topn as kernels
+    from ...triton_kernels import topn as kernels
 
     return kernels.topn_expand(parent_scores, child_logprobs, n, per_parent_k)
 
 
 @register("select_topn_subtree", "triton")
 def _select_topn_subtree_triton(parents, scores, num_nodes, n):
-    from ..triton_kernels import topn as kernels
+    from ...triton_kernels import topn as kernels
 
     return kernels.select_topn_subtree(parents, scores, num_nodes, n)
 

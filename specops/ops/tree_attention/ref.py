@@ -1,0 +1,91 @@
+"""The torch reference of tree_attention: the spec of the values every backend is held to.
+
+:func:`tree_attention` is the dense spec (fp32 scores over the whole cache, invisible keys at
+-inf); :func:`invariant_ref` the spec of the batch-invariant schedule (docs/batch_invariance.md):
+a query row's keys are its *virtual sequence*: the cache rows it sees in increasing order (the
+prefix, then the visible block keys in index order: where AR decoding appends them). Each row is
+computed on its own, with tensors shaped by its own virtual length only, so nothing about the rest
+of the call (other rows, other sequences, padding, the cache length, threads) can change its
+bits: the row gets the same bits as the one-row call of AR decoding. No BLAS (whose blocking and
+threading follow the operand shapes): products and sums are torch elementwise ops and reductions
+over tensors of the row's shape.
+"""
+import torch
+
+from ..layout import KvLayout
+
+
+def invariant_ref(q, k_cache, v_cache, vis, sm_scale):
+    """Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D], vis bool [B, Tq, S] (the dense
+    visibility, :func:`visibility`) -> [B, Tq, Hq, D] in q's dtype; rows that see no key are 0.
+    fp32 scores, softmax and accumulation; one host read per row."""
+    B, Tq, Hq, D = q.shape
+    G = Hq // k_cache.shape[1]
+    out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+    for b in range(B):
+        for i in range(Tq):
+            rows = vis[b, i].nonzero().squeeze(1)  # [L] the virtual sequence
+            if rows.numel() == 0:
+                continue
+            k = k_cache[b][:, rows].float().repeat_interleave(G, dim=0)  # [Hq, L, D]
+            v = v_cache[b][:, rows].float().repeat_interleave(G, dim=0)
+            s = (q[b, i].float()[:, None, :] * k).sum(-1) * sm_scale  # [Hq, L]
+            p = (s - s.amax(-1, keepdim=True)).exp()
+            o = (p[:, :, None] * v).sum(1) / p.sum(-1, keepdim=True)  # [Hq, D]
+            out[b, i] = o.to(q.dtype)
+    return out
+
+
+def visibility(prefix_lens, block_lens, mask, q_lens, S):
+    """The dense boolean visibility the op implements (for the reference and the baselines).
+
+    Shape: prefix_lens / block_lens / q_lens int32 [B] (q_lens may be None), mask int32 [B, Tq, W]
+    -> bool [B, Tq, S]."""
+    B, Tq, W = mask.shape
+    dev = mask.device
+    s = torch.arange(S, device=dev)
+    p = prefix_lens.long()[:, None, None]
+    n = block_lens.long()[:, None, None]
+    j = s[None, None, :] - p  # block index of key s, [B, 1, S]
+    in_block = (j >= 0) & (j < n) & (j < 32 * W)
+    jc = j.clamp(0, max(32 * W - 1, 0)).expand(B, Tq, S)
+    if W:
+        words = torch.gather(mask, 2, (jc >> 5)).long() & 0xFFFFFFFF
+        bit = ((words >> (jc & 31)) & 1).bool()
+    else:
+        bit = torch.zeros(B, Tq, S, dtype=torch.bool, device=dev)
+    vis = (s[None, None, :] < p) | (in_block & bit)
+    if q_lens is not None:
+        vis &= (torch.arange(Tq, device=dev)[None, :] < q_lens.long()[:, None])[:, :, None]
+    return vis
+
+
+def unpack(paged, args):
+    """(q, layout, the op's rest through sm_scale, (num_splits, workspace, invariant)) of an op's
+    positional arguments (the schedule's defaulted where left out)."""
+    n = 3 if paged else 2
+    rest = args[1 + n:]
+    return args[0], KvLayout(*args[1:1 + n]), rest[:5], rest[5:] + (1, None, False)[len(rest) - 5:]
+
+
+def tree_attention(paged, *args):
+    """The spec: dense scores over the whole cache in fp32, invisible keys at -inf, and rows that see
+    nothing (padding, empty masks) set to 0 instead of softmax's NaN; a paged cache is the
+    contiguous one its page table describes. Shape: the registered op's positional arguments
+    (:func:`unpack`) -> out [B, Tq, Hq, D] in q's dtype."""
+    q, kv, (prefix_lens, block_lens, mask, q_lens, sm_scale), (_, _, invariant) = unpack(paged, args)
+    kv = kv.gather()
+    Hq = q.shape[2]
+    Hkv, S = kv.k.shape[1], kv.k.shape[2]
+    vis = visibility(prefix_lens, block_lens, mask, q_lens, S)  # [B, Tq, S]
+    if invariant:
+        return invariant_ref(q, kv.k, kv.v, vis, sm_scale)
+    # Rows past prefix + block are not part of the op: zero them so garbage there cannot leak.
+    used = vis.any(1)[:, None, :, None]  # [B, 1, S, 1]
+    k = kv.k.float().masked_fill(~used, 0).repeat_interleave(Hq // Hkv, dim=1)  # [B, Hq, S, D]
+    v = kv.v.float().masked_fill(~used, 0).repeat_interleave(Hq // Hkv, dim=1)
+    scores = torch.einsum("bthd,bhsd->bhts", q.float(), k) * sm_scale  # [B, Hq, Tq, S]
+    scores = scores.masked_fill(~vis[:, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    out = torch.einsum("bhts,bhsd->bthd", probs, v)
+    return out.to(q.dtype)

@@ -1,0 +1,42 @@
+"""The torch reference of build_tree_mask, and the mask's word format (:func:`pack_mask` /
+:func:`unpack_mask`: bit ``j % 32`` of int32 word ``j // 32``) that tree_attention and the token
+bitmasks read."""
+import torch
+
+
+def pack_mask(visible):
+    """Packs a boolean visibility matrix into the int32 word format.
+
+    Shape: visible bool [..., N] -> int32 [..., ceil(N/32)]."""
+    n = visible.shape[-1]
+    words = (n + 31) // 32
+    padded = torch.zeros(*visible.shape[:-1], words * 32, dtype=torch.int64, device=visible.device)
+    padded[..., :n] = visible.to(torch.int64)
+    weights = torch.ones(32, dtype=torch.int64, device=visible.device) << torch.arange(32, device=visible.device)
+    packed = (padded.view(*visible.shape[:-1], words, 32) * weights).sum(-1)
+    # Word values >= 2**31 wrap to negative int32: the bit pattern is what matters.
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def unpack_mask(mask, n):
+    """Inverse of :func:`pack_mask`. Shape: mask int32 [..., W] -> bool [..., n] (n <= 32 W)."""
+    bits = torch.arange(32, device=mask.device)
+    out = ((mask.to(torch.int64)[..., :, None] >> bits) & 1).bool()
+    return out.flatten(-2)[..., :n]
+
+
+def build_tree_mask(parents, num_nodes):
+    """The spec: node i sees what its parent sees, plus itself, filled in topological order.
+    Shape: parents int32 [B, T], num_nodes int32 [B] -> mask int32 [B, T, ceil(T/32)], depth int32 [B, T]."""
+    B, T = parents.shape
+    dev = parents.device
+    rows = torch.arange(B, device=dev)
+    visible = torch.zeros(B, T, T, dtype=torch.bool, device=dev)
+    depth = torch.zeros(B, T, dtype=torch.int32, device=dev)
+    for i in range(T):
+        is_child = (i > 0) & (i < num_nodes)
+        parent = parents[:, i].clamp(0, max(i - 1, 0)).long()
+        visible[:, i] = visible[rows, parent] & is_child[:, None]
+        visible[:, i, i] = True
+        depth[:, i] = torch.where(is_child, depth[rows, parent] + 1, 0)
+    return pack_mask(visible), depth
