@@ -46,9 +46,22 @@ def test_bad_arguments_are_rejected(pair):
 
 @pytest.mark.parametrize("layout", [{}, {"kv_layout": "paged", "page_size": 4}], ids=["contiguous", "paged"])
 def test_compiled_block_logits_equal_eager_ones(pair, layout):
-    # Ragged tree blocks of 5 and 9 nodes (buckets 8 and 16), a partial block (q_start) and a
-    # compaction in between: the compiled runner's logits and cache follow the eager runner's.
-    target = pair[0]
+    block_logits_match(pair[0], layout)
+
+
+@pytest.mark.parametrize("layout", [{}, {"kv_layout": "paged", "page_size": 4}], ids=["contiguous", "paged"])
+def test_a_graph_of_a_run_of_layers_serves_every_run(layout):
+    # 10 layers: one graph of 5 called twice, each call with its own layers' weights and stores.
+    target = tiny_causal_lm("llama", seed=3, num_layers=10)
+    assert compiled.run_length(10) == 5 and compiled.run_length(7) == 7 and compiled.run_length(30) == 6
+    block_logits_match(target, layout)
+    assert compiled.decoder_for(target).layered and compiled.decoder_for(target).run_length == 5
+    compiled.release(target)
+
+
+def block_logits_match(target, layout):
+    """Ragged tree blocks of 5 and 9 nodes, a partial block (q_start) and a compaction in between:
+    the compiled runner's logits and cache follow the eager runner's."""
     gen = torch.Generator().manual_seed(2)
     prompt = torch.randint(0, 128, (3, 13), generator=gen)
     lens = torch.tensor([13, 6, 9], dtype=torch.int32)
