@@ -1,6 +1,6 @@
 // Decision logic of the verification ops (verify_greedy, verify_tree, verify_joint), shared by
 // csrc/cpu/verify*.cpp and csrc/cuda/verify*.cu so that the GPU's tree walk is the one the CPU
-// tests exercise. specops/ops/verify_ref.py is the same algorithm in torch; triton_kernels/verify*.py
+// tests exercise. specops/ops/verify/ref.py is the same algorithm in torch; triton_kernels/verify*.py
 // mirror it. Keep the four in step. The rule codes R1-R6 are defined in docs/methods.md
 // §Verification rules.
 //

@@ -266,7 +266,7 @@ def _kv_layout(k_cache, v_cache, page_table):
 
 
 def splits(q, Hkv, S, arch, sms, paged=False):
-    """The split count :func:`specops.ops.splits.gpu_splits` gives this kernel's launch (its
+    """The split count :func:`specops.ops.tree_attention.splits.gpu_splits` gives this kernel's launch (its
     program shape comes from CONFIGS). Shape: q [B, Tq, Hq, D]; S keys per sequence (a bound)."""
     B, Tq, Hq, D = q.shape
     cfg = config(arch, q.dtype, D, Tq * (Hq // Hkv), paged=paged)

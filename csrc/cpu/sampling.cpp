@@ -1,5 +1,5 @@
 // warp_probs on the CPU: one task per row, no sort. Row pipeline (the rule itself is in
-// specops/ops/sampling.py; the shared decisions in csrc/sampling_common.h):
+// specops/ops/sampling/; the shared decisions in csrc/sampling_common.h):
 //   m = max(logits); z = (logits - m) / t (fp32), so max z = 0  two vector passes
 //   top-k: the k-th largest z, counting duplicates          heap scan for k <= 256 (blocks that
 //          -> keep z >= it                                  cannot enter are skipped), else

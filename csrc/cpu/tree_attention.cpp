@@ -192,7 +192,7 @@ at::Tensor run(const at::Tensor& q,            // [B, Tq, Hq, D]
   // 0.5 MFLOP is ~35 us. (At 4 MFLOP a worker, every decode step of a small model ran on one thread.)
   const double flop = 4.0 * B * Hq * Tq * (static_cast<double>(max_tiles) * ta::kTileN) * D;
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), flop / 5e5 + 1));
-  pb.n_splits = parts.n_splits;  // the caller's schedule (specops/ops/splits.py)
+  pb.n_splits = parts.n_splits;  // the caller's schedule (specops/ops/tree_attention/splits.py)
   pb.part_o = parts.part_o;
   pb.part_lse = parts.part_lse;
   const int64_t n_items = B * Hkv * pb.n_qtiles * pb.n_splits;

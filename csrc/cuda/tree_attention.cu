@@ -292,7 +292,7 @@ void launch(K kernel, const Args& a, dim3 grid, int threads, size_t smem, cudaSt
 }
 
 // The launch shape of one call: rows and keys per block tile, shared memory, head-dim bucket
-// (mirrored by specops/ops/splits.py's CUDA program geometry).
+// (mirrored by specops/ops/tree_attention/splits.py's CUDA program geometry).
 struct LaunchShape {
   bool tc;       // tensor-core kernel (fp16 / bf16)
   int rows;      // query rows per block
@@ -372,7 +372,7 @@ at::Tensor run_call(const at::Tensor& q,            // [B, Tq, Hq, D]
   a.vec = rows_aligned16(t.q, t.k, t.v) ? 1 : 0;
 
   // The kv splits (flash-decoding) and their partials are the caller's schedule
-  // (specops/ops/splits.py): a split that finds no tile contributes a -inf log-sum-exp.
+  // (specops/ops/tree_attention/splits.py): a split that finds no tile contributes a -inf log-sum-exp.
   // The invariant schedule (parts.invariant, unsplit) gives each query its own ceil(G / rows) row
   // tiles and lists its visible block keys in shared memory after the kernel's own: room for the
   // most a sequence can have, min(32 W, S) (ta::clamp_lens). That room changes no arithmetic; the

@@ -128,7 +128,7 @@ def verify_kept(tokens, parents, num_nodes, logits, uniforms, active, *, mode=No
     step from the target's logits to what ``kv_compact`` keeps (no host read, no host data:
     ``torch.compile(fullgraph=True)``-able and CUDA-graph capturable; tests/test_decoding_graph.py).
     ``mode`` None: greedy (R1) without uniforms, else ``mss_pointmass``; ``sampling`` None: T = 1.
-    The mode -> op choice is ``ops.verify_logits.verify_mode``'s (no [B, T, V] probability tensor
+    The mode -> op choice is ``ops.verify.logits.verify_mode``'s (no [B, T, V] probability tensor
     for any mode: docs/verify_logits.md).
 
     Shape: tokens int64/int32 [B, T], parents int32 [B, T], num_nodes int32 [B], logits [B, T, V],
