@@ -261,8 +261,8 @@ class CompiledDecoder:
         hooks = self._stash_hooks()
         graphs = _graph_count()
         if key not in self.compile_s:
-            print(f"specops: compiling {self.name} for blocks of {key[0]} row{'s' * (key[0] != 1)} "
-                  f"(batch {key[2]}, {key[3]} cache) ...",
+            print(f"specops: {self.name}'s graph for blocks of {key[0]} row{'s' * (key[0] != 1)} "
+                  f"(batch {key[2]}, {key[3]} cache): loading it, or compiling it once ...",
                   file=sys.stderr, flush=True)
         try:
             if self.cudagraphs:
