@@ -32,7 +32,7 @@ CUDA = ROOT / "csrc" / "cuda"
 # The tests that run each source's kernels under the emulator.
 FAMILY = {
     "kv_compact.cu": ["tests/test_kv_compact.py", "tests/test_kv_compact_grid.py"],
-    "linear.cu": ["tests/test_linear_gpu_backends.py"],
+    "linear.cu": ["tests/test_linear.py"],
     "sampling.cu": ["tests/test_sampling.py"],
     "sampling_block.cuh": ["tests/test_sampling.py", "tests/test_topn.py"],
     "token_bitmask.cu": ["tests/test_token_bitmask.py"],

@@ -7,56 +7,33 @@ import re
 
 import pytest
 import torch
+from _cudasim import (
+    assert_order_independent,
+    assert_same_bits,
+    needs_racecheck,
+    restored,
+    sim,
+)
 
 import specops
 from specops import extension as _ext
 from specops.testing import random_accept, random_parents, random_verify_case
 
-sim = _ext.cudasim_ext
 pytestmark = pytest.mark.skipif(sim is None, reason=f"cudasim: {_ext.cudasim_ext_error}")
 
 
 @pytest.fixture
-def schedule():
-    """Sets the emulator's thread order for one test; forward again afterwards."""
-    yield sim.set_schedule
-    sim.set_schedule("forward")
+def emulator():
+    """The emulator, its thread order, racecheck, cp.async landing and arch restored after the test."""
+    with restored() as s:
+        yield s
 
 
 @pytest.fixture
-def arch():
-    yield sim.set_arch
-    sim.set_arch(90)
-
-
-def _racecheck_built():
-    was = sim.racecheck()
-    try:
-        sim.set_racecheck(True)
-    except RuntimeError:  # an ASan build (SPECOPS_SANITIZE=1) has no instrumentation
-        return False
-    sim.set_racecheck(was)
-    return True
-
-
-needs_racecheck = pytest.mark.skipif(sim is None or not _racecheck_built(),
-                                     reason="cudasim built without racecheck's instrumentation")
-
-
-@pytest.fixture
-def racecheck():
+def racecheck(emulator):
     """Racecheck on for one test; as before afterwards."""
-    was = sim.racecheck()
-    sim.set_racecheck(True)
-    yield
-    sim.set_racecheck(was)
-
-
-@pytest.fixture
-def cp_async():
-    """Sets when cp.async copies land for one test; late (at the wait) again afterwards."""
-    yield sim.set_cp_async
-    sim.set_cp_async("late")
+    emulator.set_racecheck(True)
+    return emulator
 
 
 # ---- the emulator's semantics ------------------------------------------------------------------------
@@ -157,8 +134,8 @@ def test_launch_limits_at_the_edge_pass():
 
 
 @pytest.mark.parametrize("device_arch, limit", [(90, 227 * 1024), (80, 163 * 1024)])
-def test_opt_in_shared_memory_per_arch(arch, device_arch, limit):
-    arch(device_arch)
+def test_opt_in_shared_memory_per_arch(emulator, device_arch, limit):
+    emulator.set_arch(device_arch)
     assert sim.arch() == device_arch
     assert sim.selftest("dynamic_smem_optin", limit) == [0]  # cudaSuccess, and the launch runs
     assert sim.selftest("dynamic_smem_optin", limit + 16) == [1]  # cudaErrorInvalidValue
@@ -214,18 +191,19 @@ def test_racecheck_reports_each_planted_hazard_with_both_source_lines(racecheck,
         sim.selftest(name, 0)
 
 
+BARRIER_OUT = {  # name: what the planted kernel with its barrier computes (hazard_war: only that it runs)
+    "hazard_raw": lambda out: out[32:] == list(range(1, 33)),
+    "hazard_war": lambda out: True,
+    "hazard_waw": lambda out: out == list(range(32, 64)) * 2,
+    "hazard_atomic": lambda out: out[:4] == [16] * 4,
+    "hazard_warp": lambda out: out[:32] == [(t + 1) % 32 for t in range(32)],
+}
+
+
 @needs_racecheck
 @pytest.mark.parametrize("name", list(PLANTED))
 def test_racecheck_accepts_the_planted_kernels_with_their_barrier(racecheck, name):
-    out = sim.selftest(name, 1)  # a __syncthreads (a __syncwarp within one warp) between the accesses
-    if name == "hazard_raw":
-        assert out[32:] == list(range(1, 33))
-    elif name == "hazard_waw":
-        assert out == list(range(32, 64)) * 2
-    elif name == "hazard_warp":
-        assert out[:32] == [(t + 1) % 32 for t in range(32)]
-    elif name == "hazard_atomic":
-        assert out[:4] == [16] * 4
+    assert BARRIER_OUT[name](sim.selftest(name, 1))  # a __syncthreads (a __syncwarp in one warp) between
 
 
 @needs_racecheck
@@ -233,13 +211,9 @@ def test_racecheck_accepts_atomics_of_many_threads(racecheck):
     test_static_shared_memory_barriers_and_shared_atomics()
 
 
-def test_without_racecheck_the_planted_hazards_run():
-    was = sim.racecheck()
-    sim.set_racecheck(False)
-    try:
-        assert sim.selftest("hazard_raw", 0)[32:] == list(range(1, 33))  # the forward order hides it
-    finally:
-        sim.set_racecheck(was)
+def test_without_racecheck_the_planted_hazards_run(emulator):
+    emulator.set_racecheck(False)
+    assert sim.selftest("hazard_raw", 0)[32:] == list(range(1, 33))  # the forward order hides it
 
 
 @needs_racecheck
@@ -254,20 +228,20 @@ def test_racecheck_reports_ldmatrix_rows_other_lanes_wrote_without_a_barrier(rac
 
 
 @needs_racecheck
-def test_cp_async_refill_under_a_read_shows_early_and_is_reported(cp_async, racecheck):
+def test_cp_async_refill_under_a_read_shows_early_and_is_reported(racecheck):
     """Warp 0 refills its words by cp.async while warp 1 still reads them: landing at the wait hides
     the bug, landing at issue shows it, racecheck reports it whenever the copy lands."""
     old = list(range(32))
     src = [1000 + t for t in range(32)]
     sim.set_racecheck(False)
     assert sim.selftest("hazard_cp_async", 0)[32:64] == old  # late: the read still sees the old words
-    cp_async("early")
+    sim.set_cp_async("early")
     assert sim.selftest("hazard_cp_async", 0)[32:64] == src  # early: the refill is visible
     sim.set_racecheck(True)
     issue = line_of("cp_async16(s + t, src + t, true)", "hazard_cp_async(")
     read = line_of("old = s[t - 32];  // the refill", "hazard_cp_async(")
     for landing in ("early", "late"):
-        cp_async(landing)
+        sim.set_cp_async(landing)
         with pytest.raises(RuntimeError, match=hazard_pattern("RAW", "hazard_cp_async", r"extern __shared__ \+ \d+",
                                                               "read", read, "wrote", issue)):
             sim.selftest("hazard_cp_async", 0)
@@ -276,8 +250,8 @@ def test_cp_async_refill_under_a_read_shows_early_and_is_reported(cp_async, race
 
 
 @needs_racecheck
-def test_warp_ahead_lets_one_warp_reach_the_barrier_first(schedule, racecheck):
-    schedule("warp_ahead", 1)  # warp 1 runs to its exit before warp 0 starts: the read comes first
+def test_warp_ahead_lets_one_warp_reach_the_barrier_first(racecheck):
+    sim.set_schedule("warp_ahead", 1)  # warp 1 runs to its exit before warp 0 starts: the read comes first
     with pytest.raises(RuntimeError, match=r"write-after-read \(WAR\) hazard in hazard_raw"):
         sim.selftest("hazard_raw", 0)
 
@@ -385,34 +359,21 @@ CASES = op_cases() if sim is not None else {}
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_result_does_not_depend_on_the_thread_order(schedule, name):
-    want = CASES[name]()
-    for order, seed in ORDERS:
-        schedule(order, seed)
-        got = CASES[name]()
-        for w, o in zip(outputs(want), outputs(got)):
-            assert torch.equal(w, o), f"{name}: {order}/{seed} differs from the forward order"
-
-
-def outputs(x):
-    return x if isinstance(x, tuple) else (x,)
+def test_result_does_not_depend_on_the_thread_order(name):
+    assert_order_independent(CASES[name], ORDERS)
 
 
 @needs_racecheck
-def test_every_kernel_is_hazard_free_under_racecheck_and_early_cp_async(cp_async):
+def test_every_kernel_is_hazard_free_under_racecheck_and_early_cp_async(racecheck):
     """Every CUDA kernel once under racecheck, with copies landing late and early: no hazard, and the
     results of the plain forward run. The launches cover every __global__ function in csrc/cuda/."""
+    racecheck.set_racecheck(False)
     want = {name: case() for name, case in CASES.items()}
-    was = sim.racecheck()
-    sim.set_racecheck(True)
-    try:
-        for landing in ("late", "early"):
-            cp_async(landing)
-            for name, case in CASES.items():
-                for w, o in zip(outputs(want[name]), outputs(case())):
-                    assert torch.equal(w, o), f"{name}: differs under racecheck, cp.async landing {landing}"
-    finally:
-        sim.set_racecheck(was)
+    racecheck.set_racecheck(True)
+    for landing in ("late", "early"):
+        sim.set_cp_async(landing)
+        for name, case in CASES.items():
+            assert_same_bits(want[name], case(), f"{name}: differs under racecheck, cp.async landing {landing}")
     sources = pathlib.Path(__file__).parents[1] / "csrc" / "cuda"
     kernels = set()
     for f in list(sources.glob("*.cu")) + list(sources.glob("*.cuh")):

@@ -5,13 +5,28 @@ import itertools
 
 import pytest
 import torch
+from _cudasim import assert_order_independent, needs_sim
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_tree_attention import (
+    assert_close,
+    make_case,
+    paged_args,
+    paged_case,
+    run,
+    to_paged,
+)
 
 import specops
 from specops import backend as _backend
 
-from test_tree_attention import assert_close, make_case, paged_args, paged_case, run, to_paged
+needs_cpp = pytest.mark.skipif("cpp" not in _backend.implementations("tree_attention") or not _backend.available("cpp")[0],
+                               reason="cpp backend unavailable")
+
+
+def need_triton(device):
+    if "triton" not in _backend.implementations("tree_attention") or not _backend.available("triton", device)[0]:
+        pytest.skip("triton backend unavailable")
 
 
 @pytest.fixture(params=["contiguous", "paged"])
@@ -40,9 +55,8 @@ def grid_cases():
 
 
 @pytest.mark.parametrize("B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded", grid_cases())
+@needs_cpp
 def test_cpp_matches_reference_on_the_grid(B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded):
-    if "cpp" not in _backend.implementations("tree_attention") or not _backend.available("cpp")[0]:
-        pytest.skip("cpp backend unavailable")
     args, kw = make_case(B, Tq, L, P, Hq, Hkv, D, dtype, kind=kind, padded=padded, seed=B * Tq + L + P + D)
     want = specops.tree_attention(*args, backend="torch", **kw)
     got = specops.tree_attention(*args, backend="cpp", **kw)
@@ -54,12 +68,11 @@ def test_cpp_matches_reference_on_the_grid(B, Tq, L, P, Hq, Hkv, D, dtype, kind,
 
 @pytest.mark.parametrize("isa", ["avx512bf16", "avx512", "avx2", "generic"])
 @pytest.mark.parametrize("dtype", GRID_DTYPES)
+@needs_cpp
 def test_cpp_every_instruction_set_variant_matches_reference(monkeypatch, isa, dtype, layout):
     # SPECOPS_CPU_ISA caps the variant the CPU kernel picks, so this machine runs them all
     # (where it supports them; a lower cap than the machine's is always possible). Paged: bf16 with
     # AVX512_BF16 packs V rows in pairs, which may straddle two pages (page size 1).
-    if not _backend.available("cpp")[0]:
-        pytest.skip("cpp backend unavailable")
     monkeypatch.setenv("SPECOPS_CPU_ISA", isa)
     cases = [(3, 7, 40, 129, 9, 3, 64, "dag"), (2, 17, 17, 100, 4, 1, 80, "tree"), (1, 5, 33, 0, 2, 2, 67, "chain")]
     if layout == "paged":
@@ -71,12 +84,11 @@ def test_cpp_every_instruction_set_variant_matches_reference(monkeypatch, isa, d
 
 
 @pytest.mark.parametrize("B, Tq, L, P, Hq, Hkv", [(1, 3, 3, 3000, 4, 2), (1, 2, 40, 2000, 9, 3), (3, 1, 1, 4000, 8, 8)])
+@needs_cpp
 def test_cpp_splits_along_the_prefix_and_combines(B, Tq, L, P, Hq, Hkv, layout):
     # Few (sequence, kv head, query tile) items leave threads idle: the kernel splits the keys
     # and merges the partials by log-sum-exp (paged: each split walking its pages); with one thread it
     # must not split (same result).
-    if not _backend.available("cpp")[0]:
-        pytest.skip("cpp backend unavailable")
     args, kw = make_case(B, Tq, L, P, Hq, Hkv, 128, torch.float32, kind="dag", seed=P)
     want = specops.tree_attention(*args, backend="torch", **kw)
     threads = torch.get_num_threads()
@@ -88,14 +100,13 @@ def test_cpp_splits_along_the_prefix_and_combines(B, Tq, L, P, Hq, Hkv, layout):
         torch.set_num_threads(threads)
 
 
+@needs_cpp
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(B=st.integers(1, 3), Tq=st.integers(1, 40), extra=st.integers(0, 40), P=st.integers(0, 300),
        G=st.sampled_from([1, 2, 3, 7]), Hkv=st.integers(1, 3), D=st.sampled_from([16, 33, 64, 96]),
        dtype=st.sampled_from(GRID_DTYPES), kind=st.sampled_from(["tree", "dag", "chain", "none"]),
        padded=st.booleans(), seed=st.integers(0, 2**16))
 def test_property_cpp_matches_reference(B, Tq, extra, P, G, Hkv, D, dtype, kind, padded, seed):
-    if not _backend.available("cpp")[0]:
-        pytest.skip("cpp backend unavailable")
     args, kw = make_case(B, Tq, Tq + extra, P, G * Hkv, Hkv, D, dtype, kind=kind, padded=padded, seed=seed,
                          strided=seed % 2 == 0)
     assert_close(specops.tree_attention(*args, backend="cpp", **kw),
@@ -118,8 +129,7 @@ TRITON_CASES = [  # small and odd: the interpreter is slow
 
 @pytest.mark.parametrize("B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded", TRITON_CASES)
 def test_triton_matches_reference(B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded, device):
-    if "triton" not in _backend.implementations("tree_attention") or not _backend.available("triton", device)[0]:
-        pytest.skip("triton backend unavailable")
+    need_triton(device)
     args, kw = make_case(B, Tq, L, P, Hq, Hkv, D, dtype, kind=kind, padded=padded, seed=B + Tq + P, device=device)
     want = specops.tree_attention(*args, backend="torch", **kw)
     assert_close(specops.tree_attention(*args, backend="triton", **kw), want, dtype)
@@ -129,8 +139,7 @@ def test_triton_matches_reference(B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded, 
 def test_triton_split_k_matches_reference(num_splits, device, layout):
     # The flash-decoding variant: kv splits merged by a second kernel; more splits than tiles
     # leaves some splits empty (their partials must carry no weight). Paged: also the sm_80 tiles.
-    if not _backend.available("triton", device)[0]:
-        pytest.skip("triton backend unavailable")
+    need_triton(device)
     from specops.triton_kernels import tree_attention as kernels
 
     args, kw = make_case(2, 3, 7, 200, 6, 2, 64, torch.float32, kind="dag", padded=True, seed=num_splits,
@@ -153,8 +162,7 @@ def test_triton_split_k_matches_reference(num_splits, device, layout):
 def test_triton_sm80_tiles_match_reference(dtype, D, Tq, G):
     # The sm_80 table's tiles, run by the interpreter: 2 mask words per tile when BLOCK_N = 64,
     # tiles that start mid-word never happen (BLOCK_N % 32 == 0), a block crossing words.
-    if not _backend.available("triton", "cpu")[0]:
-        pytest.skip("triton backend unavailable")
+    need_triton("cpu")
     from specops.triton_kernels import tree_attention as kernels
 
     args, kw = make_case(2, Tq, 45, 37, 2 * G, 2, D, dtype, kind="dag", padded=True, seed=D)
@@ -165,8 +173,7 @@ def test_triton_sm80_tiles_match_reference(dtype, D, Tq, G):
 def test_triton_splits_a_small_decode_by_itself(device):
     # One (sequence, kv head) program over a long prefix leaves the device idle: the launcher plans
     # a split-K launch plus the combine kernel without being asked.
-    if not _backend.available("triton", device)[0]:
-        pytest.skip("triton backend unavailable")
+    need_triton(device)
     from specops.triton_kernels import tree_attention as kernels
 
     args, kw = make_case(1, 1, 1, 900, 4, 1, 64, torch.float32, kind="chain", device=device)
@@ -177,8 +184,7 @@ def test_triton_splits_a_small_decode_by_itself(device):
 
 
 def test_triton_supports_says_why_before_launching(device):
-    if not _backend.available("triton", device)[0]:
-        pytest.skip("triton backend unavailable")
+    need_triton(device)
     from specops.triton_kernels import tree_attention as kernels
 
     args, _ = make_case(1, 2, 3, 4, 4, 2, 64, torch.float32, device=device)
@@ -256,20 +262,7 @@ def _cudasim_cases():
             "tree_attention_paged[bf16]": attention(torch.bfloat16), "kv_compact_paged": compact}
 
 
+@needs_sim
 @pytest.mark.parametrize("name", ["tree_attention_paged[fp32]", "tree_attention_paged[bf16]", "kv_compact_paged"])
 def test_cudasim_result_does_not_depend_on_the_thread_order(name):
-    from specops import extension as _ext
-
-    sim = _ext.cudasim_ext
-    if sim is None:
-        pytest.skip(f"cudasim: {_ext.cudasim_ext_error}")
-    case = _cudasim_cases()[name]
-    want = case()
-    try:
-        for order, seed in [("reverse", 0), ("shuffle", 1), ("shuffle", 2)]:
-            sim.set_schedule(order, seed)
-            got = case()
-            for w, o in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
-                assert torch.equal(w, o), f"{name}: {order}/{seed} differs from the forward order"
-    finally:
-        sim.set_schedule("forward")
+    assert_order_independent(_cudasim_cases()[name], [("reverse", 0), ("shuffle", 1), ("shuffle", 2)])

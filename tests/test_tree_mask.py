@@ -25,54 +25,32 @@ def run(parents, num_nodes=None, backend="torch", device="cpu"):
 
 # ---- golden cases, each on every backend -------------------------------------------------------
 
-def test_chain_sees_every_earlier_node(backend, device):
-    mask, depth = run([-1, 0, 1, 2, 3], backend=backend, device=device)
-    for i in range(5):
-        assert bits(mask[0, i]) == list(range(i + 1))
-    assert depth[0].tolist() == [0, 1, 2, 3, 4]
-
-
-def test_star_children_see_root_and_themselves(backend, device):
-    mask, depth = run([-1, 0, 0, 0, 0, 0], backend=backend, device=device)
-    assert bits(mask[0, 0]) == [0]
-    for i in range(1, 6):
-        assert bits(mask[0, i]) == [0, i]
-    assert depth[0].tolist() == [0, 1, 1, 1, 1, 1]
-
-
-def test_binary_tree(backend, device):
+GOLDEN = {  # name: (parents, num_nodes, the set bits of each row of sequence 0 (or a check of the mask), depths)
+    "chain_sees_every_earlier_node": ([-1, 0, 1, 2, 3], None, [list(range(i + 1)) for i in range(5)], [[0, 1, 2, 3, 4]]),
+    "star_children_see_root_and_themselves": ([-1, 0, 0, 0, 0, 0], None, [[0]] + [[0, i] for i in range(1, 6)],
+                                              [[0, 1, 1, 1, 1, 1]]),
     # 0 -> (1, 2); 1 -> (3, 4); 2 -> (5, 6)
-    mask, depth = run([-1, 0, 0, 1, 1, 2, 2], backend=backend, device=device)
-    assert [bits(mask[0, i]) for i in range(7)] == [[0], [0, 1], [0, 2], [0, 1, 3], [0, 1, 4], [0, 2, 5], [0, 2, 6]]
-    assert depth[0].tolist() == [0, 1, 1, 2, 2, 2, 2]
+    "binary_tree": ([-1, 0, 0, 1, 1, 2, 2], None, [[0], [0, 1], [0, 2], [0, 1, 3], [0, 1, 4], [0, 2, 5], [0, 2, 6]],
+                    [[0, 1, 1, 2, 2, 2, 2]]),
+    "padding_rows_hold_only_their_own_bit": ([[-1, 0, 1, 7, 99], [-1, 0, 0, 1, 2]], [3, 5],
+                                             [[0], [0, 1], [0, 1, 2], [3], [4]], [[0, 1, 2, 0, 0], [0, 1, 1, 2, 2]]),
+    "single_node": ([-1], None, [[0]], [[0]]),
+    # a chain of 33; bit 31 is set in every word: int32 wraps
+    "t33_crosses_a_word_boundary": (list(range(-1, 32)), None, lambda m: bits(m[0, 32]) == list(range(33))
+                                    and m[0, 31, 0] == -1 and m[0, 31, 1] == 0, [list(range(33))]),
+    # a star of 49, then a chain hanging off node 49
+    "t100_deep_and_wide": ([-1] + [0] * 49 + list(range(49, 99)), None,
+                           lambda m: bits(m[0, 99]) == [0] + list(range(49, 100)), [[0] + [1] * 49 + list(range(2, 52))]),
+}
 
 
-def test_padding_rows_hold_only_their_own_bit(backend, device):
-    mask, depth = run([[-1, 0, 1, 7, 99], [-1, 0, 0, 1, 2]], num_nodes=[3, 5], backend=backend, device=device)
-    assert [bits(mask[0, i]) for i in range(5)] == [[0], [0, 1], [0, 1, 2], [3], [4]]
-    assert depth[0].tolist() == [0, 1, 2, 0, 0]
-    assert depth[1].tolist() == [0, 1, 1, 2, 2]
-
-
-def test_single_node(backend, device):
-    mask, depth = run([-1], backend=backend, device=device)
-    assert mask.shape == (1, 1, 1) and mask[0, 0, 0] == 1 and depth.tolist() == [[0]]
-
-
-def test_t33_crosses_a_word_boundary(backend, device):
-    mask, depth = run(list(range(-1, 32)), backend=backend, device=device)  # a chain of 33
-    assert mask.shape == (1, 33, 2)
-    assert bits(mask[0, 32]) == list(range(33))
-    assert mask[0, 31, 0] == -1 and mask[0, 31, 1] == 0  # bit 31 set in every word: int32 wraps
-    assert depth[0, 32] == 32
-
-
-def test_t100_deep_and_wide(backend, device):
-    parents = [-1] + [0] * 49 + list(range(49, 99))  # a star of 49, then a chain hanging off node 49
-    mask, depth = run(parents, backend=backend, device=device)
-    assert mask.shape == (1, 100, 4)
-    assert bits(mask[0, 99]) == [0] + list(range(49, 100))
-    assert depth[0, 99] == 51 and depth[0, 48] == 1
+@pytest.mark.parametrize("name", list(GOLDEN))
+def test_golden(backend, device, name):
+    parents, num_nodes, rows, depths = GOLDEN[name]
+    mask, depth = run(parents, num_nodes, backend=backend, device=device)
+    T = len(depths[0])
+    assert mask.shape == (len(depths), T, (T + 31) // 32) and depth.tolist() == depths
+    assert rows(mask) if callable(rows) else [bits(mask[0, i]) for i in range(T)] == rows
 
 
 # ---- every backend vs the reference ----------------------------------------------------------
