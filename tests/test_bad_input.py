@@ -10,6 +10,8 @@ import torch
 
 import specops
 
+from _op_checks import raw, to_device
+
 I32, I64, F32, F64 = torch.int32, torch.int64, torch.float32, torch.float64
 NAN, INF = float("nan"), float("inf")
 
@@ -58,6 +60,14 @@ def _base(op):
         return dict(draft_tokens=t([[1, 2, 3], [5, 0, 4]]), target_logprobs=_lp(2, 4, 6),
                     draft_joint_logprobs=-torch.rand(2, 3, generator=_g()), tau=t([0.5, 0.25], F32),
                     uniforms=torch.rand(2, generator=_g()))
+    if op == "verify_joint_logits":
+        return dict(draft_tokens=t([[1, 2, 3], [5, 0, 4]]), target_logits=torch.randn(2, 4, 6, generator=_g()),
+                    draft_joint_logprobs=-torch.rand(2, 3, generator=_g()).cumsum(-1), tau=t([0.5, 0.25], F32),
+                    uniforms=torch.rand(2, generator=_g()), temperature=t([0.7, 1.0], F32), top_k=t([0, 3]),
+                    top_p=t([0.9, 1.0], F32), bonus_temperature=t([1.0, 0.5], F32), bonus_top_k=t([2, 0]),
+                    bonus_top_p=t([1.0, 0.8], F32), num_nodes=t([4, 2]))
+    if op == "apply_token_bitmask":
+        return dict(logits=torch.randn(2, 3, 40, generator=_g()), bitmask=t([[[-1, 255]] * 3, [[1, 0]] * 3]))
     if op == "topn_expand":
         return dict(parent_scores=-torch.rand(2, 3, generator=_g()), child_logprobs=_lp(2, 3, 7), n=4)
     assert op == "select_topn_subtree"
@@ -92,6 +102,13 @@ def put(**kw):
     return lambda a: a.update({k: (v() if callable(v) else v) for k, v in kw.items()})
 
 
+def puts(op, name, *values, exc=ValueError, rule=None):
+    """A case per value: ``name=value`` raises ``exc`` whose message states the rule (by default, it
+    names the argument) and shows the value ("got 1.5"; a TypeError also its type: "got str 'x'")."""
+    got = (lambda v: f"got {type(v).__name__} {v!r}") if exc is TypeError else (lambda v: f"got {v!r}")
+    return [Case(op, f"{name}={v!r}", put(**{name: v}), exc, (rule or f"{name} must", got(v))) for v in values]
+
+
 def grow(t, dim):
     return torch.cat([t, t.narrow(dim, 0, 1)], dim)
 
@@ -119,6 +136,11 @@ META = {
                            ("draft_top_k", F32, 0), ("draft_top_p", I32, 0)],
     "verify_joint": [("draft_tokens", I64, None), ("target_logprobs", F64, 1), ("draft_joint_logprobs", F64, 1),
                      ("tau", F64, 0), ("uniforms", F64, 0)],
+    "verify_joint_logits": [("draft_tokens", I64, None), ("target_logits", F64, 1), ("draft_joint_logprobs", F64, 1),
+                            ("tau", F64, 0), ("uniforms", F64, 0), ("num_nodes", I64, 0), ("temperature", I32, 0),
+                            ("top_k", F32, 0), ("top_p", I32, 0), ("bonus_temperature", I32, 0),
+                            ("bonus_top_k", F32, 0), ("bonus_top_p", I32, 0)],
+    "apply_token_bitmask": [("logits", F64, None), ("bitmask", I64, 2)],
     "topn_expand": [("parent_scores", F64, None), ("child_logprobs", F64, 1)],
     "select_topn_subtree": [("parents", I64, None), ("scores", F64, 1), ("num_nodes", I64, 0)],
 }
@@ -142,7 +164,8 @@ def _meta_cases():
 V, E = ValueError, TypeError
 W, TM, TA, KV, VG, VT, VJ, TN, ST = ("warp_probs", "build_tree_mask", "tree_attention", "kv_compact", "verify_greedy",
                                      "verify_tree", "verify_joint", "topn_expand", "select_topn_subtree")
-VL = "verify_tree_logits"
+MAX_N = "n must be <= 65536 (MAX_N"
+VL, VJL, TB = "verify_tree_logits", "verify_joint_logits", "apply_token_bitmask"
 COMPILED = ("cpp", "cuda", "triton", "cudasim")
 VALUES = [
     # warp_probs: values under check=True, scalar parameters, limits
@@ -156,19 +179,10 @@ VALUES = [
     Case(W, "top_p-zero", setv("top_p", 0, 0.0), V, ("top_p[0] = 0.0",)),
     Case(W, "top_p-above-one", setv("top_p", 1, 1.5), V, ("top_p[1] = 1.5",)),
     Case(W, "top_p-nan", setv("top_p", 0, NAN), V, ("top_p[0] = nan",)),
-    Case(W, "temperature=-0.5", put(temperature=-0.5), V, ("temperature", "-0.5")),
-    Case(W, "temperature=nan", put(temperature=NAN), V, ("temperature", "nan")),
-    Case(W, "temperature=inf", put(temperature=INF), V, ("temperature", "inf")),
-    Case(W, "temperature=str", put(temperature="hot"), E, ("temperature", "'hot'")),
-    Case(W, "temperature=bool", put(temperature=True), E, ("temperature", "bool")),
-    Case(W, "top_k=-1", put(top_k=-1), V, ("top_k", "-1")),
-    Case(W, "top_k=float", put(top_k=2.5), E, ("top_k", "2.5")),
-    Case(W, "top_k=bool", put(top_k=True), E, ("top_k", "bool")),
-    Case(W, "top_p=0", put(top_p=0.0), V, ("top_p", "0.0")),
-    Case(W, "top_p=1.5", put(top_p=1.5), V, ("top_p", "1.5")),
-    Case(W, "top_p=nan", put(top_p=NAN), V, ("top_p", "nan")),
-    Case(W, "top_p=str", put(top_p="x"), E, ("top_p", "'x'")),
+    *puts(W, "temperature", -0.5, NAN, INF), *puts(W, "temperature", "hot", True, exc=E), *puts(W, "top_k", -1),
+    *puts(W, "top_k", 2.5, True, exc=E), *puts(W, "top_p", 0.0, 1.5, NAN), *puts(W, "top_p", "x", exc=E),
     Case(W, "V=0", put(logits=lambda: torch.zeros(2, 0)), V, ("logits", "(2, 0)")),
+    Case(W, "logits-int64", put(logits=lambda: torch.zeros(2, 7, dtype=I64)), E, ("logits", "torch.int64")),
     Case(W, "V-over-int32", put(logits=lambda: torch.zeros(2, 1).expand(2, 2**31)), V,
          ("V=2147483648", "2147483647"), only=COMPILED),
     # build_tree_mask
@@ -231,6 +245,8 @@ VALUES = [
     Case(VG, "T=0", put(tokens=lambda: torch.zeros(2, 0, dtype=I32), parents=lambda: torch.zeros(2, 0, dtype=I32),
                         target_logits=lambda: torch.zeros(2, 0, 6), num_nodes=None), V, ("tokens", "(2, 0)")),
     Case(VG, "V=0", put(target_logits=lambda: torch.zeros(2, 4, 0)), V, ("target_logits", "(2, 4, 0)")),
+    Case(VG, "logits-int32", lambda a: a.update(target_logits=a["target_logits"].int()), E,
+         ("target_logits", "torch.int32")),
     Case(VT, "uniform-one", setv("uniforms", (0, 1, 0), 1.0), V, ("uniforms[0, 1, 0] = 1.0",)),
     Case(VT, "uniform-nan", setv("uniforms", (1, 3, 1), NAN), V, ("uniforms[1, 3, 1] = nan",)),
     Case(VT, "uniform-negative", setv("uniforms", (0, 0, 1), -0.5), V, ("uniforms[0, 0, 1] = -0.5",)),
@@ -245,6 +261,10 @@ VALUES = [
     Case(VT, "tokens-past-v", setv("tokens", (0, 3), 6), V, ("tokens[0, 3]", "got 6")),
     Case(VT, "parent-not-earlier", setv("parents", (0, 2), 2), V, ("parents[0, 2]", "got 2")),
     Case(VT, "num_nodes-past-t", setv("num_nodes", 0, 7), V, ("num_nodes[0] = 7",)),
+    Case(VT, "num_nodes-zero", setv("num_nodes", 1, 0), V, ("num_nodes[1] = 0",)),
+    Case(VT, "root-not-minus-one", setv("parents", (0, 0), 0), V, ("parents[0, 0]", "got 0")),
+    Case(VT, "tokens-negative", setv("tokens", (1, 2), -1), V, ("tokens[1, 2]", "got -1")),
+    Case(VT, "draft-negative", setv("draft_probs", (1, 2, 2), -0.25), V, ("draft_probs[1, 2, 2] = -0.25",)),
     Case(VL, "tokens-past-v", setv("tokens", (0, 3), 6), V, ("tokens[0, 3]", "V=6", "got 6")),
     Case(VL, "parent-not-earlier", setv("parents", (1, 2), 2), V, ("parents[1, 2]", "got 2")),
     Case(VL, "num_nodes-zero", setv("num_nodes", 1, 0), V, ("num_nodes[1] = 0",)),
@@ -258,17 +278,12 @@ VALUES = [
     Case(VL, "draft-row-all-minus-inf", setv("draft_logits", (0, 3), -INF), V, ("draft_logits[0, 3]", "all -inf")),
     Case(VL, "draft-missing", put(draft_logits=None), V, ("draft_logits", "mode='mss'")),
     Case(VL, "mode-greedy", put(mode="greedy"), V, ("mode", "'greedy'")),
-    Case(VL, "temperature-negative", put(temperature=-0.5), V, ("temperature", ">= 0", "-0.5")),
-    Case(VL, "temperature-str", put(temperature="hot"), E, ("temperature", "str")),
+    *puts(VL, "temperature", -0.5), *puts(VL, "temperature", "hot", exc=E), *puts(VL, "top_k", -1),
+    *puts(VL, "top_p", 0.0), *puts(VL, "top_k", 2.5, exc=E), *puts(VL, "draft_temperature", INF),
+    *puts(VL, "draft_top_p", 1.5), *puts(VL, "draft_top_p", True, exc=E),
     Case(VL, "temperature-tensor-nan", setv("temperature", 1, NAN), V, ("temperature[1] = nan",)),
-    Case(VL, "top_k-negative", put(top_k=-1), V, ("top_k", "-1")),
-    Case(VL, "top_k-float", put(top_k=2.5), E, ("top_k", "2.5")),
-    Case(VL, "top_p-zero", put(top_p=0.0), V, ("top_p", "(0, 1]", "0.0")),
     Case(VL, "top_p-tensor-past-one", setv("top_p", 0, 1.5), V, ("top_p[0] = 1.5",)),
-    Case(VL, "draft_temperature-inf", put(draft_temperature=INF), V, ("draft_temperature", "inf")),
     Case(VL, "draft_top_k-tensor-negative", setv("draft_top_k", 1, -2), V, ("draft_top_k[1] = -2",)),
-    Case(VL, "draft_top_p-past-one", put(draft_top_p=1.5), V, ("draft_top_p", "1.5")),
-    Case(VL, "draft_top_p-bool", put(draft_top_p=True), E, ("draft_top_p", "bool")),
     Case(VL, "T=0", lambda a: a.update(tokens=torch.zeros(2, 0, dtype=I32), parents=torch.zeros(2, 0, dtype=I32),
                                        target_logits=torch.zeros(2, 0, 6), uniforms=torch.zeros(2, 0, 2),
                                        draft_logits=torch.zeros(2, 0, 6), num_nodes=None), V, ("tokens", "(2, 0)")),
@@ -279,10 +294,7 @@ VALUES = [
          ("target_logits", "V=2147483648"), only=COMPILED),
     Case(VJ, "tokens-past-v", setv("draft_tokens", (1, 2), 6), V, ("draft_tokens", "6 at [1, 2]")),
     Case(VJ, "tokens-negative", setv("draft_tokens", (0, 0), -1), V, ("draft_tokens", "-1 at [0, 0]")),
-    Case(VJ, "tau=1.5", put(tau=1.5), V, ("tau", "1.5")),
-    Case(VJ, "tau=-0.25", put(tau=-0.25), V, ("tau", "-0.25")),
-    Case(VJ, "tau=nan", put(tau=NAN), V, ("tau", "nan")),
-    Case(VJ, "tau=str", put(tau="0.5"), E, ("tau", "str")),
+    *puts(VJ, "tau", 1.5, -0.25, NAN, rule="tau must lie in [0, 1]"), *puts(VJ, "tau", "0.5", exc=E),
     Case(VJ, "tau-tensor-negative", setv("tau", 1, -0.25), V, ("tau[1] = -0.25",)),
     Case(VJ, "tau-tensor-nan", setv("tau", 0, NAN), V, ("tau[0] = nan",)),
     Case(VJ, "uniform-one", setv("uniforms", 1, 1.0), V, ("uniforms[1] = 1.0",)),
@@ -294,22 +306,49 @@ VALUES = [
     Case(VJ, "joint-positive", setv("draft_joint_logprobs", (0, 1), 0.5), V, ("draft_joint_logprobs[0, 1] = 0.5",)),
     Case(VJ, "joint-nan", setv("draft_joint_logprobs", (1, 0), NAN), V, ("draft_joint_logprobs[1, 0] = nan",)),
     Case(VJ, "V=0", put(target_logprobs=lambda: torch.zeros(2, 4, 0)), V, ("target_logprobs", "(2, 4, 0)")),
+    # verify_joint_logits
+    *puts(VJL, "tau", 1.5, rule="tau must lie in [0, 1]"), *puts(VJL, "tau", "x", exc=E),
+    *puts(VJL, "temperature", -1.0), *puts(VJL, "bonus_top_p", 0.0), *puts(VJL, "bonus_top_k", 1.5, exc=E),
+    Case(VJL, "tau-tensor-nan", setv("tau", 1, NAN), V, ("tau must lie in [0, 1]", "nan")),
+    Case(VJL, "num_nodes-past-g+1", setv("num_nodes", 1, 5), V, ("num_nodes must lie in [1, g + 1 = 4]",
+                                                                 "num_nodes[1] = 5")),
+    Case(VJL, "tokens-past-v", setv("draft_tokens", (0, 2), 6), V, ("draft_tokens must lie in [0, V=6)",
+                                                                    "draft_tokens[0, 2] = 6")),
+    Case(VJL, "uniform-one", setv("uniforms", 0, 1.0), V, ("uniforms must lie in [0, 1)", "uniforms[0] = 1.0")),
+    Case(VJL, "joint-positive", setv("draft_joint_logprobs", (0, 2), 0.5), V,
+         ("draft_joint_logprobs must be log-probabilities (<= 0, not NaN)", "draft_joint_logprobs[0, 2] = 0.5")),
+    Case(VJL, "target-nan", setv("target_logits", (1, 1, 4), NAN), V,
+         ("target_logits must not contain NaN or +inf", "target_logits[1, 1, 4] = nan")),
+    Case(VJL, "target-row-all-minus-inf", setv("target_logits", (0, 2), -INF), V,
+         ("target_logits[0, 2] must have at least one finite value",)),
+    # apply_token_bitmask (in place: a rejected call writes nothing)
+    Case(TB, "logits-int32", put(logits=lambda: torch.zeros(2, 3, 40, dtype=I32)), E, ("logits", "torch.int32")),
+    Case(TB, "rank-1", lambda a: a.update(logits=a["logits"][0, 0], bitmask=a["bitmask"][0, 0]), V,
+         ("logits must have rank 2 ([N, V]) or 3", "(40,)")),
+    Case(TB, "V=0", put(logits=lambda: torch.zeros(2, 3, 0), bitmask=lambda: torch.zeros(2, 3, 0, dtype=I32)), V,
+         ("at least one token (V >= 1)",)),
+    Case(TB, "logits-strided-v", put(logits=lambda: torch.zeros(2, 3, 80)[..., ::2]), V,
+         ("logits must have stride 1 in its last dimension",)),
+    Case(TB, "bitmask-rank-2", lambda a: a.update(bitmask=a["bitmask"][0]), V, ("bitmask must have rank 3",)),
+    Case(TB, "bitmask-one-word-short", lambda a: a.update(bitmask=a["bitmask"][..., :1]), V,
+         ("bitmask must have shape [2, 3, 2], got (2, 3, 1)",)),
+    Case(TB, "bitmask-rows-differ", lambda a: a.update(bitmask=a["bitmask"][:, :2]), V,
+         ("bitmask must have shape [2, 3, 2], got (2, 2, 2)",)),
+    Case(TB, "empty-row", setv("bitmask", (0, 1), 0), V, ("bitmask[0, 1] must allow at least one of the V=40 tokens",)),
+    Case(TB, "only-tail-bits", put(logits=lambda: torch.zeros(4, 33),
+                                   bitmask=lambda: torch.tensor([[1, 0]] * 3 + [[0, -2]], dtype=I32)), V,
+         ("bitmask[3] must allow at least one of the V=33 tokens",)),
     # topn_expand / select_topn_subtree
     Case(TN, "parent-nan", setv("parent_scores", (1, 0), NAN), V, ("parent_scores[1, 0] = nan",)),
     Case(TN, "parent-inf", setv("parent_scores", (0, 2), INF), V, ("parent_scores[0, 2] = inf",)),
     Case(TN, "child-nan", setv("child_logprobs", (1, 2, 3), NAN), V, ("child_logprobs[1, 2, 3] = nan",)),
     Case(TN, "child-inf", setv("child_logprobs", (0, 0, 6), INF), V, ("child_logprobs[0, 0, 6] = inf",)),
-    Case(TN, "n=0", put(n=0), V, ("n must be >= 1", "got 0")),
-    Case(TN, "n=-3", put(n=-3), V, ("n must be >= 1", "got -3")),
-    Case(TN, "n=2**62", put(n=2**62), V, ("n must be <= 65536", str(2**62))),
-    Case(TN, "n=2**31-1", put(n=2**31 - 1), V, ("n must be <= 65536", str(2**31 - 1))),
-    Case(TN, "n=65537", put(n=65537), V, ("n must be <= 65536", "65537")),
-    Case(TN, "n=float", put(n=2.0), E, ("n must be an int", "2.0")),
-    Case(TN, "n=bool", put(n=True), E, ("n must be an int", "bool")),
-    Case(TN, "n=str", put(n="4"), E, ("n must be an int", "'4'")),
-    Case(TN, "per_parent_k=0", put(per_parent_k=0), V, ("per_parent_k", "got 0")),
-    Case(TN, "per_parent_k=-1", put(per_parent_k=-1), V, ("per_parent_k", "got -1")),
-    Case(TN, "per_parent_k=float", put(per_parent_k=1.5), E, ("per_parent_k", "1.5")),
+    *puts(TN, "n", 0, -3, rule="n must be >= 1"), *puts(TN, "n", 2**62, 2**31 - 1, 65537, 2**31, rule=MAX_N),
+    *puts(TN, "n", 2.0, True, "4", exc=E), *puts(TN, "per_parent_k", 0, -1), *puts(TN, "per_parent_k", 1.5, exc=E),
+    Case(TN, "parent_scores-int64", lambda a: a.update(parent_scores=a["parent_scores"].long()), E,
+         ("parent_scores", "torch.int64")),
+    Case(TN, "child_logprobs-int32", lambda a: a.update(child_logprobs=a["child_logprobs"].int()), E,
+         ("child_logprobs", "torch.int32")),
     Case(TN, "P=0", put(parent_scores=lambda: torch.zeros(2, 0), child_logprobs=lambda: torch.zeros(2, 0, 7)), V,
          ("child_logprobs", "(2, 0, 7)")),
     Case(TN, "V=0", put(child_logprobs=lambda: torch.zeros(2, 3, 0)), V, ("child_logprobs", "(2, 3, 0)")),
@@ -319,11 +358,9 @@ VALUES = [
     Case(ST, "parent-not-earlier", setv("parents", (1, 3), 3), V, ("parents[1, 3]", "got 3")),
     Case(ST, "num_nodes-zero", setv("num_nodes", 1, 0), V, ("num_nodes[1] = 0",)),
     Case(ST, "num_nodes-past-t", setv("num_nodes", 0, 6), V, ("num_nodes[0] = 6",)),
-    Case(ST, "n=0", put(n=0), V, ("n must be >= 1", "got 0")),
-    Case(ST, "n=2**62", put(n=2**62), V, ("n must be <= 65536", str(2**62))),
-    Case(ST, "n=65537", put(n=65537), V, ("n must be <= 65536", "65537")),
-    Case(ST, "n=float", put(n=1.5), E, ("n must be an int", "1.5")),
-    Case(ST, "n=None", put(n=None), E, ("n must be an int", "NoneType")),
+    *puts(ST, "n", 0), *puts(ST, "n", 2**62, 65537, 2**31, 2**31 - 1, rule=MAX_N),
+    *puts(ST, "n", 1.5, None, "2", exc=E),
+    Case(ST, "scores-int64", lambda a: a.update(scores=a["scores"].long()), E, ("scores", "torch.int64")),
     Case(ST, "T=0", put(parents=lambda: torch.zeros(2, 0, dtype=I32), scores=lambda: torch.zeros(2, 0), num_nodes=None),
          V, ("parents", "(2, 0)")),
 ]
@@ -384,6 +421,8 @@ VALID = [
                                                       .transpose(1, 2))),
     Case(VG, "B=0", lambda a: a.update({k: v[:0] for k, v in a.items()})),
     Case(VT, "num_nodes-stride0", put(num_nodes=lambda: _stride0(4))),
+    Case(VT, "padding-rows-may-hold-anything", lambda a: (setv("tokens", (1, 3), 99)(a),
+                                                          setv("target_probs", (1, 3), NAN)(a))),
     Case(VT, "uniforms-transposed", lambda a: a.update(uniforms=a["uniforms"].transpose(0, 2).contiguous()
                                                        .transpose(0, 2))),
     Case(VT, "probs-last-stride", lambda a: a.update(target_probs=a["target_probs"].transpose(1, 2).contiguous()
@@ -417,38 +456,14 @@ CASES = list(_meta_cases()) + VALUES + VALID
 
 # ---- the runner --------------------------------------------------------------------------------------
 
-def _raw(t):
-    """Every byte of a tensor's storage (not just its view)."""
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
-
-
 def _snapshot(args):
-    return {k: _raw(v).clone() for k, v in args.items() if isinstance(v, torch.Tensor) and v.device.type != "meta"}
-
-
-def _to(args, device):
-    """Moves CPU tensors to ``device`` keeping their exact layout (strides, stride 0, offsets) and
-    their aliasing: arguments that share a storage (k_cache and v_cache as one tensor, overlapping
-    views) share one device storage."""
-    if torch.device(device).type == "cpu":
-        return args
-    moved, out = {}, {}
-    for k, v in args.items():
-        if isinstance(v, torch.Tensor) and v.device.type == "cpu":
-            storage = v.untyped_storage()
-            if storage.data_ptr() not in moved:
-                raw = torch.empty(0, dtype=torch.uint8).set_(storage)  # [nbytes] uint8
-                moved[storage.data_ptr()] = raw.to(device).untyped_storage()
-            v = torch.empty(0, dtype=v.dtype, device=device).set_(moved[storage.data_ptr()], v.storage_offset(),
-                                                                   v.shape, v.stride())
-        out[k] = v
-    return out
+    return {k: raw(v).clone() for k, v in args.items() if isinstance(v, torch.Tensor) and v.device.type != "meta"}
 
 
 def _args(case, device):
     args = _base(case.op)
     case.edit(args)
-    return _to(args, device)
+    return to_device(args, device)
 
 
 def _assert_same(got, want):
@@ -487,12 +502,13 @@ def test_bad_input(case, backend, device, request):
     for part in case.shows:
         part = part(args) if callable(part) else part
         assert part in message, f"{part!r} missing from the message: {message}"
-    for name, raw in before.items():
-        assert torch.equal(_raw(args[name]), raw), f"{name} changed although the call raised"
+    for name, saved in before.items():
+        assert torch.equal(raw(args[name]), saved), f"{name} changed although the call raised"
 
 
 def test_the_battery_is_large_and_covers_every_public_op():
     ops = {"warp_probs", "build_tree_mask", "tree_attention", "kv_compact", "verify_greedy", "verify_tree",
-           "verify_tree_logits", "verify_joint", "topn_expand", "select_topn_subtree"}
+           "verify_tree_logits", "verify_joint", "verify_joint_logits", "topn_expand", "select_topn_subtree",
+           "apply_token_bitmask"}
     assert {c.op for c in CASES} == ops and ops <= set(specops.__all__)
     assert len({c.id for c in CASES}) == len(CASES) >= 280

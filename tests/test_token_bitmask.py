@@ -1,10 +1,12 @@
-"""apply_token_bitmask: golden rows, every backend vs the reference, special values, errors, registration."""
+"""apply_token_bitmask: golden rows, every backend vs the reference, special values, check=False,
+registration. Bad input: the battery of tests/test_bad_input.py."""
 import pytest
 import torch
 
 import specops
-from specops import backend as _backend
 from specops.ops.token_bitmask import allowed_tokens, apply_token_bitmask
+
+from _op_checks import needs_cpp
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 NEG_INF = float("-inf")
@@ -159,43 +161,7 @@ def test_allowed_tokens_unpacks_pack_mask():
     assert torch.equal(allowed_tokens(specops.pack_mask(vis), 77), vis)
 
 
-# ---- errors -----------------------------------------------------------------------------------
-
-def _bad_cases():
-    f32 = torch.zeros(2, 3, 40)
-    m = torch.zeros(2, 3, 2, dtype=torch.int32) - 1
-    return [
-        ("list logits", [[0.0]], m, TypeError, "logits must be a torch.Tensor"),
-        ("int logits", torch.zeros(2, 3, 40, dtype=torch.int32), m, TypeError, "logits must have dtype"),
-        ("fp64 logits", torch.zeros(2, 3, 40, dtype=torch.float64), m, TypeError, "logits must have dtype"),
-        ("rank 1", torch.zeros(40), m[0, 0], ValueError, r"logits must have rank 2 \(\[N, V\]\) or 3"),
-        ("rank 4", torch.zeros(1, 2, 3, 40), m[None], ValueError, "logits must have rank 2"),
-        ("V = 0", torch.zeros(2, 3, 0), m[..., :0], ValueError, r"at least one token \(V >= 1\)"),
-        ("strided V", torch.zeros(2, 3, 80)[..., ::2], m, ValueError, "logits must have stride 1 in its last dimension"),
-        ("int64 mask", f32, m.long(), TypeError, "bitmask must have dtype torch.int32"),
-        ("tensor mask", f32, [[0]], TypeError, "bitmask must be a torch.Tensor"),
-        ("mask rank", f32, m[0], ValueError, "bitmask must have rank 3"),
-        ("one word short", f32, m[..., :1], ValueError, r"bitmask must have shape \[2, 3, 2\], got \(2, 3, 1\)"),
-        ("one word too many", f32, torch.zeros(2, 3, 3, dtype=torch.int32), ValueError,
-         r"bitmask must have shape \[2, 3, 2\]"),
-        ("rows differ", f32, m[:, :2], ValueError, r"bitmask must have shape \[2, 3, 2\], got \(2, 2, 2\)"),
-        ("device", f32, m.to("meta"), ValueError, "bitmask must be on cpu"),
-        ("empty row", f32, torch.where(torch.arange(3)[None, :, None] == 1, 0, m), ValueError,
-         r"bitmask\[0, 1\] must allow at least one of the V=40 tokens"),
-        ("only tail bits", torch.zeros(4, 33), torch.tensor([[1, 0]] * 3 + [[0, -2]], dtype=torch.int32), ValueError,
-         r"bitmask\[3\] must allow at least one of the V=33 tokens"),
-    ]
-
-
-@pytest.mark.parametrize("case", _bad_cases(), ids=lambda c: c[0])
-def test_bad_input_raises_naming_the_argument_before_writing(backend, case):
-    _, logits, mask, exc, match = case
-    before = logits.clone() if isinstance(logits, torch.Tensor) else None
-    with pytest.raises(exc, match=match):
-        apply_token_bitmask(logits, mask, backend=backend)
-    if before is not None:
-        assert torch.equal(logits, before)
-
+# ---- errors (bad input: the battery of tests/test_bad_input.py) -------------------------------
 
 def test_check_false_skips_only_the_value_check(backend, device):
     logits = torch.zeros(1, 2, 40, device=device)
@@ -213,9 +179,6 @@ def test_unknown_backend_names_the_choices():
 
 
 # ---- registration -----------------------------------------------------------------------------
-
-needs_cpp = pytest.mark.skipif(not _backend.available("cpp")[0], reason=_backend.available("cpp")[1])
-
 
 @needs_cpp
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
