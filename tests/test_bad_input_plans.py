@@ -12,27 +12,16 @@ from specops import backend as _backend
 from specops.ops.tree_attention import SM_SCALE_MAX
 from specops.testing import to_pages
 
+from _op_checks import raises
 from test_kv_compact import compaction_case, i32
 from test_tree_attention import make_case, need
 
-
-def _raw(t):
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+LAYOUTS = ("contiguous", "paged")
 
 
-def _snap(*ts):
-    return [_raw(t).clone() for t in ts]
-
-
-def _same(ts, snap):
-    for t, s in zip(ts, snap):
-        assert torch.equal(_raw(t), s), "an input changed although the call raised"
-
-
-def _case(device, S_extra=0):
+def _case(device):
     """A small tree_attention case: q [2, 3, 4, 16], caches [2, 2, S, 16] (S = 19)."""
-    args, kw = make_case(2, 3, 6, 10, 4, 2, 16, torch.float32, kind="tree", padded=True, device=device)
-    return args, kw
+    return make_case(2, 3, 6, 10, 4, 2, 16, torch.float32, kind="tree", padded=True, device=device)
 
 
 def _plan(args, kw, backend, paged=None, **extra):
@@ -56,32 +45,27 @@ def _storage(t):
     return torch.empty(0, dtype=torch.float32, device=t.device).set_(t.untyped_storage())
 
 
-def _raises(exc, parts, fn, *inputs):
-    snap = _snap(*inputs)
-    with pytest.raises(exc) as info:
-        fn()
-    for part in parts:
-        assert part in str(info.value), f"{part!r} missing from the message: {info.value}"
-    _same(inputs, snap)
+def _layout_case(layout, backend, device, **plan_kw):
+    """The case's q, k, v in ``layout`` (paged: the same rows in scattered pages), its plan, the
+    cache argument's name and the paged tensors (None contiguous)."""
+    need("tree_attention" if layout == "contiguous" else "tree_attention_paged", backend)
+    args, kw = _case(device)
+    q, k, v = args[:3]
+    paged = _paged(args) if layout == "paged" else None
+    if paged is not None:
+        k, v = paged[:2]
+    return args, kw, (q, k, v), _plan(args, kw, backend, paged, **plan_kw), "k_pages" if paged else "k_cache", paged
 
 
 # ---- TreeAttentionPlan: declared sizes against the tensors -----------------------------------------
 
-def test_tree_plan_declared_max_len_must_match_the_cache(backend, device):
-    need("tree_attention", backend)
-    args, kw = _case(device)
-    q, k, v = args[:3]
-    plan = _plan(args, kw, backend, max_len=64)
-    _raises(ValueError, ("k_cache has S=19", "max_len=64"), lambda: plan.run(q, k, v), q, k, v)
-
-
-def test_tree_plan_declared_num_pages_must_match_the_pool(backend, device):
-    need("tree_attention_paged", backend)
-    args, kw = _case(device)
-    kp, vp, table = _paged(args)
-    plan = _plan(args, kw, backend, (kp, vp, table), num_pages=100)
-    _raises(ValueError, ("num_pages", f"num_pages={kp.shape[0]}", "num_pages=100"),
-            lambda: plan.run(args[0], kp, vp), kp, vp, table)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_tree_plan_declared_cache_size_must_match(backend, device, layout):
+    declared = {"max_len": 64} if layout == "contiguous" else {"num_pages": 100}
+    _, _, (q, k, v), plan, _, paged = _layout_case(layout, backend, device, **declared)
+    parts = ("k_cache has S=19", "max_len=64") if paged is None else ("num_pages", f"num_pages={k.shape[0]}",
+                                                                      "num_pages=100")
+    raises(ValueError, parts, lambda: plan.run(q, k, v), q, k, v, *(paged[2:] if paged else ()))
 
 
 @pytest.mark.parametrize("what, change, parts", [
@@ -95,7 +79,7 @@ def test_tree_plan_declared_heads_and_dims_must_match(backend, device, what, cha
     q, k, v, prefix, block, mask = args
     opts = dict(q_lens=kw["q_lens"], head_dim=16, num_heads=4, num_kv_heads=2, dtype=torch.float32, backend=backend)
     plan = specops.TreeAttentionPlan(prefix, block, mask, **{**opts, **change})
-    _raises(ValueError, parts, lambda: plan.run(q, k, v), q, k, v)
+    raises(ValueError, parts, lambda: plan.run(q, k, v), q, k, v)
 
 
 def test_tree_plan_declared_dtype_and_device_must_match(backend, device):
@@ -103,53 +87,35 @@ def test_tree_plan_declared_dtype_and_device_must_match(backend, device):
     args, kw = _case(device)
     q, k, v = args[:3]
     plan = _plan(args, kw, backend)
-    _raises(TypeError, ("q must have dtype torch.float32", "torch.float16"),
-            lambda: plan.run(q.half(), k.half(), v.half()), q, k, v)
+    raises(TypeError, ("q must have dtype torch.float32", "torch.float16"),
+           lambda: plan.run(q.half(), k.half(), v.half()), q, k, v)
     meta = [t.to("meta") for t in (q, k, v)]
     with pytest.raises(ValueError, match="q must be on"):
         plan.run(*meta)
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_tree_plan_later_runs_must_pass_the_first_runs_shapes(backend, device, layout):
-    op = "tree_attention" if layout == "contiguous" else "tree_attention_paged"
-    need(op, backend)
-    args, kw = _case(device)
-    q, k, v = args[:3]
-    if layout == "paged":
-        k, v, table = _paged(args)
-        plan = _plan(args, kw, backend, (k, v, table))
-        small_k, small_v = k[:-2], v[:-2]  # a smaller pool
-        name = "k_pages"
-    else:
-        plan = _plan(args, kw, backend)
-        small_k, small_v = k[:, :, :-3], v[:, :, :-3]  # a smaller cache (still holds every row used)
-        name = "k_cache"
+    _, _, (q, k, v), plan, name, paged = _layout_case(layout, backend, device)
+    # a smaller pool, or a smaller cache (still holds every row used)
+    small_k, small_v = (k[:-2], v[:-2]) if paged else (k[:, :, :-3], v[:, :, :-3])
     first = plan.run(q, k, v)
-    _raises(ValueError, (name, str(tuple(k.shape)), str(tuple(small_k.shape)), "new plan"),
-            lambda: plan.run(q, small_k, small_v), small_k, small_v)
+    raises(ValueError, (name, str(tuple(k.shape)), str(tuple(small_k.shape)), "new plan"),
+           lambda: plan.run(q, small_k, small_v), small_k, small_v)
     torch.testing.assert_close(plan.run(q, k, v), first, rtol=0, atol=0)  # still good on the right shapes
 
 
 # ---- the split workspace -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_workspace_aliasing_the_cache_is_refused(backend, device, layout):
-    op = "tree_attention" if layout == "contiguous" else "tree_attention_paged"
-    need(op, backend)
-    args, kw = _case(device)
-    q, k, v = args[:3]
-    paged = _paged(args) if layout == "paged" else None
-    if paged is not None:
-        k, v = paged[:2]
-    name = "k_pages" if paged is not None else "k_cache"
-    plan = _plan(args, kw, backend, paged, num_splits=2)
+    args, kw, (q, k, v), plan, name, paged = _layout_case(layout, backend, device, num_splits=2)
     want = plan.run(q, k, v)
     n = plan.workspace.numel()
     plan.workspace = _storage(k)  # the issue's case: partials over the cache
-    _raises(ValueError, ("workspace must not share memory with " + name,), lambda: plan.run(q, k, v), q, k, v)
+    raises(ValueError, ("workspace must not share memory with " + name,), lambda: plan.run(q, k, v), q, k, v)
     fresh = _plan(args, kw, backend, paged, num_splits=2, workspace=_storage(v))
-    _raises(ValueError, ("workspace must not share memory with",), lambda: fresh.run(q, k, v), q, k, v)
+    raises(ValueError, ("workspace must not share memory with",), lambda: fresh.run(q, k, v), q, k, v)
     with pytest.raises(ValueError, match="workspace must not share memory with mask"):
         _plan(args, kw, backend, paged, num_splits=2, workspace=args[5].view(torch.float32))
     with pytest.raises(ValueError, match=r"workspace must have >= .* elements"):
@@ -176,12 +142,12 @@ def test_the_raw_op_refuses_a_workspace_aliasing_an_input(backend, device):
     qb = big[:q.numel()].view_as(q).copy_(q)
     for ws, qq, name in ((_storage(k), q, "k_cache"), (_storage(v), q, "v_cache"), (big, qb, "q")):
         assert ws.numel() >= 2 * q.numel() // 16 * 17
-        _raises(ValueError, (f"workspace must not share memory with {name}",),
-                lambda: ops.tree_attention(qq, k, v, prefix, block, mask, ql, 0.25, 2, ws), qq, k, v)
+        raises(ValueError, (f"workspace must not share memory with {name}",),
+               lambda: ops.tree_attention(qq, k, v, prefix, block, mask, ql, 0.25, 2, ws), qq, k, v)
     kp, vp, table = _paged(args)
-    _raises(ValueError, ("workspace must not share memory with k_pages",),
-            lambda: ops.tree_attention_paged(q, kp, vp, table, prefix, block, mask, ql, 0.25, 2, _storage(kp)),
-            kp, vp)
+    raises(ValueError, ("workspace must not share memory with k_pages",),
+           lambda: ops.tree_attention_paged(q, kp, vp, table, prefix, block, mask, ql, 0.25, 2, _storage(kp)),
+           kp, vp)
 
 
 # ---- sm_scale --------------------------------------------------------------------------------------
@@ -191,8 +157,8 @@ def test_a_scale_that_overflows_the_scores_is_refused(backend, device, scale):
     need("tree_attention", backend)
     args, kw = _case(device)
     kw = {**kw, "sm_scale": scale}
-    _raises(ValueError, ("sm_scale", repr(scale)), lambda: specops.tree_attention(*args, **kw, backend=backend),
-            *args[:3])
+    raises(ValueError, ("sm_scale", repr(scale)), lambda: specops.tree_attention(*args, **kw, backend=backend),
+           *args[:3])
     with pytest.raises(ValueError, match="sm_scale"):
         _plan(args, kw, backend, sm_scale=scale)
 
@@ -223,17 +189,17 @@ def test_raw_op_argument_errors_are_value_and_type_errors(backend, device):
     args, kw = _case(device)
     q, k, v, prefix, block, mask = args
     ql = kw["q_lens"]
-    _raises(ValueError, ("rank",), lambda: ops.tree_attention(q, k[0], v[0], prefix, block, mask, ql, 0.25, 1, None),
-            q, k, v)
-    _raises(TypeError, ("prefix_lens",),
-            lambda: ops.tree_attention(q, k, v, prefix.long(), block, mask, ql, 0.25, 1, None), q, k, v)
-    _raises(ValueError, ("num_splits",), lambda: ops.tree_attention(q, k, v, prefix, block, mask, ql, 0.25, 0, None),
-            q, k, v)
+    raises(ValueError, ("rank",), lambda: ops.tree_attention(q, k[0], v[0], prefix, block, mask, ql, 0.25, 1, None),
+           q, k, v)
+    raises(TypeError, ("prefix_lens",),
+           lambda: ops.tree_attention(q, k, v, prefix.long(), block, mask, ql, 0.25, 1, None), q, k, v)
+    raises(ValueError, ("num_splits",), lambda: ops.tree_attention(q, k, v, prefix, block, mask, ql, 0.25, 0, None),
+           q, k, v)
     cache, kp, vp, table, (lens, idx, acc) = compaction_case(2, 6, "random", 4, torch.float32, seed=1, device=device)
     kc, vc = cache.clone(), -cache
-    _raises(ValueError, ("rank",), lambda: ops.kv_compact(kc[0], vc[0], lens, idx, acc), kc, vc)
-    _raises(ValueError, ("page_size",), lambda: ops.kv_compact_paged(kp[:, :, :3], vp[:, :, :3], table, lens, idx, acc),
-            kp, vp)
+    raises(ValueError, ("rank",), lambda: ops.kv_compact(kc[0], vc[0], lens, idx, acc), kc, vc)
+    raises(ValueError, ("page_size",), lambda: ops.kv_compact_paged(kp[:, :, :3], vp[:, :, :3], table, lens, idx, acc),
+           kp, vp)
 
 
 # ---- KVCompactPlan -------------------------------------------------------------------------------------
@@ -244,11 +210,11 @@ def test_kv_compact_plan_declared_num_pages_must_match_the_pool(backend, device)
     L, B, H, S, D = cache.shape
     geo = dict(num_layers=L, num_kv_heads=H, head_dim=D, dtype=torch.float32, backend=backend)
     plan = specops.KVCompactPlan(lens, idx, acc, page_table=table, page_size=4, num_pages=kp.shape[1] + 50, **geo)
-    _raises(ValueError, ("k_pages", f"num_pages={kp.shape[1]}", f"num_pages={kp.shape[1] + 50}"),
-            lambda: plan.run(kp, vp), kp, vp)
+    raises(ValueError, ("k_pages", f"num_pages={kp.shape[1]}", f"num_pages={kp.shape[1] + 50}"),
+           lambda: plan.run(kp, vp), kp, vp)
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_kv_compact_plan_later_runs_must_pass_the_first_runs_shapes(backend, device, layout):
     need("kv_compact" if layout == "contiguous" else "kv_compact_paged", backend)
     cache, kp, vp, table, (lens, idx, acc) = compaction_case(2, 6, "random", 4, torch.float32, seed=4, device=device)
@@ -262,8 +228,8 @@ def test_kv_compact_plan_later_runs_must_pass_the_first_runs_shapes(backend, dev
         k, v, name = cache.clone(), -cache, "k_cache"
     plan.run(k, v)
     small_k, small_v = k[:1].clone(), v[:1].clone()  # one layer fewer
-    _raises(ValueError, (name, str(tuple(k.shape)), str(tuple(small_k.shape))), lambda: plan.run(small_k, small_v),
-            small_k, small_v)
+    raises(ValueError, (name, str(tuple(k.shape)), str(tuple(small_k.shape))), lambda: plan.run(small_k, small_v),
+           small_k, small_v)
     wide = torch.zeros(L, B, H, S, 2 * D, device=device)[..., :D] if layout == "contiguous" else None
     if wide is not None:  # same shape, other strides: accepted (views of one cache are the point)
         plan.run(wide, wide.clone())

@@ -8,6 +8,8 @@ import torch
 import specops
 from specops import backend as _backend
 
+from _op_checks import needs_cpp
+
 INF = float("inf")
 
 
@@ -20,7 +22,7 @@ def warp(logits, t, k=0, p=1.0, backend="torch", device="cpu", dtype=torch.float
 
 def softmax_on(logits, keep):
     x = torch.tensor(logits, dtype=torch.float32)
-    return torch.softmax(x.masked_fill(~torch.tensor(keep), -INF), dim=-1)
+    return torch.softmax(x.masked_fill(~torch.tensor(keep, dtype=torch.bool), -INF), dim=-1)
 
 
 def assert_probs(got, want):
@@ -31,79 +33,43 @@ def assert_probs(got, want):
 
 # ---- golden rules, each on every backend ---------------------------------------------------
 
-def test_temperature_zero_is_one_hot_at_the_first_maximum(backend, device):
-    got = warp([[1.0, 3.0, 3.0, 0.0], [-INF, -2.0, -1.0, -1.0]], 0.0, backend=backend, device=device)
-    assert got.tolist() == [[0, 1, 0, 0], [0, 0, 1, 0]]
-
-
-def test_temperature_zero_ignores_top_k_and_top_p(backend, device):
-    got = warp([0.5, 2.0, 1.0], 0.0, k=1, p=0.1, backend=backend, device=device)
-    assert got.tolist() == [[0, 1, 0]]
-
-
-def test_temperature_divides_logits(backend, device):
-    x = [0.3, -1.2, 2.5, 0.0, 1.1]
-    for t in (0.25, 1.0, 3.0):
-        assert_probs(warp(x, t, backend=backend, device=device), torch.softmax(torch.tensor([x]) / t, -1))
-
-
-def test_top_k_keeps_the_k_largest(backend, device):
-    x = [0.1, 2.0, -1.0, 1.5, 0.7]
-    assert_probs(warp(x, 1.0, k=2, backend=backend, device=device),
-                 softmax_on([x], [[False, True, False, True, False]]))
-
-
-def test_top_k_keeps_every_tie_at_the_kth_value(backend, device):
-    x = [5.0, 3.0, 1.0, 3.0, 3.0]
-    assert_probs(warp(x, 1.0, k=2, backend=backend, device=device),
-                 softmax_on([x], [[True, True, False, True, True]]))
-
-
-def test_top_k_treats_minus_zero_and_zero_as_a_tie(backend, device):
-    x = [1.0, 0.0, -0.0, -1.0]
-    assert_probs(warp(x, 1.0, k=2, backend=backend, device=device),
-                 softmax_on([x], [[True, True, True, False]]))
-
-
-@pytest.mark.parametrize("k", [0, 5, 6, 10**9])
-def test_top_k_zero_or_at_least_v_disables_it(backend, device, k):
-    x = [0.1, 2.0, -1.0, 1.5, 0.7]
-    assert_probs(warp(x, 1.0, k=k, backend=backend, device=device), torch.softmax(torch.tensor([x]), -1))
-
-
-def test_top_p_keeps_the_smallest_prefix_reaching_p(backend, device):
-    x = [math.log(v) for v in (0.15, 0.5, 0.05, 0.3)]
-    assert_probs(warp(x, 1.0, p=0.75, backend=backend, device=device),
-                 softmax_on([x], [[False, True, False, True]]))
-    assert_probs(warp(x, 1.0, p=0.85, backend=backend, device=device),
-                 softmax_on([x], [[True, True, False, True]]))
-
-
-def test_top_p_keeps_every_tie_at_the_boundary(backend, device):
+X5 = [0.1, 2.0, -1.0, 1.5, 0.7]
+P4 = [math.log(v) for v in (0.15, 0.5, 0.05, 0.3)]
+# name: (logits rows, temperature, top_k, top_p, kept tokens). Temperature 0: the exact one-hot rows;
+# otherwise the softmax of logits / temperature over the kept tokens.
+GOLDEN = {
+    "t0-one-hot-at-the-first-maximum": ([[1.0, 3.0, 3.0, 0.0], [-INF, -2.0, -1.0, -1.0]], 0.0, 0, 1.0,
+                                        [[0, 1, 0, 0], [0, 0, 1, 0]]),
+    "t0-ignores-top-k-and-top-p": ([[0.5, 2.0, 1.0]], 0.0, 1, 0.1, [[0, 1, 0]]),
+    **{f"temperature-{t}-divides-logits": ([[0.3, -1.2, 2.5, 0.0, 1.1]], t, 0, 1.0, [[1] * 5])
+       for t in (0.25, 1.0, 3.0)},
+    "top_k-keeps-the-k-largest": ([X5], 1.0, 2, 1.0, [[0, 1, 0, 1, 0]]),
+    "top_k-keeps-every-tie-at-the-kth-value": ([[5.0, 3.0, 1.0, 3.0, 3.0]], 1.0, 2, 1.0, [[1, 1, 0, 1, 1]]),
+    "top_k-minus-zero-and-zero-tie": ([[1.0, 0.0, -0.0, -1.0]], 1.0, 2, 1.0, [[1, 1, 1, 0]]),
+    **{f"top_k={k}-zero-or-at-least-v-disables-it": ([X5], 1.0, k, 1.0, [[1] * 5]) for k in (0, 5, 6, 10**9)},
+    "top_p-smallest-prefix-reaching-0.75": ([P4], 1.0, 0, 0.75, [[0, 1, 0, 1]]),
+    "top_p-smallest-prefix-reaching-0.85": ([P4], 1.0, 0, 0.85, [[1, 1, 0, 1]]),
     # probabilities 0.4 | 0.2 0.2 0.2 (tied) | 0.0...: p = 0.5 crosses inside the tie
-    x = [math.log(v) for v in (0.2, 0.4, 0.2, 0.2)] + [-30.0]
-    assert_probs(warp(x, 1.0, p=0.5, backend=backend, device=device),
-                 softmax_on([x], [[True, True, True, True, False]]))
-
-
-def test_tiny_top_p_keeps_only_the_maximal_tokens(backend, device):
-    x = [1.0, 4.0, 4.0, 3.9]
-    assert_probs(warp(x, 1.0, p=1e-9, backend=backend, device=device),
-                 softmax_on([x], [[False, True, True, False]]))
-
-
-def test_top_p_acts_on_the_top_k_renormalised_distribution(backend, device):
+    "top_p-keeps-every-tie-at-the-boundary": ([[math.log(v) for v in (0.2, 0.4, 0.2, 0.2)] + [-30.0]], 1.0, 0, 0.5,
+                                              [[1, 1, 1, 1, 0]]),
+    "tiny-top_p-keeps-only-the-maximal-tokens": ([[1.0, 4.0, 4.0, 3.9]], 1.0, 0, 1e-9, [[0, 1, 1, 0]]),
     # top-2 renormalises 0.4, 0.3 to 0.571, 0.429: p = 0.5 then keeps one token (top-p on the
     # original distribution first would keep two).
-    x = [math.log(v) for v in (0.4, 0.3, 0.2, 0.1)]
-    assert_probs(warp(x, 1.0, k=2, p=0.5, backend=backend, device=device),
-                 softmax_on([x], [[True, False, False, False]]))
+    "top_p-acts-on-the-top_k-renormalised-distribution": ([[math.log(v) for v in (0.4, 0.3, 0.2, 0.1)]], 1.0, 2, 0.5,
+                                                          [[1, 0, 0, 0]]),
+    "minus-inf-get-zero-and-top_k-beyond-the-finite-ones-keeps-all": ([[-INF, 1.0, -INF, 0.0, -INF]], 1.0, 3, 0.999,
+                                                                      [[0, 1, 0, 1, 0]]),
+}
 
 
-def test_minus_inf_logits_get_zero_and_top_k_beyond_the_finite_ones_keeps_all(backend, device):
-    x = [-INF, 1.0, -INF, 0.0, -INF]
-    got = warp(x, 1.0, k=3, p=0.999, backend=backend, device=device)
-    assert_probs(got, softmax_on([x], [[False, True, False, True, False]]))
+@pytest.mark.parametrize("name", list(GOLDEN))
+def test_golden_rule(backend, device, name):
+    x, t, k, p, keep = GOLDEN[name]
+    got = warp(x, t, k, p, backend=backend, device=device)
+    if t == 0:
+        assert got.tolist() == keep
+    else:
+        assert_probs(got, softmax_on([[v / t for v in row] for row in x], keep))
 
 
 def test_per_row_tensor_parameters_equal_row_by_row_calls(backend, device):
@@ -360,39 +326,7 @@ def test_reference_equals_hf_temperature_top_k_top_p_chain():
         assert_probs(specops.warp_probs(x, t, k, p, backend="torch"), torch.softmax(z, dim=-1))
 
 
-# ---- errors ----------------------------------------------------------------------------------
-
-X = torch.zeros(3, 5)
-
-
-@pytest.mark.parametrize("args, exc, match", [
-    ((torch.zeros(3, 5, dtype=torch.int64), 1.0), TypeError, "logits must have dtype"),
-    (([[0.0, 1.0]], 1.0), TypeError, "logits must be a torch.Tensor"),
-    ((torch.zeros(5), 1.0), ValueError, "logits must have rank 2"),
-    ((torch.zeros(3, 0), 1.0), ValueError, r"logits must have at least one token"),
-    ((X, -0.5), ValueError, "temperature must be finite and >= 0"),
-    ((X, float("nan")), ValueError, "temperature must be finite and >= 0"),
-    ((X, "hot"), TypeError, "temperature must be a float"),
-    ((X, 1.0, -1), ValueError, "top_k must be >= 0"),
-    ((X, 1.0, 2.5), TypeError, "top_k must be an int"),
-    ((X, 1.0, 0, 0.0), ValueError, r"top_p must be in \(0, 1\]"),
-    ((X, 1.0, 0, 1.5), ValueError, r"top_p must be in \(0, 1\]"),
-    ((X, torch.ones(4)), ValueError, r"temperature must have shape \[3\]"),
-    ((X, torch.ones(3, dtype=torch.int32)), TypeError, "temperature must have dtype"),
-    ((X, 1.0, torch.ones(3)), TypeError, "top_k must have dtype"),
-    ((X, 1.0, 0, torch.tensor([0.5, 0.0, 1.0])), ValueError, r"top_p must be in \(0, 1\] .*got top_p\[1\] = 0.0"),
-    ((X, torch.tensor([1.0, -1.0, 1.0])), ValueError,
-     r"temperature must be finite and >= 0 .*got temperature\[1\] = -1.0"),
-    ((X, 1.0, torch.tensor([1, -2, 0])), ValueError, "top_k must be >= 0"),
-    ((X, 1.0, 0, torch.ones(3, device="meta")), ValueError, "top_p must be on cpu"),
-    ((torch.tensor([[0.0, float("nan")]]), 1.0), ValueError, r"logits must not contain NaN or \+inf"),
-    ((torch.tensor([[0.0, INF]]), 1.0), ValueError, r"logits must not contain NaN or \+inf"),
-    ((torch.tensor([[0.0, 1.0], [-INF, -INF]]), 1.0), ValueError, "logits row 1 must have at least one finite"),
-])
-def test_bad_input_raises_naming_the_argument(backend, args, exc, match):
-    with pytest.raises(exc, match=match):
-        specops.warp_probs(*args, backend=backend)
-
+# ---- errors (bad input: the battery of tests/test_bad_input.py) ------------------------------
 
 def test_check_false_skips_value_checks():
     got = specops.warp_probs(torch.tensor([[0.0, 1.0]]), torch.tensor([-1.0]), check=False)
@@ -400,8 +334,6 @@ def test_check_false_skips_value_checks():
 
 
 # ---- registration ----------------------------------------------------------------------------
-
-needs_cpp = pytest.mark.skipif(not _backend.available("cpp")[0], reason=_backend.available("cpp")[1])
 
 
 @needs_cpp

@@ -11,6 +11,8 @@ import specops
 from specops import backend as _backend
 from specops.testing import random_num_nodes, random_parents
 
+from _op_checks import assert_same, needs_cpp
+
 INF = float("inf")
 
 
@@ -26,35 +28,33 @@ def log(*p):
     return [math.log(v) if v > 0 else -INF for v in p]
 
 
-def assert_same(got, want):
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and torch.equal(g.cpu(), w.cpu()), f"\n{g}\n{w}"
-
-
 # ---- topn_expand: golden cases on every backend ------------------------------------------------
 
-def test_single_parent_is_the_top_n_of_its_children_ties_to_the_lower_token(backend, device):
-    s, t, p = expand([0.0], [log(0.1, 0.5, 0.2, 0.2)], 3, backend=backend, device=device)
-    assert t.tolist() == [[1, 2, 3]] and p.tolist() == [[0, 0, 0]]
-    torch.testing.assert_close(s, torch.tensor([log(0.5, 0.2, 0.2)]))
+# name: (parent_scores [P], child_logprobs [P, V], n, per_parent_k, want parents, tokens, scores or None)
+EXPAND_GOLDEN = {
+    "single-parent-top-n-ties-to-the-lower-token": ([0.0], [log(0.1, 0.5, 0.2, 0.2)], 3, None, [0, 0, 0], [1, 2, 3],
+                                                    log(0.5, 0.2, 0.2)),
+    "scores-add-parent-and-child-across-parents": ([-1.0, -0.5], [[-0.1, -2.0, -0.3], [-0.7, -0.2, -5.0]], 4, None,
+                                                   [1, 0, 1, 0], [1, 0, 0, 2], [-0.7, -1.1, -1.2, -1.3]),
+    "equal-scores-go-to-the-lower-parent-then-token": ([0.0, 0.0], [log(0.25, 0.5, 0.25)] * 2, 6, None,
+                                                       [0, 1, 0, 0, 1, 1], [1, 1, 0, 2, 0, 2], None),
+    "per_parent_k-caps-each-parents-share": ([0.0, -1.0], [log(0.4, 0.3, 0.2, 0.1), log(0.1, 0.1, 0.7, 0.1)], 4, 2,
+                                             [0, 0, 1, 1], [0, 1, 2, 0], None),
+    "padding-parents-never-selected-missing-slots-padded": (
+        [-INF, 0.0, -INF], [log(0.5, 0.5), log(0.9, 0.1), log(0.5, 0.5)], 5, None, [1, 1, -1, -1, -1],
+        [0, 1, -1, -1, -1], log(0.9, 0.1, 0, 0, 0)),
+    "minus-inf-children-are-unavailable": ([0.0], [[-INF, -1.0, -INF, -2.0]], 3, None, [0, 0, -1], [1, 3, -1],
+                                           [-1.0, -2.0, -INF]),
+}
 
 
-def test_scores_add_parent_and_child_across_parents(backend, device):
-    s, t, p = expand([-1.0, -0.5], [[-0.1, -2.0, -0.3], [-0.7, -0.2, -5.0]], 4, backend=backend, device=device)
-    assert list(zip(p[0].tolist(), t[0].tolist())) == [(1, 1), (0, 0), (1, 0), (0, 2)]
-    torch.testing.assert_close(s, torch.tensor([[-0.7, -1.1, -1.2, -1.3]]))
-
-
-def test_equal_scores_go_to_the_lower_parent_then_the_lower_token(backend, device):
-    row = log(0.25, 0.5, 0.25)
-    s, t, p = expand([0.0, 0.0], [row, row], 6, backend=backend, device=device)
-    assert list(zip(p[0].tolist(), t[0].tolist())) == [(0, 1), (1, 1), (0, 0), (0, 2), (1, 0), (1, 2)]
-
-
-def test_per_parent_k_caps_each_parents_share(backend, device):
-    strong, weak = log(0.4, 0.3, 0.2, 0.1), log(0.1, 0.1, 0.7, 0.1)
-    s, t, p = expand([0.0, -1.0], [strong, weak], 4, k=2, backend=backend, device=device)
-    assert list(zip(p[0].tolist(), t[0].tolist())) == [(0, 0), (0, 1), (1, 2), (1, 0)]
+@pytest.mark.parametrize("name", list(EXPAND_GOLDEN))
+def test_expand_golden(backend, device, name):
+    ps, cl, n, k, parents, tokens, scores = EXPAND_GOLDEN[name]
+    s, t, p = expand(ps, cl, n, k, backend=backend, device=device)
+    assert p.tolist() == [parents] and t.tolist() == [tokens]
+    if scores is not None:
+        torch.testing.assert_close(s, torch.tensor([scores]))
 
 
 def test_tsd_style_top_k_per_frontier_node(backend, device):
@@ -65,18 +65,6 @@ def test_tsd_style_top_k_per_frontier_node(backend, device):
     for parent in range(3):
         want = cl[parent].topk(4).indices.tolist()
         assert sorted(t[0][p[0] == parent].tolist()) == sorted(want)
-
-
-def test_padding_parents_are_never_selected_and_missing_slots_are_padded(backend, device):
-    s, t, p = expand([-INF, 0.0, -INF], [log(0.5, 0.5), log(0.9, 0.1), log(0.5, 0.5)], 5,
-                     backend=backend, device=device)
-    assert p.tolist() == [[1, 1, -1, -1, -1]] and t.tolist() == [[0, 1, -1, -1, -1]]
-    assert s[0, 2:].tolist() == [-INF] * 3
-
-
-def test_minus_inf_children_are_unavailable(backend, device):
-    s, t, p = expand([0.0], [[-INF, -1.0, -INF, -2.0]], 3, backend=backend, device=device)
-    assert t.tolist() == [[1, 3, -1]] and p.tolist() == [[0, 0, -1]]
 
 
 def test_beam_step_keeps_the_m_best_continuations(backend, device):
@@ -154,47 +142,32 @@ def select(parents, scores, n, num_nodes=None, backend="torch", device="cpu"):
     return tuple(t.cpu() for t in specops.select_topn_subtree(par, sc, n, nn, backend=backend))
 
 
-def test_chain_keeps_its_first_n_nodes(backend, device):
-    keep, newp, counts = select([-1, 0, 1, 2, 3], [0.0, -0.1, -0.5, -0.6, -2.0], 3, backend=backend, device=device)
-    assert keep.tolist() == [[0, 1, 2]] and newp.tolist() == [[-1, 0, 1]] and counts.tolist() == [3]
-
-
-def test_best_nodes_are_kept_in_original_order_and_reindexed(backend, device):
+# name: (parents, scores, n, num_nodes, want keep, new parents, counts); one row unless nested
+SELECT_GOLDEN = {
+    "chain-keeps-its-first-n-nodes": ([-1, 0, 1, 2, 3], [0.0, -0.1, -0.5, -0.6, -2.0], 3, None, [[0, 1, 2]],
+                                      [[-1, 0, 1]], [3]),
     # 0 -> 1 (-0.2), 2 (-1.0); 1 -> 3 (-0.5), 4 (-3.0); 2 -> 5 (-1.1)
-    keep, newp, counts = select([-1, 0, 0, 1, 1, 2], [0.0, -0.2, -1.0, -0.5, -3.0, -1.1], 4,
-                                backend=backend, device=device)
-    assert keep.tolist() == [[0, 1, 2, 3]] and newp.tolist() == [[-1, 0, 0, 1]]
-
-
-def test_ties_go_to_the_lower_index(backend, device):
-    keep, newp, counts = select([-1, 0, 0, 0, 1], [0.0, -1.0, -1.0, -1.0, -1.0], 3, backend=backend, device=device)
-    assert keep.tolist() == [[0, 1, 2]] and newp.tolist() == [[-1, 0, 0]]
-
-
-def test_a_child_scoring_above_its_parent_still_yields_a_connected_subtree(backend, device):
+    "best-nodes-kept-in-original-order-and-reindexed": ([-1, 0, 0, 1, 1, 2], [0.0, -0.2, -1.0, -0.5, -3.0, -1.1], 4,
+                                                        None, [[0, 1, 2, 3]], [[-1, 0, 0, 1]], [4]),
+    "ties-go-to-the-lower-index": ([-1, 0, 0, 0, 1], [0.0, -1.0, -1.0, -1.0, -1.0], 3, None, [[0, 1, 2]], [[-1, 0, 0]],
+                                   [3]),
     # node 3's own score beats node 1, but its parent 2 is weak: both or neither.
-    keep, newp, counts = select([-1, 0, 0, 2], [0.0, -0.5, -2.0, -0.1], 3, backend=backend, device=device)
-    assert keep.tolist() == [[0, 1, 2]] and newp.tolist() == [[-1, 0, 0]]
+    "a-child-above-its-parent-still-connected": ([-1, 0, 0, 2], [0.0, -0.5, -2.0, -0.1], 3, None, [[0, 1, 2]],
+                                                 [[-1, 0, 0]], [3]),
+    "unavailable-nodes-and-their-subtrees-never-kept": ([-1, 0, 1, 0, 3], [0.0, -INF, -0.1, float("nan"), -0.2], 5,
+                                                        None, [[0, -1, -1, -1, -1]], [[-1] * 5], [1]),
+    "n-one-keeps-the-root": ([[-1, 0, 0], [-1, 0, 1]], [[5.0, -1.0, -2.0], [0.0, -1.0, -1.5]], 1, None, [[0], [0]],
+                             [[-1], [-1]], [1, 1]),
+    "n-beyond-t-pads": ([-1, 0, 0], [0.0, -1.0, -2.0], 5, None, [[0, 1, 2, -1, -1]], [[-1, 0, 0, -1, -1]], [3]),
+    "padding-nodes-are-never-kept": ([[-1, 0, 1, 99], [-1, 0, 0, 0]], [[0.0, -1.0, -2.0, 9.0], [0.0, -1.0, -0.5, 3.0]],
+                                     4, [3, 3], [[0, 1, 2, -1]] * 2, [[-1, 0, 1, -1], [-1, 0, 0, -1]], [3, 3]),
+}
 
 
-def test_unavailable_nodes_and_their_subtrees_are_never_kept(backend, device):
-    keep, newp, counts = select([-1, 0, 1, 0, 3], [0.0, -INF, -0.1, float("nan"), -0.2], 5,
-                                backend=backend, device=device)
-    assert keep.tolist() == [[0, -1, -1, -1, -1]] and counts.tolist() == [1]
-
-
-def test_n_one_keeps_the_root_and_n_beyond_t_pads(backend, device):
-    keep, newp, counts = select([[-1, 0, 0], [-1, 0, 1]], [[5.0, -1.0, -2.0], [0.0, -1.0, -1.5]], 1,
-                                backend=backend, device=device)
-    assert keep.tolist() == [[0], [0]] and newp.tolist() == [[-1], [-1]] and counts.tolist() == [1, 1]
-    keep, newp, counts = select([-1, 0, 0], [0.0, -1.0, -2.0], 5, backend=backend, device=device)
-    assert keep.tolist() == [[0, 1, 2, -1, -1]] and newp.tolist() == [[-1, 0, 0, -1, -1]] and counts.tolist() == [3]
-
-
-def test_padding_nodes_are_never_kept(backend, device):
-    keep, newp, counts = select([[-1, 0, 1, 99], [-1, 0, 0, 0]], [[0.0, -1.0, -2.0, 9.0], [0.0, -1.0, -0.5, 3.0]],
-                                4, num_nodes=[3, 3], backend=backend, device=device)
-    assert keep.tolist() == [[0, 1, 2, -1], [0, 1, 2, -1]] and counts.tolist() == [3, 3]
+@pytest.mark.parametrize("name", list(SELECT_GOLDEN))
+def test_select_golden(backend, device, name):
+    parents, scores, n, num_nodes, *want = SELECT_GOLDEN[name]
+    assert [t.tolist() for t in select(parents, scores, n, num_nodes, backend=backend, device=device)] == want
 
 
 # ---- select_topn_subtree: every backend vs the reference, properties ------------------------------
@@ -275,38 +248,9 @@ def test_property_selection_is_a_connected_optimal_subtree_containing_the_root(B
             assert min(eff[i] for i in kept[1:]) >= max(eff[i] for i in dropped)
 
 
-# ---- errors ---------------------------------------------------------------------------------------
+# ---- errors (bad input: the battery of tests/test_bad_input.py) ----------------------------------
 
 PS, CL = torch.zeros(2, 3), torch.zeros(2, 3, 5)
-
-
-@pytest.mark.parametrize("args, kwargs, exc, match", [
-    ((PS.long(), CL, 2), {}, TypeError, "parent_scores must have dtype"),
-    ((PS[0], CL, 2), {}, ValueError, "parent_scores must have rank 2"),
-    ((PS, CL[:, :2], 2), {}, ValueError, r"child_logprobs must have shape \[2, 3, \*\]"),
-    ((PS, CL.int(), 2), {}, TypeError, "child_logprobs must have dtype"),
-    ((PS, torch.zeros(2, 3, 0), 2), {}, ValueError, "child_logprobs must have P >= 1 and V >= 1"),
-    ((PS, CL, 0), {}, ValueError, "n must be >= 1"),
-    ((PS, CL, 2.0), {}, TypeError, "n must be an int"),
-    ((PS, CL, 2), {"per_parent_k": 0}, ValueError, "per_parent_k must be >= 1"),
-    ((PS, CL.to("meta"), 2), {}, ValueError, "child_logprobs must be on cpu"),
-    ((PS.index_fill(1, torch.tensor([1]), float("nan")), CL, 2), {}, ValueError, "parent_scores must not contain NaN"),
-    ((PS, CL.index_fill(2, torch.tensor([1]), INF), 2), {}, ValueError, r"child_logprobs must not contain NaN or \+inf"),
-])
-def test_expand_bad_input_raises_naming_the_argument(backend, args, kwargs, exc, match):
-    with pytest.raises(exc, match=match):
-        specops.topn_expand(*args, **kwargs, backend=backend)
-
-
-@pytest.mark.parametrize("n", [2**62, 2**31 - 1, 2**31, 65537])
-def test_n_has_an_upper_bound_checked_before_any_allocation(backend, n):
-    # Issue #16 item 6: n = 2**62 raised "Storage size calculation overflowed", an n near 2**31
-    # tried to allocate tens of GB.
-    with pytest.raises(ValueError, match=rf"n must be <= 65536 \(MAX_N.*got {n}"):
-        specops.topn_expand(PS, CL, n, backend=backend)
-    with pytest.raises(ValueError, match=rf"n must be <= 65536 \(MAX_N.*got {n}"):
-        specops.select_topn_subtree(torch.tensor([[-1, 0, 0]], dtype=torch.int32), torch.zeros(1, 3), n,
-                                    backend=backend)
 
 
 def test_n_at_the_limit_pads(backend, device):
@@ -315,31 +259,7 @@ def test_n_at_the_limit_pads(backend, device):
     assert s.shape == (1, n) and (t[0, 15:] == -1).all() and (p[0, :15] >= 0).all()
 
 
-PAR = torch.tensor([[-1, 0, 0]], dtype=torch.int32)
-SC = torch.zeros(1, 3)
-
-
-@pytest.mark.parametrize("args, exc, match", [
-    ((PAR.long(), SC, 2), TypeError, "parents must have dtype torch.int32"),
-    ((PAR[0], SC, 2), ValueError, "parents must have rank 2"),
-    ((torch.zeros(1, 0, dtype=torch.int32), SC[:, :0], 2), ValueError, "at least one node"),
-    ((PAR, SC[:, :2], 2), ValueError, r"scores must have shape \[1, 3\]"),
-    ((PAR, SC.long(), 2), TypeError, "scores must have dtype"),
-    ((PAR, SC, 0), ValueError, "n must be >= 1"),
-    ((PAR, SC, "2"), TypeError, "n must be an int"),
-    ((PAR, SC, 2, torch.tensor([3, 3], dtype=torch.int32)), ValueError, r"num_nodes must have shape \[1\]"),
-    ((PAR, SC, 2, torch.tensor([4], dtype=torch.int32)), ValueError, r"num_nodes must lie in \[1, T=3\]"),
-    ((torch.tensor([[-1, 0, 2]], dtype=torch.int32), SC, 2), ValueError, r"parents\[0, 2\] must satisfy"),
-    ((torch.tensor([[0, 0, 0]], dtype=torch.int32), SC, 2), ValueError, r"parents\[0, 0\] must be -1"),
-])
-def test_subtree_bad_input_raises_naming_the_argument(backend, args, exc, match):
-    with pytest.raises(exc, match=match):
-        specops.select_topn_subtree(*args, backend=backend)
-
-
 # ---- registration ---------------------------------------------------------------------------------
-
-needs_cpp = pytest.mark.skipif(not _backend.available("cpp")[0], reason=_backend.available("cpp")[1])
 
 
 @needs_cpp

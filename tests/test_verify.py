@@ -57,27 +57,22 @@ def onehot_logits(argmaxes, V):
 
 # ---- golden cases: R1 ----------------------------------------------------------------------------
 
-def test_greedy_all_accepted_emits_the_bonus(backend, device):
+# name: (tokens, parents, the argmax of each node's row, num_nodes, want path, want bonus)
+GREEDY_GOLDEN = {
     # chain 0 -> 1 -> 2 -> 3 whose tokens are the argmax of their parent's row
-    path, bonus = greedy(backend, device, [9, 4, 2, 7], [-1, 0, 1, 2], onehot_logits([4, 2, 7, 1], 10))
-    assert path == [0, 1, 2, 3] and bonus == 1
-
-
-def test_greedy_rejection_at_the_root(backend, device):
-    path, bonus = greedy(backend, device, [9, 4, 2], [-1, 0, 0], onehot_logits([5, 2, 7], 10))
-    assert path == [0] and bonus == 5
-
-
-def test_greedy_follows_the_matching_branch_and_first_duplicate(backend, device):
+    "all-accepted-emits-the-bonus": ([9, 4, 2, 7], [-1, 0, 1, 2], [4, 2, 7, 1], None, [0, 1, 2, 3], 1),
+    "rejection-at-the-root": ([9, 4, 2], [-1, 0, 0], [5, 2, 7], None, [0], 5),
     # 0 -> (1: tok 3, 2: tok 4, 3: tok 4); 2 -> 4 (tok 6); 3 -> 5 (tok 6)
-    logits = onehot_logits([4, 0, 6, 6, 8, 8], 10)
-    path, bonus = greedy(backend, device, [0, 3, 4, 4, 6, 6], [-1, 0, 0, 0, 2, 3], logits)
-    assert path == [0, 2, 4] and bonus == 8
+    "follows-the-matching-branch-and-first-duplicate": ([0, 3, 4, 4, 6, 6], [-1, 0, 0, 0, 2, 3], [4, 0, 6, 6, 8, 8],
+                                                        None, [0, 2, 4], 8),
+    "ignores-padding-nodes": ([0, 4, 2], [-1, 0, 1], [4, 2, 3], 1, [0], 4),
+}
 
 
-def test_greedy_ignores_padding_nodes(backend, device):
-    path, bonus = greedy(backend, device, [0, 4, 2], [-1, 0, 1], onehot_logits([4, 2, 3], 10), n=1)
-    assert path == [0] and bonus == 4
+@pytest.mark.parametrize("name", list(GREEDY_GOLDEN))
+def test_greedy_golden(backend, device, name):
+    tokens, parents, argmaxes, n, path, bonus = GREEDY_GOLDEN[name]
+    assert greedy(backend, device, tokens, parents, onehot_logits(argmaxes, 10), n=n) == (path, bonus)
 
 
 def test_greedy_ties_go_to_the_lowest_token_and_low_precision_logits(backend, device):
@@ -116,93 +111,65 @@ def test_one_hot_targets_make_every_mode_greedy(backend, device, mode):
     assert want[1].float().mean() > 1.5
 
 
-@pytest.mark.parametrize("mode", ["mss", "mss_noreplace", "gsd"])
-def test_draft_equal_to_target_accepts_the_whole_chain(backend, device, mode):
-    V = 5
-    P = torch.tensor([[0.1, 0.2, 0.3, 0.2, 0.2]] * 3 + [[0, 0, 0, 1.0, 0]])[None]
-    path, bonus, _ = tree(backend, device, [0, 1, 4, 2], [-1, 0, 1, 2], P, uni(4, fill=0.999), mode, Q=P.roll(1, 1))
-    assert path == [0, 1, 2, 3] and bonus == 3
-
-
-def test_sample_match_all_accepted_emits_the_bonus(backend, device):
-    P = torch.nn.functional.one_hot(torch.tensor([[2, 1, 3]]), 4).float()
-    path, bonus, _ = tree(backend, device, [0, 2, 1], [-1, 0, 1], P, uni(3), "sample_match")
-    assert path == [0, 1, 2] and bonus == 3
-
-
-@pytest.mark.parametrize("mode", ["mss", "mss_pointmass", "mss_noreplace", "gsd"])
-def test_rejection_at_the_root_draws_the_bonus_with_the_tested_childs_uniform(backend, device, mode):
+P_EQ = torch.tensor([[0.1, 0.2, 0.3, 0.2, 0.2]] * 3 + [[0, 0, 0, 1.0, 0]])[None]
+P_ROOT, Q_ROOT = rows([0.5, 0.5, 0.0], [1 / 3] * 3), rows([1 / 3] * 3, [0.0, 0.0, 1.0])
+P_FLAT = rows(*[[0.25] * 4] * 4)
+P_RENORM = rows([0.35, 0.35, 0.3], [1 / 3] * 3, [1 / 3] * 3)
+Q_RENORM = rows([1 / 3] * 3, [0.1, 0.3, 0.6], [0.1, 0.3, 0.6])
+U_RENORM = uni(3, coins={1: 0.9, 2: 0.4}, draws={0: 0.0, 2: 0.5})
+P_EMPTY, Q_EMPTY = rows([0.0, 0.25, 0.75], [1 / 3] * 3), rows([1 / 3] * 3, [0.0, 0.25, 0.75])
+P_SM = rows([0.2, 0.3, 0.5], [1, 0, 0], [0, 1, 0], [0, 0, 1])
+P_GSD = rows(*[[0.25] * 4] * 5)
+Q_GSD = P_GSD.clone()
+Q_GSD[0, 3] = torch.tensor([0.2, 0.2, 0.3, 0.3])
+# (name, mode, tokens, parents, target rows P, draft rows Q, uniforms, want path, want bonus or None)
+TREE_GOLDEN = [
+    *[(f"draft-equal-to-target-accepts-the-whole-chain-{m}", m, [0, 1, 4, 2], [-1, 0, 1, 2], P_EQ, P_EQ.roll(1, 1),
+       uni(4, fill=0.999), [0, 1, 2, 3], 3) for m in ("mss", "mss_noreplace", "gsd")],
+    ("sample_match-all-accepted-emits-the-bonus", "sample_match", [0, 2, 1], [-1, 0, 1],
+     torch.nn.functional.one_hot(torch.tensor([[2, 1, 3]]), 4).float(), None, uni(3), [0, 1, 2], 3),
     # The child's token has target probability 0: always rejected. Residual = [0.5, 0.5, 0] (R5: P).
-    P = rows([0.5, 0.5, 0.0], [1 / 3] * 3)
-    Q = rows([1 / 3] * 3, [0.0, 0.0, 1.0])
-    for draw, want in ((0.25, 0), (0.75, 1)):
-        slot = 0 if mode == "gsd" else 1  # R2-R3w: the last node tested; R5: the path's end
-        path, bonus, idx = tree(backend, device, [0, 2], [-1, 0], P, uni(2, draws={slot: draw}, fill=0.9), mode, Q=Q)
-        assert path == [0] and bonus == want and idx[0].tolist() == [0, -1]
-
-
-def test_mss_picks_children_in_random_order_with_the_nodes_draw(backend, device):
+    # The bonus is drawn with the uniform of the last node tested (R2-R3w), of the path's end (R5).
+    *[(f"rejection-at-the-root-draws-with-the-tested-childs-uniform-{m}-{draw}", m, [0, 2], [-1, 0], P_ROOT, Q_ROOT,
+       uni(2, draws={0 if m == "gsd" else 1: draw}, fill=0.9), [0], want)
+      for m in ("mss", "mss_pointmass", "mss_noreplace", "gsd") for draw, want in ((0.25, 0), (0.75, 1))],
     # Three children, each always accepted (draft = target): which one is tried first is the choice.
-    P = rows(*[[0.25] * 4] * 4)
-    for draw, child in ((0.1, 1), (0.5, 2), (0.9, 3)):
-        path, _, _ = tree(backend, device, [0, 1, 2, 3], [-1, 0, 0, 0], P, uni(4, draws={0: draw}), "mss", Q=P)
-        assert path == [0, child]
-    path, _, _ = tree(backend, device, [0, 1, 2, 3], [-1, 0, 0, 0], P, uni(4, draws={0: 0.9}), "mss_noreplace", Q=P)
-    assert path == [0, 1]  # R3w tries children in index order (their draw order)
-
-
-def test_mss_duplicate_children_are_separate_proposals(backend, device):
+    *[(f"mss-picks-children-in-random-order-with-the-nodes-draw-{draw}", "mss", [0, 1, 2, 3], [-1, 0, 0, 0], P_FLAT,
+       P_FLAT, uni(4, draws={0: draw}), [0, child], None) for draw, child in ((0.1, 1), (0.5, 2), (0.9, 3))],
+    ("mss_noreplace-tries-children-in-index-order", "mss_noreplace", [0, 1, 2, 3], [-1, 0, 0, 0], P_FLAT, P_FLAT,
+     uni(4, draws={0: 0.9}), [0, 1], None),
     # p = [0.5, 0.5], both children propose token 0 from q = delta_0. First rejected (coin 0.9 >
     # 0.5): the residual is delta_1, so the duplicate is rejected too and the bonus is 1.
-    P = rows([0.5, 0.5], [0.5, 0.5], [0.5, 0.5])
-    Q = rows([0.0, 1.0], [1.0, 0.0], [1.0, 0.0])
-    path, bonus, _ = tree(backend, device, [0, 0, 0], [-1, 0, 0], P, uni(3, coins={1: 0.9, 2: 0.01}, draws={0: 0.0}),
-                          "mss", Q=Q)
-    assert path == [0] and bonus == 1
-
-
-def test_pointmass_never_accepts_a_rejected_token_twice(backend, device):
-    P = rows([0.5, 0.3, 0.2], [1 / 3] * 3, [1 / 3] * 3)
-    path, bonus, _ = tree(backend, device, [0, 0, 0], [-1, 0, 0], P, uni(3, coins={1: 0.6, 2: 0.0}, draws={2: 0.99}),
-                          "mss_pointmass")
-    assert path == [0] and bonus == 2  # residual [0, 0.6, 0.4], draw 0.99
-
-
-def test_noreplace_renormalises_the_proposer_without_the_rejected_token(backend, device):
+    ("mss-duplicate-children-are-separate-proposals", "mss", [0, 0, 0], [-1, 0, 0], rows(*[[0.5, 0.5]] * 3),
+     rows([0.0, 1.0], [1.0, 0.0], [1.0, 0.0]), uni(3, coins={1: 0.9, 2: 0.01}, draws={0: 0.0}), [0], 1),
+    # residual [0, 0.6, 0.4], draw 0.99
+    ("pointmass-never-accepts-a-rejected-token-twice", "mss_pointmass", [0, 0, 0], [-1, 0, 0],
+     rows([0.5, 0.3, 0.2], [1 / 3] * 3, [1 / 3] * 3), None, uni(3, coins={1: 0.6, 2: 0.0}, draws={2: 0.99}), [0], 2),
     # q = [0.1, 0.3, 0.6], p = [0.35, 0.35, 0.3]; children 2 then 1 (drawn without replacement).
     # Child token 2 rejected (coin 0.9 > 0.5): residual [0.8333, 0.1667, 0], q' = [0.25, 0.75, 0].
-    # Child token 1: R3 ratio 0.1667 / 0.3 = 0.556 accepts coin 0.4, R3w ratio 0.222 rejects it.
-    P = rows([0.35, 0.35, 0.3], [1 / 3] * 3, [1 / 3] * 3)
-    Q = rows([1 / 3] * 3, [0.1, 0.3, 0.6], [0.1, 0.3, 0.6])
-    U = uni(3, coins={1: 0.9, 2: 0.4}, draws={0: 0.0, 2: 0.5})
-    assert tree(backend, device, [0, 2, 1], [-1, 0, 0], P, U, "mss", Q=Q)[:2] == ([0, 2], 1)  # draws 0.0: child 1
-    path, bonus, _ = tree(backend, device, [0, 2, 1], [-1, 0, 0], P, U, "mss_noreplace", Q=Q)
-    assert path == [0] and bonus == 0  # residual [0.5833, 0, 0]
-
-
-def test_empty_residual_falls_back_to_the_current_distribution(backend, device):
+    # Child token 1: R3 ratio 0.1667 / 0.3 = 0.556 accepts coin 0.4 (draws 0.0: child 1), R3w ratio
+    # 0.222 rejects it (residual [0.5833, 0, 0]).
+    ("noreplace-renormalises-the-proposer-R3-accepts", "mss", [0, 2, 1], [-1, 0, 0], P_RENORM, Q_RENORM, U_RENORM,
+     [0, 2], 1),
+    ("noreplace-renormalises-the-proposer-R3w-rejects", "mss_noreplace", [0, 2, 1], [-1, 0, 0], P_RENORM, Q_RENORM,
+     U_RENORM, [0], 0),
     # q = p and the child's token has probability 0 under both: rejected, max(0, p - q) = 0.
-    P = rows([0.0, 0.25, 0.75], [1 / 3] * 3)
-    Q = rows([1 / 3] * 3, [0.0, 0.25, 0.75])
-    for draw, want in ((0.2, 1), (0.3, 2)):
-        path, bonus, _ = tree(backend, device, [0, 0], [-1, 0], P, uni(2, draws={1: draw}), "mss", Q=Q)
-        assert path == [0] and bonus == want
-
-
-def test_sample_match_accepts_the_child_matching_the_draw(backend, device):
-    P = rows([0.2, 0.3, 0.5], [1, 0, 0], [0, 1, 0], [0, 0, 1])
-    for draw, want in ((0.1, ([0, 3], 2)), (0.3, ([0, 2], 1)), (0.9, ([0, 1], 0))):
-        path, bonus, _ = tree(backend, device, [0, 2, 1, 0], [-1, 0, 0, 0], P, uni(4, draws={0: draw}), "sample_match")
-        assert (path, bonus) == want
-
-
-def test_gsd_takes_the_deepest_passing_path(backend, device):
-    P = rows(*[[0.25] * 4] * 5)
+    *[(f"empty-residual-falls-back-to-the-current-distribution-{draw}", "mss", [0, 0], [-1, 0], P_EMPTY, Q_EMPTY,
+       uni(2, draws={1: draw}), [0], want) for draw, want in ((0.2, 1), (0.3, 2))],
+    *[(f"sample_match-accepts-the-child-matching-the-draw-{draw}", "sample_match", [0, 2, 1, 0], [-1, 0, 0, 0], P_SM,
+       None, uni(4, draws={0: draw}), path, bonus) for draw, path, bonus in ((0.1, [0, 3], 2), (0.3, [0, 2], 1),
+                                                                            (0.9, [0, 1], 0))],
     # 0 -> 1 -> 3 (fails: q = 0.3 > p = 0.25, coin 0.99); 0 -> 2 -> 4 passes everywhere.
-    Q = P.clone()
-    Q[0, 3] = torch.tensor([0.2, 0.2, 0.3, 0.3])
-    path, _, _ = tree(backend, device, [0, 1, 2, 3, 0], [-1, 0, 0, 1, 2], P, uni(5, coins={3: 0.99}), "gsd", Q=Q)
-    assert path == [0, 2, 4]
+    ("gsd-takes-the-deepest-passing-path", "gsd", [0, 1, 2, 3, 0], [-1, 0, 0, 1, 2], P_GSD, Q_GSD,
+     uni(5, coins={3: 0.99}), [0, 2, 4], None),
+]
+
+
+@pytest.mark.parametrize("case", TREE_GOLDEN, ids=[c[0] for c in TREE_GOLDEN])
+def test_tree_golden(backend, device, case):
+    _, mode, tokens, parents, P, Q, U, path, bonus = case
+    got, got_bonus, idx = tree(backend, device, tokens, parents, P, U, mode, Q=Q)
+    assert got == path and (bonus is None or got_bonus == bonus) and idx[0, len(path):].eq(-1).all()
 
 
 def test_padding_nodes_are_never_accepted(backend, device):
