@@ -1,32 +1,58 @@
 """``python -m specops`` is the ``specops`` command: same subcommands, same exit codes; alone it
 prints the backend report."""
+import json
 import subprocess
 import sys
 
 import pytest
 
+HELP = ["generate", "demo", "distill", "info"]
+# Run in one fresh interpreter the way -m runs a package (runpy, its __main__ as "__main__"), one
+# argv after the other: one interpreter start (~5 s here) instead of one per case.
+RUNS = """
+import contextlib, io, json, runpy, sys
+done = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    sys.argv = ["specops", *argv]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_module("specops", run_name="__main__", alter_sys=True)
+            code = None
+        except SystemExit as exit:
+            code = exit.code
+    done.append((code, out.getvalue(), err.getvalue()))
+print(json.dumps(done))
+"""
 
-def run(*args):
-    return subprocess.run([sys.executable, "-m", "specops", *args], capture_output=True, text=True, timeout=120)
+
+@pytest.fixture(scope="module")
+def module():
+    """argv (a tuple) -> (exit code, stdout, stderr) of ``python -m specops *argv``."""
+    argvs = [[], *([c, "--help"] for c in HELP), ["warp-drive"]]
+    p = subprocess.run([sys.executable, "-c", RUNS, json.dumps(argvs)], capture_output=True, text=True, timeout=300,
+                       check=False)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return {tuple(a): tuple(r) for a, r in zip(argvs, json.loads(p.stdout.splitlines()[-1]))}
 
 
-def test_module_alone_prints_the_backend_report():
-    done = run()
-    assert done.returncode == 0, done.stderr
-    assert "backend" in done.stdout and "cpp" in done.stdout and "usage" not in done.stdout
+def test_module_alone_prints_the_backend_report(module):
+    code, out, err = module[()]
+    assert code == 0, err
+    assert "backend" in out and "cpp" in out and "usage" not in out
 
 
-@pytest.mark.parametrize("command", ["generate", "demo", "distill", "info"])
-def test_module_subcommand_help_is_the_commands_help(command):
-    done = run(command, "--help")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith(f"usage: specops {command}")
+@pytest.mark.parametrize("command", HELP)
+def test_module_subcommand_help_is_the_commands_help(module, command):
+    code, out, err = module[command, "--help"]
+    assert code == 0, err
+    assert out.startswith(f"usage: specops {command}")
 
 
-def test_module_reports_a_bad_command_like_the_script():
-    done = run("warp-drive")
-    assert done.returncode == 2
-    assert "invalid choice: 'warp-drive'" in done.stderr
+def test_module_reports_a_bad_command_like_the_script(module):
+    code, _, err = module["warp-drive",]
+    assert code == 2
+    assert "invalid choice: 'warp-drive'" in err
 
 
 # ---- bad flags fail before any model loads (issue #34) -----------------------------------------
