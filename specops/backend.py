@@ -1,16 +1,15 @@
 """One backend-dispatch rule for every op.
 
 Precedence: the op's ``backend=`` argument, then ``specops.use_backend(name)``, then the
-``SPECOPS_BACKEND`` environment variable, then the op's preference on the device (by default CUDA:
-cuda, triton, torch; CPU: cpp, torch; ``tree_attention`` on CUDA prefers triton, whose kernel runs on
-tensor cores, then cuda, then the optional flashinfer provider). A backend runs a call when it is available on the device (built, device visible) and
-capable of the call (its ``supports`` check: head dim, grid limits, dtype, sizes). An explicit
-request (any of the first three) that cannot be met raises :class:`BackendUnavailable` with the
-reason; the automatic choice falls through to the next backend that can.
+``SPECOPS_BACKEND`` environment variable, then the op's preference on the device (CUDA: cuda,
+triton, torch; CPU: cpp, torch; ``tree_attention`` on CUDA: triton, whose kernel runs on tensor
+cores, cuda, then the optional flashinfer provider). A backend runs a call when it is available on
+the device (built, device visible) and capable of the call (its ``supports`` check: head dim, grid
+limits, dtype, sizes). An explicit request (the first three) that cannot be met raises
+:class:`BackendUnavailable` with the reason; the automatic choice falls through to the next one.
 
-``cudasim`` is test-only: the CUDA kernels compiled as host C++ and run on CPU tensors by a SIMT
-emulation (csrc/cudasim/, docs/cudasim.md). It runs only when requested explicitly.
-"""
+``cudasim`` is test-only (csrc/cudasim/, docs/cudasim.md): the CUDA kernels compiled as host C++,
+run on CPU tensors by a SIMT emulation, only when requested explicitly."""
 import contextlib
 import functools
 import importlib.util
@@ -48,15 +47,14 @@ class BackendUnavailable(RuntimeError):
 
 
 class CallUnsupported(BackendUnavailable, ValueError):
-    """An explicitly requested backend cannot take this call's arguments (one of its limits, e.g.
-    the cuda kernels' head dim): bad input for that backend, so also a ``ValueError`` naming the
-    argument."""
+    """An explicitly requested backend cannot take this call's arguments (one of its limits, e.g. the
+    cuda kernels' head dim): bad input for that backend, so also a ``ValueError`` naming the argument."""
 
 
 def register(op, backend, supports=None):
-    """Decorator: ``fn`` implements ``op`` on ``backend``. ``supports(*args)``, if given, is called
-    with the arguments ``fn`` would get and returns None when ``fn`` can run them, else the reason
-    (a shape, dtype or launch limit of that backend); it must not sync with the device."""
+    """Decorator: ``fn`` implements ``op`` on ``backend``. ``supports(*args)``, if given, gets ``fn``'s
+    arguments and returns None when ``fn`` can run them, else the reason (a shape, dtype or launch
+    limit); it must not sync with the device."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
@@ -76,9 +74,9 @@ def register_supports(op, backends, supports):
 
 
 def register_compiled(op):
-    """Decorator: ``call(ns, *args)`` runs ``op`` from the torch.ops namespace ``ns``; registered
-    for every compiled backend (``torch.ops.specops`` dispatches to the CPU or CUDA kernel by
-    device; ``torch.ops.specops_cudasim`` holds the emulated CUDA kernels)."""
+    """Decorator: ``call(ns, *args)`` runs ``op`` from the torch.ops namespace ``ns``, for every compiled
+    backend (``torch.ops.specops`` dispatches to the CPU or CUDA kernel by device;
+    ``torch.ops.specops_cudasim`` holds the emulated CUDA kernels)."""
 
     def wrap(call):
         for name, ns in COMPILED.items():
@@ -86,6 +84,21 @@ def register_compiled(op):
         return call
 
     return wrap
+
+
+def register_op(op, reference, triton=None, fake=None, fake_names=()):
+    """The usual backends of ``op``: ``reference`` on torch, the compiled kernels
+    (``torch.ops.<ns>.<op>``, :func:`register_compiled`), ``triton`` (which imports its kernel
+    module at the call, with a plain import statement that torch.compile can trace: triton is
+    optional), and ``fake``, the torch.library fake implementation of ``specops::<op>`` (and of
+    ``specops::<op>.<each of fake_names>``) where an extension defines it."""
+    register(op, "torch")(reference)
+    register_compiled(op)(lambda ns, *args: getattr(ns, op)(*args))
+    if triton is not None:
+        register(op, "triton")(triton)
+    if fake is not None and (extension.cpu_ext is not None or extension.cuda_ext is not None) and extension.has_op(op):
+        for name in (op, *(f"{op}.{n}" for n in fake_names)):
+            torch.library.register_fake(f"specops::{name}")(fake)
 
 
 def _interpret():
@@ -111,7 +124,9 @@ def _available(backend, device_type, interpret):
     return _AVAILABLE[key]
 
 
-def _probe(backend, device_type, interpret):
+def _probe(backend, device_type, interpret, assume_gpu=False):
+    """(ok, reason) of ``backend`` on ``device_type``; ``assume_gpu``: as if a CUDA device were visible."""
+    gpu = assume_gpu or torch.cuda.is_available()
     if backend == "torch":
         return True, "reference implementation, always available"
     if backend == "cpp":
@@ -125,7 +140,7 @@ def _probe(backend, device_type, interpret):
         if not ok:
             return False, why
         if device_type == "cuda":
-            if not torch.cuda.is_available():
+            if not gpu:
                 return False, f"{why}; no CUDA device visible"
             return True, why
         if device_type == "cpu":
@@ -137,7 +152,7 @@ def _probe(backend, device_type, interpret):
         if extension.cuda_ext is None:
             return False, extension.cuda_ext_error
         built = f"extension built for {', '.join(extension.cuda_archs()) or 'no arch'}"
-        if not torch.cuda.is_available():
+        if not gpu:
             return False, f"{built}; no CUDA device visible"
         if device_type != "cuda":
             return False, f"{built}; tensors are on {device_type}"
@@ -147,7 +162,7 @@ def _probe(backend, device_type, interpret):
             return False, "optional provider: flashinfer not installed"
         if device_type != "cuda":
             return False, f"flashinfer runs on CUDA tensors; tensors are on {device_type}"
-        if not torch.cuda.is_available():
+        if not gpu:
             return False, "flashinfer installed; no CUDA device visible"
         return True, "flashinfer installed (custom-mask prefill)"
     if backend == "cudasim":
@@ -250,32 +265,18 @@ def _walk(op, device, want, source, args):
 
 
 def default_backend(op_name, device_type):
-    """The backend ``op_name`` runs on by default for tensors on ``device_type`` ("cuda" or "cpu"),
-    as on a machine where such a device is visible: the first backend of the op's preference that
-    implements it and is installed. Calls a backend cannot take (see ``supports``) fall through to
-    the next one."""
+    """The backend ``op_name`` runs on by default for ``device_type`` ("cuda" or "cpu") tensors where
+    such a device is visible: the first of the op's preference that implements it and is installed
+    (calls it cannot take fall through to the next)."""
     if op_name not in _IMPLS:
         raise ValueError(f"op_name must be one of {ops()}, got {op_name!r}")
     if device_type not in PREFERENCE:
         raise ValueError(f"device_type must be one of {tuple(PREFERENCE)}, got {device_type!r}")
     impls = _IMPLS[op_name]
     for name in preference(op_name, device_type):
-        if name in impls and _installed(name, device_type):
+        if name in impls and _probe(name, device_type, _interpret(), assume_gpu=True)[0]:
             return name
     return "torch"
-
-
-def _installed(name, device_type):
-    """Available on ``device_type`` if such a device were visible (built and importable)."""
-    if name == "torch":
-        return True
-    if name == "cuda":
-        return extension.cuda_ext is not None and device_type == "cuda"
-    if name == "triton":
-        return _triton_importable()[0] and (device_type == "cuda" or _interpret())
-    if name == "flashinfer":
-        return device_type == "cuda" and importlib.util.find_spec("flashinfer") is not None
-    return available(name, device_type)[0]
 
 
 @contextlib.contextmanager

@@ -1,21 +1,16 @@
 """KV-cache compaction after acceptance: move the accepted draft rows next to the committed prefix.
 
-Terms: the cache holds every layer stacked, ``[L, B, Hkv, S, D]``. Sequence ``b`` has a committed
-prefix of ``prefix_lens[b]`` rows followed by the rows of its last draft block. Verification accepted
-``accept_lens[b]`` of those nodes, listed in ``accept_idx[b]`` (strictly increasing block offsets,
-usually starting with the root 0). Compaction moves, in every layer and head, row
-``prefix_lens[b] + accept_idx[b, j]`` to row ``prefix_lens[b] + j`` for ``j < accept_lens[b]``.
-
-Sources and destinations overlap (destination ``j`` may be the source of an earlier ``j'``); every
-backend produces what a gather of all sources followed by a scatter to all destinations produces.
-Rows past the accepted ones keep whatever they held. Truncation needs no op: lower the lengths.
-"""
-import functools
+Terms: the cache stacks every layer, ``[L, B, Hkv, S, D]``. Sequence ``b`` has ``prefix_lens[b]``
+committed rows, then the rows of its last draft block, of which verification accepted the
+``accept_lens[b]`` nodes ``accept_idx[b]`` (strictly increasing offsets, usually from the root 0).
+In every layer and head, row ``prefix_lens[b] + accept_idx[b, j]`` moves to row ``prefix_lens[b] +
+j`` for ``j < accept_lens[b]``, as a gather of all sources then a scatter to all destinations on
+every backend (they overlap). Later rows keep what they held; truncation needs no op (lower the
+lengths)."""
 
 import torch
 
-from ... import extension
-from ...backend import register, register_compiled, resolve
+from ...backend import register_op, resolve
 from .. import checks
 from ..layout import KvLayout
 from . import ref
@@ -24,9 +19,9 @@ CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def compact(kv, prefix_lens, accept_idx, accept_lens, *, check=True, backend=None):
-    """The one entry of the op: :func:`kv_compact` on the KV layout ``kv`` (a
-    :class:`~specops.ops.layout.KvLayout` of all layers, contiguous [L, B, Hkv, S, D] or paged [L,
-    num_pages, page_size, Hkv, D]); :func:`kv_compact` and :func:`kv_compact_paged` build it.
+    """The one entry of the op: :func:`kv_compact` on the layout ``kv`` (a
+    :class:`~specops.ops.layout.KvLayout` of all layers, [L, B, Hkv, S, D] or [L, num_pages,
+    page_size, Hkv, D]), which :func:`kv_compact` and :func:`kv_compact_paged` build.
     Shape: prefix_lens int32 [B], accept_idx int32 [B, A], accept_lens int32 [B] -> None."""
     kv.check(dtype=CACHE_DTYPES, rank=5, distinct=True)
     B, dev = kv.batch(), kv.k.device
@@ -42,20 +37,16 @@ def compact(kv, prefix_lens, accept_idx, accept_lens, *, check=True, backend=Non
 def kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens, *, check=True, backend=None):
     """Compacts the accepted rows of the last draft block of every sequence, all layers in one call.
 
-    Shape: k_cache, v_cache [L, B, Hkv, S, D] (fp32/fp16/bf16, same shape and dtype, stride 1 in D,
-    modified in place; views into bigger tensors are fine), prefix_lens int32 [B],
-    accept_idx int32 [B, A], accept_lens int32 [B] -> None.
+    Shape: k_cache, v_cache [L, B, Hkv, S, D] (fp32/fp16/bf16, alike, stride 1 in D, modified in
+    place; views are fine), prefix_lens int32 [B], accept_idx int32 [B, A], accept_lens int32 [B]
+    -> None. ``accept_idx[b, j >= accept_lens[b]]`` is padding; ``prefix_lens`` is not changed (the
+    caller adds ``accept_lens``).
 
-    For every layer, sequence b, head and ``j < accept_lens[b]``, row ``prefix_lens[b] + accept_idx[b, j]``
-    moves to row ``prefix_lens[b] + j``. Entries ``accept_idx[b, j]`` with ``j >= accept_lens[b]`` are
-    padding and ignored. ``prefix_lens`` is not changed: the caller adds ``accept_lens``.
-
-    ``check=True`` also validates the values (one host sync): ``0 <= accept_lens[b] <= A``,
-    ``0 <= prefix_lens[b] <= S``, ``accept_idx[b, :accept_lens[b]]`` strictly increasing from ``>= 0``
-    with ``prefix_lens[b] + accept_idx[b, j] < S``. Any error is raised before a byte is written.
-    ``check=False`` skips those value checks: the kernels then skip rows whose source or destination
-    falls outside ``[0, S)`` (never writing out of bounds), but the result is otherwise unspecified.
-    """
+    ``check=True`` validates the values first (one host sync): ``0 <= accept_lens[b] <= A``, ``0 <=
+    prefix_lens[b] <= S``, ``accept_idx[b, :accept_lens[b]]`` strictly increasing from ``>= 0`` with
+    ``prefix_lens[b] + accept_idx[b, j] < S``; nothing is written by a call that raises. With
+    ``check=False`` the kernels skip rows whose source or destination is outside ``[0, S)`` (never
+    writing out of bounds); the result is otherwise unspecified."""
     return compact(KvLayout.contiguous(k_cache, v_cache), prefix_lens, accept_idx, accept_lens, check=check,
                    backend=backend)
 
@@ -64,27 +55,21 @@ def kv_compact_paged(k_pages, v_pages, page_table, prefix_lens, accept_idx, acce
                      backend=None):
     """:func:`kv_compact` on a paged KV cache, all layers in one call.
 
-    Shape: k_pages, v_pages [L, num_pages, page_size, Hkv, D] (fp32/fp16/bf16, same shape and
-    dtype, stride 1 in D, page_size a power of two >= 1, modified in place; views are fine),
-    page_table int32 [B, max_pages], prefix_lens int32 [B], accept_idx int32 [B, A],
-    accept_lens int32 [B] -> None.
+    Shape: k_pages, v_pages [L, num_pages, page_size, Hkv, D] (fp32/fp16/bf16, alike, stride 1 in D,
+    page_size a power of two, modified in place; views are fine), page_table int32 [B, max_pages],
+    prefix_lens int32 [B], accept_idx int32 [B, A], accept_lens int32 [B] -> None.
 
     Row ``r`` of sequence ``b`` is slot ``r % page_size`` of page ``page_table[b, r // page_size]``
-    (see :func:`specops.tree_attention_paged`); with that placement the semantics are those of
-    :func:`kv_compact`: in every layer and head, row ``prefix_lens[b] + accept_idx[b, j]`` moves
-    to row ``prefix_lens[b] + j`` for ``j < accept_lens[b]``, as a gather of all sources followed
-    by a scatter, so sources and destinations may share pages.
+    (:func:`specops.tree_attention_paged`); the moves are :func:`kv_compact`'s, so sources and
+    destinations may share pages.
 
-    ``check=True`` validates the values (one host sync): the rules of :func:`kv_compact` with
-    S = max_pages * page_size rows; ``0 <= page_table[b, i] < num_pages`` for every page holding
-    one of the sequence's first ``prefix_lens[b] + accept_idx[b, accept_lens[b] - 1] + 1`` rows
-    (``prefix_lens[b]`` when nothing is accepted): the pages the call addresses; and a page a move
-    writes is addressed once, by its own sequence (a page shared with another sequence or listed
-    twice would be overwritten under the other entry too, and writes to it would race). Pages the
-    moves only read, such as a shared prompt's, may be shared freely. Any error is raised before a
-    byte is written. ``check=False`` skips them: moves whose rows or pages are out of range are
-    skipped (never writing out of bounds), the result is otherwise unspecified.
-    """
+    ``check=True`` (one host sync, before any write): :func:`kv_compact`'s rules with S = max_pages *
+    page_size; ``0 <= page_table[b, i] < num_pages`` for the pages the call addresses (those holding
+    the first ``prefix_lens[b] + accept_idx[b, accept_lens[b] - 1] + 1`` rows, ``prefix_lens[b]`` when
+    nothing is accepted); and a page a move writes is addressed once, by its own sequence (else it
+    would be overwritten under the other entry too, and the writes race). Pages only read, such as a
+    shared prompt's, may be shared. ``check=False``: out-of-range moves are skipped (never writing out
+    of bounds), the result is otherwise unspecified."""
     return compact(KvLayout.paged(k_pages, v_pages, page_table), prefix_lens, accept_idx, accept_lens,
                    check=check, backend=backend)
 
@@ -100,11 +85,10 @@ def check_accept(prefix_lens, accept_idx, accept_lens, B, dev, lens_name="prefix
 # ---- validation ----------------------------------------------------------------------------------
 
 def accept_values(kv, prefix_lens, accept_idx, accept_lens):
-    """The value rules of the op on the layout ``kv`` (its shapes are read, not its values), one host
-    sync; the message names the first broken rule: ``accept_lens`` in [0, A], ``prefix_lens`` in
-    [0, rows], ``accept_idx`` strictly increasing from 0 addressing rows < rows (rows: the layout's
-    :meth:`~specops.ops.layout.KvLayout.capacity`); paged also the pages the call addresses in the
-    pool, and no page a move writes addressed twice."""
+    """The value rules of the op on the layout ``kv`` (shapes read, not values), one host sync naming
+    the first broken rule: ``accept_lens`` in [0, A], ``prefix_lens`` in [0, rows], ``accept_idx``
+    strictly increasing from 0 addressing rows < rows (:meth:`~specops.ops.layout.KvLayout.capacity`);
+    paged also the pool pages the call addresses, and no page a move writes addressed twice."""
     B, A = accept_idx.shape
     if B == 0:
         return
@@ -192,15 +176,15 @@ def _aliased_message(clash, page_table, page_size, needed):
 
 # ---- backends ---------------------------------------------------------------------------------------
 
-def _triton(op, *args):
-    from ...triton_kernels import kv_compact as kernels
+def _triton(name):
+    """The Triton kernel ``name`` (its module imported at the first call)."""
+    def call(*args):
+        from ...triton_kernels import kv_compact
 
-    getattr(kernels, op)(*args)
+        return getattr(kv_compact, name)(*args)
+
+    return call
 
 
 for _op in ("kv_compact", "kv_compact_paged"):
-    register(_op, "torch")(ref.kv_compact)
-    register(_op, "triton")(functools.partial(_triton, _op))
-    register_compiled(_op)(lambda ns, *args, _op=_op: getattr(ns, _op)(*args))
-    if (extension.cpu_ext is not None or extension.cuda_ext is not None) and extension.has_op(_op):
-        torch.library.register_fake(f"specops::{_op}")(lambda *args: None)
+    register_op(_op, ref.kv_compact, _triton(_op), lambda *args: None)

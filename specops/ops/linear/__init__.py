@@ -1,18 +1,15 @@
 """specops.linear: a small-row GEMM whose every output element is reduced in one fixed order.
 
 Row ``i`` of an ``M``-row call equals the one-row call on row ``i`` bit for bit, for every ``M``,
-thread count and batch layout, on each backend. That is what makes a verification block of ``T``
-rows produce the logits an AR step produces for the same prefix (docs/batch_invariance.md): the
-order of a reduction depends on the reduction length ``K`` only, never on how many rows share the
-call or how the output columns are split between threads.
-
-Each backend has its own fixed order (they agree within the tolerance of docs/batch_invariance.md,
-not bit for bit); the spec of the values is the torch reference, :mod:`.ref`.
-"""
+thread count and batch layout, on each backend, so a verification block of ``T`` rows produces
+the logits an AR step produces for the same prefix (docs/batch_invariance.md): a reduction's order
+depends on its length ``K`` only, never on the rows sharing the call or the column split between
+threads. Each backend has its own order (they agree within docs/batch_invariance.md's tolerance,
+not bit for bit); the values' spec is the torch reference, :mod:`.ref`."""
 import torch
 
 from ... import extension
-from ...backend import register, register_compiled, resolve
+from ...backend import register, register_op, register_supports, resolve
 from .. import checks
 from . import ref
 
@@ -22,11 +19,9 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def linear(x, weight, bias=None, *, backend=None):
     """``x @ weight.T + bias`` with fp32 accumulation, rounded once to ``x``'s dtype.
 
-    Shape: x [..., K], weight [N, K], bias [N] or None -> [..., N] in x's dtype (fp32, bf16 or
-    fp16; weight and bias the same dtype as x). Every output element is the same function of its
-    row of ``x``, its row of ``weight`` and its bias, whatever the other rows: the batch-invariance
-    contract.
-    """
+    Shape: x [..., K], weight [N, K], bias [N] or None -> [..., N] in x's dtype (fp32, bf16 or fp16;
+    weight and bias alike). Each output element is the same function of its row of ``x``, its row of
+    ``weight`` and its bias, whatever the other rows (the batch-invariance contract)."""
     checks.tensor("x", x, dtype=DTYPES)
     if x.dim() < 1:
         raise ValueError(f"x must have rank >= 1 ([..., K]), got shape {tuple(x.shape)}")
@@ -48,25 +43,20 @@ def linear(x, weight, bias=None, *, backend=None):
     return out if x.dim() == 2 else out.reshape(*x.shape[:-1], N)
 
 
-register("linear", "torch")(ref.linear)
-
-
-@register_compiled("linear")
-def _compiled(ns, x, weight, bias):
-    return ns.linear(x, weight, bias)
-
-
 def _triton_supports(x, weight, bias):
     if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) < (8, 0):
         return "the Triton kernel's bf16/fp16 tl.dot needs sm_80 or newer"
     return None
 
 
-@register("linear", "triton", supports=_triton_supports)
-def _linear_triton(x, weight, bias):
-    from ...triton_kernels import linear as kernels
+def _triton(*args):
+    from ...triton_kernels import linear
 
-    return kernels.linear(x, weight, bias)
+    return linear.linear(*args)
+
+
+register_op("linear", ref.linear, _triton, lambda x, weight, bias: x.new_empty((x.shape[0], weight.shape[0])))
+register_supports("linear", ("triton",), _triton_supports)
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # not a subclass with its own dispatch (fake, DTensor, ...)
@@ -87,9 +77,3 @@ def cpu_kernel(x, weight, bias):
 if extension.cpu_ext is not None:
     register("linear", "cpp")(cpu_kernel)  # replaces register_compiled's: the same op, called directly
 
-
-if extension.cpu_ext is not None or extension.cuda_ext is not None:
-
-    @torch.library.register_fake("specops::linear")
-    def _(x, weight, bias):
-        return x.new_empty((x.shape[0], weight.shape[0]))

@@ -1,16 +1,13 @@
 """Token bitmasks: a grammar's allowed tokens applied to logits, in place.
 
-Terms: a bitmask row marks token ``j`` as allowed in bit ``j % 32`` of int32 word ``j // 32``
-(the word format of :func:`specops.pack_mask`, and the one ``llguidance`` and ``xgrammar`` fill),
-so a vocabulary of ``V`` tokens takes ``W = ceil(V / 32)`` words; bits at ``j >= V`` in the last
-word are ignored. Applying a row writes ``-inf`` into every disallowed logit and leaves allowed
-ones untouched (``-inf`` or NaN already there included): softmax of the result is the model's
-distribution renormalised over the allowed tokens.
-"""
+A bitmask row allows token ``j`` in bit ``j % 32`` of int32 word ``j // 32`` (the word format of
+:func:`specops.pack_mask`, the one ``llguidance`` and ``xgrammar`` fill): ``W = ceil(V / 32)`` words
+for ``V`` tokens, bits at ``j >= V`` ignored. Applying a row writes ``-inf`` into every disallowed
+logit and leaves allowed ones (``-inf`` or NaN included) untouched: softmax of the result is the
+model's distribution renormalised over the allowed tokens."""
 import torch
 
-from ... import extension
-from ...backend import register, register_compiled, resolve
+from ...backend import register_op, resolve
 from .. import checks
 from . import ref
 from .ref import allowed_tokens
@@ -21,13 +18,10 @@ LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def apply_token_bitmask(logits, bitmask, *, check=True, backend=None):
     """Sets every logit whose bit is clear to ``-inf``, in place; returns ``logits``.
 
-    Shape: logits [B, T, V] or [N, V] (fp32/bf16/fp16, stride 1 in V; views are fine),
-    bitmask int32 [B, T, W] or [N, W] with ``W = ceil(V / 32)`` -> logits.
-
-    ``check=True`` also requires every row to allow at least one of its ``V`` tokens (one host
-    sync): a row with none would leave softmax undefined. ``check=False`` skips it; such a row is
-    then all ``-inf``. Metadata errors are raised before anything is written.
-    """
+    Shape: logits [B, T, V] or [N, V] (fp32/bf16/fp16, stride 1 in V; views are fine), bitmask int32
+    [B, T, W] or [N, W] with ``W = ceil(V / 32)`` -> logits. ``check=True`` also requires every row to
+    allow one of its ``V`` tokens (one host sync; else softmax is undefined; ``check=False``: such a
+    row becomes all ``-inf``). Metadata errors are raised before anything is written."""
     checks.tensor("logits", logits, dtype=LOGIT_DTYPES, last_stride_one=True)
     if logits.dim() not in (2, 3):
         raise ValueError(f"logits must have rank 2 ([N, V]) or 3 ([B, T, V]), got shape {tuple(logits.shape)}")
@@ -35,19 +29,12 @@ def apply_token_bitmask(logits, bitmask, *, check=True, backend=None):
     W = (V + 31) // 32
     checks.tensor("bitmask", bitmask, dtype=torch.int32, rank=logits.dim(),
                   shape=(*logits.shape[:-1], W), device=logits.device)
-    if check:
-        check_rows(bitmask, V)
+    if check and bitmask.numel():
+        checks.raise_first([rows_rule(bitmask, V)])
     impl = resolve("apply_token_bitmask", logits.device, backend)
     if logits.numel():
         impl(logits, bitmask)
     return logits
-
-
-def check_rows(bitmask, V):
-    """Raises ValueError naming the first row of ``bitmask`` (int32 [..., W]) that allows none of
-    the ``V`` tokens (one host sync)."""
-    if bitmask.numel():
-        checks.raise_first([rows_rule(bitmask, V)])
 
 
 def rows_rule(bitmask, V):
@@ -56,23 +43,10 @@ def rows_rule(bitmask, V):
                            "(the masked distribution of that row would be undefined)", f"no bit set below {V}")
 
 
-register("apply_token_bitmask", "torch")(ref.apply_token_bitmask)
+def _triton(*args):
+    from ...triton_kernels import token_bitmask
+
+    return token_bitmask.apply_token_bitmask(*args)
 
 
-@register_compiled("apply_token_bitmask")
-def _compiled(ns, logits, bitmask):
-    ns.apply_token_bitmask(logits, bitmask)
-
-
-@register("apply_token_bitmask", "triton")
-def _apply_token_bitmask_triton(logits, bitmask):
-    from ...triton_kernels import token_bitmask as kernels
-
-    kernels.apply_token_bitmask(logits, bitmask)
-
-
-if extension.cpu_ext is not None or extension.cuda_ext is not None:
-
-    @torch.library.register_fake("specops::apply_token_bitmask")
-    def _(logits, bitmask):
-        return None
+register_op("apply_token_bitmask", ref.apply_token_bitmask, _triton, lambda logits, bitmask: None)

@@ -1,37 +1,27 @@
 """Top-n tree expansion and OPT-Tree's final subtree choice.
 
-Terms: a *candidate* is a (parent, token) pair with score ``parent_scores[b, p] +
-child_logprobs[b, p, token]`` (fp32). One order decides everything, in every backend:
+A *candidate* is a (parent, token) pair scored ``parent_scores[b, p] + child_logprobs[b, p,
+token]`` (fp32). One order decides everything, on every backend: higher score first; equal scores:
+lower parent, then lower token (i.e. lower flat index ``parent * V + token``). A candidate scored
+``-inf`` or NaN is *unavailable* (padding parents; children a warper removed), never selected.
 
-    higher score first; equal scores: lower parent first, then lower token first
+* ``topn_expand``: per parent its best ``per_parent_k`` candidates, then the best ``n`` of those,
+  sorted. OPT-Tree layers (``per_parent_k = n``), beam steps (``n = beams``), TSD/GSD's top-k per
+  frontier node (``per_parent_k = k``, ``n = P * k``). Slots past the available candidates hold
+  score ``-inf``, token ``-1``, parent ``-1``.
+* ``select_topn_subtree``: the ``n``-node subtree (root included) of the largest scores. Scores
+  are made non-increasing along paths (a node's is the minimum over its path below the root; a
+  no-op for cumulative log-probs) and ties go to the lower index, always an ancestor's side since
+  ``parents[i] < i``: the chosen set is ancestor-closed, a connected subtree with the root.
 
-(equivalently: higher score, then lower flat index ``parent * V + token``). A candidate whose
-score is ``-inf`` or NaN is *unavailable* (padding parents have score ``-inf``; so do children
-a warper removed) and is never selected.
+``check=True`` value checks sync the host once; ``check=False`` for the hot path and CUDA graphs.
 
-* ``topn_expand`` — per parent keep its best ``per_parent_k`` candidates under that order, then
-  the best ``n`` of all kept ones, sorted. Used for OPT-Tree layers (``per_parent_k = n``),
-  beam steps (``n = beams``) and TSD/GSD's top-k per frontier node (``per_parent_k = k``,
-  ``n = P * k``). Slots past the available candidates hold score ``-inf``, token ``-1``,
-  parent ``-1``.
-* ``select_topn_subtree`` — the ``n``-node subtree (root included) with the largest scores.
-  Scores are made non-increasing along paths (a node's effective score is the minimum over
-  its path below the root; a no-op for cumulative log-probs), and ties go to the lower node
-  index, which is always an ancestor's side because ``parents[i] < i``: the chosen set is
-  therefore ancestor-closed, i.e. a connected subtree containing the root.
-
-Both ops take ``check=True`` value checks that sync the host once; pass ``check=False`` on the
-hot path and under CUDA-graph capture.
-
-Limits (each raises a ValueError naming it): ``n <= MAX_N = 65536`` in both ops (the outputs are
-``[B, n]``; a draft tree, beam or frontier is never that large, and an unbounded ``n`` would
-only allocate padding); ``V <= 2**31 - 1`` in ``topn_expand`` (tokens are int32). The CUDA
-backend of ``topn_expand`` keeps its selection in shared memory and so takes ``n <= 2048``.
-"""
+Limits (ValueError naming them): ``n <= MAX_N = 65536`` (outputs are ``[B, n]``; no tree, beam or
+frontier is that large, and an unbounded ``n`` would only allocate padding); ``V <= 2**31 - 1`` in
+``topn_expand`` (int32 tokens), whose CUDA backend selects in shared memory: ``n <= 2048``."""
 import torch
 
-from ... import extension
-from ...backend import register, register_compiled, register_supports, resolve
+from ...backend import register_op, register_supports, resolve
 from .. import checks
 from . import ref
 
@@ -48,13 +38,10 @@ def _n(n):
 def topn_expand(parent_scores, child_logprobs, n, *, per_parent_k=None, check=True, backend=None):
     """The best ``n`` (parent, token) candidates by ``parent_score + child_logprob``.
 
-    Shape: parent_scores fp32/bf16/fp16 [B, P], child_logprobs fp32/bf16/fp16 [B, P, V] ->
-    (scores fp32 [B, n], tokens int32 [B, n], parents int32 [B, n]), sorted best first.
-    Limits: ``1 <= n <= 65536`` (2048 on cuda), ``V <= 2**31 - 1``.
-
-    ``per_parent_k`` (None = no limit) caps the candidates each parent contributes, chosen
-    by the same order. ``check=True`` rejects NaN and ``+inf`` in the inputs (one host sync).
-    """
+    Shape: parent_scores fp32/bf16/fp16 [B, P], child_logprobs fp32/bf16/fp16 [B, P, V] -> (scores
+    fp32 [B, n], tokens int32 [B, n], parents int32 [B, n]), best first. Limits: ``1 <= n <= 65536``
+    (2048 on cuda), ``V <= 2**31 - 1``. ``per_parent_k`` (None: no limit) caps each parent's
+    candidates, chosen by the same order. ``check=True`` rejects NaN and ``+inf`` (one host sync)."""
     checks.tensor("parent_scores", parent_scores, dtype=_FLOAT_DTYPES, rank=2)
     B, P = parent_scores.shape
     checks.tensor("child_logprobs", child_logprobs, dtype=_FLOAT_DTYPES, shape=(B, P, None),
@@ -76,17 +63,15 @@ def topn_expand(parent_scores, child_logprobs, n, *, per_parent_k=None, check=Tr
 def select_topn_subtree(parents, scores, n, num_nodes=None, *, check=True, backend=None):
     """OPT-Tree's final selection: the best ``n`` nodes of a draft tree as a rooted subtree.
 
-    Shape: parents int32 [B, T], scores fp32/bf16/fp16 [B, T] (cumulative path log-prob of each
-    node; the root's is ignored), num_nodes int32 [B] or None (= T) -> (keep_idx int32 [B, n],
-    new_parents int32 [B, n], counts int32 [B]). Limit: ``1 <= n <= 65536``.
+    Shape: parents int32 [B, T], scores fp32/bf16/fp16 [B, T] (each node's cumulative path log-prob;
+    the root's is ignored), num_nodes int32 [B] or None (= T) -> (keep_idx int32 [B, n], new_parents
+    int32 [B, n], counts int32 [B]). Limit: ``1 <= n <= 65536``.
 
-    ``n`` counts the root: the output is a tree of ``counts[b] = min(n, available nodes)``
-    nodes in the ``build_tree_mask`` convention (for OPT-Tree's budget of ``n`` draft nodes pass
-    ``n + 1``). ``keep_idx[b, j]`` is the original index of new node ``j``, in increasing
-    original index (so topological, and siblings keep their order); ``new_parents`` re-indexes
-    the parents. Slots ``j >= counts[b]`` hold -1 in both. Nodes whose score is ``-inf`` or NaN
-    (and so their descendants) are never kept; the root always is.
-    """
+    ``n`` counts the root (OPT-Tree's budget of ``n`` draft nodes passes ``n + 1``): a tree of
+    ``counts[b] = min(n, available nodes)`` nodes in ``build_tree_mask``'s convention; ``keep_idx[b,
+    j]``, the original index of new node ``j``, increases (topological; siblings keep their order);
+    ``new_parents`` re-indexes the parents; slots ``j >= counts[b]`` hold -1. Nodes scored ``-inf`` or
+    NaN (and so their descendants) are never kept; the root always is."""
     checks.tensor("parents", parents, dtype=torch.int32, rank=2)
     checks.nonempty("parents", parents, 1, "node (T >= 1)")
     checks.tensor("scores", scores, dtype=_FLOAT_DTYPES, shape=tuple(parents.shape), device=parents.device)
@@ -98,51 +83,32 @@ def select_topn_subtree(parents, scores, n, num_nodes=None, *, check=True, backe
 
 # ---- backends ----------------------------------------------------------------------------------------
 
-register("topn_expand", "torch")(ref.topn_expand)
-register("select_topn_subtree", "torch")(ref.select_topn_subtree)
-
-
-@register_compiled("topn_expand")
-def _topn_compiled(ns, parent_scores, child_logprobs, n, per_parent_k):
-    return ns.topn_expand(parent_scores, child_logprobs, n, per_parent_k)
-
-
 def _cuda_supports(parent_scores, child_logprobs, n, per_parent_k):
     """The CUDA kernel selects in shared memory: at most _CUDA_MAX_N candidates."""
     return None if n <= _CUDA_MAX_N else f"n={n} > {_CUDA_MAX_N} (the CUDA kernel's shared-memory selection)"
 
 
+def _triton(name):
+    """The Triton kernel ``name`` (its module imported at the first call)."""
+    def call(*args):
+        from ...triton_kernels import topn
+
+        return getattr(topn, name)(*args)
+
+    return call
+
+
+def _topn_fake(parent_scores, child_logprobs, n, per_parent_k):
+    B = parent_scores.shape[0]
+    return (parent_scores.new_empty((B, n)), parent_scores.new_empty((B, n), dtype=torch.int32),
+            parent_scores.new_empty((B, n), dtype=torch.int32))
+
+
+def _subtree_fake(parents, scores, num_nodes, n):
+    B = parents.shape[0]
+    return parents.new_empty((B, n)), parents.new_empty((B, n)), parents.new_empty((B,))
+
+
+register_op("topn_expand", ref.topn_expand, _triton("topn_expand"), _topn_fake)
 register_supports("topn_expand", ("cuda", "cudasim"), _cuda_supports)
-
-
-@register_compiled("select_topn_subtree")
-def _subtree_compiled(ns, parents, scores, num_nodes, n):
-    return ns.select_topn_subtree(parents, scores, num_nodes, n)
-
-
-@register("topn_expand", "triton")
-def _topn_expand_triton(parent_scores, child_logprobs, n, per_parent_k):
-    from ...triton_kernels import topn as kernels
-
-    return kernels.topn_expand(parent_scores, child_logprobs, n, per_parent_k)
-
-
-@register("select_topn_subtree", "triton")
-def _select_topn_subtree_triton(parents, scores, num_nodes, n):
-    from ...triton_kernels import topn as kernels
-
-    return kernels.select_topn_subtree(parents, scores, num_nodes, n)
-
-
-if extension.cpu_ext is not None or extension.cuda_ext is not None:
-
-    @torch.library.register_fake("specops::topn_expand")
-    def _(parent_scores, child_logprobs, n, per_parent_k):
-        B = parent_scores.shape[0]
-        return (parent_scores.new_empty((B, n)), parent_scores.new_empty((B, n), dtype=torch.int32),
-                parent_scores.new_empty((B, n), dtype=torch.int32))
-
-    @torch.library.register_fake("specops::select_topn_subtree")
-    def _(parents, scores, num_nodes, n):
-        B = parents.shape[0]
-        return parents.new_empty((B, n)), parents.new_empty((B, n)), parents.new_empty((B,))
+register_op("select_topn_subtree", ref.select_topn_subtree, _triton("select_topn_subtree"), _subtree_fake)

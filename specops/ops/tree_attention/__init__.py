@@ -1,12 +1,12 @@
-"""Tree attention: a block of draft-token queries attends to a committed KV prefix plus the part of
-the draft block its bit-packed mask allows.
+"""Tree attention: draft-token queries attend to a committed KV prefix plus the part of the draft
+block their bit-packed mask allows.
 
-Terms: for sequence ``b`` the KV cache rows ``[0, P)`` (``P = prefix_lens[b]``) are the committed
-prefix, visible to every valid query; rows ``[P, P + L)`` (``L = block_lens[b]``) hold the draft
-block, and block key ``j`` is visible to query ``i`` iff bit ``j % 32`` of word ``j // 32`` of
-``mask[b, i]`` is set (the format of :func:`specops.build_tree_mask`). The mask is any visibility
-set (trees, DAGs, lookahead windows), and the queries need not be the whole block. Query rows
-``i >= q_lens[b]`` are padding and, like a query that sees no key, give 0.
+Terms: for sequence ``b`` cache rows ``[0, P)`` (``P = prefix_lens[b]``) are the prefix, visible to
+every valid query; rows ``[P, P + L)`` (``L = block_lens[b]``) the draft block, whose key ``j``
+query ``i`` sees iff bit ``j % 32`` of word ``j // 32`` of ``mask[b, i]`` is set (the format of
+:func:`specops.build_tree_mask`; any visibility set: trees, DAGs, lookahead windows; the queries
+need not be the whole block). Query rows ``i >= q_lens[b]`` are padding and, like a query that
+sees no key, give 0.
 """
 import functools
 import math
@@ -14,8 +14,7 @@ import numbers
 
 import torch
 
-from ... import extension
-from ...backend import register, register_compiled, register_supports, resolve_named
+from ...backend import register_op, register_supports, resolve_named
 from .. import checks
 from ..layout import KvLayout
 from . import ref, splits
@@ -53,25 +52,23 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
                    check=True, backend=None, invariant=False):
     """Attention of a draft block over a committed prefix plus a masked draft block.
 
-    Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D] (same dtype as q: fp32, fp16 or
-    bf16; any strides with last-dim stride 1), prefix_lens / block_lens / q_lens int32 [B],
-    mask int32 [B, Tq, W] -> out [B, Tq, Hq, D] in q's dtype.
+    Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D] (q's dtype: fp32, fp16 or bf16; any
+    strides, last-dim stride 1), prefix_lens / block_lens / q_lens int32 [B], mask int32 [B, Tq, W]
+    -> out [B, Tq, Hq, D] in q's dtype.
 
-    Query head ``h`` reads kv head ``h // (Hq // Hkv)`` (GQA/MQA). ``q`` already carries its
-    positions (RoPE at ``prefix + depth``). Softmax and accumulation run in fp32. ``sm_scale``
-    defaults to ``1/sqrt(D)``; ``|sm_scale| <= SM_SCALE_MAX`` (65536: the fp32 scores stay finite). ``check=True`` verifies the length values (one host sync):
-    non-negative, ``prefix_lens + block_lens <= S``, ``block_lens <= 32 W``, ``q_lens <= Tq``.
-    Limits of the cuda backend (``CUDA_MAX_D``, ``CUDA_MAX_B_HKV``): ``D <= 256`` and
-    ``B * Hkv <= 65535`` (a grid dimension). The automatic backend choice passes a call it cannot
-    take to the next backend; ``backend="cuda"`` raises BackendUnavailable naming the limit.
-    With ``check=False`` bad lengths are clamped into range by the kernels (no out-of-bounds
-    access), but the result is then unspecified.
+    Query head ``h`` reads kv head ``h // (Hq // Hkv)`` (GQA/MQA); ``q`` carries its positions (RoPE
+    at ``prefix + depth``); softmax and accumulation in fp32. ``sm_scale``: ``1/sqrt(D)`` by default,
+    ``|sm_scale| <= SM_SCALE_MAX`` (65536: fp32 scores stay finite). ``check=True`` verifies the
+    lengths (one host sync): non-negative, ``prefix_lens + block_lens <= S``, ``block_lens <= 32 W``,
+    ``q_lens <= Tq``; with ``check=False`` the kernels clamp bad lengths (no out-of-bounds access;
+    the result is unspecified). The cuda backend takes ``D <= 256`` and ``B * Hkv <= 65535``
+    (``CUDA_MAX_D``, ``CUDA_MAX_B_HKV``): the automatic choice passes other calls on,
+    ``backend="cuda"`` raises BackendUnavailable naming the limit.
 
-    ``invariant=True`` runs the batch-invariant schedule (docs/batch_invariance.md): a query row's
-    output is then, bit for bit, the output the same backend gives that row alone after the block
-    keys it sees were appended to the prefix in index order (AR decoding's view), whatever else
-    shares the call (rows, sequences, padding, layout, threads). Unsplit, one query per work item.
-    """
+    ``invariant=True``: the batch-invariant schedule (docs/batch_invariance.md; unsplit, one query per
+    work item): a row's output is bit for bit what the same backend gives that row alone after the
+    block keys it sees were appended to the prefix in index order (AR decoding's view), whatever else
+    shares the call (rows, sequences, padding, layout, threads)."""
     return attend(q, KvLayout.contiguous(k_cache, v_cache), prefix_lens, block_lens, mask, q_lens=q_lens,
                   sm_scale=sm_scale, check=check, backend=backend, invariant=invariant)
 
@@ -80,33 +77,23 @@ def tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_len
                          sm_scale=None, check=True, backend=None, invariant=False):
     """:func:`tree_attention` over a paged KV cache (the layout of serving engines).
 
-    Shape: q [B, Tq, Hq, D], k_pages / v_pages [num_pages, page_size, Hkv, D] (same dtype as q;
-    page_size a power of two >= 1; any strides with last-dim stride 1), page_table int32
-    [B, max_pages], prefix_lens / block_lens / q_lens int32 [B], mask int32 [B, Tq, W]
-    -> out [B, Tq, Hq, D] in q's dtype.
+    Shape: q [B, Tq, Hq, D], k_pages / v_pages [num_pages, page_size, Hkv, D] (q's dtype; page_size
+    a power of two; last-dim stride 1), page_table int32 [B, max_pages], prefix_lens / block_lens /
+    q_lens int32 [B], mask int32 [B, Tq, W] -> out [B, Tq, Hq, D] in q's dtype.
 
-    Row ``r`` of sequence ``b`` (the cache row ``r`` of :func:`tree_attention`) is slot
-    ``r % page_size`` of page ``page_table[b, r // page_size]``: the prefix fills the sequence's
-    first pages and the draft block's rows live in the pages right after it (the page holding row
-    ``prefix_lens[b]`` onwards). Pages may be scattered over the pool in any order and shared
-    between sequences (read only). Mask, GQA, ragged batches, ``q_lens``, ``sm_scale`` and the
-    tolerances are those of :func:`tree_attention`.
+    Row ``r`` of sequence ``b`` is slot ``r % page_size`` of page ``page_table[b, r // page_size]``;
+    pages may be scattered in any order and shared between sequences (read only). Everything else
+    is :func:`tree_attention`'s, ``invariant`` included (a row's bits do not depend on the layout).
 
-    Layouts: vLLM's flash-attention backend stores each layer's cache as ``[2, num_blocks,
-    block_size, num_kv_heads, head_size]``: pass ``kv[0]`` and ``kv[1]``. FlashInfer's paged cache
-    ``[num_pages, 2, page_size, num_heads, head_dim]`` (NHD) is ``kv[:, 0]`` / ``kv[:, 1]``; its HND
-    layout ``[num_pages, 2, num_heads, page_size, head_dim]`` is ``kv[:, 0].transpose(1, 2)`` /
-    ``kv[:, 1].transpose(1, 2)`` (views, no copy: only the last dim needs stride 1). FlashInfer's
-    CSR page list (``kv_indptr``, ``kv_indices``) becomes ``page_table`` row by row (pad each row
-    with any page id: entries past the rows the lengths address are never read).
+    Layouts: vLLM's per-layer ``[2, num_blocks, block_size, num_kv_heads, head_size]`` is ``kv[0]``,
+    ``kv[1]``; FlashInfer's NHD ``[num_pages, 2, page_size, num_heads, head_dim]`` is ``kv[:, 0]``,
+    ``kv[:, 1]`` and its HND layout the same ``.transpose(1, 2)`` (views); its CSR page list
+    (``kv_indptr``, ``kv_indices``) becomes ``page_table`` row by row, padded with any page id.
 
-    ``check=True`` verifies the values (one host sync): the length rules of
-    :func:`tree_attention` with ``prefix_lens + block_lens <= max_pages * page_size``, and
-    ``0 <= page_table[b, i] < num_pages`` for every page ``i < ceil((prefix_lens[b] +
-    block_lens[b]) / page_size)``. With ``check=False`` the kernels clamp lengths and page ids into
-    range (no out-of-bounds access), but the result is then unspecified. ``invariant``: as
-    :func:`tree_attention` (a row's bits do not depend on the layout either).
-    """
+    ``check=True`` (one host sync): the length rules with ``prefix_lens + block_lens <= max_pages *
+    page_size``, and ``0 <= page_table[b, i] < num_pages`` for the pages ``i < ceil((prefix_lens[b] +
+    block_lens[b]) / page_size)`` the rows use; with ``check=False`` the kernels clamp lengths and page
+    ids (no out-of-bounds access; the result is unspecified)."""
     return attend(q, KvLayout.paged(k_pages, v_pages, page_table), prefix_lens, block_lens, mask, q_lens=q_lens,
                   sm_scale=sm_scale, check=check, backend=backend, invariant=invariant)
 
@@ -119,9 +106,8 @@ def check_invariant(invariant):
 
 
 def choose_splits(backend, q, Hkv, S, prefix_lens, block_lens, W, paged=False, invariant=False):
-    """The kv split count ``backend``'s kernel runs a call with: the one schedule rule per device
-    kind (:mod:`.splits`) with that kernel's geometry. :class:`specops.TreeAttentionPlan` calls it
-    once per step, the ops once per call.
+    """The kv split count ``backend``'s kernel runs a call with: the schedule rule of the device kind
+    (:mod:`.splits`) with that kernel's geometry, once per step (TreeAttentionPlan) or per call.
 
     Shape: q [B, Tq, Hq, D]; Hkv kv heads; S rows a sequence can address; prefix_lens / block_lens
     int32 [B] (not read: no host sync); W mask words. -> int >= 1 (1 for the invariant schedule)."""
@@ -208,10 +194,9 @@ def scale(sm_scale, D):
 
 
 def length_values(prefix_lens, block_lens, q_lens, kv, W, Tq):
-    """The value rules of the lengths over the layout ``kv``, with one host sync; raises naming the
-    first broken rule: lengths >= 0, ``block_lens <= 32 W``, ``prefix_lens + block_lens`` within
-    the rows a sequence can hold, ``q_lens`` in [0, Tq], and (paged) the pages those rows use in
-    the pool."""
+    """The value rules of the lengths over the layout ``kv`` (one host sync; the first broken one
+    raises): lengths >= 0, ``block_lens <= 32 W``, ``prefix_lens + block_lens`` within the rows a
+    sequence can hold, ``q_lens`` in [0, Tq], and (paged) the pages those rows use in the pool."""
     if prefix_lens.numel() == 0:
         return
     rows = kv.capacity()
@@ -271,12 +256,8 @@ def _fake(q, *args, **kwargs):
 
 
 for _paged, _op in ((False, "tree_attention"), (True, "tree_attention_paged")):
-    register(_op, "torch")(functools.partial(ref.tree_attention, _paged))
-    register(_op, "triton")(functools.partial(_triton, _paged))
-    register_compiled(_op)(lambda ns, *args, _op=_op: getattr(ns, _op)(*args))
+    # The fake of the overload without a workspace too: what a compiled graph calls (no mutated argument).
+    register_op(_op, functools.partial(ref.tree_attention, _paged), functools.partial(_triton, _paged), _fake,
+                ("functional",))
     register_supports(_op, ("cuda", "cudasim"), functools.partial(_cuda_limits, _paged))
     register_supports(_op, ("triton",), functools.partial(_triton_supports, _paged))
-    if (extension.cpu_ext is not None or extension.cuda_ext is not None) and extension.has_op(_op):
-        # The overload without a workspace: what a compiled graph calls (no mutated argument).
-        for _name in (_op, _op + ".functional"):
-            torch.library.register_fake(f"specops::{_name}")(_fake)

@@ -7,8 +7,7 @@ format ``tree_attention`` consumes. Depth positions the node: ``position = prefi
 """
 import torch
 
-from ... import extension
-from ...backend import register, register_compiled, resolve
+from ...backend import register_op, resolve
 from .. import checks
 from . import ref
 from .ref import pack_mask, unpack_mask  # noqa: F401  (the word format: public, specops.pack_mask)
@@ -18,36 +17,24 @@ def build_tree_mask(parents, num_nodes=None, *, check=True, backend=None):
     """Ancestor mask and depth of every node of a batch of draft trees.
 
     Shape: parents int32 [B, T], num_nodes int32 [B] or None (= T) -> mask int32 [B, T, ceil(T/32)],
-    depth int32 [B, T].
-
-    Rows ``i >= num_nodes[b]`` are padding: their mask holds only their own bit, their depth is 0.
-    ``check=False`` skips the value checks (tree rules, ``num_nodes`` range) that need a host sync;
-    the kernels never loop on malformed input, but its output is then unspecified.
-    """
+    depth int32 [B, T]. Rows ``i >= num_nodes[b]`` are padding: only their own bit, depth 0.
+    ``check=False`` skips the value checks (tree rules, ``num_nodes`` range; a host sync): the kernels
+    never loop on malformed input, but the output is then unspecified."""
     checks.tensor("parents", parents, dtype=torch.int32, rank=2)
     checks.nonempty("parents", parents, 1, "node (T >= 1)")
     num_nodes = checks.tree_nodes(parents, num_nodes, check)
     return resolve("build_tree_mask", parents.device, backend)(parents, num_nodes)
 
 
-register("build_tree_mask", "torch")(ref.build_tree_mask)
+def _fake(parents, num_nodes):
+    B, T = parents.shape
+    return parents.new_empty((B, T, (T + 31) // 32)), parents.new_empty((B, T))
 
 
-@register_compiled("build_tree_mask")
-def _compiled(ns, parents, num_nodes):
-    return ns.build_tree_mask(parents, num_nodes)
+def _triton(*args):
+    from ...triton_kernels import tree_mask
+
+    return tree_mask.build_tree_mask(*args)
 
 
-@register("build_tree_mask", "triton")
-def _build_tree_mask_triton(parents, num_nodes):
-    from ...triton_kernels import tree_mask as kernels
-
-    return kernels.build_tree_mask(parents, num_nodes)
-
-
-if extension.cpu_ext is not None or extension.cuda_ext is not None:
-
-    @torch.library.register_fake("specops::build_tree_mask")
-    def _(parents, num_nodes):
-        B, T = parents.shape
-        return parents.new_empty((B, T, (T + 31) // 32)), parents.new_empty((B, T))
+register_op("build_tree_mask", ref.build_tree_mask, _triton, _fake)

@@ -1,32 +1,29 @@
 """Verification: which draft tokens survive a target forward, and the token emitted after them.
 
-Terms. A draft tree follows the ``build_tree_mask`` convention: ``tokens`` / ``parents`` int32
-``[B, T]``, node 0 = the root (the pending token), ``parents[b, i] < i``, ``num_nodes`` int32 [B]
-valid nodes per row (the rest is padding and ignored). Siblings appear in the order the drafter
-ranked (or, for R3w, drew) them. Row ``i`` of the target's ``[B, T, V]`` output is its
-distribution of the token following node ``i``. A chain is the tree ``parents[i] = i - 1``.
+Terms. A draft tree follows ``build_tree_mask``'s convention: ``tokens`` / ``parents`` int32
+``[B, T]``, node 0 the root (the pending token), ``parents[b, i] < i``, ``num_nodes`` int32 [B]
+valid nodes per row (the rest is padding). Siblings come in the order the drafter ranked (R3w:
+drew) them. Row ``i`` of the target's ``[B, T, V]`` output is its distribution of the token after
+node ``i``. A chain is the tree ``parents[i] = i - 1``.
 
-Outputs (every op): ``accept_idx`` int32 [B, T] — the accepted root path ``0 = a_0 < ... < a_m``
-as node indices, then -1; ``accept_lens`` int32 [B] = m + 1; ``bonus`` int32 [B] — the token
-emitted after the path (the correction or bonus token). Emitted: ``tokens[a_1..a_m], bonus``.
+Outputs (every op): ``accept_idx`` int32 [B, T], the accepted root path ``0 = a_0 < ... < a_m`` as
+node indices, then -1; ``accept_lens`` int32 [B] = m + 1; ``bonus`` int32 [B], the token emitted
+after the path (correction or bonus). Emitted: ``tokens[a_1..a_m], bonus``.
 
 Randomness is an input: ``uniforms`` fp32 [B, T, 2] in [0, 1). ``uniforms[b, c, 0]`` is child
-``c``'s acceptance coin (R2, R3, R3p, R3w, R5). ``uniforms[b, u, 1]`` is node ``u``'s draw: the
-sample at ``u`` (R4), the bonus at the path's end (R5, and R2/R3/R3p/R3w where ``u`` is the last
-node tested at the end node, or the end node itself if it has no children), and R3's uniformly
-random choice of the next child to try. No uniform is read twice, so a verification step is a
-pure function of its inputs: CUDA-graph safe and bit-identical on every backend (see
-:mod:`.ref` for the arithmetic contract that makes it so).
+``c``'s acceptance coin (R2, R3, R3p, R3w, R5); ``uniforms[b, u, 1]`` node ``u``'s draw: its
+sample (R4), the bonus at the path's end (R5; R2/R3/R3p/R3w where ``u`` is the last node tested at
+the end node, or the end node itself if childless) and R3's random choice of the next child. No
+uniform is read twice, so a step is a pure function of its inputs: CUDA-graph safe and
+bit-identical on every backend (:mod:`.ref` states the arithmetic contract).
 
-Rules (docs/methods.md §Verification rules): R1 ``verify_greedy``; ``verify_tree`` modes
-``mss`` R3 (R2 on a chain), ``mss_pointmass`` R3p, ``mss_noreplace`` R3w, ``sample_match`` R4,
-``gsd`` R5 (not lossless); R6 ``verify_joint`` (not lossless by design). A residual
-``norm(max(0, p - q))`` whose mass is below 1e-12 falls back to ``p``.
-"""
+Rules (docs/methods.md §Verification rules): R1 ``verify_greedy``; ``verify_tree`` modes ``mss``
+R3 (R2 on a chain), ``mss_pointmass`` R3p, ``mss_noreplace`` R3w, ``sample_match`` R4, ``gsd`` R5
+(not lossless); R6 ``verify_joint`` (not lossless by design). A residual ``norm(max(0, p - q))``
+whose mass is below 1e-12 falls back to ``p``."""
 import torch
 
-from ... import extension
-from ...backend import register, register_compiled, resolve
+from ...backend import register_op, resolve
 from .. import checks, token_bitmask
 from . import ref
 
@@ -37,23 +34,21 @@ _LOGITS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, bitmask=None, check=True, backend=None):
-    """R1: at each node accept the first child whose token is the target's argmax; the argmax at
-    the last accepted node is the bonus (ties go to the lowest token id).
+    """R1: at each node accept the first child whose token is the target's argmax; the argmax at the
+    last accepted node is the bonus (ties: the lowest token id).
 
     Shape: tokens, parents int32 [B, T], target_logits fp32/fp16/bf16 [B, T, V], num_nodes int32 [B]
     or None (= T), bitmask int32 [B, T, ceil(V / 32)] or None -> (accept_idx int32 [B, T],
     accept_lens int32 [B], bonus int32 [B]).
 
-    ``bitmask`` (a grammar's allowed tokens per node, the layout of :func:`apply_token_bitmask`):
-    the argmax at node ``i`` is over the tokens row ``i`` allows, as if the disallowed logits were
-    ``-inf``; the result equals ``verify_greedy`` on ``apply_token_bitmask(target_logits.clone(),
-    bitmask)``, without that pass over the logits (the walk masks the rows it reads).
+    ``bitmask`` (a grammar's allowed tokens per node, as in :func:`apply_token_bitmask`): the argmax
+    at node ``i`` is over the tokens row ``i`` allows; equal to ``verify_greedy`` on
+    ``apply_token_bitmask(target_logits.clone(), bitmask)`` without that pass (the walk masks the rows
+    it reads).
 
-    ``check=True`` also validates values (tree rules, tokens in [0, V), no NaN / +inf logits among
-    the allowed ones, every bitmask row allowing a token) at the cost of one host sync. With
-    ``check=False`` bad values never crash a kernel: a token outside [0, V) never matches and
-    malformed parents end the walk.
-    """
+    ``check=True`` also validates values (one host sync): tree rules, tokens in [0, V), no NaN / +inf
+    among the allowed logits, every bitmask row allowing a token. With ``check=False`` bad values
+    never crash a kernel: a token outside [0, V) never matches, malformed parents end the walk."""
     B, T, num_nodes = tree_args(tokens, parents, num_nodes)
     V = rows_arg("target_logits", target_logits, _LOGITS, B, T, tokens.device)
     draft_and_bitmask(None, "", None, None, bitmask, B, T, V, tokens.device)
@@ -71,25 +66,23 @@ def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs=None, mo
                 check=True, backend=None):
     """Stochastic tree verification with one of the rules R2-R5 (``mode``).
 
-    Shape: tokens, parents int32 [B, T], target_probs fp32 [B, T, V] (the warped target
-    distribution at each node), uniforms fp32 [B, T, 2], draft_probs fp32 [B, T, V] or None (row
-    ``c`` = the distribution node ``c`` was drawn from, i.e. its proposer's at ``parents[c]``;
-    needed by ``mss``, ``mss_noreplace`` and ``gsd``; ``mss_noreplace`` reads, at each node, the
-    row of its first child), num_nodes int32 [B] or None (= T) ->
-    (accept_idx int32 [B, T], accept_lens int32 [B], bonus int32 [B]).
+    Shape: tokens, parents int32 [B, T], target_probs fp32 [B, T, V] (the warped target at each
+    node), uniforms fp32 [B, T, 2], draft_probs fp32 [B, T, V] or None (row ``c``: the distribution
+    node ``c`` was drawn from, its proposer's at ``parents[c]``; needed by ``mss``, ``mss_noreplace``
+    (which reads, at each node, its first child's row) and ``gsd``), num_nodes int32 [B] or None
+    (= T) -> (accept_idx int32 [B, T], accept_lens int32 [B], bonus int32 [B]).
 
-    Modes: ``mss`` (R3, SpecInfer's multi-step speculative sampling; lossless when each child is
-    an independent draw from its own draft row; on a chain it is R2, Leviathan/Chen);
-    ``mss_pointmass`` (R3p: deterministic children, ``q = delta``); ``mss_noreplace`` (R3w:
-    children drawn without replacement from one draft row, in draw order); ``sample_match`` (R4:
-    draw one token per node, accept the child that matches; lossless for any draft);
-    ``gsd`` (R5: GSD's reference rule, independent per-edge tests with ``q_c = draft_probs[b, c,
-    tokens[c]]`` (GSD's merged copies reuse the first occurrence's row), the deepest passing node
-    (lowest index among equals), bonus from the target without a residual; **not lossless**).
+    Modes: ``mss`` (R3, SpecInfer's multi-step speculative sampling, lossless when each child is an
+    independent draw from its own draft row; R2, Leviathan/Chen, on a chain); ``mss_pointmass`` (R3p:
+    deterministic children, ``q = delta``); ``mss_noreplace`` (R3w: children drawn without replacement
+    from one draft row, in draw order); ``sample_match`` (R4: draw one token per node, accept the
+    matching child; lossless for any draft); ``gsd`` (R5, GSD's rule: independent per-edge tests with
+    ``q_c = draft_probs[b, c, tokens[c]]`` (merged copies reuse the first occurrence's row), the
+    deepest passing node (lowest index among equals), the bonus from the target without a residual;
+    **not lossless**).
 
-    ``check=True`` validates values with one host sync: tree rules, tokens in [0, V), uniforms in
-    [0, 1), finite non-negative probability rows summing to 1 (within 1e-3) at valid nodes.
-    """
+    ``check=True`` validates values (one host sync): tree rules, tokens in [0, V), uniforms in [0, 1),
+    finite non-negative probability rows summing to 1 (within 1e-3) at valid nodes."""
     B, T, num_nodes = tree_args(tokens, parents, num_nodes, mode)
     dev = tokens.device
     V = rows_arg("target_probs", target_probs, torch.float32, B, T, dev)
@@ -105,19 +98,18 @@ def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs=None, mo
 
 
 def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, uniforms, *, check=True, backend=None):
-    """R6 (MJSD): accept the longest draft prefix ``j`` with ``tau < min(1, p_joint / q_joint)``
-    (not the first failure), then draw the bonus from the target at the next position.
+    """R6 (MJSD): accept the longest draft prefix ``j`` with ``tau < min(1, p_joint / q_joint)`` (not
+    the first failure), then draw the bonus from the target at the next position.
 
-    Shape: draft_tokens int32 [B, g], target_logprobs fp32 [B, g + 1, V] (row ``i`` = the warped
+    Shape: draft_tokens int32 [B, g], target_logprobs fp32 [B, g + 1, V] (row ``i``: the warped
     target log-distribution after the root and ``i`` drafts), draft_joint_logprobs fp32 [B, g]
     (``log q(x_1..x_j)``), tau float or fp32 [B] in [0, 1], uniforms fp32 [B] ->
     (accept_idx int32 [B, g + 1], accept_lens int32 [B], bonus int32 [B]).
 
-    ``p_joint`` accumulates ``target_logprobs[b, j - 1, x_j]`` left to right in fp32; the test runs
-    in log space. ``tau = 1`` accepts nothing (target-only decoding), ``tau = 0`` accepts all
-    ``g`` drafts. Not lossless by design. ``check=True`` validates values with one host sync.
-    """
-    B, g, V, tau = joint_args(draft_tokens, "target_logprobs", target_logprobs, torch.float32, draft_joint_logprobs,
+    ``p_joint`` accumulates ``target_logprobs[b, j - 1, x_j]`` left to right in fp32; the test runs in
+    log space. ``tau = 1`` accepts nothing (target-only decoding), ``tau = 0`` all ``g`` drafts. Not
+    lossless by design. ``check=True`` validates values with one host sync."""
+    _, _, V, tau = joint_args(draft_tokens, "target_logprobs", target_logprobs, torch.float32, draft_joint_logprobs,
                               tau, uniforms)
     if check:
         lse = torch.logsumexp(target_logprobs, -1)
@@ -139,9 +131,9 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, unifo
 # ---- argument checks -----------------------------------------------------------------------
 
 def joint_args(draft_tokens, target_name, target, target_dtype, draft_joint_logprobs, tau, uniforms):
-    """The metadata rules R6's ops share (no host sync): draft_tokens int32 [B, g], the target's rows
-    ``target`` (named ``target_name``, dtype ``target_dtype``: one or a tuple) [B, g + 1, V >= 1],
-    draft_joint_logprobs fp32 [B, g], uniforms fp32 [B], all on draft_tokens' device, and ``tau``
+    """The metadata rules of R6's ops (no host sync): draft_tokens int32 [B, g]; the target's rows
+    ``target`` (named ``target_name``, ``target_dtype``: one or a tuple) [B, g + 1, V >= 1];
+    draft_joint_logprobs fp32 [B, g]; uniforms fp32 [B]; all on one device; ``tau``
     (:func:`tau_tensor`). Returns (B, g, V, tau as fp32 [B])."""
     checks.tensor("draft_tokens", draft_tokens, dtype=torch.int32, rank=2)
     B, g = draft_tokens.shape
@@ -184,9 +176,9 @@ def tree_args(tokens, parents, num_nodes, mode=...):
 
 
 def tree_value_rules(tokens, parents, num_nodes, V, uniforms=None, bitmask=None):
-    """The value rules the tree ops start with, in order: every bitmask row allows a token (where
-    given), the tree and its tokens, the uniforms (where given). -> (rules, valid nodes bool [B, T],
-    valid non-root nodes bool [B, T])."""
+    """The tree ops' first value rules, in order: every bitmask row allows a token (where given), the
+    tree and its tokens, the uniforms (where given). -> (rules, valid nodes bool [B, T], valid
+    non-root nodes bool [B, T])."""
     T = tokens.shape[1]
     valid = checks.valid_mask(num_nodes, T)
     rules = ([] if bitmask is None else [token_bitmask.rows_rule(bitmask, V)]) + checks.tree_rules(
@@ -195,8 +187,8 @@ def tree_value_rules(tokens, parents, num_nodes, V, uniforms=None, bitmask=None)
 
 
 def draft_and_bitmask(mode, name, draft, dtype, bitmask, B, T, V, dev):
-    """The optional arguments of the tree ops: the draft rows ``draft`` [B, T, V] (named ``name``,
-    ``dtype``: one or a tuple), required where ``mode`` reads them (NEEDS_DRAFT), and the int32
+    """The tree ops' optional arguments: the draft rows ``draft`` [B, T, V] (named ``name``, ``dtype``:
+    one or a tuple), required where ``mode`` reads them (NEEDS_DRAFT), and the int32
     [B, T, ceil(V / 32)] ``bitmask``."""
     if draft is not None:
         checks.tensor(name, draft, dtype=dtype, shape=(B, T, V), device=dev)
@@ -217,62 +209,25 @@ def rows_arg(name, rows, dtype, B, T, dev, T_name="T"):
 
 # ---- backends ------------------------------------------------------------------------------
 
-register("verify_greedy", "torch")(ref.verify_greedy)
-register("verify_tree", "torch")(ref.verify_tree)
-register("verify_joint", "torch")(ref.verify_joint)
+
+def _triton(name):
+    """The Triton kernel ``name`` (its module imported at the first call)."""
+    def call(*args):
+        from ...triton_kernels import verify
+
+        return getattr(verify, name)(*args)
+
+    return call
 
 
-@register_compiled("verify_greedy")
-def _compiled_greedy(ns, tokens, parents, target_logits, num_nodes, bitmask):
-    return ns.verify_greedy(tokens, parents, target_logits, num_nodes, bitmask)
+def fake_outputs(T_extra):
+    """The fake of a verify op: (accept_idx [B, T or g + 1], accept_lens [B], bonus [B]) like its first argument."""
+    def fake(tokens, *args, **kwargs):
+        B, T = tokens.shape
+        return tokens.new_empty((B, T + T_extra)), tokens.new_empty((B,)), tokens.new_empty((B,))
+    return fake
 
 
-@register_compiled("verify_tree")
-def _compiled_tree(ns, tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode):
-    return ns.verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode)
-
-
-@register_compiled("verify_joint")
-def _compiled_joint(ns, draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms):
-    return ns.verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms)
-
-
-@register("verify_greedy", "triton")
-def _verify_greedy_triton(tokens, parents, target_logits, num_nodes, bitmask):
-    from ...triton_kernels import verify as kernels
-
-    return kernels.verify_greedy(tokens, parents, target_logits, num_nodes, bitmask)
-
-
-@register("verify_tree", "triton")
-def _verify_tree_triton(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode):
-    from ...triton_kernels import verify as kernels
-
-    return kernels.verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode)
-
-
-@register("verify_joint", "triton")
-def _verify_joint_triton(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms):
-    from ...triton_kernels import verify as kernels
-
-    return kernels.verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms)
-
-
-def _outputs(tokens, T):
-    B = tokens.shape[0]
-    return tokens.new_empty((B, T)), tokens.new_empty((B,)), tokens.new_empty((B,))
-
-
-if extension.cpu_ext is not None or extension.cuda_ext is not None:
-
-    @torch.library.register_fake("specops::verify_greedy")
-    def _(tokens, parents, target_logits, num_nodes, bitmask=None):
-        return _outputs(tokens, tokens.shape[1])
-
-    @torch.library.register_fake("specops::verify_tree")
-    def _(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode):
-        return _outputs(tokens, tokens.shape[1])
-
-    @torch.library.register_fake("specops::verify_joint")
-    def _(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms):
-        return _outputs(draft_tokens, draft_tokens.shape[1] + 1)
+register_op("verify_greedy", ref.verify_greedy, _triton("verify_greedy"), fake_outputs(0))
+register_op("verify_tree", ref.verify_tree, _triton("verify_tree"), fake_outputs(0))
+register_op("verify_joint", ref.verify_joint, _triton("verify_joint"), fake_outputs(1))

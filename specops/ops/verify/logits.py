@@ -7,15 +7,12 @@ exactly (bit for bit, on every backend) what
                 uniforms, draft_probs=warp_probs(draft_logits.view(B * T, V), dt, dk, dp).view(B, T, V),
                 mode=mode)
 
-returns on that backend, with each per-row ``[B]`` parameter repeated over the sequence's T rows.
-No ``[B, T, V]`` probability tensor exists at any time (docs/verify_logits.md): a row's warping
-statistics (its logit max, the top-k / top-p threshold, the normaliser over the kept set; the
-argmax when its temperature is greedy) are computed the first time the walk reaches it, with the
-same code ``warp_probs`` runs, and a probability ``p(x)`` is evaluated from the logit, the
-statistics and the same operation sequence. Full rows (a residual, a bonus draw) are built in a
-per-sequence scratch row only where the walk needs them. Rows the walk never reaches are never
-read, which is where most of the saving comes from: a chain of T drafts that stops after ``m``
-reads ``m + 1`` target rows, not T.
+returns on that backend, each per-row ``[B]`` parameter repeated over the sequence's T rows. No
+``[B, T, V]`` probability tensor exists (docs/verify_logits.md): a row's warping statistics (logit
+max, top-k / top-p threshold, normaliser; the argmax when greedy) are computed, by ``warp_probs``'
+code, when the walk first reaches it, and ``p(x)`` from the logit and them. Full rows (a residual, a
+bonus draw) go to a per-sequence scratch row. Rows the walk never reaches are never read: a chain of
+T drafts that stops after ``m`` reads ``m + 1`` target rows, not T (most of the saving).
 
 ``verify_joint_logits`` is R6 (MJSD) on the same machinery: the test's warp and the bonus's are the
 two row kinds over one logits tensor (the walks' target and draft), the test reads one probability
@@ -23,14 +20,14 @@ per row. ``verify_mode`` is the mode -> op policy the decoding loop calls (R1-R6
 """
 import torch
 
-from ...backend import register, register_compiled, resolve
+from ...backend import register_op, resolve
 from .. import checks, token_bitmask
-from ..sampling import FLOAT_DTYPES, row_param, vocab_limit
+from ..sampling import FLOAT_DTYPES, vocab_limit, warp_params
 from ..sampling.ref import warp_probs as warp_probs_torch
-from . import (MODES, NEEDS_DRAFT, draft_and_bitmask, joint_args, joint_rule, ref, rows_arg, tau_rule, tree_args,
-               tree_value_rules, verify_greedy)
+from . import (MODES, NEEDS_DRAFT, draft_and_bitmask, fake_outputs, joint_args, joint_rule, ref, rows_arg, tau_rule,
+               tree_args, tree_value_rules, verify_greedy)
 
-raise_flags = checks.raise_first  # the value checks of this module's ops (one host sync)
+raise_flags = checks.raise_first  # the value checks of this module's ops (one host sync; tests stub it)
 
 
 def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature, top_k=0, top_p=1.0,
@@ -38,27 +35,22 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
                        num_nodes=None, bitmask=None, check=True, backend=None):
     """``verify_tree`` on ``warp_probs`` of the logits, without the probability tensors.
 
-    Shape: tokens, parents int32 [B, T], target_logits fp32/bf16/fp16 [B, T, V] (row ``u`` = the
-    target's logits after node ``u``), uniforms fp32 [B, T, 2], draft_logits fp32/bf16/fp16
-    [B, T, V] or None (row ``c`` = the draft's logits at ``parents[c]``, the distribution node
-    ``c`` was drawn from; needed by ``mss``, ``mss_noreplace`` and ``gsd``), temperature /
-    top_p float or float tensor [B], top_k int or int tensor [B] (the draft's likewise;
-    ``draft_temperature=None`` = the target's), num_nodes int32 [B] or None (= T), bitmask int32
-    [B, T, ceil(V / 32)] or None -> (accept_idx int32 [B, T], accept_lens int32 [B], bonus int32 [B]).
+    Shape: tokens, parents int32 [B, T], target_logits fp32/bf16/fp16 [B, T, V] (row ``u``: after
+    node ``u``), uniforms fp32 [B, T, 2], draft_logits like target_logits or None (row ``c``: the
+    draft's at ``parents[c]``, which node ``c`` was drawn from; needed by ``mss``, ``mss_noreplace``
+    and ``gsd``), temperature / top_p float or float tensor [B], top_k int or int tensor [B] (the
+    draft's likewise; ``draft_temperature=None`` = the target's), num_nodes int32 [B] or None (= T),
+    bitmask int32 [B, T, ceil(V / 32)] or None -> (accept_idx int32 [B, T], accept_lens, bonus int32 [B]).
 
-    ``bitmask`` (a grammar's allowed tokens after each node, the layout of
-    :func:`apply_token_bitmask`): target row ``u`` is warped as if the logits its row ``u``
-    disallows were ``-inf``, and draft row ``c`` as if those its row ``parents[c]`` disallows were
-    (the grammar state node ``c`` was drawn at). The result equals this op on
-    ``apply_token_bitmask`` of both logits tensors (the draft's with the rows gathered at the
-    parents), without that pass over the logits: the walk masks the rows it reads.
+    ``bitmask`` (a grammar's allowed tokens after each node, as in :func:`apply_token_bitmask`):
+    target row ``u`` is warped as if the logits row ``u`` disallows were ``-inf``, draft row ``c``
+    as if those row ``parents[c]`` disallows were; equal to this op on ``apply_token_bitmask`` of
+    both logits (the draft's masks gathered at the parents), without that pass over the logits.
 
-    Modes and outputs: see ``verify_tree``; warping rule: see ``warp_probs``. ``check=True``
-    validates values with host syncs: tree rules, tokens in [0, V), uniforms in [0, 1),
-    per-row parameters, logits rows (no NaN / +inf, not all -inf, among the allowed tokens) at
-    valid nodes (the draft's at valid non-root nodes), every bitmask row allowing a token.
-    ``check=False`` syncs nothing. Limit: ``V <= 2**31 - 1`` on the
-    compiled backends.
+    Modes and outputs: ``verify_tree``; warping: ``warp_probs``. ``check=True`` validates values
+    (host syncs): tree rules, tokens in [0, V), uniforms in [0, 1), per-row parameters, logits rows
+    at valid nodes (the draft's at non-root ones: no NaN / +inf, not all -inf among the allowed
+    tokens), every bitmask row allowing a token. Limit: ``V <= 2**31 - 1`` on the compiled backends.
     """
     B, T, num_nodes = tree_args(tokens, parents, num_nodes, mode)
     dev = tokens.device
@@ -85,31 +77,28 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
 def verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, tau, uniforms, *, temperature, top_k=0,
                         top_p=1.0, bonus_temperature=None, bonus_top_k=0, bonus_top_p=1.0, num_nodes=None, check=True,
                         backend=None):
-    """R6 (MJSD) from logits: ``verify_joint``'s longest-passing-prefix test on the target's logits,
+    """R6 (MJSD) from logits: ``verify_joint``'s longest-passing-prefix test on the target's logits
     warped per row as ``warp_probs`` would, without a [B, g + 1, V] log-probability tensor.
 
-    Shape: draft_tokens int32 [B, g], target_logits fp32/bf16/fp16 [B, g + 1, V] (row ``i`` = the
-    target's logits after the root and ``i`` drafts), draft_joint_logprobs fp32 [B, g] (``log
-    q(x_1..x_j)``), tau float or fp32 [B] in [0, 1], uniforms fp32 [B], temperature / top_p float
-    or float tensor [B], top_k int or int tensor [B] (the test's warp; the bonus's likewise,
-    ``bonus_temperature=None`` = the test's), num_nodes int32 [B] or None (= g + 1: chain nodes,
-    the root included; a sequence tests only its first ``num_nodes[b] - 1`` drafts) ->
-    (accept_idx int32 [B, g + 1], accept_lens int32 [B], bonus int32 [B]).
+    Shape: draft_tokens int32 [B, g], target_logits fp32/bf16/fp16 [B, g + 1, V] (row ``i``: after
+    the root and ``i`` drafts), draft_joint_logprobs fp32 [B, g] (``log q(x_1..x_j)``), tau float or
+    fp32 [B] in [0, 1], uniforms fp32 [B], temperature / top_p float or float tensor [B], top_k int
+    or int tensor [B] (the test's warp; the bonus's likewise, ``bonus_temperature=None`` = the
+    test's), num_nodes int32 [B] or None (= g + 1 chain nodes with the root; a sequence tests its
+    first ``num_nodes[b] - 1`` drafts) -> (accept_idx int32 [B, g + 1], accept_lens, bonus int32 [B]).
 
-    The test: ``p_joint`` accumulates ``det_log(P[b, j - 1, x_j])`` left to right in fp32, where
-    ``P`` is ``warp_probs`` of the rows with the test's warp and ``det_log`` the log of
-    csrc/verify_common.h (single IEEE operations, so every backend takes the same decisions; within
-    about an ulp of ``log``); the prefix ``j`` passes when ``tau < min(1, p_joint / q_joint)`` in log
-    space, and the longest passing prefix ``eta`` is accepted. The bonus is the inverse-CDF draw
-    with ``uniforms[b]`` from ``warp_probs`` of row ``eta`` with the bonus warp (verify_tree's draw;
-    the argmax for a greedy bonus warp). Each row's warping statistics are computed once and a
-    probability is evaluated from one logit (docs/verify_logits.md); only the bonus row is read whole
-    a second time. ``tau = 1`` accepts nothing, ``tau = 0`` every draft. Not lossless by design.
+    The test: ``p_joint`` accumulates ``det_log(P[b, j - 1, x_j])`` left to right in fp32 (``P``:
+    ``warp_probs`` with the test's warp; ``det_log``: csrc/verify_common.h's log of single IEEE
+    operations, so every backend decides alike, within about an ulp of ``log``); prefix ``j``
+    passes when ``tau < min(1, p_joint / q_joint)`` in log space; the longest passing one, ``eta``,
+    is accepted. The bonus: verify_tree's inverse-CDF draw with ``uniforms[b]`` from row ``eta``
+    under the bonus warp (the argmax if greedy), the only row read whole twice. ``tau = 1`` accepts
+    nothing, ``tau = 0`` every draft. Not lossless by design.
 
     ``check=True`` validates values with one host sync: draft tokens in [0, V) and joint
     log-probabilities ``<= 0`` (not NaN) where tested, tau in [0, 1], uniforms in [0, 1), per-row
     parameters, logits rows at valid nodes (no NaN / +inf, not all -inf), num_nodes in [1, g + 1].
-    ``check=False`` syncs nothing. Limit: ``V <= 2**31 - 1`` on the compiled backends.
+    Limit: ``V <= 2**31 - 1`` on the compiled backends.
     """
     B, g, V, tau = joint_args(draft_tokens, "target_logits", target_logits, FLOAT_DTYPES, draft_joint_logprobs, tau,
                               uniforms)
@@ -141,18 +130,16 @@ def verify_mode(mode, tokens, parents, target_logits, uniforms, *, num_nodes=Non
                 top_p=1.0, draft_logits=None, draft_temperature=None, draft_top_k=0, draft_top_p=1.0, bitmask=None,
                 joint_logprobs=None, tau=None, joint_temperature=1.0, joint_top_k=0, joint_top_p=1.0, check=True,
                 backend=None):
-    """The verify op of a rule, in one place: ``greedy`` (R1) -> ``verify_greedy``; every sampled
-    tree rule (``MODES``) -> ``verify_tree_logits``; ``joint`` (R6) -> ``verify_joint_logits`` on
-    the chain ``tokens[:, 1:]``. Every path reads logits and warps only the rows it needs: no
-    [B, T, V] probability tensor for any mode.
+    """The verify op of a rule, in one place: ``greedy`` (R1) -> ``verify_greedy``; a sampled tree rule
+    (``MODES``) -> ``verify_tree_logits``; ``joint`` (R6) -> ``verify_joint_logits`` on the chain
+    ``tokens[:, 1:]``. Every path warps only the rows it reads: no [B, T, V] probability tensor.
 
     Shape: tokens, parents int32 [B, T], target_logits [B, T, V], uniforms fp32 [B, T, 2] (None for
-    greedy; ``joint`` reads ``uniforms[:, 0, 0]``), num_nodes int32 [B] or None; temperature /
-    top_k / top_p: the warp the emitted tokens follow (the target's rows; R6: its bonus);
-    draft_logits / draft_*: the draft rows of the rejection modes (see ``verify_tree_logits``);
-    bitmask int32 [B, T, ceil(V / 32)] or None (where ``fuses_bitmask``); R6: joint_logprobs fp32
-    [B, T - 1], tau, and the test's warp joint_* (None joint_logprobs: only for T = 1, nothing to
-    test) -> (accept_idx int32 [B, T], accept_lens int32 [B], bonus int32 [B])."""
+    greedy; ``joint`` reads ``uniforms[:, 0, 0]``), num_nodes int32 [B] or None; temperature / top_k /
+    top_p: the warp of the emitted tokens (R6: of its bonus); draft_logits / draft_*: as in
+    ``verify_tree_logits``; bitmask int32 [B, T, ceil(V / 32)] or None (where ``fuses_bitmask``); R6:
+    joint_logprobs fp32 [B, T - 1] (None only for T = 1: nothing to test), tau, the test's warp
+    joint_* -> (accept_idx int32 [B, T], accept_lens int32 [B], bonus int32 [B])."""
     if mode not in VERIFY_MODES:
         raise ValueError(f"mode must be one of {VERIFY_MODES}, got {mode!r}")
     if bitmask is not None and not fuses_bitmask(mode):
@@ -191,13 +178,8 @@ def _joint_rules(draft_tokens, target_logits, draft_joint_logprobs, tau, uniform
 
 def _params(B, T, dev, check, temperature, top_k, top_p, prefix=""):
     """Scalars or [B] tensors -> fp32 / int32 / fp32 [B * T] (one value per logits row)."""
-    out = []
-    for name, value, dtype, kind in (("temperature", temperature, torch.float32, "float"),
-                                     ("top_k", top_k, torch.int32, "int"),
-                                     ("top_p", top_p, torch.float32, "float")):
-        row = row_param(name, value, B, dev, dtype=dtype, kind=kind, check=check, prefix=prefix)
-        out.append(row[:, None].expand(B, T).reshape(B * T))
-    return out
+    return [row[:, None].expand(B, T).reshape(B * T)
+            for row in warp_params(B, dev, check, temperature, top_k, top_p, prefix)]
 
 
 def _warps_and_impl(op, torch_impl, backend, B, T, V, dev, check, first, second, prefix):
@@ -248,7 +230,6 @@ class _LazyRows:
         return row[rest] if rest else row
 
 
-@register("verify_tree_logits", "torch")
 def _verify_tree_logits_torch(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp, num_nodes,
                               mode, bitmask=None):
     B, T, V = target_logits.shape
@@ -259,40 +240,15 @@ def _verify_tree_logits_torch(tokens, parents, target_logits, uniforms, t, k, p,
     M = bitmask.cpu() if bitmask is not None else None
     MQ = _at_parents(M, par) if M is not None else None  # draft row c: the mask at parents[c]
     t, k, p, dt, dk, dp = (v.cpu().view(B, T) for v in (t, k, p, dt, dk, dp))
-    paths, bonuses = [], []
-    for b, n in enumerate(ref.clamped_nodes(num_nodes, T)):
+
+    def walk(b, n):
         P = _LazyRows(X[b], t[b], k[b], p[b], None if M is None else M[b])
         Q = _LazyRows(Y[b], dt[b], dk[b], dp[b], None if MQ is None else MQ[b]) if Y is not None else None
-        if mode == "sample_match":
-            walk = ref.match_walk(
-                tok[b], par[b], n, lambda u, P=P, b=b: ref.sample_weights(
-                    ref.fix_weights(P[u], S), U[b, u, 1]))
-        elif mode == "gsd":
-            walk = ref.gsd_walk(tok[b], par[b], n, P, Q, U[b], S)
-        else:
-            walk = ref.mss_walk(mode, tok[b], par[b], n, P, Q, U[b], S)
-        paths.append(walk[0])
-        bonuses.append(walk[1])
-    return ref.finish(B, T, paths, bonuses, tokens.device)
+        return ref.tree_walk(mode, tok[b], par[b], n, P, Q, U[b], S)
+
+    return ref.each_sequence(ref.clamped_nodes(num_nodes, T), T, tokens.device, walk)
 
 
-@register_compiled("verify_tree_logits")
-def _compiled(ns, tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp, num_nodes, mode,
-              bitmask=None):
-    return ns.verify_tree_logits(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp,
-                                 num_nodes, mode, bitmask)
-
-
-@register("verify_tree_logits", "triton")
-def _verify_tree_logits_triton(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp,
-                               num_nodes, mode, bitmask=None):
-    from ...triton_kernels import verify_logits as kernels
-
-    return kernels.verify_tree_logits(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp,
-                                      num_nodes, mode, bitmask)
-
-
-@register("verify_joint_logits", "torch")
 def _verify_joint_logits_torch(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p, bt, bk,
                                bp, num_nodes):
     B, g = draft_tokens.shape
@@ -300,51 +256,25 @@ def _verify_joint_logits_torch(draft_tokens, target_logits, draft_joint_logprobs
     S = ref.fix_shift(V)
     tok, X, lq, lt, U = (v.cpu() for v in (draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms))
     t, k, p, bt, bk, bp = (v.cpu().view(B, T) for v in (t, k, p, bt, bk, bp))
-    paths, bonuses = [], []
-    for b, n in enumerate(ref.clamped_nodes(num_nodes, T)):
+
+    def walk(b, n):
         P = _LazyRows(X[b], t[b], k[b], p[b])  # the test's rows
-        eta = ref.joint_eta(tok[b], n, V, lt[b], lq[b], lambda row, x, P=P: ref.det_log(P[row, x]))
-        paths.append(list(range(eta + 1)))
+        eta = ref.joint_eta(tok[b], n, V, lt[b], lq[b], lambda row, x: ref.det_log(P[row, x]))
         bonus_row = _LazyRows(X[b], bt[b], bk[b], bp[b])[eta]
-        bonuses.append(ref.sample_weights(ref.fix_weights(bonus_row, S), U[b]))
-    return ref.finish(B, T, paths, bonuses, draft_tokens.device)
+        return list(range(eta + 1)), ref.sample_weights(ref.fix_weights(bonus_row, S), U[b])
+
+    return ref.each_sequence(ref.clamped_nodes(num_nodes, T), T, draft_tokens.device, walk)
 
 
-@register_compiled("verify_joint_logits")
-def _compiled_joint(ns, draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p, bt, bk, bp,
-                    num_nodes):
-    return ns.verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p, bt, bk,
-                                  bp, num_nodes)
+def _triton(name):
+    """The Triton kernel ``name`` (its module imported at the first call)."""
+    def call(*args):
+        from ...triton_kernels import verify_logits
+
+        return getattr(verify_logits, name)(*args)
+
+    return call
 
 
-@register("verify_joint_logits", "triton")
-def _verify_joint_logits_triton(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p, bt, bk,
-                                bp, num_nodes):
-    from ...triton_kernels import verify_logits as kernels
-
-    return kernels.verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p,
-                                       bt, bk, bp, num_nodes)
-
-
-def _register_fake():
-    from ... import extension
-
-    if extension.cpu_ext is None and extension.cuda_ext is None:
-        return
-
-    @torch.library.register_fake("specops::verify_tree_logits")
-    def _(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp, num_nodes, mode,
-          bitmask=None):
-        B, T = tokens.shape
-        return tokens.new_empty((B, T)), tokens.new_empty((B,)), tokens.new_empty((B,))
-
-    if not hasattr(torch.ops.specops, "verify_joint_logits"):
-        return  # an extension built before the op (a stale build): the torch backend still runs
-
-    @torch.library.register_fake("specops::verify_joint_logits")
-    def _(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p, bt, bk, bp, num_nodes):
-        B, g = draft_tokens.shape
-        return draft_tokens.new_empty((B, g + 1)), draft_tokens.new_empty((B,)), draft_tokens.new_empty((B,))
-
-
-_register_fake()
+register_op("verify_tree_logits", _verify_tree_logits_torch, _triton("verify_tree_logits"), fake_outputs(0))
+register_op("verify_joint_logits", _verify_joint_logits_torch, _triton("verify_joint_logits"), fake_outputs(1))

@@ -137,12 +137,15 @@ def _children(parents, n, u):
     return [c for c in range(u + 1, n) if int(parents[c]) == u]
 
 
-def finish(B, T, paths, bonuses, device):
-    accept_idx = torch.full((B, T), -1, dtype=torch.int32)
-    for b, path in enumerate(paths):
+def each_sequence(nodes, T, device, walk):
+    """The ops' outputs from ``walk(b, n)`` -> (path, bonus) of each sequence ``b`` of ``nodes[b]``
+    nodes. Shape: -> accept_idx int32 [B, T], accept_lens, bonus int32 [B] on ``device``."""
+    walks = [walk(b, n) for b, n in enumerate(nodes)]
+    accept_idx = torch.full((len(walks), T), -1, dtype=torch.int32)
+    for b, (path, _) in enumerate(walks):
         accept_idx[b, : len(path)] = torch.tensor(path, dtype=torch.int32)
-    lens = torch.tensor([len(p) for p in paths], dtype=torch.int32)
-    return accept_idx.to(device), lens.to(device), torch.tensor(bonuses, dtype=torch.int32).to(device)
+    lens = torch.tensor([len(p) for p, _ in walks], dtype=torch.int32)
+    return accept_idx.to(device), lens.to(device), torch.tensor([w[1] for w in walks], dtype=torch.int32).to(device)
 
 
 def match_walk(tokens, parents, n, predict):
@@ -164,7 +167,7 @@ def mss_walk(mode, tokens, parents, n, P, Q, U, S):
     path, u = [0], 0
     while True:
         kids = _children(parents, n, u)
-        R, Z, W = P[u].clone(), F32(1.0), None  # current target distribution R / Z
+        R, Z = P[u].clone(), F32(1.0)  # current target distribution R / Z
         Qr, Zq = (Q[kids[0]].clone() if mode == "mss_noreplace" and kids else None), F32(1.0)
         d, accepted = u, None
         while kids:
@@ -189,7 +192,7 @@ def mss_walk(mode, tokens, parents, n, P, Q, U, S):
                 Wn = int(fix_weights(new, S).sum())
                 Zn = _i2f(Wn) * inv
                 if not residual_fallback(Zn, Z, F32(1.0)):
-                    R, W, Z = new, Wn, Zn
+                    R, Z = new, Zn
             else:
                 q_row = Qr if mode == "mss_noreplace" else Q[s]
                 c = R * _t(Zq) - _t(Z) * q_row
@@ -203,7 +206,7 @@ def mss_walk(mode, tokens, parents, n, P, Q, U, S):
                         Qr[x] = 0.0
                     Zq = _i2f(int(fix_weights(Qr, S).sum())) * inv
                 if not fallback:
-                    R, W, Z = new, Wn, Zn
+                    R, Z = new, Zn
         if accepted is None:
             return path, sample_weights(fix_weights(R, S), U[d, 1])
         u = accepted
@@ -234,36 +237,31 @@ def clamped_nodes(num_nodes, T):
     return [min(max(int(v), 1), T) for v in num_nodes.cpu()]
 
 
+def tree_walk(mode, tokens, parents, n, P, Q, U, S):
+    """verify_tree's walk of ``mode`` over one sequence's target rows ``P`` and draft rows ``Q``."""
+    if mode == "sample_match":
+        return match_walk(tokens, parents, n, lambda u: sample_weights(fix_weights(P[u], S), U[u, 1]))
+    if mode == "gsd":
+        return gsd_walk(tokens, parents, n, P, Q, U, S)
+    return mss_walk(mode, tokens, parents, n, P, Q, U, S)
+
+
 def verify_greedy(tokens, parents, target_logits, num_nodes, bitmask=None):
-    B, T = tokens.shape
+    T = tokens.shape[1]
     tok, par, logits = tokens.cpu(), parents.cpu(), target_logits.cpu()
     if bitmask is not None:  # the disallowed logits as -inf (apply_token_bitmask's rule)
         logits = logits.masked_fill(~allowed_tokens(bitmask.cpu(), logits.shape[-1]), float("-inf"))
-    paths, bonuses = [], []
-    for b, n in enumerate(clamped_nodes(num_nodes, T)):
-        path, bonus = match_walk(tok[b], par[b], n, lambda u, b=b: argmax_first(logits[b, u]))
-        paths.append(path)
-        bonuses.append(bonus)
-    return finish(B, T, paths, bonuses, tokens.device)
+    return each_sequence(clamped_nodes(num_nodes, T), T, tokens.device,
+                         lambda b, n: match_walk(tok[b], par[b], n, lambda u: argmax_first(logits[b, u])))
 
 
 def verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode):
-    B, T = tokens.shape
+    T = tokens.shape[1]
     S = fix_shift(target_probs.shape[2])
     tok, par, P, U = tokens.cpu(), parents.cpu(), target_probs.cpu(), uniforms.cpu()
     Q = draft_probs.cpu() if draft_probs is not None else None
-    paths, bonuses = [], []
-    for b, n in enumerate(clamped_nodes(num_nodes, T)):
-        Qb = Q[b] if Q is not None else None
-        if mode == "sample_match":
-            walk = match_walk(tok[b], par[b], n, lambda u, b=b: sample_weights(fix_weights(P[b, u], S), U[b, u, 1]))
-        elif mode == "gsd":
-            walk = gsd_walk(tok[b], par[b], n, P[b], Qb, U[b], S)
-        else:
-            walk = mss_walk(mode, tok[b], par[b], n, P[b], Qb, U[b], S)
-        paths.append(walk[0])
-        bonuses.append(walk[1])
-    return finish(B, T, paths, bonuses, tokens.device)
+    return each_sequence(clamped_nodes(num_nodes, T), T, tokens.device, lambda b, n: tree_walk(
+        mode, tok[b], par[b], n, P[b], None if Q is None else Q[b], U[b], S))
 
 
 def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms):
@@ -271,9 +269,9 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, u
     V = target_logprobs.shape[2]
     S = fix_shift(V)
     tok, L, lq, lt, U = (t.cpu() for t in (draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms))
-    paths, bonuses = [], []
-    for b in range(B):
-        eta = joint_eta(tok[b], g + 1, V, lt[b], lq[b], lambda row, x, b=b: L[b, row, x])
-        paths.append(list(range(eta + 1)))
-        bonuses.append(sample_weights(fix_weights(det_exp(L[b, eta]), S), U[b]))
-    return finish(B, g + 1, paths, bonuses, draft_tokens.device)
+
+    def walk(b, n):
+        eta = joint_eta(tok[b], n, V, lt[b], lq[b], lambda row, x: L[b, row, x])
+        return list(range(eta + 1)), sample_weights(fix_weights(det_exp(L[b, eta]), S), U[b])
+
+    return each_sequence([g + 1] * B, g + 1, draft_tokens.device, walk)
