@@ -1,19 +1,17 @@
 """Argument validation shared by every op, in one vocabulary: errors name the argument, the
-expectation and what came (the value, and for tensors the position of the first offending element).
+expectation and what came (the value; for tensors the position of the first offending element).
 
 Metadata checks (``tensor``, ``scalar`` / ``integer``, ``nonempty``, ``power_of_two``, ``lengths``)
-never touch tensor values. Value checks are rules, ``(bad, message)`` (``rule``, ``row_rule`` and
-the named ones: ``uniform_rule``, ``prob_rules``, ``logit_rules``, ``tree_rules``), which an op
-collects and hands to ``raise_first``: one host sync, only when the op's ``check=True``.
-"""
+never touch values. Value checks are rules, ``(bad, message)`` (``rule``, ``row_rule``,
+``uniform_rule``, ``prob_rules``, ``logit_rules``, ``tree_rules``), which an op hands to
+``raise_first``: one host sync, only when the op's ``check=True``."""
 import numbers
 
 import torch
 
 
 def tensor(name, t, *, dtype=None, rank=None, shape=None, device=None, last_stride_one=False):
-    """Checks one tensor argument. ``dtype`` may be a dtype or a tuple of allowed dtypes;
-    ``shape`` a tuple whose ``None`` entries are free."""
+    """One tensor argument; ``dtype``: a dtype or a tuple of them; ``shape``: a tuple, ``None`` entries free."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if dtype is not None:
@@ -47,16 +45,14 @@ def scalar(name, value, types, want, width=None):
 
 
 def nonempty(name, t, dim, what):
-    """The size of ``t``'s dimension ``dim``, which must be >= 1 (``what`` names one entry of it,
-    e.g. ``"node (T >= 1)"``)."""
+    """The size of ``t``'s dimension ``dim``, which must be >= 1 (``what`` names one entry, e.g. ``"node (T >= 1)"``)."""
     if t.shape[dim] == 0:
         raise ValueError(f"{name} must have at least one {what}, got shape {tuple(t.shape)}")
     return t.shape[dim]
 
 
 def integer(name, value, lo=None, hi=None, why=""):
-    """A Python integer argument (bool is rejected) in ``[lo, hi]`` (``None``: unbounded);
-    ``why`` explains the upper bound. Returns it as an int."""
+    """A Python int (bool rejected) in ``[lo, hi]`` (``None``: unbounded; ``why`` explains ``hi``), returned."""
     value = int(scalar(name, value, numbers.Integral, "an int"))
     if lo is not None and value < lo:
         raise ValueError(f"{name} must be >= {lo}, got {value}")
@@ -66,8 +62,8 @@ def integer(name, value, lo=None, hi=None, why=""):
 
 
 def byte_range(t):
-    """(storage address, first byte, one past the last byte) a non-empty tensor addresses: the
-    storage's ``data_ptr()`` plus byte offsets from the storage offset and strides (metadata only)."""
+    """(storage address, first byte, one past the last byte) of a non-empty tensor, from its storage
+    offset and strides (metadata only)."""
     es = t.element_size()
     lo = hi = t.storage_offset()
     for n, st in zip(t.shape, t.stride()):
@@ -81,9 +77,8 @@ def byte_range(t):
 
 
 def disjoint(name, t, others):
-    """``t`` shares no byte with any tensor of ``others`` (name -> tensor or None): their storage
-    ranges do not meet (conservative for interleaved views). Metadata only, no host sync; skipped
-    for tensors without storage (meta, fake: while compiling)."""
+    """``t`` shares no byte with any tensor of ``others`` (name -> tensor or None): storage ranges do not
+    meet (conservative for interleaved views). Metadata only; skipped without storage (meta, fake)."""
     if t.numel() == 0 or t.device.type == "meta" or torch.compiler.is_compiling():
         return
     lo, hi = byte_range(t)
@@ -97,8 +92,8 @@ def disjoint(name, t, others):
 
 
 def declared(name, label, got, what, value):
-    """A size a plan was declared with (``what`` = ``value``) against the one its tensor has
-    (``label`` = ``got`` of ``name``): equal, or ValueError naming both. ``value`` None: not declared."""
+    """A size the plan was declared with (``what`` = ``value``; None: not declared) against its tensor's
+    (``label`` = ``got`` of ``name``): equal, or ValueError naming both."""
     if value is not None and got != value:
         raise ValueError(f"{name} has {label}={got}, but the plan was declared with {what}={value} "
                          "(the sizes must match)")
@@ -117,8 +112,7 @@ def same_shapes(names, got, want):
 # the tensors: that is the error path). :func:`raise_first` checks a list of them with one host sync.
 
 def raise_first(rules):
-    """The value-rule engine of the ops: one host sync for the whole list of rules; raises
-    ValueError with the first failing rule's message."""
+    """The value-rule engine: one host sync for the whole list; ValueError with the first failing message."""
     if not rules:
         return
     bad = torch.stack([flag.any().reshape(()) for flag, _ in rules]).cpu().tolist()
@@ -128,14 +122,14 @@ def raise_first(rules):
 
 
 def rule(name, t, bad, expect, got=None):
-    """Every value of ``t`` satisfies ``expect``; fails where ``bad`` is set: ``"{name} must {expect},
-    got {got(name, t, bad)}"`` (``got``: :func:`at` unless given, e.g. :func:`value_at`)."""
+    """Every value of ``t`` satisfies ``expect``; fails where ``bad`` is set: ``"{name} must {expect}, got
+    {got(name, t, bad)}"`` (``got``: :func:`at` unless given, e.g. :func:`value_at`)."""
     return bad, lambda: f"{name} must {expect}, got {(got or at)(name, t, bad)}"
 
 
 def row_rule(name, bad, expect, got):
-    """A rule over rows (``bad`` indexed by row): ``"{name}[i, j] must {expect}, got {got}"`` for the
-    first failing row (``got``: a string, or a function of the row's index tuple)."""
+    """A rule over rows (``bad`` indexed by row): ``"{name}[i, j] must {expect}, got {got}"`` for the first
+    failing row (``got``: a string, or a function of the row's index tuple)."""
     def message():
         idx = first_index(bad)
         return f"{name}[{', '.join(map(str, idx))}] must {expect}, got {got(idx) if callable(got) else got}"
@@ -143,9 +137,8 @@ def row_rule(name, bad, expect, got):
 
 
 def power_of_two(label, value, detail=""):
-    """The page-size rule of every paged layout: ``value`` (an int >= 1) is a power of two, because
-    the kernels split row numbers into (page, slot) with shifts and masks. ``label`` names it in the
-    error, ``detail`` follows the value there."""
+    """The page-size rule of every paged layout: ``value`` (>= 1) is a power of two, because the kernels
+    split rows into (page, slot) with shifts and masks. ``label`` names it, ``detail`` follows the value."""
     if value < 1 or value & (value - 1):
         raise ValueError(f"{label} must be a power of two >= 1, got {value}{detail}")
     return value
@@ -238,13 +231,6 @@ def tree_rules(parents, num_nodes, tokens=None, V=None):
     return rules
 
 
-def tree_values(parents, num_nodes):
-    """``parents`` [B, T] describes, per row, a topologically ordered tree of ``num_nodes[b]`` nodes
-    (:func:`tree_rules`). One host sync."""
-    if parents.numel():
-        raise_first(tree_rules(parents, num_nodes))
-
-
 def valid_mask(num_nodes, T):
     """bool [B, T]: which of T positions are among the first ``num_nodes[b]`` (the rest is padding)."""
     return torch.arange(T, device=num_nodes.device)[None, :] < num_nodes[:, None]
@@ -259,10 +245,10 @@ def node_counts(num_nodes, B, T, device):
 
 def tree_nodes(parents, num_nodes, check):
     """``num_nodes`` of a [B, T] ``parents`` (:func:`node_counts`); with ``check`` also the tree
-    value rules (:func:`tree_values`, one host sync). Returns num_nodes."""
+    value rules (:func:`tree_rules`, one host sync). Returns num_nodes."""
     num_nodes = node_counts(num_nodes, *parents.shape, parents.device)
-    if check:
-        tree_values(parents, num_nodes)
+    if check and parents.numel():
+        raise_first(tree_rules(parents, num_nodes))
     return num_nodes
 
 

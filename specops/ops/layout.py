@@ -4,11 +4,8 @@ compiled op of its kind; paging is a field (a page table), not a second op.
 
 - contiguous: k, v [*lead, B, Hkv, S, D]; row ``r`` of sequence ``b`` is ``k[..., b, :, r]``.
 - paged: k, v [*lead, num_pages, page_size, Hkv, D] (page_size a power of two), page_table int32
-  [B, max_pages]; row ``r`` of sequence ``b`` is slot ``r % page_size`` of page
-  ``page_table[b, r // page_size]``.
-
-``lead`` is what precedes the four cache dims: none for tree_attention, the layers for kv_compact.
-"""
+  [B, max_pages]; row ``r`` of sequence ``b`` is slot ``r % page_size`` of page ``page_table[b, r //
+  page_size]``. ``lead``: none for tree_attention, the layers for kv_compact."""
 import torch
 
 from . import checks
@@ -139,11 +136,11 @@ class KvLayout:
     # ---- validation ------------------------------------------------------------------------------
 
     def check(self, *, dtype, rank, device=None, B=None, D=None, Hq=None, distinct=False, table=True):
-        """The metadata rules of the layout (no host sync): K a ``dtype`` tensor of ``rank`` with
-        stride 1 in D (on ``device`` where given), a power-of-two page size, batch ``B`` and head dim
-        ``D`` where given (the query's), kv heads dividing ``Hq`` where given, V like K, with
-        ``distinct`` K and V in separate memory with no element addressed twice (they are written),
-        the page table int32 [B, max_pages] on K's device (``table=False``: checked already)."""
+        """The layout's metadata rules (no host sync): K a ``dtype`` tensor of ``rank``, stride 1 in D (on
+        ``device`` where given), a power-of-two page size, batch ``B`` and head dim ``D`` where given (the
+        query's), kv heads dividing ``Hq`` where given, V like K; ``distinct``: K and V in separate memory,
+        no element addressed twice (they are written); the page table int32 [B, max_pages] on K's device
+        (``table=False``: checked already)."""
         k_name, v_name = self.names
         k = checks.tensor(k_name, self.k, dtype=dtype, rank=rank, device=device, last_stride_one=True)
         lead = rank - 4
@@ -220,13 +217,6 @@ def no_self_overlap(sizes, strides):
     return True
 
 
-def span_bytes(t):
-    """Bytes from the first to one past the last element a (non-empty) tensor addresses."""
-    if t.is_contiguous():
-        return t.numel() * t.element_size()
-    return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
-
-
 def check_distinct(k, v, k_name, v_name):
     """Each cache's rows must be distinct memory (else writes race), and K must not share memory
     with V (else moving K moves V too). Metadata only: shapes, strides and data addresses."""
@@ -236,8 +226,7 @@ def check_distinct(k, v, k_name, v_name):
                              f"got shape {tuple(t.shape)} with strides {t.stride()}")
     if torch.compiler.is_compiling() or k.numel() == 0:
         return  # fake tensors have no storage address to compare
-    k_lo, v_lo = k.data_ptr(), v.data_ptr()
-    k_hi, v_hi = k_lo + span_bytes(k), v_lo + span_bytes(v)
+    (k_lo, k_hi), (v_lo, v_hi) = checks.byte_range(k), checks.byte_range(v)
     if k_hi <= v_lo or v_hi <= k_lo:
         return  # disjoint address ranges: the common case, decided without touching storages
     # Interleaved ranges (e.g. K and V are kv[:, 0] and kv[:, 1] of one [L, 2, ...] tensor). With

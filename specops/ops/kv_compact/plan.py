@@ -1,10 +1,7 @@
-"""The plan of kv_compact: the op's checks and dispatch once per step, then ``run`` per call (the
-terms of :mod:`specops.ops.tree_attention.plan`: the first run reconciles the declared sizes with
-the caches, later runs compare shapes only).
-
-At decode shapes the op's Python checks cost more than its kernel (~12 us of Python against ~2.5 us
-of C++ per call), so a step that compacts several caches with one acceptance checks it once here.
-"""
+"""The plan of kv_compact: the op's checks and dispatch once per step, ``run`` per call (on the terms
+of :mod:`specops.ops.tree_attention.plan`). Why: at decode shapes the op's Python checks cost more
+than its kernel (~12 us against ~2.5 us of C++), so a step that compacts several caches with one
+acceptance checks it once."""
 import torch
 
 from ...backend import resolve
@@ -16,16 +13,14 @@ from ..layout import KvLayout, Spec, check_paging
 class KVCompactPlan:
     """One step's :func:`specops.kv_compact` (or ``kv_compact_paged``): ``plan.run(k, v)``.
 
-    Shape: lens int32 [B] (the committed rows: the op's ``prefix_lens``), accept_idx int32 [B, A],
-    accept_lens int32 [B]; contiguous layout (``max_len`` = S): run(k, v [L, B, Hkv, S, D]); paged
-    layout (``page_table`` int32 [B, max_pages], ``page_size``): run(k_pages, v_pages [L, num_pages,
-    page_size, Hkv, D]); L = num_layers, Hkv = num_kv_heads, D = head_dim. Both modified in place.
+    Shape: lens int32 [B] (the op's ``prefix_lens``), accept_idx int32 [B, A], accept_lens int32 [B];
+    contiguous (``max_len`` = S): run(k, v [L, B, Hkv, S, D]); paged (``page_table`` int32
+    [B, max_pages], ``page_size``): run(k_pages, v_pages [L, num_pages, page_size, Hkv, D]);
+    L = num_layers, Hkv = num_kv_heads, D = head_dim. Both modified in place.
 
-    ``check=True`` verifies the value rules of the op here (one host sync; the paged rules need
-    ``num_pages``, else they run at the first ``run``). The first ``run`` reconciles the declared
-    sizes with the caches (``max_len`` and ``num_pages`` included: ValueError naming both); later
-    runs must pass the first run's shapes (see the module). Nothing is written by a call that raises.
-    """
+    ``check=True`` verifies the op's value rules here (one host sync; paged: at the first run unless
+    ``num_pages`` is given). The first run reconciles the declared sizes with the caches (ValueError
+    naming both); later runs must pass its shapes. Nothing is written by a call that raises."""
 
     def __init__(self, lens, accept_idx, accept_lens, *, num_layers, num_kv_heads, head_dim, max_len=None,
                  page_table=None, page_size=None, num_pages=None, dtype, device=None, check=True, backend=None):

@@ -1,30 +1,24 @@
 """Plans: validate, dispatch and schedule once, run many times (:class:`TreeAttentionPlan` here,
-:class:`specops.ops.kv_compact.plan.KVCompactPlan` on the same terms). A plan is the one place
-scheduling happens: :class:`TreeAttentionPlan` chooses the kv split count of the step (one rule per
-device kind, :mod:`specops.ops.tree_attention.splits`) and owns the partials workspace every
-layer's kernel reuses.
+:class:`specops.ops.kv_compact.plan.KVCompactPlan` on the same terms). The plan is where scheduling
+happens: it chooses the step's kv split count (:mod:`specops.ops.tree_attention.splits`) and owns
+the partials workspace every layer's kernel reuses.
 
-At decode shapes the Python argument checks of an op cost about as much as its kernel (kv_compact:
-~12 us of Python against ~2.5 us of C++ per call), and one decoding step calls tree_attention once
-per layer with the same lengths, mask and cache geometry. A plan takes what is fixed for the step
-(lengths, mask, page table, head counts, dtype), checks it once (the metadata rules of the op and,
-with ``check=True``, its value rules: at most one host sync per plan), resolves the backend once,
-and then ``run`` hands the per-layer tensors straight to the kernel.
+Why: at decode shapes an op's Python checks cost about as much as its kernel (kv_compact: ~12 us
+against ~2.5 us of C++), and a step calls tree_attention once per layer with the same lengths,
+mask and geometry. A plan checks what is fixed for the step once (metadata rules; with
+``check=True`` the value rules, at most one host sync per plan), resolves the backend once, and
+``run`` hands the per-layer tensors straight to the kernel.
 
-``run`` reconciles, never trusts: its first call checks the tensors against the op's full
-metadata rules and every size the plan was declared with (rows ``max_len`` / pages ``num_pages``,
-heads, head dim, dtype, device; an error names both sizes), and records their shapes; every later
-call compares its tensors' shapes with those (a few tuple comparisons: no value read, no host sync)
-and raises on any difference, so a plan reused across a cache resize fails loudly instead of
-reading the wrong rows. Build a new plan when the lengths, mask or cache change shape; a plan keeps
-references to its length tensors, so in-place edits of them between runs are seen, and are not
-re-validated.
+``run`` reconciles, never trusts: its first call checks the tensors against the op's metadata
+rules and every declared size (``max_len`` / ``num_pages``, heads, head dim, dtype, device; an
+error names both sizes) and records their shapes; later calls compare shapes only (no value read,
+no host sync) and raise on any difference, so a plan reused across a cache resize fails loudly.
+Build a new plan when lengths, mask or cache change shape; in-place edits of its length tensors
+between runs are seen, not re-validated.
 
-The split workspace belongs to the plan (allocated by it). One passed in (``workspace=`` or by
-assigning ``plan.workspace``) is checked when it arrives against the plan's own tensors and, at the
-next run, against that run's q / k / v: it must share no byte with any of them (the partials would
-overwrite the cache). Both checks compare storage ranges once, never per call.
-"""
+A workspace passed in (``workspace=`` or ``plan.workspace = ...``) must share no byte with the
+plan's tensors (checked on arrival) nor with the next run's q / k / v (the partials would overwrite
+the cache): storage ranges compared once, never per call."""
 import torch
 
 from ...backend import incapable, resolve_named
@@ -38,34 +32,26 @@ class TreeAttentionPlan:
     layer: ``plan.run(q, k, v)`` per layer.
 
     Shape: prefix_lens / block_lens / q_lens int32 [B], mask int32 [B, Tq, W]; contiguous layout
-    (``page_table=None``): run(q [B, Tq, Hq, D], k, v [B, Hkv, S, D]); paged layout: page_table
-    int32 [B, max_pages], page_size (a power of two), run(q, k_pages, v_pages [num_pages,
-    page_size, Hkv, D]); -> out [B, Tq, Hq, D] in ``dtype``. Hq = num_heads, Hkv = num_kv_heads,
-    D = head_dim.
+    (``page_table=None``): run(q [B, Tq, Hq, D], k, v [B, Hkv, S, D]); paged: page_table int32
+    [B, max_pages], page_size (a power of two), run(q, k_pages, v_pages [num_pages, page_size, Hkv,
+    D]); -> out [B, Tq, Hq, D] in ``dtype``. Hq = num_heads, Hkv = num_kv_heads, D = head_dim.
 
-    The schedule: ``num_splits`` (the :attr:`num_splits` property) is the kv split count every
-    ``run`` launches with, chosen once per plan by :func:`specops.ops.tree_attention.choose_splits`
-    for the resolved backend (pass ``num_splits=`` to override), and the plan allocates the fp32
-    partials workspace those splits write (``workspace``; None without splits) once, for all layers.
-    Without ``max_len`` / ``num_pages`` the GPU rule needs the cache length, so the choice is made at
-    the first ``run``.
+    :attr:`num_splits`, the kv split count of every run, is chosen once by
+    :func:`specops.ops.tree_attention.choose_splits` for the resolved backend (``num_splits=``
+    overrides), and the fp32 partials ``workspace`` (None without splits) is allocated once for all
+    layers; without ``max_len`` / ``num_pages`` the GPU rule waits for the first run's cache length.
 
-    ``max_len`` (contiguous: S) and ``num_pages`` (paged: the pool size) are optional: when given,
-    ``check=True`` verifies the value rules here; when not, at the first ``run`` (where the cache
-    shows them). Either way one host sync per plan, none with ``check=False`` (then bad lengths
-    give unspecified results, never out-of-bounds access). The backend is resolved here from the
-    declared shapes (an explicit ``backend=`` that cannot take them raises BackendUnavailable now);
-    if the first run's real tensors fall outside the chosen backend's capabilities (e.g. strides),
-    the choice is made again for them, once. The first run reconciles ``max_len`` / ``num_pages``
-    with the cache (equal, or ValueError naming both); later runs must pass the first run's shapes.
+    ``max_len`` (S) / ``num_pages`` (the pool size), where given, let ``check=True`` verify the value
+    rules here, else at the first run: one host sync per plan, none with ``check=False`` (bad lengths
+    then give unspecified results, never out-of-bounds access). The backend is resolved here from the
+    declared shapes (an explicit ``backend=`` that cannot take them raises BackendUnavailable now) and
+    once more if the first run's tensors fall outside its capabilities (e.g. strides). The first run
+    reconciles ``max_len`` / ``num_pages`` with the cache (ValueError naming both); later runs must
+    pass its shapes.
 
-    ``workspace``: an fp32 partials buffer to use instead of the plan's own (at least
-    ``num_splits * B * Tq * Hq * (D + 1)`` elements, contiguous, on the plan's device, sharing no
-    byte with any input: checked here and at the next run).
-
-    ``invariant=True``: every run uses the batch-invariant schedule of :func:`specops.tree_attention`
-    (unsplit; ``num_splits`` may only be 1).
-    """
+    ``workspace``: an fp32 buffer of at least ``num_splits * B * Tq * Hq * (D + 1)`` elements,
+    contiguous, on the plan's device, sharing no byte with any input. ``invariant=True``: the
+    batch-invariant schedule of :func:`specops.tree_attention` (unsplit; ``num_splits`` only 1)."""
 
     def __init__(self, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None, page_table=None, page_size=None,
                  head_dim, num_heads, num_kv_heads, dtype, device=None, check=True, backend=None, max_len=None,

@@ -1,15 +1,12 @@
 """The torch reference of tree_attention: the spec of the values every backend is held to.
 
 :func:`tree_attention` is the dense spec (fp32 scores over the whole cache, invisible keys at
--inf); :func:`invariant_ref` the spec of the batch-invariant schedule (docs/batch_invariance.md):
-a query row's keys are its *virtual sequence*: the cache rows it sees in increasing order (the
-prefix, then the visible block keys in index order: where AR decoding appends them). Each row is
-computed on its own, with tensors shaped by its own virtual length only, so nothing about the rest
-of the call (other rows, other sequences, padding, the cache length, threads) can change its
-bits: the row gets the same bits as the one-row call of AR decoding. No BLAS (whose blocking and
-threading follow the operand shapes): products and sums are torch elementwise ops and reductions
-over tensors of the row's shape.
-"""
+-inf); :func:`invariant_ref` the spec of the batch-invariant schedule (docs/batch_invariance.md): a
+query row's keys are its *virtual sequence*, the cache rows it sees in increasing order (the
+prefix, then its visible block keys in index order, where AR decoding appends them). Each row is
+computed alone with tensors shaped by its own virtual length, without BLAS (whose blocking follows
+the operand shapes; elementwise ops and reductions of the row's shape instead), so nothing else in
+the call (rows, sequences, padding, cache length, threads) changes its bits: those of AR's one-row call."""
 import torch
 
 from ..layout import KvLayout
