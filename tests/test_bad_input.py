@@ -10,68 +10,11 @@ import torch
 
 import specops
 
+from _op_args import TREE, gen, valid_args
 from _op_checks import raw, to_device
 
 I32, I64, F32, F64 = torch.int32, torch.int64, torch.float32, torch.float64
 NAN, INF = float("nan"), float("inf")
-
-
-def _g():
-    return torch.Generator().manual_seed(7)
-
-
-def _lp(*shape):  # log-distribution rows
-    return torch.log_softmax(torch.randn(*shape, generator=_g()), -1)
-
-
-TREE = [[-1, 0, 0, 1, 3], [-1, 0, 1, 1, 0]]  # two valid 5-node trees
-VTREE = [[-1, 0, 1, 0], [-1, 0, 0, 2]]  # two valid 4-node trees (verify ops, V = 6)
-
-
-def _base(op):
-    """Small valid keyword arguments of ``op`` (CPU tensors; moved to the test device later)."""
-    t = lambda x, d=I32: torch.tensor(x, dtype=d)  # noqa: E731
-    if op == "warp_probs":
-        return dict(logits=torch.randn(2, 7, generator=_g()), temperature=t([0.5, 1.0], F32),
-                    top_k=t([0, 3]), top_p=t([0.9, 1.0], F32))
-    if op == "build_tree_mask":
-        return dict(parents=t(TREE), num_nodes=t([5, 4]))
-    if op == "tree_attention":
-        mask, _ = specops.build_tree_mask(t([[-1, 0, 1], [-1, 0, 0]]), backend="torch")
-        return dict(q=torch.randn(2, 3, 4, 8, generator=_g()), k_cache=torch.randn(2, 2, 16, 8, generator=_g()),
-                    v_cache=torch.randn(2, 2, 16, 8, generator=_g()), prefix_lens=t([5, 0]), block_lens=t([3, 2]),
-                    mask=mask, q_lens=t([3, 2]))
-    if op == "kv_compact":
-        return dict(k_cache=torch.randn(2, 2, 2, 16, 4, generator=_g()), v_cache=torch.randn(2, 2, 2, 16, 4),
-                    prefix_lens=t([3, 5]), accept_idx=t([[0, 2, 3], [0, 1, 4]]), accept_lens=t([3, 2]))
-    if op in ("verify_greedy", "verify_tree"):
-        base = dict(tokens=t([[0, 1, 2, 3], [0, 4, 5, 1]]), parents=t(VTREE), num_nodes=t([4, 3]))
-        if op == "verify_greedy":
-            return dict(base, target_logits=torch.randn(2, 4, 6, generator=_g()))
-        return dict(base, target_probs=_lp(2, 4, 6).exp(), draft_probs=_lp(2, 4, 6).flip(-1).exp(),
-                    uniforms=torch.rand(2, 4, 2, generator=_g()), mode="mss")
-    if op == "verify_tree_logits":
-        return dict(tokens=t([[0, 1, 2, 3], [0, 4, 5, 1]]), parents=t(VTREE), num_nodes=t([4, 3]),
-                    target_logits=torch.randn(2, 4, 6, generator=_g()), uniforms=torch.rand(2, 4, 2, generator=_g()),
-                    temperature=t([0.7, 1.0], F32), top_k=t([0, 3]), top_p=t([0.9, 1.0], F32),
-                    draft_logits=torch.randn(2, 4, 6, generator=_g()).flip(-1), draft_temperature=t([1.0, 0.5], F32),
-                    draft_top_k=t([2, 0]), draft_top_p=t([1.0, 0.8], F32), mode="mss")
-    if op == "verify_joint":
-        return dict(draft_tokens=t([[1, 2, 3], [5, 0, 4]]), target_logprobs=_lp(2, 4, 6),
-                    draft_joint_logprobs=-torch.rand(2, 3, generator=_g()), tau=t([0.5, 0.25], F32),
-                    uniforms=torch.rand(2, generator=_g()))
-    if op == "verify_joint_logits":
-        return dict(draft_tokens=t([[1, 2, 3], [5, 0, 4]]), target_logits=torch.randn(2, 4, 6, generator=_g()),
-                    draft_joint_logprobs=-torch.rand(2, 3, generator=_g()).cumsum(-1), tau=t([0.5, 0.25], F32),
-                    uniforms=torch.rand(2, generator=_g()), temperature=t([0.7, 1.0], F32), top_k=t([0, 3]),
-                    top_p=t([0.9, 1.0], F32), bonus_temperature=t([1.0, 0.5], F32), bonus_top_k=t([2, 0]),
-                    bonus_top_p=t([1.0, 0.8], F32), num_nodes=t([4, 2]))
-    if op == "apply_token_bitmask":
-        return dict(logits=torch.randn(2, 3, 40, generator=_g()), bitmask=t([[[-1, 255]] * 3, [[1, 0]] * 3]))
-    if op == "topn_expand":
-        return dict(parent_scores=-torch.rand(2, 3, generator=_g()), child_logprobs=_lp(2, 3, 7), n=4)
-    assert op == "select_topn_subtree"
-    return dict(parents=t(TREE), scores=-torch.rand(2, 5, generator=_g()).cumsum(-1), n=3, num_nodes=t([5, 4]))
 
 
 # ---- the table -------------------------------------------------------------------------------------
@@ -141,6 +84,8 @@ META = {
                             ("top_k", F32, 0), ("top_p", I32, 0), ("bonus_temperature", I32, 0),
                             ("bonus_top_k", F32, 0), ("bonus_top_p", I32, 0)],
     "apply_token_bitmask": [("logits", F64, None), ("bitmask", I64, 2)],
+    "verify_greedy[bitmask]": [("bitmask", I64, 2)],
+    "verify_tree_logits[bitmask]": [("bitmask", I64, 2)],
     "topn_expand": [("parent_scores", F64, None), ("child_logprobs", F64, 1)],
     "select_topn_subtree": [("parents", I64, None), ("scores", F64, 1), ("num_nodes", I64, 0)],
 }
@@ -165,6 +110,7 @@ V, E = ValueError, TypeError
 W, TM, TA, KV, VG, VT, VJ, TN, ST = ("warp_probs", "build_tree_mask", "tree_attention", "kv_compact", "verify_greedy",
                                      "verify_tree", "verify_joint", "topn_expand", "select_topn_subtree")
 MAX_N = "n must be <= 65536 (MAX_N"
+VGB, VLB = "verify_greedy[bitmask]", "verify_tree_logits[bitmask]"
 VL, VJL, TB = "verify_tree_logits", "verify_joint_logits", "apply_token_bitmask"
 COMPILED = ("cpp", "cuda", "triton", "cudasim")
 VALUES = [
@@ -306,6 +252,19 @@ VALUES = [
     Case(VJ, "joint-positive", setv("draft_joint_logprobs", (0, 1), 0.5), V, ("draft_joint_logprobs[0, 1] = 0.5",)),
     Case(VJ, "joint-nan", setv("draft_joint_logprobs", (1, 0), NAN), V, ("draft_joint_logprobs[1, 0] = nan",)),
     Case(VJ, "V=0", put(target_logprobs=lambda: torch.zeros(2, 4, 0)), V, ("target_logprobs", "(2, 4, 0)")),
+    # verify_greedy / verify_tree_logits under a grammar bitmask (a disallowed token's NaN / +inf is valid)
+    Case(VGB, "nan-at-an-allowed-token", setv("target_logits", (1, 2, 4), NAN), V,
+         ("target_logits[1, 2] must not contain NaN or +inf",)),
+    Case(VGB, "row-allows-no-token", setv("bitmask", (1, 2), 0), V,
+         ("bitmask[1, 2] must allow at least one of the V=6 tokens",)),
+    Case(VLB, "target-nan-at-an-allowed-token", setv("target_logits", (1, 2, 3), NAN), V,
+         ("target_logits must not contain NaN or +inf", "[1, 2, 3]")),
+    Case(VLB, "draft-inf-at-an-allowed-token", setv("draft_logits", (1, 2, 0), INF), V,
+         ("draft_logits must not contain NaN or +inf", "[1, 2, 0]")),
+    Case(VLB, "row-allows-no-token", setv("bitmask", (1, 2), 0), V,
+         ("bitmask[1, 2] must allow at least one of the V=6 tokens",)),
+    Case(VLB, "no-mask-so-the-planted-values-count", put(bitmask=None), V,
+         ("target_logits must not contain NaN or +inf",)),
     # verify_joint_logits
     *puts(VJL, "tau", 1.5, rule="tau must lie in [0, 1]"), *puts(VJL, "tau", "x", exc=E),
     *puts(VJL, "temperature", -1.0), *puts(VJL, "bonus_top_p", 0.0), *puts(VJL, "bonus_top_k", 1.5, exc=E),
@@ -367,7 +326,7 @@ VALUES = [
 
 
 def _overlapping():
-    base = torch.randn(2, 2, 2, 16, 6, generator=_g())
+    base = torch.randn(2, 2, 2, 16, 6, generator=gen())
     return base[..., :4], base[..., 2:]
 
 
@@ -381,12 +340,12 @@ def _stride0(value, n=2, dtype=I32):
 
 def _t(shape, perm):  # a non-contiguous tensor of `shape` with the same values pattern
     inv = [perm.index(i) for i in range(len(perm))]
-    return torch.randn(*[shape[p] for p in perm], generator=_g()).permute(*inv)
+    return torch.randn(*[shape[p] for p in perm], generator=gen()).permute(*inv)
 
 
 VALID = [
     Case(W, "logits-transposed", put(logits=lambda: _t((2, 7), [1, 0]))),
-    Case(W, "logits-row-stride", put(logits=lambda: torch.randn(2, 3, 7, generator=_g())[:, 1])),
+    Case(W, "logits-row-stride", put(logits=lambda: torch.randn(2, 3, 7, generator=gen())[:, 1])),
     Case(W, "temperature-strided", put(temperature=lambda: _strided([0.5, 2.0], F32))),
     Case(W, "top_k-stride0", put(top_k=lambda: _stride0(2))),
     Case(W, "top_p-stride0", put(top_p=lambda: _stride0(0.5, dtype=F32))),
@@ -400,7 +359,7 @@ VALID = [
     Case(TA, "q_lens-strided", put(q_lens=lambda: _strided([3, 1]))),
     Case(TA, "prefix_lens-stride0", put(prefix_lens=lambda: _stride0(6))),
     Case(TA, "q-permuted", put(q=lambda: _t((2, 3, 4, 8), [0, 2, 1, 3]))),
-    Case(TA, "cache-slice-of-longer", lambda a: a.update(k_cache=torch.randn(2, 2, 20, 8, generator=_g())[:, :, 2:18],
+    Case(TA, "cache-slice-of-longer", lambda a: a.update(k_cache=torch.randn(2, 2, 20, 8, generator=gen())[:, :, 2:18],
                                                          v_cache=torch.randn(2, 2, 16, 8).flip(2))),
     Case(TA, "mask-transposed", lambda a: a.update(mask=a["mask"].transpose(1, 2).contiguous().transpose(1, 2))),
     Case(TA, "B=0", lambda a: a.update({k: v[:0] for k, v in a.items()})),
@@ -410,9 +369,9 @@ VALID = [
     Case(KV, "accept_idx-column-slice", put(accept_idx=lambda: torch.tensor([[0, 9, 2, 9, 3], [0, 9, 1, 9, 4]],
                                                                           dtype=I32)[:, ::2])),
     Case(KV, "kv-interleaved", lambda a: a.update(zip(("k_cache", "v_cache"),
-                                                      torch.randn(2, 2, 2, 2, 16, 4, generator=_g()).unbind(1)))),
+                                                      torch.randn(2, 2, 2, 2, 16, 4, generator=gen()).unbind(1)))),
     Case(KV, "cache-slice-of-longer",
-         lambda a: a.update(k_cache=torch.randn(2, 2, 2, 24, 4, generator=_g())[:, :, :, 4:20])),
+         lambda a: a.update(k_cache=torch.randn(2, 2, 2, 24, 4, generator=gen())[:, :, :, 4:20])),
     Case(KV, "A=0", lambda a: a.update(accept_idx=a["accept_idx"][:, :0], accept_lens=torch.zeros(2, dtype=I32))),
     Case(KV, "B=0", lambda a: a.update({k: v[:, :0] if "cache" in k else v[:0] for k, v in a.items()})),
     Case(VG, "num_nodes-strided", put(num_nodes=lambda: _strided([2, 4]))),
@@ -437,6 +396,8 @@ VALID = [
     Case(VL, "temperature-stride0", put(temperature=lambda: _stride0(0.5, dtype=F32))),
     Case(VL, "top_k-int64-strided", put(top_k=lambda: _strided([1, 4], I64))),
     Case(VL, "B=0", lambda a: a.update({k: v[:0] for k, v in a.items() if isinstance(v, torch.Tensor)})),
+    Case(VGB, "nan-and-inf-at-disallowed-tokens", lambda a: None),
+    Case(VLB, "nan-and-inf-at-disallowed-tokens", lambda a: None),
     Case(VJ, "tau-stride0", put(tau=lambda: _stride0(0.25, dtype=F32))),
     Case(VJ, "uniforms-strided", put(uniforms=lambda: _strided([0.5, 0.25], F32))),
     Case(VJ, "g=0", lambda a: a.update(draft_tokens=a["draft_tokens"][:, :0],
@@ -461,7 +422,7 @@ def _snapshot(args):
 
 
 def _args(case, device):
-    args = _base(case.op)
+    args = valid_args(case.op)
     case.edit(args)
     return to_device(args, device)
 
@@ -483,7 +444,7 @@ def test_bad_input(case, backend, device, request):
         pytest.skip(f"{case.id}: a limit of {', '.join(case.only)} only; {backend} has none")
     if backend in case.xfail:
         request.applymarker(pytest.mark.xfail(strict=True, reason=case.xfail[backend]))
-    fn = getattr(specops, case.op)
+    fn = getattr(specops, case.op.split("[")[0])
     args = _args(case, device)
     if case.exc is None:  # valid: equal to the same call on contiguous inputs
         ref = {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
@@ -510,5 +471,5 @@ def test_the_battery_is_large_and_covers_every_public_op():
     ops = {"warp_probs", "build_tree_mask", "tree_attention", "kv_compact", "verify_greedy", "verify_tree",
            "verify_tree_logits", "verify_joint", "verify_joint_logits", "topn_expand", "select_topn_subtree",
            "apply_token_bitmask"}
-    assert {c.op for c in CASES} == ops and ops <= set(specops.__all__)
+    assert {c.op.split("[")[0] for c in CASES} == ops and ops <= set(specops.__all__)
     assert len({c.id for c in CASES}) == len(CASES) >= 280

@@ -2,6 +2,8 @@
 every backend, for every mode, over a grid of odd vocabularies, ragged and padded trees, dtypes,
 scalar and per-row warping parameters, and the edge cases of the warping rule (ties at the top-k
 and top-p boundaries, -inf logits, a top-p set of one token, greedy rows, V past 2**23)."""
+import zlib
+
 import pytest
 import torch
 
@@ -70,7 +72,8 @@ def test_equals_the_composition(backend, device, mode, setting, shape):
     B, T, V, chain = shape
     if backend in SLOW and V > 100:
         B, T = 1, 6  # interpreted: top-p costs seconds per row here
-    c, X, Y = case(B, T, V, hash((mode, setting, V)) % 1000, chain=chain, device=device)
+    seed = zlib.crc32(f"{mode}-{setting}-{V}".encode()) % 1000  # hash() of a str is salted per process
+    c, X, Y = case(B, T, V, seed, chain=chain, device=device)
     t, k, p, dt, dk, dp = SETTINGS[setting]
     check(backend, c, mode, X, Y, t, k, p, dt=dt, dk=dk, dp=dp)
 
@@ -227,36 +230,6 @@ def test_bitmask_walks_reach_deep_and_reject_disallowed_drafts(backend, device):
                     assert allowed[b, u, int(c["tokens"][b, v])]
                 assert allowed[b, path[-1], int(bonus[b])]
     assert deep > 0
-
-
-def test_bitmask_checks(backend, device):
-    c, X, Y, mask, at_parent = masked_case(2, 5, 33, 7, device=device)
-    args = (c["tokens"], c["parents"], X, c["uniforms"])
-    kw = dict(temperature=1.0, draft_logits=Y, mode="mss", num_nodes=c["num_nodes"], backend=backend)
-    specops.verify_tree_logits(*args, **kw, bitmask=mask)  # NaN / +inf at disallowed tokens are fine
-    allowed = specops.ops.token_bitmask.allowed_tokens(mask, 33)
-    b, u, j = allowed.nonzero()[0].tolist()
-    bad = X.clone()
-    bad[b, u, j] = float("nan")
-    with pytest.raises(ValueError, match=rf"target_logits must not contain NaN or \+inf, got .*\[{b}, {u}, {j}\]"):
-        specops.verify_tree_logits(c["tokens"], c["parents"], bad, c["uniforms"], **kw, bitmask=mask)
-    with pytest.raises(ValueError, match=r"target_logits must not contain NaN or \+inf"):
-        specops.verify_tree_logits(*args, **kw)  # without the mask, the planted values count
-    clean = specops.apply_token_bitmask(X.clone(), mask)
-    bad = Y.masked_fill(~at_parent, float("-inf"))
-    n = int(c["num_nodes"][1]) - 1  # a valid non-root node
-    bad[1, n, int(at_parent[1, n].nonzero()[0])] = float("inf")
-    with pytest.raises(ValueError, match=rf"draft_logits must not contain NaN or \+inf, got .*\[1, {n}, "):
-        specops.verify_tree_logits(c["tokens"], c["parents"], clean, c["uniforms"], **{**kw, "draft_logits": bad},
-                                   bitmask=mask)
-    none = mask.clone()
-    none[1, 2] = 0
-    with pytest.raises(ValueError, match=r"bitmask\[1, 2\] must allow at least one of the V=33 tokens"):
-        specops.verify_tree_logits(*args, **kw, bitmask=none)
-    with pytest.raises(ValueError, match=r"bitmask must have shape \[2, 5, 2\]"):
-        specops.verify_tree_logits(*args, **kw, bitmask=mask[..., :1])
-    with pytest.raises(TypeError, match=r"bitmask must have dtype torch.int32"):
-        specops.verify_tree_logits(*args, **kw, bitmask=mask.long())
 
 
 def test_cudasim_thread_order_does_not_change_the_result():
