@@ -18,6 +18,11 @@ import torch  # (does not import triton)
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # Under pytest-xdist (`-n 2`), one core's share of threads per worker: torch's default, every core
+    # in every process, oversubscribes them, and OpenMP's spinning threads then wait on each other.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 
 def _lighter_triton_interpreter():
     """Two pieces of repeated bookkeeping in Triton's interpreter (triton/runtime/interpreter.py,
