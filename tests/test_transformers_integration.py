@@ -40,6 +40,18 @@ def plain_logits(model, ids):
         model.set_attn_implementation(before)
 
 
+def random_paths(parents, g):
+    """One random root-to-node path per tree of ``parents`` [B, T] (the root always), as the loop's
+    keep() takes it: (paths, accept_idx [B, T] with garbage past each path, accept_lens [B])."""
+    B, T = parents.shape
+    vis = specops.unpack_mask(specops.build_tree_mask(parents)[0], T)
+    paths = [vis[b, int(torch.randint(0, T, (1,), generator=g))].nonzero().flatten() for b in range(B)]
+    accept_idx = torch.arange(T, dtype=torch.int32).repeat(B, 1) + T
+    for b, path in enumerate(paths):
+        accept_idx[b, :len(path)] = path.to(torch.int32)
+    return paths, accept_idx, torch.tensor([len(p) for p in paths], dtype=torch.int32)
+
+
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_tree_forward_equals_each_path_as_a_sequence(arch):
     model = tiny_model(arch)
@@ -73,15 +85,8 @@ def test_compaction_after_every_step_matches_recompute(arch):
             parents = random_parents(B, T, generator=g)
             tokens = torch.randint(0, 97, (B, T), generator=g)
             logits = runner.forward(tokens, parents)
-            # accept a random root path per sequence (the root always), of ragged length
-            vis = specops.unpack_mask(specops.build_tree_mask(parents)[0], T)
-            accept_idx = torch.full((B, T), -1, dtype=torch.int32)
-            accept_lens = torch.zeros(B, dtype=torch.int32)
-            for b in range(B):
-                leaf = int(torch.randint(0, T, (1,), generator=g))
-                path = vis[b, leaf].nonzero().flatten()
-                accept_idx[b, : len(path)] = path.to(torch.int32)
-                accept_lens[b] = len(path)
+            paths, accept_idx, accept_lens = random_paths(parents, g)  # ragged lengths
+            for b, path in enumerate(paths):
                 want = plain_logits(model, torch.tensor([seqs[b] + tokens[b, path].tolist()]))[-len(path):]
                 torch.testing.assert_close(logits[b, path], want, atol=3e-5, rtol=1e-4)
                 seqs[b] += tokens[b, path].tolist()
@@ -171,14 +176,7 @@ def test_paged_layout_gives_the_contiguous_logits_over_tree_steps(arch, page_siz
             torch.testing.assert_close(got[1], got[0], atol=1e-5, rtol=1e-5)
             # greedy: the same argmax tokens
             assert torch.equal(got[1].argmax(-1), got[0].argmax(-1))
-            vis = specops.unpack_mask(specops.build_tree_mask(parents)[0], 5)
-            accept_idx = torch.zeros(B, 5, dtype=torch.int32)
-            accept_lens = torch.zeros(B, dtype=torch.int32)
-            for b in range(B):
-                path = vis[b, int(torch.randint(0, 5, (1,), generator=g))].nonzero().flatten()
-                accept_idx[b, :len(path)] = path.to(torch.int32)
-                accept_idx[b, len(path):] = torch.arange(len(path), 5, dtype=torch.int32) + 5
-                accept_lens[b] = len(path)
+            _, accept_idx, accept_lens = random_paths(parents, g)
             for r in runners:
                 r.keep(accept_idx, accept_lens)
         assert runners[0].lens.tolist() == runners[1].lens.tolist()
