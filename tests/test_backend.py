@@ -2,14 +2,11 @@
 choice fall through and make an explicit request raise, default_backend's contract, the report."""
 import pytest
 import torch
+from test_kv_compact import i32
 
 import specops
 from specops import backend as _backend
 from specops.backend_report import report
-
-
-def i32(x):
-    return torch.tensor(x, dtype=torch.int32)
 
 
 def attention_args(D=8, B=1, Hkv=1):

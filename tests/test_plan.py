@@ -184,15 +184,11 @@ def test_explicit_backend_that_cannot_run_raises_at_construction():
     pytest.skip("every tree_attention backend is available here")
 
 
-def _state(*ts):
-    return [t.clone() for t in ts]
-
-
 def test_kv_compact_plan_errors_leave_the_caches_untouched():
     cache, kp, vp, table, (prefix, idx, lens) = compaction_case(2, 10, "random", 4, torch.float32, seed=3)
     L, B, H, S, D = cache.shape
     k, v = cache.clone(), -cache
-    before = _state(k, v, kp, vp)
+    before = [t.clone() for t in (k, v, kp, vp)]
     geo = dict(num_layers=L, num_kv_heads=H, head_dim=D, dtype=torch.float32)
     bad_idx = i32([[0, 2, 1] + [0] * 7, [0, 1, 2] + [0] * 7])
     with pytest.raises(ValueError, match=r"accept_idx\[0, :accept_lens\[0\]\] must be strictly increasing"):

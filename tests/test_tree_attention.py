@@ -100,8 +100,8 @@ def assert_close(got, want, dtype):
 def to_paged(args, page_size=16, seed=0, **kw):
     """tree_attention_paged's positional arguments for tree_attention's ``args``: the same K/V rows in
     scattered pages (``to_pages``: unused pages and slots NaN unless ``fill``)."""
-    k_pages, table = to_pages(args[1], page_size, generator=torch.Generator().manual_seed(seed + 1), **kw)
-    v_pages, _ = to_pages(args[2], page_size, generator=torch.Generator().manual_seed(seed + 1), **kw)
+    (k_pages, v_pages), table = to_pages(torch.stack(args[1:3]), page_size,
+                                         generator=torch.Generator().manual_seed(seed + 1), **kw)
     return [args[0], k_pages, v_pages, table, *args[3:]]
 
 
