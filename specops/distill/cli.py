@@ -91,7 +91,12 @@ def run_args(args, command=None):
         return 2
     command = command or " ".join(["specops"] + sys.argv[1:])
     try:
-        out = _run(run, model, tok, name, args, layer_map, command)
+        out = run(model, tok, args.out, target_name=name, tokens=args.tokens, layers=args.layers,
+                  layer_map=layer_map, draft_vocab=args.draft_vocab, k=args.topk, gen_frac=args.gen_frac,
+                  gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, row_len=args.row_len, epochs=args.epochs,
+                  steps=args.steps, batch_rows=args.batch_rows, lr=args.lr, max_train_minutes=args.max_train_minutes,
+                  seed=args.seed, amp=not args.no_amp, command=command, progress_stream=sys.stderr,
+                  export_dir=args.export, arch=args.arch, ttt_depth=args.ttt_depth, init_draft=args.init_draft)
     except (UnsupportedTarget, ValueError) as err:
         print(f"specops distill: error: {err}", file=sys.stderr)
         return 2
@@ -101,15 +106,6 @@ def run_args(args, command=None):
         return 130
     print(out)
     return 0
-
-
-def _run(run, model, tok, name, args, layer_map, command):
-    return run(model, tok, args.out, target_name=name, tokens=args.tokens, layers=args.layers,
-               layer_map=layer_map, draft_vocab=args.draft_vocab, k=args.topk, gen_frac=args.gen_frac,
-               gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, row_len=args.row_len, epochs=args.epochs,
-               steps=args.steps, batch_rows=args.batch_rows, lr=args.lr, max_train_minutes=args.max_train_minutes,
-               seed=args.seed, amp=not args.no_amp, command=command, progress_stream=sys.stderr,
-               export_dir=args.export, arch=args.arch, ttt_depth=args.ttt_depth, init_draft=args.init_draft)
 
 
 def main(argv=None):

@@ -2,20 +2,19 @@
 
 Two kinds of shard, interleaved by a fixed plan so a run's data is a function of its arguments:
 
-* ``text``: teacher-forced rows of the offline corpus (corpus.py); every position is labelled.
-* ``gen``: the target answers prompts (corpus.make_prompts) in one batched ``generate``; the labels
-  are the logits it produced while generating (free: no second pass), so only generated
-  positions are labelled. This is the distribution the draft is judged on.
+* ``text``: teacher-forced rows of the offline corpus (corpus.py), every position labelled.
+* ``gen``: the target answers prompts (corpus.make_prompts) in one batched ``generate``, labelled by
+  the logits it produced while generating (no second pass), generated positions only: the
+  distribution the draft is judged on.
 
-Shard file ``shard_NNNNN.pt`` (written to a temp name, then renamed, so a killed run resumes at the
+Shard file ``shard_NNNNN.pt`` (written to a temp name, then renamed: a killed run resumes at the
 first missing shard):
 
     tokens   int32 [R, L]      right-padded rows
     mask     bool  [R, L]      position i carries the distribution of token i+1
     topk_idx int32 [R, L, k]   the target's k most likely next tokens
     topk_lp  fp16  [R, L, k]   their log-probs (normalised over the full vocabulary)
-    feats    bf16  [R, L, H]   (feature drafts only) the target's LM-head input at each position
-"""
+    feats    bf16  [R, L, H]   (feature drafts only) the target's LM-head input at each position"""
 import contextlib
 import os
 import random

@@ -1,15 +1,13 @@
 """Quick check of a draft against its target: greedy top-1 agreement per prompt category and the
-per-token decode cost of draft vs target. Not the benchmark (that is bench/, on a quiet machine);
-timings here are as noisy as the machine they run on.
+per-token decode cost of draft vs target (not the benchmark, bench/ on a quiet machine: timings
+here are as noisy as the machine).
 
     python -m specops.distill.evaluate [--draft smollm2-135m-draft | --draft-dir DIR] [--new-tokens 64]
 
 Agreement: the target (bf16) answers each held-out prompt greedily; the draft, teacher-forced on
-the target's own text, must put its argmax on the target's next token at every generated position.
-A feature draft reads the target's final hidden states of that text (what it reads when it drafts
-the first token after a verified one); ``depth2`` also scores its second token, drafted from its own
-predicted feature (a chain's second step).
-"""
+that text, must put its argmax on the target's next token at every generated position. A feature
+draft reads the target's final hidden states of the text (as for the first token after a verified
+one); ``depth2`` also scores its second token, drafted from its own predicted feature."""
 import argparse
 import json
 import statistics

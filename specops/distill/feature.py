@@ -1,26 +1,20 @@
 """The feature draft (EAGLE-style): one decoder layer that reads the target's own final hidden state.
 
-Why this shape (measured on this CPU, see training.json of the shipped draft): a stand-alone
-2-layer LM on the target's embedding agreed with the target on only 25% of greedy tokens, because
-predicting the next token from tokens alone is the target's whole job. The target's final hidden
-state ``f_p`` (the input of its LM head at position ``p``) already encodes what it "thinks"; given
-``f_p`` and the token ``x_{p+1}`` actually chosen from it, predicting ``f_{p+1}`` (and so
-``x_{p+2}``) is a far easier problem for one layer (EAGLE, Li et al. 2024).
+Why (measured on this CPU, training.json of the shipped draft): a stand-alone 2-layer LM on the
+target's embedding agreed with the target on only 25% of greedy tokens, since predicting the next
+token from tokens alone is the target's whole job. The target's final hidden state ``f_p`` (its
+LM head's input at ``p``) already encodes what it "thinks"; from ``f_p`` and the token
+``x_{p+1}`` chosen from it, predicting ``f_{p+1}`` (so ``x_{p+2}``) is far easier for one layer
+(EAGLE, Li et al. 2024). The architecture: :mod:`specops.draft_models`.
 
-At position ``p`` the draft's input is ``fc([embed(x_{p+1}); f_p])``; one Llama decoder layer and a
-final norm give ``g_p``, the draft's estimate of ``f_{p+1}``; the target's tied LM head restricted to
-the draft vocabulary (``SubsetLMHead``) scores it. Deeper draft tokens feed the draft's own ``g``
-in place of the target's ``f``. Verification stays exact: the draft only proposes.
-
-Trained teacher-forced only, the draft never sees its own ``g`` as input, and its second chain token
-agreed with the target half as often as its first. ``--ttt-depth D`` (EAGLE-3's training-time test,
+Trained teacher-forced only, the draft never sees its own ``g`` as input, and its second chain
+token agreed half as often as its first. ``--ttt-depth D`` (EAGLE-3's training-time test,
 ``train.ttt_mask``) unrolls D chain tokens in one forward: block d reads block d-1's outputs and
-attends to the teacher-forced context plus its own chain, exactly as the runner's tree attention
-lets a depth-d node attend.
+attends to the teacher-forced context plus its own chain, as the runner's tree attention lets a
+depth-d node attend.
 
-The model class (a ``LlamaForCausalLM``, so the specops runner drives it) is run-time code:
-:func:`specops.draft_models.feature_draft_class`. This module holds what training adds to it.
-"""
+The model class is run-time code (:func:`specops.draft_models.feature_draft_class`, a
+``LlamaForCausalLM`` the runner drives); this module holds what training adds to it."""
 import torch
 
 from ..draft_models import ARCH, feature_draft_class, is_feature_draft

@@ -1,12 +1,10 @@
-"""What training adds to the draft models of :mod:`specops.draft_models` (the classes, the subset
-head and loading live there, as run-time code): the draft config from the target's, initialisation
-from the target's layers, and the export (``model.safetensors``, ``config.json``, ``training.json``).
-
-The ``"lm"`` architecture agreed on only ~25% of greedy tokens in our runs (the shipped feature
-draft: 0.43, at a smaller cost), so it is the fallback; the feature draft needs the target's hidden
-states, which the loop keeps for it (``TargetLM(keep_features=True)``,
-``specops.decoding.eagle.FeatureDraftLM``).
-"""
+"""What training adds to the draft models of :mod:`specops.draft_models` (classes, subset head and
+loading are run-time code there): the draft config, initialisation from the target's layers, and
+the export (``model.safetensors``, ``config.json``, ``training.json``). The ``"lm"`` architecture
+agreed on only ~25% of greedy tokens in our runs (the shipped feature draft: 0.43, at a smaller
+cost), so it is the fallback; the feature draft reads the target's hidden states, which the loop
+keeps for it (``ModelRunner(keep_features=True)``, ``specops.decoding.eagle.FeatureDraftLM``)."""
+import contextlib
 import copy
 import json
 import os
@@ -23,11 +21,8 @@ def draft_config(target_config, num_layers):
     cfg.num_hidden_layers = num_layers
     cfg.tie_word_embeddings = True
     for attr in ("quantization_config", "_name_or_path", "_model_name_or_path"):
-        if hasattr(cfg, attr):
-            try:
-                delattr(cfg, attr)
-            except AttributeError:
-                pass
+        with contextlib.suppress(AttributeError):
+            delattr(cfg, attr)
     if hasattr(cfg, "layer_types") and cfg.layer_types is not None:
         cfg.layer_types = list(cfg.layer_types)[:num_layers]
     return cfg
@@ -64,12 +59,13 @@ def save_draft(draft, out_dir, *, target, record, dtype=torch.bfloat16):
     cfg["specops_draft"] = {"target": target, "draft_vocab": int(draft.lm_head.keep.numel()),
                             "arch": getattr(draft, "specops_arch", "lm"),
                             "embedding": "target (frozen, tied, read from the target at load time)"}
-    _write_json(os.path.join(out_dir, CONFIG), cfg)
-    _write_json(os.path.join(out_dir, RECORD), record)
+    write_json(os.path.join(out_dir, CONFIG), cfg)
+    write_json(os.path.join(out_dir, RECORD), record)
 
 
-def _write_json(path, obj):
+def write_json(path, obj, indent=2):
+    """``obj`` as JSON in ``path``, written to a temp name and renamed (never a half-written file)."""
     with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=False)
+        json.dump(obj, f, indent=indent)
         f.write("\n")
     os.replace(path + ".tmp", path)

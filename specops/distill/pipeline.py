@@ -18,7 +18,7 @@ import torch
 
 from . import corpus, data
 from .feature import init_feature_draft
-from .model import ARCHS, build_draft, draft_config, init_from_target, save_draft
+from .model import ARCHS, build_draft, draft_config, init_from_target, save_draft, write_json
 from .train import Progress, flatten_rows, train
 
 
@@ -48,26 +48,25 @@ def default_layer_map(target_layers, layers):
     return list(range(layers - 1)) + [target_layers - 1]
 
 
-def _json(path, obj):
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(path + ".tmp", path)
+def _settings(path, settings, refusal, ignore=()):
+    """Records ``settings`` in ``path`` unless it holds others (a resumed run must match): ValueError
+    ``refusal`` with ``{diff}``, the keys that differ (``ignore``: keys that may)."""
+    if os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        diff = sorted(k for k in set(old) | set(settings) if k not in ignore and old.get(k) != settings.get(k))
+        if diff:
+            raise ValueError(refusal.replace("{diff}", ", ".join(diff)))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_json(path, settings, indent=1)
 
 
 def collect(target, tokenizer, data_dir, plan, progress):
     """Writes the shards of ``plan`` that are missing. Returns the manifest."""
-    os.makedirs(data_dir, exist_ok=True)
-    plan_path = os.path.join(data_dir, "plan.json")
-    if os.path.exists(plan_path):
-        with open(plan_path) as f:
-            old = json.load(f)
-        # The shard plan, prompts and corpus rows are prefix-stable in the shard count, so a run may
-        # be resumed with a different --tokens (extending the data, or training on a prefix of it).
-        diff = sorted(k for k in set(old) | set(plan) if k != "shards" and old.get(k) != plan.get(k))
-        if diff:
-            raise ValueError(f"{data_dir} holds data collected with other settings ({', '.join(diff)}); "
-                             f"use another --out or the same settings to resume")
-    _json(plan_path, plan)
+    # The shard plan, prompts and corpus rows are prefix-stable in the shard count, so a run may be
+    # resumed with a different --tokens (extending the data, or training on a prefix of it).
+    _settings(os.path.join(data_dir, "plan.json"), plan, f"{data_dir} holds data collected with other settings "
+              "({diff}); use another --out or the same settings to resume", ignore=("shards",))
     kinds = data.shard_plan(plan["shards"], plan["gen_frac"])
     pools, src, topics = data.corpus_pools(plan["max_stdlib_files"])
     rows_per_text = max(1, plan["shard_tokens"] // plan["row_len"])
@@ -116,7 +115,7 @@ def collect(target, tokenizer, data_dir, plan, progress):
         "corpus_items_used": used,
         "prompts": prompts,
     }
-    _json(os.path.join(data_dir, "manifest.json"), manifest)
+    write_json(os.path.join(data_dir, "manifest.json"), manifest, indent=1)
     return manifest
 
 
@@ -166,13 +165,13 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
         lr=1e-3, warmup=30, ckpt_every=50, eval_every=50, max_train_minutes=None, seed=0, amp=True,
         max_stdlib_files=None, command=None, progress_stream=None, export_dir=None, stop_after=None,
         arch="feature", feature_noise=0.1, feature_weight=0.1, ttt_depth=1, init_draft=None):
-    """The whole pipeline on an already loaded target (an HF Llama causal LM). Returns the export dir.
+    """The whole pipeline on a loaded target (an HF Llama causal LM). Returns the export dir.
 
-    ``arch``: "feature" (EAGLE-style, reads the target's hidden state; the default) or "lm" (a
-    stand-alone small LM on the target's embedding). ``ttt_depth`` > 1 (feature drafts): train that
-    many chain tokens deep, each deeper one from the draft's own predicted feature (EAGLE-3's
-    training-time test). ``init_draft``: start from an exported draft's weights (same architecture
-    and draft vocabulary) instead of the target's layers — a fine-tuning run."""
+    ``arch``: "feature" (EAGLE-style, reads the target's hidden state; default) or "lm" (a stand-alone
+    small LM on the target's embedding). ``ttt_depth`` > 1 (feature drafts): train that many chain
+    tokens deep, each deeper one from the draft's own predicted feature (EAGLE-3's training-time
+    test). ``init_draft``: start from an exported draft's weights (same architecture and draft
+    vocabulary) instead of the target's layers, a fine-tuning run."""
     check_target_model(target)
     if ttt_depth < 1 or (ttt_depth > 1 and arch != "feature"):
         raise ValueError(f"--ttt-depth must be 1, or > 1 with --arch feature; got {ttt_depth} with {arch!r}")
@@ -225,16 +224,8 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
     if arch == "feature":
         sig.update(feature_noise=feature_noise, feature_weight=feature_weight, ttt_depth=ttt_depth,
                    init_draft=None if init_draft is None else os.path.abspath(init_draft))
-    sig_path = os.path.join(ckpt_dir, "settings.json")
-    if os.path.exists(sig_path):
-        with open(sig_path) as f:
-            old = json.load(f)
-        if old != sig:
-            diff = sorted(k for k in set(old) | set(sig) if old.get(k) != sig.get(k))
-            raise ValueError(f"{ckpt_dir} holds checkpoints of a run with other settings ({', '.join(diff)}); "
-                             f"remove it to start training afresh, or resume with the same settings")
-    os.makedirs(ckpt_dir, exist_ok=True)
-    _json(sig_path, sig)
+    _settings(os.path.join(ckpt_dir, "settings.json"), sig, f"{ckpt_dir} holds checkpoints of a run with other "
+              "settings ({diff}); remove it to start training afresh, or resume with the same settings")
     cfg = draft_config(target.config, layers)
     emb = target.model.embed_tokens.weight.detach().float()
     torch.manual_seed(seed)

@@ -1,19 +1,19 @@
 """Teacher-forced distillation of the draft against the target's top-k distributions.
 
-Loss at each labelled position: cross-entropy of the draft's distribution over its kept vocabulary
-against the target's top-k probabilities renormalised over the kept tokens among them — forward KL
-up to the target's (constant) entropy, which is what top-1 agreement needs.
+Loss per labelled position: cross-entropy of the draft's distribution over its kept vocabulary
+against the target's top-k probabilities renormalised over the kept tokens among them (forward KL
+up to the target's constant entropy: what top-1 agreement needs).
 
-Checkpoints (``ckpt/last.pt``, and ``ckpt/best.pt`` by held-out agreement) hold the trainable
-weights, the optimizer and the step; the batch order is a function of (seed, epoch), so a resumed
-run takes the same batches and ends in the same state as an uninterrupted one.
-"""
+Checkpoints (``ckpt/last.pt``; ``ckpt/best.pt`` by held-out agreement) hold the trainable weights,
+the optimizer and the step; the batch order is a function of (seed, epoch), so a resumed run takes
+the same batches and ends in the same state as an uninterrupted one."""
 import math
 import os
 import time
 
 import torch
 
+from .data import save_shard
 from .model import trainable_state
 
 
@@ -68,23 +68,13 @@ def flatten_rows(shards):
 
 
 def collate(rows):
-    """Shape: -> tokens int64 [B, L], mask bool [B, L], idx int64 [B, L, k], lp fp32 [B, L, k],
-    feats bf16 [B, L, H] or None."""
-    L = max(r[0].shape[0] for r in rows)
-    k = rows[0][2].shape[1]
-    B = len(rows)
-    tokens = torch.zeros(B, L, dtype=torch.int64)
-    mask = torch.zeros(B, L, dtype=torch.bool)
-    idx = torch.zeros(B, L, k, dtype=torch.int64)
-    lp = torch.zeros(B, L, k, dtype=torch.float32)
-    has_f = rows[0][4] is not None
-    feats = torch.zeros(B, L, rows[0][4].shape[-1], dtype=torch.bfloat16) if has_f else None
-    for b, (t, m, i, p, f) in enumerate(rows):
-        n = t.shape[0]
-        tokens[b, :n], mask[b, :n], idx[b, :n], lp[b, :n] = t, m, i, p.float()
-        if has_f:
-            feats[b, :n] = f
-    return tokens, mask, idx, lp, feats
+    """Rows of :func:`flatten_rows`, right-padded with zeros. Shape: -> tokens int64 [B, L], mask bool
+    [B, L], idx int64 [B, L, k], lp fp32 [B, L, k], feats bf16 [B, L, H] or None."""
+    def pad(i, dtype):
+        return torch.nn.utils.rnn.pad_sequence([r[i].to(dtype) for r in rows], batch_first=True)
+
+    feats = pad(4, torch.bfloat16) if rows[0][4] is not None else None
+    return pad(0, torch.int64), pad(1, torch.bool), pad(2, torch.int64), pad(3, torch.float32), feats
 
 
 def ttt_mask(M, depth, device=None):
@@ -112,16 +102,14 @@ def ttt_mask(M, depth, device=None):
 
 
 def _feature_forward(draft, tokens, mask, feats, noise, weight, depth=1):
-    """EAGLE's teacher-forced step: position i reads (token i+1, target feature i) and is scored on
-    the target's distribution at i+1 and, by regression, on the target's feature i+1.
+    """EAGLE's teacher-forced step: position i reads (token i+1, target feature i) and is scored on the
+    target's distribution at i+1 and, by regression, on its feature i+1. ``depth`` > 1 unrolls the
+    draft's own predictions (training-time test): block d's position i reads (token i+1, block d-1's
+    output at i-1), scored on the same labels, so a chain's deeper tokens, which read predicted
+    features at run time, are trained too; earlier blocks' outputs carry no gradient.
 
-    ``depth`` > 1 unrolls the draft's own predictions (training-time test): block d's position i
-    reads (token i+1, the draft's block d-1 output at i-1) and is scored on the same labels, so the
-    deeper tokens of a chain — which at run time read predicted, not target, features — are trained
-    too. Earlier blocks' outputs are fed forward without gradient.
-
-    Shape: tokens [B, L], mask [B, L], feats [B, L, H] -> (draft hidden [N, H] at the scored
-    positions of all blocks, their label mask [depth, B, L-1], regression loss)."""
+    Shape: tokens [B, L], mask [B, L], feats [B, L, H] -> (draft hidden [N, H] at the scored positions
+    of all blocks, their label mask [depth, B, L-1], regression loss)."""
     f_in = feats[:, :-1].float()
     if noise > 0 and draft.training:
         rms = f_in.pow(2).mean(-1, keepdim=True).sqrt()
@@ -256,10 +244,8 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
     run_loss = run_agree = 0.0
     n_run = 0
 
-    def save(path, extra=None):
-        tmp = path + ".tmp"
-        torch.save({"model": trainable_state(draft), "opt": opt.state_dict(), "state": state, **(extra or {})}, tmp)
-        os.replace(tmp, path)
+    def save(path):
+        save_shard({"model": trainable_state(draft), "opt": opt.state_dict(), "state": state}, path)
 
     while state["step"] < steps:
         step = state["step"]

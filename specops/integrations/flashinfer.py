@@ -1,33 +1,25 @@
 """FlashInfer's custom-mask prefill as an optional ``tree_attention`` backend (``"flashinfer"``).
 
-It runs fp16/bf16 calls whose head dim FlashInfer compiles (64, 128, 256) when the ``flashinfer``
-package imports and the tensors are on a CUDA device. In the automatic choice it comes after
-``triton`` and ``cuda`` (specops/backend.py), for the reason below; ``backend="flashinfer"`` asks
-for it. Nothing here runs without FlashInfer and a GPU: the machines this project
-is built on have neither, so the provider's test (``tests/test_flashinfer.py``) runs only where both
-exist, comparing it with the torch reference like every backend.
+It runs fp16/bf16 calls of head dim 64, 128 or 256 on CUDA tensors when ``flashinfer`` imports;
+the automatic choice puts it after ``triton`` and ``cuda`` (why: below), ``backend="flashinfer"``
+asks for it. The machines this project is built on have no FlashInfer and no GPU, so its test
+(``tests/test_flashinfer.py``, against the torch reference like every backend) runs only elsewhere.
 
-How a call maps onto FlashInfer, with no copy of the cache and no host sync: sequence ``b``'s cache
-``k_cache[b]`` ``[Hkv, S, D]`` is FlashInfer's ``HND`` layout of a single request whose KV length is
-the whole buffer ``S``; the lengths and the tree mask become one boolean ``custom_mask`` ``[Tq, S]``
-(:func:`specops.ops.tree_attention.visibility`), so rows past ``prefix + block`` are simply invisible.
-Query rows that see no key (padding, ``q_lens``) come out as zeros, as the contract says. One
+The mapping, with no cache copy and no host sync: ``k_cache[b]`` ``[Hkv, S, D]`` is FlashInfer's
+``HND`` layout of one request whose KV length is the whole buffer ``S``; lengths and tree mask
+become one boolean ``custom_mask`` ``[Tq, S]`` (:func:`specops.ops.tree_attention.visibility`), so
+rows past ``prefix + block`` are invisible and query rows that see no key give zeros. One
 ``single_prefill_with_kv_cache`` launch per sequence.
 
-Why it is not the default (model: bench/roofline.py's bytes over the H100 SXM / A100 SXM datasheet
-bandwidth; no GPU timing here). At a decode step (Hq 32, Hkv 8, D 128, prefix 4096, 16 tree
-queries, bf16) the op is memory-bound; model: its lower bound is 5.1 us (H100) / 8.4 us (A100) at
-B = 1 and 40.8 / 67.1 us at B = 8, what our kernels approach by reading only the prefix + block
-rows once per kv head. This provider reads K/V over the whole buffer ``S`` (a cache sized to twice
-the rows in use: model 10.3 / 16.8 us at B = 1, 82.0 / 134.7 us at B = 8, mask traffic included),
-in B launches, and FlashInfer's custom-mask prefill runs at about half its causal kernel's speed
-(FlashInfer issue #724), so model ~2x that again: 4x the bound. The batch wrapper
-(``BatchPrefillWithPagedKVCacheWrapper`` planned once per step with a packed custom mask over the
-block only) would remove the launches and the mask over the prefix, but cannot be built or tested
-on machines without FlashInfer and a GPU, so the provider stays behind our kernels.
-"""
-import importlib.util
-
+Why not the default (bench/roofline.py's bytes over the H100 / A100 SXM datasheet bandwidth; no
+GPU timing here): a decode step (Hq 32, Hkv 8, D 128, prefix 4096, 16 tree queries, bf16) is
+memory-bound, with a lower bound of 5.1 us (H100) / 8.4 us (A100) at B = 1 and 40.8 / 67.1 us at
+B = 8, which our kernels approach by reading the prefix + block rows once per kv head. This
+provider reads K/V over the whole buffer (twice the rows in use: 10.3 / 16.8 us at B = 1, 82.0 /
+134.7 us at B = 8, mask included) in B launches, and the custom-mask prefill runs at about half the
+causal kernel's speed (FlashInfer issue #724): ~4x the bound. The batch wrapper
+(``BatchPrefillWithPagedKVCacheWrapper``, planned per step with a packed mask over the block only)
+would remove both, but cannot be built or tested here, so the provider stays behind our kernels."""
 import torch
 
 from ..backend import BackendUnavailable, register
@@ -35,10 +27,6 @@ from ..ops.tree_attention import visibility
 
 HEAD_DIMS = (64, 128, 256)  # what FlashInfer's prebuilt/JIT prefill kernels cover
 DTYPES = (torch.float16, torch.bfloat16)
-
-
-def importable():
-    return importlib.util.find_spec("flashinfer") is not None
 
 
 def supports(q, k_cache, v_cache, prefix_lens, block_lens, mask, q_lens, sm_scale):
@@ -62,7 +50,7 @@ def tree_attention_flashinfer(q, k_cache, v_cache, prefix_lens, block_lens, mask
         raise BackendUnavailable("tree_attention: backend 'flashinfer' has no batch-invariant schedule (invariant=True)")
     import flashinfer
 
-    B, Tq, Hq, D = q.shape
+    B = q.shape[0]
     S = k_cache.shape[2]
     vis = visibility(prefix_lens, block_lens, mask, q_lens, S)  # [B, Tq, S] bool
     out = torch.empty_like(q)
