@@ -45,7 +45,8 @@ def scalar(name, value, types, want, width=None):
 
 
 def nonempty(name, t, dim, what):
-    """The size of ``t``'s dimension ``dim``, which must be >= 1 (``what`` names one entry, e.g. ``"node (T >= 1)"``)."""
+    """The size of ``t``'s dimension ``dim``, which must be >= 1 (``what`` names one entry, e.g.
+    ``"node (T >= 1)"``)."""
     if t.shape[dim] == 0:
         raise ValueError(f"{name} must have at least one {what}, got shape {tuple(t.shape)}")
     return t.shape[dim]

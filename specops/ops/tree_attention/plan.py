@@ -128,21 +128,17 @@ class TreeAttentionPlan:
 
     @workspace.setter
     def workspace(self, ws):
-        if ws is None:
-            self._given = None
-            if self._num_splits is not None:
-                self._allocate()
-            return
-        checks.tensor("workspace", ws, dtype=torch.float32, device=self.device)
-        if not ws.is_contiguous():
-            raise ValueError(f"workspace must be contiguous, got shape {tuple(ws.shape)} with strides {ws.stride()}")
-        own = {"prefix_lens": self.prefix_lens, "block_lens": self.block_lens, "mask": self.mask,
-               "q_lens": self.q_lens, "page_table": self.page_table}
-        checks.disjoint("workspace", ws, own)
+        if ws is not None:
+            checks.tensor("workspace", ws, dtype=torch.float32, device=self.device)
+            if not ws.is_contiguous():
+                raise ValueError(f"workspace must be contiguous, got shape {tuple(ws.shape)} with strides "
+                                 f"{ws.stride()}")
+            checks.disjoint("workspace", ws, {"prefix_lens": self.prefix_lens, "block_lens": self.block_lens,
+                                              "mask": self.mask, "q_lens": self.q_lens, "page_table": self.page_table})
         self._given = ws
         if self._num_splits is not None:
             self._allocate()
-        if not self._first:  # a run already passed: the next one checks it against its q / k / v
+        if ws is not None and not self._first:  # a run already passed: the next checks it against its q / k / v
             self._first, self._recheck = True, True
 
     def _allocate(self):
