@@ -284,8 +284,7 @@ def test_ar_steps_run_no_draft_forward(pair, schedule):
 
 
 def test_the_feature_draft_catches_up_after_ar_steps(schedule):
-    from test_distill_feature import feature_draft
-    from test_distill import tiny_target
+    from test_distill import feature_draft, tiny_target
 
     target = tiny_target(seed=3)
     d = feature_draft(target, seed=4).eval()
