@@ -113,10 +113,22 @@ def test_exact_draft_copy_accepts_every_chain_token(pair):
     assert m.acceptance_rate_per_pos == [1.0, 1.0, 1.0]
 
 
-@pytest.mark.parametrize("params", [{}, {"max_nodes": 6, "max_tree_nodes": 4},
-                                    {"max_depth": 7, "theta_prob": 0.1, "theta_sib": 0.1, "max_nodes": 40,
-                                     "max_tree_nodes": 20}, {"k": 3, "max_tree_nodes": 5}],
-                         ids=["default", "node-cap", "deep", "tree-cap"])
+TSD_SEARCHES = [pytest.param({}, id="default"), pytest.param({"max_nodes": 6, "max_tree_nodes": 4}, id="node-cap"),
+                pytest.param({"max_depth": 7, "theta_prob": 0.1, "theta_sib": 0.1, "max_nodes": 40,
+                              "max_tree_nodes": 20}, id="deep"),
+                pytest.param({"k": 3, "max_tree_nodes": 5}, id="tree-cap")]
+
+
+def _search_run(target, draft, prompts, method, temperature, **params):
+    """A seeded run's tokens, its steps (timings left out) and its counts."""
+    out, m = _run(target, draft, prompts, method, temperature=temperature, seed=3, record_steps=True, **params)
+    steps = [{k: v for k, v in s.items() if not k.endswith("_s")} for s in m.steps]
+    counts = (m.num_target_forwards, m.num_draft_forwards, m.num_accepted_tokens, m.num_drafted_nodes,
+              m.num_draft_tokens, m.draft_depth)
+    return out, steps, counts
+
+
+@pytest.mark.parametrize("params", TSD_SEARCHES)
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
 def test_tsd_device_search_is_the_host_search(pair, monkeypatch, params, temperature):
     # TSD grows its tree on the device; GSD's merge (and a grammar) keep the host search. Without a
@@ -124,16 +136,31 @@ def test_tsd_device_search_is_the_host_search(pair, monkeypatch, params, tempera
     _, target, draft, prompts, _ = pair
     from specops.decoding.methods.tsd import TSD
 
-    def run():
-        out, m = _run(target, draft, prompts, "tsd", temperature=temperature, seed=3, record_steps=True, **params)
-        steps = [{k: v for k, v in s.items() if not k.endswith("_s")} for s in m.steps]
-        counts = (m.num_target_forwards, m.num_draft_forwards, m.num_accepted_tokens, m.num_drafted_nodes,
-                  m.num_draft_tokens, m.draft_depth)
-        return out, steps, counts
-    device = run()
+    device = _search_run(target, draft, prompts, "tsd", temperature, **params)
     monkeypatch.setattr(TSD, "propose", lambda self, ctx: self.grow_on_host(ctx))
-    host = run()
+    host = _search_run(target, draft, prompts, "tsd", temperature, **params)
     assert torch.equal(device[0], host[0]) and device[1:] == host[1:]
+
+
+# fixed costs that make drafting pay: the adaptive budget follows the acceptance alone (deterministic)
+FREE_DRAFTS = specops.decoding.AdaptiveConfig(target_cost=lambda T: 1.0, draft_cost=lambda g: 0.0)
+
+
+@pytest.mark.parametrize("method,params", [pytest.param("tsd", p.values[0], id="tsd-" + p.id) for p in TSD_SEARCHES]
+                         + [pytest.param("opt-tree", {}, id="opt-tree-default"),
+                            pytest.param("opt-tree", {"n": 6, "delta": 0.0, "max_depth": 5}, id="opt-tree-deep"),
+                            pytest.param("opt-tree", {"n": 3, "max_depth": 6}, id="opt-tree-narrow")])
+@pytest.mark.parametrize("adaptive", [False, FREE_DRAFTS], ids=["fixed", "adaptive"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_sync_free_search_builds_the_reading_searchs_trees(pair, method, params, adaptive, temperature):
+    # Sync-free, TSD feeds each layer at its widest and OPT-Tree every layer (padding rows the trees
+    # never take) and neither reads per layer: same tokens, steps and counts as the reading search,
+    # which computes exactly its frontier, so only the draft forwards may grow.
+    _, target, draft, prompts, _ = pair
+    free, reading = (_search_run(target, draft, prompts, method, temperature, adaptive=adaptive, sync_free=flag,
+                                 **params) for flag in (True, False))
+    assert torch.equal(free[0], reading[0]) and free[1] == reading[1]
+    assert free[2][:1] + free[2][2:] == reading[2][:1] + reading[2][2:] and free[2][1] >= reading[2][1]
 
 
 def test_tsd_with_k1_is_sd_and_opt_tree_n1_is_a_chain(pair):

@@ -7,8 +7,10 @@ a warm-up step), split by phase (``propose``: the drafter; ``commit``: the draft
 * **reads** — every way a tensor's values reach Python (``tolist``, ``item``, ``cpu``, ``numpy``,
   ``int()``, ``bool()``, ``float()``, ``__index__``, iteration): the loop's one packed read; none in
   propose for drafters that keep their block on the device (SD, MJSD), one per step for SpecInfer
-  (its merged tree's size), at most one per draft forward for a stop decision (OPT-Tree's ``delta``,
-  TSD's frontier and tree sizes) or the tokens a drafter's host-side search needs;
+  (its merged tree's size) and for sync-free TSD and OPT-Tree (the default on an accelerator: the
+  tree's sizes, the drafting depths), at most one per draft forward for a stop decision on a CPU
+  (OPT-Tree's ``delta``, TSD's frontier and tree sizes) or the tokens a drafter's host-side search
+  needs;
 * **host-built tensors** — tensors constructed from host data (``torch.tensor``, ``as_tensor``,
   ``from_numpy``, ``frombuffer``, ``Tensor.new_tensor``, indexing with a Python list): none; on a GPU
   each would be a blocking upload;
@@ -44,9 +46,11 @@ STEPS = (2, 3, 4)  # step 1 is the warm-up (its caches' host lengths are fresh f
 # the loop per step). The loop reads once; the drafter's commit reads nothing. Drafters that keep
 # their draft block on the device (choose on the device, feed the choice back, assemble the tree
 # there) read nothing in propose (SpecInfer: once per step, the size of the tree it merged on the
-# device; OPT-Tree: once per layer, which sequences ``delta`` lets go on, none after its last; TSD:
-# once per layer, its new frontier's and tree's sizes as a [2, B] count, which feed exactly the
-# frontier and stop on an empty one, tsd.py says why); a drafter that searches on the host (GSD's
+# device). TSD and OPT-Tree read once per step sync-free (the default on an accelerator: every layer
+# fed at its widest, padding rows masked; TSD's tree sizes, the drafting depths); on a CPU, where a
+# read is a memory load and a padding row costs, once per layer (OPT-Tree: which sequences ``delta``
+# lets go on, none after its last; TSD: its new frontier's and tree's sizes as a [2, B] count, which
+# feed exactly the frontier and stop on an empty one); a drafter that searches on the host (GSD's
 # merge, Ouroboros' pool, a grammar, SSD's exit) reads once per draft forward. The target block is built on the device (AR: the roots; SD: its chain; MJSD:
 # its best beam; OPT-Tree: gathered from its subtree choice) or staged once by propose (a host-built
 # tree). The loop stages one upload only for the log-likelihood rows, which it gathers for methods
@@ -61,14 +65,18 @@ EXPECTED = {
     "sd-exit": ({"method": "sd", "exit_threshold": 0.02}, (0, 1), 0),  # SSD's exit: a host decision
     "specinfer": ({}, (1, 0), 0),  # the merged tree's size, once
     "specinfer-sampled": ({"method": "specinfer", "temperature": 1.0}, (1, 0), 0),
-    "tsd": ({}, (0, 1), 0),  # the frontier's and tree's sizes per layer (the search stays on the device)
+    "tsd": ({}, (0, 1), 0),  # on a CPU: the frontier's and tree's sizes per layer (the search stays on the device)
+    "tsd-sync-free": ({"method": "tsd", "sync_free": True}, (1, 0), 0),  # every layer's sizes at the end
+    "tsd-sync-free-sampled": ({"method": "tsd", "sync_free": True, "temperature": 1.0}, (1, 0), 0),
     "gsd": ({}, (0, 1), 1),  # the merge searches on the host
-    "opt-tree": ({}, (0, 1), 0),  # delta's stop: a [B] flag per layer
+    "opt-tree": ({}, (0, 1), 0),  # on a CPU: delta's stop, a [B] count per layer
+    "opt-tree-sync-free": ({"method": "opt-tree", "sync_free": True}, (1, 0), 0),  # the depths at the end
     "ouroboros": ({}, (0, 1), 0),
     "ouroboros-model-free": ({"method": "ouroboros", "model_free": True}, (0, 0), 0),
     "mjsd": ({}, (0, 0), 1),  # the beams grow and the best is traced back on the device
     # the adaptive controller observes every step (fixed costs that make drafting pay: no AR steps)
     "opt-tree-adaptive": ({"method": "opt-tree", "adaptive": FREE_DRAFTS}, (0, 1), 0),
+    "tsd-sync-free-adaptive": ({"method": "tsd", "sync_free": True, "adaptive": FREE_DRAFTS}, (1, 0), 0),
     "sd-adaptive": ({"method": "sd", "adaptive": FREE_DRAFTS}, (0, 0), 0),
 }
 
@@ -248,10 +256,11 @@ def test_one_read_no_blocking_upload_no_host_built_tensor_per_step(models, monke
 def test_staged_uploads_of_the_drafters_are_one_per_forward(models, monkeypatch):
     # The draft side stages each forward's new nodes together with the rows it samples from (and
     # values it needs on the device): one non-blocking copy per forward, plus the target block (or
-    # its host-known part: SD's node counts, OPT-Tree's block-node map; none for MJSD, whose chain
-    # is traced on the device, or TSD, whose tree is assembled there) and the draft's truncate. The
-    # drafter's commit stages the kept path.
-    for case, lo, hi in (("sd", 1, 2), ("specinfer", 1, 2), ("tsd", 0, 0), ("opt-tree", 1, 2), ("mjsd", 0, 1)):
+    # its host-known part: SD's node counts; none for MJSD, whose chain is traced on the device, or
+    # TSD and OPT-Tree, whose trees and block-node maps are assembled there) and the draft's
+    # truncate. The drafter's commit stages the kept path.
+    for case, lo, hi in (("sd", 1, 2), ("specinfer", 1, 2), ("tsd", 0, 0), ("tsd-sync-free", 0, 0),
+                         ("opt-tree", 0, 1), ("opt-tree-sync-free", 0, 1), ("mjsd", 0, 1)):
         counter = count_steps(models, monkeypatch, case)
         for s in STEPS:
             F = counter.forwards[s]

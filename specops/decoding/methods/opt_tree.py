@@ -8,6 +8,14 @@ the paper's definition) grows by no more than ``delta``. The target verifies the
 the largest p̂, a rooted subtree (the paper's Thm 3.1; ties go to the shallower node), ordered by depth.
 Greedy: R1; sampling: R4 (``sample_match``, the reference's rule; ``verify="mss_pointmass"`` gives
 the same acceptance probability).
+
+``sync_free`` picks how ``delta``'s stop reaches the draft block: False reads, per layer, how many
+entries each sequence feeds (0: it stopped) and ends drafting when none goes on; True feeds every
+layer's ``n`` entries for every sequence (a stopped sequence's are padding rows masked out of the
+next ``topn_expand``), runs all ``max_depth`` layers, and reads once per step (the drafting depths,
+for the metrics and the controller). None (the default): True when the draft runs on an
+accelerator, False on a CPU, where each layer past the stop costs a draft forward (docs/methods.md
+§OPT-Tree). A grammar reads each layer's tokens (its masks follow them) either way.
 """
 import torch
 
@@ -23,7 +31,7 @@ class OPTTree(ModelDrafter):
     description = "OPT-Tree: per-layer global top-n by path probability, best-n subtree"
     # CPU-sized n; delta 0.5 (the reference code's default) sits in [mu, 1] for a draft costing
     # about half a target step, as the int8 copy does here.
-    PARAMS = {"n": 10, "delta": 0.5, "max_depth": 8, "verify": None}
+    PARAMS = {"n": 10, "delta": 0.5, "max_depth": 8, "verify": None, "sync_free": None}
     sampling_mode = "sample_match"
     budget_param = "max_depth"  # layers (draft forwards) per step; delta may stop earlier
     budget_cap_factor = 2
@@ -32,6 +40,8 @@ class OPTTree(ModelDrafter):
         self._positive_int("n", self.n, 1, MAX_N - 1)  # the final selection takes n + 1 nodes
         self._positive_int("max_depth", self.max_depth)
         self._real("delta", self.delta)
+        if self.sync_free is not None:
+            self._bool("sync_free", self.sync_free)
         if self.verify is not None:
             if self.verify not in ("sample_match", "mss_pointmass"):
                 raise ValueError(f"verify must be 'sample_match' or 'mss_pointmass', got {self.verify!r}")
@@ -47,13 +57,15 @@ class OPTTree(ModelDrafter):
         """The layers grow on the device: each layer's ``n`` (token, parent) pairs come from
         ``topn_expand`` and are fed back as they are (``add_device``: a sequence that goes on adds
         its finite entries, a prefix of the layer), E_sub is kept on the device, and the subtree is
-        chosen there. The one host decision is ``delta``'s stop: how many entries each sequence
-        feeds (0: it stops), read once per layer (a grammar reads the layer's tokens with it: its
-        masks follow them)."""
+        chosen there. Reading (``sync_free`` False), the one host decision is ``delta``'s stop: how
+        many entries each sequence feeds (0: it stops), read once per layer (a grammar reads the
+        layer's tokens with it: its masks follow them); sync-free, every sequence feeds all ``n``
+        entries of every layer and which of them were live stays on the device."""
         d = ctx.draft
         d.begin(ctx.seqs, ctx.active)
         B, n = ctx.batch, self.n
         grammar = ctx.grammar is not None  # then every row is masked with its path's allowed tokens
+        sync_free = not grammar and (self.sync_free if self.sync_free is not None else d.device.type != "cpu")
         # with the first forward's upload: the roots' block nodes and which sequences draft
         logits, up = d.forward(rows=[(b, d.root[b]) for b in range(B)], extra=list(d.root) + [int(a) for a in ctx.active])
         base, going = up[:B], up[B:].bool()  # base: the block node of the newest fed layer's first entry
@@ -62,29 +74,37 @@ class OPTTree(ModelDrafter):
             logits = grammar_masked(ctx, logits, [(b, []) for b in range(B)])
         logq = logits.log_softmax(-1)[:, None]  # [B, 1, V]
         layers = [_kernels.topn_expand(logq.new_zeros(B, 1, dtype=torch.float32), logq, n, per_parent_k=n)]
-        firsts = []  # per fed layer, per sequence: the block node of its first entry (-1: not fed)
+        src = [up[:B, None]]  # per flat layer: each entry's draft-block node, -1 where not fed ([B, 1] the roots)
+        drafted = active.long()  # [B] layers drafted: the root's, then each fed one (read when sync-free)
+        depth_drafted = [int(a) for a in ctx.active]  # the same on the host (reading)
         best = gain = _esub(layers, n)  # fp64 [B]: the first layer takes E from 0 to E_sub
         paths = [[[]] for _ in range(B)]  # under a grammar: the token path of each entry of the newest layer
         while len(layers) < self.max_depth:
             going = going & (gain > self.delta)
             scores, toks, par = layers[-1]
-            # the one read per layer: delta's stop, as the count of entries to feed (its finite ones,
-            # a prefix: sorted best first; 0 = stop)
-            live = torch.where(going, scores.isfinite().sum(1), 0)
-            if grammar:
-                live, tk, pr = read_lists(live, toks, par)
-                paths = [[paths[b][max(pr[b][i], 0)] + [tk[b][i]] for i in range(n)] for b in range(B)]
-            else:
-                live = read_lists(live)[0]
-            if not any(live):
-                break
+            # delta's stop, as the entries each sequence feeds (its finite ones, a prefix: sorted
+            # best first; 0 = stop)
+            fed = going[:, None] & scores.isfinite()  # [B, n]
+            if sync_free:
+                live = [n] * B
+            else:  # the one read per layer
+                live = fed.sum(1)
+                if grammar:
+                    live, tk, pr = read_lists(live, toks, par)
+                    paths = [[paths[b][max(pr[b][i], 0)] + [tk[b][i]] for i in range(n)] for b in range(B)]
+                else:
+                    live = read_lists(live)[0]
+                if not any(live):
+                    break
+                depth_drafted = [x + (f > 0) for x, f in zip(depth_drafted, live)]
             pick = [(b, i) for b in range(B) for i in range(live[b])]
             first = [len(d.tokens[b]) if live[b] else -1 for b in range(B)]
             new = iter(d.add_device([b for b, _ in pick], (base[:, None] + par.clamp(min=0)).reshape(-1),
                                     toks.clamp(min=0).long().reshape(-1), [b * n + i for b, i in pick]))
-            firsts.append(first)
             pairs = [(b, next(new) if i < live[b] else d.first_unfed) for b in range(B) for i in range(n)]
             rows, base = d.forward(rows=pairs, extra=first)
+            src.append(torch.where(fed, base[:, None] + torch.arange(n, device=base.device), -1))
+            drafted = drafted + fed.any(1)
             if grammar:  # rows of entries never expanded: no grammar work for them
                 rows = grammar_masked(ctx, rows, [(b, paths[b][i] if i < live[b] else None)
                                                     for b in range(B) for i in range(n)])
@@ -94,29 +114,23 @@ class OPTTree(ModelDrafter):
             esub = _esub(layers, n)
             gain = torch.where(going, esub - best, 0.0)
             best = torch.where(going, esub, best)
-        return self._select(ctx, layers, firsts, active)
+        if sync_free:  # the step's one read: the layers each sequence drafted
+            depth_drafted = read_lists(drafted)[0]
+        return self._select(ctx, layers, src, active, depth_drafted)
 
-    def _select(self, ctx, layers, firsts, active):
+    def _select(self, ctx, layers, src, active, depth_drafted):
         # The drafted layers as one flat tree (root, then layer by layer: topological, shallower
         # first), then the best n nodes as a rooted subtree (select_topn_subtree), gathered on the
         # device: the Draft is built from the selection without reading it back.
         B, n, D = ctx.batch, self.n, len(layers)
-        T = 1 + D * n
         sc = torch.cat([layer[0] for layer in layers], dim=1)  # [B, D * n]
         base = torch.arange(D, device=sc.device).repeat_interleave(n) * n + 1 - n  # flat index of each layer's parents
         base[:n] = 0
         pr = torch.cat([layer[2] for layer in layers], dim=1)  # [B, D * n]
         flat_par = torch.where(sc > float("-inf"), pr.clamp(min=0) + base, 0).to(torch.int32)
         parents = torch.cat([flat_par.new_full((B, 1), -1), flat_par], dim=1)  # [B, T]
-        # The host's part in one upload: each flat node's draft-block node (a layer-k entry was fed
-        # iff layer k + 1 was drafted from it).
-        src_host = []
-        for b in range(B):
-            src_host.append(ctx.draft.root[b])
-            for k in range(D):
-                first = firsts[k][b] if k < len(firsts) else -1
-                src_host += [first + i for i in range(n)] if first >= 0 else [-1] * n
-        src = ctx.stager.upload(src_host).view(B, T)
+        # each flat node's draft-block node (a layer-k entry was fed iff layer k + 1 was drafted from it)
+        src = torch.cat(src + [src[0].new_full((B, n), -1)] * (D + 1 - len(src)), dim=1)  # [B, T]
         scores = torch.cat([sc.new_zeros(B, 1), sc], dim=1).masked_fill(~active[:, None], float("-inf"))
         keep, new_par, counts = _kernels.select_topn_subtree(parents, scores, n + 1)  # [B, n + 1] x2, [B]
         valid = torch.arange(n + 1, device=keep.device)[None, :] < counts[:, None]
@@ -124,7 +138,6 @@ class OPTTree(ModelDrafter):
         root = ctx.root[:, None]
         tokens = torch.cat([root, torch.cat([layer[1] for layer in layers], dim=1).to(root.dtype)], dim=1)
         layer_of = torch.where(at > 0, (at - 1) // n + 1, 0)
-        depth_drafted = [1 + sum(f[b] >= 0 for f in firsts) if ctx.active[b] else 0 for b in range(B)]
         return Draft(tokens=torch.where(valid, tokens.gather(1, at), 0), parents=torch.where(valid, new_par, 0),
                      num_nodes=counts.to(torch.int32), src=torch.where(valid, src.gather(1, at), -1).to(torch.int32),
                      depth=torch.where(valid, layer_of, 0).amax(-1), depth_drafted=depth_drafted,

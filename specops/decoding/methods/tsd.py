@@ -13,6 +13,14 @@ Without merging (``tau`` None), grammar or kept draft rows, the tree grows on th
 back with ``add_device``, and the tree (tokens, parents, draft-block nodes) is assembled there; the
 search is the host one's, node for node. GSD's merge, a grammar's masks and R5's kept rows need the
 host search below it (one read per draft forward).
+
+``sync_free`` picks how the device search learns the frontier's size: False reads a [2, B] count
+per layer and feeds exactly the frontier; True feeds every layer at its worst-case width
+(``frontier_widths``: dead entries are padding rows that never enter the tree), lets an empty
+frontier run on as padding, and reads once per step (the tree's sizes, for the target's block).
+None (the default): True when the draft runs on an accelerator, where a read is a synchronisation
+and a padding row is nearly free; False on a CPU, where a read is a memory load and each padding
+row costs a share of a step (docs/methods.md §TSD, measured there).
 """
 import itertools
 
@@ -32,7 +40,7 @@ class TSD(ModelDrafter):
     description = "tree SD: top-k tree with probability and sibling pruning"
     # k and the thresholds are the paper's 70B setting; depth and caps are CPU-sized (paper: 10, 100).
     PARAMS = {"k": 4, "max_depth": 5, "theta_prob": 0.2, "theta_sib": 0.3, "max_nodes": 24,
-              "max_tree_nodes": 32, "tau": None, "verify": None}
+              "max_tree_nodes": 32, "tau": None, "verify": None, "sync_free": None}
     sampling_mode = "mss_pointmass"
     budget_param = "max_depth"  # draft forwards per step; max_nodes still caps the tree
     budget_cap_factor = 2  # 10 = the paper's depth
@@ -46,6 +54,8 @@ class TSD(ModelDrafter):
         self._positive_int("max_tree_nodes", self.max_tree_nodes, 2)
         if self.tau is not None:
             self._positive_int("tau", self.tau, 0)
+        if self.sync_free is not None:
+            self._bool("sync_free", self.sync_free)
         # Top-k children are deterministic, not draws from q: R3/R3w would not be lossless here.
         allowed = ("mss_pointmass", "sample_match", "gsd")
         if self.verify is not None and self.verify not in allowed:
@@ -58,7 +68,9 @@ class TSD(ModelDrafter):
         return self.max_tree_nodes
 
     def draft_budget(self):
-        return self.max_nodes
+        # a sync-free search feeds its layers at their widest, padding included (None: it may)
+        padded = 1 + sum(frontier_widths(self.k, self.max_nodes, self.max_depth)) if self.sync_free is not False else 0
+        return max(self.max_nodes, padded)
 
     def propose(self, ctx):
         keep_rows = not ctx.sampling.greedy and self.sampling_mode == "gsd"
@@ -72,17 +84,19 @@ class TSD(ModelDrafter):
         order of the host search's unmerged tree, so the first ``max_tree_nodes`` nodes are the
         target's tree as they are.
 
-        The one read per draft forward is a [2, B] count (each sequence's new frontier and tree
-        sizes), read after each layer's expansion. It is the host's part of the search: the draft
-        forward's block (``DraftLM`` keeps node counts on the host) takes exactly the frontier, and
-        an empty frontier stops drafting early. Without it every layer would be fed at a fixed
-        width, up to ``max_nodes - 1`` rows of which most are dead (theta_prob prunes most
-        children), for ``max_depth`` forwards: on a 2-core CPU a row costs 7-9 % of a one-row step
-        (SmolLM2 bf16: a 16-row block 2.4x), and the target's block would carry the cap's padding too.
+        Reading (``sync_free`` False): one read per draft forward, a [2, B] count (each sequence's
+        new frontier and tree sizes) after each layer's expansion; the draft forward's block
+        (``DraftLM`` keeps node counts on the host) takes exactly the frontier, and an empty
+        frontier stops drafting early. Sync-free: layer ``l`` feeds ``frontier_widths(...)[l - 1]``
+        entries per sequence whatever its frontier holds (entries past the frontier: padding rows
+        below a fed node, masked out of the next expansion), drafting runs until the widths end,
+        and the counts of every layer come back in one read at the end. Both build the same tree.
         Shape: -> Draft with tokens int64 [B, T], T = min(largest tree, max_tree_nodes)."""
         d = ctx.draft
         d.begin(ctx.seqs, ctx.active)
         B, M = ctx.batch, self.max_nodes
+        sync_free = self.sync_free if self.sync_free is not None else d.device.type != "cpu"
+        widths = frontier_widths(self.k, M, self.max_depth) if sync_free else None
         logits, up = d.forward(rows=[(b, d.root[b]) for b in range(B)],
                                extra=list(d.root) + [int(a) for a in ctx.active])
         dev = up.device
@@ -98,9 +112,9 @@ class TSD(ModelDrafter):
         gsrc[:, 0] = up[:B]
         count = torch.ones(B, dtype=torch.int64, device=dev)
         live = [int(a) for a in ctx.active]
-        sizes = [1] * B  # graph nodes per sequence (host: from the reads)
         layer_sizes = [[1] * B]  # sizes after each layer (Draft.depth of the truncated tree)
         depth_drafted = list(live)
+        counts, fed_layers = [count], live_dev  # sync-free: the per-layer counts, read at the end
         for step in range(self.max_depth):
             W = fidx.shape[1]
             probs = logits.softmax(-1)
@@ -119,12 +133,20 @@ class TSD(ModelDrafter):
             count = count + keep.sum(1)
             grow = keep & (top_q >= self.theta_prob) if step < self.max_depth - 1 else torch.zeros_like(keep)
             nlive = grow.sum(1)
-            # the one read: the new frontier's and the tree's sizes
-            live, sizes = read_lists(nlive, count)
-            layer_sizes.append(sizes)
-            if not any(live):
-                break
-            W2 = max(live)
+            if sync_free:
+                counts.append(count)
+                if step >= len(widths):  # no frontier can be this deep: nothing grows
+                    break
+                W2 = widths[step]
+                fed_layers = fed_layers + (nlive > 0)
+            else:
+                # the one read per layer: the new frontier's and the tree's sizes
+                live, sizes = read_lists(nlive, count)
+                layer_sizes.append(sizes)
+                if not any(live):
+                    break
+                W2 = max(live)
+                depth_drafted = [x + (n > 0) for x, n in zip(depth_drafted, live)]
             # The new frontier: the growing candidates, a prefix in creation order (column W2: the rest).
             slot = torch.where(grow, grow.cumsum(1) - 1, W2)
             nfidx = torch.zeros(B, W2 + 1, dtype=torch.int64, device=dev).scatter_(1, slot, pos)[:, :W2]
@@ -132,24 +154,29 @@ class TSD(ModelDrafter):
                 1, slot, top_t.view(B, W * K))[:, :W2]
             pentry = torch.zeros(B, W2 + 1, dtype=torch.int64, device=dev).scatter_(
                 1, slot, entry[None].expand(B, W * K).contiguous())[:, :W2]
-            pblk = fblk.gather(1, pentry)  # [B, W2] the parent's draft-block node
-            pick = [(b, i) for b in range(B) for i in range(live[b])]
-            first = [len(d.tokens[b]) if live[b] else -1 for b in range(B)]
+            pblk = fblk.gather(1, pentry)  # [B, W2] the parent's draft-block node (padding: entry 0's)
+            if sync_free:  # every sequence feeds W2 entries
+                pick = [(b, i) for b in range(B) for i in range(W2)]
+                first = [len(d.tokens[b]) for b in range(B)]
+            else:
+                pick = [(b, i) for b in range(B) for i in range(live[b])]
+                first = [len(d.tokens[b]) if live[b] else -1 for b in range(B)]
             new = iter(d.add_device([b for b, _ in pick], pblk.reshape(-1), ntok.reshape(-1).long(),
                                     [b * W2 + i for b, i in pick]))
-            pairs = [(b, next(new) if i < live[b] else d.first_unfed) for b in range(B) for i in range(W2)]
+            pairs = [(b, next(new) if sync_free or i < live[b] else d.first_unfed) for b in range(B) for i in range(W2)]
             logits, firstd = d.forward(rows=pairs, extra=first)
-            depth_drafted = [x + (n > 0) for x, n in zip(depth_drafted, live)]
             live_dev = nlive
             fidx = nfidx
             fblk = firstd[:, None] + torch.arange(W2, device=dev)[None]  # consecutive nodes per sequence
             fed = torch.arange(W2, device=dev)[None] < nlive[:, None]
             gsrc.scatter_(1, torch.where(fed, nfidx, M), fblk)
-        return self._device_draft(ctx, gtok, gpar, gsrc, count, sizes, layer_sizes, depth_drafted)
+        if sync_free:  # the step's one read: every layer's tree sizes and the drafting depths
+            layer_sizes, depth_drafted = read_lists(torch.stack(counts), fed_layers)
+        return self._device_draft(ctx, gtok, gpar, gsrc, count, layer_sizes, depth_drafted)
 
-    def _device_draft(self, ctx, gtok, gpar, gsrc, count, sizes, layer_sizes, depth_drafted):
+    def _device_draft(self, ctx, gtok, gpar, gsrc, count, layer_sizes, depth_drafted):
         # The target's tree: the first max_tree_nodes graph nodes (parents precede children).
-        cap = self.max_tree_nodes
+        cap, sizes = self.max_tree_nodes, layer_sizes[-1]
         T = min(max(sizes), cap)
         valid = torch.arange(T, device=count.device)[None] < count[:, None]
         # tree depth = the layers that added a node within the first ``cap`` nodes
@@ -227,6 +254,23 @@ class TSD(ModelDrafter):
         return Candidates(tokens=tokens, parents=parents, src=src, copied=copied, depth_drafted=depth,
                           drafted_nodes=[len(g) for g in graphs], draft_logits=rows if keep_rows else None,
                           draft_warp=_SOFTMAX).stage(ctx.stager, ctx.vocab_size)
+
+
+def frontier_widths(k, max_nodes, max_depth):
+    """The most entries TSD's frontier can hold after layer ``l`` = 1 .. max_depth - 1 (the last
+    layer grows none), ending early where none can: ``w`` frontier nodes at layer ``l`` need at
+    least ``ceil(w / k^j)`` distinct frontier nodes ``j`` layers up, all of them below the node
+    cap's ``max_nodes - 1``. The sync-free search feeds each layer at this width.
+    Shape: -> list of ints (k=4, 24 nodes, depth 5: [4, 16, 16, 16])."""
+    out = []
+    for layer in range(1, max_depth):
+        w = min(k ** layer, max_nodes - 1)
+        while w and sum(-(-w // k ** j) for j in range(layer)) > max_nodes - 1:
+            w -= 1
+        if not w:
+            break
+        out.append(w)
+    return out
 
 
 TopKTreeDrafter = TSD  # the class's name before issue #32 (a public name: kept)
