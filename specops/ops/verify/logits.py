@@ -176,22 +176,17 @@ def _joint_rules(draft_tokens, target_logits, draft_joint_logprobs, tau, uniform
             ] + checks.logit_rules("target_logits", target_logits, rows)
 
 
-def _params(B, T, dev, check, temperature, top_k, top_p, prefix=""):
-    """Scalars or [B] tensors -> fp32 / int32 / fp32 [B * T] (one value per logits row)."""
-    return [row[:, None].expand(B, T).reshape(B * T)
-            for row in warp_params(B, dev, check, temperature, top_k, top_p, prefix)]
-
-
 def _warps_and_impl(op, torch_impl, backend, B, T, V, dev, check, first, second, prefix):
     """The per-row parameters of a call's two warps, ``first`` and ``second`` (temperature, top_k,
-    top_p) -> :func:`_params` each (the second's arguments named with ``prefix``; its temperature
-    None: the first's), and the implementation of ``op``: the compiled ones index tokens with int32,
-    so they take ``V <= MAX_VOCAB``. Returns (impl, first's params, second's params)."""
-    params = _params(B, T, dev, check, *first)
-    temperature, top_k, top_p = second
-    if temperature is None:
-        temperature = first[0]
-    second = _params(B, T, dev, check, temperature, top_k, top_p, prefix=prefix)
+    top_p: scalars or [B] tensors; the second's arguments named with ``prefix``, its temperature
+    None: the first's) as fp32 / int32 / fp32 [B * T] (one value per logits row), and the
+    implementation of ``op`` (the compiled ones index tokens with int32: ``V <= MAX_VOCAB``).
+    Returns (impl, first's params, second's params)."""
+    def rows(warp, prefix=""):
+        return [r[:, None].expand(B, T).reshape(B * T) for r in warp_params(B, dev, check, *warp, prefix)]
+
+    params = rows(first)
+    second = rows((first[0] if second[0] is None else second[0], *second[1:]), prefix)
     return vocab_limit("target_logits", V, resolve(op, dev, backend), torch_impl), params, second
 
 
