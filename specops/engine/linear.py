@@ -26,16 +26,7 @@ class SpecopsLinear(torch.nn.Linear):
         return y.view(*x.shape[:-1], y.shape[-1])
 
 
-class SpecopsBlockLinear(SpecopsLinear):
-    """One row through torch, blocks (and prompts) through specops.linear."""
-
-    def forward(self, x):
-        if x.numel() == x.shape[-1]:
-            return torch.nn.functional.linear(x, self.weight, self.bias)
-        return super().forward(x)
-
-
-_CLASSES = (torch.nn.Linear, SpecopsLinear, SpecopsBlockLinear)
+_CLASSES = (torch.nn.Linear, SpecopsLinear)
 
 
 def eligible(model):
@@ -69,18 +60,18 @@ def _patchable(module):
             and type(w.data) is torch.Tensor)
 
 
-def use_specops_linear(model, *, one_row=True):
+def use_specops_linear(model):
     """Routes every plain ``torch.nn.Linear`` of ``model`` (same dtype as its input, on the CPU)
-    through ``specops::linear``; returns a callable that restores the modules' own forwards.
-    Quantized or subclassed linear layers are left alone. ``one_row=False`` leaves one-row calls
-    (an AR step) to torch: streaming a weight from memory for a single row, both run at the same
-    bandwidth (11.2 vs 11.5 GB/s over SmolLM2's weights, docs/batch_invariance.md), and torch's call
-    is the cheaper one from Python; the batch-invariant mode needs every row through the op."""
-    cls = SpecopsLinear if one_row else SpecopsBlockLinear
+    through ``specops::linear``, one-row calls (an AR step) included; returns a callable that
+    restores the modules' own forwards. Quantized or subclassed linear layers are left alone.
+    One-row calls go through the op too: on a 2-core Xeon with AVX-512, torch's bf16 one-row GEMM
+    streamed SmolLM2's weights ~2.4x slower than the op, and eager AR with ``batch_invariant=False``
+    decoded 18.5 tok/s with one-row calls left to torch against 26.6 through the op
+    (docs/batch_invariance.md)."""
     patched = []
     for module in model.modules():
         if type(module) is torch.nn.Linear and _patchable(module):
-            module.__class__ = cls
+            module.__class__ = SpecopsLinear
             patched.append(module)
 
     def undo():

@@ -89,10 +89,9 @@ class ModelRunner:
     ``page_size``-row pages, a power of two); ``cache_dtype``: the cache's dtype (default the
     model's). ``compile``: blocks of up to 64 rows run one compiled graph (its row
     count a symbol; under CUDA graphs one per bucket) (``compile_mode``: torch.compile's mode; docs/compile.md). ``linear``: "auto" routes the model's
-    ``nn.Linear`` calls of more than one row (blocks, prompts) through :func:`specops.linear` while
-    the runner lives when the model is bf16 or fp16 on the CPU (one pass over each weight serves a
-    whole block; docs/batch_invariance.md); "specops" routes every call, one-row steps included (the
-    batch-invariant choice); "torch" none; :meth:`close` restores the model. ``batch_invariant``:
+    ``nn.Linear`` calls through :func:`specops.linear` while the runner lives when the model is bf16
+    or fp16 on the CPU (one pass over each weight serves a whole block; docs/batch_invariance.md);
+    "specops" routes them for any dtype (fp32 included); "torch" none; :meth:`close` restores the model. ``batch_invariant``:
     every forward runs batch-invariant ops (every linear call through :func:`specops.linear`, the
     attention's invariant schedule), so a row's logits have the bits of the one-row AR step that
     has its ancestors in the cache (docs/batch_invariance.md); it needs ``linear`` "auto" or
@@ -164,13 +163,10 @@ class ModelRunner:
             self._keeps_logits = False
         self.compiled = _compiled.CompiledRunner(self, cfg, compile_mode) if compile else None
         # The model's linear layers through specops.linear while this runner lives ("auto": bf16/fp16
-        # models on the CPU, where it reads each weight once per block; specops/engine/linear.py).
-        # One-row calls too when compiled: torch's call is cheaper only from Python; inside a graph
-        # with the C++ wrapper specops.linear's one-row GEMV wins (SmolLM2-135M one-row step 31.7 ->
-        # 26.4 ms, docs/compile.md).
+        # models on the CPU, where it reads each weight once per block and streams one row faster
+        # than torch's GEMM; specops/engine/linear.py).
         use = linear == "specops" or (linear == "auto" and _linear.eligible(model))
-        one_row = linear == "specops" or compile
-        self._undo_linear = _linear.use_specops_linear(model, one_row=one_row) if use else None
+        self._undo_linear = _linear.use_specops_linear(model) if use else None
         self.stager = Stager(self.device)
         self.forwards = 0
         self.keep_features = bool(keep_features)
