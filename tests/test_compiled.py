@@ -144,7 +144,7 @@ def test_feature_draft_compiled_is_lossless():
     # An EAGLE-style draft: its own input layer (features) before the decoder, and the target's
     # feature capture (a forward hook on the final norm) applied to the compiled graph's output.
     from test_distill import tiny_target
-    from test_distill_feature import feature_draft
+    from test_distill import feature_draft
 
     target = tiny_target(seed=3)
     d = feature_draft(target, seed=4).eval()

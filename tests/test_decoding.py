@@ -298,6 +298,8 @@ def no_work(monkeypatch):
     ({"method": "sd", "gama": 3}, "unknown parameter"),
     ({"method": "sd", "gamma": 0}, "gamma"),
     ({"method": "tsd", "theta_prob": 2.0}, "theta_prob"),
+    ({"method": "tsd", "sync_free": 1}, "sync_free"),
+    ({"method": "opt-tree", "sync_free": "yes"}, "sync_free"),
     ({"method": "gsd", "verify": "greedy"}, "verify"),
     ({"temperature": -0.1}, "temperature"),
     ({"top_p": 0.0}, "top_p"),

@@ -124,7 +124,6 @@ class Counter:
         for name in FACTORIES:
             monkeypatch.setattr(torch, name, self._factory(getattr(torch, name)))
         to, cuda, copy_ = torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.copy_
-        getitem, setitem = torch.Tensor.__getitem__, torch.Tensor.__setitem__
         counter = self
 
         def counted_to(t, *args, **kw):
@@ -142,26 +141,12 @@ class Counter:
                 counter.count("blocking")
             return copy_(t, src, non_blocking)
 
-        def counted_getitem(t, idx):
-            if _host_index(idx):
-                counter.count("built")
-            return getitem(t, idx)
-
-        def counted_setitem(t, idx, value):
-            if _host_index(idx):
-                counter.count("built")
-            return setitem(t, idx, value)
         monkeypatch.setattr(torch.Tensor, "to", counted_to)
         monkeypatch.setattr(torch.Tensor, "cuda", counted_cuda)
         monkeypatch.setattr(torch.Tensor, "copy_", counted_copy)
-        monkeypatch.setattr(torch.Tensor, "__getitem__", counted_getitem)
-        monkeypatch.setattr(torch.Tensor, "__setitem__", counted_setitem)
-        upload = runner.Stager.upload
-
-        def counted_upload(stager, values):
-            counter.count("staged")
-            return upload(stager, values)
-        monkeypatch.setattr(runner.Stager, "upload", counted_upload)
+        for name in ("__getitem__", "__setitem__"):  # indexing with a Python list builds an index tensor
+            monkeypatch.setattr(torch.Tensor, name, self._indexed(getattr(torch.Tensor, name)))
+        monkeypatch.setattr(runner.Stager, "upload", self._wrap(runner.Stager.upload, "staged"))
         step = loop.Decoder.step
 
         def counted_step(dec):
@@ -193,23 +178,25 @@ class Counter:
             return out
         return counted
 
+    def _indexed(self, fn):
+        def counted(t, idx, *value):
+            if _host_index(idx):
+                self.count("built")
+            return fn(t, idx, *value)
+        return counted
+
+    def _in_phase(self, fn, phase):
+        def counted(*args):
+            self.phase = phase
+            try:
+                return fn(*args)
+            finally:
+                self.phase = "loop"
+        return counted
+
     def wrap(self, drafter):
-        propose, commit = drafter.propose, drafter.commit
-
-        def counted_propose(state):
-            self.phase = "propose"
-            try:
-                return propose(state)
-            finally:
-                self.phase = "loop"
-
-        def counted_commit(state, draft, result):
-            self.phase = "commit"
-            try:
-                return commit(state, draft, result)
-            finally:
-                self.phase = "loop"
-        drafter.propose, drafter.commit = counted_propose, counted_commit
+        drafter.propose = self._in_phase(drafter.propose, "propose")
+        drafter.commit = self._in_phase(drafter.commit, "commit")
         return drafter
 
 
