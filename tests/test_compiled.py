@@ -7,6 +7,8 @@ buckets, and compile time is reported apart.
 Compiling is slow on a loaded 2-core machine (tens of seconds per graph): every test here shares one
 target and one draft (module fixtures), so each bucket compiles once per model for the whole file
 (and the inductor disk cache makes a second run mostly tracing)."""
+import functools
+
 import pytest
 import torch
 
@@ -196,3 +198,15 @@ def test_cuda_graphs_ar_and_sd_match_eager():
         out, _ = generate(target, prompts, draft=draft, method=method, max_new_tokens=16, eos_token_id=[],
                           adaptive=False, compile=True, compile_mode="reduce-overhead")
         assert torch.equal(out.cpu(), ref.cpu()), method
+
+
+def test_a_saved_graphs_signature_names_a_kernel_bound_to_its_layout():
+    # The torch backend's attention is a partial bound to its layout (no extension built): the
+    # signature names the function and its bound arguments, the same in every process.
+    from specops.ops.tree_attention import ref
+
+    bound = functools.partial(ref.tree_attention, True)
+    sig = compiled._signature((bound,))
+    assert sig == compiled._signature((functools.partial(ref.tree_attention, True),))
+    assert sig != compiled._signature((functools.partial(ref.tree_attention, False),))
+    assert "tree_attention" in repr(sig) and "0x" not in repr(sig)

@@ -55,9 +55,9 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
         compiling are ``metrics.compile_time_s`` and are left out of the decode time. Greedy output
         is token-identical to eager. ``compile_mode``: torch.compile's mode ("default";
         "reduce-overhead" captures CUDA graphs on a GPU).
-    linear: "auto" (default) runs the blocks and prompts of a bf16/fp16 CPU model's linear layers
-        through :func:`specops.linear` (one pass over each weight serves the whole block;
-        docs/batch_invariance.md), "specops" every call, one-row steps included, "torch" none.
+    linear: "auto" (default) runs a bf16/fp16 CPU model's linear layers through
+        :func:`specops.linear` (one pass over each weight serves a whole block; one-row steps too:
+        docs/batch_invariance.md), "specops" any model's, "torch" none.
     batch_invariant: the target runs batch-invariant ops (every linear through
         :func:`specops.linear`, the attention's invariant schedule: docs/batch_invariance.md), so a
         verified block's logits have the bits of AR's one-row steps and every lossless method's greedy

@@ -579,6 +579,8 @@ def _signature(args):
         elif isinstance(a, torch.Tensor):
             dyn = getattr(a, "_dynamo_dynamic_indices", ())
             out.append((str(a.dtype), a.device.type, tuple(-1 if d in dyn else n for d, n in enumerate(a.shape))))
+        elif isinstance(a, functools.partial):  # e.g. the torch backend's attention, bound to a layout
+            out.append((f"{a.func.__module__}.{a.func.__qualname__}", repr(a.args)))
         elif callable(a):
             out.append(f"{a.__module__}.{a.__qualname__}")
         else:
