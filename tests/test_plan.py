@@ -60,7 +60,7 @@ def test_tree_attention_plan_default_backend_and_sm_scale(device):
     args, kw = make_case(2, 4, 9, 20, 6, 3, 32, torch.float32, kind="dag", padded=True, device=device)
     plan = tree_plan(args, {**kw, "sm_scale": 0.3})
     q, k, v, prefix, block, mask = args
-    assert plan._impl is _backend.resolve("tree_attention", q.device, None,
+    assert plan.kernel is _backend.resolve("tree_attention", q.device, None,
                                           (q, k, v, prefix, block, mask, kw["q_lens"], 0.3))
     got = plan.run(q, k, v)
     want = specops.tree_attention(*args, sm_scale=0.3, q_lens=kw["q_lens"])

@@ -464,7 +464,7 @@ class CompiledRunner:
                                  dtype=cache.dtype, device=dev, check=False, page_table=self.page_table,
                                  page_size=cache.page_size if self.paged else None)
         self.backend = plan.backend
-        self.impl = None if plan.backend in ("cpp", "cuda") else plan._impl  # None: the registered op
+        self.impl = None if plan.backend in ("cpp", "cuda") else plan.kernel  # None: the registered op
         self.head = model.get_output_embeddings()
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
         self.window = getattr(cfg, "sliding_window", None) if _uses_window(cfg) else None

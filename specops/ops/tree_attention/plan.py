@@ -88,7 +88,9 @@ class TreeAttentionPlan:
         self.op = "tree_attention_paged" if self.paged else "tree_attention"
         # Capability args from the declared shapes: what resolve's supports checks read.
         size = num_pages if self.paged else max_len
-        self.backend, self._impl = resolve_named(self.op, dev, backend, self._args(Spec((B, Tq, Hq, D), dtype, dev),
+        # backend: the chosen backend's name; kernel: its function, what run calls (the compiled
+        # step calls it too where it is not a registered op)
+        self.backend, self.kernel = resolve_named(self.op, dev, backend, self._args(Spec((B, Tq, Hq, D), dtype, dev),
                                                                                   self._declared_layout(size or 1)))
         if num_splits is not None:
             num_splits = checks.integer("num_splits", num_splits, 1, _ta.splits.MAX_SPLITS, "the combine's limit")
@@ -190,7 +192,7 @@ class TreeAttentionPlan:
             self._check_values(kv)
         args = self._args(q, kv)
         if incapable(self.op, self.backend, args) is not None:
-            self.backend, self._impl = resolve_named(self.op, self.device, self._backend, args)
+            self.backend, self.kernel = resolve_named(self.op, self.device, self._backend, args)
             self._num_splits = None
         if self._num_splits is None:
             self._schedule(kv.rows())
@@ -214,5 +216,5 @@ class TreeAttentionPlan:
             self._first_run(q, k, v)
         elif q.shape != self._shapes[0] or k.shape != self._shapes[1] or v.shape != self._shapes[2]:
             checks.same_shapes(self._names(), (q.shape, k.shape, v.shape), self._shapes)
-        return self._impl(q, k, v, *self._table, self.prefix_lens, self.block_lens, self.mask, self.q_lens,
+        return self.kernel(q, k, v, *self._table, self.prefix_lens, self.block_lens, self.mask, self.q_lens,
                           self.sm_scale, self._num_splits, self._workspace, self.invariant)
