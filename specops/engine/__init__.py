@@ -10,4 +10,5 @@ helpers ``specops.models``, ``specops.draft_models``, ``specops.parallel``), nev
 from .cache import KVCache, KVCacheBase, PagedKVCache, StaticKVCache
 from .runner import KV_LAYOUTS, ModelRunner, Stager, pad_batch
 
-__all__ = ["KV_LAYOUTS", "KVCache", "KVCacheBase", "ModelRunner", "PagedKVCache", "Stager", "StaticKVCache", "pad_batch"]
+__all__ = ["KV_LAYOUTS", "KVCache", "KVCacheBase", "ModelRunner", "PagedKVCache", "Stager", "StaticKVCache",
+           "pad_batch"]
