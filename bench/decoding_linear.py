@@ -1,7 +1,7 @@
 """End-to-end effect of specops.linear in the engine: specops.generate on SmolLM2-135M bf16, greedy,
 one question per category of bench/questions/specops_mix.jsonl, every method with linear="torch"
-(F.linear everywhere), "auto" (blocks and prompts through specops.linear, the default) and "specops"
-(every call), interleaved per question, with the batch-invariant mode off (its own benchmark is
+(F.linear everywhere) and "auto" (every call through specops.linear, the default; "specops" is the
+same for a bf16 model), interleaved per question, with the batch-invariant mode off (its own benchmark is
 bench/batch_invariant.py) so that only the linear choice differs. Time to first token (the prefill) is reported apart from the
 per-token decode rate.
 
@@ -18,7 +18,7 @@ import specops
 from specops import models
 
 QUESTIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "questions", "specops_mix.jsonl")
-ARMS = ("torch", "auto", "specops")
+ARMS = ("torch", "auto")
 
 
 def prompts(tok):
