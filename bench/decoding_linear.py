@@ -1,9 +1,9 @@
 """End-to-end effect of specops.linear in the engine: specops.generate on SmolLM2-135M bf16, greedy,
 one question per category of bench/questions/specops_mix.jsonl, every method with linear="torch"
 (F.linear everywhere) and "auto" (every call through specops.linear, the default; "specops" is the
-same for a bf16 model), interleaved per question, with the batch-invariant mode off (its own benchmark is
-bench/batch_invariant.py) so that only the linear choice differs. Time to first token (the prefill) is reported apart from the
-per-token decode rate.
+same for a bf16 model), interleaved per question, with the batch-invariant mode off (its own
+benchmark is bench/batch_invariant.py) so that only the linear choice differs. Time to first token
+(the prefill) is reported apart from the per-token decode rate.
 
     python bench/decoding_linear.py [--methods ar,ngram,sd,tsd] [--new-tokens 96] [--reps 1]
 """
