@@ -29,6 +29,7 @@ from ..ops import checks
 from ..ops.tree_mask import build_tree_mask
 from . import compiled as _compiled
 from . import linear as _linear
+from .compiled_forward import CompiledRunner
 from .attention import BLOCK_KW, Block, causal_mask, use_specops_attention
 from .cache import PagedKVCache, StaticKVCache
 
@@ -162,7 +163,7 @@ class ModelRunner:
             self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         except (TypeError, ValueError):
             self._keeps_logits = False
-        self.compiled = _compiled.CompiledRunner(self, cfg, compile_mode) if compile else None
+        self.compiled = CompiledRunner(self, cfg, compile_mode) if compile else None
         # The model's linear layers through specops.linear while this runner lives ("auto": bf16/fp16
         # models on the CPU, where it reads each weight once per block and streams one row faster
         # than torch's GEMM; specops/engine/linear.py).

@@ -1,0 +1,124 @@
+"""One :class:`~specops.engine.ModelRunner`'s compiled block forward over its own cache: the block
+padded to the graph's shapes, the attention kernel chosen once for the cache, the LM head on the
+block's rows. The graphs themselves (one per model, batch and layout, saved to disk) are
+:mod:`.compiled`'s."""
+import torch
+
+from ..draft_models import is_feature_draft
+from ..ops.tree_attention.plan import TreeAttentionPlan
+from ..ops.tree_mask import build_tree_mask
+from .attention import CompiledBlock
+from .compiled import BLOCK, BUCKETS, MASK_WORDS, MAX_BUCKET, bucket_for, decoder_for, mask_words
+
+
+class CompiledRunner:
+    """The compiled block forwards of one :class:`~specops.engine.ModelRunner` over its cache."""
+
+    def __init__(self, runner, cfg, mode):
+        model, cache = runner.model, runner.cache
+        self.runner = runner
+        self.decoder = decoder_for(model, mode)
+        self.paged = runner.kv_layout == "paged"
+        if self.paged:
+            self.k_store, self.v_store, self.page_table = cache.k_pages, cache.v_pages, cache.page_table
+        else:
+            self.k_store, self.v_store, self.page_table = cache.k, cache.v, None
+        # Caches of any length share a graph: their row (page) count is a symbol in it. Under CUDA
+        # graphs the cache tensors are static inputs (updated in place at fixed addresses; the pooled
+        # cache keeps them across runners); the small per-step inputs are copied into the graph's
+        # own buffers by torch's CUDA-graph trees.
+        dim = 1 if self.paged else 3
+        for t in (self.k_store, self.v_store) + ((self.page_table,) if self.paged else ()):
+            if t.shape[dim] > 1:  # dynamo specialises sizes 0 and 1 anyway
+                torch._dynamo.mark_dynamic(t, dim)
+            if self.decoder.cudagraphs:
+                torch._dynamo.mark_static_address(t)
+        B, dev = runner.batch_size, runner.device
+        heads = cfg.num_attention_heads
+        # The kernel is chosen once, for this cache's shapes (the eager path does it per forward).
+        one = torch.ones(B, dtype=torch.int32, device=dev)
+        plan = TreeAttentionPlan(one, one, torch.ones(B, 1, 1, dtype=torch.int32, device=dev), q_lens=one,
+                                 head_dim=cache.head_dim, num_heads=heads, num_kv_heads=cache.num_kv_heads,
+                                 dtype=cache.dtype, device=dev, check=False, page_table=self.page_table,
+                                 page_size=cache.page_size if self.paged else None)
+        self.backend = plan.backend
+        self.impl = None if plan.backend in ("cpp", "cuda") else plan.kernel  # None: the registered op
+        self.head = model.get_output_embeddings()
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)
+        self.window = getattr(cfg, "sliding_window", None) if _uses_window(cfg) else None
+        self.feature = is_feature_draft(model)
+        self.arange = torch.arange(runner.cache.max_len + MAX_BUCKET, device=dev)
+        self.compile_time_s = 0.0
+
+    def takes(self, Tq, longest):
+        """Whether a block of ``Tq`` query rows reaching ``longest`` rows runs compiled."""
+        return Tq <= MAX_BUCKET and not (self.window and longest > self.window)
+
+    def _key(self, Tb, Wb):
+        return (Tb, Wb, self.runner.batch_size, self.runner.kv_layout, self.runner.batch_invariant)
+
+    def forward(self, tokens, mask, depth, block_lens, q_start, features=None):
+        """Shape: tokens int [B, Tq], mask int32 [B, Tq, W], depth int32 [B, Tq], block_lens int32 [B],
+        features [B, Tq, H] (a feature model's input rows; None for other models) -> logits [B, Tq, V]
+        (model dtype; the LM head runs on these rows only)."""
+        pad = torch.nn.functional.pad
+        Tq = tokens.shape[1]
+        # One graph for every row count (a symbol); CUDA graphs capture static shapes, so there
+        # blocks are padded to buckets. A one-row block is padded to two until a saved graph runs it.
+        dynamic = not self.decoder.cudagraphs
+        Wb = max(MASK_WORDS, mask_words(32 * mask.shape[2]))  # wider only for a partial block past 64 rows
+        key = self._key(BLOCK if dynamic else bucket_for(Tq), Wb)
+        Tb = bucket_for(Tq) if not dynamic else Tq if Tq > 1 or self.decoder.runs_one_row(key) else 2
+        lens = self.runner.lens
+        base = lens.to(torch.int64)[:, None]  # [B, 1]
+        ids = pad(tokens.to(torch.int64), (0, Tb - Tq))
+        positions = base + pad(depth.to(torch.int64), (0, Tb - Tq))  # padding rows: position lens
+        rows = base + self.arange[q_start:q_start + Tb]  # [B, Tb] cache rows of the new K/V
+        m = pad(mask, (0, Wb - mask.shape[2], 0, Tb - Tq))[:, None]  # [B, 1, Tb, Wb]; padding rows see nothing
+        feats = None
+        if self.feature:
+            if features is None:
+                raise ValueError("a feature draft's forward needs its input rows: pass features= "
+                                 "(shape [B, T, hidden])")
+            feats = pad(features, (0, 0, 0, Tb - features.shape[1]))
+        if dynamic:  # (the bounds are the trace's; a saved graph is not guarded by them)
+            for t, dim in ((ids, 1), (positions, 1), (rows, 1), (m, 2)) + (((feats, 1),) if feats is not None else ()):
+                torch._dynamo.mark_dynamic(t, dim, min=2, max=MAX_BUCKET)
+        block = CompiledBlock(self.impl, lens, block_lens, block_lens - q_start, m, rows, self.k_store, self.v_store,
+                              self.page_table, self.runner.batch_invariant)
+        hidden, secs = self.decoder(key, ids, positions, m, block, feats)
+        self.compile_time_s += secs
+        hidden = hidden[:, :Tq]
+        logits = self.head(hidden)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def warmup(self, sizes=None):
+        """Compiles the buckets of ``sizes`` (default all) with a scratch block at the current
+        lengths (its rows stay uncommitted). Returns the seconds spent compiling."""
+        before = self.compile_time_s
+        B, dev = self.runner.batch_size, self.runner.device
+        model = self.runner.model
+        sizes = sorted({bucket_for(min(int(T), MAX_BUCKET)) for T in (sizes or BUCKETS)})
+        if not self.decoder.cudagraphs:  # one graph for blocks of any size, traced with two rows
+            sizes = [2]
+        for Tb in sizes:
+            parents = (torch.arange(Tb, dtype=torch.int32, device=dev) - 1).expand(B, Tb).contiguous()
+            feats = None
+            if self.feature:
+                feats = torch.zeros(B, Tb, model.config.hidden_size, dtype=self.k_store.dtype, device=dev)
+            mask, depth = build_tree_mask(parents, None, check=False)
+            self.runner.forward_mask(torch.zeros(B, Tb, dtype=torch.int64, device=dev), mask, depth,
+                                     torch.full((B,), Tb, dtype=torch.int32, device=dev), features=feats)
+        return self.compile_time_s - before
+
+
+def _uses_window(cfg):
+    """Whether some layer attends through a sliding window (Qwen2 keeps the field but may not use it)."""
+    if getattr(cfg, "sliding_window", None) is None:
+        return False
+    if getattr(cfg, "use_sliding_window", True) is False:
+        return False
+    types = getattr(cfg, "layer_types", None)
+    return types is None or "sliding_attention" in types
