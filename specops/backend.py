@@ -28,8 +28,9 @@ PREFERENCE = {"cuda": ("cuda", "triton", "torch"), "cpu": ("cpp", "torch")}
 # reads K/V over the whole cache buffer with a dense mask, one launch per sequence (the figures:
 # specops/integrations/flashinfer.py); it runs when asked for (backend="flashinfer").
 # The cuda verification walks of mss / mss_pointmass / mss_noreplace disagreed with the reference on
-# a real GPU (docs/testing.md, "On a GPU"; they pass under cudasim): Triton's, which passed the same
-# tests there, goes first until they are fixed.
+# a real GPU (docs/testing.md, "On a GPU": __restrict__ scratch pointers let nvcc's optimizer move
+# loads across __syncthreads; fixed in the source, not yet re-run on a GPU): Triton's, which passed
+# the same tests there, goes first until a GPU run passes them.
 OP_PREFERENCE = {("tree_attention", "cuda"): ("triton", "cuda", "flashinfer", "torch"),
                  ("tree_attention_paged", "cuda"): ("triton", "cuda", "torch"),
                  ("verify_tree", "cuda"): ("triton", "cuda", "torch"),

@@ -5,6 +5,8 @@
 //    csrc/cudasim/cudasim.h, ops registered for CPU tensors under specops_cudasim::.
 // Kernel bodies stay plain CUDA; host code uses only the names below for launches, streams, device
 // guards, error checks and dynamic shared memory.
+// Writable kernel pointers are never __restrict__: nvcc's optimizer then moves loads of them across
+// __syncthreads(), and threads that talk through global scratch read stale words (tests/test_cuda_source.py).
 #pragma once
 
 #include <ATen/core/Tensor.h>

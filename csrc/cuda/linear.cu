@@ -71,7 +71,7 @@ __device__ __forceinline__ void load_w(const T* __restrict__ row, int64_t k, int
 // out [M, N] = x [M, K] @ w [N, K]^T (+ bias [N]); x and w with unit column stride.
 template <typename T, bool Vec>
 __global__ void __launch_bounds__(kThreads)
-linear_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ out,
+linear_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* out,
               int64_t M, int64_t N, int64_t K, int64_t sx, int64_t sw) {
   __shared__ __align__(16) float xs[kRows][kChunk];  // the group's rows, one chunk of K, 0 past M and K
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -65,8 +65,8 @@ __global__ void __launch_bounds__(kThreads, 4)
                       const float* __restrict__ temperature,  // [N]
                       const int32_t* __restrict__ top_k,      // [N]
                       const float* __restrict__ top_p,        // [N]
-                      float* __restrict__ out,                // [N, V], or nullptr with stats
-                      WarpRowStats* __restrict__ stats,       // [N] (verify_tree_logits), or nullptr
+                      float* out,                             // [N, V], or nullptr with stats
+                      WarpRowStats* stats,                    // [N] (verify_tree_logits), or nullptr
                       RowMask mask,                           // verify_tree_logits' bitmask, or none
                       int64_t V) {
   __shared__ float s_float[32];

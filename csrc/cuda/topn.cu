@@ -34,8 +34,8 @@ template <typename scalar_t>
 __global__ void __launch_bounds__(kThreads)
     topn_parent_kernel(const float* __restrict__ parent_scores,   // [B * P]
                        const scalar_t* __restrict__ child,        // [B * P, V]
-                       float* __restrict__ cand_score,            // [B * P, kp]
-                       int32_t* __restrict__ cand_token,          // [B * P, kp]
+                       float* cand_score,                         // [B * P, kp]
+                       int32_t* cand_token,                       // [B * P, kp]
                        int64_t V, int kp) {
   SPECOPS_DYNAMIC_SMEM(unsigned char, smem);
   int64_t* sel_idx = reinterpret_cast<int64_t*>(smem);      // [kp]
@@ -65,9 +65,9 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     topn_merge_kernel(const float* __restrict__ cand_score,   // [B, P * kp]
                       const int32_t* __restrict__ cand_token,  // [B, P * kp]
-                      float* __restrict__ scores,              // [B, n]
-                      int32_t* __restrict__ tokens,            // [B, n]
-                      int32_t* __restrict__ parents,           // [B, n]
+                      float* scores,                           // [B, n]
+                      int32_t* tokens,                         // [B, n]
+                      int32_t* parents,                        // [B, n]
                       int64_t L, int kp, int n) {
   SPECOPS_DYNAMIC_SMEM(unsigned char, smem);
   int64_t* sel_idx = reinterpret_cast<int64_t*>(smem);     // [n]
@@ -110,11 +110,11 @@ __global__ void __launch_bounds__(kThreads)
     select_topn_subtree_kernel(const int32_t* __restrict__ parents,    // [B, T]
                                const float* __restrict__ scores,       // [B, T]
                                const int32_t* __restrict__ num_nodes,  // [B]
-                               float* __restrict__ eff,                // [B, T] scratch
-                               int32_t* __restrict__ pos,              // [B, T] scratch
-                               int32_t* __restrict__ keep,             // [B, n]
-                               int32_t* __restrict__ new_parents,      // [B, n]
-                               int32_t* __restrict__ counts,           // [B]
+                               float* eff,                             // [B, T] scratch
+                               int32_t* pos,                           // [B, T] scratch
+                               int32_t* keep,                          // [B, n]
+                               int32_t* new_parents,                   // [B, n]
+                               int32_t* counts,                        // [B]
                                int32_t T, int32_t n) {
   __shared__ int s_scan[32];
   const int64_t b = blockIdx.x;

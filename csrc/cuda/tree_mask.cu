@@ -10,8 +10,8 @@ namespace specops {
 
 __global__ void build_tree_mask_kernel(const int32_t* __restrict__ parents,    // [B, T]
                                        const int32_t* __restrict__ num_nodes,  // [B]
-                                       int32_t* __restrict__ mask,             // [B, T, W]
-                                       int32_t* __restrict__ depth,            // [B, T]
+                                       int32_t* mask,                          // [B, T, W]
+                                       int32_t* depth,                         // [B, T]
                                        int64_t B, int32_t T, int32_t W) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= B * T) return;

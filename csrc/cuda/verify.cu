@@ -37,11 +37,11 @@ __global__ void __launch_bounds__(kThreads)
                        const float* __restrict__ target,      // [B, T, V]
                        const float* __restrict__ draft,       // [B, T, V] or nullptr
                        const float* __restrict__ uniforms,    // [B, T, 2]
-                       float* __restrict__ buf,               // [B, nbuf, V]
-                       int32_t* __restrict__ scratch,         // [B, T + 2]
-                       int32_t* __restrict__ accept_idx,      // [B, T]
-                       int32_t* __restrict__ accept_len,      // [B]
-                       int32_t* __restrict__ bonus,           // [B]
+                       float* buf,                            // [B, nbuf, V]
+                       int32_t* scratch,                      // [B, T + 2]
+                       int32_t* accept_idx,                   // [B, T]
+                       int32_t* accept_len,                   // [B]
+                       int32_t* bonus,                        // [B]
                        int32_t T, int64_t V, int32_t nbuf, int32_t mode, int32_t S) {
   __shared__ Shared sh;
   const int64_t b = blockIdx.x;
@@ -69,11 +69,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const WarpRowStats* __restrict__ stats,   // [2, B * T] target, draft
                               const float* __restrict__ temperature,    // [2, B * T] target, draft
                               const float* __restrict__ uniforms,       // [B, T, 2]
-                              float* __restrict__ buf,                  // [B, nbuf, V]
-                              int32_t* __restrict__ scratch,            // [B, T + 2]
-                              int32_t* __restrict__ accept_idx,         // [B, T]
-                              int32_t* __restrict__ accept_len,         // [B]
-                              int32_t* __restrict__ bonus,              // [B]
+                              float* buf,                               // [B, nbuf, V]
+                              int32_t* scratch,                         // [B, T + 2]
+                              int32_t* accept_idx,                      // [B, T]
+                              int32_t* accept_len,                      // [B]
+                              int32_t* bonus,                           // [B]
                               const int32_t* __restrict__ bitmask,      // [B, T, W] or nullptr
                               int32_t T, int64_t V, int32_t nbuf, int32_t mode, int32_t S) {
   __shared__ Shared sh;
@@ -104,9 +104,9 @@ __global__ void __launch_bounds__(kThreads)
                          const int32_t* __restrict__ parents,   // [B, T]
                          const int32_t* __restrict__ num_nodes,  // [B]
                          const scalar_t* __restrict__ logits,   // [B, T, V]
-                         int32_t* __restrict__ accept_idx,      // [B, T]
-                         int32_t* __restrict__ accept_len,      // [B]
-                         int32_t* __restrict__ bonus,           // [B]
+                         int32_t* accept_idx,                   // [B, T]
+                         int32_t* accept_len,                   // [B]
+                         int32_t* bonus,                        // [B]
                          const int32_t* __restrict__ bitmask,   // [B, T, W] or nullptr
                          int32_t T, int64_t V) {
   __shared__ Shared sh;
@@ -140,9 +140,9 @@ __global__ void __launch_bounds__(kThreads)
                         const float* __restrict__ joint_q,         // [B, g]
                         const float* __restrict__ log_tau,         // [B]
                         const float* __restrict__ uniforms,        // [B]
-                        int32_t* __restrict__ accept_idx,          // [B, g + 1]
-                        int32_t* __restrict__ accept_len,          // [B]
-                        int32_t* __restrict__ bonus,               // [B]
+                        int32_t* accept_idx,                       // [B, g + 1]
+                        int32_t* accept_len,                       // [B]
+                        int32_t* bonus,                            // [B]
                         int32_t g, int64_t V, int32_t S) {
   __shared__ Shared sh;
   const int64_t b = blockIdx.x;
@@ -172,9 +172,9 @@ __global__ void __launch_bounds__(kThreads)
                                const float* __restrict__ log_tau,         // [B]
                                const float* __restrict__ uniforms,        // [B]
                                const int32_t* __restrict__ num_nodes,     // [B]
-                               int32_t* __restrict__ accept_idx,          // [B, g + 1]
-                               int32_t* __restrict__ accept_len,          // [B]
-                               int32_t* __restrict__ bonus,               // [B]
+                               int32_t* accept_idx,                       // [B, g + 1]
+                               int32_t* accept_len,                       // [B]
+                               int32_t* bonus,                            // [B]
                                int32_t g, int64_t V, int32_t S) {
   __shared__ Shared sh;
   const int32_t T = g + 1;

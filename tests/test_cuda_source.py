@@ -1,0 +1,46 @@
+"""Rules of the CUDA sources that no emulator run can check, checked on the source (no GPU, no compiler).
+
+Writable kernel pointers are never ``__restrict__``: nvcc's optimizer takes a restrict pointer's
+memory to be untouched by anything that does not go through it, ``__syncthreads()`` included, so it
+moves or reuses loads across the barrier. Where threads of a block communicate through global memory
+(one thread writes a scratch word, the others read it after a barrier), each thread then reads a stale
+value. On an H200 this made the CUDA ``mss`` walks of ``verify_tree`` take different paths in different
+threads (a divergent barrier, wrong bonus tokens, illegal addresses); an -O3 build without
+``__restrict__`` on those pointers, or an unoptimised (-G) build, computed the reference's answers. The
+emulator (docs/cudasim.md) runs host code where this cannot show. ``const T* __restrict__`` inputs stay:
+nothing in a kernel writes them."""
+import re
+from pathlib import Path
+
+import pytest
+
+CSRC = Path(__file__).resolve().parents[1] / "csrc" / "cuda"
+# A restrict-qualified pointer declaration and the type words before it (up to the last , ( or ;).
+RESTRICT = re.compile(r"(?:^|[,(;])\s*(?P<decl>[^,(;]*?)\*\s*__restrict__\s+(?P<name>\w+)", re.M)
+
+
+def writable_restrict(text):
+    """The names of restrict pointers in ``text`` whose pointee is not const."""
+    out = []
+    for m in RESTRICT.finditer(text):
+        words = re.sub(r"//.*", "", m.group("decl")).split()
+        if "const" not in words:
+            out.append(m.group("name"))
+    return out
+
+
+def test_the_scan_finds_a_writable_restrict_pointer():
+    text = ("__global__ void k(const float* __restrict__ x,  // [N]\n"
+            "                  float* __restrict__ scratch,  // [N]\n"
+            "                  const WarpRowStats* __restrict__ s, int32_t* __restrict__ out, T* __restrict__ y) {}")
+    assert writable_restrict(text) == ["scratch", "out", "y"]
+
+
+@pytest.mark.parametrize("path", sorted(CSRC.glob("*.cu*")), ids=lambda p: p.name)
+def test_no_writable_kernel_pointer_is_restrict(path):
+    assert writable_restrict(path.read_text()) == [], f"{path.name}: drop __restrict__ (module docstring says why)"
+
+
+def test_the_scan_sees_the_kernels():
+    assert len(list(CSRC.glob("*.cu"))) >= 8
+    assert sum(len(RESTRICT.findall(p.read_text())) for p in CSRC.glob("*.cu*")) > 40  # the const inputs
