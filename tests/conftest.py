@@ -189,3 +189,31 @@ def pytest_runtest_logreport(report):
         return
     with open(path, "a") as f:
         f.write(f"==== {report.when} {report.nodeid}\n{report.longreprtext}\n")
+
+
+# A CUDA fault (an illegal address, a trap) leaves the process's CUDA context unusable: every later
+# CUDA call of that process fails, whatever the test. The first GPU runs lost ~2000 tests of a worker
+# this way after one fault.
+_FAULTS = ("illegal memory access", "illegal address", "unspecified launch failure", "misaligned address",
+           "global/shared address space", "device-side assert")
+_context_lost = []
+
+
+def cuda_context_lost(exc):
+    """Whether ``exc`` (a test's exception) says the CUDA context is gone."""
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and "CUDA error" in text and any(f in text for f in _FAULTS)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    yield
+    if call.excinfo is not None and cuda_context_lost(call.excinfo.value):
+        _context_lost.append(item.nodeid)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    """Under xdist, a worker whose CUDA context is lost exits once the faulting test is reported, and
+    xdist starts a fresh one (with a fresh context) for the tests still to run."""
+    if _context_lost and os.environ.get("PYTEST_XDIST_WORKER"):
+        os._exit(70)

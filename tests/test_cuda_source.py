@@ -1,4 +1,5 @@
-"""Rules of the CUDA sources that no emulator run can check, checked on the source (no GPU, no compiler).
+"""Rules of the CUDA sources that no emulator run can check, checked on the source (no GPU, no compiler),
+and how the suite tells a CUDA fault from other errors.
 
 Writable kernel pointers are never ``__restrict__``: nvcc's optimizer takes a restrict pointer's
 memory to be untouched by anything that does not go through it, ``__syncthreads()`` included, so it
@@ -44,3 +45,13 @@ def test_no_writable_kernel_pointer_is_restrict(path):
 def test_the_scan_sees_the_kernels():
     assert len(list(CSRC.glob("*.cu"))) >= 8
     assert sum(len(RESTRICT.findall(p.read_text())) for p in CSRC.glob("*.cu*")) > 40  # the const inputs
+
+
+def test_a_cuda_fault_is_told_apart_from_other_errors():
+    # tests/conftest.py: an xdist worker whose CUDA context is lost exits and is replaced.
+    from conftest import cuda_context_lost
+
+    assert cuda_context_lost(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert cuda_context_lost(RuntimeError("CUDA error: operation not supported on global/shared address space"))
+    assert not cuda_context_lost(RuntimeError("CUDA error: out of memory"))
+    assert not cuda_context_lost(ValueError("illegal memory access"))
