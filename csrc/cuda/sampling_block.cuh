@@ -187,6 +187,7 @@ __device__ uint32_t radix_select(int64_t n, Item item, TargetOf target_of_total,
     if (warp == 0) {
       W above = shift == 24 ? W(0) : sh->above, target = sh->target;
       const int d = pick_digit<W>(sh->hist, target_of_total, shift == 24, &above, &target);
+      __syncwarp();  // every lane has read sh->above / sh->target (a shuffle orders lanes only in practice)
       if (threadIdx.x == 0) {
         sh->above = above;
         sh->target = target;

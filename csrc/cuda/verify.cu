@@ -30,7 +30,9 @@ namespace specops {
 namespace verify {
 namespace cuda {
 
-__global__ void __launch_bounds__(kThreads)
+// One block per SM at least, as verify_tree_logits_kernel below: without the bound, ptxas gives sm_80
+// 64 registers and a 64-byte stack frame; with it, 96 registers and no stack.
+__global__ void __launch_bounds__(kThreads, 1)
     verify_tree_kernel(const int32_t* __restrict__ tokens,    // [B, T]
                        const int32_t* __restrict__ parents,   // [B, T]
                        const int32_t* __restrict__ num_nodes,  // [B]
