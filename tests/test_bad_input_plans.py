@@ -10,34 +10,19 @@ import torch
 import specops
 from specops import backend as _backend
 from specops.ops.tree_attention import SM_SCALE_MAX
-from specops.testing import to_pages
 
 from _op_checks import raises
-from test_kv_compact import compaction_case, i32
-from test_tree_attention import make_case, need
+from test_kv_compact import compaction_case, geometry, i32
+from test_plan import small_tree as _case
+from test_plan import tree_plan
+from test_tree_attention import need, to_paged
 
 LAYOUTS = ("contiguous", "paged")
 
 
-def _case(device):
-    """A small tree_attention case: q [2, 3, 4, 16], caches [2, 2, S, 16] (S = 19)."""
-    return make_case(2, 3, 6, 10, 4, 2, 16, torch.float32, kind="tree", padded=True, device=device)
-
-
-def _plan(args, kw, backend, paged=None, **extra):
-    q, k, v, prefix, block, mask = args
-    B, Tq, Hq, D = q.shape
-    opts = dict(q_lens=kw.get("q_lens"), head_dim=D, num_heads=Hq, num_kv_heads=k.shape[1], dtype=q.dtype,
-                backend=backend, **extra)
-    if paged is not None:
-        opts.update(page_table=paged[2], page_size=paged[0].shape[1])
-    return specops.TreeAttentionPlan(prefix, block, mask, **opts)
-
-
-def _paged(args, page_size=4):
-    kp, table = to_pages(args[1], page_size, generator=torch.Generator().manual_seed(0))
-    vp, _ = to_pages(args[2], page_size, generator=torch.Generator().manual_seed(0))
-    return kp, vp, table
+def _paged(args):
+    """The case's k_pages, v_pages, page_table: its rows in scattered pages of 4."""
+    return to_paged(args, 4, seed=0)[1:4]
 
 
 def _storage(t):
@@ -54,7 +39,8 @@ def _layout_case(layout, backend, device, **plan_kw):
     paged = _paged(args) if layout == "paged" else None
     if paged is not None:
         k, v = paged[:2]
-    return args, kw, (q, k, v), _plan(args, kw, backend, paged, **plan_kw), "k_pages" if paged else "k_cache", paged
+    plan = tree_plan(args, kw, paged, backend=backend, **plan_kw)
+    return args, kw, (q, k, v), plan, "k_pages" if paged else "k_cache", paged
 
 
 # ---- TreeAttentionPlan: declared sizes against the tensors -----------------------------------------
@@ -76,9 +62,8 @@ def test_tree_plan_declared_cache_size_must_match(backend, device, layout):
 def test_tree_plan_declared_heads_and_dims_must_match(backend, device, what, change, parts):
     need("tree_attention", backend)
     args, kw = _case(device)
-    q, k, v, prefix, block, mask = args
-    opts = dict(q_lens=kw["q_lens"], head_dim=16, num_heads=4, num_kv_heads=2, dtype=torch.float32, backend=backend)
-    plan = specops.TreeAttentionPlan(prefix, block, mask, **{**opts, **change})
+    q, k, v = args[:3]
+    plan = tree_plan(args, kw, backend=backend, **change)
     raises(ValueError, parts, lambda: plan.run(q, k, v), q, k, v)
 
 
@@ -86,7 +71,7 @@ def test_tree_plan_declared_dtype_and_device_must_match(backend, device):
     need("tree_attention", backend)
     args, kw = _case(device)
     q, k, v = args[:3]
-    plan = _plan(args, kw, backend)
+    plan = tree_plan(args, kw, backend=backend)
     raises(TypeError, ("q must have dtype torch.float32", "torch.float16"),
            lambda: plan.run(q.half(), k.half(), v.half()), q, k, v)
     meta = [t.to("meta") for t in (q, k, v)]
@@ -114,15 +99,15 @@ def test_a_workspace_aliasing_the_cache_is_refused(backend, device, layout):
     n = plan.workspace.numel()
     plan.workspace = _storage(k)  # the issue's case: partials over the cache
     raises(ValueError, ("workspace must not share memory with " + name,), lambda: plan.run(q, k, v), q, k, v)
-    fresh = _plan(args, kw, backend, paged, num_splits=2, workspace=_storage(v))
+    fresh = tree_plan(args, kw, paged, backend=backend, num_splits=2, workspace=_storage(v))
     raises(ValueError, ("workspace must not share memory with",), lambda: fresh.run(q, k, v), q, k, v)
     with pytest.raises(ValueError, match="workspace must not share memory with mask"):
-        _plan(args, kw, backend, paged, num_splits=2, workspace=args[5].view(torch.float32))
+        tree_plan(args, kw, paged, backend=backend, num_splits=2, workspace=args[5].view(torch.float32))
     with pytest.raises(ValueError, match=r"workspace must have >= .* elements"):
-        _plan(args, kw, backend, paged, num_splits=2, workspace=torch.empty(3, device=device))
+        tree_plan(args, kw, paged, backend=backend, num_splits=2, workspace=torch.empty(3, device=device))
     # a disjoint workspace passed in is used, and gives the plan's own result
     own = torch.full((n,), float("nan"), device=device)
-    good = _plan(args, kw, backend, paged, num_splits=2, workspace=own)
+    good = tree_plan(args, kw, paged, backend=backend, num_splits=2, workspace=own)
     torch.testing.assert_close(good.run(q, k, v), want)
     assert good.workspace is own
 
@@ -160,7 +145,7 @@ def test_a_scale_that_overflows_the_scores_is_refused(backend, device, scale):
     raises(ValueError, ("sm_scale", repr(scale)), lambda: specops.tree_attention(*args, **kw, backend=backend),
            *args[:3])
     with pytest.raises(ValueError, match="sm_scale"):
-        _plan(args, kw, backend, sm_scale=scale)
+        tree_plan(args, kw, backend=backend)
 
 
 @pytest.mark.parametrize("scale", [SM_SCALE_MAX, -SM_SCALE_MAX])
@@ -207,9 +192,8 @@ def test_raw_op_argument_errors_are_value_and_type_errors(backend, device):
 def test_kv_compact_plan_declared_num_pages_must_match_the_pool(backend, device):
     need("kv_compact_paged", backend)
     cache, kp, vp, table, (lens, idx, acc) = compaction_case(2, 6, "random", 4, torch.float32, seed=2, device=device)
-    L, B, H, S, D = cache.shape
-    geo = dict(num_layers=L, num_kv_heads=H, head_dim=D, dtype=torch.float32, backend=backend)
-    plan = specops.KVCompactPlan(lens, idx, acc, page_table=table, page_size=4, num_pages=kp.shape[1] + 50, **geo)
+    plan = specops.KVCompactPlan(lens, idx, acc, page_table=table, page_size=4, num_pages=kp.shape[1] + 50,
+                                 **geometry(cache, backend=backend))
     raises(ValueError, ("k_pages", f"num_pages={kp.shape[1]}", f"num_pages={kp.shape[1] + 50}"),
            lambda: plan.run(kp, vp), kp, vp)
 
@@ -219,7 +203,7 @@ def test_kv_compact_plan_later_runs_must_pass_the_first_runs_shapes(backend, dev
     need("kv_compact" if layout == "contiguous" else "kv_compact_paged", backend)
     cache, kp, vp, table, (lens, idx, acc) = compaction_case(2, 6, "random", 4, torch.float32, seed=4, device=device)
     L, B, H, S, D = cache.shape
-    geo = dict(num_layers=L, num_kv_heads=H, head_dim=D, dtype=torch.float32, backend=backend)
+    geo = geometry(cache, backend=backend)
     if layout == "paged":
         plan = specops.KVCompactPlan(lens, idx, acc, page_table=table, page_size=4, **geo)
         k, v, name = kp, vp, "k_pages"
@@ -237,10 +221,8 @@ def test_kv_compact_plan_later_runs_must_pass_the_first_runs_shapes(backend, dev
 
 def test_kv_compact_plan_error_names_the_lens_argument(device):
     cache, _, _, _, (lens, idx, acc) = compaction_case(2, 6, "random", 4, torch.float32, seed=5, device=device)
-    L, B, H, S, D = cache.shape
     with pytest.raises(ValueError, match=r"accept_lens must have shape \[2\]"):
-        specops.KVCompactPlan(lens, idx, acc[:1], max_len=S, num_layers=L, num_kv_heads=H, head_dim=D,
-                              dtype=torch.float32)
+        specops.KVCompactPlan(lens, idx, acc[:1], max_len=cache.shape[3], **geometry(cache))
     with pytest.raises(ValueError, match="num_pages must be >= 1"):
         specops.KVCompactPlan(lens, idx, acc, page_table=i32([[0, 1], [2, 3]]), page_size=4, num_pages=0,
-                              num_layers=L, num_kv_heads=H, head_dim=D, dtype=torch.float32)
+                              **geometry(cache))

@@ -83,6 +83,12 @@ def compaction_case(B, A, pattern, page_size, dtype, seed, L=2, H=2, D=8, extra=
     return cache.to(device), k_pages.to(device), v_pages.to(device), table.to(device), lens_args
 
 
+def geometry(cache, **kw):
+    """KVCompactPlan's geometry arguments for a contiguous cache [L, B, H, S, D] (``kw``: any others)."""
+    L, _, H, _, D = cache.shape
+    return dict(num_layers=L, num_kv_heads=H, head_dim=D, dtype=cache.dtype, **kw)
+
+
 def run_and_compare(k, v, prefix_lens, accept_idx, accept_lens, backend):
     want_k = expected(k.cpu(), prefix_lens.cpu(), accept_idx.cpu(), accept_lens.cpu())
     want_v = expected(v.cpu(), prefix_lens.cpu(), accept_idx.cpu(), accept_lens.cpu())

@@ -8,20 +8,27 @@ import torch
 import specops
 from specops import BackendUnavailable
 from specops import backend as _backend
-from specops.testing import to_pages
 
-from test_kv_compact import PATTERNS, compaction_case, i32
-from test_tree_attention import PAGED_CASES, PAGED_IDS, make_case, need, paged_case
+from test_kv_compact import PATTERNS, compaction_case, geometry, i32
+from test_tree_attention import PAGED_CASES, PAGED_IDS, make_case, need, paged_case, to_paged
 
 
-def tree_plan(args, kw, paged=None, layers=None, **extra):
-    q, k, v, prefix, block, mask = args
-    B, Tq, Hq, D = q.shape
-    opts = dict(q_lens=kw.get("q_lens"), sm_scale=kw.get("sm_scale"), head_dim=D, num_heads=Hq,
-                num_kv_heads=k.shape[1], dtype=q.dtype, **extra)
+def tree_plan(args, kw, paged=None, **extra):
+    """A TreeAttentionPlan for make_case's ``args`` (paged: on the pages of ``paged``); ``extra``
+    adds or overrides any constructor argument."""
+    q, k, _, prefix, block, mask = args
+    opts = dict(q_lens=kw.get("q_lens"), sm_scale=kw.get("sm_scale"), head_dim=q.shape[3], num_heads=q.shape[2],
+                num_kv_heads=k.shape[1], dtype=q.dtype)
     if paged is not None:
         opts.update(page_table=paged[2], page_size=paged[0].shape[1])
-    return specops.TreeAttentionPlan(prefix, block, mask, **opts)
+    return specops.TreeAttentionPlan(prefix, block, mask, **{**opts, **extra})
+
+
+def one_shot(args, paged, q, k, v, **kw):
+    """The one-shot op a plan stands for, on one layer's q, k, v (paged when ``paged`` is given)."""
+    if paged is None:
+        return specops.tree_attention(q, k, v, *args[3:], **kw)
+    return specops.tree_attention_paged(q, k, v, paged[2], *args[3:], **kw)
 
 
 def layer_copies(t, n, seed):
@@ -34,24 +41,16 @@ def layer_copies(t, n, seed):
 @pytest.mark.parametrize("B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded, page_size", PAGED_CASES, ids=PAGED_IDS)
 def test_tree_attention_plan_equals_the_op_on_every_layer(backend, device, layout, B, Tq, L, P, Hq, Hkv, D, dtype,
                                                           kind, padded, page_size):
-    op = "tree_attention_paged" if layout == "paged" else "tree_attention"
-    need(op, backend)
+    need("tree_attention_paged" if layout == "paged" else "tree_attention", backend)
     args, kw, paged = paged_case(B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded, page_size, seed=P + D, device=device)
-    plan = tree_plan(args, kw, paged if layout == "paged" else None, backend=backend)
+    paged = paged if layout == "paged" else None
+    plan = tree_plan(args, kw, paged, backend=backend)
     assert plan.backend == backend
-    q = args[0]
     # One plan, three layers: each layer its own q, K and V (same shapes and strides).
-    qs = layer_copies(q, 3, seed=1)
-    if layout == "paged":
-        ks, vs = layer_copies(paged[0], 3, seed=2), layer_copies(paged[1], 3, seed=3)
-    else:
-        ks, vs = layer_copies(args[1], 3, seed=2), layer_copies(args[2], 3, seed=3)
-    for ql, kl, vl in zip(qs, ks, vs):
+    k, v = paged[:2] if paged else args[1:3]
+    for ql, kl, vl in zip(layer_copies(args[0], 3, seed=1), layer_copies(k, 3, seed=2), layer_copies(v, 3, seed=3)):
         got = plan.run(ql, kl, vl)
-        if layout == "paged":
-            want = specops.tree_attention_paged(ql, kl, vl, paged[2], *args[3:], backend=backend, **kw)
-        else:
-            want = specops.tree_attention(ql, kl, vl, *args[3:], backend=backend, **kw)
+        want = one_shot(args, paged, ql, kl, vl, backend=backend, **kw)
         assert got.dtype == dtype and torch.equal(got, want), "the plan differs from the one-shot op"
 
 
@@ -74,13 +73,12 @@ def test_kv_compact_plan_equals_the_op(backend, device, pattern, page_size):
     for B, A, dtype in ((1, 33, torch.float32), (3, 20, torch.bfloat16)):
         cache, kp, vp, table, (prefix, idx, lens) = compaction_case(B, A, pattern, page_size, dtype,
                                                                     seed=A + page_size, device=device)
-        L, _, H, S, D = cache.shape
+        geo = geometry(cache, backend=backend)
         # contiguous
         k, v = cache.clone(), -cache
         want_k, want_v = k.clone(), v.clone()
         specops.kv_compact(want_k, want_v, prefix, idx, lens, backend=backend)
-        plan = specops.KVCompactPlan(prefix, idx, lens, num_layers=L, num_kv_heads=H, head_dim=D, max_len=S,
-                                     dtype=dtype, backend=backend)
+        plan = specops.KVCompactPlan(prefix, idx, lens, max_len=cache.shape[3], **geo)
         assert plan.run(k, v) is None
         assert torch.equal(k, want_k) and torch.equal(v, want_v)
         # paged, with and without num_pages declared (then checked at the first run)
@@ -88,9 +86,8 @@ def test_kv_compact_plan_equals_the_op(backend, device, pattern, page_size):
             k2, v2 = kp.clone(), vp.clone()
             want_k, want_v = kp.clone(), vp.clone()
             specops.kv_compact_paged(want_k, want_v, table, prefix, idx, lens, backend=backend)
-            plan = specops.KVCompactPlan(prefix, idx, lens, num_layers=L, num_kv_heads=H, head_dim=D,
-                                         page_table=table, page_size=page_size, num_pages=num_pages, dtype=dtype,
-                                         backend=backend)
+            plan = specops.KVCompactPlan(prefix, idx, lens, page_table=table, page_size=page_size,
+                                         num_pages=num_pages, **geo)
             plan.run(k2, v2)
             assert torch.equal(k2, want_k) and torch.equal(v2, want_v)
 
@@ -98,9 +95,7 @@ def test_kv_compact_plan_equals_the_op(backend, device, pattern, page_size):
 def test_kv_compact_plan_runs_again_on_another_cache(device):
     # A plan is the moves, not the cache: two caches of the same geometry, the same moves.
     cache, _, _, _, (prefix, idx, lens) = compaction_case(3, 12, "random", 4, torch.float32, seed=5, device=device)
-    L, B, H, S, D = cache.shape
-    plan = specops.KVCompactPlan(prefix, idx, lens, num_layers=L, num_kv_heads=H, head_dim=D, max_len=S,
-                                 dtype=torch.float32)
+    plan = specops.KVCompactPlan(prefix, idx, lens, max_len=cache.shape[3], **geometry(cache))
     for scale in (1.0, 3.0):
         k, v = cache * scale, cache * -scale
         want_k, want_v = k.clone(), v.clone()
@@ -112,8 +107,8 @@ def test_kv_compact_plan_runs_again_on_another_cache(device):
 # ---- errors: named, raised before anything is written -------------------------------------------
 
 def small_tree(device="cpu"):
-    args, kw = make_case(2, 3, 6, 10, 4, 2, 16, torch.float32, kind="tree", padded=True, device=device)
-    return args, kw
+    """A small tree_attention case: q [2, 3, 4, 16], caches [2, 2, S, 16] (S = 19), q_lens padded."""
+    return make_case(2, 3, 6, 10, 4, 2, 16, torch.float32, kind="tree", padded=True, device=device)
 
 
 @pytest.mark.parametrize("change, exc, match", [
@@ -127,9 +122,8 @@ def small_tree(device="cpu"):
 ])
 def test_tree_attention_plan_rejects_bad_arguments_at_construction(change, exc, match):
     args, kw = small_tree()
-    opts = dict(q_lens=kw["q_lens"], head_dim=16, num_heads=4, num_kv_heads=2, dtype=torch.float32)
     with pytest.raises(exc, match=match):
-        specops.TreeAttentionPlan(*args[3:], **{**opts, **change})
+        tree_plan(args, kw, **change)
 
 
 def test_tree_attention_plan_block_metadata_errors_name_the_argument():
@@ -163,8 +157,7 @@ def test_tree_attention_plan_checks_the_first_run_and_the_undeclared_cache_size(
     out = plan.run(q, k, v)  # a good first run after rejected ones
     torch.testing.assert_close(out, specops.tree_attention(*args, **kw))
     # paged: a page id outside the pool, found at the first run (num_pages undeclared)
-    kp, table = to_pages(k, 4, generator=torch.Generator().manual_seed(0))
-    vp, _ = to_pages(v, 4, generator=torch.Generator().manual_seed(0))
+    _, kp, vp, table = to_paged(args, 4, seed=0)[:4]
     table[0, 0] = kp.shape[0] + 3
     plan = tree_plan(args, kw, (kp, vp, table))
     with pytest.raises(ValueError, match=r"page_table\[0, 0\] must lie in \[0, num_pages="):
@@ -186,10 +179,10 @@ def test_explicit_backend_that_cannot_run_raises_at_construction():
 
 def test_kv_compact_plan_errors_leave_the_caches_untouched():
     cache, kp, vp, table, (prefix, idx, lens) = compaction_case(2, 10, "random", 4, torch.float32, seed=3)
-    L, B, H, S, D = cache.shape
+    S = cache.shape[3]
     k, v = cache.clone(), -cache
     before = [t.clone() for t in (k, v, kp, vp)]
-    geo = dict(num_layers=L, num_kv_heads=H, head_dim=D, dtype=torch.float32)
+    geo = geometry(cache)
     bad_idx = i32([[0, 2, 1] + [0] * 7, [0, 1, 2] + [0] * 7])
     with pytest.raises(ValueError, match=r"accept_idx\[0, :accept_lens\[0\]\] must be strictly increasing"):
         specops.KVCompactPlan(prefix, bad_idx, i32([3, 3]), max_len=S, **geo)
@@ -223,11 +216,11 @@ def test_kv_compact_plan_errors_leave_the_caches_untouched():
 def test_the_plan_schedules_once_and_every_layer_reuses_it(backend, device, layout, num_splits):
     # Decode over a long prefix: the CPU and GPU rules both split; a forced count (7: more splits
     # than some sequences have tiles, so empty splits) gives the reference too.
-    op = "tree_attention_paged" if layout == "paged" else "tree_attention"
-    need(op, backend)
+    need("tree_attention_paged" if layout == "paged" else "tree_attention", backend)
     args, kw, paged = paged_case(2, 2, 3, 700, 8, 2, 64, torch.float32, "chain", True, 16, seed=3, device=device)
-    plan = tree_plan(args, kw, paged if layout == "paged" else None, backend=backend, num_splits=num_splits)
-    data = paged[:2] if layout == "paged" else args[1:3]
+    paged = paged if layout == "paged" else None
+    plan = tree_plan(args, kw, paged, backend=backend, num_splits=num_splits)
+    data = paged[:2] if paged else args[1:3]
     plan.run(args[0], *data)
     ns, ws = plan.num_splits, plan.workspace
     assert ns >= 1 and (num_splits is None or ns == num_splits)
@@ -239,10 +232,7 @@ def test_the_plan_schedules_once_and_every_layer_reuses_it(backend, device, layo
     for seed, q in enumerate(layer_copies(q0, 3, 9)):
         got = plan.run(q, *data)
         assert plan.num_splits == ns and plan.workspace is ws  # chosen once, reused by every layer
-        if layout == "paged":
-            want = specops.tree_attention_paged(q, *paged, *args[3:], backend="torch", **kw)
-        else:
-            want = specops.tree_attention(q, *args[1:], backend="torch", **kw)
+        want = one_shot(args, paged, q, *data, backend="torch", **kw)
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 

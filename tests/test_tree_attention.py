@@ -97,18 +97,18 @@ def assert_close(got, want, dtype):
     torch.testing.assert_close(got.float().cpu(), want.float().cpu(), **TOL[dtype])
 
 
-def to_paged(args, page_size=16, seed=0, **kw):
+def to_paged(args, page_size=16, seed=1, **kw):
     """tree_attention_paged's positional arguments for tree_attention's ``args``: the same K/V rows in
-    scattered pages (``to_pages``: unused pages and slots NaN unless ``fill``)."""
+    scattered pages (``to_pages`` seeded with ``seed``: unused pages and slots NaN unless ``fill``)."""
     (k_pages, v_pages), table = to_pages(torch.stack(args[1:3]), page_size,
-                                         generator=torch.Generator().manual_seed(seed + 1), **kw)
+                                         generator=torch.Generator().manual_seed(seed), **kw)
     return [args[0], k_pages, v_pages, table, *args[3:]]
 
 
 def paged_case(B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded, page_size, seed=0, device="cpu", **kw):
     """make_case's inputs, plus tree_attention_paged's (:func:`to_paged`)."""
     args, opts = make_case(B, Tq, L, P, Hq, Hkv, D, dtype, kind=kind, padded=padded, seed=seed, device=device)
-    return args, opts, to_paged(args, page_size, seed, **kw)[1:4]
+    return args, opts, to_paged(args, page_size, seed + 1, **kw)[1:4]
 
 
 def paged_args(args, paged):
@@ -410,7 +410,7 @@ def test_check_false_skips_value_checks_without_reading_out_of_bounds(fast_backe
         assert out.shape == args[0].shape and out.isfinite().all()
         return
     need("tree_attention_paged", fast_backend)
-    q, kp, vp, _, *rest = to_paged(args, 16, seed=2, fill=0.0)
+    q, kp, vp, _, *rest = to_paged(args, 16, seed=3, fill=0.0)
     table = i32([[-7, 10**6, 3], [2**31 - 1, -(2**31), 0]], device)
     for pools in ((kp, vp), (kp[:0], vp[:0])):  # the second: no pool page at all, nothing can be read
         out = specops.tree_attention_paged(q, *pools, table, *rest, q_lens=q_lens, check=False, backend=fast_backend)

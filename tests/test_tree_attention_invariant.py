@@ -16,12 +16,12 @@ import functools
 import pytest
 import torch
 from _cudasim import assert_order_independent, needs_sim, racecheck_built, restored, sim
-from test_tree_attention import assert_close, make_case
+from test_tree_attention import assert_close, make_case, to_paged
 from torch.library import opcheck
 
 import specops
 from specops import backend as _backend
-from specops.testing import ar_view, to_pages
+from specops.testing import ar_view
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # as conftest's device fixture (Triton's tensors)
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
@@ -121,12 +121,6 @@ def test_values_match_the_torch_reference(n):
         assert_close(out, specops.tree_attention(*args, backend="torch", invariant=mode, **kw), args[0].dtype)
 
 
-def _paged(args, page_size, seed):
-    """tree_attention_paged's cache arguments for tree_attention's: the same rows in scattered pages."""
-    (kp, vp), table = to_pages(torch.stack(args[1:3]), page_size, generator=torch.Generator().manual_seed(seed))
-    return kp, vp, table
-
-
 FIRST = {be: next(n for n, c in enumerate(CASES) if c[0] == be) for be in ("cudasim", "triton")}
 # cudasim: the prefix 2 BN + 5 case (SHAPES[3] of the list above) in each dtype; triton: cases 0, 2, 4.
 PAGED = [(FIRST["cudasim"] + 6 * d + 3, ps) for d in range(3) for ps in (4, 16)]
@@ -136,8 +130,7 @@ PAGED += [(FIRST["triton"] + m, ps) for m, ps in ((0, 16), (2, 8), (4, 32))]
 @pytest.mark.parametrize("n, page_size", PAGED, ids=[f"{IDS[n]}-ps{ps}" for n, ps in PAGED])
 def test_paged_gives_the_contiguous_bits(n, page_size):
     args, kw, out = _case(n)
-    got = specops.tree_attention_paged(args[0], *_paged(args, page_size, n), *args[3:], backend=CASES[n][0],
-                                       invariant=True, **kw)
+    got = specops.tree_attention_paged(*to_paged(args, page_size, n), backend=CASES[n][0], invariant=True, **kw)
     assert torch.equal(got, out)
 
 
@@ -199,8 +192,7 @@ def test_batch_composition_threads_and_layout_change_no_bit(backend):
     rev = invariant(backend, q.flip(1), k, v, p, blk, mask.flip(1))
     assert torch.equal(rev.flip(1), invariant(backend, *args))
     # Paged: the same bits as contiguous.
-    paged = specops.tree_attention_paged(q, *_paged(args, 16, 0), p, blk, mask, q_lens=kw["q_lens"],
-                                         backend=backend, invariant=True)
+    paged = specops.tree_attention_paged(*to_paged(args, 16, 0), q_lens=kw["q_lens"], backend=backend, invariant=True)
     assert torch.equal(paged, one)
 
 
@@ -220,8 +212,7 @@ def test_bad_input_names_the_argument():
     with pytest.raises(TypeError, match="invariant must be a bool"):
         specops.tree_attention(*args, invariant=1)
     with pytest.raises(TypeError, match="invariant must be a bool"):
-        (kp, vp), table = to_pages(torch.stack(args[1:3]), 4)
-        specops.tree_attention_paged(args[0], kp, vp, table, *args[3:], invariant="yes")
+        specops.tree_attention_paged(*to_paged(args, 4), invariant="yes")
     q, k, v, p, n, mask = args
     with pytest.raises(ValueError, match="num_splits must be None or 1 with invariant=True"):
         specops.TreeAttentionPlan(p, n, mask, head_dim=8, num_heads=2, num_kv_heads=1, dtype=q.dtype,
@@ -234,11 +225,8 @@ def test_bad_input_names_the_argument():
 def test_opcheck_with_invariant():
     need("cpp")
     args, kw = make_case(2, 3, 5, 7, 4, 2, 16, F32, kind="tree", padded=True)
-    q, k, v, p, n, mask = args
-    opcheck(torch.ops.specops.tree_attention.default, (q, k, v, p, n, mask, kw["q_lens"], 0.25, 1, None, True))
-    kp, vp, table = _paged(args, 4, 0)
-    opcheck(torch.ops.specops.tree_attention_paged.default,
-            (q, kp, vp, table, p, n, mask, kw["q_lens"], 0.25, 1, None, True))
+    opcheck(torch.ops.specops.tree_attention.default, (*args, kw["q_lens"], 0.25, 1, None, True))
+    opcheck(torch.ops.specops.tree_attention_paged.default, (*to_paged(args, 4, 0), kw["q_lens"], 0.25, 1, None, True))
 
 
 # ---- the CUDA kernels in the emulator: thread order, cp.async landing, racecheck, shared memory --
@@ -247,9 +235,9 @@ def test_opcheck_with_invariant():
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
 def test_thread_order_and_cp_async_landing_change_no_bit_and_racecheck_is_clean(dtype):
     args, kw, _ = _case(FIRST["cudasim"] + 6 * DTYPES.index(dtype) + 5)  # 3+ key tiles: both buffers refilled
-    pages = _paged(args, 8, 5)
+    paged = to_paged(args, 8, 5)
     calls = [lambda: invariant("cudasim", *args, **kw),
-             lambda: specops.tree_attention_paged(args[0], *pages, *args[3:], backend="cudasim", invariant=True, **kw)]
+             lambda: specops.tree_attention_paged(*paged, backend="cudasim", invariant=True, **kw)]
     want = [c() for c in calls]
     assert torch.equal(want[0], want[1])
     for c, w in zip(calls, want):
