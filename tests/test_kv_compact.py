@@ -69,13 +69,23 @@ def compact(layout, k, v, *lens, backend, check=True, page_size=4):
     return out
 
 
+def random_moves(B, A, S, pattern, g, last_row=False):
+    """Valid moves over S cache rows: accept_idx and accept_lens drawn by ``random_accept`` (``pattern``),
+    prefixes from 0 to the largest that keeps every accepted source inside S (``last_row``: sequence 0's
+    last source is the last row of the cache). Returns (prefix_lens, accept_idx, accept_lens) on cpu."""
+    idx, lens = random_accept(B, A, generator=g, pattern=pattern)
+    top = S - 1 - torch.where(lens > 0, idx.gather(1, (lens.long() - 1).clamp(min=0)[:, None])[:, 0], 0)
+    prefix = (torch.rand(B, generator=g) * (top + 1).float()).long().clamp(max=top).to(torch.int32)
+    if last_row:
+        prefix[0] = top[0]
+    return prefix, idx, lens
+
+
 def compaction_case(B, A, pattern, page_size, dtype, seed, L=2, H=2, D=8, extra=5, device="cpu"):
     """A contiguous cache [L, B, H, S, D] with S = A + extra, its paged layout and valid moves."""
     g = torch.Generator().manual_seed(seed)
-    idx, lens = random_accept(B, A, generator=g, pattern=pattern)
     S = A + extra
-    last = torch.where(lens > 0, idx.gather(1, (lens.long() - 1).clamp(min=0)[:, None])[:, 0], 0)
-    prefix = (torch.rand(B, generator=g) * (S - last).float()).long().clamp(max=S - 1 - last).to(torch.int32)
+    prefix, idx, lens = random_moves(B, A, S, pattern, g)
     cache = torch.randn(L, B, H, S, D, generator=g).to(dtype)
     k_pages, table = to_pages(cache, page_size, generator=g, fill=7.0)
     v_pages = -k_pages  # V = -K, in the same pages
@@ -364,14 +374,10 @@ def test_interleaved_k_and_v_views_of_one_tensor_are_accepted(backend):
 PATTERNS = ("random", "all", "last", "alternating", "shift")
 
 
-def _grid_case(B, L, A, pattern, dtype, view, device, seed, H=2, D=8):
-    g = torch.Generator().manual_seed(seed)
-    idx, lens = random_accept(B, A, generator=g, pattern=pattern)
+def grid_case(B, L, A, pattern, dtype, view, device, seed, H=2, D=8):
+    """K and V [L, B, H, S = A + 9, D] as ``view`` (``caches``) and valid moves (``random_moves``)."""
     S = A + 9
-    # prefixes from 0 to the largest that keeps every accepted source inside S
-    top = (S - 1 - torch.where(lens > 0, idx.gather(1, (lens.long() - 1).clamp(min=0)[:, None])[:, 0], 0)).clamp(min=0)
-    prefix = (torch.rand(B, generator=g) * (top + 1).float()).long().clamp(max=top).to(torch.int32)
-    prefix[0] = top[0]  # one sequence's last source is the last row of the cache
+    prefix, idx, lens = random_moves(B, A, S, pattern, torch.Generator().manual_seed(seed), last_row=True)
     k, v = caches(L, B, H, S, D, dtype=dtype, device=device, view=view)
     return k, v, prefix.to(device), idx.to(device), lens.to(device)
 
@@ -419,13 +425,13 @@ def test_opcheck(view, dtype):
         _, kp, vp, table, lens = compaction_case(3, 9, "random", 4, dtype, seed=3)
         torch.library.opcheck(torch.ops.specops.kv_compact_paged.default, (kp, vp, table, *lens))
         return
-    k, v, prefix, idx, lens = _grid_case(3, 2, 9, "random", dtype, view, "cpu", seed=3)
+    k, v, prefix, idx, lens = grid_case(3, 2, 9, "random", dtype, view, "cpu", seed=3)
     torch.library.opcheck(torch.ops.specops.kv_compact.default, (k, v, prefix, idx, lens))
 
 
 @needs_cpp
 def test_torch_compile_fullgraph(layout):
-    k, v, prefix, idx, lens = _grid_case(3, 2, 11, "random", torch.float32, "contiguous", "cpu", seed=5)
+    k, v, prefix, idx, lens = grid_case(3, 2, 11, "random", torch.float32, "contiguous", "cpu", seed=5)
     want_k, want_v = (expected(t, prefix, idx, lens) for t in (k, v))
     cache = (k, v)
     if layout == "paged":

@@ -5,12 +5,22 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_kv_compact import (
+    DTYPES,
+    PATTERNS,
+    caches,
+    compaction_case,
+    expected,
+    grid_case,
+    i32,
+    need,
+    random_moves,
+    run_and_compare,
+)
 
 import specops
 from specops import backend as _backend
-from specops.testing import from_pages, random_accept
-
-from test_kv_compact import DTYPES, PATTERNS, _grid_case, caches, compaction_case, expected, i32, need, run_and_compare
+from specops.testing import from_pages
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
@@ -19,7 +29,7 @@ from test_kv_compact import DTYPES, PATTERNS, _grid_case, caches, compaction_cas
 def test_matches_gather_then_scatter(backend, device, pattern, B, L):
     need(backend)
     A = 64
-    case = _grid_case(B, L, A, pattern, torch.float32, "contiguous", device, seed=B * 100 + L)
+    case = grid_case(B, L, A, pattern, torch.float32, "contiguous", device, seed=B * 100 + L)
     run_and_compare(*case, backend)
 
 
@@ -29,7 +39,7 @@ def test_matches_reference_for_every_dtype_and_view(backend, device, dtype, view
     need(backend)
     A = 33
     for seed, pattern in enumerate(PATTERNS):
-        case = _grid_case(3, 2, A, pattern, dtype, view, device, seed=seed, H=3, D=5)
+        case = grid_case(3, 2, A, pattern, dtype, view, device, seed=seed, H=3, D=5)
         run_and_compare(*case, backend)
 
 
@@ -38,7 +48,7 @@ def test_rows_of_64_kib_slices_move_in_parallel_and_stay_correct(backend, device
     # 63 rows of 512 B per slice and cache: big enough that cpp splits the slices across threads;
     # "shift" makes every destination the source of the previous move, in one overlapping run.
     for pattern in ("shift", "alternating", "random"):
-        case = _grid_case(3, 2, 64, pattern, torch.float32, "contiguous", device, seed=7, H=4, D=128)
+        case = grid_case(3, 2, 64, pattern, torch.float32, "contiguous", device, seed=7, H=4, D=128)
         run_and_compare(*case, backend)
 
 
@@ -77,11 +87,8 @@ def test_unchecked_garbage_never_writes_outside_the_caches(backend, device):
 @given(B=st.integers(1, 5), A=st.integers(1, 40), extra=st.integers(0, 6), seed=st.integers(0, 2**31 - 1),
        pattern=st.sampled_from(PATTERNS), view=st.sampled_from(["contiguous", "sliced", "seq_major"]))
 def test_property_every_backend_equals_gather_then_scatter(B, A, extra, seed, pattern, view, device):
-    g = torch.Generator().manual_seed(seed)
-    idx, lens = random_accept(B, A, generator=g, pattern=pattern)
     S = A + extra
-    last = torch.where(lens > 0, idx.gather(1, (lens.long() - 1).clamp(min=0)[:, None])[:, 0], 0)
-    prefix = torch.minimum((torch.rand(B, generator=g) * (S - last).float()).long(), S - 1 - last).to(torch.int32)
+    prefix, idx, lens = random_moves(B, A, S, pattern, torch.Generator().manual_seed(seed))
     base = caches(2, B, 3, S, 6, view=view, device=device)
     want = [expected(t.cpu(), prefix, idx, lens) for t in base]
     for name in _backend.implementations("kv_compact"):

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from test_tree_attention import (
     assert_close,
     make_case,
+    needs_cpp,
     paged_args,
     paged_case,
     run,
@@ -20,13 +21,14 @@ from test_tree_attention import (
 import specops
 from specops import backend as _backend
 
-needs_cpp = pytest.mark.skipif("cpp" not in _backend.implementations("tree_attention") or not _backend.available("cpp")[0],
-                               reason="cpp backend unavailable")
 
-
-def need_triton(device):
+def triton_kernels(device):
+    """specops.triton_kernels.tree_attention; skips where the triton backend cannot run on ``device``."""
     if "triton" not in _backend.implementations("tree_attention") or not _backend.available("triton", device)[0]:
         pytest.skip("triton backend unavailable")
+    from specops.triton_kernels import tree_attention as kernels
+
+    return kernels
 
 
 @pytest.fixture(params=["contiguous", "paged"])
@@ -129,7 +131,7 @@ TRITON_CASES = [  # small and odd: the interpreter is slow
 
 @pytest.mark.parametrize("B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded", TRITON_CASES)
 def test_triton_matches_reference(B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded, device):
-    need_triton(device)
+    triton_kernels(device)
     args, kw = make_case(B, Tq, L, P, Hq, Hkv, D, dtype, kind=kind, padded=padded, seed=B + Tq + P, device=device)
     want = specops.tree_attention(*args, backend="torch", **kw)
     assert_close(specops.tree_attention(*args, backend="triton", **kw), want, dtype)
@@ -139,9 +141,7 @@ def test_triton_matches_reference(B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded, 
 def test_triton_split_k_matches_reference(num_splits, device, layout):
     # The flash-decoding variant: kv splits merged by a second kernel; more splits than tiles
     # leaves some splits empty (their partials must carry no weight). Paged: also the sm_80 tiles.
-    need_triton(device)
-    from specops.triton_kernels import tree_attention as kernels
-
+    kernels = triton_kernels(device)
     args, kw = make_case(2, 3, 7, 200, 6, 2, 64, torch.float32, kind="dag", padded=True, seed=num_splits,
                          device=device)
     want = specops.tree_attention(*args, sm_scale=0.125, backend="torch", **kw)
@@ -162,9 +162,7 @@ def test_triton_split_k_matches_reference(num_splits, device, layout):
 def test_triton_sm80_tiles_match_reference(dtype, D, Tq, G):
     # The sm_80 table's tiles, run by the interpreter: 2 mask words per tile when BLOCK_N = 64,
     # tiles that start mid-word never happen (BLOCK_N % 32 == 0), a block crossing words.
-    need_triton("cpu")
-    from specops.triton_kernels import tree_attention as kernels
-
+    kernels = triton_kernels("cpu")
     args, kw = make_case(2, Tq, 45, 37, 2 * G, 2, D, dtype, kind="dag", padded=True, seed=D)
     got = kernels.tree_attention(*args, kw["q_lens"], D ** -0.5, arch=80)
     assert_close(got, specops.tree_attention(*args, backend="torch", **kw), dtype)
@@ -173,9 +171,7 @@ def test_triton_sm80_tiles_match_reference(dtype, D, Tq, G):
 def test_triton_splits_a_small_decode_by_itself(device):
     # One (sequence, kv head) program over a long prefix leaves the device idle: the launcher plans
     # a split-K launch plus the combine kernel without being asked.
-    need_triton(device)
-    from specops.triton_kernels import tree_attention as kernels
-
+    kernels = triton_kernels(device)
     args, kw = make_case(1, 1, 1, 900, 4, 1, 64, torch.float32, kind="chain", device=device)
     _, launches = kernels.plan(*args, None, 0.125)
     assert len(launches) == 2 and launches[0].grid[1] > 1
@@ -184,9 +180,7 @@ def test_triton_splits_a_small_decode_by_itself(device):
 
 
 def test_triton_supports_says_why_before_launching(device):
-    need_triton(device)
-    from specops.triton_kernels import tree_attention as kernels
-
+    kernels = triton_kernels(device)
     args, _ = make_case(1, 2, 3, 4, 4, 2, 64, torch.float32, device=device)
     assert kernels.supports(*args) == (True, "ok")
     wide, _ = make_case(1, 2, 3, 4, 4, 2, 272, torch.float32, device=device)
