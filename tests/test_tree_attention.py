@@ -139,39 +139,22 @@ PAGED_IDS = [f"B{c[0]}-T{c[1]}-L{c[2]}-P{c[3]}-H{c[4]}x{c[5]}-D{c[6]}-{str(c[7])
 
 # ---- golden semantics (every backend, both layouts) --------------------------------------------
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_chain_mask_equals_causal_sdpa(backend, device, layout, dtype):
-    # With no prefix and a lower-triangular mask over the whole block, this is causal attention.
-    B, T, Hq, Hkv, D = 2, 37, 6, 2, 64
-    args, kw = make_case(B, T, T, 0, Hq, Hkv, D, dtype, kind="chain", device=device, ragged=False)
-    q, k, v = args[:3]
-    out = run(layout, args, backend, **kw)
-    want = F.scaled_dot_product_attention(q.float().transpose(1, 2), k.float()[:, :, :T], v.float()[:, :, :T],
-                                          is_causal=True, enable_gqa=True).transpose(1, 2)
-    assert_close(out, want, dtype)
+# (B, P, T, Hq, Hkv, dtype): a chain block of T queries after a prefix of P is causal attention over
+# the whole P + T rows. P = 0 is plain causal attention; T = 1 is one decode step over P + 1 keys.
+CHAIN_CASES = {"causal-float32": (2, 0, 37, 6, 2, torch.float32), "causal-bfloat16": (2, 0, 37, 6, 2, torch.bfloat16),
+               "after-prefix": (1, 45, 9, 4, 4, torch.float32)}
+CHAIN_CASES.update({f"decode-H{Hq}x{Hkv}": (3, 130, 1, Hq, Hkv, torch.float32) for Hq, Hkv in [(4, 4), (8, 2), (9, 3)]})
 
 
-def test_chain_after_prefix_equals_causal_sdpa_over_the_whole_sequence(backend, device, layout):
-    B, P, T, Hq, Hkv, D = 1, 45, 9, 4, 4, 64
-    args, kw = make_case(B, T, T, P, Hq, Hkv, D, torch.float32, kind="chain", device=device)
+@pytest.mark.parametrize("B, P, T, Hq, Hkv, dtype", CHAIN_CASES.values(), ids=CHAIN_CASES.keys())
+def test_chain_equals_causal_sdpa(backend, device, layout, B, P, T, Hq, Hkv, dtype):
+    args, kw = make_case(B, T, T, P, Hq, Hkv, 64, dtype, kind="chain", device=device, ragged=False)
     q, k, v = args[:3]
     out = run(layout, args, backend, **kw)
     causal = torch.ones(T, P + T, dtype=torch.bool, device=device).tril(P)
-    want = F.scaled_dot_product_attention(q.transpose(1, 2), k[:, :, :P + T], v[:, :, :P + T],
-                                          attn_mask=causal).transpose(1, 2)
-    assert_close(out, want, torch.float32)
-
-
-@pytest.mark.parametrize("Hq,Hkv", [(4, 4), (8, 2), (9, 3)])
-def test_single_query_equals_plain_decode(backend, device, layout, Hq, Hkv):
-    # Tq = 1 seeing prefix + itself is one decode step over P + 1 keys.
-    B, P, D = 3, 130, 64
-    args, kw = make_case(B, 1, 1, P, Hq, Hkv, D, torch.float32, kind="chain", device=device, ragged=False)
-    q, k, v = args[:3]
-    out = run(layout, args, backend, **kw)
-    want = F.scaled_dot_product_attention(q.transpose(1, 2), k[:, :, :P + 1], v[:, :, :P + 1],
-                                          enable_gqa=True).transpose(1, 2)
-    assert_close(out, want, torch.float32)
+    want = F.scaled_dot_product_attention(q.float().transpose(1, 2), k.float()[:, :, :P + T], v.float()[:, :, :P + T],
+                                          attn_mask=causal, enable_gqa=True).transpose(1, 2)
+    assert_close(out, want, dtype)
 
 
 def test_query_that_sees_nothing_gives_zero(backend, device, layout):

@@ -16,6 +16,7 @@ import functools
 import pytest
 import torch
 from _cudasim import assert_order_independent, needs_sim, racecheck_built, restored, sim
+from test_plan import tree_plan
 from test_tree_attention import assert_close, make_case, to_paged
 from torch.library import opcheck
 
@@ -198,13 +199,10 @@ def test_batch_composition_threads_and_layout_change_no_bit(backend):
 
 def test_plan_runs_the_invariant_schedule_unsplit():
     backend = "cpp" if usable("cpp") else "torch"
-    args, _ = _cpu_case(3, F32, seed=5)
-    q, k, v, p, blk, mask = args
-    plan = specops.TreeAttentionPlan(p, blk, mask, head_dim=q.shape[-1], num_heads=q.shape[2],
-                                     num_kv_heads=k.shape[1], dtype=q.dtype, backend=backend, invariant=True,
-                                     max_len=k.shape[2])
+    args, kw = _cpu_case(3, F32, seed=5)
+    plan = tree_plan(args, kw, backend=backend, invariant=True, max_len=args[1].shape[2])
     assert plan.num_splits == 1 and plan.workspace is None
-    assert torch.equal(plan.run(q, k, v), invariant(backend, *args))
+    assert torch.equal(plan.run(*args[:3]), invariant(backend, *args, **kw))
 
 
 def test_bad_input_names_the_argument():
@@ -213,10 +211,9 @@ def test_bad_input_names_the_argument():
         specops.tree_attention(*args, invariant=1)
     with pytest.raises(TypeError, match="invariant must be a bool"):
         specops.tree_attention_paged(*to_paged(args, 4), invariant="yes")
-    q, k, v, p, n, mask = args
     with pytest.raises(ValueError, match="num_splits must be None or 1 with invariant=True"):
-        specops.TreeAttentionPlan(p, n, mask, head_dim=8, num_heads=2, num_kv_heads=1, dtype=q.dtype,
-                                  invariant=True, num_splits=2)
+        tree_plan(args, {}, invariant=True, num_splits=2)
+    q, k, v, p, n, mask = args
     if usable("cpp"):
         with pytest.raises(ValueError, match="invariant=True runs unsplit"):
             torch.ops.specops.tree_attention(q, k, v, p, n, mask, None, 0.5, 2, None, True)
