@@ -13,9 +13,9 @@ from specops.testing import from_pages, random_accept, to_pages
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def need(backend, op="kv_compact"):
+def need(op, backend):
     if backend not in _backend.implementations(op):
-        pytest.skip(f"{op} has no {backend} backend")
+        pytest.skip(f"{op} has no {backend} implementation")
 
 
 @pytest.fixture(params=["contiguous", "paged"])
@@ -61,7 +61,7 @@ def compact(layout, k, v, *lens, backend, check=True, page_size=4):
     pages, read back into k and v)."""
     if layout == "contiguous":
         return specops.kv_compact(k, v, *lens, check=check, backend=backend)
-    need(backend, "kv_compact_paged")
+    need("kv_compact_paged", backend)
     (kp, table), (vp, _) = (to_pages(t, page_size, generator=torch.Generator().manual_seed(0), fill=7.0) for t in (k, v))
     out = specops.kv_compact_paged(kp, vp, table, *lens, check=check, backend=backend)
     k.copy_(from_pages(kp, table, k.shape[3]))
@@ -112,7 +112,7 @@ def run_and_compare(k, v, prefix_lens, accept_idx, accept_lens, backend):
 # ---- golden moves, each on every backend -----------------------------------------------------------
 
 def test_moves_accepted_rows_next_to_the_prefix(backend, device, layout):
-    need(backend)
+    need("kv_compact", backend)
     L, B, H, S, D = 2, 1, 2, 10, 4
     k = torch.arange(L * B * H * S * D, dtype=torch.float32).view(L, B, H, S, D).to(device)
     v = -k.clone()
@@ -129,7 +129,7 @@ def test_moves_accepted_rows_next_to_the_prefix(backend, device, layout):
 
 
 def test_shift_chain_reads_every_source_before_it_is_overwritten(backend, device, layout):
-    need(backend)
+    need("kv_compact", backend)
     # accept nodes 1..30 after a prefix of 3: destination j is the source of move j - 1 (paged: all
     # inside one 64-row page)
     k = torch.arange(64, dtype=torch.float32).view(1, 1, 1, 64, 1).repeat(1, 1, 1, 1, 4).to(device)
@@ -141,7 +141,7 @@ def test_shift_chain_reads_every_source_before_it_is_overwritten(backend, device
 
 
 def test_accept_last_only_and_accept_nothing(backend, device, layout):
-    need(backend)
+    need("kv_compact", backend)
     k = torch.arange(2 * 9, dtype=torch.float32).view(1, 2, 1, 9, 1).repeat(1, 1, 1, 1, 3).to(device)
     v = k.clone()
     before = k.clone()
@@ -153,7 +153,7 @@ def test_accept_last_only_and_accept_nothing(backend, device, layout):
 
 
 def test_accept_everything_is_identity(backend, device, layout):
-    need(backend)
+    need("kv_compact", backend)
     k, v = caches(2, 3, 2, 12, 8, device=device)
     before = k.clone(), v.clone()
     idx = torch.arange(5, dtype=torch.int32, device=device).expand(3, 5).contiguous()
@@ -165,7 +165,7 @@ def test_accept_everything_is_identity(backend, device, layout):
 
 def test_kv_compact_paged_pages_outside_the_moves_are_untouched(backend, device):
     # Spare pages, the slots past S and other sequences' pages keep their bytes.
-    need(backend, "kv_compact_paged")
+    need("kv_compact_paged", backend)
     cache, kp, vp, table, (prefix, idx, lens) = compaction_case(3, 24, "random", 4, torch.float32, seed=11,
                                                                 device=device)
     S = cache.shape[3]
@@ -185,7 +185,7 @@ def test_kv_compact_paged_golden_moves_within_and_across_pages(backend, device):
     # page_size 2; the sequence's rows 0..7 live in pages [3, 0, 2, 1]: rows 2,3 in page 0, 4,5 in
     # page 2, 6,7 in page 1. prefix 2, accept nodes 1, 2, 5 -> rows 3, 4, 7 move to rows 2, 3, 4:
     # row 3 -> 2 inside page 0, row 4 (page 2) -> 3 (page 0), row 7 (page 1) -> 4 (page 2).
-    need(backend, "kv_compact_paged")
+    need("kv_compact_paged", backend)
     kp = torch.arange(4 * 2 * 3, dtype=torch.float32).view(1, 4, 2, 1, 3).to(device)
     vp = -kp
     before = kp.clone()
@@ -203,7 +203,7 @@ def test_kv_compact_paged_golden_moves_within_and_across_pages(backend, device):
 def test_kv_compact_paged_sequences_may_share_untouched_prefix_pages(backend, device):
     # Sequences 1 and 2 read sequence 0's first page (a shared prompt); the moves touch only rows past
     # it, so the check passes and every sequence compacts its own pages.
-    need(backend, "kv_compact_paged")
+    need("kv_compact_paged", backend)
     g = torch.Generator().manual_seed(0)
     cache = torch.randn(2, 3, 2, 40, 4, generator=g)
     kp, table = to_pages(cache, 16, generator=g, fill=0.0, shared_prefix_pages=1)
@@ -219,7 +219,7 @@ def test_kv_compact_paged_sequences_may_share_untouched_prefix_pages(backend, de
 
 
 def test_kv_compact_paged_interleaved_k_and_v_views(backend, device):
-    need(backend, "kv_compact_paged")
+    need("kv_compact_paged", backend)
     _, kp, vp, table, (prefix, idx, lens) = compaction_case(2, 12, "random", 4, torch.float32, seed=5,
                                                                 device=device)
     kv = torch.stack([kp, vp], dim=2)  # [L, N, 2, page, H, D]: K and V of a page side by side
@@ -232,7 +232,7 @@ def test_kv_compact_paged_interleaved_k_and_v_views(backend, device):
 def test_kv_compact_paged_unchecked_garbage_never_writes_outside(backend, device):
     # The pool is the middle of a bigger buffer; garbage page ids, lengths and indices never reach the
     # guard pages, and the valid sequence 0 still compacts.
-    need(backend, "kv_compact_paged")
+    need("kv_compact_paged", backend)
     big = torch.randn(2, 12, 4, 2, 8, device=device)
     kp = big[:, 2:10]
     vp = -kp.clone()
@@ -337,7 +337,7 @@ BAD = [  # (layout, argument, make, exc, match)
 @pytest.mark.parametrize("layout, arg, make, exc, match", BAD, ids=[f"{b[0]}-{b[1]}-{i}" for i, b in enumerate(BAD)])
 def test_bad_input_raises_naming_the_argument_and_leaves_caches_untouched(backend, layout, arg, make, exc, match):
     op = "kv_compact" if layout == "contiguous" else "kv_compact_paged"
-    need(backend, op)
+    need(op, backend)
     args = _good(layout)
     args[arg] = make(args)
     k, v = (args[name] for name in (("k_cache", "v_cache") if layout == "contiguous" else ("k_pages", "v_pages")))
@@ -354,7 +354,7 @@ def test_good_input_passes_the_checks(layout):
 
 
 def test_padding_entries_are_not_validated(backend):
-    need(backend)
+    need("kv_compact", backend)
     args = _good()
     args["accept_idx"] = i32([[0, 1, -7], [0, 100, -100]])
     args["accept_lens"] = i32([2, 1])
@@ -364,7 +364,7 @@ def test_padding_entries_are_not_validated(backend):
 
 
 def test_interleaved_k_and_v_views_of_one_tensor_are_accepted(backend):
-    need(backend)
+    need("kv_compact", backend)
     k, v = caches(2, 2, 3, 10, 4, view="interleaved")
     run_and_compare(k, v, i32([1, 0]), i32([[1, 3, 4], [2, 5, 6]]), i32([3, 2]), backend)
 

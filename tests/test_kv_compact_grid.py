@@ -27,7 +27,7 @@ from specops.testing import from_pages
 @pytest.mark.parametrize("B", [1, 3, 8])
 @pytest.mark.parametrize("L", [1, 4])
 def test_matches_gather_then_scatter(backend, device, pattern, B, L):
-    need(backend)
+    need("kv_compact", backend)
     A = 64
     case = grid_case(B, L, A, pattern, torch.float32, "contiguous", device, seed=B * 100 + L)
     run_and_compare(*case, backend)
@@ -36,7 +36,7 @@ def test_matches_gather_then_scatter(backend, device, pattern, B, L):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("view", ["contiguous", "sliced", "interleaved", "seq_major"])
 def test_matches_reference_for_every_dtype_and_view(backend, device, dtype, view):
-    need(backend)
+    need("kv_compact", backend)
     A = 33
     for seed, pattern in enumerate(PATTERNS):
         case = grid_case(3, 2, A, pattern, dtype, view, device, seed=seed, H=3, D=5)
@@ -44,7 +44,7 @@ def test_matches_reference_for_every_dtype_and_view(backend, device, dtype, view
 
 
 def test_rows_of_64_kib_slices_move_in_parallel_and_stay_correct(backend, device):
-    need(backend)
+    need("kv_compact", backend)
     # 63 rows of 512 B per slice and cache: big enough that cpp splits the slices across threads;
     # "shift" makes every destination the source of the previous move, in one overlapping run.
     for pattern in ("shift", "alternating", "random"):
@@ -53,7 +53,7 @@ def test_rows_of_64_kib_slices_move_in_parallel_and_stay_correct(backend, device
 
 
 def test_empty_inputs_are_no_ops(backend, device):
-    need(backend)
+    need("kv_compact", backend)
     k, v = caches(2, 2, 1, 6, 4, device=device)
     before = k.clone(), v.clone()
     z = i32([0, 0], device)
@@ -65,7 +65,7 @@ def test_empty_inputs_are_no_ops(backend, device):
 
 
 def test_unchecked_garbage_never_writes_outside_the_caches(backend, device):
-    need(backend)
+    need("kv_compact", backend)
     # The caches are the middle of bigger buffers; whatever unchecked garbage says, the guard
     # regions around them stay untouched and in-range accepted rows of valid sequences still move.
     L, B, H, S, D = 2, 4, 2, 12, 8
@@ -102,7 +102,7 @@ def test_property_every_backend_equals_gather_then_scatter(B, A, extra, seed, pa
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_kv_compact_paged_matches_contiguous_and_reference(backend, device, pattern, page_size):
-    need(backend, "kv_compact_paged")
+    need("kv_compact_paged", backend)
     for B, A, dtype in ((1, 33, torch.float32), (3, 20, torch.bfloat16)):
         cache, kp, vp, table, (prefix, idx, lens) = compaction_case(B, A, pattern, page_size, dtype,
                                                                     seed=A + page_size, device=device)

@@ -12,7 +12,7 @@ import specops
 from specops import backend as _backend
 from specops.testing import from_pages, random_parents, to_pages
 
-from test_kv_compact import i32
+from test_kv_compact import i32, need
 
 # Tolerances vs the fp32 reference computed from the same (rounded) inputs: fp32 differs only by
 # summation order; fp16/bf16 add the rounding of the output (and of P before P @ V in the
@@ -20,11 +20,6 @@ from test_kv_compact import i32
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4),
        torch.float16: dict(atol=2e-3, rtol=2e-3),
        torch.bfloat16: dict(atol=1.2e-2, rtol=1.6e-2)}
-
-
-def need(op, backend):
-    if backend not in _backend.implementations(op):
-        pytest.skip(f"{op} has no {backend} implementation")
 
 
 @pytest.fixture

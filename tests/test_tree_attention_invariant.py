@@ -90,13 +90,9 @@ def _case(n):
     return args, kw, invariant(backend, *args, **kw)
 
 
-def valid_rows(args, kw):
-    B, Tq = args[0].shape[:2]
-    return [(b, i) for b in range(B) for i in range(Tq) if kw["q_lens"] is None or i < int(kw["q_lens"][b])]
-
-
 def check_rows_equal_ar_view(backend, args, kw, out, every_form=True):
-    valid = valid_rows(args, kw)
+    B, Tq = args[0].shape[:2]
+    valid = [(b, i) for b in range(B) for i in range(Tq) if kw["q_lens"] is None or i < int(kw["q_lens"][b])]
     for k, (b, i) in enumerate(valid):
         # The interpreted Triton kernels are slow: both AR forms on its first two rows, then alternate.
         for own in ((True, False) if every_form or k < 2 else ((k % 2) == 0,)):

@@ -8,6 +8,7 @@ import torch
 from _cudasim import assert_order_independent, needs_sim
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_kv_compact import compaction_case
 from test_tree_attention import (
     assert_close,
     make_case,
@@ -246,8 +247,6 @@ def _cudasim_cases():
         return lambda: specops.tree_attention_paged(*paged_args(args, paged), backend="cudasim", **kw)
 
     def compact():
-        from test_kv_compact import compaction_case
-
         _, kp, vp, table, lens = compaction_case(3, 30, "shift", 16, torch.float32, seed=2, D=24)
         specops.kv_compact_paged(kp, vp, table, *lens, backend="cudasim")
         return kp, vp
