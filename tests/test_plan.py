@@ -17,11 +17,11 @@ def tree_plan(args, kw, paged=None, **extra):
     """A TreeAttentionPlan for make_case's ``args`` (paged: on the pages of ``paged``); ``extra``
     adds or overrides any constructor argument."""
     q, k, _, prefix, block, mask = args
-    opts = dict(q_lens=kw.get("q_lens"), sm_scale=kw.get("sm_scale"), head_dim=q.shape[3], num_heads=q.shape[2],
-                num_kv_heads=k.shape[1], dtype=q.dtype)
+    opts = dict(prefix_lens=prefix, block_lens=block, mask=mask, q_lens=kw.get("q_lens"), sm_scale=kw.get("sm_scale"),
+                head_dim=q.shape[3], num_heads=q.shape[2], num_kv_heads=k.shape[1], dtype=q.dtype)
     if paged is not None:
         opts.update(page_table=paged[2], page_size=paged[0].shape[1])
-    return specops.TreeAttentionPlan(prefix, block, mask, **{**opts, **extra})
+    return specops.TreeAttentionPlan(**{**opts, **extra})
 
 
 def one_shot(args, paged, q, k, v, **kw):
@@ -119,29 +119,17 @@ def small_tree(device="cpu"):
     (dict(page_size=16), ValueError, "page_size is for the paged layout"),
     (dict(max_len=5), ValueError, r"prefix_lens \+ block_lens must be <= S = 5"),
     (dict(backend="nope"), ValueError, "backend= must name one of"),
+    # the block metadata (a callable: from the case's args)
+    (dict(mask=lambda a: a[5][:1]), ValueError, r"mask must have shape \[B=2, Tq=3, W\]"),
+    (dict(block_lens=lambda a: a[4].long()), TypeError, "block_lens must have dtype torch.int32"),
+    (dict(page_table=i32([[0, 1]]), page_size=4), ValueError, r"page_table must have shape \[2, \*\]"),
+    (dict(page_table=i32([[0], [1]]), page_size=6), ValueError, "page_size must be a power of two"),
+    (dict(block_lens=i32([6, -1]), max_len=64), ValueError, "block_lens must be >= 0"),  # block_lens[0] = L = 6
 ])
 def test_tree_attention_plan_rejects_bad_arguments_at_construction(change, exc, match):
     args, kw = small_tree()
     with pytest.raises(exc, match=match):
-        tree_plan(args, kw, **change)
-
-
-def test_tree_attention_plan_block_metadata_errors_name_the_argument():
-    args, kw = small_tree()
-    prefix, block, mask = args[3:]
-    base = dict(head_dim=16, num_heads=4, num_kv_heads=2, dtype=torch.float32)
-    with pytest.raises(ValueError, match=r"mask must have shape \[B=2, Tq=3, W\]"):
-        specops.TreeAttentionPlan(prefix, block, mask[:1], **base)
-    with pytest.raises(TypeError, match="block_lens must have dtype torch.int32"):
-        specops.TreeAttentionPlan(prefix, block.long(), mask, **base)
-    with pytest.raises(ValueError, match=r"page_table must have shape \[2, \*\]"):
-        specops.TreeAttentionPlan(prefix, block, mask, page_table=i32([[0, 1]]), page_size=4, **base)
-    with pytest.raises(ValueError, match="page_size must be a power of two"):
-        specops.TreeAttentionPlan(prefix, block, mask, page_table=i32([[0], [1]]), page_size=6, **base)
-    bad = block.clone()
-    bad[1] = -1
-    with pytest.raises(ValueError, match="block_lens must be >= 0"):
-        specops.TreeAttentionPlan(prefix, bad, mask, max_len=64, **base)
+        tree_plan(args, kw, **{name: v(args) if callable(v) else v for name, v in change.items()})
 
 
 def test_tree_attention_plan_checks_the_first_run_and_the_undeclared_cache_size():
