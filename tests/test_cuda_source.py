@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 CSRC = Path(__file__).resolve().parents[1] / "csrc" / "cuda"
-# A restrict-qualified pointer declaration and the type words before it (up to the last , ( or ;).
-RESTRICT = re.compile(r"(?:^|[,(;])\s*(?P<decl>[^,(;]*?)\*\s*__restrict__\s+(?P<name>\w+)", re.M)
+# A restrict-qualified pointer declaration (__restrict__ or __restrict) and the type words before it
+# (up to the last , ( or ;).
+RESTRICT = re.compile(r"(?:^|[,(;])\s*(?P<decl>[^,(;]*?)\*\s*__restrict(?:__)?\s+(?P<name>\w+)", re.M)
 
 
 def writable_restrict(text):
@@ -33,7 +34,7 @@ def writable_restrict(text):
 def test_the_scan_finds_a_writable_restrict_pointer():
     text = ("__global__ void k(const float* __restrict__ x,  // [N]\n"
             "                  float* __restrict__ scratch,  // [N]\n"
-            "                  const WarpRowStats* __restrict__ s, int32_t* __restrict__ out, T* __restrict__ y) {}")
+            "                  const WarpRowStats* __restrict__ s, int32_t* __restrict__ out, T* __restrict y) {}")
     assert writable_restrict(text) == ["scratch", "out", "y"]
 
 
