@@ -180,6 +180,9 @@ __global__ void __launch_bounds__(kTcWarps * 32) tree_attention_tc_kernel(Args a
     }
     __syncthreads();  // every warp is done with buffer `buf` before it is refilled
   }
+  // A split with no tiles committed its Q copies and never waited: none may be in flight when the
+  // block exits (the next block on this SM reuses the shared memory).
+  tc::cp_async_wait<0>();
 
   scalar_t* out = static_cast<scalar_t*>(a.out);
   const int64_t rows = static_cast<int64_t>(a.B) * a.Tq * a.Hq;
