@@ -23,6 +23,11 @@ import dataclasses
 import math
 
 
+def _ratio(num, den, empty=0.0, doc=None):
+    """A derived property: field ``num`` / field ``den``, ``empty`` while ``den`` is 0."""
+    return property(lambda m: getattr(m, num) / getattr(m, den) if getattr(m, den) else empty, doc=doc)
+
+
 @dataclasses.dataclass
 class Metrics:
     method: str = ""
@@ -83,40 +88,17 @@ class Metrics:
     def mean_acceptance_length(self):
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
 
-    @property
-    def draft_acceptance_rate(self):
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+    draft_acceptance_rate = _ratio("num_accepted_tokens", "num_draft_tokens")
 
     @property
     def acceptance_rate_per_pos(self):
         return [a / self.num_drafts for a in self.num_accepted_tokens_per_pos] if self.num_drafts else []
 
-    @property
-    def draft_tokens_per_step(self):
-        return self.num_draft_tokens / self.num_drafts if self.num_drafts else 0.0
-
-    @property
-    def drafted_nodes_per_step(self):
-        return self.num_drafted_nodes / self.num_drafts if self.num_drafts else 0.0
-
-    @property
-    def matchness(self):
-        """GSD's acceptance rate: accepted draft tokens per drafting step executed."""
-        return self.num_accepted_tokens / self.draft_depth if self.draft_depth else 0.0
-
-    @property
-    def graph_success_rate(self):
-        return self.num_graph_success / self.num_drafts if self.num_drafts else 0.0
-
-    @property
-    def mean_budget(self):
-        """The adaptive controller's mean budget over its speculative steps (None when off)."""
-        return self.budget_sum / self.num_budget_steps if self.num_budget_steps else None
-
-    @property
-    def ar_step_fraction(self):
-        """Share of the target forwards the adaptive controller ran as AR steps."""
-        return self.num_ar_steps / self.num_target_forwards if self.num_target_forwards else 0.0
+    draft_tokens_per_step = _ratio("num_draft_tokens", "num_drafts")
+    drafted_nodes_per_step = _ratio("num_drafted_nodes", "num_drafts")
+    matchness = _ratio("num_accepted_tokens", "draft_depth",
+                       doc="GSD's acceptance rate: accepted draft tokens per drafting step executed.")
+    graph_success_rate = _ratio("num_graph_success", "num_drafts")
 
     @property
     def tokens_per_s(self):
@@ -124,9 +106,7 @@ class Metrics:
 
     @property
     def speedup(self):
-        if not self.ar_tokens_per_s:
-            return None
-        return self.tokens_per_s / self.ar_tokens_per_s
+        return self.tokens_per_s / self.ar_tokens_per_s if self.ar_tokens_per_s else None
 
     @property
     def perplexity(self):
@@ -135,13 +115,15 @@ class Metrics:
             return None
         return math.exp(-self.target_logprob_sum / self.target_logprob_count)
 
+    mean_budget = _ratio("budget_sum", "num_budget_steps", None,
+                         doc="The adaptive controller's mean budget over its speculative steps (None when off).")
+    ar_step_fraction = _ratio("num_ar_steps", "num_target_forwards",
+                              doc="Share of the target forwards the adaptive controller ran as AR steps.")
+
     def as_dict(self):
+        """Every field but ``steps``, then every derived value (in the order defined above)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "steps"}
-        for name in ("mean_acceptance_length", "draft_acceptance_rate", "acceptance_rate_per_pos",
-                     "draft_tokens_per_step", "drafted_nodes_per_step", "matchness", "graph_success_rate",
-                     "tokens_per_s", "speedup", "perplexity", "mean_budget", "ar_step_fraction"):
-            out[name] = getattr(self, name)
-        return out
+        return out | {k: getattr(self, k) for k, v in vars(Metrics).items() if isinstance(v, property)}
 
     def summary(self):
         """Multi-line human-readable report."""

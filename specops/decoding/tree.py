@@ -96,8 +96,7 @@ class Candidates:
         src = up[2 * n: 3 * n].view(B, T).to(torch.int32) if self.src is not None else None
         logits = self.pack_draft_logits(V) if self.draft_logits is not None else None
         return Draft(tokens=up[:n].view(B, T), parents=up[n: 2 * n].view(B, T).to(torch.int32),
-                     num_nodes=up[-B:].to(torch.int32), draft_logits=logits, draft_warp=self.draft_warp,
-                     src=src,
+                     num_nodes=up[-B:].to(torch.int32), draft_logits=logits, draft_warp=self.draft_warp, src=src,
                      depth=[max(depths(p)) for p in self.parents],
                      depth_drafted=self.depth_drafted or [0] * B,
                      drafted_nodes=self.drafted_nodes or self.num_nodes(), copied=self.copied, **fields)
@@ -105,8 +104,19 @@ class Candidates:
     def pack_draft_logits(self, V):
         """Shape: -> fp32 [B, T, V] on the rows' device; a node without a row gets zeros (uniform
         under any warp; the built-in drafters leave only rows the walk never reads: the root,
-        padding, a sequence that drafted nothing)."""
-        return _pack(self.draft_logits, max(len(t) for t in self.tokens), V, 0.0)
+        padding, a sequence that drafted nothing), stacked on the device (the zero row is built
+        there: no host data); None when no node has a row (the verifier treats every row as uniform
+        then)."""
+        real = next((r for rows in self.draft_logits if rows is not None for r in rows if r is not None), None)
+        if real is None:
+            return None
+        T = max(len(t) for t in self.tokens)
+        pad = torch.zeros(V, dtype=torch.float32, device=real.device)
+        out = []
+        for rows in self.draft_logits:
+            rows = [pad if r is None else r.float() for r in rows or []]
+            out.append(torch.stack(rows + [pad] * (T - len(rows))))
+        return torch.stack(out)
 
     def validate(self):
         """Tree rules (cheap host check; drafters are trusted, this guards new ones)."""
@@ -117,21 +127,6 @@ class Candidates:
             for i in range(1, len(p)):
                 if not 0 <= p[i] < i:
                     raise AssertionError(f"sequence {b}: parents[{i}] = {p[i]} is not in [0, {i})")
-
-
-def _pack(per_seq, T, V, fill):
-    """Per-sequence lists of device rows [V] (None: ``fill``) -> fp32 [B, T, V], padded with
-    ``fill`` rows, stacked on the device (the fill row is built there: no host data); None when no
-    node has a row (the verifier treats every row as uniform then)."""
-    real = next((r for rows in per_seq if rows is not None for r in rows if r is not None), None)
-    if real is None:
-        return None
-    pad = torch.full((V,), fill, dtype=torch.float32, device=real.device)
-    out = []
-    for rows in per_seq:
-        rows = [r.float() if r is not None else pad for r in rows or []]
-        out.append(torch.stack(rows + [pad] * (T - len(rows))))
-    return torch.stack(out)
 
 
 def root_draft(root):
@@ -159,12 +154,6 @@ class Trie:
         self.tokens = [root_token]
         self.parents = [-1]
         self._kids = [{}]
-
-    def child(self, node, token, *, create=True):
-        nxt = self._kids[node].get(token)
-        if nxt is None and create:
-            nxt = self.add(node, token)
-        return nxt
 
     def add(self, node, token):
         """A new child even if a sibling has the same token (duplicate proposals)."""
