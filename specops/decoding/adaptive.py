@@ -1,58 +1,45 @@
-"""Adaptive speculation (docs/methods.md §Adaptive speculation): the loop sizes every block from the
-acceptance it has seen and from the measured cost of a step, for every method with a budget knob.
+"""Adaptive speculation: the loop sizes every block from the acceptance it has seen and the measured
+cost of a step, for every method with a budget knob. docs/methods.md §Adaptive speculation has the
+full argument; the code follows its names.
 
-The knob. Each drafter exposes one integer, the depth it drafts: ``gamma`` (SD, SpecInfer, MJSD,
-Ouroboros, n-gram) or ``max_depth`` (TSD, GSD, OPT-Tree). Budget ``g = 0`` is an AR step: the block
-is the pending root alone and the draft model does not run (its cache catches up through
-``DraftLM.begin``'s catch-up chain when drafting resumes).
+The knob: each drafter's drafting depth, ``gamma`` (SD, SpecInfer, MJSD, Ouroboros, n-gram) or
+``max_depth`` (TSD, GSD, OPT-Tree). Budget ``g = 0`` is an AR step: the block is the pending root
+alone, the draft model does not run (its cache catches up through ``DraftLM.begin``'s catch-up
+chain when drafting resumes).
 
-The acceptance estimate, per sequence ``b``. A speculative step whose proposal was ``D`` levels
-deep (the deepest node; a chain's length) and whose accepted path has ``a`` draft tokens passed
-``a`` levels and, when ``a < D``, failed one. With decay ``lam`` and a prior ``alpha0`` worth
-``n0`` levels::
+The acceptance estimate, per sequence ``b``: a step whose proposal was ``D`` levels deep and whose
+accepted path has ``a`` draft tokens passed ``a`` levels and, when ``a < D``, failed one (censored:
+a fully accepted proposal says nothing about the next level). Decay ``lam``, prior ``alpha0``
+worth ``n0`` levels::
 
     S_b <- lam * S_b + a          N_b <- lam * N_b + a + [a < D]
     alpha_b = (S_b + alpha0 * n0) / (N_b + n0)
 
-(a censored geometric estimate: a fully accepted proposal says nothing about the level after it).
-
-The rule. With per-level acceptance ``alpha`` a block of budget ``g`` emits on average::
-
-    E(g) = 1 + alpha + ... + alpha^g = (1 - alpha^(g+1)) / (1 - alpha)     (bonus included; E(0) = 1)
-
-tokens, and a step costs ``c(g) = t_target(T(g)) + t_draft(g)`` seconds, ``c(0) = t_target(1)``
-(``T(g)``: the block size that budget produces, ``g + 1`` for a chain). The next step's budget is::
+The rule: a block of budget ``g`` emits ``E(g) = (1 - alpha^(g+1)) / (1 - alpha)`` tokens on average
+(bonus included; ``E(0) = 1``) and costs ``c(g) = t_target(T(g)) + t_draft(g)``, ``c(0) =
+t_target(1)`` (``T(g)``: the block size budget ``g`` produces). The next budget is::
 
     g* = argmax over g in {0} U [lo, min(hi, max(2 g_prev, g_prev + 2))] of  sum_b E_b(g) / c(g)
 
-summed over the active sequences: a batch shares one block shape, so the per-sequence estimates
-are reduced to the one budget with the most expected tokens per second for the batch (for batch 1
-this is the per-sequence rule). Speculation stops (``g* = 0``) when every budget's expected tokens
-per unit of cost, measured in AR steps, ``R(g) = E(g) c(0) / c(g)``, is below ``1 + margin``
-(``margin`` = 5%: neither the estimates' error nor the cost of resuming, the catch-up forward and
-the probes, is in E and c, and a step that barely pays on paper is a coin flip in time). Growth is
-capped (at most doubling, or +2, per step) so a short burst of full accepts cannot jump to the
-largest budget; shrinking is immediate.
+over the active sequences (a batch shares one block shape). ``g* = 0`` when every budget's
+``R(g) = E(g) c(0) / c(g)`` is below ``1 + margin`` (5%: resuming and estimation error are not in
+E and c). Growth is capped (double, or +2, per step); shrinking is immediate.
 
-Probing. An AR step teaches nothing about acceptance, so after the rule chooses AR the loop runs
-``probe_after`` AR steps and then one probe at the best positive budget, at most ``probe_budget``
-levels deep (cheap; a good probe lets the budget grow from there). If the rule still chooses AR
-after the probe, the wait doubles (up to ``probe_max``); otherwise speculation resumes.
+Probing: after the rule chooses AR, ``probe_after`` AR steps, then one probe at the best positive
+budget capped at ``probe_budget``; a probe that still leads to AR doubles the wait (up to
+``probe_max``).
 
-Costs. ``CostModel`` keeps exponentially weighted seconds per target block size ``T`` (the step's
-verification part: pack, target forward, verify, KV commit, emit) and per budget (the drafting
-part: ``propose`` plus the drafter's ``commit``), each measured with ``perf_counter`` around the
-phase; on a GPU the loop's own reads of the verification result and of the draft logits end each
-phase, so no synchronisation is added. Unseen sizes come from a least-squares line over the seen
-ones, the target's slope shrunk toward ``prior_slope`` (a fraction of a one-token step per extra
-token) with weight ``slope_weight`` (one seen size: the prior slope; draft cost proportional to
-the budget). ``AdaptiveConfig(target_cost=..., draft_cost=...)`` replaces the measurements by fixed
-functions (tests, or reproducible sampling: measured costs make the budget sequence, hence which
-uniforms a seed feeds where, vary between runs; the output distribution does not).
+Costs (``CostModel``): exponentially weighted seconds per target block size (pack, forward, verify,
+KV commit, emit) and per budget (``propose`` plus the drafter's ``commit``), timed with
+``perf_counter`` (on a GPU the loop's own reads end each phase: no added synchronisation). Unseen
+sizes come from least-squares lines, the target's slope shrunk toward ``prior_slope`` with weight
+``slope_weight``; one budget seen: drafting proportional to the budget.
+``AdaptiveConfig(target_cost=..., draft_cost=...)`` fixes the costs (tests, or reproducible
+sampling: measured costs vary the budget sequence, hence where a seed's uniforms go).
 
-Losslessness: the budget of a step depends only on earlier steps (acceptance and time), never on
-the draft being verified, so each step is a lossless method run with a fixed budget: greedy output
-stays token-identical to AR and sampling keeps the target's distribution.
+Losslessness: a step's budget depends only on earlier steps, never on the draft being verified, so
+each step is the method at a fixed budget: greedy output stays AR's and sampling keeps the target's
+distribution.
 """
 import dataclasses
 
@@ -78,26 +65,25 @@ class AdaptiveConfig:
 
     def __post_init__(self):
         for name in ("decay", "alpha0", "cost_decay", "margin"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
-                raise ValueError(f"AdaptiveConfig.{name} must be a number in [0, 1), got {v!r}")
-        for name, lo in (("prior_levels", 0.0), ("prior_slope", 0.0), ("slope_weight", 0.0)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < lo:
-                raise ValueError(f"AdaptiveConfig.{name} must be a number >= {lo}, got {v!r}")
-        for name, lo in (("probe_after", 1), ("probe_max", 1), ("probe_budget", 1), ("min_budget", 1),
-                         ("max_budget", 1)):
-            v = getattr(self, name)
-            if v is None and name in ("min_budget", "max_budget"):
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"AdaptiveConfig.{name} must be an int >= {lo}, got {v!r}")
+            self._check(name, (int, float), "a number in [0, 1)", lambda v: 0 <= v < 1)
+        for name in ("prior_levels", "prior_slope", "slope_weight"):
+            self._check(name, (int, float), "a number >= 0.0", lambda v: v >= 0)
+        for name in ("probe_after", "probe_max", "probe_budget", "min_budget", "max_budget"):
+            self._check(name, int, "an int >= 1", lambda v: v >= 1)
         if self.probe_max < self.probe_after:
             raise ValueError(f"AdaptiveConfig.probe_max ({self.probe_max}) must be >= probe_after ({self.probe_after})")
         for name in ("target_cost", "draft_cost"):
             fn = getattr(self, name)
             if fn is not None and not callable(fn):
                 raise TypeError(f"AdaptiveConfig.{name} must be a callable or None, got {type(fn).__name__}")
+
+
+    def _check(self, name, types, want, ok):
+        v = getattr(self, name)
+        if v is None and name in ("min_budget", "max_budget"):
+            return
+        if isinstance(v, bool) or not isinstance(v, types) or not ok(v):
+            raise ValueError(f"AdaptiveConfig.{name} must be {want}, got {v!r}")
 
 
 def resolve(adaptive):
@@ -136,14 +122,6 @@ class _Ewma:
         ks, vs = list(self.mean), list(self.mean.values())
         mk, mv = sum(ks) / len(ks), sum(vs) / len(vs)
         return (mk, mv, sum((k - mk) * (v - mv) for k, v in zip(ks, vs)), sum((k - mk) ** 2 for k in ks))
-
-    def line(self):
-        """(mean key, mean value, slope >= 0) of a least-squares line over the keys seen, or None
-        with fewer than two keys."""
-        if len(self.mean) < 2:
-            return None
-        mk, mv, cov, var = self.moments()
-        return mk, mv, max(cov / var, 0.0)
 
 
 class CostModel:
@@ -200,12 +178,11 @@ class CostModel:
         seen = self.draft.mean
         if not seen:
             return 0.0
-        line = self.draft.line()
-        if line is None:
+        if len(seen) == 1:
             (k, v), = seen.items()
             return v * g / k  # one budget seen: proportional (a chain drafts g forwards)
-        mk, mv, slope = line
-        return max(mv + slope * (g - mk), 0.25 * min(seen.values()))
+        mk, mv, cov, var = self.draft.moments()  # a least-squares line, slope >= 0
+        return max(mv + max(cov / var, 0.0) * (g - mk), 0.25 * min(seen.values()))
 
     def step_cost(self, g):
         """c(g) = t_target(T(g)) + t_draft(g); c(0) = t_target(1)."""

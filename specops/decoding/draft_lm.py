@@ -30,14 +30,10 @@ class DraftLM(ModelRunner):
         super().__init__(model, batch_size, max_len, **runner_kw)
         self.cached = [[] for _ in range(batch_size)]
         self.tokens = self.parents = None
-        self.fed = [0] * batch_size
         self.root = [0] * batch_size
-        self._logits = self._argmax = None
         self._q0 = 0
-        self._dev_parents = None  # [B, T] int32 the block's parents on the device, grown per forward
-        self._dev_tokens = None  # [B, T] the block's tokens on the device, once it has device nodes
-        self._pending = []  # (tokens [N], parents [N] or None, [(b, node, entry)]) added since the latest forward
         self.hidden = None  # [B, T - q0, H]: the latest forward's LM-head input (a forward with features)
+        self._open()
 
     def prefill(self, prompts, logits=False, **kw):
         """Commits the prompts (without the pending root); the logits are not needed. ``kw``:
@@ -82,8 +78,15 @@ class DraftLM(ModelRunner):
     def _open(self):
         self.fed = [0] * self.B
         self._logits = self._argmax = None
-        self._dev_parents = self._dev_tokens = None
-        self._pending = []
+        self._dev_parents = None  # [B, T] int32 the block's parents on the device, grown per forward
+        self._dev_tokens = None  # [B, T] the block's tokens on the device, once it has device nodes
+        self._pending = []  # (tokens [N], parents [N] or None, [(b, node, entry)]) added since the latest forward
+
+    def _row(self, node):
+        """``node``'s row in the latest forward's logits."""
+        if node < self._q0:
+            raise IndexError("logits are kept only for the nodes computed by the latest forward()")
+        return node - self._q0
 
     def add(self, b, token, parent):
         """A new block node below block node ``parent``; returns its index."""
@@ -134,10 +137,9 @@ class DraftLM(ModelRunner):
         # parents (-2 where the device holds it), the node counts, where each device value goes in
         # the [B, T] block and which pending entry it takes (tokens, then parents), the rows, extra.
         flat = []
-        for b in range(self.B):
-            flat += [-1 if t is None else t for t in self.tokens[b][q0:]] + [0] * (T - len(self.tokens[b]))
-        for b in range(self.B):
-            flat += [-2 if p is None else p for p in self.parents[b][q0:]] + [0] * (T - len(self.parents[b]))
+        for per_seq, hole in ((self.tokens, -1), (self.parents, -2)):
+            for r in per_seq:
+                flat += [hole if v is None else v for v in r[q0:]] + [0] * (T - len(r))
         flat += [len(t) for t in self.tokens]
         counts = []
         for kind in (0, 1):  # 0: tokens (every pending entry), 1: parents (the entries with device parents)
@@ -187,27 +189,22 @@ class DraftLM(ModelRunner):
 
     def logits(self, b, node):
         """Shape: -> [V], the draft's next-token logits after block node ``node``."""
-        if node < self._q0:
-            raise IndexError("logits are kept only for the nodes computed by the latest forward()")
-        return self._logits[b, node - self._q0]
+        return self._logits[b, self._row(node)]
 
     def argmax(self, b, node):
         """The draft's argmax token after block node ``node`` (fed by the latest forward). The first
         call after a forward reads every row's argmax in one host read."""
-        if node < self._q0:
-            raise IndexError("logits are kept only for the nodes computed by the latest forward()")
+        row = self._row(node)
         if self._argmax is None:
             self._argmax = self._logits.argmax(-1).tolist()  # [B][T - q0]
-        return self._argmax[b][node - self._q0]
+        return self._argmax[b][row]
 
     def logits_rows(self, pairs):
         """Shape: list of (b, node) -> [len(pairs), V] (one staged upload of the row indices)."""
         if not pairs:
             return None
-        if any(n < self._q0 for _, n in pairs):
-            raise IndexError("logits are kept only for the nodes computed by the latest forward()")
         Tq = self._logits.shape[1]
-        idx = self.stager.upload([b * Tq + n - self._q0 for b, n in pairs])
+        idx = self.stager.upload([b * Tq + self._row(n) for b, n in pairs])
         return self._logits.reshape(self.B * Tq, -1)[idx]
 
     def commit_paths(self, paths, path_tokens=None):
@@ -244,10 +241,8 @@ class DraftLM(ModelRunner):
             for j, i in enumerate(idx[b]):
                 tok = known[i] if known[i] is not None else path_tokens[b][j]
                 self.cached[b].append(tok)
+        self._open()
         self.tokens = self.parents = None
-        self._logits = self._argmax = None
-        self._dev_parents = self._dev_tokens = None
-        self._pending = []
         return lens
 
 

@@ -56,17 +56,14 @@ class _LLGuidance:
 
     def compile(self, kind, spec):
         M = self._llg.LLMatcher
-        try:
-            if kind == "json_schema":
-                grammar = M.grammar_from_json_schema(spec)
-            elif kind == "regex":
-                grammar = M.grammar_from_regex(spec)
-            else:
-                from llguidance.gbnf_to_lark import gbnf_to_lark
+        if kind == "json_schema":
+            grammar = M.grammar_from_json_schema(spec)
+        elif kind == "regex":
+            grammar = M.grammar_from_regex(spec)
+        else:
+            from llguidance.gbnf_to_lark import gbnf_to_lark
 
-                grammar = M.grammar_from_lark(gbnf_to_lark(spec))
-        except Exception as err:  # the engine's own parse errors (ValueError / RuntimeError)
-            raise _CompileError(str(err)) from err
+            grammar = M.grammar_from_lark(gbnf_to_lark(spec))
         is_error, messages = M.validate_grammar_with_warnings(grammar, self.tok)
         if is_error:
             raise _CompileError("; ".join(messages) or "invalid grammar")
@@ -97,7 +94,6 @@ class _LLGuidance:
         return list(m.compute_ff_tokens())
 
 
-
 class _XGrammar:
     """xgrammar: pushdown automaton with per-state token masks precomputed at compile time;
     rollback of any number of tokens; ``ebnf`` is GBNF, its own dialect."""
@@ -116,16 +112,13 @@ class _XGrammar:
 
     def compile(self, kind, spec):
         c = self._compiler
-        try:
-            if kind == "json_schema":
-                # Fixed separators (", " and ": "), no free whitespace: a small model otherwise fills
-                # its budget with newlines inside an object.
-                return c.compile_json_schema(spec, any_whitespace=False)
-            if kind == "regex":
-                return c.compile_regex(spec)
-            return c.compile_grammar(spec)
-        except Exception as err:  # RuntimeError / ValueError with the engine's message
-            raise _CompileError(str(err)) from err
+        if kind == "json_schema":
+            # Fixed separators (", " and ": "), no free whitespace: a small model otherwise fills
+            # its budget with newlines inside an object.
+            return c.compile_json_schema(spec, any_whitespace=False)
+        if kind == "regex":
+            return c.compile_regex(spec)
+        return c.compile_grammar(spec)
 
     def matcher(self, compiled):
         return self._xgr.GrammarMatcher(compiled)
@@ -146,12 +139,23 @@ class _XGrammar:
         return self._tokenizer.encode(text, add_special_tokens=False) if text else []
 
 
-
 _ADAPTERS = {"llguidance": _LLGuidance, "xgrammar": _XGrammar}
 
 
 class _CompileError(Exception):
     pass
+
+
+def _children(parents, n, where=""):
+    """Each node's children among the first ``n`` nodes of a tree in topological order; ``where``:
+    the index prefix the error names (``"b, "`` for row b of a batch)."""
+    children = [[] for _ in range(n)]
+    for i in range(1, n):
+        p = parents[i]
+        if not 0 <= p < i:
+            raise ValueError(f"parents[{where}{i}] must satisfy -1 < parent < {i} (topological order), got {p}")
+        children[p].append(i)
+    return children
 
 
 class Grammar:
@@ -204,8 +208,8 @@ class Grammar:
             # Per sequence: a stop token was committed. The engines' own "stopped" flags differ
             # (llguidance sets it as soon as only the stop token may follow), so this is the rule.
             self._done = [False] * batch_size
-        except _CompileError as err:
-            raise ValueError(f"{self.kind} does not compile with {engine}: {err}") from None
+        except Exception as err:  # the engine's own parse errors (ValueError / RuntimeError), _CompileError
+            raise ValueError(f"{self.kind} does not compile with {engine}: {err}") from err
 
     @property
     def batch_size(self):
@@ -260,12 +264,7 @@ class Grammar:
 
     def _fill_tree(self, b, parents, tokens, n, rows, valid, T):
         eng, m = self.engine, self._matchers[b]
-        children = [[] for _ in range(n)]
-        for i in range(1, n):
-            p = parents[i]
-            if not 0 <= p < i:
-                raise ValueError(f"parents[{b}, {i}] must satisfy -1 < parent < {i} (topological order), got {p}")
-            children[p].append(i)
+        children = _children(parents, n, f"{b}, ")
         base = b * T
         if self._done[b]:
             return  # a finished sequence: every row allows everything, nothing is valid
@@ -344,11 +343,7 @@ class Grammar:
         if self._done[b]:
             return tokens[:1], [-1]
         eng, m = self.engine, self._matchers[b]
-        children = [[] for _ in tokens]
-        for i in range(1, len(tokens)):
-            if not 0 <= parents[i] < i:
-                raise ValueError(f"parents[{i}] must satisfy -1 < parent < {i} (topological order), got {parents[i]}")
-            children[parents[i]].append(i)
+        children = _children(parents, len(tokens))
         out_t, out_p = [tokens[0]], [-1]
 
         def ok(t):

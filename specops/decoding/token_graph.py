@@ -28,10 +28,10 @@ class TokenGraph:
     def __len__(self):
         return len(self.token)
 
-    def _key(self, node):
-        # Tokens of the node and its tau predecessors, oldest first; None if the path is too short.
+    def _key(self, node, n):
+        # Tokens of the node and its n - 1 predecessors, oldest first; None if the path is too short.
         out = []
-        for _ in range(self.tau + 1):
+        for _ in range(n):
             if node < 0:
                 return None
             out.append(self.token[node])
@@ -40,22 +40,14 @@ class TokenGraph:
 
     def _register(self, node):
         if self.tau is not None:
-            key = self._key(node)
+            key = self._key(node, self.tau + 1)
             if key is not None:
                 self._index.setdefault(key, []).append(node)
 
     def find_redundant(self, u, t):
         """The first node that a new child ``t`` of ``u`` would repeat, or None."""
-        if self.tau is None:
-            return None
-        key = [t]
-        node = u
-        for _ in range(self.tau):
-            if node < 0:
-                return None
-            key.append(self.token[node])
-            node = self.parent[node]
-        matches = self._index.get(tuple(reversed(key)))
+        key = None if self.tau is None else self._key(u, self.tau)
+        matches = None if key is None else self._index.get((*key, t))
         if not matches:
             return None
         on_path = set(self.path(u))
