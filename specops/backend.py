@@ -74,27 +74,17 @@ def register_supports(op, backends, supports):
         _SUPPORTS[(op, name)] = supports
 
 
-def register_compiled(op):
-    """Decorator: ``call(ns, *args)`` runs ``op`` from the torch.ops namespace ``ns``, for every compiled
-    backend (``torch.ops.specops`` dispatches to the CPU or CUDA kernel by device;
-    ``torch.ops.specops_cudasim`` holds the emulated CUDA kernels)."""
-
-    def wrap(call):
-        for name, ns in COMPILED.items():
-            register(op, name)(functools.partial(call, getattr(torch.ops, ns)))
-        return call
-
-    return wrap
-
-
 def register_op(op, reference, triton=None, fake=None, fake_names=()):
     """The usual backends of ``op``: ``reference`` on torch, the compiled kernels
-    (``torch.ops.<ns>.<op>``, :func:`register_compiled`), ``triton`` (which imports its kernel
-    module at the call, with a plain import statement that torch.compile can trace: triton is
-    optional), and ``fake``, the torch.library fake implementation of ``specops::<op>`` (and of
-    ``specops::<op>.<each of fake_names>``) where an extension defines it."""
+    ``torch.ops.<ns>.<op>`` of every compiled backend (``torch.ops.specops`` dispatches to the CPU or
+    CUDA kernel by device; ``torch.ops.specops_cudasim`` holds the emulated CUDA kernels), ``triton``
+    (which imports its kernel module at the call, with a plain import statement that torch.compile
+    can trace: triton is optional), and ``fake``, the torch.library fake implementation of
+    ``specops::<op>`` (and of ``specops::<op>.<each of fake_names>``) where an extension defines it."""
     register(op, "torch")(reference)
-    register_compiled(op)(lambda ns, *args: getattr(ns, op)(*args))
+    for name, ns in COMPILED.items():
+        register(op, name)(functools.partial(lambda namespace, *args: getattr(namespace, op)(*args),
+                                             getattr(torch.ops, ns)))
     if triton is not None:
         register(op, "triton")(triton)
     if fake is not None and (extension.cpu_ext is not None or extension.cuda_ext is not None) and extension.has_op(op):
@@ -285,9 +275,7 @@ def use_backend(name):
     """Run the ops in this block (and this thread) on backend ``name`` unless an op says otherwise."""
     if name not in BACKENDS:
         raise ValueError(f"use_backend(name) must be one of {BACKENDS}, got {name!r}")
-    stack = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
+    stack = _local.__dict__.setdefault("stack", [])  # this thread's
     stack.append(name)
     try:
         yield

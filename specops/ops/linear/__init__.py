@@ -75,5 +75,5 @@ def cpu_kernel(x, weight, bias):
 
 
 if extension.cpu_ext is not None:
-    register("linear", "cpp")(cpu_kernel)  # replaces register_compiled's: the same op, called directly
+    register("linear", "cpp")(cpu_kernel)  # replaces register_op's: the same op, called directly
 

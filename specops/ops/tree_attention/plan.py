@@ -14,11 +14,9 @@ rules and every declared size (``max_len`` / ``num_pages``, heads, head dim, dty
 error names both sizes) and records their shapes; later calls compare shapes only (no value read,
 no host sync) and raise on any difference, so a plan reused across a cache resize fails loudly.
 Build a new plan when lengths, mask or cache change shape; in-place edits of its length tensors
-between runs are seen, not re-validated.
-
-A workspace passed in (``workspace=`` or ``plan.workspace = ...``) must share no byte with the
-plan's tensors (checked on arrival) nor with the next run's q / k / v (the partials would overwrite
-the cache): storage ranges compared once, never per call."""
+between runs are seen, not re-validated. A workspace passed in must share no byte with the plan's
+tensors nor the next run's q / k / v (the partials would overwrite the cache): storage ranges
+compared once, never per call."""
 import torch
 
 from ...backend import incapable, resolve_named
@@ -42,16 +40,15 @@ class TreeAttentionPlan:
     layers; without ``max_len`` / ``num_pages`` the GPU rule waits for the first run's cache length.
 
     ``max_len`` (S) / ``num_pages`` (the pool size), where given, let ``check=True`` verify the value
-    rules here, else at the first run: one host sync per plan, none with ``check=False`` (bad lengths
-    then give unspecified results, never out-of-bounds access). The backend is resolved here from the
-    declared shapes (an explicit ``backend=`` that cannot take them raises BackendUnavailable now) and
-    once more if the first run's tensors fall outside its capabilities (e.g. strides). The first run
-    reconciles ``max_len`` / ``num_pages`` with the cache (ValueError naming both); later runs must
-    pass its shapes.
+    rules here, else at the first run (none with ``check=False``: bad lengths then give unspecified
+    results, never out-of-bounds access). The backend is resolved here from the declared shapes (an
+    explicit ``backend=`` that cannot take them raises BackendUnavailable now) and once more if the
+    first run's tensors fall outside its capabilities (e.g. strides).
 
-    ``workspace``: an fp32 buffer of at least ``num_splits * B * Tq * Hq * (D + 1)`` elements,
-    contiguous, on the plan's device, sharing no byte with any input. ``invariant=True``: the
-    batch-invariant schedule of :func:`specops.tree_attention` (unsplit; ``num_splits`` only 1)."""
+    ``workspace`` (``workspace=`` or ``plan.workspace = ...``): an fp32 buffer of at least
+    ``num_splits * B * Tq * Hq * (D + 1)`` elements, contiguous, on the plan's device, sharing no
+    byte with any input. ``invariant=True``: the batch-invariant schedule of
+    :func:`specops.tree_attention` (unsplit; ``num_splits`` only 1)."""
 
     def __init__(self, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None, page_table=None, page_size=None,
                  head_dim, num_heads, num_kv_heads, dtype, device=None, check=True, backend=None, max_len=None,
@@ -86,6 +83,7 @@ class TreeAttentionPlan:
                              f"got {num_splits!r}")
         self._table = (page_table,) if self.paged else ()  # the layout's argument after k, v
         self.op = "tree_attention_paged" if self.paged else "tree_attention"
+        self._names = ("q", "k_pages", "v_pages") if self.paged else ("q", "k_cache", "v_cache")
         # Capability args from the declared shapes: what resolve's supports checks read.
         size = num_pages if self.paged else max_len
         # backend: the chosen backend's name; kernel: its function, what run calls (the compiled
@@ -172,7 +170,7 @@ class TreeAttentionPlan:
     def _first_run(self, q, k, v):
         """The op's full metadata rules on the first run's tensors, reconciled with every declared size."""
         if self._recheck:  # a workspace assigned after the first run
-            checks.same_shapes(self._names(), (q.shape, k.shape, v.shape), self._shapes)
+            checks.same_shapes(self._names, (q.shape, k.shape, v.shape), self._shapes)
             self._check_workspace(q, k, v)
             self._first = self._recheck = False
             return
@@ -200,13 +198,10 @@ class TreeAttentionPlan:
         self._shapes = (q.shape, k.shape, v.shape)
         self._first = False
 
-    def _names(self):
-        return ("q", "k_pages", "v_pages") if self.paged else ("q", "k_cache", "v_cache")
-
     def _check_workspace(self, q, k, v):
         """A workspace passed in shares no byte with this run's tensors (the plan's own cannot)."""
         if self._given is not None and self._workspace is self._given:
-            checks.disjoint("workspace", self._given, dict(zip(self._names(), (q, k, v))))
+            checks.disjoint("workspace", self._given, dict(zip(self._names, (q, k, v))))
 
     def run(self, q, k, v):
         """One layer. Shape: q [B, Tq, Hq, D]; k, v [B, Hkv, S, D] (contiguous) or [num_pages,
@@ -215,6 +210,6 @@ class TreeAttentionPlan:
         if self._first:
             self._first_run(q, k, v)
         elif q.shape != self._shapes[0] or k.shape != self._shapes[1] or v.shape != self._shapes[2]:
-            checks.same_shapes(self._names(), (q.shape, k.shape, v.shape), self._shapes)
+            checks.same_shapes(self._names, (q.shape, k.shape, v.shape), self._shapes)
         return self.kernel(q, k, v, *self._table, self.prefix_lens, self.block_lens, self.mask, self.q_lens,
                           self.sm_scale, self._num_splits, self._workspace, self.invariant)

@@ -123,9 +123,8 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, unifo
                             f"be a log-distribution (logsumexp 0 within {ROW_SUM_TOL})",
                             lambda i: f"{float(lse[i]):.6g}"),
             joint_rule(draft_joint_logprobs, True)])
-    log_tau = torch.log(tau)
     return resolve("verify_joint", draft_tokens.device, backend)(draft_tokens, target_logprobs, draft_joint_logprobs,
-                                                                 log_tau, uniforms)
+                                                                 torch.log(tau), uniforms)
 
 
 # ---- argument checks -----------------------------------------------------------------------
@@ -210,12 +209,13 @@ def rows_arg(name, rows, dtype, B, T, dev, T_name="T"):
 # ---- backends ------------------------------------------------------------------------------
 
 
-def _triton(name):
-    """The Triton kernel ``name`` (its module imported at the first call)."""
+def triton_kernel(name):
+    """The Triton kernel ``name``: triton_kernels.verify's, verify_logits' for the ``*_logits`` ops
+    (imported at the first call: triton is optional)."""
     def call(*args):
-        from ...triton_kernels import verify
+        from ...triton_kernels import verify, verify_logits
 
-        return getattr(verify, name)(*args)
+        return getattr(verify_logits if name.endswith("_logits") else verify, name)(*args)
 
     return call
 
@@ -228,6 +228,6 @@ def fake_outputs(T_extra):
     return fake
 
 
-register_op("verify_greedy", ref.verify_greedy, _triton("verify_greedy"), fake_outputs(0))
-register_op("verify_tree", ref.verify_tree, _triton("verify_tree"), fake_outputs(0))
-register_op("verify_joint", ref.verify_joint, _triton("verify_joint"), fake_outputs(1))
+register_op("verify_greedy", ref.verify_greedy, triton_kernel("verify_greedy"), fake_outputs(0))
+register_op("verify_tree", ref.verify_tree, triton_kernel("verify_tree"), fake_outputs(0))
+register_op("verify_joint", ref.verify_joint, triton_kernel("verify_joint"), fake_outputs(1))

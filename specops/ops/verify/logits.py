@@ -25,7 +25,7 @@ from .. import checks, token_bitmask
 from ..sampling import FLOAT_DTYPES, vocab_limit, warp_params
 from ..sampling.ref import warp_probs as warp_probs_torch
 from . import (MODES, NEEDS_DRAFT, draft_and_bitmask, fake_outputs, joint_args, joint_rule, ref, rows_arg, tau_rule,
-               tree_args, tree_value_rules, verify_greedy)
+               tree_args, tree_value_rules, triton_kernel, verify_greedy)
 
 raise_flags = checks.raise_first  # the value checks of this module's ops (one host sync; tests stub it)
 
@@ -261,15 +261,5 @@ def _verify_joint_logits_torch(draft_tokens, target_logits, draft_joint_logprobs
     return ref.each_sequence(ref.clamped_nodes(num_nodes, T), T, draft_tokens.device, walk)
 
 
-def _triton(name):
-    """The Triton kernel ``name`` (its module imported at the first call)."""
-    def call(*args):
-        from ...triton_kernels import verify_logits
-
-        return getattr(verify_logits, name)(*args)
-
-    return call
-
-
-register_op("verify_tree_logits", _verify_tree_logits_torch, _triton("verify_tree_logits"), fake_outputs(0))
-register_op("verify_joint_logits", _verify_joint_logits_torch, _triton("verify_joint_logits"), fake_outputs(1))
+register_op("verify_tree_logits", _verify_tree_logits_torch, triton_kernel("verify_tree_logits"), fake_outputs(0))
+register_op("verify_joint_logits", _verify_joint_logits_torch, triton_kernel("verify_joint_logits"), fake_outputs(1))

@@ -176,37 +176,29 @@ def mss_walk(mode, tokens, parents, n, P, Q, U, S):
             x = int(tokens[s])
             valid = 0 <= x < V
             r = F32(R[x]) if valid else F32(0)
-            if mode == "mss_pointmass":
-                q = F32(1.0)
-            else:
-                q = F32((Qr if mode == "mss_noreplace" else Q[s])[x]) if valid else F32(0)
+            q_row = None if mode == "mss_pointmass" else Qr if mode == "mss_noreplace" else Q[s]
+            q = F32(1.0) if q_row is None else F32(q_row[x]) if valid else F32(0)
             d = s
             if accept_child(U[s, 0], q, Z, r, Zq):
                 accepted = s
                 break
-            if mode == "mss_pointmass":
+            if mode == "mss_pointmass":  # the residual of a point mass: R without x (Zq stays 1)
                 if not valid:
                     continue
                 new = R.clone()
                 new[x] = 0.0
-                Wn = int(fix_weights(new, S).sum())
-                Zn = _i2f(Wn) * inv
-                if not residual_fallback(Zn, Z, F32(1.0)):
-                    R, Z = new, Zn
             else:
-                q_row = Qr if mode == "mss_noreplace" else Q[s]
                 c = R * _t(Zq) - _t(Z) * q_row
                 new = torch.where(c > 0, c, torch.zeros((), dtype=c.dtype))
-                Wn = int(fix_weights(new, S).sum())
-                Zn = _i2f(Wn) * inv
-                fallback = residual_fallback(Zn, Z, Zq)
-                if mode == "mss_noreplace":
-                    Qr = Qr.clone()
-                    if valid:
-                        Qr[x] = 0.0
-                    Zq = _i2f(int(fix_weights(Qr, S).sum())) * inv
-                if not fallback:
-                    R, Z = new, Zn
+            Zn = _i2f(int(fix_weights(new, S).sum())) * inv
+            fallback = residual_fallback(Zn, Z, Zq)
+            if mode == "mss_noreplace":
+                Qr = Qr.clone()
+                if valid:
+                    Qr[x] = 0.0
+                Zq = _i2f(int(fix_weights(Qr, S).sum())) * inv
+            if not fallback:
+                R, Z = new, Zn
         if accepted is None:
             return path, sample_weights(fix_weights(R, S), U[d, 1])
         u = accepted
