@@ -35,12 +35,7 @@ def _param(text):
             return key, conv(value)
         except ValueError:
             pass
-    low = value.lower()
-    if low in ("true", "false"):
-        return key, low == "true"
-    if low == "none":
-        return key, None
-    return key, value
+    return key, {"true": True, "false": False, "none": None}.get(value.lower(), value)
 
 
 def _add_common(p):
@@ -64,7 +59,7 @@ def _check_flags(args):
     """The numeric flags and the output path, before any model loads (a bad one would otherwise
     fail after the load, or lose the whole run at the end). Raises ValueError naming the flag."""
     for flag, value, lo in (("--threads", args.threads, 1), ("--max-new-tokens", args.max_new_tokens, 1),
-                            ("--top-k", args.top_k, 0)):
+                            ("--top-k", args.top_k, 0), ("--batch", getattr(args, "batch", None), 1)):
         if value is not None and value < lo:
             raise ValueError(f"{flag} must be >= {lo}, got {value}")
     if args.json:
@@ -144,8 +139,6 @@ def cmd_generate(args):
     adaptive = _adaptive_flag(args, params)
     methods.make(args.method, **params)  # bad parameters fail before any model loads
     SamplingConfig(args.temperature, args.top_k, args.top_p)
-    if args.batch < 1:
-        raise ValueError(f"--batch must be >= 1, got {args.batch}")
     if args.tp is not None and args.tp != env_world_size():
         raise ValueError(f"--tp {args.tp} needs as many ranks: run it under torchrun --nproc-per-node {args.tp} "
                          f"(this run has WORLD_SIZE={env_world_size()})")

