@@ -108,13 +108,6 @@ def _triton_importable():
 _AVAILABLE = {}  # (backend, device type, interpret) -> (ok, reason); a plain dict so dynamo traces it
 
 
-def _available(backend, device_type, interpret):
-    key = (backend, device_type, interpret)
-    if key not in _AVAILABLE:
-        _AVAILABLE[key] = _probe(backend, device_type, interpret)
-    return _AVAILABLE[key]
-
-
 def _probe(backend, device_type, interpret, assume_gpu=False):
     """(ok, reason) of ``backend`` on ``device_type``; ``assume_gpu``: as if a CUDA device were visible."""
     gpu = assume_gpu or torch.cuda.is_available()
@@ -168,8 +161,10 @@ def _probe(backend, device_type, interpret, assume_gpu=False):
 
 def available(backend, device="cpu"):
     """``(ok, reason)``: can ``backend`` run on ``device`` (a torch.device or its type)?"""
-    device_type = torch.device(device).type
-    return _available(backend, device_type, _interpret())
+    key = (backend, torch.device(device).type, _interpret())
+    if key not in _AVAILABLE:
+        _AVAILABLE[key] = _probe(*key)
+    return _AVAILABLE[key]
 
 
 def _requested(backend):

@@ -91,11 +91,8 @@ def _setup(args):
     sharded = f", sharded over {tp} ranks" if tp > 1 else ""
     print(f"loading {args.target} ({args.dtype}{sharded}) ...", file=sys.stderr, flush=True)
     t = time.perf_counter()
-    if models.is_embedded_name(args.target):
-        target, tok = models.load(args.target, args.dtype, tp)
-    else:
-        target, tok = models.load_any(args.target, args.dtype, tp)
-        target.specops_name = args.target
+    target, tok = models.load_any(args.target, args.dtype, tp)
+    target.specops_name = args.target  # what an embedded load sets too: the default draft follows it
     print(f"loaded in {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
     return target, tok
 

@@ -40,8 +40,7 @@ REG_UNIT = 256  # registers are allocated per warp in units of 256
 
 # CUDA kernels whose launch the binary does not fully describe: kernel name (as in the table) ->
 # (threads per block or None: from __launch_bounds__, dynamic shared memory bytes or None: set per
-# call). From the launches in csrc/cuda/*.cu; a kernel with neither an entry nor launch bounds
-# gets no occupancy, one with unknown dynamic shared memory a note.
+# call, a note), from the launches in csrc/cuda/*.cu.
 CUDA_LAUNCH = {
     "apply_token_bitmask_kernel": (256, 0),  # token_bitmask.cu: 256 threads, no dynamic shared memory
     "combine_kernel": (128, 0),  # tree_attention.cu: <<<rows, 128, 0>>>
@@ -63,8 +62,7 @@ def _tc_smem(dp):
 def invariant_extra_smem(w, s):
     """Extra dynamic shared memory of the invariant (Inv = true) tree attention kernels for a call
     with mask width ``w`` and cache length ``s``: the query's visible block keys, room for
-    min(32 w, s) int32 keys rounded up to 16 B (run_call in csrc/cuda/tree_attention.cu). It depends
-    on the call, so the table's smem column leaves it out and the row's notes name it."""
+    min(32 w, s) int32 keys rounded up to 16 B (run_call in csrc/cuda/tree_attention.cu)."""
     return -(-min(32 * w, s) // 4) * 16
 
 
@@ -73,11 +71,6 @@ INV_NOTE = "+ ceil(min(32 W, S) / 4) * 16 B smem per call (invariant key list)"
 # Template parameters <T, DP, Paged, Inv>: Inv (invariant=True) adds invariant_extra_smem per call.
 for _t, _dp, _paged, _inv in itertools.product(("Half", "BFloat16"), (64, 128, 256), *[("false", "true")] * 2):
     CUDA_LAUNCH[("tree_attention_tc_kernel", f"<{_t}, {_dp}, {_paged}, {_inv}>")] = (128, _tc_smem(_dp))
-
-
-def _invariant(kernel, config):
-    """Whether a tree attention instantiation is the invariant one (last template argument Inv)."""
-    return kernel in ("tree_attention_kernel", "tree_attention_tc_kernel") and config.rstrip(">").endswith(", true")
 
 
 def occupancy(arch, regs, threads, smem):
@@ -164,10 +157,8 @@ def cuda_so_path():
 
 
 def cuda_rows(so_path, archs):
-    """One row per (CUDA kernel, arch) of the extension at ``so_path``: registers, stack (where spills
-    go) and static shared memory from ``cuobjdump --dump-resource-usage``, the block size from
-    ``__launch_bounds__`` (``cuobjdump -elf``) or ``CUDA_LAUNCH``, which adds dynamic shared memory;
-    no block size, no occupancy. Stack stands for spills, though nvcc stack frames can also be local
+    """One row per (CUDA kernel, arch) of the extension at ``so_path`` (the module's CUDA rows; no
+    block size, no occupancy). Stack stands for spills, though nvcc stack frames can also be local
     arrays (``nvcc -Xptxas -v`` tells them apart)."""
     usage = aot.parse_resource_usage(aot.cuobjdump(so_path, "--dump-resource-usage"))
     bounds = _max_threads(aot.cuobjdump(so_path, "-elf"))
@@ -188,8 +179,8 @@ def cuda_rows(so_path, archs):
         notes = ["spills are stack bytes"] if r["STACK"] else []
         if dyn is None:
             notes.append("+ dynamic smem per call")
-        elif _invariant(kernel, config):
-            notes.append(INV_NOTE)
+        elif kernel in ("tree_attention_kernel", "tree_attention_tc_kernel") and config.rstrip(">").endswith(", true"):
+            notes.append(INV_NOTE)  # the invariant instantiation: last template argument Inv = true
         rows.append({"kind": "cuda", "kernel": kernel, "config": config, "arch": arch, "regs": r["REG"],
                      "spills": r["STACK"], "smem": r["SHARED"] + (dyn or 0), "threads": threads,
                      "detail": "; ".join(notes), "problems": problems})

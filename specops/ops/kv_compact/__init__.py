@@ -31,7 +31,6 @@ def compact(kv, prefix_lens, accept_idx, accept_lens, *, check=True, backend=Non
     impl = resolve(kv.op("kv_compact"), dev, backend)
     if kv.k.numel() and accept_idx.shape[1] and B:
         impl(*kv.tensors(), prefix_lens, accept_idx, accept_lens)
-    return None
 
 
 def kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens, *, check=True, backend=None):

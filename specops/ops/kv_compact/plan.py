@@ -86,9 +86,6 @@ class KVCompactPlan:
         if self._first:
             self._first_run(k, v)
         elif k.shape != self._shape or v.shape != self._shape:
-            names = ("k_pages", "v_pages") if self.paged else ("k_cache", "v_cache")
-            checks.same_shapes(names, (k.shape, v.shape), (self._shape, self._shape))
-        if self._noop:
-            return None
-        self._impl(k, v, *self._table, self.lens, self.accept_idx, self.accept_lens)
-        return None
+            checks.same_shapes(KvLayout(k, v, *self._table).names, (k.shape, v.shape), (self._shape, self._shape))
+        if not self._noop:
+            self._impl(k, v, *self._table, self.lens, self.accept_idx, self.accept_lens)

@@ -85,7 +85,11 @@ def warp_probs(logits, temperature, top_k=0, top_p=1.0, *, check=True, backend=N
     t, k, p = warp_params(N, logits.device, check, temperature, top_k, top_p)
     impl = vocab_limit("logits", V, resolve("warp_probs", logits.device, backend), ref.warp_probs)  # before any pass
     if check and N:
-        _check_logits(logits)
+        empty_row = (logits == float("-inf")).all(dim=1)
+        checks.raise_first([checks.rule("logits", logits, torch.isnan(logits) | (logits == float("inf")),
+                                        "not contain NaN or +inf", checks.value_at),
+                            (empty_row, lambda: f"logits row {checks.first_index(empty_row)[0]} must have at least "
+                                                "one finite value, got all -inf")])
     return impl(logits, t, k, p)
 
 
@@ -96,14 +100,6 @@ def vocab_limit(name, V, impl, reference):
         raise ValueError(f"{name} must have V <= {MAX_VOCAB} tokens on the compiled backends (int32 token "
                          f"indices), got V={V}")
     return impl
-
-
-def _check_logits(logits):
-    empty_row = (logits == float("-inf")).all(dim=1)
-    checks.raise_first([checks.rule("logits", logits, torch.isnan(logits) | (logits == float("inf")),
-                                    "not contain NaN or +inf", checks.value_at),
-                        (empty_row, lambda: f"logits row {checks.first_index(empty_row)[0]} must have at least one "
-                                            "finite value, got all -inf")])
 
 
 def _triton(*args):
