@@ -24,6 +24,39 @@ MODES = ("greedy", "mss", "mss_pointmass", "mss_noreplace", "sample_match", "gsd
 LOSSLESS_SAMPLING_MODES = ("mss", "mss_pointmass", "mss_noreplace", "sample_match")
 
 
+# ``CHECKS`` entries: (what the parameter must be, a test of its value).
+
+def _number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def count(minimum=1, maximum=None):
+    """An int in [minimum, maximum] (no maximum: None)."""
+    bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
+    return f"an int {bound}", lambda v: (_number(v) and isinstance(v, int) and v >= minimum
+                                         and (maximum is None or v <= maximum))
+
+
+def fraction(lo=0.0, hi=1.0, *, open_lo=False):
+    """A number in [lo, hi] ((lo, hi] with ``open_lo``; NaN fails)."""
+    return f"a number in {'(' if open_lo else '['}{lo}, {hi}]", lambda v: (_number(v) and lo <= v <= hi
+                                                                          and not (open_lo and v == lo))
+
+
+def real(*, positive=False):
+    """A finite number, > 0 (``positive``) or >= 0 (NaN and inf fail)."""
+    return f"a finite number {'> 0' if positive else '>= 0'}", lambda v: (_number(v) and math.isfinite(v)
+                                                                         and (v > 0 if positive else v >= 0))
+
+
+def optional(check):
+    """``check``, or None (the parameter's "choose for me")."""
+    return check[0], lambda v: v is None or check[1](v)
+
+
+FLAG = ("True or False", lambda v: isinstance(v, bool))
+
+
 class Drafter:
     """Base class. Subclasses set ``name``, ``PARAMS`` (name -> default) and override ``propose``."""
 
@@ -34,7 +67,8 @@ class Drafter:
     needs_target_argmax = False
     needs_target_features = False
     sampling_mode = "mss_pointmass"  # deterministic proposals: R3p is lossless for them
-    lossless = True
+    CHECKS = {}  # parameter -> (what it must be, test): count, fraction, real, optional, FLAG above
+    VERIFY = ()  # with a ``verify`` parameter: the rules it may pick instead of ``sampling_mode``
     # Adaptive speculation (docs/methods.md §Adaptive speculation): the one knob the controller sets
     # per step (a drafting depth), and its largest value as a multiple of the configured one.
     budget_param = None
@@ -54,31 +88,26 @@ class Drafter:
         self.check_params()
 
     def check_params(self):
-        """Raises ValueError for an out-of-range parameter (override)."""
+        """Raises ValueError for an out-of-range parameter: each ``CHECKS`` entry, then ``verify``
+        (override to add more)."""
+        for name, spec in self.CHECKS.items():
+            self.check_param(name, spec)
+        verify = self.params.get("verify")
+        if verify is not None:
+            if verify not in self.VERIFY:
+                raise ValueError(f"verify must be one of {self.VERIFY} (the rule used when sampling), got {verify!r}")
+            self.sampling_mode = verify
 
-    @staticmethod
-    def _positive_int(name, value, minimum=1, maximum=None):
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum or (
-                maximum is not None and value > maximum):
-            bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
-            raise ValueError(f"{name} must be an int {bound}, got {value!r}")
+    def check_param(self, name, spec):
+        """Raises ValueError unless parameter ``name`` passes ``spec`` (a ``CHECKS`` entry)."""
+        want, ok = spec
+        if not ok(getattr(self, name)):
+            raise ValueError(f"{name} must be {want}, got {getattr(self, name)!r}")
 
-    @staticmethod
-    def _fraction(name, value, lo=0.0, hi=1.0):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not lo <= value <= hi:
-            raise ValueError(f"{name} must be a number in [{lo}, {hi}], got {value!r}")
-
-    @staticmethod
-    def _real(name, value, *, positive=False):
-        """A finite real number, > 0 (``positive``) or >= 0 (NaN and inf rejected)."""
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if not ok or value < 0 or (positive and value == 0):
-            raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
-
-    @staticmethod
-    def _bool(name, value):
-        if not isinstance(value, bool):
-            raise ValueError(f"{name} must be True or False, got {value!r}")
+    @property
+    def lossless(self):
+        """Whether sampling keeps the target's distribution (greedy decoding is exact for every method)."""
+        return self.sampling_mode in LOSSLESS_SAMPLING_MODES
 
     # ---- sizes (for cache allocation) ---------------------------------------------------------
 
@@ -159,6 +188,31 @@ class ModelDrafter(Drafter):
             paths.append(path + self.draft_nodes(b, nodes))
             tokens.append(toks)
         ctx.draft.commit_paths(paths, tokens)
+
+    @staticmethod
+    def first_forward(ctx):
+        """Opens the draft block and feeds the catch-up chains; the forward's upload brings the
+        roots' block nodes and which sequences draft, where a device search starts from.
+        Shape: -> (logits [B, V] after each root, roots int64 [B], active int64 [B] 0/1) on the device."""
+        d, B = ctx.draft, ctx.batch
+        d.begin(ctx.seqs, ctx.active)
+        logits, up = d.forward(rows=[(b, d.root[b]) for b in range(B)], extra=list(d.root) + [int(a) for a in ctx.active])
+        return logits, up[:B], up[B:]
+
+    @staticmethod
+    def feed_layer(d, live, width, parents, tokens):
+        """Feeds one layer of a device search: the first ``live[b]`` of sequence b's ``width`` slots,
+        slot (b, i) taking ``tokens[b * width + i]`` below ``parents[b * width + i]`` (a device
+        tensor; a host list holds one parent per fed slot, in order). The logits rows of slots not fed
+        are any computed row (padding, never expanded).
+        Shape: tokens int64 [B * width] -> (logits [B * width, V], int64 [B] each sequence's first
+        new block node, -1 where it feeds none)."""
+        B = len(live)
+        pick = [(b, i) for b in range(B) for i in range(live[b])]
+        first = [len(d.tokens[b]) if live[b] else -1 for b in range(B)]
+        new = iter(d.add_device([b for b, _ in pick], parents, tokens, [b * width + i for b, i in pick]))
+        pairs = [(b, next(new) if i < live[b] else d.first_unfed) for b in range(B) for i in range(width)]
+        return d.forward(rows=pairs, extra=first)
 
     def draft_nodes(self, b, nodes):
         """The draft-block nodes whose K/V to keep for an accepted path whose nodes' ``src`` are

@@ -20,25 +20,20 @@ from ...ops.topn import MAX_N
 from ..readback import read_lists
 from ..sampling import SamplingConfig
 from ..tree import Draft
-from .base import ModelDrafter, grammar_masked
+from .base import ModelDrafter, count, fraction, grammar_masked
 
 
 class MJSD(ModelDrafter):
     name = "mjsd"
     description = "multi-token joint SD: beam-search draft, joint-likelihood acceptance (approximate)"
     PARAMS = {"gamma": 4, "beams": 8, "tau": 0.1, "joint_top_k": 20, "joint_top_p": 0.9}
+    CHECKS = {"gamma": count(), "beams": count(1, MAX_N), "tau": fraction(), "joint_top_k": count(0),
+              "joint_top_p": fraction(0, 1, open_lo=True)}
     sampling_mode = "joint"
-    lossless = False
     budget_param = "gamma"
 
     def check_params(self):
-        self._positive_int("gamma", self.gamma)
-        self._positive_int("beams", self.beams, 1, MAX_N)
-        self._fraction("tau", self.tau)
-        self._positive_int("joint_top_k", self.joint_top_k, 0)
-        p = self.joint_top_p
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-            raise ValueError(f"joint_top_p must be a number in (0, 1], got {p!r}")
+        super().check_params()
         self.joint = SamplingConfig(1.0, self.joint_top_k, self.joint_top_p)
 
     def verify_mode(self, sampling):
@@ -60,14 +55,10 @@ class MJSD(ModelDrafter):
         score is -inf is fed too and never expanded), and the best beam's chain is traced back on
         the device, so drafting reads nothing. A grammar reads each layer once (its masks follow the
         beams' tokens), and then only the finite beams are fed."""
-        d = ctx.draft
-        d.begin(ctx.seqs, ctx.active)
-        B, M = ctx.batch, self.beams
-        act = [b for b in range(B) if ctx.active[b]]
+        d, B, M = ctx.draft, ctx.batch, self.beams
         grammar = ctx.grammar is not None  # then every row is masked with its beam's allowed tokens
-        # with the first forward's upload: the roots' block nodes and which sequences draft
-        logits, up = d.forward(rows=[(b, d.root[b]) for b in range(B)], extra=list(d.root) + [int(a) for a in ctx.active])
-        roots, active = up[:B], up[B:].bool()
+        logits, roots, active = self.first_forward(ctx)
+        active = active.bool()
         if grammar:
             logits = grammar_masked(ctx, logits, [(b, []) for b in range(B)])
         logq = self._logq(logits)[:, None]  # [B, 1, V]
@@ -82,19 +73,15 @@ class MJSD(ModelDrafter):
             # Layer k - 1's beam i sits at block node base + i; its parent is the root (k = 1) or layer
             # k - 2's beam par[i]. Under a grammar the layer was read: only its finite beams (a prefix,
             # sorted best first) are fed, as before the device search; else every beam is.
-            live = [sum(map(math.isfinite, host[0][b])) if grammar else M for b in range(B)]
-            pick = [(b, i) for b in act for i in range(live[b])]
-            parents = [d.root[b] for b, _ in pick] if k == 1 else (bases[-1][:, None] + par.clamp(min=0)).reshape(-1)
-            first = [len(d.tokens[b]) for b in range(B)]
-            node = iter(d.add_device([b for b, _ in pick], parents, toks.clamp(min=0).long().reshape(-1),
-                                     [b * M + i for b, i in pick]))
+            live = [(sum(map(math.isfinite, host[0][b])) if grammar else M) if ctx.active[b] else 0
+                    for b in range(B)]
+            parents = ([d.root[b] for b in range(B) for _ in range(live[b])] if k == 1
+                       else (bases[-1][:, None] + par.clamp(min=0)).reshape(-1))
             # a beam not fed takes any computed row (its score is -inf: never expanded)
-            pairs = [(b, next(node) if ctx.active[b] and i < live[b] else d.first_unfed)
-                     for b in range(B) for i in range(M)]
-            rows, base = d.forward(rows=pairs, extra=first)  # rows [B * M, V]
+            rows, base = self.feed_layer(d, live, M, parents, toks.clamp(min=0).long().reshape(-1))  # rows [B * M, V]
             bases.append(base)
             if grammar:  # rows of dead beams are never expanded: no grammar work for them
-                rows = grammar_masked(ctx, rows, [(b, paths[b][i] if ctx.active[b] and i < live[b] else None)
+                rows = grammar_masked(ctx, rows, [(b, paths[b][i] if i < live[b] else None)
                                                    for b in range(B) for i in range(M)])
             logq = self._logq(rows).view(B, M, -1)
             layers.append(_kernels.topn_expand(scores, logq, M, per_parent_k=M))

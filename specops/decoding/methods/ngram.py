@@ -16,7 +16,7 @@ had its first token accepted 29-41 % of the time and a second one 12-19 %, after
 93-98 % and 8 tokens 62-80 %; on a 2-core CPU a verified token costs ~13 % of a one-token step, so
 long proposals after weak matches were the time sink (docs/methods.md §Adaptive speculation)."""
 from ..tree import Candidates, Trie
-from .base import Drafter
+from .base import Drafter, count
 
 
 def lookup(seq, max_ngram, min_ngram, length, branches):
@@ -90,14 +90,13 @@ class NGram(Drafter):
     def _evidence_length(self, m):
         return 1 if m <= self.SHORT_MATCH else self.MATCH_SCALE * m
 
+    CHECKS = {"gamma": count(), "max_ngram": count(), "min_ngram": count(), "branches": count()}
+
     def check_params(self):
-        self._positive_int("gamma", self.gamma)
+        super().check_params()
         if self.max_gamma is None:
             self.max_gamma = 4 * self.gamma
-        self._positive_int("max_gamma", self.max_gamma, minimum=self.gamma)
-        self._positive_int("max_ngram", self.max_ngram)
-        self._positive_int("min_ngram", self.min_ngram)
-        self._positive_int("branches", self.branches)
+        self.check_param("max_gamma", count(self.gamma))
         if self.min_ngram > self.max_ngram:
             raise ValueError(f"min_ngram ({self.min_ngram}) must be <= max_ngram ({self.max_ngram})")
 
@@ -120,22 +119,19 @@ class NGram(Drafter):
         tokens, parents = [], []
         self._proposed = []
         for b in range(ctx.batch):
-            seq = ctx.seqs[b]
-            trie = Trie(seq[-1])
-            longest = 0
+            seq, conts = ctx.seqs[b], []
             if ctx.active[b] and self._adaptive:
-                for cont, m in longest_matches(seq, self.min_ngram, self.MAX_MATCH, self.gamma, self.branches):
-                    cont = cont[:self._evidence_length(m)]
-                    trie.insert(0, cont)
-                    longest = max(longest, len(cont))
+                conts = [cont[:self._evidence_length(m)]
+                         for cont, m in longest_matches(seq, self.min_ngram, self.MAX_MATCH, self.gamma, self.branches)]
             elif ctx.active[b]:
-                for cont in lookup(seq, self.max_ngram, self.min_ngram, self._len[b], self.branches):
-                    trie.insert(0, cont)
-                    longest = max(longest, len(cont))
+                conts = lookup(seq, self.max_ngram, self.min_ngram, self._len[b], self.branches)
+            trie = Trie(seq[-1])
+            for cont in conts:
+                trie.insert(0, cont)
             toks, pars = trie.tokens, trie.parents
             if ctx.grammar is not None and ctx.active[b]:  # only what the grammar allows, plus what it forces
                 toks, pars = ctx.grammar.constrain(b, toks, pars)
-            self._proposed.append(longest)
+            self._proposed.append(max(map(len, conts), default=0))
             tokens.append(toks)
             parents.append(pars)
         return Candidates(tokens=tokens, parents=parents, depth_drafted=[0] * ctx.batch,

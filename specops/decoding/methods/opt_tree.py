@@ -23,7 +23,7 @@ from .. import _kernels
 from ...ops.topn import MAX_N
 from ..readback import read_lists
 from ..tree import Draft
-from .base import ModelDrafter, grammar_masked
+from .base import FLAG, ModelDrafter, count, grammar_masked, optional, real
 
 
 class OPTTree(ModelDrafter):
@@ -32,20 +32,12 @@ class OPTTree(ModelDrafter):
     # CPU-sized n; delta 0.5 (the reference code's default) sits in [mu, 1] for a draft costing
     # about half a target step, as the int8 copy does here.
     PARAMS = {"n": 10, "delta": 0.5, "max_depth": 8, "verify": None, "sync_free": None}
+    # n + 1 <= MAX_N: the final selection takes n + 1 nodes
+    CHECKS = {"n": count(1, MAX_N - 1), "max_depth": count(), "delta": real(), "sync_free": optional(FLAG)}
     sampling_mode = "sample_match"
+    VERIFY = ("sample_match", "mss_pointmass")
     budget_param = "max_depth"  # layers (draft forwards) per step; delta may stop earlier
     budget_cap_factor = 2
-
-    def check_params(self):
-        self._positive_int("n", self.n, 1, MAX_N - 1)  # the final selection takes n + 1 nodes
-        self._positive_int("max_depth", self.max_depth)
-        self._real("delta", self.delta)
-        if self.sync_free is not None:
-            self._bool("sync_free", self.sync_free)
-        if self.verify is not None:
-            if self.verify not in ("sample_match", "mss_pointmass"):
-                raise ValueError(f"verify must be 'sample_match' or 'mss_pointmass', got {self.verify!r}")
-            self.sampling_mode = self.verify
 
     def tree_budget(self):
         return self.n + 1
@@ -61,20 +53,16 @@ class OPTTree(ModelDrafter):
         many entries each sequence feeds (0: it stops), read once per layer (a grammar reads the
         layer's tokens with it: its masks follow them); sync-free, every sequence feeds all ``n``
         entries of every layer and which of them were live stays on the device."""
-        d = ctx.draft
-        d.begin(ctx.seqs, ctx.active)
-        B, n = ctx.batch, self.n
+        d, B, n = ctx.draft, ctx.batch, self.n
         grammar = ctx.grammar is not None  # then every row is masked with its path's allowed tokens
         sync_free = not grammar and (self.sync_free if self.sync_free is not None else d.device.type != "cpu")
-        # with the first forward's upload: the roots' block nodes and which sequences draft
-        logits, up = d.forward(rows=[(b, d.root[b]) for b in range(B)], extra=list(d.root) + [int(a) for a in ctx.active])
-        base, going = up[:B], up[B:].bool()  # base: the block node of the newest fed layer's first entry
-        active = going
+        logits, base, active = self.first_forward(ctx)  # base: the block node of the newest fed layer's first entry
+        going = active = active.bool()
         if grammar:
             logits = grammar_masked(ctx, logits, [(b, []) for b in range(B)])
         logq = logits.log_softmax(-1)[:, None]  # [B, 1, V]
         layers = [_kernels.topn_expand(logq.new_zeros(B, 1, dtype=torch.float32), logq, n, per_parent_k=n)]
-        src = [up[:B, None]]  # per flat layer: each entry's draft-block node, -1 where not fed ([B, 1] the roots)
+        src = [base[:, None]]  # per flat layer: each entry's draft-block node, -1 where not fed ([B, 1] the roots)
         drafted = active.long()  # [B] layers drafted: the root's, then each fed one (read when sync-free)
         depth_drafted = [int(a) for a in ctx.active]  # the same on the host (reading)
         best = gain = _esub(layers, n)  # fp64 [B]: the first layer takes E from 0 to E_sub
@@ -97,12 +85,8 @@ class OPTTree(ModelDrafter):
                 if not any(live):
                     break
                 depth_drafted = [x + (f > 0) for x, f in zip(depth_drafted, live)]
-            pick = [(b, i) for b in range(B) for i in range(live[b])]
-            first = [len(d.tokens[b]) if live[b] else -1 for b in range(B)]
-            new = iter(d.add_device([b for b, _ in pick], (base[:, None] + par.clamp(min=0)).reshape(-1),
-                                    toks.clamp(min=0).long().reshape(-1), [b * n + i for b, i in pick]))
-            pairs = [(b, next(new) if i < live[b] else d.first_unfed) for b in range(B) for i in range(n)]
-            rows, base = d.forward(rows=pairs, extra=first)
+            rows, base = self.feed_layer(d, live, n, (base[:, None] + par.clamp(min=0)).reshape(-1),
+                                         toks.clamp(min=0).long().reshape(-1))
             src.append(torch.where(fed, base[:, None] + torch.arange(n, device=base.device), -1))
             drafted = drafted + fed.any(1)
             if grammar:  # rows of entries never expanded: no grammar work for them

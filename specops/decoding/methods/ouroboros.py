@@ -38,7 +38,7 @@ import random
 
 from ..phrase_pool import PhrasePool, shared_pool
 from ..tree import Candidates, Trie
-from .base import ModelDrafter, grammar_masked
+from .base import FLAG, ModelDrafter, count, grammar_masked
 
 
 class Ouroboros(ModelDrafter):
@@ -50,15 +50,11 @@ class Ouroboros(ModelDrafter):
     sampling_mode = "sample_match"
     budget_param = "gamma"  # draft tokens before lengthening
     needs_target_argmax = True  # commit reads the target's corrections: in the step's one packed read
+    CHECKS = {"gamma": count(), "window": count(0), "ngram": count(2), "guesses": count(0), "branches": count(0),
+              "reuse_pool": FLAG, "model_free": FLAG}
 
     def check_params(self):
-        self._positive_int("gamma", self.gamma)
-        self._positive_int("window", self.window, 0)
-        self._positive_int("ngram", self.ngram, 2)
-        self._positive_int("guesses", self.guesses, 0)
-        self._positive_int("branches", self.branches, 0)
-        self._bool("reuse_pool", self.reuse_pool)
-        self._bool("model_free", self.model_free)
+        super().check_params()
         self.needs_draft_model = not self.model_free
         self.pool = None
 
@@ -140,16 +136,12 @@ class Ouroboros(ModelDrafter):
             return None
         root = d.root[b]
         last = d.tokens[b][root]
-        cols = []
-        prev = root
-        win = self.windows[b]
-        for i in range(self.window):
-            spine = d.add(b, win[i][0], prev)
-            col = [spine]
-            for level in range(1, self._phrase):
-                col.append(d.add(b, win[i][level], col[-1]))
+        cols = []  # per column: its spine node (below the previous column's; the first below the root), its tooth
+        for toks in self.windows[b]:
+            col = [d.add(b, toks[0], cols[-1][0] if cols else root)]
+            for tok in toks[1:]:
+                col.append(d.add(b, tok, col[-1]))
             cols.append(col)
-            prev = spine
         guesses = []
         for phrase in self.pool.get(last, self.guesses):
             nodes, parent = [], root
@@ -183,15 +175,11 @@ class Ouroboros(ModelDrafter):
             row = grammar_masked(ctx, d.logits(b, end)[None].float().clone(), [(b, prefix + new)])
             new.append(int(row.argmax()))
         path = list(range(root + 1)) + best_nodes
-        if cols:
-            win = self.windows[b]
-            for i, col in enumerate(cols):
-                key = win[i][0]
-                self.pool.insert(key, win[i][1:] + [arg(col[-1])])
+        win = self.windows[b]
+        for i, col in enumerate(cols):
+            self.pool.insert(win[i][0], win[i][1:] + [arg(col[-1])])  # the column's n-gram
             # Jacobi step: every window token becomes the draft's argmax at its parent.
-            for i, col in enumerate(cols):
-                parent_spine = root if i == 0 else cols[i - 1][0]
-                win[i] = [arg(parent_spine)] + [arg(col[level - 1]) for level in range(1, self._phrase)]
+            win[i] = [arg(root if i == 0 else cols[i - 1][0])] + [arg(col[level - 1]) for level in range(1, self._phrase)]
         return new, path
 
     def _comb(self, ctx, drafted, forwards):

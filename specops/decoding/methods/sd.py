@@ -20,7 +20,7 @@ import torch
 from ..readback import read_lists
 from ..sampling import choose
 from ..tree import Draft
-from .base import ModelDrafter, grammar_masked
+from .base import ModelDrafter, count, fraction, grammar_masked
 
 
 class SD(ModelDrafter):
@@ -28,11 +28,8 @@ class SD(ModelDrafter):
     description = "speculative decoding, a chain of gamma draft tokens (Leviathan/Chen)"
     PARAMS = {"gamma": 4, "exit_threshold": 0.0}
     sampling_mode = "mss"
+    CHECKS = {"gamma": count(), "exit_threshold": fraction()}
     budget_param = "gamma"
-
-    def check_params(self):
-        self._positive_int("gamma", self.gamma)
-        self._fraction("exit_threshold", self.exit_threshold)
 
     def tree_budget(self):
         return self.gamma + 1
@@ -61,14 +58,10 @@ class SD(ModelDrafter):
             if ctx.grammar is not None:  # draw from the draft's distribution over allowed tokens
                 logits = grammar_masked(ctx, logits, [(b, drafted[b]) for b in bs])
             chosen, probs = choose(logits, ctx.sampling, ctx.generator)  # int64 [n] on the device
-            if full:
-                tokens[:, col] = chosen
-                if sampled:
-                    rows[:, col] = logits
-            else:
-                tokens[at, col] = chosen
-                if sampled:
-                    rows[at, col] = logits
+            idx = slice(None) if full else at  # the rows of the sequences drafting
+            tokens[idx, col] = chosen
+            if sampled:
+                rows[idx, col] = logits
             if host:
                 bs = self._host_search(ctx, bs, chosen, probs, logits, drafted, going)
                 for b in bs:

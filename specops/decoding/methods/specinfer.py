@@ -26,7 +26,7 @@ import torch
 from ..readback import read_lists
 from ..sampling import draw
 from ..tree import Draft, root_draft
-from .base import ModelDrafter, grammar_masked
+from .base import FLAG, ModelDrafter, count, grammar_masked, real
 from .ngram import lookup
 
 
@@ -36,13 +36,8 @@ class SpecInfer(ModelDrafter):
     PARAMS = {"num_drafts": 3, "gamma": 4, "draft_temperature": 1.0, "ngram": False}
     sampling_mode = "mss"
     budget_param = "gamma"
+    CHECKS = {"num_drafts": count(), "gamma": count(), "draft_temperature": real(positive=True), "ngram": FLAG}
     budget_cap_factor = 2  # num_drafts chains per level: the block grows fast with depth
-
-    def check_params(self):
-        self._positive_int("num_drafts", self.num_drafts)
-        self._positive_int("gamma", self.gamma)
-        self._real("draft_temperature", self.draft_temperature, positive=True)
-        self._bool("ngram", self.ngram)
 
     def tree_budget(self):
         return 1 + (self.num_drafts + bool(self.ngram)) * self.gamma * 2
@@ -153,20 +148,14 @@ class SpecInfer(ModelDrafter):
                 ng_tok.append(tok)
                 ng_par.append(0 if j == 0 else first + j - 1)
         up = ctx.stager.upload(nodes + [ctx.draft.root[b] for b in range(B)] + act + slot_src + ng_at + ng_tok + ng_par)
-        num_nodes, roots = up[:B].to(torch.int32), up[B: 2 * B]
-        at = 2 * B
-        seq, at = up[at: at + A], at + A
-        S = G * k
-        slot_src, at = up[at: at + A * S].view(A, S), at + A * S
-        n = len(ng_at)
-        ng_at, ng_tok, ng_par = up[at: at + n], up[at + n: at + 2 * n], up[at + 2 * n: at + 3 * n]
+        S, n = G * k, len(ng_at)
+        num_nodes, roots, seq, slot_src, ng_at, ng_tok, ng_par = up.split([B, B, A, A * S, n, n, n])
+        num_nodes, slot_src = num_nodes.to(torch.int32), slot_src.view(A, S)
         # Each slot's block position: its trie id, a duplicate after the trie, else a dump row (B * T).
         dump = B * T
         pos = torch.where(created, ids, total[:, None] + dup.cumsum(1))
         flat = torch.where(created | dup, seq[:, None] * T + pos, dump).reshape(-1)  # [A * S]
-        tokens = torch.zeros(B * T + 1, dtype=torch.int64, device=dev)
-        parents = torch.zeros(B * T + 1, dtype=torch.int64, device=dev)
-        src = torch.zeros(B * T + 1, dtype=torch.int64, device=dev)
+        tokens, parents, src = (torch.zeros(B * T + 1, dtype=torch.int64, device=dev) for _ in range(3))
         tokens[flat], parents[flat] = x.reshape(-1), parent.reshape(-1)
         src[flat] = torch.where(created, slot_src, -1).reshape(-1)
         if n:

@@ -30,7 +30,7 @@ from ..readback import read_lists
 from ..sampling import SamplingConfig
 from ..token_graph import TokenGraph
 from ..tree import Candidates, Draft
-from .base import ModelDrafter, grammar_masked
+from .base import FLAG, ModelDrafter, count, fraction, grammar_masked, optional
 
 _SOFTMAX = SamplingConfig(1.0)  # the warp of TSD's q: temperature 1, no top-k / top-p
 
@@ -41,28 +41,14 @@ class TSD(ModelDrafter):
     # k and the thresholds are the paper's 70B setting; depth and caps are CPU-sized (paper: 10, 100).
     PARAMS = {"k": 4, "max_depth": 5, "theta_prob": 0.2, "theta_sib": 0.3, "max_nodes": 24,
               "max_tree_nodes": 32, "tau": None, "verify": None, "sync_free": None}
+    CHECKS = {"k": count(), "max_depth": count(), "theta_prob": fraction(), "theta_sib": fraction(),
+              "max_nodes": count(2), "max_tree_nodes": count(2), "tau": optional(count(0)),
+              "sync_free": optional(FLAG)}
     sampling_mode = "mss_pointmass"
+    # Top-k children are deterministic, not draws from q: R3/R3w would not be lossless here.
+    VERIFY = ("mss_pointmass", "sample_match", "gsd")
     budget_param = "max_depth"  # draft forwards per step; max_nodes still caps the tree
     budget_cap_factor = 2  # 10 = the paper's depth
-
-    def check_params(self):
-        self._positive_int("k", self.k)
-        self._positive_int("max_depth", self.max_depth)
-        self._fraction("theta_prob", self.theta_prob)
-        self._fraction("theta_sib", self.theta_sib)
-        self._positive_int("max_nodes", self.max_nodes, 2)
-        self._positive_int("max_tree_nodes", self.max_tree_nodes, 2)
-        if self.tau is not None:
-            self._positive_int("tau", self.tau, 0)
-        if self.sync_free is not None:
-            self._bool("sync_free", self.sync_free)
-        # Top-k children are deterministic, not draws from q: R3/R3w would not be lossless here.
-        allowed = ("mss_pointmass", "sample_match", "gsd")
-        if self.verify is not None and self.verify not in allowed:
-            raise ValueError(f"verify must be one of {allowed} (the rule used when sampling), got {self.verify!r}")
-        if self.verify is not None:
-            self.sampling_mode = self.verify
-        self.lossless = self.sampling_mode != "gsd"
 
     def tree_budget(self):
         return self.max_tree_nodes
@@ -92,24 +78,18 @@ class TSD(ModelDrafter):
         below a fed node, masked out of the next expansion), drafting runs until the widths end,
         and the counts of every layer come back in one read at the end. Both build the same tree.
         Shape: -> Draft with tokens int64 [B, T], T = min(largest tree, max_tree_nodes)."""
-        d = ctx.draft
-        d.begin(ctx.seqs, ctx.active)
-        B, M = ctx.batch, self.max_nodes
+        d, B, M = ctx.draft, ctx.batch, self.max_nodes
         sync_free = self.sync_free if self.sync_free is not None else d.device.type != "cpu"
         widths = frontier_widths(self.k, M, self.max_depth) if sync_free else None
-        logits, up = d.forward(rows=[(b, d.root[b]) for b in range(B)],
-                               extra=list(d.root) + [int(a) for a in ctx.active])
-        dev = up.device
-        fblk = up[:B, None]  # [B, W] the draft-block node of each frontier entry (valid: a prefix of live)
-        live_dev = up[B:]  # [B] frontier sizes (the roots of the active sequences)
+        logits, roots, live_dev = self.first_forward(ctx)  # live_dev [B]: frontier sizes (the active roots)
+        dev = roots.device
+        fblk = roots[:, None]  # [B, W] the draft-block node of each frontier entry (valid: a prefix of live)
         fidx = torch.zeros(B, 1, dtype=torch.int64, device=dev)  # [B, W] graph node of each frontier entry
-        # The graph in creation order; column M takes what the cap drops.
-        gtok = ctx.root.new_zeros(B, M + 1)
-        gtok[:, 0] = ctx.root
-        gpar = torch.zeros(B, M + 1, dtype=torch.int64, device=dev)
-        gpar[:, 0] = -1
-        gsrc = torch.full((B, M + 1), -1, dtype=torch.int64, device=dev)
-        gsrc[:, 0] = up[:B]
+        # The graph in creation order, [B, M + 1]: column 0 the root, column M takes what the cap drops
+        # (a parent is written before the tree reads it).
+        gtok = torch.cat([ctx.root[:, None], ctx.root.new_zeros(B, M)], 1)
+        gpar = torch.full((B, M + 1), -1, dtype=torch.int64, device=dev)
+        gsrc = torch.cat([roots[:, None], torch.full_like(gpar[:, 1:], -1)], 1)
         count = torch.ones(B, dtype=torch.int64, device=dev)
         live = [int(a) for a in ctx.active]
         layer_sizes = [[1] * B]  # sizes after each layer (Draft.depth of the truncated tree)
@@ -148,23 +128,15 @@ class TSD(ModelDrafter):
                 W2 = max(live)
                 depth_drafted = [x + (n > 0) for x, n in zip(depth_drafted, live)]
             # The new frontier: the growing candidates, a prefix in creation order (column W2: the rest).
-            slot = torch.where(grow, grow.cumsum(1) - 1, W2)
-            nfidx = torch.zeros(B, W2 + 1, dtype=torch.int64, device=dev).scatter_(1, slot, pos)[:, :W2]
-            ntok = torch.zeros(B, W2 + 1, dtype=top_t.dtype, device=dev).scatter_(
-                1, slot, top_t.view(B, W * K))[:, :W2]
-            pentry = torch.zeros(B, W2 + 1, dtype=torch.int64, device=dev).scatter_(
-                1, slot, entry[None].expand(B, W * K).contiguous())[:, :W2]
+            # Per entry its graph node, token and parent's frontier entry (all int64).
+            slot = torch.where(grow, grow.cumsum(1) - 1, W2)[None].expand(3, B, W * K)
+            cands = torch.stack([pos, top_t.view(B, W * K), entry[None].expand(B, W * K)])  # [3, B, W * K]
+            nfidx, ntok, pentry = torch.zeros(3, B, W2 + 1, dtype=torch.int64, device=dev).scatter_(
+                2, slot, cands)[..., :W2].unbind()  # [B, W2] each
             pblk = fblk.gather(1, pentry)  # [B, W2] the parent's draft-block node (padding: entry 0's)
-            if sync_free:  # every sequence feeds W2 entries
-                pick = [(b, i) for b in range(B) for i in range(W2)]
-                first = [len(d.tokens[b]) for b in range(B)]
-            else:
-                pick = [(b, i) for b in range(B) for i in range(live[b])]
-                first = [len(d.tokens[b]) if live[b] else -1 for b in range(B)]
-            new = iter(d.add_device([b for b, _ in pick], pblk.reshape(-1), ntok.reshape(-1).long(),
-                                    [b * W2 + i for b, i in pick]))
-            pairs = [(b, next(new) if sync_free or i < live[b] else d.first_unfed) for b in range(B) for i in range(W2)]
-            logits, firstd = d.forward(rows=pairs, extra=first)
+            # sync-free: every sequence feeds W2 entries
+            logits, firstd = self.feed_layer(d, [W2] * B if sync_free else live, W2, pblk.reshape(-1),
+                                             ntok.reshape(-1))
             live_dev = nlive
             fidx = nfidx
             fblk = firstd[:, None] + torch.arange(W2, device=dev)[None]  # consecutive nodes per sequence
