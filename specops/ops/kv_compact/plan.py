@@ -50,9 +50,10 @@ class KVCompactPlan:
         self._impl = resolve(self.op, dev, backend)
         # The kernels are never launched for an empty acceptance (the ops' rule).
         self._noop = accept_idx.shape[1] == 0 or B == 0
-        self._values_pending = check
-        if check and (num_pages is not None or not self.paged):
-            self._check_values(self._declared_layout(num_pages if self.paged else max_len))
+        size = num_pages if self.paged else max_len  # None: the pool's, known at the first run
+        self._values_pending = check and size is None
+        if check and size is not None:
+            _kvc.accept_values(self._declared_layout(size), lens, accept_idx, accept_lens)
         self._first, self._shape = True, None
 
     def _declared_layout(self, size):
@@ -61,10 +62,6 @@ class KVCompactPlan:
         shape = (L, size, self.page_size, H, D) if self.paged else (L, B, H, size, D)
         cache = Spec(shape, self.dtype, self.device)
         return KvLayout(cache, cache, *self._table)
-
-    def _check_values(self, kv):
-        _kvc.accept_values(kv, self.lens, self.accept_idx, self.accept_lens)
-        self._values_pending = False
 
     def _first_run(self, k, v):
         kv = KvLayout(k, v, *self._table)
@@ -77,7 +74,7 @@ class KVCompactPlan:
         if self.paged:
             checks.declared(name, "num_pages", kv.num_pages, "num_pages", self.num_pages)
         if self._values_pending:
-            self._check_values(kv)
+            _kvc.accept_values(kv, self.lens, self.accept_idx, self.accept_lens)
         self._shape = k.shape
         self._first = False
 

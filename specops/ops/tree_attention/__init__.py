@@ -117,10 +117,9 @@ def choose_splits(backend, q, Hkv, S, prefix_lens, block_lens, W, paged=False, i
     if backend == "cpp":
         if B == 0:
             return 1
-        tile = splits.CPU_TILE_KEYS
         # No value reads (the ops never read the device): the rows a sequence can address bound the
         # tiles, and the loop sizes its caches to what a call needs.
-        max_tiles = -(-S // tile) + 1
+        max_tiles = -(-S // splits.CPU_TILE_KEYS) + 1
         if not torch.compiler.is_compiling():
             _THREADS[0] = torch.get_num_threads()
         return splits.cpu_splits(B, Tq, Hq, Hkv, D, max_tiles, _THREADS[0])

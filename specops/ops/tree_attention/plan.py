@@ -97,7 +97,7 @@ class TreeAttentionPlan:
         self._recheck = False  # the next run checks only a newly assigned workspace
         if num_splits is not None or size is not None:
             self._schedule(self._declared_layout(size or 0).rows())
-        self._values_pending = check
+        self._values_pending = check and size is None  # the first run checks the values against its cache
         if check and size is not None:
             self._check_values(self._declared_layout(size))
         self._first = True
@@ -157,15 +157,13 @@ class TreeAttentionPlan:
         """Chooses the split count for ``rows`` addressable rows per sequence and allocates the
         partials workspace [num_splits * B * Tq * Hq * (D + 1)] fp32 (None without splits)."""
         q = Spec((self.B, self.Tq, self.num_heads, self.head_dim), self.dtype, self.device)
-        ns = self._forced_splits or _ta.choose_splits(self.backend, q, self.num_kv_heads, rows, self.prefix_lens,
-                                                      self.block_lens, self.mask.shape[2], self.paged,
-                                                      invariant=self.invariant)
-        self._num_splits = ns
+        self._num_splits = self._forced_splits or _ta.choose_splits(
+            self.backend, q, self.num_kv_heads, rows, self.prefix_lens, self.block_lens, self.mask.shape[2],
+            self.paged, invariant=self.invariant)
         self._allocate()
 
     def _check_values(self, kv):
         _ta.length_values(self.prefix_lens, self.block_lens, self.q_lens, kv, self.mask.shape[2], self.Tq)
-        self._values_pending = False
 
     def _first_run(self, q, k, v):
         """The op's full metadata rules on the first run's tensors, reconciled with every declared size."""
