@@ -13,6 +13,7 @@ one upload), then verification, then
 packed host read), ``needs_target_features`` (the target keeps its final hidden states, for
 EAGLE-style drafters: ``ctx.target.features``). Nothing in the loop knows which method runs.
 """
+import itertools
 import math
 
 from ...ops.token_bitmask import apply_token_bitmask
@@ -177,16 +178,11 @@ class ModelDrafter(Drafter):
                 tokens.append(None)
                 continue
             root = ctx.draft.root[b]
-            path = list(range(root + 1))  # the catch-up chain (its tokens are on the host)
-            toks = [None] * (root + 1)
-            nodes = []
-            for node, tok in zip(result.path_src[b][1:], result.path_tokens[b][1:]):
-                if node < 0:
-                    break
-                nodes.append(node)
-                toks.append(tok)
-            paths.append(path + self.draft_nodes(b, nodes))
-            tokens.append(toks)
+            # the path's fed draft-block nodes (src >= 0, a prefix below the root) and their tokens
+            fed = list(itertools.takewhile(lambda x: x[0] >= 0, zip(result.path_src[b][1:], result.path_tokens[b][1:])))
+            # after the catch-up chain (its tokens are on the host)
+            paths.append(list(range(root + 1)) + self.draft_nodes(b, [node for node, _ in fed]))
+            tokens.append([None] * (root + 1) + [tok for _, tok in fed])
         ctx.draft.commit_paths(paths, tokens)
 
     @staticmethod
@@ -219,6 +215,17 @@ class ModelDrafter(Drafter):
         ``nodes`` (the fed prefix below the root); the same unless a drafter's block holds the
         path's tokens elsewhere."""
         return nodes
+
+
+def grammar_prefix(ctx, b, tokens, after=()):
+    """The longest prefix of ``tokens`` the grammar allows after sequence b's text and ``after``
+    (all of them without a grammar, or for a sequence not drafting): a point mass on a token the
+    grammar rejects would leave its draft row nothing to draw."""
+    if ctx.grammar is None or not ctx.active[b] or not tokens:
+        return list(tokens)
+    n = len(after)
+    toks, _ = ctx.grammar.constrain(b, [ctx.seqs[b][-1], *after, *tokens], list(range(-1, n + len(tokens))), forced=0)
+    return list(tokens)[:max(len(toks) - 1 - n, 0)]
 
 
 def grammar_masked(ctx, logits, paths):

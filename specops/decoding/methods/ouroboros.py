@@ -38,7 +38,7 @@ import random
 
 from ..phrase_pool import PhrasePool, shared_pool
 from ..tree import Candidates, Trie
-from .base import FLAG, ModelDrafter, count, grammar_masked
+from .base import FLAG, ModelDrafter, count, grammar_masked, grammar_prefix
 
 
 class Ouroboros(ModelDrafter):
@@ -186,7 +186,7 @@ class Ouroboros(ModelDrafter):
         tokens, parents, tried = [], [], []
         for b in range(ctx.batch):
             root = ctx.seqs[b][-1]
-            chain = self._allowed(ctx, b, root, [], drafted[b])
+            chain = grammar_prefix(ctx, b, drafted[b])
             trie = Trie(root)
             node = 0
             for tok in chain:
@@ -194,7 +194,7 @@ class Ouroboros(ModelDrafter):
             key = chain[-1] if chain else root
             phrases = self.pool.get(key, self.branches) if ctx.active[b] else []
             if ctx.grammar is not None:
-                phrases = [ph for ph in phrases if len(self._allowed(ctx, b, root, chain, ph)) == len(ph)]
+                phrases = [ph for ph in phrases if len(grammar_prefix(ctx, b, ph, chain)) == len(ph)]
             for phrase in phrases:
                 trie.insert(node, phrase)
             tokens.append(trie.tokens)
@@ -203,16 +203,6 @@ class Ouroboros(ModelDrafter):
         self._cand, self._tried = Candidates(tokens=tokens, parents=parents, depth_drafted=forwards,
                                              drafted_nodes=[len(t) for t in tokens]), tried
         return self._cand.stage(ctx.stager)
-
-    @staticmethod
-    def _allowed(ctx, b, root, chain, tokens):
-        """The longest prefix of ``tokens`` the grammar allows after ``chain`` (all without one)."""
-        if ctx.grammar is None or not ctx.active[b] or not tokens:
-            return list(tokens)
-        n = len(chain)
-        toks, _ = ctx.grammar.constrain(b, [root] + chain + list(tokens), list(range(-1, n + len(tokens))),
-                                          forced=0)
-        return list(tokens)[:max(len(toks) - 1 - n, 0)]
 
     # ---- after verification --------------------------------------------------------------------
 

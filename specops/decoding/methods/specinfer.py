@@ -26,7 +26,7 @@ import torch
 from ..readback import read_lists
 from ..sampling import draw
 from ..tree import Draft, root_draft
-from .base import FLAG, ModelDrafter, count, grammar_masked, real
+from .base import FLAG, ModelDrafter, count, grammar_masked, grammar_prefix, real
 from .ngram import lookup
 
 
@@ -129,7 +129,7 @@ class SpecInfer(ModelDrafter):
         for i, b in enumerate(act):
             if self.ngram:
                 conts = lookup(ctx.seqs[b], 3, 1, G, 1)
-                extra[b] = _allowed(ctx, b, conts[0] if conts else [])
+                extra[b] = grammar_prefix(ctx, b, conts[0] if conts else [])
         nodes = [1] * B
         for i, b in enumerate(act):
             nodes[b] = 1 + made[i] + dups[i] + len(extra[b])
@@ -190,15 +190,6 @@ class SpecInfer(ModelDrafter):
                 c = row.index(last)
                 return [self.chain_nodes[b][i][c] for i in range(level + 1)]
         return nodes
-
-
-def _allowed(ctx, b, chain):
-    """The longest prefix of the n-gram ``chain`` (below the root) the grammar allows (all without
-    one): a point mass on a token the grammar rejects would leave its draft row nothing to draw."""
-    if ctx.grammar is None or not chain:
-        return chain
-    toks, _ = ctx.grammar.constrain(b, [ctx.seqs[b][-1]] + list(chain), list(range(-1, len(chain))), forced=0)
-    return list(chain)[:len(toks) - 1]
 
 
 MultiDraftDrafter = SpecInfer  # the class's name before issue #32 (a public name: kept)
