@@ -18,9 +18,7 @@ def report():
     lines = [f"specops {importlib.import_module('specops').__version__} on {platform.machine()}, "
              f"{torch.get_num_threads()} threads"]
     lines.append("versions: " + ", ".join(f"{d} {_version(d)}" for d in ("torch", "triton", "transformers")))
-    lines.append(f"cuda device visible: {torch.cuda.is_available()}")
-    lines.append("")
-    lines.append(f"{'backend':<10} {'cpu':<5} {'cuda':<5} why")
+    lines += [f"cuda device visible: {torch.cuda.is_available()}", "", f"{'backend':<10} {'cpu':<5} {'cuda':<5} why"]
     for name in backend.BACKENDS:
         cpu_ok, cpu_why = backend.available(name, "cpu")
         cuda_ok, cuda_why = backend.available(name, "cuda")
@@ -28,10 +26,9 @@ def report():
         if not cpu_ok and not cuda_ok and cpu_why != cuda_why:
             why = f"cpu: {cpu_why}; cuda: {cuda_why}"
         lines.append(f"{name:<10} {'yes' if cpu_ok else 'no':<5} {'yes' if cuda_ok else 'no':<5} {why}")
-    lines.append(f"test-only (never chosen automatically): {', '.join(backend.TEST_ONLY)}")
-    lines.append("")
-    lines.append("default backend per op (a call a backend cannot take falls through to the next):")
-    lines.append(f"{'op':<20} {'cpu':<8} {'cuda':<8} implemented by")
+    lines += [f"test-only (never chosen automatically): {', '.join(backend.TEST_ONLY)}", "",
+              "default backend per op (a call a backend cannot take falls through to the next):",
+              f"{'op':<20} {'cpu':<8} {'cuda':<8} implemented by"]
     for op in backend.ops():
         lines.append(f"{op:<20} {backend.default_backend(op, 'cpu'):<8} {backend.default_backend(op, 'cuda'):<8} "
                      f"{'/'.join(backend.implementations(op))}")

@@ -92,11 +92,11 @@ def disjoint(name, t, others):
                              f"and [{olo:#x}, {ohi:#x}) that overlap")
 
 
-def declared(name, label, got, what, value):
-    """A size the plan was declared with (``what`` = ``value``; None: not declared) against its tensor's
-    (``label`` = ``got`` of ``name``): equal, or ValueError naming both."""
+def declared(name, label, got, what, value, by="plan"):
+    """A size the ``by`` (a plan, a layout) was declared with (``what`` = ``value``; None: not declared)
+    against its tensor's (``label`` = ``got`` of ``name``): equal, or ValueError naming both."""
     if value is not None and got != value:
-        raise ValueError(f"{name} has {label}={got}, but the plan was declared with {what}={value} "
+        raise ValueError(f"{name} has {label}={got}, but the {by} was declared with {what}={value} "
                          "(the sizes must match)")
 
 

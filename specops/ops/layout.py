@@ -146,9 +146,7 @@ class KvLayout:
         lead = rank - 4
         if self.is_paged:
             checks.power_of_two(f"{k_name} page_size (dim {lead + 1})", k.shape[lead + 1], f" (shape {tuple(k.shape)})")
-            if self.declared_page_size is not None and self.declared_page_size != self.page_size:
-                raise ValueError(f"{k_name} has page_size={self.page_size}, but the layout was declared with "
-                                 f"page_size={self.declared_page_size} (the sizes must match)")
+            checks.declared(k_name, "page_size", self.page_size, "page_size", self.declared_page_size, "layout")
         if D is not None and (k.shape[-1] != D or not (self.is_paged or k.shape[lead] == B)):
             want = "[num_pages, page_size, Hkv, D={D}]" if self.is_paged else "[B={B}, Hkv, S, D={D}]"
             raise ValueError(f"{k_name} must have shape {want.format(B=B, D=D)} (q is [B, Tq, Hq, D]), "
