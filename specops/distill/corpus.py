@@ -98,8 +98,6 @@ def functions_with_summaries(sources):
     return out
 
 
-
-
 # ---- prompts the target answers (its own text is the distribution the draft must match) ---------
 
 _TOPICS = ["the ocean", "a lighthouse keeper", "winter mornings", "a lost key", "the first day of school",
@@ -160,39 +158,39 @@ def make_prompts(n, sources, seed=0, pydoc=None):
     for i in range(n):
         cat = ("code", "prose", "math", "chat")[i % 4]
         form = rng.random()
+        chat = True  # wrapped in the chat template, unless the prompt is text to continue
         if cat == "code":
             if funcs and form < 0.45:
                 name, args, summary = rng.choice(funcs)
                 text = f"Write a Python function `{name.split('.')[-1]}({args})` that does the following: {summary}"
-                out.append({"category": cat, "chat": True, "text": text})
             elif code_snips and form < 0.75:
                 snip = rng.choice(code_snips)
                 verb = rng.choice(["Explain what this Python code does", "Add comments to this code",
                                    "Rewrite this code to be clearer", "Find possible bugs in this code"])
-                out.append({"category": cat, "chat": True, "text": f"{verb}:\n```python\n{snip}\n```"})
+                text = f"{verb}:\n```python\n{snip}\n```"
             elif code_snips and form < 0.9:
-                out.append({"category": cat, "chat": False, "text": rng.choice(code_snips) + "\n"})
+                chat, text = False, rng.choice(code_snips) + "\n"
             else:
                 task = rng.choice(["reverses a string", "checks if a number is prime", "sorts a list of dicts by a key",
                                    "reads a CSV file and sums a column", "computes Fibonacci numbers",
                                    "counts word frequencies in a text", "merges two sorted lists",
                                    "validates an email address", "finds the largest element in a list"])
                 lang = rng.choice(["Python", "Python", "JavaScript", "C", "Java"])
-                out.append({"category": cat, "chat": True, "text": f"Write a {lang} function that {task}."})
+                text = f"Write a {lang} function that {task}."
         elif cat == "prose":
             if paragraphs and form < 0.35:
                 para = rng.choice(paragraphs)
                 verb = rng.choice(["Summarize the following text", "Explain this in simple words",
                                    "Rewrite this paragraph in plain English"])
-                out.append({"category": cat, "chat": True, "text": f"{verb}:\n\n{para}"})
+                text = f"{verb}:\n\n{para}"
             elif paragraphs and form < 0.55:
                 para = rng.choice(paragraphs)
-                out.append({"category": cat, "chat": False, "text": para[: rng.randint(120, 300)]})
+                chat, text = False, para[: rng.randint(120, 300)]
             else:
                 kind = rng.choice(["a short story", "a poem", "an essay", "a description", "a blog post"])
-                out.append({"category": cat, "chat": True, "text": f"Write {kind} about {rng.choice(_TOPICS)}."})
+                text = f"Write {kind} about {rng.choice(_TOPICS)}."
         elif cat == "math":
-            out.append({"category": cat, "chat": True, "text": _math_prompt(rng)})
+            text = _math_prompt(rng)
         else:
             forms = [f"Can you explain {rng.choice(_CONCEPTS)} in simple terms?",
                      f"How do I {rng.choice(_TASKS)}?",
@@ -201,8 +199,18 @@ def make_prompts(n, sources, seed=0, pydoc=None):
                      f"Hi! I'm feeling a bit bored today. Any ideas about {rng.choice(_TOPICS)}?",
                      f"Tell me three interesting facts about {rng.choice(_CONCEPTS + _TOPICS)}.",
                      f"Why is {rng.choice(_CONCEPTS)} important?"]
-            out.append({"category": cat, "chat": True, "text": rng.choice(forms)})
+            text = rng.choice(forms)
+        out.append({"category": cat, "chat": chat, "text": text})
     return out
+
+
+def prompt_text(tokenizer, text, chat):
+    """``text`` as the model sees it: in the tokenizer's chat template (a user turn, then the
+    assistant's) when ``chat`` and the tokenizer has one, else as it is."""
+    if chat and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+    return text
 
 
 # Held out: none of these strings come from the templates above.

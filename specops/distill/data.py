@@ -26,10 +26,7 @@ from . import corpus
 
 def shard_plan(num_shards, gen_frac):
     """Kinds of shards 0..num_shards-1: ``gen_frac`` of them "gen", spread evenly."""
-    kinds = []
-    for i in range(num_shards):
-        kinds.append("gen" if int((i + 1) * gen_frac + 1e-9) > int(i * gen_frac + 1e-9) else "text")
-    return kinds
+    return ["gen" if int((i + 1) * gen_frac + 1e-9) > int(i * gen_frac + 1e-9) else "text" for i in range(num_shards)]
 
 
 def shard_path(data_dir, i):
@@ -144,13 +141,7 @@ def add_features(target, shard):
 def label_generations(target, tokenizer, prompts, k, max_new_tokens, temperature, seed):
     """The target answers ``prompts`` (corpus.make_prompts dicts) in one batch; its own logits at
     each generated step are the labels. Returns a shard dict."""
-    texts = []
-    for p in prompts:
-        if p["chat"] and getattr(tokenizer, "chat_template", None):
-            texts.append(tokenizer.apply_chat_template([{"role": "user", "content": p["text"]}],
-                                                       tokenize=False, add_generation_prompt=True))
-        else:
-            texts.append(p["text"])
+    texts = [corpus.prompt_text(tokenizer, p["text"], p["chat"]) for p in prompts]
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     try:
@@ -246,11 +237,7 @@ def coverage(shards, keep, vocab_size):
 
 def corpus_pools(max_stdlib_files=None):
     """The offline text pools: [(name, [(item name, text), ...]), ...] and their manifest."""
-    src = corpus.stdlib_sources(limit=max_stdlib_files)
-    docs = corpus.docstrings(src)
-    topics = corpus.pydoc_topics()
-    pkgs = corpus.package_docs()
-    pools = [("stdlib-source", src), ("pydoc-topics", topics), ("stdlib-docstrings", docs),
-             ("package-docs", pkgs)]
-    pools = [(n, items) for n, items in pools if items]
-    return pools, src, topics
+    src, topics = corpus.stdlib_sources(limit=max_stdlib_files), corpus.pydoc_topics()
+    pools = [("stdlib-source", src), ("pydoc-topics", topics), ("stdlib-docstrings", corpus.docstrings(src)),
+             ("package-docs", corpus.package_docs())]
+    return [(n, items) for n, items in pools if items], src, topics

@@ -16,22 +16,16 @@ import time
 
 import torch
 
-from .corpus import EVAL_CHAT, EVAL_PROMPTS
+from .corpus import EVAL_CHAT, EVAL_PROMPTS, prompt_text
 from .data import head_inputs
 from .feature import is_feature_draft
-
-
-def _encode(tok, text, chat):
-    if chat and getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-    return tok(text, add_special_tokens=False)["input_ids"]
 
 
 def _answers(target, tok, new_tokens, prompts, chat):
     """(category, prompt length, prompt + the target's greedy answer [1, L]) per held-out prompt."""
     for cat, texts in (prompts or EVAL_PROMPTS).items():
         for text, is_chat in zip(texts, (chat or EVAL_CHAT)[cat]):
-            ids = torch.tensor([_encode(tok, text, is_chat)])
+            ids = torch.tensor([tok(prompt_text(tok, text, is_chat), add_special_tokens=False)["input_ids"]])
             seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                                   do_sample=False, temperature=None, top_p=None, top_k=None,
                                   pad_token_id=tok.eos_token_id)
@@ -44,38 +38,45 @@ def _target_features(target, seq):
     return got[-1]
 
 
+def _tally(target, tok, new_tokens, prompts, chat, predict):
+    """{category: (agreement, positions)}: ``predict(P, seq)`` gives the draft's tokens and the
+    target's they are scored against, for each answer (prompt length P)."""
+    counts = {}
+    for cat, P, seq in _answers(target, tok, new_tokens, prompts, chat):
+        pred, want = predict(P, seq)
+        hit, tot = counts.get(cat, (0, 0))
+        counts[cat] = (hit + int((pred == want).sum()), tot + want.numel())
+    return {cat: (hit / max(1, tot), tot) for cat, (hit, tot) in counts.items()}
+
+
 @torch.no_grad()
 def agreement(target, draft, tok, new_tokens=64, prompts=None, chat=None):
     """{category: (agreement, positions)} over the held-out prompts."""
-    counts = {}
-    for cat, P, seq in _answers(target, tok, new_tokens, prompts, chat):
+    def predict(P, seq):
         n = seq.shape[1] - P
         if is_feature_draft(draft):
             # row r reads token r+1 and the target's feature r, and predicts token r+2
             feats = _target_features(target, seq)
-            pred = draft(seq[:, 1:], features=feats[:, :-1]).logits[0, P - 2: P - 2 + n].argmax(-1)
-        else:
-            pred = draft(seq).logits[0, P - 1: P - 1 + n].argmax(-1)
-        hit, tot = counts.get(cat, (0, 0))
-        counts[cat] = (hit + int((pred == seq[0, P:]).sum()), tot + n)
-    return {cat: (hit / max(1, tot), tot) for cat, (hit, tot) in counts.items()}
+            return draft(seq[:, 1:], features=feats[:, :-1]).logits[0, P - 2: P - 2 + n].argmax(-1), seq[0, P:]
+        return draft(seq).logits[0, P - 1: P - 1 + n].argmax(-1), seq[0, P:]
+
+    return _tally(target, tok, new_tokens, prompts, chat, predict)
 
 
 @torch.no_grad()
 def depth2_agreement(target, draft, tok, new_tokens=64, prompts=None, chat=None):
     """A feature draft's second chain token: from the target's feature at r and the token r+1 it
     predicts feature r+1 itself, then token r+3 from (token r+2, that prediction). {category: share}."""
-    counts = {}
-    for cat, P, seq in _answers(target, tok, new_tokens, prompts, chat):
+    def predict(P, seq):
         feats = _target_features(target, seq)
         draft(seq[:, 1:], features=feats[:, :-1])
         g = draft.last_features  # [1, L-1, H]: row r estimates the target's feature r+1
         # row r of the second pass reads token r+2 and the estimate of feature r+1, predicts r+3
         pred = draft(seq[:, 2:], features=g[:, :-1]).logits[0].argmax(-1)
         rows = torch.arange(P - 3, seq.shape[1] - 3)
-        hit, tot = counts.get(cat, (0, 0))
-        counts[cat] = (hit + int((pred[rows] == seq[0, rows + 3]).sum()), tot + rows.numel())
-    return {cat: hit / max(1, tot) for cat, (hit, tot) in counts.items()}
+        return pred[rows], seq[0, rows + 3]
+
+    return {cat: share for cat, (share, _) in _tally(target, tok, new_tokens, prompts, chat, predict).items()}
 
 
 @torch.no_grad()
