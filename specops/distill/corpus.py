@@ -205,12 +205,11 @@ def make_prompts(n, sources, seed=0, pydoc=None):
 
 
 def prompt_text(tokenizer, text, chat):
-    """``text`` as the model sees it: in the tokenizer's chat template (a user turn, then the
-    assistant's) when ``chat`` and the tokenizer has one, else as it is."""
-    if chat and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
-    return text
+    """``text`` as the model sees it: a user turn in the tokenizer's chat template when ``chat`` and it has one."""
+    if not (chat and getattr(tokenizer, "chat_template", None)):
+        return text
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                         add_generation_prompt=True)
 
 
 # Held out: none of these strings come from the templates above.

@@ -38,45 +38,38 @@ def _target_features(target, seq):
     return got[-1]
 
 
-def _tally(target, tok, new_tokens, prompts, chat, predict):
-    """{category: (agreement, positions)}: ``predict(P, seq)`` gives the draft's tokens and the
-    target's they are scored against, for each answer (prompt length P)."""
-    counts = {}
-    for cat, P, seq in _answers(target, tok, new_tokens, prompts, chat):
-        pred, want = predict(P, seq)
-        hit, tot = counts.get(cat, (0, 0))
-        counts[cat] = (hit + int((pred == want).sum()), tot + want.numel())
-    return {cat: (hit / max(1, tot), tot) for cat, (hit, tot) in counts.items()}
-
-
 @torch.no_grad()
 def agreement(target, draft, tok, new_tokens=64, prompts=None, chat=None):
     """{category: (agreement, positions)} over the held-out prompts."""
-    def predict(P, seq):
+    counts = {}
+    for cat, P, seq in _answers(target, tok, new_tokens, prompts, chat):
         n = seq.shape[1] - P
         if is_feature_draft(draft):
             # row r reads token r+1 and the target's feature r, and predicts token r+2
             feats = _target_features(target, seq)
-            return draft(seq[:, 1:], features=feats[:, :-1]).logits[0, P - 2: P - 2 + n].argmax(-1), seq[0, P:]
-        return draft(seq).logits[0, P - 1: P - 1 + n].argmax(-1), seq[0, P:]
-
-    return _tally(target, tok, new_tokens, prompts, chat, predict)
+            pred = draft(seq[:, 1:], features=feats[:, :-1]).logits[0, P - 2: P - 2 + n].argmax(-1)
+        else:
+            pred = draft(seq).logits[0, P - 1: P - 1 + n].argmax(-1)
+        hit, tot = counts.get(cat, (0, 0))
+        counts[cat] = (hit + int((pred == seq[0, P:]).sum()), tot + n)
+    return {cat: (hit / max(1, tot), tot) for cat, (hit, tot) in counts.items()}
 
 
 @torch.no_grad()
 def depth2_agreement(target, draft, tok, new_tokens=64, prompts=None, chat=None):
     """A feature draft's second chain token: from the target's feature at r and the token r+1 it
     predicts feature r+1 itself, then token r+3 from (token r+2, that prediction). {category: share}."""
-    def predict(P, seq):
+    counts = {}
+    for cat, P, seq in _answers(target, tok, new_tokens, prompts, chat):
         feats = _target_features(target, seq)
         draft(seq[:, 1:], features=feats[:, :-1])
         g = draft.last_features  # [1, L-1, H]: row r estimates the target's feature r+1
         # row r of the second pass reads token r+2 and the estimate of feature r+1, predicts r+3
         pred = draft(seq[:, 2:], features=g[:, :-1]).logits[0].argmax(-1)
         rows = torch.arange(P - 3, seq.shape[1] - 3)
-        return pred[rows], seq[0, rows + 3]
-
-    return {cat: share for cat, (share, _) in _tally(target, tok, new_tokens, prompts, chat, predict).items()}
+        hit, tot = counts.get(cat, (0, 0))
+        counts[cat] = (hit + int((pred[rows] == seq[0, rows + 3]).sum()), tot + rows.numel())
+    return {cat: hit / max(1, tot) for cat, (hit, tot) in counts.items()}
 
 
 @torch.no_grad()

@@ -192,7 +192,8 @@ class ModelDrafter(Drafter):
         Shape: -> (logits [B, V] after each root, roots int64 [B], active int64 [B] 0/1) on the device."""
         d, B = ctx.draft, ctx.batch
         d.begin(ctx.seqs, ctx.active)
-        logits, up = d.forward(rows=[(b, d.root[b]) for b in range(B)], extra=list(d.root) + [int(a) for a in ctx.active])
+        logits, up = d.forward(rows=[(b, d.root[b]) for b in range(B)],
+                               extra=list(d.root) + [int(a) for a in ctx.active])
         return logits, up[:B], up[B:]
 
     @staticmethod

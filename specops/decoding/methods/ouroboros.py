@@ -179,7 +179,7 @@ class Ouroboros(ModelDrafter):
         for i, col in enumerate(cols):
             self.pool.insert(win[i][0], win[i][1:] + [arg(col[-1])])  # the column's n-gram
             # Jacobi step: every window token becomes the draft's argmax at its parent.
-            win[i] = [arg(root if i == 0 else cols[i - 1][0])] + [arg(col[level - 1]) for level in range(1, self._phrase)]
+            win[i] = [arg(root if i == 0 else cols[i - 1][0])] + [arg(node) for node in col[:-1]]
         return new, path
 
     def _comb(self, ctx, drafted, forwards):
