@@ -6,10 +6,10 @@ from dataclasses import dataclass
 import torch
 
 from .. import models, parallel
-from . import adaptive as _adaptive
-from . import methods
 from ..draft_models import is_feature_draft
 from ..engine.runner import LINEARS
+from . import adaptive as _adaptive
+from . import methods
 from .draft_lm import DraftLM
 from .eagle import FeatureDraftLM
 from .grammar import Grammar
@@ -25,12 +25,12 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
              batch_invariant="auto", json_schema=None, regex=None, ebnf=None, grammar_engine=None, **method_params):
     """Generates with ``method`` and returns ``(new_tokens, metrics)``.
 
-    Shape: -> new_tokens int64 [B, n] (generated tokens only, right-padded with the pad token
-    where sequences stopped early; ``metrics.lengths`` has each length).
+    Shape: -> new_tokens int64 [B, n] (generated tokens only, right-padded with the pad token where a
+    sequence stopped early; ``metrics.lengths`` has each length).
 
     target: an HF causal LM, an embedded name ("smollm2-135m", "gemma3-270m") or a model path.
-    prompt: a string or list of strings (tokenised with the target's tokenizer), a LongTensor
-        [B, L] or [L], or a list of token-id lists (ragged batches).
+    prompt: a string or strings (tokenised with the target's tokenizer), a LongTensor [B, L] or [L],
+        or token-id lists (ragged batches).
     draft: an HF model, an embedded name ("smollm2-135m-int8", ...), a path, or None (the method's
         default: the best embedded draft for an embedded target; model-free methods need none).
     method: one of ``specops.decoding.METHODS`` (default "ngram": docs/methods.md §Which method for
@@ -38,55 +38,50 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
     temperature / top_k / top_p: sampling (temperature 0 = greedy), shared by draft and target.
     stop: stop strings (need a tokenizer); eos_token_id: int or list (None = the model's; [] = none).
     seed: all randomness comes from one generator seeded with it.
-    dtype: for models loaded by name ("bf16" default, "fp32"); max_len: cache length (default:
-        what this call needs, checked against the model's max_position_embeddings).
-    compare_ar: also decode autoregressively (same settings, same process) and fill
+    dtype: for models loaded by name ("bf16" default, "fp32"); max_len: cache length (default: what
+        this call needs, checked against the model's max_position_embeddings).
+    compare_ar: also decode autoregressively (same settings and process) and fill
         ``metrics.ar_tokens_per_s`` / ``metrics.speedup``.
     stream: ``callable(b, token_ids)`` called as tokens are emitted.
     adaptive: True (default) sizes every block from the acceptance and step costs seen so far, down
         to AR steps without a draft (docs/methods.md §Adaptive speculation); False keeps the
         method's fixed budget; an ``AdaptiveConfig`` sets the controller.
-    kv_layout: "contiguous" (default; one [max_len] slab per sequence) or "paged" (fixed-size pages
-        of ``page_size`` rows, a power of two); target and draft caches alike. Greedy output is the
-        same token for token.
-    compile: run the target and draft forwards compiled (``torch.compile(fullgraph=True)``; blocks of
-        up to 64 rows padded to a bucket of 1, 2, 4, ..., 64 rows; docs/compile.md). Each (model,
-        bucket) compiles once per process (inductor's disk cache keeps the code); the seconds spent
-        compiling are ``metrics.compile_time_s`` and are left out of the decode time. Greedy output
-        is token-identical to eager. ``compile_mode``: torch.compile's mode ("default";
-        "reduce-overhead" captures CUDA graphs on a GPU).
+    kv_layout: "contiguous" (default; one [max_len] slab per sequence) or "paged" (pages of
+        ``page_size`` rows, a power of two), target and draft caches alike; greedy output is the same.
+    compile: compiled forwards (``torch.compile(fullgraph=True)``, blocks of up to 64 rows padded to
+        a bucket of 1, 2, 4, ..., 64 rows; docs/compile.md), each (model, bucket) once per process
+        (inductor's disk cache keeps the code); the compile seconds are ``metrics.compile_time_s``,
+        left out of the decode time; greedy output is eager's. ``compile_mode``: torch.compile's
+        ("default"; "reduce-overhead" captures CUDA graphs on a GPU).
     linear: "auto" (default) runs a bf16/fp16 CPU model's linear layers through
-        :func:`specops.linear` (one pass over each weight serves a whole block; one-row steps too:
+        :func:`specops.linear` (one pass over each weight serves a whole block, and one-row steps;
         docs/batch_invariance.md), "specops" any model's, "torch" none.
     batch_invariant: the target runs batch-invariant ops (every linear through
-        :func:`specops.linear`, the attention's invariant schedule: docs/batch_invariance.md), so a
-        verified block's logits have the bits of AR's one-row steps and every lossless method's greedy
-        output equals ``method="ar"``'s with ``batch_invariant=True``, token for token, in bf16 too
-        (and a sequence's output does not depend on its batch-mates). Needs a CPU target in fp32,
-        bf16 or fp16 whose linear layers are plain ``nn.Linear``; ``linear`` "auto" or "specops".
-        "auto" (default): on for a bf16/fp16 CPU target with such linears (and ``linear`` not
-        "torch"), where it decodes as fast as the fast path (docs/batch_invariance.md); off elsewhere.
-    json_schema / regex / ebnf: structured output (at most one; needs a tokenizer and a grammar engine,
-        ``pip install specops[grammar]``; ``grammar_engine``: "xgrammar" (default) or "llguidance"):
-        the target's logits at every draft-tree node are masked to the tokens the grammar allows
-        after that node's path, so every method's output follows the grammar (a JSON schema as a
-        dict or string, a regex the whole output matches, an EBNF/GBNF grammar with rule ``root``)
-        and verification stays exact for the masked distribution (greedy: lossless methods give
-        AR's tokens under the same grammar). The grammar's end (its EOS) stops a sequence.
-        docs/structured.md.
+        :func:`specops.linear`, the attention's invariant schedule), so a verified block's logits
+        have the bits of AR's one-row steps: every lossless method's greedy output equals
+        ``method="ar"``'s, token for token, in bf16 too, and a sequence's output does not depend on
+        its batch-mates. Needs a CPU target in fp32/bf16/fp16 with plain ``nn.Linear`` layers and
+        ``linear`` "auto" or "specops". "auto" (default): on for such a bf16/fp16 target unless
+        ``linear="torch"`` (as fast as the fast path there; docs/batch_invariance.md), else off.
+    json_schema / regex / ebnf: structured output (at most one; a JSON schema as a dict or string, a
+        regex the whole output matches, or an EBNF/GBNF grammar with rule ``root``; needs a
+        tokenizer and ``pip install specops[grammar]``; ``grammar_engine``: "xgrammar" (default) or
+        "llguidance"): the target's logits at every draft-tree node are masked to the tokens the
+        grammar allows after that node's path, so every method's output follows it and verification
+        stays exact for the masked distribution (greedy: lossless methods give AR's tokens under
+        the same grammar); the grammar's end (its EOS) stops a sequence. docs/structured.md.
     logprobs: also sum the emitted tokens' target log-likelihood (``metrics.perplexity``; one gather
-        per step). Methods that are not lossless (MJSD, GSD's R5) always do.
-    tp_size: tensor parallelism for a target loaded by name or path (docs/scaling.md): run every
-        rank under ``torchrun --nproc-per-node N`` and the target is loaded sharded over the N
-        ranks (transformers' ``DistributedConfig(tp_size=N)``); each rank caches its own KV heads,
-        the draft is replicated, and every host decision is taken together. None (default): the
-        torchrun world size (1 outside torchrun). A target model passed in is used as it is
-        (sharded or not); ``tp_size``, when given, must match it.
+        per step); methods that are not lossless (MJSD, GSD's R5) always do.
+    tp_size: tensor parallelism for a target loaded by name or path (docs/scaling.md): under
+        ``torchrun --nproc-per-node N`` the target loads sharded over the N ranks (transformers'
+        ``DistributedConfig(tp_size=N)``), each rank caching its own KV heads, the draft replicated,
+        every host decision taken together. None (default): the torchrun world size (1 outside
+        torchrun). A target model passed in is used as it is; ``tp_size``, if given, must match it.
 
-    Bad input (unknown method or parameter, a parameter of the wrong type or out of range, draft
-    with another vocabulary, prompt too long for the cache, empty prompt, temperature < 0, ...)
-    raises ValueError naming the parameter and showing its value, before any model forward
-    (TypeError for a ``stream`` that is not callable or a target/draft that is not a model).
+    Bad input (unknown method or parameter, a parameter of the wrong type or out of range, a draft
+    with another vocabulary, a prompt too long for the cache or empty, temperature < 0, ...) raises
+    ValueError naming the parameter and showing its value before any model forward (TypeError for
+    a ``stream`` that is not callable or a target/draft that is not a model).
     """
     drafter, adaptive, sampling, stop, runner_kw, tp = _validate(
         method, method_params, adaptive, temperature, top_k, top_p, linear, batch_invariant, tp_size, target,
@@ -132,8 +127,8 @@ def _validate(method, method_params, adaptive, temperature, top_k, top_p, linear
     sampling = SamplingConfig(temperature, top_k, top_p)
     stop = _check_args(**checked)
     runner_kw = _runner_kw(*runner_kw)
-    if not (isinstance(batch_invariant, bool) or batch_invariant == "auto"):
-        raise ValueError(f"batch_invariant must be True, False or 'auto', got {batch_invariant!r}")
+    _require(isinstance(batch_invariant, bool) or batch_invariant == "auto", "batch_invariant",
+             "True, False or 'auto'", batch_invariant)
     if batch_invariant is True and linear == "torch":
         raise ValueError("batch_invariant=True runs every linear through specops.linear: linear must be 'auto' or "
                          "'specops', got 'torch'")
@@ -168,7 +163,9 @@ def _setup(target, prompt, draft, drafter, method, dtype, tp, tokenizer, eos_tok
         if bad:
             raise ValueError(f"prompt {b} has token ids outside the target's vocabulary [0, {V}): "
                              f"got prompt[{b}][{bad[0]}] = {p[bad[0]]}")
-    _check_eos_vocab(eos_token_id, V)
+    for t in [eos_token_id] if _is_int(eos_token_id) else (eos_token_id or ()):  # explicit stop ids
+        if t >= V:
+            raise ValueError(f"eos_token_id must lie in the target's vocabulary [0, {V}), got {t}")
 
     draft_model = None
     if drafter.needs_draft_model:
@@ -181,7 +178,7 @@ def _setup(target, prompt, draft, drafter, method, dtype, tp, tokenizer, eos_tok
         # would add a broadcast of every proposal while the other ranks wait.
         draft_model, draft_tok = _resolve_model(draft, None, "draft")
         parallel.check_placement(draft_model, "draft")
-        _check_weights(draft_model, "draft", _device_of(target))
+        _check_weights(draft_model, "draft", getattr(next(target.parameters(), None), "device", None))
         _check_same_vocab(target, tokenizer, draft_model, draft_tok)
 
     need = max(len(p) for p in prompts) + max_new_tokens + drafter.tree_budget() + 1
@@ -256,46 +253,34 @@ def _is_int(v):
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _require(ok, name, want, value):
+    """The shape of every plain argument check: ValueError ``"{name} must be {want}, got {value!r}"``."""
+    if not ok:
+        raise ValueError(f"{name} must be {want}, got {value!r}")
+
+
 def _check_args(*, max_new_tokens, stop, eos_token_id, tokenizer, seed, dtype, max_len, compare_ar, stream,
                 record_steps, logprobs):
     """Every plain parameter of ``generate``, before any model is touched. Returns ``stop`` as a list."""
-    if not _is_int(max_new_tokens) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    if max_len is not None and (not _is_int(max_len) or max_len < 1):
-        raise ValueError(f"max_len must be None or an int >= 1, got {max_len!r}")
-    if not _is_int(seed) or not -2**63 <= seed < 2**64:
-        raise ValueError(f"seed must be an int in [-2**63, 2**64), got {seed!r}")
-    if isinstance(stop, str):
-        stop = [stop]
-    if stop is not None and (not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop)):
-        raise ValueError(f"stop must be None, a string or a list of strings, got {stop!r}")
+    _require(_is_int(max_new_tokens) and max_new_tokens >= 1, "max_new_tokens", "an int >= 1", max_new_tokens)
+    _require(max_len is None or _is_int(max_len) and max_len >= 1, "max_len", "None or an int >= 1", max_len)
+    _require(_is_int(seed) and -2**63 <= seed < 2**64, "seed", "an int in [-2**63, 2**64)", seed)
+    stop = [stop] if isinstance(stop, str) else stop
+    _require(stop is None or isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop), "stop",
+             "None, a string or a list of strings", stop)
     eos = [eos_token_id] if _is_int(eos_token_id) else eos_token_id
-    if eos is not None and (not isinstance(eos, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in eos)):
-        raise ValueError(f"eos_token_id must be None, an int >= 0 or a list of them, got {eos_token_id!r}")
+    _require(eos is None or isinstance(eos, (list, tuple)) and all(_is_int(t) and t >= 0 for t in eos),
+             "eos_token_id", "None, an int >= 0 or a list of them", eos_token_id)
     if tokenizer is not None and not callable(getattr(tokenizer, "decode", None)):
         raise ValueError("tokenizer must be None or a tokenizer (with a decode method), got "
                          f"{type(tokenizer).__name__}")
     if dtype is not None:
         models.resolve_dtype(dtype, None)  # ValueError naming dtype
     for name, flag in (("compare_ar", compare_ar), ("record_steps", record_steps), ("logprobs", logprobs)):
-        if not isinstance(flag, bool):
-            raise ValueError(f"{name} must be a bool, got {flag!r}")
+        _require(isinstance(flag, bool), name, "a bool", flag)
     if stream is not None and not callable(stream):
         raise TypeError(f"stream must be a callable(b, token_ids), got {type(stream).__name__}")
     return stop
-
-
-def _check_eos_vocab(eos_token_id, V):
-    """Explicit stop ids must be tokens of the target's vocabulary [0, V)."""
-    eos = [eos_token_id] if _is_int(eos_token_id) else (eos_token_id or ())
-    for t in eos:
-        if t >= V:
-            raise ValueError(f"eos_token_id must lie in the target's vocabulary [0, {V}), got {t}")
-
-
-def _device_of(model):
-    p = next(model.parameters(), None)
-    return None if p is None else p.device
 
 
 _WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what the caches and kernels take
@@ -351,8 +336,7 @@ def _check_page_size(runner_kw, max_len):
 
 def _check_tp_size(tp_size, target):
     """The TP degree to load a target by name or path with (1: unsharded)."""
-    if tp_size is not None and (not _is_int(tp_size) or tp_size < 1):
-        raise ValueError(f"tp_size must be None or an int >= 1, got {tp_size!r}")
+    _require(tp_size is None or _is_int(tp_size) and tp_size >= 1, "tp_size", "None or an int >= 1", tp_size)
     if isinstance(target, torch.nn.Module):
         have = parallel.tp_size(target)
         if tp_size is not None and tp_size != have:
@@ -365,17 +349,13 @@ def _check_tp_size(tp_size, target):
 def _runner_kw(kv_layout, page_size, compile=False, compile_mode="default", linear="auto"):
     """The runner keywords for ``kv_layout`` / ``page_size`` / ``compile`` / ``linear`` (checked
     here, before any model work). Defaults pass none: they are every runner's defaults."""
-    if not isinstance(linear, str) or linear not in LINEARS:
-        raise ValueError(f"linear must be one of {LINEARS}, got {linear!r}")
-    if not isinstance(compile, bool):
-        raise ValueError(f"compile must be a bool, got {compile!r}")
-    if not isinstance(compile_mode, str):
-        raise ValueError(f"compile_mode must be a torch.compile mode string, got {compile_mode!r}")
+    _require(isinstance(linear, str) and linear in LINEARS, "linear", f"one of {LINEARS}", linear)
+    _require(isinstance(compile, bool), "compile", "a bool", compile)
+    _require(isinstance(compile_mode, str), "compile_mode", "a torch.compile mode string", compile_mode)
     kw = {"compile": True, "compile_mode": compile_mode} if compile else {}
-    if kv_layout not in ("contiguous", "paged"):
-        raise ValueError(f"kv_layout must be 'contiguous' or 'paged', got {kv_layout!r}")
-    if not _is_int(page_size) or page_size < 1 or page_size & (page_size - 1):
-        raise ValueError(f"page_size must be a power of two >= 1 (rows per KV page), got {page_size!r}")
+    _require(kv_layout in ("contiguous", "paged"), "kv_layout", "'contiguous' or 'paged'", kv_layout)
+    _require(_is_int(page_size) and page_size >= 1 and not page_size & (page_size - 1), "page_size",
+             "a power of two >= 1 (rows per KV page)", page_size)
     if kv_layout == "paged":
         kw.update(kv_layout="paged", page_size=page_size)
     if linear != "auto":
@@ -420,9 +400,9 @@ def _check_same_vocab(target, target_tok, draft, draft_tok):
     if vt != vd:
         raise ValueError(f"the draft's vocabulary ({vd} tokens) differs from the target's ({vt}); "
                          f"the draft must share the target's tokenizer")
-    if target_tok is not None and draft_tok is not None and target_tok is not draft_tok:
-        if len(target_tok) != len(draft_tok) or target_tok.get_vocab() != draft_tok.get_vocab():
-            raise ValueError("the draft's tokenizer differs from the target's; the draft must share it")
+    if target_tok is not None and draft_tok is not None and target_tok is not draft_tok and \
+            (len(target_tok) != len(draft_tok) or target_tok.get_vocab() != draft_tok.get_vocab()):
+        raise ValueError("the draft's tokenizer differs from the target's; the draft must share it")
 
 
 def _prompts(prompt, tokenizer):

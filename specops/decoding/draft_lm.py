@@ -2,22 +2,21 @@
 
 Draft-cache policy (docs/methods.md §KV caches), one mechanism for every drafter:
 
-* ``cached[b]`` mirrors the tokens whose draft K/V are committed. Before drafting, ``begin`` keeps
-  the longest prefix of ``cached[b]`` that agrees with the sequence (a metadata-only truncate) and
-  opens a block whose first nodes are the catch-up chain: every sequence token not yet cached,
-  ending with the pending root ``r`` (so the draft always computes a fresh distribution after ``r``).
-  SD's "feed ``x_gamma`` and the bonus" (the draft never ran on ``x_gamma``) and OPT-Tree's
-  "re-feed the accepted tokens" are both this catch-up chain.
-* Drafters add tree nodes below the chain and ``forward`` computes every node not yet fed, in one
-  forward with ``q_start`` at the first unfed node. A node's token and parent are either host ints
-  (``add``: a host search chose them) or device values (``add_device``: chosen on the device, never
-  read; a parent on the device must be a node fed by an earlier forward); the node counts are always
-  on the host. The host-known part of the new nodes travels in one staged upload (nothing blocks),
-  the device values are scattered into the block's device copy (tokens, parents).
+* ``cached[b]`` mirrors the tokens whose draft K/V are committed. ``begin`` keeps the longest prefix
+  of ``cached[b]`` that agrees with the sequence (a metadata-only truncate) and opens a block whose
+  first nodes are the catch-up chain: every sequence token not yet cached, ending with the pending
+  root ``r`` (so the draft always computes a fresh distribution after ``r``). SD's "feed
+  ``x_gamma`` and the bonus" and OPT-Tree's "re-feed the accepted tokens" are both this chain.
+* Drafters add nodes below the chain; ``forward`` computes every node not yet fed in one forward
+  (``q_start`` at the first unfed node). A node's token and parent are host ints (``add``: a host
+  search chose them) or device values (``add_device``: never read; a device parent must be a node
+  fed by an earlier forward); node counts are always on the host. The host-known part of the new
+  nodes travels in one staged upload (nothing blocks); device values are scattered into the
+  block's device copy (tokens, parents).
 * ``commit_paths`` keeps a root path of fed block nodes (their K/V were computed under exactly that
-  context) with the runner's ``keep``, the target's own compaction. Anything else is dropped by the
-  next ``begin``. The tokens of kept device nodes come from the caller (the step's one read brought
-  the accepted path's tokens back), so a commit reads nothing.
+  context) with the runner's ``keep``, the target's own compaction; anything else is dropped by
+  the next ``begin``. Kept device nodes' tokens come from the caller (the step's one read brought
+  the accepted path back), so a commit reads nothing.
 """
 import torch
 

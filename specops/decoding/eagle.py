@@ -55,8 +55,7 @@ class FeatureDraftLM(DraftLM):
         return out
 
     def begin(self, seqs, active):
-        trimmed = [self.cached[b][: self.exact[b]] for b in range(self.B)]
-        self.cached = trimmed
+        self.cached = [self.cached[b][: self.exact[b]] for b in range(self.B)]
         super().begin(seqs, active)
         self.exact = [len(c) for c in self.cached]
         self._base = list(self.exact)

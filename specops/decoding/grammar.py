@@ -1,26 +1,25 @@
 """Grammar-constrained decoding over draft trees: one grammar state per tree node.
 
-A :class:`Grammar` compiles a JSON schema, a regex or an EBNF grammar once per request, with an
-optional engine (``pip install specops[grammar]``: ``xgrammar``, the default, or ``llguidance``),
-and keeps one *committed* matcher per sequence: the state after every token emitted so far,
-the tree's root (the pending token) included. Per step:
+A :class:`Grammar` compiles a JSON schema, a regex or an EBNF grammar once per request with an
+optional engine (``pip install specops[grammar]``: ``xgrammar``, the default, or ``llguidance``) and
+keeps one *committed* matcher per sequence: the state after every token emitted so far, the tree's
+root (the pending token) included. Per step:
 
-1. :meth:`Grammar.fill_tree_bitmask` walks each sequence's draft tree depth-first from the
-   committed state: node ``i``'s row is the set of tokens allowed after the path root -> ``i``
-   (the tokens of nodes 1..i; the root's token is already committed). The walk goes down with
-   one token and back up with a rollback of one, so no state is copied; a node whose token its
-   parent's row does not allow is *dead*: it can never be accepted (its masked probability is 0),
-   it and its subtree get an all-allowed row (never read by a correct verification), and
-   ``valid`` marks it so a drafter may prune it. A stop token ends its branch: its row allows
-   everything and its subtree is dead (the loop stops there).
-2. The caller applies the rows to the target's tree logits (``specops.apply_token_bitmask``) and
-   verifies as usual: the result is the target distribution renormalised over the allowed tokens
-   at every node, exactly.
-3. :meth:`Grammar.advance` consumes the emitted tokens (accepted path, then the bonus token) on
-   the committed matchers. Nothing else ever changes them.
+1. :meth:`Grammar.fill_tree_bitmask` walks each draft tree depth-first from the committed state:
+   node ``i``'s row is the set of tokens allowed after the path root -> ``i`` (the tokens of nodes
+   1..i). Going down consumes one token, going up rolls one back, so no state is copied. A node
+   whose token its parent's row does not allow is *dead* (never accepted: its masked probability is
+   0): it and its subtree get all-allowed rows (never read by a correct verification) and ``valid``
+   marks them, so a drafter may prune them. A stop token ends its branch: its row allows
+   everything, its subtree is dead (the loop stops there).
+2. The caller masks the target's tree logits with the rows (``specops.apply_token_bitmask``) and
+   verifies as usual: the target distribution renormalised over the allowed tokens at every node,
+   exactly.
+3. :meth:`Grammar.advance` consumes the emitted tokens (accepted path, then the bonus token) on the
+   committed matchers; nothing else changes them.
 
-The host does the grammar work (the engines are CPU libraries); a step costs one mask per tree
-node and sequence (docs/structured.md has the measured figures).
+The engines are CPU libraries: a step costs one mask per tree node and sequence on the host
+(docs/structured.md has the measured figures).
 """
 import importlib.util
 import json
@@ -233,13 +232,7 @@ class Grammar:
         """Allowed next tokens of each committed state (an AR step, or the prefill's first token).
 
         Shape: -> int32 [B, W]; a terminated sequence's row allows every token (never read)."""
-        rows = self._new_rows(self.batch_size)
-        for b, m in enumerate(self._matchers):
-            if self._done[b]:
-                rows[b] = -1
-            else:
-                self.engine.fill(m, rows, b)
-        return self._fit(rows)
+        return self.rows_after([(b, ()) for b in range(self.batch_size)])
 
     def fill_tree_bitmask(self, parents, tokens, num_nodes=None, *, with_valid=False):
         """Allowed next tokens at every node of a batch of draft trees.

@@ -139,8 +139,7 @@ class Decoder:
         self.grammar.advance([list(k) for k in emitted])
         for b, done in enumerate(self.grammar.is_terminated()):
             if done and self.state.active[b]:
-                self.state.active[b], self.reasons[b] = False, "grammar"
-                self.active_t[b] = False
+                self._finish(b, "grammar")
 
     def _emit_one(self, b, new):
         """Appends sequence ``b``'s new tokens up to a stop condition; returns the kept ones."""
@@ -148,32 +147,32 @@ class Decoder:
         kept, reason = self.stopper.cut(s.generated(b), new)
         s.seqs[b] += kept
         if reason:
-            s.active[b], self.reasons[b] = False, reason
-            self.active_t[b] = False  # a fill on the device: no host data
+            self._finish(b, reason)
         return kept
+
+    def _finish(self, b, reason):
+        self.state.active[b], self.reasons[b] = False, reason
+        self.active_t[b] = False  # a fill on the device: no host data
 
 
 def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None, tokenizer=None,
-           stream=None, record_steps=False, track_logprobs=None, metrics=None, adaptive=None, ranks=None,
-           grammar=None):
-    """Runs ``drafter``'s method to completion. ``target``: a ModelRunner; ``draft``: a DraftLM or
-    None. ``adaptive``: None (fixed budgets) or an AdaptiveConfig; then
-    ``drafter.enable_adaptive(adaptive)`` must have run before the caches were sized. ``ranks``: the
-    :class:`specops.parallel.RankGroup` of a tensor-parallel target (host decisions taken together,
-    optional per-step divergence check). ``grammar``: a :class:`specops.decoding.grammar.Grammar`
-    of ``len(prompts)`` sequences: the target's logits at every block node are masked to the tokens
-    the grammar allows after the node's path (docs/structured.md), its stop tokens must be among the
-    stopper's EOS ids.
-    ``track_logprobs``: sum the emitted tokens' target log-likelihood (``metrics.perplexity``; a
-    gather per step); None = only for methods that are not lossless (MJSD, GSD's R5).
+           stream=None, record_steps=False, track_logprobs=None, adaptive=None, ranks=None, grammar=None):
+    """Runs ``drafter``'s method to completion -> (generated token lists per sequence, Metrics).
 
-    Returns (generated token lists per sequence, Metrics)."""
-    m = metrics if metrics is not None else Metrics()
+    ``target``: a ModelRunner; ``draft``: a DraftLM or None. ``adaptive``: None (fixed budgets) or an
+    AdaptiveConfig (``drafter.enable_adaptive(adaptive)`` ran before the caches were sized).
+    ``ranks``: a tensor-parallel target's :class:`specops.parallel.RankGroup` (host decisions taken
+    together, optional per-step divergence check). ``grammar``: a Grammar of ``len(prompts)``
+    sequences masking the target's logits at every block node (docs/structured.md); its stop tokens
+    must be among the stopper's EOS ids. ``track_logprobs``: sum the emitted tokens' target
+    log-likelihood (``metrics.perplexity``; a gather per step); None = only for methods that are not
+    lossless (MJSD, GSD's R5)."""
+    m = Metrics()
     m.method, m.batch_size = drafter.name, len(prompts)
     t_start = time.perf_counter()
     track = (not drafter.lossless) if track_logprobs is None else track_logprobs
     logprob = _LogprobSum() if track else None
-    observers = [_MetricsObserver(m, record_steps)]
+    observers = [_metrics_observer(m, record_steps)]
     if adaptive is not None:
         observers.append(_controller_observer(m))
     if stream is not None:
@@ -208,12 +207,9 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
 
 # ---- observers ----------------------------------------------------------------------------------
 
-class _MetricsObserver:
-    def __init__(self, m, record_steps):
-        self.m, self.record_steps = m, record_steps
-
-    def __call__(self, dec, r):
-        m, d, res = self.m, r.draft, r.result
+def _metrics_observer(m, record_steps):
+    def observe(dec, r):
+        d, res = r.draft, r.result
         m.num_target_forwards += 1
         for b in range(len(r.was_active)):
             if not r.was_active[b]:
@@ -225,10 +221,11 @@ class _MetricsObserver:
         m.draft_time_s += r.draft_s
         m.verify_time_s += r.verify_s
         m.bookkeeping_time_s += r.keep_s + r.commit_s
-        if self.record_steps:
+        if record_steps:
             m.steps.append({"active": list(r.was_active), "nodes": res.num_nodes,
                             "accepted": [max(len(p) - 1, 0) for p in res.paths], "budget": r.budget,
                             "draft_s": r.draft_s, "verify_s": r.verify_s, "bookkeeping_s": r.keep_s + r.commit_s})
+    return observe
 
 
 def _controller_observer(m):

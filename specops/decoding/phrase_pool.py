@@ -3,6 +3,7 @@ newest ``capacity`` continuations (tuples of ``length`` tokens), oldest evicted 
 a phrase moves it to the newest position. The pool can persist across prompts (phrases from history
 contexts)."""
 import collections
+import itertools
 
 
 class PhrasePool:
@@ -38,14 +39,7 @@ class PhrasePool:
     def get(self, key, k):
         """Up to ``k`` phrases for ``key``, newest first."""
         slot = self._by_key.get(key)
-        if not slot or k <= 0:
-            return []
-        out = []
-        for phrase in reversed(slot):
-            out.append(list(phrase))
-            if len(out) >= k:
-                break
-        return out
+        return [list(p) for p in itertools.islice(reversed(slot), max(k, 0))] if slot else []
 
     def add_ngrams(self, tokens, start=0):
         """Inserts every (key, continuation) n-gram of ``tokens`` that ends at or after ``start``."""

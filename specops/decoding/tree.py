@@ -16,22 +16,20 @@ class Draft:
     Shape: tokens int64 [B, T] (node 0 = the pending root; padding 0), parents int32 [B, T]
     (``parents[b, 0] = -1``, padding 0), num_nodes int32 [B].
 
-    Draft rows, only for the rejection modes (``mss``, ``mss_noreplace``, ``gsd``), which test each
-    node against the distribution it was drawn from: ``draft_logits`` fp32 [B, T, V] or None, row
-    ``i`` = the proposer's logits at node ``i``'s parent (before warping; zeros where the drafter
-    has none: a zero row is uniform under any warp, top-k and top-p keep ties), and ``draft_warp``
-    (a SamplingConfig: the temperature / top-k / top-p the drafter warped them with); verification
-    warps the rows its walk reads (``verify_tree_logits``), so no probability tensor is built.
-    ``src`` int32 [B, T] or None: the draft-block node that holds node ``i``'s draft K/V, or -1
-    (never fed, or a copy made under another context): read back along the accepted path with the
-    step's one read, for the drafter's commit.
+    Only for the rejection modes (``mss``, ``mss_noreplace``, ``gsd``), which test a node against
+    the distribution it was drawn from: ``draft_logits`` fp32 [B, T, V] or None, row ``i`` = the
+    proposer's unwarped logits at node ``i``'s parent (zeros where the drafter has none: uniform
+    under any warp, top-k and top-p keep ties), warped with ``draft_warp`` (a SamplingConfig);
+    verification warps the rows its walk reads (``verify_tree_logits``: no probability tensor).
+    ``src`` int32 [B, T] or None: the draft-block node holding node ``i``'s draft K/V, or -1 (never
+    fed, or a copy made under another context), read back along the accepted path with the step's
+    one read, for the drafter's commit.
 
-    Host fields (known to the drafter without a read; metrics and the adaptive controller):
-    ``depth`` [B] the tree depth per sequence (a device int tensor for a tree built on the device:
-    the step's read brings it back), ``depth_drafted`` [B] drafting steps spent (GSD's
-    acceptance-rate denominator), ``drafted_nodes`` [B] nodes the drafter produced, root included
-    (GSD counts graph nodes, which the unmerged tree may exceed), ``copied`` [B][T] or None: node
-    reached through a merge edge (GSD graph success).
+    Host fields (known without a read; for metrics and the adaptive controller): ``depth`` [B] tree
+    depths (a device int tensor for a tree built on the device: the step's read brings it back),
+    ``depth_drafted`` [B] drafting steps spent (GSD's acceptance-rate denominator),
+    ``drafted_nodes`` [B] nodes produced, root included (GSD counts graph nodes, which the unmerged
+    tree may exceed), ``copied`` [B][T] or None: node reached through a merge edge (GSD).
 
     MJSD (R6): ``log_q_joint`` fp32 [B, g], the draft's joint log-probs of the chain's prefixes;
     ``joint_tau``; ``joint_warp`` (temperature, top_k, top_p) of its joint test."""
@@ -163,15 +161,11 @@ class Trie:
         self._kids[node].setdefault(token, len(self.tokens) - 1)
         return len(self.tokens) - 1
 
-    def insert(self, node, seq, limit=None):
-        """Appends ``seq`` below ``node`` sharing existing prefixes; stops at ``limit`` nodes."""
+    def insert(self, node, seq):
+        """Appends ``seq`` below ``node`` sharing existing prefixes."""
         for tok in seq:
             nxt = self._kids[node].get(tok)
-            if nxt is None:
-                if limit is not None and len(self.tokens) >= limit:
-                    return
-                nxt = self.add(node, tok)
-            node = nxt
+            node = self.add(node, tok) if nxt is None else nxt
 
     def __len__(self):
         return len(self.tokens)
