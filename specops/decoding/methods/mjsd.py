@@ -1,15 +1,14 @@
-"""MJSD (docs/methods.md §MJSD): a beam-search draft verified by joint likelihood (R6). Approximate
-by design: it aims at lower perplexity than greedy decoding, not at the target's distribution.
+"""MJSD (docs/methods.md §MJSD): a beam-search draft verified by joint likelihood (R6); approximate
+by design (it aims at lower perplexity than greedy decoding, not at the target's distribution).
 
-Beam search runs inside the draft block as a tree (not as B x beams rows whose K/V get reordered):
-each step feeds the beams (a dead one, score -inf, is never expanded) and keeps the global
-top-``beams`` (beam, token) pairs by cumulative warped draft log-prob (``topn_expand``); no KV is
-copied until the final path is known, and the search stays on the device.
-The highest-scoring final beam is proposed as a chain with its per-prefix joint log-probs
-``log q_{1:j}``. Both ``p`` and ``q`` use MJSD's own warp for the joint test (temperature 1,
-top-``joint_top_k`` then top-``joint_top_p``; the paper's App. D: 20 and 0.9); the bonus token uses
-the generation's sampling config (argmax when greedy). ``tau = 1`` never accepts (target-only
-decoding); ``tau = 0`` accepts all.
+Beam search runs on the device inside the draft block as a tree (not B x beams rows whose K/V get
+reordered, so no KV is copied before the final path is known): each step feeds the beams (a dead
+one, score -inf, is never expanded) and keeps the global top-``beams`` (beam, token) pairs by
+cumulative warped draft log-prob (``topn_expand``). The best final beam is proposed as a chain with
+its per-prefix joint log-probs ``log q_{1:j}``. ``p`` and ``q`` use MJSD's own warp for the joint
+test (temperature 1, top-``joint_top_k`` then top-``joint_top_p``; the paper's App. D: 20 and 0.9),
+the bonus token the generation's sampling config (argmax when greedy). ``tau = 1`` never accepts
+(target-only decoding); ``tau = 0`` accepts all.
 """
 import math
 
@@ -49,12 +48,11 @@ class MJSD(ModelDrafter):
         return self.joint.warp(logits).clamp_min(0).log()
 
     def propose(self, ctx):
-        """The beams grow on the device: every layer's ``beams`` (token, parent) pairs come from
-        ``topn_expand`` and are fed back as they are (``add_device``: a drafting sequence adds
-        exactly ``beams`` nodes per layer, so the block's layout is known on the host; a beam whose
-        score is -inf is fed too and never expanded), and the best beam's chain is traced back on
-        the device, so drafting reads nothing. A grammar reads each layer once (its masks follow the
-        beams' tokens), and then only the finite beams are fed."""
+        """Every layer's ``beams`` (token, parent) pairs from ``topn_expand`` are fed back as they are
+        (``add_device``: a drafting sequence adds exactly ``beams`` nodes per layer, so the block's
+        layout is known on the host) and the best beam is traced back on the device: drafting reads
+        nothing. A grammar reads each layer once (its masks follow the beams' tokens), and then only
+        the finite beams are fed."""
         d, B, M = ctx.draft, ctx.batch, self.beams
         grammar = ctx.grammar is not None  # then every row is masked with its beam's allowed tokens
         logits, roots, active = self.first_forward(ctx)

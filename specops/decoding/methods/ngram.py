@@ -1,20 +1,20 @@
-"""Model-free drafting by n-gram / prompt lookup: continue the sequence the way it continued after
-the most recent earlier occurrences of its last ``n`` tokens (``max_ngram`` down to ``min_ngram``).
-``branches`` > 1 proposes several continuations (from different occurrences) merged into a token
-tree. ``max_gamma`` > ``gamma`` lets a sequence whose whole continuation was accepted propose twice
-as many tokens next time (up to ``max_gamma``; back to ``gamma`` after a rejection): copied
-passages are long, and on this CPU a verified token costs a small fraction of a target step.
-Proposals are deterministic given the text, so sampling uses R3p (lossless).
+"""Model-free drafting by n-gram / prompt lookup: continue the sequence as it continued after the
+most recent earlier occurrences of its last ``n`` tokens (``max_ngram`` down to ``min_ngram``).
+``branches`` > 1 merges several continuations (from different occurrences) into a token tree.
+``max_gamma`` > ``gamma`` lets a sequence whose whole continuation was accepted propose twice as
+many tokens next time (up to ``max_gamma``; ``gamma`` again after a rejection): copied passages are
+long, and on this CPU a verified token costs a small fraction of a target step. Proposals are
+deterministic given the text, so sampling uses R3p (lossless).
 
 Under adaptive speculation the controller's budget replaces the doubling rule and each proposal is
-also sized by its own evidence (:func:`longest_matches`): the occurrence whose match with the end
-of the text is longest (up to ``MAX_MATCH`` tokens, not only the last ``max_ngram``) is copied, for
-at most ``MATCH_SCALE`` tokens per matched token, one token after a match of ``SHORT_MATCH`` tokens
-or fewer. The match length predicts acceptance far better than one per-sequence rate: on the
-code-editing prompts (SmolLM2-135M, greedy, 160 tokens) a continuation after a 1-2 token match
-had its first token accepted 29-41 % of the time and a second one 12-19 %, after a 5+ token match
-93-98 % and 8 tokens 62-80 %; on a 2-core CPU a verified token costs ~13 % of a one-token step, so
-long proposals after weak matches were the time sink (docs/methods.md §Adaptive speculation)."""
+sized by its own evidence (:func:`longest_matches`): the occurrence with the longest match with the
+end of the text (up to ``MAX_MATCH`` tokens) is copied, for at most ``MATCH_SCALE`` tokens per
+matched token, one token after a match of ``SHORT_MATCH`` tokens or fewer. Why: the match length
+predicts acceptance far better than a per-sequence rate. On the code-editing prompts (SmolLM2-135M,
+greedy, 160 tokens) a continuation's first token was accepted 29-41 % of the time after a 1-2 token
+match (a second one 12-19 %), 93-98 % after a 5+ token match (8 tokens: 62-80 %); on a 2-core CPU a
+verified token costs ~13 % of a one-token step, so long proposals after weak matches were the time
+sink (docs/methods.md §Adaptive speculation)."""
 from ..tree import Candidates, Trie
 from .base import Drafter, count
 

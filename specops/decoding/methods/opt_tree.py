@@ -1,21 +1,19 @@
 """OPT-Tree (docs/methods.md §OPT-Tree): the draft tree that maximises the draft-estimated expected
 acceptance length E(A) = sum of path probabilities p̂ for a node budget ``n``.
 
-Each layer keeps exactly ``n`` nodes: the global top-``n`` (parent, token) pairs by
-p̂(parent) · q(token | path) over the previous layer (``topn_expand`` in log space). Drafting stops
-at ``max_depth`` or when E_sub (the sum of the ``n`` largest p̂ of all layers built so far,
-the paper's definition) grows by no more than ``delta``. The target verifies the ``n`` nodes with
-the largest p̂, a rooted subtree (the paper's Thm 3.1; ties go to the shallower node), ordered by depth.
-Greedy: R1; sampling: R4 (``sample_match``, the reference's rule; ``verify="mss_pointmass"`` gives
-the same acceptance probability).
+Each layer keeps the global top-``n`` (parent, token) pairs by p̂(parent) · q(token | path)
+(``topn_expand`` in log space). Drafting stops at ``max_depth`` or when E_sub (the sum of the ``n``
+largest p̂ of all layers so far, the paper's definition) grows by no more than ``delta``. The target
+verifies the ``n`` nodes with the largest p̂, a rooted subtree (the paper's Thm 3.1; ties go to the
+shallower node), ordered by depth. Greedy: R1; sampling: R4 (``sample_match``, the reference's
+rule; ``verify="mss_pointmass"`` has the same acceptance probability).
 
 ``sync_free`` picks how ``delta``'s stop reaches the draft block: False reads, per layer, how many
-entries each sequence feeds (0: it stopped) and ends drafting when none goes on; True feeds every
-layer's ``n`` entries for every sequence (a stopped sequence's are padding rows masked out of the
-next ``topn_expand``), runs all ``max_depth`` layers, and reads once per step (the drafting depths,
-for the metrics and the controller). None (the default): True when the draft runs on an
-accelerator, False on a CPU, where each layer past the stop costs a draft forward (docs/methods.md
-§OPT-Tree). A grammar reads each layer's tokens (its masks follow them) either way.
+entries each sequence feeds (0: it stopped) and ends when none goes on; True feeds every layer's
+``n`` entries for every sequence (a stopped one's are padding rows masked out of the next
+``topn_expand``), runs all ``max_depth`` layers and reads once per step (the drafting depths). None
+(the default): True when the draft runs on an accelerator, False on a CPU, where each layer past the
+stop costs a draft forward. A grammar reads each layer's tokens (its masks follow them) either way.
 """
 import torch
 
@@ -46,13 +44,10 @@ class OPTTree(ModelDrafter):
         return self.n * self.max_depth
 
     def propose(self, ctx):
-        """The layers grow on the device: each layer's ``n`` (token, parent) pairs come from
-        ``topn_expand`` and are fed back as they are (``add_device``: a sequence that goes on adds
-        its finite entries, a prefix of the layer), E_sub is kept on the device, and the subtree is
-        chosen there. Reading (``sync_free`` False), the one host decision is ``delta``'s stop: how
-        many entries each sequence feeds (0: it stops), read once per layer (a grammar reads the
-        layer's tokens with it: its masks follow them); sync-free, every sequence feeds all ``n``
-        entries of every layer and which of them were live stays on the device."""
+        """Each layer's ``n`` (token, parent) pairs from ``topn_expand`` are fed back as they are
+        (``add_device``: a sequence that goes on adds its finite entries, a prefix of the layer);
+        E_sub and the subtree choice stay on the device. The one host decision is ``delta``'s stop
+        (read per layer, or sync-free kept on the device: the module docstring)."""
         d, B, n = ctx.draft, ctx.batch, self.n
         grammar = ctx.grammar is not None  # then every row is masked with its path's allowed tokens
         sync_free = not grammar and (self.sync_free if self.sync_free is not None else d.device.type != "cpu")

@@ -1,38 +1,36 @@
 """Ouroboros (docs/methods.md §Ouroboros): phrase-accelerated drafting and phrase-lengthened drafts.
 
-Drafting (the paper leaves it to lookahead decoding): greedy drafting of the draft model where every
-draft forward is one tree block = [the tokens not yet in the draft cache, ending at the last token |
-a lookahead window | guesses]. The window is ``window`` columns x ``ngram - 1`` levels of Jacobi
-trajectories laid out as a comb (a level-0 spine, one tooth per column): a node's visible set (its
-ancestors) is exactly lookahead's mask (level 0 causal up to its column, plus its own column below
-it). After each forward every window token is replaced by the draft's argmax at its parent (a Jacobi
-step), and each column yields an n-gram for the pool. Guesses are up to ``guesses`` pool phrases
-keyed by the last token, each a chain below it; the draft accepts the longest guess prefix matching
-its own argmax plus one token, so a forward yields >= 1 draft tokens. Drafting runs until >=
-``gamma`` tokens exist (it may overshoot; all of it is verified).
+Drafting (our reading; the paper leaves it to lookahead decoding): greedy drafting where each draft
+forward is one tree block = [the tokens not yet in the draft cache, ending at the last token | a
+lookahead window | guesses]. The window is ``window`` columns x ``ngram - 1`` levels of Jacobi
+trajectories laid out as a comb (a level-0 spine, one tooth per column), so a node's ancestors are
+exactly lookahead's mask. After each forward every window token becomes the draft's argmax at its
+parent (a Jacobi step) and each column yields an n-gram for the pool. Guesses are up to ``guesses``
+pool phrases keyed by the last token, chains below it; the draft accepts the longest guess prefix
+matching its own argmax plus one token, so a forward yields >= 1 draft tokens. Drafting runs until
+>= ``gamma`` tokens exist (an overshoot is verified too).
 
 Lengthening (the reference code's choice of phrases): the ``branches`` newest phrases keyed by the
-last draft token hang below it as extra branches (merged on shared prefixes). One target forward
-verifies the comb: greedy R1 picks the longest matching branch (the paper's eq. 9); sampling uses
-R4.
+last draft token hang below it (merged on shared prefixes); one target forward verifies the comb,
+greedy R1 picking the longest matching branch (the paper's eq. 9), sampling R4.
 
-Pool updates from verification (the reference code's top-level variant): beyond the first mismatch,
+Pool updates from verification (the reference code's top-level variant): past the first mismatch
 the draft tokens become keys of the target's own continuations (extended while the draft agreed
-position-wise); the tried phrases are replaced by their target-corrected versions; the emitted text
-adds its n-grams. The pool persists across calls (``reuse_pool``), as the paper's history reuse.
+position-wise); tried phrases are replaced by their target-corrected versions; the emitted text adds
+its n-grams. The pool persists across calls (``reuse_pool``), as the paper's history reuse.
 
-Draft KV: drafted tokens are committed into the draft cache as drafting goes (the accepted part of
-each forward is compacted, window and guess rows are dropped); after verification the next
-``begin`` truncates the draft cache to the longest prefix that agrees with the emitted sequence.
+Draft KV: drafted tokens enter the draft cache as drafting goes (each forward's accepted part is
+compacted, window and guess rows dropped); the next ``begin`` truncates the cache to the longest
+prefix that agrees with the emitted sequence.
 
-Under a grammar (docs/structured.md) the token each draft forward adds is the draft's argmax over
-the tokens the grammar allows after the drafted path; the drafted chain is cut at its first token the
-grammar rejects and a phrase branch that breaks it is left out, before verification (commit reads
-the comb by position, so pruning happens while it is built).
+Under a grammar (docs/structured.md) each draft forward adds the draft's argmax over the tokens the
+grammar allows after the drafted path; the chain is cut at its first rejected token and a phrase
+branch that breaks the grammar is left out before verification (commit reads the comb by position,
+so pruning happens while it is built).
 
-``model_free=True`` drops the draft model: the draft is the pool's newest phrases chained from the
-last token up to ``gamma`` tokens, then lengthened the same way (Ouroboros' phrase pool as a
-model-free drafter, next to n-gram lookup).
+``model_free=True`` drops the draft model: the pool's newest phrases chained from the last token up
+to ``gamma`` tokens, lengthened the same way (the phrase pool as a model-free drafter, next to
+n-gram lookup).
 """
 import random
 

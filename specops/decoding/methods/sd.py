@@ -1,19 +1,17 @@
 """SD / SSD (docs/methods.md §SD): a chain of ``gamma`` draft tokens, verified by R1 (greedy) or
-R2 (rejection sampling with the draft's warped distribution, ``mss`` on a chain): each token's
-draft logits row (masked by the grammar, if any) goes to verification with the sampling config it was
-warped with, which warps only the rows its walk reads.
+R2 (``mss`` on a chain): each token's draft logits row (grammar-masked, if any) goes to verification
+with the sampling config it was warped with, which warps only the rows its walk reads.
 
 The chain's structure (a parent per level, ``gamma`` levels per active sequence) is known on the
 host; only its tokens are data, and they stay on the device: each draft forward chooses the next
-token on the device (argmax, or a draw with the loop's generator) and feeds it to the next forward
-(``DraftLM.add_device``), the chain is assembled on the device, and the draft cache's commit takes
-the kept tokens from the step's read. Without a grammar or ``exit_threshold``, drafting reads the
-device not once.
+token there (argmax, or a draw with the loop's generator) and feeds it to the next
+(``DraftLM.add_device``), the chain is assembled there, and the draft cache's commit takes the kept
+tokens from the step's read. Without a grammar or ``exit_threshold``, drafting reads nothing.
 
-``exit_threshold`` > 0 adds SSD's draft-exit: stop drafting a sequence once the draft's probability
-of its own next token falls below it (the low-probability token is not proposed). That and a
-grammar (whose masks follow the drafted tokens) are host searches: they read the chosen tokens (and
-their probabilities) once per draft forward.
+``exit_threshold`` > 0 adds SSD's draft-exit: a sequence stops drafting once the draft's
+probability of its own next token falls below it (that token is not proposed). It and a grammar
+(whose masks follow the drafted tokens) are host searches: one read of the chosen tokens (and their
+probabilities) per draft forward.
 """
 import torch
 

@@ -1,25 +1,23 @@
-"""SpecInfer (docs/methods.md §SpecInfer): several draft sequences merged into one token tree, verified
-in one target forward by R1 (greedy) or R3 (multi-step speculative sampling, ``mss``).
+"""SpecInfer (docs/methods.md §SpecInfer): ``num_drafts`` draft chains (and, with ``ngram=True``, one
+prompt-lookup chain) merged into one token tree, verified in one target forward by R1 (greedy) or
+R3 (``mss``).
 
-Proposers: ``num_drafts`` chains from the draft model and, with ``ngram=True``, one prompt-lookup
-chain. Sampling: the model chains are i.i.d. samples of the warped draft distribution (R3 needs
-each child to be an independent draw from the distribution its draft row names: the draft logits it
-was drawn from, warped by verification with the sampling config; the n-gram chain's rows are point
-masses, for which R3 reduces to R3p; under a grammar the chain stops before its first token the
-grammar rejects). Greedy: the first chain is the draft's
-argmax chain, the others are sampled at ``draft_temperature`` for diversity (R1 is exact whatever
-the proposals are).
+Sampling: the model chains are i.i.d. draws of the warped draft distribution (R3 needs each child
+to be an independent draw from the row it names: the logits it was drawn from, warped by
+verification with the sampling config); the n-gram chain's rows are point masses, for which R3 is
+R3p (under a grammar the chain stops before its first rejected token). Greedy: chain 0 is the
+draft's argmax chain, the others draw at ``draft_temperature`` for diversity (R1 is exact whatever
+is proposed).
 
-Merging (docs/methods.md §SpecInfer): chains sharing a prefix share its nodes; continuations of all chains
-through a node stay below it (they are independent draws given the prefix). When several chains
-draw the same token at the same node, R3 must see every draw: the extra draws are kept as leaf
-duplicates (sampling only), which is lossless because acceptance at a node depends only on the
+Merging: chains sharing a prefix share its nodes, and their continuations stay below it
+(independent draws given the prefix). Several chains drawing the same token at a node are all kept
+when sampling, the extra draws as leaf duplicates: R3's acceptance at a node depends on the
 multiset of tokens drawn there.
 
 On the device: the draws stay there, the draft block holds one node per chain and level (its
 structure is known on the host; a merged node's row is its creator's), the merge compares tips and
-tokens on the device, and one read per step brings back the merged tree's size; the draft cache's
-commit keeps the accepted path along one chain's nodes (``draft_nodes``).
+tokens there, and one read per step brings back the merged tree's size; the draft cache's commit
+keeps the accepted path along one chain's nodes (``draft_nodes``).
 """
 import torch
 
@@ -46,12 +44,10 @@ class SpecInfer(ModelDrafter):
         return self.num_drafts * self.gamma
 
     def propose(self, ctx):
-        """The chains grow on the device: every draft forward feeds each chain's latest token
-        (``add_device``: one draft-block node per chain, so the draft block's structure is known on
-        the host whatever the chains drew) and the k draws per sequence are merged into the trie by
-        comparing tips and tokens on the device. One read at the end brings back the trie's node
-        counts, so the target block is no longer than the merged tree (a grammar adds one read per
-        forward: its masks follow the chains' tokens)."""
+        """Every draft forward feeds each chain's latest token (``add_device``: one node per chain,
+        whatever it drew) and merges the k draws per sequence into the trie on the device. One read
+        at the end brings back the trie's node counts, so the target block is no longer than the
+        merged tree (a grammar adds one read per forward: its masks follow the chains' tokens)."""
         d = ctx.draft
         d.begin(ctx.seqs, ctx.active)
         B, k, G, greedy = ctx.batch, self.num_drafts, self.gamma, ctx.sampling.greedy
@@ -125,21 +121,15 @@ class SpecInfer(ModelDrafter):
         rows = None if greedy else torch.cat([level[4] for level in slots], 1)  # [A, S, V]
         dup = ~created if not greedy else torch.zeros_like(created)  # [A, S] slots kept as leaf duplicates
         made, dups = read_lists(total, dup.sum(1))
-        extra = {b: [] for b in act}
+        nodes, extra = [1] * B, {}  # extra: each drafting sequence's n-gram chain
         for i, b in enumerate(act):
-            if self.ngram:
-                conts = lookup(ctx.seqs[b], 3, 1, G, 1)
-                extra[b] = grammar_prefix(ctx, b, conts[0] if conts else [])
-        nodes = [1] * B
-        for i, b in enumerate(act):
+            conts = lookup(ctx.seqs[b], 3, 1, G, 1) if self.ngram else []
+            extra[b] = grammar_prefix(ctx, b, conts[0] if conts else [])
             nodes[b] = 1 + made[i] + dups[i] + len(extra[b])
         T = max(nodes)
         # One upload: node counts, the roots' draft nodes, the sequences drafting, each slot's draft
         # node (-1: the last level, never fed), the n-gram nodes (block position, token, parent).
-        slot_src = []
-        for b in act:
-            for level in range(G):
-                slot_src += self.chain_nodes[b][level] if level < G - 1 else [-1] * k
+        slot_src = [node for b in act for row in self.chain_nodes[b] + [[-1] * k] for node in row]
         ng_at, ng_tok, ng_par = [], [], []
         for i, b in enumerate(act):
             first = 1 + made[i] + dups[i]

@@ -1,26 +1,24 @@
 """TSD (docs/methods.md §TSD), and the drafting GSD shares with it (gsd.py).
 
-Each drafting step runs the draft model once on the frontier (tree attention over the growing
-draft block, positions = prefix + depth), takes the top-``k`` children of every frontier node by
-the draft's probability ``q``, drops children with ``q < theta_sib * max q`` (sibling pruning) and
-stops expanding children with ``q < theta_prob`` (probability pruning, with the paper's leaf
-semantics); drafting ends after ``max_depth`` steps or when the frontier is empty (draft-exit).
-``max_nodes`` caps the draft tree (TSD can explode). ``tau`` (None here) merges repeated nodes
-into a graph: that is GSD (gsd.py), which drafts with this class's search.
+Each drafting step runs the draft once on the frontier (tree attention over the growing draft
+block, positions = prefix + depth), takes the top-``k`` children of every frontier node by the
+draft's probability ``q``, drops children with ``q < theta_sib * max q`` (sibling pruning) and stops
+expanding children with ``q < theta_prob`` (probability pruning, the paper's leaf semantics);
+drafting ends after ``max_depth`` steps or on an empty frontier (draft-exit). ``max_nodes`` caps the
+draft tree (TSD can explode); ``tau`` (None here) merges repeated nodes into a graph: GSD.
 
-Without merging (``tau`` None), grammar or kept draft rows, the tree grows on the device
-(``grow_on_device``): top-k, both prunings and the node cap are tensor ops, the new frontier is fed
-back with ``add_device``, and the tree (tokens, parents, draft-block nodes) is assembled there; the
-search is the host one's, node for node. GSD's merge, a grammar's masks and R5's kept rows need the
-host search below it (one read per draft forward).
+Without merging, grammar or kept draft rows the tree grows on the device (``grow_on_device``:
+top-k, both prunings and the node cap are tensor ops, the frontier is fed back with ``add_device``,
+the tree is assembled there), node for node the host search's. GSD's merge, a grammar's masks and
+R5's kept rows need the host search (``grow_on_host``, one read per draft forward).
 
 ``sync_free`` picks how the device search learns the frontier's size: False reads a [2, B] count
 per layer and feeds exactly the frontier; True feeds every layer at its worst-case width
-(``frontier_widths``: dead entries are padding rows that never enter the tree), lets an empty
-frontier run on as padding, and reads once per step (the tree's sizes, for the target's block).
-None (the default): True when the draft runs on an accelerator, where a read is a synchronisation
-and a padding row is nearly free; False on a CPU, where a read is a memory load and each padding
-row costs a share of a step (docs/methods.md §TSD, measured there).
+(``frontier_widths``; entries past the frontier are padding rows that never enter the tree, an empty
+frontier runs on as padding) and reads once per step (the tree's sizes). None (the default): True
+when the draft runs on an accelerator, where a read is a synchronisation and a padding row nearly
+free; False on a CPU, where a read is a memory load and each padding row costs a share of a step
+(docs/methods.md §TSD, measured there).
 """
 import itertools
 
@@ -70,13 +68,12 @@ class TSD(ModelDrafter):
         order of the host search's unmerged tree, so the first ``max_tree_nodes`` nodes are the
         target's tree as they are.
 
-        Reading (``sync_free`` False): one read per draft forward, a [2, B] count (each sequence's
-        new frontier and tree sizes) after each layer's expansion; the draft forward's block
-        (``DraftLM`` keeps node counts on the host) takes exactly the frontier, and an empty
-        frontier stops drafting early. Sync-free: layer ``l`` feeds ``frontier_widths(...)[l - 1]``
-        entries per sequence whatever its frontier holds (entries past the frontier: padding rows
-        below a fed node, masked out of the next expansion), drafting runs until the widths end,
-        and the counts of every layer come back in one read at the end. Both build the same tree.
+        Reading: the [2, B] count read after each layer's expansion (new frontier and tree sizes)
+        sizes the next forward's block (``DraftLM`` keeps node counts on the host) to exactly the
+        frontier; an empty one stops drafting. Sync-free: layer ``l`` feeds
+        ``frontier_widths(...)[l - 1]`` entries per sequence (past the frontier: padding rows below
+        a fed node, masked out of the next expansion) until the widths end, and every layer's counts
+        come back in one read at the end. Both build the same tree.
         Shape: -> Draft with tokens int64 [B, T], T = min(largest tree, max_tree_nodes)."""
         d, B, M = ctx.draft, ctx.batch, self.max_nodes
         sync_free = self.sync_free if self.sync_free is not None else d.device.type != "cpu"
