@@ -11,8 +11,7 @@ import os
 
 import torch
 
-from ..draft_models import (ARCHS, CONFIG, RECORD, WEIGHTS, SubsetLMHead, build_draft,  # noqa: F401 (re-exported)
-                            load_draft_dir, read_config)
+from ..draft_models import ARCHS, CONFIG, RECORD, WEIGHTS, build_draft, load_draft_dir  # noqa: F401 (re-exported)
 
 
 def draft_config(target_config, num_layers):

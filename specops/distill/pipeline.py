@@ -9,6 +9,7 @@ Layout of ``out_dir``::
     ckpt/last.pt, best.pt   training checkpoints (train.py)
     draft/                  the exported draft (model.safetensors, config.json, training.json)
 """
+import collections
 import json
 import os
 import platform
@@ -127,10 +128,8 @@ def data_summary(shards, manifest):
         d["wall_s"] = round(d["wall_s"] + s.get("wall_s", 0.0), 1)
         d["rows"] += int(s["tokens"].shape[0])
         d["labelled_tokens"] += int(s["mask"].sum())
-    cats = {}
-    for p in manifest.get("prompts", []):
-        cats[p["category"]] = cats.get(p["category"], 0) + 1
-    return {"by_kind": by_kind, "prompt_categories": cats,
+    cats = collections.Counter(p["category"] for p in manifest.get("prompts", []))
+    return {"by_kind": by_kind, "prompt_categories": dict(cats),
             "corpus_pools": manifest.get("corpus_pools", {}),
             "corpus_items_used": manifest.get("corpus_items_used", {})}
 

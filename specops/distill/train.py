@@ -87,18 +87,12 @@ def ttt_mask(M, depth, device=None):
 
     Shape: -> bool [1, 1, depth*M, depth*M] (True = may attend)."""
     i = torch.arange(M, device=device)
-    blocks = []
-    for d in range(1, depth + 1):
-        row = []
-        for k in range(1, depth + 1):
-            if k == 1:
-                row.append(i[None, :] <= (i[:, None] - d + 1))
-            elif k <= d:
-                row.append(i[None, :] == (i[:, None] - (d - k)))
-            else:
-                row.append(torch.zeros(M, M, dtype=torch.bool, device=device))
-        blocks.append(torch.cat(row, dim=1))
-    return torch.cat(blocks, dim=0)[None, None]
+    ahead = i[None, :] - i[:, None]  # [M, M] key position - query position
+    never = torch.zeros(M, M, dtype=torch.bool, device=device)
+    # block (d, k): k = 1 up to i-d+1; 2 <= k <= d at i-(d-k) only; k > d never
+    blocks = [[ahead <= 1 - d] + [ahead == k - d if k <= d else never for k in range(2, depth + 1)]
+              for d in range(1, depth + 1)]
+    return torch.cat([torch.cat(row, dim=1) for row in blocks], dim=0)[None, None]
 
 
 def _feature_forward(draft, tokens, mask, feats, noise, weight, depth=1):
