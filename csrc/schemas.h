@@ -49,5 +49,7 @@
     m.def("select_topn_subtree(Tensor parents, Tensor scores, Tensor num_nodes, int n) -> "               \
           "(Tensor keep_idx, Tensor new_parents, Tensor counts)");                                        \
     m.def("linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");                                      \
+    /* linear from the packed copy of a bf16 weight (CPU only: ops/linear pack_weight)          */     \
+    m.def("linear_packed(Tensor x, Tensor weight, Tensor packed, Tensor? bias) -> Tensor");                \
     m.def("apply_token_bitmask(Tensor(a!) logits, Tensor bitmask) -> ()");                                 \
   } while (0)

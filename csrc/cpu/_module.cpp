@@ -10,6 +10,7 @@ PyObject* specops_linear_py(PyObject*, PyObject* const* args, Py_ssize_t nargs);
 
 #define SPECOPS_MODULE_METHODS                                                                        \
   {"linear", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(specops_linear_py)), METH_FASTCALL, \
-   "linear(x [M, K], weight [N, K], bias [N] or None): specops::linear's CPU kernel without the dispatcher."},
+   "linear(x [M, K], weight [N, K], bias [N] or None, packed=None): specops::linear (linear_packed with " \
+   "packed) on the CPU without the dispatcher."},
 #define SPECOPS_MODULE _C
 #include "../module.h"

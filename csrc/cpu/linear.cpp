@@ -22,6 +22,7 @@
 #include <cmath>
 #include <string>
 #include <cstdlib>
+#include <type_traits>
 #include <cstring>
 #include <vector>
 
@@ -195,6 +196,83 @@ LIN512_TARGET void tile512(const float* xf, int64_t Kp, const T* w, int64_t K, c
     }
 }
 
+// ---- AVX-512, packed bf16 weights (ops/linear pack_weight): the same bits without widening shuffles --
+//
+// The tiles above widen each bf16 weight with a cross-lane shuffle (port 5) beside its fused
+// multiply-add; a one-row call then streamed SmolLM2's weights at ~20 GB/s where a plain read of the
+// same bytes reached ~25 on a 2-core Xeon VM. Packed at load, one 64-byte load holds, in each 32-bit
+// lane l of a half, the weights of k = 16 c + l (low 16 bits) and 16 c + 8 + l (high 16 bits) of a
+// pair of rows (lanes 0-7 the even row, 8-15 the odd one): a shift and a mask give the two 8-lane
+// blocks in place, and each lane still runs k = l, l + 8, l + 16, ... in order (the same bits).
+// Layout [ceil(N / 8), ceil(K / 16), 128]: packed[g, c, 32 p + 16 h + 2 l + s] =
+// w[8 g + 2 p + h, 16 c + 8 s + l], zeros past N and K (an extra block of zero products leaves every
+// partial sum as it was: a sum that starts at +0 never becomes -0). A group of 8 rows is one stream.
+template <int MR>
+LIN512_TARGET void tile_packed(const float* xf, int64_t Kp, const c10::BFloat16* grp, int64_t C,
+                               const c10::BFloat16* bias, c10::BFloat16* out, int64_t N, int64_t n,
+                               const char* pf = nullptr, int64_t pf_lines = 0) {
+  __m512 acc[MR][4];
+  for (int i = 0; i < MR; ++i)
+    for (int p = 0; p < 4; ++p) acc[i][p] = _mm512_setzero_ps();
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const int64_t pf_step = pf ? (pf_lines + C - 1) / C : 0;  // lines per k chunk
+  const char* const pf_end = pf + pf_lines * 64;
+  for (int64_t c = 0; c < C; ++c) {
+    for (int64_t i = 0; i < pf_step && pf < pf_end; ++i, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
+    __m512 xlo[MR], xhi[MR];
+    for (int i = 0; i < MR; ++i) {
+      xlo[i] = _mm512_broadcast_f32x8(_mm256_loadu_ps(xf + i * Kp + 16 * c));
+      xhi[i] = _mm512_broadcast_f32x8(_mm256_loadu_ps(xf + i * Kp + 16 * c + 8));
+    }
+    for (int p = 0; p < 4; ++p) {
+      const __m512i v = _mm512_loadu_si512(grp + (c * 4 + p) * 32);
+      const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+      const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+      for (int i = 0; i < MR; ++i) {
+        acc[i][p] = _mm512_fmadd_ps(lo, xlo[i], acc[i][p]);
+        acc[i][p] = _mm512_fmadd_ps(hi, xhi[i], acc[i][p]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int p = 0; p < 4; ++p) {
+      if (n + 2 * p < N) store_out(out + i * N, hsum(_mm512_castps512_ps256(acc[i][p])), bias, n + 2 * p);
+      if (n + 2 * p + 1 < N) store_out(out + i * N, hsum(_mm512_extractf32x8_ps(acc[i][p], 1)), bias, n + 2 * p + 1);
+    }
+}
+
+// Rows [0, M) x row groups [g_lo, g_hi) of the packed weight (G groups in all): blocks of groups
+// kept in L1 while the row tiles go by; the first pass over a block prefetches one group ahead.
+LIN512_TARGET void rows_packed(const float* xf, int64_t M, int64_t Kp, const c10::BFloat16* wp, int64_t G,
+                               int64_t C, const c10::BFloat16* bias, c10::BFloat16* out, int64_t N, int64_t g_lo,
+                               int64_t g_hi) {
+  const int64_t gbytes = C * 128 * 2;
+  const char* const end = reinterpret_cast<const char*>(wp + G * C * 128);
+  for (int64_t b0 = g_lo; b0 < g_hi; b0 += kColBlock / 8) {
+    const int64_t b1 = std::min(g_hi, b0 + kColBlock / 8);
+    for (int64_t m = 0; m < M; m += 4) {
+      for (int64_t g = b0; g < b1; ++g) {
+        const c10::BFloat16* grp = wp + g * C * 128;
+        const char* at = nullptr;
+        int64_t lines = 0;
+        if (m == 0) {
+          at = reinterpret_cast<const char*>(grp) + std::max<int64_t>(kPrefetchAhead, gbytes + kPrefetchMargin);
+          lines = std::max<int64_t>(0, std::min<int64_t>(gbytes / 64, (end - at) / 64));
+        }
+        const char* pf = lines > 0 ? at : nullptr;
+        c10::BFloat16* o = out + m * N;
+        const float* xm = xf + m * Kp;
+        switch (std::min<int64_t>(M - m, 4)) {
+          case 1: tile_packed<1>(xm, Kp, grp, C, bias, o, N, 8 * g, pf, lines); break;
+          case 2: tile_packed<2>(xm, Kp, grp, C, bias, o, N, 8 * g, pf, lines); break;
+          case 3: tile_packed<3>(xm, Kp, grp, C, bias, o, N, 8 * g, pf, lines); break;
+          default: tile_packed<4>(xm, Kp, grp, C, bias, o, N, 8 * g, pf, lines); break;
+        }
+      }
+    }
+  }
+}
+
 // The tile of an NR-column group: paired in zmm registers (Z) or the AVX2 one.
 template <int MR, int NR, bool Z, typename T>
 LIN_TARGET void tile_any(const float* xf, int64_t Kp, const T* w, int64_t K, const T* bias, T* out, int64_t N,
@@ -305,9 +383,15 @@ void convert_rows(const T* x, int64_t M, int64_t K, int64_t Kp, float* xf) {  //
 
 template <typename T>
 void run_linear(const at::Tensor& x, const at::Tensor& w_t, const at::Tensor& b_t, bool has_bias, at::Tensor& out,
-                int64_t Kp, LinIsa isa) {
+                LinIsa isa, const at::Tensor& packed) {
   const int64_t M = x.size(0), K = x.size(1), N = w_t.size(0);
-  // fp32 copy of x, zero-padded to Kp: converted once, read by every column tile.
+#if defined(__x86_64__)
+  const bool use_packed = packed.defined() && isa == LinIsa::avx512;  // else the plain weight: the same bits
+#else
+  const bool use_packed = false;
+#endif
+  // fp32 copy of x, zero-padded to Kp (16 with the packed layout): converted once, read by every tile.
+  const int64_t Kp = use_packed ? packed.size(1) * 16 : (K + kLanes - 1) / kLanes * kLanes;
   thread_local std::vector<float> xbuf;
   xbuf.resize(static_cast<size_t>(M * Kp));
   convert_rows(x.data_ptr<T>(), M, K, Kp, xbuf.data());
@@ -323,18 +407,19 @@ void run_linear(const at::Tensor& x, const at::Tensor& w_t, const at::Tensor& b_
   at::parallel_for(0, (N + 7) / 8, grain, [&](int64_t lo, int64_t hi) {
     const int64_t n_lo = lo * 8, n_hi = std::min(N, hi * 8);
 #if defined(__x86_64__)
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (use_packed)
+        return rows_packed(xf, M, Kp, packed.data_ptr<c10::BFloat16>(), packed.size(0), packed.size(1), b, o, N,
+                           lo, hi);
+    }
     if (isa != LinIsa::generic) return rows_avx2<T>(xf, M, Kp, w, K, b, o, N, n_lo, n_hi, isa == LinIsa::avx512);
 #endif
     rows_generic<T>(xf, M, Kp, w, K, b, o, N, n_lo, n_hi);
   });
 }
 
-}  // namespace
-
-at::Tensor linear_cpu(const at::Tensor& x,                    // [M, K]
-                      const at::Tensor& weight,               // [N, K]
-                      const c10::optional<at::Tensor>& bias)  // [N] or None
-{
+at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                       const at::Tensor& packed) {
   SPECOPS_CHECK_DIM(x, 2);
   SPECOPS_CHECK_DIM(weight, 2);
   TORCH_CHECK_VALUE(weight.scalar_type() == x.scalar_type(), "weight must have x's dtype ", x.scalar_type(),
@@ -347,37 +432,64 @@ at::Tensor linear_cpu(const at::Tensor& x,                    // [M, K]
                 "bias must be [N] with x's dtype");
   }
   const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);  // [M, K] x [N, K]
+  if (packed.defined()) {  // ops/linear pack_weight(weight): [ceil(N / 8), ceil(K / 16), 128] bf16
+    TORCH_CHECK_TYPE(packed.scalar_type() == at::kBFloat16 && x.scalar_type() == at::kBFloat16,
+                     "packed: the packed layout is bf16 (x, weight and packed), got x ", x.scalar_type(),
+                     " and packed ", packed.scalar_type());
+    TORCH_CHECK_VALUE(packed.dim() == 3 && packed.size(0) == (N + 7) / 8 && packed.size(1) == (K + 15) / 16 &&
+                      packed.size(2) == 128 && packed.is_contiguous(),
+                      "packed must be pack_weight(weight): contiguous [", (N + 7) / 8, ", ", (K + 15) / 16,
+                      ", 128], got ", packed.sizes());
+  }
   auto xc = x.contiguous();
   auto wc = weight.contiguous();
   auto bc = has_bias ? bias->contiguous() : at::Tensor();
   auto out = at::empty({M, N}, x.options());  // [M, N]
   if (M == 0 || N == 0) return out;
-  const int64_t Kp = (K + kLanes - 1) / kLanes * kLanes;
   const LinIsa isa = lin_isa();
   switch (x.scalar_type()) {  // fp32, bf16, fp16 (the Python entry rejects the others)
-    case at::kFloat: run_linear<float>(xc, wc, bc, has_bias, out, Kp, isa); break;
-    case at::kBFloat16: run_linear<c10::BFloat16>(xc, wc, bc, has_bias, out, Kp, isa); break;
-    case at::kHalf: run_linear<c10::Half>(xc, wc, bc, has_bias, out, Kp, isa); break;
+    case at::kFloat: run_linear<float>(xc, wc, bc, has_bias, out, isa, packed); break;
+    case at::kBFloat16: run_linear<c10::BFloat16>(xc, wc, bc, has_bias, out, isa, packed); break;
+    case at::kHalf: run_linear<c10::Half>(xc, wc, bc, has_bias, out, isa, packed); break;
     default: TORCH_CHECK_TYPE(false, "linear: x must be fp32, bf16 or fp16, got ", x.scalar_type());
   }
   return out;
 }
 
+}  // namespace
+
+at::Tensor linear_cpu(const at::Tensor& x,                    // [M, K]
+                      const at::Tensor& weight,               // [N, K]
+                      const c10::optional<at::Tensor>& bias)  // [N] or None
+{
+  return linear_impl(x, weight, bias, at::Tensor());
+}
+
+// The same values from the packed copy of a bf16 weight (its layout above rows_packed); machines
+// without AVX-512 read the plain weight.
+at::Tensor linear_packed_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& packed,
+                             const c10::optional<at::Tensor>& bias) {
+  return linear_impl(x, weight, bias, packed);
+}
+
 }  // namespace specops
 
-TORCH_LIBRARY_IMPL(specops, CPU, m) { m.impl("linear", &specops::linear_cpu); }
+TORCH_LIBRARY_IMPL(specops, CPU, m) {
+  m.impl("linear", &specops::linear_cpu);
+  m.impl("linear_packed", &specops::linear_packed_cpu);
+}
 
-// specops._C.linear(x, weight, bias): the same kernel called from Python without the dispatcher.
+// specops._C.linear(x, weight, bias[, packed]): the same kernel called from Python without the dispatcher.
 // torch.ops' generic argument parsing costs ~4 us a call, as much as the kernel itself for a
 // one-row call over a small projection (ops/linear: the cpp backend's eager entry; torch.compile
 // and tensor subclasses keep the registered op). Plain CPU tensors only; errors as the op's.
 PyObject* specops_linear_py(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 3) {
-    PyErr_Format(PyExc_TypeError, "linear(x, weight, bias) takes 3 arguments, got %zd", nargs);
+  if (nargs != 3 && nargs != 4) {
+    PyErr_Format(PyExc_TypeError, "linear(x, weight, bias, packed=None) takes 3 or 4 arguments, got %zd", nargs);
     return nullptr;
   }
-  for (int i = 0; i < 3; ++i) {
-    if (i == 2 && args[i] == Py_None) continue;
+  for (int i = 0; i < nargs; ++i) {
+    if (i >= 2 && args[i] == Py_None) continue;
     if (!THPVariable_Check(args[i])) {
       PyErr_Format(PyExc_TypeError, "linear: argument %d must be a torch.Tensor, got %s", i, Py_TYPE(args[i])->tp_name);
       return nullptr;
@@ -387,6 +499,8 @@ PyObject* specops_linear_py(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
   const at::Tensor& weight = THPVariable_Unpack(args[1]);
   c10::optional<at::Tensor> bias;
   if (args[2] != Py_None) bias = THPVariable_Unpack(args[2]);
+  at::Tensor packed;
+  if (nargs == 4 && args[3] != Py_None) packed = THPVariable_Unpack(args[3]);
   at::Tensor out;
   PyObject* error_type = nullptr;
   std::string error;
@@ -394,7 +508,9 @@ PyObject* specops_linear_py(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
   try {
     TORCH_CHECK_VALUE(x.device().is_cpu() && weight.device().is_cpu() && (!bias || bias->device().is_cpu()),
                       "linear: every tensor must be on the CPU, got x on ", x.device(), ", weight on ", weight.device());
-    out = specops::linear_cpu(x, weight, bias);
+    TORCH_CHECK_VALUE(!packed.defined() || packed.device().is_cpu(), "linear: packed must be on the CPU, got ",
+                      packed.device());
+    out = specops::linear_impl(x, weight, bias, packed);
   } catch (const c10::ValueError& e) {
     error_type = PyExc_ValueError, error = e.what_without_backtrace();
   } catch (const c10::TypeError& e) {
