@@ -68,9 +68,8 @@ class Ouroboros(ModelDrafter):
         return per_forward + self.gamma + self.ngram
 
     def setup(self, ctx):
-        ident = ctx.vocab_id
         cap = max(self.guesses, self.branches, 1)
-        self.pool = shared_pool(ident, self._phrase, cap) if self.reuse_pool else PhrasePool(self._phrase, cap)
+        self.pool = shared_pool(ctx.vocab_id, self._phrase, cap) if self.reuse_pool else PhrasePool(self._phrase, cap)
         rng = random.Random(10)
         # per sequence: the length up to which the emitted text's n-grams are in the pool (AR steps
         # of adaptive speculation skip commit; the next commit adds their n-grams too)
@@ -116,11 +115,8 @@ class Ouroboros(ModelDrafter):
 
     def _pool_chain(self, ctx, b):
         """Model-free draft: newest pool phrases chained from the last token, up to gamma tokens."""
-        out = []
-        if not ctx.active[b]:
-            return out
-        last = ctx.seqs[b][-1]
-        while len(out) < self.gamma:
+        out, last = [], ctx.seqs[b][-1]
+        while ctx.active[b] and len(out) < self.gamma:
             phrase = self.pool.get(last, 1)
             if not phrase:
                 break

@@ -65,8 +65,7 @@ class SD(ModelDrafter):
                 for b in bs:
                     tips[b] = d.add(b, drafted[b][-1], tips[b])
             else:
-                tips_bs = d.add_device(bs, [tips[b] for b in bs], chosen)
-                for b, tip in zip(bs, tips_bs):
+                for b, tip in zip(bs, d.add_device(bs, [tips[b] for b in bs], chosen)):
                     tips[b] = tip
             for b in bs:
                 depth[b] += 1
