@@ -439,8 +439,7 @@ def _prompts(prompt, tokenizer):
 
 def _eos_ids(eos_token_id, model, tokenizer):
     if eos_token_id is None:
-        gc = getattr(model, "generation_config", None)
-        eos_token_id = getattr(gc, "eos_token_id", None) if gc is not None else None
+        eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         if eos_token_id is None and tokenizer is not None:
             eos_token_id = tokenizer.eos_token_id
     if eos_token_id is None:
@@ -453,7 +452,7 @@ def _eos_ids(eos_token_id, model, tokenizer):
 def _pad_id(model, tokenizer):
     for src in (tokenizer, getattr(model, "generation_config", None), model.config):
         for attr in ("pad_token_id", "eos_token_id"):
-            v = getattr(src, attr, None) if src is not None else None
+            v = getattr(src, attr, None)
             if isinstance(v, (list, tuple)):
                 v = v[0] if v else None
             if isinstance(v, int):

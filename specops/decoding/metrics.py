@@ -66,8 +66,7 @@ class Metrics:
         self.num_drafts += 1
         self.num_draft_tokens += drafted
         self.num_accepted_tokens += accepted
-        if len(self.num_accepted_tokens_per_pos) < accepted:
-            self.num_accepted_tokens_per_pos += [0] * (accepted - len(self.num_accepted_tokens_per_pos))
+        self.num_accepted_tokens_per_pos += [0] * (accepted - len(self.num_accepted_tokens_per_pos))
         for j in range(accepted):
             self.num_accepted_tokens_per_pos[j] += 1
         self.draft_depth += depth_drafted

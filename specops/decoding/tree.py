@@ -86,8 +86,7 @@ class Candidates:
         flat = []
         for rows in (self.tokens, self.parents) + ((self.src,) if self.src is not None else ()):
             for r in rows:
-                flat += r
-                flat += [0] * (T - len(r))
+                flat += r + [0] * (T - len(r))
         flat += self.num_nodes()
         up = stager.upload(flat)
         n = B * T
