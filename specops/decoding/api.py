@@ -108,10 +108,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
         metrics.ar_tokens_per_s = metrics.tokens_per_s if compare_ar else None
     pad = _pad_id(req.target, req.tokenizer)
     n = max(len(g) for g in gen)
-    out = torch.full((len(gen), n), pad, dtype=torch.int64)  # [B, n]
-    for b, g in enumerate(gen):
-        out[b, : len(g)] = torch.tensor(g, dtype=torch.int64)
-    return out, metrics
+    return torch.tensor([g + [pad] * (n - len(g)) for g in gen], dtype=torch.int64), metrics  # [B, n]
 
 
 # ---- the three phases of generate ---------------------------------------------------------------

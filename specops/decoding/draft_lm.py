@@ -237,9 +237,7 @@ class DraftLM(ModelRunner):
             self.keep(up[: self.B * A].view(self.B, A), up[self.B * A:], lens, check=_kernels.CHECK)
         for b in range(self.B):
             known = self.tokens[b]
-            for j, i in enumerate(idx[b]):
-                tok = known[i] if known[i] is not None else path_tokens[b][j]
-                self.cached[b].append(tok)
+            self.cached[b] += [known[i] if known[i] is not None else path_tokens[b][j] for j, i in enumerate(idx[b])]
         self._open()
         self.tokens = self.parents = None
         return lens
