@@ -48,6 +48,8 @@ class CompiledRunner:
         self.window = getattr(cfg, "sliding_window", None) if _uses_window(cfg) else None
         self.feature = is_feature_draft(model)
         self.arange = torch.arange(runner.cache.max_len + MAX_BUCKET, device=dev)
+        # Packed linear weights are graph inputs the plain ones' graph lacks: a key of their own.
+        self.packed = any(getattr(m, "specops_packed", None) is not None for m in model.modules())
         self.compile_time_s = 0.0
 
     def takes(self, Tq, longest):
@@ -55,7 +57,7 @@ class CompiledRunner:
         return Tq <= MAX_BUCKET and not (self.window and longest > self.window)
 
     def _key(self, Tb, Wb):
-        return (Tb, Wb, self.runner.batch_size, self.runner.kv_layout, self.runner.batch_invariant)
+        return (Tb, Wb, self.runner.batch_size, self.runner.kv_layout, self.runner.batch_invariant, self.packed)
 
     def forward(self, tokens, mask, depth, block_lens, q_start, features=None):
         """Shape: tokens int [B, Tq], mask int32 [B, Tq, W], depth int32 [B, Tq], block_lens int32 [B],

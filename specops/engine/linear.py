@@ -7,11 +7,22 @@ verification block costs about what an AR step costs; and each row's logits come
 reduction order whatever the block size. The modules call the registered op directly: the argument
 checks of :func:`specops.linear` hold for a module's weight once, at patch time, and a per-call
 Python check would cost more than a small projection (211 calls per token for SmolLM2).
+
+On a CPU with AVX-512 the bf16 weights are read from a packed copy (:func:`specops.ops.linear.pack_weight`,
+the same bits), made once per weight and kept while the module and its weight live: it costs a second
+copy of the linear weights (about their bytes again), so it is made only while those stay under a
+quarter of the machine's memory, and ``SPECOPS_LINEAR_PACK=0`` turns it off. docs/batch_invariance.md
+gives its measured speed.
 """
+import os
+import weakref
+
 import torch
 
 from .. import extension
-from ..ops.linear import DTYPES, cpu_kernel
+from ..ops.linear import DTYPES, cpu_kernel, pack_weight
+
+_PACKED = weakref.WeakKeyDictionary()  # module -> (its weight's (storage, version) when packed, packed copy)
 
 
 class SpecopsLinear(torch.nn.Linear):
@@ -22,7 +33,7 @@ class SpecopsLinear(torch.nn.Linear):
     def forward(self, x):  # x [..., K] -> [..., N]
         if x.dtype != self.weight.dtype:  # a mixed-precision caller: torch's promotion rules
             return torch.nn.functional.linear(x, self.weight, self.bias)
-        y = cpu_kernel(x.reshape(-1, x.shape[-1]), self.weight, self.bias)  # [M, N]
+        y = cpu_kernel(x.reshape(-1, x.shape[-1]), self.weight, self.bias, self.specops_packed)  # [M, N]
         return y.view(*x.shape[:-1], y.shape[-1])
 
 
@@ -60,6 +71,37 @@ def _patchable(module):
             and type(w.data) is torch.Tensor)
 
 
+def packs(model):
+    """Whether :func:`use_specops_linear` gives ``model``'s linears packed weight copies: bf16 weights,
+    a CPU whose vector ISA is AVX-512 (the packed kernel's; SPECOPS_CPU_ISA may lower it), the copies
+    under a quarter of the physical memory, and ``SPECOPS_LINEAR_PACK`` not ``0``."""
+    if os.environ.get("SPECOPS_LINEAR_PACK", "1") == "0" or os.environ.get("SPECOPS_CPU_ISA") in ("avx2", "generic"):
+        return False
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        return False
+    weights = [m.weight for m in model.modules() if type(m) in _CLASSES and _patchable(m)]
+    if not weights or any(w.dtype != torch.bfloat16 for w in weights):
+        return False
+    total = sum(w.numel() * w.element_size() for w in weights)
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return False
+    return 4 * total <= memory
+
+
+def _packed_copy(module):
+    """The packed copy of ``module``'s weight, made again when the weight was replaced or changed in place."""
+    w = module.weight
+    key = (w.untyped_storage().data_ptr(), w.data_ptr(), w._version)
+    entry = _PACKED.get(module)
+    if entry is None or entry[0] != key:
+        with torch.no_grad():
+            entry = (key, pack_weight(w.detach()))
+        _PACKED[module] = entry
+    return entry[1]
+
+
 def use_specops_linear(model):
     """Routes every plain ``torch.nn.Linear`` of ``model`` (same dtype as its input, on the CPU)
     through ``specops::linear``, one-row calls (an AR step) included; returns a callable that
@@ -69,14 +111,17 @@ def use_specops_linear(model):
     decoded 18.5 tok/s with one-row calls left to torch against 26.6 through the op
     (docs/batch_invariance.md)."""
     patched = []
+    pack = packs(model)
     for module in model.modules():
         if type(module) is torch.nn.Linear and _patchable(module):
             module.__class__ = SpecopsLinear
+            module.specops_packed = _packed_copy(module) if pack else None
             patched.append(module)
 
     def undo():
         for module in patched:
             module.__class__ = torch.nn.Linear
+            del module.specops_packed
         patched.clear()
 
     return undo

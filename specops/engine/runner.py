@@ -163,12 +163,12 @@ class ModelRunner:
             self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         except (TypeError, ValueError):
             self._keeps_logits = False
-        self.compiled = CompiledRunner(self, cfg, compile_mode) if compile else None
         # The model's linear layers through specops.linear while this runner lives ("auto": bf16/fp16
         # models on the CPU, where it reads each weight once per block and streams one row faster
-        # than torch's GEMM; specops/engine/linear.py).
+        # than torch's GEMM; specops/engine/linear.py). Before the compiled runner: its graphs see them.
         use = linear == "specops" or (linear == "auto" and _linear.eligible(model))
         self._undo_linear = _linear.use_specops_linear(model) if use else None
+        self.compiled = CompiledRunner(self, cfg, compile_mode) if compile else None
         self.stager = Stager(self.device)
         self.forwards = 0
         self.keep_features = bool(keep_features)
