@@ -9,6 +9,8 @@ import specops
 from specops import backend as _backend
 from specops.engine import ModelRunner
 from specops.engine.linear import SpecopsLinear, use_specops_linear
+from specops.engine.linear import packs as linear_packs
+from specops.ops.linear import pack_weight
 
 needs_cpp = pytest.mark.skipif(not _backend.available("cpp")[0], reason="the CPU extension is not built")
 
@@ -78,6 +80,39 @@ def test_a_second_patch_of_a_routed_model_changes_nothing():
     assert all(routed(m) for m in linears(model))
     undo()
     assert not any(routed(m) for m in linears(model))
+
+
+@needs_cpp
+@pytest.mark.parametrize("pack", ["1", "0"])
+def test_bf16_linears_read_packed_copies_where_the_machine_takes_them(pack, monkeypatch):
+    """With AVX-512 (and SPECOPS_LINEAR_PACK not 0) a routed bf16 linear carries the packed copy of
+    its weight, made once while the weight is unchanged; the tokens are the plain weights' tokens."""
+    monkeypatch.setenv("SPECOPS_LINEAR_PACK", pack)
+    model = tiny(torch.bfloat16)
+    ids = torch.tensor([[5, 7, 11, 13]])
+    want = pack == "1" and torch.backends.cpu.get_cpu_capability() == "AVX512"
+    assert linear_packs(model) == want
+    q = model.model.layers[0].self_attn.q_proj
+    undo = use_specops_linear(model)
+    first = q.specops_packed
+    assert (first is not None) == want
+    if want:
+        assert torch.equal(first, pack_weight(q.weight))
+    undo()
+    assert not hasattr(q, "specops_packed")
+    if want:
+        undo = use_specops_linear(model)
+        assert q.specops_packed is first  # kept while the weight is unchanged
+        undo()
+        with torch.no_grad():
+            q.weight.add_(1)
+        undo = use_specops_linear(model)
+        assert q.specops_packed is not first and torch.equal(q.specops_packed, pack_weight(q.weight))
+        undo()
+    a, _ = specops.generate(model, ids, method="ar", max_new_tokens=6)
+    monkeypatch.setenv("SPECOPS_LINEAR_PACK", "0")
+    b, _ = specops.generate(model, ids, method="ar", max_new_tokens=6)
+    assert torch.equal(a, b)
 
 
 @needs_cpp

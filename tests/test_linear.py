@@ -12,7 +12,7 @@ from _cudasim import assert_order_independent, needs_sim, racecheck_built, resto
 
 import specops
 from specops import backend as _backend
-from specops.ops.linear import cpu_kernel, ref
+from specops.ops.linear import cpu_kernel, pack_weight, ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -160,11 +160,73 @@ def test_bad_input_names_the_argument(backend, call, exc, words):
         assert word in str(info.value), (word, str(info.value))
 
 
+def test_pack_weight_is_the_documented_layout():
+    w = torch.randn(11, 21).bfloat16()  # N and K past a group / chunk: zero padding on both axes
+    p = pack_weight(w)
+    assert p.shape == (2, 2, 128) and p.dtype == torch.bfloat16
+    want = torch.zeros(2, 2, 128, dtype=torch.bfloat16)
+    for g in range(2):
+        for c in range(2):
+            for pair in range(4):
+                for h in range(2):
+                    for lane in range(8):
+                        for s in range(2):
+                            n, k = 8 * g + 2 * pair + h, 16 * c + 8 * s + lane
+                            if n < 11 and k < 21:
+                                want[g, c, 32 * pair + 16 * h + 2 * lane + s] = w[n, k]
+    assert torch.equal(p, want)
+
+
+@needs_cpp
+@pytest.mark.parametrize("isa", [None, "avx2", "generic"])
+@pytest.mark.parametrize("N,K", [(1, 1), (7, 5), (8, 16), (9, 17), (33, 48), (100, 31), (24, 40)])
+def test_packed_weight_gives_the_plain_weights_bits(N, K, isa, monkeypatch):
+    """The packed kernel (AVX-512), and without it the plain weight (the other instruction sets), give
+    the op's bits for every M, with and without bias; the torch backend takes ``packed`` and ignores it."""
+    if isa is not None:
+        monkeypatch.setenv("SPECOPS_CPU_ISA", isa)
+    for bias in (True, False):
+        x, w, b = make(13, K, N, torch.bfloat16, bias=bias, seed=N * 31 + K)
+        p = pack_weight(w)
+        for M in (1, 2, 3, 4, 5, 9, 13):
+            plain = specops.linear(x[:M], w, b, backend="cpp")
+            assert torch.equal(specops.linear(x[:M], w, b, packed=p, backend="cpp"), plain), (M, bias)
+            assert torch.equal(torch.ops.specops.linear_packed(x[:M], w, p, b), plain), (M, bias)
+            assert torch.equal(specops.linear(x[:M], w, b, packed=p, backend="torch"),
+                               specops.linear(x[:M], w, b, backend="torch"))
+
+
+@pytest.mark.parametrize("call,exc,words", [
+    (lambda x, w, p: pack_weight(w.float()), TypeError, ["weight", "bfloat16", "float32"]),
+    (lambda x, w, p: pack_weight(w[0]), ValueError, ["weight", "rank 2"]),
+    (lambda x, w, p: specops.linear(x, w, packed=p[:, :, :64]), ValueError, ["packed", "[1, 1, 128]", "(1, 1, 64)"]),
+    (lambda x, w, p: specops.linear(x, w, packed=p.float()), TypeError, ["packed", "bfloat16", "float32"]),
+    (lambda x, w, p: specops.linear(x, w, packed=p.tolist()), TypeError, ["packed", "torch.Tensor"]),
+])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_packed_bad_input_names_the_argument(backend, call, exc, words):
+    x, w, _ = make(3, 5, 4, torch.bfloat16)
+    p = pack_weight(w)
+    with pytest.raises(exc) as info, specops.use_backend(backend):
+        call(x, w, p)
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+
+
+@needs_cpp
+def test_packed_op_rejects_a_packed_tensor_of_another_shape():
+    x, w, _ = make(3, 5, 4, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"packed must be pack_weight\(weight\).*\[1, 1, 128\].*\[2, 1, 128\]"):
+        torch.ops.specops.linear_packed(x, w, torch.zeros(2, 1, 128, dtype=torch.bfloat16), None)
+
+
 @needs_cpp
 def test_registration_opcheck_and_compile():
     x, w, b = make(3, 24, 10, torch.bfloat16)
     torch.library.opcheck(torch.ops.specops.linear.default, (x, w, b))
     torch.library.opcheck(torch.ops.specops.linear.default, (x, w, None))
+    torch.library.opcheck(torch.ops.specops.linear_packed.default, (x, w, pack_weight(w), b))
+    torch.library.opcheck(torch.ops.specops.linear_packed.default, (x, w, pack_weight(w), None))
     assert "linear" in _backend.ops() and {"torch", "cpp"} <= set(_backend.implementations("linear"))
     fn = torch.compile(lambda a: torch.ops.specops.linear(a, w, b), fullgraph=True)
     assert torch.equal(fn(x), specops.linear(x, w, b, backend="cpp"))
@@ -183,7 +245,7 @@ def test_direct_entry_is_the_registered_op_bit_for_bit(dtype):
         specops._C.linear(x, w.double(), None)
     with pytest.raises(TypeError, match="argument 1 must be a torch.Tensor, got int"):
         specops._C.linear(x, 3, None)
-    with pytest.raises(TypeError, match="takes 3 arguments, got 2"):
+    with pytest.raises(TypeError, match="takes 3 or 4 arguments, got 2"):
         specops._C.linear(x, w)
 
 
