@@ -378,7 +378,8 @@ class CompiledDecoder:
             cfg = getattr(self.model, "config", None)
             params = [(n, tuple(p.shape), str(p.dtype), p.device.type) for n, p in self.model.named_parameters()]
             h = hashlib.sha256()
-            for part in (torch.__version__, _source_digest(type(self.decoder)), type(self.model).__qualname__,
+            for part in (torch.__version__, _source_digest(type(self.decoder), type(self.model)),
+                         type(self.model).__qualname__,
                          cfg.to_json_string() if hasattr(cfg, "to_json_string") else repr(cfg), repr(params),
                          self.mode, repr(self.options), str(torch.backends.cpu.get_cpu_capability())):
                 h.update(part.encode() + b"\0")
@@ -440,13 +441,14 @@ def _graph_count():
 
 
 @functools.cache
-def _source_digest(decoder_type):
-    """A digest of the code a graph traces: specops' engine and ops sources and the model's module."""
+def _source_digest(*model_types):
+    """A digest of the code a graph traces: specops' engine and ops sources and the modules of the
+    model's classes (its decoder's and its own: a feature draft's forward is specops code)."""
     h = hashlib.sha256()
     here = os.path.dirname(os.path.abspath(__file__))
     files = sorted(os.path.join(d, f) for top in (here, os.path.join(here, "..", "ops"))
                    for d, _, names in os.walk(top) for f in names if f.endswith(".py"))
-    for path in files + [inspect.getfile(decoder_type)]:
+    for path in files + sorted({inspect.getfile(t) for t in model_types}):
         with open(path, "rb") as f:
             h.update(f.read())
     return h.hexdigest()
