@@ -23,6 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import extension
+from .ops.linear import cpu_kernel, pack_weight, packing_pays
+
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 RECORD = "training.json"
@@ -45,6 +48,7 @@ class SubsetLMHead(nn.Module):
         self.register_buffer("keep", keep.to(torch.int64), persistent=False)
         self._sub = None
         self._sub_key = None
+        self._packed = None  # pack_weight(self._sub) where packing pays (bf16 on an AVX-512 CPU)
 
     def sub_weight(self):
         w = self.weight
@@ -55,11 +59,21 @@ class SubsetLMHead(nn.Module):
         key = (w.data_ptr(), w.dtype, w.device, w._version, self.keep.data_ptr())
         if self._sub_key != key:
             self._sub = w.detach().index_select(0, self.keep)
+            self._packed = (pack_weight(self._sub) if self._sub.dtype == torch.bfloat16 and w.device.type == "cpu"
+                            and packing_pays() else None)
             self._sub_key = key
         return self._sub
 
     def sub_logits(self, hidden):
-        return F.linear(hidden, self.sub_weight())
+        w = self.sub_weight()
+        if (not torch.is_grad_enabled() and hidden.device.type == "cpu" and hidden.dtype == w.dtype
+                and hidden.dtype in (torch.bfloat16, torch.float16) and type(hidden) is torch.Tensor
+                and extension.cpu_ext is not None):
+            # specops.linear reads the head once for all rows: a draft step's 16k-row head took 1.5 ms
+            # through torch's bf16 GEMM against ~0.8 from the packed copy (2-core Xeon, AVX-512).
+            y = cpu_kernel(hidden.reshape(-1, hidden.shape[-1]).contiguous(), w, None, self._packed)  # [M, Vd]
+            return y.view(*hidden.shape[:-1], w.shape[0])
+        return F.linear(hidden, w)
 
     def forward(self, hidden):
         sub = self.sub_logits(hidden)

@@ -137,3 +137,30 @@ def test_generate_takes_the_choice_and_checks_it():
     assert a.shape == b.shape == (1, 5)
     with pytest.raises(ValueError, match="linear must be one of"):
         specops.generate(model, ids, method="ar", max_new_tokens=5, linear="fast")
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("pack", ["1", "0"])
+def test_draft_head_reads_its_rows_through_the_op_at_inference(dtype, pack, monkeypatch):
+    """A draft's subset-vocabulary head: 16-bit CPU inference goes through specops.linear (its own
+    packed copy where packing pays, the same bits); training (grad) and fp32 keep torch's linear."""
+    from specops.draft_models import SubsetLMHead
+    from specops.ops.linear import packing_pays
+
+    monkeypatch.setenv("SPECOPS_LINEAR_PACK", pack)
+    torch.manual_seed(1)
+    emb = torch.randn(97, 64).to(dtype)
+    head = SubsetLMHead(emb, torch.tensor([3, 0, 41, 96, 7])).eval()
+    h = torch.randn(2, 3, 64).to(dtype)
+    sub = emb[[3, 0, 41, 96, 7]]
+    with torch.no_grad():
+        got = head(h)  # [2, 3, 97]: -inf outside keep
+        want = (specops.linear(h, sub, backend="cpp") if dtype != torch.float32
+                else torch.nn.functional.linear(h, sub))
+        assert torch.equal(got[..., [3, 0, 41, 96, 7]], want)
+        assert torch.isinf(got[..., 1]).all() and (got[..., 1] < 0).all()
+        assert (head._packed is not None) == (dtype == torch.bfloat16 and pack == "1" and packing_pays())
+    hg = h.clone().requires_grad_()  # training: torch's linear, so the gradient reaches the features
+    head.sub_logits(hg).float().sum().backward()
+    assert hg.grad is not None and hg.grad.shape == h.shape

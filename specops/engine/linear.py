@@ -20,7 +20,7 @@ import weakref
 import torch
 
 from .. import extension
-from ..ops.linear import DTYPES, cpu_kernel, pack_weight
+from ..ops.linear import DTYPES, cpu_kernel, pack_weight, packing_pays
 
 _PACKED = weakref.WeakKeyDictionary()  # module -> (its weight's (storage, version) when packed, packed copy)
 
@@ -75,9 +75,7 @@ def packs(model):
     """Whether :func:`use_specops_linear` gives ``model``'s linears packed weight copies: bf16 weights,
     a CPU whose vector ISA is AVX-512 (the packed kernel's; SPECOPS_CPU_ISA may lower it), the copies
     under a quarter of the physical memory, and ``SPECOPS_LINEAR_PACK`` not ``0``."""
-    if os.environ.get("SPECOPS_LINEAR_PACK", "1") == "0" or os.environ.get("SPECOPS_CPU_ISA") in ("avx2", "generic"):
-        return False
-    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+    if not packing_pays():
         return False
     weights = [m.weight for m in model.modules() if type(m) in _CLASSES and _patchable(m)]
     if not weights or any(w.dtype != torch.bfloat16 for w in weights):

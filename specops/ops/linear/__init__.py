@@ -6,6 +6,8 @@ the logits an AR step produces for the same prefix (docs/batch_invariance.md): a
 depends on its length ``K`` only, never on the rows sharing the call or the column split between
 threads. Each backend has its own order (they agree within docs/batch_invariance.md's tolerance,
 not bit for bit); the values' spec is the torch reference, :mod:`.ref`."""
+import os
+
 import torch
 
 from ... import extension
@@ -68,6 +70,15 @@ def pack_weight(weight):
     w[: weight.shape[0], : weight.shape[1]] = weight
     # [g, p, h, c, s, l] -> [g, c, p, h, l, s]
     return w.view(G, 4, 2, C, 2, 8).permute(0, 3, 1, 2, 5, 4).reshape(G, C, 128).contiguous()
+
+
+def packing_pays():
+    """Whether :func:`pack_weight` copies pay on this machine: the cpp backend's packed kernel (a CPU
+    whose vector ISA is AVX-512; ``SPECOPS_CPU_ISA`` may lower it), and ``SPECOPS_LINEAR_PACK`` not
+    ``0``. Elsewhere the op reads the plain weight (the same bits), so a copy would only cost memory."""
+    if os.environ.get("SPECOPS_LINEAR_PACK", "1") == "0" or os.environ.get("SPECOPS_CPU_ISA") in ("avx2", "generic"):
+        return False
+    return extension.cpu_ext is not None and torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
 def _triton_supports(x, weight, bias):
