@@ -27,7 +27,9 @@ E and c). Growth is capped (double, or +2, per step); shrinking is immediate.
 
 Probing: after the rule chooses AR, ``probe_after`` AR steps, then one probe at the best positive
 budget capped at ``probe_budget``; a probe that still leads to AR doubles the wait (up to
-``probe_max``).
+``probe_max``). The second step is an AR step while no one-row step has been timed (unless the
+costs are fixed): ``c(0)`` is then measured, not extrapolated from blocks of one size (an OPT-Tree
+block is ``n + 1`` rows at every depth).
 
 Costs (``CostModel``): exponentially weighted seconds per target block size (pack, forward, verify,
 KV commit, emit) and per budget (``propose`` plus the drafter's ``commit``), timed with
@@ -56,7 +58,7 @@ class AdaptiveConfig:
     probe_budget: int = 2  # a probe drafts at most this deep (it measures acceptance; growth follows)
     margin: float = 0.05  # speculate only while R(g) >= 1 + margin
     cost_decay: float = 0.75  # weight of the older cost measurements
-    prior_slope: float = 0.02  # extra target cost per block token (fraction of a 1-token step)
+    prior_slope: float = 0.07  # extra target cost per block token (fraction of a 1-token step)
     slope_weight: float = 8.0  # the prior slope's weight against the measured sizes' spread (tokens^2)
     min_budget: int = None
     max_budget: int = None
@@ -142,6 +144,10 @@ class CostModel:
 
     def known(self):
         return self.cfg.target_cost is not None or bool(self.target.mean)
+
+    def one_row_known(self):
+        """Whether c(0), the one-row step every budget is weighed against, is measured (or fixed)."""
+        return self.cfg.target_cost is not None or 1 in self.target.mean
 
     def block_size(self, g):
         """T(g): the mean block size seen at budget g, else scaled from the nearest seen budget,
@@ -249,6 +255,8 @@ class Controller:
             return 0
         if self.steps == 0 or not self.costs.known():
             return self.initial
+        if not self.costs.one_row_known():  # measure c(0) once: an AR step loses nothing against AR
+            return 0
         if self.mode == "ar":
             if self.ar_left > 0:
                 self.ar_left -= 1
