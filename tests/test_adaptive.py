@@ -8,6 +8,7 @@ budget schedules with AR steps in between; the draft caches, plain and feature, 
 keeps the target's distribution, ``adaptive=False`` is the fixed-budget loop, and the metrics report
 the budgets."""
 import itertools
+import math
 
 import pytest
 import torch
@@ -56,8 +57,8 @@ def test_the_estimate_is_censored_geometric_with_decay():
 
 def test_budget_grows_after_full_accepts_within_the_cap():
     ctl = Controller(fixed(0.01, 0.05), 1, 4, 1, 16)
-    assert ctl.decide([True]) == 4  # the first step uses the configured budget
-    seen, g = [], 4
+    assert ctl.decide([True]) == 2  # the first step is a probe: the configured budget, at most probe_budget
+    seen, g = [], 2
     for _ in range(6):
         step(ctl, g, [g])
         new = ctl.decide([True])
@@ -96,7 +97,9 @@ def test_ar_threshold_is_one_ar_step_per_unit_of_cost_plus_the_margin(margin):
 
 
 def test_probing_after_ar_steps_with_a_doubling_wait():
-    cfg = AdaptiveConfig(target_cost=lambda T: 1.0, draft_cost=lambda g: 0.6 * g, probe_after=3, probe_max=12)
+    # explore=10: a probe's extra cost (1.2 steps) asks for no longer wait than the doubling
+    cfg = AdaptiveConfig(target_cost=lambda T: 1.0, draft_cost=lambda g: 0.6 * g, probe_after=3, probe_max=12,
+                         explore=10.0)
     ctl = Controller(cfg, 1, 2, 1, 8)
     g = ctl.decide([True])
     while g:
@@ -126,6 +129,23 @@ def test_probing_after_ar_steps_with_a_doubling_wait():
             break
     assert g >= 1 and ctl.mode == "spec" and ctl.wait == 3
     assert ctl.alpha(0) >= 0.6  # R(1) = (1 + alpha) / 1.6 >= 1
+
+
+@pytest.mark.parametrize("explore, want", [(0.1, 12), (0.3, 4), (1.0, 2)])
+def test_a_failed_probe_waits_until_its_extra_cost_is_the_explore_share(explore, want):
+    # a probe at budget 2 costs 1 + 0.6 * 2 = 2.2 steps: 1.2 more than an AR step, which the next
+    # ceil(1.2 / explore) AR steps must cover (at least double the last wait, at most probe_max)
+    cfg = AdaptiveConfig(target_cost=lambda T: 1.0, draft_cost=lambda g: 0.6 * g, probe_after=1, probe_max=40,
+                         explore=explore)
+    ctl = Controller(cfg, 1, 2, 2, 8)  # budgets 2..8: the probes draft 2 levels
+    assert ctl.decide([True]) == 2
+    step(ctl, 2, [0])  # the first step fails: one AR step (probe_after 1), then a probe that fails
+    assert ctl.decide([True]) == 0
+    step(ctl, 0, [0], T=1)
+    assert ctl.decide([True]) == 2 and ctl.mode == "probe"
+    step(ctl, 2, [0])
+    assert ctl.decide([True]) == 0
+    assert ctl.wait == want == max(2, math.ceil(1.2 / explore - 1e-9)) and ctl.explore_wait() == math.ceil(1.2 / explore - 1e-9)
 
 
 def test_a_batch_shares_the_budget_with_the_most_expected_tokens_per_second():
@@ -310,7 +330,7 @@ def test_adaptive_false_is_the_fixed_budget_loop(pair):
 def test_a_free_draft_grows_the_budget_to_the_cap(pair):
     _, m = _generate(pair, "sd", adaptive=fixed(0.0, 0.0), exit_threshold=0.0)
     budgets = [s["budget"] for s in m.steps]
-    assert budgets[0] == 4 and max(budgets) > 4 and m.num_ar_steps == 0
+    assert budgets[0] == 2 and max(budgets) > 4 and m.num_ar_steps == 0  # a probe first (probe_budget 2)
     assert m.mean_budget == pytest.approx(sum(budgets) / len(budgets))
 
 

@@ -26,8 +26,11 @@ over the active sequences (a batch shares one block shape). ``g* = 0`` when ever
 E and c). Growth is capped (double, or +2, per step); shrinking is immediate.
 
 Probing: after the rule chooses AR, ``probe_after`` AR steps, then one probe at the best positive
-budget capped at ``probe_budget``; a probe that still leads to AR doubles the wait (up to
-``probe_max``). The second step is an AR step while no one-row step has been timed (unless the
+budget capped at ``probe_budget``; a probe that still leads to AR doubles the wait, or makes it
+as long as the probe's extra cost over an AR step divided by ``explore`` AR steps if that is longer
+(up to ``probe_max``): failed probes cost at most about ``explore`` of the time. The first step,
+drafted before any evidence, is as shallow as a probe (the drafter's budget capped at
+``probe_budget``); growth from there is capped as always. The second step is an AR step while no one-row step has been timed (unless the
 costs are fixed): ``c(0)`` is then measured, not extrapolated from blocks of one size (an OPT-Tree
 block is ``n + 1`` rows at every depth).
 
@@ -44,6 +47,7 @@ each step is the method at a fixed budget: greedy output stays AR's and sampling
 distribution.
 """
 import dataclasses
+import math
 
 
 @dataclasses.dataclass
@@ -54,7 +58,8 @@ class AdaptiveConfig:
     alpha0: float = 0.6  # prior per-level acceptance
     prior_levels: float = 2.0  # n0: the prior's weight, in levels
     probe_after: int = 4
-    probe_max: int = 32
+    probe_max: int = 64
+    explore: float = 0.05  # failed probes' extra seconds: at most this share of the AR stretch after them
     probe_budget: int = 2  # a probe drafts at most this deep (it measures acceptance; growth follows)
     margin: float = 0.05  # speculate only while R(g) >= 1 + margin
     cost_decay: float = 0.75  # weight of the older cost measurements
@@ -68,6 +73,7 @@ class AdaptiveConfig:
     def __post_init__(self):
         for name in ("decay", "alpha0", "cost_decay", "margin"):
             self._check(name, (int, float), "a number in [0, 1)", lambda v: 0 <= v < 1)
+        self._check("explore", (int, float), "a number > 0.0", lambda v: v > 0)
         for name in ("prior_levels", "prior_slope", "slope_weight"):
             self._check(name, (int, float), "a number >= 0.0", lambda v: v >= 0)
         for name in ("probe_after", "probe_max", "probe_budget", "min_budget", "max_budget"):
@@ -207,7 +213,8 @@ class Controller:
             raise ValueError(f"budget range must satisfy 1 <= lo <= hi, got lo={lo}, hi={hi}")
         self.cfg = cfg
         self.lo, self.hi = lo, hi
-        self.initial = min(max(initial, lo), hi)
+        # The first step, drafted before any evidence, is a probe: at most probe_budget deep.
+        self.initial = min(max(min(initial, cfg.probe_budget), lo), hi)
         self.costs = CostModel(cfg)
         self.S = [0.0] * batch
         self.N = [0.0] * batch
@@ -267,10 +274,17 @@ class Controller:
         if r * self.costs.step_cost(0) >= (1.0 + self.cfg.margin) * sum(active):  # R(g) >= 1 + margin
             self.mode, self.wait = "spec", self.cfg.probe_after
             return g
-        if self.mode == "probe":  # a failed probe doubles the wait before the next one
-            self.wait = min(2 * self.wait, self.cfg.probe_max)
+        if self.mode == "probe":  # a failed probe: the wait doubles and covers the probe's extra cost
+            self.wait = min(max(2 * self.wait, self.explore_wait()), self.cfg.probe_max)
         self.mode, self.ar_left = "ar", self.wait - 1
         return 0
+
+    def explore_wait(self):
+        """AR steps whose time makes the last speculative budget's extra cost over an AR step
+        ``explore`` of it: ceil((c(g) - c(0)) / (explore * c(0)))."""
+        c0 = self.costs.step_cost(0)
+        extra = self.costs.step_cost(self.prev) - c0
+        return 0 if c0 <= 0 or extra <= 0 else math.ceil(extra / (self.cfg.explore * c0) - 1e-9)  # (float noise)
 
     def observe(self, budget, depth, accepted, block_size, t_target, t_draft):
         """One finished step. ``depth[b]``: levels proposed (0 or None: no proposal, e.g. an
