@@ -121,7 +121,10 @@ def test_gsd_reference_rule_deviation_is_measured(models):
     # trees (test above). Measured: TV about 0.9 for R5 vs about 0.2 (noise) for R3p.
     cfg = CONFIGS["t1"]
     exact = exact_joint(models[0], cfg)
-    params = {"k": 3, "theta_prob": 0.05, "theta_sib": 0.05, "max_depth": 3, "tau": 0, "verify": "gsd"}
+    # adaptive=False: the trees keep max_depth 3 from the first step (the controller's first step is a
+    # shallow probe)
+    params = {"k": 3, "theta_prob": 0.05, "theta_sib": 0.05, "max_depth": 3, "tau": 0, "verify": "gsd",
+              "adaptive": False}
     out, m = _sample(models, "gsd", cfg, params)
     tv = 0.5 * float((empirical(out) / ROWS - exact).abs().sum())
     assert tv > 0.5
