@@ -40,6 +40,12 @@ class OPTTree(ModelDrafter):
     def tree_budget(self):
         return self.n + 1
 
+    def nodes(self):
+        """This step's node budget: ``n``, or under adaptive speculation at most two per drafted layer
+        plus one. The controller's knob is the depth, and a shallow step (a probe) should cost little:
+        a compiled block of n + 1 = 11 rows cost ~2x a one-row step on a 2-core CPU."""
+        return self.n if self.adaptive_range is None else min(self.n, 2 * self.max_depth + 1)
+
     def draft_budget(self):
         return self.n * self.max_depth
 
@@ -48,7 +54,7 @@ class OPTTree(ModelDrafter):
         (``add_device``: a sequence that goes on adds its finite entries, a prefix of the layer);
         E_sub and the subtree choice stay on the device. The one host decision is ``delta``'s stop
         (read per layer, or sync-free kept on the device: the module docstring)."""
-        d, B, n = ctx.draft, ctx.batch, self.n
+        d, B, n = ctx.draft, ctx.batch, self.nodes()
         grammar = ctx.grammar is not None  # then every row is masked with its path's allowed tokens
         sync_free = not grammar and (self.sync_free if self.sync_free is not None else d.device.type != "cpu")
         logits, base, active = self.first_forward(ctx)  # base: the block node of the newest fed layer's first entry
@@ -101,7 +107,7 @@ class OPTTree(ModelDrafter):
         # The drafted layers as one flat tree (root, then layer by layer: topological, shallower
         # first), then the best n nodes as a rooted subtree (select_topn_subtree), gathered on the
         # device: the Draft is built from the selection without reading it back.
-        B, n, D = ctx.batch, self.n, len(layers)
+        B, n, D = ctx.batch, self.nodes(), len(layers)
         sc = torch.cat([layer[0] for layer in layers], dim=1)  # [B, D * n]
         base = torch.arange(D, device=sc.device).repeat_interleave(n) * n + 1 - n  # flat index of each layer's parents
         base[:n] = 0
