@@ -11,7 +11,6 @@ int8-quantized copy, the cheaper draft for a bf16 target) and ``"<target>-bf16"`
 import contextlib
 import dataclasses
 import importlib.metadata
-import importlib.util
 import json
 import os
 import shutil
@@ -188,10 +187,8 @@ def load(name, dtype=None, tp_size=1):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = resolve_dtype(dtype, torch.bfloat16)
-    if kind == "int8":
-        dtype = torch.float32
-    elif kind is not None:
-        dtype = _DTYPES[kind]
+    if kind is not None:  # int8: fp32 activations
+        dtype = torch.float32 if kind == "int8" else _DTYPES[kind]
     with _quiet():
         tok = AutoTokenizer.from_pretrained(dest)
         model = AutoModelForCausalLM.from_pretrained(dest, dtype=dtype, **_tp_kwargs(tp_size, dest, kind)).eval()

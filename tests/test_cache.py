@@ -15,13 +15,20 @@ def layout(request):
     return request.param
 
 
-def filled_cache(L=2, B=3, H=2, S=16, D=4, dtype=torch.float32, layout="contiguous"):
+def i32(values):
+    return torch.tensor(values, dtype=torch.int32)
+
+
+def filled_cache(L=2, B=3, H=2, S=16, D=4, dtype=torch.float32, layout="contiguous", lens=None):
+    """Random K/V rows; ``lens`` (a list) committed."""
     if layout == "paged":  # pages of 4 rows, scattered over the pool, S not a multiple of the page
         cache = PagedKVCache(L, B, H, S, D, page_size=4, dtype=dtype)
     else:
         cache = StaticKVCache(L, B, H, S, D, dtype=dtype)
-    cache.layout.k.copy_(torch.randn_like(cache.layout.k))
-    cache.layout.v.copy_(torch.randn_like(cache.layout.v))
+    for t in (cache.layout.k, cache.layout.v):
+        t.copy_(torch.randn_like(t))
+    if lens is not None:
+        cache.commit(i32(lens))
     return cache
 
 
@@ -32,17 +39,14 @@ def dense(cache):
 
 
 def test_block_rows_land_after_each_sequence_and_stay_uncommitted(layout):
-    cache = filled_cache(layout=layout)
-    cache.commit(torch.tensor([2, 5, 0], dtype=torch.int32))
-    k = torch.randn(3, 2, 4, 4)
-    v = torch.randn(3, 2, 4, 4)
+    cache = filled_cache(layout=layout, lens=[2, 5, 0])
+    new = torch.randn(2, 3, 2, 4, 4)  # k, v
     cache.begin_block(1, 4)
-    cache.append_block(1, k, v)
+    cache.append_block(1, *new)
     cache.end_block()
-    got_k, got_v = dense(cache)
-    for b, start in enumerate([3, 6, 1]):
-        assert torch.equal(got_k[1, b, :, start:start + 4], k[b])
-        assert torch.equal(got_v[1, b, :, start:start + 4], v[b])
+    for got, want in zip(dense(cache), new):
+        for b, start in enumerate([3, 6, 1]):
+            assert torch.equal(got[1, b, :, start:start + 4], want[b])
     assert cache.lens.tolist() == [2, 5, 0]
 
 
@@ -57,17 +61,13 @@ def test_plain_mode_appends_and_commits_after_the_last_layer(layout):
 
 
 def test_compact_moves_accepted_rows_in_every_layer_and_advances_lens(layout):
-    cache = filled_cache(layout=layout)
-    cache.commit(torch.tensor([3, 0, 7], dtype=torch.int32))
-    before_k, before_v = dense(cache)
-    accept_idx = torch.tensor([[0, 2, 5], [0, 1, 2], [0, 4, -1]], dtype=torch.int32)
-    accept_lens = torch.tensor([3, 3, 2], dtype=torch.int32)
-    cache.compact(accept_idx, accept_lens)
-    got_k, got_v = dense(cache)
-    for b, (P, idx) in enumerate([(3, [0, 2, 5]), (0, [0, 1, 2]), (7, [0, 4])]):
-        for j, src in enumerate(idx):
-            assert torch.equal(got_k[:, b, :, P + j], before_k[:, b, :, P + src])
-            assert torch.equal(got_v[:, b, :, P + j], before_v[:, b, :, P + src])
+    cache = filled_cache(layout=layout, lens=[3, 0, 7])
+    before = dense(cache)
+    cache.compact(i32([[0, 2, 5], [0, 1, 2], [0, 4, -1]]), i32([3, 3, 2]))
+    for got, old in zip(dense(cache), before):
+        for b, (P, idx) in enumerate([(3, [0, 2, 5]), (0, [0, 1, 2]), (7, [0, 4])]):
+            for j, src in enumerate(idx):
+                assert torch.equal(got[:, b, :, P + j], old[:, b, :, P + src])
     assert cache.lens.tolist() == [6, 3, 9]
 
 
@@ -81,8 +81,7 @@ def _unchanged(cache, before):
 
 
 def test_overflow_raises_before_anything_is_written(layout):
-    cache = filled_cache(S=8, layout=layout)
-    cache.commit(torch.tensor([2, 6, 1], dtype=torch.int32))
+    cache = filled_cache(S=8, layout=layout, lens=[2, 6, 1])
     before = _state(cache)
     with pytest.raises(ValueError, match="cache overflow.*max_len=8"):
         cache.begin_block(0, 3)
@@ -92,23 +91,20 @@ def test_overflow_raises_before_anything_is_written(layout):
 
 
 def test_compact_error_leaves_cache_untouched(layout):
-    cache = filled_cache(layout=layout)
-    cache.commit(torch.tensor([3, 3, 3], dtype=torch.int32))
+    cache = filled_cache(layout=layout, lens=[3, 3, 3])
     before = _state(cache)
-    bad = torch.tensor([[0, 2, 1]] * 3, dtype=torch.int32)  # not increasing
     with pytest.raises(ValueError, match="accept_idx"):
-        cache.compact(bad, torch.tensor([3, 3, 3], dtype=torch.int32))
+        cache.compact(i32([[0, 2, 1]] * 3), i32([3, 3, 3]))  # not increasing
     assert _unchanged(cache, before)
 
 
 def test_truncate_is_metadata_only_and_checked(layout):
-    cache = filled_cache(layout=layout)
-    cache.commit(torch.tensor([5, 4, 3], dtype=torch.int32))
+    cache = filled_cache(layout=layout, lens=[5, 4, 3])
     before = _state(cache)
-    cache.truncate(torch.tensor([2, 4, 0], dtype=torch.int32))
+    cache.truncate(i32([2, 4, 0]))
     assert cache.lens.tolist() == [2, 4, 0] and torch.equal(cache.layout.k, before[0])
     with pytest.raises(ValueError, match=r"new_lens must lie in \[0, lens\]"):
-        cache.truncate(torch.tensor([3, 4, 0], dtype=torch.int32))
+        cache.truncate(i32([3, 4, 0]))
     with pytest.raises(TypeError, match="new_lens must have dtype torch.int32"):
         cache.truncate(torch.tensor([1, 1, 0]))
 
@@ -116,21 +112,20 @@ def test_truncate_is_metadata_only_and_checked(layout):
 def test_host_counts_keep_the_host_lengths_fresh_without_a_read(monkeypatch):
     # compact(host_counts=) and truncate(host_lens=): the caller's lists replace the device reads
     cache = filled_cache()
-    cache.commit(torch.tensor([5, 4, 3], dtype=torch.int32), host_counts=[5, 4, 3])
+    cache.commit(i32([5, 4, 3]), host_counts=[5, 4, 3])
     cache.begin_block(0, 4)
-    cache.append_block(0, torch.randn(3, 2, 4, 4), torch.randn(3, 2, 4, 4))
+    cache.append_block(0, *torch.randn(2, 3, 2, 4, 4))
     cache.end_block()
     reads = []
     monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t) or [])
-    cache.compact(torch.tensor([[0, 2], [1, 3], [0, 1]], dtype=torch.int32), torch.tensor([2, 1, 0], dtype=torch.int32),
-                  check=False, host_counts=[2, 1, 0])
+    cache.compact(i32([[0, 2], [1, 3], [0, 1]]), i32([2, 1, 0]), check=False, host_counts=[2, 1, 0])
     assert cache.host_lens() == [7, 5, 3]
-    cache.truncate(torch.tensor([6, 5, 1], dtype=torch.int32), host_lens=[6, 5, 1])
+    cache.truncate(i32([6, 5, 1]), host_lens=[6, 5, 1])
     assert cache.host_lens() == [6, 5, 1] and reads == []
     with pytest.raises(ValueError, match=r"new_lens must lie in \[0, lens\], got new_lens\[2\] = 2 for lens\[2\] = 1"):
-        cache.truncate(torch.tensor([6, 5, 2], dtype=torch.int32), host_lens=[6, 5, 2])
+        cache.truncate(i32([6, 5, 2]), host_lens=[6, 5, 2])
     with pytest.raises(ValueError, match="host_counts / host_lens must have 3 entries, got 2"):
-        cache.truncate(torch.tensor([6, 5, 1], dtype=torch.int32), host_lens=[6, 5])
+        cache.truncate(i32([6, 5, 1]), host_lens=[6, 5])
     monkeypatch.undo()
     assert cache.lens.tolist() == [6, 5, 1]
 
@@ -147,43 +142,40 @@ def test_sizes_and_shape_errors(layout):
 def test_every_layer_of_a_block_writes_at_lens_plus_offset_equal_or_ragged(lens, layout):
     # Contiguous: equal lengths take the slice-copy plan, ragged ones the row addresses (paged: always
     # the addresses); every plan converts dtype.
-    cache = filled_cache(L=3, dtype=torch.bfloat16, layout=layout)
-    cache.commit(torch.tensor(lens, dtype=torch.int32))
+    cache = filled_cache(L=3, dtype=torch.bfloat16, layout=layout, lens=lens)
     want_k, want_v = dense(cache)
-    ks = [torch.randn(3, 2, 2, 4) for _ in range(3)]
+    ks = torch.randn(3, 3, 2, 2, 4)  # per layer
     cache.begin_block(2, 2)
     for layer, k in enumerate(ks):
         cache.append_block(layer, k, -k)
     cache.end_block()
-    for layer, k in enumerate(ks):
-        for b, n in enumerate(lens):
-            want_k[layer, b, :, n + 2:n + 4] = k[b].to(torch.bfloat16)
-            want_v[layer, b, :, n + 2:n + 4] = (-k[b]).to(torch.bfloat16)
+    for b, n in enumerate(lens):
+        want_k[:, b, :, n + 2:n + 4] = ks[:, b].to(torch.bfloat16)
+        want_v[:, b, :, n + 2:n + 4] = (-ks[:, b]).to(torch.bfloat16)
     got_k, got_v = dense(cache)
     assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v) and cache.lens.tolist() == lens
 
 
 # ---- issue #16 item 1: bad arguments raise before anything is written --------------------------
 
+def one_row(dtype=torch.float32):
+    """k, v of one new row for the one-sequence cache below."""
+    return torch.randn(2, 1, 2, 1, 4).to(dtype)
+
+
 @pytest.mark.parametrize("call, exc, match", [
     (lambda c: c.begin_block(-5, 2), ValueError, "offset must be >= 0, got -5"),
     (lambda c: c.begin_block(0, -3), ValueError, "rows must be >= 1, got -3"),
-    (lambda c: c.commit(torch.tensor([40], dtype=torch.int32)), ValueError, r"counts\[0\] .*got 40"),
-    (lambda c: c.commit(torch.tensor([-9], dtype=torch.int32)), ValueError, r"counts\[0\] .*got -9"),
-    (lambda c: c.append_block(-1, torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)), ValueError,
-     "layer must be >= 0, got -1"),
-    (lambda c: c.append_block(5, torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)), ValueError,
-     r"layer must be <= 1 \(the cache has num_layers=2\), got 5"),
-    (lambda c: c.append_block("0", torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4)), TypeError,
-     "layer must be an int, got str '0'"),
-    (lambda c: c.append_block(0, torch.ones(1, 2, 1, 4, dtype=torch.int32), torch.ones(1, 2, 1, 4, dtype=torch.int32)),
-     TypeError, "k must have dtype .*got torch.int32"),
-    (lambda c: c.append_block(0, torch.randn(1, 2, 1, 4).double(), torch.randn(1, 2, 1, 4).double()), TypeError,
-     "k must have dtype .*got torch.float64"),
+    (lambda c: c.commit(i32([40])), ValueError, r"counts\[0\] .*got 40"),
+    (lambda c: c.commit(i32([-9])), ValueError, r"counts\[0\] .*got -9"),
+    (lambda c: c.append_block(-1, *one_row()), ValueError, "layer must be >= 0, got -1"),
+    (lambda c: c.append_block(5, *one_row()), ValueError, r"layer must be <= 1 \(the cache has num_layers=2\), got 5"),
+    (lambda c: c.append_block("0", *one_row()), TypeError, "layer must be an int, got str '0'"),
+    (lambda c: c.append_block(0, *one_row(torch.int32)), TypeError, "k must have dtype .*got torch.int32"),
+    (lambda c: c.append_block(0, *one_row(torch.float64)), TypeError, "k must have dtype .*got torch.float64"),
 ])
 def test_issue_16_bad_arguments_leave_the_cache_untouched(call, exc, match, layout):
-    cache = filled_cache(L=2, B=1, S=16, layout=layout)
-    cache.commit(torch.tensor([6], dtype=torch.int32))
+    cache = filled_cache(L=2, B=1, S=16, layout=layout, lens=[6])
     before, rows = _state(cache), dense(cache)[0]
     with pytest.raises(exc, match=match):
         call(cache)
@@ -214,19 +206,18 @@ def test_new_rows_may_not_be_views_of_the_cache(layout):
 
 def test_commit_with_host_counts_checks_them_and_keeps_the_mirror_fresh():
     cache = filled_cache(S=8)
-    cache.commit(torch.tensor([1, 2, 3], dtype=torch.int32), host_counts=[1, 2, 3])
+    cache.commit(i32([1, 2, 3]), host_counts=[1, 2, 3])
     assert cache._host_lens == [1, 2, 3]
-    cache.commit(torch.tensor([1, 1, 1], dtype=torch.int32))  # checked: one sync, mirror refreshed
+    cache.commit(i32([1, 1, 1]))  # checked: one sync, mirror refreshed
     assert cache._host_lens == [2, 3, 4] == cache.lens.tolist()
     with pytest.raises(ValueError, match=r"counts\[2\] must lie in \[0, max_len - lens\[2\]\] = \[0, 4\]"):
-        cache.commit(torch.tensor([0, 0, 5], dtype=torch.int32))
-    cache.commit(torch.tensor([0, 0, 5], dtype=torch.int32), check=False)  # unchecked: no sync, no error
+        cache.commit(i32([0, 0, 5]))
+    cache.commit(i32([0, 0, 5]), check=False)  # unchecked: no sync, no error
     assert cache._host_lens is None and cache.lens.tolist() == [2, 3, 9]
 
 
 def test_crop_follows_transformers_sign_convention_and_reorder_is_checked(layout):
-    cache = filled_cache(layout=layout)
-    cache.commit(torch.tensor([5, 2, 7], dtype=torch.int32))
+    cache = filled_cache(layout=layout, lens=[5, 2, 7])
     cache.crop(-3)  # what transformers' assisted generation passes
     assert cache.lens.tolist() == [2, 0, 4]
     cache.crop(1)
@@ -240,7 +231,6 @@ def test_crop_follows_transformers_sign_convention_and_reorder_is_checked(layout
         cache.reorder_cache(torch.tensor([0, 3, 1]))
 
 
-
 # ---- KVCache over a layout: the constructors only allocate ---------------------------------------
 
 def test_kvcache_wraps_a_users_layout():
@@ -252,7 +242,7 @@ def test_kvcache_wraps_a_users_layout():
     for layer in range(2):
         cache.append_block(layer, rows, -rows)
     assert torch.equal(k[1, :, :, :6], rows) and torch.equal(v[0, :, :, :6], -rows) and cache.lens.tolist() == [6] * 3
-    (kp, vp), table = torch.zeros(2, 2, 5, 4, 1, 2), torch.tensor([[3, 1], [0, 4]], dtype=torch.int32)
+    (kp, vp), table = torch.zeros(2, 2, 5, 4, 1, 2), i32([[3, 1], [0, 4]])
     paged = KVCache(KvLayout.paged(kp, vp, table))
     assert paged.k_pages is kp and paged.v_pages is vp and paged.page_table is table
     assert (paged.max_len, paged.page_size, paged.num_pages) == (8, 4, 5)
@@ -281,9 +271,8 @@ def test_kvcache_checks_the_layout_it_is_given(make, exc, match):
 # ---- PagedKVCache: the semantics of StaticKVCache on scattered pages -----------------------------
 
 
-def pair(L=2, B=3, H=2, S=21, D=4, page_size=4, dtype=torch.float32, **kw):
-    return StaticKVCache(L, B, H, S, D, dtype=dtype), PagedKVCache(L, B, H, S, D, page_size=page_size, dtype=dtype,
-                                                                   **kw)
+def pair(L=2, B=3, H=2, S=21, D=4, page_size=4, **kw):
+    return StaticKVCache(L, B, H, S, D), PagedKVCache(L, B, H, S, D, page_size=page_size, **kw)
 
 
 def same_rows(static, paged):
@@ -325,20 +314,16 @@ def test_paged_cache_matches_static_over_random_ragged_steps(page_size, seed):
                 cache.append_block(layer, k, v)
             cache.end_block()
         assert same_rows(static, paged)
-        what = step % 3
-        if what == 0:  # keep an accepted path of the block
-            idx, n = random_accept(B, offset + T, generator=g)
-            for cache in (static, paged):
-                cache.compact(idx, n)
-        elif what == 1:  # keep a chain
-            counts = torch.randint(0, offset + T + 1, (B,), generator=g).to(torch.int32)
-            for cache in (static, paged):
-                cache.commit(counts)
+        what = ("compact", "commit", "truncate")[step % 3]
+        if what == "compact":  # keep an accepted path of the block
+            args = random_accept(B, offset + T, generator=g)
+        elif what == "commit":  # keep a chain
+            args = (torch.randint(0, offset + T + 1, (B,), generator=g).to(torch.int32),)
         else:  # roll back some committed rows
-            new = (static.lens - torch.randint(0, 3, (B,), generator=g).to(torch.int32)).clamp(min=0)
-            for cache in (static, paged):
-                cache.truncate(new)
-        assert same_rows(static, paged), f"step {step} ({['compact', 'commit', 'truncate'][what]})"
+            args = ((static.lens - torch.randint(0, 3, (B,), generator=g).to(torch.int32)).clamp(min=0),)
+        for cache in (static, paged):
+            getattr(cache, what)(*args)
+        assert same_rows(static, paged), f"step {step} ({what})"
     for cache in (static, paged):
         cache.reorder_cache(torch.tensor([2, 0, 0]))
         cache.crop(-1)
@@ -355,17 +340,17 @@ def test_paged_plain_mode_hands_attention_a_contiguous_copy():
             assert torch.equal(got[1][0], static.k[1]) and torch.equal(got[1][1], static.v[1])
     assert same_rows(static, paged) and paged.lens.tolist() == [5, 5]
     paged.begin_block(0, 1)  # in a block the layer's pools go to the specops attention
-    kp, vp = paged.append_block(0, torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4))
+    kp, _ = paged.append_block(0, *torch.randn(2, 2, 2, 1, 4))
     assert kp.data_ptr() == paged.k_pages[0].data_ptr() and kp.shape == (6, 4, 2, 4)
 
 
 @pytest.mark.parametrize("kw, exc, match", [
-    (dict(page_size=6), ValueError, "page_size must be a power of two"),
-    (dict(page_size=0), ValueError, "sizes must be >= 1"),
-    (dict(num_pages=5), ValueError, r"num_pages must be >= batch_size \* ceil\(max_len / page_size\) = 3 \* 6 = 18"),
-    (dict(page_order=torch.arange(17)), ValueError, r"page_order must have shape \[18\]"),
-    (dict(page_order=torch.zeros(18, dtype=torch.long)), ValueError, "page_order must be a permutation"),
-    (dict(dtype=torch.float64), TypeError, "PagedKVCache dtype must be"),
+    ({"page_size": 6}, ValueError, "page_size must be a power of two"),
+    ({"page_size": 0}, ValueError, "sizes must be >= 1"),
+    ({"num_pages": 5}, ValueError, r"num_pages must be >= batch_size \* ceil\(max_len / page_size\) = 3 \* 6 = 18"),
+    ({"page_order": torch.arange(17)}, ValueError, r"page_order must have shape \[18\]"),
+    ({"page_order": torch.zeros(18, dtype=torch.long)}, ValueError, "page_order must be a permutation"),
+    ({"dtype": torch.float64}, TypeError, "PagedKVCache dtype must be"),
 ])
 def test_paged_constructor_errors_name_the_argument(kw, exc, match):
     with pytest.raises(exc, match=match):

@@ -51,7 +51,7 @@ def test_inference_never_imports_the_trainer():
         loaded = sorted(m for m in sys.modules if m == "specops.distill" or m.startswith("specops.distill."))
         print("LOADED", loaded)
     """)
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "LOADED []" in res.stdout, res.stdout
 
@@ -85,7 +85,6 @@ def test_first_load_converts_into_an_empty_cache(monkeypatch, tmp_path, capfd):
 
 def test_a_missing_package_names_the_exact_pip_command(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECOPS_CACHE", str(tmp_path))  # nothing cached
-
     real = importlib.metadata.distribution
 
     def missing(name):
@@ -140,16 +139,15 @@ def smollm2():
 
 
 @needs_smollm2
-@pytest.mark.parametrize("method, batch", [("sd", 3), ("tsd", 3), ("ngram", 3), ("opt-tree", 1),
-                                           ("ouroboros", 1), ("specinfer", 1), ("gsd", 1)])
-def test_real_model_greedy_is_token_identical(smollm2, method, batch):
+@pytest.mark.parametrize("method, batch, params", [
+    ("sd", 3, {}), ("tsd", 3, {"max_depth": 4, "max_nodes": 16}), ("ngram", 3, {}),
+    ("opt-tree", 1, {"n": 8, "max_depth": 4}), ("ouroboros", 1, {}), ("specinfer", 1, {}),
+    ("gsd", 1, {"max_depth": 4, "max_nodes": 16})])
+def test_real_model_greedy_is_token_identical(smollm2, method, batch, params):
     target, tok, prompts, refs = smollm2
-    params = {"n": 8, "max_depth": 4} if method == "opt-tree" else {}
-    if method in ("tsd", "gsd"):
-        params = {"max_depth": 4, "max_nodes": 16}
-    out, m = generate(target, prompts[:batch], method=method, max_new_tokens=10, tokenizer=tok,
-                      eos_token_id=[], **params)
-    assert [out[b].tolist() for b in range(batch)] == [r for r in refs[:batch]]
+    out, m = generate(target, prompts[:batch], method=method, max_new_tokens=10, tokenizer=tok, eos_token_id=[],
+                      **params)
+    assert [out[b].tolist() for b in range(batch)] == refs[:batch]
     assert m.num_target_forwards < 10 * batch
 
 

@@ -1,19 +1,22 @@
 """The "specops" attention implementation and the engine's ModelRunner on tiny random HF models: one tree forward
 equals running each root-to-leaf path as a plain sequence; compaction after every step keeps the
 logits of a plain recompute of the accepted sequence."""
+from functools import partial
+
 import pytest
 import torch
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig,
                           LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 import specops
-from specops.testing import random_parents
-from specops.cache import StaticKVCache
+from specops.cache import PagedKVCache, StaticKVCache
+from specops.decoding import generate
 from specops.engine import ModelRunner
 from specops.integrations.transformers import SpecModel, use_specops_attention
+from specops.testing import perturbed_copy, random_parents, reference_greedy, tiny_causal_lm
 
-GQA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-           num_key_value_heads=2, max_position_embeddings=256)
+GQA = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+       "num_key_value_heads": 2, "max_position_embeddings": 256}
 ARCHS = {
     "llama": lambda: LlamaForCausalLM(LlamaConfig(vocab_size=97, **GQA)),
     "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(vocab_size=97, **GQA)),
@@ -22,6 +25,10 @@ ARCHS = {
     "gpt2": lambda: GPT2LMHeadModel(GPT2Config(vocab_size=97, n_embd=64, n_layer=2, n_head=4, n_positions=256,
                                                bos_token_id=0, eos_token_id=0)),
 }
+
+
+def i32(values):
+    return torch.tensor(values, dtype=torch.int32)
 
 
 def tiny_model(arch, *, seed=0, dtype=torch.float32):
@@ -49,18 +56,18 @@ def random_paths(parents, g):
     accept_idx = torch.arange(T, dtype=torch.int32).repeat(B, 1) + T
     for b, path in enumerate(paths):
         accept_idx[b, :len(path)] = path.to(torch.int32)
-    return paths, accept_idx, torch.tensor([len(p) for p in paths], dtype=torch.int32)
+    return paths, accept_idx, i32([len(p) for p in paths])
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_tree_forward_equals_each_path_as_a_sequence(arch):
     model = tiny_model(arch)
     prompt = torch.randint(0, 97, (1, 11))
-    parents = torch.tensor([[-1, 0, 0, 1, 1, 2, 3, 6, 6]], dtype=torch.int32)
+    parents = i32([[-1, 0, 0, 1, 1, 2, 3, 6, 6]])
     tokens = torch.randint(0, 97, (1, 9))
     runner = ModelRunner(model, batch_size=1, max_len=64)
     with torch.no_grad():
-        runner.prefill_padded(prompt, torch.tensor([11], dtype=torch.int32))
+        runner.prefill_padded(prompt, i32([11]))
         tree = runner.forward(tokens, parents)[0]
     vis = specops.unpack_mask(specops.build_tree_mask(parents)[0], 9)[0]
     for node in range(9):
@@ -74,7 +81,7 @@ def test_compaction_after_every_step_matches_recompute(arch):
     model = tiny_model(arch, seed=1)
     g = torch.Generator().manual_seed(3)
     B = 3
-    lens = torch.tensor([5, 9, 7], dtype=torch.int32)
+    lens = i32([5, 9, 7])
     prompts = torch.randint(0, 97, (B, 9), generator=g)
     runner = ModelRunner(model, batch_size=B, max_len=80)
     seqs = [prompts[b, : lens[b]].tolist() for b in range(B)]
@@ -94,14 +101,16 @@ def test_compaction_after_every_step_matches_recompute(arch):
             assert runner.lens.tolist() == [len(s) for s in seqs]
 
 
-def test_plain_hf_forward_with_specops_attention_matches_sdpa():
+@pytest.mark.parametrize("make", [StaticKVCache.for_model, partial(PagedKVCache.for_model, page_size=4)],
+                         ids=["contiguous", "paged"])
+def test_plain_hf_forward_with_specops_attention_matches_sdpa(make):
     model = tiny_model("llama", seed=2)
     ids = torch.randint(0, 97, (2, 13))
     want = torch.stack([plain_logits(model, ids[b:b + 1]) for b in range(2)])
     use_specops_attention(model)
     with torch.no_grad():
         got = model(input_ids=ids).logits.float()  # no cache: a causal block from prefix 0
-        cache = StaticKVCache.for_model(model, batch_size=2, max_len=32)
+        cache = make(model, batch_size=2, max_len=32)
         model(input_ids=ids[:, :8], past_key_values=cache, use_cache=True)
         step = model(input_ids=ids[:, 8:], past_key_values=cache, use_cache=True).logits.float()
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
@@ -122,14 +131,14 @@ def test_runner_rejects_bad_prompts_before_any_work():
     runner = ModelRunner(tiny_model("llama"), batch_size=2, max_len=16)
     ids = torch.randint(0, 97, (2, 5))
     with pytest.raises(ValueError, match=r"lens must lie in \[1, 5\]"):
-        runner.prefill_padded(ids, torch.tensor([5, 0], dtype=torch.int32))
+        runner.prefill_padded(ids, i32([5, 0]))
     with pytest.raises(ValueError, match="exceeds the cache"):
-        runner.prefill_padded(torch.randint(0, 97, (2, 17)), torch.tensor([17, 17], dtype=torch.int32))
+        runner.prefill_padded(torch.randint(0, 97, (2, 17)), i32([17, 17]))
     with pytest.raises(ValueError, match=r"input_ids must have shape \[2, \*\]"):
-        runner.prefill_padded(torch.randint(0, 97, (3, 5)), torch.tensor([5, 5], dtype=torch.int32))
+        runner.prefill_padded(torch.randint(0, 97, (3, 5)), i32([5, 5]))
     assert runner.lens.tolist() == [0, 0]
     with torch.no_grad():
-        runner.prefill_padded(ids, torch.tensor([5, 3], dtype=torch.int32))
+        runner.prefill_padded(ids, i32([5, 3]))
     with pytest.raises(ValueError, match="cache overflow"):
         runner.forward(torch.zeros(2, 12, dtype=torch.long), torch.arange(-1, 11, dtype=torch.int32).expand(2, 12))
     assert runner.lens.tolist() == [5, 3]
@@ -138,7 +147,7 @@ def test_runner_rejects_bad_prompts_before_any_work():
 def test_prefill_last_only_equals_the_last_rows_of_a_full_prefill():
     model = tiny_model("llama", seed=5)
     ids = torch.randint(0, 97, (3, 9))
-    lens = torch.tensor([9, 4, 6], dtype=torch.int32)
+    lens = i32([9, 4, 6])
     with torch.no_grad():
         full = ModelRunner(model, batch_size=3, max_len=32)
         want = full.prefill_padded(ids, lens)[torch.arange(3), lens.long() - 1]
@@ -161,7 +170,7 @@ def test_paged_layout_gives_the_contiguous_logits_over_tree_steps(arch, page_siz
     model = tiny_model(arch, seed=6)
     g = torch.Generator().manual_seed(9)
     B = 3
-    lens = torch.tensor([5, 9, 7], dtype=torch.int32)
+    lens = i32([5, 9, 7])
     prompts = torch.randint(0, 97, (B, 9), generator=g)
     runners = [ModelRunner(model, batch_size=B, max_len=48),
                ModelRunner(model, batch_size=B, max_len=48, kv_layout="paged", page_size=page_size)]
@@ -182,21 +191,6 @@ def test_paged_layout_gives_the_contiguous_logits_over_tree_steps(arch, page_siz
         assert runners[0].lens.tolist() == runners[1].lens.tolist()
 
 
-def test_plain_hf_forward_on_a_paged_cache_matches_sdpa():
-    from specops.cache import PagedKVCache
-
-    model = tiny_model("llama", seed=2)
-    ids = torch.randint(0, 97, (2, 13))
-    want = torch.stack([plain_logits(model, ids[b:b + 1]) for b in range(2)])
-    use_specops_attention(model)
-    with torch.no_grad():
-        cache = PagedKVCache.for_model(model, batch_size=2, max_len=32, page_size=4)
-        model(input_ids=ids[:, :8], past_key_values=cache, use_cache=True)
-        step = model(input_ids=ids[:, 8:], past_key_values=cache, use_cache=True).logits.float()
-    torch.testing.assert_close(step, want[:, 8:], atol=2e-5, rtol=1e-4)
-    assert cache.lens.tolist() == [13, 13]
-
-
 def test_one_plan_per_block_serves_every_layer(monkeypatch):
     # The hook builds a TreeAttentionPlan at the first layer and runs it on the others.
     from specops.engine import attention as hook
@@ -214,17 +208,17 @@ def test_one_plan_per_block_serves_every_layer(monkeypatch):
         built.clear()
         runner = ModelRunner(model, batch_size=2, max_len=32, kv_layout=layout, page_size=8)
         with torch.no_grad():
-            runner.prefill_padded(torch.randint(0, 97, (2, 6)), torch.tensor([6, 4], dtype=torch.int32))
-            runner.forward(torch.randint(0, 97, (2, 3)), torch.tensor([[-1, 0, 0]] * 2, dtype=torch.int32))
+            runner.prefill_padded(torch.randint(0, 97, (2, 6)), i32([6, 4]))
+            runner.forward(torch.randint(0, 97, (2, 3)), i32([[-1, 0, 0]] * 2))
         assert built == [layout == "paged"] * 2  # two forwards, one plan each (the model has 2 layers)
     assert not hasattr(hook.Block, "kernel")
 
 
 @pytest.mark.parametrize("kw, exc, match", [
-    (dict(kv_layout="blocked"), ValueError, r"kv_layout must be one of \('contiguous', 'paged'\), got 'blocked'"),
-    (dict(kv_layout="paged", page_size=12), ValueError, "page_size must be a power of two >= 1, got 12"),
-    (dict(kv_layout="paged", page_size=0), ValueError, "page_size must be >= 1, got 0"),
-    (dict(kv_layout="paged", page_size="16"), TypeError, "page_size must be an int"),
+    ({"kv_layout": "blocked"}, ValueError, r"kv_layout must be one of \('contiguous', 'paged'\), got 'blocked'"),
+    ({"kv_layout": "paged", "page_size": 12}, ValueError, "page_size must be a power of two >= 1, got 12"),
+    ({"kv_layout": "paged", "page_size": 0}, ValueError, "page_size must be >= 1, got 0"),
+    ({"kv_layout": "paged", "page_size": "16"}, TypeError, "page_size must be an int"),
 ])
 def test_spec_model_rejects_bad_layouts(kw, exc, match):
     with pytest.raises(exc, match=match):
@@ -235,15 +229,12 @@ def test_spec_model_rejects_bad_layouts(kw, exc, match):
 def test_the_loop_on_a_paged_runner_is_token_identical(method, monkeypatch):
     # generate(kv_layout="paged") gives the target and the draft paged runners: greedy output equals
     # the contiguous cache's and plain greedy decoding's.
-    from specops.decoding import generate
-    from specops.testing import perturbed_copy, reference_greedy, tiny_causal_lm
-
     target = tiny_causal_lm("llama", seed=0)
     draft = perturbed_copy(target, 0.15, seed=1)
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (5, 11, 3)]
-    kw = dict(draft=None if method == "ngram" else draft, method=method, max_new_tokens=12, eos_token_id=[],
-              adaptive=False)
+    kw = {"draft": None if method == "ngram" else draft, "method": method, "max_new_tokens": 12,
+          "eos_token_id": [], "adaptive": False}
     want, _ = generate(target, prompts, **kw)
     made = []
     init = ModelRunner.__init__
@@ -273,10 +264,8 @@ def test_logits_stay_in_the_model_dtype_and_the_head_sees_only_needed_rows():
     try:
         runner = ModelRunner(model, batch_size=2, max_len=32)
         with torch.no_grad():
-            last = runner.prefill_padded(torch.randint(0, 97, (2, 7)), torch.tensor([7, 4], dtype=torch.int32),
-                                  last_only=True)
-            block = runner.forward(torch.randint(0, 97, (2, 3)), torch.tensor([[-1, 0, 0]] * 2,
-                                                                                     dtype=torch.int32))
+            last = runner.prefill_padded(torch.randint(0, 97, (2, 7)), i32([7, 4]), last_only=True)
+            block = runner.forward(torch.randint(0, 97, (2, 3)), i32([[-1, 0, 0]] * 2))
     finally:
         hook.remove()
     assert last.dtype == block.dtype == torch.bfloat16
@@ -289,10 +278,10 @@ def test_want_hidden_returns_the_lm_head_input_of_the_block_rows():
     # what the LM head read (so head(hidden) gives the logits back), for partial blocks too.
     model = tiny_model("llama", seed=7)
     runner = ModelRunner(model, batch_size=2, max_len=32)
-    parents = torch.tensor([[-1, 0, 0, 1]] * 2, dtype=torch.int32)
+    parents = i32([[-1, 0, 0, 1]] * 2)
     tokens = torch.randint(0, 97, (2, 4))
     with torch.no_grad():
-        runner.prefill_padded(torch.randint(0, 97, (2, 6)), torch.tensor([6, 4], dtype=torch.int32))
+        runner.prefill_padded(torch.randint(0, 97, (2, 6)), i32([6, 4]))
         plain = runner.forward(tokens[:, :2], parents[:, :2])
         logits, hidden = runner.forward(tokens[:, 2:], parents, q_start=2, want_hidden=True)
         torch.testing.assert_close(model.lm_head(hidden), logits, atol=1e-6, rtol=1e-6)

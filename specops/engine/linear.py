@@ -43,11 +43,9 @@ _CLASSES = (torch.nn.Linear, SpecopsLinear)
 def eligible(model):
     """specops.linear pays where torch's GEMM is slow and the compiled CPU kernel exists: CPU
     models in bf16 or fp16 (in fp32 torch's MKL GEMM is as fast; docs/batch_invariance.md)."""
-    try:
-        p = next(model.parameters())
-    except StopIteration:
-        return False
-    return extension.cpu_ext is not None and p.device.type == "cpu" and p.dtype in (torch.bfloat16, torch.float16)
+    p = next(model.parameters(), None)
+    return (p is not None and extension.cpu_ext is not None and p.device.type == "cpu"
+            and p.dtype in (torch.bfloat16, torch.float16))
 
 
 def invariant_unavailable(model):

@@ -27,11 +27,12 @@ import torch
 
 from ..ops import checks
 from ..ops.tree_mask import build_tree_mask
+from ..parallel import text_config
 from . import compiled as _compiled
 from . import linear as _linear
-from .compiled_forward import CompiledRunner
 from .attention import BLOCK_KW, Block, causal_mask, use_specops_attention
 from .cache import PagedKVCache, StaticKVCache
+from .compiled_forward import CompiledRunner
 
 KV_LAYOUTS = ("contiguous", "paged")
 LINEARS = ("auto", "specops", "torch")
@@ -47,16 +48,14 @@ class Stager:
     def __init__(self, device, capacity=256):
         self.device = torch.device(device)
         self._cuda = self.device.type == "cuda"
-        self._slots = [None] * self.SLOTS
+        self._slots = [self._buffer(capacity) for _ in range(self.SLOTS)]
         self._events = [None] * self.SLOTS
         self._next = 0
         self.uploads = 0  # staged copies made (a counter for tests and benchmarks)
-        for i in range(self.SLOTS):
-            self._alloc(i, capacity)
 
-    def _alloc(self, i, n):
+    def _buffer(self, n):
         host = torch.empty(n, dtype=torch.int64, pin_memory=self._cuda)
-        self._slots[i] = (host, host.numpy())  # the NumPy view: writes reach the buffer, no tensor built
+        return host, host.numpy()  # the NumPy view: writes reach the buffer, no tensor built
 
     def upload(self, values):
         i = self._next
@@ -65,7 +64,7 @@ class Stager:
         if self._events[i] is not None:
             self._events[i].synchronize()  # only waits when the device is a whole ring behind
         if self._slots[i][0].numel() < n:
-            self._alloc(i, max(n, 2 * self._slots[i][0].numel()))
+            self._slots[i] = self._buffer(max(n, 2 * self._slots[i][0].numel()))
         host, view = self._slots[i]
         view[:n] = values
         out = torch.empty(n, dtype=torch.int64, device=self.device)
@@ -103,13 +102,11 @@ class ModelRunner:
     Features are data: ``forward(..., want_hidden=True)`` also returns the LM head's input (the
     final hidden state after the final norm) of the block's rows, and a feature (EAGLE-style) model
     gets its per-row input features as ``prefill(..., features=)`` / ``forward(..., features=)``.
-
-    With ``keep_features``, ``features`` [B, max_len, H] (model dtype) holds the LM head's input
-    (the final hidden state after the final norm) at every committed position ``p``, i.e. the state
-    that produced the logits for token ``p + 1`` (for EAGLE-style drafters): filled at prefill and
-    by every ``keep``; rows at or past ``lens[b]`` are unspecified. A forward hook on the decoder's
-    final norm (or a pre-hook on the output embedding of a model without one) captures it (and
-    ``want_hidden``'s rows), only for this runner's own ``prefill`` / ``forward`` calls."""
+    With ``keep_features``, ``features`` [B, max_len, H] (model dtype) holds the LM head's input at
+    every committed position ``p`` (the state that produced the logits for token ``p + 1``): filled at
+    prefill and by every ``keep``; rows at or past ``lens[b]`` are unspecified. A forward hook on the
+    decoder's final norm (or a pre-hook on the output embedding of a model without one) captures both,
+    only for this runner's own ``prefill`` / ``forward`` calls."""
 
     def __init__(self, model, batch_size, max_len, *, keep_features=False, cache_dtype=None,
                  kv_layout="contiguous", page_size=16, compile=False, compile_mode="default", linear="auto",
@@ -139,24 +136,21 @@ class ModelRunner:
         # pad to buckets) whose K/V land past the valid rows: the cache keeps 64 spare rows (never
         # committed, never attended).
         rows = max_len + (_compiled.MAX_BUCKET if compile else 0)
+        cls, paging = StaticKVCache, {}
         if kv_layout == "paged":
             page_size = checks.power_of_two("page_size", checks.integer("page_size", page_size, 1))
+            cls, paging = PagedKVCache, {"page_size": page_size}
 
-            def make(n):
-                return PagedKVCache.for_model(model, batch_size, n, dtype=cache_dtype, page_size=page_size)
-        else:
-            def make(n):
-                return StaticKVCache.for_model(model, batch_size, n, dtype=cache_dtype)
+        def make(n):
+            return cls.for_model(model, batch_size, n, dtype=cache_dtype, **paging)
         if compile:  # a free cache of an earlier runner of the model when it is large enough
             self.cache = _compiled.decoder_for(model, compile_mode).cache_for(
                 self, make, rows, (batch_size, kv_layout, page_size, cache_dtype))
         else:
             self.cache = make(rows)
-        self.B = batch_size
-        self.max_len = max_len
-        self.kv_layout = kv_layout
+        self.B, self.max_len, self.kv_layout = batch_size, max_len, kv_layout
         self.model = use_specops_attention(model).eval()
-        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        cfg = text_config(model)
         self.vocab_size = cfg.vocab_size
         self.device = self.cache.device
         try:
@@ -171,8 +165,7 @@ class ModelRunner:
         self.compiled = CompiledRunner(self, cfg, compile_mode) if compile else None
         self.stager = Stager(self.device)
         self.forwards = 0
-        self.keep_features = bool(keep_features)
-        self.features = None
+        self.keep_features, self.features = bool(keep_features), None
         self._hidden = None  # [B, T, H]: LM-head input of the latest forward
         self._capturing = False  # the hook records only our own forwards (a draft may share the model)
         self._hook = None
@@ -211,28 +204,23 @@ class ModelRunner:
     # ---- features --------------------------------------------------------------------------------
 
     def _install_feature_hook(self, model, batch_size, max_len):
-        head = model.get_output_embeddings()
-        if head is None:
+        if model.get_output_embeddings() is None:
             raise ValueError("keep_features needs a model with an output embedding (LM head)")
-        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        param = next(model.parameters())
         # One spare row past max_len: ``keep`` sends the padding entries of an accepted path there
         # instead of filtering them (a filter would read back a count).
-        self._features_buf = torch.zeros(batch_size, max_len + 1, cfg.hidden_size, dtype=param.dtype,
-                                         device=self.device)
+        self._features_buf = torch.zeros(batch_size, max_len + 1, text_config(model).hidden_size,
+                                         dtype=next(model.parameters()).dtype, device=self.device)
         self.features = self._features_buf[:, :max_len]
         self._spare_row = max_len
         self._install_hook(model)
 
     def _install_hook(self, model):
-        head = model.get_output_embeddings()
-        decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-        norm = getattr(decoder, "norm", None)
-        if isinstance(norm, torch.nn.Module):
-            self._hook = norm.register_forward_hook(self._capture_norm)
-        else:
-            self._hook = head.register_forward_pre_hook(self._capture)
+        norm = getattr(model.get_decoder() if hasattr(model, "get_decoder") else None, "norm", None)
         self._all_rows = not isinstance(norm, torch.nn.Module)  # the head must see every row
+        if self._all_rows:
+            self._hook = model.get_output_embeddings().register_forward_pre_hook(self._capture)
+        else:
+            self._hook = norm.register_forward_hook(self._capture_norm)
 
     def _capture(self, module, args):
         if self._capturing:
@@ -270,8 +258,7 @@ class ModelRunner:
         feature model's input rows) -> logits [B, V] after each prompt's last token (model dtype), or
         None when ``logits`` is False (the LM head then runs on those rows only, or not at all where
         the model allows)."""
-        ids, lens = pad_batch(prompts)
-        ids, lens = ids.to(self.device), lens.to(self.device)
+        ids, lens = (t.to(self.device) for t in pad_batch(prompts))
         if self.keep_features and self._all_rows:
             out = self._captured(self.prefill_padded, ids, lens, features=features)
             out = out[torch.arange(self.B, device=out.device), lens.long() - 1]
@@ -293,8 +280,7 @@ class ModelRunner:
         [B, T - q_start, H]: the LM head's input of the same rows)."""
         self.forwards += 1
         mask, depth = build_tree_mask(parents, num_nodes, check=False)
-        T = parents.shape[1]
-        block_lens = num_nodes if num_nodes is not None else torch.full_like(self.lens, T)
+        block_lens = num_nodes if num_nodes is not None else torch.full_like(self.lens, parents.shape[1])
         logits = self._captured(self.forward_mask, tokens, mask[:, q_start:], depth[:, q_start:], block_lens,
                                 q_start=q_start, features=features, want_hidden=want_hidden)
         if want_hidden:
@@ -372,12 +358,10 @@ class ModelRunner:
         Shape: tokens int [B, Tq], mask int32 [B, Tq, W] (visibility of block keys 0..), depth int32
         [B, Tq] (position = lens + depth), block_lens int32 [B] (valid block rows incl. these
         queries), features [B, Tq, H] or None -> logits [B, Tq, V] in the model's dtype. Query rows >=
-        block_lens - q_start are
-        padding. With ``compile=True`` a block of up to 64 rows runs the compiled graph; a longer one
+        block_lens - q_start are padding. With ``compile=True`` a block of up to 64 rows runs the compiled graph; a longer one
         (or one a sliding window cannot take) runs eagerly."""
-        B, Tq = tokens.shape
-        checks.tensor("tokens", tokens, dtype=(torch.int64, torch.int32), shape=(self.B, None),
-                       device=self.device)
+        checks.tensor("tokens", tokens, dtype=(torch.int64, torch.int32), shape=(self.B, None), device=self.device)
+        Tq = tokens.shape[1]
         longest = max(self.cache.host_lens()) + q_start + Tq
         if longest > self.max_len:
             raise ValueError(f"forward_mask: cache overflow: the longest sequence holds {longest - q_start - Tq} "
@@ -399,11 +383,9 @@ class ModelRunner:
         # The block travels as one keyword down to every layer's attention; its packed mask as the
         # 4-D attention_mask, which HF's mask builders pass through (no dense mask is built).
         self.cache.begin_block(offset, ids.shape[1])
-        kw = {BLOCK_KW: block}
-        if logits_to_keep is not None:
-            kw["logits_to_keep"] = logits_to_keep
-        if features is not None:  # a feature (EAGLE-style) model: its input rows, as an argument
-            kw["features"] = features
+        # features: a feature (EAGLE-style) model's input rows, as an argument
+        kw = {k: v for k, v in (("logits_to_keep", logits_to_keep), ("features", features)) if v is not None}
+        kw[BLOCK_KW] = block
         try:
             out = self.model(input_ids=ids.long(), position_ids=positions.long(), past_key_values=self.cache,
                              attention_mask=block.mask[:, None], use_cache=True, **kw)

@@ -1,8 +1,10 @@
 """specops' KV cache: :class:`KVCache`, one class over a :class:`~specops.ops.layout.KvLayout` of all
-layers (contiguous ``k``, ``v`` [L, B, Hkv, S, D], or paged ``k_pages``, ``v_pages`` [L, num_pages,
-page_size, Hkv, D] with a ``page_table``), and a transformers ``Cache``, so a stock HF model writes
-into it. :class:`~specops.engine.cache.StaticKVCache` and :class:`~specops.engine.cache.PagedKVCache`
-allocate one of each layout.
+layers, and a transformers ``Cache``, so a stock HF model writes into it. :class:`StaticKVCache`
+(one contiguous ``k``, ``v`` [L, B, Hkv, S, D] buffer; ``k[l]`` is the per-layer [B, Hkv, S, D] view
+that ``tree_attention`` reads and HF's attention receives) and :class:`PagedKVCache` (a pool of
+fixed-size pages ``k_pages``, ``v_pages`` [L, num_pages, page_size, Hkv, D] addressed through a
+``page_table``: the layout of serving engines and of :func:`specops.tree_attention_paged`) allocate
+one of each layout, with the same methods and semantics.
 
 ``lens`` int32 [B] counts the committed rows of every sequence. A forward appends its T new rows at
 ``lens[b] + offset`` (``offset`` = rows of the current draft block already written); they stay
@@ -60,6 +62,9 @@ class _Layer(CacheLayerMixin):
         return self.owner.max_len
 
 
+SIZE_NAMES = ("num_layers", "batch_size", "num_kv_heads", "max_len", "head_dim")
+
+
 def check_sizes(cls_name, names, sizes, dtype):
     """Constructor arguments: positive ints and a KV dtype, named in the error."""
     for name, size in zip(names, sizes):
@@ -79,12 +84,11 @@ def rows_index(kv, b, r):
 
 
 class KVCache(Cache):
-    """The KV cache of ``max_len`` rows per sequence over ``layout``, a :class:`KvLayout` of all
-    layers: contiguous k, v [L, B, Hkv, S, D] (S >= max_len) or paged k_pages, v_pages [L, num_pages,
-    page_size, Hkv, D] with page_table int32 [B, max_pages] (max_pages * page_size >= max_len);
-    fp32, fp16 or bf16 (what ``kv_compact`` moves), stride 1 in D, K and V in separate memory.
-    ``max_len`` None: every row the layout holds. The layout's tensors are the cache's storage
-    (written in place; a paged table must address each sequence's own pages).
+    """The KV cache of ``max_len`` rows per sequence (None: every row the layout holds) over ``layout``,
+    a :class:`KvLayout` of all layers: contiguous (S >= max_len) or paged with page_table int32
+    [B, max_pages] (max_pages * page_size >= max_len); fp32, fp16 or bf16 (what ``kv_compact`` moves),
+    stride 1 in D, K and V in separate memory. The layout's tensors are the cache's storage (written in
+    place; a paged table must address each sequence's own pages).
 
     Shape: lens int32 [B]. Attributes: ``k``, ``v`` (contiguous) or ``k_pages``, ``v_pages``,
     ``page_table``, ``num_pages`` (paged); ``page_size`` (None contiguous), ``num_layers``,
@@ -101,7 +105,7 @@ class KVCache(Cache):
         k, cap = layout.k, layout.capacity()
         max_len = cap if max_len is None else max_len
         sizes = (k.shape[0], layout.batch(), layout.num_kv_heads, max_len, k.shape[-1])
-        check_sizes(name, ("num_layers", "batch_size", "num_kv_heads", "max_len", "head_dim"), sizes, k.dtype)
+        check_sizes(name, SIZE_NAMES, sizes, k.dtype)
         if max_len > cap:
             raise ValueError(f"{name} max_len must be <= {cap} (the rows the layout holds per sequence), got {max_len}")
         self.layout, self.dtype, self.page_size = layout, k.dtype, layout.page_size
@@ -124,8 +128,7 @@ class KVCache(Cache):
         this rank's KV heads (``specops.parallel.local_kv_heads``; heads that do not divide by the
         TP size raise ValueError). ``kwargs`` go to the constructor (e.g. ``page_size``)."""
         cfg = text_config(model)
-        heads = cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_heads = local_kv_heads(model, cfg)  # a tensor-parallel rank caches its own heads only
         param = next(model.parameters())
         return cls(cfg.num_hidden_layers, batch_size, kv_heads, max_len, head_dim,
@@ -187,8 +190,7 @@ class KVCache(Cache):
         self._write = self._write_target(offset, rows)
 
     def end_block(self):
-        self._block = None
-        self._write = None
+        self._block = self._write = None
 
     def append_block(self, layer, k, v):
         """Writes one layer's new rows. Shape: k, v [B, Hkv, T, D] -> what the layer's attention
@@ -321,8 +323,7 @@ class KVCache(Cache):
     def reset(self):
         self.lens.zero_()
         self._host_lens = [0] * self.batch_size
-        self._block = None
-        self._write = None
+        self._block = self._write = None
 
     def crop(self, tokens_to_remove):
         """HF's crop: drop the last ``|tokens_to_remove|`` rows of every sequence (transformers passes
@@ -356,3 +357,67 @@ class KVCache(Cache):
             if t.untyped_storage().data_ptr() in own:
                 raise ValueError(f"{name} must not share memory with the cache's own k/v buffers "
                                  f"(got a view at storage offset {t.storage_offset()}); pass a copy")
+
+
+class StaticKVCache(KVCache):
+    """Preallocated contiguous K/V for ``num_layers`` layers of ``batch_size`` sequences of ``max_len``
+    rows. Shape: k, v [L, B, Hkv, S, D] (S = max_len); lens int32 [B]. ``dtype``: fp32, fp16 or bf16."""
+
+    def __init__(self, num_layers, batch_size, num_kv_heads, max_len, head_dim, *, dtype=torch.float32,
+                 device="cpu"):
+        shape = (num_layers, batch_size, num_kv_heads, max_len, head_dim)
+        # Checked before allocating, so the error names this constructor's arguments.
+        check_sizes("StaticKVCache", SIZE_NAMES, shape, dtype)
+        super().__init__(KvLayout.contiguous(*(torch.zeros(shape, dtype=dtype, device=device) for _ in "kv")),
+                         max_len)
+
+
+DEFAULT_PAGE_ORDER_SEED = 0  # page_order=None: a fixed permutation of the pool, the same every run
+
+
+class PagedKVCache(KVCache):
+    """Preallocated paged K/V for ``num_layers`` layers of ``batch_size`` sequences of up to
+    ``max_len`` rows. Row ``r`` of sequence ``b`` is slot ``r % page_size`` of page
+    ``page_table[b, r // page_size]``. Every sequence owns its pages from construction on (no
+    allocator: the table is fixed), in a scattered order, so code and tests run on non-contiguous
+    pages as an engine's would.
+
+    Shape: k_pages, v_pages [L, num_pages, page_size, Hkv, D]; page_table int32 [B, max_pages]
+    (max_pages = ceil(max_len / page_size)); lens int32 [B].
+
+    ``page_size``: a power of two (the kernels split rows with shifts). ``num_pages``: the pool
+    size, at least ``B * max_pages`` (the default; more leaves spare pages no sequence uses).
+    ``page_order``: which pool pages the sequences get, in table order: None (a fixed scattered
+    permutation), a ``torch.Generator`` (a random permutation from it) or an int tensor
+    [num_pages] holding a permutation of ``0..num_pages-1``."""
+
+    def __init__(self, num_layers, batch_size, num_kv_heads, max_len, head_dim, *, page_size=16, num_pages=None,
+                 page_order=None, dtype=torch.float32, device="cpu"):
+        # Checked before allocating, so the errors name this constructor's arguments.
+        sizes = (num_layers, batch_size, num_kv_heads, max_len, head_dim, page_size)
+        check_sizes("PagedKVCache", SIZE_NAMES + ("page_size",), sizes, dtype)
+        checks.power_of_two("PagedKVCache page_size", page_size)
+        max_pages = -(-max_len // page_size)
+        needed = batch_size * max_pages
+        num_pages = needed if num_pages is None else checks.integer("num_pages", num_pages)
+        if num_pages < needed:
+            raise ValueError(f"PagedKVCache num_pages must be >= batch_size * ceil(max_len / page_size) = "
+                             f"{batch_size} * {max_pages} = {needed}, got {num_pages}")
+        table = _page_order(page_order, num_pages)[:needed].view(batch_size, max_pages).to(torch.int32).to(device)
+        shape = (num_layers, num_pages, page_size, num_kv_heads, head_dim)
+        pools = (torch.zeros(shape, dtype=dtype, device=device) for _ in "kv")
+        super().__init__(KvLayout.paged(*pools, table, page_size), max_len)
+
+
+def _page_order(page_order, num_pages):
+    """The pool pages in table order: int64 [num_pages] (a permutation)."""
+    if page_order is None:
+        return torch.randperm(num_pages, generator=torch.Generator().manual_seed(DEFAULT_PAGE_ORDER_SEED))
+    if isinstance(page_order, torch.Generator):
+        return torch.randperm(num_pages, generator=page_order, device=page_order.device).cpu()
+    checks.tensor("page_order", page_order, dtype=(torch.int32, torch.int64), shape=(num_pages,))
+    order = page_order.cpu().long()
+    if not torch.equal(order.sort().values, torch.arange(num_pages)):
+        raise ValueError(f"page_order must be a permutation of 0..num_pages-1 = 0..{num_pages - 1}, got "
+                         f"{order.tolist()[:16]}{' ...' if num_pages > 16 else ''}")
+    return order
