@@ -124,13 +124,10 @@ def _probe(backend, device_type, interpret, assume_gpu=False):
         if not ok:
             return False, why
         if device_type == "cuda":
-            if not gpu:
-                return False, f"{why}; no CUDA device visible"
-            return True, why
+            return gpu, why if gpu else f"{why}; no CUDA device visible"
         if device_type == "cpu":
-            if interpret:
-                return True, f"{why} under TRITON_INTERPRET=1 (interpreter, slow)"
-            return False, f"{why}; CPU tensors need TRITON_INTERPRET=1"
+            return interpret, (f"{why} under TRITON_INTERPRET=1 (interpreter, slow)" if interpret
+                               else f"{why}; CPU tensors need TRITON_INTERPRET=1")
         return False, f"{why}; no Triton backend for {device_type}"
     if backend == "cuda":
         if extension.cuda_ext is None:
@@ -237,8 +234,7 @@ def _walk(op, device, want, source, args):
             raise CallUnsupported(f"{op}: backend {want!r} ({source}) cannot run this call: {why}")
         return want, impls[want], (op, want) in _SUPPORTS
     device_type = torch.device(device).type
-    skipped = []
-    checked = False
+    skipped, checked = [], False
     for name in preference(op, device_type):
         if name not in impls or not available(name, device_type)[0]:
             continue

@@ -30,12 +30,9 @@ from specops.triton_kernels import aot
 # tables): 64 K registers, 2048 threads, 32 blocks; shared memory per SM and per block (opt-in).
 # The runtime reserves 1 KB of shared memory per resident block; sm_90 cubins already count it in
 # their static shared memory (kernels that use none show 1024 B), sm_80 cubins do not.
-ARCH = {
-    80: dict(gpu="A100", regs=65536, threads=2048, blocks=32, smem_sm=167936, smem_block=aot.SMEM_PER_BLOCK[80],
-             smem_reserved=1024),
-    90: dict(gpu="H100", regs=65536, threads=2048, blocks=32, smem_sm=233472, smem_block=aot.SMEM_PER_BLOCK[90],
-             smem_reserved=0),
-}
+_SM = dict(regs=65536, threads=2048, blocks=32)
+ARCH = {80: dict(_SM, gpu="A100", smem_sm=167936, smem_block=aot.SMEM_PER_BLOCK[80], smem_reserved=1024),
+        90: dict(_SM, gpu="H100", smem_sm=233472, smem_block=aot.SMEM_PER_BLOCK[90], smem_reserved=0)}
 REG_UNIT = 256  # registers are allocated per warp in units of 256
 
 # CUDA kernels whose launch the binary does not fully describe: kernel name (as in the table) ->
@@ -222,8 +219,7 @@ def main(argv=None):
     else:
         print("(no CUDA extension built: no CUDA rows)", file=sys.stderr)
     print(table(rows))
-    bad = [r for r in rows if r["problems"]]
-    return 1 if bad else 0
+    return 1 if any(r["problems"] for r in rows) else 0
 
 
 if __name__ == "__main__":

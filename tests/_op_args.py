@@ -24,7 +24,7 @@ def valid_args(op):
     """Small valid keyword arguments of ``op`` (CPU tensors; moved to the test device later).
     ``op[bitmask]``: with a grammar bitmask that disallows token 5 everywhere, where the logits hold
     NaN (target) and +inf (draft): the mask makes them -inf, so they are valid."""
-    t = lambda x, d=I32: torch.tensor(x, dtype=d)  # noqa: E731
+    t = lambda x, d=I32: torch.tensor(x, dtype=d)
     if op.endswith("[bitmask]"):
         base = valid_args(op[:-len("[bitmask]")])
         base.update(bitmask=specops.pack_mask(torch.arange(6) != 5).expand(2, 4, 1).contiguous())

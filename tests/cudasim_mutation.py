@@ -83,8 +83,7 @@ def run_tests(root, files, env, timeout=None):
     try:
         p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return out, "timeout"
+        return (e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")), "timeout"
     return p.stdout + p.stderr, p.returncode
 
 
@@ -99,9 +98,8 @@ def main():
     args = ap.parse_args()
 
     env = dict(os.environ, SPECOPS_CUDASIM_RACECHECK="1", PYTHONUNBUFFERED="1")
-    root = ROOT
+    root = ROOT if args.mode == "site" else pathlib.Path(args.workdir)
     if args.mode == "source":
-        root = pathlib.Path(args.workdir)
         if not root.exists():
             shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns(".git", "build", "*.so", "__pycache__", ".venv"))
         env.update(SPECOPS_CUDA="0", MAX_JOBS=env.get("MAX_JOBS", "1"), PYTHONPATH=str(root))
@@ -119,10 +117,9 @@ def main():
         site = f"{name}:{line}"
         if args.only and site not in args.only:
             continue
-        t0 = time.time()
+        t0, files = time.time(), [] if args.quick else FAMILY[name]
         if args.mode == "site":
-            output, rc = run_tests(root, [] if args.quick else FAMILY[name],
-                                   dict(env, SPECOPS_CUDASIM_REMOVE_BARRIER=site), args.timeout)
+            output, rc = run_tests(root, files, dict(env, SPECOPS_CUDASIM_REMOVE_BARRIER=site), args.timeout)
         else:
             path = root / "csrc" / "cuda" / name
             original = path.read_text()
@@ -131,7 +128,7 @@ def main():
             path.write_text("".join(lines))
             try:
                 build()
-                output, rc = run_tests(root, [] if args.quick else FAMILY[name], env, args.timeout)
+                output, rc = run_tests(root, files, env, args.timeout)
             finally:
                 path.write_text(original)
         outcome, evidence = classify(output, rc)

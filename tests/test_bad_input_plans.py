@@ -60,23 +60,16 @@ def test_tree_plan_declared_cache_size_must_match(backend, device, layout):
     ("num_heads", dict(num_heads=2, num_kv_heads=2), ("q must have shape [2, 3, 2, 16]", "(2, 3, 4, 16)")),
 ])
 def test_tree_plan_declared_heads_and_dims_must_match(backend, device, what, change, parts):
-    need("tree_attention", backend)
-    args, kw = _case(device)
-    q, k, v = args[:3]
-    plan = tree_plan(args, kw, backend=backend, **change)
+    _, _, (q, k, v), plan, _, _ = _layout_case("contiguous", backend, device, **change)
     raises(ValueError, parts, lambda: plan.run(q, k, v), q, k, v)
 
 
 def test_tree_plan_declared_dtype_and_device_must_match(backend, device):
-    need("tree_attention", backend)
-    args, kw = _case(device)
-    q, k, v = args[:3]
-    plan = tree_plan(args, kw, backend=backend)
+    _, _, (q, k, v), plan, _, _ = _layout_case("contiguous", backend, device)
     raises(TypeError, ("q must have dtype torch.float32", "torch.float16"),
            lambda: plan.run(q.half(), k.half(), v.half()), q, k, v)
-    meta = [t.to("meta") for t in (q, k, v)]
     with pytest.raises(ValueError, match="q must be on"):
-        plan.run(*meta)
+        plan.run(*(t.to("meta") for t in (q, k, v)))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -173,13 +166,12 @@ def test_raw_op_argument_errors_are_value_and_type_errors(backend, device):
     ops = _raw_ops(backend)
     args, kw = _case(device)
     q, k, v, prefix, block, mask = args
-    ql = kw["q_lens"]
-    raises(ValueError, ("rank",), lambda: ops.tree_attention(q, k[0], v[0], prefix, block, mask, ql, 0.25, 1, None),
-           q, k, v)
-    raises(TypeError, ("prefix_lens",),
-           lambda: ops.tree_attention(q, k, v, prefix.long(), block, mask, ql, 0.25, 1, None), q, k, v)
-    raises(ValueError, ("num_splits",), lambda: ops.tree_attention(q, k, v, prefix, block, mask, ql, 0.25, 0, None),
-           q, k, v)
+
+    def call(k, v, prefix, num_splits=1):
+        return lambda: ops.tree_attention(q, k, v, prefix, block, mask, kw["q_lens"], 0.25, num_splits, None)
+    raises(ValueError, ("rank",), call(k[0], v[0], prefix), q, k, v)
+    raises(TypeError, ("prefix_lens",), call(k, v, prefix.long()), q, k, v)
+    raises(ValueError, ("num_splits",), call(k, v, prefix, num_splits=0), q, k, v)
     cache, kp, vp, table, (lens, idx, acc) = compaction_case(2, 6, "random", 4, torch.float32, seed=1, device=device)
     kc, vc = cache.clone(), -cache
     raises(ValueError, ("rank",), lambda: ops.kv_compact(kc[0], vc[0], lens, idx, acc), kc, vc)

@@ -23,12 +23,8 @@ RESTRICT = re.compile(r"(?:^|[,(;])\s*(?P<decl>[^,(;]*?)\*\s*__restrict(?:__)?\s
 
 def writable_restrict(text):
     """The names of restrict pointers in ``text`` whose pointee is not const."""
-    out = []
-    for m in RESTRICT.finditer(text):
-        words = re.sub(r"//.*", "", m.group("decl")).split()
-        if "const" not in words:
-            out.append(m.group("name"))
-    return out
+    return [m.group("name") for m in RESTRICT.finditer(text)
+            if "const" not in re.sub(r"//.*", "", m.group("decl")).split()]
 
 
 def test_the_scan_finds_a_writable_restrict_pointer():

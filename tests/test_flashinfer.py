@@ -15,11 +15,10 @@ HAS = importlib.util.find_spec("flashinfer") is not None and torch.cuda.is_avail
 
 def case(D=128, dtype=torch.bfloat16, B=3, Tq=9, Hq=8, Hkv=2, S=300, device="cpu"):
     g = torch.Generator().manual_seed(D + B)
-    q = torch.randn(B, Tq, Hq, D, generator=g).to(dtype).to(device)
-    k = torch.randn(B, Hkv, S, D, generator=g).to(dtype).to(device)
-    v = torch.randn(B, Hkv, S, D, generator=g).to(dtype).to(device)
+    q, k, v = (torch.randn(*n, generator=g).to(device, dtype)
+               for n in ((B, Tq, Hq, D), (B, Hkv, S, D), (B, Hkv, S, D)))
     mask, _ = specops.build_tree_mask(random_parents(B, Tq, generator=g).to(device))
-    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device=device)
     return q, k, v, i32([100, 0, 250]), i32([9, 5, 7]), mask
 
 
@@ -29,12 +28,9 @@ def test_availability_says_why():
 
 
 def test_supports_names_what_it_cannot_take():
-    q, k, v, p, n, m = case(D=96)
-    assert "head dim D=96" in fi.supports(q, k, v, p, n, m, None, 0.1)
-    q, k, v, p, n, m = case(dtype=torch.float32)
-    assert "fp16/bf16" in fi.supports(q, k, v, p, n, m, None, 0.1)
-    q, k, v, p, n, m = case()
-    assert fi.supports(q, k, v, p, n, m, None, 0.1) is None
+    assert "head dim D=96" in fi.supports(*case(D=96), None, 0.1)
+    assert "fp16/bf16" in fi.supports(*case(dtype=torch.float32), None, 0.1)
+    assert fi.supports(*case(), None, 0.1) is None
 
 
 def test_the_cuda_preference_puts_our_kernels_before_flashinfer():

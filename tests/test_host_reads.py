@@ -97,9 +97,8 @@ def _names_a_device(args, kw):
     return any(isinstance(a, (torch.device, str, int, torch.Tensor)) and not isinstance(a, bool) for a in args[:1])
 
 
-def _host_index(idx):
-    parts = idx if isinstance(idx, tuple) else (idx,)
-    return any(isinstance(p, list) for p in parts)
+def _host(t):
+    return getattr(t, "_host_built", False)
 
 
 class Counter:
@@ -123,27 +122,12 @@ class Counter:
         monkeypatch.setattr(torch.Tensor, "new_tensor", self._wrap(torch.Tensor.new_tensor, "built", mark=True))
         for name in FACTORIES:
             monkeypatch.setattr(torch, name, self._factory(getattr(torch, name)))
-        to, cuda, copy_ = torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.copy_
-        counter = self
-
-        def counted_to(t, *args, **kw):
-            if getattr(t, "_host_built", False) and _names_a_device(args, kw) and not kw.get("non_blocking", False):
-                counter.count("blocking")
-            return to(t, *args, **kw)
-
-        def counted_cuda(t, *args, **kw):
-            if getattr(t, "_host_built", False) and not kw.get("non_blocking", False):
-                counter.count("blocking")
-            return cuda(t, *args, **kw)
-
-        def counted_copy(t, src, non_blocking=False):
-            if getattr(src, "_host_built", False) and not non_blocking:
-                counter.count("blocking")
-            return copy_(t, src, non_blocking)
-
-        monkeypatch.setattr(torch.Tensor, "to", counted_to)
-        monkeypatch.setattr(torch.Tensor, "cuda", counted_cuda)
-        monkeypatch.setattr(torch.Tensor, "copy_", counted_copy)
+        uploads = {  # from a host-built or host-allocated tensor, without non_blocking=True
+            "to": lambda t, *a, **kw: _host(t) and _names_a_device(a, kw) and not kw.get("non_blocking"),
+            "cuda": lambda t, *a, **kw: _host(t) and not kw.get("non_blocking"),
+            "copy_": lambda t, src, non_blocking=False: _host(src) and not non_blocking}
+        for name, blocking in uploads.items():
+            monkeypatch.setattr(torch.Tensor, name, self._upload(getattr(torch.Tensor, name), blocking))
         for name in ("__getitem__", "__setitem__"):  # indexing with a Python list builds an index tensor
             monkeypatch.setattr(torch.Tensor, name, self._indexed(getattr(torch.Tensor, name)))
         monkeypatch.setattr(runner.Stager, "upload", self._wrap(runner.Stager.upload, "staged"))
@@ -159,6 +143,14 @@ class Counter:
                 self.forwards[self.step] = (dec.state.draft.forwards if dec.state.draft is not None else 0) - before
                 self.phase = "after"
         monkeypatch.setattr(loop.Decoder, "step", counted_step)
+
+    def _upload(self, fn, blocking):
+        """``fn`` counting a blocking upload where ``blocking(*its arguments)`` holds."""
+        def counted(*args, **kw):
+            if blocking(*args, **kw):
+                self.count("blocking")
+            return fn(*args, **kw)
+        return counted
 
     def _factory(self, fn):
         def made(*args, **kw):
@@ -180,7 +172,7 @@ class Counter:
 
     def _indexed(self, fn):
         def counted(t, idx, *value):
-            if _host_index(idx):
+            if any(isinstance(p, list) for p in (idx if isinstance(idx, tuple) else (idx,))):
                 self.count("built")
             return fn(t, idx, *value)
         return counted
@@ -232,9 +224,8 @@ def test_one_read_no_blocking_upload_no_host_built_tensor_per_step(models, monke
         reads = per_step(counter, "reads", s)
         assert reads["propose"] <= per_propose + per_forward * F, f"step {s} ({F} draft forwards)"
         assert (reads["loop"], reads["commit"]) == (LOOP_READS, 0), f"step {s}"
-        assert per_step(counter, "built", s) == {"propose": 0, "loop": 0, "commit": 0}, f"step {s}"
-        assert per_step(counter, "host_alloc", s) == {"propose": 0, "loop": 0, "commit": 0}, f"step {s}"
-        assert per_step(counter, "blocking", s) == {"propose": 0, "loop": 0, "commit": 0}, f"step {s}"
+        for kind in ("built", "host_alloc", "blocking"):
+            assert per_step(counter, kind, s) == {"propose": 0, "loop": 0, "commit": 0}, f"step {s}: {kind}"
         assert per_step(counter, "staged", s)["loop"] == loop_staged, f"step {s}"
         if F == 0:  # no draft model: the target block is the step's only upload (none for AR)
             assert per_step(counter, "staged", s)["propose"] == (case != "ar"), f"step {s}"

@@ -9,6 +9,8 @@ imports resolved against the importing module's package. ``from pkg import name`
 ``pkg.name`` when that is a module, else to ``pkg``. The implicit import of parent packages is not
 an edge (it would make every package part of a cycle with its own children)."""
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,10 +21,8 @@ SOURCES = {"specops": ROOT / "specops", "specops.triton_kernels": ROOT / "triton
 # (importer prefix, imported prefix, why): an import from a module under the first into one under the
 # second breaks the layering (docs: README §Source map; house rule ops <- engine <- decoding).
 FORBIDDEN = [
-    ("specops.ops", "specops.engine", "ops/ is stateless: it imports nothing above it"),
-    ("specops.ops", "specops.decoding", "ops/ is stateless: it imports nothing above it"),
-    ("specops.ops", "specops.cache", "ops/ is stateless: it imports nothing above it"),
-    ("specops.ops", "specops.integrations", "ops/ is stateless: it imports nothing above it"),
+    *(("specops.ops", f"specops.{up}", "ops/ is stateless: it imports nothing above it")
+      for up in ("engine", "decoding", "cache", "integrations")),
     ("specops.engine", "specops.decoding", "the engine is driven by decoding/, never the reverse"),
     ("specops.engine", "specops.integrations", "integrations/ holds aliases of engine names"),
     ("specops.engine", "specops.cache", "specops.cache is an alias package of specops.engine.cache"),
@@ -40,53 +40,33 @@ def _module_files():
     mods = {}
     for pkg, base in SOURCES.items():
         for path in sorted(base.rglob("*.py")):
-            parts = list(path.relative_to(base).with_suffix("").parts)
+            parts = path.relative_to(base).with_suffix("").parts
             is_pkg = parts[-1] == "__init__"
-            if is_pkg:
-                parts = parts[:-1]
-            mods[".".join([pkg] + parts)] = (path, is_pkg)
+            mods[".".join((pkg, *parts[:len(parts) - is_pkg]))] = (path, is_pkg)
     return mods
 
 
 MODULES = _module_files()
 
 
-def _inside_function(node, parents):
-    p = parents.get(node)
-    while p is not None:
-        if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            return True
-        p = parents.get(p)
-    return False
-
-
 def _resolve(importer, is_pkg, node):
     """The specops modules one import node reaches: [(module, at_module_level)] is built by the caller."""
     if isinstance(node, ast.Import):
-        names = [a.name for a in node.names]
-        out = []
-        for n in names:
-            while n and n not in MODULES:  # ``import specops.x.y`` where y is an attribute
-                n = n.rpartition(".")[0]
-            if n:
-                out.append(n)
-        return out
+        found = []
+        for name in (a.name for a in node.names):
+            while name and name not in MODULES:  # ``import specops.x.y`` where y is an attribute
+                name = name.rpartition(".")[0]
+            found += [name] if name else []
+        return found
     if node.level:
-        pkg = importer if is_pkg else importer.rpartition(".")[0]
-        for _ in range(node.level - 1):
-            pkg = pkg.rpartition(".")[0]
+        parts = importer.split(".")
+        pkg = ".".join(parts[:len(parts) + is_pkg - node.level])
         base = f"{pkg}.{node.module}" if node.module else pkg
     else:
         base = node.module or ""
-    if not (base == "specops" or base.startswith("specops.")):
+    if base not in MODULES:  # not specops', or a generated module (specops._build_info, written by the build)
         return []
-    if base not in MODULES:  # a generated module (specops._build_info, written by the build)
-        return []
-    out = []
-    for alias in node.names:
-        sub = f"{base}.{alias.name}"
-        out.append(sub if sub in MODULES else base)
-    return out
+    return [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
 
 
 def _edges():
@@ -94,10 +74,11 @@ def _edges():
     edges = []
     for mod, (path, is_pkg) in MODULES.items():
         tree = ast.parse(path.read_text(), filename=str(path))
-        parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+        functions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+        nested = {n for f in ast.walk(tree) if isinstance(f, functions) for n in ast.walk(f)}
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                top = not _inside_function(node, parents)
+                top = node not in nested
                 for target in _resolve(mod, is_pkg, node):
                     if target != mod:
                         edges.append((mod, target, top, node.lineno))
@@ -108,39 +89,24 @@ EDGES = _edges()
 
 
 def _cycles(edges):
-    """The strongly connected components of more than one module (Tarjan), each as a sorted list."""
-    graph = {}
+    """The strongly connected components of more than one module, each as a sorted list: the modules
+    that reach a module and that it reaches."""
+    graph, reach = {}, {}
     for a, b, _, _ in edges:
         graph.setdefault(a, set()).add(b)
-    index, low, stack, on_stack, sccs = {}, {}, [], set(), []
-    counter = [0]
+    for v in graph:
+        seen, todo = set(), [v]
+        while todo:
+            new = graph.get(todo.pop(), set()) - seen
+            seen |= new
+            todo += new
+        reach[v] = seen
+    comps = {tuple(sorted(w for w in reach[v] if v in reach.get(w, ()))) for v in graph if v in reach[v]}
+    return sorted(list(c) for c in comps)
 
-    def visit(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                sccs.append(sorted(comp))
 
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return sccs
+def _under(mod, prefix):
+    return mod == prefix or mod.startswith(prefix + ".")
 
 
 def _where(a, b):
@@ -150,8 +116,9 @@ def _where(a, b):
 
 def test_every_module_parses_and_the_walk_sees_the_rooms():
     # a walk that found nothing would pass every check below
-    for mod in ("specops.ops.tree_attention.plan", "specops.engine.runner", "specops.engine.attention", "specops.engine.compiled",
-                "specops.engine.cache.base", "specops.decoding.loop", "specops.distill.train"):
+    for mod in ("specops.ops.tree_attention.plan", "specops.engine.runner", "specops.engine.attention",
+                "specops.engine.compiled", "specops.engine.cache.base", "specops.decoding.loop",
+                "specops.distill.train"):
         assert mod in MODULES, mod
     assert any(a == "specops.decoding.loop" and b == "specops.engine" for a, b, _, _ in EDGES)
     assert any(a == "specops" and b == "specops.decoding.api" and not top for a, b, top, _ in EDGES)
@@ -170,10 +137,7 @@ def test_no_import_cycle_between_specops_modules():
 
 @pytest.mark.parametrize("src, dst, why", FORBIDDEN, ids=[f"{s}->{d}" for s, d, _ in FORBIDDEN])
 def test_no_upward_import(src, dst, why):
-    def under(mod, prefix):
-        return mod == prefix or mod.startswith(prefix + ".")
-
-    bad = sorted({(a, b) for a, b, _, _ in EDGES if under(a, src) and under(b, dst)})
+    bad = sorted({(a, b) for a, b, _, _ in EDGES if _under(a, src) and _under(b, dst)})
     assert not bad, f"{why}: " + "; ".join(f"{a} -> {b} ({_where(a, b)})" for a, b in bad)
 
 
@@ -181,8 +145,7 @@ def test_no_runtime_module_imports_distill_at_module_level():
     # specops.distill is training code (lazy): only the distill package itself and the CLI's
     # subcommand (a function-level import) may load it.
     bad = sorted({(a, b) for a, b, top, _ in EDGES
-                  if top and (b == "specops.distill" or b.startswith("specops.distill."))
-                  and not (a == "specops.distill" or a.startswith("specops.distill."))})
+                  if top and _under(b, "specops.distill") and not _under(a, "specops.distill")})
     new = [e for e in bad if e not in ALLOWED_DISTILL]
     assert not new, "runtime modules importing specops.distill at module level: " + "; ".join(
         f"{a} -> {b} ({_where(a, b)})" for a, b in new)
@@ -211,9 +174,6 @@ _RUNS = {
 
 @pytest.mark.parametrize("path", list(_RUNS))
 def test_user_paths_load_no_training_code(path):
-    import subprocess
-    import sys
-
     code = _RUNS[path] + "\nimport sys\nprint('LOADED', sorted(m for m in sys.modules if m.startswith('specops.distill')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -288,7 +248,7 @@ def test_no_private_name_crosses_a_module_boundary_in_ops():
     scan is on the source (see :func:`_private_crossings` for what counts and what it cannot see)."""
     bad = []
     for mod, (path, _) in sorted(MODULES.items()):
-        if mod == "specops.ops" or mod.startswith("specops.ops."):
+        if _under(mod, "specops.ops"):
             tree = ast.parse(path.read_text(), filename=str(path))
             bad += [f"{path.relative_to(ROOT)}:{line}: {what}" for line, what in _private_crossings(tree)]
     assert not bad, "private names crossing a module boundary in ops/ (make them public):\n" + "\n".join(bad)

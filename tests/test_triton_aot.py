@@ -8,6 +8,8 @@ from specops import extension, kernel_resources
 from specops.triton_kernels import aot
 from specops.triton_kernels import tree_attention as ta
 
+SO = kernel_resources.cuda_so_path()
+needs_so = pytest.mark.skipif(SO is None, reason="CUDA extension not built here (specops/_C_cuda*.so)")
 MODULES = {"kv_compact", "linear", "sampling", "token_bitmask", "topn", "tree_attention", "tree_mask", "verify",
            "verify_logits"}
 
@@ -122,11 +124,9 @@ Resource usage:
         "tree_attention_kernel", "<BFloat16, 8>")
 
 
+@needs_so
 def test_cuda_rows_of_the_built_extension():
-    so = kernel_resources.cuda_so_path()
-    if so is None:
-        pytest.skip("CUDA extension not built here (specops/_C_cuda*.so)")
-    rows = kernel_resources.cuda_rows(so, (80, 90))
+    rows = kernel_resources.cuda_rows(SO, (80, 90))
     kernels = {r["kernel"] for r in rows}
     assert {"tree_attention_kernel", "combine_kernel", "kv_compact_kernel"} <= kernels
     assert all(r["regs"] > 0 for r in rows)
@@ -146,16 +146,14 @@ CUDA_STACK_ALLOWANCE = {("tree_attention_tc_kernel", "<BFloat16, 256"): 64, ("tr
                         ("tree_attention_kernel", "<float, 4,"): 16}
 
 
+@needs_so
 def test_cuda_kernels_within_budget():
-    so = kernel_resources.cuda_so_path()
-    if so is None:
-        pytest.skip("CUDA extension not built here (specops/_C_cuda*.so)")
     # The archs this extension was built for (TORCH_CUDA_ARCH_LIST: 8.0;9.0 by default; a GPU machine's
     # own build may hold only its arch) that the budgets know.
     built = {int(a[3:]) for a in extension.cuda_archs()} or {80, 90}
     archs = built & set(kernel_resources.ARCH)
     assert archs, f"no budget for the built archs {sorted(built)}"
-    rows = kernel_resources.cuda_rows(so, tuple(sorted(archs)))
+    rows = kernel_resources.cuda_rows(SO, tuple(sorted(archs)))
     assert {r["arch"] for r in rows} == archs
     assert any(r["kernel"] == "tree_attention_tc_kernel" for r in rows)
     for r in rows:

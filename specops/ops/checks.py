@@ -17,8 +17,7 @@ def tensor(name, t, *, dtype=None, rank=None, shape=None, device=None, last_stri
     if dtype is not None:
         allowed = dtype if isinstance(dtype, tuple) else (dtype,)
         if t.dtype not in allowed:
-            want = " or ".join(str(d) for d in allowed)
-            raise TypeError(f"{name} must have dtype {want}, got {t.dtype}")
+            raise TypeError(f"{name} must have dtype {' or '.join(map(str, allowed))}, got {t.dtype}")
     if rank is None and shape is not None:
         rank = len(shape)
     if rank is not None and t.dim() != rank:
@@ -65,15 +64,10 @@ def integer(name, value, lo=None, hi=None, why=""):
 def byte_range(t):
     """(storage address, first byte, one past the last byte) of a non-empty tensor, from its storage
     offset and strides (metadata only)."""
-    es = t.element_size()
-    lo = hi = t.storage_offset()
-    for n, st in zip(t.shape, t.stride()):
-        ext = (n - 1) * st
-        if ext < 0:
-            lo += ext
-        else:
-            hi += ext
-    base = t.untyped_storage().data_ptr()
+    extents = [(n - 1) * st for n, st in zip(t.shape, t.stride())]
+    lo = t.storage_offset() + sum(e for e in extents if e < 0)
+    hi = t.storage_offset() + sum(e for e in extents if e > 0)
+    base, es = t.untyped_storage().data_ptr(), t.element_size()
     return base + lo * es, base + (hi + 1) * es
 
 
