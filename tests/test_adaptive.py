@@ -7,14 +7,20 @@ budgets are (greedy token identity, batch 3 ragged, under the real controller an
 budget schedules with AR steps in between; the draft caches, plain and feature, catch up), sampling
 keeps the target's distribution, ``adaptive=False`` is the fixed-budget loop, and the metrics report
 the budgets."""
+import argparse
 import itertools
 import math
+from types import SimpleNamespace
 
 import pytest
+import test_decoding_sampling as ts
 import torch
 
+from specops.cli import _adaptive_flag, main
 from specops.decoding import AdaptiveConfig, generate, methods
 from specops.decoding.adaptive import Controller, CostModel, expected_tokens, resolve
+from specops.decoding.methods.ngram import longest_matches
+from specops.engine import Stager
 from specops.testing import perturbed_copy, reference_greedy, tiny_causal_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -78,7 +84,7 @@ def test_budget_falls_after_rejections_down_to_ar_steps():
         g = ctl.decide([True])
         budgets.append(g)
     assert budgets[-1] == 0, budgets
-    assert all(b2 <= b1 for b1, b2 in zip(budgets, budgets[1:])), budgets
+    assert all(b2 <= b1 for b1, b2 in itertools.pairwise(budgets)), budgets
     assert ctl.alpha(0) < 0.365 and ctl.rate(1, [True]) * ctl.costs.step_cost(0) < 1.05
 
 
@@ -120,10 +126,7 @@ def test_probing_after_ar_steps_with_a_doubling_wait():
         assert ctl.decide([True]) == 0
     # fully accepted probes raise the estimate until speculation pays again: the wait resets
     for _ in range(100):
-        if g:
-            step(ctl, g, [g])
-        else:
-            step(ctl, 0, [0], T=1)
+        step(ctl, g, [g])  # g = 0: an AR step (T = 1)
         g = ctl.decide([True])
         if ctl.mode == "spec":
             break
@@ -277,9 +280,8 @@ def test_greedy_stays_token_identical_under_forced_budgets_and_ar_steps(pair, sc
     budgets = [s["budget"] for s in m.steps]
     assert 0 in budgets and len(set(budgets) - {0}) >= 3
     assert m.num_ar_steps == budgets.count(0) and m.adaptive
-    for s in m.steps:  # an AR step is the root alone: no draft node reaches the target
-        if s["budget"] == 0:
-            assert s["nodes"] == [1, 1, 1]
+    # an AR step is the root alone: no draft node reaches the target
+    assert all(s["nodes"] == [1, 1, 1] for s in m.steps if s["budget"] == 0)
 
 
 @pytest.mark.parametrize("case", list(LOSSLESS))
@@ -337,8 +339,7 @@ def test_a_free_draft_grows_the_budget_to_the_cap(pair):
 def test_metrics_report_the_budgets(pair, schedule):
     schedule([0, 2, 4])
     _, m = _generate(pair, "sd")
-    steps = m.steps
-    spec = [s["budget"] for s in steps if s["budget"]]
+    spec = [s["budget"] for s in m.steps if s["budget"]]
     assert m.num_budget_steps == len(spec) and m.mean_budget == pytest.approx(sum(spec) / len(spec))
     assert m.ar_step_fraction == pytest.approx(m.num_ar_steps / m.num_target_forwards)
     d = m.as_dict()
@@ -349,8 +350,6 @@ def test_metrics_report_the_budgets(pair, schedule):
 # ---- sampling: the target's distribution, whatever the budgets ------------------------------------
 
 def _chi_square(method, params, cfg_name, budgets, schedule):
-    import test_decoding_sampling as ts
-
     target = tiny_causal_lm("llama", vocab_size=ts.V, hidden_size=32, seed=11, sharpness=3.0)
     draft = perturbed_copy(target, 0.6, seed=12)
     cfg = ts.CONFIGS[cfg_name]
@@ -362,8 +361,7 @@ def _chi_square(method, params, cfg_name, budgets, schedule):
     return ts.chi_square_pvalue(ts.empirical(out), ts.exact_joint(target, cfg)), m
 
 
-# The same methods and parameters as the fixed-budget distribution test.
-from test_decoding_sampling import LOSSLESS as SAMPLED  # noqa: E402
+SAMPLED = ts.LOSSLESS  # the same methods and parameters as the fixed-budget distribution test
 ALPHA = 1e-3 / (2 * len(SAMPLED) + 1)
 
 
@@ -387,10 +385,6 @@ def test_sampling_keeps_the_target_distribution_under_the_real_controller(schedu
 
 
 def test_cli_turns_adaptive_off_by_flag_or_parameter(capsys):
-    import argparse
-
-    from specops.cli import _adaptive_flag, main
-
     ns = argparse.Namespace(no_adaptive=False)
     params = {"gamma": 3, "adaptive": False}
     assert _adaptive_flag(ns, params) is False and params == {"gamma": 3}  # not a method parameter
@@ -403,8 +397,6 @@ def test_cli_turns_adaptive_off_by_flag_or_parameter(capsys):
 # ---- n-gram under adaptive speculation: proposals sized by their match ------------------------------
 
 def test_longest_matches_ranks_by_match_length_then_full_then_recency():
-    from specops.decoding.methods.ngram import longest_matches
-
     seq = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3]
     # "1 2 3" (3 tokens) at 0 beats the more recent "9 2 3" (2 tokens): unlike lookup's recency
     assert longest_matches(seq, 1, 32, 2, 2) == [([4, 5], 3), ([7, 8], 2)]
@@ -416,10 +408,6 @@ def test_longest_matches_ranks_by_match_length_then_full_then_recency():
 
 
 def test_adaptive_ngram_sizes_each_proposal_by_its_match():
-    from types import SimpleNamespace
-
-    from specops.engine import Stager
-
     d = methods.make("ngram")
     d.enable_adaptive(AdaptiveConfig())
     d.set_budget(12)

@@ -1,13 +1,30 @@
 """The loop's host-side pieces on their own: GSD's token graph, Ouroboros' phrase pool, n-gram
 lookup, stop conditions, metrics, candidate packing, drafter parameters, kernel checks, CLI."""
+import os
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from specops.decoding import METHODS, Candidates, Metrics, PhrasePool, TokenGraph
-from specops.decoding.methods.ngram import lookup
+from specops import cli, verify_joint_logits, verify_tree
+from specops.decoding import (
+    METHODS,
+    Candidates,
+    Draft,
+    Metrics,
+    PhrasePool,
+    SamplingConfig,
+    TokenGraph,
+    _kernels,
+)
+from specops.decoding import verify as verify_mod
+from specops.decoding.draft_lm import DraftLM
+from specops.decoding.methods.ngram import NgramDrafter, lookup
+from specops.decoding.sampling import inverse_cdf
 from specops.decoding.stopping import Stopper
 from specops.decoding.tree import Trie, depths
-
+from specops.engine import Stager
+from specops.testing import random_verify_case, tiny_causal_lm
 
 # ---- GSD token graph --------------------------------------------------------------------------
 
@@ -27,7 +44,7 @@ def test_graph_without_tau_never_merges():
     a = _grow(g, 0, [1, 2, 3])
     _grow(g, 0, [5, 2, 3])
     assert len(g) == 7 and all(not p for p in g.pseudo)
-    tokens, parents, src, copied = g.unmerge(100, 10)
+    tokens, _, _, copied = g.unmerge(100, 10)
     assert sorted(tokens) == sorted(g.token) and not any(copied)
     assert a == 3
 
@@ -130,12 +147,6 @@ def test_ngram_lookup_prefers_long_matches_and_full_continuations():
 
 
 def test_ngram_draft_length_doubles_after_a_full_accept_and_resets_after_a_rejection():
-    from types import SimpleNamespace
-
-    from specops.decoding.methods.ngram import NgramDrafter
-
-    from specops.engine import Stager
-
     d = NgramDrafter(gamma=2, max_gamma=8)
     assert d.tree_budget() == 9
     text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2]  # "1 2" seen before: a long copy follows
@@ -207,8 +218,6 @@ def test_metrics_definitions():
 # ---- candidates -------------------------------------------------------------------------------
 
 def test_candidates_stage_into_a_padded_device_draft_with_one_upload():
-    from specops.engine import Stager
-
     stager = Stager("cpu")
     c = Candidates(tokens=[[5, 6, 7], [9]], parents=[[-1, 0, 0], [-1]], src=[[4, -1, 6], [2]])
     c.validate()
@@ -243,11 +252,6 @@ def test_rejection_modes_verify_draft_logits_as_the_warped_rows(mode):
     # The loop hands the rejection modes the draft's logits and warp (verify_tree_logits warps the
     # rows its walk reads); the result is verify_tree on both warped probability tensors, bit for
     # bit, including a point-mass row (0 / -inf) and a zero row (uniform under top-k and top-p).
-    from specops.decoding import Draft, SamplingConfig
-    from specops.decoding import verify as verify_mod
-    from specops import verify_tree
-    from specops.testing import random_verify_case
-
     g = torch.Generator().manual_seed(7)
     B, T, V = 3, 6, 13
     c = random_verify_case(B, T, V, generator=g, match=0.4)
@@ -275,10 +279,6 @@ def test_rejection_modes_verify_draft_logits_as_the_warped_rows(mode):
 def test_mjsd_verifies_from_logits_with_its_joint_warp_and_the_generation_bonus():
     # The loop's R6 step is verify_joint_logits on the chain: the test under MJSD's warp, the bonus
     # under the sampling config, ragged chains cut at num_nodes, no [B, T, V] tensor on the way.
-    from specops import verify_joint_logits
-    from specops.decoding import Draft, SamplingConfig
-    from specops.decoding import verify as verify_mod
-
     g = torch.Generator().manual_seed(11)
     B, T, V = 3, 5, 17
     logits = torch.randn(B, T, V, generator=g) * 3
@@ -293,11 +293,10 @@ def test_mjsd_verifies_from_logits_with_its_joint_warp_and_the_generation_bonus(
             active = torch.tensor([True, True, False])
             got = verify_mod.verify("joint", draft, logits, sampling, torch.Generator().manual_seed(5), active)
             u = torch.rand(B, T, 2, generator=torch.Generator().manual_seed(5))[:, 0, 0]
-            idx, lens, bonus = verify_joint_logits(tokens[:, 1:].to(torch.int32), logits, log_q, tau, u,
-                                                   temperature=1.0, top_k=20, top_p=0.9,
-                                                   bonus_temperature=sampling.temperature,
-                                                   bonus_top_k=sampling.top_k, bonus_top_p=sampling.top_p,
-                                                   num_nodes=num_nodes)
+            idx, lens, bonus = verify_joint_logits(
+                tokens[:, 1:].to(torch.int32), logits, log_q, tau, u, temperature=1.0, top_k=20, top_p=0.9,
+                bonus_temperature=sampling.temperature, bonus_top_k=sampling.top_k,
+                bonus_top_p=sampling.top_p, num_nodes=num_nodes)
             assert torch.equal(got.accept_idx, idx) and torch.equal(got.bonus_t, bonus)
             assert got.kept.tolist() == (lens * active).tolist()
             assert (lens <= num_nodes).all()
@@ -311,12 +310,8 @@ def test_mjsd_verifies_from_logits_with_its_joint_warp_and_the_generation_bonus(
 # ---- kernel input checks ----------------------------------------------------------------------
 
 def test_kernel_checks_are_off_on_the_hot_path_and_switchable(monkeypatch):
-    from specops.decoding import _kernels
-
-    assert _kernels.CHECK is False or __import__("os").environ.get("SPECOPS_CHECK") == "1"
+    assert _kernels.CHECK is False or os.environ.get("SPECOPS_CHECK") == "1"
     monkeypatch.setattr(_kernels, "CHECK", True)
-    from specops.decoding import SamplingConfig
-
     tokens = torch.tensor([[1, 0]], dtype=torch.int32)
     parents = torch.tensor([[-1, 0]], dtype=torch.int32)
     logits = torch.zeros(1, 2, 2)
@@ -329,27 +324,20 @@ def test_kernel_checks_are_off_on_the_hot_path_and_switchable(monkeypatch):
 # ---- command line -----------------------------------------------------------------------------
 
 def test_cli_method_parameters_parse_to_python_values():
-    from specops.cli import _param
-
-    assert _param("gamma=6") == ("gamma", 6)
-    assert _param("delta=0.25") == ("delta", 0.25)
-    assert _param("reuse_pool=false") == ("reuse_pool", False)
-    assert _param("tau=none") == ("tau", None)
-    assert _param("verify=mss_pointmass") == ("verify", "mss_pointmass")
+    for arg, want in [("gamma=6", ("gamma", 6)), ("delta=0.25", ("delta", 0.25)), ("tau=none", ("tau", None)),
+                      ("reuse_pool=false", ("reuse_pool", False)),
+                      ("verify=mss_pointmass", ("verify", "mss_pointmass"))]:
+        assert cli._param(arg) == want
 
 
 def test_cli_rejects_unknown_methods_and_reports_bad_parameters(capsys):
-    from specops.cli import main
-
     with pytest.raises(SystemExit):
-        main(["generate", "--method", "nope", "--prompt", "x"])
-    assert main(["info"]) == 0
+        cli.main(["generate", "--method", "nope", "--prompt", "x"])
+    assert cli.main(["info"]) == 0
     assert "backend" in capsys.readouterr().out
 
 
 def test_cli_generate_checks_the_kv_layout_before_loading(capsys, monkeypatch):
-    from specops import cli
-
     monkeypatch.setattr(cli, "_setup", lambda args: pytest.fail("a model was loaded"))
     assert cli.main(["generate", "--prompt", "x", "--kv-layout", "paged", "--page-size", "12"]) == 2
     assert "page_size must be a power of two" in capsys.readouterr().err
@@ -358,9 +346,7 @@ def test_cli_generate_checks_the_kv_layout_before_loading(capsys, monkeypatch):
 
 
 def test_cli_demo_rejects_unknown_methods_before_loading(capsys):
-    from specops.cli import main
-
-    assert main(["demo", "--methods", "sd,warp-drive"]) == 2
+    assert cli.main(["demo", "--methods", "sd,warp-drive"]) == 2
     assert "unknown method" in capsys.readouterr().err
 
 
@@ -387,8 +373,6 @@ def test_method_parameters_are_validated_at_construction(name, params, match):
     ({"top_p": True}, r"top_p must be a number in \(0, 1\]"),
 ])
 def test_sampling_config_rejects_inf_and_bools(kw, match):
-    from specops.decoding.sampling import SamplingConfig
-
     with pytest.raises(ValueError, match=match):
         SamplingConfig(**kw)
 
@@ -396,8 +380,6 @@ def test_sampling_config_rejects_inf_and_bools(kw, match):
 # ---- draws on a device other than the generator's: inverse CDF of CPU uniforms ---------------------
 
 def test_inverse_cdf_picks_the_interval_of_u_and_never_an_empty_one():
-    from specops.decoding.sampling import inverse_cdf
-
     probs = torch.tensor([[0.0, 0.25, 0.0, 0.5, 0.25, 0.0],
                           [2.0, 0.0, 0.0, 0.0, 0.0, 2.0]])  # rows need not sum to 1
     u = torch.tensor([[0.0], [0.0]])
@@ -410,8 +392,6 @@ def test_inverse_cdf_picks_the_interval_of_u_and_never_an_empty_one():
 
 
 def test_inverse_cdf_draws_follow_the_row_distribution():
-    from specops.decoding.sampling import inverse_cdf
-
     g = torch.Generator().manual_seed(3)
     p = torch.tensor([0.1, 0.0, 0.6, 0.3])
     n = 40000
@@ -424,9 +404,6 @@ def test_draft_lm_device_tokens_feed_like_host_tokens_and_commit_from_path_token
     # Ragged catch-up chains (the second forward feeds one sequence's chain again from q0): nodes
     # whose tokens stay on the device (add_device) give the logits host tokens (add) give, and a
     # commit takes their tokens from the caller, reading nothing.
-    from specops.decoding.draft_lm import DraftLM
-    from specops.testing import tiny_causal_lm
-
     model = tiny_causal_lm("llama", seed=0)
     prompts = [[5, 17, 99, 3], [70, 2, 33, 8, 61, 4]]
     seqs = [prompts[0] + [9, 12, 40], prompts[1] + [7]]  # catch-up chains of 3 and 1 tokens

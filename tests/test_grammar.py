@@ -50,21 +50,22 @@ def bit(row, t):
 
 # ---- construction ---------------------------------------------------------------------------
 
+BAD_SPECS = [  # (Grammar keywords, error, message; {engine}: the engine under test)
+    ({}, ValueError, "exactly one of json_schema, regex, ebnf"),
+    ({"regex": "a", "ebnf": 'root ::= "a"'}, ValueError, "exactly one of json_schema, regex, ebnf"),
+    ({"json_schema": '{"type": "object", "properties": '}, ValueError,
+     "json_schema does not compile with {engine}: .+"),
+    ({"regex": "(ab"}, ValueError, "regex does not compile with {engine}: .+"),
+    ({"ebnf": "root ::= missing_rule"}, ValueError, "ebnf does not compile with {engine}: .+"),
+    ({"regex": 5}, TypeError, "regex must be a str"),
+    ({"regex": "a", "engine": "outlines"}, ValueError, "engine must be one of"),
+]
+
+
 def test_bad_specs_raise_naming_the_argument(tok, engine):
-    with pytest.raises(ValueError, match="exactly one of json_schema, regex, ebnf"):
-        Grammar(tok, engine=engine)
-    with pytest.raises(ValueError, match="exactly one of json_schema, regex, ebnf"):
-        Grammar(tok, regex="a", ebnf="root ::= \"a\"", engine=engine)
-    with pytest.raises(ValueError, match=f"json_schema does not compile with {engine}: .+"):
-        Grammar(tok, json_schema='{"type": "object", "properties": ', engine=engine)
-    with pytest.raises(ValueError, match=f"regex does not compile with {engine}: .+"):
-        Grammar(tok, regex="(ab", engine=engine)
-    with pytest.raises(ValueError, match=f"ebnf does not compile with {engine}: .+"):
-        Grammar(tok, ebnf="root ::= missing_rule", engine=engine)
-    with pytest.raises(TypeError, match="regex must be a str"):
-        Grammar(tok, regex=5, engine=engine)
-    with pytest.raises(ValueError, match="engine must be one of"):
-        Grammar(tok, regex="a", engine="outlines")
+    for kw, error, match in BAD_SPECS:
+        with pytest.raises(error, match=match.format(engine=engine)):
+            Grammar(tok, **{"engine": engine, **kw})
 
 
 def test_padding_columns_are_disallowed(tok, engine):
@@ -106,8 +107,8 @@ def test_tree_rows_equal_per_node_matchers(tok, engine):
     assert mask.shape == (2, 9, g.words) and mask.dtype == torch.int32
     assert valid[0].tolist() == [True, True, True, True, True, False, False, True, True]
     assert valid[1, :2].tolist() == [True, True] and not valid[1, 4:].any()
-    for b, (p, t, n, base) in enumerate([(parents, tokens, 9, committed), (par[1].tolist(), toks[1].tolist(), 4,
-                                                                            committed[:3])]):
+    cases = [(parents, tokens, 9, committed), (par[1].tolist(), toks[1].tolist(), 4, committed[:3])]
+    for b, (p, t, n, base) in enumerate(cases):
         for i in range(n):
             if not valid[b, i]:
                 assert (mask[b, i] == -1).all() or i >= n
@@ -200,32 +201,32 @@ def greedy(g, tok, logits_fn, max_tokens=120):
         apply_token_bitmask(rows, mask)
         accepted = []
         for i in range(4):
-            best = int(rows[0, i].argmax())
-            if i < 3 and chain[i + 1] == best and best != tok.eos_token_id:
-                accepted.append(best)
-                continue
-            accepted.append(best)  # the bonus / correction token
-            break
+            accepted.append(int(rows[0, i].argmax()))
+            if i == 3 or chain[i + 1] != accepted[-1] or accepted[-1] == tok.eos_token_id:
+                break  # that was the bonus / correction token
         g.advance([accepted])
         out += accepted
     return out
 
 
-def test_greedy_masked_decoding_gives_valid_json(tok, engine):
-    V = len(tok)
-    gen = torch.Generator().manual_seed(0)
-    noise = torch.randn(4096, V, generator=gen)
-    # Whitespace is free between JSON tokens: keep the made-up model from spending its budget there.
-    blank = torch.tensor([tok.decode([t]).strip() == "" for t in range(V)])
-    noise[:, blank] -= 8.0
+def noise_model(tok, seed, rows, eos_bonus, blank=0.0):
+    """A fixed pseudo-random "model": the logits depend on the prefix length only (one of ``rows``
+    rows), the end token gets ``eos_bonus(len(prefix))`` and whitespace-only tokens ``blank``."""
+    noise = torch.randn(rows, len(tok), generator=torch.Generator().manual_seed(seed))
+    if blank:
+        noise[:, torch.tensor([tok.decode([t]).strip() == "" for t in range(len(tok))])] += blank
 
     def logits_fn(prefix):
-        # A fixed pseudo-random "model": the logits depend on the prefix length only, with the
-        # end token favoured late, so the grammar has to steer every choice.
-        row = noise[len(prefix) % 4096].clone()
-        row[tok.eos_token_id] += 4.0 if len(prefix) > 40 else -4.0
+        row = noise[len(prefix) % rows].clone()
+        row[tok.eos_token_id] += eos_bonus(len(prefix))
         return row
+    return logits_fn
 
+
+def test_greedy_masked_decoding_gives_valid_json(tok, engine):
+    # The end token favoured late, so the grammar has to steer every choice; whitespace is free
+    # between JSON tokens: the made-up model must not spend its budget there.
+    logits_fn = noise_model(tok, 0, 4096, lambda n: 4.0 if n > 40 else -4.0, blank=-8.0)
     g = Grammar(tok, json_schema=SCHEMA, engine=engine)
     out = greedy(g, tok, logits_fn, max_tokens=400)
     assert g.is_terminated() == [True] and out[-1] == tok.eos_token_id, tok.decode(out)
@@ -236,15 +237,7 @@ def test_greedy_masked_decoding_gives_valid_json(tok, engine):
 
 
 def test_greedy_masked_decoding_matches_regex(tok, engine):
-    gen = torch.Generator().manual_seed(1)
-    noise = torch.randn(512, len(tok), generator=gen)
-
-    def logits_fn(prefix):
-        row = noise[len(prefix) % 512].clone()
-        row[tok.eos_token_id] += 6.0
-        return row
-
     g = Grammar(tok, regex=r"[0-9]{3}-[a-z]{2,4}", engine=engine)
-    out = greedy(g, tok, logits_fn)
+    out = greedy(g, tok, noise_model(tok, 1, 512, lambda n: 6.0))
     assert out[-1] == tok.eos_token_id
     assert re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", tok.decode(out[:-1]))

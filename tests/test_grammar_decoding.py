@@ -10,12 +10,12 @@ import re
 
 import pytest
 import torch
+from test_grammar import SCHEMA
 
 import specops
 from specops import models
 from specops.decoding.grammar import available_engines
 from specops.testing import tiny_causal_lm
-from test_grammar import SCHEMA
 
 pytestmark = pytest.mark.skipif(not available_engines(), reason="no grammar engine (pip install specops[grammar])")
 
@@ -38,7 +38,7 @@ def _check_schema(text):
 
 def test_every_method_follows_a_json_schema_and_lossless_ones_give_ar_tokens(smollm2):
     model, tok, prompt = smollm2
-    kw = dict(tokenizer=tok, max_new_tokens=120, json_schema=SCHEMA, batch_invariant=True)
+    kw = {"tokenizer": tok, "max_new_tokens": 120, "json_schema": SCHEMA, "batch_invariant": True}
     ar, m = specops.generate(model, prompt, method="ar", **kw)
     text = tok.decode(ar[0, : m.lengths[0]], skip_special_tokens=True)
     _check_schema(text)

@@ -9,9 +9,11 @@ drafts are masked by it, n-gram candidates pruned by it, the target's rows maske
 """
 import pytest
 import torch
+from test_decoding_sampling import ALPHA, PROMPT, ROWS, V, chi_square_pvalue, empirical
+from test_decoding_sampling import exact_joint as plain_joint
 
 from specops.decoding import SamplingConfig, api, generate
-from test_decoding_sampling import ALPHA, PROMPT, ROWS, V, chi_square_pvalue, empirical
+from specops.testing import perturbed_copy, tiny_causal_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread", "kernel_checks")
 
@@ -37,7 +39,7 @@ class RuleGrammar:
     def batch_size(self):
         return len(self.last)
 
-    stop_tokens = []
+    stop_tokens = ()
 
     def is_terminated(self):
         return [False] * self.batch_size
@@ -96,8 +98,6 @@ class _NoText:
 
 @pytest.fixture(scope="module")
 def models():
-    from specops.testing import perturbed_copy, tiny_causal_lm
-
     target = tiny_causal_lm("llama", vocab_size=V, hidden_size=32, seed=11, sharpness=3.0)
     return target, perturbed_copy(target, 0.6, seed=12)
 
@@ -106,9 +106,7 @@ def masked_warp(cfg, logits, lasts):
     """The loop's order: mask the target's row, then warp. logits [N, V] -> probs [N, V]."""
     logits = logits.clone()
     for i, last in enumerate(lasts):
-        for t in range(V):
-            if t not in allowed_after(last):
-                logits[i, t] = float("-inf")
+        logits[i, [t for t in range(V) if t not in allowed_after(last)]] = float("-inf")
     return cfg.warp(logits)
 
 
@@ -141,9 +139,9 @@ CONFIGS = {"t1": SamplingConfig(1.0, 0, 1.0), "warped": SamplingConfig(0.8, 5, 0
 
 def feature_draft(target):
     """An EAGLE-style draft of the tiny target (untrained: it disagrees with the target)."""
-    from specops.draft_models import build_draft
     from specops.distill.feature import init_feature_draft
     from specops.distill.model import draft_config
+    from specops.draft_models import build_draft
 
     torch.manual_seed(13)
     d = build_draft(draft_config(target.config, 1), torch.arange(V), target.model.embed_tokens.weight.detach(),
@@ -151,45 +149,47 @@ def feature_draft(target):
     return init_feature_draft(d, target, [target.config.num_hidden_layers - 1]).float().eval()
 
 
-@pytest.mark.parametrize("method, params, cfg_name", CASES,
-                         ids=[f"{m}{'-free' if p.get('model_free') else ''}-{c}" for m, p, c in CASES])
-def test_lossless_modes_keep_the_masked_target_distribution(models, monkeypatch, method, params, cfg_name):
-    monkeypatch.setattr(api, "Grammar", RuleGrammar)
+def ruled(monkeypatch, models, method, prompts, grammar=RuleGrammar, **kw):
+    """generate under ``grammar`` (in place of Grammar), fixed budgets; ``method`` "eagle-x": x with
+    the feature draft (its rows are masked like any draft model's), model-free methods without one."""
+    monkeypatch.setattr(api, "Grammar", grammar)
     target, draft = models
-    cfg = CONFIGS[cfg_name]
-    if method.startswith("eagle-"):  # the feature draft's rows are masked like any draft model's
+    if method.startswith("eagle-"):
         method, draft = method[len("eagle-"):], feature_draft(target)
-    model_free = method in ("ar", "ngram") or params.get("model_free")
-    out, m = generate(target, [PROMPT] * ROWS, draft=None if model_free else draft, method=method,
-                      max_new_tokens=3, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                      eos_token_id=[], seed=0, regex="(the rule grammar)", tokenizer=_NoText(), adaptive=False, **params)
+    if method in ("ar", "ngram") or kw.get("model_free"):
+        draft = None
+    return generate(target, prompts, draft=draft, method=method, eos_token_id=[], regex="(the rule grammar)",
+                    tokenizer=_NoText(), adaptive=False, **kw)
+
+
+def case_ids(cases):  # method[-free][-config]
+    return ["-".join([m + ("-free" if params.get("model_free") else ""), *rest]) for m, params, *rest in cases]
+
+
+@pytest.mark.parametrize("method, params, cfg_name", CASES, ids=case_ids(CASES))
+def test_lossless_modes_keep_the_masked_target_distribution(models, monkeypatch, method, params, cfg_name):
+    cfg = CONFIGS[cfg_name]
+    out, _ = ruled(monkeypatch, models, method, [PROMPT] * ROWS, max_new_tokens=3, seed=0,
+                   temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, **params)
     first3 = out[:, :3]
     assert not bool((first3 == 0).any()) and not bool((first3[:, 1:] == first3[:, :-1]).any())  # obeys the rule
-    p = chi_square_pvalue(empirical(out), exact_joint(target, cfg))
+    p = chi_square_pvalue(empirical(out), exact_joint(models[0], cfg))
     assert p > ALPHA, f"{method} {params} under the grammar: chi-square p = {p:.2e}"
 
 
 def test_the_harness_tells_the_masked_distribution_from_the_plain_one(models, monkeypatch):
     """Power: the same sample against the target's unmasked distribution fails the test."""
-    from test_decoding_sampling import exact_joint as plain_joint
-
-    monkeypatch.setattr(api, "Grammar", RuleGrammar)
-    target, draft = models
-    cfg = CONFIGS["t1"]
-    out, _ = generate(target, [PROMPT] * ROWS, draft=draft, method="sd", max_new_tokens=3, eos_token_id=[], seed=1,
-                      temperature=1.0, regex="(the rule grammar)", tokenizer=_NoText(), adaptive=False, gamma=3)
-    assert chi_square_pvalue(empirical(out), plain_joint(target, cfg)) < 1e-6
+    out, _ = ruled(monkeypatch, models, "sd", [PROMPT] * ROWS, max_new_tokens=3, seed=1, temperature=1.0,
+                   gamma=3)
+    assert chi_square_pvalue(empirical(out), plain_joint(models[0], CONFIGS["t1"])) < 1e-6
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_mjsd_under_a_grammar_follows_it(models, monkeypatch, temperature):
     """MJSD is not lossless (its joint test is approximate), so no distribution test: its masked
     beams and the masked target give output that follows the grammar."""
-    monkeypatch.setattr(api, "Grammar", RuleGrammar)
-    target, draft = models
-    out, m = generate(target, [PROMPT] * 64, draft=draft, method="mjsd", max_new_tokens=6, eos_token_id=[], seed=2,
-                      temperature=temperature, regex="(the rule grammar)", tokenizer=_NoText(), adaptive=False,
-                      gamma=3, beams=2)
+    out, m = ruled(monkeypatch, models, "mjsd", [PROMPT] * 64, max_new_tokens=6, seed=2,
+                   temperature=temperature, gamma=3, beams=2)
     assert not bool((out == 0).any()) and not bool((out[:, 1:] == out[:, :-1]).any())
     assert m.num_draft_tokens > 0
 
@@ -208,7 +208,8 @@ class _Recording(RuleGrammar):
         return (rows, valid) if with_valid else rows
 
 
-DRAFTERS = [("sd", {"gamma": 3}), ("tsd", {"k": 3, "max_depth": 3}), ("gsd", {"k": 3, "max_depth": 3}), ("specinfer", {"num_drafts": 3, "gamma": 2}),
+DRAFTERS = [("sd", {"gamma": 3}), ("tsd", {"k": 3, "max_depth": 3}), ("gsd", {"k": 3, "max_depth": 3}),
+            ("specinfer", {"num_drafts": 3, "gamma": 2}),
             ("opt-tree", {"n": 6, "max_depth": 3}), ("mjsd", {"gamma": 3, "beams": 2}),
             ("ouroboros", {"gamma": 3, "window": 1, "ngram": 3, "guesses": 2, "branches": 2}),
             ("ouroboros", {"gamma": 3, "ngram": 3, "branches": 3, "model_free": True}),
@@ -216,25 +217,18 @@ DRAFTERS = [("sd", {"gamma": 3}), ("tsd", {"k": 3, "max_depth": 3}), ("gsd", {"k
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("method, params", DRAFTERS,
-                         ids=[f"{m}{'-free' if p.get('model_free') else ''}" for m, p in DRAFTERS])
+@pytest.mark.parametrize("method, params", DRAFTERS, ids=case_ids(DRAFTERS))
 def test_every_drafter_proposes_only_what_the_grammar_allows(models, monkeypatch, method, params, temperature):
     """Model drafts are drawn from masked rows and host candidates (n-gram, phrases) pruned, so every
     node of every verified block follows the grammar (none is spent on a token verification must
     reject); greedy lossless methods give constrained AR's tokens (fp32)."""
-    monkeypatch.setattr(api, "Grammar", _Recording)
     monkeypatch.setattr(_Recording, "invalid", 0)
     monkeypatch.setattr(_Recording, "drafted", 0)
-    target, draft = models
-    if method.startswith("eagle-"):
-        method, draft = method[len("eagle-"):], feature_draft(target)
-    model_free = method == "ngram" or params.get("model_free")
-    out, m = generate(target, [PROMPT, PROMPT[:-1]] * 4, draft=None if model_free else draft, method=method,
-                      max_new_tokens=12, eos_token_id=[], seed=4, temperature=temperature, regex="(the rule grammar)",
-                      tokenizer=_NoText(), adaptive=False, **params)
+    prompts = [PROMPT, PROMPT[:-1]] * 4
+    out, m = ruled(monkeypatch, models, method, prompts, grammar=_Recording, max_new_tokens=12, seed=4,
+                   temperature=temperature, **params)
     assert not bool((out == 0).any()) and not bool((out[:, 1:] == out[:, :-1]).any())
     assert _Recording.drafted > m.num_target_forwards and _Recording.invalid == 0
     if temperature == 0 and method not in ("gsd", "mjsd"):  # lossless, fp32: constrained AR's tokens
-        ar, _ = generate(target, [PROMPT, PROMPT[:-1]] * 4, method="ar", max_new_tokens=12, eos_token_id=[],
-                         regex="(the rule grammar)", tokenizer=_NoText(), adaptive=False)
+        ar, _ = ruled(monkeypatch, models, "ar", prompts, max_new_tokens=12)
         assert out.tolist() == ar.tolist()

@@ -25,8 +25,8 @@ def verify_mode(mode, tokens, parents, target_logits, uniforms, *, num_nodes, sa
     kw = {}
     if joint is not None:
         lq, tau, jw = joint
-        kw = dict(joint_logprobs=lq, tau=tau, joint_temperature=float(jw.temperature), joint_top_k=int(jw.top_k),
-                  joint_top_p=float(jw.top_p))
+        kw = {"joint_logprobs": lq, "tau": tau, "joint_temperature": float(jw.temperature),
+              "joint_top_k": int(jw.top_k), "joint_top_p": float(jw.top_p)}
     return verify_logits_ops.verify_mode(mode, tokens, parents, target_logits, uniforms, num_nodes=num_nodes,
                                          temperature=float(sampling.temperature), top_k=int(sampling.top_k),
                                          top_p=float(sampling.top_p), draft_logits=draft_logits,

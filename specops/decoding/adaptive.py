@@ -30,9 +30,9 @@ budget capped at ``probe_budget``; a probe that still leads to AR doubles the wa
 as long as the probe's extra cost over an AR step divided by ``explore`` AR steps if that is longer
 (up to ``probe_max``): failed probes cost at most about ``explore`` of the time. The first step,
 drafted before any evidence, is as shallow as a probe (the drafter's budget capped at
-``probe_budget``); growth from there is capped as always. The second step is an AR step while no one-row step has been timed (unless the
-costs are fixed): ``c(0)`` is then measured, not extrapolated from blocks of one size (an OPT-Tree
-block is ``n + 1`` rows at every depth).
+``probe_budget``); growth from there is capped as always. The second step is an AR step while no
+one-row step has been timed (unless the costs are fixed): ``c(0)`` is then measured, not
+extrapolated from blocks of one size (an OPT-Tree block is ``n + 1`` rows at every depth).
 
 Costs (``CostModel``): exponentially weighted seconds per target block size (pack, forward, verify,
 KV commit, emit) and per budget (``propose`` plus the drafter's ``commit``), timed with
@@ -84,7 +84,6 @@ class AdaptiveConfig:
             fn = getattr(self, name)
             if fn is not None and not callable(fn):
                 raise TypeError(f"AdaptiveConfig.{name} must be a callable or None, got {type(fn).__name__}")
-
 
     def _check(self, name, types, want, ok):
         v = getattr(self, name)
@@ -216,8 +215,7 @@ class Controller:
         # The first step, drafted before any evidence, is a probe: at most probe_budget deep.
         self.initial = min(max(min(initial, cfg.probe_budget), lo), hi)
         self.costs = CostModel(cfg)
-        self.S = [0.0] * batch
-        self.N = [0.0] * batch
+        self.S, self.N = [0.0] * batch, [0.0] * batch
         self.prev = self.initial  # the last speculative budget (growth is capped relative to it)
         self.mode = "spec"  # "spec", "ar" (waiting to probe) or "probe" (the last step was a probe)
         self.ar_left = 0  # AR steps still to run before the next probe
@@ -243,12 +241,8 @@ class Controller:
     def best(self, active):
         """The best positive budget within the growth cap, and its rate."""
         cap = min(self.hi, max(2 * self.prev, self.prev + 2))
-        best_g, best_r = self.lo, -1.0
-        for g in range(self.lo, max(cap, self.lo) + 1):
-            r = self.rate(g, active)
-            if r > best_r:
-                best_g, best_r = g, r
-        return best_g, best_r
+        g = max(range(self.lo, max(cap, self.lo) + 1), key=lambda g: self.rate(g, active))  # ties: the first
+        return g, self.rate(g, active)
 
     # ---- the protocol -------------------------------------------------------------------------
 

@@ -441,9 +441,7 @@ def _eos_ids(eos_token_id, model, tokenizer):
             eos_token_id = tokenizer.eos_token_id
     if eos_token_id is None:
         return ()
-    if isinstance(eos_token_id, int):
-        return (eos_token_id,)
-    return tuple(int(t) for t in eos_token_id)
+    return (eos_token_id,) if isinstance(eos_token_id, int) else tuple(int(t) for t in eos_token_id)
 
 
 def _pad_id(model, tokenizer):

@@ -48,27 +48,22 @@ class DraftLM(ModelRunner):
 
         ``seqs[b]``: the full sequence, whose last token is the pending root. Inactive sequences
         get a one-node block and are never extended."""
-        keep = []
-        self.tokens, self.parents = [], []
+        keep, chains = [], []
         for b in range(self.B):
             seq, have = seqs[b], self.cached[b]
-            n = 0
-            lim = min(len(have), len(seq) - 1)
+            n, lim = 0, min(len(have), len(seq) - 1)
             while n < lim and have[n] == seq[n]:
                 n += 1
             keep.append(n)
             self.cached[b] = have[:n]
-            chain = seq[n:] if active[b] else seq[-1:]
-            self.tokens.append(list(chain))
-            self.parents.append([-1] + list(range(len(chain) - 1)))
-            self.root[b] = len(chain) - 1
+            chains.append(seq[n:] if active[b] else seq[-1:])
         if keep != self.host_lens:  # rows go: metadata only, checked on the host against its copy
             self.truncate(keep)
-        self._open()
+        self.begin_chain(chains)
 
     def begin_chain(self, chains):
         """Opens a block per sequence from explicit chains that follow the cached tokens
-        (Ouroboros' repeated draft forwards)."""
+        (``begin``'s catch-up chains; Ouroboros' repeated draft forwards)."""
         self.tokens = [list(c) for c in chains]
         self.parents = [[-1] + list(range(len(c) - 1)) for c in chains]
         self.root = [len(c) - 1 for c in chains]

@@ -38,8 +38,7 @@ class FeatureDraftLM(DraftLM):
         """The target's features at positions start-1 .. start+n-2 (zeros before position 0). Shape [n, H]."""
         f = self.target.features[b]
         out = f.new_zeros(n, f.shape[-1])
-        lo = max(start - 1, 0)
-        hi = start - 1 + n
+        lo, hi = max(start - 1, 0), start - 1 + n
         if hi > lo:
             out[lo - (start - 1):] = f[lo:hi]
         return out
@@ -56,11 +55,9 @@ class FeatureDraftLM(DraftLM):
 
     def begin(self, seqs, active):
         self.cached = [self.cached[b][: self.exact[b]] for b in range(self.B)]
-        super().begin(seqs, active)
-        self.exact = [len(c) for c in self.cached]
-        self._base = list(self.exact)
+        super().begin(seqs, active)  # through begin_chain: _base = the cached lengths, _hid = None
+        self.exact = list(self._base)
         self._chain_len = [len(t) for t in self.tokens]
-        self._hid = None
 
     def begin_chain(self, chains):
         super().begin_chain(chains)

@@ -48,7 +48,7 @@ class _LLGuidance:
         import llguidance.torch
 
         self._llg = llguidance
-        self._fill = llguidance.torch.fill_next_token_bitmask
+        self.fill = llguidance.torch.fill_next_token_bitmask  # fill(m, bitmask, row), as _XGrammar's
         self.tok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
         self.vocab_size = self.tok.vocab_size
         self.stop_tokens = set(self.tok.eos_tokens)
@@ -73,9 +73,6 @@ class _LLGuidance:
         if m.is_error():
             raise _CompileError(m.get_error())
         return m
-
-    def fill(self, m, bitmask, row):
-        self._fill(m, bitmask, row)
 
     def consume(self, m, token):
         # A rejected token must leave the matcher as it was: consume_token would put it in its error
@@ -172,7 +169,7 @@ class Grammar:
 
     def __init__(self, tokenizer, *, json_schema=None, regex=None, ebnf=None, batch_size=1, vocab_size=None,
                  engine=None):
-        given = [(k, v) for k, v in (("json_schema", json_schema), ("regex", regex), ("ebnf", ebnf)) if v is not None]
+        given = [(k, v) for k, v in zip(KINDS, (json_schema, regex, ebnf)) if v is not None]
         if len(given) != 1:
             raise ValueError(f"exactly one of json_schema, regex, ebnf must be given, got "
                              f"{[k for k, _ in given] or 'none'}")
@@ -244,11 +241,9 @@ class Grammar:
         Dead and padding rows allow every token. The committed states are unchanged.
         """
         B, T = self._tree_shape(parents, tokens, num_nodes)
-        par = parents.tolist()
-        tok = tokens.tolist()
+        par, tok = parents.tolist(), tokens.tolist()
         n_nodes = [T] * B if num_nodes is None else num_nodes.tolist()
-        rows = self._new_rows(B * T)
-        rows.fill_(-1)
+        rows = self._new_rows(B * T).fill_(-1)
         valid = torch.zeros(B, T, dtype=torch.bool)
         for b in range(B):
             self._fill_tree(b, par[b], tok[b], max(1, min(n_nodes[b], T)), rows, valid[b], T)
@@ -304,8 +299,7 @@ class Grammar:
         for i, (b, toks) in enumerate(paths):
             eng, m = self.engine, self._matchers[b]
             n, ok = 0, not self._done[b] and toks is not None
-            toks = toks or ()
-            for t in toks:
+            for t in toks or ():
                 ok = 0 <= t < eng.vocab_size and t not in eng.stop_tokens and eng.consume(m, t)
                 if not ok:
                     break

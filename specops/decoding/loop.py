@@ -59,8 +59,7 @@ class Decoder:
                  adaptive=None, observers=(), ranks=None, grammar=None):
         self.target, self.drafter, self.stopper, self.observers = target, drafter, stopper, list(observers)
         self.grammar = grammar
-        B = len(prompts)
-        dev = target.device
+        B, dev = len(prompts), target.device
         gen = _on_device(generator, dev)
         last = target.prefill(prompts)  # [B, V]
         if grammar is not None:  # the first token obeys the grammar too
@@ -167,8 +166,7 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
     must be among the stopper's EOS ids. ``track_logprobs``: sum the emitted tokens' target
     log-likelihood (``metrics.perplexity``; a gather per step); None = only for methods that are not
     lossless (MJSD, GSD's R5)."""
-    m = Metrics()
-    m.method, m.batch_size = drafter.name, len(prompts)
+    m = Metrics(method=drafter.name, batch_size=len(prompts))
     t_start = time.perf_counter()
     track = (not drafter.lossless) if track_logprobs is None else track_logprobs
     logprob = _LogprobSum() if track else None
@@ -272,8 +270,7 @@ class _LogprobSum:
     """Sum of log p(token | row) over emitted tokens, kept as a device tensor until ``total()``."""
 
     def __init__(self):
-        self.sum = None
-        self.count = 0
+        self.sum, self.count = None, 0
 
     def observe(self, dec, r):
         rows, toks = [], []

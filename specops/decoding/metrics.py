@@ -110,9 +110,8 @@ class Metrics:
     @property
     def perplexity(self):
         """exp(-mean log p_target(token | prefix)) over the emitted tokens (unwarped target)."""
-        if not self.target_logprob_count:
-            return None
-        return math.exp(-self.target_logprob_sum / self.target_logprob_count)
+        n = self.target_logprob_count
+        return math.exp(-self.target_logprob_sum / n) if n else None
 
     mean_budget = _ratio("budget_sum", "num_budget_steps", None,
                          doc="The adaptive controller's mean budget over its speculative steps (None when off).")

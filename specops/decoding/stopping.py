@@ -33,8 +33,7 @@ class Stopper:
         # The earlier text contained no stop string, so the first hit ends inside the new tokens:
         # find the shortest extension whose decoded text contains one.
         dec = self.tokenizer.decode
-        full = generated + kept
-        if not any(s in dec(full) for s in self.stop_strings):
+        if not any(s in dec(generated + kept) for s in self.stop_strings):
             return None
         for k in range(1, len(kept) + 1):
             text = dec(generated + kept[:k])
