@@ -47,16 +47,12 @@ LOSSLESS = {
 
 
 def _run(target, draft, prompts, case, **kw):
-    params = dict(LOSSLESS[case]) if case in LOSSLESS else {}
-    method = params.pop("method", case)
-    draft = params.pop("draft", draft)
-    params.setdefault("eos_token_id", [])
+    params = dict(LOSSLESS.get(case, {}))
+    method, draft = params.pop("method", case), params.pop("draft", draft)
     # fixed budgets: the invariants below are about each method's own blocks (tests/test_adaptive.py
     # covers the adaptive controller; the identity test below runs both)
-    params.setdefault("adaptive", False)
-    params.update(kw)
-    return generate(target, prompts, draft=draft, method=method, max_new_tokens=params.pop("new_tokens", N_NEW),
-                    **params)
+    params = {"eos_token_id": [], "adaptive": False, "max_new_tokens": N_NEW, **params, **kw}
+    return generate(target, prompts, draft=draft, method=method, **params)
 
 
 # ---- greedy: token-identical to plain greedy decoding ---------------------------------------------
@@ -105,8 +101,7 @@ def test_gsd_with_merging_is_exact_under_greedy_verification(pair):
 
 def test_exact_draft_copy_accepts_every_chain_token(pair):
     _, target, _, prompts, refs = pair
-    out, m = generate(target, prompts, draft=perturbed_copy(target, 0.0), method="sd", gamma=3,
-                      max_new_tokens=17, eos_token_id=[], adaptive=False)
+    out, m = _run(target, perturbed_copy(target, 0.0), prompts, "sd", gamma=3, max_new_tokens=17)
     assert [out[b].tolist() for b in range(3)] == [r[:17] for r in refs]
     assert m.draft_acceptance_rate == 1.0
     assert m.mean_acceptance_length == 4.0  # 1 prefill token + 4 steps x 4 tokens
@@ -178,16 +173,14 @@ def test_tsd_with_k1_is_sd_and_opt_tree_n1_is_a_chain(pair):
 
 def test_mjsd_tau1_is_target_only_decoding(pair):
     _, target, draft, prompts, refs = pair
-    out, m = generate(target, prompts, draft=draft, method="mjsd", tau=1.0, max_new_tokens=N_NEW, eos_token_id=[],
-                      adaptive=False)
+    out, m = _run(target, draft, prompts, "mjsd", tau=1.0)
     assert [out[b].tolist() for b in range(3)] == [r[:N_NEW] for r in refs]
     assert m.num_accepted_tokens == 0
 
 
 def test_mjsd_tau0_accepts_the_whole_beam(pair):
     _, target, draft, prompts, _ = pair
-    _, m = generate(target, prompts, draft=draft, method="mjsd", tau=0.0, gamma=3, beams=4,
-                    max_new_tokens=1 + 4 * 4, eos_token_id=[], adaptive=False)
+    _, m = _run(target, draft, prompts, "mjsd", tau=0.0, gamma=3, beams=4, max_new_tokens=1 + 4 * 4)
     assert m.num_accepted_tokens == m.num_draft_tokens == 3 * 4 * 3
 
 
@@ -196,7 +189,7 @@ def test_mjsd_perplexity_is_the_target_likelihood_of_its_output(pair):
     # loop logs it from the verification logits, which must equal an independent re-scoring of the
     # output.
     _, target, draft, prompts, _ = pair
-    out, m = generate(target, prompts[:1], draft=draft, method="mjsd", max_new_tokens=N_NEW, eos_token_id=[])
+    out, m = _run(target, draft, prompts[:1], "mjsd", adaptive=True)
     ids = torch.tensor([prompts[0] + out[0].tolist()])
     with torch.no_grad():
         lp = target(ids).logits[0, :-1].float().log_softmax(-1)
@@ -247,7 +240,7 @@ def test_stop_string_truncates_at_the_first_token_completing_it(pair, case):
 def test_max_new_tokens_is_exact(pair, n):
     _, target, draft, prompts, refs = pair
     for case in ("sd", "tsd", "ouroboros"):
-        out, m = _run(target, draft, prompts, case, new_tokens=n)
+        out, m = _run(target, draft, prompts, case, max_new_tokens=n)
         assert out.shape == (3, n) and m.lengths == [n] * 3
         assert [out[b].tolist() for b in range(3)] == [r[:n] for r in refs]
 
@@ -281,7 +274,7 @@ def test_metrics_follow_the_vllm_definitions(pair):
 
 def test_compare_ar_fills_speedup(pair):
     _, target, draft, prompts, _ = pair
-    _, m = _run(target, draft, prompts[:1], "sd", compare_ar=True, new_tokens=8)
+    _, m = _run(target, draft, prompts[:1], "sd", compare_ar=True, max_new_tokens=8)
     assert m.ar_tokens_per_s > 0 and m.speedup == pytest.approx(m.tokens_per_s / m.ar_tokens_per_s)
 
 
@@ -294,47 +287,33 @@ def no_work(monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"method": "beam-me-up"}, "unknown method"),
-    ({"method": "sd", "gama": 3}, "unknown parameter"),
-    ({"method": "sd", "gamma": 0}, "gamma"),
-    ({"method": "tsd", "theta_prob": 2.0}, "theta_prob"),
+    ({"method": "beam-me-up"}, "unknown method"), ({"method": "sd", "gama": 3}, "unknown parameter"),
+    ({"method": "sd", "gamma": 0}, "gamma"), ({"method": "tsd", "theta_prob": 2.0}, "theta_prob"),
     ({"method": "tsd", "sync_free": 1}, "sync_free"),
     ({"method": "opt-tree", "sync_free": "yes"}, "sync_free"),
-    ({"method": "gsd", "verify": "greedy"}, "verify"),
-    ({"temperature": -0.1}, "temperature"),
-    ({"top_p": 0.0}, "top_p"),
-    ({"top_k": -1}, "top_k"),
-    ({"max_new_tokens": 0}, "max_new_tokens"),
-    ({"max_len": 8}, "too long"),
-    ({"max_new_tokens": 2000}, "too long"),
-    ({"kv_layout": "blocked"}, "kv_layout"),
-    ({"kv_layout": "paged", "page_size": 12}, "page_size"),
-    ({"kv_layout": "paged", "page_size": 0}, "page_size"),
-    ({"page_size": True}, "page_size"),
+    ({"method": "gsd", "verify": "greedy"}, "verify"), ({"temperature": -0.1}, "temperature"),
+    ({"top_p": 0.0}, "top_p"), ({"top_k": -1}, "top_k"), ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"max_len": 8}, "too long"), ({"max_new_tokens": 2000}, "too long"),
+    ({"kv_layout": "blocked"}, "kv_layout"), ({"kv_layout": "paged", "page_size": 12}, "page_size"),
+    ({"kv_layout": "paged", "page_size": 0}, "page_size"), ({"page_size": True}, "page_size"),
 ])
 def test_bad_input_raises_before_work(pair, no_work, kwargs, match):
     _, target, draft, prompts, _ = pair
-    kw = {"draft": draft, "max_new_tokens": 4}
-    kw.update(kwargs)
     with pytest.raises(ValueError, match=match):
-        generate(target, prompts, **kw)
+        generate(target, prompts, **{"draft": draft, "max_new_tokens": 4, **kwargs})
 
 
 def test_bad_prompts_and_drafts_raise_before_work(pair, no_work):
     _, target, draft, prompts, _ = pair
-    with pytest.raises(ValueError, match="empty"):
-        generate(target, [prompts[0], []], draft=draft)
-    with pytest.raises(ValueError, match="vocabulary"):
-        generate(target, [[500, 1]], draft=draft)
-    with pytest.raises(ValueError, match="tokenizer"):
-        generate(target, "a string prompt", draft=draft)
-    with pytest.raises(ValueError, match="needs a draft"):
-        generate(target, prompts, method="tsd")
     other = tiny_causal_lm("llama", vocab_size=96, seed=3)
-    with pytest.raises(ValueError, match="vocabulary"):
-        generate(target, prompts, draft=other, method="sd")
-    with pytest.raises(ValueError, match="unknown embedded model"):
-        generate(target, prompts, draft="no-such-model", method="sd")
+    cases = [([prompts[0], []], {"draft": draft}, "empty"), ([[500, 1]], {"draft": draft}, "vocabulary"),
+             ("a string prompt", {"draft": draft}, "tokenizer"),
+             (prompts, {"method": "tsd"}, "needs a draft"),
+             (prompts, {"draft": other, "method": "sd"}, "vocabulary"),
+             (prompts, {"draft": "no-such-model", "method": "sd"}, "unknown embedded model")]
+    for bad_prompts, kw, match in cases:
+        with pytest.raises(ValueError, match=match):
+            generate(target, bad_prompts, **kw)
 
 
 def test_model_free_methods_need_no_draft(pair):

@@ -11,7 +11,6 @@ from specops.decoding.sampling import SamplingConfig
 from specops.decoding.stopping import Stopper
 from specops.testing import perturbed_copy, tiny_causal_lm
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

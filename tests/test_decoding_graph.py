@@ -28,9 +28,8 @@ def keep_accepted(tokens, parents, num_nodes, logits, uniforms, active, k_cache,
 def inputs(seed, device="cpu", sampled=False):
     g = torch.Generator().manual_seed(seed)
     num_nodes = torch.randint(1, T + 1, (B,), generator=g, dtype=torch.int32)
-    parents = torch.zeros(B, T, dtype=torch.int32)
+    parents = torch.full((B, T), -1, dtype=torch.int32)
     for b in range(B):
-        parents[b, 0] = -1
         for i in range(1, T):
             parents[b, i] = int(torch.randint(0, i, (1,), generator=g))
     tokens = torch.randint(0, V, (B, T), generator=g)
@@ -43,8 +42,7 @@ def inputs(seed, device="cpu", sampled=False):
                 tokens[b, i] = top[b, parents[b, i]]
     uniforms = torch.rand(B, T, 2, generator=g) if sampled else None
     active = torch.tensor([True, False, True])
-    k = torch.randn(L, B, H, S, D, generator=g)
-    v = torch.randn(L, B, H, S, D, generator=g)
+    k, v = (torch.randn(L, B, H, S, D, generator=g) for _ in range(2))
     lens = torch.randint(0, S - T, (B,), generator=g, dtype=torch.int32)
     out = (tokens, parents, num_nodes, logits, uniforms, active, k, v, lens)
     return tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in out)
@@ -61,10 +59,8 @@ def test_verify_to_keep_compiles_fullgraph_on_cpu(sampled):
     for seed in (0, 1):
         args = inputs(seed, sampled=sampled)
         want_args, got_args = clone(args), clone(args)
-        want = keep_accepted(*want_args)
-        got = compiled(*got_args)
-        for w, o in zip(want, got):
-            assert torch.equal(w, o)
+        want, got = keep_accepted(*want_args), compiled(*got_args)
+        assert all(map(torch.equal, want, got))
         assert torch.equal(want_args[6], got_args[6]) and torch.equal(want_args[7], got_args[7])  # caches
         assert int(want[3][1]) == 0  # the finished sequence keeps nothing
         assert int(want[3].max()) >= 2  # some path longer than the root was kept
@@ -91,6 +87,5 @@ def test_verify_to_keep_replays_in_a_cuda_graph(sampled):
         want = keep_accepted(*ref_args)
         graph.replay()
         torch.cuda.synchronize()
-        for w, o in zip(want, out):
-            assert torch.equal(w, o), seed
+        assert all(map(torch.equal, want, out)), seed
         assert torch.equal(ref_args[6], static[6]) and torch.equal(ref_args[7], static[7])

@@ -31,7 +31,6 @@ def _number(v):
 
 
 def count(minimum=1, maximum=None):
-    """An int in [minimum, maximum] (no maximum: None)."""
     bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
     return f"an int {bound}", lambda v: (_number(v) and isinstance(v, int) and v >= minimum
                                          and (maximum is None or v <= maximum))
@@ -80,10 +79,8 @@ class Drafter:
         if unknown:
             raise ValueError(f"unknown parameter(s) {unknown} for method {self.name!r}; "
                              f"valid: {sorted(self.PARAMS) or 'none'}")
-        merged = dict(self.PARAMS)
-        merged.update(params)
-        self.params = merged
-        for key, value in merged.items():
+        self.params = {**self.PARAMS, **params}
+        for key, value in self.params.items():
             setattr(self, key, value)
         self.check_params()
 
@@ -170,18 +167,16 @@ class ModelDrafter(Drafter):
     needs_draft_model = True
 
     def commit(self, ctx, draft, result):
-        paths, tokens = [], []
+        paths, tokens = [None] * ctx.batch, [None] * ctx.batch
         for b in range(ctx.batch):
             if draft.src is None or not ctx.was_active[b]:
-                paths.append(None)
-                tokens.append(None)
                 continue
             root = ctx.draft.root[b]
             # the path's fed draft-block nodes (src >= 0, a prefix below the root) and their tokens
             fed = list(itertools.takewhile(lambda x: x[0] >= 0, zip(result.path_src[b][1:], result.path_tokens[b][1:])))
             # after the catch-up chain (its tokens are on the host)
-            paths.append(list(range(root + 1)) + self.draft_nodes(b, [node for node, _ in fed]))
-            tokens.append([None] * (root + 1) + [tok for _, tok in fed])
+            paths[b] = list(range(root + 1)) + self.draft_nodes(b, [node for node, _ in fed])
+            tokens[b] = [None] * (root + 1) + [tok for _, tok in fed]
         ctx.draft.commit_paths(paths, tokens)
 
     @staticmethod

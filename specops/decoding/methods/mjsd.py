@@ -14,8 +14,8 @@ import math
 
 import torch
 
-from .. import _kernels
 from ...ops.topn import MAX_N
+from .. import _kernels
 from ..readback import read_lists
 from ..sampling import SamplingConfig
 from ..tree import Draft

@@ -27,10 +27,9 @@ def lookup(seq, max_ngram, min_ngram, length, branches):
     n_seq = len(seq)
     for n in range(min(max_ngram, n_seq - 1), min_ngram - 1, -1):
         key = seq[n_seq - n:]
-        first = key[0]
         found, full = [], 0
         for start in range(n_seq - n - 1, -1, -1):
-            if seq[start] != first or seq[start:start + n] != key:
+            if seq[start] != key[0] or seq[start:start + n] != key:
                 continue
             cont = seq[start + n:start + n + length]
             if cont and cont not in found:
@@ -82,10 +81,7 @@ class NGram(Drafter):
     PARAMS = {"gamma": 12, "max_ngram": 3, "min_ngram": 1, "branches": 1, "max_gamma": None}  # None: 4 x gamma
     budget_param = "gamma"  # under adaptive speculation the controller replaces the doubling rule
     _adaptive = False
-    # Under adaptive speculation (module docstring): a proposal copies the longest-matching
-    # occurrence (match counted up to MAX_MATCH tokens) for at most MATCH_SCALE tokens per matched
-    # token, one token after a match of SHORT_MATCH tokens or fewer; the budget caps it.
-    MAX_MATCH, MATCH_SCALE, SHORT_MATCH = 32, 2, 2
+    MAX_MATCH, MATCH_SCALE, SHORT_MATCH = 32, 2, 2  # adaptive speculation's evidence rule (module docstring)
 
     def _evidence_length(self, m):
         return 1 if m <= self.SHORT_MATCH else self.MATCH_SCALE * m

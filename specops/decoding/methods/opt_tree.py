@@ -17,8 +17,8 @@ stop costs a draft forward. A grammar reads each layer's tokens (its masks follo
 """
 import torch
 
-from .. import _kernels
 from ...ops.topn import MAX_N
+from .. import _kernels
 from ..readback import read_lists
 from ..tree import Draft
 from .base import FLAG, ModelDrafter, count, grammar_masked, optional, real

@@ -84,14 +84,10 @@ class Ouroboros(ModelDrafter):
 
     def propose(self, ctx):
         if self.model_free:
-            return self._comb(ctx, [self._pool_chain(ctx, b) for b in range(ctx.batch)],
-                              [0] * ctx.batch)
-        d = ctx.draft
+            return self._comb(ctx, [self._pool_chain(ctx, b) for b in range(ctx.batch)], [0] * ctx.batch)
+        d, B = ctx.draft, ctx.batch
         d.begin(ctx.seqs, ctx.active)
-        B = ctx.batch
-        drafted = [[] for _ in range(B)]
-        going = list(ctx.active)
-        forwards = [0] * B
+        drafted, going, forwards = [[] for _ in range(B)], list(ctx.active), [0] * B
         while any(going):
             layout = [self._lay_out(d, b, going[b]) for b in range(B)]
             d.forward()
@@ -149,14 +145,10 @@ class Ouroboros(ModelDrafter):
         """The draft's own continuation after this forward (after the ``prefix`` drafted so far);
         updates the window and the pool."""
         root, cols, guesses = layout
-
-        def arg(node):
-            return d.argmax(b, node)
-
         best_m, best_nodes = 0, []
         for phrase, nodes in guesses:
             m, node = 0, root
-            while m < len(phrase) and phrase[m] == arg(node):
+            while m < len(phrase) and phrase[m] == d.argmax(b, node):
                 node = nodes[m]
                 m += 1
             if m > best_m:
@@ -164,16 +156,16 @@ class Ouroboros(ModelDrafter):
         end = best_nodes[-1] if best_nodes else root
         new = [d.tokens[b][n] for n in best_nodes]
         if ctx.grammar is None:
-            new.append(arg(end))
+            new.append(d.argmax(b, end))
         else:  # the draft's choice among the tokens the grammar allows after the drafted path
             row = grammar_masked(ctx, d.logits(b, end)[None].float().clone(), [(b, prefix + new)])
             new.append(int(row.argmax()))
         path = list(range(root + 1)) + best_nodes
         win = self.windows[b]
         for i, col in enumerate(cols):
-            self.pool.insert(win[i][0], win[i][1:] + [arg(col[-1])])  # the column's n-gram
+            self.pool.insert(win[i][0], win[i][1:] + [d.argmax(b, col[-1])])  # the column's n-gram
             # Jacobi step: every window token becomes the draft's argmax at its parent.
-            win[i] = [arg(root if i == 0 else cols[i - 1][0])] + [arg(node) for node in col[:-1]]
+            win[i] = [d.argmax(b, root if i == 0 else cols[i - 1][0])] + [d.argmax(b, x) for x in col[:-1]]
         return new, path
 
     def _comb(self, ctx, drafted, forwards):
@@ -182,9 +174,8 @@ class Ouroboros(ModelDrafter):
             root = ctx.seqs[b][-1]
             chain = grammar_prefix(ctx, b, drafted[b])
             trie = Trie(root)
-            node = 0
-            for tok in chain:
-                node = trie.add(node, tok)
+            trie.insert(0, chain)  # a fresh trie: the chain is nodes 1..len(chain)
+            node = len(chain)
             key = chain[-1] if chain else root
             phrases = self.pool.get(key, self.branches) if ctx.active[b] else []
             if ctx.grammar is not None:
@@ -209,13 +200,12 @@ class Ouroboros(ModelDrafter):
             tok, par, v = cand.tokens[b], cand.parents[b], argmax[b]
             path = result.paths[b]
             A = sum(1 for i in path if 1 <= i <= n)
-            if A < n:
-                for j in range(A + 1, n + 1):
-                    completion, k = [v[j]], j
-                    while len(completion) < self._phrase and k + 1 <= n and tok[k + 1] == v[k]:
-                        k += 1
-                        completion.append(v[k])
-                    self.pool.insert(tok[j], completion)
+            for j in range(A + 1, n + 1):  # the draft tokens past the first mismatch
+                completion, k = [v[j]], j
+                while len(completion) < self._phrase and k + 1 <= n and tok[k + 1] == v[k]:
+                    k += 1
+                    completion.append(v[k])
+                self.pool.insert(tok[j], completion)
             for phrase in phrases:
                 nodes, node = [], n
                 for t in phrase:

@@ -43,8 +43,7 @@ class SD(ModelDrafter):
         host = ctx.grammar is not None or self.exit_threshold > 0  # a search on each forward's tokens
         tips, going, depth = list(d.root), list(ctx.active), [0] * B
         drafted = [[] for _ in range(B)]  # the drafted tokens on the host (a host search only)
-        tokens = torch.zeros(B, G + 1, dtype=torch.int64, device=dev)  # [B, G + 1], column 0 = the roots
-        tokens[:, 0] = ctx.root
+        tokens = torch.cat([ctx.root[:, None], ctx.root.new_zeros(B, G)], 1)  # [B, G + 1]: the roots, the chain
         rows = torch.zeros(B, G + 1, ctx.vocab_size, dtype=torch.float32, device=dev) if sampled else None
         for _ in range(G):
             bs = [b for b in range(B) if going[b]]

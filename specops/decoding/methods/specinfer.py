@@ -96,9 +96,8 @@ class SpecInfer(ModelDrafter):
         return self._target_tree(ctx, act, slots, total)
 
     def _draw(self, ctx, logits):
-        """Every chain's draw of one level, in (sequence, chain) order: i.i.d. from the warped rows
-        (greedy: chain 0 takes the argmax, the others draw at ``draft_temperature`` for diversity).
-        Shape: logits [A, k, V] -> int64 [A, k] on the device."""
+        """Every chain's draw of one level, in (sequence, chain) order (the module docstring's
+        sampling and greedy draws). Shape: logits [A, k, V] -> int64 [A, k] on the device."""
         A, k, V = logits.shape
         if not ctx.sampling.greedy:
             return draw(ctx.sampling.warp(logits.reshape(A * k, V)), ctx.generator).view(A, k)

@@ -66,14 +66,8 @@ class TSD(ModelDrafter):
         """TSD's search on the device. Graph nodes are numbered in creation order (BFS: layer by
         layer, a layer's children in frontier order, siblings best first), which is also the
         order of the host search's unmerged tree, so the first ``max_tree_nodes`` nodes are the
-        target's tree as they are.
-
-        Reading: the [2, B] count read after each layer's expansion (new frontier and tree sizes)
-        sizes the next forward's block (``DraftLM`` keeps node counts on the host) to exactly the
-        frontier; an empty one stops drafting. Sync-free: layer ``l`` feeds
-        ``frontier_widths(...)[l - 1]`` entries per sequence (past the frontier: padding rows below
-        a fed node, masked out of the next expansion) until the widths end, and every layer's counts
-        come back in one read at the end. Both build the same tree.
+        target's tree as they are. Reading or sync-free (the module docstring), the same tree: the
+        read count sizes the next forward's block (``DraftLM`` keeps node counts on the host).
         Shape: -> Draft with tokens int64 [B, T], T = min(largest tree, max_tree_nodes)."""
         d, B, M = ctx.draft, ctx.batch, self.max_nodes
         sync_free = self.sync_free if self.sync_free is not None else d.device.type != "cpu"
@@ -134,8 +128,7 @@ class TSD(ModelDrafter):
             # sync-free: every sequence feeds W2 entries
             logits, firstd = self.feed_layer(d, [W2] * B if sync_free else live, W2, pblk.reshape(-1),
                                              ntok.reshape(-1))
-            live_dev = nlive
-            fidx = nfidx
+            live_dev, fidx = nlive, nfidx
             fblk = firstd[:, None] + torch.arange(W2, device=dev)[None]  # consecutive nodes per sequence
             fed = torch.arange(W2, device=dev)[None] < nlive[:, None]
             gsrc.scatter_(1, torch.where(fed, nfidx, M), fblk)
@@ -161,9 +154,8 @@ class TSD(ModelDrafter):
         """The search on host lists (GSD's merge needs them; a grammar's masks and R5's kept rows
         follow the tokens): one read per draft forward (the frontier's top-k), the tree staged in
         one upload."""
-        d = ctx.draft
+        d, B = ctx.draft, ctx.batch
         d.begin(ctx.seqs, ctx.active)
-        B = ctx.batch
         graphs = [TokenGraph(ctx.seqs[b][-1], self.tau) for b in range(B)]
         blk = [{0: d.root[b]} for b in range(B)]  # graph node -> draft-block node (fed or to be fed)
         qrow = [{} for _ in range(B)]  # graph node -> the draft logits after it (R5 tests its children on them)
