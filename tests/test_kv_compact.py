@@ -29,13 +29,12 @@ def i32(values, device="cpu"):
 
 
 def expected(cache, prefix_lens, accept_idx, accept_lens):
-    """Gather every accepted source first (from an untouched copy), scatter second, row by row."""
+    """Every accepted source gathered from the untouched ``cache``, scattered into a copy, sequence by
+    sequence."""
     out = cache.clone()
     for b in range(cache.shape[1]):
         p, n = int(prefix_lens[b]), int(accept_lens[b])
-        rows = [cache[:, b, :, p + int(accept_idx[b, j])].clone() for j in range(n)]
-        for j in range(n):
-            out[:, b, :, p + j] = rows[j]
+        out[:, b, :, p:p + n] = cache[:, b][:, :, [p + int(j) for j in accept_idx[b, :n]]]
     return out
 
 
@@ -100,104 +99,72 @@ def geometry(cache, **kw):
 
 
 def run_and_compare(k, v, prefix_lens, accept_idx, accept_lens, backend):
-    want_k = expected(k.cpu(), prefix_lens.cpu(), accept_idx.cpu(), accept_lens.cpu())
-    want_v = expected(v.cpu(), prefix_lens.cpu(), accept_idx.cpu(), accept_lens.cpu())
+    want_k, want_v = (expected(t, prefix_lens, accept_idx, accept_lens) for t in (k, v))
     strides = (k.stride(), v.stride())
     assert specops.kv_compact(k, v, prefix_lens, accept_idx, accept_lens, backend=backend) is None
     assert (k.stride(), v.stride()) == strides
-    assert torch.equal(k.cpu(), want_k), "k_cache differs from gather-then-scatter"
-    assert torch.equal(v.cpu(), want_v), "v_cache differs from gather-then-scatter"
+    assert torch.equal(k, want_k) and torch.equal(v, want_v), "caches differ from gather-then-scatter"
 
 
 # ---- golden moves, each on every backend -----------------------------------------------------------
 
-def test_moves_accepted_rows_next_to_the_prefix(backend, device, layout):
-    need("kv_compact", backend)
-    L, B, H, S, D = 2, 1, 2, 10, 4
-    k = torch.arange(L * B * H * S * D, dtype=torch.float32).view(L, B, H, S, D).to(device)
-    v = -k.clone()
-    before = k.clone()
+# name: ((L, H, D, page_size), prefix_lens, accept_idx, accept_lens, rows): after the call, row r of
+# sequence b holds what row rows[b][r] held before
+GOLDEN = {
     # prefix 3, block rows 3..8; accept nodes 0, 2, 5 -> rows 3, 5, 8 move to rows 3, 4, 5
-    compact(layout, k, v, i32([3], device), i32([[0, 2, 5, 1, 1, 1]], device), i32([3], device),
-                       backend=backend)
-    assert torch.equal(k[:, :, :, 3], before[:, :, :, 3])
-    assert torch.equal(k[:, :, :, 4], before[:, :, :, 5])
-    assert torch.equal(k[:, :, :, 5], before[:, :, :, 8])
-    untouched = [0, 1, 2, 6, 7, 8, 9]
-    assert torch.equal(k[:, :, :, untouched], before[:, :, :, untouched])
-    assert torch.equal(v, -k)
-
-
-def test_shift_chain_reads_every_source_before_it_is_overwritten(backend, device, layout):
-    need("kv_compact", backend)
+    "next_to_prefix": ((2, 2, 4, 4), [3], [[0, 2, 5, 1, 1, 1]], [3], [[0, 1, 2, 3, 5, 8, 6, 7, 8, 9]]),
     # accept nodes 1..30 after a prefix of 3: destination j is the source of move j - 1 (paged: all
-    # inside one 64-row page)
-    k = torch.arange(64, dtype=torch.float32).view(1, 1, 1, 64, 1).repeat(1, 1, 1, 1, 4).to(device)
-    v = k.clone()
-    idx = torch.arange(1, 31, dtype=torch.int32, device=device)[None]
-    compact(layout, k, v, i32([3], device), idx, i32([30], device), backend=backend, page_size=64)
-    assert k[0, 0, 0, :, 0].tolist() == [0, 1, 2] + list(range(4, 34)) + list(range(33, 64))
-    assert torch.equal(v, k)
+    # inside one 64-row page), so every source must be read before it is overwritten
+    "shift_chain": ((1, 1, 4, 64), [3], [list(range(1, 31))], [30],
+                    [[*range(3), *range(4, 34), *range(33, 64)]]),
+    # accept the last node only; accept_lens 0: nothing moves, padding ignored
+    "last_only_and_nothing": ((1, 1, 3, 4), [2, 0], [[6, 0, 0], [4, 4, 4]], [1, 0],
+                              [[0, 1, 8, 3, 4, 5, 6, 7, 8], list(range(9))]),
+    "everything_is_identity": ((2, 2, 8, 4), [0, 4, 7], [list(range(5))] * 3, [5] * 3, [list(range(12))] * 3),
+}
 
 
-def test_accept_last_only_and_accept_nothing(backend, device, layout):
+@pytest.mark.parametrize("case", GOLDEN.values(), ids=GOLDEN)
+def test_golden_moves(backend, device, layout, case):
     need("kv_compact", backend)
-    k = torch.arange(2 * 9, dtype=torch.float32).view(1, 2, 1, 9, 1).repeat(1, 1, 1, 1, 3).to(device)
-    v = k.clone()
-    before = k.clone()
-    compact(layout, k, v, i32([2, 0], device), i32([[6, 0, 0], [4, 4, 4]], device), i32([1, 0], device),
-                       backend=backend)
-    assert k[0, 0, 0, :, 0].tolist() == [0, 1, 8, 3, 4, 5, 6, 7, 8]
-    assert torch.equal(k[:, 1], before[:, 1])  # accept_lens 0: nothing moves, padding ignored
-    assert torch.equal(v, k)
-
-
-def test_accept_everything_is_identity(backend, device, layout):
-    need("kv_compact", backend)
-    k, v = caches(2, 3, 2, 12, 8, device=device)
-    before = k.clone(), v.clone()
-    idx = torch.arange(5, dtype=torch.int32, device=device).expand(3, 5).contiguous()
-    compact(layout, k, v, i32([0, 4, 7], device), idx, i32([5, 5, 5], device), backend=backend)
-    assert torch.equal(k, before[0]) and torch.equal(v, before[1])
+    (L, H, D, page_size), prefix, idx, lens, rows = case
+    B, S = len(rows), len(rows[0])
+    k = torch.arange(L * B * H * S * D, dtype=torch.float32).view(L, B, H, S, D).to(device)
+    v, before = -k, k.clone()
+    compact(layout, k, v, i32(prefix, device), i32(idx, device), i32(lens, device), backend=backend,
+            page_size=page_size)
+    assert torch.equal(k, torch.stack([before[:, b][:, :, r] for b, r in enumerate(rows)], 1))
+    assert torch.equal(v, -k)
 
 
 # ---- paged placement: scattered and shared pages ---------------------------------------------------
 
-def test_kv_compact_paged_pages_outside_the_moves_are_untouched(backend, device):
+def test_kv_compact_paged_pages_outside_the_acceptare_untouched(backend, device):
     # Spare pages, the slots past S and other sequences' pages keep their bytes.
     need("kv_compact_paged", backend)
-    cache, kp, vp, table, (prefix, idx, lens) = compaction_case(3, 24, "random", 4, torch.float32, seed=11,
-                                                                device=device)
-    S = cache.shape[3]
-    n = -(-S // 4)
+    cache, kp, vp, table, accept = compaction_case(3, 24, "random", 4, torch.float32, seed=11, device=device)
+    S, before = cache.shape[3], kp.clone()
+    n = -(-S // 4)  # pages per sequence, the last holding S - (n - 1) * 4 rows
     used = set(table[:, :n].flatten().tolist())
-    before = kp.clone()
-    specops.kv_compact_paged(kp, vp, table, prefix, idx, lens, backend=backend)
+    specops.kv_compact_paged(kp, vp, table, *accept, backend=backend)
     spare = [p for p in range(kp.shape[1]) if p not in used]
     assert spare and torch.equal(kp[:, spare], before[:, spare])
-    for b in range(3):
-        last = int(table[b, n - 1])
-        tail = S - (n - 1) * 4
-        assert torch.equal(kp[:, last, tail:], before[:, last, tail:])
+    for last in table[:, n - 1].tolist():
+        assert torch.equal(kp[:, last, S - (n - 1) * 4:], before[:, last, S - (n - 1) * 4:])
 
 
-def test_kv_compact_paged_golden_moves_within_and_across_pages(backend, device):
+def test_kv_compact_paged_golden_acceptwithin_and_across_pages(backend, device):
     # page_size 2; the sequence's rows 0..7 live in pages [3, 0, 2, 1]: rows 2,3 in page 0, 4,5 in
     # page 2, 6,7 in page 1. prefix 2, accept nodes 1, 2, 5 -> rows 3, 4, 7 move to rows 2, 3, 4:
     # row 3 -> 2 inside page 0, row 4 (page 2) -> 3 (page 0), row 7 (page 1) -> 4 (page 2).
     need("kv_compact_paged", backend)
     kp = torch.arange(4 * 2 * 3, dtype=torch.float32).view(1, 4, 2, 1, 3).to(device)
-    vp = -kp
-    before = kp.clone()
-    table = i32([[3, 0, 2, 1]], device)
-    specops.kv_compact_paged(kp, vp, table, i32([2], device), i32([[1, 2, 5, 0]], device), i32([3], device),
-                             backend=backend)
-    assert torch.equal(kp[0, 0, 0], before[0, 0, 1])  # row 2 <- row 3
-    assert torch.equal(kp[0, 0, 1], before[0, 2, 0])  # row 3 <- row 4
-    assert torch.equal(kp[0, 2, 0], before[0, 1, 1])  # row 4 <- row 7
-    for page, slot in [(3, 0), (3, 1), (2, 1), (1, 0), (1, 1)]:
-        assert torch.equal(kp[0, page, slot], before[0, page, slot])
-    assert torch.equal(vp, -kp)
+    vp, before = -kp, kp.clone()
+    table, idx = i32([[3, 0, 2, 1]], device), i32([[1, 2, 5, 0]], device)
+    specops.kv_compact_paged(kp, vp, table, i32([2], device), idx, i32([3], device), backend=backend)
+    want = before.clone()  # rows 2, 3, 4 <- rows 3, 4, 7; every other slot untouched
+    want[0, 0, 0], want[0, 0, 1], want[0, 2, 0] = before[0, 0, 1], before[0, 2, 0], before[0, 1, 1]
+    assert torch.equal(kp, want) and torch.equal(vp, -kp)
 
 
 def test_kv_compact_paged_sequences_may_share_untouched_prefix_pages(backend, device):
@@ -205,28 +172,23 @@ def test_kv_compact_paged_sequences_may_share_untouched_prefix_pages(backend, de
     # it, so the check passes and every sequence compacts its own pages.
     need("kv_compact_paged", backend)
     g = torch.Generator().manual_seed(0)
-    cache = torch.randn(2, 3, 2, 40, 4, generator=g)
-    kp, table = to_pages(cache, 16, generator=g, fill=0.0, shared_prefix_pages=1)
-    vp = -kp
-    S = 40
-    prefix = i32([20, 17, 25], device)
+    kp, table = to_pages(torch.randn(2, 3, 2, 40, 4, generator=g), 16, generator=g, fill=0.0,
+                         shared_prefix_pages=1)
+    kp, vp, table = kp.to(device), -kp.to(device), table.to(device)
+    prefix, lens = i32([20, 17, 25], device), i32([3, 3, 2], device)
     idx = i32([[0, 3, 9], [1, 2, 4], [0, 1, 2]], device)
-    lens = i32([3, 3, 2], device)
-    kp, vp, table = kp.to(device), vp.to(device), table.to(device)
-    want = expected(from_pages(kp, table, S).cpu(), prefix.cpu(), idx.cpu(), lens.cpu())
+    want = expected(from_pages(kp, table, 40), prefix, idx, lens)
     specops.kv_compact_paged(kp, vp, table, prefix, idx, lens, backend=backend)
-    assert torch.equal(from_pages(kp, table, S).cpu(), want) and torch.equal(vp, -kp)
+    assert torch.equal(from_pages(kp, table, 40), want) and torch.equal(vp, -kp)
 
 
 def test_kv_compact_paged_interleaved_k_and_v_views(backend, device):
     need("kv_compact_paged", backend)
-    _, kp, vp, table, (prefix, idx, lens) = compaction_case(2, 12, "random", 4, torch.float32, seed=5,
-                                                                device=device)
+    _, kp, vp, table, accept = compaction_case(2, 12, "random", 4, torch.float32, seed=5, device=device)
     kv = torch.stack([kp, vp], dim=2)  # [L, N, 2, page, H, D]: K and V of a page side by side
-    k, v = kv[:, :, 0], kv[:, :, 1]
-    specops.kv_compact_paged(k, v, table, prefix, idx, lens, backend=backend)
-    specops.kv_compact_paged(kp, vp, table, prefix, idx, lens, backend="torch")
-    assert torch.equal(k, kp) and torch.equal(v, vp)
+    specops.kv_compact_paged(kv[:, :, 0], kv[:, :, 1], table, *accept, backend=backend)
+    specops.kv_compact_paged(kp, vp, table, *accept, backend="torch")
+    assert torch.equal(kv[:, :, 0], kp) and torch.equal(kv[:, :, 1], vp)
 
 
 def test_kv_compact_paged_unchecked_garbage_never_writes_outside(backend, device):
@@ -234,22 +196,18 @@ def test_kv_compact_paged_unchecked_garbage_never_writes_outside(backend, device
     # guard pages, and the valid sequence 0 still compacts.
     need("kv_compact_paged", backend)
     big = torch.randn(2, 12, 4, 2, 8, device=device)
-    kp = big[:, 2:10]
-    vp = -kp.clone()
-    guard = big[:, :2].clone(), big[:, 10:].clone()
+    kp, vp, before = big[:, 2:10], -big[:, 2:10], big.clone()
     table = i32([[1, 0, 2, 3], [-3, 8, 2**31 - 1, 5], [4, 4, 4, 4], [6, 7, -1, 9]], device)
     prefix = i32([3, 2, -4, 2**31 - 3], device)
     idx = i32([[1, 2, 4], [0, 5, 9], [0, 30, 1], [5, 2**31 - 1, 0]], device)
     lens = i32([3, 3, -2, 3], device)
-    k0 = kp.clone()
     specops.kv_compact_paged(kp, vp, table, prefix, idx, lens, check=False, backend=backend)
-    assert torch.equal(big[:, :2], guard[0]) and torch.equal(big[:, 10:], guard[1])
-    # sequence 0: rows 4, 5, 7 (page 0 slot 0, page 0 slot 1, page 0 slot 3) -> rows 3, 4, 5
-    assert torch.equal(kp[:, 1, 3], k0[:, 0, 0]) and torch.equal(kp[:, 0, 0], k0[:, 0, 1])
-    assert torch.equal(kp[:, 0, 1], k0[:, 0, 3])
+    assert torch.equal(big[:, :2], before[:, :2]) and torch.equal(big[:, 10:], before[:, 10:])
+    # sequence 0: rows 4, 5, 7 (page 0 slots 0, 1, 3) -> rows 3, 4, 5 (page 1 slot 3, page 0 slots 0, 1)
+    assert torch.equal(kp[:, [1, 0, 0], [3, 0, 1]], before[:, 2:10][:, 0, [0, 1, 3]])
 
 
-def test_moves_are_the_spec():
+def test_acceptare_the_spec():
     # Row 3 <- 5 and 4 <- 6 of sequence 0 (node 0 an identity), row 0 <- 1 of sequence 1.
     k = torch.zeros(1, 2, 1, 7, 1)
     moving, src, dst, _, _ = moves(KvLayout.contiguous(k, k), i32([2, 0]), i32([[0, 3, 4], [1, 2, 9]]), i32([3, 1]))
@@ -340,12 +298,11 @@ def test_bad_input_raises_naming_the_argument_and_leaves_caches_untouched(backen
     need(op, backend)
     args = _good(layout)
     args[arg] = make(args)
-    k, v = (args[name] for name in (("k_cache", "v_cache") if layout == "contiguous" else ("k_pages", "v_pages")))
-    before = [t.clone() for t in (k, v) if isinstance(t, torch.Tensor)]
+    caches = [t for t in list(args.values())[:2] if isinstance(t, torch.Tensor)]  # K and V come first
+    before = [t.clone() for t in caches]
     with pytest.raises(exc, match=match):
         getattr(specops, op)(**args, backend=backend)
-    after = [t for t in (k, v) if isinstance(t, torch.Tensor)]
-    assert all(torch.equal(a, b) for a, b in zip(after, before))
+    assert all(torch.equal(a, b) for a, b in zip(caches, before))
 
 
 def test_good_input_passes_the_checks(layout):
@@ -355,9 +312,7 @@ def test_good_input_passes_the_checks(layout):
 
 def test_padding_entries_are_not_validated(backend):
     need("kv_compact", backend)
-    args = _good()
-    args["accept_idx"] = i32([[0, 1, -7], [0, 100, -100]])
-    args["accept_lens"] = i32([2, 1])
+    args = {**_good(), "accept_idx": i32([[0, 1, -7], [0, 100, -100]]), "accept_lens": i32([2, 1])}
     k0 = args["k_cache"].clone()
     specops.kv_compact(**args, backend=backend)
     assert torch.equal(args["k_cache"], k0)  # both moves are identities (node j -> row j)
@@ -433,11 +388,10 @@ def test_opcheck(view, dtype):
 def test_torch_compile_fullgraph(layout):
     k, v, prefix, idx, lens = grid_case(3, 2, 11, "random", torch.float32, "contiguous", "cpu", seed=5)
     want_k, want_v = (expected(t, prefix, idx, lens) for t in (k, v))
-    cache = (k, v)
+    cache, op = (k, v), specops.kv_compact
     if layout == "paged":
         (kp, table), (vp, _) = (to_pages(t, 4, generator=torch.Generator().manual_seed(0), fill=0.0) for t in (k, v))
-        cache = (kp, vp, table)
-    op = specops.kv_compact if layout == "contiguous" else specops.kv_compact_paged
+        cache, op = (kp, vp, table), specops.kv_compact_paged
 
     def step(*args):
         op(*args, check=False, backend="cpp")

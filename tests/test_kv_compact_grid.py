@@ -28,8 +28,7 @@ from specops.testing import from_pages
 @pytest.mark.parametrize("L", [1, 4])
 def test_matches_gather_then_scatter(backend, device, pattern, B, L):
     need("kv_compact", backend)
-    A = 64
-    case = grid_case(B, L, A, pattern, torch.float32, "contiguous", device, seed=B * 100 + L)
+    case = grid_case(B, L, 64, pattern, torch.float32, "contiguous", device, seed=B * 100 + L)
     run_and_compare(*case, backend)
 
 
@@ -37,10 +36,8 @@ def test_matches_gather_then_scatter(backend, device, pattern, B, L):
 @pytest.mark.parametrize("view", ["contiguous", "sliced", "interleaved", "seq_major"])
 def test_matches_reference_for_every_dtype_and_view(backend, device, dtype, view):
     need("kv_compact", backend)
-    A = 33
     for seed, pattern in enumerate(PATTERNS):
-        case = grid_case(3, 2, A, pattern, dtype, view, device, seed=seed, H=3, D=5)
-        run_and_compare(*case, backend)
+        run_and_compare(*grid_case(3, 2, 33, pattern, dtype, view, device, seed=seed, H=3, D=5), backend)
 
 
 def test_rows_of_64_kib_slices_move_in_parallel_and_stay_correct(backend, device):
@@ -68,19 +65,16 @@ def test_unchecked_garbage_never_writes_outside_the_caches(backend, device):
     need("kv_compact", backend)
     # The caches are the middle of bigger buffers; whatever unchecked garbage says, the guard
     # regions around them stay untouched and in-range accepted rows of valid sequences still move.
-    L, B, H, S, D = 2, 4, 2, 12, 8
-    big_k, big_v = (torch.randn(L, B, H, S + 10, D, device=device) for _ in range(2))
-    k, v = big_k[:, :, :, 5:5 + S], big_v[:, :, :, 5:5 + S]
-    guard = [t[:, :, :, i].clone() for t in (big_k, big_v) for i in (slice(0, 5), slice(5 + S, None))]
+    big = torch.randn(2, 2, 4, 2, 12 + 10, 8, device=device)  # K and V [L, B, H, S + 10, D], S = 12
+    k, v, before = big[0, ..., 5:17, :], big[1, ..., 5:17, :], big.clone()
     prefix = i32([3, 10, -4, 2**31 - 3], device)
     idx = i32([[1, 2, 4], [-9, 5, 6], [0, 30, 1], [5, 2**31 - 1, 0]], device)
     lens = i32([3, 9, -2, 3], device)
-    k0 = k.clone()
     specops.kv_compact(k, v, prefix, idx, lens, check=False, backend=backend)
-    after = [t[:, :, :, i] for t in (big_k, big_v) for i in (slice(0, 5), slice(5 + S, None))]
-    assert all(torch.equal(a, g) for a, g in zip(after, guard))
+    for guard in (slice(0, 5), slice(17, None)):
+        assert torch.equal(big[..., guard, :], before[..., guard, :])
     # sequence 0 is valid: rows 4, 5, 7 moved to 3, 4, 5
-    assert torch.equal(k[:, 0, :, 3:6].cpu(), k0[:, 0, :, [4, 5, 7]].cpu())
+    assert torch.equal(k[:, 0, :, 3:6], before[0, ..., 5:17, :][:, 0, :, [4, 5, 7]])
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -104,17 +98,16 @@ def test_property_every_backend_equals_gather_then_scatter(B, A, extra, seed, pa
 def test_kv_compact_paged_matches_contiguous_and_reference(backend, device, pattern, page_size):
     need("kv_compact_paged", backend)
     for B, A, dtype in ((1, 33, torch.float32), (3, 20, torch.bfloat16)):
-        cache, kp, vp, table, (prefix, idx, lens) = compaction_case(B, A, pattern, page_size, dtype,
-                                                                    seed=A + page_size, device=device)
-        S = cache.shape[3]
+        cache, kp, vp, table, accept = compaction_case(B, A, pattern, page_size, dtype, seed=A + page_size,
+                                                       device=device)
         ref_k, ref_v = kp.clone(), vp.clone()
-        specops.kv_compact_paged(ref_k, ref_v, table, prefix, idx, lens, backend="torch")
-        specops.kv_compact_paged(kp, vp, table, prefix, idx, lens, backend=backend)
+        specops.kv_compact_paged(ref_k, ref_v, table, *accept, backend="torch")
+        specops.kv_compact_paged(kp, vp, table, *accept, backend=backend)
         assert torch.equal(kp, ref_k) and torch.equal(vp, ref_v), "pages differ from the torch reference"
-        want = expected(cache.cpu(), prefix.cpu(), idx.cpu(), lens.cpu())
-        assert torch.equal(from_pages(kp, table, S).cpu(), want)
-        assert torch.equal(from_pages(vp, table, S).cpu(), -want)
+        want = expected(cache, *accept)
+        S = cache.shape[3]
+        assert torch.equal(from_pages(kp, table, S), want) and torch.equal(from_pages(vp, table, S), -want)
         # the contiguous op, same backend, on the same data laid out contiguously
         k, v = cache.clone(), -cache
-        specops.kv_compact(k, v, prefix, idx, lens, backend=backend)
-        assert torch.equal(from_pages(kp, table, S), k) and torch.equal(from_pages(vp, table, S), v)
+        specops.kv_compact(k, v, *accept, backend=backend)
+        assert torch.equal(k, want) and torch.equal(v, -want)

@@ -6,6 +6,8 @@ the emulator's thread orders and racecheck.
 
 The GPU backends run without a GPU: Triton interpreted on CPU tensors, the CUDA kernel through cudasim
 (the real device where one exists)."""
+import itertools
+
 import pytest
 import torch
 from _cudasim import assert_order_independent, needs_sim, racecheck_built, restored, sim
@@ -46,15 +48,10 @@ def operands(M, K, N, dtype, bias, seed=0):
     return make(M, K, N, dtype, bias, seed, device=DEVICE, scale=False)
 
 
-def exact(x, w, b):
-    """float64 result and a bound on what fp32 accumulation may lose on it."""
-    y = x.double() @ w.double().T + (0 if b is None else b.double())
-    mag = x.double().abs() @ w.double().abs().T
-    return y, mag * x.shape[-1] * 2.0 ** -23
-
-
 def check_close(out, x, w, b):
-    y, acc_err = exact(x, w, b)
+    """Against the float64 result: what fp32 accumulation may lose on it, then one rounding."""
+    y = x.double() @ w.double().T + (0 if b is None else b.double())
+    acc_err = (x.double().abs() @ w.double().abs().T) * x.shape[-1] * 2.0 ** -23
     ulp = {torch.float32: 2.0 ** -23, torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11}[out.dtype]
     tol = acc_err + y.abs() * ulp + 1e-30  # accumulation error, then one rounding to the output dtype
     err = (out.double() - y).abs()
@@ -104,9 +101,8 @@ def test_row_equals_the_one_row_call_bit_for_bit(backend, dtype, K, N):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_thread_counts_give_the_same_bits(dtype):
     x, w, b = make(9, 200, 301, dtype)
-    old = torch.get_num_threads()
+    old, outs = torch.get_num_threads(), []
     try:
-        outs = []
         for threads in (1, 2):
             torch.set_num_threads(threads)
             outs.append(specops.linear(x, w, b, backend="cpp"))
@@ -140,22 +136,33 @@ def test_strided_and_empty_inputs(backend):
     assert specops.linear(x[0], w, b, backend=backend).shape == (10,)
 
 
-@pytest.mark.parametrize("call,exc,words", [
-    (lambda x, w, b: specops.linear(x.numpy(), w), TypeError, ["x", "torch.Tensor"]),
-    (lambda x, w, b: specops.linear(x.long(), w), TypeError, ["x", "dtype", "int64"]),
-    (lambda x, w, b: specops.linear(x, w.half()), TypeError, ["weight", "dtype", "float16"]),
-    (lambda x, w, b: specops.linear(x, w[:, :3]), ValueError, ["weight", "[N, K=5]", "(4, 3)"]),
-    (lambda x, w, b: specops.linear(x, w[0]), ValueError, ["weight", "rank 2"]),
-    (lambda x, w, b: specops.linear(x, w, b[:2]), ValueError, ["bias", "[4]", "(2,)"]),
-    (lambda x, w, b: specops.linear(x, w, b.double()), TypeError, ["bias", "float64"]),
-    (lambda x, w, b: specops.linear(x[:, :0], w[:, :0]), ValueError, ["K >= 1", "K=0"]),
-    (lambda x, w, b: specops.linear(torch.tensor(1.0), w), ValueError, ["x", "rank >= 1"]),
-])
+# (call on make(3, 5, 4, dtype) and pack_weight of its weight, exception, words of its message)
+BAD = {torch.float32: [
+    (lambda x, w, b, p: specops.linear(x.numpy(), w), TypeError, ["x", "torch.Tensor"]),
+    (lambda x, w, b, p: specops.linear(x.long(), w), TypeError, ["x", "dtype", "int64"]),
+    (lambda x, w, b, p: specops.linear(x, w.half()), TypeError, ["weight", "dtype", "float16"]),
+    (lambda x, w, b, p: specops.linear(x, w[:, :3]), ValueError, ["weight", "[N, K=5]", "(4, 3)"]),
+    (lambda x, w, b, p: specops.linear(x, w[0]), ValueError, ["weight", "rank 2"]),
+    (lambda x, w, b, p: specops.linear(x, w, b[:2]), ValueError, ["bias", "[4]", "(2,)"]),
+    (lambda x, w, b, p: specops.linear(x, w, b.double()), TypeError, ["bias", "float64"]),
+    (lambda x, w, b, p: specops.linear(x[:, :0], w[:, :0]), ValueError, ["K >= 1", "K=0"]),
+    (lambda x, w, b, p: specops.linear(torch.tensor(1.0), w), ValueError, ["x", "rank >= 1"]),
+], torch.bfloat16: [
+    (lambda x, w, b, p: pack_weight(w.float()), TypeError, ["weight", "bfloat16", "float32"]),
+    (lambda x, w, b, p: pack_weight(w[0]), ValueError, ["weight", "rank 2"]),
+    (lambda x, w, b, p: specops.linear(x, w, packed=p[:, :, :64]), ValueError,
+     ["packed", "[1, 1, 128]", "(1, 1, 64)"]),
+    (lambda x, w, b, p: specops.linear(x, w, packed=p.float()), TypeError, ["packed", "bfloat16", "float32"]),
+    (lambda x, w, b, p: specops.linear(x, w, packed=p.tolist()), TypeError, ["packed", "torch.Tensor"]),
+]}
+
+
+@pytest.mark.parametrize("dtype,call,exc,words", [(dtype, *c) for dtype, cases in BAD.items() for c in cases])
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_bad_input_names_the_argument(backend, call, exc, words):
-    x, w, b = make(3, 5, 4, torch.float32)
+def test_bad_input_names_the_argument(backend, dtype, call, exc, words):
+    x, w, b = make(3, 5, 4, dtype)
     with pytest.raises(exc) as info, specops.use_backend(backend):
-        call(x, w, b)
+        call(x, w, b, pack_weight(w) if dtype == torch.bfloat16 else None)
     for word in words:
         assert word in str(info.value), (word, str(info.value))
 
@@ -165,15 +172,10 @@ def test_pack_weight_is_the_documented_layout():
     p = pack_weight(w)
     assert p.shape == (2, 2, 128) and p.dtype == torch.bfloat16
     want = torch.zeros(2, 2, 128, dtype=torch.bfloat16)
-    for g in range(2):
-        for c in range(2):
-            for pair in range(4):
-                for h in range(2):
-                    for lane in range(8):
-                        for s in range(2):
-                            n, k = 8 * g + 2 * pair + h, 16 * c + 8 * s + lane
-                            if n < 11 and k < 21:
-                                want[g, c, 32 * pair + 16 * h + 2 * lane + s] = w[n, k]
+    for g, c, pair, h, lane, s in itertools.product(*map(range, (2, 2, 4, 2, 8, 2))):
+        n, k = 8 * g + 2 * pair + h, 16 * c + 8 * s + lane
+        if n < 11 and k < 21:
+            want[g, c, 32 * pair + 16 * h + 2 * lane + s] = w[n, k]
     assert torch.equal(p, want)
 
 
@@ -196,23 +198,6 @@ def test_packed_weight_gives_the_plain_weights_bits(N, K, isa, monkeypatch):
                                specops.linear(x[:M], w, b, backend="torch"))
 
 
-@pytest.mark.parametrize("call,exc,words", [
-    (lambda x, w, p: pack_weight(w.float()), TypeError, ["weight", "bfloat16", "float32"]),
-    (lambda x, w, p: pack_weight(w[0]), ValueError, ["weight", "rank 2"]),
-    (lambda x, w, p: specops.linear(x, w, packed=p[:, :, :64]), ValueError, ["packed", "[1, 1, 128]", "(1, 1, 64)"]),
-    (lambda x, w, p: specops.linear(x, w, packed=p.float()), TypeError, ["packed", "bfloat16", "float32"]),
-    (lambda x, w, p: specops.linear(x, w, packed=p.tolist()), TypeError, ["packed", "torch.Tensor"]),
-])
-@pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_packed_bad_input_names_the_argument(backend, call, exc, words):
-    x, w, _ = make(3, 5, 4, torch.bfloat16)
-    p = pack_weight(w)
-    with pytest.raises(exc) as info, specops.use_backend(backend):
-        call(x, w, p)
-    for word in words:
-        assert word in str(info.value), (word, str(info.value))
-
-
 @needs_cpp
 def test_packed_op_rejects_a_packed_tensor_of_another_shape():
     x, w, _ = make(3, 5, 4, torch.bfloat16)
@@ -223,10 +208,9 @@ def test_packed_op_rejects_a_packed_tensor_of_another_shape():
 @needs_cpp
 def test_registration_opcheck_and_compile():
     x, w, b = make(3, 24, 10, torch.bfloat16)
-    torch.library.opcheck(torch.ops.specops.linear.default, (x, w, b))
-    torch.library.opcheck(torch.ops.specops.linear.default, (x, w, None))
-    torch.library.opcheck(torch.ops.specops.linear_packed.default, (x, w, pack_weight(w), b))
-    torch.library.opcheck(torch.ops.specops.linear_packed.default, (x, w, pack_weight(w), None))
+    for bias in (b, None):
+        torch.library.opcheck(torch.ops.specops.linear.default, (x, w, bias))
+        torch.library.opcheck(torch.ops.specops.linear_packed.default, (x, w, pack_weight(w), bias))
     assert "linear" in _backend.ops() and {"torch", "cpp"} <= set(_backend.implementations("linear"))
     fn = torch.compile(lambda a: torch.ops.specops.linear(a, w, b), fullgraph=True)
     assert torch.equal(fn(x), specops.linear(x, w, b, backend="cpp"))
@@ -241,12 +225,11 @@ def test_direct_entry_is_the_registered_op_bit_for_bit(dtype):
         want = torch.ops.specops.linear(x, w, bias)
         assert torch.equal(specops._C.linear(x, w, bias), want)
         assert torch.equal(cpu_kernel(x, torch.nn.Parameter(w, requires_grad=False), bias), want)
-    with pytest.raises(ValueError, match="weight must have x's dtype"):
-        specops._C.linear(x, w.double(), None)
-    with pytest.raises(TypeError, match="argument 1 must be a torch.Tensor, got int"):
-        specops._C.linear(x, 3, None)
-    with pytest.raises(TypeError, match="takes 3 or 4 arguments, got 2"):
-        specops._C.linear(x, w)
+    for args, exc, match in (((x, w.double(), None), ValueError, "weight must have x's dtype"),
+                             ((x, 3, None), TypeError, "argument 1 must be a torch.Tensor, got int"),
+                             ((x, w), TypeError, "takes 3 or 4 arguments, got 2")):
+        with pytest.raises(exc, match=match):
+            specops._C.linear(*args)
 
 
 @needs_cpp

@@ -2,26 +2,20 @@
 registration. Bad input: the battery of tests/test_bad_input.py."""
 import pytest
 import torch
+from _op_checks import needs_cpp
 
 import specops
 from specops.ops.token_bitmask import allowed_tokens, apply_token_bitmask
 
-from _op_checks import needs_cpp
-
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-NEG_INF = float("-inf")
 
 
-def random_bitmask(shape, V, p_allowed=0.3, generator=None, garbage_tail=True):
+def random_bitmask(shape, V, p_allowed=0.3, generator=None):
     """A packed mask of ``shape + [ceil(V/32)]`` words, each token allowed with probability
-    ``p_allowed``; with ``garbage_tail`` the bits past V in the last word are random too (the op must
-    ignore them). Every row allows at least one token."""
-    W = (V + 31) // 32
-    allowed = torch.rand(*shape, W * 32, generator=generator) < p_allowed
-    first = torch.randint(0, V, shape, generator=generator)
-    allowed.scatter_(-1, first[..., None], True)
-    if not garbage_tail:
-        allowed[..., V:] = False
+    ``p_allowed``, the bits past V in the last word random too (the op must ignore them). Every row
+    allows at least one token."""
+    allowed = torch.rand(*shape, (V + 31) // 32 * 32, generator=generator) < p_allowed
+    allowed.scatter_(-1, torch.randint(0, V, shape, generator=generator)[..., None], True)
     return specops.pack_mask(allowed), allowed[..., :V]
 
 
@@ -31,31 +25,28 @@ def random_logits(shape, dtype, generator=None):
 
 # ---- golden rows, each on every backend --------------------------------------------------------
 
-def test_single_row_golden(backend, device):
-    logits = torch.arange(40, dtype=torch.float32, device=device)[None].clone()  # [1, 40]
+NAN, INF = float("nan"), float("inf")
+ARANGE = torch.arange(40.0)
+RANDOM = random_logits((2, 3, 70), torch.float32, torch.Generator().manual_seed(0))
+GOLDEN = {  # name: (logits, bitmask words, check, the logits after the call)
     # bit 31 makes word 0 negative as int32; bit 20 of word 1 is token 52 >= V (ignored)
-    words = [[1 + (1 << 5) - 2**31, (1 << 2) | (1 << 20)]]  # bits 0, 5, 31 | 2, 20
+    "one_row": (ARANGE[None], [[1 + (1 << 5) - 2**31, (1 << 2) | (1 << 20)]], True,
+                ARANGE.where(torch.isin(ARANGE, torch.tensor([0.0, 5.0, 31.0, 34.0])), -INF)[None]),
+    "all_allowed": (RANDOM, torch.full((2, 3, 3), -1).tolist(), True, RANDOM),
+    "V=1": ([[[2.0], [3.0]]], [[[1], [1 | 2]]], True, [[[2.0], [3.0]]]),
+    "nan_disallowed": ([[[NAN] * 40]], [[[1, 0]]], True, [[[NAN] + [-INF] * 39]]),
+    # Only bits past V set: the row allows nothing of the vocabulary, so every logit is -inf
+    # (check=False: with the check on, that row is an error, see test_bad_input.py).
+    "bits_past_V": ([[[0.5] * 33]], [[[0, -2]]], False, [[[-INF] * 33]]),
+}
+
+
+@pytest.mark.parametrize("logits, words, check, want", GOLDEN.values(), ids=GOLDEN)
+def test_golden(backend, device, logits, words, check, want):
+    logits = torch.as_tensor(logits, dtype=torch.float32, device=device).clone()
     mask = torch.tensor(words, dtype=torch.int32, device=device)
-    out = apply_token_bitmask(logits, mask, backend=backend)
-    assert out is logits
-    logits = logits.cpu()
-    kept = (~torch.isinf(logits[0])).nonzero().flatten().tolist()
-    assert kept == [0, 5, 31, 34]
-    assert logits[0, kept].tolist() == [0.0, 5.0, 31.0, 34.0]
-    assert torch.isneginf(logits[0, [1, 2, 30, 32, 33, 35, 39]]).all()
-
-
-def test_all_allowed_leaves_logits_bit_identical(backend, device):
-    logits = random_logits((2, 3, 70), torch.float32).to(device)
-    before = logits.clone()
-    apply_token_bitmask(logits, torch.full((2, 3, 3), -1, dtype=torch.int32, device=device), backend=backend)
-    assert torch.equal(logits, before)
-
-
-def test_v1(backend, device):
-    logits = torch.tensor([[[2.0], [3.0]]], device=device)
-    apply_token_bitmask(logits, torch.tensor([[[1], [1 | 2]]], dtype=torch.int32, device=device), backend=backend)
-    assert logits.flatten().tolist() == [2.0, 3.0]
+    assert apply_token_bitmask(logits, mask, check=check, backend=backend) is logits
+    torch.testing.assert_close(logits.cpu(), torch.as_tensor(want), rtol=0, atol=0, equal_nan=True)
 
 
 # ---- every backend vs the reference ----------------------------------------------------------
@@ -102,48 +93,25 @@ def test_views_write_through_to_their_buffer(backend, device):
 
 
 def test_empty_leading_dims_are_a_no_op(backend, device):
-    logits = torch.empty(0, 4, 10, device=device)
-    empty = torch.empty(0, 4, 1, dtype=torch.int32, device=device)
-    assert apply_token_bitmask(logits, empty, backend=backend) is logits
-    logits = torch.empty(3, 0, 10, device=device)
-    apply_token_bitmask(logits, torch.empty(3, 0, 1, dtype=torch.int32, device=device), backend=backend)
+    for shape in ((0, 4), (3, 0)):
+        logits = torch.empty(*shape, 10, device=device)
+        empty = torch.empty(*shape, 1, dtype=torch.int32, device=device)
+        assert apply_token_bitmask(logits, empty, backend=backend) is logits
 
 
 # ---- special values ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
 def test_inf_and_nan_where_allowed_are_untouched(backend, device, dtype):
-    V = 70
-    logits = torch.zeros(1, 2, V, dtype=DTYPES[dtype])
-    logits[0, 0, :4] = torch.tensor([NEG_INF, float("nan"), float("inf"), -0.0])
-    logits[0, 1, 64:68] = torch.tensor([NEG_INF, float("nan"), float("inf"), 1.5])
-    allowed = torch.zeros(1, 2, V, dtype=torch.bool)
-    allowed[0, 0, :4] = True
-    allowed[0, 1, 64:68] = True
-    mask = specops.pack_mask(allowed)
-    out = apply_token_bitmask(logits.to(device), mask.to(device), backend=backend).cpu()
-    got = out[0, 0, :4].float()
-    assert torch.isneginf(got[0]) and torch.isnan(got[1]) and torch.isposinf(got[2])
-    assert got[3] == 0 and torch.signbit(got[3])  # -0.0 kept bit for bit
-    got = out[0, 1, 64:68].float()
-    assert torch.isneginf(got[0]) and torch.isnan(got[1]) and torch.isposinf(got[2]) and got[3] == 1.5
+    logits = torch.zeros(1, 2, 70, dtype=DTYPES[dtype])
+    logits[0, 0, :4] = torch.tensor([-INF, NAN, INF, -0.0])
+    logits[0, 1, 64:68] = torch.tensor([-INF, NAN, INF, 1.5])
+    allowed = torch.zeros(1, 2, 70, dtype=torch.bool)
+    allowed[0, 0, :4] = allowed[0, 1, 64:68] = True
+    out = apply_token_bitmask(logits.to(device), specops.pack_mask(allowed).to(device), backend=backend).cpu()
+    torch.testing.assert_close(out[allowed], logits[allowed], rtol=0, atol=0, equal_nan=True)
+    assert torch.signbit(out[0, 0, 3])  # -0.0 kept bit for bit
     assert torch.isneginf(out[~allowed].float()).all()
-
-
-def test_nan_where_disallowed_becomes_minus_inf(backend, device):
-    logits = torch.full((1, 1, 40), float("nan"), device=device)
-    apply_token_bitmask(logits, torch.tensor([[[1, 0]]], dtype=torch.int32, device=device), backend=backend)
-    logits = logits.cpu()
-    assert logits[0, 0, 0].isnan() and torch.isneginf(logits[0, 0, 1:]).all()
-
-
-def test_bits_beyond_v_are_ignored(backend, device):
-    # Only bits past V set: the row allows nothing of the vocabulary, so every logit is -inf
-    # (check=False: with the check on, that row is an error, see below).
-    logits = torch.randn(1, 1, 33, device=device)
-    apply_token_bitmask(logits, torch.tensor([[[0, -2]]], dtype=torch.int32, device=device), check=False,
-                        backend=backend)
-    assert torch.isneginf(logits).all()
 
 
 def test_softmax_of_the_result_is_the_renormalised_distribution():
@@ -165,12 +133,11 @@ def test_allowed_tokens_unpacks_pack_mask():
 
 def test_check_false_skips_only_the_value_check(backend, device):
     logits = torch.zeros(1, 2, 40, device=device)
-    apply_token_bitmask(logits, torch.tensor([[[0, 0], [1, 0]]], dtype=torch.int32, device=device), check=False,
-                        backend=backend)
+    mask = torch.tensor([[[0, 0], [1, 0]]], dtype=torch.int32, device=device)
+    apply_token_bitmask(logits, mask, check=False, backend=backend)
     assert torch.isneginf(logits[0, 0]).all() and logits[0, 1, 0] == 0
     with pytest.raises(ValueError, match="bitmask must have shape"):
-        apply_token_bitmask(logits, torch.zeros(1, 2, 1, dtype=torch.int32, device=device), check=False,
-                            backend=backend)
+        apply_token_bitmask(logits, mask[..., :1], check=False, backend=backend)
 
 
 def test_unknown_backend_names_the_choices():

@@ -19,10 +19,8 @@ CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def compact(kv, prefix_lens, accept_idx, accept_lens, *, check=True, backend=None):
-    """The one entry of the op: :func:`kv_compact` on the layout ``kv`` (a
-    :class:`~specops.ops.layout.KvLayout` of all layers, [L, B, Hkv, S, D] or [L, num_pages,
-    page_size, Hkv, D]), which :func:`kv_compact` and :func:`kv_compact_paged` build.
-    Shape: prefix_lens int32 [B], accept_idx int32 [B, A], accept_lens int32 [B] -> None."""
+    """The one entry of the op: :func:`kv_compact` on the :class:`~specops.ops.layout.KvLayout` ``kv``
+    of all layers, which :func:`kv_compact` and :func:`kv_compact_paged` build."""
     kv.check(dtype=CACHE_DTYPES, rank=5, distinct=True)
     B, dev = kv.batch(), kv.k.device
     check_accept(prefix_lens, accept_idx, accept_lens, B, dev)
@@ -92,22 +90,7 @@ def accept_values(kv, prefix_lens, accept_idx, accept_lens):
     if B == 0:
         return
     rows = kv.capacity()
-    rules = _accept_rules(prefix_lens, accept_idx, accept_lens, rows,
-                          f"max_pages * page_size = {rows}" if kv.is_paged else f"S={rows}")
-    if kv.is_paged:
-        n = accept_lens.long().clamp(0, A)
-        last = accept_idx.long().gather(1, (n - 1).clamp(min=0)[:, None])[:, 0] if A else torch.zeros_like(n)
-        needed = (prefix_lens.long() + torch.where(n > 0, last + 1, 0)).clamp(max=rows)
-        clash = _aliased_writes(kv, needed, prefix_lens, accept_idx, accept_lens)
-        rules += [kv.page_rule(needed), (clash, lambda: _aliased_message(clash, kv.page_table, kv.page_size, needed))]
-    checks.raise_first(rules)
-
-
-def _accept_rules(prefix_lens, accept_idx, accept_lens, rows, label):
-    """The value rules both layouts share (:mod:`specops.ops.checks` rules): accept_lens in [0, A],
-    prefix_lens in [0, rows], accept_idx strictly increasing from 0, rows addressed < rows
-    (``label`` names that limit)."""
-    A = accept_idx.shape[1]
+    label = f"max_pages * page_size = {rows}" if kv.is_paged else f"S={rows}"  # names the limit in errors
     j = torch.arange(A, device=accept_idx.device)
     valid = j[None, :] < accept_lens[:, None]  # [B, A]
     idx = accept_idx.to(torch.int64)
@@ -128,9 +111,17 @@ def _accept_rules(prefix_lens, accept_idx, accept_lens, rows, label):
         return (f"accept_idx[{b}, {i}] = {int(accept_idx[b, i])} plus prefix_lens[{b}] = "
                 f"{int(prefix_lens[b])} must address a row < {label}")
 
-    return [checks.rule("accept_lens", accept_lens, lens_bad, f"lie in [0, A={A}]"),
-            checks.rule("prefix_lens", prefix_lens, prefix_bad, f"lie in [0, {label}]"), (order_bad, order),
-            (past_bad, past)]
+    rules = [checks.rule("accept_lens", accept_lens, lens_bad, f"lie in [0, A={A}]"),
+             checks.rule("prefix_lens", prefix_lens, prefix_bad, f"lie in [0, {label}]"), (order_bad, order),
+             (past_bad, past)]
+    if kv.is_paged:
+        n = accept_lens.long().clamp(0, A)
+        last = accept_idx.long().gather(1, (n - 1).clamp(min=0)[:, None])[:, 0] if A else torch.zeros_like(n)
+        needed = (prefix_lens.long() + torch.where(n > 0, last + 1, 0)).clamp(max=rows)
+        clash = _aliased_writes(kv, needed, prefix_lens, accept_idx, accept_lens)
+        rules += [kv.page_rule(needed),
+                  (clash, lambda: _aliased_message(clash, kv.page_table, kv.page_size, needed))]
+    checks.raise_first(rules)
 
 
 def _aliased_writes(kv, needed, prefix_lens, accept_idx, accept_lens):
@@ -142,9 +133,8 @@ def _aliased_writes(kv, needed, prefix_lens, accept_idx, accept_lens):
     B, M = page_table.shape
     dev = page_table.device
     moving, _, dst, _, _ = ref.moves(kv, prefix_lens, accept_idx, accept_lens)
-    written = torch.zeros(B, M + 1, dtype=torch.long, device=dev)  # column M: moves that write nothing
-    col = torch.where(moving, dst // page_size, M).clamp(0, M)
-    written = written.scatter_add(1, col, torch.ones_like(col))[:, :M] > 0
+    col = torch.where(moving, dst // page_size, M)  # column M: moves that write nothing
+    written = torch.zeros(B, M + 1, dtype=torch.bool, device=dev).scatter(1, col, moving)[:, :M]
     addressed = torch.arange(M, device=dev)[None, :] < ((needed.clamp(min=0) + page_size - 1) // page_size)[:, None]
     addressed &= (page_table >= 0) & (page_table < kv.num_pages)
     n = B * M

@@ -75,8 +75,7 @@ class KVCompactPlan:
             checks.declared(name, "num_pages", kv.num_pages, "num_pages", self.num_pages)
         if self._values_pending:
             _kvc.accept_values(kv, self.lens, self.accept_idx, self.accept_lens)
-        self._shape = k.shape
-        self._first = False
+        self._shape, self._first = k.shape, False
 
     def run(self, k, v):
         """Compacts ``k`` and ``v`` in place (all layers). Shape: see the class. -> None."""

@@ -46,10 +46,8 @@ def linear(x, weight, bias=None, *, packed=None, backend=None):
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
     fn = resolve("linear", x.device, backend, (x2, weight, bias))
-    if fn is cpu_kernel and packed is not None:
-        out = fn(x2, weight, bias, packed.contiguous())  # [M, N]
-    else:
-        out = fn(x2, weight, bias)  # [M, N]
+    extra = (packed.contiguous(),) if fn is cpu_kernel and packed is not None else ()  # only cpp reads it
+    out = fn(x2, weight, bias, *extra)  # [M, N]
     return out if x.dim() == 2 else out.reshape(*x.shape[:-1], N)
 
 
