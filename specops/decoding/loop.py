@@ -209,13 +209,11 @@ def _metrics_observer(m, record_steps):
     def observe(dec, r):
         d, res = r.draft, r.result
         m.num_target_forwards += 1
-        for b in range(len(r.was_active)):
-            if not r.was_active[b]:
-                continue
-            path = res.paths[b]
-            m.record_draft(drafted=res.num_nodes[b] - 1, accepted=len(path) - 1, depth_drafted=d.depth_drafted[b],
-                           drafted_nodes=d.drafted_nodes[b],
-                           graph_success=d.copied is not None and any(d.copied[b][i] for i in path))
+        for b, path in enumerate(res.paths):
+            if r.was_active[b]:
+                m.record_draft(drafted=res.num_nodes[b] - 1, accepted=len(path) - 1,
+                               depth_drafted=d.depth_drafted[b], drafted_nodes=d.drafted_nodes[b],
+                               graph_success=d.copied is not None and any(d.copied[b][i] for i in path))
         m.draft_time_s += r.draft_s
         m.verify_time_s += r.verify_s
         m.bookkeeping_time_s += r.keep_s + r.commit_s

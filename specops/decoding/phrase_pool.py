@@ -10,8 +10,7 @@ class PhrasePool:
     def __init__(self, length, capacity):
         if length < 1 or capacity < 1:
             raise ValueError(f"phrase length and capacity must be >= 1, got {length}, {capacity}")
-        self.length = length
-        self.capacity = capacity
+        self.length, self.capacity = length, capacity
         self._by_key = {}
 
     def __len__(self):

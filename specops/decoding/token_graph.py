@@ -18,10 +18,7 @@ a DAG while drafting, and unmerged back into a tree for verification.
 class TokenGraph:
     def __init__(self, root_token, tau=None):
         self.tau = tau
-        self.token = [root_token]
-        self.parent = [-1]
-        self.children = [[]]
-        self.pseudo = [[]]
+        self.token, self.parent, self.children, self.pseudo = [root_token], [-1], [[]], [[]]
         self._index = {}  # (tau+1)-gram key -> node ids in creation order
         self._register(0)
 

@@ -148,9 +148,7 @@ class Trie:
     needed: a child is always created after its parent, so ``parents[i] < i`` holds)."""
 
     def __init__(self, root_token):
-        self.tokens = [root_token]
-        self.parents = [-1]
-        self._kids = [{}]
+        self.tokens, self.parents, self._kids = [root_token], [-1], [{}]
 
     def add(self, node, token):
         """A new child even if a sibling has the same token (duplicate proposals)."""
