@@ -82,10 +82,8 @@ class RankGroup:
     def __init__(self, group=None, check=None):
         import torch.distributed as dist
 
-        self.dist = dist
-        self.group = group
-        self.rank = dist.get_rank(group)
-        self.size = dist.get_world_size(group)
+        self.dist, self.group = dist, group
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
         self.src = dist.get_global_rank(group, 0) if group is not None else 0
         # gloo reduces host tensors; NCCL needs them on this rank's GPU.
         self.device = torch.device("cuda", torch.cuda.current_device()) \

@@ -80,21 +80,25 @@ def _unchanged(cache, before):
     return all(torch.equal(a, b) for a, b in zip(before[:3], after[:3])) and before[3] == after[3]
 
 
-def test_overflow_raises_before_anything_is_written(layout):
-    cache = filled_cache(S=8, layout=layout, lens=[2, 6, 1])
-    before = _state(cache)
-    with pytest.raises(ValueError, match="cache overflow.*max_len=8"):
-        cache.begin_block(0, 3)
-    with pytest.raises(ValueError, match="cache overflow"):
-        cache.append_block(0, torch.randn(3, 2, 3, 4), torch.randn(3, 2, 3, 4))
-    assert _unchanged(cache, before)
+def _own_rows(cache, name, layer, start):
+    """Rows shaped like new ones [3, 2, 2, 4] that are a view of the cache's own storage."""
+    return getattr(cache.layout, name)[layer].flatten()[start:start + 48].view(3, 2, 2, 4)
 
 
-def test_compact_error_leaves_cache_untouched(layout):
-    cache = filled_cache(layout=layout, lens=[3, 3, 3])
+@pytest.mark.parametrize("setup, call, match", [
+    ({"S": 8, "lens": [2, 6, 1]}, lambda c: c.begin_block(0, 3), "cache overflow.*max_len=8"),
+    ({"S": 8, "lens": [2, 6, 1]}, lambda c: c.append_block(0, *torch.randn(2, 3, 2, 3, 4)), "cache overflow"),
+    ({"lens": [3, 3, 3]}, lambda c: c.compact(i32([[0, 2, 1]] * 3), i32([3, 3, 3])), "accept_idx"),
+    ({}, lambda c: c.append_block(0, _own_rows(c, "k", 1, 0), torch.randn(3, 2, 2, 4)),
+     "k must not share memory with the cache"),
+    ({}, lambda c: c.append_block(0, torch.randn(3, 2, 2, 4), _own_rows(c, "v", 0, 8)),
+     "v must not share memory with the cache"),
+], ids=["overflow-begin", "overflow-append", "compact-not-increasing", "k-view-of-cache", "v-view-of-cache"])
+def test_rejected_calls_raise_before_anything_is_written(setup, call, match, layout):
+    cache = filled_cache(layout=layout, **setup)
     before = _state(cache)
-    with pytest.raises(ValueError, match="accept_idx"):
-        cache.compact(i32([[0, 2, 1]] * 3), i32([3, 3, 3]))  # not increasing
+    with pytest.raises(ValueError, match=match):
+        call(cache)
     assert _unchanged(cache, before)
 
 
@@ -169,10 +173,12 @@ def one_row(dtype=torch.float32):
     (lambda c: c.commit(i32([40])), ValueError, r"counts\[0\] .*got 40"),
     (lambda c: c.commit(i32([-9])), ValueError, r"counts\[0\] .*got -9"),
     (lambda c: c.append_block(-1, *one_row()), ValueError, "layer must be >= 0, got -1"),
-    (lambda c: c.append_block(5, *one_row()), ValueError, r"layer must be <= 1 \(the cache has num_layers=2\), got 5"),
+    (lambda c: c.append_block(5, *one_row()), ValueError,
+     r"layer must be <= 1 \(the cache has num_layers=2\), got 5"),
     (lambda c: c.append_block("0", *one_row()), TypeError, "layer must be an int, got str '0'"),
     (lambda c: c.append_block(0, *one_row(torch.int32)), TypeError, "k must have dtype .*got torch.int32"),
-    (lambda c: c.append_block(0, *one_row(torch.float64)), TypeError, "k must have dtype .*got torch.float64"),
+    (lambda c: c.append_block(0, *one_row(torch.float64)), TypeError,
+     "k must have dtype .*got torch.float64"),
 ])
 def test_issue_16_bad_arguments_leave_the_cache_untouched(call, exc, match, layout):
     cache = filled_cache(L=2, B=1, S=16, layout=layout, lens=[6])
@@ -187,21 +193,10 @@ def test_issue_16_bad_arguments_leave_the_cache_untouched(call, exc, match, layo
     assert torch.equal(got[0, 0, :, 6:8], k[0]) and torch.equal(got[0, 0, :, :6], rows[0, 0, :, :6])
 
 
-def test_issue_16_cache_dtype_must_be_a_float_kv_dtype():
-    for dtype in (torch.int32, torch.float64, torch.bool):
-        with pytest.raises(TypeError, match=f"StaticKVCache dtype must be .*got {dtype}"):
-            StaticKVCache(1, 1, 1, 4, 2, dtype=dtype)
-
-
-def test_new_rows_may_not_be_views_of_the_cache(layout):
-    cache = filled_cache(layout=layout)
-    before = _state(cache)
-    view = cache.layout.k[1].flatten()[:48].view(3, 2, 2, 4)  # rows shaped like new ones, in the storage
-    with pytest.raises(ValueError, match="k must not share memory with the cache"):
-        cache.append_block(0, view, torch.randn(3, 2, 2, 4))
-    with pytest.raises(ValueError, match="v must not share memory with the cache"):
-        cache.append_block(0, torch.randn(3, 2, 2, 4), cache.layout.v[0].flatten()[8:56].view(3, 2, 2, 4))
-    assert _unchanged(cache, before)
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float64, torch.bool])
+def test_issue_16_cache_dtype_must_be_a_float_kv_dtype(dtype):
+    with pytest.raises(TypeError, match=f"StaticKVCache dtype must be .*got {dtype}"):
+        StaticKVCache(1, 1, 1, 4, 2, dtype=dtype)
 
 
 def test_commit_with_host_counts_checks_them_and_keeps_the_mirror_fresh():

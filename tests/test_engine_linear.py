@@ -3,7 +3,7 @@ through the op while it lives ("auto"), leaves fp32 models to torch unless asked
 generate's end) restores the model's own forwards."""
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from test_transformers_integration import tiny_model
 
 import specops
 from specops import backend as _backend
@@ -12,14 +12,11 @@ from specops.engine.linear import SpecopsLinear, use_specops_linear
 from specops.engine.linear import packs as linear_packs
 from specops.ops.linear import pack_weight
 
-needs_cpp = pytest.mark.skipif(not _backend.available("cpp")[0], reason="the CPU extension is not built")
+pytestmark = pytest.mark.skipif(not _backend.available("cpp")[0], reason="the CPU extension is not built")
 
 
 def tiny(dtype):
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=256)
-    return LlamaForCausalLM(cfg).to(dtype).eval()
+    return tiny_model("llama", dtype=dtype)
 
 
 def linears(model):
@@ -30,7 +27,6 @@ def routed(module):
     return isinstance(module, SpecopsLinear)  # the module's class swapped for the routing subclass
 
 
-@needs_cpp
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_auto_routes_16_bit_models_and_close_restores(dtype):
     model = tiny(dtype)
@@ -47,7 +43,6 @@ def test_auto_routes_16_bit_models_and_close_restores(dtype):
     assert torch.equal(q(x), torch.nn.functional.linear(x, q.weight, q.bias))
 
 
-@needs_cpp
 def test_fp32_stays_with_torch_unless_asked():
     model = tiny(torch.float32)
     ModelRunner(model, batch_size=1, max_len=32).close()
@@ -63,7 +58,6 @@ def test_fp32_stays_with_torch_unless_asked():
         ModelRunner(model, batch_size=1, max_len=32, linear="fast")
 
 
-@needs_cpp
 def test_generate_leaves_the_model_as_it_found_it():
     model = tiny(torch.bfloat16)
     out, _ = specops.generate(model, torch.tensor([[5, 7, 11, 13]]), method="ngram", max_new_tokens=6)
@@ -71,7 +65,6 @@ def test_generate_leaves_the_model_as_it_found_it():
     assert not any(routed(m) for m in linears(model))
 
 
-@needs_cpp
 def test_a_second_patch_of_a_routed_model_changes_nothing():
     model = tiny(torch.bfloat16)
     undo = use_specops_linear(model)
@@ -82,7 +75,6 @@ def test_a_second_patch_of_a_routed_model_changes_nothing():
     assert not any(routed(m) for m in linears(model))
 
 
-@needs_cpp
 @pytest.mark.parametrize("pack", ["1", "0"])
 def test_bf16_linears_read_packed_copies_where_the_machine_takes_them(pack, monkeypatch):
     """With AVX-512 (and SPECOPS_LINEAR_PACK not 0) a routed bf16 linear carries the packed copy of
@@ -115,7 +107,6 @@ def test_bf16_linears_read_packed_copies_where_the_machine_takes_them(pack, monk
     assert torch.equal(a, b)
 
 
-@needs_cpp
 def test_mixed_precision_input_falls_back_to_torch():
     model = tiny(torch.bfloat16)
     undo = use_specops_linear(model)
@@ -128,7 +119,6 @@ def test_mixed_precision_input_falls_back_to_torch():
     undo()
 
 
-@needs_cpp
 def test_generate_takes_the_choice_and_checks_it():
     model = tiny(torch.bfloat16)
     ids = torch.tensor([[5, 7, 11, 13]])
@@ -139,7 +129,6 @@ def test_generate_takes_the_choice_and_checks_it():
         specops.generate(model, ids, method="ar", max_new_tokens=5, linear="fast")
 
 
-@needs_cpp
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("pack", ["1", "0"])
 def test_draft_head_reads_its_rows_through_the_op_at_inference(dtype, pack, monkeypatch):

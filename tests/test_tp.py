@@ -58,6 +58,18 @@ def _cases():
     return cases
 
 
+def _run(args, timeout=400, **env):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **env)
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+def _torchrun(args, timeout=400):
+    """``args`` (a script, or ``-m`` and a module) on WORLD ranks, one thread each."""
+    return _run(["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}", *args], timeout,
+                OMP_NUM_THREADS="1")
+
+
 @pytest.fixture(scope="module")
 def tp_run(tmp_path_factory):
     """Saves the tiny models, runs every case on WORLD ranks; -> (dir, cases by id, results per rank)."""
@@ -69,11 +81,7 @@ def tp_run(tmp_path_factory):
     _uneven_heads_model().save_pretrained(d / "uneven")
     cases = _cases()
     (d / "cases.json").write_text(json.dumps(cases))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
-    worker = os.path.join(os.path.dirname(__file__), "tp_worker.py")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc-per-node={WORLD}", worker, "--dir", str(d)],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = _torchrun([os.path.join(os.path.dirname(__file__), "tp_worker.py"), "--dir", str(d)], timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = [json.loads((d / f"rank{r}.json").read_text()) for r in range(WORLD)]
     return d, {c["id"]: c for c in cases}, ranks
@@ -163,25 +171,15 @@ def test_adaptive_budgets_are_rank_zeros_on_every_rank(tp_run):
     assert toks[0] == _one_process(d, dict(case, kw=dict(kw, method="ar"), draft=None))
 
 
-def test_uneven_heads_raise_naming_both_numbers(tp_run):
-    _, _, ranks = tp_run
-    for r in ranks:
-        err = r["uneven-heads"].get("error", "")
-        assert err.startswith("ValueError") and "(3)" in err and "(2)" in err, err
-
-
-def test_tp_size_must_match_a_sharded_model(tp_run):
-    _, _, ranks = tp_run
-    for r in ranks:
-        err = r["tp-size-mismatch"].get("error", "")
-        assert err.startswith("ValueError") and "tp_size=3" in err and "2 rank" in err, err
-
-
-def test_divergent_ranks_raise_at_the_first_differing_step(tp_run):
-    _, _, ranks = tp_run
-    for r in ranks:
-        err = r["diverged"].get("error", "")
-        assert err.startswith("RuntimeError") and "diverged at decode step" in err and "rank(s) [1]" in err, err
+@pytest.mark.parametrize("cid, exc, fragments", [
+    ("uneven-heads", "ValueError", ("(3)", "(2)")),  # both numbers named
+    ("tp-size-mismatch", "ValueError", ("tp_size=3", "2 rank")),  # tp_size must match a sharded model
+    ("diverged", "RuntimeError", ("diverged at decode step", "rank(s) [1]")),  # at the first differing step
+])
+def test_cases_that_must_raise_do_so_on_every_rank(tp_run, cid, exc, fragments):
+    for r in tp_run[2]:
+        err = r[cid].get("error", "")
+        assert err.startswith(exc) and all(f in err for f in fragments), err
 
 
 # ---- one process: the contracts that need no second rank ------------------------------------------
@@ -221,16 +219,10 @@ def test_tp_size_is_checked(bad):
 
 # ---- the command line under torchrun --------------------------------------------------------------
 
-def _torchrun(args, nproc=WORLD, timeout=400):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-                           "-m", "specops", *args], env=env, capture_output=True, text=True, timeout=timeout)
-
-
 def test_cli_tp_flag_needs_as_many_ranks_and_fails_under_torchrun():
     # torchrun stops the other workers as soon as one fails, so which ranks get to print is a race:
     # at least one does, and the run fails. Each rank's own message is checked below, one at a time.
-    proc = _torchrun(["generate", "--tp", "3", "--method", "ar", "--prompt", "hi"])
+    proc = _torchrun(["-m", "specops", "generate", "--tp", "3", "--method", "ar", "--prompt", "hi"])
     assert proc.returncode != 0
     assert re.search(r"specops: error \(rank [01]\): --tp 3 needs as many ranks", proc.stderr), proc.stderr[-3000:]
 
@@ -238,10 +230,8 @@ def test_cli_tp_flag_needs_as_many_ranks_and_fails_under_torchrun():
 @pytest.mark.parametrize("rank", [0, 1])
 def test_cli_tp_flag_error_prints_on_every_rank(rank):
     # The environment torchrun gives rank `rank` of 2; the check runs before any process group exists.
-    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
-               PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.run([sys.executable, "-m", "specops", "generate", "--tp", "3", "--method", "ar",
-                           "--prompt", "hi"], env=env, capture_output=True, text=True, timeout=400)
+    proc = _run(["-m", "specops", "generate", "--tp", "3", "--method", "ar", "--prompt", "hi"],
+                RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD))
     assert proc.returncode != 0
     assert f"specops: error (rank {rank}): --tp 3 needs as many ranks" in proc.stderr, proc.stderr[-3000:]
 
@@ -251,10 +241,9 @@ def test_cli_generate_tp2_prints_the_one_process_text_once():
     """SmolLM2-135M (9 query / 3 KV heads: attention replicated, MLP sharded over 2 ranks), tsd."""
     args = ["generate", "--method", "tsd", "--prompt", "Explain hash tables.", "--max-new-tokens", "16",
             "--dtype", "fp32"]
-    tp = _torchrun([*args, "--tp", "2"])
+    tp = _torchrun(["-m", "specops", *args, "--tp", "2"])
     assert tp.returncode == 0, tp.stderr[-3000:]
-    one = subprocess.run([sys.executable, "-m", "specops", *args], capture_output=True, text=True, timeout=400,
-                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    one = _run(["-m", "specops", *args])
     assert one.returncode == 0, one.stderr[-3000:]
     assert tp.stdout == one.stdout and tp.stdout.strip()
     assert tp.stderr.count("method tsd:") == 1  # the metrics print on rank 0 only

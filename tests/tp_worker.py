@@ -21,8 +21,7 @@ def main():
     import specops
     from specops.decoding.api import _LOADED
 
-    world = int(os.environ["WORLD_SIZE"])
-    rank = int(os.environ["RANK"])
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     with open(os.path.join(args.dir, "cases.json")) as f:
         cases = json.load(f)
     models = {}

@@ -1,9 +1,7 @@
 """One model runner for target and draft, and the one way host data reaches the device.
 
-:class:`ModelRunner` owns a stock HF causal LM, its KV cache (:class:`~specops.engine.cache.StaticKVCache`
-or :class:`~specops.engine.cache.PagedKVCache`, ``kv_layout=``), its committed lengths and, with
-``compile=True``, its compiled block forwards (:mod:`specops.engine.compiled`). The decoding loop
-drives it with three calls on device tensors::
+The decoding loop drives a :class:`ModelRunner` (a stock HF causal LM, its KV cache, its committed
+lengths and, with ``compile=True``, its compiled block forwards) with three calls on device tensors::
 
     prefill(prompts)                               # commits the prompts -> logits [B, V] after each
     forward(tokens, parents, num_nodes, q_start=0) # a (growing) tree block after the committed rows
@@ -83,7 +81,7 @@ class ModelRunner:
     ``lens`` int32 [B] (device) are the committed rows; ``host_lens`` mirrors them on the host
     (the cache's mirror), kept fresh from the counts the caller already has (the step's packed
     read), so no call of a decode step reads the device. A block is written after the committed
-    rows and stays uncommitted until ``keep`` (the accepted path) or ``commit`` (all of it).
+    rows and stays uncommitted until ``keep`` (the accepted path) or the cache's ``commit`` (all of it).
 
     ``kv_layout``: "contiguous" (a :class:`StaticKVCache`) or "paged" (a :class:`PagedKVCache` of
     ``page_size``-row pages, a power of two); ``cache_dtype``: the cache's dtype (default the
