@@ -27,21 +27,15 @@ def pair(request):
     return arch, target, draft, prompts, refs
 
 
-LOSSLESS = {
+LOSSLESS = {  # grouped by method: its defaults, then its variants
     "ar": {},
-    "sd": {},
-    "sd-exit": {"method": "sd", "gamma": 6, "exit_threshold": 0.3},
-    "ngram": {},
-    "ngram-branches": {"method": "ngram", "branches": 3, "gamma": 5},
+    "sd": {}, "sd-exit": {"method": "sd", "gamma": 6, "exit_threshold": 0.3},
+    "ngram": {}, "ngram-branches": {"method": "ngram", "branches": 3, "gamma": 5},
     "ngram-adaptive": {"method": "ngram", "gamma": 2, "max_gamma": 8},
-    "specinfer": {},
-    "specinfer-ngram": {"method": "specinfer", "num_drafts": 2, "ngram": True},
-    "tsd": {},
-    "gsd-no-merge": {"method": "gsd", "tau": None},
-    "opt-tree": {},
-    "opt-tree-deep": {"method": "opt-tree", "n": 6, "delta": 0.0, "max_depth": 5},
-    "ouroboros": {},
-    "ouroboros-no-window": {"method": "ouroboros", "window": 0, "gamma": 3, "branches": 2},
+    "specinfer": {}, "specinfer-ngram": {"method": "specinfer", "num_drafts": 2, "ngram": True},
+    "tsd": {}, "gsd-no-merge": {"method": "gsd", "tau": None},
+    "opt-tree": {}, "opt-tree-deep": {"method": "opt-tree", "n": 6, "delta": 0.0, "max_depth": 5},
+    "ouroboros": {}, "ouroboros-no-window": {"method": "ouroboros", "window": 0, "gamma": 3, "branches": 2},
     "ouroboros-model-free": {"method": "ouroboros", "model_free": True, "draft": None},
 }
 

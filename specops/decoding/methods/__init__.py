@@ -31,8 +31,8 @@ def make(name, **params):
 
 
 __all__ = [
-    "AR", "BeamDrafter", "ChainDrafter", "DESCRIPTIONS", "Drafter", "GSD", "GraphDrafter", "LOSSLESS_SAMPLING_MODES",
-    "METHODS", "MJSD", "MODES", "ModelDrafter", "MultiDraftDrafter", "NGram", "NgramDrafter", "NullDrafter",
-    "OPTTree", "OptTreeDrafter", "Ouroboros", "OuroborosDrafter", "SD", "SpecInfer", "TSD", "TopKTreeDrafter",
+    "AR", "DESCRIPTIONS", "GSD", "LOSSLESS_SAMPLING_MODES", "METHODS", "MJSD", "MODES", "SD", "TSD", "BeamDrafter",
+    "ChainDrafter", "Drafter", "GraphDrafter", "ModelDrafter", "MultiDraftDrafter", "NGram", "NgramDrafter",
+    "NullDrafter", "OPTTree", "OptTreeDrafter", "Ouroboros", "OuroborosDrafter", "SpecInfer", "TopKTreeDrafter",
     "get", "make",
 ]

@@ -54,11 +54,7 @@ class Ouroboros(ModelDrafter):
     def check_params(self):
         super().check_params()
         self.needs_draft_model = not self.model_free
-        self.pool = None
-
-    @property
-    def _phrase(self):
-        return self.ngram - 1
+        self.pool, self._phrase = None, self.ngram - 1  # a phrase: the continuation of an n-gram's key
 
     def tree_budget(self):
         return 1 + self.gamma + self.ngram + self.branches * self._phrase
@@ -91,19 +87,16 @@ class Ouroboros(ModelDrafter):
         while any(going):
             layout = [self._lay_out(d, b, going[b]) for b in range(B)]
             d.forward()
-            paths, chains = [], []
+            paths = [None] * B
+            chains = [[s[-1]] for s in ctx.seqs]  # a stopped sequence's: a placeholder block, never committed
             for b in range(B):
                 if not going[b]:
-                    paths.append(None)
-                    chains.append([ctx.seqs[b][-1]])  # a placeholder block, never committed
                     continue
                 forwards[b] += 1
-                new, path = self._read(ctx, d, b, layout[b], drafted[b])
+                new, paths[b] = self._read(ctx, d, b, layout[b], drafted[b])
                 drafted[b] += new
-                paths.append(path)
-                chains.append([new[-1]])
-                if len(drafted[b]) >= self.gamma:
-                    going[b] = False
+                chains[b] = [new[-1]]
+                going[b] = len(drafted[b]) < self.gamma
             d.commit_paths(paths)
             if any(going):
                 d.begin_chain(chains)

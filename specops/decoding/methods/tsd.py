@@ -178,8 +178,7 @@ class TSD(ModelDrafter):
             last = step == self.max_depth - 1
             for b in range(B):
                 g, nxt = graphs[b], []
-                if frontier[b]:
-                    depth[b] += 1
+                depth[b] += bool(frontier[b])
                 for u in frontier[b]:
                     if keep_rows:
                         qrow[b][u] = logits[j]
