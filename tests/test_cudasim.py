@@ -14,6 +14,7 @@ from _cudasim import (
     restored,
     sim,
 )
+from test_kv_compact import i32
 
 import specops
 from specops import extension as _ext
@@ -91,11 +92,8 @@ def test_tensor_core_fragments_follow_the_ptx_layouts(seed):
     """ldmatrix (plain, as attention reads K; .trans, as it reads V) into mma.sync m16n8k16: both
     give A @ B exactly for small integers."""
     out = sim.selftest("mma", seed)
-    a = torch.tensor(out[512:768], dtype=torch.float64).view(16, 16)
-    b = torch.tensor(out[768:1024], dtype=torch.float64).view(16, 16)
-    want = (a @ b).to(torch.int64).flatten().tolist()
-    assert out[:256] == want
-    assert out[256:512] == want
+    a, b = (torch.tensor(out[i:i + 256], dtype=torch.float64).view(16, 16) for i in (512, 768))
+    assert out[:256] == out[256:512] == (a @ b).to(torch.int64).flatten().tolist()
 
 
 def test_cp_async_lands_only_at_the_wait():
@@ -269,29 +267,23 @@ def test_the_backend_is_test_only():
 ORDERS = [("reverse", 0), ("shuffle", 1), ("shuffle", 2), ("warp_ahead", 0), ("warp_ahead", 3)]
 
 
-def i32(x):
-    return torch.tensor(x, dtype=torch.int32)
-
-
 def op_cases():
     """One call per CUDA kernel (and per verify mode), on shapes with several warps and ragged rows."""
     g = torch.Generator().manual_seed(0)
     cases = {}
     parents = random_parents(3, 37, generator=g)
-    nn = i32([37, 20, 1])
-    cases["build_tree_mask"] = lambda: specops.build_tree_mask(parents, nn, backend="cudasim")
+    cases["build_tree_mask"] = lambda: specops.build_tree_mask(parents, i32([37, 20, 1]), backend="cudasim")
     q = torch.randn(2, 9, 6, 40, generator=g)
     # a cache long enough to split the keys over blocks (combine_kernel)
     k, v = torch.randn(2, 2, 300, 40, generator=g), torch.randn(2, 2, 300, 40, generator=g)
     mask, _ = specops.build_tree_mask(random_parents(2, 9, generator=g))
-    cases["tree_attention"] = lambda: specops.tree_attention(q, k, v, i32([250, 61]), i32([9, 5]), mask,
-                                                             backend="cudasim")
-    split = specops.TreeAttentionPlan(i32([250, 61]), i32([9, 5]), mask, head_dim=40, num_heads=6, num_kv_heads=2,
-                                      dtype=q.dtype, num_splits=3, backend="cudasim")
+    lens = i32([250, 61]), i32([9, 5])
+    cases["tree_attention"] = lambda: specops.tree_attention(q, k, v, *lens, mask, backend="cudasim")
+    split = specops.TreeAttentionPlan(*lens, mask, head_dim=40, num_heads=6, num_kv_heads=2, dtype=q.dtype,
+                                      num_splits=3, backend="cudasim")
     cases["tree_attention_split"] = lambda: split.run(q, k, v)  # partials and their combine_kernel
     qh, kh, vh = (x.to(torch.bfloat16) for x in (q, k, v))  # the tensor-core kernel, its cp.async tiles
-    cases["tree_attention_tc"] = lambda: specops.tree_attention(qh, kh, vh, i32([250, 61]), i32([9, 5]), mask,
-                                                                backend="cudasim")
+    cases["tree_attention_tc"] = lambda: specops.tree_attention(qh, kh, vh, *lens, mask, backend="cudasim")
 
     def compact():
         kk = torch.randn(2, 3, 2, 40, 24, generator=torch.Generator().manual_seed(1))
@@ -309,8 +301,8 @@ def op_cases():
     scores = torch.randn(2, 37, generator=g)
     cases["select_topn_subtree"] = lambda: specops.select_topn_subtree(parents[:2], scores, 9, backend="cudasim")
     c = random_verify_case(2, 23, 601, generator=g)
-    cases["verify_greedy"] = lambda: specops.verify_greedy(c["tokens"], c["parents"], c["target_logits"],
-                                                           c["num_nodes"], backend="cudasim")
+    tree, nn = (c["tokens"], c["parents"]), c["num_nodes"]
+    cases["verify_greedy"] = lambda: specops.verify_greedy(*tree, c["target_logits"], nn, backend="cudasim")
     tokens = torch.randint(0, 601, (2, 5), generator=g, dtype=torch.int32)
     lp = torch.randn(2, 6, 601, generator=g).log_softmax(-1)
     lq = -torch.rand(2, 5, generator=g).cumsum(-1)
@@ -321,29 +313,26 @@ def op_cases():
         tokens, jl, lq, 0.3, uj, temperature=0.8, top_k=40, top_p=0.9, bonus_temperature=0.7,
         num_nodes=torch.tensor([6, 4], dtype=torch.int32), backend="cudasim")
     for mode in specops.ops.verify.MODES:
-        cases[f"verify_tree[{mode}]"] = (lambda m: lambda: specops.verify_tree(
-            c["tokens"], c["parents"], c["target_probs"], c["uniforms"], draft_probs=c["draft_probs"], mode=m,
-            num_nodes=c["num_nodes"], backend="cudasim"))(mode)
+        cases[f"verify_tree[{mode}]"] = lambda m=mode: specops.verify_tree(
+            *tree, c["target_probs"], c["uniforms"], draft_probs=c["draft_probs"], mode=m, num_nodes=nn,
+            backend="cudasim")
+    warp = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "num_nodes": nn, "backend": "cudasim"}
     for mode in ("mss", "sample_match"):
-        cases[f"verify_tree_logits[{mode}]"] = (lambda m: lambda: specops.verify_tree_logits(
-            c["tokens"], c["parents"], c["target_logits"], c["uniforms"], temperature=0.8, top_k=40, top_p=0.9,
-            draft_logits=c["target_logits"] if m == "mss" else None, mode=m, num_nodes=c["num_nodes"],
-            backend="cudasim"))(mode)
+        cases[f"verify_tree_logits[{mode}]"] = lambda m=mode: specops.verify_tree_logits(
+            *tree, c["target_logits"], c["uniforms"], draft_logits=c["target_logits"] if m == "mss" else None,
+            mode=m, **warp)
     # under a grammar's bitmask (issue #33): the statistics passes and the walk read the mask words
     words = torch.randint(-2**31, 2**31 - 1, (2, 23, 19), generator=g, dtype=torch.int32)
     for mode in ("mss", "sample_match", "gsd"):
-        cases[f"verify_tree_logits_masked[{mode}]"] = (lambda m: lambda: specops.verify_tree_logits(
-            c["tokens"], c["parents"], c["target_logits"], c["uniforms"], temperature=0.8, top_k=40, top_p=0.9,
-            draft_logits=c["target_logits"].flip(-1), mode=m, num_nodes=c["num_nodes"], bitmask=words,
-            check=False, backend="cudasim"))(mode)
+        cases[f"verify_tree_logits_masked[{mode}]"] = lambda m=mode: specops.verify_tree_logits(
+            *tree, c["target_logits"], c["uniforms"], draft_logits=c["target_logits"].flip(-1), mode=m,
+            bitmask=words, check=False, **warp)
     cw = random_verify_case(1, 3, 32768, generator=g)  # few long rows: warp_probs' split plan
     wide_words = torch.randint(-2**31, 2**31 - 1, (1, 3, 1024), generator=g, dtype=torch.int32)
     cases["verify_tree_logits_masked_split"] = lambda: specops.verify_tree_logits(
         cw["tokens"], cw["parents"], cw["target_logits"], cw["uniforms"], temperature=0.8, top_p=0.9, mode="mss",
         draft_logits=cw["target_logits"].flip(-1), num_nodes=cw["num_nodes"], bitmask=wide_words, backend="cudasim")
-    xl = torch.randn(21, 530, generator=g).to(torch.bfloat16)
-    wl = torch.randn(19, 530, generator=g).to(torch.bfloat16)
-    bl = torch.randn(19, generator=g).to(torch.bfloat16)
+    xl, wl, bl = (torch.randn(*n, generator=g).to(torch.bfloat16) for n in ((21, 530), (19, 530), (19,)))
     cases["linear"] = lambda: specops.linear(xl, wl, bl, backend="cudasim")
 
     def bitmask():
