@@ -1,8 +1,11 @@
 """kv_compact on both KV layouts (contiguous, and paged: kv_compact_paged): golden moves on every
 backend and layout, overlap patterns, every backend vs a gather-then-scatter reference, strided views,
 pages shared and scattered, unchecked input, errors leave the caches untouched, registration."""
+import functools
+
 import pytest
 import torch
+from _op_checks import needs_cpp
 
 import specops
 from specops import backend as _backend
@@ -40,9 +43,7 @@ def expected(cache, prefix_lens, accept_idx, accept_lens):
 
 def caches(L, B, H, S, D, dtype=torch.float32, device="cpu", view="contiguous"):
     """K and V filled with distinct random values, as contiguous tensors or as views of bigger ones."""
-    def rnd(*shape):
-        return torch.randn(*shape, dtype=dtype, device=device)
-
+    rnd = functools.partial(torch.randn, dtype=dtype, device=device)
     if view == "contiguous":
         return rnd(L, B, H, S, D), rnd(L, B, H, S, D)
     if view == "sliced":  # padded head dim; a batch and a strided head slice of a bigger cache
@@ -53,19 +54,6 @@ def caches(L, B, H, S, D, dtype=torch.float32, device="cpu", view="contiguous"):
     if view == "seq_major":  # stored [L, B, S, H, D], viewed as [L, B, H, S, D]
         return tuple(rnd(L, B, S, H, D).transpose(2, 3) for _ in range(2))
     raise ValueError(view)
-
-
-def compact(layout, k, v, *lens, backend, check=True, page_size=4):
-    """kv_compact in ``layout`` on k, v [L, B, H, S, D], in place (paged: on the same rows in scattered
-    pages, read back into k and v)."""
-    if layout == "contiguous":
-        return specops.kv_compact(k, v, *lens, check=check, backend=backend)
-    need("kv_compact_paged", backend)
-    (kp, table), (vp, _) = (to_pages(t, page_size, generator=torch.Generator().manual_seed(0), fill=7.0) for t in (k, v))
-    out = specops.kv_compact_paged(kp, vp, table, *lens, check=check, backend=backend)
-    k.copy_(from_pages(kp, table, k.shape[3]))
-    v.copy_(from_pages(vp, table, v.shape[3]))
-    return out
 
 
 def random_moves(B, A, S, pattern, g, last_row=False):
@@ -130,16 +118,22 @@ def test_golden_moves(backend, device, layout, case):
     (L, H, D, page_size), prefix, idx, lens, rows = case
     B, S = len(rows), len(rows[0])
     k = torch.arange(L * B * H * S * D, dtype=torch.float32).view(L, B, H, S, D).to(device)
-    v, before = -k, k.clone()
-    compact(layout, k, v, i32(prefix, device), i32(idx, device), i32(lens, device), backend=backend,
-            page_size=page_size)
+    v, before, accept = -k, k.clone(), [i32(t, device) for t in (prefix, idx, lens)]
+    if layout == "contiguous":
+        specops.kv_compact(k, v, *accept, backend=backend)
+    else:  # the same rows in scattered pages, read back
+        need("kv_compact_paged", backend)
+        (kp, table), (vp, _) = (to_pages(t, page_size, generator=torch.Generator().manual_seed(0), fill=7.0)
+                                for t in (k, v))
+        specops.kv_compact_paged(kp, vp, table, *accept, backend=backend)
+        k, v = from_pages(kp, table, S), from_pages(vp, table, S)
     assert torch.equal(k, torch.stack([before[:, b][:, :, r] for b, r in enumerate(rows)], 1))
     assert torch.equal(v, -k)
 
 
 # ---- paged placement: scattered and shared pages ---------------------------------------------------
 
-def test_kv_compact_paged_pages_outside_the_acceptare_untouched(backend, device):
+def test_kv_compact_paged_pages_outside_the_moves_are_untouched(backend, device):
     # Spare pages, the slots past S and other sequences' pages keep their bytes.
     need("kv_compact_paged", backend)
     cache, kp, vp, table, accept = compaction_case(3, 24, "random", 4, torch.float32, seed=11, device=device)
@@ -153,7 +147,7 @@ def test_kv_compact_paged_pages_outside_the_acceptare_untouched(backend, device)
         assert torch.equal(kp[:, last, S - (n - 1) * 4:], before[:, last, S - (n - 1) * 4:])
 
 
-def test_kv_compact_paged_golden_acceptwithin_and_across_pages(backend, device):
+def test_kv_compact_paged_golden_moves_within_and_across_pages(backend, device):
     # page_size 2; the sequence's rows 0..7 live in pages [3, 0, 2, 1]: rows 2,3 in page 0, 4,5 in
     # page 2, 6,7 in page 1. prefix 2, accept nodes 1, 2, 5 -> rows 3, 4, 7 move to rows 2, 3, 4:
     # row 3 -> 2 inside page 0, row 4 (page 2) -> 3 (page 0), row 7 (page 1) -> 4 (page 2).
@@ -207,7 +201,7 @@ def test_kv_compact_paged_unchecked_garbage_never_writes_outside(backend, device
     assert torch.equal(kp[:, [1, 0, 0], [3, 0, 1]], before[:, 2:10][:, 0, [0, 1, 3]])
 
 
-def test_acceptare_the_spec():
+def test_moves_are_the_spec():
     # Row 3 <- 5 and 4 <- 6 of sequence 0 (node 0 an identity), row 0 <- 1 of sequence 1.
     k = torch.zeros(1, 2, 1, 7, 1)
     moving, src, dst, _, _ = moves(KvLayout.contiguous(k, k), i32([2, 0]), i32([[0, 3, 4], [1, 2, 9]]), i32([3, 1]))
@@ -338,9 +332,6 @@ def grid_case(B, L, A, pattern, dtype, view, device, seed, H=2, D=8):
 
 
 # ---- dispatch and registration -----------------------------------------------------------------
-
-needs_cpp = pytest.mark.skipif(not _backend.available("cpp")[0], reason=_backend.available("cpp")[1])
-
 
 @needs_cpp
 def test_cpu_tensors_default_to_cpp(monkeypatch):

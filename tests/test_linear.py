@@ -11,6 +11,7 @@ import itertools
 import pytest
 import torch
 from _cudasim import assert_order_independent, needs_sim, racecheck_built, restored, sim
+from _op_checks import needs_cpp
 
 import specops
 from specops import backend as _backend
@@ -26,7 +27,6 @@ def backends(names, device):
 
 
 CPU_BACKENDS = backends(("torch", "cpp"), "cpu")
-needs_cpp = pytest.mark.skipif(not _backend.available("cpp")[0], reason="the CPU extension is not built")
 
 
 @pytest.fixture(params=backends(("triton", "cuda", "cudasim"), DEVICE))
@@ -290,17 +290,14 @@ def test_bias_and_layouts(backend, dtype):
     # x as [B, T, K] with strided rows (a view of a wider buffer: no copy on the way in), weight rows
     # strided too, and a transposed x (last stride != 1: the entry makes it contiguous).
     B, T, K, N = 2, 5, 40, 19
-    g = torch.Generator().manual_seed(1)
-    xb = torch.randn(B, T, K + 7, generator=g).to(dtype).to(DEVICE)
-    wb = torch.randn(N, K + 3, generator=g).to(dtype).to(DEVICE)
-    bias = torch.randn(N, generator=g).to(dtype).to(DEVICE)
-    x, w = xb[..., 2:K + 2], wb[:, 1:K + 1]
+    xb, wb, bias = operands(B * T, K + 7, N, dtype, bias=True, seed=1)
+    x, w = xb.view(B, T, K + 7)[..., 2:K + 2], wb[:, 1:K + 1]
     for b in (None, bias):
         out = specops.linear(x, w, b, backend=backend)
         assert out.shape == (B, T, N)
         assert_matches_ref(out, x, w, b)
         assert torch.equal(out, specops.linear(x.contiguous(), w.contiguous(), b, backend=backend))
-    xt = torch.randn(K, 6, generator=g).to(dtype).to(DEVICE).T  # [6, K], column stride 6
+    xt = torch.randn(K, 6).to(dtype).to(DEVICE).T  # [6, K], column stride 6
     assert_matches_ref(specops.linear(xt, w, bias, backend=backend), xt, w, bias)
     assert specops.linear(x[:, :0], w, bias, backend=backend).shape == (B, 0, N)  # no rows: nothing launched
 

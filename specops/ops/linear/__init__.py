@@ -99,11 +99,11 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)  # not a subclass with its own dispa
 
 
 def cpu_kernel(x, weight, bias, packed=None):
-    """The cpp backend's kernel on checked arguments (x [M, K], weight [N, K], bias [N] or None,
-    same dtype, CPU, last stride 1; packed: :func:`pack_weight` of weight, or None) -> [M, N]. Eager calls of plain tensors go to the extension's
-    direct entry (``specops._C.linear``: the dispatcher's argument parsing costs ~4 us a call, as
-    much as a one-row projection of a small model); torch.compile and tensor subclasses get the
-    registered op."""
+    """The cpp backend's kernel on checked arguments (x [M, K], weight [N, K], bias [N] or None, same dtype,
+    CPU, last stride 1; packed: :func:`pack_weight` of weight, or None) -> [M, N]. Eager calls of plain
+    tensors go to the extension's direct entry (``specops._C.linear``: the dispatcher's argument parsing
+    costs ~4 us a call, as much as a one-row projection of a small model); torch.compile and tensor
+    subclasses get the registered op."""
     if (torch.compiler.is_compiling() or type(x) not in _PLAIN or type(weight) not in _PLAIN
             or (bias is not None and type(bias) not in _PLAIN) or (packed is not None and type(packed) not in _PLAIN)):
         if packed is not None:

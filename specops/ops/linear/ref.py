@@ -1,10 +1,10 @@
 """The torch reference of specops.linear: the spec of the values, batch-invariant by construction.
 
 Every output element is reduced in blocks of 8 along K: 8 lane partial sums, lane ``l`` taking
-``k = 8 j + l`` in the order of ``j`` (K zero-padded to a multiple of 8), then the lanes combined by
-halving: lane ``l`` plus lane ``l + 4``, then ``l + 2``, then ``l + 1`` (docs/batch_invariance.md). Only elementwise tensor operations are used (products and sums of
-broadcast tensors, never a matmul or a reduction kernel), so the value of an element cannot depend
-on how many rows share the call or on the thread count.
+``k = 8 j + l`` in the order of ``j`` (K zero-padded to a multiple of 8), then the lanes combined by halving:
+lane ``l`` plus lane ``l + 4``, then ``l + 2``, then ``l + 1`` (docs/batch_invariance.md). Only elementwise
+tensor operations are used (products and sums of broadcast tensors, never a matmul or a reduction kernel),
+so the value of an element cannot depend on how many rows share the call or on the thread count.
 """
 import torch
 
