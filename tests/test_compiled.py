@@ -19,6 +19,8 @@ from specops.testing import perturbed_copy, random_parents, reference_greedy, ti
 from test_decoding import LOSSLESS, N_NEW, PROMPT_LENS, _run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+PAGED = {"kv_layout": "paged", "page_size": 4}
+LAYOUTS = pytest.mark.parametrize("layout", [{}, PAGED], ids=["contiguous", "paged"])
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +48,12 @@ def test_bad_arguments_are_rejected(pair):
         ModelRunner(target, 1, 32, compile=True, compile_mode="fast")
 
 
-@pytest.mark.parametrize("layout", [{}, {"kv_layout": "paged", "page_size": 4}], ids=["contiguous", "paged"])
+@LAYOUTS
 def test_compiled_block_logits_equal_eager_ones(pair, layout):
     block_logits_match(pair[0], layout)
 
 
-@pytest.mark.parametrize("layout", [{}, {"kv_layout": "paged", "page_size": 4}], ids=["contiguous", "paged"])
+@LAYOUTS
 def test_a_graph_of_a_run_of_layers_serves_every_run(layout):
     # 10 layers: one graph of 5 called twice, each call with its own layers' weights and stores.
     target = tiny_causal_lm("llama", seed=3, num_layers=10)
@@ -109,7 +111,7 @@ def test_frozen_decoder_runs_warm_graphs_and_refuses_new_ones(pair):
     # Timed work after a warm-up runs under frozen(): the warmed graph runs, a new one raises before
     # anything compiles (here: another batch size, another graph key).
     target, _, prompts, refs = pair
-    kw = dict(method="ar", max_new_tokens=4, eos_token_id=[], compile=True)
+    kw = {"method": "ar", "max_new_tokens": 4, "eos_token_id": [], "compile": True}
     generate(target, prompts, **kw)
     dec = compiled.decoder_for(target)
     seen = dict(dec.compile_s)
@@ -125,8 +127,7 @@ def test_frozen_decoder_runs_warm_graphs_and_refuses_new_ones(pair):
 # paged layout on a few (each extra combination only re-runs graphs already compiled).
 GRID = [pytest.param(case, False, {}, id=case) for case in LOSSLESS if case != "ar"]
 GRID += [pytest.param(case, True, {}, id=f"{case}-adaptive") for case in ("sd", "tsd", "ngram")]
-GRID += [pytest.param(case, False, {"kv_layout": "paged", "page_size": 4}, id=f"{case}-paged")
-         for case in ("opt-tree", "ouroboros")]
+GRID += [pytest.param(case, False, PAGED, id=f"{case}-paged") for case in ("opt-tree", "ouroboros")]
 
 
 @pytest.mark.parametrize("case, adaptive, layout", GRID)
@@ -145,13 +146,12 @@ def test_compiled_greedy_is_token_identical_to_greedy_decoding(pair, case, adapt
 def test_feature_draft_compiled_is_lossless():
     # An EAGLE-style draft: its own input layer (features) before the decoder, and the target's
     # feature capture (a forward hook on the final norm) applied to the compiled graph's output.
-    from test_distill import tiny_target
-    from test_distill import feature_draft
+    from test_distill import feature_draft, tiny_target
 
     target = tiny_target(seed=3)
     d = feature_draft(target, seed=4).eval()
     prompts = [[5, 9, 33, 4, 71, 12], [8, 100, 3], [40, 41, 42, 43, 44, 45, 46, 47, 48]]
-    kw = dict(draft=d, method="sd", max_new_tokens=12, eos_token_id=[], adaptive=False)
+    kw = {"draft": d, "method": "sd", "max_new_tokens": 12, "eos_token_id": [], "adaptive": False}
     ref, _ = generate(target, prompts, method="ar", max_new_tokens=12, eos_token_id=[])
     _, m_eager = generate(target, prompts, **kw)
     out, m = generate(target, prompts, compile=True, **kw)
@@ -167,7 +167,7 @@ def test_a_new_decoder_loads_the_saved_graph_instead_of_compiling(tmp_path, monk
     monkeypatch.setenv("SPECOPS_CACHE", str(tmp_path))
     model = tiny_causal_lm("llama", seed=7)
     prompts = [[5, 9, 33, 4], [8, 100, 3, 4, 5, 6]]
-    kw = dict(method="ar", max_new_tokens=6, eos_token_id=[])
+    kw = {"method": "ar", "max_new_tokens": 6, "eos_token_id": []}
     ref, _ = generate(model, prompts, **kw)
     first, _ = generate(model, prompts, compile=True, **kw)
     saved = sorted((tmp_path / "compiled").glob("*.aot"))

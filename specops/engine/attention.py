@@ -107,8 +107,7 @@ def specops_attention(module, query, key, value, attention_mask, scaling=None, d
             prefix = position_ids[:, 0].to(torch.int32).expand(B).contiguous()
         else:
             prefix = torch.full((B,), key.shape[2] - T, dtype=torch.int32, device=dev)
-        block = Block(prefix_lens=prefix,
-                      block_lens=torch.full((B,), T, dtype=torch.int32, device=dev),
+        block = Block(prefix_lens=prefix, block_lens=torch.full((B,), T, dtype=torch.int32, device=dev),
                       mask=causal_mask(B, T, dev), q_lens=None, longest=key.shape[2])
     elif window and block.longest > window:
         raise NotImplementedError(
@@ -127,8 +126,7 @@ def specops_attention(module, query, key, value, attention_mask, scaling=None, d
                                  num_kv_heads=key.shape[2 if block.page_table is not None else 1],
                                  dtype=q.dtype, device=q.device, check=False, invariant=block.invariant)
         block.plan = (shapes, plan)
-    out = block.plan[1].run(q, key, value)
-    return out, None
+    return block.plan[1].run(q, key, value), None
 
 
 AttentionInterface.register(NAME, specops_attention)
@@ -153,8 +151,7 @@ def causal_mask(B, T, device):
     key = (T, str(device))
     mask = _CAUSAL.get(key)
     if mask is None:
-        vis = torch.ones(T, T, dtype=torch.bool, device=device).tril()
-        mask = pack_mask(vis)
+        mask = pack_mask(torch.ones(T, T, dtype=torch.bool, device=device).tril())
         if len(_CAUSAL) >= _CAUSAL_MAX:
             _CAUSAL.pop(next(iter(_CAUSAL)))
         _CAUSAL[key] = mask
@@ -169,35 +166,23 @@ def block_attention(module, query, key, value, block, scaling):
     Shape: query [B, Hq, Tb, D]; key, value [B, Hkv, Tb, D] (this forward's new rows, RoPE applied);
     ``block``: a :class:`CompiledBlock` -> ([B, Tb, Hq, D], None)."""
     layer = module.layer_idx if block.layer is None else block.layer
-    k_store, v_store, page_table, rows = block.k_store, block.v_store, block.page_table, block.rows
-    B, H, T, _ = key.shape
-    dev = key.device
+    kv = KvLayout(block.k_store, block.v_store, block.page_table)
+    (B, H), dev = key.shape[:2], key.device
     # Whole-input index_put_ (not a write into the layer's view): inductor then updates the cache
     # in place instead of copying it back.
     lid = torch.full((1, 1, 1), layer, dtype=torch.int64, device=dev)
     heads = torch.arange(H, device=dev)[None, :, None]  # [1, Hkv, 1]
     # The rows' addresses are the layout's (b, row) or (page, slot), as the eager caches' and the kernels'.
-    x, y = KvLayout(k_store, v_store, page_table).address(torch.arange(B, device=dev)[:, None], rows)  # [B, Tb]
-    x, y = x[:, None, :], y[:, None, :]
-    where = (lid, x, heads, y) if page_table is None else (lid, x, y, heads)  # [B, Hkv, Tb]
-    k_store.index_put_(where, key.to(k_store.dtype))
-    v_store.index_put_(where, value.to(v_store.dtype))
-    q = query.transpose(1, 2)  # [B, Tb, Hq, D]
-    paging = () if page_table is None else (page_table,)
+    x, y = [a[:, None, :] for a in kv.address(torch.arange(B, device=dev)[:, None], block.rows)]  # [B, 1, Tb]
+    where = (lid, x, y, heads) if kv.is_paged else (lid, x, heads, y)  # [B, Hkv, Tb]
+    for store, new in ((kv.k, key), (kv.v, value)):
+        store.index_put_(where, new.to(store.dtype))
     scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
-    mask = block.mask[:, 0]
+    args = (query.transpose(1, 2), kv.k[layer], kv.v[layer], *kv.tensors()[2:],  # paged: + page_table
+            block.prefix_lens, block.block_lens, block.mask[:, 0], block.q_lens)
     if block.impl is None:  # the compiled extension's registered op: one opaque node of the graph
         # The `.functional` overload (no workspace argument): inductor cannot lower the
         # functionalised form of the default overload's optional mutated workspace.
-        if page_table is None:
-            out = torch.ops.specops.tree_attention.functional(
-                q, k_store[layer], v_store[layer], block.prefix_lens, block.block_lens, mask, block.q_lens,
-                float(scaling), 1, block.invariant)
-        else:
-            out = torch.ops.specops.tree_attention_paged.functional(
-                q, k_store[layer], v_store[layer], page_table, block.prefix_lens, block.block_lens, mask,
-                block.q_lens, float(scaling), 1, block.invariant)
-    else:
-        out = block.impl(q, k_store[layer], v_store[layer], *paging, block.prefix_lens, block.block_lens, mask,
-                         block.q_lens, scaling, 1, None, block.invariant)
-    return out, None
+        op = torch.ops.specops.tree_attention_paged if kv.is_paged else torch.ops.specops.tree_attention
+        return op.functional(*args, float(scaling), 1, block.invariant), None
+    return block.impl(*args, scaling, 1, None, block.invariant), None

@@ -5,28 +5,25 @@ under ``torch.compile(fullgraph=True)`` as one graph per (model, batch, cache la
 is a symbol: AR's one-row steps and every block of up to 64 rows run the same code. Dynamo specialises
 a size of 1, so the graph is traced with two rows (a one-row block that arrives first is padded to two
 once); a saved graph runs one row unpadded, and a row's bits equal those of a graph traced for one row.
-On a CPU, for the Llama-shaped decoders of :data:`LAYERED`, the graph is not the whole decoder but
-a run of :func:`run_length` layers (6 of SmolLM2's 30), called once per run with that run's modules
-and cache stores, the embedding, rotary tables and final norm running eagerly: it compiles in ~24 s
-instead of ~74 s (the 30 unrolled layers were traced, partitioned and code-generated one by one) for
-~4 % more per step (five calls' wrappers instead of one). Other decoders, feature drafts and CUDA
-compile the whole decoder. Under CUDA graphs (static shapes) a block is padded to the smallest bucket ``Tb >= Tq`` of
+On a CPU, for the Llama-shaped decoders of :data:`LAYERED`, the graph is a run of :func:`run_length`
+layers (6 of SmolLM2's 30), called once per run with that run's modules and cache stores, the
+embedding, rotary tables and final norm running eagerly: it compiles in ~24 s instead of ~74 s (the
+30 unrolled layers were traced, partitioned and code-generated one by one) for ~4 % more per step
+(five calls' wrappers instead of one). Other decoders, feature drafts and CUDA compile the whole
+decoder. Under CUDA graphs (static shapes) a block is padded to the smallest bucket ``Tb >= Tq`` of
 :data:`BUCKETS` instead. Padding rows are inert: their queries are past ``q_lens`` (the kernel gives
 them 0), their K/V go to cache rows past the block's valid rows (which no valid query sees and the
 next forward or the compaction overwrites), their position is ``lens`` (inside every position
 table) and their token 0. The cache therefore holds ``max(BUCKETS)`` spare rows past ``max_len``.
 
-Inside the graph nothing goes through the HF ``Cache`` API: the model runs with ``cache=None`` and
-the attention function, recognising a compiled block by its ``specops_block`` keyword (a
-:class:`~specops.engine.attention.CompiledBlock`, passed down through the model's ``**kwargs``, the
-same keyword an eager block travels by), writes the layer's new K/V rows straight into the specops
-cache's storage (one ``index_put_`` per tensor: mutations of whole graph inputs, which inductor
-performs in place) and runs the tree-attention kernel (a registered op with a fake implementation)
-over it. A 4-D ``attention_mask`` (the packed visibility, [B, 1, Tb, W]) makes HF's mask builders
-return early, so no mask is materialised either. The LM head runs outside the graph on the block's
-valid rows only; the final hidden states come out of the graph, so forward hooks on the final norm
-(the loop's feature capture) are applied to them there instead of being traced (a traced hook
-would stay bound to the object it was traced with).
+Inside the graph nothing goes through the HF ``Cache`` API (``cache=None``): the attention, reached
+by the ``specops_block`` keyword as an eager block (a :class:`~specops.engine.attention.CompiledBlock`),
+writes the layer's new K/V rows straight into the cache's storage (one ``index_put_`` per tensor:
+mutations of whole graph inputs, which inductor performs in place) and runs the tree-attention kernel
+(a registered op with a fake implementation) over it; the 4-D ``attention_mask`` keeps HF's mask
+builders from materialising a mask. The LM head runs outside the graph on the block's valid rows
+only; forward hooks on the final norm (the loop's feature capture) are applied to the graph's output
+instead of being traced (a traced hook would stay bound to the object it was traced with).
 
 One :class:`CompiledDecoder` per model, shared by every runner of that model in the process: the
 dynamo graphs live there, and inductor's on-disk caches (FX graph and AOTAutograd caches, under
@@ -56,10 +53,7 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 
 def bucket_for(T):
     """The bucket a block of ``T`` query rows is padded to, or None when ``T > max(BUCKETS)``."""
-    for b in BUCKETS:
-        if b >= T:
-            return b
-    return None
+    return next((b for b in BUCKETS if b >= T), None)
 
 
 def mask_words(T):
@@ -135,10 +129,9 @@ class _Decoder:
 
 class _Layers:
     """The function of the layered graph: a run of ``len(layers)`` decoder layers, called once per run
-    with those layers' modules and stores, so one graph serves every run of the decoder (docs/compile.md:
-    a compile of 6 layers instead of 30). Shape: hidden [B, Tb, H]; cos, sin [B, Tb, D]; positions
-    int64 [B, Tb]; mask int32 [B, 1, Tb, W]; k, v: the run's stores ([n, B, Hkv, S, D] contiguous,
-    [n, N, ps, Hkv, D] paged) -> hidden [B, Tb, H]."""
+    with those layers' modules and stores, so one graph serves every run of the decoder. Shape: hidden
+    [B, Tb, H]; cos, sin [B, Tb, D]; positions int64 [B, Tb]; mask int32 [B, 1, Tb, W]; k, v: the run's
+    stores ([n, B, Hkv, S, D] contiguous, [n, N, ps, Hkv, D] paged) -> hidden [B, Tb, H]."""
 
     def forward(self, layers, hidden, cos, sin, positions, mask, block, k, v):
         for j, layer in enumerate(layers):
@@ -187,30 +180,15 @@ class CompiledDecoder:
         self.options = ({"options": cpu_options()} if mode == "default" and _on_cpu(model)
                         else {} if mode == "default" else {"mode": mode})
         self._step = _Decoder(model, self.decoder)
-        self._fn = torch.compile(self._step.forward, fullgraph=True, dynamic=False, **self.options)
-        # The same function compiled ahead of time (saved to and loaded from disk: _saved_graph). Guards on
-        # object identities cannot be saved: those are left to the graph's key (model, batch, layout,
-        # modes), which names the file.
-        # (Only under the default mode: torch.compile takes a mode or options, not both.)
-        if mode == "default":
-            options = dict(self.options.get("options", {}), guard_filter_fn=_saveable_guards)
-            with torch._dynamo.config.patch(enable_aot_compile=True):
-                # dynamic=False as for _fn: only the dimensions marked dynamic are symbols. (Automatic
-                # dynamism would carry what other models' graphs of this code object saw into this one,
-                # e.g. a float made an input, which aot_compile cannot trace.)
-                self._aot_fn = torch.compile(self._step.forward, fullgraph=True, dynamic=False, options=options)
-        # CPU, default mode: one graph of a run of layers, called per run (compiles ~3x faster than the
-        # whole decoder's graph; a step costs ~4 % more in wrappers). CUDA graphs want the whole step.
+        self._fn, self._aot_fn = self._compile(self._step.forward)
+        # CPU, default mode: one graph of a run of layers (see the module). CUDA graphs want the whole step.
         self.layered = mode == "default" and _on_cpu(model) and type(self.decoder).__name__ in LAYERED
         if self.layered:
             self._layers = _Layers()
             layers = tuple(self.decoder.layers[:self.decoder.config.num_hidden_layers])
             self.run_length = n = run_length(len(layers))
             self._runs = [layers[i:i + n] for i in range(0, len(layers), n)]
-            options = dict(self.options["options"], guard_filter_fn=_saveable_guards)
-            self._layers_fn = torch.compile(self._layers.forward, fullgraph=True, dynamic=False, **self.options)
-            with torch._dynamo.config.patch(enable_aot_compile=True):
-                self._layers_aot = torch.compile(self._layers.forward, fullgraph=True, dynamic=False, options=options)
+            self._layers_fn, self._layers_aot = self._compile(self._layers.forward)
         self.compile_s = {}
         self._seen = set()  # (key, grad mode, inference mode) of every graph that ran
         self._loaded = set()  # the seen keys whose graph is a saved one (no guards: any row count runs)
@@ -220,6 +198,21 @@ class CompiledDecoder:
         self._unsaved = set()  # seen keys that cannot be compiled ahead of time (dynamo's cache runs them)
         self._caches = {}  # (batch, layout, page size, dtype) -> (cache, weakref to the runner using it)
         self._frozen = False  # inside frozen(): a graph not yet run raises instead of compiling
+
+    def _compile(self, fn):
+        """``fn`` under torch.compile, and (default mode only: torch.compile takes a mode or options, not
+        both) the same function compiled ahead of time, saved to and loaded from disk (:meth:`_saved_graph`).
+        Guards on object identities cannot be saved: those are left to the graph's key (model, batch,
+        layout, modes), which names the file."""
+        dynamo = torch.compile(fn, fullgraph=True, dynamic=False, **self.options)
+        if self.mode != "default":
+            return dynamo, None
+        options = dict(self.options.get("options", {}), guard_filter_fn=_saveable_guards)
+        with torch._dynamo.config.patch(enable_aot_compile=True):
+            # dynamic=False as for the dynamo function: only the dimensions marked dynamic are symbols.
+            # (Automatic dynamism would carry what other models' graphs of this code object saw into
+            # this one, e.g. a float made an input, which aot_compile cannot trace.)
+            return dynamo, torch.compile(fn, fullgraph=True, dynamic=False, options=options)
 
     def cache_for(self, runner, make, rows, key):
         """A KV cache of at least ``rows`` rows for ``runner``: the cache of an earlier runner of this
@@ -255,7 +248,9 @@ class CompiledDecoder:
         if self._frozen and key not in self.compile_s:
             raise RuntimeError(f"specops: {self.name} needs a new compiled graph (rows {key[0]}, mask words "
                                f"{key[1]}, batch {key[2]}, {key[3]} cache) inside frozen(): warm it up before")
-        hooks = self._stash_hooks()
+        hooks = {} if self.norm is None else dict(self.norm._forward_hooks)
+        if hooks:  # applied below, to the graph's output
+            self.norm._forward_hooks.clear()
         graphs = _graph_count()
         if key not in self.compile_s:
             print(f"specops: {self.name}'s graph for blocks of {key[0]} row{'s' * (key[0] != 1)} "
@@ -276,20 +271,18 @@ class CompiledDecoder:
             if self.cudagraphs:  # a replay overwrites its outputs: keep ours
                 hidden = hidden.clone()
         finally:
-            self._restore_hooks(hooks)
+            if hooks:
+                self.norm._forward_hooks.update(hooks)
         # Whether this call compiled is dynamo's word (a new grad mode, say, also compiles a graph).
         first = how is not None or _graph_count() != graphs
         if first:
             self.compile_s[key] = self.compile_s.get(key, 0.0) + dt
-            print(f"specops: {how or 'compiled'} in {dt:.1f} s",
-                  file=sys.stderr, flush=True)
-        else:
-            if key not in self.compile_s:  # dynamo's graph of another model of the same architecture
-                print("specops: reused a compiled graph", file=sys.stderr, flush=True)
-            self.compile_s.setdefault(key, 0.0)
-        # The final norm's forward hooks (e.g. the loop's feature capture) see its output here: a hook
-        # traced into the graph would stay bound to the object it was traced with.
-        for hook in (hooks or {}).values():
+            print(f"specops: {how or 'compiled'} in {dt:.1f} s", file=sys.stderr, flush=True)
+        elif key not in self.compile_s:  # dynamo's graph of another model of the same architecture
+            print("specops: reused a compiled graph", file=sys.stderr, flush=True)
+            self.compile_s[key] = 0.0
+        # The final norm's forward hooks see its output here, not in the graph (see the module).
+        for hook in hooks.values():
             res = hook(self.norm, (hidden,), hidden)
             hidden = hidden if res is None else res
         return hidden, (dt if first else 0.0)
@@ -314,10 +307,7 @@ class CompiledDecoder:
             token = (seen, args[3].k_store.untyped_storage().data_ptr())
             graph, how = self._checked.get(token), None
             if graph is None:
-                sig = _signature(args)
-                graph = self._saved.get((seen, sig))
-                if graph is None:
-                    graph, how = self._saved_graph(seen, sig, args)
+                graph, how = self._saved_graph(seen, args, self._aot_fn)
             if graph is not None:
                 self._checked[token] = graph
                 self._loaded.add(seen)
@@ -349,10 +339,7 @@ class CompiledDecoder:
             for t in args[-2:]:
                 if t.shape[dim] > 1:
                     torch._dynamo.mark_dynamic(t, dim)
-            sig = _signature(args)
-            graph = self._saved.get((seen, sig))
-            if graph is None:
-                graph, how = self._saved_graph(seen, sig, args, self._layers_aot)
+            graph, how = self._saved_graph(seen, args, self._layers_aot)
             if graph is None:  # dynamo's cache runs it (guarded: one-row blocks stay padded to two)
                 graph = functools.partial(_unbound, self._layers_fn)
             else:
@@ -387,9 +374,14 @@ class CompiledDecoder:
         h = hashlib.sha256(f"{self._model_digest}\0{seen!r}\0{sig!r}".encode())
         return os.path.join(models.cache_dir(), "compiled", f"{self.name}-{h.hexdigest()[:24]}.aot")
 
-    def _saved_graph(self, seen, sig, args, compiler=None):
-        """(graph, how): the graph loaded from :meth:`saved_path`, else compiled ahead of time and saved
-        there; (None, None) when it cannot be compiled that way (dynamo's cache runs it instead)."""
+    def _saved_graph(self, seen, args, compiler):
+        """(graph, how): the graph this process already has for these inputs' signature, else the one
+        loaded from :meth:`saved_path`, else ``compiler``'s ahead-of-time graph, saved there; (None, None)
+        when it cannot be compiled that way (dynamo's cache runs it instead). ``how``: None when the
+        graph was in memory."""
+        sig = _signature(args)
+        if (seen, sig) in self._saved:
+            return self._saved[(seen, sig)], None
         path = self.saved_path(seen, sig)
         graph, how = None, f"loaded from {path}"
         if os.path.exists(path):
@@ -399,10 +391,9 @@ class CompiledDecoder:
             except Exception as e:  # a truncated file, say: compile it again
                 print(f"specops: could not load {path} ({type(e).__name__}: {e}); compiling again",
                       file=sys.stderr, flush=True)
-                graph = None
         if graph is None:
             try:
-                graph = (compiler or self._aot_fn).aot_compile((args, {}))
+                graph = compiler.aot_compile((args, {}))
             except Exception as e:
                 print(f"specops: this graph cannot be compiled ahead of time ({type(e).__name__}: {e}); "
                       "compiling it for this process only", file=sys.stderr, flush=True)
@@ -418,17 +409,6 @@ class CompiledDecoder:
         graph.disable_guard_check()  # the file's name is the guard (saved_path)
         self._saved[(seen, sig)] = graph
         return graph, how
-
-    def _stash_hooks(self):
-        if self.norm is None or not self.norm._forward_hooks:
-            return None
-        hooks = dict(self.norm._forward_hooks)
-        self.norm._forward_hooks.clear()
-        return hooks
-
-    def _restore_hooks(self, hooks):
-        if hooks:
-            self.norm._forward_hooks.update(hooks)
 
 
 def _unbound(fn, _self, *args):
@@ -458,8 +438,7 @@ def _signature(args):
     """What a saved graph assumes of its inputs: every tensor's dtype, device and sizes (-1 for the
     dimensions marked dynamic), and the other values (the block's kernel by name, flags)."""
     out = []
-    flat = [x for a in args for x in (a if isinstance(a, tuple) else (a,))]
-    for a in flat:
+    for a in [x for arg in args for x in (arg if isinstance(arg, tuple) else (arg,))]:
         if isinstance(a, torch.nn.Module):
             out.append(f"{type(a).__module__}.{type(a).__qualname__}")
         elif isinstance(a, torch.Tensor):

@@ -18,29 +18,24 @@ class CompiledRunner:
         model, cache = runner.model, runner.cache
         self.runner = runner
         self.decoder = decoder_for(model, mode)
-        self.paged = runner.kv_layout == "paged"
-        if self.paged:
-            self.k_store, self.v_store, self.page_table = cache.k_pages, cache.v_pages, cache.page_table
-        else:
-            self.k_store, self.v_store, self.page_table = cache.k, cache.v, None
+        self.k_store, self.v_store, self.page_table = cache.layout.k, cache.layout.v, cache.layout.page_table
         # Caches of any length share a graph: their row (page) count is a symbol in it. Under CUDA
         # graphs the cache tensors are static inputs (updated in place at fixed addresses; the pooled
         # cache keeps them across runners); the small per-step inputs are copied into the graph's
         # own buffers by torch's CUDA-graph trees.
-        dim = 1 if self.paged else 3
-        for t in (self.k_store, self.v_store) + ((self.page_table,) if self.paged else ()):
+        dim = 1 if cache.layout.is_paged else 3
+        for t in cache.layout.tensors():
             if t.shape[dim] > 1:  # dynamo specialises sizes 0 and 1 anyway
                 torch._dynamo.mark_dynamic(t, dim)
             if self.decoder.cudagraphs:
                 torch._dynamo.mark_static_address(t)
         B, dev = runner.batch_size, runner.device
-        heads = cfg.num_attention_heads
         # The kernel is chosen once, for this cache's shapes (the eager path does it per forward).
         one = torch.ones(B, dtype=torch.int32, device=dev)
         plan = TreeAttentionPlan(one, one, torch.ones(B, 1, 1, dtype=torch.int32, device=dev), q_lens=one,
-                                 head_dim=cache.head_dim, num_heads=heads, num_kv_heads=cache.num_kv_heads,
-                                 dtype=cache.dtype, device=dev, check=False, page_table=self.page_table,
-                                 page_size=cache.page_size if self.paged else None)
+                                 head_dim=cache.head_dim, num_heads=cfg.num_attention_heads,
+                                 num_kv_heads=cache.num_kv_heads, dtype=cache.dtype, device=dev, check=False,
+                                 page_table=self.page_table, page_size=cache.page_size)
         self.backend = plan.backend
         self.impl = None if plan.backend in ("cpp", "cuda") else plan.kernel  # None: the registered op
         self.head = model.get_output_embeddings()
@@ -90,8 +85,7 @@ class CompiledRunner:
                               self.page_table, self.runner.batch_invariant)
         hidden, secs = self.decoder(key, ids, positions, m, block, feats)
         self.compile_time_s += secs
-        hidden = hidden[:, :Tq]
-        logits = self.head(hidden)
+        logits = self.head(hidden[:, :Tq])
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
@@ -101,15 +95,13 @@ class CompiledRunner:
         lengths (its rows stay uncommitted). Returns the seconds spent compiling."""
         before = self.compile_time_s
         B, dev = self.runner.batch_size, self.runner.device
-        model = self.runner.model
         sizes = sorted({bucket_for(min(int(T), MAX_BUCKET)) for T in (sizes or BUCKETS)})
         if not self.decoder.cudagraphs:  # one graph for blocks of any size, traced with two rows
             sizes = [2]
         for Tb in sizes:
             parents = (torch.arange(Tb, dtype=torch.int32, device=dev) - 1).expand(B, Tb).contiguous()
-            feats = None
-            if self.feature:
-                feats = torch.zeros(B, Tb, model.config.hidden_size, dtype=self.k_store.dtype, device=dev)
+            H = self.runner.model.config.hidden_size
+            feats = torch.zeros(B, Tb, H, dtype=self.k_store.dtype, device=dev) if self.feature else None
             mask, depth = build_tree_mask(parents, None, check=False)
             self.runner.forward_mask(torch.zeros(B, Tb, dtype=torch.int64, device=dev), mask, depth,
                                      torch.full((B,), Tb, dtype=torch.int32, device=dev), features=feats)
@@ -118,9 +110,6 @@ class CompiledRunner:
 
 def _uses_window(cfg):
     """Whether some layer attends through a sliding window (Qwen2 keeps the field but may not use it)."""
-    if getattr(cfg, "sliding_window", None) is None:
-        return False
-    if getattr(cfg, "use_sliding_window", True) is False:
-        return False
     types = getattr(cfg, "layer_types", None)
-    return types is None or "sliding_attention" in types
+    return (getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True)
+            is not False and (types is None or "sliding_attention" in types))
