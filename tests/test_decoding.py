@@ -89,14 +89,14 @@ def test_gsd_with_merging_is_exact_under_greedy_verification(pair):
     # context, so the divergence from greedy decoding measured here is zero.
     _, target, draft, prompts, refs = pair
     out, m = _run(target, draft, prompts, "gsd", tau=1, k=4, theta_prob=0.05, theta_sib=0.05)
-    assert [out[b].tolist() for b in range(3)] == [r[:N_NEW] for r in refs]
+    assert out.tolist() == [r[:N_NEW] for r in refs]
     assert m.num_drafted_nodes > 0
 
 
 def test_exact_draft_copy_accepts_every_chain_token(pair):
     _, target, _, prompts, refs = pair
     out, m = _run(target, perturbed_copy(target, 0.0), prompts, "sd", gamma=3, max_new_tokens=17)
-    assert [out[b].tolist() for b in range(3)] == [r[:17] for r in refs]
+    assert out.tolist() == [r[:17] for r in refs]
     assert m.draft_acceptance_rate == 1.0
     assert m.mean_acceptance_length == 4.0  # 1 prefill token + 4 steps x 4 tokens
     assert m.acceptance_rate_per_pos == [1.0, 1.0, 1.0]
@@ -160,7 +160,7 @@ def test_tsd_with_k1_is_sd_and_opt_tree_n1_is_a_chain(pair):
     assert m_tsd.num_target_forwards == m_sd.num_target_forwards
     out, m_opt = _run(target, draft, prompts, "opt-tree", n=1, delta=0.0, max_depth=4)
     assert m_opt.draft_tokens_per_step <= 4.0
-    assert [out[b].tolist() for b in range(3)] == [r[:N_NEW] for r in refs]
+    assert out.tolist() == [r[:N_NEW] for r in refs]
 
 
 # ---- MJSD (approximate by design) -----------------------------------------------------------------
@@ -168,7 +168,7 @@ def test_tsd_with_k1_is_sd_and_opt_tree_n1_is_a_chain(pair):
 def test_mjsd_tau1_is_target_only_decoding(pair):
     _, target, draft, prompts, refs = pair
     out, m = _run(target, draft, prompts, "mjsd", tau=1.0)
-    assert [out[b].tolist() for b in range(3)] == [r[:N_NEW] for r in refs]
+    assert out.tolist() == [r[:N_NEW] for r in refs]
     assert m.num_accepted_tokens == 0
 
 
@@ -236,14 +236,14 @@ def test_max_new_tokens_is_exact(pair, n):
     for case in ("sd", "tsd", "ouroboros"):
         out, m = _run(target, draft, prompts, case, max_new_tokens=n)
         assert out.shape == (3, n) and m.lengths == [n] * 3
-        assert [out[b].tolist() for b in range(3)] == [r[:n] for r in refs]
+        assert out.tolist() == [r[:n] for r in refs]
 
 
 def test_streaming_sees_exactly_the_output(pair):
     _, target, draft, prompts, _ = pair
-    seen = {0: [], 1: [], 2: []}
+    seen = [[], [], []]
     out, _ = _run(target, draft, prompts, "tsd", stream=lambda b, ids: seen[b].extend(ids))
-    assert [seen[b] for b in range(3)] == [out[b].tolist() for b in range(3)]
+    assert seen == out.tolist()
 
 
 # ---- metrics ------------------------------------------------------------------------------------
@@ -314,7 +314,7 @@ def test_model_free_methods_need_no_draft(pair):
     _, target, _, prompts, refs = pair
     for method, kw in (("ngram", {}), ("ouroboros", {"model_free": True})):
         out, m = generate(target, prompts, method=method, max_new_tokens=N_NEW, eos_token_id=[], **kw)
-        assert [out[b].tolist() for b in range(3)] == [r[:N_NEW] for r in refs]
+        assert out.tolist() == [r[:N_NEW] for r in refs]
         assert m.num_draft_forwards == 0
 
 

@@ -22,7 +22,6 @@ def models():
 
 def head_inputs(model, ids):
     """The LM head's input over a plain HF forward (stock sdpa attention, no cache).
-
     Shape: ids list of L ints -> fp32 [L, H]."""
     seen = []
     hook = model.get_output_embeddings().register_forward_pre_hook(lambda mod, args: seen.append(args[0]))

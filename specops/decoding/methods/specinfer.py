@@ -15,9 +15,11 @@ when sampling, the extra draws as leaf duplicates: R3's acceptance at a node dep
 multiset of tokens drawn there.
 
 On the device: the draws stay there, the draft block holds one node per chain and level (its
-structure is known on the host; a merged node's row is its creator's), the merge compares tips and
-tokens there, and one read per step brings back the merged tree's size; the draft cache's commit
-keeps the accepted path along one chain's nodes (``draft_nodes``).
+structure is known on the host; each forward feeds every chain's latest token with ``add_device``,
+whatever it drew; a merged node's row is its creator's), the merge compares tips and tokens there,
+and one read per step brings back the merged tree's size, so the target block is no longer than
+that tree (a grammar adds one read per forward: its masks follow the chains' tokens); the draft
+cache's commit keeps the accepted path along one chain's nodes (``draft_nodes``).
 """
 import torch
 
@@ -44,10 +46,6 @@ class SpecInfer(ModelDrafter):
         return self.num_drafts * self.gamma
 
     def propose(self, ctx):
-        """Every draft forward feeds each chain's latest token (``add_device``: one node per chain,
-        whatever it drew) and merges the k draws per sequence into the trie on the device. One read
-        at the end brings back the trie's node counts, so the target block is no longer than the
-        merged tree (a grammar adds one read per forward: its masks follow the chains' tokens)."""
         d = ctx.draft
         d.begin(ctx.seqs, ctx.active)
         B, k, G, greedy = ctx.batch, self.num_drafts, self.gamma, ctx.sampling.greedy
