@@ -109,51 +109,42 @@ _AVAILABLE = {}  # (backend, device type, interpret) -> (ok, reason); a plain di
 
 
 def _probe(backend, device_type, interpret, assume_gpu=False):
-    """(ok, reason) of ``backend`` on ``device_type``; ``assume_gpu``: as if a CUDA device were visible."""
+    """(ok, reason) of ``backend`` on ``device_type``: the reason of its first requirement not met, else
+    what runs; ``assume_gpu``: as if a CUDA device were visible."""
     gpu = assume_gpu or torch.cuda.is_available()
+    on = f"tensors are on {device_type}"
     if backend == "torch":
         return True, "reference implementation, always available"
     if backend == "cpp":
-        if extension.cpu_ext is None:
-            return False, extension.cpu_ext_error
-        if device_type != "cpu":
-            return False, f"CPU extension; tensors are on {device_type}"
-        return True, "CPU extension (OpenMP / at::parallel_for)"
-    if backend == "triton":
-        ok, why = _triton_importable()
-        if not ok:
-            return False, why
-        if device_type == "cuda":
-            return gpu, why if gpu else f"{why}; no CUDA device visible"
-        if device_type == "cpu":
-            return interpret, (f"{why} under TRITON_INTERPRET=1 (interpreter, slow)" if interpret
-                               else f"{why}; CPU tensors need TRITON_INTERPRET=1")
-        return False, f"{why}; no Triton backend for {device_type}"
-    if backend == "cuda":
-        if extension.cuda_ext is None:
-            return False, extension.cuda_ext_error
-        built = f"extension built for {', '.join(extension.cuda_archs()) or 'no arch'}"
-        if not gpu:
-            return False, f"{built}; no CUDA device visible"
-        if device_type != "cuda":
-            return False, f"{built}; tensors are on {device_type}"
-        return True, built
-    if backend == "flashinfer":
-        if importlib.util.find_spec("flashinfer") is None:
-            return False, "optional provider: flashinfer not installed"
-        if device_type != "cuda":
-            return False, f"flashinfer runs on CUDA tensors; tensors are on {device_type}"
-        if not gpu:
-            return False, "flashinfer installed; no CUDA device visible"
-        return True, "flashinfer installed (custom-mask prefill)"
-    if backend == "cudasim":
-        if extension.cudasim_ext is None:
-            return False, extension.cudasim_ext_error
-        if device_type != "cpu":
-            return False, f"test-only CUDA emulation on CPU tensors; tensors are on {device_type}"
-        return True, ("test-only: the CUDA kernels compiled as C++ and run by a SIMT emulation on CPU "
-                      "tensors (slow; only when requested)")
-    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        ok = "CPU extension (OpenMP / at::parallel_for)"
+        needs = [(extension.cpu_ext is not None, extension.cpu_ext_error),
+                 (device_type == "cpu", f"CPU extension; {on}")]
+    elif backend == "triton":
+        found, why = _triton_importable()
+        ok = f"{why} under TRITON_INTERPRET=1 (interpreter, slow)" if device_type == "cpu" else why
+        needs = [(found, why),
+                 (device_type in ("cuda", "cpu"), f"{why}; no Triton backend for {device_type}"),
+                 (gpu or device_type != "cuda", f"{why}; no CUDA device visible"),
+                 (interpret or device_type != "cpu", f"{why}; CPU tensors need TRITON_INTERPRET=1")]
+    elif backend == "cuda":
+        ok = f"extension built for {', '.join(extension.cuda_archs()) or 'no arch'}"
+        needs = [(extension.cuda_ext is not None, extension.cuda_ext_error),
+                 (gpu, f"{ok}; no CUDA device visible"),
+                 (device_type == "cuda", f"{ok}; {on}")]
+    elif backend == "flashinfer":
+        ok = "flashinfer installed (custom-mask prefill)"
+        needs = [(importlib.util.find_spec("flashinfer") is not None,
+                  "optional provider: flashinfer not installed"),
+                 (device_type == "cuda", f"flashinfer runs on CUDA tensors; {on}"),
+                 (gpu, "flashinfer installed; no CUDA device visible")]
+    elif backend == "cudasim":
+        ok = ("test-only: the CUDA kernels compiled as C++ and run by a SIMT emulation on CPU tensors "
+              "(slow; only when requested)")
+        needs = [(extension.cudasim_ext is not None, extension.cudasim_ext_error),
+                 (device_type == "cpu", f"test-only CUDA emulation on CPU tensors; {on}")]
+    else:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return next(((False, why) for met, why in needs if not met), (True, ok))
 
 
 def available(backend, device="cpu"):
