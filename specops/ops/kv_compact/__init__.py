@@ -82,10 +82,8 @@ def check_accept(prefix_lens, accept_idx, accept_lens, B, dev, lens_name="prefix
 # ---- validation ----------------------------------------------------------------------------------
 
 def accept_values(kv, prefix_lens, accept_idx, accept_lens):
-    """The value rules of the op on the layout ``kv`` (shapes read, not values), one host sync naming
-    the first broken rule: ``accept_lens`` in [0, A], ``prefix_lens`` in [0, rows], ``accept_idx``
-    strictly increasing from 0 addressing rows < rows (:meth:`~specops.ops.layout.KvLayout.capacity`);
-    paged also the pool pages the call addresses, and no page a move writes addressed twice."""
+    """The ``check=True`` rules of :func:`kv_compact` / :func:`kv_compact_paged` on the layout ``kv``
+    (its shapes read, not its values): one host sync, raising for the first broken rule."""
     B, A = accept_idx.shape
     if B == 0:
         return
