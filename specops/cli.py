@@ -84,7 +84,6 @@ def _setup(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     from . import models
-
     from .parallel import env_world_size
 
     tp = getattr(args, "tp", None) or env_world_size()
@@ -145,8 +144,7 @@ def cmd_generate(args):
     target, tok = _setup(args)
     draft = _draft_for(args, args.method, target, params)
     prompts = [_encode(tok, args.prompt, args.raw)] * args.batch
-    shown = []
-    counts = [0] * args.batch
+    shown, counts = [], [0] * args.batch
     start = time.perf_counter()
     progress = args.batch > 1 and sys.stderr.isatty()
 
@@ -213,8 +211,7 @@ def cmd_demo(args):
     rows, records = [], []
     for method in methods:
         draft = _draft_for(args, method, target)
-        total = dict.fromkeys(_TOTALS, 0)
-        speedups = {}
+        total, speedups = dict.fromkeys(_TOTALS, 0), {}
         for kind in kinds:
             _, m = generate(target, [prompts[kind]], draft=draft, method=method,
                             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -230,21 +227,17 @@ def cmd_demo(args):
         with open(args.json, "w") as f:
             json.dump(records, f, indent=1)
     ar = next((r for r in rows if r[0] == "ar"), None)
-    print()
-    print(f"target {args.target} ({args.dtype}), {args.max_new_tokens} new tokens per prompt, temperature "
+    print(f"\ntarget {args.target} ({args.dtype}), {args.max_new_tokens} new tokens per prompt, temperature "
           f"{args.temperature}; timings are noisy on a shared machine")
     head = (f"{'method':<10} {'tok/s':>6} {'MAL':>5} {'speedup':>7} {'drafted/step':>12} {'nodes/step':>10} "
-            f"{'accept':>6}  "
-            + "  ".join(f"{k + ' x':>8}" for k in kinds))
-    print(head)
-    print("-" * len(head))
+            f"{'accept':>6}  " + "  ".join(f"{k + ' x':>8}" for k in kinds))
+    print(head, "-" * len(head), sep="\n")
     for method, t, per in rows:
         tps, acc, dps, nps = (t[a] / t[b] if t[b] else 0.0 for a, b in (("tokens", "time"), ("accepted", "drafted"),
                                                                           ("drafted", "drafts"), ("nodes", "drafts")))
         mal = 1 + t["accepted"] / t["drafts"] if t["drafts"] else 1.0
         if ar is not None:
-            ar_tps = ar[1]["tokens"] / ar[1]["time"]
-            sp = f"{tps / ar_tps:6.2f}x"
+            sp = f"{tps / (ar[1]['tokens'] / ar[1]['time']):6.2f}x"
             each = "  ".join(f"{per[k] / ar[2][k]:7.2f}x" for k in kinds)
         else:
             sp, each = "   n/a", "  ".join(f"{'n/a':>8}" for _ in kinds)
@@ -259,10 +252,8 @@ def cmd_demo(args):
 def _method_help():
     from .decoding.methods import METHODS
 
-    parts = []
-    for name, cls in METHODS.items():
-        params = ", ".join(f"{k}={v}" for k, v in cls.PARAMS.items())
-        parts.append(f"{name} ({params})" if params else name)
+    parts = (f"{name} ({', '.join(f'{k}={v}' for k, v in cls.PARAMS.items())})" if cls.PARAMS else name
+             for name, cls in METHODS.items())
     return "method, with its --param defaults: " + "; ".join(parts)
 
 

@@ -82,10 +82,9 @@ def _lighter_triton_interpreter():
             tt_dtype = tt_dtype.element_ty
         if isinstance(tt_dtype, tl.pointer_type):
             return np_dtype(tt_dtype)
-        got = dtypes.get(tt_dtype)
-        if got is None:
-            got = dtypes[tt_dtype] = np_dtype(tt_dtype)
-        return got
+        if tt_dtype not in dtypes:
+            dtypes[tt_dtype] = np_dtype(tt_dtype)
+        return dtypes[tt_dtype]
 
     interp._patch_lang, interp._get_np_dtype, interp.GridExecutor.__call__ = _patch_lang, _get_np_dtype, _call
     interp._specops_lighter = True
@@ -152,10 +151,8 @@ def fast_backend(request):
 @pytest.fixture
 def device(request):
     """Where the test's tensors live: CUDA when a GPU is visible, except for the CPU-only backends."""
-    params = getattr(request.node, "callspec", None)
-    params = params.params if params is not None else {}
-    name = params.get("backend", params.get("fast_backend"))
-    return "cpu" if name in CPU_ONLY else DEVICE
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    return _test_device(request.fixturenames, params.get("backend", params.get("fast_backend")))
 
 
 @pytest.fixture(autouse=True)

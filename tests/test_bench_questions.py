@@ -9,7 +9,6 @@ import os
 import sys
 
 import pytest
-import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
@@ -22,6 +21,7 @@ import bench_decoding as bd  # noqa: E402
 import questions as qfile  # noqa: E402
 
 from bench._harness import FIELDS  # noqa: E402
+from bench.paper_claims import load as _read
 from specops import models  # noqa: E402
 from specops.decoding import api  # noqa: E402
 from specops.testing import tiny_causal_lm  # noqa: E402
@@ -37,11 +37,7 @@ QUESTIONS = [
 
 
 def _write_jsonl(path, items, extra_lines=()):
-    with open(path, "w") as f:
-        for item in items:
-            f.write(json.dumps(item) + "\n")
-        for line in extra_lines:
-            f.write(line + "\n")
+    path.write_text("".join(f"{line}\n" for line in [*map(json.dumps, items), *extra_lines]))
     return path
 
 
@@ -66,26 +62,28 @@ def test_parse_groups_by_category_in_file_order_and_ignores_extra_fields_and_bla
 GOOD = '{"question_id": 1, "category": "qa", "turns": ["why?"]}'
 
 
+def _line(**fields):
+    """A question line with ``fields`` changed from a good one, or dropped where None."""
+    q = {"question_id": 7, "category": "qa", "turns": ["x"], **fields}
+    return json.dumps({k: v for k, v in q.items() if v is not None})
+
+
 @pytest.mark.parametrize("line, match", [
     ("{not json", r"line 2: not valid JSON"),
     ('["a", "b"]', r"line 2: expected a JSON object .* got list"),
-    ('{"category": "qa", "turns": ["x"]}', r"line 2: field 'question_id' is missing"),
-    ('{"question_id": 7, "turns": ["x"]}', r"line 2: field 'category' is missing"),
-    ('{"question_id": 7, "category": "qa"}', r"line 2: field 'turns' is missing"),
-    ('{"question_id": 1.5, "category": "qa", "turns": ["x"]}', r"line 2: field 'question_id' must be a string or an "
-                                                               r"integer, got float 1.5"),
-    ('{"question_id": true, "category": "qa", "turns": ["x"]}', r"line 2: field 'question_id' .* got bool"),
-    ('{"question_id": 7, "category": 3, "turns": ["x"]}', r"line 2: field 'category' must be a non-empty string.* "
-                                                          r"got int 3"),
-    ('{"question_id": 7, "category": " ", "turns": ["x"]}', r"line 2: field 'category'"),
-    ('{"question_id": 7, "category": "a,b", "turns": ["x"]}', r"line 2: field 'category' .*without commas"),
-    ('{"question_id": 7, "category": "qa", "turns": "x"}', r"line 2: field 'turns' must be a non-empty list of "
-                                                           r"strings, got str"),
-    ('{"question_id": 7, "category": "qa", "turns": []}', r"line 2: field 'turns' must be a non-empty list"),
-    ('{"question_id": 7, "category": "qa", "turns": ["x", 5]}', r"line 2: field 'turns'\[1\] must be a non-empty "
-                                                                r"string, got int"),
-    ('{"question_id": 7, "category": "qa", "turns": [""]}', r"line 2: field 'turns'\[0\]"),
-    ('{"question_id": 1, "category": "qa", "turns": ["x"]}', r"line 2: field 'question_id' 1 repeats line 1"),
+    (_line(question_id=None), r"line 2: field 'question_id' is missing"),
+    (_line(category=None), r"line 2: field 'category' is missing"),
+    (_line(turns=None), r"line 2: field 'turns' is missing"),
+    (_line(question_id=1.5), r"line 2: field 'question_id' must be a string or an integer, got float 1.5"),
+    (_line(question_id=True), r"line 2: field 'question_id' .* got bool"),
+    (_line(category=3), r"line 2: field 'category' must be a non-empty string.* got int 3"),
+    (_line(category=" "), r"line 2: field 'category'"),
+    (_line(category="a,b"), r"line 2: field 'category' .*without commas"),
+    (_line(turns="x"), r"line 2: field 'turns' must be a non-empty list of strings, got str"),
+    (_line(turns=[]), r"line 2: field 'turns' must be a non-empty list"),
+    (_line(turns=["x", 5]), r"line 2: field 'turns'\[1\] must be a non-empty string, got int"),
+    (_line(turns=[""]), r"line 2: field 'turns'\[0\]"),
+    (_line(question_id=1), r"line 2: field 'question_id' 1 repeats line 1"),
 ])
 def test_a_bad_line_names_its_number_and_field(tmp_path, line, match):
     path = tmp_path / "bad.jsonl"
@@ -154,11 +152,6 @@ def test_encode_uses_the_chat_template_on_the_first_turn_only(tiny_target, tmp_p
         tok("add a b a b a b")["input_ids"]
 
 
-def _read(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def _old_row(params, provider="ar", value=1.0):
     case = ",".join(f"{k}={v}" for k, v in params.items())
     return dict(op="decoding", provider=provider, case=case, params=json.dumps(params), metric="tokens_per_s",
@@ -221,32 +214,27 @@ def test_cli_errors_come_before_any_work(tiny_target, tmp_path, capsys, monkeypa
     monkeypatch.setattr(bd, "Recorder", lambda *a, **k: pytest.fail("measured before validating"))
     bad = tmp_path / "bad.jsonl"
     bad.write_text(GOOD + '\n{"question_id": 2, "category": "qa", "turns": [3]}\n')
-    out = tmp_path / "out"
-    for argv, match in ((["--questions", str(bad)], "line 2: field 'turns'[0]"),
-                        (["--questions", str(tmp_path / "none.jsonl")], "No such file"),
-                        (["--questions", str(bad), "--prompts", "1"], "use --per-category"),
-                        (["--per-category", "1"], "--per-category needs --questions")):
+    out, good = tmp_path / "out", str(_write_jsonl(tmp_path / "q.jsonl", QUESTIONS))
+    cases = ((["--questions", str(bad)], "line 2: field 'turns'[0]"),
+             (["--questions", str(tmp_path / "none.jsonl")], "No such file"),
+             (["--questions", str(bad), "--prompts", "1"], "use --per-category"),
+             (["--per-category", "1"], "--per-category needs --questions"),
+             (["--questions", good, "--per-category", "0"], "per_category must be a positive integer"),
+             (["--questions", good, "--tasks", "qa"], "categories ['qa'] are not in"))
+    for argv, match in cases:
         with pytest.raises(SystemExit):
             bd.main(argv + ["--out", str(out)])
-        assert match in capsys.readouterr().err
-    path = _write_jsonl(tmp_path / "q.jsonl", QUESTIONS)
-    for argv, match in ((["--per-category", "0"], "per_category must be a positive integer"),
-                        (["--tasks", "qa"], "categories ['qa'] are not in")):
-        with pytest.raises(SystemExit):
-            bd.main(["--questions", str(path), "--out", str(out)] + argv)
         assert match in capsys.readouterr().err
     assert not out.exists()
 
 
 def test_table_reports_best_method_against_best_hf_peer():
     base = dict(target="t", dtype="bf16", task="qa", mode="greedy", batch=1, new_tokens=8, prompts=2)
-    rows = []
-    for provider, metric, value in (("ar", "tokens_per_s", 20.0), ("ar", "mean_acceptance_length", 1.0),
-                                    ("sd/int8", "tokens_per_s", 30.0), ("sd/int8", "speedup_vs_ar", 1.5),
-                                    ("sd/int8", "mean_acceptance_length", 2.5),
-                                    ("sd/int8", "speedup_vs_best_hf", 0.75),
-                                    ("hf_generate", "tokens_per_s", 25.0), ("hf_prompt_lookup", "tokens_per_s", 40.0)):
-        rows.append(dict(_old_row(base, provider, value), metric=metric))
+    rows = [dict(_old_row(base, provider, value), metric=metric) for provider, metric, value in (
+        ("ar", "tokens_per_s", 20.0), ("ar", "mean_acceptance_length", 1.0),
+        ("sd/int8", "tokens_per_s", 30.0), ("sd/int8", "speedup_vs_ar", 1.5),
+        ("sd/int8", "mean_acceptance_length", 2.5), ("sd/int8", "speedup_vs_best_hf", 0.75),
+        ("hf_generate", "tokens_per_s", 25.0), ("hf_prompt_lookup", "tokens_per_s", 40.0))]
     text = qfile.table(rows)
     assert "## t, greedy, batch 1, qa: 2 prompt(s), 8 new tokens" in text
     line = next(s for s in text.splitlines() if s.startswith("sd/int8"))

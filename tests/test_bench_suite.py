@@ -46,33 +46,33 @@ GOOD = {
 }
 
 
+SHARES = (("prefill", 10), ("draft", 30), ("verify", 50), ("bookkeeping", 10))  # time_<part>_share, %
+
+
 def _decoding_rows(table, target="tiny-lm", tasks=TASKS, mode="greedy", batch=1):
     rows = []
+    ar = table["ar"]
+    best_hf = max((p for p in table if p.startswith("hf_")), key=lambda p: table[p][0])
+    hf = table[best_hf][0]
     for task in tasks:
         base = dict(target=target, dtype="bf16", task=task, mode=mode, batch=batch, new_tokens=8, prompts=1)
-        ar = table["ar"][0]
-        best_hf = max((p for p in table if p.startswith("hf_")), key=lambda p: table[p][0])
         for p, (tps, mal, drafted, nodes, ppl, dms, tms) in table.items():
-            rows.append(_row("decoding", p, base, "tokens_per_s", "tok/s", tps))
-            rows.append(_row("decoding", p, base, "speedup_vs_ar", "x", tps / ar))
-            rows.append(_row("decoding", p, base, "target_perplexity", "ppl", ppl))
-            if p.startswith("hf_"):
-                continue
-            rows.append(_row("decoding", p, base, "speedup_vs_best_hf", "x", tps / table[best_hf][0]))
-            rows.append(_row("decoding", p, base, "best_hf_peer", best_hf, table[best_hf][0]))
-            rows.append(_row("decoding", p, base, "mean_acceptance_length", "tokens", mal))
-            rows.append(_row("decoding", p, base, "drafted_tokens_per_step", "tokens", drafted))
-            rows.append(_row("decoding", p, base, "drafted_nodes_per_step", "nodes", nodes))
-            if drafted:
-                rows.append(_row("decoding", p, base, "draft_acceptance_rate", "%", 100 * (mal - 1) / drafted))
-            for part, share in (("prefill", 10), ("draft", 30), ("verify", 50), ("bookkeeping", 10)):
-                rows.append(_row("decoding", p, base, f"time_{part}_share", "%", share))
-            if dms:
-                rows.append(_row("decoding", p, base, "draft_forward_ms", "ms", dms))
-            rows.append(_row("decoding", p, base, "target_forward_ms", "ms", tms))
-            rows.append(_row("decoding", p, base, "perplexity_vs_ar", "x", ppl / table["ar"][4]))
-            if p != "ar":
-                rows.append(_row("decoding", p, base, "tokens_differing_from_ar", "%", 0.0))
+            metrics = [("tokens_per_s", "tok/s", tps), ("speedup_vs_ar", "x", tps / ar[0]),
+                       ("target_perplexity", "ppl", ppl)]
+            if not p.startswith("hf_"):
+                metrics += [("speedup_vs_best_hf", "x", tps / hf), ("best_hf_peer", best_hf, hf),
+                            ("mean_acceptance_length", "tokens", mal),
+                            ("drafted_tokens_per_step", "tokens", drafted),
+                            ("drafted_nodes_per_step", "nodes", nodes)]
+                if drafted:
+                    metrics.append(("draft_acceptance_rate", "%", 100 * (mal - 1) / drafted))
+                metrics += [(f"time_{part}_share", "%", share) for part, share in SHARES]
+                if dms:
+                    metrics.append(("draft_forward_ms", "ms", dms))
+                metrics += [("target_forward_ms", "ms", tms), ("perplexity_vs_ar", "x", ppl / ar[4])]
+                if p != "ar":
+                    metrics.append(("tokens_differing_from_ar", "%", 0.0))
+            rows += [_row("decoding", p, base, *m) for m in metrics]
     return rows
 
 
@@ -86,9 +86,8 @@ def _write(path, rows):
 def _kernel_rows():
     rows = [_row("tree_mask", "machine", {}, "memcpy_gbps", "GB/s", 30.0)]
     for t in (16, 64):
-        params = dict(B=1, T=t)
-        rows.append(_row("tree_mask", "torch", params, "time", "ms", 0.5 * t / 16))
-        rows.append(_row("tree_mask", "cpp", params, "time", "ms", 0.01 * t / 16))
+        rows += [_row("tree_mask", "torch", {"B": 1, "T": t}, "time", "ms", 0.5 * t / 16),
+                 _row("tree_mask", "cpp", {"B": 1, "T": t}, "time", "ms", 0.01 * t / 16)]
     rows.append(_row("tree_mask", "cpp", dict(B=1, T=16), "bandwidth", "GB/s", 12.5))
     # T=64: only the share of memcpy was recorded (older CSVs): GB/s = 50 % x 30; the torch time's
     # spread (1.0 .. 4.5 around 2.0) is wider than its median, so it is flagged.
@@ -122,12 +121,9 @@ def test_findings_verdicts_follow_the_rules(results):
     items = paper_claims.findings(paper_claims.load(results / "decoding.csv"))
     assert len(items) == 4
     # GSD: TSD 4.2x SD's nodes for 1.2x MAL; GSD 1.6x SD's nodes at TSD's MAL.
-    assert _by_claim(items, "GSD")["verdict"] == "reproduced"
-    assert _by_claim(items, "GSD")["reason"] == ""
-    assert _by_claim(items, "OPT-Tree")["verdict"] == "reproduced"
-    assert _by_claim(items, "Ouroboros")["verdict"] == "reproduced"
-    mjsd = _by_claim(items, "MJSD")
-    assert mjsd["verdict"] == "reproduced" and "1.800" in mjsd["numbers"]
+    for claim in ("GSD", "OPT-Tree", "Ouroboros", "MJSD"):
+        assert _by_claim(items, claim)["verdict"] == "reproduced", claim
+    assert _by_claim(items, "GSD")["reason"] == "" and "1.800" in _by_claim(items, "MJSD")["numbers"]
 
 
 def test_findings_disagreement_carries_a_reason_from_the_numbers(tmp_path):
@@ -139,8 +135,7 @@ def test_findings_disagreement_carries_a_reason_from_the_numbers(tmp_path):
     gsd = _by_claim(items, "GSD")
     assert gsd["verdict"] == "partially" and "merging saved only" in gsd["reason"]
     mjsd = _by_claim(items, "MJSD")
-    assert mjsd["verdict"] == "not reproduced"
-    assert "draft cost / target cost = 0.75" in mjsd["reason"]
+    assert mjsd["verdict"] == "not reproduced" and "draft cost / target cost = 0.75" in mjsd["reason"]
     assert _by_claim(items, "OPT-Tree")["verdict"] == "not reproduced"
     table = paper_claims.markdown(items)
     assert table.count("\n") == len(items) + 1 and "not reproduced" in table
@@ -153,10 +148,9 @@ def test_findings_without_equal_budget_rows_skip_that_claim():
 
 
 def test_plots_written(results, written_plots):
-    written = written_plots
     assert {"kernel_tree_mask.png", "speedup_tiny-lm_greedy_b1.png", "speedup_tiny-lm_greedy_b4.png",
-            "acceptance_vs_drafted_tiny-lm_greedy.png"} <= written
-    for name in written:
+            "acceptance_vs_drafted_tiny-lm_greedy.png"} <= written_plots
+    for name in written_plots:
         with open(results / "plots" / name, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
@@ -206,11 +200,11 @@ def test_readme_summary_between_markers_and_full_tables_beside_the_results(resul
 
 def test_achieved_rate_from_throughput_rows_or_from_the_share_of_the_limit():
     rows = [_row("tree_attention", "machine", {}, "gemm_float32_gflops", "GFLOP/s", 100.0),
-            _row("tree_attention", "machine", {}, "gemm_bfloat16_gflops", "GFLOP/s", 400.0)]
-    for dtype in ("fp32", "bf16"):
-        rows.append(_row("tree_attention", "cpp", dict(dtype=dtype), "pct_gemm_peak", "%", 50.0))
-    rows.append(_row("tree_attention", "cpp", dict(dtype="bf16", T=2), "throughput", "GFLOP/s", 123.0))
-    rows.append(_row("tree_attention", "cpp", dict(dtype="bf16", T=2), "pct_gemm_peak", "%", 99.0))
+            _row("tree_attention", "machine", {}, "gemm_bfloat16_gflops", "GFLOP/s", 400.0),
+            _row("tree_attention", "cpp", dict(dtype="fp32"), "pct_gemm_peak", "%", 50.0),
+            _row("tree_attention", "cpp", dict(dtype="bf16"), "pct_gemm_peak", "%", 50.0),
+            _row("tree_attention", "cpp", dict(dtype="bf16", T=2), "throughput", "GFLOP/s", 123.0),
+            _row("tree_attention", "cpp", dict(dtype="bf16", T=2), "pct_gemm_peak", "%", 99.0)]
     got = results_tables.achieved(rows)
     assert got[("dtype=fp32", "cpp")] == (50.0, "GFLOP/s")
     assert got[("dtype=bf16", "cpp")] == (200.0, "GFLOP/s")

@@ -58,8 +58,7 @@ def load_target(spec):
             raise UnsupportedTarget(f"cannot distil a draft for {spec!r}: it is a {mt!r} model and specops distill "
                                     f"supports Llama-architecture targets (smollm2-135m, or a path to an HF "
                                     f"Llama model)")
-        model, tok = models.load(spec, "bf16")
-        return model, tok, spec
+        return (*models.load(spec, "bf16"), spec)
     if os.path.isdir(spec) and os.path.exists(os.path.join(spec, "config.json")):
         with open(os.path.join(spec, "config.json")) as f:
             mt = json.load(f).get("model_type")
@@ -70,8 +69,7 @@ def load_target(spec):
         names = ", ".join(k for k, v in _EMBEDDED_TYPES.items() if v in SUPPORTED_MODEL_TYPES)
         raise UnsupportedTarget(f"unknown target {spec!r}: expected an embedded name ({names}) or a path to "
                                 f"an HF Llama model directory")
-    model, tok = models.load_path(spec, "bf16")
-    return model, tok, os.path.abspath(spec)
+    return (*models.load_path(spec, "bf16"), os.path.abspath(spec))
 
 
 def run_args(args, command=None):
@@ -84,20 +82,16 @@ def run_args(args, command=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     layer_map = [int(x) for x in args.init_layers.split(",")] if args.init_layers else None
-    try:
-        model, tok, name = load_target(args.target)
-    except (UnsupportedTarget, ValueError, ImportError) as err:
-        print(f"specops distill: error: {err}", file=sys.stderr)
-        return 2
     command = command or " ".join(["specops"] + sys.argv[1:])
     try:
+        model, tok, name = load_target(args.target)
         out = run(model, tok, args.out, target_name=name, tokens=args.tokens, layers=args.layers,
                   layer_map=layer_map, draft_vocab=args.draft_vocab, k=args.topk, gen_frac=args.gen_frac,
                   gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, row_len=args.row_len, epochs=args.epochs,
                   steps=args.steps, batch_rows=args.batch_rows, lr=args.lr, max_train_minutes=args.max_train_minutes,
                   seed=args.seed, amp=not args.no_amp, command=command, progress_stream=sys.stderr,
                   export_dir=args.export, arch=args.arch, ttt_depth=args.ttt_depth, init_draft=args.init_draft)
-    except (UnsupportedTarget, ValueError) as err:
+    except (ValueError, ImportError) as err:  # UnsupportedTarget among them
         print(f"specops distill: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

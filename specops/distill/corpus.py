@@ -48,8 +48,7 @@ def pydoc_topics():
 
 def package_docs():
     """(name, text) of installed distributions' long descriptions (README text)."""
-    out = []
-    seen = set()
+    out, seen = [], set()
     for dist in sorted(importlib.metadata.distributions(), key=lambda d: (d.metadata["Name"] or "").lower()):
         name = dist.metadata["Name"]
         if not name or name.lower() in seen:
@@ -123,7 +122,7 @@ def _math_prompt(rng):
     a, b, c = rng.randint(2, 99), rng.randint(2, 99), rng.randint(2, 12)
     n1, n2 = rng.sample(_NAMES, 2)
     item = rng.choice(_ITEMS)
-    forms = [
+    return rng.choice([
         f"What is {a} times {b}?",
         f"Calculate {a} + {b} * {c}.",
         f"Solve for x: {c}x + {a} = {a + c * b}.",
@@ -136,8 +135,7 @@ def _math_prompt(rng):
         f"What is the area of a rectangle with sides {a} cm and {b} cm?",
         f"Find the derivative of {c}x^2 + {a}x + {b}.",
         f"If a shirt costs ${a} and is discounted by {c * 5}%, what is the new price?",
-    ]
-    return rng.choice(forms)
+    ])
 
 
 def make_prompts(n, sources, seed=0, pydoc=None):

@@ -110,12 +110,9 @@ def label_text_rows(target, rows, k, pad_id, features=False):
             if features:
                 feats[r] = got[-1][0].to(torch.bfloat16)
             got.clear()
-    mask = torch.ones(R, L, dtype=torch.bool)
-    out = {"tokens": ids.to(torch.int32), "mask": mask, "topk_idx": idx, "topk_lp": lp,
-           "kind": "text", "sources": [s for s, _ in rows]}
-    if features:
-        out["feats"] = feats
-    return out
+    out = {"tokens": ids.to(torch.int32), "mask": torch.ones(R, L, dtype=torch.bool), "topk_idx": idx,
+           "topk_lp": lp, "kind": "text", "sources": [s for s, _ in rows]}
+    return {**out, "feats": feats} if features else out
 
 
 @torch.no_grad()
@@ -165,23 +162,20 @@ def label_generations(target, tokenizer, prompts, k, max_new_tokens, temperature
     for b in range(len(prompts)):
         prompt = enc["input_ids"][b][enc["attention_mask"][b].bool()].tolist()
         g = gen[b].tolist()
-        n = len(g)
-        if eos is not None and eos in g:
-            n = g.index(eos) + 1
+        n = g.index(eos) + 1 if eos in g else len(g)
         rows.append(prompt + g[:n])
         labels.append((len(prompt), n, steps[b, :n]))
-    L = max(len(r) for r in rows)
-    R = len(rows)
-    pad = kwargs["pad_token_id"]
-    tokens = torch.full((R, L), pad, dtype=torch.int32)
+    R, L = len(rows), max(len(r) for r in rows)
+    tokens = torch.full((R, L), kwargs["pad_token_id"], dtype=torch.int32)
     mask = torch.zeros(R, L, dtype=torch.bool)
     idx = torch.zeros(R, L, k, dtype=torch.int32)
     lp = torch.zeros(R, L, k, dtype=torch.float16)
     for b, (row, (plen, n, logits)) in enumerate(zip(rows, labels)):
         tokens[b, : len(row)] = torch.tensor(row, dtype=torch.int32)
         # Step s of generate saw the sequence up to position plen+s-1 and produced token plen+s.
-        mask[b, plen - 1: plen - 1 + n] = True
-        idx[b, plen - 1: plen - 1 + n], lp[b, plen - 1: plen - 1 + n] = topk_logprobs(logits, k)
+        span = slice(plen - 1, plen - 1 + n)
+        mask[b, span] = True
+        idx[b, span], lp[b, span] = topk_logprobs(logits, k)
     return {"tokens": tokens, "mask": mask, "topk_idx": idx, "topk_lp": lp, "kind": "gen",
             "sources": [p["category"] for p in prompts], "temperature": temperature}
 
@@ -218,9 +212,7 @@ def rank_vocab(shards, vocab_size, draft_vocab, always=()):
     for t in always:
         if t is not None and 0 <= t < vocab_size:
             score[t] = float("inf")
-    draft_vocab = min(draft_vocab, vocab_size)
-    keep = score.topk(draft_vocab).indices
-    return keep.sort().values
+    return score.topk(min(draft_vocab, vocab_size)).indices.sort().values
 
 
 def coverage(shards, keep, vocab_size):

@@ -39,37 +39,26 @@ def _target_features(target, seq):
 
 
 @torch.no_grad()
-def agreement(target, draft, tok, new_tokens=64, prompts=None, chat=None):
-    """{category: (agreement, positions)} over the held-out prompts."""
+def agreement(target, draft, tok, new_tokens=64, prompts=None, chat=None, depth=1):
+    """{category: (agreement, positions)} over the held-out prompts. ``depth`` 2: a feature draft's
+    second chain token: from the target's feature at r and the token r+1 it predicts feature r+1
+    itself, then token r+3 from (token r+2, that prediction)."""
     counts = {}
     for cat, P, seq in _answers(target, tok, new_tokens, prompts, chat):
-        n = seq.shape[1] - P
+        want = seq[0, P:]  # the target's generated tokens
         if is_feature_draft(draft):
             # row r reads token r+1 and the target's feature r, and predicts token r+2
-            feats = _target_features(target, seq)
-            pred = draft(seq[:, 1:], features=feats[:, :-1]).logits[0, P - 2: P - 2 + n].argmax(-1)
+            logits = draft(seq[:, 1:], features=_target_features(target, seq)[:, :-1]).logits[0]
+            if depth == 2:
+                g = draft.last_features  # [1, L-1, H]: row r estimates the target's feature r+1
+                # row r of the second pass reads token r+2 and the estimate of feature r+1, predicts r+3
+                logits = draft(seq[:, 2:], features=g[:, :-1]).logits[0]
+            pred = logits[P - 1 - depth: -1].argmax(-1)
         else:
-            pred = draft(seq).logits[0, P - 1: P - 1 + n].argmax(-1)
+            pred = draft(seq).logits[0, P - 1: -1].argmax(-1)
         hit, tot = counts.get(cat, (0, 0))
-        counts[cat] = (hit + int((pred == seq[0, P:]).sum()), tot + n)
+        counts[cat] = (hit + int((pred == want).sum()), tot + want.numel())
     return {cat: (hit / max(1, tot), tot) for cat, (hit, tot) in counts.items()}
-
-
-@torch.no_grad()
-def depth2_agreement(target, draft, tok, new_tokens=64, prompts=None, chat=None):
-    """A feature draft's second chain token: from the target's feature at r and the token r+1 it
-    predicts feature r+1 itself, then token r+3 from (token r+2, that prediction). {category: share}."""
-    counts = {}
-    for cat, P, seq in _answers(target, tok, new_tokens, prompts, chat):
-        feats = _target_features(target, seq)
-        draft(seq[:, 1:], features=feats[:, :-1])
-        g = draft.last_features  # [1, L-1, H]: row r estimates the target's feature r+1
-        # row r of the second pass reads token r+2 and the estimate of feature r+1, predicts r+3
-        pred = draft(seq[:, 2:], features=g[:, :-1]).logits[0].argmax(-1)
-        rows = torch.arange(P - 3, seq.shape[1] - 3)
-        hit, tot = counts.get(cat, (0, 0))
-        counts[cat] = (hit + int((pred[rows] == seq[0, rows + 3]).sum()), tot + rows.numel())
-    return {cat: hit / max(1, tot) for cat, (hit, tot) in counts.items()}
 
 
 @torch.no_grad()
@@ -111,15 +100,14 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     target, tok = models.load(args.target, "bf16")
     if args.draft_dir:
-        emb, _ = target_embedding(args.target)
-        draft = load_draft_dir(args.draft_dir, emb, dtype=torch.bfloat16)
+        draft = load_draft_dir(args.draft_dir, target_embedding(args.target)[0], dtype=torch.bfloat16)
     else:
         draft, _ = load_draft(args.draft, "bf16")
     agree = agreement(target, draft, tok, args.new_tokens)
     cost = step_cost(target, draft)
     res = {"agreement": {k: round(v[0], 4) for k, v in agree.items()},
-           **({"depth2_agreement": {k: round(v, 4) for k, v in depth2_agreement(
-               target, draft, tok, args.new_tokens).items()}} if is_feature_draft(draft) else {}),
+           **({"depth2_agreement": {k: round(v[0], 4) for k, v in agreement(
+               target, draft, tok, args.new_tokens, depth=2).items()}} if is_feature_draft(draft) else {}),
            "positions": {k: v[1] for k, v in agree.items()},
            "agreement_all": round(sum(a * n for a, n in agree.values()) / max(1, sum(n for _, n in agree.values())), 4),
            "draft_ms": round(cost["draft"], 2), "target_ms": round(cost["target"], 2),

@@ -74,25 +74,22 @@ def collect(target, tokenizer, data_dir, plan, progress):
     text_rows = data.TextRows(tokenizer, pools, plan["row_len"], plan["seed"])
     n_gen = kinds.count("gen")
     prompts = corpus.make_prompts(n_gen * plan["gen_batch"], src, seed=plan["seed"], pydoc=topics)
-    temps = plan["gen_temperatures"]
-    t0 = time.perf_counter()
+    temps, features = plan["gen_temperatures"], plan.get("features", False)
+    t0, done = time.perf_counter(), 0
     todo = [i for i in range(len(kinds)) if not os.path.exists(data.shard_path(data_dir, i))]
-    done = 0
     progress.log(f"data: {len(kinds)} shards ({n_gen} generated, {len(kinds) - n_gen} corpus), "
                  f"{len(kinds) - len(todo)} already collected")
-    gi = ti = 0
+    gi = 0
     for i, kind in enumerate(kinds):
         path = data.shard_path(data_dir, i)
         ts = time.perf_counter()
         if kind == "text":
             rows = text_rows.take(rows_per_text)  # advance the stream even when the shard exists
-            ti += 1
             if os.path.exists(path):
                 continue
             if not rows:
                 raise ValueError("the offline corpus ran out of text; lower --tokens or --gen-frac")
-            shard = data.label_text_rows(target, rows, plan["k"], tokenizer.pad_token_id,
-                                         features=plan.get("features", False))
+            shard = data.label_text_rows(target, rows, plan["k"], tokenizer.pad_token_id, features=features)
         else:
             batch = prompts[gi * plan["gen_batch"]:(gi + 1) * plan["gen_batch"]]
             temp = temps[gi % len(temps)]
@@ -101,21 +98,17 @@ def collect(target, tokenizer, data_dir, plan, progress):
                 continue
             shard = data.label_generations(target, tokenizer, batch, plan["k"], plan["gen_tokens"], temp,
                                            seed=plan["seed"] * 100_003 + i)
-            if plan.get("features", False):
+            if features:
                 data.add_features(target, shard)
         shard["wall_s"] = time.perf_counter() - ts
         data.save_shard(shard, path)
         done += 1
         progress.update("collect", done, len(todo), t0, f"shard {i} ({kind})", force=done == len(todo))
     used = {name: [n for n, _ in items[:cur]] for (name, items), cur in zip(text_rows.pools, text_rows._cursor)}
-    manifest = {
-        "python": platform.python_version(),
-        "corpus_pools": {name: {"items_available": len(items), "items_used": len(used[name]),
-                                "chars_available": sum(len(t) for _, t in items)}
-                         for name, items in text_rows.pools},
-        "corpus_items_used": used,
-        "prompts": prompts,
-    }
+    pools = {name: {"items_available": len(items), "items_used": len(used[name]),
+                    "chars_available": sum(len(t) for _, t in items)} for name, items in text_rows.pools}
+    manifest = {"python": platform.python_version(), "corpus_pools": pools, "corpus_items_used": used,
+                "prompts": prompts}
     write_json(os.path.join(data_dir, "manifest.json"), manifest, indent=1)
     return manifest
 
@@ -130,27 +123,20 @@ def data_summary(shards, manifest):
         d["labelled_tokens"] += int(s["mask"].sum())
     cats = collections.Counter(p["category"] for p in manifest.get("prompts", []))
     return {"by_kind": by_kind, "prompt_categories": dict(cats),
-            "corpus_pools": manifest.get("corpus_pools", {}),
-            "corpus_items_used": manifest.get("corpus_items_used", {})}
+            **{key: manifest.get(key, {}) for key in ("corpus_pools", "corpus_items_used")}}
 
 
-def _init_keep(draft_dir):
-    """The draft vocabulary (int64 [Vd]) of an exported draft."""
-    from safetensors import safe_open
+def _init_tensors(draft_dir):
+    """An exported draft's tensors (a fine-tuning start), its vocabulary under ``lm_head.keep``."""
+    from safetensors.torch import load_file
 
     path = os.path.join(draft_dir, "model.safetensors")
     if not os.path.exists(path):
         raise ValueError(f"--init-draft: expected an exported draft directory with model.safetensors, got {draft_dir}")
-    with safe_open(path, "pt") as f:
-        return f.get_tensor("lm_head.keep").to(torch.int64)
+    return load_file(path)
 
 
-def _load_init(draft, draft_dir, keep):
-    """Copies an exported draft's weights into ``draft`` (a fine-tuning start)."""
-    from safetensors.torch import load_file
-
-    tensors = load_file(os.path.join(draft_dir, "model.safetensors"))
-    tensors.pop("lm_head.keep")
+def _load_init(draft, draft_dir, tensors):
     missing, unexpected = draft.load_state_dict(tensors, strict=False)
     trainable = {n for n, p in draft.named_parameters() if p.requires_grad}
     if unexpected or trainable & set(missing):
@@ -179,17 +165,15 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
     progress = Progress(progress_stream)
     t_start = time.perf_counter()
     n_layers = target.config.num_hidden_layers
-    if layers is None:
-        layers = 1 if arch == "feature" else 2
+    layers = (1 if arch == "feature" else 2) if layers is None else layers
     layer_map = list(layer_map) if layer_map is not None else default_layer_map(n_layers, layers)
     if len(layer_map) != layers or any(not 0 <= j < n_layers for j in layer_map):
         raise ValueError(f"--init-layers must name {layers} target layers in 0..{n_layers - 1}, got {layer_map}")
     shards_n = max(2, -(-tokens // shard_tokens))
     plan = {"target": target_name, "shards": shards_n, "shard_tokens": shard_tokens, "gen_frac": gen_frac,
             "gen_tokens": gen_tokens, "gen_batch": gen_batch, "row_len": row_len, "k": k, "seed": seed,
-            "gen_temperatures": list(gen_temperatures), "max_stdlib_files": max_stdlib_files}
-    if arch == "feature":
-        plan["features"] = True
+            "gen_temperatures": list(gen_temperatures), "max_stdlib_files": max_stdlib_files,
+            **({"features": True} if arch == "feature" else {})}
     data_dir = os.path.join(out_dir, "data")
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -198,8 +182,9 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
     shards = data.load_shards(data_dir, shards_n)
 
     keep_path = os.path.join(data_dir, f"keep_{shards_n}_{draft_vocab}.pt")
-    if init_draft is not None:  # fine-tuning keeps the draft's vocabulary, whatever the data now ranks first
-        keep = _init_keep(init_draft)
+    init = None if init_draft is None else _init_tensors(init_draft)
+    if init is not None:  # fine-tuning keeps the draft's vocabulary, whatever the data now ranks first
+        keep = init.pop("lm_head.keep").to(torch.int64)
     elif os.path.exists(keep_path):
         keep = torch.load(keep_path)
     else:
@@ -229,12 +214,10 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
     emb = target.model.embed_tokens.weight.detach().float()
     torch.manual_seed(seed)
     draft = build_draft(cfg, keep, emb, arch=arch)
-    if init_draft is not None:
-        _load_init(draft, init_draft, keep)
-    elif arch == "feature":
-        init_feature_draft(draft, target, layer_map)
+    if init is not None:
+        _load_init(draft, init_draft, init)
     else:
-        init_from_target(draft, target, layer_map)
+        (init_feature_draft if arch == "feature" else init_from_target)(draft, target, layer_map)
     draft.float()
     origin = f"fine-tuned from {init_draft}" if init_draft is not None else f"initialised from target layers {layer_map}"
     progress.log(f"draft: {layers} layers {origin}, "

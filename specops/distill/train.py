@@ -21,10 +21,8 @@ class Progress:
     """One status line (rewritten in place on a terminal, a line every ``every`` s otherwise)."""
 
     def __init__(self, stream, every=10.0):
-        self.stream = stream
-        self.every = every
+        self.stream, self.every, self._last = stream, every, 0.0
         self.tty = bool(stream is not None and hasattr(stream, "isatty") and stream.isatty())
-        self._last = 0.0
 
     def update(self, phase, done, total, t0, extra="", force=False):
         if self.stream is None:
@@ -34,15 +32,10 @@ class Progress:
             return
         self._last = now
         rate = done / max(now - t0, 1e-9)
-        eta = (total - done) / rate if rate > 0 else float("inf")
-        eta_s = f"{eta / 60:.1f} min" if math.isfinite(eta) else "?"
-        line = f"[{phase}] {done}/{total} ({100 * done / max(total, 1):.0f}%) eta {eta_s} {extra}"
-        if self.tty:
-            self.stream.write("\r" + line.ljust(100))
-            if force:
-                self.stream.write("\n")
-        else:
-            self.stream.write(line + "\n")
+        eta = f"{(total - done) / rate / 60:.1f} min" if rate > 0 else "?"
+        line = f"[{phase}] {done}/{total} ({100 * done / max(total, 1):.0f}%) eta {eta} {extra}"
+        end = "\n" if force or not self.tty else ""
+        self.stream.write(("\r" + line.ljust(100) if self.tty else line) + end)
         self.stream.flush()
 
     def log(self, msg):
@@ -198,11 +191,7 @@ def evaluate_rows(draft, rows, full2sub, amp, batch_rows=16, depth=1):
 def chain_score(agree):
     """Expected accepted tokens of a greedy chain as long as ``agree`` (per-depth conditional
     agreements): a1 + a1 a2 + ...; with one depth it is the agreement itself."""
-    score, run = 0.0, 1.0
-    for a in agree:
-        run *= a
-        score += run
-    return score
+    return sum(math.prod(agree[:d + 1]) for d in range(len(agree)))
 
 
 def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmup, seed, amp,
@@ -217,8 +206,7 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
     interrupt a run. Returns a summary dict (steps done, wall time, losses, best held-out agreement).
     """
     os.makedirs(ckpt_dir, exist_ok=True)
-    V = draft.config.vocab_size
-    full2sub = torch.full((V,), -1, dtype=torch.int64)
+    full2sub = torch.full((draft.config.vocab_size,), -1, dtype=torch.int64)
     full2sub[draft.lm_head.keep] = torch.arange(draft.lm_head.keep.numel())
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
@@ -232,11 +220,8 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
         if progress:
             progress.log(f"resumed from {last} at step {state['step']}")
     per_epoch = max(1, len(train_rows) // batch_rows)
-    t0 = time.perf_counter()
-    wall0 = state["wall"]
-    start = state["step"]
-    run_loss = run_agree = 0.0
-    n_run = 0
+    t0, wall0, start = time.perf_counter(), state["wall"], state["step"]
+    run_loss = run_agree = n_run = 0
 
     def save(path):
         save_shard({"model": trainable_state(draft), "opt": opt.state_dict(), "state": state}, path)
@@ -254,8 +239,7 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        state["step"] = step + 1
-        state["wall"] = wall0 + time.perf_counter() - t0
+        state.update(step=step + 1, wall=wall0 + time.perf_counter() - t0)
         run_loss += float(loss.detach())
         run_agree += agree
         n_run += 1
@@ -275,8 +259,7 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
                     if depth > 1:
                         state["best_agree_by_depth"] = by_depth
                     save(os.path.join(ckpt_dir, "best.pt"))
-            run_loss = run_agree = 0.0
-            n_run = 0
+            run_loss = run_agree = n_run = 0
         if progress:
             h = state["history"][-1] if state["history"] else {}
             if n_run:  # running means since the last evaluation
@@ -287,13 +270,12 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
                 if "val_agree_by_depth" in h:
                     extra += " by depth " + "/".join(f"{a:.2f}" for a in h["val_agree_by_depth"])
             progress.update("train", done - start, steps - start, t0, extra, force=done == steps)
-        if done % ckpt_every == 0 or done == steps or timed_out or (stop_after and done >= stop_after):
+        stop = timed_out or (stop_after and done >= stop_after)
+        if done % ckpt_every == 0 or done == steps or stop:
             save(last)
-        if timed_out:
-            if progress:
-                progress.log(f"training stopped at the time limit ({max_seconds:.0f} s) after step {done}")
-            break
-        if stop_after and done >= stop_after:
+        if timed_out and progress:
+            progress.log(f"training stopped at the time limit ({max_seconds:.0f} s) after step {done}")
+        if stop:
             break
     if not val_rows:
         save(os.path.join(ckpt_dir, "best.pt"))
