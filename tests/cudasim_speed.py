@@ -6,22 +6,18 @@ racecheck off and on, and prints the best of --reps wall times per case and thei
     python tests/cudasim_speed.py [--reps 3] [--only tree_attention linear ...] [--json out.json]
 """
 import argparse
-import importlib.util
 import json
 import os
 import pathlib
 import time
 
-HERE = pathlib.Path(__file__).resolve().parent
-
 
 def load_cases():
-    spec = importlib.util.spec_from_file_location("_cudasim_cases", HERE / "test_cudasim.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    if mod.sim is None:
+    import test_cudasim  # this script's folder, tests/, is on sys.path
+
+    if test_cudasim.sim is None:
         raise SystemExit("specops._C_cudasim is not built")
-    return mod.sim, mod.CASES
+    return test_cudasim.sim, test_cudasim.CASES
 
 
 def best(fn, reps):
