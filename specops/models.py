@@ -180,10 +180,9 @@ def load(name, dtype=None, tp_size=1):
         _tp_kwargs(tp_size, None, kind)  # raises: drafts are not sharded
     if kind == "draft":
         return load_draft(name, dtype)
-    entry = EMBEDDED[base]
     dest = os.path.join(cache_dir(), base)
     if not os.path.exists(os.path.join(dest, "model.safetensors")):
-        _convert(entry, dest)
+        _convert(EMBEDDED[base], dest)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = resolve_dtype(dtype, torch.bfloat16)
@@ -195,8 +194,7 @@ def load(name, dtype=None, tp_size=1):
     if kind == "int8":
         model = quantize_int8(model)
     # generate(model, "text") finds the name (default draft) and tokenizer through these.
-    model.specops_name = name
-    model.specops_tokenizer = tok
+    model.specops_name, model.specops_tokenizer = name, tok
     return model, tok
 
 
