@@ -66,8 +66,9 @@ class TSD(ModelDrafter):
         """TSD's search on the device. Graph nodes are numbered in creation order (BFS: layer by
         layer, a layer's children in frontier order, siblings best first), which is also the
         order of the host search's unmerged tree, so the first ``max_tree_nodes`` nodes are the
-        target's tree as they are. Reading or sync-free (the module docstring), the same tree: the
-        read count sizes the next forward's block (``DraftLM`` keeps node counts on the host).
+        target's tree as they are. Both ``sync_free`` modes (the module docstring) build the same
+        tree; reading, each count sizes the next forward's block to exactly the frontier (``DraftLM``
+        keeps node counts on the host) and an empty frontier stops drafting.
         Shape: -> Draft with tokens int64 [B, T], T = min(largest tree, max_tree_nodes)."""
         d, B, M = ctx.draft, ctx.batch, self.max_nodes
         sync_free = self.sync_free if self.sync_free is not None else d.device.type != "cpu"
