@@ -4,20 +4,17 @@ import math
 
 import pytest
 import torch
+from _op_checks import needs_cpp
 
 import specops
 from specops import backend as _backend
 
-from _op_checks import needs_cpp
-
 INF = float("inf")
 
 
-def warp(logits, t, k=0, p=1.0, backend="torch", device="cpu", dtype=torch.float32, **kw):
-    x = torch.as_tensor(logits, dtype=dtype, device=device)
-    if x.dim() == 1:
-        x = x[None]
-    return specops.warp_probs(x, t, k, p, backend=backend, **kw).cpu()
+def warp(logits, t, k=0, p=1.0, backend="torch", device="cpu"):
+    x = torch.atleast_2d(torch.as_tensor(logits, dtype=torch.float32, device=device))
+    return specops.warp_probs(x, t, k, p, backend=backend).cpu()
 
 
 def softmax_on(logits, keep):
@@ -89,18 +86,13 @@ def test_per_row_tensor_parameters_equal_row_by_row_calls(backend, device):
 PARAMS = [(1.0, 0, 1.0), (0.7, 20, 1.0), (1.3, 0, 0.9), (0.8, 50, 0.8), (1.0, 0, 1e-6), (0.0, 0, 1.0)]
 
 
-def _grid_case(N, V, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(N, V, generator=g) * 3
-    if dtype == torch.bfloat16:
-        return x.to(dtype)  # bf16 rounding makes many exact ties
-    return x
-
-
 def _compare(x, params, fast_backend, device):
+    """``fast_backend`` equals the reference on the logits ``x`` with each (t, k, p) of ``params``
+    (scalars or per-row tensors)."""
     for t, k, p in params:
         want = specops.warp_probs(x, t, k, p, backend="torch")
-        got = specops.warp_probs(x.to(device), t, k, p, backend=fast_backend).cpu()
+        args = [v.to(device) if isinstance(v, torch.Tensor) else v for v in (t, k, p)]
+        got = specops.warp_probs(x.to(device), *args, backend=fast_backend).cpu()
         assert got.dtype == torch.float32
         assert_probs(got, want)
         torch.testing.assert_close(got.sum(-1), torch.ones(x.shape[0]), rtol=0, atol=1e-5)
@@ -120,13 +112,15 @@ def _interpreted(backend, device):
 def test_matches_reference(fast_backend, device, N, V, dtype):
     if _interpreted(fast_backend, device) and (N, V, dtype) not in INTERPRETED_GRID:
         pytest.skip("the Triton interpreter is slow: INTERPRETED_GRID covers it")
-    _compare(_grid_case(N, V, dtype, N * V), PARAMS, fast_backend, device)
+    x = torch.randn(N, V, generator=torch.Generator().manual_seed(N * V)) * 3
+    _compare(x.to(dtype), PARAMS, fast_backend, device)  # bf16 rounding makes many exact ties
 
 
 def test_matches_reference_one_large_row_interpreted(fast_backend, device):
     if not _interpreted(fast_backend, device):
         pytest.skip("covered by test_matches_reference")
-    _compare(_grid_case(1, 32000, torch.bfloat16, 5), [(0.8, 50, 0.8)], fast_backend, device)
+    x = torch.randn(1, 32000, generator=torch.Generator().manual_seed(5)) * 3
+    _compare(x.bfloat16(), [(0.8, 50, 0.8)], fast_backend, device)
 
 
 @pytest.mark.parametrize("N,V", [(3, 11), (33, 1000)])
@@ -140,9 +134,7 @@ def test_matches_reference_with_per_row_parameters(fast_backend, device, N, V):
     k = torch.randint(0, V + 3, (N,), generator=g, dtype=torch.int32)
     p = torch.rand(N, generator=g).clamp(min=1e-6)
     p[1::3] = 1.0
-    want = specops.warp_probs(x, t, k, p, backend="torch")
-    got = specops.warp_probs(x.to(device), t.to(device), k.to(device), p.to(device), backend=fast_backend)
-    assert_probs(got.cpu(), want)
+    _compare(x, [(t, k, p)], fast_backend, device)
 
 
 @pytest.mark.parametrize("scale", [0.0, 0.3, 3.0, 30.0], ids=["flat", "mild", "normal", "peaked"])
@@ -189,9 +181,7 @@ def test_large_vocabularies_with_per_row_parameters(fast_backend, device, V):
     t = torch.tensor([0.9, 0.0, 1.1])
     k = torch.tensor([0, 5, 40], dtype=torch.int32)
     p = torch.tensor([0.85, 0.5, 1.0])
-    want = specops.warp_probs(x, t, k, p, backend="torch")
-    got = specops.warp_probs(x.to(device), t.to(device), k.to(device), p.to(device), backend=fast_backend)
-    assert_probs(got.cpu(), want)
+    _compare(x, [(t, k, p)], fast_backend, device)
 
 
 TIE_CASES = {
@@ -279,12 +269,11 @@ def test_huge_vocabulary_top_p_counts_mass_without_overflow(backend, device):
         pytest.skip("20M-token rows take ~50 min in the Triton interpreter; see the next test, and the GPU run")
     V = 20971520
     x = torch.zeros(1, V)
-    x[0, V // 2:] = -0.5  # half the tokens tie at z = -0.5: top_p = 0.7 needs every one of them
-    got = specops.warp_probs(x.to(device), 1.0, 0, 0.7, backend=backend).cpu()
-    assert int((got > 0).sum()) == V
-    x[0, V // 2:] = -2.0  # now the top half alone holds 0.88 > 0.7 of the mass
-    got = specops.warp_probs(x.to(device), 1.0, 0, 0.7, backend=backend).cpu()
-    assert int((got > 0).sum()) == V // 2
+    # Half the tokens tie at z = -0.5: top_p = 0.7 needs every one of them; at z = -2.0 the top half
+    # alone holds 0.88 > 0.7 of the mass.
+    for tail, kept in ((-0.5, V), (-2.0, V // 2)):
+        x[0, V // 2:] = tail
+        assert int((warp(x, 1.0, 0, 0.7, backend=backend, device=device) > 0).sum()) == kept
 
 
 def test_fixed_point_scale_shrinks_with_the_vocabulary_and_triton_honours_it(monkeypatch, device):
@@ -334,7 +323,6 @@ def test_check_false_skips_value_checks():
 
 
 # ---- registration ----------------------------------------------------------------------------
-
 
 @needs_cpp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

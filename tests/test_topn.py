@@ -4,14 +4,13 @@ import math
 
 import pytest
 import torch
+from _op_checks import assert_same, needs_cpp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specops
 from specops import backend as _backend
 from specops.testing import random_num_nodes, random_parents
-
-from _op_checks import assert_same, needs_cpp
 
 INF = float("inf")
 
@@ -60,7 +59,7 @@ def test_expand_golden(backend, device, name):
 def test_tsd_style_top_k_per_frontier_node(backend, device):
     g = torch.Generator().manual_seed(1)
     cl = torch.log_softmax(torch.randn(3, 50, generator=g), -1)
-    s, t, p = expand([0.0, -2.0, -9.0], cl, 12, k=4, backend=backend, device=device)
+    _, t, p = expand([0.0, -2.0, -9.0], cl, 12, k=4, backend=backend, device=device)
     assert sorted(p[0].tolist()) == [0] * 4 + [1] * 4 + [2] * 4
     for parent in range(3):
         want = cl[parent].topk(4).indices.tolist()
@@ -70,11 +69,10 @@ def test_tsd_style_top_k_per_frontier_node(backend, device):
 def test_beam_step_keeps_the_m_best_continuations(backend, device):
     beams = torch.tensor([[-0.1, -0.9, -3.0]])
     cl = torch.log_softmax(torch.randn(1, 3, 40), -1)
-    s, t, p = specops.topn_expand(beams.to(device), cl.to(device), 3, backend=backend)
-    flat = (beams[:, :, None] + cl).flatten()
-    top = flat.topk(3)
-    torch.testing.assert_close(s.cpu()[0], top.values)
-    assert (p.cpu()[0] * 40 + t.cpu()[0]).tolist() == top.indices.tolist()
+    s, t, p = expand(beams, cl, 3, backend=backend, device=device)
+    top = (beams[:, :, None] + cl).flatten().topk(3)
+    torch.testing.assert_close(s[0], top.values)
+    assert (p[0] * 40 + t[0]).tolist() == top.indices.tolist()
 
 
 # ---- topn_expand: every backend vs the reference --------------------------------------------------
@@ -117,27 +115,23 @@ def test_expand_half_inputs_match_reference(fast_backend, device, dtype):
 
 def test_expand_equals_torch_topk_without_ties(backend, device):
     ps, cl = _expand_case(3, 5, 700, torch.float32, False, 3)
-    flat = (ps[:, :, None] + cl).reshape(3, -1)
-    top = flat.topk(20)
-    s, t, p = specops.topn_expand(ps.to(device), cl.to(device), 20, backend=backend)
-    torch.testing.assert_close(s.cpu(), top.values, rtol=0, atol=0)
-    assert torch.equal(p.cpu().long() * 700 + t.cpu(), top.indices)
+    top = (ps[:, :, None] + cl).reshape(3, -1).topk(20)
+    s, t, p = expand(ps, cl, 20, backend=backend, device=device)
+    torch.testing.assert_close(s, top.values, rtol=0, atol=0)
+    assert torch.equal(p.long() * 700 + t, top.indices)
     # per_parent_k: the per-parent topk, then the global topk
     per = cl.topk(2, dim=-1)
-    cand = (ps[:, :, None] + per.values).reshape(3, -1)
-    best = cand.topk(6)
-    s, t, p = specops.topn_expand(ps.to(device), cl.to(device), 6, per_parent_k=2, backend=backend)
-    assert torch.equal(p.cpu().long(), best.indices // 2)
-    assert torch.equal(t.cpu().long(), per.indices.reshape(3, -1).gather(1, best.indices))
+    best = (ps[:, :, None] + per.values).reshape(3, -1).topk(6)
+    _, t, p = expand(ps, cl, 6, 2, backend=backend, device=device)
+    assert torch.equal(p.long(), best.indices // 2)
+    assert torch.equal(t.long(), per.indices.reshape(3, -1).gather(1, best.indices))
 
 
 # ---- select_topn_subtree: golden cases on every backend ----------------------------------------
 
 def select(parents, scores, n, num_nodes=None, backend="torch", device="cpu"):
-    par = torch.tensor(parents, dtype=torch.int32, device=device)
-    sc = torch.tensor(scores, dtype=torch.float32, device=device)
-    if par.dim() == 1:
-        par, sc = par[None], sc[None]
+    par, sc = torch.atleast_2d(torch.tensor(parents, dtype=torch.int32, device=device),
+                               torch.tensor(scores, dtype=torch.float32, device=device))
     nn = None if num_nodes is None else torch.tensor(num_nodes, dtype=torch.int32, device=device)
     return tuple(t.cpu() for t in specops.select_topn_subtree(par, sc, n, nn, backend=backend))
 
@@ -250,12 +244,10 @@ def test_property_selection_is_a_connected_optimal_subtree_containing_the_root(B
 
 # ---- errors (bad input: the battery of tests/test_bad_input.py) ----------------------------------
 
-PS, CL = torch.zeros(2, 3), torch.zeros(2, 3, 5)
-
-
 def test_n_at_the_limit_pads(backend, device):
     n = 2048 if backend in ("cuda", "cudasim") else 65536  # CUDA selects in shared memory
-    s, t, p = specops.topn_expand(PS[:1].to(device), CL[:1].to(device), n, backend=backend)
+    s, t, p = specops.topn_expand(torch.zeros(1, 3, device=device), torch.zeros(1, 3, 5, device=device), n,
+                                  backend=backend)
     assert s.shape == (1, n) and (t[0, 15:] == -1).all() and (p[0, :15] >= 0).all()
 
 

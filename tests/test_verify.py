@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from _op_checks import assert_same
 
 import specops
 from specops import backend as _backend
@@ -27,10 +28,9 @@ def rows(*r):
 def uni(T, coins=None, draws=None, fill=0.5):
     """[1, T, 2] uniforms: coins[c] -> [c, 0], draws[u] -> [u, 1], the rest `fill`."""
     u = torch.full((1, T, 2), fill)
-    for c, v in (coins or {}).items():
-        u[0, c, 0] = v
-    for c, v in (draws or {}).items():
-        u[0, c, 1] = v
+    for col, values in enumerate((coins, draws)):
+        for c, v in (values or {}).items():
+            u[0, c, col] = v
     return u
 
 
@@ -47,13 +47,6 @@ def greedy(backend, device, tokens, parents, logits, n=None):
                                 None if n is None else t32([n]).to(device), backend=backend)
     idx, length, bonus = (o.cpu() for o in out)
     return idx[0, : int(length[0])].tolist(), int(bonus[0])
-
-
-def onehot_logits(argmaxes, V):
-    x = torch.zeros(1, len(argmaxes), V)
-    for i, a in enumerate(argmaxes):
-        x[0, i, a] = 5.0
-    return x
 
 
 # ---- golden cases: R1 ----------------------------------------------------------------------------
@@ -73,7 +66,8 @@ GREEDY_GOLDEN = {
 @pytest.mark.parametrize("name", list(GREEDY_GOLDEN))
 def test_greedy_golden(backend, device, name):
     tokens, parents, argmaxes, n, path, bonus = GREEDY_GOLDEN[name]
-    assert greedy(backend, device, tokens, parents, onehot_logits(argmaxes, 10), n=n) == (path, bonus)
+    logits = 5.0 * torch.nn.functional.one_hot(torch.tensor([argmaxes]), 10)
+    assert greedy(backend, device, tokens, parents, logits, n=n) == (path, bonus)
 
 
 def test_greedy_ties_go_to_the_lowest_token_and_low_precision_logits(backend, device):
@@ -100,15 +94,11 @@ def _distinct_siblings(tokens, parents, V):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_one_hot_targets_make_every_mode_greedy(backend, device, mode):
-    c = random_verify_case(3, 9, 7, generator=torch.Generator().manual_seed(3), match=0.8)
-    tokens = _distinct_siblings(c["tokens"], c["parents"], 7)
-    hot = torch.nn.functional.one_hot(c["target_logits"].argmax(-1), 7).float()
-    want = specops.verify_greedy(tokens, c["parents"], c["target_logits"], c["num_nodes"], backend="torch")
-    got = specops.verify_tree(tokens.to(device), c["parents"].to(device), hot.to(device), c["uniforms"].to(device),
-                              draft_probs=c["draft_probs"].to(device), mode=mode, num_nodes=c["num_nodes"].to(device),
-                              backend=backend)
-    for w, o in zip(want, got):
-        assert torch.equal(w, o.cpu())
+    c = random_verify_case(3, 9, 7, generator=torch.Generator().manual_seed(3), match=0.8, device=device)
+    c["tokens"] = _distinct_siblings(c["tokens"], c["parents"], 7)
+    c["target_probs"] = torch.nn.functional.one_hot(c["target_logits"].argmax(-1), 7).float()
+    want = _run("greedy", c, backend="torch")
+    assert_same(_run(mode, c, backend=backend), want, I32)
     assert want[1].float().mean() > 1.5
 
 
@@ -241,48 +231,28 @@ def _case(B, T, V, device, chain=False):
     return random_verify_case(B, T, V, generator=g, device=device, chain=chain)
 
 
-def _grid(fast_backend):
-    return TRITON_GRID if fast_backend == "triton" and _backend._interpret() else GRID
+def _run(op, c, tau=None, u=None, **kw):
+    """``op`` (greedy, a mode of MODES, or joint: the chain of the case's T tokens against T + 1 rows,
+    with ``tau`` and the uniform ``u``, where given) on the case ``c``; ``kw``: backend, check."""
+    if op == "greedy":
+        return specops.verify_greedy(c["tokens"], c["parents"], c["target_logits"], c["num_nodes"], **kw)
+    if op != "joint":
+        return specops.verify_tree(c["tokens"], c["parents"], c["target_probs"], c["uniforms"],
+                                   draft_probs=c["draft_probs"], mode=op, num_nodes=c["num_nodes"], **kw)
+    V = c["target_logits"].shape[2]
+    lp = torch.log_softmax(torch.cat([c["target_logits"], c["target_logits"][:, :1]], 1), -1)
+    lq = torch.cumsum(torch.log(c["draft_probs"].amax(-1)), 1)
+    u = c["uniforms"][:, 0, 0].contiguous() if u is None else torch.full_like(lq[:, 0], u)
+    return specops.verify_joint(c["tokens"].clamp(0, V - 1).contiguous(), lp, lq, tau, u, **kw)
 
 
-def _assert_equal(want, got):
-    for w, o in zip(want, got):
-        assert o.dtype == torch.int32 and torch.equal(o.cpu(), w.cpu())
-
-
-@pytest.fixture
-def grid(fast_backend):
-    return _grid(fast_backend)
-
-
-def test_greedy_matches_reference(fast_backend, device, grid):
-    for B, T, V in grid:
-        c = _case(B, T, V, device)
-        args = (c["tokens"], c["parents"], c["target_logits"], c["num_nodes"])
-        _assert_equal(specops.verify_greedy(*args, backend="torch"), specops.verify_greedy(*args, backend=fast_backend))
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_tree_matches_reference(fast_backend, device, grid, mode):
-    for B, T, V in grid:
-        for chain in (False, True) if T > 1 else (False,):
+@pytest.mark.parametrize("op", ["greedy", *MODES, "joint"])
+def test_matches_reference(fast_backend, device, op):
+    for B, T, V in TRITON_GRID if fast_backend == "triton" and _backend._interpret() else GRID:
+        for chain in (False, True) if T > 1 and op in MODES else (False,):
             c = _case(B, T, V, device, chain)
-            args = (c["tokens"], c["parents"], c["target_probs"], c["uniforms"])
-            kw = dict(draft_probs=c["draft_probs"], mode=mode, num_nodes=c["num_nodes"])
-            _assert_equal(specops.verify_tree(*args, **kw, backend="torch"),
-                          specops.verify_tree(*args, **kw, backend=fast_backend))
-
-
-def test_joint_matches_reference(fast_backend, device, grid):
-    for B, T, V in grid:
-        c = _case(B, T, V, device)
-        g = T  # a chain of g drafts needs g + 1 rows
-        lp = torch.log_softmax(torch.cat([c["target_logits"], c["target_logits"][:, :1]], 1), -1)
-        draft = c["tokens"][:, :g].clamp(0, V - 1).contiguous()
-        lq = torch.cumsum(torch.log(c["draft_probs"][:, :g].amax(-1)), 1)
-        for tau in (0.0, 0.3, 1.0):
-            args = (draft, lp, lq, tau, c["uniforms"][:, 0, 0].contiguous())
-            _assert_equal(specops.verify_joint(*args, backend="torch"), specops.verify_joint(*args, backend=fast_backend))
+            for tau in (0.0, 0.3, 1.0) if op == "joint" else (None,):
+                assert_same(_run(op, c, tau, backend=fast_backend), _run(op, c, tau, backend="torch"), I32)
 
 
 # ---- large vocabularies: the inverse-CDF draw (issue #15 item 6) ------------------------------------
@@ -329,32 +299,19 @@ def test_draws_match_reference_at_large_vocabularies(fast_backend, device, V):
     args = (torch.zeros(B, 1, dtype=I32), torch.full((B, 1), -1, dtype=I32), rows[:, None].contiguous(), uniforms)
     want = specops.verify_tree(*args, mode="sample_match", backend="torch")
     got = specops.verify_tree(*(a.to(device) for a in args), mode="sample_match", backend=fast_backend)
-    _assert_equal(want, got)
+    assert_same(got, want, I32)
     S = fix_shift(V)
     assert want[2].tolist() == [sample_weights(fix_weights(rows[b], S), float(u[b])) for b in range(B)]
     assert want[2][4] == V - 1 and want[2][10] == 12345
 
 
 @pytest.mark.parametrize("V", LARGE_V)
-@pytest.mark.parametrize("mode", ["sample_match", "mss", "mss_noreplace", "gsd"])
-def test_tree_matches_reference_at_large_vocabularies(fast_backend, device, V, mode):
+@pytest.mark.parametrize("op", ["sample_match", "mss", "mss_noreplace", "gsd", "joint"])
+def test_matches_reference_at_large_vocabularies(fast_backend, device, V, op):
     _skip_slow_interpreted(fast_backend, V)
-    c = _case(2, 5, V, device)
-    args = (c["tokens"], c["parents"], c["target_probs"], c["uniforms"])
-    kw = dict(draft_probs=c["draft_probs"], mode=mode, num_nodes=c["num_nodes"])
-    _assert_equal(specops.verify_tree(*args, **kw, backend="torch"), specops.verify_tree(*args, **kw, backend=fast_backend))
-
-
-@pytest.mark.parametrize("V", LARGE_V)
-def test_joint_matches_reference_at_large_vocabularies(fast_backend, device, V):
-    _skip_slow_interpreted(fast_backend, V)
-    c = _case(2, 3, V, device)
-    lp = torch.log_softmax(torch.cat([c["target_logits"], c["target_logits"][:, :1]], 1), -1)
-    draft = c["tokens"].clamp(0, V - 1).contiguous()
-    lq = torch.cumsum(torch.log(c["draft_probs"].amax(-1)), 1)
-    for tau, u in ((0.0, 0.3), (1.0, 0.9)):
-        args = (draft, lp, lq, tau, torch.full((2,), u, device=device))
-        _assert_equal(specops.verify_joint(*args, backend="torch"), specops.verify_joint(*args, backend=fast_backend))
+    c = _case(2, 3 if op == "joint" else 5, V, device)
+    for tau, u in ((0.0, 0.3), (1.0, 0.9)) if op == "joint" else ((None, None),):
+        assert_same(_run(op, c, tau, u, backend=fast_backend), _run(op, c, tau, u, backend="torch"), I32)
 
 
 # ---- invariants --------------------------------------------------------------------------------------
@@ -363,11 +320,7 @@ def test_joint_matches_reference_at_large_vocabularies(fast_backend, device, V):
 def test_invariants_path_is_a_root_path_then_minus_one(mode):
     for seed in range(4):
         c = random_verify_case(17, 40, 50, generator=torch.Generator().manual_seed(seed), match=0.9)
-        if mode == "greedy":
-            idx, lens, bonus = specops.verify_greedy(c["tokens"], c["parents"], c["target_logits"], c["num_nodes"])
-        else:
-            idx, lens, bonus = specops.verify_tree(c["tokens"], c["parents"], c["target_probs"], c["uniforms"],
-                                                   draft_probs=c["draft_probs"], mode=mode, num_nodes=c["num_nodes"])
+        idx, lens, bonus = _run(mode, c)
         assert ((bonus >= 0) & (bonus < 50)).all()
         for b in range(17):
             m = int(lens[b])
@@ -382,10 +335,7 @@ def test_invariants_path_is_a_root_path_then_minus_one(mode):
 
 def test_outputs_are_deterministic_given_the_uniforms():
     c = random_verify_case(9, 20, 100, generator=torch.Generator().manual_seed(1))
-    args = (c["tokens"], c["parents"], c["target_probs"], c["uniforms"])
-    a = specops.verify_tree(*args, draft_probs=c["draft_probs"], mode="mss", num_nodes=c["num_nodes"])
-    b = specops.verify_tree(*args, draft_probs=c["draft_probs"], mode="mss", num_nodes=c["num_nodes"])
-    _assert_equal(a, b)
+    assert_same(_run("mss", c), _run("mss", c), I32)
 
 
 def test_check_false_garbage_is_safe_and_identical_on_every_backend(device):
@@ -405,12 +355,10 @@ def test_check_false_garbage_is_safe_and_identical_on_every_backend(device):
     c["num_nodes"][2] = 99
     backends = [b for b in _backend.BACKENDS if _backend.available(b, device)[0]]
     for mode in MODES:
-        args = (c["tokens"], c["parents"], c["target_probs"], c["uniforms"])
-        kw = dict(draft_probs=c["draft_probs"], mode=mode, num_nodes=c["num_nodes"], check=False)
-        want = specops.verify_tree(*args, **kw, backend="torch")
+        want = _run(mode, c, backend="torch", check=False)
         assert ((want[2] >= 0) & (want[2] < V)).all() and (want[1] >= 1).all()
         for name in backends[1:]:
-            _assert_equal(want, specops.verify_tree(*args, **kw, backend=name))
+            assert_same(_run(mode, c, backend=name, check=False), want, I32)
 
 
 # ---- R1 under a grammar: the bitmask fused into the walk (issue #33) ------------------------------
@@ -448,7 +396,7 @@ def test_greedy_bitmask_equals_greedy_on_masked_logits(backend, device, dtype):
         masked = specops.apply_token_bitmask(cpu_logits.clone(), mask.cpu())
         want = specops.verify_greedy(tok.cpu(), par.cpu(), masked, nn.cpu(), backend="torch")
         got = specops.verify_greedy(tok, par, logits, nn, bitmask=mask, backend=backend)
-        _assert_equal(want, got)
+        assert_same(got, want, I32)
         assert got[1].float().mean() > 1 or T == 1  # the masked argmax was followed
 
 
@@ -456,5 +404,5 @@ def test_greedy_bitmask_row_allowing_nothing_is_safe_unchecked(backend, device):
     # checked, it is an error (tests/test_bad_input.py); check=False must not crash
     (tok, par, logits, nn, mask), _ = _masked_case(2, 5, 33, device, torch.float32, seed=9)
     mask[1, 2] = 0
-    idx, lens, bonus = specops.verify_greedy(tok, par, logits, nn, bitmask=mask, check=False, backend=backend)
+    _, lens, bonus = specops.verify_greedy(tok, par, logits, nn, bitmask=mask, check=False, backend=backend)
     assert (lens >= 1).all() and ((bonus >= 0) & (bonus < 33)).all()

@@ -2,21 +2,21 @@
 over the cpp path. Their bad input: the battery of tests/test_bad_input.py."""
 import pytest
 import torch
+from _op_checks import assert_same, needs_cpp
 
 import specops
 from specops.ops.verify import MODES
 from specops.testing import random_verify_case
 
-from _op_checks import needs_cpp
-
 I32 = torch.int32
 
 
-def _joint_args(device):
+def _joint_args():
+    """verify_joint's (draft_tokens, target_logprobs, draft_joint_logprobs, uniforms): B = 2, g = 3, V = 6."""
     g = torch.Generator().manual_seed(4)
     lp = torch.log_softmax(torch.randn(2, 4, 6, generator=g), -1)
-    return dict(draft_tokens=torch.randint(0, 6, (2, 3), generator=g, dtype=I32), target_logprobs=lp,
-                draft_joint_logprobs=-torch.rand(2, 3, generator=g), tau=0.2, uniforms=torch.rand(2, generator=g))
+    tokens = torch.randint(0, 6, (2, 3), generator=g, dtype=I32)
+    return tokens, lp, -torch.rand(2, 3, generator=g), torch.rand(2, generator=g)
 
 
 # ---- registration -----------------------------------------------------------------------------------
@@ -33,22 +33,18 @@ def test_opcheck_verify_tree(mode):
 @needs_cpp
 def test_opcheck_verify_greedy_and_joint():
     c = random_verify_case(3, 9, 13, generator=torch.Generator().manual_seed(7))
-    for dtype in (torch.float32, torch.bfloat16):
-        torch.library.opcheck(torch.ops.specops.verify_greedy.default,
-                              (c["tokens"], c["parents"], c["target_logits"].to(dtype), c["num_nodes"]))
     mask = specops.pack_mask(torch.rand(3, 9, 13, generator=torch.Generator().manual_seed(8)) < 0.5)
-    torch.library.opcheck(torch.ops.specops.verify_greedy.default,
-                          (c["tokens"], c["parents"], c["target_logits"], c["num_nodes"], mask))
-    a = _joint_args("cpu")
-    torch.library.opcheck(torch.ops.specops.verify_joint.default,
-                          (a["draft_tokens"], a["target_logprobs"], a["draft_joint_logprobs"],
-                           torch.log(torch.full((2,), 0.3)), a["uniforms"]))
+    tree, x, n = (c["tokens"], c["parents"]), c["target_logits"], c["num_nodes"]
+    for args in [(*tree, x, n), (*tree, x.bfloat16(), n), (*tree, x, n, mask)]:
+        torch.library.opcheck(torch.ops.specops.verify_greedy.default, args)
+    tokens, lp, lq, u = _joint_args()
+    log_tau = torch.log(torch.full((2,), 0.3))
+    torch.library.opcheck(torch.ops.specops.verify_joint.default, (tokens, lp, lq, log_tau, u))
 
 
 @needs_cpp
 def test_torch_compile_fullgraph():
     c = random_verify_case(4, 12, 50, generator=torch.Generator().manual_seed(8))
-    a = _joint_args("cpu")
 
     def step(tok, par, P, U, Q, n, logits, jt, lp, lq, ju):
         idx, lens, bonus = specops.verify_tree(tok, par, P, U, draft_probs=Q, mode="mss", num_nodes=n, check=False,
@@ -58,8 +54,5 @@ def test_torch_compile_fullgraph():
         return idx, lens + glens, bonus * 2, gidx, gbonus, jidx, jlens, jbonus
 
     args = (c["tokens"], c["parents"], c["target_probs"], c["uniforms"], c["draft_probs"], c["num_nodes"],
-            c["target_logits"], a["draft_tokens"], a["target_logprobs"], a["draft_joint_logprobs"], a["uniforms"])
-    got = torch.compile(step, fullgraph=True)(*args)
-    want = step(*args)
-    for w, o in zip(want, got):
-        assert torch.equal(w, o)
+            c["target_logits"], *_joint_args())
+    assert_same(torch.compile(step, fullgraph=True)(*args), step(*args))

@@ -18,9 +18,9 @@ from fractions import Fraction as Fr
 
 import pytest
 import torch
+from _op_checks import needs_cpp
 
 import specops
-from specops import backend as _backend
 
 V = 4
 P1 = [Fr(1, 8), Fr(3, 8), Fr(1, 4), Fr(1, 4)]
@@ -109,8 +109,9 @@ def _node(mode, p, toks, rows):
 def exact_first_two(mode, scheme, k):
     """The exact distribution of the first two emitted tokens: {(x1, x2): probability}."""
     total = defaultdict(Fr)
-    for toks1, w1 in _draws(scheme, _proposers(scheme, (Q1, QB1), k)):
-        for (kind, val), w in _node(mode, P1, toks1, _proposers(scheme, (Q1, QB1), k)).items():
+    rows1 = _proposers(scheme, (Q1, QB1), k)
+    for toks1, w1 in _draws(scheme, rows1):
+        for (kind, val), w in _node(mode, P1, toks1, rows1).items():
             if kind == "bonus":  # the second token comes from the next (target) step
                 for x2 in range(V):
                     total[(val, x2)] += w1 * w * P2[val][x2]
@@ -145,7 +146,6 @@ def test_exact_enumeration_has_power():
 N = 40000
 N_TESTS = 2 * len(CONFIGS)
 ALPHA = 1e-3 / N_TESTS
-needs_cpp = pytest.mark.skipif(not _backend.available("cpp")[0], reason=_backend.available("cpp")[1])
 
 
 def _t(rows):
@@ -154,13 +154,11 @@ def _t(rows):
 
 def _sample_children(scheme, qa, qb, k, g):
     """Draft tokens [N, k] from per-sequence proposer rows qa, qb [N, V]."""
-    n = qa.shape[0]
     if scheme == "topk":
         return torch.sort(qa, dim=1, descending=True, stable=True).indices[:, :k]
     if scheme == "noreplace":
         return torch.multinomial(qa, k, replacement=False, generator=g)
-    cols = [torch.multinomial(qb if scheme == "multi" and j % 2 else qa, 1, generator=g) for j in range(k)]
-    return torch.cat(cols, 1).reshape(n, k)
+    return torch.cat([torch.multinomial(q, 1, generator=g) for q in _proposers(scheme, (qa, qb), k)], 1)
 
 
 def kernel_first_two(mode, scheme, k, seed, backend="cpp"):
@@ -177,10 +175,9 @@ def kernel_first_two(mode, scheme, k, seed, backend="cpp"):
     Q = P.clone()
     for j in range(k):
         P[:, 1 + j] = p2[kids1[:, j]]
-        multi = scheme == "multi" and j % 2
-        Q[:, 1 + j] = qb1 if multi else q1
-        for i in range(k):
-            Q[:, 1 + k + j * k + i] = (qb2 if scheme == "multi" and i % 2 else q2)[kids1[:, j]]
+        Q[:, 1 + j] = _proposers(scheme, (q1, qb1), k)[j]
+        for i, q in enumerate(_proposers(scheme, (q2, qb2), k)):
+            Q[:, 1 + k + j * k + i] = q[kids1[:, j]]
     U = torch.rand(N, T, 2, generator=g)
     idx, lens, bonus = specops.verify_tree(tokens, parents.expand(N, T).contiguous(), P.float(), U,
                                            draft_probs=Q.float(), mode=mode, backend=backend)

@@ -6,6 +6,7 @@ opcheck. Bad input: the battery of tests/test_bad_input.py."""
 import numpy as np
 import pytest
 import torch
+from _op_checks import assert_same
 
 import specops
 from specops.ops.verify import logits as verify_logits
@@ -13,6 +14,8 @@ from specops.ops.verify import ref as verify_ref
 from specops.ops.verify.ref import det_log
 
 I32 = torch.int32
+needs_op = pytest.mark.skipif(not hasattr(torch.ops.specops, "verify_joint_logits"),
+                              reason="specops._C is not built (or predates verify_joint_logits)")
 
 # (temperature, top_k, top_p, bonus_temperature, bonus_top_k, bonus_top_p); MJSD's own: 1, 20, 0.9.
 SETTINGS = {
@@ -35,8 +38,8 @@ def case(B, g, V, seed, *, device="cpu", dtype=torch.float32, ragged=True):
     lp = torch.log_softmax(X[:, :g], -1).gather(-1, tok[..., None])[..., 0]
     lq = torch.cumsum(lp + torch.randn(B, g, generator=gen) * 0.5, 1).clamp(max=0.0)
     n = torch.randint(1, g + 2, (B,), generator=gen, dtype=I32) if ragged else torch.full((B,), g + 1, dtype=I32)
-    c = dict(draft_tokens=tok.to(I32), target_logits=X.to(dtype), draft_joint_logprobs=lq.float(),
-             uniforms=torch.rand(B, generator=gen), num_nodes=n)
+    c = {"draft_tokens": tok.to(I32), "target_logits": X.to(dtype), "draft_joint_logprobs": lq.float(),
+         "uniforms": torch.rand(B, generator=gen), "num_nodes": n}
     return {k: v.to(device) for k, v in c.items()}
 
 
@@ -46,11 +49,6 @@ def run(backend, c, tau, setting, **kw):
                                        c["uniforms"], temperature=t, top_k=k, top_p=p, bonus_temperature=bt,
                                        bonus_top_k=bk, bonus_top_p=bp, num_nodes=c["num_nodes"], backend=backend,
                                        **kw)
-
-
-def assert_same(got, want):
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype == I32 and torch.equal(g.cpu(), w.cpu())
 
 
 def on_cpu(c):
@@ -66,7 +64,7 @@ def test_equals_the_reference(fast_backend, device, setting):
     for i, (B, g, V) in enumerate(grid):
         c = case(B, g, V, 10 + i, device=device)
         for tau in TAUS:
-            assert_same(run(fast_backend, c, tau, setting), run("torch", on_cpu(c), tau, setting))
+            assert_same(run(fast_backend, c, tau, setting), run("torch", on_cpu(c), tau, setting), I32)
 
 
 def test_per_row_parameters_and_tau(fast_backend, device):
@@ -80,14 +78,14 @@ def test_per_row_parameters_and_tau(fast_backend, device):
     tau = torch.tensor([0.0, 0.2, 0.6, 1.0], device=device)
     got = run(fast_backend, c, tau, (t, k, p, bt, bk, bp))
     want = run("torch", on_cpu(c), tau.cpu(), tuple(v.cpu() for v in (t, k, p, bt, bk, bp)))
-    assert_same(got, want)
+    assert_same(got, want, I32)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_logits(fast_backend, device, dtype):
     c = case(3, 4, 129, 4, device=device, dtype=dtype)
     for tau in TAUS:
-        assert_same(run(fast_backend, c, tau, "mjsd"), run("torch", on_cpu(c), tau, "mjsd"))
+        assert_same(run(fast_backend, c, tau, "mjsd"), run("torch", on_cpu(c), tau, "mjsd"), I32)
 
 
 def test_ties_and_minus_inf_logits(fast_backend, device):
@@ -99,7 +97,7 @@ def test_ties_and_minus_inf_logits(fast_backend, device):
     for setting in ((1.0, 5, 1.0, 1.0, 0, 1e-6), (1.0, 0, 0.6, 1.0, 3, 0.5), (1.0, 8, 0.97, 1.0, 8, 0.97)):
         for tau in TAUS:
             assert_same(run(fast_backend, {k: v.to(device) for k, v in c.items()}, tau, setting),
-                        run("torch", c, tau, setting))
+                        run("torch", c, tau, setting), I32)
 
 
 def test_reference_is_the_composition():
@@ -148,14 +146,11 @@ def test_det_log_is_within_an_ulp_of_log():
     assert np.isnan(det_log(float("nan")))
 
 
-def test_torch_reference_warps_rows_one_at_a_time():
+def test_torch_reference_warps_rows_one_at_a_time(monkeypatch):
     calls = []
     real = verify_logits.warp_probs_torch
-    verify_logits.warp_probs_torch = lambda x, *a: calls.append(tuple(x.shape)) or real(x, *a)
-    try:
-        run("torch", case(2, 4, 19, 6, ragged=False), 0.0, "mjsd")
-    finally:
-        verify_logits.warp_probs_torch = real
+    monkeypatch.setattr(verify_logits, "warp_probs_torch", lambda x, *a: calls.append(x.shape) or real(x, *a))
+    run("torch", case(2, 4, 19, 6, ragged=False), 0.0, "mjsd")
     assert calls and set(calls) == {(1, 19)} and len(calls) == 2 * (4 + 1)  # 4 tested rows + the bonus row
 
 
@@ -167,12 +162,11 @@ def test_padding_past_num_nodes_is_not_checked(backend):
     c["draft_tokens"][0, 2:] = -7  # padding of the 3-node chain
     c["draft_joint_logprobs"][0, 2:] = float("nan")
     c["target_logits"][0, 3:] = float("nan")
-    assert_same(run(backend, c, 0.2, "mjsd"), run("torch", c, 0.2, "mjsd"))
+    assert_same(run(backend, c, 0.2, "mjsd"), run("torch", c, 0.2, "mjsd"), I32)
 
 
+@needs_op
 def test_check_false_does_not_sync(monkeypatch):
-    if not hasattr(torch.ops.specops, "verify_joint_logits"):
-        pytest.skip("specops._C is not built (or predates verify_joint_logits)")
     c = case(2, 4, 9, 9)
     monkeypatch.setattr(torch.Tensor, "item", lambda *a: pytest.fail("host sync"))
     monkeypatch.setattr(torch.Tensor, "tolist", lambda *a: pytest.fail("host sync"))
@@ -192,9 +186,8 @@ def _kernel_args(c, g):
             c["uniforms"], t, k, p, t, k, p, c["num_nodes"])
 
 
+@needs_op
 def test_opcheck():
-    if not hasattr(torch.ops.specops, "verify_joint_logits"):
-        pytest.skip("specops._C is not built (or predates verify_joint_logits)")
     for dtype in (torch.float32, torch.bfloat16):
         c = case(3, 4, 17, 11, dtype=dtype)
         torch.library.opcheck(torch.ops.specops.verify_joint_logits.default, _kernel_args(c, 4))
@@ -202,9 +195,8 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.specops.verify_joint_logits.default, _kernel_args(c, 0))
 
 
+@needs_op
 def test_torch_compile_fullgraph():
-    if not hasattr(torch.ops.specops, "verify_joint_logits"):
-        pytest.skip("specops._C is not built (or predates verify_joint_logits)")
     c = case(3, 4, 17, 13)
 
     def step(tok, x, lq, u, n):
@@ -212,4 +204,4 @@ def test_torch_compile_fullgraph():
                                            check=False, backend="cpp")
 
     args = (c["draft_tokens"], c["target_logits"], c["draft_joint_logprobs"], c["uniforms"], c["num_nodes"])
-    assert_same(torch.compile(step, fullgraph=True)(*args), step(*args))
+    assert_same(torch.compile(step, fullgraph=True)(*args), step(*args), I32)

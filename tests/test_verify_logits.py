@@ -6,6 +6,7 @@ import zlib
 
 import pytest
 import torch
+from _op_checks import assert_same
 
 import specops
 from specops.ops.verify import MODES, NEEDS_DRAFT
@@ -18,25 +19,20 @@ SLOW = ("triton",)  # interpreted on CPU here: seconds per top-p row
 def composition(backend, c, mode, X, Y, t, k, p, dt=None, dk=0, dp=1.0):
     """verify_tree(warp_probs(target), draft_probs=warp_probs(draft)) with [B] parameters repeated per row."""
     B, T, V = X.shape
-    rep = lambda v: v.repeat_interleave(T) if isinstance(v, torch.Tensor) else v  # noqa: E731
-    dt = t if dt is None else dt
-    P = specops.warp_probs(X.reshape(B * T, V), rep(t), rep(k), rep(p), backend=backend).view(B, T, V)
-    Q = None
-    if mode in NEEDS_DRAFT:
-        Q = specops.warp_probs(Y.reshape(B * T, V), rep(dt), rep(dk), rep(dp), backend=backend).view(B, T, V)
-    return specops.verify_tree(c["tokens"], c["parents"], P, c["uniforms"], draft_probs=Q, mode=mode,
-                               num_nodes=c["num_nodes"], backend=backend)
+
+    def warp(Z, *params):
+        params = [v.repeat_interleave(T) if isinstance(v, torch.Tensor) else v for v in params]
+        return specops.warp_probs(Z.reshape(B * T, V), *params, backend=backend).view(B, T, V)
+
+    Q = warp(Y, t if dt is None else dt, dk, dp) if mode in NEEDS_DRAFT else None
+    return specops.verify_tree(c["tokens"], c["parents"], warp(X, t, k, p), c["uniforms"], draft_probs=Q,
+                               mode=mode, num_nodes=c["num_nodes"], backend=backend)
 
 
-def fused(backend, c, mode, X, Y, t, k, p, dt=None, dk=0, dp=1.0):
+def fused(backend, c, mode, X, Y, t, k, p, dt=None, dk=0, dp=1.0, bitmask=None):
     return specops.verify_tree_logits(c["tokens"], c["parents"], X, c["uniforms"], temperature=t, top_k=k, top_p=p,
                                       draft_logits=Y, draft_temperature=dt, draft_top_k=dk, draft_top_p=dp, mode=mode,
-                                      num_nodes=c["num_nodes"], backend=backend)
-
-
-def assert_same(got, want):
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype == I32 and torch.equal(g.cpu(), w.cpu())
+                                      num_nodes=c["num_nodes"], bitmask=bitmask, backend=backend)
 
 
 def case(B, T, V, seed, *, chain=False, device="cpu", dtype=torch.float32, sharpness=3.0):
@@ -51,7 +47,7 @@ def case(B, T, V, seed, *, chain=False, device="cpu", dtype=torch.float32, sharp
 def check(backend, c, mode, X, Y, *params, **kw):
     want = composition(backend, c, mode, X, Y, *params, **kw)
     got = fused(backend, c, mode, X, Y, *params, **kw)
-    assert_same(got, want)
+    assert_same(got, want, I32)
     return got
 
 
@@ -74,8 +70,7 @@ def test_equals_the_composition(backend, device, mode, setting, shape):
         B, T = 1, 6  # interpreted: top-p costs seconds per row here
     seed = zlib.crc32(f"{mode}-{setting}-{V}".encode()) % 1000  # hash() of a str is salted per process
     c, X, Y = case(B, T, V, seed, chain=chain, device=device)
-    t, k, p, dt, dk, dp = SETTINGS[setting]
-    check(backend, c, mode, X, Y, t, k, p, dt=dt, dk=dk, dp=dp)
+    check(backend, c, mode, X, Y, *SETTINGS[setting])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -117,10 +112,8 @@ def test_minus_inf_logits_and_top_p_keeping_one_token(backend, device, mode):
     B, T = (2, 6) if backend in SLOW else (3, 8)  # interpreted: half the rows, a ragged batch still
     c, X, Y = case(B, T, 37, 15, device=device)
     g = torch.Generator().manual_seed(5)
-    X = X.masked_fill(torch.rand(X.shape, generator=g).to(device) < 0.4, float("-inf"))
-    Y = Y.masked_fill(torch.rand(Y.shape, generator=g).to(device) < 0.4, float("-inf"))
-    X[..., 0] = 0.0  # every row keeps a finite logit
-    Y[..., 0] = 0.0
+    X, Y = (v.masked_fill(torch.rand(v.shape, generator=g).to(device) < 0.4, float("-inf")) for v in (X, Y))
+    X[..., 0] = Y[..., 0] = 0.0  # every row keeps a finite logit
     check(backend, c, mode, X, Y, 0.9, 0, 1e-6, dt=1.0, dk=0, dp=1e-6)  # one token per row
     check(backend, c, mode, X, Y, 1.0, 4, 0.95)
 
@@ -140,9 +133,9 @@ def test_vocabulary_past_2_to_the_23(backend, device, mode):
     g = torch.Generator().manual_seed(17)
     X = torch.randn(1, 2, V, generator=g) * 4
     Y = X + torch.randn(1, 2, V, generator=g)
-    top = X[0, 0].argmax()
-    c = dict(tokens=torch.tensor([[0, int(top)]], dtype=I32), parents=torch.tensor([[-1, 0]], dtype=I32),
-             uniforms=torch.rand(1, 2, 2, generator=g), num_nodes=torch.tensor([2], dtype=I32))
+    top = int(X[0, 0].argmax())
+    c = {"tokens": torch.tensor([[0, top]], dtype=I32), "parents": torch.tensor([[-1, 0]], dtype=I32),
+         "uniforms": torch.rand(1, 2, 2, generator=g), "num_nodes": torch.tensor([2], dtype=I32)}
     c = {k: v.to(device) for k, v in c.items()}
     check(backend, c, mode, X.to(device), Y.to(device), 1.0, 0, 0.9)
 
@@ -184,32 +177,29 @@ def masked_case(B, T, V, seed, *, device="cpu", dtype=torch.float32, chain=False
     return c, X.to(dtype).to(device), Y.to(dtype).to(device), mask.to(device), at_parent.to(device)
 
 
-def masked_composition(backend, c, mode, X, Y, mask, at_parent, t, k, p, dt=None, dk=0, dp=1.0):
-    """The unfused meaning: both logits tensors masked first (the draft's by its parents' rows)."""
+def masked_composition(backend, case, mode, *params):
+    """The unfused meaning of a masked_case: both logits tensors masked first (the draft's by its
+    parents' rows)."""
+    c, X, Y, mask, at_parent = case
     Xm = specops.apply_token_bitmask(X.clone(), mask, backend=backend)
-    Ym = Y.masked_fill(~at_parent, float("-inf"))
-    return fused(backend, c, mode, Xm, Ym, t, k, p, dt=dt, dk=dk, dp=dp)
+    return fused(backend, c, mode, Xm, Y.masked_fill(~at_parent, float("-inf")), *params)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("setting", ["plain", "topk-topp", "greedy-target"])
 @pytest.mark.parametrize("mode", MODES)
 def test_bitmask_equals_verify_on_masked_logits(backend, device, mode, setting, dtype):
-    t, k, p, dt, dk, dp = SETTINGS[setting]
+    params = SETTINGS[setting]
     shapes = [(3, 9, 7, False), (2, 6, 70, True), (2, 12, 301, False)]
     if backend in SLOW:
         shapes = [(2, 6, 70, True), (1, 6, 301, False)]
     for i, (B, T, V, chain) in enumerate(shapes):
-        c, X, Y, mask, at_parent = masked_case(B, T, V, 40 + i, device=device, dtype=dtype, chain=chain)
-        want = masked_composition("torch", {k_: v.cpu() for k_, v in c.items()}, mode, X.cpu(), Y.cpu(), mask.cpu(),
-                                  at_parent.cpu(), t, k, p, dt=dt, dk=dk, dp=dp)
-        got = specops.verify_tree_logits(c["tokens"], c["parents"], X, c["uniforms"], temperature=t, top_k=k,
-                                         top_p=p, draft_logits=Y, draft_temperature=dt, draft_top_k=dk,
-                                         draft_top_p=dp, mode=mode, num_nodes=c["num_nodes"], bitmask=mask,
-                                         backend=backend)
-        assert_same(got, want)
+        c, X, Y, mask, _ = masked = masked_case(B, T, V, 40 + i, device=device, dtype=dtype, chain=chain)
+        got = fused(backend, c, mode, X, Y, *params, bitmask=mask)
+        on_cpu = masked_case(B, T, V, 40 + i, dtype=dtype, chain=chain)
+        assert_same(got, masked_composition("torch", on_cpu, mode, *params), I32)
         if backend not in ("torch",) + SLOW:  # and the unfused composition on this backend agrees
-            assert_same(got, masked_composition(backend, c, mode, X, Y, mask, at_parent, t, k, p, dt=dt, dk=dk, dp=dp))
+            assert_same(got, masked_composition(backend, masked, mode, *params), I32)
 
 
 def test_bitmask_walks_reach_deep_and_reject_disallowed_drafts(backend, device):
@@ -217,11 +207,9 @@ def test_bitmask_walks_reach_deep_and_reject_disallowed_drafts(backend, device):
     # is never accepted (its masked target probability is 0).
     deep = 0
     for seed in range(4):
-        c, X, Y, mask, at_parent = masked_case(2, 8, 40, 60 + seed, device=device, chain=True)
+        c, X, Y, mask, _ = masked_case(2, 8, 40, 60 + seed, device=device, chain=True)
         for mode in ("mss", "sample_match"):
-            idx, lens, bonus = specops.verify_tree_logits(
-                c["tokens"], c["parents"], X * 4, c["uniforms"], temperature=1.0, draft_logits=Y * 4, mode=mode,
-                num_nodes=c["num_nodes"], bitmask=mask, backend=backend)
+            idx, lens, bonus = fused(backend, c, mode, X * 4, Y * 4, 1.0, 0, 1.0, bitmask=mask)
             allowed = specops.ops.token_bitmask.allowed_tokens(mask, 40).cpu()
             for b in range(2):
                 path = idx[b, :int(lens[b])].tolist()
@@ -243,10 +231,7 @@ def test_cudasim_thread_order_does_not_change_the_result():
 
     def run(mode):
         return (fused("cudasim", c, mode, X, Y, 0.9, 5, 0.9, dt=1.1, dk=0, dp=0.8),
-                specops.verify_tree_logits(cm["tokens"], cm["parents"], Xm, cm["uniforms"], temperature=0.9,
-                                           top_k=5, top_p=0.9, draft_logits=Ym, draft_temperature=1.1,
-                                           draft_top_p=0.8, mode=mode, num_nodes=cm["num_nodes"], bitmask=mask,
-                                           backend="cudasim"))
+                fused("cudasim", cm, mode, Xm, Ym, 0.9, 5, 0.9, dt=1.1, dp=0.8, bitmask=mask))
 
     try:
         for mode in MODES:
@@ -254,7 +239,7 @@ def test_cudasim_thread_order_does_not_change_the_result():
             for order, seed in [("reverse", 0), ("shuffle", 1), ("shuffle", 2)]:
                 sim.set_schedule(order, seed)
                 for got, w in zip(run(mode), want):
-                    assert_same(got, w)
+                    assert_same(got, w, I32)
                 sim.set_schedule("forward")
     finally:
         sim.set_schedule("forward")
@@ -265,24 +250,21 @@ def test_uniforms_select_every_outcome(backend, device):
     seen = set()
     for seed in range(6):
         c, X, Y = case(2, 6, 23, 100 + seed, device=device)
-        idx, lens, bonus = check(backend, c, "mss", X, Y, 1.0, 0, 0.9)
+        _, lens, bonus = check(backend, c, "mss", X, Y, 1.0, 0, 0.9)
         seen.add((tuple(lens.tolist()), tuple(bonus.tolist())))
     assert len(seen) > 3
 
 
-def test_torch_reference_never_builds_an_n_by_v_tensor():
+def test_torch_reference_never_builds_an_n_by_v_tensor(monkeypatch):
     # The reference warps only the rows its walk reads: a chain rejected at the root reads one.
     from specops.ops.verify import logits as verify_logits
 
     c, X, Y = case(1, 8, 19, 18, chain=True)
     calls = []
     real = verify_logits.warp_probs_torch
-    verify_logits.warp_probs_torch = lambda x, *a: calls.append(x.shape) or real(x, *a)
-    try:
-        c["tokens"][0, 1:] = int(X[0, 0].argmin())  # a token top-k 1 removes: rejected at once
-        fused("torch", c, "sample_match", X, Y, 1.0, 1, 1.0)
-    finally:
-        verify_logits.warp_probs_torch = real
+    monkeypatch.setattr(verify_logits, "warp_probs_torch", lambda x, *a: calls.append(x.shape) or real(x, *a))
+    c["tokens"][0, 1:] = int(X[0, 0].argmin())  # a token top-k 1 removes: rejected at once
+    fused("torch", c, "sample_match", X, Y, 1.0, 1, 1.0)
     assert calls == [(1, 19)]
 
 
@@ -290,8 +272,7 @@ def test_opcheck():
     if not hasattr(torch.ops.specops, "verify_tree_logits"):
         pytest.skip("specops._C is not built")
     c, X, Y = case(2, 5, 17, 19)
-    N = 10
-    t, k, p = torch.full((N,), 0.8), torch.full((N,), 3, dtype=I32), torch.full((N,), 0.9)
+    t, k, p = torch.full((10,), 0.8), torch.full((10,), 3, dtype=I32), torch.full((10,), 0.9)  # [B * T]
     for mode in MODES:
         torch.library.opcheck(torch.ops.specops.verify_tree_logits.default,
                               (c["tokens"], c["parents"], X.bfloat16(), c["uniforms"], t, k, p, Y, t, k, p,

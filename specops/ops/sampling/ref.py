@@ -8,7 +8,7 @@ MIN_TEMPERATURE = 2.0**-126  # below it (0 and denormals) a row is greedy
 def warp_probs(logits, temperature, top_k, top_p):
     """The spec, vectorised over rows with one sort: every threshold is a value of z. Shape: logits
     [N, V], temperature / top_p fp32 [N], top_k int32 [N] (checked) -> probs fp32 [N, V]."""
-    N, V = logits.shape
+    V = logits.shape[1]
     greedy = ~(temperature >= MIN_TEMPERATURE)
     x = logits.float()
     z = (x - x.max(dim=-1, keepdim=True).values) / torch.where(greedy, 1.0, temperature)[:, None]

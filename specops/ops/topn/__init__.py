@@ -23,12 +23,11 @@ import torch
 
 from ...backend import register_op, register_supports, resolve
 from .. import checks
+from ..sampling import FLOAT_DTYPES, MAX_VOCAB  # tokens are int32
 from . import ref
 
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _CUDA_MAX_N = 2048  # kTopItems * kThreads in csrc/cuda/topn.cu
 MAX_N = 2**16  # n of both ops: rows of the [B, n] outputs
-MAX_VOCAB = 2**31 - 1  # tokens are int32
 
 
 def _n(n):
@@ -42,9 +41,9 @@ def topn_expand(parent_scores, child_logprobs, n, *, per_parent_k=None, check=Tr
     fp32 [B, n], tokens int32 [B, n], parents int32 [B, n]), best first. Limits: ``1 <= n <= 65536``
     (2048 on cuda), ``V <= 2**31 - 1``. ``per_parent_k`` (None: no limit) caps each parent's
     candidates, chosen by the same order. ``check=True`` rejects NaN and ``+inf`` (one host sync)."""
-    checks.tensor("parent_scores", parent_scores, dtype=_FLOAT_DTYPES, rank=2)
+    checks.tensor("parent_scores", parent_scores, dtype=FLOAT_DTYPES, rank=2)
     B, P = parent_scores.shape
-    checks.tensor("child_logprobs", child_logprobs, dtype=_FLOAT_DTYPES, shape=(B, P, None),
+    checks.tensor("child_logprobs", child_logprobs, dtype=FLOAT_DTYPES, shape=(B, P, None),
                   device=parent_scores.device)
     V = child_logprobs.shape[2]
     if P == 0 or V == 0:
@@ -74,7 +73,7 @@ def select_topn_subtree(parents, scores, n, num_nodes=None, *, check=True, backe
     NaN (and so their descendants) are never kept; the root always is."""
     checks.tensor("parents", parents, dtype=torch.int32, rank=2)
     checks.nonempty("parents", parents, 1, "node (T >= 1)")
-    checks.tensor("scores", scores, dtype=_FLOAT_DTYPES, shape=tuple(parents.shape), device=parents.device)
+    checks.tensor("scores", scores, dtype=FLOAT_DTYPES, shape=tuple(parents.shape), device=parents.device)
     n = _n(n)
     num_nodes = checks.tree_nodes(parents, num_nodes, check)
     impl = resolve("select_topn_subtree", parents.device, backend)

@@ -1,6 +1,7 @@
 """The torch reference of the top-n ops: the one candidate order of :mod:`specops.ops.topn` (its module
 docstring states it) as stable sorts."""
 import torch
+import torch.nn.functional as F
 
 
 def topn_expand(parent_scores, child_logprobs, n, per_parent_k):
@@ -14,10 +15,8 @@ def topn_expand(parent_scores, child_logprobs, n, per_parent_k):
         rank = torch.empty_like(order).scatter_(-1, order, torch.arange(V, device=s.device).expand_as(order))
         s = s.masked_fill(rank >= per_parent_k, float("-inf"))
     top, flat = s.reshape(B, P * V).sort(dim=-1, descending=True, stable=True)
-    top, flat = top[:, :n], flat[:, :n]
-    if top.shape[1] < n:  # fewer than n candidates at all
-        top = torch.cat([top, top.new_full((B, n - top.shape[1]), float("-inf"))], dim=1)
-        flat = torch.cat([flat, flat.new_zeros((B, n - flat.shape[1]))], dim=1)
+    pad = (0, max(0, n - P * V))  # fewer than n candidates at all
+    top, flat = F.pad(top[:, :n], pad, value=float("-inf")), F.pad(flat[:, :n], pad)
     ok = top > float("-inf")
     none = torch.full_like(flat, -1)
     return (top, torch.where(ok, flat % V, none).to(torch.int32), torch.where(ok, flat // V, none).to(torch.int32))
@@ -49,10 +48,7 @@ def select_topn_subtree(parents, scores, num_nodes, n):
     new_parent_full = torch.where(keep & (idx[None, :] > 0),
                                   pos.gather(1, parents.clamp(0, T - 1).long()), -1)
     # Kept nodes in increasing original index, then padding.
-    ranked = torch.where(keep, idx[None, :], T).sort(dim=1).values
-    if T < n:
-        ranked = torch.cat([ranked, ranked.new_full((B, n - T), T)], dim=1)
-    ranked = ranked[:, :n]
+    ranked = F.pad(torch.where(keep, idx[None, :], T).sort(dim=1).values, (0, max(0, n - T)), value=T)[:, :n]
     valid = ranked < T
     keep_idx = torch.where(valid, ranked, -1).to(torch.int32)
     new_parents = torch.where(valid, new_parent_full.gather(1, ranked.clamp(max=T - 1)), -1).to(torch.int32)

@@ -49,9 +49,8 @@ def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, bitmask=Non
     ``check=True`` also validates values (one host sync): tree rules, tokens in [0, V), no NaN / +inf
     among the allowed logits, every bitmask row allowing a token. With ``check=False`` bad values
     never crash a kernel: a token outside [0, V) never matches, malformed parents end the walk."""
-    B, T, num_nodes = tree_args(tokens, parents, num_nodes)
-    V = rows_arg("target_logits", target_logits, _LOGITS, B, T, tokens.device)
-    draft_and_bitmask(None, "", None, None, bitmask, B, T, V, tokens.device)
+    _, _, V, num_nodes = tree_args(tokens, parents, num_nodes, ..., "target_logits", target_logits, _LOGITS,
+                                   bitmask=bitmask)
     if check:
         bad = torch.isnan(target_logits) | (target_logits == torch.inf)
         if bitmask is not None:
@@ -83,18 +82,16 @@ def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs=None, mo
 
     ``check=True`` validates values (one host sync): tree rules, tokens in [0, V), uniforms in [0, 1),
     finite non-negative probability rows summing to 1 (within 1e-3) at valid nodes."""
-    B, T, num_nodes = tree_args(tokens, parents, num_nodes, mode)
-    dev = tokens.device
-    V = rows_arg("target_probs", target_probs, torch.float32, B, T, dev)
-    checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B, T, 2), device=dev)
-    draft_and_bitmask(mode, "draft_probs", draft_probs, torch.float32, None, B, T, V, dev)
+    _, _, V, num_nodes = tree_args(tokens, parents, num_nodes, mode, "target_probs", target_probs,
+                                   torch.float32, uniforms, draft_probs)
     if check:
         rules, valid, child = tree_value_rules(tokens, parents, num_nodes, V, uniforms)
         rules += checks.prob_rules("target_probs", target_probs, valid, ROW_SUM_TOL)
         if draft_probs is not None and mode in NEEDS_DRAFT:
             rules += checks.prob_rules("draft_probs", draft_probs, child, ROW_SUM_TOL)
         checks.raise_first(rules)
-    return resolve("verify_tree", dev, backend)(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode)
+    impl = resolve("verify_tree", tokens.device, backend)
+    return impl(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode)
 
 
 def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, uniforms, *, check=True, backend=None):
@@ -132,25 +129,19 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, unifo
 def joint_args(draft_tokens, target_name, target, target_dtype, draft_joint_logprobs, tau, uniforms):
     """The metadata rules of R6's ops (no host sync): draft_tokens int32 [B, g]; the target's rows
     ``target`` (named ``target_name``, ``target_dtype``: one or a tuple) [B, g + 1, V >= 1];
-    draft_joint_logprobs fp32 [B, g]; uniforms fp32 [B]; all on one device; ``tau``
-    (:func:`tau_tensor`). Returns (B, g, V, tau as fp32 [B])."""
+    draft_joint_logprobs fp32 [B, g]; uniforms fp32 [B]; all on one device; ``tau``: a float in
+    [0, 1] or an fp32 [B] tensor. Returns (B, g, V, tau as fp32 [B])."""
     checks.tensor("draft_tokens", draft_tokens, dtype=torch.int32, rank=2)
     B, g = draft_tokens.shape
     dev = draft_tokens.device
     V = rows_arg(target_name, target, target_dtype, B, g + 1, dev, "g + 1")
     checks.tensor("draft_joint_logprobs", draft_joint_logprobs, dtype=torch.float32, shape=(B, g), device=dev)
     checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B,), device=dev)
-    return B, g, V, tau_tensor(tau, B, dev)
-
-
-def tau_tensor(tau, B, device):
-    """R6's ``tau``: a float in [0, 1] (checked here, no sync) or an fp32 [B] tensor (its values are
-    checked by the op under ``check=True``) -> fp32 [B]."""
-    if isinstance(tau, torch.Tensor):
-        return checks.tensor("tau", tau, dtype=torch.float32, shape=(B,), device=device)
+    if isinstance(tau, torch.Tensor):  # its values are checked by the op under check=True
+        return B, g, V, checks.tensor("tau", tau, dtype=torch.float32, shape=(B,), device=dev)
     if not 0.0 <= checks.scalar("tau", tau, (int, float), "a float or a torch.Tensor", 60) <= 1.0:
-        raise ValueError(f"tau must lie in [0, 1], got {tau}")
-    return torch.full((B,), float(tau), dtype=torch.float32, device=device)
+        raise ValueError(f"tau must lie in [0, 1], got {tau}")  # a float: checked here, no sync
+    return B, g, V, torch.full((B,), float(tau), dtype=torch.float32, device=dev)
 
 
 def tau_rule(tau):
@@ -164,14 +155,32 @@ def joint_rule(draft_joint_logprobs, tested):
     return checks.rule("draft_joint_logprobs", draft_joint_logprobs, bad, "be log-probabilities (<= 0, not NaN)")
 
 
-def tree_args(tokens, parents, num_nodes, mode=...):
-    """The metadata rules of the tree ops' tree (and ``mode``, where given: one of MODES)."""
+def tree_args(tokens, parents, num_nodes, mode, target_name, target, dtype, uniforms=None, draft=None,
+              bitmask=None):
+    """The metadata rules of the tree ops (no host sync), in order: ``mode`` (one of MODES; ``...``
+    for verify_greedy, which has no mode and no uniforms), the tree, the target rows ``target`` (named
+    ``target_name``, ``dtype``: one or a tuple) [B, T, V >= 1], the uniforms fp32 [B, T, 2], the draft
+    rows (like the target's, required where ``mode`` reads them: NEEDS_DRAFT) and the int32
+    [B, T, ceil(V / 32)] ``bitmask``. Returns (B, T, V, num_nodes)."""
     if mode is not ... and mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     checks.tensor("tokens", tokens, dtype=torch.int32, rank=2)
     checks.nonempty("tokens", tokens, 1, "node (T >= 1)")
-    checks.tensor("parents", parents, dtype=torch.int32, shape=tuple(tokens.shape), device=tokens.device)
-    return *tokens.shape, checks.tree_nodes(parents, num_nodes, False)
+    dev = tokens.device
+    checks.tensor("parents", parents, dtype=torch.int32, shape=tuple(tokens.shape), device=dev)
+    num_nodes = checks.tree_nodes(parents, num_nodes, False)
+    B, T = tokens.shape
+    V = rows_arg(target_name, target, dtype, B, T, dev)
+    if mode is not ...:
+        checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B, T, 2), device=dev)
+    draft_name = target_name.replace("target", "draft")
+    if draft is not None:
+        checks.tensor(draft_name, draft, dtype=dtype, shape=(B, T, V), device=dev)
+    elif mode in NEEDS_DRAFT:
+        raise ValueError(f"{draft_name} is required for mode={mode!r} (shape [B, T, V] = [{B}, {T}, {V}])")
+    if bitmask is not None:
+        checks.tensor("bitmask", bitmask, dtype=torch.int32, shape=(B, T, (V + 31) // 32), device=dev)
+    return B, T, V, num_nodes
 
 
 def tree_value_rules(tokens, parents, num_nodes, V, uniforms=None, bitmask=None):
@@ -183,18 +192,6 @@ def tree_value_rules(tokens, parents, num_nodes, V, uniforms=None, bitmask=None)
     rules = ([] if bitmask is None else [token_bitmask.rows_rule(bitmask, V)]) + checks.tree_rules(
         parents, num_nodes, tokens, V) + ([] if uniforms is None else [checks.uniform_rule("uniforms", uniforms)])
     return rules, valid, valid & (torch.arange(T, device=tokens.device) > 0)
-
-
-def draft_and_bitmask(mode, name, draft, dtype, bitmask, B, T, V, dev):
-    """The tree ops' optional arguments: the draft rows ``draft`` [B, T, V] (named ``name``, ``dtype``:
-    one or a tuple), required where ``mode`` reads them (NEEDS_DRAFT), and the int32
-    [B, T, ceil(V / 32)] ``bitmask``."""
-    if draft is not None:
-        checks.tensor(name, draft, dtype=dtype, shape=(B, T, V), device=dev)
-    elif mode in NEEDS_DRAFT:
-        raise ValueError(f"{name} is required for mode={mode!r} (shape [B, T, V] = [{B}, {T}, {V}])")
-    if bitmask is not None:
-        checks.tensor("bitmask", bitmask, dtype=torch.int32, shape=(B, T, (V + 31) // 32), device=dev)
 
 
 def rows_arg(name, rows, dtype, B, T, dev, T_name="T"):

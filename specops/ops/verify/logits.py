@@ -24,8 +24,8 @@ from ...backend import register_op, resolve
 from .. import checks, token_bitmask
 from ..sampling import FLOAT_DTYPES, vocab_limit, warp_params
 from ..sampling.ref import warp_probs as warp_probs_torch
-from . import (MODES, NEEDS_DRAFT, draft_and_bitmask, fake_outputs, joint_args, joint_rule, ref, rows_arg, tau_rule,
-               tree_args, tree_value_rules, triton_kernel, verify_greedy)
+from . import (MODES, NEEDS_DRAFT, fake_outputs, joint_args, joint_rule, ref, tau_rule, tree_args,
+               tree_value_rules, triton_kernel, verify_greedy)
 
 raise_flags = checks.raise_first  # the value checks of this module's ops (one host sync; tests stub it)
 
@@ -52,14 +52,11 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
     at valid nodes (the draft's at non-root ones: no NaN / +inf, not all -inf among the allowed
     tokens), every bitmask row allowing a token. Limit: ``V <= 2**31 - 1`` on the compiled backends.
     """
-    B, T, num_nodes = tree_args(tokens, parents, num_nodes, mode)
-    dev = tokens.device
-    V = rows_arg("target_logits", target_logits, FLOAT_DTYPES, B, T, dev)
-    checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B, T, 2), device=dev)
+    B, T, V, num_nodes = tree_args(tokens, parents, num_nodes, mode, "target_logits", target_logits,
+                                   FLOAT_DTYPES, uniforms, draft_logits, bitmask)
     needs_draft = mode in NEEDS_DRAFT
-    draft_and_bitmask(mode, "draft_logits", draft_logits, FLOAT_DTYPES, bitmask, B, T, V, dev)
-    impl, params, draft = _warps_and_impl("verify_tree_logits", _verify_tree_logits_torch, backend, B, T, V, dev,
-                                          check, (temperature, top_k, top_p),
+    impl, params, draft = _warps_and_impl("verify_tree_logits", _verify_tree_logits_torch, backend, B, T, V,
+                                          tokens.device, check, (temperature, top_k, top_p),
                                           (draft_temperature, draft_top_k, draft_top_p), "draft_")
     if check:
         rules, valid, child = tree_value_rules(tokens, parents, num_nodes, V, uniforms, bitmask)
@@ -229,11 +226,9 @@ def _verify_tree_logits_torch(tokens, parents, target_logits, uniforms, t, k, p,
                               mode, bitmask=None):
     B, T, V = target_logits.shape
     S = ref.fix_shift(V)
-    tok, par, U = tokens.cpu(), parents.cpu(), uniforms.cpu()
-    X = target_logits.cpu()
-    Y = draft_logits.cpu() if draft_logits is not None else None
-    M = bitmask.cpu() if bitmask is not None else None
-    MQ = _at_parents(M, par) if M is not None else None  # draft row c: the mask at parents[c]
+    tok, par, U, X = (v.cpu() for v in (tokens, parents, uniforms, target_logits))
+    Y, M = (None if v is None else v.cpu() for v in (draft_logits, bitmask))
+    MQ = None if M is None else _at_parents(M, par)  # draft row c: the mask at parents[c]
     t, k, p, dt, dk, dp = (v.cpu().view(B, T) for v in (t, k, p, dt, dk, dp))
 
     def walk(b, n):

@@ -20,7 +20,6 @@ from ..token_bitmask.ref import allowed_tokens
 
 F32 = np.float32
 RESIDUAL_FLOOR = F32(1e-12)
-MSS_MODES = ("mss", "mss_pointmass", "mss_noreplace")
 
 _LOG2E = F32(1.44269502162933349609375)
 _LN2_HI = F32(0.693145751953125)
@@ -96,7 +95,7 @@ def det_log(x):
     x = m 2**e with m in [sqrt(1/2), sqrt(2)), e ln 2 + a degree-20 Taylor polynomial of
     log1p(m - 1); x below 2**-126 gives -inf, NaN stays NaN. Shape: a scalar -> np.float32."""
     x = F32(x)
-    if x != x:
+    if np.isnan(x):
         return x
     if not x >= F32(2.0**-126):
         return F32(-np.inf)
