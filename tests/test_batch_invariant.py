@@ -32,12 +32,8 @@ def bf16_pair(request):
 
 
 def _run(target, draft, prompts, case, **kw):
-    params = dict(LOSSLESS[case])
-    method = params.pop("method", case)
-    draft = params.pop("draft", draft)
-    params.update(kw)
-    return generate(target, prompts, draft=draft, method=method, max_new_tokens=N_NEW, eos_token_id=[],
-                    batch_invariant=True, **params)
+    params = {"method": case, "draft": draft, **LOSSLESS[case], **kw}
+    return generate(target, prompts, max_new_tokens=N_NEW, eos_token_id=[], batch_invariant=True, **params)
 
 
 @pytest.mark.parametrize("layout", [{}, {"kv_layout": "paged", "page_size": 4}], ids=["contiguous", "paged"])
@@ -83,13 +79,11 @@ def test_bad_input_and_the_model_is_restored():
 
 def test_auto_is_on_for_16_bit_cpu_models_only():
     """generate's default: the mode where it decodes as fast as the fast path (bf16/fp16 CPU)."""
-    for dtype, want in ((torch.bfloat16, True), (torch.float16, True), (torch.float32, False)):
-        runner = ModelRunner(tiny_causal_lm("llama", dtype=dtype), 1, 8, batch_invariant="auto")
-        assert runner.batch_invariant is want, dtype
+    for dtype, kw, want in ((torch.bfloat16, {}, True), (torch.float16, {}, True), (torch.float32, {}, False),
+                            (torch.bfloat16, {"linear": "torch"}, False)):
+        runner = ModelRunner(tiny_causal_lm("llama", dtype=dtype), 1, 8, batch_invariant="auto", **kw)
+        assert runner.batch_invariant is want, (dtype, kw)
         runner.close()
-    runner = ModelRunner(tiny_causal_lm("llama", dtype=torch.bfloat16), 1, 8, batch_invariant="auto", linear="torch")
-    assert runner.batch_invariant is False
-    runner.close()
     target = tiny_causal_lm("llama", dtype=torch.bfloat16)
     prompts = [[5, 9, 2, 7, 1], [3, 3, 8]]
     default, _ = generate(target, prompts, method="ngram", max_new_tokens=N_NEW, eos_token_id=[])
@@ -123,13 +117,9 @@ def test_block_logits_have_the_bits_of_ar_steps(layout, dtype):
     prompt = torch.randint(0, 128, (93,), generator=gen).tolist()
     parents = [-1, 0, 1, 1, 2, 4, 3, 6, 5]
     tokens = torch.randint(0, 128, (len(parents),), generator=gen).tolist()
-    paths = []
-    for i in range(len(parents)):
-        path, j = [], i
-        while j >= 0:
-            path.append(j)
-            j = parents[j]
-        paths.append(path[::-1])
+    paths = []  # node i's path from the root (parents come before their children)
+    for p in parents:
+        paths.append((paths[p] if p >= 0 else []) + [len(paths)])
     differs = False
     for invariant in (True, False):
         runner = ModelRunner(target, 1, 128, batch_invariant=invariant, **layout)

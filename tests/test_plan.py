@@ -212,12 +212,9 @@ def test_the_plan_schedules_once_and_every_layer_reuses_it(backend, device, layo
     plan.run(args[0], *data)
     ns, ws = plan.num_splits, plan.workspace
     assert ns >= 1 and (num_splits is None or ns == num_splits)
-    q0, B, Tq, Hq, D = args[0], 2, 2, 8, 64
-    if ns == 1:
-        assert ws is None
-    else:
-        assert ws.dtype == torch.float32 and ws.numel() == ns * B * Tq * Hq * (D + 1)
-    for seed, q in enumerate(layer_copies(q0, 3, 9)):
+    B, Tq, Hq, D = args[0].shape
+    assert ws is None if ns == 1 else (ws.dtype == torch.float32 and ws.numel() == ns * B * Tq * Hq * (D + 1))
+    for q in layer_copies(args[0], 3, 9):
         got = plan.run(q, *data)
         assert plan.num_splits == ns and plan.workspace is ws  # chosen once, reused by every layer
         want = one_shot(args, paged, q, *data, backend="torch", **kw)

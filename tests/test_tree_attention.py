@@ -29,12 +29,6 @@ def backend(backend):
     return backend
 
 
-@pytest.fixture
-def fast_backend(fast_backend):
-    need("tree_attention", fast_backend)
-    return fast_backend
-
-
 @pytest.fixture(params=["contiguous", "paged"])
 def layout(request):
     """The KV layout axis: the contiguous op, or the paged one on the same rows in scattered pages."""
@@ -77,14 +71,12 @@ def make_case(B, Tq, L, P, Hq, Hkv, D, dtype, kind="tree", padded=False, seed=0,
         vis[b, pad] = torch.rand(int(pad.sum()), 32 * W, generator=g) < 0.5  # garbage in padding rows
     mask = specops.pack_mask(vis)
     q = torch.randn(B, Tq, Hq, D, generator=g).to(dtype)
+    shape = (B, S, Hkv, D) if strided else (B, Hkv, S, D)
+    k, v = (torch.randn(shape, generator=g).to(dtype) for _ in range(2))
     if strided:  # a [B, S, Hkv, D] buffer seen as [B, Hkv, S, D]: last-dim stride 1 only
-        k = torch.randn(B, S, Hkv, D, generator=g).to(dtype).transpose(1, 2)
-        v = torch.randn(B, S, Hkv, D, generator=g).to(dtype).transpose(1, 2)
-    else:
-        k = torch.randn(B, Hkv, S, D, generator=g).to(dtype)
-        v = torch.randn(B, Hkv, S, D, generator=g).to(dtype)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
     args = [t.to(device) for t in (q, k, v, prefix, block, mask)]
-    return args, dict(q_lens=qlens.to(device) if padded else None)
+    return args, {"q_lens": qlens.to(device) if padded else None}
 
 
 def assert_close(got, want, dtype):
@@ -104,11 +96,6 @@ def paged_case(B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded, page_size, seed=0, 
     """make_case's inputs, plus tree_attention_paged's (:func:`to_paged`)."""
     args, opts = make_case(B, Tq, L, P, Hq, Hkv, D, dtype, kind=kind, padded=padded, seed=seed, device=device)
     return args, opts, to_paged(args, page_size, seed + 1, **kw)[1:4]
-
-
-def paged_args(args, paged):
-    """tree_attention_paged's positional arguments from tree_attention's and the paged cache."""
-    return (args[0], *paged, *args[3:])
 
 
 def run(layout, args, backend, page_size=16, **kw):
@@ -154,11 +141,10 @@ def test_chain_equals_causal_sdpa(backend, device, layout, B, P, T, Hq, Hkv, dty
 
 def test_query_that_sees_nothing_gives_zero(backend, device, layout):
     # No prefix and an empty mask row: 0, never NaN; a row seeing one key returns that value.
-    B, Tq, L, Hq, D = 1, 3, 3, 2, 64
-    args, kw = make_case(B, Tq, L, 0, Hq, Hq, D, torch.float32, kind="none", device=device)
+    args, kw = make_case(1, 3, 3, 0, 2, 2, 64, torch.float32, kind="none", device=device)
     args[5] = torch.tensor([[[0], [0b10], [0]]], dtype=torch.int32, device=device)
     out = run(layout, args, backend, **kw).cpu()
-    assert torch.equal(out[0, 0], torch.zeros(Hq, D)) and torch.equal(out[0, 2], torch.zeros(Hq, D))
+    assert torch.equal(out[0, 0], torch.zeros(2, 64)) and torch.equal(out[0, 2], torch.zeros(2, 64))
     torch.testing.assert_close(out[0, 1], args[2][0, :, 1].cpu(), atol=1e-6, rtol=1e-6)
 
 
@@ -213,9 +199,9 @@ def test_paged_matches_contiguous_and_reference(backend, device, B, Tq, L, P, Hq
     need("tree_attention_paged", backend)
     args, kw, paged = paged_case(B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded, page_size, seed=P + D,
                                  device=device)
-    got = specops.tree_attention_paged(*paged_args(args, paged), backend=backend, **kw)
+    got = specops.tree_attention_paged(args[0], *paged, *args[3:], backend=backend, **kw)
     assert not got.isnan().any()  # NaN-filled spare pages, slots and garbage table entries are never read
-    want = specops.tree_attention_paged(*paged_args(args, paged), backend="torch", **kw)
+    want = specops.tree_attention_paged(args[0], *paged, *args[3:], backend="torch", **kw)
     assert_close(got, want, dtype)
     contiguous = specops.tree_attention(*args, backend=backend, **kw)
     assert_close(got, contiguous, dtype)
@@ -228,7 +214,7 @@ def test_paged_reference_is_the_contiguous_reference():
     # The spec: the paged op on scattered pages is the contiguous op on the rows the pages hold.
     for page_size in (1, 2, 16, 64):
         args, kw, paged = paged_case(3, 4, 20, 45, 6, 2, 32, torch.float32, "dag", True, page_size, seed=page_size)
-        got = specops.tree_attention_paged(*paged_args(args, paged), backend="torch", **kw)
+        got = specops.tree_attention_paged(args[0], *paged, *args[3:], backend="torch", **kw)
         want = specops.tree_attention(*args, backend="torch", **kw)
         torch.testing.assert_close(got, want, atol=0, rtol=0)
 
@@ -248,15 +234,12 @@ def test_pages_shared_between_sequences_and_in_any_order(backend, device):
 def test_golden_page_table_by_hand(backend, device):
     # page_size 2, one sequence: rows 0-1 in page 3, rows 2-3 in page 0, row 4 in page 2 (slot 0).
     need("tree_attention_paged", backend)
-    D = 16
-    k = torch.randn(1, 1, 5, D)
-    v = torch.randn(1, 1, 5, D)
-    kp, vp = torch.full((4, 2, 1, D), float("nan")), torch.full((4, 2, 1, D), float("nan"))
+    k, v = torch.randn(2, 1, 1, 5, 16)
+    kp, vp = torch.full((2, 4, 2, 1, 16), float("nan"))
     for r, (page, slot) in enumerate([(3, 0), (3, 1), (0, 0), (0, 1), (2, 0)]):
         kp[page, slot, 0], vp[page, slot, 0] = k[0, 0, r], v[0, 0, r]
     table = i32([[3, 0, 2, 1]])
-    q = torch.randn(1, 2, 1, D)
-    lens = i32([3]), i32([2])
+    q, lens = torch.randn(1, 2, 1, 16), (i32([3]), i32([2]))
     mask = i32([[[0b01], [0b11]]])  # query 0 sees block key 0, query 1 both
     dev = [t.to(device) for t in (q, kp, vp, table, *lens, mask)]
     got = specops.tree_attention_paged(*dev, backend=backend).cpu()
@@ -283,83 +266,70 @@ def test_flashinfer_hnd_view_and_vllm_kv_split(backend, device):
 
 # ---- errors: raise naming the argument, nothing written ----------------------------------------
 
-def _good():
+def good_args(layout):
+    """Valid arguments of the error cases: tree_attention's, or tree_attention_paged's (pages of 4)."""
     args, _ = make_case(2, 3, 5, 4, 4, 2, 64, torch.float32, kind="tree")
-    return args
+    return args if layout == "contiguous" else to_paged(args, 4, seed=2, fill=0.0)
 
 
-def _good_paged():
-    args, _, paged = paged_case(2, 3, 5, 4, 4, 2, 64, torch.float32, "tree", False, 4, seed=1, fill=0.0)
-    return list(paged_args(args, paged))  # q, k_pages, v_pages, page_table, prefix, block, mask
-
-
-def _bad(i, value, *more, good=_good):
-    """Good args with args[i] replaced by value(args) (and so on for further (i, value) pairs)."""
-    def f():
-        a = good()
-        for j, val in [(i, value), *zip(more[::2], more[1::2])]:
-            a[j] = val(a) if callable(val) else val
-        return a
-    return f
-
-
-def _bad_paged(i, value):
-    return _bad(i, value, good=_good_paged)
-
-
-BAD = [  # (layout, make, kw, exc, match)
-    ("contiguous", _bad(0, lambda a: a[0].double()), {}, TypeError, "q must have dtype"),
-    ("contiguous", _bad(0, lambda a: a[0][0]), {}, ValueError, "q must have rank 4"),
-    ("contiguous", _bad(0, "q"), {}, TypeError, "q must be a torch.Tensor"),
-    ("contiguous", _bad(1, lambda a: a[1].half()), {}, TypeError, "k_cache must have dtype torch.float32"),
-    ("contiguous", _bad(1, lambda a: a[1][:, :, :, :32]), {}, ValueError, r"k_cache must have shape \[B=2, Hkv, S, D=64\]"),
-    ("contiguous", _bad(1, lambda a: a[1][:1]), {}, ValueError, "k_cache must have shape"),
-    ("contiguous", _bad(2, lambda a: a[2][:, :, :-1]), {}, ValueError, "v_cache must have shape"),
-    ("contiguous", _bad(2, lambda a: a[2].bfloat16()), {}, TypeError, "v_cache must have dtype"),
-    ("contiguous", _bad(1, lambda a: torch.randn(2, 64, 12, 3).permute(0, 3, 2, 1)), {}, ValueError, "k_cache must have stride 1"),
-    ("contiguous", _bad(1, lambda a: torch.randn(2, 3, 12, 64), 2, lambda a: torch.randn(2, 3, 12, 64)), {}, ValueError, r"Hq % Hkv == 0"),
-    ("contiguous", _bad(3, lambda a: a[3].long()), {}, TypeError, "prefix_lens must have dtype torch.int32"),
-    ("contiguous", _bad(4, lambda a: a[4][:1]), {}, ValueError, r"block_lens must have shape \[2\]"),
-    ("contiguous", _bad(5, lambda a: a[5][:, :2]), {}, ValueError, r"mask must have shape \[B=2, Tq=3, W\]"),
-    ("contiguous", _bad(5, lambda a: a[5].bool()), {}, TypeError, "mask must have dtype torch.int32"),
-    ("contiguous", _bad(3, lambda a: torch.tensor([4, -1], dtype=torch.int32)), {}, ValueError, "prefix_lens must be >= 0"),
-    ("contiguous", _bad(4, lambda a: torch.tensor([5, -2], dtype=torch.int32)), {}, ValueError, "block_lens must be >= 0"),
-    ("contiguous", _bad(4, lambda a: torch.tensor([5, 33], dtype=torch.int32)), {}, ValueError, "mask too narrow"),
-    ("contiguous", _bad(3, lambda a: torch.tensor([4, 10], dtype=torch.int32)), {}, ValueError,
-     r"prefix_lens \+ block_lens must be <= S = 12"),
-    ("contiguous", _good, dict(q_lens=torch.tensor([3, 4], dtype=torch.int32)), ValueError, r"q_lens must lie in \[0, Tq=3\]"),
-    ("contiguous", _good, dict(q_lens=torch.tensor([3], dtype=torch.int32)), ValueError, r"q_lens must have shape \[2\]"),
-    ("contiguous", _good, dict(sm_scale="0.1"), TypeError, "sm_scale must be a finite real number"),
-    ("contiguous", _good, dict(sm_scale=float("nan")), TypeError, "sm_scale must be a finite real number"),
-    ("paged", _bad_paged(1, lambda a: a[1][:, :3]), {}, ValueError, r"k_pages page_size \(dim 1\) must be a power of two >= 1, got 3"),
-    ("paged", _bad_paged(1, lambda a: a[1].half()), {}, TypeError, "k_pages must have dtype torch.float32"),
-    ("paged", _bad_paged(1, lambda a: a[1][..., :32]), {}, ValueError, r"k_pages must have shape \[num_pages, page_size, Hkv, D=64\]"),
-    ("paged", _bad_paged(1, lambda a: a[1][0]), {}, ValueError, "k_pages must have rank 4"),
-    ("paged", _bad_paged(2, lambda a: a[2][:-1]), {}, ValueError, "v_pages must have shape"),
-    ("paged", _bad_paged(1, lambda a: a[1].transpose(2, 3).contiguous().transpose(2, 3)), {}, ValueError,
+C, P = "contiguous", "paged"
+BAD = [  # (layout, {argument index: bad value, or a function of the good args}, kwargs, exc, match)
+    (C, {0: lambda a: a[0].double()}, {}, TypeError, "q must have dtype"),
+    (C, {0: lambda a: a[0][0]}, {}, ValueError, "q must have rank 4"),
+    (C, {0: "q"}, {}, TypeError, "q must be a torch.Tensor"),
+    (C, {1: lambda a: a[1].half()}, {}, TypeError, "k_cache must have dtype torch.float32"),
+    (C, {1: lambda a: a[1][:, :, :, :32]}, {}, ValueError, r"k_cache must have shape \[B=2, Hkv, S, D=64\]"),
+    (C, {1: lambda a: a[1][:1]}, {}, ValueError, "k_cache must have shape"),
+    (C, {2: lambda a: a[2][:, :, :-1]}, {}, ValueError, "v_cache must have shape"),
+    (C, {2: lambda a: a[2].bfloat16()}, {}, TypeError, "v_cache must have dtype"),
+    (C, {1: torch.zeros(2, 64, 12, 3).permute(0, 3, 2, 1)}, {}, ValueError, "k_cache must have stride 1"),
+    (C, {1: torch.zeros(2, 3, 12, 64), 2: torch.zeros(2, 3, 12, 64)}, {}, ValueError, r"Hq % Hkv == 0"),
+    (C, {3: lambda a: a[3].long()}, {}, TypeError, "prefix_lens must have dtype torch.int32"),
+    (C, {4: lambda a: a[4][:1]}, {}, ValueError, r"block_lens must have shape \[2\]"),
+    (C, {5: lambda a: a[5][:, :2]}, {}, ValueError, r"mask must have shape \[B=2, Tq=3, W\]"),
+    (C, {5: lambda a: a[5].bool()}, {}, TypeError, "mask must have dtype torch.int32"),
+    (C, {3: i32([4, -1])}, {}, ValueError, "prefix_lens must be >= 0"),
+    (C, {4: i32([5, -2])}, {}, ValueError, "block_lens must be >= 0"),
+    (C, {4: i32([5, 33])}, {}, ValueError, "mask too narrow"),
+    (C, {3: i32([4, 10])}, {}, ValueError, r"prefix_lens \+ block_lens must be <= S = 12"),
+    (C, {}, {"q_lens": i32([3, 4])}, ValueError, r"q_lens must lie in \[0, Tq=3\]"),
+    (C, {}, {"q_lens": i32([3])}, ValueError, r"q_lens must have shape \[2\]"),
+    (C, {}, {"sm_scale": "0.1"}, TypeError, "sm_scale must be a finite real number"),
+    (C, {}, {"sm_scale": float("nan")}, TypeError, "sm_scale must be a finite real number"),
+    (P, {1: lambda a: a[1][:, :3]}, {}, ValueError,
+     r"k_pages page_size \(dim 1\) must be a power of two >= 1, got 3"),
+    (P, {1: lambda a: a[1].half()}, {}, TypeError, "k_pages must have dtype torch.float32"),
+    (P, {1: lambda a: a[1][..., :32]}, {}, ValueError,
+     r"k_pages must have shape \[num_pages, page_size, Hkv, D=64\]"),
+    (P, {1: lambda a: a[1][0]}, {}, ValueError, "k_pages must have rank 4"),
+    (P, {2: lambda a: a[2][:-1]}, {}, ValueError, "v_pages must have shape"),
+    (P, {1: lambda a: a[1].transpose(2, 3).contiguous().transpose(2, 3)}, {}, ValueError,
      "k_pages must have stride 1 in its last dimension"),
-    ("paged", _bad_paged(1, lambda a: torch.zeros(a[1].shape[0], 4, 3, 64)), {}, ValueError, r"Hq % Hkv == 0"),
-    ("paged", _bad_paged(3, lambda a: a[3].long()), {}, TypeError, "page_table must have dtype torch.int32"),
-    ("paged", _bad_paged(3, lambda a: a[3][:1]), {}, ValueError, r"page_table must have shape \[2, \*\]"),
-    ("paged", _bad_paged(3, lambda a: a[3][0]), {}, ValueError, "page_table must have rank 2"),
-    ("paged", _bad_paged(3, lambda a: torch.where(torch.arange(a[3].shape[1]) == 1, -1, a[3]).int()), {}, ValueError,
+    (P, {1: lambda a: torch.zeros(a[1].shape[0], 4, 3, 64)}, {}, ValueError, r"Hq % Hkv == 0"),
+    (P, {3: lambda a: a[3].long()}, {}, TypeError, "page_table must have dtype torch.int32"),
+    (P, {3: lambda a: a[3][:1]}, {}, ValueError, r"page_table must have shape \[2, \*\]"),
+    (P, {3: lambda a: a[3][0]}, {}, ValueError, "page_table must have rank 2"),
+    (P, {3: lambda a: torch.where(torch.arange(a[3].shape[1]) == 1, -1, a[3]).int()}, {}, ValueError,
      r"page_table\[0, 1\] must lie in \[0, num_pages=\d+\) \(page 1 holds rows \[4, 8\) of sequence 0.*got -1"),
-    ("paged", _bad_paged(3, lambda a: torch.full_like(a[3], a[1].shape[0])), {}, ValueError, r"page_table\[0, 0\] must lie in \[0"),
-    ("paged", _bad_paged(4, i32([4, 14])), {}, ValueError,
+    (P, {3: lambda a: torch.full_like(a[3], a[1].shape[0])}, {}, ValueError,
+     r"page_table\[0, 0\] must lie in \[0"),
+    (P, {4: i32([4, 14])}, {}, ValueError,
      r"prefix_lens \+ block_lens must be <= max_pages \* page_size = 4 \* 4 = 16"),
-    ("paged", _bad_paged(4, i32([4, -1])), {}, ValueError, "prefix_lens must be >= 0"),
-    ("paged", _bad_paged(5, i32([5, 33])), {}, ValueError, "mask too narrow"),
-    ("paged", _bad_paged(6, lambda a: a[6][:, :2]), {}, ValueError, r"mask must have shape \[B=2, Tq=3, W\]"),
-    ("paged", _good_paged, dict(q_lens=i32([3, 4])), ValueError, r"q_lens must lie in \[0, Tq=3\]"),
-    ("paged", _good_paged, dict(sm_scale=float("inf")), TypeError, "sm_scale must be a finite real number"),
+    (P, {4: i32([4, -1])}, {}, ValueError, "prefix_lens must be >= 0"),
+    (P, {5: i32([5, 33])}, {}, ValueError, "mask too narrow"),
+    (P, {6: lambda a: a[6][:, :2]}, {}, ValueError, r"mask must have shape \[B=2, Tq=3, W\]"),
+    (P, {}, {"q_lens": i32([3, 4])}, ValueError, r"q_lens must lie in \[0, Tq=3\]"),
+    (P, {}, {"sm_scale": float("inf")}, TypeError, "sm_scale must be a finite real number"),
 ]
 
 
-@pytest.mark.parametrize("layout, make, kw, exc, match", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
-def test_bad_input_raises_naming_the_argument_and_writes_nothing(backend, layout, make, kw, exc, match):
+@pytest.mark.parametrize("layout, bad, kw, exc, match", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_input_raises_naming_the_argument_and_writes_nothing(backend, layout, bad, kw, exc, match):
     op = "tree_attention" if layout == "contiguous" else "tree_attention_paged"
     need(op, backend)
-    args = make()
+    args = good_args(layout)
+    for i, value in bad.items():
+        args[i] = value(args) if callable(value) else value
     before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     with pytest.raises(exc, match=match):
         getattr(specops, op)(*args, backend=backend, **kw)
@@ -370,7 +340,7 @@ def test_bad_input_raises_naming_the_argument_and_writes_nothing(backend, layout
 
 @pytest.mark.parametrize("layout, i, name", [("contiguous", 4, "block_lens"), ("paged", 3, "page_table")])
 def test_device_mismatch_raises(layout, i, name):
-    args = (_good if layout == "contiguous" else _good_paged)()
+    args = good_args(layout)
     args[i] = args[i].to("meta")
     with pytest.raises(ValueError, match=f"{name} must be on cpu"):
         (specops.tree_attention if layout == "contiguous" else specops.tree_attention_paged)(*args)
@@ -379,9 +349,9 @@ def test_device_mismatch_raises(layout, i, name):
 def test_check_false_skips_value_checks_without_reading_out_of_bounds(fast_backend, device, layout):
     # Lengths past the cache (and paged: page ids outside the pool, an empty pool) are clamped by the
     # kernels: no crash, finite output.
+    need("tree_attention", fast_backend)
     args, _ = make_case(2, 3, 5, 4, 4, 2, 64, torch.float32, kind="tree", device=device)
-    args[3] = i32([100, -7], device)
-    args[4] = i32([1000, -3], device)
+    args[3:5] = i32([100, -7], device), i32([1000, -3], device)
     q_lens = i32([9, -1], device)
     if layout == "contiguous":
         out = specops.tree_attention(*args, q_lens=q_lens, check=False, backend=fast_backend)
@@ -397,12 +367,12 @@ def test_check_false_skips_value_checks_without_reading_out_of_bounds(fast_backe
 
 def test_backends_say_why_they_cannot_take_a_paged_call():
     # The capability checks read the paged layout (Hkv is dim 2 of the pages).
-    args, kw, paged = paged_case(1, 2, 3, 4, 4, 2, 272, torch.float32, "tree", False, 16, fill=0.0)
+    args, _, paged = paged_case(1, 2, 3, 4, 4, 2, 272, torch.float32, "tree", False, 16, fill=0.0)
     for name, why in (("cudasim", "head dim D=272 > 256"), ("triton", "D=272 > 256")):
         if name not in _backend.implementations("tree_attention_paged") or not _backend.available(name)[0]:
             continue
         with pytest.raises(specops.BackendUnavailable, match=f"backend '{name}'.*cannot run this call: .*{why}"):
-            specops.tree_attention_paged(*paged_args(args, paged), backend=name)
+            specops.tree_attention_paged(args[0], *paged, *args[3:], backend=name)
 
 
 # ---- registration -----------------------------------------------------------------------------

@@ -9,15 +9,7 @@ from _cudasim import assert_order_independent, needs_sim
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_kv_compact import compaction_case
-from test_tree_attention import (
-    assert_close,
-    make_case,
-    needs_cpp,
-    paged_args,
-    paged_case,
-    run,
-    to_paged,
-)
+from test_tree_attention import assert_close, make_case, needs_cpp, run, to_paged
 
 import specops
 from specops import backend as _backend
@@ -173,7 +165,7 @@ def test_triton_splits_a_small_decode_by_itself(device):
     # One (sequence, kv head) program over a long prefix leaves the device idle: the launcher plans
     # a split-K launch plus the combine kernel without being asked.
     kernels = triton_kernels(device)
-    args, kw = make_case(1, 1, 1, 900, 4, 1, 64, torch.float32, kind="chain", device=device)
+    args, _ = make_case(1, 1, 1, 900, 4, 1, 64, torch.float32, kind="chain", device=device)
     _, launches = kernels.plan(*args, None, 0.125)
     assert len(launches) == 2 and launches[0].grid[1] > 1
     got = specops.tree_attention(*args, sm_scale=0.125, backend="triton")
@@ -242,9 +234,10 @@ def _cudasim_cases():
     """One call per paged CUDA kernel: the CUDA-core kernel (fp32), the tensor-core one (bf16) and the
     compaction, with a shift chain through shared pages (every destination the previous source)."""
     def attention(dtype):
-        args, kw, paged = paged_case(2, 9, 14, 50, 6, 2, 40 if dtype == torch.float32 else 64, dtype, "dag", True,
-                                     16, seed=7)
-        return lambda: specops.tree_attention_paged(*paged_args(args, paged), backend="cudasim", **kw)
+        D = 40 if dtype == torch.float32 else 64
+        args, kw = make_case(2, 9, 14, 50, 6, 2, D, dtype, kind="dag", padded=True, seed=7)
+        paged = to_paged(args, 16, 8)
+        return lambda: specops.tree_attention_paged(*paged, backend="cudasim", **kw)
 
     def compact():
         _, kp, vp, table, lens = compaction_case(3, 30, "shift", 16, torch.float32, seed=2, D=24)

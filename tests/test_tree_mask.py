@@ -3,6 +3,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_kv_compact import i32
 
 import specops
 from specops import backend as _backend
@@ -12,15 +13,6 @@ from specops.testing import random_num_nodes, random_parents
 def bits(mask_row):
     """Set bit positions of one packed mask row, as a sorted list."""
     return [j for j in range(32 * mask_row.numel()) if (int(mask_row[j // 32]) >> (j % 32)) & 1]
-
-
-def run(parents, num_nodes=None, backend="torch", device="cpu"):
-    p = torch.tensor(parents, dtype=torch.int32, device=device)
-    if p.dim() == 1:
-        p = p[None]
-    nn = None if num_nodes is None else torch.tensor(num_nodes, dtype=torch.int32, device=device)
-    mask, depth = specops.build_tree_mask(p, nn, backend=backend)
-    return mask.cpu(), depth.cpu()
 
 
 # ---- golden cases, each on every backend -------------------------------------------------------
@@ -47,7 +39,9 @@ GOLDEN = {  # name: (parents, num_nodes, the set bits of each row of sequence 0 
 @pytest.mark.parametrize("name", list(GOLDEN))
 def test_golden(backend, device, name):
     parents, num_nodes, rows, depths = GOLDEN[name]
-    mask, depth = run(parents, num_nodes, backend=backend, device=device)
+    p = i32(parents, device).view(len(depths), -1)  # [B, T]
+    nn = None if num_nodes is None else i32(num_nodes, device)
+    mask, depth = (t.cpu() for t in specops.build_tree_mask(p, nn, backend=backend))
     T = len(depths[0])
     assert mask.shape == (len(depths), T, (T + 31) // 32) and depth.tolist() == depths
     assert rows(mask) if callable(rows) else [bits(mask[0, i]) for i in range(T)] == rows
@@ -104,19 +98,17 @@ def test_pack_unpack_round_trip():
 @pytest.mark.parametrize("parents, num_nodes, exc, match", [
     (torch.zeros(2, 3, dtype=torch.int64), None, TypeError, "parents must have dtype torch.int32"),
     ([[-1, 0]], None, TypeError, "parents must be a torch.Tensor"),
-    (torch.tensor([-1, 0], dtype=torch.int32), None, ValueError, "parents must have rank 2"),
+    (i32([-1, 0]), None, ValueError, "parents must have rank 2"),
     (torch.zeros(2, 0, dtype=torch.int32), None, ValueError, "at least one node"),
-    (torch.tensor([[-1, 0, 0]], dtype=torch.int32), torch.tensor([3, 3], dtype=torch.int32), ValueError,
-     r"num_nodes must have shape \[1\]"),
-    (torch.tensor([[-1, 0, 0]], dtype=torch.int32), torch.tensor([3.0]), TypeError, "num_nodes must have dtype"),
-    (torch.tensor([[-1, 0, 0]], dtype=torch.int32), torch.tensor([0], dtype=torch.int32), ValueError,
-     r"num_nodes must lie in \[1, T=3\]"),
-    (torch.tensor([[-1, 0, 0]], dtype=torch.int32), torch.tensor([4], dtype=torch.int32), ValueError,
-     r"num_nodes must lie in \[1, T=3\]"),
-    (torch.tensor([[0, 0, 0]], dtype=torch.int32), None, ValueError, r"parents\[0, 0\] must be -1"),
-    (torch.tensor([[-1, 0, 2]], dtype=torch.int32), None, ValueError, r"parents\[0, 2\] must satisfy -1 < parent < 2"),
-    (torch.tensor([[-1, -1, 0]], dtype=torch.int32), None, ValueError, r"parents\[0, 1\] must satisfy"),
-    (torch.tensor([[-1, 0, 3]], dtype=torch.int32), None, ValueError, r"parents\[0, 2\]"),
+    (i32([[-1, 0, 0]]), i32([3, 3]), ValueError, r"num_nodes must have shape \[1\]"),
+    (i32([[-1, 0, 0]]), torch.tensor([3.0]), TypeError, "num_nodes must have dtype"),
+    (i32([[-1, 0, 0]]), i32([0]), ValueError, r"num_nodes must lie in \[1, T=3\]"),
+    (i32([[-1, 0, 0]]), i32([4]), ValueError, r"num_nodes must lie in \[1, T=3\]"),
+    (i32([[-1, 0]]), i32([2], "meta"), ValueError, "num_nodes must be on cpu"),
+    (i32([[0, 0, 0]]), None, ValueError, r"parents\[0, 0\] must be -1"),
+    (i32([[-1, 0, 2]]), None, ValueError, r"parents\[0, 2\] must satisfy -1 < parent < 2"),
+    (i32([[-1, -1, 0]]), None, ValueError, r"parents\[0, 1\] must satisfy"),
+    (i32([[-1, 0, 3]]), None, ValueError, r"parents\[0, 2\]"),
 ])
 def test_bad_input_raises_naming_the_argument(backend, parents, num_nodes, exc, match):
     with pytest.raises(exc, match=match):
@@ -124,28 +116,21 @@ def test_bad_input_raises_naming_the_argument(backend, parents, num_nodes, exc, 
 
 
 def test_padding_entries_are_not_validated():
-    parents = torch.tensor([[-1, 0, 55, -9]], dtype=torch.int32)
-    mask, _ = specops.build_tree_mask(parents, torch.tensor([2], dtype=torch.int32))
+    mask, _ = specops.build_tree_mask(i32([[-1, 0, 55, -9]]), i32([2]))
     assert mask.shape == (1, 4, 1)
-
-
-def test_device_mismatch_raises():
-    parents = torch.tensor([[-1, 0]], dtype=torch.int32)
-    with pytest.raises(ValueError, match="num_nodes must be on cpu"):
-        specops.build_tree_mask(parents, torch.tensor([2], dtype=torch.int32, device="meta"))
 
 
 # ---- dispatch ---------------------------------------------------------------------------------
 
 def test_unknown_backend_names_the_choices():
     with pytest.raises(ValueError, match="backend= must name one of"):
-        specops.build_tree_mask(torch.tensor([[-1]], dtype=torch.int32), backend="tpu")
+        specops.build_tree_mask(i32([[-1]]), backend="tpu")
 
 
 def test_unavailable_backend_raises_with_reason(monkeypatch):
     monkeypatch.setitem(_backend._IMPLS["build_tree_mask"], "cuda", _backend._IMPLS["build_tree_mask"]["cuda"])
     with pytest.raises(specops.BackendUnavailable, match="backend 'cuda' .*unavailable on cpu: "):
-        specops.build_tree_mask(torch.tensor([[-1]], dtype=torch.int32), backend="cuda")
+        specops.build_tree_mask(i32([[-1]]), backend="cuda")
 
 
 def test_precedence_argument_then_context_then_env(monkeypatch):
@@ -154,7 +139,7 @@ def test_precedence_argument_then_context_then_env(monkeypatch):
     for name in ("torch", "cpp"):
         fn = impls[name]
         monkeypatch.setitem(impls, name, lambda *a, _n=name, _f=fn: calls.append(_n) or _f(*a))
-    parents = torch.tensor([[-1, 0]], dtype=torch.int32)
+    parents = i32([[-1, 0]])
     monkeypatch.setenv("SPECOPS_BACKEND", "torch")
     specops.build_tree_mask(parents)
     if _backend.available("cpp")[0]:

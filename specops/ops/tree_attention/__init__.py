@@ -33,10 +33,8 @@ SM_SCALE_MAX = 65536.0
 
 def attend(q, kv, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None, check=True, backend=None,
            invariant=False):
-    """The one entry of the op: :func:`tree_attention` over the KV layout ``kv`` (a
-    :class:`~specops.ops.layout.KvLayout`, contiguous or paged); the layouts' own entries
-    :func:`tree_attention` and :func:`tree_attention_paged` build it. Shape: q [B, Tq, Hq, D],
-    prefix_lens / block_lens / q_lens int32 [B], mask int32 [B, Tq, W] -> out [B, Tq, Hq, D]."""
+    """The one entry of the op: :func:`tree_attention` over ``kv``, a :class:`~specops.ops.layout.KvLayout`
+    (contiguous or paged: :func:`tree_attention` and :func:`tree_attention_paged` build it)."""
     sm_scale = check_args(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale)
     invariant = check_invariant(invariant)
     if check:
@@ -99,7 +97,6 @@ def tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_len
 
 
 def check_invariant(invariant):
-    """``invariant`` checked: a bool."""
     if not isinstance(invariant, bool):
         raise TypeError(f"invariant must be a bool, got {invariant!r}")
     return invariant

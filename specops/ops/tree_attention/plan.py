@@ -14,9 +14,7 @@ rules and every declared size (``max_len`` / ``num_pages``, heads, head dim, dty
 error names both sizes) and records their shapes; later calls compare shapes only (no value read,
 no host sync) and raise on any difference, so a plan reused across a cache resize fails loudly.
 Build a new plan when lengths, mask or cache change shape; in-place edits of its length tensors
-between runs are seen, not re-validated. A workspace passed in must share no byte with the plan's
-tensors nor the next run's q / k / v (the partials would overwrite the cache): storage ranges
-compared once, never per call."""
+between runs are seen, not re-validated."""
 import torch
 
 from ...backend import incapable, resolve_named
@@ -47,7 +45,8 @@ class TreeAttentionPlan:
 
     ``workspace`` (``workspace=`` or ``plan.workspace = ...``): an fp32 buffer of at least
     ``num_splits * B * Tq * Hq * (D + 1)`` elements, contiguous, on the plan's device, sharing no
-    byte with any input. ``invariant=True``: the batch-invariant schedule of
+    byte with the plan's tensors nor a run's q / k / v (the partials would overwrite them; storage
+    ranges compared once, never per call). ``invariant=True``: the batch-invariant schedule of
     :func:`specops.tree_attention` (unsplit; ``num_splits`` only 1)."""
 
     def __init__(self, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None, page_table=None, page_size=None,
@@ -99,7 +98,7 @@ class TreeAttentionPlan:
             self._schedule(self._declared_layout(size or 0).rows())
         self._values_pending = check and size is None  # the first run checks the values against its cache
         if check and size is not None:
-            self._check_values(self._declared_layout(size))
+            _ta.length_values(prefix_lens, block_lens, q_lens, self._declared_layout(size), mask.shape[2], Tq)
         self._first = True
         if workspace is not None:
             self.workspace = workspace
@@ -142,8 +141,7 @@ class TreeAttentionPlan:
             self._first, self._recheck = True, True
 
     def _allocate(self):
-        """The partials buffer of the chosen split count: the one passed in (checked for size), or
-        the plan's own [num_splits * B * Tq * Hq * (D + 1)] fp32 (None without splits)."""
+        """The partials of the chosen split count: the buffer passed in (size checked), or the plan's own."""
         size = _ta.splits.workspace_size(self._num_splits, self.B, self.Tq, self.num_heads, self.head_dim)
         if self._given is not None:
             if self._given.numel() < size:
@@ -154,16 +152,12 @@ class TreeAttentionPlan:
             self._workspace = torch.empty(size, dtype=torch.float32, device=self.device) if size else None
 
     def _schedule(self, rows):
-        """Chooses the split count for ``rows`` addressable rows per sequence and allocates the
-        partials workspace [num_splits * B * Tq * Hq * (D + 1)] fp32 (None without splits)."""
+        """Chooses the split count for ``rows`` addressable rows per sequence, then the workspace."""
         q = Spec((self.B, self.Tq, self.num_heads, self.head_dim), self.dtype, self.device)
         self._num_splits = self._forced_splits or _ta.choose_splits(
             self.backend, q, self.num_kv_heads, rows, self.prefix_lens, self.block_lens, self.mask.shape[2],
             self.paged, invariant=self.invariant)
         self._allocate()
-
-    def _check_values(self, kv):
-        _ta.length_values(self.prefix_lens, self.block_lens, self.q_lens, kv, self.mask.shape[2], self.Tq)
 
     def _first_run(self, q, k, v):
         """The op's full metadata rules on the first run's tensors, reconciled with every declared size."""
@@ -185,7 +179,7 @@ class TreeAttentionPlan:
         else:
             checks.declared(name, "S", kv.rows(), "max_len", self.max_len)
         if self._values_pending:
-            self._check_values(kv)
+            _ta.length_values(self.prefix_lens, self.block_lens, self.q_lens, kv, self.mask.shape[2], self.Tq)
         args = self._args(q, kv)
         if incapable(self.op, self.backend, args) is not None:
             self.backend, self.kernel = resolve_named(self.op, self.device, self._backend, args)
