@@ -58,12 +58,8 @@ def test_tree_attention_plan_default_backend_and_sm_scale(device):
     # No backend named: the plan runs what the one-shot op would pick for the same call.
     args, kw = make_case(2, 4, 9, 20, 6, 3, 32, torch.float32, kind="dag", padded=True, device=device)
     plan = tree_plan(args, {**kw, "sm_scale": 0.3})
-    q, k, v, prefix, block, mask = args
-    assert plan.kernel is _backend.resolve("tree_attention", q.device, None,
-                                          (q, k, v, prefix, block, mask, kw["q_lens"], 0.3))
-    got = plan.run(q, k, v)
-    want = specops.tree_attention(*args, sm_scale=0.3, q_lens=kw["q_lens"])
-    assert torch.equal(got, want)
+    assert plan.kernel is _backend.resolve("tree_attention", args[0].device, None, (*args, kw["q_lens"], 0.3))
+    assert torch.equal(plan.run(*args[:3]), specops.tree_attention(*args, sm_scale=0.3, q_lens=kw["q_lens"]))
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -246,7 +242,6 @@ def test_num_splits_override_is_checked():
 def test_opcheck_with_a_schedule(op):
     # The schema's num_splits and the mutated workspace, as a plan passes them.
     args, kw, paged = paged_case(2, 3, 5, 300, 4, 2, 64, torch.float32, "tree", True, 16, seed=1)
-    ns = 3
-    ws = torch.empty(ns * 2 * 3 * 4 * 65)
+    ws = torch.empty(3 * 2 * 3 * 4 * 65)  # 3 splits of [B=2, Tq=3, Hq=4, D + 1 = 65]
     call = (args[0], *paged, *args[3:]) if op == "tree_attention_paged" else args
-    torch.library.opcheck(getattr(torch.ops.specops, op).default, (*call, kw["q_lens"], 0.125, ns, ws))
+    torch.library.opcheck(getattr(torch.ops.specops, op).default, (*call, kw["q_lens"], 0.125, 3, ws))

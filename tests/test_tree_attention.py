@@ -150,8 +150,7 @@ def test_query_that_sees_nothing_gives_zero(backend, device, layout):
 
 def test_padding_rows_are_zero_and_do_not_change_valid_rows(backend, device, layout):
     args, _ = make_case(2, 7, 9, 20, 4, 2, 64, torch.float32, kind="tree", device=device)
-    q_lens = torch.tensor([4, 0], dtype=torch.int32, device=device)
-    out = run(layout, args, backend, q_lens=q_lens).cpu()
+    out = run(layout, args, backend, q_lens=i32([4, 0], device)).cpu()
     full = run(layout, args, backend).cpu()
     assert torch.equal(out[0, 4:], torch.zeros_like(out[0, 4:])) and torch.equal(out[1], torch.zeros_like(out[1]))
     torch.testing.assert_close(out[0, :4], full[0, :4], atol=0, rtol=0)
@@ -171,8 +170,7 @@ def test_keys_past_the_block_and_past_the_prefix_are_never_read(backend, device,
 def test_sm_scale_is_applied(backend, device, layout):
     args, kw = make_case(1, 4, 6, 10, 2, 1, 64, torch.float32, kind="tree", device=device)
     out = run(layout, args, backend, sm_scale=0.3, **kw)
-    q = args[0]
-    want = specops.tree_attention(q * (0.3 * math.sqrt(64)), *args[1:], backend="torch", **kw)
+    want = specops.tree_attention(args[0] * (0.3 * math.sqrt(64)), *args[1:], backend="torch", **kw)
     assert_close(out, want, torch.float32)
 
 
@@ -181,9 +179,8 @@ def test_length_vectors_with_any_strides(backend, device, layout):
     # backend reads element b at b * stride (a kernel that assumed stride 1 read prefix 0 for
     # sequence 1 here, and past the storage of the broadcast).
     args, _ = make_case(2, 3, 6, 7, 4, 2, 64, torch.float32, kind="tree", ragged=False, device=device)
-    args[3] = torch.tensor([5, 0, 7, 0], dtype=torch.int32, device=device)[::2]
-    args[4] = torch.tensor([6], dtype=torch.int32, device=device).expand(2)
-    q_lens = torch.tensor([3, 9, 2, 9], dtype=torch.int32, device=device)[::2]
+    args[3:5] = i32([5, 0, 7, 0], device)[::2], i32([6], device).expand(2)
+    q_lens = i32([3, 9, 2, 9], device)[::2]
     assert args[3].stride() == (2,) and args[4].stride() == (0,)
     want = specops.tree_attention(*[a.contiguous() for a in args], q_lens=q_lens.contiguous(), backend="torch")
     got = run(layout, args, backend, q_lens=q_lens)
@@ -257,11 +254,10 @@ def test_flashinfer_hnd_view_and_vllm_kv_split(backend, device):
     hnd = torch.stack([kp, vp], dim=1).transpose(2, 3).contiguous()  # [N, 2, Hkv, page, D]
     k_hnd, v_hnd = hnd[:, 0].transpose(1, 2), hnd[:, 1].transpose(1, 2)
     assert k_hnd.shape == kp.shape and not k_hnd.is_contiguous()
-    assert_close(specops.tree_attention_paged(args[0], k_hnd, v_hnd, table, *args[3:], backend=backend, **kw),
-                 want, torch.float32)
     kv = torch.stack([kp, vp])  # [2, N, page, Hkv, D]
-    assert_close(specops.tree_attention_paged(args[0], kv[0], kv[1], table, *args[3:], backend=backend, **kw),
-                 want, torch.float32)
+    for k, v in ((k_hnd, v_hnd), (kv[0], kv[1])):
+        got = specops.tree_attention_paged(args[0], k, v, table, *args[3:], backend=backend, **kw)
+        assert_close(got, want, torch.float32)
 
 
 # ---- errors: raise naming the argument, nothing written ----------------------------------------

@@ -112,8 +112,6 @@ def choose_splits(backend, q, Hkv, S, prefix_lens, block_lens, W, paged=False, i
         return 1
     B, Tq, Hq, D = q.shape
     if backend == "cpp":
-        if B == 0:
-            return 1
         # No value reads (the ops never read the device): the rows a sequence can address bound the
         # tiles, and the loop sizes its caches to what a call needs.
         max_tiles = -(-S // splits.CPU_TILE_KEYS) + 1

@@ -16,7 +16,7 @@ def invariant_ref(q, k_cache, v_cache, vis, sm_scale):
     """Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D], vis bool [B, Tq, S] (the dense
     visibility, :func:`visibility`) -> [B, Tq, Hq, D] in q's dtype; rows that see no key are 0.
     fp32 scores, softmax and accumulation; one host read per row."""
-    B, Tq, Hq, D = q.shape
+    B, Tq, Hq, _ = q.shape
     G = Hq // k_cache.shape[1]
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)
     for b in range(B):
@@ -41,8 +41,7 @@ def visibility(prefix_lens, block_lens, mask, q_lens, S):
     B, Tq, W = mask.shape
     dev = mask.device
     s = torch.arange(S, device=dev)
-    p = prefix_lens.long()[:, None, None]
-    n = block_lens.long()[:, None, None]
+    p, n = (t.long()[:, None, None] for t in (prefix_lens, block_lens))
     j = s[None, None, :] - p  # block index of key s, [B, 1, S]
     in_block = (j >= 0) & (j < n) & (j < 32 * W)
     jc = j.clamp(0, max(32 * W - 1, 0)).expand(B, Tq, S)
@@ -72,15 +71,13 @@ def tree_attention(paged, *args):
     (:func:`unpack`) -> out [B, Tq, Hq, D] in q's dtype."""
     q, kv, (prefix_lens, block_lens, mask, q_lens, sm_scale), (_, _, invariant) = unpack(paged, args)
     kv = kv.gather()
-    Hq = q.shape[2]
-    Hkv, S = kv.k.shape[1], kv.k.shape[2]
+    Hq, (Hkv, S) = q.shape[2], kv.k.shape[1:3]
     vis = visibility(prefix_lens, block_lens, mask, q_lens, S)  # [B, Tq, S]
     if invariant:
         return invariant_ref(q, kv.k, kv.v, vis, sm_scale)
     # Rows past prefix + block are not part of the op: zero them so garbage there cannot leak.
-    used = vis.any(1)[:, None, :, None]  # [B, 1, S, 1]
-    k = kv.k.float().masked_fill(~used, 0).repeat_interleave(Hq // Hkv, dim=1)  # [B, Hq, S, D]
-    v = kv.v.float().masked_fill(~used, 0).repeat_interleave(Hq // Hkv, dim=1)
+    used = vis.any(1)[:, None, :, None]  # [B, 1, S, 1]; k, v: [B, Hq, S, D]
+    k, v = (t.float().masked_fill(~used, 0).repeat_interleave(Hq // Hkv, dim=1) for t in (kv.k, kv.v))
     scores = torch.einsum("bthd,bhsd->bhts", q.float(), k) * sm_scale  # [B, Hq, Tq, S]
     scores = scores.masked_fill(~vis[:, None], float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)

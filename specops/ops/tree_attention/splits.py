@@ -59,10 +59,7 @@ def gpu_splits(n_programs, sms, kv_bytes, part_bytes, flops, balance, n_tiles):
         traffic = kv_bytes + (2 * ns * part_bytes if ns > 1 else 0)
         return max(traffic, flops / balance) / min(1.0, n_programs * ns / sms)
 
-    best = 1
-    for ns in range(2, min(MAX_SPLITS, max(1, n_tiles)) + 1):
-        if cost(ns) < cost(best):
-            best = ns
+    best = min(range(1, min(MAX_SPLITS, max(1, n_tiles)) + 1), key=cost)  # the first of the cheapest
     return best if 2 * cost(best) <= cost(1) else 1
 
 
