@@ -51,7 +51,7 @@ def test_inference_never_imports_the_trainer():
         loaded = sorted(m for m in sys.modules if m == "specops.distill" or m.startswith("specops.distill."))
         print("LOADED", loaded)
     """)
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "LOADED []" in res.stdout, res.stdout
 
@@ -145,8 +145,8 @@ def smollm2():
     ("gsd", 1, {"max_depth": 4, "max_nodes": 16})])
 def test_real_model_greedy_is_token_identical(smollm2, method, batch, params):
     target, tok, prompts, refs = smollm2
-    out, m = generate(target, prompts[:batch], method=method, max_new_tokens=10, tokenizer=tok, eos_token_id=[],
-                      **params)
+    out, m = generate(target, prompts[:batch], method=method, max_new_tokens=10, tokenizer=tok,
+                      eos_token_id=[], **params)
     assert [out[b].tolist() for b in range(batch)] == refs[:batch]
     assert m.num_target_forwards < 10 * batch
 

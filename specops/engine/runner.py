@@ -218,15 +218,12 @@ class ModelRunner:
         if self._all_rows:
             self._hook = model.get_output_embeddings().register_forward_pre_hook(self._capture)
         else:
-            self._hook = norm.register_forward_hook(self._capture_norm)
+            self._hook = norm.register_forward_hook(self._capture)
 
-    def _capture(self, module, args):
+    def _capture(self, module, args, output=None):
+        """The LM head's forward pre-hook (its input) or the final norm's forward hook (its output)."""
         if self._capturing:
-            self._hidden = args[0]
-
-    def _capture_norm(self, module, args, output):
-        if self._capturing:
-            self._hidden = output
+            self._hidden = args[0] if output is None else output
 
     def close(self):
         """Removes the feature hook and restores the model's linear layers (a runner is per decode;
@@ -356,9 +353,10 @@ class ModelRunner:
         Shape: tokens int [B, Tq], mask int32 [B, Tq, W] (visibility of block keys 0..), depth int32
         [B, Tq] (position = lens + depth), block_lens int32 [B] (valid block rows incl. these
         queries), features [B, Tq, H] or None -> logits [B, Tq, V] in the model's dtype. Query rows >=
-        block_lens - q_start are padding. With ``compile=True`` a block of up to 64 rows runs the compiled graph; a longer one
-        (or one a sliding window cannot take) runs eagerly."""
-        checks.tensor("tokens", tokens, dtype=(torch.int64, torch.int32), shape=(self.B, None), device=self.device)
+        block_lens - q_start are padding. With ``compile=True`` a block of up to 64 rows runs the
+        compiled graph; a longer one (or one a sliding window cannot take) runs eagerly."""
+        checks.tensor("tokens", tokens, dtype=(torch.int64, torch.int32), shape=(self.B, None),
+                       device=self.device)
         Tq = tokens.shape[1]
         longest = max(self.cache.host_lens()) + q_start + Tq
         if longest > self.max_len:
@@ -372,10 +370,8 @@ class ModelRunner:
         return self._run(tokens, positions, block, offset=q_start, features=features)
 
     def _block(self, **kw):
-        kw["invariant"] = self.batch_invariant
-        if self.kv_layout == "paged":
-            kw.update(page_table=self.cache.page_table, page_size=self.cache.page_size)
-        return Block(**kw)
+        return Block(**kw, invariant=self.batch_invariant, page_table=self.cache.layout.page_table,
+                     page_size=self.cache.page_size)
 
     def _run(self, ids, positions, block, offset, logits_to_keep=None, features=None):
         # The block travels as one keyword down to every layer's attention; its packed mask as the
