@@ -77,8 +77,7 @@ def test_per_row_tensor_parameters_equal_row_by_row_calls(backend, device):
     p = torch.tensor([0.3, 1.0, 0.6, 0.95, 1e-6], dtype=torch.float64)
     got = specops.warp_probs(x.to(device), t.to(device), k.to(device), p.to(device), backend=backend).cpu()
     for r in range(5):
-        want = warp(x[r].tolist(), float(t[r]), int(k[r]), float(p[r]))
-        assert_probs(got[r:r + 1], want)
+        assert_probs(got[r:r + 1], warp(x[r].tolist(), float(t[r]), int(k[r]), float(p[r])))
 
 
 # ---- every backend vs the reference ----------------------------------------------------------

@@ -12,6 +12,7 @@ Two kinds of evidence, on a toy two-step target p1(x1) p2(x2 | x1) with V = 4 an
   fails it.
 """
 import itertools
+import math
 import zlib
 from collections import defaultdict
 from fractions import Fraction as Fr
@@ -52,17 +53,12 @@ def _draws(scheme, rows):
         yield tuple(order[:k]), Fr(1)
         return
     for toks in itertools.product(range(V), repeat=k):
-        if scheme == "noreplace":
-            if len(set(toks)) < k:
-                continue
-            prob, left = Fr(1), Fr(1)
-            for x in toks:
-                prob *= rows[0][x] / left
-                left -= rows[0][x]
+        if scheme != "noreplace":
+            prob = math.prod(row[x] for x, row in zip(toks, rows))
+        elif len(set(toks)) == k:  # each draw renormalised over the tokens not drawn yet
+            prob = math.prod(rows[0][x] / (1 - sum(rows[0][y] for y in toks[:i])) for i, x in enumerate(toks))
         else:
-            prob = Fr(1)
-            for x, row in zip(toks, rows):
-                prob *= row[x]
+            continue
         if prob:
             yield toks, prob
 
