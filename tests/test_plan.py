@@ -69,23 +69,19 @@ def test_kv_compact_plan_equals_the_op(backend, device, pattern, page_size):
     for B, A, dtype in ((1, 33, torch.float32), (3, 20, torch.bfloat16)):
         cache, kp, vp, table, (prefix, idx, lens) = compaction_case(B, A, pattern, page_size, dtype,
                                                                     seed=A + page_size, device=device)
-        geo = geometry(cache, backend=backend)
-        # contiguous
-        k, v = cache.clone(), -cache
-        want_k, want_v = k.clone(), v.clone()
-        specops.kv_compact(want_k, want_v, prefix, idx, lens, backend=backend)
-        plan = specops.KVCompactPlan(prefix, idx, lens, max_len=cache.shape[3], **geo)
-        assert plan.run(k, v) is None
-        assert torch.equal(k, want_k) and torch.equal(v, want_v)
-        # paged, with and without num_pages declared (then checked at the first run)
-        for num_pages in (kp.shape[1], None):
-            k2, v2 = kp.clone(), vp.clone()
-            want_k, want_v = kp.clone(), vp.clone()
-            specops.kv_compact_paged(want_k, want_v, table, prefix, idx, lens, backend=backend)
-            plan = specops.KVCompactPlan(prefix, idx, lens, page_table=table, page_size=page_size,
-                                         num_pages=num_pages, **geo)
-            plan.run(k2, v2)
-            assert torch.equal(k2, want_k) and torch.equal(v2, want_v)
+        # (k, v, the op's page table, the plan's declared layout): contiguous, then paged with and
+        # without num_pages declared (then checked at the first run)
+        cases = [(cache, -cache, (), {"max_len": cache.shape[3]})]
+        cases += [(kp, vp, (table,), {"page_table": table, "page_size": page_size, "num_pages": n})
+                  for n in (kp.shape[1], None)]
+        for k, v, paged, declared in cases:
+            k, v = k.clone(), v.clone()
+            want_k, want_v = k.clone(), v.clone()
+            op = specops.kv_compact_paged if paged else specops.kv_compact
+            op(want_k, want_v, *paged, prefix, idx, lens, backend=backend)
+            plan = specops.KVCompactPlan(prefix, idx, lens, **declared, **geometry(cache, backend=backend))
+            assert plan.run(k, v) is None
+            assert torch.equal(k, want_k) and torch.equal(v, want_v)
 
 
 def test_kv_compact_plan_runs_again_on_another_cache(device):

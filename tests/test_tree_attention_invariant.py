@@ -168,7 +168,6 @@ def test_cpp_narrow_items_on_every_isa_variant(monkeypatch, isa, mode):
 def test_batch_composition_threads_and_layout_change_no_bit(backend):
     need(backend)
     args, kw = _cpu_case(0, BF16, seed=11)
-    B = args[0].shape[0]
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -178,7 +177,7 @@ def test_batch_composition_threads_and_layout_change_no_bit(backend):
     finally:
         torch.set_num_threads(threads)
     # Each sequence alone (its own batch of 1, its own cache length) and the rows reversed.
-    for b in range(B):
+    for b in range(len(args[0])):
         sub = [a[b:b + 1] for a in args]
         sub[1], sub[2] = sub[1][:, :, :int(args[3][b] + args[4][b])], sub[2][:, :, :int(args[3][b] + args[4][b])]
         ql = None if kw["q_lens"] is None else kw["q_lens"][b:b + 1]
@@ -206,10 +205,9 @@ def test_bad_input_names_the_argument():
         specops.tree_attention_paged(*to_paged(args, 4), invariant="yes")
     with pytest.raises(ValueError, match="num_splits must be None or 1 with invariant=True"):
         tree_plan(args, {}, invariant=True, num_splits=2)
-    q, k, v, p, n, mask = args
     if usable("cpp"):
         with pytest.raises(ValueError, match="invariant=True runs unsplit"):
-            torch.ops.specops.tree_attention(q, k, v, p, n, mask, None, 0.5, 2, None, True)
+            torch.ops.specops.tree_attention(*args, None, 0.5, 2, None, True)
 
 
 def test_opcheck_with_invariant():
