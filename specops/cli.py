@@ -354,8 +354,7 @@ def main(argv=None):
 def _quiet_unless_first_rank():
     """Under torchrun only rank 0 prints (text, metrics, progress); errors print on every rank.
     Returns the rank tag for error lines ("" outside torchrun) and the stream errors go to."""
-    errors = sys.stderr
-    rank = os.environ.get("RANK")
+    errors, rank = sys.stderr, os.environ.get("RANK")
     if rank is None or os.environ.get("WORLD_SIZE", "1") == "1":
         return "", errors
     if rank != "0":

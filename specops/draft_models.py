@@ -46,8 +46,7 @@ class SubsetLMHead(nn.Module):
         super().__init__()
         self.weight = weight
         self.register_buffer("keep", keep.to(torch.int64), persistent=False)
-        self._sub = None
-        self._sub_key = None
+        self._sub = self._sub_key = None
         self._packed = None  # pack_weight(self._sub) where packing pays (bf16 on an AVX-512 CPU)
 
     def sub_weight(self):

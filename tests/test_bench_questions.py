@@ -122,9 +122,8 @@ def tiny_target(monkeypatch):
     tokenizer that has a chat template; the ``quick`` profile decodes it greedy and sampled."""
     tok = _tokenizer()
     target = tiny_causal_lm("llama", vocab_size=len(tok), seed=0)
-    target.specops_tokenizer = tok
     draft = models.quantize_int8(tiny_causal_lm("llama", vocab_size=len(tok), seed=0))
-    draft.specops_tokenizer = tok
+    target.specops_tokenizer = draft.specops_tokenizer = tok
     by_name = {"tiny-lm": target, "tiny-lm-int8": draft}
 
     def load_any(name, dtype=None):

@@ -105,8 +105,7 @@ def label_text_rows(target, rows, k, pad_id, features=False):
     feats = torch.empty(R, L, target.config.hidden_size, dtype=torch.bfloat16) if features else None
     with head_inputs(target) as got:
         for r in range(R):  # one row at a time keeps the fp32 [L, V] log-softmax small
-            logits = target(ids[r: r + 1]).logits[0]
-            idx[r], lp[r] = topk_logprobs(logits, k)
+            idx[r], lp[r] = topk_logprobs(target(ids[r: r + 1]).logits[0], k)
             if features:
                 feats[r] = got[-1][0].to(torch.bfloat16)
             got.clear()

@@ -113,8 +113,7 @@ def main(argv=None):
            "draft_ms": round(cost["draft"], 2), "target_ms": round(cost["target"], 2),
            "cost_ratio": round(cost["draft"] / cost["target"], 3), "threads": torch.get_num_threads(),
            "note": "timings on a shared machine are noisy"}
-    json.dump(res, sys.stdout, indent=1)
-    print()
+    print(json.dumps(res, indent=1))
     return 0
 
 

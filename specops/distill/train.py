@@ -101,9 +101,8 @@ def _feature_forward(draft, tokens, mask, feats, noise, weight, depth=1):
     if noise > 0 and draft.training:
         rms = f_in.pow(2).mean(-1, keepdim=True).sqrt()
         f_in = f_in + (torch.rand_like(f_in) * 2 - 1) * noise * rms
-    toks = tokens[:, 1:]
+    toks, m = tokens[:, 1:], mask[:, 1:]
     B, M = toks.shape
-    m = mask[:, 1:]
     if depth == 1:
         h, _ = draft.hidden(toks, f_in)  # [B, L-1, H]
         reg = torch.nn.functional.smooth_l1_loss(h[m].float(), feats[:, 1:][m].float()) * weight
