@@ -42,8 +42,7 @@ class _Layer(CacheLayerMixin):
     def __init__(self, owner, index):
         super().__init__()
         self.owner, self.index = owner, index
-        kv = owner.layer_kv(index)
-        self.keys, self.values = kv.k, kv.v
+        self.keys, self.values = owner.layout.k[index], owner.layout.v[index]
         self.is_initialized = True
 
     def lazy_initialization(self, key_states, value_states):
@@ -244,6 +243,8 @@ class KVCache(Cache):
 
     # ---- after verification ----------------------------------------------------------------
     def _host_count_list(self, host_counts):
+        if host_counts is None:
+            return None
         if isinstance(host_counts, torch.Tensor):
             raise TypeError("host_counts / host_lens must be a list of ints (already on the host), got a tensor")
         host_counts = [int(c) for c in host_counts]
@@ -260,8 +261,7 @@ class KVCache(Cache):
         refreshes the host mirror (so the next block's room check needs none). ``check=False``
         skips the value checks (no sync) and leaves the result unspecified for bad counts."""
         checks.lengths("counts", counts, self.batch_size, self.lens.device)
-        if host_counts is not None:
-            host_counts = self._host_count_list(host_counts)
+        host_counts = self._host_count_list(host_counts)
         if check:
             if host_counts is None and self._host_lens is None:  # both from the device in one sync
                 self._host_lens, host_counts = torch.stack([self.lens, counts]).tolist()
@@ -286,8 +286,7 @@ class KVCache(Cache):
         room check needs no sync. Trusted, like ``check=False``.
 
         Shape: accept_idx int32 [B, A], accept_lens int32 [B]."""
-        if host_counts is not None:  # before anything is written
-            host_counts = self._host_count_list(host_counts)
+        host_counts = self._host_count_list(host_counts)  # before anything is written
         kv_compact.check_accept(self.lens, accept_idx, accept_lens, self.batch_size, self.device, lens_name="lens")
         if check:
             kv_compact.accept_values(self.layout, self.lens, accept_idx, accept_lens)
@@ -305,8 +304,7 @@ class KVCache(Cache):
         one host sync, none when the caller passes the same lengths as a list (``host_lens``) and the
         cache's host copy of its lengths is fresh: then both sides are compared on the host."""
         checks.lengths("new_lens", new_lens, self.batch_size, self.lens.device)
-        if host_lens is not None:
-            host_lens = self._host_count_list(host_lens)
+        host_lens = self._host_count_list(host_lens)
         if host_lens is not None and self._host_lens is not None:
             for b, (n, old) in enumerate(zip(host_lens, self._host_lens)):
                 if n < 0 or n > old:
