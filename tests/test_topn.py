@@ -282,5 +282,4 @@ def test_torch_compile_fullgraph_opt_tree_layer_then_selection():
     s, t, p = specops.topn_expand(ps, cl.log_softmax(-1), 6, per_parent_k=6, backend="torch")
     want = (s.exp().sum(-1), t, p) + specops.select_topn_subtree(parents, scores, 8, nn, backend="torch")
     torch.testing.assert_close(got[0], want[0])
-    for g, w in zip(got[1:], want[1:]):
-        assert torch.equal(g, w)
+    assert_same(got[1:], want[1:])
