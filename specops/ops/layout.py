@@ -6,6 +6,8 @@ compiled op of its kind; paging is a field (a page table), not a second op.
 - paged: k, v [*lead, num_pages, page_size, Hkv, D] (page_size a power of two), page_table int32
   [B, max_pages]; row ``r`` of sequence ``b`` is slot ``r % page_size`` of page ``page_table[b, r //
   page_size]``. ``lead``: none for tree_attention, the layers for kv_compact."""
+import math
+
 import torch
 
 from . import checks
@@ -17,11 +19,8 @@ class Spec:
 
     def __init__(self, shape, dtype, device):
         self.shape, self.dtype, self.device = torch.Size(shape), dtype, device
-        strides, acc = [], 1
-        for n in reversed(self.shape):
-            strides.append(acc)
-            acc *= max(n, 1)
-        self.strides = tuple(reversed(strides))
+        # dense: a dim's stride is the product of the later sizes (empty dims count as 1, as torch's)
+        self.strides = tuple(math.prod(max(n, 1) for n in self.shape[i + 1:]) for i in range(len(self.shape)))
 
     def dim(self):
         return len(self.shape)
