@@ -236,7 +236,7 @@ def _verify_tree_logits_torch(tokens, parents, target_logits, uniforms, t, k, p,
         Q = _LazyRows(Y[b], dt[b], dk[b], dp[b], None if MQ is None else MQ[b]) if Y is not None else None
         return ref.tree_walk(mode, tok[b], par[b], n, P, Q, U[b], S)
 
-    return ref.each_sequence(ref.clamped_nodes(num_nodes, T), T, tokens.device, walk)
+    return ref.each_sequence(num_nodes, T, tokens.device, walk)
 
 
 def _verify_joint_logits_torch(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p, bt, bk,
@@ -253,7 +253,7 @@ def _verify_joint_logits_torch(draft_tokens, target_logits, draft_joint_logprobs
         bonus_row = _LazyRows(X[b], bt[b], bk[b], bp[b])[eta]
         return list(range(eta + 1)), ref.sample_weights(ref.fix_weights(bonus_row, S), U[b])
 
-    return ref.each_sequence(ref.clamped_nodes(num_nodes, T), T, draft_tokens.device, walk)
+    return ref.each_sequence(num_nodes, T, draft_tokens.device, walk)
 
 
 register_op("verify_tree_logits", _verify_tree_logits_torch, triton_kernel("verify_tree_logits"), fake_outputs(0))

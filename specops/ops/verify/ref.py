@@ -136,10 +136,11 @@ def _children(parents, n, u):
     return [c for c in range(u + 1, n) if int(parents[c]) == u]
 
 
-def each_sequence(nodes, T, device, walk):
-    """The ops' outputs from ``walk(b, n)`` -> (path, bonus) of each sequence ``b`` of ``nodes[b]``
-    nodes. Shape: -> accept_idx int32 [B, T], accept_lens, bonus int32 [B] on ``device``."""
-    walks = [walk(b, n) for b, n in enumerate(nodes)]
+def each_sequence(num_nodes, T, device, walk):
+    """The ops' outputs from ``walk(b, n)`` -> (path, bonus) of each sequence ``b`` of ``n`` nodes
+    (``num_nodes[b]`` clamped to [1, T]). Shape: -> accept_idx int32 [B, T], accept_lens, bonus int32 [B]
+    on ``device``."""
+    walks = [walk(b, min(max(int(n), 1), T)) for b, n in enumerate(num_nodes.cpu())]
     accept_idx = torch.full((len(walks), T), -1, dtype=torch.int32)
     for b, (path, _) in enumerate(walks):
         accept_idx[b, : len(path)] = torch.tensor(path, dtype=torch.int32)
@@ -224,10 +225,6 @@ def gsd_walk(tokens, parents, n, P, Q, U, S):
     return path[::-1], sample_weights(fix_weights(P[best], S), U[best, 1])
 
 
-def clamped_nodes(num_nodes, T):
-    return [min(max(int(v), 1), T) for v in num_nodes.cpu()]
-
-
 def tree_walk(mode, tokens, parents, n, P, Q, U, S):
     """verify_tree's walk of ``mode`` over one sequence's target rows ``P`` and draft rows ``Q``."""
     if mode == "sample_match":
@@ -242,7 +239,7 @@ def verify_greedy(tokens, parents, target_logits, num_nodes, bitmask=None):
     tok, par, logits = tokens.cpu(), parents.cpu(), target_logits.cpu()
     if bitmask is not None:  # the disallowed logits as -inf (apply_token_bitmask's rule)
         logits = logits.masked_fill(~allowed_tokens(bitmask.cpu(), logits.shape[-1]), float("-inf"))
-    return each_sequence(clamped_nodes(num_nodes, T), T, tokens.device,
+    return each_sequence(num_nodes, T, tokens.device,
                          lambda b, n: match_walk(tok[b], par[b], n, lambda u: argmax_first(logits[b, u])))
 
 
@@ -251,7 +248,7 @@ def verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes,
     S = fix_shift(target_probs.shape[2])
     tok, par, P, U = tokens.cpu(), parents.cpu(), target_probs.cpu(), uniforms.cpu()
     Q = draft_probs.cpu() if draft_probs is not None else None
-    return each_sequence(clamped_nodes(num_nodes, T), T, tokens.device, lambda b, n: tree_walk(
+    return each_sequence(num_nodes, T, tokens.device, lambda b, n: tree_walk(
         mode, tok[b], par[b], n, P[b], None if Q is None else Q[b], U[b], S))
 
 
@@ -265,4 +262,4 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, u
         eta = joint_eta(tok[b], n, V, lt[b], lq[b], lambda row, x: L[b, row, x])
         return list(range(eta + 1)), sample_weights(fix_weights(det_exp(L[b, eta]), S), U[b])
 
-    return each_sequence([g + 1] * B, g + 1, draft_tokens.device, walk)
+    return each_sequence(torch.full((B,), g + 1), g + 1, draft_tokens.device, walk)
