@@ -214,16 +214,10 @@ def rank_vocab(shards, vocab_size, draft_vocab, always=()):
     return score.topk(min(draft_vocab, vocab_size)).indices.sort().values
 
 
-def coverage(shards, keep, vocab_size):
+def coverage(shards, keep):
     """Fraction of labelled positions whose teacher top-1 token is in ``keep``."""
-    inside = torch.zeros(vocab_size, dtype=torch.bool)
-    inside[keep] = True
-    hit = tot = 0
-    for s in shards:
-        top1 = s["topk_idx"][..., 0][s["mask"]].long()
-        hit += int(inside[top1].sum())
-        tot += top1.numel()
-    return hit / max(1, tot)
+    top1 = torch.cat([s["topk_idx"][..., 0][s["mask"]].long() for s in shards])
+    return int(torch.isin(top1, keep).sum()) / max(1, top1.numel())
 
 
 def corpus_pools(max_stdlib_files=None):

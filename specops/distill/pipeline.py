@@ -191,7 +191,7 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
         keep = data.rank_vocab(shards, target.config.vocab_size, draft_vocab,
                                always=(tokenizer.eos_token_id, tokenizer.bos_token_id))
         torch.save(keep, keep_path)
-    cov = data.coverage(shards, keep, target.config.vocab_size)
+    cov = data.coverage(shards, keep)
     progress.log(f"draft vocabulary: {keep.numel()} tokens cover {cov:.4f} of the target's top-1 labels")
 
     # Held out: the last shard of each kind (the generated one is the distribution that matters).
@@ -211,9 +211,8 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
     _settings(os.path.join(ckpt_dir, "settings.json"), sig, f"{ckpt_dir} holds checkpoints of a run with other "
               "settings ({diff}); remove it to start training afresh, or resume with the same settings")
     cfg = draft_config(target.config, layers)
-    emb = target.model.embed_tokens.weight.detach().float()
     torch.manual_seed(seed)
-    draft = build_draft(cfg, keep, emb, arch=arch)
+    draft = build_draft(cfg, keep, target.model.embed_tokens.weight.detach().float(), arch=arch)
     if init is not None:
         _load_init(draft, init_draft, init)
     else:
