@@ -107,9 +107,9 @@ def test_reference_is_the_composition():
         c = case(3, 5, 23, 20 + seed)
         t, k, p, bt, bk, bp = SETTINGS[setting]
         B, T, V = c["target_logits"].shape
-        P = specops.warp_probs(c["target_logits"].view(B * T, V), t, k, p, backend="torch").view(B, T, V)
-        Pb = specops.warp_probs(c["target_logits"].view(B * T, V), t if bt is None else bt, bk, bp,
-                                backend="torch").view(B, T, V)
+        S = verify_ref.fix_shift(V)
+        P, Pb = (specops.warp_probs(c["target_logits"].view(B * T, V), *warp, backend="torch").view(B, T, V)
+                 for warp in ((t, k, p), (t if bt is None else bt, bk, bp)))
         L = torch.tensor(np.vectorize(det_log, otypes=[np.float32])(P.numpy()))
         for tau in TAUS:
             idx, lens, bonus = run("torch", c, tau, setting)
@@ -119,10 +119,8 @@ def test_reference_is_the_composition():
                                            c["draft_joint_logprobs"][b:b + 1, :n - 1].contiguous(), tau,
                                            c["uniforms"][b:b + 1], backend="torch", check=False)
                 assert int(lens[b]) == int(one[1][0]) and idx[b, :n].tolist() == one[0][0].tolist()
-                eta = int(lens[b]) - 1
-                S = verify_ref.fix_shift(V)
-                assert int(bonus[b]) == verify_ref.sample_weights(verify_ref.fix_weights(Pb[b, eta], S),
-                                                                  c["uniforms"][b])
+                weights = verify_ref.fix_weights(Pb[b, int(lens[b]) - 1], S)  # the bonus row: eta
+                assert int(bonus[b]) == verify_ref.sample_weights(weights, c["uniforms"][b])
 
 
 def test_outcomes_vary_and_tau_ends():
