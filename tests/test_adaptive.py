@@ -225,6 +225,19 @@ def test_each_drafter_exposes_one_depth_knob_and_sizes_caches_for_its_cap():
     assert methods.make("ngram").enable_adaptive(AdaptiveConfig())[2] == 48  # max_gamma
 
 
+
+def test_shallow_steps_verify_small_trees():
+    # A shallow step (a probe) of a wide drafter must cost little: OPT-Tree keeps 2 nodes per layer
+    # plus one, Ouroboros gamma guesses and gamma - 1 phrase branches; fixed budgets keep the widths.
+    tree, ouro = methods.make("opt-tree"), methods.make("ouroboros")
+    assert tree.nodes() == tree.n and ouro.widths() == (ouro.guesses, ouro.branches)
+    tree.enable_adaptive(AdaptiveConfig())
+    ouro.enable_adaptive(AdaptiveConfig())
+    for g, nodes, widths in [(1, 3, (1, 0)), (2, 5, (2, 1)), (8, tree.n, (ouro.guesses, ouro.branches))]:
+        tree.set_budget(g)
+        ouro.set_budget(g)
+        assert (tree.nodes(), ouro.widths()) == (nodes, widths)
+
 # ---- the loop -----------------------------------------------------------------------------------
 
 N_NEW = 20

@@ -56,6 +56,14 @@ class Ouroboros(ModelDrafter):
         self.needs_draft_model = not self.model_free
         self.pool, self._phrase = None, self.ngram - 1  # a phrase: the continuation of an n-gram's key
 
+    def widths(self):
+        """This step's (guesses, branches): under adaptive speculation at most ``gamma`` guesses and
+        ``gamma - 1`` branches. The controller's knob is ``gamma`` and a shallow step (a probe) should
+        cost little: at the full widths a gamma-1 probe drafted ~19 rows and verified up to 11."""
+        if self.adaptive_range is None:
+            return self.guesses, self.branches
+        return min(self.guesses, self.gamma), min(self.branches, self.gamma - 1)
+
     def tree_budget(self):
         return 1 + self.gamma + self.ngram + self.branches * self._phrase
 
@@ -126,7 +134,7 @@ class Ouroboros(ModelDrafter):
                 col.append(d.add(b, tok, col[-1]))
             cols.append(col)
         guesses = []
-        for phrase in self.pool.get(last, self.guesses):
+        for phrase in self.pool.get(last, self.widths()[0]):
             nodes, parent = [], root
             for tok in phrase:
                 parent = d.add(b, tok, parent)
@@ -170,7 +178,7 @@ class Ouroboros(ModelDrafter):
             trie.insert(0, chain)  # a fresh trie: the chain is nodes 1..len(chain)
             node = len(chain)
             key = chain[-1] if chain else root
-            phrases = self.pool.get(key, self.branches) if ctx.active[b] else []
+            phrases = self.pool.get(key, self.widths()[1]) if ctx.active[b] else []
             if ctx.grammar is not None:
                 phrases = [ph for ph in phrases if len(grammar_prefix(ctx, b, ph, chain)) == len(ph)]
             for phrase in phrases:
