@@ -225,18 +225,27 @@ LIN512_TARGET void tile_packed(const float* xf, int64_t Kp, const c10::BFloat16*
     const char* ahead = reinterpret_cast<const char*>(grp + c * 128) + kPackedAhead;
     if (end && ahead + 256 <= end)
       for (int i = 0; i < 4; ++i) _mm_prefetch(ahead + 64 * i, _MM_HINT_T0);
-    __m512 xlo[MR], xhi[MR];
-    for (int i = 0; i < MR; ++i) {
-      xlo[i] = _mm512_broadcast_f32x8(_mm256_loadu_ps(xf + i * Kp + 16 * c));
-      xhi[i] = _mm512_broadcast_f32x8(_mm256_loadu_ps(xf + i * Kp + 16 * c + 8));
-    }
+    // Up to 4 rows keep their x in registers; 5 or 6 rows (24 accumulators) reload it per use.
+    constexpr int XR = MR <= 4 ? MR : 1;
+    __m512 xlo[XR], xhi[XR];
+    if constexpr (MR <= 4)
+      for (int i = 0; i < MR; ++i) {
+        xlo[i] = _mm512_broadcast_f32x8(_mm256_loadu_ps(xf + i * Kp + 16 * c));
+        xhi[i] = _mm512_broadcast_f32x8(_mm256_loadu_ps(xf + i * Kp + 16 * c + 8));
+      }
     for (int p = 0; p < 4; ++p) {
       const __m512i v = _mm512_loadu_si512(grp + (c * 4 + p) * 32);
       const __m512 lo = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
       const __m512 hi = _mm512_castsi512_ps(_mm512_and_si512(v, high));
       for (int i = 0; i < MR; ++i) {
-        acc[i][p] = _mm512_fmadd_ps(lo, xlo[i], acc[i][p]);
-        acc[i][p] = _mm512_fmadd_ps(hi, xhi[i], acc[i][p]);
+        if constexpr (MR <= 4) {
+          acc[i][p] = _mm512_fmadd_ps(lo, xlo[i], acc[i][p]);
+          acc[i][p] = _mm512_fmadd_ps(hi, xhi[i], acc[i][p]);
+        } else {
+          acc[i][p] = _mm512_fmadd_ps(lo, _mm512_broadcast_f32x8(_mm256_loadu_ps(xf + i * Kp + 16 * c)), acc[i][p]);
+          acc[i][p] = _mm512_fmadd_ps(hi, _mm512_broadcast_f32x8(_mm256_loadu_ps(xf + i * Kp + 16 * c + 8)),
+                                      acc[i][p]);
+        }
       }
     }
   }
@@ -255,16 +264,21 @@ LIN512_TARGET void rows_packed(const float* xf, int64_t M, int64_t Kp, const c10
   const char* const end = reinterpret_cast<const char*>(wp + G * C * 128);
   for (int64_t b0 = g_lo; b0 < g_hi; b0 += kColBlock / 8) {
     const int64_t b1 = std::min(g_hi, b0 + kColBlock / 8);
-    for (int64_t m = 0; m < M; m += 4) {
+    // Row tiles of 4, the last 1-6 rows in one tile: every tile re-reads and re-widens the block's
+    // weights, so 5 or 6 rows as one tile instead of 4 + 1 or 4 + 2 (a tree block of 5-6 nodes).
+    for (int64_t m = 0, mr; m < M; m += mr) {
+      mr = M - m <= 6 ? M - m : 4;
       for (int64_t g = b0; g < b1; ++g) {
         const c10::BFloat16* grp = wp + g * C * 128;
         const char* pf = m == 0 ? end : nullptr;
         c10::BFloat16* o = out + m * N;
         const float* xm = xf + m * Kp;
-        switch (std::min<int64_t>(M - m, 4)) {
+        switch (mr) {
           case 1: tile_packed<1>(xm, Kp, grp, C, bias, o, N, 8 * g, pf); break;
           case 2: tile_packed<2>(xm, Kp, grp, C, bias, o, N, 8 * g, pf); break;
           case 3: tile_packed<3>(xm, Kp, grp, C, bias, o, N, 8 * g, pf); break;
+          case 5: tile_packed<5>(xm, Kp, grp, C, bias, o, N, 8 * g, pf); break;
+          case 6: tile_packed<6>(xm, Kp, grp, C, bias, o, N, 8 * g, pf); break;
           default: tile_packed<4>(xm, Kp, grp, C, bias, o, N, 8 * g, pf); break;
         }
       }
