@@ -6,6 +6,7 @@ the emulator's thread orders and racecheck.
 
 The GPU backends run without a GPU: Triton interpreted on CPU tensors, the CUDA kernel through cudasim
 (the real device where one exists)."""
+import functools
 import itertools
 
 import pytest
@@ -44,8 +45,7 @@ def make(M, K, N, dtype, bias=True, seed=0, device="cpu", scale=True):
     return x, w, b
 
 
-def operands(M, K, N, dtype, bias, seed=0):
-    return make(M, K, N, dtype, bias, seed, device=DEVICE, scale=False)
+operands = functools.partial(make, device=DEVICE, scale=False)  # the GPU tests' inputs
 
 
 def check_close(out, x, w, b):

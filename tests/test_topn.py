@@ -66,15 +66,6 @@ def test_tsd_style_top_k_per_frontier_node(backend, device):
         assert sorted(t[0][p[0] == parent].tolist()) == sorted(want)
 
 
-def test_beam_step_keeps_the_m_best_continuations(backend, device):
-    beams = torch.tensor([[-0.1, -0.9, -3.0]])
-    cl = torch.log_softmax(torch.randn(1, 3, 40), -1)
-    s, t, p = expand(beams, cl, 3, backend=backend, device=device)
-    top = (beams[:, :, None] + cl).flatten().topk(3)
-    torch.testing.assert_close(s[0], top.values)
-    assert (p[0] * 40 + t[0]).tolist() == top.indices.tolist()
-
-
 # ---- topn_expand: every backend vs the reference --------------------------------------------------
 
 def _expand_case(B, P, V, dtype, ties, seed):
@@ -114,6 +105,7 @@ def test_expand_half_inputs_match_reference(fast_backend, device, dtype):
 
 
 def test_expand_equals_torch_topk_without_ties(backend, device):
+    """A beam step (n = beams) or any n without per_parent_k: the flat topk of parent + child."""
     ps, cl = _expand_case(3, 5, 700, torch.float32, False, 3)
     top = (ps[:, :, None] + cl).reshape(3, -1).topk(20)
     s, t, p = expand(ps, cl, 20, backend=backend, device=device)

@@ -6,13 +6,9 @@ reads the weight once for all rows (docs/batch_invariance.md, ``python bench/ben
 verification block costs about what an AR step costs; and each row's logits come out of one fixed
 reduction order whatever the block size. The modules call the registered op directly: the argument
 checks of :func:`specops.linear` hold for a module's weight once, at patch time, and a per-call
-Python check would cost more than a small projection (211 calls per token for SmolLM2).
-
-On a CPU with AVX-512 the bf16 weights are read from a packed copy (:func:`specops.ops.linear.pack_weight`,
-the same bits), made once per weight and kept while the module and its weight live: it costs a second
-copy of the linear weights (about their bytes again), so it is made only while those stay under a
-quarter of the machine's memory, and ``SPECOPS_LINEAR_PACK=0`` turns it off. docs/batch_invariance.md
-gives its measured speed.
+Python check would cost more than a small projection (211 calls per token for SmolLM2). On a CPU with
+AVX-512 the bf16 weights are read from packed copies (:func:`packs`; docs/batch_invariance.md §In the
+engine).
 """
 import os
 import weakref
@@ -102,10 +98,8 @@ def use_specops_linear(model):
     """Routes every plain ``torch.nn.Linear`` of ``model`` (same dtype as its input, on the CPU)
     through ``specops::linear``, one-row calls (an AR step) included; returns a callable that
     restores the modules' own forwards. Quantized or subclassed linear layers are left alone.
-    One-row calls go through the op too: on a 2-core Xeon with AVX-512, torch's bf16 one-row GEMM
-    streamed SmolLM2's weights ~2.4x slower than the op, and eager AR with ``batch_invariant=False``
-    decoded 18.5 tok/s with one-row calls left to torch against 26.6 through the op
-    (docs/batch_invariance.md)."""
+    One-row calls go through the op too: torch's bf16 one-row GEMM is the slower one on AVX-512
+    (docs/batch_invariance.md §In the engine has the figures)."""
     patched = []
     pack = packs(model)
     for module in model.modules():

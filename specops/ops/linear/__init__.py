@@ -59,9 +59,8 @@ def packed_shape(weight):
 
 def pack_weight(weight):
     """A bf16 ``weight`` [N, K] in the layout the cpp backend's AVX-512 kernel reads without widening
-    shuffles (csrc/cpu/linear.cpp, above ``rows_packed``): groups of 8 rows, chunks of 16 columns,
-    ``packed[g, c, 32 p + 16 h + 2 l + s] = weight[8 g + 2 p + h, 16 c + 8 s + l]``, zeros past N
-    and K. Shape: [N, K] -> [ceil(N / 8), ceil(K / 16), 128] bf16 (a copy of about the weight's bytes)."""
+    shuffles (docs/batch_invariance.md, Packed weights; csrc/cpu/linear.cpp, above ``rows_packed``).
+    Shape: [N, K] -> [ceil(N / 8), ceil(K / 16), 128] bf16 (a copy of about the weight's bytes)."""
     checks.tensor("weight", weight, dtype=torch.bfloat16, rank=2)
     G, C, _ = packed_shape(weight)
     w = weight.new_zeros(G * 8, C * 16)

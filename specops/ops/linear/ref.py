@@ -1,21 +1,13 @@
 """The torch reference of specops.linear: the spec of the values, batch-invariant by construction.
 
-Every output element is reduced in blocks of 8 along K: 8 lane partial sums, lane ``l`` taking
-``k = 8 j + l`` in the order of ``j`` (K zero-padded to a multiple of 8), then the lanes combined by halving:
-lane ``l`` plus lane ``l + 4``, then ``l + 2``, then ``l + 1`` (docs/batch_invariance.md). Only elementwise
-tensor operations are used (products and sums of broadcast tensors, never a matmul or a reduction kernel),
-so the value of an element cannot depend on how many rows share the call or on the thread count.
+Every output element is reduced in 8 lanes along K, then the lanes are combined by halving (the order
+of docs/batch_invariance.md §specops.linear). Only elementwise tensor operations are used (products
+and sums of broadcast tensors, never a matmul or a reduction kernel), so the value of an element
+cannot depend on how many rows share the call or on the thread count.
 """
 import torch
 
 LANES = 8
-
-
-def lanes_to_scalar(p):
-    """The fixed combination of 8 lane partial sums. Shape: p [..., 8] fp32 -> [...] fp32."""
-    p = p[..., :4] + p[..., 4:]  # [..., 4]
-    p = p[..., :2] + p[..., 2:]  # [..., 2]
-    return p[..., 0] + p[..., 1]
 
 
 def linear(x, weight, bias):
@@ -30,9 +22,11 @@ def linear(x, weight, bias):
     # Row by row: an [N, 8] accumulator per row keeps memory at N * 8 floats.
     for m in range(M):
         acc = torch.zeros(N, LANES, dtype=torch.float32, device=x.device)
-        for j in range(blocks):
+        for j in range(blocks):  # lane l takes k = 8 j + l, in the order of j
             acc = acc + wf[:, j] * xf[m, j]
-        y = lanes_to_scalar(acc)  # [N]
+        acc = acc[:, :4] + acc[:, 4:]  # lane l plus lane l + 4, then l + 2, then l + 1
+        acc = acc[:, :2] + acc[:, 2:]
+        y = acc[:, 0] + acc[:, 1]  # [N]
         if bias is not None:
             y = y + bias.float()
         out[m] = y.to(x.dtype)

@@ -1,10 +1,8 @@
-"""Token bitmasks: a grammar's allowed tokens applied to logits, in place.
+"""Token bitmasks: a grammar's allowed tokens applied to logits, in place (docs/structured.md §The op).
 
 A bitmask row allows token ``j`` in bit ``j % 32`` of int32 word ``j // 32`` (the word format of
 :func:`specops.pack_mask`, the one ``llguidance`` and ``xgrammar`` fill): ``W = ceil(V / 32)`` words
-for ``V`` tokens, bits at ``j >= V`` ignored. Applying a row writes ``-inf`` into every disallowed
-logit and leaves allowed ones (``-inf`` or NaN included) untouched: softmax of the result is the
-model's distribution renormalised over the allowed tokens."""
+for ``V`` tokens, bits at ``j >= V`` ignored."""
 import torch
 
 from ...backend import register_op, resolve
