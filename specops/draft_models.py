@@ -1,21 +1,11 @@
 """The draft models at run time: what the decoding loop and ``specops.models`` load and drive.
 Training them is :mod:`specops.distill`, which imports this module (never the reverse).
 
-Two architectures (``arch``), both scored by the target's tied LM head restricted to a subset of
-the vocabulary (:class:`SubsetLMHead`):
-
-* ``"feature"`` (EAGLE-style, :func:`feature_draft_class`): at position ``p``, ``fc([embed(x_{p+1});
-  f_p])`` (``f_p``: the target's final hidden state, its LM head's input), then one Llama decoder
-  layer and a final norm give ``g_p``, the estimate of ``f_{p+1}``; deeper draft tokens feed the
-  draft's own ``g`` in place of ``f``.
-* ``"lm"``: a stand-alone ``LlamaForCausalLM`` of a few layers on the target's frozen embedding.
-
-The head: the target's 49,152 x 576 tied head costs 28M MACs per token, as much as eight decoder
-layers. ``SubsetLMHead`` scores only the ``keep`` rows and returns full-vocabulary logits with
-``-inf`` elsewhere: the loop sees the target's vocabulary, and verification stays exact (the draft
-only proposes, never a dropped token). The embedding is the target's (frozen, read from it at load
-time), so a draft directory holds the decoder layers, ``fc``, the final norm and ``keep``
-(``model.safetensors``, ``config.json``)."""
+Two architectures (``arch``): ``"feature"`` (EAGLE-style, :func:`feature_draft_class`) and ``"lm"`` (a
+stand-alone ``LlamaForCausalLM`` of a few layers), both on the target's frozen embedding and scored by
+:class:`SubsetLMHead` (docs/models.md §smollm2-135m-draft). A subset head, because the target's 49,152
+x 576 tied head costs 28M MACs per token, as much as eight decoder layers. A draft directory holds the
+decoder layers, ``fc``, the final norm and ``keep`` (``model.safetensors``, ``config.json``)."""
 import json
 import os
 
@@ -82,9 +72,8 @@ class SubsetLMHead(nn.Module):
 
 def feature_draft_class():
     """``FeatureDraft`` (:mod:`specops.feature_draft`), imported at the first call so that importing
-    specops does not import transformers models. It is a module-level class: a compiled graph of a
-    feature draft can then be saved to disk and loaded by a later process (torch.compile's packages
-    cannot carry a class defined inside a function)."""
+    specops does not import transformers models; a module-level class, so its compiled graphs can be
+    saved (docs/compile.md §Measured)."""
     from .feature_draft import FeatureDraft
 
     return FeatureDraft

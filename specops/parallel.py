@@ -1,16 +1,6 @@
-"""Tensor parallelism (docs/scaling.md): what a tensor-parallel target changes for specops.
-
-A target transformers loaded with tensor parallelism (``from_pretrained(...,
-distributed_config=DistributedConfig(tp_size=N))`` under ``torchrun``) shards q/k/v column-wise and
-o row-wise; the LM head gathers, so every rank runs the whole loop on its slice of the heads with
-the full logits. Hence:
-
-- each rank's KV cache holds its **local** KV heads (:func:`local_kv_heads`);
-- every host decision of the loop must agree across ranks, or they forward blocks of different
-  shapes and the model's collectives deadlock or fail. Token choices agree by construction
-  (replicated logits, identically seeded generators); what is measured per rank (the adaptive
-  controller's step times) is decided on the group's first rank and broadcast (:class:`RankGroup`).
-  ``SPECOPS_CHECK_RANKS=1`` compares a digest of the emitted tokens across ranks every step."""
+"""Tensor parallelism: what a target sharded by transformers changes for specops. Each rank's KV cache
+holds its local KV heads (:func:`local_kv_heads`; docs/scaling.md §What each rank holds) and every
+host decision is the group's first rank's (:class:`RankGroup`; §One decision for all ranks)."""
 import os
 import zlib
 

@@ -77,28 +77,36 @@ def test_tree_forward_equals_each_path_as_a_sequence(arch):
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_compaction_after_every_step_matches_recompute(arch):
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_compaction_after_every_step_matches_recompute_and_the_paged_layout(arch, page_size):
+    # A contiguous and a paged runner side by side: the same logits (and argmax tokens) at every step.
     model = tiny_model(arch, seed=1)
     g = torch.Generator().manual_seed(3)
     B = 3
     lens = i32([5, 9, 7])
     prompts = torch.randint(0, 97, (B, 9), generator=g)
-    runner = ModelRunner(model, batch_size=B, max_len=80)
+    runners = [ModelRunner(model, batch_size=B, max_len=80),
+               ModelRunner(model, batch_size=B, max_len=80, kv_layout="paged", page_size=page_size)]
+    assert runners[1].cache.page_table.shape == (B, 80 // page_size)
     seqs = [prompts[b, : lens[b]].tolist() for b in range(B)]
     with torch.no_grad():
-        runner.prefill_padded(prompts, lens)
+        got = [r.prefill_padded(prompts, lens) for r in runners]
+        torch.testing.assert_close(got[1], got[0], atol=1e-5, rtol=1e-5)
         for step in range(4):
             T = 6
             parents = random_parents(B, T, generator=g)
             tokens = torch.randint(0, 97, (B, T), generator=g)
-            logits = runner.forward(tokens, parents)
+            logits, paged = (r.forward(tokens, parents) for r in runners)
+            torch.testing.assert_close(paged, logits, atol=1e-5, rtol=1e-5)
+            assert torch.equal(paged.argmax(-1), logits.argmax(-1))
             paths, accept_idx, accept_lens = random_paths(parents, g)  # ragged lengths
             for b, path in enumerate(paths):
                 want = plain_logits(model, torch.tensor([seqs[b] + tokens[b, path].tolist()]))[-len(path):]
                 torch.testing.assert_close(logits[b, path], want, atol=3e-5, rtol=1e-4)
                 seqs[b] += tokens[b, path].tolist()
-            runner.keep(accept_idx, accept_lens)
-            assert runner.lens.tolist() == [len(s) for s in seqs]
+            for r in runners:
+                r.keep(accept_idx, accept_lens)
+                assert r.lens.tolist() == [len(s) for s in seqs]
 
 
 @pytest.mark.parametrize("make", [StaticKVCache.for_model, partial(PagedKVCache.for_model, page_size=4)],
@@ -160,35 +168,6 @@ def test_prefill_last_only_equals_the_last_rows_of_a_full_prefill():
         step = torch.randint(0, 97, (3, 1))
         parents = torch.full((3, 1), -1, dtype=torch.int32)
         torch.testing.assert_close(last.forward(step, parents), full.forward(step, parents))
-
-
-# ---- the paged KV layout: same logits as the contiguous cache -----------------------------------
-
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
-@pytest.mark.parametrize("page_size", [1, 4])
-def test_paged_layout_gives_the_contiguous_logits_over_tree_steps(arch, page_size):
-    model = tiny_model(arch, seed=6)
-    g = torch.Generator().manual_seed(9)
-    B = 3
-    lens = i32([5, 9, 7])
-    prompts = torch.randint(0, 97, (B, 9), generator=g)
-    runners = [ModelRunner(model, batch_size=B, max_len=48),
-               ModelRunner(model, batch_size=B, max_len=48, kv_layout="paged", page_size=page_size)]
-    assert runners[1].cache.page_table.shape == (B, 48 // page_size)
-    with torch.no_grad():
-        got = [r.prefill_padded(prompts, lens) for r in runners]
-        torch.testing.assert_close(got[1], got[0], atol=1e-5, rtol=1e-5)
-        for step in range(3):
-            parents = random_parents(B, 5, generator=g)
-            tokens = torch.randint(0, 97, (B, 5), generator=g)
-            got = [r.forward(tokens, parents) for r in runners]
-            torch.testing.assert_close(got[1], got[0], atol=1e-5, rtol=1e-5)
-            # greedy: the same argmax tokens
-            assert torch.equal(got[1].argmax(-1), got[0].argmax(-1))
-            _, accept_idx, accept_lens = random_paths(parents, g)
-            for r in runners:
-                r.keep(accept_idx, accept_lens)
-        assert runners[0].lens.tolist() == runners[1].lens.tolist()
 
 
 def test_one_plan_per_block_serves_every_layer(monkeypatch):

@@ -8,16 +8,11 @@ lengths and, with ``compile=True``, its compiled block forwards) with three call
                                                    # -> logits [B, T - q_start, V]
     keep(accept_idx, accept_lens, host_counts)     # accepted block rows to lens.., lens += accept_lens
 
-The target and the draft are both ModelRunners (the draft's block bookkeeping is
-``specops.decoding.draft_lm.DraftLM``, a subclass); both keep accepted rows with the same ``keep``
-(one kv_compact; a chain prefix moves each row onto itself). ``prefill_padded`` and ``forward_mask``
-are the general forms (right-padded prompt tensors; any visibility mask over the block).
-
-:class:`Stager` is the only path from host lists to the device inside a decode step: values are
-written into a preallocated host buffer (pinned when the device is CUDA) through a NumPy view
-created once, and copied with ``non_blocking=True`` — no tensor is constructed from host data and no
-copy blocks the host. A ring of slots (each guarded by a CUDA event) lets the host refill one slot
-while an earlier copy is still in flight.
+The draft's runner is a subclass (``specops.decoding.draft_lm.DraftLM``); both keep accepted rows
+with the same ``keep`` (one kv_compact; a chain prefix moves each row onto itself). ``prefill_padded``
+and ``forward_mask`` are the general forms (right-padded prompt tensors; any visibility mask over the
+block). :class:`Stager` is the only path from host lists to the device inside a decode step
+(docs/methods.md, "Drafts are device tensors").
 """
 import inspect
 
@@ -37,7 +32,8 @@ LINEARS = ("auto", "specops", "torch")
 
 
 class Stager:
-    """Uploads host int lists as int64 device tensors: one non-blocking copy per call.
+    """Uploads host int lists as int64 device tensors: one non-blocking copy per call. A ring of slots
+    (each guarded by a CUDA event) lets the host refill one slot while an earlier copy is in flight.
 
     Shape: ``upload(values)`` list of n ints -> int64 [n] on ``device``."""
 
@@ -155,9 +151,8 @@ class ModelRunner:
             self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         except (TypeError, ValueError):
             self._keeps_logits = False
-        # The model's linear layers through specops.linear while this runner lives ("auto": bf16/fp16
-        # models on the CPU, where it reads each weight once per block and streams one row faster
-        # than torch's GEMM; specops/engine/linear.py). Before the compiled runner: its graphs see them.
+        # specops.linear reads each weight once per block and streams one row faster than torch's GEMM
+        # (specops/engine/linear.py). Before the compiled runner: its graphs see the routed linears.
         use = linear == "specops" or (linear == "auto" and _linear.eligible(model))
         self._undo_linear = _linear.use_specops_linear(model) if use else None
         self.compiled = CompiledRunner(self, cfg, compile_mode) if compile else None

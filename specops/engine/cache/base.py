@@ -1,10 +1,7 @@
 """specops' KV cache: :class:`KVCache`, one class over a :class:`~specops.ops.layout.KvLayout` of all
 layers, and a transformers ``Cache``, so a stock HF model writes into it. :class:`StaticKVCache`
-(one contiguous ``k``, ``v`` [L, B, Hkv, S, D] buffer; ``k[l]`` is the per-layer [B, Hkv, S, D] view
-that ``tree_attention`` reads and HF's attention receives) and :class:`PagedKVCache` (a pool of
-fixed-size pages ``k_pages``, ``v_pages`` [L, num_pages, page_size, Hkv, D] addressed through a
-``page_table``: the layout of serving engines and of :func:`specops.tree_attention_paged`) allocate
-one of each layout, with the same methods and semantics.
+(contiguous) and :class:`PagedKVCache` (a page pool and a page table: the layout of serving engines)
+allocate one of each layout, with the same methods and semantics.
 
 ``lens`` int32 [B] counts the committed rows of every sequence. A forward appends its T new rows at
 ``lens[b] + offset`` (``offset`` = rows of the current draft block already written); they stay
@@ -301,20 +298,16 @@ class KVCache(Cache):
 
     def truncate(self, new_lens, host_lens=None):
         """Metadata only: ``lens = new_lens`` (int32 [B], each <= the current length). The check costs
-        one host sync, none when the caller passes the same lengths as a list (``host_lens``) and the
-        cache's host copy of its lengths is fresh: then both sides are compared on the host."""
+        one host sync (which refreshes the host mirror), none when the caller passes the same lengths as
+        a list (``host_lens``) and the cache's host copy of its lengths is fresh."""
         checks.lengths("new_lens", new_lens, self.batch_size, self.lens.device)
         host_lens = self._host_count_list(host_lens)
-        if host_lens is not None and self._host_lens is not None:
-            for b, (n, old) in enumerate(zip(host_lens, self._host_lens)):
-                if n < 0 or n > old:
-                    raise ValueError(f"new_lens must lie in [0, lens], got new_lens[{b}] = {n} for lens[{b}] = {old}")
-        else:
-            bad = (new_lens < 0) | (new_lens > self.lens)
-            if bool(bad.any()):
-                b = checks.first_index(bad)[0]
-                raise ValueError(f"new_lens must lie in [0, lens], got new_lens[{b}] = {int(new_lens[b])} "
-                                 f"for lens[{b}] = {int(self.lens[b])}")
+        if host_lens is None or self._host_lens is None:  # both from the device in one sync
+            host_lens, self._host_lens = torch.stack([new_lens, self.lens]).tolist()
+        for b, (n, old) in enumerate(zip(host_lens, self._host_lens)):
+            if n < 0 or n > old:
+                raise ValueError(f"new_lens must lie in [0, lens], got new_lens[{b}] = {n} "
+                                 f"for lens[{b}] = {old}")
         self.lens.copy_(new_lens)
         self._host_lens = host_lens
 
