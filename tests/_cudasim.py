@@ -40,12 +40,8 @@ def restored():
         sim.set_arch(90)
 
 
-def outputs(x):
-    return x if isinstance(x, tuple) else (x,)
-
-
 def assert_same_bits(want, got, why):
-    for w, o in zip(outputs(want), outputs(got)):
+    for w, o in zip(*((x if isinstance(x, tuple) else (x,)) for x in (want, got))):  # one output or several
         assert torch.equal(w, o), why
 
 

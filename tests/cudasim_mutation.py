@@ -1,17 +1,10 @@
 """The barrier-removal run of docs/cudasim.md (not collected by pytest: run it by hand).
 
-For every `__syncthreads()` in csrc/cuda/, one at a time: take the barrier out, run that op family's
-`-k cudasim` tests plus tests/test_cudasim.py's kernel tests under racecheck, and record what caught
-it: a hazard racecheck reported (kind and both source lines), another failure (a wrong result, a
-divergent barrier), or nothing.
-
-Two ways to take a barrier out:
-  --mode site (default): the emulator's `SPECOPS_CUDASIM_REMOVE_BARRIER=file:line` makes that call a
-      no-op at run time, which is what deleting it does to the emulated kernel; no rebuild, so the
-      whole run fits on a small machine.
-  --mode source: in a copy of the repository under --workdir, the call is deleted from the source
-      and `_C_cudasim` is rebuilt (SPECOPS_CUDA=0; ninja recompiles the translation units that
-      include the file), for spot checks that the two agree.
+For every `__syncthreads()` in csrc/cuda/, one at a time: take the barrier out (--mode site: the
+emulator's `SPECOPS_CUDASIM_REMOVE_BARRIER=file:line`, no rebuild; --mode source: deleted in a copy
+under --workdir and `_C_cudasim` rebuilt, to spot-check that the two agree), run the tests
+docs/cudasim.md names under racecheck, and record what caught it: a hazard (kind and both source
+lines), another failure, or nothing.
 
     python tests/cudasim_mutation.py [--only verify.cu:38 ...] [--mode site|source] [--json out.json]
 Prints a markdown table (the one in docs/cudasim.md).

@@ -12,14 +12,6 @@ import pathlib
 import time
 
 
-def load_cases():
-    import test_cudasim  # this script's folder, tests/, is on sys.path
-
-    if test_cudasim.sim is None:
-        raise SystemExit("specops._C_cudasim is not built")
-    return test_cudasim.sim, test_cudasim.CASES
-
-
 def best(fn, reps):
     times = []
     for _ in range(reps):
@@ -35,8 +27,12 @@ def main():
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--json")
     args = ap.parse_args()
-    sim, cases = load_cases()
+    import test_cudasim  # this script's folder, tests/, is on sys.path
+
     import specops
+    if test_cudasim.sim is None:
+        raise SystemExit("specops._C_cudasim is not built")
+    sim, cases = test_cudasim.sim, test_cudasim.CASES
     print(f"# {specops.extension.cudasim_ext.__file__}  load average {os.getloadavg()[0]:.2f}")
     rows = {}
     print(f"{'case':40s} {'off s':>8s} {'on s':>8s}")

@@ -1,15 +1,10 @@
 """Rules of the CUDA sources that no emulator run can check, checked on the source (no GPU, no compiler),
 and how the suite tells a CUDA fault from other errors.
 
-Writable kernel pointers are never ``__restrict__``: nvcc's optimizer takes a restrict pointer's
-memory to be untouched by anything that does not go through it, ``__syncthreads()`` included, so it
-moves or reuses loads across the barrier. Where threads of a block communicate through global memory
-(one thread writes a scratch word, the others read it after a barrier), each thread then reads a stale
-value. On an H200 this made the CUDA ``mss`` walks of ``verify_tree`` take different paths in different
-threads (a divergent barrier, wrong bonus tokens, illegal addresses); an -O3 build without
-``__restrict__`` on those pointers, or an unoptimised (-G) build, computed the reference's answers. The
-emulator (docs/cudasim.md) runs host code where this cannot show. ``const T* __restrict__`` inputs stay:
-nothing in a kernel writes them."""
+Writable kernel pointers are never ``__restrict__``: nvcc may then move loads across a barrier, which
+broke the CUDA ``mss`` walks on an H200 and which the emulator cannot show (docs/cudasim.md, "What it
+proves, and what it cannot": the optimizer's aliasing assumptions). ``const T* __restrict__`` inputs
+stay: nothing in a kernel writes them."""
 import re
 from pathlib import Path
 
@@ -36,7 +31,7 @@ def test_the_scan_finds_a_writable_restrict_pointer():
 
 @pytest.mark.parametrize("path", sorted(CSRC.glob("*.cu*")), ids=lambda p: p.name)
 def test_no_writable_kernel_pointer_is_restrict(path):
-    assert writable_restrict(path.read_text()) == [], f"{path.name}: drop __restrict__ (module docstring says why)"
+    assert writable_restrict(path.read_text()) == [], f"{path.name}: drop __restrict__ (docs/cudasim.md)"
 
 
 def test_the_scan_sees_the_kernels():

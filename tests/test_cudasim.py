@@ -2,6 +2,7 @@
 atomics, launch limits per arch, failures that raise instead of hanging; racecheck catching each kind of
 planted shared-memory hazard; and every CUDA kernel free of hazards under racecheck and giving the same
 answer whatever order the emulated threads run in and whenever its cp.async copies land."""
+import functools
 import pathlib
 import re
 
@@ -14,7 +15,8 @@ from _cudasim import (
     restored,
     sim,
 )
-from test_kv_compact import i32
+from test_kv_compact import compaction_case, i32
+from test_tree_attention import make_case, to_paged
 
 import specops
 from specops import extension as _ext
@@ -115,20 +117,15 @@ def test_a_shuffle_missing_a_lane_raises_instead_of_hanging():
         sim.selftest("missing_lane", 5)
 
 
-@pytest.mark.parametrize("name, arg, why", [
-    ("grid_y", 65536, "grid y and z must be <= 65535"),
-    ("block_threads", 1025, "a block holds 1..1024 threads"),
-    ("dynamic_smem", 48 * 1024 + 16, "needs cudaFuncSetAttribute"),
+@pytest.mark.parametrize("name, edge, why", [
+    ("grid_y", 65535, "grid y and z must be <= 65535"),
+    ("block_threads", 1024, "a block holds 1..1024 threads"),
+    ("dynamic_smem", 48 * 1024, "needs cudaFuncSetAttribute"),
 ])
-def test_launches_a_device_refuses_raise(name, arg, why):
+def test_launches_past_a_device_limit_raise_and_at_the_edge_pass(name, edge, why):
+    sim.selftest(name, edge)
     with pytest.raises(RuntimeError, match=why):
-        sim.selftest(name, arg)
-
-
-def test_launch_limits_at_the_edge_pass():
-    sim.selftest("grid_y", 65535)
-    sim.selftest("block_threads", 1024)
-    sim.selftest("dynamic_smem", 48 * 1024)
+        sim.selftest(name, edge + (16 if name == "dynamic_smem" else 1))
 
 
 @pytest.mark.parametrize("device_arch, limit", [(90, 227 * 1024), (80, 163 * 1024)])
@@ -284,6 +281,10 @@ def op_cases():
     cases["tree_attention_split"] = lambda: split.run(q, k, v)  # partials and their combine_kernel
     qh, kh, vh = (x.to(torch.bfloat16) for x in (q, k, v))  # the tensor-core kernel, its cp.async tiles
     cases["tree_attention_tc"] = lambda: specops.tree_attention(qh, kh, vh, *lens, mask, backend="cudasim")
+    for dtype, D in ((torch.float32, 40), (torch.bfloat16, 64)):  # both kernels again, on scattered pages
+        a, kw = make_case(2, 9, 14, 50, 6, 2, D, dtype, kind="dag", padded=True, seed=7)
+        call = functools.partial(specops.tree_attention_paged, *to_paged(a, 16, 8), backend="cudasim", **kw)
+        cases[f"tree_attention_paged[{str(dtype)[6:]}]"] = call
 
     def compact():
         kk = torch.randn(2, 3, 2, 40, 24, generator=torch.Generator().manual_seed(1))
@@ -292,6 +293,12 @@ def op_cases():
         specops.kv_compact(kk, vv, i32([3, 20, 0]), idx, lens, backend="cudasim")
         return kk, vv
     cases["kv_compact"] = compact
+
+    def compact_paged():  # a shift chain through shared pages: every destination the previous source
+        _, kp, vp, table, lens = compaction_case(3, 30, "shift", 16, torch.float32, seed=2, D=24)
+        specops.kv_compact_paged(kp, vp, table, *lens, backend="cudasim")
+        return kp, vp
+    cases["kv_compact_paged"] = compact_paged
     logits = torch.randn(5, 3001, generator=g)
     cases["warp_probs"] = lambda: specops.warp_probs(logits, 0.8, 40, 0.9, backend="cudasim")
     wide = torch.randn(1, 32768, generator=g)  # one row this wide is split over blocks (warp_probs_*_kernel)

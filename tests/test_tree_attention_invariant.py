@@ -1,16 +1,9 @@
-"""tree_attention's batch-invariant schedule (invariant=True) on every backend (docs/batch_invariance.md,
-"Invariant attention"): every valid row equals, bit for bit, the backend's own AR-view call of that row
-(specops.testing.ar_view), in both AR forms (the last key as a one-row block, or all prefix); padding
-rows are 0; values match the torch reference; paged equals contiguous; threads, CPU ISA variants,
-batch composition, the emulator's thread order and cp.async landing change no bit (racecheck clean);
-the schedule is never split; bad input.
-
-Each backend's cases sit just before, on and past its key tiles: the CPU kernel's kTileN = 96
-(csrc/cpu/tree_attention.cpp); Triton's 32 keys for fp32, 64 for fp16/bf16 (run on conftest's device:
-compiled on a GPU, else interpreted on CPU, so small cases); the CUDA kernels run by the cudasim
-emulator (docs/cudasim.md): 32 keys in the fp32 kernel, TcCfg<DP>::kBN in the tensor-core one (64 for
-DP = 64, 32 above), with odd head dims inside the CUDA buckets (67: rows not 16-byte aligned, no
-cp.async) and blocks long enough that a row's block keys fill a tile of their own."""
+"""tree_attention's batch-invariant schedule (invariant=True) on every backend: the contract and the list
+of what is tested are docs/batch_invariance.md's ("Invariant attention", "What is tested"); opcheck is
+test_tree_attention.py's. Each backend's cases sit just before, on and past its key tiles (the tile sizes:
+that section's "Per backend"; Triton on conftest's device, interpreted on CPU, so small cases), with odd
+head dims inside the CUDA buckets (67: rows not 16-byte aligned, no cp.async) and blocks long enough that
+a row's block keys fill a tile of their own."""
 import functools
 
 import pytest
@@ -18,7 +11,6 @@ import torch
 from _cudasim import assert_order_independent, needs_sim, racecheck_built, restored, sim
 from test_plan import tree_plan
 from test_tree_attention import assert_close, make_case, to_paged
-from torch.library import opcheck
 
 import specops
 from specops import backend as _backend
@@ -203,18 +195,9 @@ def test_bad_input_names_the_argument():
         specops.tree_attention(*args, invariant=1)
     with pytest.raises(TypeError, match="invariant must be a bool"):
         specops.tree_attention_paged(*to_paged(args, 4), invariant="yes")
-    with pytest.raises(ValueError, match="num_splits must be None or 1 with invariant=True"):
-        tree_plan(args, {}, invariant=True, num_splits=2)
     if usable("cpp"):
         with pytest.raises(ValueError, match="invariant=True runs unsplit"):
             torch.ops.specops.tree_attention(*args, None, 0.5, 2, None, True)
-
-
-def test_opcheck_with_invariant():
-    need("cpp")
-    args, kw = make_case(2, 3, 5, 7, 4, 2, 16, F32, kind="tree", padded=True)
-    opcheck(torch.ops.specops.tree_attention.default, (*args, kw["q_lens"], 0.25, 1, None, True))
-    opcheck(torch.ops.specops.tree_attention_paged.default, (*to_paged(args, 4, 0), kw["q_lens"], 0.25, 1, None, True))
 
 
 # ---- the CUDA kernels in the emulator: thread order, cp.async landing, racecheck, shared memory --

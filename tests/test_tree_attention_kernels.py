@@ -1,14 +1,13 @@
 """tree_attention's kernels against the reference: the cpp grid, every CPU instruction set, the
-split-K schedules, Triton's tiles and split heuristic, the emulated CUDA kernels' thread order; both
-KV layouts where a kernel has a paged variant (the ``layout`` axis of test_tree_attention.py)."""
+split-K schedules, Triton's tiles and split heuristic; both KV layouts where a kernel has a paged
+variant (the ``layout`` axis of test_tree_attention.py). The emulated CUDA kernels' thread order
+(paged too): test_cudasim.py."""
 import itertools
 
 import pytest
 import torch
-from _cudasim import assert_order_independent, needs_sim
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_kv_compact import compaction_case
 from test_tree_attention import assert_close, make_case, needs_cpp, run, to_paged
 
 import specops
@@ -24,11 +23,7 @@ def triton_kernels(device):
     return kernels
 
 
-@pytest.fixture(params=["contiguous", "paged"])
-def layout(request):
-    """The KV layout axis (as test_tree_attention.py's)."""
-    return request.param
-
+LAYOUTS = pytest.mark.parametrize("layout", ["contiguous", "paged"])  # as test_tree_attention.py's fixture
 GRID_HEADS = [(4, 4), (8, 2), (9, 3), (32, 8)]
 GRID_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -61,6 +56,7 @@ def test_cpp_matches_reference_on_the_grid(B, Tq, L, P, Hq, Hkv, D, dtype, kind,
             assert not got[b, int(kw["q_lens"][b]):].any()
 
 
+@LAYOUTS
 @pytest.mark.parametrize("isa", ["avx512bf16", "avx512", "avx2", "generic"])
 @pytest.mark.parametrize("dtype", GRID_DTYPES)
 @needs_cpp
@@ -78,6 +74,7 @@ def test_cpp_every_instruction_set_variant_matches_reference(monkeypatch, isa, d
                      specops.tree_attention(*args, backend="torch", **kw), dtype)
 
 
+@LAYOUTS
 @pytest.mark.parametrize("B, Tq, L, P, Hq, Hkv", [(1, 3, 3, 3000, 4, 2), (1, 2, 40, 2000, 9, 3), (3, 1, 1, 4000, 8, 8)])
 @needs_cpp
 def test_cpp_splits_along_the_prefix_and_combines(B, Tq, L, P, Hq, Hkv, layout):
@@ -130,6 +127,7 @@ def test_triton_matches_reference(B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded, 
     assert_close(specops.tree_attention(*args, backend="triton", **kw), want, dtype)
 
 
+@LAYOUTS
 @pytest.mark.parametrize("num_splits", [1, 2, 5])
 def test_triton_split_k_matches_reference(num_splits, device, layout):
     # The flash-decoding variant: kv splits merged by a second kernel; more splits than tiles
@@ -226,29 +224,3 @@ def test_split_heuristic_charges_the_partials():
     for n_programs in (1, 8, 40):
         picked = [kernels.auto_splits(n_programs, 132, 8e6, part, 1e9, 295.0, 64) for part in (1e3, 1e4, 1e5, 1e6, 1e7)]
         assert picked == sorted(picked, reverse=True) and picked[-1] == 1
-
-
-# ---- the emulated CUDA kernels: results independent of the thread order ------------------------
-
-def _cudasim_cases():
-    """One call per paged CUDA kernel: the CUDA-core kernel (fp32), the tensor-core one (bf16) and the
-    compaction, with a shift chain through shared pages (every destination the previous source)."""
-    def attention(dtype):
-        D = 40 if dtype == torch.float32 else 64
-        args, kw = make_case(2, 9, 14, 50, 6, 2, D, dtype, kind="dag", padded=True, seed=7)
-        paged = to_paged(args, 16, 8)
-        return lambda: specops.tree_attention_paged(*paged, backend="cudasim", **kw)
-
-    def compact():
-        _, kp, vp, table, lens = compaction_case(3, 30, "shift", 16, torch.float32, seed=2, D=24)
-        specops.kv_compact_paged(kp, vp, table, *lens, backend="cudasim")
-        return kp, vp
-
-    return {"tree_attention_paged[fp32]": attention(torch.float32),
-            "tree_attention_paged[bf16]": attention(torch.bfloat16), "kv_compact_paged": compact}
-
-
-@needs_sim
-@pytest.mark.parametrize("name", ["tree_attention_paged[fp32]", "tree_attention_paged[bf16]", "kv_compact_paged"])
-def test_cudasim_result_does_not_depend_on_the_thread_order(name):
-    assert_order_independent(_cudasim_cases()[name], [("reverse", 0), ("shuffle", 1), ("shuffle", 2)])

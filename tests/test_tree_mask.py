@@ -1,4 +1,5 @@
-"""build_tree_mask: golden trees, every backend vs the reference, properties, errors, registration."""
+"""build_tree_mask: golden trees, every backend vs the reference, properties, registration (bad input:
+tests/test_bad_input.py)."""
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -91,27 +92,7 @@ def test_pack_unpack_round_trip():
     assert torch.equal(specops.unpack_mask(packed, 70), vis)
 
 
-# ---- errors -----------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("parents, num_nodes, exc, match", [
-    (torch.zeros(2, 3, dtype=torch.int64), None, TypeError, "parents must have dtype torch.int32"),
-    ([[-1, 0]], None, TypeError, "parents must be a torch.Tensor"),
-    (i32([-1, 0]), None, ValueError, "parents must have rank 2"),
-    (torch.zeros(2, 0, dtype=torch.int32), None, ValueError, "at least one node"),
-    (i32([[-1, 0, 0]]), i32([3, 3]), ValueError, r"num_nodes must have shape \[1\]"),
-    (i32([[-1, 0, 0]]), torch.tensor([3.0]), TypeError, "num_nodes must have dtype"),
-    (i32([[-1, 0, 0]]), i32([0]), ValueError, r"num_nodes must lie in \[1, T=3\]"),
-    (i32([[-1, 0, 0]]), i32([4]), ValueError, r"num_nodes must lie in \[1, T=3\]"),
-    (i32([[-1, 0]]), i32([2], "meta"), ValueError, "num_nodes must be on cpu"),
-    (i32([[0, 0, 0]]), None, ValueError, r"parents\[0, 0\] must be -1"),
-    (i32([[-1, 0, 2]]), None, ValueError, r"parents\[0, 2\] must satisfy -1 < parent < 2"),
-    (i32([[-1, -1, 0]]), None, ValueError, r"parents\[0, 1\] must satisfy"),
-    (i32([[-1, 0, 3]]), None, ValueError, r"parents\[0, 2\]"),
-])
-def test_bad_input_raises_naming_the_argument(backend, parents, num_nodes, exc, match):
-    with pytest.raises(exc, match=match):
-        specops.build_tree_mask(parents, num_nodes, backend=backend)
-
+# ---- errors: every metadata and value rule is tests/test_bad_input.py's (every backend) ---------------
 
 def test_padding_entries_are_not_validated():
     mask, _ = specops.build_tree_mask(i32([[-1, 0, 55, -9]]), i32([2]))

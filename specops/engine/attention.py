@@ -1,11 +1,9 @@
 """The ``"specops"`` attention implementation for Hugging Face transformers.
 
 How a tree block reaches the kernel: the runner (:class:`specops.engine.ModelRunner`) calls the HF
-model with the block's metadata as one keyword, ``specops_block``, which HF passes down through
-every layer's ``**kwargs`` to the registered attention function. That keyword is the only channel:
-eager and compiled forwards use it alike (no thread-local state). Along with it the runner passes
-the block's bit-packed visibility as a 4-D ``attention_mask`` ([B, 1, Tq, W]), which makes HF's
-mask builders return early, so no dense mask is ever built.
+model with the block's metadata as one keyword, ``specops_block``, that HF passes down through every
+layer's ``**kwargs``: the only channel, eager and compiled alike (no thread-local state). The packed
+mask as a 4-D ``attention_mask`` ([B, 1, Tq, W]) makes HF's mask builders return early (no dense mask).
 
 * Eager (:class:`Block`): the model writes each layer's new K/V into the specops cache
   (``past_key_values``); the first layer builds one :class:`specops.TreeAttentionPlan` for the
@@ -67,9 +65,8 @@ class CompiledBlock(NamedTuple):
     (the cache row of every new row); k_store, v_store [L, B, Hkv, S, D] with page_table None
     (contiguous), or [L, N, ps, Hkv, D] with page_table int32 [B, max_pages] (paged). ``impl``: the
     plan's kernel function, or None for the compiled extension's registered op (its ``.functional`` overload);
-    ``invariant``: the batch-invariant schedule (docs/batch_invariance.md). ``layer``: which layer of the
-    stores this attention reads and writes; a graph of a run of layers passes that run's stores and the
-    index within it, None (the whole decoder's graph) the module's ``layer_idx``."""
+    ``invariant``: the batch-invariant schedule (docs/batch_invariance.md). ``layer``: a graph of a run
+    of layers (docs/compile.md) passes that run's stores and the index within it."""
 
     impl: object
     prefix_lens: torch.Tensor
@@ -114,10 +111,7 @@ def specops_attention(module, query, key, value, attention_mask, scaling=None, d
             f"{type(module).__name__} layer {getattr(module, 'layer_idx', '?')} has a sliding window of {window} "
             f"rows but a sequence holds up to {block.longest}: tree blocks beyond the window are not supported")
     q = query.transpose(1, 2)  # [B, T, Hq, D] (a view)
-    # Every layer of one forward passes the same shapes over the same cache: the first layer builds
-    # the plan (argument checks and backend choice), the others only run it (the per-call Python
-    # checks cost about as much as the kernel itself for a single query). A layer of other shapes
-    # (e.g. another head dim) builds its own.
+    # One plan per forward, built by the first layer of its shapes (docs/plans.md, "Who uses them").
     shapes = (q.shape, key.shape, q.dtype, scaling)
     if block.plan is None or block.plan[0] != shapes:
         plan = TreeAttentionPlan(block.prefix_lens, block.block_lens, block.mask, q_lens=block.q_lens,
@@ -168,8 +162,7 @@ def block_attention(module, query, key, value, block, scaling):
     layer = module.layer_idx if block.layer is None else block.layer
     kv = KvLayout(block.k_store, block.v_store, block.page_table)
     (B, H), dev = key.shape[:2], key.device
-    # Whole-input index_put_ (not a write into the layer's view): inductor then updates the cache
-    # in place instead of copying it back.
+    # Whole-input index_put_, not a write into the layer's view: inductor updates the cache in place.
     lid = torch.full((1, 1, 1), layer, dtype=torch.int64, device=dev)
     heads = torch.arange(H, device=dev)[None, :, None]  # [1, Hkv, 1]
     # The rows' addresses are the layout's (b, row) or (page, slot), as the eager caches' and the kernels'.
@@ -181,8 +174,7 @@ def block_attention(module, query, key, value, block, scaling):
     args = (query.transpose(1, 2), kv.k[layer], kv.v[layer], *kv.tensors()[2:],  # paged: + page_table
             block.prefix_lens, block.block_lens, block.mask[:, 0], block.q_lens)
     if block.impl is None:  # the compiled extension's registered op: one opaque node of the graph
-        # The `.functional` overload (no workspace argument): inductor cannot lower the
-        # functionalised form of the default overload's optional mutated workspace.
+        # `.functional`, without the optional mutated workspace inductor cannot lower (docs/compile.md).
         op = torch.ops.specops.tree_attention_paged if kv.is_paged else torch.ops.specops.tree_attention
         return op.functional(*args, float(scaling), 1, block.invariant), None
     return block.impl(*args, scaling, 1, None, block.invariant), None

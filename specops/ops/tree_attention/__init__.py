@@ -35,10 +35,13 @@ def attend(q, kv, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None, 
            invariant=False):
     """The one entry of the op: :func:`tree_attention` over ``kv``, a :class:`~specops.ops.layout.KvLayout`
     (contiguous or paged: :func:`tree_attention` and :func:`tree_attention_paged` build it)."""
-    sm_scale = check_args(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale)
-    invariant = check_invariant(invariant)
+    checks.tensor("q", q, dtype=FLOAT_DTYPES, rank=4)
+    B, Tq, Hq, D = q.shape
+    kv.check(dtype=q.dtype, rank=4, device=q.device, B=B, D=D, Hq=Hq)
+    check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, q.device)
+    sm_scale, invariant = scale(sm_scale, D), check_invariant(invariant)
     if check:
-        length_values(prefix_lens, block_lens, q_lens, kv, mask.shape[2], q.shape[1])
+        length_values(prefix_lens, block_lens, q_lens, kv, mask.shape[2], Tq)
     args = (q, *kv.tensors(), prefix_lens, block_lens, mask, q_lens, sm_scale)
     name, impl = resolve_named(kv.op("tree_attention"), q.device, backend, args)
     ns = choose_splits(name, q, kv.num_kv_heads, kv.rows(), prefix_lens, block_lens, mask.shape[2], kv.is_paged,
@@ -63,10 +66,8 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
     (``CUDA_MAX_D``, ``CUDA_MAX_B_HKV``): the automatic choice passes other calls on,
     ``backend="cuda"`` raises BackendUnavailable naming the limit.
 
-    ``invariant=True``: the batch-invariant schedule (docs/batch_invariance.md; unsplit, one query per
-    work item): a row's output is bit for bit what the same backend gives that row alone after the
-    block keys it sees were appended to the prefix in index order (AR decoding's view), whatever else
-    shares the call (rows, sequences, padding, layout, threads)."""
+    ``invariant=True``: the batch-invariant schedule (docs/batch_invariance.md, "Invariant attention"):
+    a row's output is bit for bit its AR view's, whatever else shares the call."""
     return attend(q, KvLayout.contiguous(k_cache, v_cache), prefix_lens, block_lens, mask, q_lens=q_lens,
                   sm_scale=sm_scale, check=check, backend=backend, invariant=invariant)
 
@@ -103,8 +104,7 @@ def check_invariant(invariant):
 
 
 def choose_splits(backend, q, Hkv, S, prefix_lens, block_lens, W, paged=False, invariant=False):
-    """The kv split count ``backend``'s kernel runs a call with: the schedule rule of the device kind
-    (:mod:`.splits`) with that kernel's geometry, once per step (TreeAttentionPlan) or per call.
+    """The kv split count ``backend``'s kernel runs a call with (docs/plans.md, "The split schedule").
 
     Shape: q [B, Tq, Hq, D]; Hkv kv heads; S rows a sequence can address; prefix_lens / block_lens
     int32 [B] (not read: no host sync); W mask words. -> int >= 1 (1 for the invariant schedule)."""
@@ -124,7 +124,11 @@ def choose_splits(backend, q, Hkv, S, prefix_lens, block_lens, W, paged=False, i
         arch, sms, _ = kernels.target(q.device)
         return kernels.splits(q, Hkv, S, arch, sms, paged)
     if backend in ("cuda", "cudasim"):
-        arch, sms = _gpu_target(q.device)
+        if q.device.type == "cuda":
+            props = torch.cuda.get_device_properties(q.device)
+            arch, sms = (90 if props.major >= 9 else 80), props.multi_processor_count
+        else:  # cudasim: CPU tensors
+            arch, sms = splits.SIM_TARGET
         fp32 = q.dtype == torch.float32
         rows, keys = (CUDA_FP32_TILE if fp32 else (CUDA_TC_ROWS, 64 if D <= 64 else 32))
         return splits.gpu_launch_splits(B, Tq, Hq, Hkv, D, S, q.element_size(), fp32, rows, keys, arch, sms)
@@ -136,31 +140,14 @@ CUDA_FP32_TILE = (16, 32)  # csrc/cuda/tree_attention.cu: query rows per block, 
 CUDA_TC_ROWS = 64  # tree_attention_tc.cuh kTcRows; keys per tile TcCfg<DP>::kBN: 64 for D <= 64, else 32
 
 
-def _gpu_target(device):
-    """(arch table 80/90, SM count) of a CUDA device; splits.SIM_TARGET for CPU tensors (cudasim)."""
-    if device.type != "cuda":
-        return splits.SIM_TARGET
-    props = torch.cuda.get_device_properties(device)
-    return (90 if props.major >= 9 else 80), props.multi_processor_count
-
-
 def workspace(num_splits, q):
-    """The fp32 partials of a ``num_splits`` call (None without splits). Shape: q [B, Tq, Hq, D]
-    -> fp32 [num_splits * B * Tq * Hq * (D + 1)]: part_o [ns, R, D] then part_lse [ns, R]."""
+    """The fp32 partials of a ``num_splits`` call, laid out as :func:`.splits.workspace_size` says
+    (None without splits). Shape: q [B, Tq, Hq, D]."""
     n = splits.workspace_size(num_splits, *q.shape)
     # In a graph always a tensor: inductor cannot lower the op with its mutable optional left None.
     if n or torch.compiler.is_compiling():
         return torch.empty(n, dtype=torch.float32, device=q.device)
     return None
-
-
-def check_args(q, kv, prefix_lens, block_lens, mask, q_lens, sm_scale):
-    """The metadata rules of :func:`attend` (no host sync); returns sm_scale as a float."""
-    checks.tensor("q", q, dtype=FLOAT_DTYPES, rank=4)
-    B, Tq, Hq, D = q.shape
-    kv.check(dtype=q.dtype, rank=4, device=q.device, B=B, D=D, Hq=Hq)
-    check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, q.device)
-    return scale(sm_scale, D)
 
 
 def check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, dev):
@@ -188,9 +175,8 @@ def scale(sm_scale, D):
 
 
 def length_values(prefix_lens, block_lens, q_lens, kv, W, Tq):
-    """The value rules of the lengths over the layout ``kv`` (one host sync; the first broken one
-    raises): lengths >= 0, ``block_lens <= 32 W``, ``prefix_lens + block_lens`` within the rows a
-    sequence can hold, ``q_lens`` in [0, Tq], and (paged) the pages those rows use in the pool."""
+    """The value rules of ``check=True`` (:func:`tree_attention`, :func:`tree_attention_paged`) over
+    the layout ``kv``: one host sync; the first broken rule raises."""
     if prefix_lens.numel() == 0:
         return
     rows = kv.capacity()

@@ -1,20 +1,9 @@
 """Plans: validate, dispatch and schedule once, run many times (:class:`TreeAttentionPlan` here,
 :class:`specops.ops.kv_compact.plan.KVCompactPlan` on the same terms). The plan is where scheduling
 happens: it chooses the step's kv split count (:mod:`specops.ops.tree_attention.splits`) and owns
-the partials workspace every layer's kernel reuses.
-
-Why: at decode shapes an op's Python checks cost about as much as its kernel (kv_compact: ~12 us
-against ~2.5 us of C++), and a step calls tree_attention once per layer with the same lengths,
-mask and geometry. A plan checks what is fixed for the step once (metadata rules; with
-``check=True`` the value rules, at most one host sync per plan), resolves the backend once, and
-``run`` hands the per-layer tensors straight to the kernel.
-
-``run`` reconciles, never trusts: its first call checks the tensors against the op's metadata
-rules and every declared size (``max_len`` / ``num_pages``, heads, head dim, dtype, device; an
-error names both sizes) and records their shapes; later calls compare shapes only (no value read,
-no host sync) and raise on any difference, so a plan reused across a cache resize fails loudly.
-Build a new plan when lengths, mask or cache change shape; in-place edits of its length tensors
-between runs are seen, not re-validated."""
+the partials workspace every layer's kernel reuses. Why, and what a plan checks when (the first
+``run`` reconciles the tensors with every declared size, later runs compare shapes only):
+docs/plans.md."""
 import torch
 
 from ...backend import incapable, resolve_named
@@ -32,22 +21,14 @@ class TreeAttentionPlan:
     [B, max_pages], page_size (a power of two), run(q, k_pages, v_pages [num_pages, page_size, Hkv,
     D]); -> out [B, Tq, Hq, D] in ``dtype``. Hq = num_heads, Hkv = num_kv_heads, D = head_dim.
 
-    :attr:`num_splits`, the kv split count of every run, is chosen once by
-    :func:`specops.ops.tree_attention.choose_splits` for the resolved backend (``num_splits=``
-    overrides), and the fp32 partials ``workspace`` (None without splits) is allocated once for all
-    layers; without ``max_len`` / ``num_pages`` the GPU rule waits for the first run's cache length.
-
     ``max_len`` (S) / ``num_pages`` (the pool size), where given, let ``check=True`` verify the value
-    rules here, else at the first run (none with ``check=False``: bad lengths then give unspecified
-    results, never out-of-bounds access). The backend is resolved here from the declared shapes (an
-    explicit ``backend=`` that cannot take them raises BackendUnavailable now) and once more if the
-    first run's tensors fall outside its capabilities (e.g. strides).
-
-    ``workspace`` (``workspace=`` or ``plan.workspace = ...``): an fp32 buffer of at least
-    ``num_splits * B * Tq * Hq * (D + 1)`` elements, contiguous, on the plan's device, sharing no
-    byte with the plan's tensors nor a run's q / k / v (the partials would overwrite them; storage
-    ranges compared once, never per call). ``invariant=True``: the batch-invariant schedule of
-    :func:`specops.tree_attention` (unsplit; ``num_splits`` only 1)."""
+    rules here, else at the first run; ``num_splits=`` overrides the split count
+    (:func:`specops.ops.tree_attention.choose_splits`'s, once per plan); ``workspace=`` (or
+    ``plan.workspace = ...``) replaces the plan's fp32 partials, and must share no byte with the
+    plan's tensors nor a run's q / k / v. An explicit ``backend=`` that cannot take the declared shapes
+    raises BackendUnavailable here. What is checked when, and the workspace's size: docs/plans.md.
+    ``invariant=True``: the batch-invariant schedule of :func:`specops.tree_attention`
+    (unsplit; ``num_splits`` only 1)."""
 
     def __init__(self, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None, page_table=None, page_size=None,
                  head_dim, num_heads, num_kv_heads, dtype, device=None, check=True, backend=None, max_len=None,
@@ -116,13 +97,13 @@ class TreeAttentionPlan:
 
     @property
     def num_splits(self):
-        """The kv split count of every ``run`` (None until known: see the class)."""
+        """The kv split count of every ``run`` (None until chosen: at construction or the first run)."""
         return self._num_splits
 
     @property
     def workspace(self):
         """The fp32 partials buffer every ``run`` hands its kernel (None without splits); the plan's
-        own unless one was assigned (see the class)."""
+        own unless one was assigned."""
         return self._workspace
 
     @workspace.setter
@@ -160,7 +141,8 @@ class TreeAttentionPlan:
         self._allocate()
 
     def _first_run(self, q, k, v):
-        """The op's full metadata rules on the first run's tensors, reconciled with every declared size."""
+        """The op's metadata rules on the first run's q / k / v (the block's ran at construction),
+        reconciled with every declared size."""
         if self._recheck:  # a workspace assigned after the first run
             checks.same_shapes(self._names, (q.shape, k.shape, v.shape), self._shapes)
             self._check_workspace(q, k, v)
@@ -169,7 +151,7 @@ class TreeAttentionPlan:
         checks.tensor("q", q, dtype=self.dtype, shape=(self.B, self.Tq, self.num_heads, self.head_dim),
                       device=self.device)
         kv = KvLayout(k, v, *self._table)
-        _ta.check_args(q, kv, self.prefix_lens, self.block_lens, self.mask, self.q_lens, self.sm_scale)
+        kv.check(dtype=q.dtype, rank=4, device=q.device, B=self.B, D=self.head_dim, Hq=self.num_heads)
         name = kv.names[0]
         if self.paged:
             checks.declared(name, "page_size", kv.page_size, "page_size", self.page_size)

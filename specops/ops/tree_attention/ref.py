@@ -1,12 +1,10 @@
 """The torch reference of tree_attention: the spec of the values every backend is held to.
 
 :func:`tree_attention` is the dense spec (fp32 scores over the whole cache, invisible keys at
--inf); :func:`invariant_ref` the spec of the batch-invariant schedule (docs/batch_invariance.md): a
-query row's keys are its *virtual sequence*, the cache rows it sees in increasing order (the
-prefix, then its visible block keys in index order, where AR decoding appends them). Each row is
-computed alone with tensors shaped by its own virtual length, without BLAS (whose blocking follows
-the operand shapes; elementwise ops and reductions of the row's shape instead), so nothing else in
-the call (rows, sequences, padding, cache length, threads) changes its bits: those of AR's one-row call."""
+-inf); :func:`invariant_ref` the spec of the batch-invariant schedule (docs/batch_invariance.md,
+"Invariant attention": a row's virtual sequence, its AR view). Each row is computed alone, without
+BLAS (whose blocking follows the operand shapes; elementwise ops and reductions of the row's shape
+instead), so nothing else in the call changes its bits: those of AR's one-row call."""
 import torch
 
 from ..layout import KvLayout

@@ -1,12 +1,7 @@
 """The split schedule of tree_attention: how many kv splits (flash-decoding) a call's launches use,
-one rule per device kind. :class:`specops.TreeAttentionPlan` applies it once per step (the direct
-op once per call) and hands the count, with a partials workspace, to every layer's kernel; the
-kernels (csrc/cpu, csrc/cuda, triton_kernels) take both as arguments and never decide.
-
-* CPU (:func:`cpu_splits`): work items are (sequence, kv head, query tile); the keys are split only
-  when the items leave threads idle.
-* GPU (:func:`gpu_splits`, the CUDA kernels and Triton alike): a cost model in bytes over the
-  programs a launch has and the SMs it can fill.
+one rule per device kind (:func:`cpu_splits`, :func:`gpu_splits`; docs/plans.md, "The split
+schedule"). The kernels (csrc/cpu, csrc/cuda, triton_kernels) take the count and a partials
+workspace as arguments and never decide.
 
 Nothing here imports the rest of specops: the kernels' modules import it.
 """
