@@ -163,42 +163,34 @@ def hazard_pattern(kind, kernel, where, now, now_line, before, before_line):
             rf"thread \d+ \(warp \d, lane \d+\) {before} it at selftest.cpp:{before_line}\b")
 
 
-PLANTED = {  # name: (kind, shared memory, what the thread that trips it did, line; what the earlier thread did, line)
+PLANTED = {  # name: (kind, shared memory, what the thread that trips it did, line; what the earlier thread did,
+    # line; what the kernel computes with its barrier in place (hazard_war: only that it runs))
     "hazard_raw": ("RAW", r"extern __shared__ \+ \d+", "read", ("out[t] = s[t - 32]", "hazard_raw("),
-                   "wrote", ("s[t] = t + 1", "hazard_raw(")),
+                   "wrote", ("s[t] = t + 1", "hazard_raw("), lambda out: out[32:] == list(range(1, 33))),
     "hazard_war": ("WAR", r"extern __shared__ \+ \d+", "wrote", ("if (t >= 32) s[t] = t;", "hazard_war("),
-                   "read", ("out[t] = s[t + 32]", "hazard_war(")),
+                   "read", ("out[t] = s[t + 32]", "hazard_war("), lambda out: True),
     "hazard_waw": ("WAW", r"static __shared__ s \(in hazard_waw\) \+ \d+", "wrote", ("s[t - 32] = t", "hazard_waw("),
-                   "wrote", ("if (t < 32) s[t] = t;", "hazard_waw(")),
+                   "wrote", ("if (t < 32) s[t] = t;", "hazard_waw("), lambda out: out == list(range(32, 64)) * 2),
     "hazard_atomic": ("WAW", r"static __shared__ hist \(in hazard_atomic\) \+ \d+", r"wrote \(atomically\)",
-                      ("atomicAdd(&hist", "hazard_atomic("), "wrote", ("if (t < 4) hist[t] = 0;", "hazard_atomic(")),
+                      ("atomicAdd(&hist", "hazard_atomic("), "wrote", ("if (t < 4) hist[t] = 0;", "hazard_atomic("),
+                      lambda out: out[:4] == [16] * 4),
     "hazard_warp": ("WAR", r"static __shared__ s \(in hazard_warp\) \+ \d+", "wrote", ("if (t < 32) s[t] = t;", "hazard_warp("),
-                    "read", ("out[t] = s[(t + 1) % 32]", "hazard_warp(")),
+                    "read", ("out[t] = s[(t + 1) % 32]", "hazard_warp("),
+                    lambda out: out[:32] == [(t + 1) % 32 for t in range(32)]),
 }
 
 
 @needs_racecheck
+@pytest.mark.parametrize("barrier", [False, True], ids=["reported", "accepted-with-its-barrier"])
 @pytest.mark.parametrize("name", list(PLANTED))
-def test_racecheck_reports_each_planted_hazard_with_both_source_lines(racecheck, name):
-    kind, where, now, now_at, before, before_at = PLANTED[name]
+def test_racecheck_reports_each_planted_hazard_and_accepts_it_behind_its_barrier(racecheck, name, barrier):
+    kind, where, now, now_at, before, before_at, computes = PLANTED[name]
+    if barrier:  # a __syncthreads (a __syncwarp in one warp) between the two accesses
+        assert computes(sim.selftest(name, 1))
+        return
     pattern = hazard_pattern(kind, name, where, now, line_of(*now_at), before, line_of(*before_at))
     with pytest.raises(RuntimeError, match=pattern):
         sim.selftest(name, 0)
-
-
-BARRIER_OUT = {  # name: what the planted kernel with its barrier computes (hazard_war: only that it runs)
-    "hazard_raw": lambda out: out[32:] == list(range(1, 33)),
-    "hazard_war": lambda out: True,
-    "hazard_waw": lambda out: out == list(range(32, 64)) * 2,
-    "hazard_atomic": lambda out: out[:4] == [16] * 4,
-    "hazard_warp": lambda out: out[:32] == [(t + 1) % 32 for t in range(32)],
-}
-
-
-@needs_racecheck
-@pytest.mark.parametrize("name", list(PLANTED))
-def test_racecheck_accepts_the_planted_kernels_with_their_barrier(racecheck, name):
-    assert BARRIER_OUT[name](sim.selftest(name, 1))  # a __syncthreads (a __syncwarp in one warp) between
 
 
 @needs_racecheck
