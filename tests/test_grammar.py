@@ -14,10 +14,6 @@ from specops import models
 from specops.decoding.grammar import ENGINES, Grammar, available_engines
 from specops.ops.token_bitmask import allowed_tokens, apply_token_bitmask
 
-ENGINE_PARAMS = [pytest.param(e, marks=() if e in available_engines() else
-                              pytest.mark.skip(reason=f"{e} not installed (pip install specops[grammar])"))
-                 for e in ENGINES]
-
 SCHEMA = {"type": "object",
           "properties": {"name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"},
                          "kind": {"enum": ["a", "b"]},
@@ -28,24 +24,32 @@ SCHEMA = {"type": "object",
 DOC = '{"name": "abc", "n": 12, "kind": "b", "xs": [1.5, 2], "inner": {"ok": true}}'
 
 
-@pytest.fixture(scope="module")
-def tok():
+def check_doc(text):
+    """``text`` is a JSON document that SCHEMA validates."""
+    doc = json.loads(text)
+    assert set(doc) == set(SCHEMA["required"]) and doc["kind"] in ("a", "b") and isinstance(doc["n"], int)
+    assert len(doc["name"]) <= 12 and len(doc["xs"]) <= 3 and isinstance(doc["inner"]["ok"], bool)
+
+
+def skip_without_smollm2():
     if not os.path.exists(os.path.join(models.cache_dir(), "smollm2-135m", "tokenizer.json")):
         pytest.skip("SmolLM2 not converted in the specops cache (specops.models.load('smollm2-135m') once)")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    skip_without_smollm2()
     return models.target_embedding("smollm2-135m")[1]
 
 
-@pytest.fixture(params=ENGINE_PARAMS)
+@pytest.fixture(params=[pytest.param(e, marks=() if e in available_engines() else pytest.mark.skip(
+    reason=f"{e} not installed (pip install specops[grammar])")) for e in ENGINES])
 def engine(request):
     return request.param
 
 
 def ids_of(tok, text, eos=True):
     return tok.encode(text, add_special_tokens=False) + ([tok.eos_token_id] if eos else [])
-
-
-def bit(row, t):
-    return bool((int(row[t >> 5]) >> (t & 31)) & 1)
 
 
 # ---- construction ---------------------------------------------------------------------------
@@ -84,8 +88,7 @@ def test_next_mask_follows_the_grammar(tok, engine):
     assert texts and all("yes".startswith(s) or "no".startswith(s) for s in texts), texts
     assert tok.eos_token_id not in allowed
     g.advance(ids_of(tok, "yes", eos=False))
-    row = g.fill_next_bitmask()[0]
-    assert bit(row, tok.eos_token_id) and not g.is_terminated()[0]
+    assert allowed_tokens(g.fill_next_bitmask(), len(tok))[0, tok.eos_token_id] and not g.is_terminated()[0]
     g.advance([tok.eos_token_id])
     assert g.is_terminated() == [True]
 
@@ -230,10 +233,7 @@ def test_greedy_masked_decoding_gives_valid_json(tok, engine):
     g = Grammar(tok, json_schema=SCHEMA, engine=engine)
     out = greedy(g, tok, logits_fn, max_tokens=400)
     assert g.is_terminated() == [True] and out[-1] == tok.eos_token_id, tok.decode(out)
-    doc = json.loads(tok.decode(out[:-1]))
-    assert set(doc) == {"name", "n", "kind", "xs", "inner"}
-    assert doc["kind"] in ("a", "b") and isinstance(doc["n"], int) and len(doc["xs"]) <= 3
-    assert isinstance(doc["inner"]["ok"], bool) and len(doc["name"]) <= 12
+    check_doc(tok.decode(out[:-1]))
 
 
 def test_greedy_masked_decoding_matches_regex(tok, engine):

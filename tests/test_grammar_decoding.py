@@ -5,12 +5,11 @@ sequence, bad arguments raise before any forward (docs/structured.md).
 Skips without a grammar engine (pip install specops[grammar]) or without the converted SmolLM2 in
 the specops cache (nothing is downloaded)."""
 import json
-import os
 import re
 
 import pytest
 import torch
-from test_grammar import SCHEMA
+from test_grammar import SCHEMA, check_doc, skip_without_smollm2
 
 import specops
 from specops import models
@@ -22,18 +21,11 @@ pytestmark = pytest.mark.skipif(not available_engines(), reason="no grammar engi
 
 @pytest.fixture(scope="module")
 def smollm2():
-    if not os.path.exists(os.path.join(models.cache_dir(), "smollm2-135m", "tokenizer.json")):
-        pytest.skip("SmolLM2 not converted in the specops cache (specops.models.load('smollm2-135m') once)")
+    skip_without_smollm2()
     model, tok = models.load("smollm2-135m", dtype=torch.bfloat16)
     prompt = tok.apply_chat_template([{"role": "user", "content": "Describe a cat as a JSON object."}],
                                      tokenize=False, add_generation_prompt=True)
     return model, tok, prompt
-
-
-def _check_schema(text):
-    doc = json.loads(text)
-    assert set(doc) == set(SCHEMA["required"]) and doc["kind"] in ("a", "b") and isinstance(doc["n"], int)
-    assert len(doc["name"]) <= 12 and len(doc["xs"]) <= 3 and isinstance(doc["inner"]["ok"], bool)
 
 
 def test_every_method_follows_a_json_schema_and_lossless_ones_give_ar_tokens(smollm2):
@@ -41,7 +33,7 @@ def test_every_method_follows_a_json_schema_and_lossless_ones_give_ar_tokens(smo
     kw = {"tokenizer": tok, "max_new_tokens": 120, "json_schema": SCHEMA, "batch_invariant": True}
     ar, m = specops.generate(model, prompt, method="ar", **kw)
     text = tok.decode(ar[0, : m.lengths[0]], skip_special_tokens=True)
-    _check_schema(text)
+    check_doc(text)
     assert m.finish_reasons == ["eos"]  # the grammar's end stopped it
     for method in ("ngram", "sd", "tsd", "specinfer", "opt-tree", "ouroboros"):
         out, mm = specops.generate(model, prompt, method=method, **kw)
@@ -59,7 +51,7 @@ def test_the_other_methods_follow_the_schema_greedy_and_sampled(smollm2, tempera
     for method in methods:
         out, m = specops.generate(model, prompt, method=method, tokenizer=tok, max_new_tokens=120,
                                   json_schema=json.dumps(SCHEMA), temperature=temperature, seed=5)
-        _check_schema(tok.decode(out[0, : m.lengths[0]], skip_special_tokens=True))
+        check_doc(tok.decode(out[0, : m.lengths[0]], skip_special_tokens=True))
         assert m.finish_reasons == ["eos"], method
 
 

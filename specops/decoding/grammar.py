@@ -2,21 +2,10 @@
 
 A :class:`Grammar` compiles a JSON schema, a regex or an EBNF grammar once per request with an
 optional engine (``pip install specops[grammar]``: ``xgrammar``, the default, or ``llguidance``) and
-keeps one *committed* matcher per sequence: the state after every token emitted so far, the tree's
-root (the pending token) included. Per step:
-
-1. :meth:`Grammar.fill_tree_bitmask` walks each draft tree depth-first from the committed state:
-   node ``i``'s row is the set of tokens allowed after the path root -> ``i`` (the tokens of nodes
-   1..i). Going down consumes one token, going up rolls one back, so no state is copied. A node
-   whose token its parent's row does not allow is *dead* (never accepted: its masked probability is
-   0): it and its subtree get all-allowed rows (never read by a correct verification) and ``valid``
-   marks them, so a drafter may prune them. A stop token ends its branch: its row allows
-   everything, its subtree is dead (the loop stops there).
-2. The caller masks the target's tree logits with the rows (``specops.apply_token_bitmask``) and
-   verifies as usual: the target distribution renormalised over the allowed tokens at every node,
-   exactly.
-3. :meth:`Grammar.advance` consumes the emitted tokens (accepted path, then the bonus token) on the
-   committed matchers; nothing else changes them.
+keeps one *committed* matcher per sequence (the state after every emitted token, the tree's root
+included). Per step :meth:`Grammar.fill_tree_bitmask` gives every draft-tree node its allowed tokens,
+the caller masks the target's tree logits with them (``specops.apply_token_bitmask``) and verifies as
+usual, and :meth:`Grammar.advance` commits the emitted tokens: docs/structured.md §Design.
 
 The engines are CPU libraries: a step costs one mask per tree node and sequence on the host
 (docs/structured.md has the measured figures).
@@ -25,6 +14,8 @@ import importlib.util
 import json
 
 import torch
+
+from ..ops import checks
 
 ENGINES = ("xgrammar", "llguidance")  # preference order: docs/structured.md §Engine choice
 KINDS = ("json_schema", "regex", "ebnf")
@@ -36,9 +27,8 @@ def available_engines():
 
 
 class _LLGuidance:
-    """llguidance: Earley parser over a lexer, masks computed lazily per state (no per-grammar
-    precomputation); rollback of any number of tokens; ``ebnf`` (GBNF) is translated to its Lark
-    dialect by the converter it ships."""
+    """llguidance; ``ebnf`` (GBNF) goes through the Lark converter it ships (docs/structured.md
+    §Engine choice)."""
 
     name = "llguidance"
 
@@ -54,15 +44,12 @@ class _LLGuidance:
         self.stop_tokens = set(self.tok.eos_tokens)
 
     def compile(self, kind, spec):
-        M = self._llg.LLMatcher
-        if kind == "json_schema":
-            grammar = M.grammar_from_json_schema(spec)
-        elif kind == "regex":
-            grammar = M.grammar_from_regex(spec)
-        else:
-            from llguidance.gbnf_to_lark import gbnf_to_lark
+        from llguidance.gbnf_to_lark import gbnf_to_lark
 
-            grammar = M.grammar_from_lark(gbnf_to_lark(spec))
+        M = self._llg.LLMatcher
+        make = {"json_schema": M.grammar_from_json_schema, "regex": M.grammar_from_regex,
+                "ebnf": lambda gbnf: M.grammar_from_lark(gbnf_to_lark(gbnf))}[kind]
+        grammar = make(spec)
         is_error, messages = M.validate_grammar_with_warnings(grammar, self.tok)
         if is_error:
             raise _CompileError("; ".join(messages) or "invalid grammar")
@@ -91,8 +78,7 @@ class _LLGuidance:
 
 
 class _XGrammar:
-    """xgrammar: pushdown automaton with per-state token masks precomputed at compile time;
-    rollback of any number of tokens; ``ebnf`` is GBNF, its own dialect."""
+    """xgrammar; ``ebnf`` is GBNF, its own dialect (docs/structured.md §Engine choice)."""
 
     name = "xgrammar"
 
@@ -179,8 +165,7 @@ class Grammar:
         if not isinstance(spec, str):
             raise TypeError(f"{self.kind} must be a str{' or dict' if self.kind == 'json_schema' else ''}, "
                             f"got {type(spec).__name__}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        batch_size = checks.integer("batch_size", batch_size, 1)
         installed = available_engines()
         if engine is None:
             if not installed:
@@ -192,9 +177,7 @@ class Grammar:
         if engine not in installed:
             raise ImportError(f"engine {engine!r} is not installed (pip install {engine})")
         tok_vocab = len(tokenizer)
-        V = tok_vocab if vocab_size is None else vocab_size
-        if isinstance(V, bool) or not isinstance(V, int) or V < 1:
-            raise ValueError(f"vocab_size must be an int >= 1, got {vocab_size!r}")
+        V = checks.integer("vocab_size", tok_vocab if vocab_size is None else vocab_size, 1)
         self.engine = _ADAPTERS[engine](tokenizer, max(V, tok_vocab))
         self.vocab_size, self.words = V, (V + 31) // 32
         self._engine_words = (self.engine.vocab_size + 31) // 32
@@ -232,7 +215,7 @@ class Grammar:
         return self.rows_after([(b, ()) for b in range(self.batch_size)])
 
     def fill_tree_bitmask(self, parents, tokens, num_nodes=None, *, with_valid=False):
-        """Allowed next tokens at every node of a batch of draft trees.
+        """Allowed next tokens at every node of a batch of draft trees (docs/structured.md §Design).
 
         Shape: parents, tokens int32 [B, T] (the ``build_tree_mask`` convention; node 0 is the
         pending token, already committed), num_nodes int32 [B] or None (= T) -> bitmask int32
@@ -258,33 +241,41 @@ class Grammar:
             return  # a finished sequence: every row allows everything, nothing is valid
         eng.fill(m, rows, base)
         valid[0] = True
-        # Depth-first: (node, next child index). Entering a child consumes its token; leaving
-        # it rolls one token back, so the matcher always holds the path to the top of the stack.
-        stack = [[0, 0]]
+        # Depth-first, a stack of (node, its children left): entering a child consumes its token,
+        # leaving it rolls one token back, so the matcher always holds the path to the top of the stack.
+        stack = [(0, iter(children[0]))]
         while stack:
-            top = stack[-1]
-            node, k = top
-            if k == len(children[node]):
+            node, kids = stack[-1]
+            child = next(kids, None)
+            if child is None:
                 stack.pop()
                 if node != 0:
                     eng.rollback(m, 1)
                 continue
-            top[1] += 1
-            child = children[node][k]
             t = tokens[child]
-            allowed = 0 <= t < self.vocab_size and t < self.engine.vocab_size and \
+            allowed = 0 <= t < min(self.vocab_size, eng.vocab_size) and \
                 (int(rows[base + node, t >> 5]) >> (t & 31)) & 1
             if allowed and t in eng.stop_tokens:
                 # The end of the output: nothing follows it (its row stays all-allowed, its subtree
                 # dead), and it is not consumed: llguidance's rollback of a stop token does not
                 # restore the state before it.
                 valid[child] = True
-                continue
-            if not allowed or not eng.consume(m, t):
-                continue  # dead: this node and its subtree keep all-allowed rows, valid False
-            valid[child] = True
-            eng.fill(m, rows, base + child)
-            stack.append([child, 0])
+            elif allowed and eng.consume(m, t):
+                valid[child] = True
+                eng.fill(m, rows, base + child)
+                stack.append((child, iter(children[child])))
+            # else dead: this node and its subtree keep all-allowed rows, valid False
+
+    def _take(self, m, tokens):
+        """How many of ``tokens`` the matcher ``m`` consumes, in order, before the first the grammar
+        rejects there or a stop token (the end of the output: never consumed, see _fill_tree)."""
+        n, eng = 0, self.engine
+        for t in tokens:
+            if not (0 <= t < min(self.vocab_size, eng.vocab_size) and t not in eng.stop_tokens
+                    and eng.consume(m, t)):
+                break
+            n += 1
+        return n
 
     def rows_after(self, paths):
         """Allowed next tokens after each drafted path (model drafters mask their own logits with
@@ -297,30 +288,22 @@ class Grammar:
         The committed states are unchanged."""
         rows = self._new_rows(len(paths))
         for i, (b, toks) in enumerate(paths):
-            eng, m = self.engine, self._matchers[b]
-            n, ok = 0, not self._done[b] and toks is not None
-            for t in toks or ():
-                ok = 0 <= t < eng.vocab_size and t not in eng.stop_tokens and eng.consume(m, t)
-                if not ok:
-                    break
-                n += 1
-            if ok:
-                eng.fill(m, rows, i)
+            m, live = self._matchers[b], not self._done[b] and toks is not None
+            n = self._take(m, toks) if live else 0
+            if live and n == len(toks):
+                self.engine.fill(m, rows, i)
             else:
                 rows[i] = -1
             if n:
-                eng.rollback(m, n)
+                self.engine.rollback(m, n)
         return self._fit(rows)
 
     def constrain(self, b, tokens, parents, *, forced=8):
         """Sequence ``b``'s host-built draft tree (token and parent lists, node 0 the pending root,
-        ``parents[i] < i``) restricted to what the grammar allows, and extended by what it forces.
-
-        A candidate the grammar rejects goes with its subtree (verification would reject it; its rows
-        are better spent elsewhere); stop tokens go too. After every surviving leaf come up to
-        ``forced`` tokens of the grammar's forced continuation (xgrammar's jump-forward string,
-        tokenized; llguidance's fast-forward tokens): drafts the target still verifies, so the
-        output is unchanged and only the acceptance grows. Nodes keep their relative order.
+        ``parents[i] < i``) without the candidates the grammar rejects or stop tokens (each with its
+        subtree), and with up to ``forced`` tokens of the grammar's forced continuation after every
+        surviving leaf (xgrammar's jump-forward string, tokenized; llguidance's fast-forward tokens):
+        docs/structured.md §Drafts. Nodes keep their relative order.
         Returns ``(tokens, parents)`` lists; the committed state is unchanged."""
         if not 0 <= b < self.batch_size:
             raise ValueError(f"b must be in [0, {self.batch_size}), got {b}")
@@ -332,54 +315,38 @@ class Grammar:
         eng, m = self.engine, self._matchers[b]
         children = _children(parents, len(tokens))
         out_t, out_p = [tokens[0]], [-1]
-
-        def ok(t):
-            return 0 <= t < min(self.vocab_size, eng.vocab_size) and t not in eng.stop_tokens and eng.consume(m, t)
-
-        def extend(at):  # the forced chain after out node ``at``; the matcher is at ``at``'s state
-            n = 0
-            for t in eng.forced(m)[:forced] if forced else ():
-                if not ok(t):
-                    break
-                out_t.append(t), out_p.append(at)
-                at, n = len(out_t) - 1, n + 1
-            if n:
-                eng.rollback(m, n)
-
-        stack = [[0, 0, 0, False]]  # input node, its output index, next child, a child survived
+        stack = [[0, iter(children[0]), False]]  # output index, the input node's children left, one survived
         while stack:
             top = stack[-1]
-            node, at, k, kept = top
-            if k == len(children[node]):
-                stack.pop()
-                if not kept:
-                    extend(at)
-                if node != 0:
-                    eng.rollback(m, 1)
+            at, kids, kept = top
+            child = next(kids, None)
+            if child is not None:
+                if self._take(m, [tokens[child]]):
+                    top[2] = True
+                    out_t.append(tokens[child]), out_p.append(at)
+                    stack.append([len(out_t) - 1, iter(children[child]), False])
                 continue
-            top[2] += 1
-            child = children[node][k]
-            if ok(tokens[child]):
-                top[3] = True
-                out_t.append(tokens[child]), out_p.append(at)
-                stack.append([child, len(out_t) - 1, 0, False])
+            stack.pop()
+            if not kept:  # a leaf: the forced chain after it (the matcher is at its state)
+                chain = eng.forced(m)[:forced] if forced else []
+                n = self._take(m, chain)
+                for t in chain[:n]:
+                    out_t.append(t), out_p.append(at)
+                    at = len(out_t) - 1
+                if n:
+                    eng.rollback(m, n)
+            if stack:
+                eng.rollback(m, 1)
         return out_t, out_p
 
     def _tree_shape(self, parents, tokens, num_nodes):
-        for name, t in (("parents", parents), ("tokens", tokens)):
-            if not isinstance(t, torch.Tensor) or t.dim() != 2:
-                raise ValueError(f"{name} must be a rank-2 tensor [B, T], got "
-                                 f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
-        B, T = parents.shape
-        if tuple(tokens.shape) != (B, T):
-            raise ValueError(f"tokens must have shape [{B}, {T}] like parents, got {tuple(tokens.shape)}")
+        B, T = checks.tensor("parents", parents, rank=2).shape
+        checks.tensor("tokens", tokens, shape=(B, T))
         if B != self.batch_size:
             raise ValueError(f"parents must have B = batch_size = {self.batch_size} rows, got {B}")
-        if T < 1:
-            raise ValueError(f"parents must have at least one node (T >= 1), got shape {(B, T)}")
-        if num_nodes is not None and (not isinstance(num_nodes, torch.Tensor) or tuple(num_nodes.shape) != (B,)):
-            raise ValueError(f"num_nodes must be a tensor of shape [{B}], got "
-                             f"{tuple(num_nodes.shape) if isinstance(num_nodes, torch.Tensor) else num_nodes!r}")
+        checks.nonempty("parents", parents, 1, "node (T >= 1)")
+        if num_nodes is not None:
+            checks.tensor("num_nodes", num_nodes, shape=(B,))
         return B, T
 
     def advance(self, accepted_tokens):
