@@ -1,12 +1,8 @@
-"""Adaptive speculation (docs/methods.md §Adaptive speculation).
-
-The controller's rule without a model: acceptance histories and fixed costs in, budgets out (up
-after full accepts, down after rejections, AR steps when no budget pays, probing with a doubling
-wait, the batch reduction, the cost fits). Then the loop: every method stays lossless whatever the
-budgets are (greedy token identity, batch 3 ragged, under the real controller and under forced
-budget schedules with AR steps in between; the draft caches, plain and feature, catch up), sampling
-keeps the target's distribution, ``adaptive=False`` is the fixed-budget loop, and the metrics report
-the budgets."""
+"""Adaptive speculation (docs/methods.md §Adaptive speculation): the controller's rule without a
+model (acceptance histories and fixed costs in, budgets out), then the loop: every method stays
+lossless whatever the budgets (greedy token identity under the real controller and under forced
+budget schedules with AR steps in between, the draft caches catching up; sampling keeps the target's
+distribution), ``adaptive=False`` is the fixed-budget loop, and the metrics report the budgets."""
 import argparse
 import itertools
 import math
@@ -225,7 +221,6 @@ def test_each_drafter_exposes_one_depth_knob_and_sizes_caches_for_its_cap():
     assert methods.make("ngram").enable_adaptive(AdaptiveConfig())[2] == 48  # max_gamma
 
 
-
 def test_shallow_steps_verify_small_trees():
     # A shallow step (a probe) of a wide drafter must cost little: OPT-Tree keeps 2 nodes per layer
     # plus one, Ouroboros gamma guesses and gamma - 1 phrase branches; fixed budgets keep the widths.
@@ -237,6 +232,7 @@ def test_shallow_steps_verify_small_trees():
         tree.set_budget(g)
         ouro.set_budget(g)
         assert (tree.nodes(), ouro.widths()) == (nodes, widths)
+
 
 # ---- the loop -----------------------------------------------------------------------------------
 
@@ -291,6 +287,12 @@ def test_greedy_stays_token_identical_under_forced_budgets_and_ar_steps(pair, sc
     budgets = [s["budget"] for s in m.steps]
     assert 0 in budgets and len(set(budgets) - {0}) >= 3
     assert m.num_ar_steps == budgets.count(0) and m.adaptive
+    spec = [b for b in budgets if b]
+    assert m.num_budget_steps == len(spec) and m.mean_budget == pytest.approx(sum(spec) / len(spec))
+    assert m.ar_step_fraction == pytest.approx(m.num_ar_steps / m.num_target_forwards)
+    d = m.as_dict()
+    assert d["mean_budget"] == m.mean_budget and d["ar_step_fraction"] == m.ar_step_fraction
+    assert "adaptive: mean budget" in m.summary()
     # an AR step is the root alone: no draft node reaches the target
     assert all(s["nodes"] == [1, 1, 1] for s in m.steps if s["budget"] == 0)
 
@@ -317,10 +319,10 @@ def test_ar_steps_run_no_draft_forward(pair, schedule):
 
 
 def test_the_feature_draft_catches_up_after_ar_steps(schedule):
-    from test_distill import feature_draft, tiny_target
+    from test_distill import fresh_draft, tiny_target
 
     target = tiny_target(seed=3)
-    d = feature_draft(target, seed=4).eval()
+    d = fresh_draft(target, arch="feature", seed=4).eval()
     prompts = [[5, 9, 33, 4, 71, 12], [8, 100, 3], [40, 41, 42, 43, 44, 45, 46, 47, 48]]
     with torch.no_grad():
         ref, _ = generate(target, prompts, method="ar", max_new_tokens=14, eos_token_id=[])
@@ -347,29 +349,15 @@ def test_a_free_draft_grows_the_budget_to_the_cap(pair):
     assert m.mean_budget == pytest.approx(sum(budgets) / len(budgets))
 
 
-def test_metrics_report_the_budgets(pair, schedule):
-    schedule([0, 2, 4])
-    _, m = _generate(pair, "sd")
-    spec = [s["budget"] for s in m.steps if s["budget"]]
-    assert m.num_budget_steps == len(spec) and m.mean_budget == pytest.approx(sum(spec) / len(spec))
-    assert m.ar_step_fraction == pytest.approx(m.num_ar_steps / m.num_target_forwards)
-    d = m.as_dict()
-    assert d["mean_budget"] == m.mean_budget and d["ar_step_fraction"] == m.ar_step_fraction
-    assert "adaptive: mean budget" in m.summary()
-
-
 # ---- sampling: the target's distribution, whatever the budgets ------------------------------------
 
-def _chi_square(method, params, cfg_name, budgets, schedule):
-    target = tiny_causal_lm("llama", vocab_size=ts.V, hidden_size=32, seed=11, sharpness=3.0)
-    draft = perturbed_copy(target, 0.6, seed=12)
+sampling_models = ts.models  # the fixed-budget distribution test's target and draft
+
+
+def _chi_square(models, method, params, cfg_name):
     cfg = ts.CONFIGS[cfg_name]
-    if budgets is not None:
-        schedule(budgets)
-    out, m = generate(target, [ts.PROMPT] * ts.ROWS, draft=draft, method=method, max_new_tokens=3,
-                      temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, eos_token_id=[], seed=0,
-                      record_steps=True, **params)
-    return ts.chi_square_pvalue(ts.empirical(out), ts.exact_joint(target, cfg)), m
+    out, m = ts.sample(models, method, cfg, {**params, "record_steps": True})
+    return ts.chi_square_pvalue(ts.empirical(out), ts.exact_joint(models[0], cfg)), m
 
 
 SAMPLED = ts.LOSSLESS  # the same methods and parameters as the fixed-budget distribution test
@@ -378,19 +366,20 @@ ALPHA = 1e-3 / (2 * len(SAMPLED) + 1)
 
 @pytest.mark.parametrize("method, params", SAMPLED, ids=[f"{m}-{i}" for i, (m, _) in enumerate(SAMPLED)])
 @pytest.mark.parametrize("budgets", [[0, 2], [1, 0]], ids=["ar-then-draft", "draft-then-ar"])
-def test_sampling_keeps_the_target_distribution_with_ar_steps_between_drafts(method, params, budgets, schedule):
+def test_sampling_keeps_the_target_distribution_with_ar_steps_between_drafts(sampling_models, method, params,
+                                                                             budgets, schedule):
     # 3 tokens: the first from prefill, the other two from a step of each kind in either order (an
     # AR step, then a draft whose cache caught up; or a draft, then an AR step when it was rejected)
-    p, m = _chi_square(method, params, "t1", budgets, schedule)
+    schedule(budgets)
+    p, m = _chi_square(sampling_models, method, params, "t1")
     assert [s["budget"] for s in m.steps[:2]] == budgets
     assert p > ALPHA, f"{method}: chi-square p = {p:.2e}"
 
 
-def test_sampling_keeps_the_target_distribution_under_the_real_controller(schedule):
+def test_sampling_keeps_the_target_distribution_under_the_real_controller(sampling_models):
     # The second step's budget comes from the first step's acceptance (and fixed costs), the step
     # after the prefill token: a lossless rule per step stays lossless overall.
-    params = {"gamma": 2, "adaptive": fixed(0.0, 0.01)}
-    p, m = _chi_square("sd", params, "warped", None, schedule)
+    p, m = _chi_square(sampling_models, "sd", {"gamma": 2, "adaptive": fixed(0.0, 0.01)}, "warped")
     assert m.steps[0]["budget"] == 2 and m.steps[1]["budget"] != 2
     assert p > ALPHA, f"chi-square p = {p:.2e}"
 

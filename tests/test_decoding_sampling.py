@@ -77,7 +77,7 @@ LOSSLESS = [
 ]
 
 
-def _sample(models, method, cfg, params):
+def sample(models, method, cfg, params):
     target, draft = models
     return generate(target, [PROMPT] * ROWS, draft=draft, method=method, max_new_tokens=3, eos_token_id=[],
                     temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=0, **params)
@@ -92,7 +92,7 @@ CASES = [(m, p, "t1") for m, p in LOSSLESS] + [(m, p, "warped") for m, p in (LOS
                          ids=[f"{m}-{LOSSLESS.index((m, p))}-{c}" for m, p, c in CASES])
 def test_lossless_modes_keep_the_warped_target_distribution(models, method, params, cfg_name):
     cfg = CONFIGS[cfg_name]
-    out, m = _sample(models, method, cfg, params)
+    out, m = sample(models, method, cfg, params)
     if method != "ngram":
         assert m.num_draft_tokens > 0 and 0 < m.draft_acceptance_rate < 1  # rejections happened
     p = chi_square_pvalue(empirical(out), exact_joint(models[0], cfg))
@@ -102,7 +102,7 @@ def test_lossless_modes_keep_the_warped_target_distribution(models, method, para
 def test_the_chi_square_test_rejects_a_lossy_method(models):
     # MJSD with tau = 0 emits the draft's beam unconditionally: its output follows the draft.
     cfg = CONFIGS["t1"]
-    out, _ = _sample(models, "mjsd", cfg, {"tau": 0.0, "gamma": 2, "beams": 2})
+    out, _ = sample(models, "mjsd", cfg, {"tau": 0.0, "gamma": 2, "beams": 2})
     assert chi_square_pvalue(empirical(out), exact_joint(models[0], cfg)) < 1e-6
 
 
@@ -118,7 +118,7 @@ def test_gsd_reference_rule_deviation_is_measured(models):
     # shallow probe)
     params = {"k": 3, "theta_prob": 0.05, "theta_sib": 0.05, "max_depth": 3, "tau": 0, "verify": "gsd",
               "adaptive": False}
-    out, m = _sample(models, "gsd", cfg, params)
+    out, m = sample(models, "gsd", cfg, params)
     counts = empirical(out)
     assert 0.5 * float((counts / ROWS - exact).abs().sum()) > 0.5  # total variation
     assert chi_square_pvalue(counts, exact) < 1e-6

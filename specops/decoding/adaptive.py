@@ -1,51 +1,9 @@
 """Adaptive speculation: the loop sizes every block from the acceptance it has seen and the measured
-cost of a step, for every method with a budget knob. docs/methods.md §Adaptive speculation has the
-full argument; the code follows its names.
-
-The knob: each drafter's drafting depth, ``gamma`` (SD, SpecInfer, MJSD, Ouroboros, n-gram) or
-``max_depth`` (TSD, GSD, OPT-Tree). Budget ``g = 0`` is an AR step: the block is the pending root
-alone, the draft model does not run (its cache catches up through ``DraftLM.begin``'s catch-up
-chain when drafting resumes).
-
-The acceptance estimate, per sequence ``b``: a step whose proposal was ``D`` levels deep and whose
-accepted path has ``a`` draft tokens passed ``a`` levels and, when ``a < D``, failed one (censored:
-a fully accepted proposal says nothing about the next level). Decay ``lam``, prior ``alpha0``
-worth ``n0`` levels::
-
-    S_b <- lam * S_b + a          N_b <- lam * N_b + a + [a < D]
-    alpha_b = (S_b + alpha0 * n0) / (N_b + n0)
-
-The rule: a block of budget ``g`` emits ``E(g) = (1 - alpha^(g+1)) / (1 - alpha)`` tokens on average
-(bonus included; ``E(0) = 1``) and costs ``c(g) = t_target(T(g)) + t_draft(g)``, ``c(0) =
-t_target(1)`` (``T(g)``: the block size budget ``g`` produces). The next budget is::
-
-    g* = argmax over g in {0} U [lo, min(hi, max(2 g_prev, g_prev + 2))] of  sum_b E_b(g) / c(g)
-
-over the active sequences (a batch shares one block shape). ``g* = 0`` when every budget's
-``R(g) = E(g) c(0) / c(g)`` is below ``1 + margin`` (5%: resuming and estimation error are not in
-E and c). Growth is capped (double, or +2, per step); shrinking is immediate.
-
-Probing: after the rule chooses AR, ``probe_after`` AR steps, then one probe at the best positive
-budget capped at ``probe_budget``; a probe that still leads to AR doubles the wait, or makes it
-as long as the probe's extra cost over an AR step divided by ``explore`` AR steps if that is longer
-(up to ``probe_max``): failed probes cost at most about ``explore`` of the time. The first step,
-drafted before any evidence, is as shallow as a probe (the drafter's budget capped at
-``probe_budget``); growth from there is capped as always. The second step is an AR step while no
-one-row step has been timed (unless the costs are fixed): ``c(0)`` is then measured, not
-extrapolated from blocks of one size (an OPT-Tree block is ``n + 1`` rows at every depth).
-
-Costs (``CostModel``): exponentially weighted seconds per target block size (pack, forward, verify,
-KV commit, emit) and per budget (``propose`` plus the drafter's ``commit``), timed with
-``perf_counter`` (on a GPU the loop's own reads end each phase: no added synchronisation). Unseen
-sizes come from least-squares lines, the target's slope shrunk toward ``prior_slope`` with weight
-``slope_weight``; one budget seen: drafting proportional to the budget.
-``AdaptiveConfig(target_cost=..., draft_cost=...)`` fixes the costs (tests, or reproducible
-sampling: measured costs vary the budget sequence, hence where a seed's uniforms go).
-
-Losslessness: a step's budget depends only on earlier steps, never on the draft being verified, so
-each step is the method at a fixed budget: greedy output stays AR's and sampling keeps the target's
-distribution.
-"""
+cost of a step, for every method with a budget knob (``gamma`` or ``max_depth``; budget 0 is an AR
+step, and the draft cache catches up through ``DraftLM.begin``'s catch-up chain when drafting
+resumes). docs/methods.md §Adaptive speculation has the estimate, the rule, the probing, the cost
+fits and why every method stays lossless; the code follows its names (``S``, ``N``, ``alpha0``,
+``n0``, ``E(g)``, ``c(g)``, ``T(g)``, ``R(g)``)."""
 import dataclasses
 import math
 
@@ -201,8 +159,8 @@ class CostModel:
 
 
 class Controller:
-    """Per-sequence acceptance estimates and the batch's budget per step (the module docstring's
-    rule). Pure Python over small numbers: the loop hands it what it already read.
+    """Per-sequence acceptance estimates and the batch's budget per step (the rule of docs/methods.md
+    §Adaptive speculation). Pure Python over small numbers: the loop hands it what it already read.
 
     ``decide(active) -> g`` before a step (0 = AR step); ``observe(...)`` after it. ``ranks``: the
     :class:`specops.parallel.RankGroup` of a tensor-parallel target (None in one process)."""

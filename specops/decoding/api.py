@@ -48,35 +48,26 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
         method's fixed budget; an ``AdaptiveConfig`` sets the controller.
     kv_layout: "contiguous" (default; one [max_len] slab per sequence) or "paged" (pages of
         ``page_size`` rows, a power of two), target and draft caches alike; greedy output is the same.
-    compile: compiled forwards (``torch.compile(fullgraph=True)``, blocks of up to 64 rows padded to
-        a bucket of 1, 2, 4, ..., 64 rows; docs/compile.md), each (model, bucket) once per process
-        (inductor's disk cache keeps the code); the compile seconds are ``metrics.compile_time_s``,
-        left out of the decode time; greedy output is eager's. ``compile_mode``: torch.compile's
-        ("default"; "reduce-overhead" captures CUDA graphs on a GPU).
+    compile: target and draft forwards of up to 64 rows under ``torch.compile(fullgraph=True)``
+        (docs/compile.md); greedy output is eager's; the compile seconds are
+        ``metrics.compile_time_s``, left out of the decode time. ``compile_mode``: torch.compile's.
     linear: "auto" (default) runs a bf16/fp16 CPU model's linear layers through
-        :func:`specops.linear` (one pass over each weight serves a whole block, and one-row steps;
-        docs/batch_invariance.md), "specops" any model's, "torch" none.
-    batch_invariant: the target runs batch-invariant ops (every linear through
-        :func:`specops.linear`, the attention's invariant schedule), so a verified block's logits
-        have the bits of AR's one-row steps: every lossless method's greedy output equals
-        ``method="ar"``'s, token for token, in bf16 too, and a sequence's output does not depend on
-        its batch-mates. Needs a CPU target in fp32/bf16/fp16 with plain ``nn.Linear`` layers and
-        ``linear`` "auto" or "specops". "auto" (default): on for such a bf16/fp16 target unless
-        ``linear="torch"`` (as fast as the fast path there; docs/batch_invariance.md), else off.
+        :func:`specops.linear`, "specops" any model's, "torch" none (docs/batch_invariance.md).
+    batch_invariant: the target runs batch-invariant linears and attention, so every lossless
+        method's greedy output equals ``method="ar"``'s token for token, in bf16 too, whatever the
+        batch-mates (docs/batch_invariance.md §Exact speculation). Needs a CPU target in
+        fp32/bf16/fp16 with plain ``nn.Linear`` layers and ``linear`` "auto" or "specops". "auto"
+        (default): on for such a bf16/fp16 target unless ``linear="torch"``, else off.
     json_schema / regex / ebnf: structured output (at most one; a JSON schema as a dict or string, a
         regex the whole output matches, or an EBNF/GBNF grammar with rule ``root``; needs a
         tokenizer and ``pip install specops[grammar]``; ``grammar_engine``: "xgrammar" (default) or
-        "llguidance"): the target's logits at every draft-tree node are masked to the tokens the
-        grammar allows after that node's path, so every method's output follows it and verification
-        stays exact for the masked distribution (greedy: lossless methods give AR's tokens under
-        the same grammar); the grammar's end (its EOS) stops a sequence. docs/structured.md.
+        "llguidance"): every method's output follows the grammar, verified exactly for the masked
+        target (docs/structured.md); the grammar's end stops a sequence.
     logprobs: also sum the emitted tokens' target log-likelihood (``metrics.perplexity``; one gather
         per step); methods that are not lossless (MJSD, GSD's R5) always do.
-    tp_size: tensor parallelism for a target loaded by name or path (docs/scaling.md): under
-        ``torchrun --nproc-per-node N`` the target loads sharded over the N ranks (transformers'
-        ``DistributedConfig(tp_size=N)``), each rank caching its own KV heads, the draft replicated,
-        every host decision taken together. None (default): the torchrun world size (1 outside
-        torchrun). A target model passed in is used as it is; ``tp_size``, if given, must match it.
+    tp_size: under ``torchrun``, the ranks a target loaded by name or path is sharded over
+        (docs/scaling.md). None (default): the torchrun world size (1 outside torchrun). A target
+        model passed in is used as it is; ``tp_size``, if given, must match it.
 
     Bad input (unknown method or parameter, a parameter of the wrong type or out of range, a draft
     with another vocabulary, a prompt too long for the cache or empty, temperature < 0, ...) raises
@@ -305,13 +296,12 @@ def _check_block_fits(drafter, method, max_len, limit):
     cap = max_len if max_len is not None else limit
     if cap is None:
         return
-    param = getattr(drafter, "budget_param", None)
-    rng = getattr(drafter, "adaptive_range", None)
+    param, rng = drafter.budget_param, drafter.adaptive_range  # rng: set only where param is
     cap_value = getattr(drafter, param) if param else None
-    if rng is not None and param:
+    if rng is not None:
         drafter.set_budget(rng[0])  # the configured value, clamped into the controller's range
     budget, value = drafter.tree_budget(), (getattr(drafter, param) if param else None)
-    if rng is not None and param:
+    if rng is not None:
         drafter.set_budget(cap_value)
     if budget + 2 <= cap:
         return

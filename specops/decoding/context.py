@@ -1,11 +1,6 @@
-"""What a drafter sees of a decode: :class:`DraftContext`, and nothing of the decoder's own.
-
-A drafter reads the sequences, the sampling configuration and generator, its own draft runner, the
-request's grammar and (only when it declares ``needs_target_features``) the target's final hidden
-states; host-built drafts upload through the stager. The target's runner, the tokenizer and the
-verification are the loop's, so a method cannot come to depend on them (docs/methods.md §The
-decoding loop).
-"""
+"""What a drafter sees of a decode: :class:`DraftContext` (specops/decoding/README.md §The loop), and
+nothing of the decoder's own: the target's runner, the tokenizer and the verification are the loop's,
+so a method cannot come to depend on them."""
 import dataclasses
 
 import torch

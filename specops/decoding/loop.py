@@ -1,21 +1,11 @@
-"""The one decoding loop (docs/methods.md §The decoding loop), shared by every method:
-
-    prefill target (and draft) -> r = first token
-    repeat step(): draft (a device Draft) -> target forward over the block (tree attention,
-                   positions = L + depth) -> verify (device) -> one packed host read
-                   -> keep (target kv_compact, device) -> emit (stop conditions cut exactly)
-                   -> drafter.commit (draft KV, pools) -> observers
+"""The one decoding loop, shared by every method: prefill, then ``Decoder.step`` until every sequence
+stops (docs/methods.md §The decoding loop: the step's phases, and the host traffic each may cause).
 
 It never looks at which method runs: everything method-specific sits behind the Drafter protocol.
-Nothing in a step copies host data to the device with a blocking copy: drafts arrive as device
-tensors (built there, or staged in one non-blocking upload), the uniforms are drawn on the device,
-the active mask lives there, and the step reads the device once.
-
-Observers see every step's :class:`StepResult`: metrics, the adaptive controller's cost and
-acceptance feedback, streaming, and (only when asked) the emitted tokens' target log-likelihood.
-With ``adaptive`` (an AdaptiveConfig), a Controller (adaptive.py) sets the drafter's budget knob
-before every step; budget 0 is an AR step: the block is the root alone, neither ``propose`` nor the
-drafter's ``commit`` runs (so no draft forward), and the draft cache catches up when drafting resumes.
+Observers see every step's :class:`StepResult`: metrics, the adaptive controller's feedback,
+streaming, and (only when asked) the emitted tokens' target log-likelihood. With ``adaptive`` (an
+AdaptiveConfig), a Controller (adaptive.py) sets the drafter's budget knob before every step;
+budget 0 is an AR step: neither ``propose`` nor the drafter's ``commit`` runs.
 """
 import dataclasses
 import time
@@ -65,7 +55,7 @@ class Decoder:
         if grammar is not None:  # the first token obeys the grammar too
             last = _masked(last[:, None], grammar.fill_next_bitmask().to(dev)[:, None])[:, 0]
         first = last.argmax(-1) if sampling.greedy else draw(sampling.warp(last), gen)  # int64 [B]
-        self.prefill_logits, self.first = last, first
+        self.prefill_logits = last
         # What the drafter sees (the sequences this loop extends); not the target, tokenizer or verifier.
         self.state = s = DraftContext(
             seqs=[list(p) for p in prompts], prompt_lens=[len(p) for p in prompts], active=[True] * B,

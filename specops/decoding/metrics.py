@@ -1,23 +1,7 @@
-"""Decoding metrics, with vLLM's spec-decode names and definitions.
-
-vLLM counts, per sequence and verification step ("a draft"): ``num_drafts``, ``num_draft_tokens``
-(tokens proposed for verification, root excluded), ``num_accepted_tokens`` (draft tokens accepted,
-bonus excluded), ``num_accepted_tokens_per_pos[j]`` (drafts whose accepted path reaches depth
-``j+1``). Derived:
-
-* ``mean_acceptance_length = 1 + num_accepted_tokens / num_drafts`` — tokens emitted per target
-  forward per sequence, bonus included (MAL / block efficiency; autoregressive decoding = 1.00);
-* ``draft_acceptance_rate = num_accepted_tokens / num_draft_tokens`` (for trees it is low by
-  design: most branches lose);
-* ``acceptance_rate_per_pos[j] = num_accepted_tokens_per_pos[j] / num_drafts``.
-
-Beyond vLLM (docs/methods.md §Metrics): target forwards, draft forwards, drafted nodes (GSD's "drafted
-token num", root included), GSD's matchness ``num_accepted_tokens / draft_depth``, graph success,
-tokens/s, time split draft / verify / bookkeeping (prefill reported apart), speedup against
-autoregressive decoding measured in the same process, and the target log-likelihood of the
-emitted tokens (for perplexity). Adaptive speculation (docs/methods.md §Adaptive speculation):
-``mean_budget`` (the controller's budget, mean over its speculative steps) and
-``ar_step_fraction`` (the share of target forwards it ran as AR steps, without a draft).
+"""Decoding metrics, with vLLM's spec-decode names and definitions; docs/methods.md §Metrics defines
+them and what specops adds (forwards, GSD's numbers, times, speedup, perplexity, the adaptive
+budgets). Not there: ``num_accepted_tokens_per_pos[j]`` counts the drafts whose accepted path
+reaches depth ``j+1``, and ``acceptance_rate_per_pos[j]`` divides it by ``num_drafts``.
 """
 import dataclasses
 import math
