@@ -54,10 +54,20 @@ def run(models, method, prompts, new_tokens, **params):
 
 
 @pytest.mark.parametrize("method,params", [("sd", {"gamma": 3}), ("tsd", {}), ("ar", {})])
-def test_features_at_committed_positions_equal_plain_forward_hidden_states(models, method, params):
+def test_features_at_committed_positions_equal_plain_forward_hidden_states(models, method, params, monkeypatch):
+    paths = []  # the target's kept paths
+    keep = loop.TargetLM.keep
+
+    def record(self, idx, lens, host_counts, **kw):
+        if self.keep_features:  # the target (the draft is a runner too)
+            paths.extend(row[:n] for row, n in zip(idx.tolist(), host_counts))
+        keep(self, idx, lens, host_counts, **kw)
+    monkeypatch.setattr(loop.TargetLM, "keep", record)
     prompts = [[5, 17, 99, 3, 42, 8, 61], [70, 2, 33]]  # ragged
     tlm, gen, m = run(models, method, prompts, 14, **params)
     assert m.num_target_forwards >= 3
+    if method == "tsd":  # it covers compaction only if some accepted path skipped block rows
+        assert any(p and p != list(range(len(p))) for p in paths)
     lens = tlm.lens.tolist()
     assert tlm.features.dtype == next(models[0].parameters()).dtype
     for b, p in enumerate(prompts):
@@ -67,20 +77,6 @@ def test_features_at_committed_positions_equal_plain_forward_hidden_states(model
         assert n <= lens[b] and n >= len(p) + 10
         want = head_inputs(models[0], (p + gen[b])[:n])
         torch.testing.assert_close(tlm.features[b, :n].float(), want, atol=1e-5, rtol=1e-5)
-
-
-def test_tree_method_commits_non_prefix_paths(models, monkeypatch):
-    # The tsd case above covers compaction only if some accepted path skipped block rows.
-    paths = []
-    keep = loop.TargetLM.keep
-
-    def record(self, idx, lens, host_counts, **kw):
-        if self.keep_features:  # the target (the draft is a runner too)
-            paths.extend(row[:n] for row, n in zip(idx.tolist(), host_counts))
-        keep(self, idx, lens, host_counts, **kw)
-    monkeypatch.setattr(loop.TargetLM, "keep", record)
-    run(models, "tsd", [[5, 17, 99, 3, 42, 8, 61], [70, 2, 33]], 14)
-    assert any(p and p != list(range(len(p))) for p in paths)
 
 
 def test_no_hook_and_no_buffer_without_keep_features(models):

@@ -10,6 +10,7 @@ import torch
 
 import specops
 from specops.decoding import verify as verify_mod
+from specops.testing import random_verify_case
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -27,24 +28,13 @@ def keep_accepted(tokens, parents, num_nodes, logits, uniforms, active, k_cache,
 
 def inputs(seed, device="cpu", sampled=False):
     g = torch.Generator().manual_seed(seed)
-    num_nodes = torch.randint(1, T + 1, (B,), generator=g, dtype=torch.int32)
-    parents = torch.full((B, T), -1, dtype=torch.int32)
-    for b in range(B):
-        for i in range(1, T):
-            parents[b, i] = int(torch.randint(0, i, (1,), generator=g))
-    tokens = torch.randint(0, V, (B, T), generator=g)
-    logits = 4 * torch.randn(B, T, V, generator=g)  # peaked: sampled paths get accepted too
-    # make some children the target's argmax so that paths get accepted
-    top = logits.argmax(-1)
-    for b in range(B):
-        for i in range(1, T):
-            if torch.rand(1, generator=g) < 0.7:
-                tokens[b, i] = top[b, parents[b, i]]
-    uniforms = torch.rand(B, T, 2, generator=g) if sampled else None
+    # peaked target rows and children that are often their parent's argmax: paths get accepted
+    c = random_verify_case(B, T, V, generator=g, sharpness=4.0)
     active = torch.tensor([True, False, True])
     k, v = (torch.randn(L, B, H, S, D, generator=g) for _ in range(2))
     lens = torch.randint(0, S - T, (B,), generator=g, dtype=torch.int32)
-    out = (tokens, parents, num_nodes, logits, uniforms, active, k, v, lens)
+    uniforms = c["uniforms"] if sampled else None
+    out = (c["tokens"].long(), c["parents"], c["num_nodes"], c["target_logits"], uniforms, active, k, v, lens)
     return tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in out)
 
 

@@ -19,7 +19,8 @@ from specops.decoding import (
 )
 from specops.decoding import verify as verify_mod
 from specops.decoding.draft_lm import DraftLM
-from specops.decoding.methods.ngram import NgramDrafter, lookup
+from specops.decoding.methods import NgramDrafter
+from specops.decoding.methods.ngram import lookup
 from specops.decoding.sampling import inverse_cdf
 from specops.decoding.stopping import Stopper
 from specops.decoding.tree import Trie, depths
@@ -49,22 +50,17 @@ def test_graph_without_tau_never_merges():
     assert a == 3
 
 
-def test_tau_counts_matching_predecessors():
-    # Branches 0-1-2-3 and 0-5-2-3: with tau=0 the second "2" is redundant (same token, not on its
-    # path); with tau=1 it is not ("5 2" vs "1 2"); "9 2 3" vs "1 2 3" needs tau <= 1 for "3".
-    g0 = TokenGraph(0, tau=0)
-    _grow(g0, 0, [1, 2, 3])
-    assert g0.find_redundant(g0.add(0, 5), 2) == 2
-    g1 = TokenGraph(0, tau=1)
-    _grow(g1, 0, [1, 2, 3])
-    u = g1.add(0, 5)
-    assert g1.find_redundant(u, 2) is None
-    w = g1.add(u, 2)
-    assert g1.find_redundant(w, 3) == 3  # "2 3" repeats
-    g2 = TokenGraph(0, tau=2)
-    _grow(g2, 0, [1, 2, 3])
-    u = g2.add(g2.add(0, 5), 2)
-    assert g2.find_redundant(u, 3) is None  # "5 2 3" vs "1 2 3"
+@pytest.mark.parametrize("tau, branch, token, want", [
+    (0, [5], 2, 2),  # the second "2" is redundant (same token, not on its path)
+    (1, [5], 2, None),  # "5 2" vs "1 2"
+    (1, [5, 2], 3, 3),  # "2 3" repeats
+    (2, [5, 2], 3, None),  # "5 2 3" vs "1 2 3"
+])
+def test_tau_counts_matching_predecessors(tau, branch, token, want):
+    # Branch 0-1-2-3, then the chain ``branch`` below the root: is ``token`` below its end redundant?
+    g = TokenGraph(0, tau=tau)
+    _grow(g, 0, [1, 2, 3])
+    assert g.find_redundant(_grow(g, 0, branch), token) == want
 
 
 def test_unmerge_copies_the_shared_subtree_with_fresh_depths():
@@ -80,16 +76,10 @@ def test_unmerge_copies_the_shared_subtree_with_fresh_depths():
     assert [tokens[i] for i in copy_nodes] == [2, 3, 4]
     assert [d[i] for i in copy_nodes] == [2, 3, 4]  # depths in the unmerged tree (below "7")
     assert [src[i] for i in copy_nodes] == [2, 3, 4]
-    paths = {tuple(tokens[j] for j in _path(parents, i)) for i in range(len(tokens))}
+    paths = []  # each node's root path of tokens (parents precede children)
+    for tok, par in zip(tokens, parents):
+        paths.append((paths[par] if par >= 0 else ()) + (tok,))
     assert (0, 7, 2, 3, 4) in paths and (0, 1, 2, 3, 4) in paths
-
-
-def _path(parents, i):
-    out = []
-    while i >= 0:
-        out.append(i)
-        i = parents[i]
-    return out[::-1]
 
 
 def test_merges_that_would_close_a_cycle_are_rejected_and_unmerge_is_capped():
@@ -181,13 +171,9 @@ def test_stopper_cuts_at_eos_inside_a_block_and_at_max_tokens():
     assert Stopper(2, eos_token_ids=[5]).cut([1], [5, 5]) == ([5], "eos")
 
 
-class _Letters:
-    def decode(self, ids):
-        return "".join(chr(97 + i) for i in ids)
-
-
 def test_stopper_stop_string_cut_is_minimal_and_spans_blocks():
-    s = Stopper(50, stop_strings=["cd"], tokenizer=_Letters())
+    letters = SimpleNamespace(decode=lambda ids: "".join(chr(97 + i) for i in ids))
+    s = Stopper(50, stop_strings=["cd"], tokenizer=letters)
     assert s.cut([0, 1], [2, 3, 4]) == ([2, 3], "stop")
     assert s.cut([0, 1, 2], [3, 4]) == ([3], "stop")  # "c" was emitted earlier
     assert s.cut([0], [1]) == ([1], None)

@@ -2,11 +2,9 @@
 
 Draft-cache policy (docs/methods.md §KV caches), one mechanism for every drafter:
 
-* ``cached[b]`` mirrors the tokens whose draft K/V are committed. ``begin`` keeps the longest prefix
-  of ``cached[b]`` that agrees with the sequence (a metadata-only truncate) and opens a block whose
-  first nodes are the catch-up chain: every sequence token not yet cached, ending with the pending
-  root ``r`` (so the draft always computes a fresh distribution after ``r``). SD's "feed
-  ``x_gamma`` and the bonus" and OPT-Tree's "re-feed the accepted tokens" are both this chain.
+* ``cached[b]`` mirrors the tokens whose draft K/V are committed; ``begin`` opens a block whose first
+  nodes are the catch-up chain ending with the pending root ``r`` (so the draft always computes a
+  fresh distribution after ``r``).
 * Drafters add nodes below the chain; ``forward`` computes every node not yet fed in one forward
   (``q_start`` at the first unfed node). A node's token and parent are host ints (``add``: a host
   search chose them) or device values (``add_device``: never read; a device parent must be a node
@@ -120,8 +118,13 @@ class DraftLM(ModelRunner):
         predicted features) of the computed rows.
         Shape: -> ([len(rows), V] or None, int64 [len(extra)] or None)."""
         rows, extra = rows or [], extra or []
-        if all(self.fed[b] == len(self.tokens[b]) for b in range(self.B)):
-            return (self.logits_rows(rows) if rows else None), (self.stager.upload(extra) if extra else None)
+        if all(self.fed[b] == len(self.tokens[b]) for b in range(self.B)):  # rows of the latest forward
+            picked = None
+            if rows:
+                Tq = self._logits.shape[1]
+                idx = self.stager.upload([b * Tq + self._row(n) for b, n in rows])
+                picked = self._logits.reshape(self.B * Tq, -1)[idx]
+            return picked, (self.stager.upload(extra) if extra else None)
         q0 = min(self.fed)
         T = max(len(t) for t in self.tokens)
         Tq = T - q0
@@ -192,14 +195,6 @@ class DraftLM(ModelRunner):
         if self._argmax is None:
             self._argmax = self._logits.argmax(-1).tolist()  # [B][T - q0]
         return self._argmax[b][row]
-
-    def logits_rows(self, pairs):
-        """Shape: list of (b, node) -> [len(pairs), V] (one staged upload of the row indices)."""
-        if not pairs:
-            return None
-        Tq = self._logits.shape[1]
-        idx = self.stager.upload([b * Tq + self._row(n) for b, n in pairs])
-        return self._logits.reshape(self.B * Tq, -1)[idx]
 
     def commit_paths(self, paths, path_tokens=None):
         """Keeps, per sequence, the fed prefix of a block root path (list of block nodes starting

@@ -1,7 +1,6 @@
-"""Ouroboros' phrase pool (docs/methods.md §Ouroboros; the reference code's rules): key token -> the
-newest ``capacity`` continuations (tuples of ``length`` tokens), oldest evicted first; re-inserting
-a phrase moves it to the newest position. The pool can persist across prompts (phrases from history
-contexts)."""
+"""Ouroboros' phrase pool (docs/methods.md §Ouroboros, Pool): key token -> the newest ``capacity``
+continuations of ``length`` tokens, least recently inserted evicted first; it may persist across
+prompts (phrases from history contexts)."""
 import collections
 import itertools
 
@@ -30,9 +29,7 @@ class PhrasePool:
 
     def replace(self, key, old, new):
         """Swaps a phrase for its corrected version (kept at the old one's age if absent)."""
-        slot = self._by_key.get(key)
-        if slot is not None and tuple(old) in slot:
-            del slot[tuple(old)]
+        self._by_key.get(key, {}).pop(tuple(old), None)
         self.insert(key, new)
 
     def get(self, key, k):

@@ -1,17 +1,6 @@
-"""GSD's token graph (docs/methods.md §GSD): a draft tree whose tau-redundant nodes are merged into
-a DAG while drafting, and unmerged back into a tree for verification.
-
-* ``tau`` follows the reference code's convention (the paper's KL table has tau = 0): a new child
-  ``t`` of ``u`` is redundant when an existing node (not on u's root path) has token ``t`` and its
-  ``tau`` nearest predecessors carry the same tokens as ``u`` and its ``tau - 1`` nearest
-  predecessors, i.e. a (tau+1)-gram repeats. ``tau=None`` disables merging (the graph is then TSD's
-  tree). Predecessors may include the root.
-* The redundant token is never materialised (the reference code's form): ``u`` gets a pseudo-edge to
-  the first occurrence ``v`` (the earliest created match), whose successors are then shared. A merge
-  whose target can reach the source is rejected (no cycles). ``u`` keeps a list of pseudo-children.
-* ``unmerge`` copies every pseudo-child's subtree in BFS order (``parents[i] < i``), capped by node
-  count and depth; ``src`` maps tree nodes to graph nodes, ``copied`` flags nodes reached through a
-  merge edge (whose draft K/V belong to another context).
+"""GSD's token graph: a draft tree whose tau-redundant nodes are merged into a DAG while drafting,
+and unmerged back into a tree for verification, by the rules of docs/methods.md §GSD (``tau``'s
+convention, merge placement at the first occurrence, no cycles, ``unmerge``'s ``src`` and ``copied``).
 """
 
 
@@ -27,13 +16,8 @@ class TokenGraph:
 
     def _key(self, node, n):
         # Tokens of the node and its n - 1 predecessors, oldest first; None if the path is too short.
-        out = []
-        for _ in range(n):
-            if node < 0:
-                return None
-            out.append(self.token[node])
-            node = self.parent[node]
-        return tuple(reversed(out))
+        up = self.path(node)[:n]
+        return tuple(self.token[x] for x in reversed(up)) if len(up) == n else None
 
     def _register(self, node):
         if self.tau is not None:

@@ -1,8 +1,7 @@
 """What a drafter hands the loop: one token tree per sequence on the device (:class:`Draft`), and
 the host-side builder of such trees for drafters that search on the host (:class:`Candidates`).
 
-Terms (docs/methods.md §Terms): node 0 is the root = the pending token ``r`` (emitted, not yet in the
-target cache); ``parents[i] < i``; the target sees node ``i`` at position ``L + depth(i)``.
+Terms: docs/methods.md §Terms (node 0 is the pending root ``r``, ``parents[i] < i``).
 """
 import dataclasses
 
@@ -47,10 +46,6 @@ class Draft:
     joint_tau: float = None
     joint_warp: tuple = None
 
-    @property
-    def batch(self):
-        return self.tokens.shape[0]
-
 
 @dataclasses.dataclass
 class Candidates:
@@ -69,25 +64,17 @@ class Candidates:
     drafted_nodes: list = None
     copied: list = None
 
-    @property
-    def batch(self):
-        return len(self.tokens)
-
-    def num_nodes(self):
-        return [len(t) for t in self.tokens]
-
     def stage(self, stager, V=None, **fields):
         """The device Draft: tokens, parents, num_nodes (and src) in one staged upload; draft rows
         stacked on the device. ``fields`` go to the Draft (typed per-method fields).
 
         Shape: -> Draft with tokens int64 [B, T], parents int32 [B, T], num_nodes int32 [B]."""
-        B = self.batch
-        T = max(len(t) for t in self.tokens)
-        flat = []
+        B, counts = len(self.tokens), [len(t) for t in self.tokens]
+        T, flat = max(counts), []
         for rows in (self.tokens, self.parents) + ((self.src,) if self.src is not None else ()):
             for r in rows:
                 flat += r + [0] * (T - len(r))
-        flat += self.num_nodes()
+        flat += counts
         up = stager.upload(flat)
         n = B * T
         src = up[2 * n: 3 * n].view(B, T).to(torch.int32) if self.src is not None else None
@@ -96,7 +83,7 @@ class Candidates:
                      num_nodes=up[-B:].to(torch.int32), draft_logits=logits, draft_warp=self.draft_warp, src=src,
                      depth=[max(depths(p)) for p in self.parents],
                      depth_drafted=self.depth_drafted or [0] * B,
-                     drafted_nodes=self.drafted_nodes or self.num_nodes(), copied=self.copied, **fields)
+                     drafted_nodes=self.drafted_nodes or counts, copied=self.copied, **fields)
 
     def pack_draft_logits(self, V):
         """Shape: -> fp32 [B, T, V] on the rows' device; a node without a row gets zeros (uniform
@@ -117,7 +104,7 @@ class Candidates:
 
     def validate(self):
         """Tree rules (cheap host check; drafters are trusted, this guards new ones)."""
-        for b in range(self.batch):
+        for b in range(len(self.tokens)):
             t, p = self.tokens[b], self.parents[b]
             if len(t) != len(p) or not t or p[0] != -1:
                 raise AssertionError(f"sequence {b}: malformed tree (tokens {len(t)}, parents {p[:3]}...)")

@@ -12,6 +12,3 @@ class AR(Drafter):
 
     def propose(self, ctx):
         return root_draft(ctx.root)
-
-
-NullDrafter = AR  # the class's name before issue #32 (a public name: kept)

@@ -1,16 +1,16 @@
-"""The Drafter protocol: how a method plugs into the one loop.
+"""The Drafter protocol: how a method plugs into the one loop (docs/methods.md §The decoding loop).
 
 A method = a Drafter (what to propose, how the draft model's cache follows) + a verification mode
 (``verify_mode``). The loop keeps the accepted rows of any block with one device-side kv_compact (a
 chain prefix moves rows onto themselves), so it needs no host decision. A drafter sees a
 :class:`~specops.decoding.context.DraftContext` ``ctx`` (sequences, sampling, generator, its draft
-runner, the grammar; the target's features only with ``needs_target_features``), never the decoder.
-The loop calls ``setup(ctx)`` once after prefill, then per step ``propose(ctx) -> Draft`` (device
-tensors: built there, or a host-built :class:`~specops.decoding.tree.Candidates` staged in one
-upload), verification, and ``commit(ctx, draft, result)``. Capabilities, declared here:
-``needs_draft_model``, ``needs_target_argmax`` (``commit`` reads the target's argmax rows: they come
-with the step's one packed host read), ``needs_target_features`` (the target keeps its final hidden
-states for EAGLE-style drafters: ``ctx.target.features``). Nothing in the loop knows which method runs.
+runner, the grammar; the target's features only with ``needs_target_features``), never the decoder:
+``setup(ctx)`` once after prefill, then per step ``propose(ctx) -> Draft`` (device tensors, or a
+host-built :class:`~specops.decoding.tree.Candidates` staged in one upload) and, after
+verification, ``commit(ctx, draft, result)``. Capabilities, declared here: ``needs_draft_model``,
+``needs_target_argmax`` (``commit`` reads the target's argmax rows: they come with the step's one
+packed host read), ``needs_target_features`` (the target keeps its final hidden states for
+EAGLE-style drafters: ``ctx.target.features``).
 """
 import itertools
 import math

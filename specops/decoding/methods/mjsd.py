@@ -1,14 +1,9 @@
 """MJSD (docs/methods.md §MJSD): a beam-search draft verified by joint likelihood (R6); approximate
 by design (it aims at lower perplexity than greedy decoding, not at the target's distribution).
 
-Beam search runs on the device inside the draft block as a tree (not B x beams rows whose K/V get
-reordered, so no KV is copied before the final path is known): each step feeds the beams (a dead
-one, score -inf, is never expanded) and keeps the global top-``beams`` (beam, token) pairs by
-cumulative warped draft log-prob (``topn_expand``). The best final beam is proposed as a chain with
-its per-prefix joint log-probs ``log q_{1:j}``. ``p`` and ``q`` use MJSD's own warp for the joint
-test (temperature 1, top-``joint_top_k`` then top-``joint_top_p``; the paper's App. D: 20 and 0.9),
-the bonus token the generation's sampling config (argmax when greedy). ``tau = 1`` never accepts
-(target-only decoding); ``tau = 0`` accepts all.
+The beams grow as a tree inside the draft block, not as B x beams rows whose K/V get reordered; a
+dead beam (score -inf) is never expanded. The joint test's warp defaults are the paper's App. D
+(top-k 20, top-p 0.9). ``tau = 1`` never accepts (target-only decoding); ``tau = 0`` accepts all.
 """
 import math
 
@@ -57,8 +52,7 @@ class MJSD(ModelDrafter):
         grammar = ctx.grammar is not None  # then every row is masked with its beam's allowed tokens
         logits, roots, active = self.first_forward(ctx)
         active = active.bool()
-        if grammar:
-            logits = grammar_masked(ctx, logits, [(b, []) for b in range(B)])
+        logits = grammar_masked(ctx, logits, [(b, []) for b in range(B)])  # unchanged without a grammar
         logq = self._logq(logits)[:, None]  # [B, 1, V]
         start = logq.new_zeros(B, 1, dtype=torch.float32).masked_fill(~active[:, None], float("-inf"))
         layers = [_kernels.topn_expand(start, logq, M, per_parent_k=M)]  # per layer: [B, M] scores, tokens, parents
@@ -116,6 +110,3 @@ class MJSD(ModelDrafter):
                      drafted_nodes=[1 + M * g if a else 1 for a in ctx.active],
                      log_q_joint=torch.stack(log_q[::-1], 1), joint_tau=self.tau,
                      joint_warp=(1.0, self.joint_top_k, self.joint_top_p))
-
-
-BeamDrafter = MJSD  # the class's name before issue #32 (a public name: kept)

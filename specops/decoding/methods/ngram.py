@@ -1,20 +1,8 @@
-"""Model-free drafting by n-gram / prompt lookup: continue the sequence as it continued after the
-most recent earlier occurrences of its last ``n`` tokens (``max_ngram`` down to ``min_ngram``).
-``branches`` > 1 merges several continuations (from different occurrences) into a token tree.
-``max_gamma`` > ``gamma`` lets a sequence whose whole continuation was accepted propose twice as
-many tokens next time (up to ``max_gamma``; ``gamma`` again after a rejection): copied passages are
-long, and on this CPU a verified token costs a small fraction of a target step. Proposals are
-deterministic given the text, so sampling uses R3p (lossless).
-
-Under adaptive speculation the controller's budget replaces the doubling rule and each proposal is
-sized by its own evidence (:func:`longest_matches`): the occurrence with the longest match with the
-end of the text (up to ``MAX_MATCH`` tokens) is copied, for at most ``MATCH_SCALE`` tokens per
-matched token, one token after a match of ``SHORT_MATCH`` tokens or fewer. Why: the match length
-predicts acceptance far better than a per-sequence rate. On the code-editing prompts (SmolLM2-135M,
-greedy, 160 tokens) a continuation's first token was accepted 29-41 % of the time after a 1-2 token
-match (a second one 12-19 %), 93-98 % after a 5+ token match (8 tokens: 62-80 %); on a 2-core CPU a
-verified token costs ~13 % of a one-token step, so long proposals after weak matches were the time
-sink (docs/methods.md §Adaptive speculation)."""
+"""Model-free drafting by n-gram / prompt lookup (docs/methods.md §n-gram): continue the sequence as
+it continued after earlier occurrences of its end; ``branches`` > 1 merges several continuations
+into a token tree. That section gives the ``max_gamma`` doubling rule, the evidence rule that sizes a
+proposal under adaptive speculation (:func:`longest_matches`; ``MAX_MATCH``, ``MATCH_SCALE``,
+``SHORT_MATCH``) and the measurements behind both."""
 from ..tree import Candidates, Trie
 from .base import Drafter, count
 
@@ -76,16 +64,11 @@ def longest_matches(seq, min_ngram, max_match, length, branches):
 class NGram(Drafter):
     name = "ngram"
     description = "prompt lookup / n-gram draft (model-free)"
-    # gamma 12 doubling to 48: on SmolLM2-135M (bf16, 2 CPU threads, greedy) a verified token costs
-    # ~0.8 ms beside a ~40 ms step, and 8 -> 12/48 took code-editing prompts from 2.9x to 3.2x AR.
+    # gamma 12 doubling to 48: measured in docs/methods.md §n-gram (a verified token costs little on a CPU)
     PARAMS = {"gamma": 12, "max_ngram": 3, "min_ngram": 1, "branches": 1, "max_gamma": None}  # None: 4 x gamma
     budget_param = "gamma"  # under adaptive speculation the controller replaces the doubling rule
     _adaptive = False
-    MAX_MATCH, MATCH_SCALE, SHORT_MATCH = 32, 2, 2  # adaptive speculation's evidence rule (module docstring)
-
-    def _evidence_length(self, m):
-        return 1 if m <= self.SHORT_MATCH else self.MATCH_SCALE * m
-
+    MAX_MATCH, MATCH_SCALE, SHORT_MATCH = 32, 2, 2  # adaptive speculation's evidence rule (docs/methods.md)
     CHECKS = {"gamma": count(), "max_ngram": count(), "min_ngram": count(), "branches": count()}
 
     def check_params(self):
@@ -117,7 +100,7 @@ class NGram(Drafter):
         for b in range(ctx.batch):
             seq, conts = ctx.seqs[b], []
             if ctx.active[b] and self._adaptive:
-                conts = [cont[:self._evidence_length(m)]
+                conts = [cont[:1 if m <= self.SHORT_MATCH else self.MATCH_SCALE * m]
                          for cont, m in longest_matches(seq, self.min_ngram, self.MAX_MATCH, self.gamma, self.branches)]
             elif ctx.active[b]:
                 conts = lookup(seq, self.max_ngram, self.min_ngram, self._len[b], self.branches)
@@ -141,6 +124,3 @@ class NGram(Drafter):
                 continue
             full = self._proposed[b] == self._len[b] and len(result.paths[b]) - 1 == self._len[b]
             self._len[b] = min(2 * self._len[b], self.max_gamma) if full else self.gamma
-
-
-NgramDrafter = NGram  # the class's name before issue #32 (a public name: kept)

@@ -1,19 +1,9 @@
-"""OPT-Tree (docs/methods.md §OPT-Tree): the draft tree that maximises the draft-estimated expected
-acceptance length E(A) = sum of path probabilities p̂ for a node budget ``n``.
+"""OPT-Tree (docs/methods.md §OPT-Tree: the per-layer global top-``n`` by path probability p̂,
+``delta``'s stop on E_sub, the best-``n`` rooted subtree, R4 or R3p, ``sync_free``).
 
-Each layer keeps the global top-``n`` (parent, token) pairs by p̂(parent) · q(token | path)
-(``topn_expand`` in log space). Drafting stops at ``max_depth`` or when E_sub (the sum of the ``n``
-largest p̂ of all layers so far, the paper's definition) grows by no more than ``delta``. The target
-verifies the ``n`` nodes with the largest p̂, a rooted subtree (the paper's Thm 3.1; ties go to the
-shallower node), ordered by depth. Greedy: R1; sampling: R4 (``sample_match``, the reference's
-rule; ``verify="mss_pointmass"`` has the same acceptance probability).
-
-``sync_free`` picks how ``delta``'s stop reaches the draft block: False reads, per layer, how many
-entries each sequence feeds (0: it stopped) and ends when none goes on; True feeds every layer's
-``n`` entries for every sequence (a stopped one's are padding rows masked out of the next
-``topn_expand``), runs all ``max_depth`` layers and reads once per step (the drafting depths). None
-(the default): True when the draft runs on an accelerator, False on a CPU, where each layer past the
-stop costs a draft forward. A grammar reads each layer's tokens (its masks follow them) either way.
+``sync_free=None`` (the default) is True when the draft runs on an accelerator, False on a CPU,
+where each layer past the stop costs a draft forward. A grammar reads each layer's tokens (its masks
+follow them) either way.
 """
 import torch
 
@@ -42,8 +32,7 @@ class OPTTree(ModelDrafter):
 
     def nodes(self):
         """This step's node budget: ``n``, or under adaptive speculation at most two per drafted layer
-        plus one. The controller's knob is the depth, and a shallow step (a probe) should cost little:
-        a compiled block of n + 1 = 11 rows cost ~2x a one-row step on a 2-core CPU."""
+        plus one, so that a shallow step (a probe) costs little (docs/methods.md §OPT-Tree)."""
         return self.n if self.adaptive_range is None else min(self.n, 2 * self.max_depth + 1)
 
     def draft_budget(self):
@@ -51,16 +40,14 @@ class OPTTree(ModelDrafter):
 
     def propose(self, ctx):
         """Each layer's ``n`` (token, parent) pairs from ``topn_expand`` are fed back as they are
-        (``add_device``: a sequence that goes on adds its finite entries, a prefix of the layer);
-        E_sub and the subtree choice stay on the device. The one host decision is ``delta``'s stop
-        (read per layer, or sync-free kept on the device: the module docstring)."""
+        (``add_device``: a sequence that goes on adds its finite entries, a prefix of the layer); the
+        one host decision is ``delta``'s stop (docs/methods.md §OPT-Tree, ``sync_free``)."""
         d, B, n = ctx.draft, ctx.batch, self.nodes()
         grammar = ctx.grammar is not None  # then every row is masked with its path's allowed tokens
         sync_free = not grammar and (self.sync_free if self.sync_free is not None else d.device.type != "cpu")
         logits, base, active = self.first_forward(ctx)  # base: the block node of the newest fed layer's first entry
         going = active = active.bool()
-        if grammar:
-            logits = grammar_masked(ctx, logits, [(b, []) for b in range(B)])
+        logits = grammar_masked(ctx, logits, [(b, []) for b in range(B)])  # unchanged without a grammar
         logq = logits.log_softmax(-1)[:, None]  # [B, 1, V]
         layers = [_kernels.topn_expand(logq.new_zeros(B, 1, dtype=torch.float32), logq, n, per_parent_k=n)]
         src = [base[:, None]]  # per flat layer: each entry's draft-block node, -1 where not fed ([B, 1] the roots)

@@ -1,36 +1,9 @@
-"""Ouroboros (docs/methods.md §Ouroboros): phrase-accelerated drafting and phrase-lengthened drafts.
-
-Drafting (our reading; the paper leaves it to lookahead decoding): greedy drafting where each draft
-forward is one tree block = [the tokens not yet in the draft cache, ending at the last token | a
-lookahead window | guesses]. The window is ``window`` columns x ``ngram - 1`` levels of Jacobi
-trajectories laid out as a comb (a level-0 spine, one tooth per column), so a node's ancestors are
-exactly lookahead's mask. After each forward every window token becomes the draft's argmax at its
-parent (a Jacobi step) and each column yields an n-gram for the pool. Guesses are up to ``guesses``
-pool phrases keyed by the last token, chains below it; the draft accepts the longest guess prefix
-matching its own argmax plus one token, so a forward yields >= 1 draft tokens. Drafting runs until
->= ``gamma`` tokens exist (an overshoot is verified too).
-
-Lengthening (the reference code's choice of phrases): the ``branches`` newest phrases keyed by the
-last draft token hang below it (merged on shared prefixes); one target forward verifies the comb,
-greedy R1 picking the longest matching branch (the paper's eq. 9), sampling R4.
-
-Pool updates from verification (the reference code's top-level variant): past the first mismatch
-the draft tokens become keys of the target's own continuations (extended while the draft agreed
-position-wise); tried phrases are replaced by their target-corrected versions; the emitted text adds
-its n-grams. The pool persists across calls (``reuse_pool``), as the paper's history reuse.
+"""Ouroboros (docs/methods.md §Ouroboros: the lookahead window and pool guesses that draft, the phrase
+branches that lengthen, the pool's updates, ``model_free``; under a grammar: docs/structured.md).
 
 Draft KV: drafted tokens enter the draft cache as drafting goes (each forward's accepted part is
 compacted, window and guess rows dropped); the next ``begin`` truncates the cache to the longest
 prefix that agrees with the emitted sequence.
-
-Under a grammar (docs/structured.md) each draft forward adds the draft's argmax over the tokens the
-grammar allows after the drafted path; the chain is cut at its first rejected token and a phrase
-branch that breaks the grammar is left out before verification (commit reads the comb by position,
-so pruning happens while it is built).
-
-``model_free=True`` drops the draft model: the pool's newest phrases chained from the last token up
-to ``gamma`` tokens, lengthened the same way (the phrase pool as a model-free drafter, next to
-n-gram lookup).
 """
 import random
 
@@ -57,9 +30,9 @@ class Ouroboros(ModelDrafter):
         self.pool, self._phrase = None, self.ngram - 1  # a phrase: the continuation of an n-gram's key
 
     def widths(self):
-        """This step's (guesses, branches): under adaptive speculation at most ``gamma`` guesses and
-        ``gamma - 1`` branches. The controller's knob is ``gamma`` and a shallow step (a probe) should
-        cost little: at the full widths a gamma-1 probe drafted ~19 rows and verified up to 11."""
+        """This step's (guesses, branches), capped under adaptive speculation so that a shallow step (a
+        probe) costs little (docs/methods.md §Ouroboros): at the full widths a gamma-1 probe drafted
+        ~19 rows."""
         if self.adaptive_range is None:
             return self.guesses, self.branches
         return min(self.guesses, self.gamma), min(self.branches, self.gamma - 1)
@@ -126,21 +99,18 @@ class Ouroboros(ModelDrafter):
         if not going:
             return None
         root = d.root[b]
-        last = d.tokens[b][root]
-        cols = []  # per column: its spine node (below the previous column's; the first below the root), its tooth
-        for toks in self.windows[b]:
-            col = [d.add(b, toks[0], cols[-1][0] if cols else root)]
-            for tok in toks[1:]:
-                col.append(d.add(b, tok, col[-1]))
-            cols.append(col)
-        guesses = []
-        for phrase in self.pool.get(last, self.widths()[0]):
-            nodes, parent = [], root
-            for tok in phrase:
+
+        def chain(tokens, parent):  # the tokens as a chain below block node ``parent``: their nodes
+            nodes = []
+            for tok in tokens:
                 parent = d.add(b, tok, parent)
                 nodes.append(parent)
-            guesses.append((phrase, nodes))
-        return root, cols, guesses
+            return nodes
+        cols = []  # per column: its spine node (below the previous column's; the first: the root's), its tooth
+        for toks in self.windows[b]:
+            cols.append(chain(toks, cols[-1][0] if cols else root))
+        guesses = self.pool.get(d.tokens[b][root], self.widths()[0])
+        return root, cols, [(phrase, chain(phrase, root)) for phrase in guesses]
 
     def _read(self, ctx, d, b, layout, prefix):
         """The draft's own continuation after this forward (after the ``prefix`` drafted so far);
@@ -217,6 +187,3 @@ class Ouroboros(ModelDrafter):
             seq = ctx.seqs[b]
             self.pool.add_ngrams(seq, max(min(self._pooled[b], len(seq) - len(path)), 0))
             self._pooled[b] = len(seq)
-
-
-OuroborosDrafter = Ouroboros  # the class's name before issue #32 (a public name: kept)

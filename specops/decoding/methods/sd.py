@@ -1,17 +1,8 @@
-"""SD / SSD (docs/methods.md §SD): a chain of ``gamma`` draft tokens, verified by R1 (greedy) or
-R2 (``mss`` on a chain): each token's draft logits row (grammar-masked, if any) goes to verification
-with the sampling config it was warped with, which warps only the rows its walk reads.
-
-The chain's structure (a parent per level, ``gamma`` levels per active sequence) is known on the
-host; only its tokens are data, and they stay on the device: each draft forward chooses the next
-token there (argmax, or a draw with the loop's generator) and feeds it to the next
-(``DraftLM.add_device``), the chain is assembled there, and the draft cache's commit takes the kept
-tokens from the step's read. Without a grammar or ``exit_threshold``, drafting reads nothing.
-
-``exit_threshold`` > 0 adds SSD's draft-exit: a sequence stops drafting once the draft's
-probability of its own next token falls below it (that token is not proposed). It and a grammar
-(whose masks follow the drafted tokens) are host searches: one read of the chosen tokens (and their
-probabilities) per draft forward.
+"""SD / SSD (docs/methods.md §SD, with ``exit_threshold``'s draft-exit): a chain of ``gamma`` draft
+tokens, verified by R1 or R2; each token's draft logits row (grammar-masked, if any) goes to
+verification with the sampling config it was warped with, which warps only the rows its walk reads.
+The chain grows on the device and drafting reads nothing but under ``exit_threshold`` or a grammar
+(docs/methods.md §The decoding loop, "Drafts are device tensors").
 """
 import torch
 
@@ -102,6 +93,3 @@ class SD(ModelDrafter):
             if len(drafted[b]) >= self.gamma:
                 going[b] = False
         return kept
-
-
-ChainDrafter = SD  # the class's name before issue #32 (a public name: kept)

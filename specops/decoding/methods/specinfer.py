@@ -1,25 +1,12 @@
-"""SpecInfer (docs/methods.md §SpecInfer): ``num_drafts`` draft chains (and, with ``ngram=True``, one
-prompt-lookup chain) merged into one token tree, verified in one target forward by R1 (greedy) or
-R3 (``mss``).
+"""SpecInfer (docs/methods.md §SpecInfer: the chains, their merge into one tree, the leaf duplicates,
+the greedy and sampled draws, the n-gram chain). R3 needs each child to be an independent draw from
+the row it names: the logits it was drawn from, warped by verification with the sampling config.
 
-Sampling: the model chains are i.i.d. draws of the warped draft distribution (R3 needs each child
-to be an independent draw from the row it names: the logits it was drawn from, warped by
-verification with the sampling config); the n-gram chain's rows are point masses, for which R3 is
-R3p (under a grammar the chain stops before its first rejected token). Greedy: chain 0 is the
-draft's argmax chain, the others draw at ``draft_temperature`` for diversity (R1 is exact whatever
-is proposed).
-
-Merging: chains sharing a prefix share its nodes, and their continuations stay below it
-(independent draws given the prefix). Several chains drawing the same token at a node are all kept
-when sampling, the extra draws as leaf duplicates: R3's acceptance at a node depends on the
-multiset of tokens drawn there.
-
-On the device: the draws stay there, the draft block holds one node per chain and level (its
-structure is known on the host; each forward feeds every chain's latest token with ``add_device``,
-whatever it drew; a merged node's row is its creator's), the merge compares tips and tokens there,
-and one read per step brings back the merged tree's size, so the target block is no longer than
-that tree (a grammar adds one read per forward: its masks follow the chains' tokens); the draft
-cache's commit keeps the accepted path along one chain's nodes (``draft_nodes``).
+The chains grow on the device with one read per step (docs/methods.md §The decoding loop): each
+forward feeds every chain's latest token, whatever it drew (a merged node's row is its creator's),
+so the target block is no longer than the merged tree; a grammar adds one read per forward (its masks
+follow the chains' tokens); the draft cache keeps the accepted path along one chain's nodes
+(``draft_nodes``).
 """
 import torch
 
@@ -158,12 +145,11 @@ class SpecInfer(ModelDrafter):
                 draft_logits[ng_at] = float("-inf")
                 draft_logits[ng_at, ng_tok] = 0.0
             draft_logits = draft_logits[:dump].view(B, T, V)
-        active = [b in self.chain_nodes for b in range(B)]
+        depth = [G if b in self.chain_nodes else 0 for b in range(B)]
         return Draft(tokens=tokens, parents=parents.to(torch.int32), num_nodes=num_nodes,
                      draft_logits=draft_logits, draft_warp=None if greedy else ctx.sampling,
-                     src=src.to(torch.int32), depth=[G if a else 0 for a in active],
-                     depth_drafted=[G if a else 0 for a in active],
-                     drafted_nodes=[1 + (made[act.index(b)] if active[b] else 0) for b in range(B)])
+                     src=src.to(torch.int32), depth=depth, depth_drafted=list(depth),
+                     drafted_nodes=[1 + (made[act.index(b)] if depth[b] else 0) for b in range(B)])
 
     def draft_nodes(self, b, nodes):
         """A merged node's draft K/V sit in the draft block of the chain that created it; those of
@@ -177,6 +163,3 @@ class SpecInfer(ModelDrafter):
                 c = row.index(last)
                 return [self.chain_nodes[b][i][c] for i in range(level + 1)]
         return nodes
-
-
-MultiDraftDrafter = SpecInfer  # the class's name before issue #32 (a public name: kept)

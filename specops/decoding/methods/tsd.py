@@ -1,24 +1,11 @@
-"""TSD (docs/methods.md §TSD), and the drafting GSD shares with it (gsd.py).
+"""TSD (docs/methods.md §TSD: top-k children per frontier node, sibling and probability pruning, the
+node cap, ``sync_free``), and the drafting GSD shares with it (gsd.py: ``tau`` set).
 
-Each drafting step runs the draft once on the frontier (tree attention over the growing draft
-block, positions = prefix + depth), takes the top-``k`` children of every frontier node by the
-draft's probability ``q``, drops children with ``q < theta_sib * max q`` (sibling pruning) and stops
-expanding children with ``q < theta_prob`` (probability pruning, the paper's leaf semantics);
-drafting ends after ``max_depth`` steps or on an empty frontier (draft-exit). ``max_nodes`` caps the
-draft tree (TSD can explode); ``tau`` (None here) merges repeated nodes into a graph: GSD.
-
-Without merging, grammar or kept draft rows the tree grows on the device (``grow_on_device``:
-top-k, both prunings and the node cap are tensor ops, the frontier is fed back with ``add_device``,
-the tree is assembled there), node for node the host search's. GSD's merge, a grammar's masks and
-R5's kept rows need the host search (``grow_on_host``, one read per draft forward).
-
-``sync_free`` picks how the device search learns the frontier's size: False reads a [2, B] count
-per layer and feeds exactly the frontier; True feeds every layer at its worst-case width
-(``frontier_widths``; entries past the frontier are padding rows that never enter the tree, an empty
-frontier runs on as padding) and reads once per step (the tree's sizes). None (the default): True
-when the draft runs on an accelerator, where a read is a synchronisation and a padding row nearly
-free; False on a CPU, where a read is a memory load and each padding row costs a share of a step
-(docs/methods.md §TSD, measured there).
+The tree grows on the device (``grow_on_device``, node for node the host search's: docs/methods.md
+§The decoding loop); GSD's merge, a grammar's masks and R5's kept rows need the host search
+(``grow_on_host``, one read per draft forward). ``sync_free=None`` (the default) is True when the
+draft runs on an accelerator, where a read is a synchronisation and a padding row nearly free;
+False on a CPU, where a read is a memory load and each padding row costs a share of a step.
 """
 import itertools
 
@@ -66,10 +53,9 @@ class TSD(ModelDrafter):
         """TSD's search on the device. Graph nodes are numbered in creation order (BFS: layer by
         layer, a layer's children in frontier order, siblings best first), which is also the
         order of the host search's unmerged tree, so the first ``max_tree_nodes`` nodes are the
-        target's tree as they are. Both ``sync_free`` modes (the module docstring) build the same
-        tree; reading, each count sizes the next forward's block to exactly the frontier (``DraftLM``
-        keeps node counts on the host) and an empty frontier stops drafting.
-        Shape: -> Draft with tokens int64 [B, T], T = min(largest tree, max_tree_nodes)."""
+        target's tree as they are. Reading, each count sizes the next forward's block (``DraftLM``
+        keeps node counts on the host). Shape: -> Draft with tokens int64 [B, T], T = min(largest
+        tree, max_tree_nodes)."""
         d, B, M = ctx.draft, ctx.batch, self.max_nodes
         sync_free = self.sync_free if self.sync_free is not None else d.device.type != "cpu"
         widths = frontier_widths(self.k, M, self.max_depth) if sync_free else None
@@ -219,10 +205,8 @@ class TSD(ModelDrafter):
 
 def frontier_widths(k, max_nodes, max_depth):
     """The most entries TSD's frontier can hold after layer ``l`` = 1 .. max_depth - 1 (the last
-    layer grows none), ending early where none can: ``w`` frontier nodes at layer ``l`` need at
-    least ``ceil(w / k^j)`` distinct frontier nodes ``j`` layers up, all of them below the node
-    cap's ``max_nodes - 1``. The sync-free search feeds each layer at this width.
-    Shape: -> list of ints (k=4, 24 nodes, depth 5: [4, 16, 16, 16])."""
+    layer grows none), ending early where none can (docs/methods.md §TSD): the sync-free search
+    feeds each layer at this width. Shape: -> list of ints (k=4, 24 nodes, depth 5: [4, 16, 16, 16])."""
     out = []
     for layer in range(1, max_depth):
         w = min(k ** layer, max_nodes - 1)
@@ -232,6 +216,3 @@ def frontier_widths(k, max_nodes, max_depth):
             break
         out.append(w)
     return out
-
-
-TopKTreeDrafter = TSD  # the class's name before issue #32 (a public name: kept)
