@@ -313,13 +313,9 @@ def main(argv=None):
     demo.add_argument("--methods", default=None, help=f"comma-separated subset of {','.join(METHODS)}")
     demo.add_argument("--json", default=None, help="write every run's metrics (method x prompt) as JSON")
 
-    # Listed here; their own parsers (specops.distill.cli, python -m bench) read their flags.
-    distill = sub.add_parser("distill", help="distil a small draft model for an embedded target (CPU, resumable)",
-                             add_help=False)
-    distill.add_argument("distill_args", nargs=argparse.REMAINDER)
-    bench = sub.add_parser("bench", help="run the benchmark suite (python -m bench; needs a source checkout)",
-                           add_help=False)
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    # Listed here; their own parsers (specops.distill.cli, python -m bench) read their flags, below.
+    sub.add_parser("distill", help="distil a small draft model for an embedded target (CPU, resumable)")
+    sub.add_parser("bench", help="run the benchmark suite (python -m bench; needs a source checkout)")
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # the suite's own parser reads the rest, --help included

@@ -190,18 +190,17 @@ def table(rows):
             "notes")
     lines = [head]
     for r in rows:
+        which = (r["kind"], r["kernel"], r["config"], f"sm_{r['arch']}")
         if "regs" not in r:
-            lines.append((r["kind"], r["kernel"], r["config"], f"sm_{r['arch']}", "-", "-", "-", "-", "-", "-",
-                          "; ".join(r["problems"])[:80]))
+            lines.append((*which, *["-"] * 6, "; ".join(r["problems"])[:80]))
             continue
         if r.get("threads"):
             blocks, limit = occupancy(r["arch"], r["regs"], r["threads"], r["smem"])
             occ = f"{blocks} ({blocks * r['threads'] * 100 // ARCH[r['arch']]['threads']}%)"
         else:
             occ, limit = "?", "no block size"
-        notes = "; ".join(r["problems"]) or r.get("detail", "")
-        lines.append((r["kind"], r["kernel"], r["config"], f"sm_{r['arch']}", str(r["regs"]), str(r["spills"]),
-                      str(r["smem"]), str(r.get("threads") or "?"), occ, limit, notes))
+        lines.append((*which, str(r["regs"]), str(r["spills"]), str(r["smem"]), str(r.get("threads") or "?"),
+                      occ, limit, "; ".join(r["problems"]) or r.get("detail", "")))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(head))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
 

@@ -100,17 +100,12 @@ from specops import backend as _backend  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-# flashinfer implements only tree_attention (tests/test_flashinfer.py), not every op
-KERNEL_BACKENDS = tuple(b for b in _backend.BACKENDS if b != "flashinfer")
-
-
 CPU_ONLY = ("cpp", "cudasim")  # backends that take CPU tensors only
-
-
-def _backend_params(op_backends=KERNEL_BACKENDS):
-    # Whether a backend can run depends on the test's tensors, known per test item only:
-    # pytest_collection_modifyitems skips the cases that cannot run (the marker names them).
-    return [pytest.param(name, id=name, marks=pytest.mark.specops_backend(name)) for name in op_backends]
+# Whether a backend can run depends on the test's tensors, known per test item only:
+# pytest_collection_modifyitems skips the cases that cannot run (the marker names them). flashinfer
+# implements only tree_attention (tests/test_flashinfer.py), not every op.
+_BACKEND_PARAMS = [pytest.param(name, id=name, marks=pytest.mark.specops_backend(name))
+                   for name in _backend.BACKENDS if name != "flashinfer"]
 
 
 def _test_device(fixturenames, name):
@@ -136,13 +131,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"{name}: {why}"))
 
 
-@pytest.fixture(params=_backend_params())
+@pytest.fixture(params=_BACKEND_PARAMS)
 def backend(request):
     """A backend name that can run on ``device``."""
     return request.param
 
 
-@pytest.fixture(params=[b for b in _backend_params() if b.values[0] != "torch"])
+@pytest.fixture(params=[b for b in _BACKEND_PARAMS if b.values[0] != "torch"])
 def fast_backend(request):
     """A non-reference backend (what is compared against ``torch``)."""
     return request.param

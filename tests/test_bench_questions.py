@@ -3,7 +3,6 @@ in every message), chat-template encoding of the first turn, and the whole bench
 question file written here (2 categories) with a tiny random model behind the embedded-model
 loader: per-category rows in the long CSV, the merge with earlier rows, the printed table. One
 case runs the real SmolLM2 target when its package is installed. Numbers are not timed here."""
-import csv
 import json
 import os
 import sys
@@ -20,11 +19,11 @@ pytest.importorskip("transformers")
 import bench_decoding as bd  # noqa: E402
 import questions as qfile  # noqa: E402
 
-from bench._harness import FIELDS  # noqa: E402
 from bench.paper_claims import load as _read
 from specops import models  # noqa: E402
 from specops.decoding import api  # noqa: E402
 from specops.testing import tiny_causal_lm  # noqa: E402
+from test_bench_suite import bench_row, write_csv  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -151,11 +150,8 @@ def test_encode_uses_the_chat_template_on_the_first_turn_only(tiny_target, tmp_p
         tok("add a b a b a b")["input_ids"]
 
 
-def _old_row(params, provider="ar", value=1.0):
-    case = ",".join(f"{k}={v}" for k, v in params.items())
-    return dict(op="decoding", provider=provider, case=case, params=json.dumps(params), metric="tokens_per_s",
-                unit="tok/s", p50=value, p20=value, p80=value, n=1, machine="m", cpu="c", threads=1, torch="t",
-                triton="", specops="", git_sha="old", timestamp="2026-01-01T00:00:00+00:00")
+def _old_row(params, provider="ar", value=1.0, metric="tokens_per_s"):
+    return dict(bench_row("decoding", provider, params, metric, "tok/s", value), git_sha="old")
 
 
 def test_questions_run_end_to_end(tiny_target, tmp_path, capsys):
@@ -166,11 +162,7 @@ def test_questions_run_end_to_end(tiny_target, tmp_path, capsys):
     old = [_old_row(dict(base, task="code")),  # the prompt set's rows stay
            _old_row(dict(base, task="math")),  # same name as a category, other set: stays
            _old_row(dict(base, task="math", questions="spec.jsonl"), value=-7.0)]  # replaced by this run
-    with open(out / "decoding.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        w.writerows(old)
-
+    write_csv(out / "decoding.csv", old)
     bd.main(["--quick", "--questions", str(qpath), "--per-category", "2", "--out", str(out),
              "--methods", "ar,ngram,sd/int8,tsd/int8,hf_generate,hf_prompt_lookup,hf_assisted/int8"])
     rows = _read(out / "decoding.csv")
@@ -229,7 +221,7 @@ def test_cli_errors_come_before_any_work(tiny_target, tmp_path, capsys, monkeypa
 
 def test_table_reports_best_method_against_best_hf_peer():
     base = dict(target="t", dtype="bf16", task="qa", mode="greedy", batch=1, new_tokens=8, prompts=2)
-    rows = [dict(_old_row(base, provider, value), metric=metric) for provider, metric, value in (
+    rows = [_old_row(base, provider, value, metric) for provider, metric, value in (
         ("ar", "tokens_per_s", 20.0), ("ar", "mean_acceptance_length", 1.0),
         ("sd/int8", "tokens_per_s", 30.0), ("sd/int8", "speedup_vs_ar", 1.5),
         ("sd/int8", "mean_acceptance_length", 2.5), ("sd/int8", "speedup_vs_best_hf", 0.75),

@@ -22,7 +22,7 @@ INFO = dict(machine="x86_64-2cores", cpu="Test CPU", threads=2, torch="2.x", tri
 TASKS = ("code", "code_edit")
 
 
-def _row(op, provider, params, metric, unit, value):
+def bench_row(op, provider, params, metric, unit, value):
     case = ",".join(f"{k}={v}" for k, v in params.items())
     return dict(op=op, provider=provider, case=case, params=json.dumps(params), metric=metric, unit=unit,
                 p50=value, p20=value, p80=value, n=1, **INFO)
@@ -72,11 +72,11 @@ def _decoding_rows(table, target="tiny-lm", tasks=TASKS, mode="greedy", batch=1)
                 metrics += [("target_forward_ms", "ms", tms), ("perplexity_vs_ar", "x", ppl / ar[4])]
                 if p != "ar":
                     metrics.append(("tokens_differing_from_ar", "%", 0.0))
-            rows += [_row("decoding", p, base, *m) for m in metrics]
+            rows += [bench_row("decoding", p, base, *m) for m in metrics]
     return rows
 
 
-def _write(path, rows):
+def write_csv(path, rows):
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
@@ -84,14 +84,14 @@ def _write(path, rows):
 
 
 def _kernel_rows():
-    rows = [_row("tree_mask", "machine", {}, "memcpy_gbps", "GB/s", 30.0)]
+    rows = [bench_row("tree_mask", "machine", {}, "memcpy_gbps", "GB/s", 30.0)]
     for t in (16, 64):
-        rows += [_row("tree_mask", "torch", {"B": 1, "T": t}, "time", "ms", 0.5 * t / 16),
-                 _row("tree_mask", "cpp", {"B": 1, "T": t}, "time", "ms", 0.01 * t / 16)]
-    rows.append(_row("tree_mask", "cpp", dict(B=1, T=16), "bandwidth", "GB/s", 12.5))
+        rows += [bench_row("tree_mask", "torch", {"B": 1, "T": t}, "time", "ms", 0.5 * t / 16),
+                 bench_row("tree_mask", "cpp", {"B": 1, "T": t}, "time", "ms", 0.01 * t / 16)]
+    rows.append(bench_row("tree_mask", "cpp", dict(B=1, T=16), "bandwidth", "GB/s", 12.5))
     # T=64: only the share of memcpy was recorded (older CSVs): GB/s = 50 % x 30; the torch time's
     # spread (1.0 .. 4.5 around 2.0) is wider than its median, so it is flagged.
-    rows.append(_row("tree_mask", "cpp", dict(B=1, T=64), "pct_memcpy", "%", 50.0))
+    rows.append(bench_row("tree_mask", "cpp", dict(B=1, T=64), "pct_memcpy", "%", 50.0))
     rows[3].update(p20=1.0, p80=4.5)
     return rows
 
@@ -100,8 +100,8 @@ def _kernel_rows():
 def results(tmp_path_factory):
     d = tmp_path_factory.mktemp("results") / "x86_64-2cores"
     d.mkdir(parents=True)
-    _write(d / "decoding.csv", _decoding_rows(GOOD) + _decoding_rows(GOOD, tasks=("mixed",), batch=4))
-    _write(d / "tree_mask.csv", _kernel_rows())
+    write_csv(d / "decoding.csv", _decoding_rows(GOOD) + _decoding_rows(GOOD, tasks=("mixed",), batch=4))
+    write_csv(d / "tree_mask.csv", _kernel_rows())
     return d
 
 
@@ -199,12 +199,12 @@ def test_readme_summary_between_markers_and_full_tables_beside_the_results(resul
 
 
 def test_achieved_rate_from_throughput_rows_or_from_the_share_of_the_limit():
-    rows = [_row("tree_attention", "machine", {}, "gemm_float32_gflops", "GFLOP/s", 100.0),
-            _row("tree_attention", "machine", {}, "gemm_bfloat16_gflops", "GFLOP/s", 400.0),
-            _row("tree_attention", "cpp", dict(dtype="fp32"), "pct_gemm_peak", "%", 50.0),
-            _row("tree_attention", "cpp", dict(dtype="bf16"), "pct_gemm_peak", "%", 50.0),
-            _row("tree_attention", "cpp", dict(dtype="bf16", T=2), "throughput", "GFLOP/s", 123.0),
-            _row("tree_attention", "cpp", dict(dtype="bf16", T=2), "pct_gemm_peak", "%", 99.0)]
+    rows = [bench_row("tree_attention", "machine", {}, "gemm_float32_gflops", "GFLOP/s", 100.0),
+            bench_row("tree_attention", "machine", {}, "gemm_bfloat16_gflops", "GFLOP/s", 400.0),
+            bench_row("tree_attention", "cpp", dict(dtype="fp32"), "pct_gemm_peak", "%", 50.0),
+            bench_row("tree_attention", "cpp", dict(dtype="bf16"), "pct_gemm_peak", "%", 50.0),
+            bench_row("tree_attention", "cpp", dict(dtype="bf16", T=2), "throughput", "GFLOP/s", 123.0),
+            bench_row("tree_attention", "cpp", dict(dtype="bf16", T=2), "pct_gemm_peak", "%", 99.0)]
     got = results_tables.achieved(rows)
     assert got[("dtype=fp32", "cpp")] == (50.0, "GFLOP/s")
     assert got[("dtype=bf16", "cpp")] == (200.0, "GFLOP/s")
@@ -213,7 +213,7 @@ def test_achieved_rate_from_throughput_rows_or_from_the_share_of_the_limit():
 
 
 def test_noisy_flag_needs_a_spread_wider_than_the_median():
-    row = _row("tree_mask", "cpp", dict(T=1), "time", "ms", 2.0)
+    row = bench_row("tree_mask", "cpp", dict(T=1), "time", "ms", 2.0)
     assert not results_tables._noisy(dict(row, p20=1.0, p80=3.0))  # spread 2.0 == median: not flagged
     assert results_tables._noisy(dict(row, p20=1.0, p80=3.1))
 

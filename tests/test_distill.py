@@ -63,10 +63,6 @@ def fresh_draft(target, keep=None, arch="lm", seed=1):
     return init(d, target, [target.config.num_hidden_layers - 1]).float()
 
 
-def feature_draft(target, keep=None, seed=1):
-    return fresh_draft(target, keep, "feature", seed)
-
-
 def test_teacher_labels_are_the_targets_log_probs():
     target = tiny_target()
     (shard,) = shards_from(target, n_shards=1, rows=2, L=10, k=5)
@@ -225,7 +221,7 @@ def test_an_exported_draft_loads_by_path_onto_the_target_it_records(tmp_path):
 
     target = tiny_target()
     target.save_pretrained(tmp_path / "target")
-    d = feature_draft(target)
+    d = fresh_draft(target, arch="feature")
     save_draft(d, str(tmp_path / "draft"), target=str(tmp_path / "target"), record={}, dtype=torch.float32)
     loaded, _ = models.load_any(str(tmp_path / "draft"), "fp32")
     assert loaded.specops_arch == "feature"
@@ -257,7 +253,7 @@ def test_shards_carry_the_targets_final_hidden_states():
 @torch.no_grad()
 def test_cached_tree_blocks_read_target_features_then_predicted_ones():
     target = tiny_target()
-    d = feature_draft(target).eval()
+    d = fresh_draft(target, arch="feature").eval()
     seq = torch.randint(3, V, (1, 11))
     feats = torch.zeros(1, 40, 64)
     feats[:, :11] = target.model(seq).last_hidden_state
@@ -291,7 +287,7 @@ def test_generate_with_a_feature_draft_is_lossless_for_every_model_method():
     from specops.decoding.api import generate
 
     target = tiny_target(seed=3)
-    d = feature_draft(target, seed=4).eval()
+    d = fresh_draft(target, arch="feature", seed=4).eval()
     prompts = [[5, 9, 33, 4, 71, 12], [8, 100, 3], [40, 41, 42, 43, 44, 45, 46, 47, 48]]
     ref, _ = generate(target, prompts, method="ar", max_new_tokens=14, eos_token_id=[])
     for method in ("sd", "tsd", "opt-tree", "specinfer", "ouroboros", "mjsd"):
@@ -312,7 +308,7 @@ def test_unrolled_training_blocks_are_the_runtime_chain():
 
     target = tiny_target()
     (s,) = shards_from(target, n_shards=1, rows=2, L=11, features=True)
-    d = feature_draft(target).eval()
+    d = fresh_draft(target, arch="feature").eval()
     tokens, feats = s["tokens"].long(), s["feats"].float()
     mask = torch.ones_like(tokens, dtype=torch.bool)
     h, ms, _ = _feature_forward(d, tokens, mask, feats, 0.0, 0.1, depth=2)
@@ -331,7 +327,7 @@ def test_unrolled_training_lowers_the_loss_of_deeper_tokens(tmp_path):
     from specops.distill.train import evaluate_rows
 
     target = tiny_target()
-    d = feature_draft(target)
+    d = fresh_draft(target, arch="feature")
     rows = flatten_rows(shards_from(target, n_shards=4, features=True))
     full2sub = torch.arange(V)
     before = evaluate_rows(d, rows, full2sub, False, depth=3)

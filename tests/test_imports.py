@@ -30,11 +30,6 @@ FORBIDDEN = [
     ("specops.engine", "specops.cli", "the engine is a library"),
 ]
 
-# Known cases that belong to open issues; the test fails on any case not listed here, and on a
-# listed case that no longer exists (so the list only shrinks).
-ALLOWED_CYCLES = []  # frozensets of module names (one strongly connected component each)
-ALLOWED_DISTILL = []  # (importer, imported) module-level imports of specops.distill at run time (issue #32)
-
 
 def _module_files():
     mods = {}
@@ -114,31 +109,32 @@ def _where(a, b):
                      if (x, y) == (a, b))
 
 
+def _listing(pairs):
+    return "; ".join(f"{a} -> {b} ({_where(a, b)})" for a, b in pairs)
+
+
 def test_every_module_parses_and_the_walk_sees_the_rooms():
-    # a walk that found nothing would pass every check below
+    # a walk that found nothing would pass every check below; it reaches into the op folders too
     for mod in ("specops.ops.tree_attention.plan", "specops.engine.runner", "specops.engine.attention",
                 "specops.engine.compiled", "specops.engine.cache.base", "specops.decoding.loop",
-                "specops.distill.train"):
+                "specops.distill.train", "specops.ops.tree_attention", "specops.ops.tree_attention.ref",
+                "specops.ops.kv_compact.plan", "specops.ops.verify.logits", "specops.ops.linear.ref"):
         assert mod in MODULES, mod
     assert any(a == "specops.decoding.loop" and b == "specops.engine" for a, b, _, _ in EDGES)
     assert any(a == "specops" and b == "specops.decoding.api" and not top for a, b, top, _ in EDGES)
 
 
 def test_no_import_cycle_between_specops_modules():
-    cycles = [c for c in _cycles(EDGES) if frozenset(c) not in ALLOWED_CYCLES]
-    msg = []
-    for comp in cycles:
-        inner = [(a, b) for a, b, _, _ in EDGES if a in comp and b in comp]
-        msg.append(" <-> ".join(comp) + ": " + "; ".join(f"{a} -> {b} ({_where(a, b)})" for a, b in sorted(set(inner))))
-    assert not cycles, "import cycles:\n" + "\n".join(msg)
-    stale = [c for c in ALLOWED_CYCLES if sorted(c) not in _cycles(EDGES)]
-    assert not stale, f"allowed cycles that no longer exist (remove them from ALLOWED_CYCLES): {stale}"
+    cycles = _cycles(EDGES)
+    assert not cycles, "import cycles:\n" + "\n".join(
+        " <-> ".join(c) + ": " + _listing(sorted({(a, b) for a, b, _, _ in EDGES if a in c and b in c}))
+        for c in cycles)
 
 
 @pytest.mark.parametrize("src, dst, why", FORBIDDEN, ids=[f"{s}->{d}" for s, d, _ in FORBIDDEN])
 def test_no_upward_import(src, dst, why):
     bad = sorted({(a, b) for a, b, _, _ in EDGES if _under(a, src) and _under(b, dst)})
-    assert not bad, f"{why}: " + "; ".join(f"{a} -> {b} ({_where(a, b)})" for a, b in bad)
+    assert not bad, f"{why}: " + _listing(bad)
 
 
 def test_no_runtime_module_imports_distill_at_module_level():
@@ -146,29 +142,24 @@ def test_no_runtime_module_imports_distill_at_module_level():
     # subcommand (a function-level import) may load it.
     bad = sorted({(a, b) for a, b, top, _ in EDGES
                   if top and _under(b, "specops.distill") and not _under(a, "specops.distill")})
-    new = [e for e in bad if e not in ALLOWED_DISTILL]
-    assert not new, "runtime modules importing specops.distill at module level: " + "; ".join(
-        f"{a} -> {b} ({_where(a, b)})" for a, b in new)
-    stale = [e for e in ALLOWED_DISTILL if e not in bad]
-    assert not stale, f"allowed distill imports that no longer exist (remove them from ALLOWED_DISTILL): {stale}"
+    assert not bad, "runtime modules importing specops.distill at module level: " + _listing(bad)
 
 
 # ---- the same at run time: what each user path actually loads (issue #32) -----------------------
 
+_GENERATE = ("import specops; from specops.testing import tiny_causal_lm\n"
+             "specops.generate(tiny_causal_lm('llama', seed=0), [[1, 2, 3, 4]], method='ngram',"
+             " max_new_tokens=4, eos_token_id=[]{})\n")
 _RUNS = {
     "import specops": "import specops",
     "specops info": "from specops import cli; cli.main(['info'])",
-    "generate eager": ("import specops; from specops.testing import tiny_causal_lm\n"
-                       "m = tiny_causal_lm('llama', seed=0)\n"
-                       "specops.generate(m, [[1, 2, 3, 4]], method='ngram', max_new_tokens=4, eos_token_id=[])"),
+    "generate eager": _GENERATE.format(""),
     # compiled: the modules of the compiled step load (torch.compile itself is stubbed to eager
     # tracing, which is not what this checks)
-    "generate compiled": ("import torch, specops; from specops.testing import tiny_causal_lm\n"
+    "generate compiled": ("import torch\n"
                           "torch.compile = lambda fn=None, **kw: fn if fn is not None else (lambda f: f)\n"
-                          "m = tiny_causal_lm('llama', seed=0)\n"
-                          "specops.generate(m, [[1, 2, 3, 4]], method='ngram', max_new_tokens=4, eos_token_id=[],"
-                          " compile=True)\n"
-                          "import sys; assert 'specops.engine.compiled' in sys.modules"),
+                          + _GENERATE.format(", compile=True")
+                          + "import sys; assert 'specops.engine.compiled' in sys.modules"),
 }
 
 
@@ -235,10 +226,6 @@ def test_the_private_name_scan_sees_each_kind_of_crossing():
     assert got == ["from .. import _ext", "from ._checks import ... (a private module)",
                    "from .tree_attention import _has_op", "import specops._ext", "kvc._check_values",
                    "plan.sub._x"], got
-    # the walk reaches into the op folders: their __init__, ref, plan and family modules
-    for mod in ("specops.ops.tree_attention", "specops.ops.tree_attention.ref", "specops.ops.tree_attention.plan",
-                "specops.ops.kv_compact.plan", "specops.ops.verify.logits", "specops.ops.linear.ref"):
-        assert mod in MODULES, mod
 
 
 def test_no_private_name_crosses_a_module_boundary_in_ops():

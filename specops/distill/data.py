@@ -138,13 +138,8 @@ def label_generations(target, tokenizer, prompts, k, max_new_tokens, temperature
     """The target answers ``prompts`` (corpus.make_prompts dicts) in one batch; its own logits at
     each generated step are the labels. Returns a shard dict."""
     texts = [corpus.prompt_text(tokenizer, p["text"], p["chat"]) for p in prompts]
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    try:
-        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False,
-                        truncation=True, max_length=384)
-    finally:
-        tokenizer.padding_side = side
+    enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False,
+                    truncation=True, max_length=384)
     eos = tokenizer.eos_token_id
     kwargs = dict(max_new_tokens=max_new_tokens, output_logits=True, return_dict_in_generate=True,
                   pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos)

@@ -32,12 +32,6 @@ def _answers(target, tok, new_tokens, prompts, chat):
             yield cat, ids.shape[1], seq
 
 
-def _target_features(target, seq):
-    with head_inputs(target) as got:
-        target(seq)
-    return got[-1]
-
-
 @torch.no_grad()
 def agreement(target, draft, tok, new_tokens=64, prompts=None, chat=None, depth=1):
     """{category: (agreement, positions)} over the held-out prompts. ``depth`` 2: a feature draft's
@@ -47,8 +41,10 @@ def agreement(target, draft, tok, new_tokens=64, prompts=None, chat=None, depth=
     for cat, P, seq in _answers(target, tok, new_tokens, prompts, chat):
         want = seq[0, P:]  # the target's generated tokens
         if is_feature_draft(draft):
+            with head_inputs(target) as feats:
+                target(seq)
             # row r reads token r+1 and the target's feature r, and predicts token r+2
-            logits = draft(seq[:, 1:], features=_target_features(target, seq)[:, :-1]).logits[0]
+            logits = draft(seq[:, 1:], features=feats[-1][:, :-1]).logits[0]
             if depth == 2:
                 g = draft.last_features  # [1, L-1, H]: row r estimates the target's feature r+1
                 # row r of the second pass reads token r+2 and the estimate of feature r+1, predicts r+3

@@ -17,7 +17,7 @@ The model class is run-time code (:func:`specops.draft_models.feature_draft_clas
 ``LlamaForCausalLM`` the runner drives); this module holds what training adds to it."""
 import torch
 
-from ..draft_models import ARCH, feature_draft_class, is_feature_draft
+from ..draft_models import is_feature_draft  # noqa: F401 (re-exported)
 from .model import init_from_target
 
 
@@ -33,6 +33,3 @@ def init_feature_draft(draft, target, layer_map):
         draft.fc.weight[:, :H].normal_(0.0, 0.02)
         draft.fc.bias.zero_()
     return draft
-
-
-__all__ = ["ARCH", "feature_draft_class", "init_feature_draft", "is_feature_draft"]

@@ -1,9 +1,7 @@
 """What training adds to the draft models of :mod:`specops.draft_models` (classes, subset head and
 loading are run-time code there): the draft config, initialisation from the target's layers, and
 the export (``model.safetensors``, ``config.json``, ``training.json``). The ``"lm"`` architecture
-agreed on only ~25% of greedy tokens in our runs (the shipped feature draft: 0.43, at a smaller
-cost), so it is the fallback; the feature draft reads the target's hidden states, which the loop
-keeps for it (``ModelRunner(keep_features=True)``, ``specops.decoding.eagle.FeatureDraftLM``)."""
+is the fallback (why: :mod:`specops.distill.feature`; docs/models.md §Drafts)."""
 import contextlib
 import copy
 import json

@@ -30,15 +30,6 @@ class UnsupportedTarget(ValueError):
 SUPPORTED_MODEL_TYPES = ("llama",)
 
 
-def check_target_model(model):
-    mt = getattr(model.config, "model_type", None)
-    if mt not in SUPPORTED_MODEL_TYPES:
-        raise UnsupportedTarget(
-            f"specops distill builds Llama-architecture drafts that reuse the target's embedding and "
-            f"tokenizer; the target is a {mt!r} model. Supported: the embedded 'smollm2-135m' or a path "
-            f"to an HF model with model_type 'llama'.")
-
-
 def default_layer_map(target_layers, layers):
     """Which target layers initialise the draft's: the first ``layers - 1`` and the last (so the
     final norm and tied head see the kind of features they were trained on)."""
@@ -157,7 +148,11 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
     tokens deep, each deeper one from the draft's own predicted feature (EAGLE-3's training-time
     test). ``init_draft``: start from an exported draft's weights (same architecture and draft
     vocabulary) instead of the target's layers, a fine-tuning run."""
-    check_target_model(target)
+    mt = getattr(target.config, "model_type", None)
+    if mt not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedTarget(f"specops distill builds Llama-architecture drafts that reuse the target's "
+                                f"embedding and tokenizer; the target is a {mt!r} model. Supported: the "
+                                f"embedded 'smollm2-135m' or a path to an HF model with model_type 'llama'.")
     if ttt_depth < 1 or (ttt_depth > 1 and arch != "feature"):
         raise ValueError(f"--ttt-depth must be 1, or > 1 with --arch feature; got {ttt_depth} with {arch!r}")
     if arch not in ARCHS:

@@ -166,11 +166,6 @@ def lr_at(step, total, lr, warmup):
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
-def epoch_order(n, seed, epoch):
-    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(n, generator=g).tolist()
-
-
 @torch.no_grad()
 def evaluate_rows(draft, rows, full2sub, amp, batch_rows=16, depth=1):
     """Held-out top-1 agreement (teacher-forced; for a feature draft: from the target's features),
@@ -228,7 +223,8 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
     while state["step"] < steps:
         step = state["step"]
         epoch, pos = divmod(step, per_epoch)
-        order = epoch_order(len(train_rows), seed, epoch)
+        g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        order = torch.randperm(len(train_rows), generator=g).tolist()
         batch = collate([train_rows[j] for j in order[pos * batch_rows:(pos + 1) * batch_rows]])
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, lr, warmup)
