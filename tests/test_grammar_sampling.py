@@ -11,6 +11,7 @@ import pytest
 import torch
 from test_decoding_sampling import ALPHA, PROMPT, ROWS, V, chi_square_pvalue, empirical
 from test_decoding_sampling import exact_joint as plain_joint
+from test_distill import fresh_draft
 
 from specops.decoding import SamplingConfig, api, generate
 from specops.testing import perturbed_copy, tiny_causal_lm
@@ -137,25 +138,13 @@ CASES = [
 CONFIGS = {"t1": SamplingConfig(1.0, 0, 1.0), "warped": SamplingConfig(0.8, 5, 0.9)}
 
 
-def feature_draft(target):
-    """An EAGLE-style draft of the tiny target (untrained: it disagrees with the target)."""
-    from specops.distill.feature import init_feature_draft
-    from specops.distill.model import draft_config
-    from specops.draft_models import build_draft
-
-    torch.manual_seed(13)
-    d = build_draft(draft_config(target.config, 1), torch.arange(V), target.model.embed_tokens.weight.detach(),
-                    arch="feature")
-    return init_feature_draft(d, target, [target.config.num_hidden_layers - 1]).float().eval()
-
-
 def ruled(monkeypatch, models, method, prompts, grammar=RuleGrammar, **kw):
     """generate under ``grammar`` (in place of Grammar), fixed budgets; ``method`` "eagle-x": x with
     the feature draft (its rows are masked like any draft model's), model-free methods without one."""
     monkeypatch.setattr(api, "Grammar", grammar)
     target, draft = models
-    if method.startswith("eagle-"):
-        method, draft = method[len("eagle-"):], feature_draft(target)
+    if method.startswith("eagle-"):  # an untrained EAGLE-style draft of the target: it disagrees with it
+        method, draft = method[len("eagle-"):], fresh_draft(target, torch.arange(V), "feature", seed=13).eval()
     if method in ("ar", "ngram") or kw.get("model_free"):
         draft = None
     return generate(target, prompts, draft=draft, method=method, eos_token_id=[], regex="(the rule grammar)",
