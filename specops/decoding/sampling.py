@@ -37,9 +37,8 @@ def draw(probs, generator):
     """One token per row, drawn with ``generator``, left on the rows' device (no host read).
 
     Shape: probs fp32 [N, V] (rows need not be normalised; zero entries are never drawn) -> int64 [N].
-    A generator on the rows' device draws with ``torch.multinomial``. The loop's generator lives on
-    the CPU (one seeded stream whatever the device), so device rows instead take one uniform per
-    row from it, copied host-to-device (no sync), and invert the row's CDF on the device."""
+    A generator on the rows' device draws with ``torch.multinomial``; one elsewhere (a CPU generator
+    for device rows) gives a uniform per row, copied non-blocking, for ``inverse_cdf`` on the device."""
     probs = probs.float()
     if generator is None or generator.device == probs.device:
         return torch.multinomial(probs, 1, generator=generator)[:, 0]
