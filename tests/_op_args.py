@@ -45,6 +45,10 @@ def valid_args(op):
     if op == "kv_compact":
         return dict(k_cache=torch.randn(2, 2, 2, 16, 4, generator=gen()), v_cache=torch.randn(2, 2, 2, 16, 4),
                     prefix_lens=t([3, 5]), accept_idx=t([[0, 2, 3], [0, 1, 4]]), accept_lens=t([3, 2]))
+    if op == "kv_compact_paged":  # sequence 0 moves row 5 to 4, sequence 1 row 6 to 5: both in their page 1
+        return {"k_pages": torch.randn(2, 6, 4, 3, 4, generator=gen()), "v_pages": torch.randn(2, 6, 4, 3, 4),
+                "page_table": t([[5, 0, 2], [1, 3, 4]]), "prefix_lens": t([2, 4]),
+                "accept_idx": t([[0, 1, 3], [0, 2, 6]]), "accept_lens": t([3, 2])}
     if op in ("verify_greedy", "verify_tree"):
         base = dict(tokens=t([[0, 1, 2, 3], [0, 4, 5, 1]]), parents=t(VTREE), num_nodes=t([4, 3]))
         if op == "verify_greedy":

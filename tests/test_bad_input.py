@@ -11,7 +11,7 @@ import torch
 import specops
 
 from _op_args import gen, valid_args
-from _op_checks import raw, to_device
+from _op_checks import raises, to_device
 
 I32, I64, F32, F64 = torch.int32, torch.int64, torch.float32, torch.float64
 NAN, INF = float("nan"), float("inf")
@@ -70,7 +70,8 @@ def _shape(name):
 
 V, E = ValueError, TypeError
 # Metadata, generated per tensor argument: (name, a dtype it must not have, a dim whose size is
-# fixed by another argument or None for the argument that fixes the sizes and the device).
+# fixed by another argument or None for the argument that fixes the sizes and the device, and for
+# the page table, which fixes B).
 META = {
     "warp_probs": [("logits", F64, None), ("temperature", I32, 0), ("top_k", F32, 0), ("top_p", I32, 0)],
     "build_tree_mask": [("parents", I64, None), ("num_nodes", I64, 0)],
@@ -78,6 +79,8 @@ META = {
                        ("block_lens", I64, 0), ("mask", I64, 1), ("q_lens", I64, 0)],
     "kv_compact": [("k_cache", F64, None), ("v_cache", F64, 3), ("prefix_lens", I64, 0), ("accept_idx", I64, 0),
                    ("accept_lens", I64, 0)],
+    "kv_compact_paged": [("k_pages", F64, None), ("v_pages", F64, 1), ("page_table", I64, None),
+                         ("prefix_lens", I64, 0), ("accept_idx", I64, 0), ("accept_lens", I64, 0)],
     "verify_greedy": [("tokens", I64, None), ("parents", I64, 1), ("target_logits", F64, 1), ("num_nodes", I64, 0)],
     "verify_tree": [("tokens", I64, None), ("parents", I64, 1), ("target_probs", F64, 1), ("uniforms", F64, 2),
                     ("draft_probs", F64, 2), ("num_nodes", I64, 0)],
@@ -102,19 +105,23 @@ META = {
 def _meta_cases():
     for op, args in META.items():
         for name, dtype, dim in args:
-            yield Case(op, f"{name}-list", edit(name, torch.Tensor.tolist), E, (name, "list"))
-            yield Case(op, f"{name}-{dtype}", edit(name, lambda t, d=dtype: t.to(d)), E, (name, str(dtype)))
-            yield Case(op, f"{name}-rank", edit(name, lambda t: t[None]), V, (name, _shape(name)))
+            m = f"{name} must "  # the rule the message states, then what came
+            scalar_too = name.endswith(("temperature", "top_k", "top_p", "tau"))  # sampling parameters
+            yield Case(op, f"{name}-list", edit(name, torch.Tensor.tolist), E,
+                       (m + ("be a" if scalar_too else "be a torch.Tensor"), "list"))
+            yield Case(op, f"{name}-{dtype}", edit(name, lambda t, d=dtype: t.to(d)), E,
+                       (m + "have dtype", str(dtype)))
+            yield Case(op, f"{name}-rank", edit(name, lambda t: t[None]), V, (m + "have rank", _shape(name)))
             if dim is not None:
-                yield Case(op, f"{name}-device", edit(name, lambda t: t.to("meta")), V, (name, "meta"))
-                yield Case(op, f"{name}-shape", edit(name, grown(dim)), V, (name, _shape(name)))
+                yield Case(op, f"{name}-device", edit(name, lambda t: t.to("meta")), V, (m + "be on", "meta"))
+                yield Case(op, f"{name}-shape", edit(name, grown(dim)), V, (m + "have shape", _shape(name)))
 
 
 W, TM, TA, KV, VG, VT, VJ, TN, ST = ("warp_probs", "build_tree_mask", "tree_attention", "kv_compact", "verify_greedy",
                                      "verify_tree", "verify_joint", "topn_expand", "select_topn_subtree")
 MAX_N = "n must be <= 65536 (MAX_N"
 VGB, VLB = "verify_greedy[bitmask]", "verify_tree_logits[bitmask]"
-VL, VJL, TB = "verify_tree_logits", "verify_joint_logits", "apply_token_bitmask"
+VL, VJL, TB, KVP = "verify_tree_logits", "verify_joint_logits", "apply_token_bitmask", "kv_compact_paged"
 COMPILED = ("cpp", "cuda", "triton", "cudasim")
 VALUES = [
     # warp_probs: values under check=True, scalar parameters, limits
@@ -167,21 +174,66 @@ VALUES = [
         block_lens=lambda: torch.zeros(16384, dtype=I32), q_lens=None,
         mask=lambda: torch.zeros(16384, 1, 1, dtype=I32)),
         V, ("B=16384", "Hkv=4", "65535"), only=("cuda", "cudasim")),
-    # kv_compact: values, aliasing
-    Case(KV, "accept_lens-past-a", setv("accept_lens", 0, 4), V, ("accept_lens[0] = 4", "A=3")),
-    Case(KV, "accept_lens-negative", setv("accept_lens", 1, -1), V, ("accept_lens[1] = -1",)),
-    Case(KV, "prefix_lens-past-s", setv("prefix_lens", 1, 17), V, ("prefix_lens[1] = 17", "S=16")),
-    Case(KV, "prefix_lens-negative", setv("prefix_lens", 0, -1), V, ("prefix_lens[0] = -1",)),
-    Case(KV, "accept_idx-not-increasing", setv("accept_idx", (0, 2), 2), V, ("accept_idx[0, 2]", "got 2")),
-    Case(KV, "accept_idx-negative", setv("accept_idx", (1, 0), -1), V, ("accept_idx[1, 0]", "got -1")),
-    Case(KV, "accept_idx-past-s", setv("accept_idx", (1, 1), 12), V, ("accept_idx[1, 1] = 12", "S=16")),
-    Case(KV, "v-is-k", lambda a: a.update(v_cache=a["k_cache"]), V, ("v_cache", "k_cache", "0 bytes apart")),
+    # kv_compact: values, aliasing, strides
+    Case(KV, "accept_lens-past-a", setv("accept_lens", 0, 4), V,
+         ("accept_lens must lie in [0, A=3], got accept_lens[0] = 4",)),
+    Case(KV, "accept_lens-negative", setv("accept_lens", 1, -1), V,
+         ("accept_lens must lie in [0, A=3]", "accept_lens[1] = -1")),
+    Case(KV, "prefix_lens-past-s", setv("prefix_lens", 1, 17), V,
+         ("prefix_lens must lie in [0, S=16]", "prefix_lens[1] = 17")),
+    Case(KV, "prefix_lens-negative", setv("prefix_lens", 0, -1), V,
+         ("prefix_lens must lie in [0, S=16]", "prefix_lens[0] = -1")),
+    Case(KV, "accept_idx-not-increasing", setv("accept_idx", (0, 2), 2), V,
+         ("accept_idx[0, 2] must be > accept_idx[0, 1] = 2, got 2",)),
+    Case(KV, "accept_idx-decreasing", setv("accept_idx", (0, 2), 1), V,
+         ("accept_idx[0, 2] must be > accept_idx[0, 1] = 2, got 1",)),
+    Case(KV, "accept_idx-negative", setv("accept_idx", (1, 0), -1), V,
+         ("accept_idx[1, 0] must be >= 0, got -1",)),
+    Case(KV, "accept_idx-past-s", setv("accept_idx", (1, 1), 12), V,
+         ("accept_idx[1, 1] = 12 plus prefix_lens[1] = 5 must address a row < S=16",)),
+    Case(KV, "k_cache-last-stride", relaid("k_cache", 3, 4), V,
+         ("k_cache must have stride 1 in its last dimension",)),
+    Case(KV, "v-is-k", lambda a: a.update(v_cache=a["k_cache"]), V,
+         ("v_cache must not share memory with k_cache", "0 bytes apart")),
+    Case(KV, "v-is-a-view-of-k", lambda a: a.update(v_cache=a["k_cache"].transpose(1, 1)), V,
+         ("v_cache must not share memory with k_cache",)),
     Case(KV, "v-overlaps-k", lambda a: a.update(zip(("k_cache", "v_cache"), _overlapping())), V,
          ("v_cache", "8 bytes apart")),
     Case(KV, "k-expanded", put(k_cache=lambda: torch.zeros(2, 2, 2, 1, 4).expand(2, 2, 2, 16, 4)), V,
-         ("k_cache", "address one element twice", "(16, 8, 4, 0, 1)")),
+         ("k_cache must not address one element twice", "(16, 8, 4, 0, 1)")),
     Case(KV, "v-expanded", put(v_cache=lambda: torch.zeros(1, 2, 2, 16, 4).expand(2, 2, 2, 16, 4)), V,
          ("v_cache", "address one element twice")),
+    # kv_compact_paged: the pool, the page table (a page a move writes is addressed once) and the values
+    Case(KVP, "page_size-3", edit("k_pages", lambda t: t[:, :, :3]), V,
+         ("k_pages page_size (dim 2) must be a power of two",)),
+    Case(KVP, "v-is-k", lambda a: a.update(v_pages=a["k_pages"]), V,
+         ("v_pages must not share memory with k_pages",)),
+    Case(KVP, "k-expanded", edit("k_pages", lambda t: t[:, :1].expand(2, 6, 4, 3, 4)), V,
+         ("k_pages must not address one element twice",)),
+    Case(KVP, "page_table-one-row", put(page_table=lambda: torch.tensor([[5, 0, 2]], dtype=I32)), V,
+         ("prefix_lens must have shape [1]",)),
+    Case(KVP, "page-past-pool", setv("page_table", (0, 1), 6), V,
+         ("page_table[0, 1] must lie in [0, num_pages=6) (page 1 holds rows [4, 8) of sequence 0, which",
+          "uses 6 rows), got 6")),
+    Case(KVP, "page-negative", setv("page_table", (1, 1), -1), V,
+         ("page_table[1, 1] must lie in [0, num_pages=6)",)),
+    # sequence 1's page 1 is sequence 0's page 1, which both write
+    Case(KVP, "written-page-shared", setv("page_table", (0, 1), 3), V,
+         ("page_table[0, 1] = 3 holds rows the compaction writes (rows [4, 8) of sequence 0), so it must",
+          "be no other entry the moves address, got page_table[1, 1] = 3 too")),
+    # a written page that is also sequence 1's prefix page 0 (read only there: still refused)
+    Case(KVP, "written-page-read-elsewhere", setv("page_table", (0, 1), 1), V,
+         ("page_table[0, 1] = 1 holds rows", "got page_table[1, 0] = 1 too")),
+    # one sequence listing the written page twice
+    Case(KVP, "written-page-twice", setv("page_table", (0, 0), 0), V,
+         ("page_table[0, 1] = 0 holds rows", "got page_table[0, 0] = 0 too")),
+    Case(KVP, "prefix_lens-past-pages", setv("prefix_lens", 1, 13), V,
+         ("prefix_lens must lie in [0, max_pages * page_size = 12]",)),
+    Case(KVP, "accept_idx-not-increasing", setv("accept_idx", (0, 2), 1), V,
+         ("accept_idx[0, 2] must be > accept_idx[0, 1] = 1",)),
+    Case(KVP, "accept_idx-past-pages", setv("accept_idx", (0, 2), 10), V,
+         ("accept_idx[0, 2] = 10 plus prefix_lens[0] = 2 must address a row < max_pages * page_size = 12",)),
+    Case(KVP, "accept_lens-past-a", setv("accept_lens", 0, 4), V, ("accept_lens must lie in [0, A=3]",)),
     # verify_greedy / verify_tree / verify_joint
     Case(VG, "tokens-past-v", setv("tokens", (0, 2), 6), V, ("tokens[0, 2]", "V=6", "got 6")),
     Case(VG, "tokens-negative", setv("tokens", (1, 1), -1), V, ("tokens[1, 1]", "got -1")),
@@ -443,21 +495,14 @@ def test_bad_input(case, backend, device):
         else:
             _assert_same(fn(**args, backend=backend), fn(**ref, backend=backend))
         return
-    before = {k: raw(v).clone() for k, v in args.items()
-              if isinstance(v, torch.Tensor) and v.device.type != "meta"}
-    with pytest.raises(case.exc) as info:
-        fn(**args, backend=backend)
-    message = str(info.value)
-    for part in case.shows:
-        part = part(args) if callable(part) else part
-        assert part in message, f"{part!r} missing from the message: {message}"
-    for name, saved in before.items():
-        assert torch.equal(raw(args[name]), saved), f"{name} changed although the call raised"
+    shows = [part(args) if callable(part) else part for part in case.shows]
+    inputs = [v for v in args.values() if isinstance(v, torch.Tensor) and v.device.type != "meta"]
+    raises(case.exc, shows, lambda: fn(**args, backend=backend), *inputs)
 
 
 def test_the_battery_is_large_and_covers_every_public_op():
-    ops = {"warp_probs", "build_tree_mask", "tree_attention", "kv_compact", "verify_greedy", "verify_tree",
-           "verify_tree_logits", "verify_joint", "verify_joint_logits", "topn_expand", "select_topn_subtree",
-           "apply_token_bitmask"}
+    ops = {"warp_probs", "build_tree_mask", "tree_attention", "kv_compact", "kv_compact_paged",
+           "verify_greedy", "verify_tree", "verify_tree_logits", "verify_joint", "verify_joint_logits",
+           "topn_expand", "select_topn_subtree", "apply_token_bitmask"}
     assert {c.op.split("[")[0] for c in CASES} == ops and ops <= set(specops.__all__)
     assert len({c.id for c in CASES}) == len(CASES) >= 280

@@ -1,10 +1,11 @@
 """kv_compact on both KV layouts (contiguous, and paged: kv_compact_paged): golden moves on every
 backend and layout, overlap patterns, every backend vs a gather-then-scatter reference, strided views,
-pages shared and scattered, unchecked input, errors leave the caches untouched, registration."""
+pages shared and scattered, unchecked input, registration (bad input: tests/test_bad_input.py)."""
 import functools
 
 import pytest
 import torch
+from _op_args import valid_args
 from _op_checks import needs_cpp
 
 import specops
@@ -209,113 +210,20 @@ def test_moves_are_the_spec():
     assert src[moving].tolist() == [5, 6, 1] and dst[moving].tolist() == [3, 4, 0]
 
 
-# ---- errors ----------------------------------------------------------------------------------------
+# ---- errors: the kv_compact / kv_compact_paged cases of tests/test_bad_input.py --------------------
 
-def _good(layout="contiguous"):
-    if layout == "paged":
-        g = torch.Generator().manual_seed(3)
-        kp, vp = torch.randn(2, 6, 4, 3, 4, generator=g), torch.randn(2, 6, 4, 3, 4, generator=g)
-        # Sequence 0 moves row 5 to row 4, sequence 1 row 6 to row 5: both inside their page 1.
-        return dict(k_pages=kp, v_pages=vp, page_table=i32([[5, 0, 2], [1, 3, 4]]), prefix_lens=i32([2, 4]),
-                    accept_idx=i32([[0, 1, 3], [0, 2, 6]]), accept_lens=i32([3, 2]))
-    k, v = caches(2, 2, 3, 10, 4)
-    return dict(k_cache=k, v_cache=v, prefix_lens=i32([2, 5]), accept_idx=i32([[0, 1, 3], [0, 2, 9]]),
-                accept_lens=i32([3, 1]))
-
-
-BAD = [  # (layout, argument, make, exc, match)
-    ("contiguous", "k_cache", lambda a: a["k_cache"].double(), TypeError, "k_cache must have dtype"),
-    ("contiguous", "k_cache", lambda a: [1.0], TypeError, "k_cache must be a torch.Tensor"),
-    ("contiguous", "k_cache", lambda a: a["k_cache"][0], ValueError, "k_cache must have rank 5"),
-    ("contiguous", "k_cache", lambda a: a["k_cache"].transpose(3, 4).contiguous().transpose(3, 4), ValueError,
-     "k_cache must have stride 1 in its last dimension"),
-    ("contiguous", "v_cache", lambda a: a["v_cache"].half(), TypeError, "v_cache must have dtype torch.float32"),
-    ("contiguous", "v_cache", lambda a: a["v_cache"][:, :, :, :9], ValueError, r"v_cache must have shape \[2, 2, 3, 10, 4\]"),
-    ("contiguous", "v_cache", lambda a: a["k_cache"], ValueError, "v_cache must not share memory with k_cache"),
-    ("contiguous", "v_cache", lambda a: a["k_cache"][:, :, :, :].transpose(1, 1), ValueError, "v_cache must not share memory"),
-    ("contiguous", "k_cache", lambda a: a["k_cache"][:, :, :1].expand(2, 2, 3, 10, 4), ValueError,
-     "k_cache must not address one element twice"),
-    ("contiguous", "prefix_lens", lambda a: a["prefix_lens"].long(), TypeError, "prefix_lens must have dtype torch.int32"),
-    ("contiguous", "prefix_lens", lambda a: i32([2]), ValueError, r"prefix_lens must have shape \[2\]"),
-    ("contiguous", "prefix_lens", lambda a: i32([-1, 5]), ValueError, r"prefix_lens must lie in \[0, S=10\]"),
-    ("contiguous", "prefix_lens", lambda a: i32([2, 11]), ValueError, r"prefix_lens must lie in \[0, S=10\]"),
-    ("contiguous", "accept_idx", lambda a: a["accept_idx"][0], ValueError, "accept_idx must have rank 2"),
-    ("contiguous", "accept_idx", lambda a: a["accept_idx"][:1], ValueError, r"accept_idx must have shape \[2, \*\]"),
-    ("contiguous", "accept_idx", lambda a: a["accept_idx"].float(), TypeError, "accept_idx must have dtype torch.int32"),
-    ("contiguous", "accept_idx", lambda a: i32([[0, 1, 1], [0, 2, 9]]), ValueError,
-     r"accept_idx\[0, 2\] must be > accept_idx\[0, 1\] = 1, got 1"),
-    ("contiguous", "accept_idx", lambda a: i32([[0, 3, 2], [0, 2, 9]]), ValueError, r"accept_idx\[0, 2\] must be > "),
-    ("contiguous", "accept_idx", lambda a: i32([[0, 1, 3], [-1, 2, 9]]), ValueError, r"accept_idx\[1, 0\] must be >= 0, got -1"),
-    ("contiguous", "accept_idx", lambda a: i32([[0, 1, 8], [0, 2, 9]]), ValueError,
-     r"accept_idx\[0, 2\] = 8 plus prefix_lens\[0\] = 2 must address a row < S=10"),
-    ("contiguous", "accept_lens", lambda a: i32([4, 1]), ValueError, r"accept_lens must lie in \[0, A=3\], got accept_lens\[0\] = 4"),
-    ("contiguous", "accept_lens", lambda a: i32([3, -1]), ValueError, r"accept_lens must lie in \[0, A=3\]"),
-    ("contiguous", "accept_lens", lambda a: i32([3, 1, 1]), ValueError, r"accept_lens must have shape \[2\]"),
-    ("contiguous", "accept_lens", lambda a: i32([3, 1]).to("meta"), ValueError, "accept_lens must be on cpu"),
-    ("paged", "k_pages", lambda a: a["k_pages"][:, :, :3], ValueError, r"k_pages page_size \(dim 2\) must be a power of two"),
-    ("paged", "k_pages", lambda a: a["k_pages"].double(), TypeError, "k_pages must have dtype"),
-    ("paged", "k_pages", lambda a: a["k_pages"][0], ValueError, "k_pages must have rank 5"),
-    ("paged", "v_pages", lambda a: a["v_pages"][:, :5], ValueError, r"v_pages must have shape \[2, 6, 4, 3, 4\]"),
-    ("paged", "v_pages", lambda a: a["k_pages"], ValueError, "v_pages must not share memory with k_pages"),
-    ("paged", "k_pages", lambda a: a["k_pages"][:, :1].expand(2, 6, 4, 3, 4), ValueError,
-     "k_pages must not address one element twice"),
-    ("paged", "page_table", lambda a: a["page_table"].long(), TypeError, "page_table must have dtype torch.int32"),
-    ("paged", "page_table", lambda a: i32([[5, 0, 2]]), ValueError, r"prefix_lens must have shape \[1\]"),
-    ("paged", "page_table", lambda a: i32([[5, 6, 2], [1, 3, 4]]), ValueError,
-     r"page_table\[0, 1\] must lie in \[0, num_pages=6\) \(page 1 holds rows \[4, 8\) of sequence 0, which uses 6 "
-     r"rows\), got 6"),
-    ("paged", "page_table", lambda a: i32([[5, 0, 2], [1, -1, 4]]), ValueError,
-     r"page_table\[1, 1\] must lie in \[0, num_pages=6\)"),
-    # sequence 1's page 1 is sequence 0's page 1, which both write
-    ("paged", "page_table", lambda a: i32([[5, 3, 2], [1, 3, 4]]), ValueError,
-     r"page_table\[0, 1\] = 3 holds rows the compaction writes \(rows \[4, 8\) of sequence 0\), so it must be no "
-     r"other entry the moves address, got page_table\[1, 1\] = 3 too"),
-    # a written page that is also sequence 1's prefix page 0 (read only there: still refused)
-    ("paged", "page_table", lambda a: i32([[5, 1, 2], [1, 3, 4]]), ValueError, r"page_table\[0, 1\] = 1 holds rows .* "
-     r"got page_table\[1, 0\] = 1 too"),
-    # one sequence listing the written page twice
-    ("paged", "page_table", lambda a: i32([[0, 0, 2], [1, 3, 4]]), ValueError, r"page_table\[0, 1\] = 0 holds rows .* "
-     r"got page_table\[0, 0\] = 0 too"),
-    ("paged", "prefix_lens", lambda a: i32([2, 13]), ValueError, r"prefix_lens must lie in \[0, max_pages \* page_size = 12\]"),
-    ("paged", "accept_idx", lambda a: i32([[0, 1, 1], [0, 2, 6]]), ValueError,
-     r"accept_idx\[0, 2\] must be > accept_idx\[0, 1\] = 1"),
-    ("paged", "accept_idx", lambda a: i32([[0, 1, 10], [0, 2, 6]]), ValueError,
-     r"accept_idx\[0, 2\] = 10 plus prefix_lens\[0\] = 2 must address a row < max_pages \* page_size = 12"),
-    ("paged", "accept_lens", lambda a: i32([4, 1]), ValueError, r"accept_lens must lie in \[0, A=3\]"),
-    ("paged", "accept_lens", lambda a: i32([3, 1]).to("meta"), ValueError, "accept_lens must be on cpu"),
-]
-
-
-@pytest.mark.parametrize("layout, arg, make, exc, match", BAD, ids=[f"{b[0]}-{b[1]}-{i}" for i, b in enumerate(BAD)])
-def test_bad_input_raises_naming_the_argument_and_leaves_caches_untouched(backend, layout, arg, make, exc, match):
-    op = "kv_compact" if layout == "contiguous" else "kv_compact_paged"
-    need(op, backend)
-    args = _good(layout)
-    args[arg] = make(args)
-    caches = [t for t in list(args.values())[:2] if isinstance(t, torch.Tensor)]  # K and V come first
-    before = [t.clone() for t in caches]
-    with pytest.raises(exc, match=match):
-        getattr(specops, op)(**args, backend=backend)
-    assert all(torch.equal(a, b) for a, b in zip(caches, before))
-
-
-def test_good_input_passes_the_checks(layout):
-    compact = specops.kv_compact if layout == "contiguous" else specops.kv_compact_paged
-    compact(**_good(layout))  # the base of BAD is valid
+@pytest.mark.parametrize("op", ["kv_compact", "kv_compact_paged"])
+def test_good_input_passes_the_checks(op):
+    getattr(specops, op)(**valid_args(op))  # the base of the bad-input cases is valid
 
 
 def test_padding_entries_are_not_validated(backend):
     need("kv_compact", backend)
-    args = {**_good(), "accept_idx": i32([[0, 1, -7], [0, 100, -100]]), "accept_lens": i32([2, 1])}
+    args = valid_args("kv_compact")
+    args.update(accept_idx=i32([[0, 1, -7], [0, 100, -100]]), accept_lens=i32([2, 1]))
     k0 = args["k_cache"].clone()
     specops.kv_compact(**args, backend=backend)
     assert torch.equal(args["k_cache"], k0)  # both moves are identities (node j -> row j)
-
-
-def test_interleaved_k_and_v_views_of_one_tensor_are_accepted(backend):
-    need("kv_compact", backend)
-    k, v = caches(2, 2, 3, 10, 4, view="interleaved")
-    run_and_compare(k, v, i32([1, 0]), i32([[1, 3, 4], [2, 5, 6]]), i32([3, 2]), backend)
 
 
 # ---- every backend vs the gather-then-scatter reference: test_kv_compact_grid.py -----------------

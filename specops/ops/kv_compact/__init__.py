@@ -125,27 +125,19 @@ def accept_values(kv, prefix_lens, accept_idx, accept_lens):
 def _aliased_writes(kv, needed, prefix_lens, accept_idx, accept_lens):
     """[B, max_pages] bool: page_table[b, i] holds a row the compaction writes, and the same pool page
     is also another addressed entry (another sequence's, or another page index of this one), among
-    the first ceil(needed[b] / page_size) entries of every row. No host sync: entries sorted by
-    pool page, counted per group."""
-    page_table, page_size = kv.page_table, kv.page_size
+    the first ceil(needed[b] / page_size) entries of every row. No host sync: entries counted per
+    pool page."""
+    page_table, page_size, N = kv.page_table, kv.page_size, kv.num_pages
     B, M = page_table.shape
     dev = page_table.device
     moving, _, dst, _, _ = ref.moves(kv, prefix_lens, accept_idx, accept_lens)
     col = torch.where(moving, dst // page_size, M)  # column M: moves that write nothing
     written = torch.zeros(B, M + 1, dtype=torch.bool, device=dev).scatter(1, col, moving)[:, :M]
     addressed = torch.arange(M, device=dev)[None, :] < ((needed.clamp(min=0) + page_size - 1) // page_size)[:, None]
-    addressed &= (page_table >= 0) & (page_table < kv.num_pages)
-    n = B * M
-    if n == 0:
-        return written
-    pool = torch.where(addressed, page_table.long(), -1 - torch.arange(n, device=dev).view(B, M)).flatten()
-    order = torch.argsort(pool)
-    ps = pool[order]
-    group = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.long, device=dev), (ps[1:] != ps[:-1]).long()]), 0)
-    count = torch.zeros(n, dtype=torch.long, device=dev).scatter_add(0, group, torch.ones_like(group))
-    shared = torch.zeros(n, dtype=torch.bool, device=dev)
-    shared[order] = count[group] > 1
-    return shared.view(B, M) & written & addressed
+    addressed &= (page_table >= 0) & (page_table < N)
+    page = torch.where(addressed, page_table.long(), N).flatten()  # page N: entries not addressed
+    count = torch.zeros(N + 1, dtype=torch.long, device=dev).scatter_add(0, page, torch.ones_like(page))
+    return (count[page] > 1).view(B, M) & written & addressed
 
 
 def _aliased_message(clash, page_table, page_size, needed):

@@ -1,7 +1,5 @@
-"""The plan of kv_compact: the op's checks and dispatch once per step, ``run`` per call (on the terms
-of :mod:`specops.ops.tree_attention.plan`). Why: at decode shapes the op's Python checks cost more
-than its kernel (~12 us against ~2.5 us of C++), so a step that compacts several caches with one
-acceptance checks it once."""
+"""The plan of kv_compact: the op's checks and dispatch once per step, ``run`` per call (why, and
+what is checked when: docs/plans.md)."""
 import torch
 
 from ...backend import resolve
@@ -16,11 +14,8 @@ class KVCompactPlan:
     Shape: lens int32 [B] (the op's ``prefix_lens``), accept_idx int32 [B, A], accept_lens int32 [B];
     contiguous (``max_len`` = S): run(k, v [L, B, Hkv, S, D]); paged (``page_table`` int32
     [B, max_pages], ``page_size``): run(k_pages, v_pages [L, num_pages, page_size, Hkv, D]);
-    L = num_layers, Hkv = num_kv_heads, D = head_dim. Both modified in place.
-
-    ``check=True`` verifies the op's value rules here (one host sync; paged: at the first run unless
-    ``num_pages`` is given). The first run reconciles the declared sizes with the caches (ValueError
-    naming both); later runs must pass its shapes. Nothing is written by a call that raises."""
+    L = num_layers, Hkv = num_kv_heads, D = head_dim. Both modified in place; nothing is written by a
+    call that raises (the checks, and when they run: docs/plans.md §What a plan checks, and when)."""
 
     def __init__(self, lens, accept_idx, accept_lens, *, num_layers, num_kv_heads, head_dim, max_len=None,
                  page_table=None, page_size=None, num_pages=None, dtype, device=None, check=True, backend=None):
