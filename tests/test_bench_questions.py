@@ -8,13 +8,9 @@ import os
 import sys
 
 import pytest
+from test_bench_suite import ROOT, bench_row, write_csv  # (puts the checkout on sys.path)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCH = os.path.join(ROOT, "bench")
-for p in (ROOT, BENCH):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 pytest.importorskip("transformers")
 import bench_decoding as bd  # noqa: E402
 import questions as qfile  # noqa: E402
@@ -23,7 +19,6 @@ from bench.paper_claims import load as _read
 from specops import models  # noqa: E402
 from specops.decoding import api  # noqa: E402
 from specops.testing import tiny_causal_lm  # noqa: E402
-from test_bench_suite import bench_row, write_csv  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
