@@ -146,10 +146,10 @@ def test_compiled_greedy_is_token_identical_to_greedy_decoding(pair, case, adapt
 def test_feature_draft_compiled_is_lossless():
     # An EAGLE-style draft: its own input layer (features) before the decoder, and the target's
     # feature capture (a forward hook on the final norm) applied to the compiled graph's output.
-    from test_distill import feature_draft, tiny_target
+    from test_distill import fresh_draft, tiny_target
 
     target = tiny_target(seed=3)
-    d = feature_draft(target, seed=4).eval()
+    d = fresh_draft(target, arch="feature", seed=4).eval()
     prompts = [[5, 9, 33, 4, 71, 12], [8, 100, 3], [40, 41, 42, 43, 44, 45, 46, 47, 48]]
     kw = {"draft": d, "method": "sd", "max_new_tokens": 12, "eos_token_id": [], "adaptive": False}
     ref, _ = generate(target, prompts, method="ar", max_new_tokens=12, eos_token_id=[])

@@ -1,34 +1,13 @@
-"""Compiled block forwards for :class:`~specops.engine.ModelRunner` (``compile=True``; docs/compile.md).
+"""Compiled block forwards for :class:`~specops.engine.ModelRunner` (``compile=True``).
 
-The HF model's decoder (embedding, every layer with the ``"specops"`` attention, the final norm) runs
-under ``torch.compile(fullgraph=True)`` as one graph per (model, batch, cache layout) whose row count
-is a symbol: AR's one-row steps and every block of up to 64 rows run the same code. Dynamo specialises
-a size of 1, so the graph is traced with two rows (a one-row block that arrives first is padded to two
-once); a saved graph runs one row unpadded, and a row's bits equal those of a graph traced for one row.
-On a CPU, for the Llama-shaped decoders of :data:`LAYERED`, the graph is a run of :func:`run_length`
-layers (6 of SmolLM2's 30), called once per run with that run's modules and cache stores, the
-embedding, rotary tables and final norm running eagerly: it compiles in ~24 s instead of ~74 s (the
-30 unrolled layers were traced, partitioned and code-generated one by one) for ~4 % more per step
-(five calls' wrappers instead of one). Other decoders, feature drafts and CUDA compile the whole
-decoder. Under CUDA graphs (static shapes) a block is padded to the smallest bucket ``Tb >= Tq`` of
-:data:`BUCKETS` instead. Padding rows are inert: their queries are past ``q_lens`` (the kernel gives
-them 0), their K/V go to cache rows past the block's valid rows (which no valid query sees and the
-next forward or the compaction overwrites), their position is ``lens`` (inside every position
-table) and their token 0. The cache therefore holds ``max(BUCKETS)`` spare rows past ``max_len``.
-
-Inside the graph nothing goes through the HF ``Cache`` API (``cache=None``): the attention, reached
-by the ``specops_block`` keyword as an eager block (a :class:`~specops.engine.attention.CompiledBlock`),
-writes the layer's new K/V rows straight into the cache's storage (one ``index_put_`` per tensor:
-mutations of whole graph inputs, which inductor performs in place) and runs the tree-attention kernel
-(a registered op with a fake implementation) over it; the 4-D ``attention_mask`` keeps HF's mask
-builders from materialising a mask. The LM head runs outside the graph on the block's valid rows
-only; forward hooks on the final norm (the loop's feature capture) are applied to the graph's output
-instead of being traced (a traced hook would stay bound to the object it was traced with).
-
-One :class:`CompiledDecoder` per model, shared by every runner of that model in the process: the
-dynamo graphs live there, and inductor's on-disk caches (FX graph and AOTAutograd caches, under
-``<specops cache>/inductor`` unless ``TORCHINDUCTOR_CACHE_DIR`` says otherwise) make a later process
-skip code generation. The cache's row count is marked dynamic, so caches of any length share a graph.
+One :class:`CompiledDecoder` per model, shared by every runner of that model in the process, runs the
+HF decoder (embedding, every layer with the ``"specops"`` attention, the final norm) under
+``torch.compile(fullgraph=True)`` with the block's row count a symbol; on a CPU the :data:`LAYERED`
+decoders compile a graph of :func:`run_length` layers, called once per run. Inside a graph the
+attention writes the new K/V rows straight into the cache's storage (no HF ``Cache``); the LM head and
+the final norm's forward hooks run on the graph's output. Under the default mode every graph is saved
+to and loaded from disk. docs/compile.md §How a block becomes a graph and §Warm-up, caching and what
+is reported say how and why (CUDA graphs' buckets, inert padding rows, the saved graphs' guards).
 """
 import contextlib
 import functools
@@ -68,11 +47,8 @@ MASK_WORDS = mask_words(MAX_BUCKET)  # every compiled forward's mask width: one 
 
 
 def set_cache_dir():
-    """Points inductor's on-disk caches at ``<specops cache>/inductor`` unless the user chose a place.
-
-    Inductor writes its default (a directory under the system's temporary directory, which a reboot
-    empties) into ``TORCHINDUCTOR_CACHE_DIR`` the first time anything asks for it, so the variable
-    holding that default is not a user's choice: it is replaced too."""
+    """Points inductor's on-disk caches at ``<specops cache>/inductor`` unless the user chose a place
+    (torch's own temporary default in ``TORCHINDUCTOR_CACHE_DIR`` is no choice; docs/compile.md)."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
@@ -82,11 +58,8 @@ def set_cache_dir():
 
 
 def cpu_options():
-    """Inductor's options for a CPU graph. The C++ wrapper calls the graph's kernels, extern matmuls and
-    the attention op from C++: on SmolLM2-135M it took a one-row step from ~41 to ~32 ms (the Python
-    wrapper's ~500 lines of calls cost ~9 ms). Building the wrapper apart from the kernels (at -O1) keeps
-    its compile at ~130 s instead of ~300 s. Runtime shape and stride asserts are left out: the inputs
-    are built by this module."""
+    """Inductor's options for a CPU graph: the C++ wrapper, built apart from the kernels (docs/compile.md,
+    "The C++ wrapper"), without runtime shape and stride asserts (this module builds the inputs)."""
     return {"cpp_wrapper": True, "cpp_wrapper_build_separate": True, "size_asserts": False,
             "scalar_asserts": False, "alignment_asserts": False}
 
@@ -216,9 +189,8 @@ class CompiledDecoder:
 
     def cache_for(self, runner, make, rows, key):
         """A KV cache of at least ``rows`` rows for ``runner``: the cache of an earlier runner of this
-        model with the same ``key`` once that runner is gone (reset), else ``make(rows)``. Reuse keeps
-        the graphs' cache inputs the same tensors (CUDA graphs capture their addresses) and saves
-        allocating and zeroing a cache per ``generate``."""
+        model with the same ``key`` once that runner is gone (reset), else ``make(rows)`` (why:
+        docs/compile.md, "One graph for every cache length")."""
         key = key + (torch.is_inference_mode_enabled(),)  # inference tensors make other graphs
         entry = self._caches.get(key)
         if entry is not None and entry[1]() is None and entry[0].max_len >= rows:
@@ -231,9 +203,8 @@ class CompiledDecoder:
 
     @contextlib.contextmanager
     def frozen(self):
-        """A region where no graph is compiled or loaded: a forward that needs a graph this decoder has
-        not run yet, or a dynamo recompile of one it has, raises RuntimeError instead. For timed work
-        after a warm-up, where a compile would be timed as decoding."""
+        """A region (timed work after a warm-up) where a forward that needs a graph this decoder has not
+        run yet, or a dynamo recompile of one it has, raises RuntimeError instead of compiling."""
         outer, self._frozen = self._frozen, True
         try:
             with torch.compiler.set_stance("fail_on_recompile"):
@@ -290,17 +261,8 @@ class CompiledDecoder:
     def _run(self, seen, *args):
         """Runs the graph of ``seen`` (key, grad mode, inference mode) -> (hidden, what this call did to
         get the graph from disk: "loaded from <file>", "compiled and saved to <file>", else None).
-
-        Under the default mode a graph is compiled ahead of time (``aot_compile``) and saved under the
-        specops cache (:meth:`saved_path`), so a later process loads it instead of tracing the model
-        again. The file's name is the graph's guard: it digests the model, the code and every input's
-        dtype, device and static sizes (:func:`_signature`), checked once per (key, cache storage).
-        dynamo's own guards are not run: the ~280 parameter guards cost ~3 ms a step, and those on
-        identities cannot be saved. Under other modes, or when a graph cannot be saved, dynamo's cache
-        runs it: once warm, only the guards that tell the code object's graphs apart are evaluated. An
-        input that needs another graph all the same (say, a tensor made outside inference mode where the
-        graph saw inference tensors) makes dynamo refuse before running anything: then the full guards
-        choose or compile."""
+        The saved graph (default mode), checked once per (key, cache storage), else dynamo's cache with its
+        guards skipped once warm, else with full guards (docs/compile.md, "Guards once", §Saved graphs)."""
         if self.layered and args[4] is None:
             return self._run_layered(seen, *args[:4])
         if self._saved is not None and seen not in self._unsaved:
@@ -357,10 +319,8 @@ class CompiledDecoder:
         return (key, torch.is_grad_enabled(), torch.is_inference_mode_enabled()) in self._loaded
 
     def saved_path(self, seen, sig):
-        """The file of the graph ``seen`` for inputs of signature ``sig`` in the specops cache: named by a
-        digest of everything the graph depends on (the model's class, config and parameters' shapes,
-        dtypes and devices, the sources of specops' engine and ops and of the model's module, torch's
-        version, the CPU's vector ISA, the compile options, the key, modes and input signature)."""
+        """The file of the graph ``seen`` for inputs of signature ``sig`` in the specops cache, named by a
+        digest of everything the graph depends on (listed in docs/compile.md §Saved graphs)."""
         if self._model_digest is None:
             cfg = getattr(self.model, "config", None)
             params = [(n, tuple(p.shape), str(p.dtype), p.device.type) for n, p in self.model.named_parameters()]

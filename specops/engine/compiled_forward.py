@@ -51,9 +51,6 @@ class CompiledRunner:
         """Whether a block of ``Tq`` query rows reaching ``longest`` rows runs compiled."""
         return Tq <= MAX_BUCKET and not (self.window and longest > self.window)
 
-    def _key(self, Tb, Wb):
-        return (Tb, Wb, self.runner.batch_size, self.runner.kv_layout, self.runner.batch_invariant, self.packed)
-
     def forward(self, tokens, mask, depth, block_lens, q_start, features=None):
         """Shape: tokens int [B, Tq], mask int32 [B, Tq, W], depth int32 [B, Tq], block_lens int32 [B],
         features [B, Tq, H] (a feature model's input rows; None for other models) -> logits [B, Tq, V]
@@ -64,7 +61,8 @@ class CompiledRunner:
         # blocks are padded to buckets. A one-row block is padded to two until a saved graph runs it.
         dynamic = not self.decoder.cudagraphs
         Wb = max(MASK_WORDS, mask_words(32 * mask.shape[2]))  # wider only for a partial block past 64 rows
-        key = self._key(BLOCK if dynamic else bucket_for(Tq), Wb)
+        key = (BLOCK if dynamic else bucket_for(Tq), Wb, self.runner.batch_size, self.runner.kv_layout,
+               self.runner.batch_invariant, self.packed)
         Tb = bucket_for(Tq) if not dynamic else Tq if Tq > 1 or self.decoder.runs_one_row(key) else 2
         lens = self.runner.lens
         base = lens.to(torch.int64)[:, None]  # [B, 1]

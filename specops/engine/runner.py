@@ -172,8 +172,7 @@ class ModelRunner:
 
     @property
     def host_lens(self):
-        """The committed lengths as a list: the cache's host mirror, kept fresh from the counts the
-        callers pass (no read back in a decode step)."""
+        """The committed lengths as a list: the cache's host mirror (see the class)."""
         return list(self.cache.host_lens())
 
     @property
