@@ -116,13 +116,6 @@ def test_matches_reference(fast_backend, device, N, V, dtype):
     _compare(x.to(dtype), PARAMS, fast_backend, device)  # bf16 rounding makes many exact ties
 
 
-def test_matches_reference_one_large_row_interpreted(fast_backend, device):
-    if not _interpreted(fast_backend, device):
-        pytest.skip("covered by test_matches_reference")
-    x = torch.randn(1, 32000, generator=torch.Generator().manual_seed(5)) * 3
-    _compare(x.bfloat16(), [(0.8, 50, 0.8)], fast_backend, device)
-
-
 @pytest.mark.parametrize("N,V", [(3, 11), (33, 1000)])
 def test_matches_reference_with_per_row_parameters(fast_backend, device, N, V):
     if _interpreted(fast_backend, device) and N > 3:
