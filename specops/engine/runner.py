@@ -83,15 +83,10 @@ class ModelRunner:
     ``page_size``-row pages, a power of two); ``cache_dtype``: the cache's dtype (default the
     model's). ``compile``: blocks of up to 64 rows run one compiled graph (its row count a symbol;
     under CUDA graphs one per bucket; ``compile_mode``: torch.compile's mode; docs/compile.md).
-    ``linear``: "auto" routes the model's ``nn.Linear`` calls through :func:`specops.linear` while
-    the runner lives when the model is bf16 or fp16 on the CPU (one pass over each weight serves a
-    whole block; docs/batch_invariance.md); "specops" routes them for any dtype (fp32 included);
-    "torch" none; :meth:`close` restores the model. ``batch_invariant``: every forward runs
-    batch-invariant ops (every linear call through :func:`specops.linear`, the attention's invariant
-    schedule), so a row's logits have the bits of the one-row AR step that has its ancestors in the
-    cache (docs/batch_invariance.md); it needs ``linear`` "auto" or "specops" and the compiled CPU
-    kernels for the model's linears; "auto" turns it on where it costs nothing measurable, a bf16/fp16
-    CPU model whose linears are plain ``nn.Linear``.
+    ``linear``: which ``nn.Linear`` calls go through :func:`specops.linear` while the runner lives,
+    "auto" (a bf16/fp16 CPU model's), "specops" (any model's) or "torch" (none); :meth:`close` restores
+    the model (docs/batch_invariance.md, "In the engine"). ``batch_invariant``: True, False or "auto",
+    a row's logits with the bits of the one-row AR step (docs/batch_invariance.md §Exact speculation).
 
     Features are data: ``forward(..., want_hidden=True)`` also returns the LM head's input (the
     final hidden state after the final norm) of the block's rows, and a feature (EAGLE-style) model
