@@ -11,7 +11,7 @@ import specops
 from specops import backend as _backend
 from specops.ops.tree_attention import SM_SCALE_MAX
 
-from _op_checks import raises
+from _op_checks import raises, raw
 from test_kv_compact import compaction_case, geometry, i32
 from test_plan import small_tree as _case
 from test_plan import tree_plan
@@ -23,11 +23,6 @@ LAYOUTS = ("contiguous", "paged")
 def _paged(args):
     """The case's k_pages, v_pages, page_table: its rows in scattered pages of 4."""
     return to_paged(args, 4, seed=0)[1:4]
-
-
-def _storage(t):
-    """fp32 [n] over the whole storage of ``t``: a buffer that aliases it whatever its strides."""
-    return torch.empty(0, dtype=torch.float32, device=t.device).set_(t.untyped_storage())
 
 
 def _layout_case(layout, backend, device, **plan_kw):
@@ -90,9 +85,9 @@ def test_a_workspace_aliasing_the_cache_is_refused(backend, device, layout):
     args, kw, (q, k, v), plan, name, paged = _layout_case(layout, backend, device, num_splits=2)
     want = plan.run(q, k, v)
     n = plan.workspace.numel()
-    plan.workspace = _storage(k)  # the issue's case: partials over the cache
+    plan.workspace = raw(k).view(torch.float32)  # the issue's case: partials over the cache
     raises(ValueError, ("workspace must not share memory with " + name,), lambda: plan.run(q, k, v), q, k, v)
-    fresh = tree_plan(args, kw, paged, backend=backend, num_splits=2, workspace=_storage(v))
+    fresh = tree_plan(args, kw, paged, backend=backend, num_splits=2, workspace=raw(v).view(torch.float32))
     raises(ValueError, ("workspace must not share memory with",), lambda: fresh.run(q, k, v), q, k, v)
     with pytest.raises(ValueError, match="workspace must not share memory with mask"):
         tree_plan(args, kw, paged, backend=backend, num_splits=2, workspace=args[5].view(torch.float32))
@@ -118,13 +113,15 @@ def test_the_raw_op_refuses_a_workspace_aliasing_an_input(backend, device):
     ql = kw["q_lens"]
     big = torch.zeros(4096, device=device)  # q inside a buffer large enough to be a workspace
     qb = big[:q.numel()].view_as(q).copy_(q)
-    for ws, qq, name in ((_storage(k), q, "k_cache"), (_storage(v), q, "v_cache"), (big, qb, "q")):
+    k32, v32 = (raw(t).view(torch.float32) for t in (k, v))  # buffers over the caches' storages
+    for ws, qq, name in ((k32, q, "k_cache"), (v32, q, "v_cache"), (big, qb, "q")):
         assert ws.numel() >= 2 * q.numel() // 16 * 17
         raises(ValueError, (f"workspace must not share memory with {name}",),
                lambda: ops.tree_attention(qq, k, v, prefix, block, mask, ql, 0.25, 2, ws), qq, k, v)
     kp, vp, table = _paged(args)
     raises(ValueError, ("workspace must not share memory with k_pages",),
-           lambda: ops.tree_attention_paged(q, kp, vp, table, prefix, block, mask, ql, 0.25, 2, _storage(kp)),
+           lambda: ops.tree_attention_paged(q, kp, vp, table, prefix, block, mask, ql, 0.25, 2,
+                                            raw(kp).view(torch.float32)),
            kp, vp)
 
 
@@ -175,6 +172,9 @@ def test_raw_op_argument_errors_are_value_and_type_errors(backend, device):
     cache, kp, vp, table, (lens, idx, acc) = compaction_case(2, 6, "random", 4, torch.float32, seed=1, device=device)
     kc, vc = cache.clone(), -cache
     raises(ValueError, ("rank",), lambda: ops.kv_compact(kc[0], vc[0], lens, idx, acc), kc, vc)
+    raises(TypeError, ("prefix_lens must be",), lambda: ops.kv_compact(kc, vc, lens.long(), idx, acc), kc, vc)
+    raises(ValueError, ("v_cache must match k_cache",), lambda: ops.kv_compact(kc, vc.half(), lens, idx, acc),
+           kc, vc)
     raises(ValueError, ("page_size",), lambda: ops.kv_compact_paged(kp[:, :, :3], vp[:, :, :3], table, lens, idx, acc),
            kp, vp)
 

@@ -261,17 +261,6 @@ def test_schema_marks_both_caches_mutated(op, names):
 
 
 @needs_cpp
-def test_direct_call_with_bad_index_dtype_is_refused():
-    k, v = caches(1, 1, 1, 4, 2)
-    before = k.clone(), v.clone()
-    with pytest.raises(TypeError, match="prefix_lens must be"):
-        torch.ops.specops.kv_compact(k, v, torch.zeros(1, dtype=torch.int64), i32([[1]]), i32([1]))
-    with pytest.raises(ValueError, match="v_cache must match k_cache"):
-        torch.ops.specops.kv_compact(k, v.half(), i32([0]), i32([[1]]), i32([1]))
-    assert torch.equal(k, before[0]) and torch.equal(v, before[1])
-
-
-@needs_cpp
 @pytest.mark.parametrize("view", ["contiguous", "sliced", "paged"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_opcheck(view, dtype):
