@@ -1,11 +1,12 @@
 """verify_greedy / verify_tree / verify_joint: golden cases, every backend vs the reference bit for
-bit, invariants, the grammar bitmask. Distribution tests: test_verify_dist.py; registration:
-test_verify_api.py; bad input: the battery of tests/test_bad_input.py."""
+bit, invariants, the grammar bitmask, opcheck of the three schemas and torch.compile(fullgraph=True)
+over the cpp path. Distribution tests: test_verify_dist.py; bad input: the battery of
+tests/test_bad_input.py."""
 import math
 
 import pytest
 import torch
-from _op_checks import assert_same
+from _op_checks import assert_same, needs_cpp
 
 import specops
 from specops import backend as _backend
@@ -34,19 +35,17 @@ def uni(T, coins=None, draws=None, fill=0.5):
     return u
 
 
-def tree(backend, device, tokens, parents, P, U, mode, Q=None, n=None):
-    out = specops.verify_tree(t32([tokens]).to(device), t32([parents]).to(device), P.to(device), U.to(device),
-                              draft_probs=None if Q is None else Q.to(device), mode=mode,
-                              num_nodes=None if n is None else t32([n]).to(device), backend=backend)
+def walk(backend, device, tokens, parents, P, U=None, mode=None, Q=None, n=None):
+    """One sequence through verify_tree (verify_greedy for mode None, P its logits) -> (path, bonus, idx)."""
+    tok, par, n = (None if v is None else t32([v]).to(device) for v in (tokens, parents, n))
+    if mode is None:
+        out = specops.verify_greedy(tok, par, P.to(device), n, backend=backend)
+    else:
+        Q = None if Q is None else Q.to(device)
+        out = specops.verify_tree(tok, par, P.to(device), U.to(device), draft_probs=Q, mode=mode, num_nodes=n,
+                                  backend=backend)
     idx, length, bonus = (o.cpu() for o in out)
     return idx[0, : int(length[0])].tolist(), int(bonus[0]), idx
-
-
-def greedy(backend, device, tokens, parents, logits, n=None):
-    out = specops.verify_greedy(t32([tokens]).to(device), t32([parents]).to(device), logits.to(device),
-                                None if n is None else t32([n]).to(device), backend=backend)
-    idx, length, bonus = (o.cpu() for o in out)
-    return idx[0, : int(length[0])].tolist(), int(bonus[0])
 
 
 # ---- golden cases: R1 ----------------------------------------------------------------------------
@@ -67,7 +66,7 @@ GREEDY_GOLDEN = {
 def test_greedy_golden(backend, device, name):
     tokens, parents, argmaxes, n, path, bonus = GREEDY_GOLDEN[name]
     logits = 5.0 * torch.nn.functional.one_hot(torch.tensor([argmaxes]), 10)
-    assert greedy(backend, device, tokens, parents, logits, n=n) == (path, bonus)
+    assert walk(backend, device, tokens, parents, logits, n=n)[:2] == (path, bonus)
 
 
 def test_greedy_ties_go_to_the_lowest_token_and_low_precision_logits(backend, device):
@@ -75,7 +74,7 @@ def test_greedy_ties_go_to_the_lowest_token_and_low_precision_logits(backend, de
     logits[0, 0, [2, 4]] = 1.0
     logits[0, 1, 5] = -1.0  # all others 0: argmax is token 0
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        path, bonus = greedy(backend, device, [0, 2], [-1, 0], logits.to(dtype))
+        path, bonus, _ = walk(backend, device, [0, 2], [-1, 0], logits.to(dtype))
         assert (path, bonus) == ([0, 1], 0), dtype
 
 
@@ -158,13 +157,13 @@ TREE_GOLDEN = [
 @pytest.mark.parametrize("case", TREE_GOLDEN, ids=[c[0] for c in TREE_GOLDEN])
 def test_tree_golden(backend, device, case):
     _, mode, tokens, parents, P, Q, U, path, bonus = case
-    got, got_bonus, idx = tree(backend, device, tokens, parents, P, U, mode, Q=Q)
+    got, got_bonus, idx = walk(backend, device, tokens, parents, P, U, mode, Q=Q)
     assert got == path and (bonus is None or got_bonus == bonus) and idx[0, len(path):].eq(-1).all()
 
 
 def test_padding_nodes_are_never_accepted(backend, device):
     for mode in MODES:
-        path, _, idx = tree(backend, device, [0, 1, 2, 3], [-1, 0, 1, 2], P_FLAT, uni(4), mode, Q=P_FLAT, n=2)
+        path, _, idx = walk(backend, device, [0, 1, 2, 3], [-1, 0, 1, 2], P_FLAT, uni(4), mode, Q=P_FLAT, n=2)
         assert max(path) <= 1 and idx[0, 2:].tolist() == [-1, -1]
 
 
@@ -183,13 +182,12 @@ def test_joint_takes_the_longest_passing_prefix_not_the_first_failure(backend, d
     assert length.tolist() == [3] and idx.tolist() == [[0, 1, 2, -1]]
 
 
-def test_joint_tau_zero_accepts_all_and_tau_one_none(backend, device):
+def test_joint_tau_zero_accepts_all(backend, device):  # tau = 1 accepts none: below
     lp = torch.log_softmax(torch.randn(2, 4, 7), -1)
-    lq = [[-1.0, -2.0, -3.0]] * 2
     lp[0, 1, :] = -torch.inf  # a zero-probability draft: tau = 0 still accepts it
     lp[0, 1, 0] = 0.0
+    lq = [[-1.0, -2.0, -3.0]] * 2
     assert joint(backend, device, [[1, 2, 3]] * 2, lp, lq, 0.0, [0.5, 0.5])[1].tolist() == [4, 4]
-    assert joint(backend, device, [[1, 2, 3]] * 2, lp, lq, 1.0, [0.5, 0.5])[1].tolist() == [1, 1]
 
 
 def test_joint_tau_one_is_target_only_decoding(backend, device):
@@ -229,19 +227,26 @@ def _case(B, T, V, device, chain=False):
     return random_verify_case(B, T, V, generator=g, device=device, chain=chain)
 
 
+def _joint_args(c, u=None):
+    """verify_joint's (draft_tokens, target_logprobs, draft_joint_logprobs, uniforms) from the case
+    ``c``: the chain of its T tokens against T + 1 rows, the uniform ``u`` where given."""
+    V = c["target_logits"].shape[2]
+    lp = torch.log_softmax(torch.cat([c["target_logits"], c["target_logits"][:, :1]], 1), -1)
+    lq = torch.cumsum(torch.log(c["draft_probs"].amax(-1)), 1)
+    u = c["uniforms"][:, 0, 0].contiguous() if u is None else torch.full_like(lq[:, 0], u)
+    return c["tokens"].clamp(0, V - 1).contiguous(), lp, lq, u
+
+
 def _run(op, c, tau=None, u=None, **kw):
-    """``op`` (greedy, a mode of MODES, or joint: the chain of the case's T tokens against T + 1 rows,
-    with ``tau`` and the uniform ``u``, where given) on the case ``c``; ``kw``: backend, check."""
+    """``op`` (greedy, a mode of MODES, or joint with ``tau``: :func:`_joint_args`) on the case ``c``;
+    ``kw``: backend, check."""
     if op == "greedy":
         return specops.verify_greedy(c["tokens"], c["parents"], c["target_logits"], c["num_nodes"], **kw)
     if op != "joint":
         return specops.verify_tree(c["tokens"], c["parents"], c["target_probs"], c["uniforms"],
                                    draft_probs=c["draft_probs"], mode=op, num_nodes=c["num_nodes"], **kw)
-    V = c["target_logits"].shape[2]
-    lp = torch.log_softmax(torch.cat([c["target_logits"], c["target_logits"][:, :1]], 1), -1)
-    lq = torch.cumsum(torch.log(c["draft_probs"].amax(-1)), 1)
-    u = c["uniforms"][:, 0, 0].contiguous() if u is None else torch.full_like(lq[:, 0], u)
-    return specops.verify_joint(c["tokens"].clamp(0, V - 1).contiguous(), lp, lq, tau, u, **kw)
+    tokens, lp, lq, u = _joint_args(c, u)
+    return specops.verify_joint(tokens, lp, lq, tau, u, **kw)
 
 
 @pytest.mark.parametrize("op", ["greedy", *MODES, "joint"])
@@ -403,3 +408,42 @@ def test_greedy_bitmask_row_allowing_nothing_is_safe_unchecked(backend, device):
     mask[1, 2] = 0
     _, lens, bonus = specops.verify_greedy(tok, par, logits, nn, bitmask=mask, check=False, backend=backend)
     assert (lens >= 1).all() and ((bonus >= 0) & (bonus < 33)).all()
+
+
+# ---- registration --------------------------------------------------------------------------------
+
+@needs_cpp
+@pytest.mark.parametrize("mode", MODES)
+def test_opcheck_verify_tree(mode):
+    c = random_verify_case(3, 9, 13, generator=torch.Generator().manual_seed(6))
+    torch.library.opcheck(torch.ops.specops.verify_tree.default,
+                          (c["tokens"], c["parents"], c["target_probs"], c["uniforms"],
+                           c["draft_probs"] if mode != "mss_pointmass" else None, c["num_nodes"], mode))
+
+
+@needs_cpp
+def test_opcheck_verify_greedy_and_joint():
+    c = random_verify_case(3, 9, 13, generator=torch.Generator().manual_seed(7))
+    mask = specops.pack_mask(torch.rand(3, 9, 13, generator=torch.Generator().manual_seed(8)) < 0.5)
+    tree, x, n = (c["tokens"], c["parents"]), c["target_logits"], c["num_nodes"]
+    for args in [(*tree, x, n), (*tree, x.bfloat16(), n), (*tree, x, n, mask)]:
+        torch.library.opcheck(torch.ops.specops.verify_greedy.default, args)
+    tokens, lp, lq, u = _joint_args(c)
+    log_tau = torch.log(torch.full((3,), 0.3))
+    torch.library.opcheck(torch.ops.specops.verify_joint.default, (tokens, lp, lq, log_tau, u))
+
+
+@needs_cpp
+def test_torch_compile_fullgraph():
+    c = random_verify_case(4, 12, 50, generator=torch.Generator().manual_seed(8))
+
+    def step(tok, par, P, U, Q, n, logits, jt, lp, lq, ju):
+        idx, lens, bonus = specops.verify_tree(tok, par, P, U, draft_probs=Q, mode="mss", num_nodes=n,
+                                               check=False, backend="cpp")
+        gidx, glens, gbonus = specops.verify_greedy(tok, par, logits, n, check=False, backend="cpp")
+        jidx, jlens, jbonus = specops.verify_joint(jt, lp, lq, 0.3, ju, check=False, backend="cpp")
+        return idx, lens + glens, bonus * 2, gidx, gbonus, jidx, jlens, jbonus
+
+    args = (c["tokens"], c["parents"], c["target_probs"], c["uniforms"], c["draft_probs"], c["num_nodes"],
+            c["target_logits"], *_joint_args(c))
+    assert_same(torch.compile(step, fullgraph=True)(*args), step(*args))

@@ -6,7 +6,7 @@ opcheck. Bad input: the battery of tests/test_bad_input.py."""
 import numpy as np
 import pytest
 import torch
-from _op_checks import assert_same
+from _op_checks import assert_same, needs_cpp
 
 import specops
 from specops.ops.verify import logits as verify_logits
@@ -14,8 +14,6 @@ from specops.ops.verify import ref as verify_ref
 from specops.ops.verify.ref import det_log
 
 I32 = torch.int32
-needs_op = pytest.mark.skipif(not hasattr(torch.ops.specops, "verify_joint_logits"),
-                              reason="specops._C is not built (or predates verify_joint_logits)")
 
 # (temperature, top_k, top_p, bonus_temperature, bonus_top_k, bonus_top_p); MJSD's own: 1, 20, 0.9.
 SETTINGS = {
@@ -51,8 +49,16 @@ def run(backend, c, tau, setting, **kw):
                                        **kw)
 
 
-def on_cpu(c):
-    return {k: v.cpu() for k, v in c.items()}
+def _cpu(v):
+    return v.cpu() if isinstance(v, torch.Tensor) else v
+
+
+def check(backend, c, setting, taus=TAUS):
+    """``backend`` on the case ``c`` equals the torch reference on CPU copies, for every tau."""
+    setting = SETTINGS[setting] if isinstance(setting, str) else setting
+    cpu_c, cpu_setting = {k: v.cpu() for k, v in c.items()}, [_cpu(v) for v in setting]
+    for tau in taus:
+        assert_same(run(backend, c, tau, setting), run("torch", cpu_c, _cpu(tau), cpu_setting), I32)
 
 
 GRID = [(3, 4, 7), (2, 1, 33), (4, 6, 301), (1, 9, 1000), (2, 0, 5)]
@@ -62,9 +68,7 @@ GRID = [(3, 4, 7), (2, 1, 33), (4, 6, 301), (1, 9, 1000), (2, 0, 5)]
 def test_equals_the_reference(fast_backend, device, setting):
     grid = GRID if fast_backend != "triton" else [(3, 4, 7), (2, 5, 33), (1, 3, 301)]  # interpreted here
     for i, (B, g, V) in enumerate(grid):
-        c = case(B, g, V, 10 + i, device=device)
-        for tau in TAUS:
-            assert_same(run(fast_backend, c, tau, setting), run("torch", on_cpu(c), tau, setting), I32)
+        check(fast_backend, case(B, g, V, 10 + i, device=device), setting)
 
 
 def test_per_row_parameters_and_tau(fast_backend, device):
@@ -75,17 +79,12 @@ def test_per_row_parameters_and_tau(fast_backend, device):
     bt = torch.tensor([1.0, 0.5, 0.0, 2.0], device=device)
     bk = torch.tensor([3, 0, 0, 1], dtype=torch.int64, device=device)
     bp = torch.tensor([1.0, 0.7, 0.9, 0.99], device=device)
-    tau = torch.tensor([0.0, 0.2, 0.6, 1.0], device=device)
-    got = run(fast_backend, c, tau, (t, k, p, bt, bk, bp))
-    want = run("torch", on_cpu(c), tau.cpu(), tuple(v.cpu() for v in (t, k, p, bt, bk, bp)))
-    assert_same(got, want, I32)
+    check(fast_backend, c, (t, k, p, bt, bk, bp), taus=[torch.tensor([0.0, 0.2, 0.6, 1.0], device=device)])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_logits(fast_backend, device, dtype):
-    c = case(3, 4, 129, 4, device=device, dtype=dtype)
-    for tau in TAUS:
-        assert_same(run(fast_backend, c, tau, "mjsd"), run("torch", on_cpu(c), tau, "mjsd"), I32)
+    check(fast_backend, case(3, 4, 129, 4, device=device, dtype=dtype), "mjsd")
 
 
 def test_ties_and_minus_inf_logits(fast_backend, device):
@@ -95,9 +94,7 @@ def test_ties_and_minus_inf_logits(fast_backend, device):
     X[..., 0] = 0.0  # every row keeps a finite logit
     c["target_logits"] = X
     for setting in ((1.0, 5, 1.0, 1.0, 0, 1e-6), (1.0, 0, 0.6, 1.0, 3, 0.5), (1.0, 8, 0.97, 1.0, 8, 0.97)):
-        for tau in TAUS:
-            assert_same(run(fast_backend, {k: v.to(device) for k, v in c.items()}, tau, setting),
-                        run("torch", c, tau, setting), I32)
+        check(fast_backend, {k: v.to(device) for k, v in c.items()}, setting)
 
 
 def test_reference_is_the_composition():
@@ -163,7 +160,7 @@ def test_padding_past_num_nodes_is_not_checked(backend):
     assert_same(run(backend, c, 0.2, "mjsd"), run("torch", c, 0.2, "mjsd"), I32)
 
 
-@needs_op
+@needs_cpp
 def test_check_false_does_not_sync(monkeypatch):
     c = case(2, 4, 9, 9)
     monkeypatch.setattr(torch.Tensor, "item", lambda *a: pytest.fail("host sync"))
@@ -184,7 +181,7 @@ def _kernel_args(c, g):
             c["uniforms"], t, k, p, t, k, p, c["num_nodes"])
 
 
-@needs_op
+@needs_cpp
 def test_opcheck():
     for dtype in (torch.float32, torch.bfloat16):
         c = case(3, 4, 17, 11, dtype=dtype)
@@ -193,7 +190,7 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.specops.verify_joint_logits.default, _kernel_args(c, 0))
 
 
-@needs_op
+@needs_cpp
 def test_torch_compile_fullgraph():
     c = case(3, 4, 17, 13)
 

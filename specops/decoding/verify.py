@@ -92,34 +92,20 @@ def verify(mode, draft, logits, sampling, generator, active, bitmask=None):
     ``generator`` lives on the logits' device: the uniforms are drawn there."""
     B, T, _ = logits.shape
     uniforms = None if mode == "greedy" else torch.rand(B, T, 2, generator=generator, device=logits.device)
-    draft_logits, draft_warp = _draft_rows(mode, draft, logits)
+    draft_logits, draft_warp, joint = None, None, None  # the draft rows a rejection mode tests nodes against
+    if mode in NEEDS_DRAFT and draft.draft_logits is not None:
+        draft_logits, draft_warp = draft.draft_logits, draft.draft_warp
+    elif mode in NEEDS_DRAFT:  # no row at all: uniform (zero logits, one row expanded, not [B, T, V])
+        draft_logits, draft_warp = logits.new_zeros((1, 1, 1)).float().expand(logits.shape), _AS_IS
+    if mode == "joint" and draft.log_q_joint is not None:  # R6's inputs (none for a block of roots alone)
+        joint = draft.log_q_joint, float(draft.joint_tau), SamplingConfig(*draft.joint_warp)
     idx, kept, bonus = verify_kept(draft.tokens, draft.parents, draft.num_nodes, logits, uniforms, active,
                                    mode=mode, sampling=sampling, draft_logits=draft_logits, draft_sampling=draft_warp,
-                                   bitmask=bitmask, joint=_joint_args(mode, draft))
+                                   bitmask=bitmask, joint=joint)
     return VerifyResult(accept_idx=idx, accept_lens=kept, bonus_t=bonus, logits=logits, kept=kept, bitmask=bitmask)
 
 
-def _draft_rows(mode, draft, logits):
-    """The draft rows a rejection mode tests nodes against, as logits and their warp (None, None for
-    the other modes). Shape: -> ([B, T, V] or None, SamplingConfig or None)."""
-    if mode not in NEEDS_DRAFT:
-        return None, None
-    if draft.draft_logits is not None:
-        return draft.draft_logits, draft.draft_warp
-    # No row at all: uniform everywhere (zero logits; one row, expanded, not a [B, T, V] tensor).
-    B, T, V = logits.shape
-    return logits.new_zeros((1, 1, 1), dtype=torch.float32).expand(B, T, V), _AS_IS
-
-
 _AS_IS = SamplingConfig(1.0)  # temperature 1, no top-k / top-p: softmax of the rows
-
-
-def _joint_args(mode, draft):
-    """R6's inputs from an MJSD draft: (log_q_joint fp32 [B, T - 1], tau, the test's warp as a
-    SamplingConfig); None for other modes and for a block of roots alone (nothing to test)."""
-    if mode != "joint" or draft.log_q_joint is None:
-        return None
-    return draft.log_q_joint, float(draft.joint_tau), SamplingConfig(*draft.joint_warp)
 
 
 def verify_kept(tokens, parents, num_nodes, logits, uniforms, active, *, mode=None, sampling=None, draft_logits=None,
@@ -128,15 +114,11 @@ def verify_kept(tokens, parents, num_nodes, logits, uniforms, active, *, mode=No
     step from the target's logits to what ``kv_compact`` keeps (no host read, no host data:
     ``torch.compile(fullgraph=True)``-able and CUDA-graph capturable; tests/test_decoding_graph.py).
     ``mode`` None: greedy (R1) without uniforms, else ``mss_pointmass``; ``sampling`` None: T = 1.
-    The mode -> op choice is ``ops.verify.logits.verify_mode``'s (no [B, T, V] probability tensor
-    for any mode: docs/verify_logits.md).
+    The op of each mode: ``ops.verify.logits.verify_mode``, whose shapes the arguments follow.
 
-    Shape: tokens int64/int32 [B, T], parents int32 [B, T], num_nodes int32 [B], logits [B, T, V],
-    uniforms fp32 [B, T, 2] or None (greedy), active bool [B], draft_logits [B, T, V] or None (the
-    modes in ``ops.verify.NEEDS_DRAFT``: row ``c`` = the draft's logits at ``parents[c]``),
-    draft_sampling a SamplingConfig or None (= ``sampling``), bitmask int32 [B, T, ceil(V / 32)] or
-    None, joint (R6) None or (log_q_joint fp32 [B, T - 1], tau, the test's SamplingConfig) ->
-    (accept_idx int32 [B, T], kept int32 [B], bonus int32 [B])."""
+    Shape: tokens int64/int32 [B, T], active bool [B], sampling / draft_sampling SamplingConfigs
+    (None: as above; the draft's: ``sampling``), joint (R6) None or (log_q_joint fp32 [B, T - 1], tau,
+    the test's SamplingConfig) -> (accept_idx int32 [B, T], kept int32 [B], bonus int32 [B])."""
     mode = mode or ("greedy" if uniforms is None else "mss_pointmass")
     idx, lens, bonus = _kernels.verify_mode(mode, tokens.to(torch.int32), parents, logits, uniforms,
                                             num_nodes=num_nodes, sampling=sampling or SamplingConfig(1.0),

@@ -1,26 +1,11 @@
 """Verification: which draft tokens survive a target forward, and the token emitted after them.
 
-Terms. A draft tree follows ``build_tree_mask``'s convention: ``tokens`` / ``parents`` int32
-``[B, T]``, node 0 the root (the pending token), ``parents[b, i] < i``, ``num_nodes`` int32 [B]
-valid nodes per row (the rest is padding). Siblings come in the order the drafter ranked (R3w:
-drew) them. Row ``i`` of the target's ``[B, T, V]`` output is its distribution of the token after
-node ``i``. A chain is the tree ``parents[i] = i - 1``.
-
-Outputs (every op): ``accept_idx`` int32 [B, T], the accepted root path ``0 = a_0 < ... < a_m`` as
-node indices, then -1; ``accept_lens`` int32 [B] = m + 1; ``bonus`` int32 [B], the token emitted
-after the path (correction or bonus). Emitted: ``tokens[a_1..a_m], bonus``.
-
-Randomness is an input: ``uniforms`` fp32 [B, T, 2] in [0, 1). ``uniforms[b, c, 0]`` is child
-``c``'s acceptance coin (R2, R3, R3p, R3w, R5); ``uniforms[b, u, 1]`` node ``u``'s draw: its
-sample (R4), the bonus at the path's end (R5; R2/R3/R3p/R3w where ``u`` is the last node tested at
-the end node, or the end node itself if childless) and R3's random choice of the next child. No
-uniform is read twice, so a step is a pure function of its inputs: CUDA-graph safe and
-bit-identical on every backend (:mod:`.ref` states the arithmetic contract).
-
-Rules (docs/methods.md §Verification rules): R1 ``verify_greedy``; ``verify_tree`` modes ``mss``
-R3 (R2 on a chain), ``mss_pointmass`` R3p, ``mss_noreplace`` R3w, ``sample_match`` R4, ``gsd`` R5
-(not lossless); R6 ``verify_joint`` (not lossless by design). A residual ``norm(max(0, p - q))``
-whose mass is below 1e-12 falls back to ``p``."""
+Every op returns ``accept_idx`` int32 [B, T] (the accepted root path ``0 = a_0 < ... < a_m`` as node
+indices, then -1), ``accept_lens`` int32 [B] (m + 1) and ``bonus`` int32 [B]; the step emits
+``tokens[a_1..a_m], bonus``. Terms (a tree as ``build_tree_mask`` takes it), the rules R1-R6 and
+what each uniform is read for: docs/methods.md §Terms, §Verification rules, §Randomness and the
+residual floor. Randomness is an input, so a step is a pure function of its inputs (CUDA-graph
+safe) and bit-identical on every backend (:mod:`.ref` states the arithmetic contract)."""
 import torch
 
 from ...backend import register_op, resolve
@@ -34,17 +19,14 @@ _LOGITS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, bitmask=None, check=True, backend=None):
-    """R1: at each node accept the first child whose token is the target's argmax; the argmax at the
-    last accepted node is the bonus (ties: the lowest token id).
+    """R1 (docs/methods.md §R1 greedy): follow the target's argmax (ties: the lowest token id).
 
     Shape: tokens, parents int32 [B, T], target_logits fp32/fp16/bf16 [B, T, V], num_nodes int32 [B]
-    or None (= T), bitmask int32 [B, T, ceil(V / 32)] or None -> (accept_idx int32 [B, T],
-    accept_lens int32 [B], bonus int32 [B]).
+    or None (= T), bitmask int32 [B, T, ceil(V / 32)] or None -> the outputs above.
 
-    ``bitmask`` (a grammar's allowed tokens per node, as in :func:`apply_token_bitmask`): the argmax
-    at node ``i`` is over the tokens row ``i`` allows; equal to ``verify_greedy`` on
-    ``apply_token_bitmask(target_logits.clone(), bitmask)`` without that pass (the walk masks the rows
-    it reads).
+    ``bitmask`` (a grammar's allowed tokens per node, as in :func:`apply_token_bitmask`): equal to
+    ``verify_greedy`` on ``apply_token_bitmask(target_logits.clone(), bitmask)`` without that pass
+    (the walk masks the rows it reads).
 
     ``check=True`` also validates values (one host sync): tree rules, tokens in [0, V), no NaN / +inf
     among the allowed logits, every bitmask row allowing a token. With ``check=False`` bad values
@@ -63,22 +45,15 @@ def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, bitmask=Non
 
 def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs=None, mode, num_nodes=None,
                 check=True, backend=None):
-    """Stochastic tree verification with one of the rules R2-R5 (``mode``).
+    """Stochastic tree verification with one of the rules R2-R5, ``mode``: ``mss`` (R3; R2 on a
+    chain), ``mss_pointmass`` (R3p), ``mss_noreplace`` (R3w), ``sample_match`` (R4) or ``gsd`` (R5,
+    not lossless); docs/methods.md §Verification rules.
 
     Shape: tokens, parents int32 [B, T], target_probs fp32 [B, T, V] (the warped target at each
     node), uniforms fp32 [B, T, 2], draft_probs fp32 [B, T, V] or None (row ``c``: the distribution
     node ``c`` was drawn from, its proposer's at ``parents[c]``; needed by ``mss``, ``mss_noreplace``
     (which reads, at each node, its first child's row) and ``gsd``), num_nodes int32 [B] or None
-    (= T) -> (accept_idx int32 [B, T], accept_lens int32 [B], bonus int32 [B]).
-
-    Modes: ``mss`` (R3, SpecInfer's multi-step speculative sampling, lossless when each child is an
-    independent draw from its own draft row; R2, Leviathan/Chen, on a chain); ``mss_pointmass`` (R3p:
-    deterministic children, ``q = delta``); ``mss_noreplace`` (R3w: children drawn without replacement
-    from one draft row, in draw order); ``sample_match`` (R4: draw one token per node, accept the
-    matching child; lossless for any draft); ``gsd`` (R5, GSD's rule: independent per-edge tests with
-    ``q_c = draft_probs[b, c, tokens[c]]`` (merged copies reuse the first occurrence's row), the
-    deepest passing node (lowest index among equals), the bonus from the target without a residual;
-    **not lossless**).
+    (= T) -> the outputs above.
 
     ``check=True`` validates values (one host sync): tree rules, tokens in [0, V), uniforms in [0, 1),
     finite non-negative probability rows summing to 1 (within 1e-3) at valid nodes."""
@@ -95,17 +70,14 @@ def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs=None, mo
 
 
 def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, uniforms, *, check=True, backend=None):
-    """R6 (MJSD): accept the longest draft prefix ``j`` with ``tau < min(1, p_joint / q_joint)`` (not
-    the first failure), then draw the bonus from the target at the next position.
+    """R6 (MJSD, docs/methods.md §R6 joint likelihood): accept the longest draft prefix passing
+    ``tau < min(1, p_joint / q_joint)``, then draw the bonus from the target row after it.
 
     Shape: draft_tokens int32 [B, g], target_logprobs fp32 [B, g + 1, V] (row ``i``: the warped
     target log-distribution after the root and ``i`` drafts), draft_joint_logprobs fp32 [B, g]
-    (``log q(x_1..x_j)``), tau float or fp32 [B] in [0, 1], uniforms fp32 [B] ->
-    (accept_idx int32 [B, g + 1], accept_lens int32 [B], bonus int32 [B]).
-
-    ``p_joint`` accumulates ``target_logprobs[b, j - 1, x_j]`` left to right in fp32; the test runs in
-    log space. ``tau = 1`` accepts nothing (target-only decoding), ``tau = 0`` all ``g`` drafts. Not
-    lossless by design. ``check=True`` validates values with one host sync."""
+    (``log q(x_1..x_j)``), tau float or fp32 [B] in [0, 1], uniforms fp32 [B] -> the outputs above
+    (T = g + 1). ``p_joint`` accumulates ``target_logprobs[b, j - 1, x_j]`` left to right in fp32.
+    ``check=True`` validates values with one host sync."""
     _, _, V, tau = joint_args(draft_tokens, "target_logprobs", target_logprobs, torch.float32, draft_joint_logprobs,
                               tau, uniforms)
     if check:
@@ -127,10 +99,8 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, unifo
 # ---- argument checks -----------------------------------------------------------------------
 
 def joint_args(draft_tokens, target_name, target, target_dtype, draft_joint_logprobs, tau, uniforms):
-    """The metadata rules of R6's ops (no host sync): draft_tokens int32 [B, g]; the target's rows
-    ``target`` (named ``target_name``, ``target_dtype``: one or a tuple) [B, g + 1, V >= 1];
-    draft_joint_logprobs fp32 [B, g]; uniforms fp32 [B]; all on one device; ``tau``: a float in
-    [0, 1] or an fp32 [B] tensor. Returns (B, g, V, tau as fp32 [B])."""
+    """The metadata rules of R6's ops (no host sync; shapes: the ops'), the target's rows named
+    ``target_name`` of ``target_dtype`` (one or a tuple). Returns (B, g, V, tau as fp32 [B])."""
     checks.tensor("draft_tokens", draft_tokens, dtype=torch.int32, rank=2)
     B, g = draft_tokens.shape
     dev = draft_tokens.device
@@ -157,11 +127,10 @@ def joint_rule(draft_joint_logprobs, tested):
 
 def tree_args(tokens, parents, num_nodes, mode, target_name, target, dtype, uniforms=None, draft=None,
               bitmask=None):
-    """The metadata rules of the tree ops (no host sync), in order: ``mode`` (one of MODES; ``...``
-    for verify_greedy, which has no mode and no uniforms), the tree, the target rows ``target`` (named
-    ``target_name``, ``dtype``: one or a tuple) [B, T, V >= 1], the uniforms fp32 [B, T, 2], the draft
-    rows (like the target's, required where ``mode`` reads them: NEEDS_DRAFT) and the int32
-    [B, T, ceil(V / 32)] ``bitmask``. Returns (B, T, V, num_nodes)."""
+    """The metadata rules of the tree ops (no host sync; shapes: the ops'), in order: ``mode`` (``...``
+    for verify_greedy: no mode, no uniforms), the tree, the target rows named ``target_name`` of
+    ``dtype`` (one or a tuple), the uniforms, the draft rows (required by NEEDS_DRAFT modes), the
+    bitmask. Returns (B, T, V, num_nodes)."""
     if mode is not ... and mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     checks.tensor("tokens", tokens, dtype=torch.int32, rank=2)
@@ -204,7 +173,6 @@ def rows_arg(name, rows, dtype, B, T, dev, T_name="T"):
 
 
 # ---- backends ------------------------------------------------------------------------------
-
 
 def triton_kernel(name):
     """The Triton kernel ``name``: triton_kernels.verify's, verify_logits' for the ``*_logits`` ops

@@ -1,23 +1,12 @@
-"""Sampled tree verification straight from logits: ``verify_tree`` with ``warp_probs`` fused in.
+"""Sampled verification straight from logits: ``verify_tree`` / R6 with ``warp_probs`` fused in.
 
-``verify_tree_logits(tokens, parents, target_logits, uniforms, temperature=..., ...)`` returns
-exactly (bit for bit, on every backend) what
-
-    verify_tree(tokens, parents, warp_probs(target_logits.view(B * T, V), t, k, p).view(B, T, V),
-                uniforms, draft_probs=warp_probs(draft_logits.view(B * T, V), dt, dk, dp).view(B, T, V),
-                mode=mode)
-
-returns on that backend, each per-row ``[B]`` parameter repeated over the sequence's T rows. No
-``[B, T, V]`` probability tensor exists (docs/verify_logits.md): a row's warping statistics (logit
-max, top-k / top-p threshold, normaliser; the argmax when greedy) are computed, by ``warp_probs``'
-code, when the walk first reaches it, and ``p(x)`` from the logit and them. Full rows (a residual, a
-bonus draw) go to a per-sequence scratch row. Rows the walk never reaches are never read: a chain of
-T drafts that stops after ``m`` reads ``m + 1`` target rows, not T (most of the saving).
-
-``verify_joint_logits`` is R6 (MJSD) on the same machinery: the test's warp and the bonus's are the
-two row kinds over one logits tensor (the walks' target and draft), the test reads one probability
-per row. ``verify_mode`` is the mode -> op policy the decoding loop calls (R1-R6).
-"""
+``verify_tree_logits`` returns, bit for bit on every backend, what ``verify_tree`` returns on
+``warp_probs`` of both logits tensors, each per-row ``[B]`` parameter repeated over the sequence's T
+rows, without a ``[B, T, V]`` probability tensor: a row is warped when the walk first reaches it, and
+rows the walk never reaches are never read (docs/verify_logits.md §Contract, §Design).
+``verify_joint_logits`` is R6 (MJSD) on the same machinery, the test's warp and the bonus's being the
+two row kinds over one logits tensor. ``verify_mode`` is the mode -> op policy the decoding loop
+calls (R1-R6)."""
 import torch
 
 from ...backend import register_op, resolve
@@ -40,17 +29,10 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
     draft's at ``parents[c]``, which node ``c`` was drawn from; needed by ``mss``, ``mss_noreplace``
     and ``gsd``), temperature / top_p float or float tensor [B], top_k int or int tensor [B] (the
     draft's likewise; ``draft_temperature=None`` = the target's), num_nodes int32 [B] or None (= T),
-    bitmask int32 [B, T, ceil(V / 32)] or None -> (accept_idx int32 [B, T], accept_lens, bonus int32 [B]).
-
-    ``bitmask`` (a grammar's allowed tokens after each node, as in :func:`apply_token_bitmask`):
-    target row ``u`` is warped as if the logits row ``u`` disallows were ``-inf``, draft row ``c``
-    as if those row ``parents[c]`` disallows were; equal to this op on ``apply_token_bitmask`` of
-    both logits (the draft's masks gathered at the parents), without that pass over the logits.
-
-    Modes and outputs: ``verify_tree``; warping: ``warp_probs``. ``check=True`` validates values
-    (host syncs): tree rules, tokens in [0, V), uniforms in [0, 1), per-row parameters, logits rows
-    at valid nodes (the draft's at non-root ones: no NaN / +inf, not all -inf among the allowed
-    tokens), every bitmask row allowing a token. Limit: ``V <= 2**31 - 1`` on the compiled backends.
+    bitmask int32 [B, T, ceil(V / 32)] or None (a grammar's allowed tokens after each node: target
+    row ``u`` masked by mask row ``u``, draft row ``c`` by row ``parents[c]``) -> ``verify_tree``'s
+    outputs. ``check=True`` and the bitmask: docs/verify_logits.md §Contract. Limit: ``V <= 2**31 - 1``
+    on the compiled backends.
     """
     B, T, V, num_nodes = tree_args(tokens, parents, num_nodes, mode, "target_logits", target_logits,
                                    FLOAT_DTYPES, uniforms, draft_logits, bitmask)
@@ -74,8 +56,8 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
 def verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, tau, uniforms, *, temperature, top_k=0,
                         top_p=1.0, bonus_temperature=None, bonus_top_k=0, bonus_top_p=1.0, num_nodes=None, check=True,
                         backend=None):
-    """R6 (MJSD) from logits: ``verify_joint``'s longest-passing-prefix test on the target's logits
-    warped per row as ``warp_probs`` would, without a [B, g + 1, V] log-probability tensor.
+    """R6 (MJSD) from logits, without a [B, g + 1, V] log-probability tensor (docs/methods.md §R6
+    joint likelihood and, on ``det_log``, §Verification rules).
 
     Shape: draft_tokens int32 [B, g], target_logits fp32/bf16/fp16 [B, g + 1, V] (row ``i``: after
     the root and ``i`` drafts), draft_joint_logprobs fp32 [B, g] (``log q(x_1..x_j)``), tau float or
@@ -85,12 +67,9 @@ def verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, tau, 
     first ``num_nodes[b] - 1`` drafts) -> (accept_idx int32 [B, g + 1], accept_lens, bonus int32 [B]).
 
     The test: ``p_joint`` accumulates ``det_log(P[b, j - 1, x_j])`` left to right in fp32 (``P``:
-    ``warp_probs`` with the test's warp; ``det_log``: csrc/verify_common.h's log of single IEEE
-    operations, so every backend decides alike, within about an ulp of ``log``); prefix ``j``
-    passes when ``tau < min(1, p_joint / q_joint)`` in log space; the longest passing one, ``eta``,
-    is accepted. The bonus: verify_tree's inverse-CDF draw with ``uniforms[b]`` from row ``eta``
-    under the bonus warp (the argmax if greedy), the only row read whole twice. ``tau = 1`` accepts
-    nothing, ``tau = 0`` every draft. Not lossless by design.
+    ``warp_probs`` with the test's warp); the longest passing prefix, ``eta``, is accepted. The
+    bonus: verify_tree's inverse-CDF draw with ``uniforms[b]`` from row ``eta`` under the bonus warp
+    (the argmax if greedy), the only row read whole twice.
 
     ``check=True`` validates values with one host sync: draft tokens in [0, V) and joint
     log-probabilities ``<= 0`` (not NaN) where tested, tau in [0, 1], uniforms in [0, 1), per-row
@@ -117,8 +96,7 @@ VERIFY_MODES = ("greedy",) + MODES + ("joint",)  # every rule a decoding method 
 
 
 def fuses_bitmask(mode):
-    """Whether :func:`verify_mode` takes a grammar's bitmask into its walk (the op masks the rows it
-    reads: the target's at every node, the draft's at the node's parent): every mode but ``joint``,
+    """Whether :func:`verify_mode` takes a grammar's bitmask into its walk: every mode but ``joint``,
     whose op has no bitmask (its caller masks the logits first)."""
     return mode != "joint"
 
@@ -174,11 +152,10 @@ def _joint_rules(draft_tokens, target_logits, draft_joint_logprobs, tau, uniform
 
 
 def _warps_and_impl(op, torch_impl, backend, B, T, V, dev, check, first, second, prefix):
-    """The per-row parameters of a call's two warps, ``first`` and ``second`` (temperature, top_k,
-    top_p: scalars or [B] tensors; the second's arguments named with ``prefix``, its temperature
-    None: the first's) as fp32 / int32 / fp32 [B * T] (one value per logits row), and the
-    implementation of ``op`` (the compiled ones index tokens with int32: ``V <= MAX_VOCAB``).
-    Returns (impl, first's params, second's params)."""
+    """The per-row parameters of a call's two warps (temperature, top_k, top_p: scalars or [B]
+    tensors; the second's named with ``prefix``, its temperature None: the first's) as fp32 / int32 /
+    fp32 [B * T], and the implementation of ``op`` (the compiled ones index tokens with int32:
+    ``V <= MAX_VOCAB``). Returns (impl, first's params, second's params)."""
     def rows(warp, prefix=""):
         return [r[:, None].expand(B, T).reshape(B * T) for r in warp_params(B, dev, check, *warp, prefix)]
 
