@@ -116,10 +116,13 @@ def _one_process(d, case):
 
 
 def _tokens(ranks, cid):
+    """The tokens of case ``cid``, once no rank raised and every rank emitted the same."""
     got = [r[cid] for r in ranks]
     for r, g in enumerate(got):
         assert "error" not in g, f"rank {r}: {g['error']}"
-    return [g["tokens"] for g in got]
+    toks = [g["tokens"] for g in got]
+    assert all(t == toks[0] for t in toks), f"ranks differ: {toks}"
+    return toks[0]
 
 
 def _ids(pattern):
@@ -130,7 +133,6 @@ def _ids(pattern):
 def test_greedy_is_identical_on_every_rank_and_to_one_process(tp_run, cid):
     d, cases, ranks = tp_run
     toks = _tokens(ranks, cid)
-    assert all(t == toks[0] for t in toks), f"ranks differ: {toks}"
     case = cases[cid]
     kw = {k: v for k, v in case["kw"].items() if k not in ("tp_size", "dtype")}
     if kw["method"] in LOSSY:
@@ -141,34 +143,30 @@ def test_greedy_is_identical_on_every_rank_and_to_one_process(tp_run, cid):
         ref = dict(case, kw=kw)
     else:
         ref = dict(case, kw=dict(kw, method="ar"), draft=None)  # lossless: AR's tokens
-    assert toks[0] == _one_process(d, ref)
+    assert toks == _one_process(d, ref)
 
 
 @pytest.mark.parametrize("cid", _ids(lambda c: "sampled" in c["id"]))
 def test_sampled_runs_are_identical_on_every_rank(tp_run, cid):
-    _, _, ranks = tp_run
-    toks = _tokens(ranks, cid)
-    assert all(t == toks[0] for t in toks), f"ranks differ: {toks}"
-    assert all(len(seq) == N_NEW for seq in toks[0])
+    assert all(len(seq) == N_NEW for seq in _tokens(tp_run[2], cid))
 
 
 @pytest.mark.parametrize("cid", _ids(lambda c: "sampled-fixed" in c["id"]))
 def test_sampled_fixed_budgets_match_one_process(tp_run, cid):
     """Same seed, same gathered logits (up to the sharded matmuls' rounding): the same draws."""
     d, cases, ranks = tp_run
-    assert _tokens(ranks, cid)[0] == _one_process(d, cases[cid])
+    assert _tokens(ranks, cid) == _one_process(d, cases[cid])
 
 
 def test_adaptive_budgets_are_rank_zeros_on_every_rank(tp_run):
     """Rank 0's step costs favour drafting, rank 1's favour AR steps: both run rank 0's budgets."""
     d, cases, ranks = tp_run
     toks = _tokens(ranks, "llama-tsd-skewed-costs")
-    assert toks[0] == toks[1]
     got = [(r["llama-tsd-skewed-costs"]["budget_steps"], r["llama-tsd-skewed-costs"]["ar_steps"]) for r in ranks]
     assert got[0] == got[1] and got[0][0] > 0, got
     case = cases["llama-tsd-skewed-costs"]
     kw = {k: v for k, v in case["kw"].items() if k != "skew_costs"}
-    assert toks[0] == _one_process(d, dict(case, kw=dict(kw, method="ar"), draft=None))
+    assert toks == _one_process(d, dict(case, kw=dict(kw, method="ar"), draft=None))
 
 
 @pytest.mark.parametrize("cid, exc, fragments", [
