@@ -107,6 +107,18 @@ def test_bf16_linears_read_packed_copies_where_the_machine_takes_them(pack, monk
     assert torch.equal(a, b)
 
 
+def test_a_model_built_under_inference_mode_decodes_as_one_built_outside():
+    # Its weights are inference tensors (no version counter): a draft path given to generate inside
+    # torch.inference_mode() is loaded that way.
+    ids = torch.tensor([[5, 7, 11, 13]])
+    want, _ = specops.generate(tiny(torch.bfloat16), ids, method="ar", max_new_tokens=6)
+    with torch.inference_mode():
+        model = tiny(torch.bfloat16)
+        assert model.model.layers[0].self_attn.q_proj.weight.is_inference()
+        got, _ = specops.generate(model, ids, method="ar", max_new_tokens=6)
+    assert torch.equal(got, want)
+
+
 def test_mixed_precision_input_falls_back_to_torch():
     model = tiny(torch.bfloat16)
     undo = use_specops_linear(model)

@@ -83,9 +83,11 @@ def packs(model):
 
 
 def _packed_copy(module):
-    """The packed copy of ``module``'s weight, made again when the weight was replaced or changed in place."""
+    """The packed copy of ``module``'s weight, made again when the weight was replaced or changed in place
+    (an inference tensor, e.g. a model loaded under ``torch.inference_mode()``, has no version counter:
+    only its replacement is seen)."""
     w = module.weight
-    key = (w.untyped_storage().data_ptr(), w.data_ptr(), w._version)
+    key = (w.untyped_storage().data_ptr(), w.data_ptr(), None if w.is_inference() else w._version)
     entry = _PACKED.get(module)
     if entry is None or entry[0] != key:
         with torch.no_grad():
