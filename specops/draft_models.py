@@ -44,8 +44,8 @@ class SubsetLMHead(nn.Module):
         if self.training or torch.is_grad_enabled() and w.requires_grad:
             return w.index_select(0, self.keep)
         # The gathered rows are cached between decode steps; the key notices dtype/device moves
-        # and in-place updates of the shared weight.
-        key = (w.data_ptr(), w.dtype, w.device, w._version, self.keep.data_ptr())
+        # and in-place updates of the shared weight (not of an inference tensor: it has no version).
+        key = (w.data_ptr(), w.dtype, w.device, None if w.is_inference() else w._version, self.keep.data_ptr())
         if self._sub_key != key:
             self._sub = w.detach().index_select(0, self.keep)
             self._packed = (pack_weight(self._sub) if self._sub.dtype == torch.bfloat16 and w.device.type == "cpu"

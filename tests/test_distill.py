@@ -18,6 +18,7 @@ from specops.distill.feature import init_feature_draft, is_feature_draft
 from specops.distill.model import build_draft, draft_config, init_from_target, load_draft_dir
 from specops.distill.pipeline import run
 from specops.distill.train import flatten_rows, train
+from specops.draft_models import SubsetLMHead
 
 V = 320
 
@@ -85,6 +86,9 @@ def test_subset_head_scores_kept_tokens_only_and_matches_the_full_head():
     torch.testing.assert_close(logits[..., keep], full[..., keep])
     assert torch.isneginf(logits[..., ~torch.isin(torch.arange(V), keep)]).all()
     assert d.get_output_embeddings().weight.shape[0] == V  # the loop's vocabulary check sees the target's
+    with torch.inference_mode():  # an inference-tensor weight (no version counter), as a draft loaded there has
+        head = SubsetLMHead(target.model.embed_tokens.weight.clone(), keep).eval()
+        torch.testing.assert_close(head(h)[..., keep], full[..., keep])
 
 
 def test_incremental_decoding_matches_a_full_forward():
