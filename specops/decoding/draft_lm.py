@@ -1,20 +1,13 @@
-"""The draft model: a :class:`~specops.engine.ModelRunner` plus the block a drafter grows.
+"""The draft model: a :class:`~specops.engine.ModelRunner` plus the block a drafter grows, by the
+draft-cache policy of docs/methods.md §KV caches (``cached[b]`` mirrors the tokens whose draft K/V
+are committed; ``begin`` opens a block with the catch-up chain ending at the pending root).
 
-Draft-cache policy (docs/methods.md §KV caches), one mechanism for every drafter:
-
-* ``cached[b]`` mirrors the tokens whose draft K/V are committed; ``begin`` opens a block whose first
-  nodes are the catch-up chain ending with the pending root ``r`` (so the draft always computes a
-  fresh distribution after ``r``).
-* Drafters add nodes below the chain; ``forward`` computes every node not yet fed in one forward
-  (``q_start`` at the first unfed node). A node's token and parent are host ints (``add``: a host
-  search chose them) or device values (``add_device``: never read; a device parent must be a node
-  fed by an earlier forward); node counts are always on the host. The host-known part of the new
-  nodes travels in one staged upload (nothing blocks); device values are scattered into the
-  block's device copy (tokens, parents).
-* ``commit_paths`` keeps a root path of fed block nodes (their K/V were computed under exactly that
-  context) with the runner's ``keep``, the target's own compaction; anything else is dropped by
-  the next ``begin``. Kept device nodes' tokens come from the caller (the step's one read brought
-  the accepted path back), so a commit reads nothing.
+A node's token and parent are host ints (``add``: a host search chose them) or device values
+(``add_device``: never read; a device parent must be a node fed by an earlier forward); node counts
+are always on the host. ``forward`` computes every unfed node: the host-known part travels in one
+staged upload (nothing blocks), device values are scattered into the block's device copy.
+``commit_paths`` keeps a root path of fed nodes with the runner's ``keep`` and takes device nodes'
+tokens from the caller (the step's one read brought the accepted path back): a commit reads nothing.
 """
 import torch
 
@@ -33,8 +26,7 @@ class DraftLM(ModelRunner):
         self._open()
 
     def prefill(self, prompts, logits=False, **kw):
-        """Commits the prompts (without the pending root); the logits are not needed. ``kw``:
-        ``features`` for a feature draft (:meth:`ModelRunner.prefill`)."""
+        """Commits the prompts (without the pending root). ``kw``: ``features`` for a feature draft."""
         out = super().prefill(prompts, logits=logits, **kw)
         self.cached = [list(p) for p in prompts]
         return out
@@ -42,10 +34,8 @@ class DraftLM(ModelRunner):
     # ---- blocks ------------------------------------------------------------------------------
 
     def begin(self, seqs, active):
-        """Opens a block per sequence: the catch-up chain ending at the pending root.
-
-        ``seqs[b]``: the full sequence, whose last token is the pending root. Inactive sequences
-        get a one-node block and are never extended."""
+        """Opens a block per sequence: the catch-up chain ending at the pending root (``seqs[b][-1]``);
+        an inactive sequence gets a one-node block, never extended."""
         keep, chains = [], []
         for b in range(self.B):
             seq, have = seqs[b], self.cached[b]
@@ -87,11 +77,10 @@ class DraftLM(ModelRunner):
         return len(self.tokens[b]) - 1
 
     def add_device(self, bs, parents, tokens, at=None):
-        """New block nodes whose tokens stay on the device: node ``j`` of sequence ``bs[j]`` takes
-        token ``tokens[at[j]]`` (``at`` None: ``j``), below block node ``parents[j]`` (a host list)
-        or ``parents[at[j]]`` (a device tensor: a node fed by an earlier forward). Device values are
-        never read: the next ``forward`` scatters them into the block (``self.tokens[b]``, and
-        ``self.parents[b]`` for a device parent, hold None there). Returns the node indices.
+        """New nodes whose tokens stay on the device: node ``j`` of sequence ``bs[j]`` takes token
+        ``tokens[at[j]]`` (``at`` None: ``j``) below block node ``parents[j]`` (a host list) or
+        ``parents[at[j]]`` (a device tensor); the host lists hold None for device values until the
+        next ``forward`` scatters them. Returns the node indices.
         Shape: tokens int64 [N], parents int [N] on the runner's device (or a host list [len(bs)])."""
         at = range(len(bs)) if at is None else at
         on_device = isinstance(parents, torch.Tensor)
@@ -103,20 +92,11 @@ class DraftLM(ModelRunner):
         self._pending.append((tokens, parents if on_device else None, list(zip(bs, nodes, at))))
         return nodes
 
-    @property
-    def first_unfed(self):
-        """The first node the next ``forward`` computes a logits row for (in every sequence: a row of
-        a sequence with fewer nodes is padding)."""
-        return min(self.fed)
-
     def forward(self, rows=None, extra=None):
-        """Computes every unfed node. Afterwards ``logits(b, node)`` reads any node fed in this call.
-
-        ``rows``: (b, node) pairs of nodes fed in this call whose logits to return, ``extra``: ints
-        the caller needs on the device; both travel in the forward's one staged upload. A feature
-        draft (``node_features``) also gets ``hidden``: the forward's LM-head input (the draft's
-        predicted features) of the computed rows.
-        Shape: -> ([len(rows), V] or None, int64 [len(extra)] or None)."""
+        """Computes every unfed node; ``logits(b, node)`` then reads any node fed in this call.
+        ``rows``: (b, node) pairs fed in this call whose logits to return; ``extra``: ints the caller
+        needs on the device (both in the forward's one upload). A feature draft also gets ``hidden``,
+        the computed rows' LM-head input. Shape: -> ([len(rows), V] or None, int64 [len(extra)] or None)."""
         rows, extra = rows or [], extra or []
         if all(self.fed[b] == len(self.tokens[b]) for b in range(self.B)):  # rows of the latest forward
             picked = None
@@ -151,15 +131,11 @@ class DraftLM(ModelRunner):
             flat += pos + take
         flat += [b * Tq + n - q0 for b, n in rows]
         flat += extra
-        up = self.stager.upload(flat)
-        n = self.B * Tq
-        new_tok = up[:n].view(self.B, Tq)
-        new_par = up[n: 2 * n].view(self.B, Tq).to(torch.int32)
-        num_nodes = up[2 * n: 2 * n + self.B].to(torch.int32)
-        at = 2 * n + self.B
-        k_tok, k_par = counts
-        tok_at, par_at = up[at: at + 2 * k_tok], up[at + 2 * k_tok: at + 2 * (k_tok + k_par)]
-        at += 2 * (k_tok + k_par)
+        n, (k_tok, k_par) = self.B * Tq, counts
+        new_tok, new_par, num_nodes, tok_at, par_at, row_at, extra_up = self.stager.upload(flat).split(
+            [n, n, self.B, 2 * k_tok, 2 * k_par, len(rows), len(extra)])
+        new_tok, new_par = new_tok.view(self.B, Tq), new_par.view(self.B, Tq).to(torch.int32)
+        num_nodes = num_nodes.to(torch.int32)
         if k_tok or self._dev_tokens is not None:
             values = torch.cat([e[0].reshape(-1) for e in self._pending]) if k_tok else None
             self._dev_tokens, new_tok = _filled(self._dev_tokens, new_tok, tok_at, values, q0, -1)
@@ -176,13 +152,12 @@ class DraftLM(ModelRunner):
         self._argmax = None
         self._q0 = q0
         self.fed = [len(t) for t in self.tokens]
-        picked = self._logits.reshape(self.B * Tq, -1)[up[at: at + len(rows)]] if rows else None
-        return picked, (up[at + len(rows):] if extra else None)
+        picked = self._logits.reshape(self.B * Tq, -1)[row_at] if rows else None
+        return picked, (extra_up if extra else None)
 
     def node_features(self, q0, parents, held):
-        """A feature draft's input rows for the nodes ``q0..`` of the next forward (None: a plain
-        LM). Shape: parents int32 [B, T] (on the device), held bool [B, T - q0] (the device chose
-        the node's parent) -> [B, T - q0, H] or None."""
+        """A feature draft's input rows for nodes ``q0..`` (None: a plain LM). Shape: parents int32
+        [B, T] on the device, held bool [B, T - q0] (the device chose the parent) -> [B, T - q0, H]."""
 
     def logits(self, b, node):
         """Shape: -> [V], the draft's next-token logits after block node ``node``."""
@@ -197,26 +172,21 @@ class DraftLM(ModelRunner):
         return self._argmax[b][row]
 
     def commit_paths(self, paths, path_tokens=None):
-        """Keeps, per sequence, the fed prefix of a block root path (list of block nodes starting
-        at 0) in the cache. The block is closed afterwards. Returns the kept counts.
-
-        ``path_tokens[b]``: the tokens of ``paths[b]``'s nodes (needed for nodes whose token is on
-        the device, ``add_device``; None: every kept node's token is on the host)."""
-        idx, lens = [], []
+        """Keeps in the cache, per sequence, the fed prefix of a root path of block nodes, closes the
+        block and returns the kept counts. ``path_tokens[b]``: the tokens of ``paths[b]``'s nodes
+        (needed where ``add_device`` left the token on the device)."""
+        idx = []
         for b in range(self.B):
-            path = paths[b] if paths[b] is not None else []
             keep = []
-            for j, node in enumerate(path):
+            for j, node in enumerate(paths[b] or []):
                 if node < 0 or node >= self.fed[b]:
                     break
                 parent = self.parents[b][node]  # None: the device chose it (the path follows the tree)
                 if j and parent is not None and parent != keep[-1]:
                     break
                 keep.append(node)
-            if not keep or keep[0] != 0:
-                keep = []
-            idx.append(keep)
-            lens.append(len(keep))
+            idx.append(keep if keep and keep[0] == 0 else [])
+        lens = [len(keep) for keep in idx]
         if any(lens):
             A = max(lens)
             rows = []
@@ -234,11 +204,11 @@ class DraftLM(ModelRunner):
 
 
 def _filled(block, cols, placed, values, q0, hole):
-    """The block's device copy grown to the new columns, the device-held values scattered in, and
-    the new columns with their holes filled (a re-fed column's earlier device values come from
-    ``block``). Shape: block [B, T'] or None, cols [B, T - q0] (``hole`` where the device holds the
-    value), placed int64 [2k] (k flat positions in [B, T], then the k entries of ``values`` [N]
-    they take) -> ([B, T], [B, T - q0])."""
+    """The block's device copy grown to the new columns with the device-held values scattered in,
+    and the new columns with their holes filled (a re-fed column's earlier values from ``block``).
+    Shape: block [B, T'] or None, cols [B, T - q0] (``hole`` where the device holds the value),
+    placed int64 [2k] (k flat positions in [B, T], then the entries of ``values`` [N] they take)
+    -> ([B, T], [B, T - q0])."""
     B, Tq = cols.shape
     grown = cols.new_zeros(B, q0 + Tq)
     if block is not None:

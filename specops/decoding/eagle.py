@@ -1,18 +1,14 @@
-"""The feature draft (EAGLE-style, ``specops.distill.feature``) behind the DraftLM interface.
+"""The feature draft (EAGLE-style, ``specops.distill.feature``) behind the DraftLM interface: every
+drafter drives it like a plain draft LM; only the inputs differ, each block node also reading a
+feature row. A catch-up chain node at sequence position ``p`` reads the target's final hidden state
+at ``p - 1`` (the target ModelRunner's ``features``, filled by its ``keep``; zeros at position 0); a
+node below another block node reads its parent's predicted feature (the draft's output there).
 
-Every drafter drives it exactly like a plain draft LM (``begin`` / ``add`` / ``forward`` /
-``logits`` / ``commit_paths``); only the inputs differ: each block node also reads a feature row.
-
-* A node at sequence position ``p`` that is part of the catch-up chain (tokens the sequence already
-  holds, up to the pending root) reads the target's own final hidden state at ``p - 1``
-  (the target ModelRunner's ``features``, filled by its ``keep``; zeros at position 0).
-* A node below another block node reads its parent's predicted feature (the draft's output there).
-
-K/V of nodes computed from predicted features are only approximately what the draft would compute
-from the target's, so the cache keeps them for the current proposal only (Ouroboros' repeated
-drafting reuses them): ``exact[b]`` counts the cached tokens computed from the target's features,
-and ``begin`` re-feeds everything after it — the accepted tokens come back as the catch-up chain,
-now with the target's features (what EAGLE does after each verification).
+K/V computed from predicted features only approximate those from the target's, so the cache keeps
+them for the current proposal only (Ouroboros' repeated drafting reuses them): ``exact[b]`` counts
+the cached tokens computed from the target's features, and ``begin`` re-feeds everything after it,
+the accepted tokens coming back as the catch-up chain with the target's features (as EAGLE does
+after each verification).
 """
 import torch
 

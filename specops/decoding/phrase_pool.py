@@ -20,10 +20,8 @@ class PhrasePool:
         if len(phrase) != self.length:
             return
         slot = self._by_key.setdefault(key, collections.OrderedDict())
-        if phrase in slot:
-            slot.move_to_end(phrase)
-            return
         slot[phrase] = None
+        slot.move_to_end(phrase)  # a re-inserted phrase becomes the newest
         while len(slot) > self.capacity:
             slot.popitem(last=False)
 

@@ -43,11 +43,9 @@ class TokenGraph:
             x = stack.pop()
             if x == u:
                 return True
-            if x in seen:
-                continue
-            seen.add(x)
-            stack.extend(self.children[x])
-            stack.extend(self.pseudo[x])
+            if x not in seen:
+                seen.add(x)
+                stack += self.children[x] + self.pseudo[x]
         return False
 
     def path(self, node):

@@ -1,8 +1,6 @@
 """What a drafter hands the loop: one token tree per sequence on the device (:class:`Draft`), and
-the host-side builder of such trees for drafters that search on the host (:class:`Candidates`).
-
-Terms: docs/methods.md §Terms (node 0 is the pending root ``r``, ``parents[i] < i``).
-"""
+its host-side builder for drafters that search on the host (:class:`Candidates`). Terms:
+docs/methods.md §Terms (node 0 is the pending root ``r``, ``parents[i] < i``)."""
 import dataclasses
 
 import torch
@@ -10,28 +8,21 @@ import torch
 
 @dataclasses.dataclass
 class Draft:
-    """What a drafter hands the loop: one padded token tree per sequence, on the device.
+    """One padded token tree per sequence, on the device (fields: docs/methods.md §The decoding loop).
 
     Shape: tokens int64 [B, T] (node 0 = the pending root; padding 0), parents int32 [B, T]
     (``parents[b, 0] = -1``, padding 0), num_nodes int32 [B].
-
-    Only for the rejection modes (``mss``, ``mss_noreplace``, ``gsd``), which test a node against
-    the distribution it was drawn from: ``draft_logits`` fp32 [B, T, V] or None, row ``i`` = the
-    proposer's unwarped logits at node ``i``'s parent (zeros where the drafter has none: uniform
-    under any warp, top-k and top-p keep ties), warped with ``draft_warp`` (a SamplingConfig);
-    verification warps the rows its walk reads (``verify_tree_logits``: no probability tensor).
-    ``src`` int32 [B, T] or None: the draft-block node holding node ``i``'s draft K/V, or -1 (never
-    fed, or a copy made under another context), read back along the accepted path with the step's
-    one read, for the drafter's commit.
-
-    Host fields (known without a read; for metrics and the adaptive controller): ``depth`` [B] tree
-    depths (a device int tensor for a tree built on the device: the step's read brings it back),
-    ``depth_drafted`` [B] drafting steps spent (GSD's acceptance-rate denominator),
-    ``drafted_nodes`` [B] nodes produced, root included (GSD counts graph nodes, which the unmerged
-    tree may exceed), ``copied`` [B][T] or None: node reached through a merge edge (GSD).
-
-    MJSD (R6): ``log_q_joint`` fp32 [B, g], the draft's joint log-probs of the chain's prefixes;
-    ``joint_tau``; ``joint_warp`` (temperature, top_k, top_p) of its joint test."""
+    ``draft_logits`` fp32 [B, T, V] or None, only for the rejection modes (``mss``, ``mss_noreplace``,
+    ``gsd``): row ``i`` = the proposer's unwarped logits at node ``i``'s parent (zeros where it has
+    none: uniform), warped with ``draft_warp`` (a SamplingConfig) by verification. ``src`` int32
+    [B, T] or None: the draft-block node holding node ``i``'s draft K/V, or -1 (never fed, or a copy
+    made under another context).
+    Host fields (for metrics and the adaptive controller): ``depth`` [B] (a device tensor for a tree
+    built on the device), ``depth_drafted`` [B] drafting steps (GSD's acceptance-rate denominator),
+    ``drafted_nodes`` [B] nodes produced, root included (GSD: graph nodes, which the unmerged tree
+    may exceed), ``copied`` [B][T] or None: node reached through a merge edge (GSD).
+    MJSD (R6): ``log_q_joint`` fp32 [B, g] the joint log-probs of the chain's prefixes, ``joint_tau``,
+    ``joint_warp`` (temperature, top_k, top_p)."""
     tokens: torch.Tensor
     parents: torch.Tensor
     num_nodes: torch.Tensor
@@ -49,12 +40,9 @@ class Draft:
 
 @dataclasses.dataclass
 class Candidates:
-    """A token tree per sequence built on the host (Python lists, ragged), for drafters whose
-    search runs on the host; :meth:`stage` turns it into a :class:`Draft` with one staged upload.
-
-    ``draft_logits[b]``: None or a list of n_b rows (device logits [V], None where the drafter has
-    none), warped with ``draft_warp``. ``src``, ``depth_drafted``, ``drafted_nodes``, ``copied``: as in
-    :class:`Draft`, as lists."""
+    """A token tree per sequence built on the host (ragged lists); :meth:`stage` makes it a Draft.
+    ``draft_logits[b]``: None or n_b device rows [V] (None where the drafter has none); the other
+    fields as in :class:`Draft`, as lists."""
     tokens: list
     parents: list
     draft_logits: list = None
@@ -64,11 +52,9 @@ class Candidates:
     drafted_nodes: list = None
     copied: list = None
 
-    def stage(self, stager, V=None, **fields):
-        """The device Draft: tokens, parents, num_nodes (and src) in one staged upload; draft rows
-        stacked on the device. ``fields`` go to the Draft (typed per-method fields).
-
-        Shape: -> Draft with tokens int64 [B, T], parents int32 [B, T], num_nodes int32 [B]."""
+    def stage(self, stager, V=None):
+        """The device Draft: tokens, parents, num_nodes (and src) in one staged upload, draft rows
+        stacked on the device."""
         B, counts = len(self.tokens), [len(t) for t in self.tokens]
         T, flat = max(counts), []
         for rows in (self.tokens, self.parents) + ((self.src,) if self.src is not None else ()):
@@ -83,14 +69,11 @@ class Candidates:
                      num_nodes=up[-B:].to(torch.int32), draft_logits=logits, draft_warp=self.draft_warp, src=src,
                      depth=[max(depths(p)) for p in self.parents],
                      depth_drafted=self.depth_drafted or [0] * B,
-                     drafted_nodes=self.drafted_nodes or counts, copied=self.copied, **fields)
+                     drafted_nodes=self.drafted_nodes or counts, copied=self.copied)
 
     def pack_draft_logits(self, V):
-        """Shape: -> fp32 [B, T, V] on the rows' device; a node without a row gets zeros (uniform
-        under any warp; the built-in drafters leave only rows the walk never reads: the root,
-        padding, a sequence that drafted nothing), stacked on the device (the zero row is built
-        there: no host data); None when no node has a row (the verifier treats every row as uniform
-        then)."""
+        """Shape: -> fp32 [B, T, V] stacked on the rows' device (no host data), zeros for a node
+        without a row (docs/methods.md §Verification rules); None when no node has a row."""
         real = next((r for rows in self.draft_logits if rows is not None for r in rows if r is not None), None)
         if real is None:
             return None
@@ -114,9 +97,7 @@ class Candidates:
 
 
 def root_draft(root):
-    """The block of the pending roots alone (AR steps), from the device roots: nothing uploaded.
-
-    Shape: root int64 [B] -> Draft with T = 1."""
+    """The block of the pending roots alone (AR steps): nothing uploaded. Shape: root int64 [B]."""
     B = root.shape[0]
     return Draft(tokens=root[:, None], parents=torch.full((B, 1), -1, dtype=torch.int32, device=root.device),
                  num_nodes=torch.ones(B, dtype=torch.int32, device=root.device), depth=[0] * B,
@@ -131,25 +112,18 @@ def depths(parents):
 
 
 class Trie:
-    """Token sequences merged on shared prefixes, built in insertion order (BFS order is not
-    needed: a child is always created after its parent, so ``parents[i] < i`` holds)."""
+    """Token sequences merged on shared prefixes, in insertion order (a child always follows its
+    parent, so ``parents[i] < i``)."""
 
     def __init__(self, root_token):
         self.tokens, self.parents, self._kids = [root_token], [-1], [{}]
 
-    def add(self, node, token):
-        """A new child even if a sibling has the same token (duplicate proposals)."""
-        self.tokens.append(token)
-        self.parents.append(node)
-        self._kids.append({})
-        self._kids[node].setdefault(token, len(self.tokens) - 1)
-        return len(self.tokens) - 1
-
     def insert(self, node, seq):
         """Appends ``seq`` below ``node`` sharing existing prefixes."""
         for tok in seq:
-            nxt = self._kids[node].get(tok)
-            node = self.add(node, tok) if nxt is None else nxt
-
-    def __len__(self):
-        return len(self.tokens)
+            if tok not in self._kids[node]:
+                self._kids[node][tok] = len(self.tokens)
+                self.tokens.append(tok)
+                self.parents.append(node)
+                self._kids.append({})
+            node = self._kids[node][tok]

@@ -1,25 +1,20 @@
 """The Drafter protocol: how a method plugs into the one loop (docs/methods.md §The decoding loop).
 
-A method = a Drafter (what to propose, how the draft model's cache follows) + a verification mode
-(``verify_mode``). The loop keeps the accepted rows of any block with one device-side kv_compact (a
-chain prefix moves rows onto themselves), so it needs no host decision. A drafter sees a
-:class:`~specops.decoding.context.DraftContext` ``ctx`` (sequences, sampling, generator, its draft
-runner, the grammar; the target's features only with ``needs_target_features``), never the decoder:
-``setup(ctx)`` once after prefill, then per step ``propose(ctx) -> Draft`` (device tensors, or a
-host-built :class:`~specops.decoding.tree.Candidates` staged in one upload) and, after
-verification, ``commit(ctx, draft, result)``. Capabilities, declared here: ``needs_draft_model``,
-``needs_target_argmax`` (``commit`` reads the target's argmax rows: they come with the step's one
-packed host read), ``needs_target_features`` (the target keeps its final hidden states for
-EAGLE-style drafters: ``ctx.target.features``).
+A method = a Drafter + a verification mode (``verify_mode``). The loop keeps the accepted rows of
+any block with one device-side kv_compact, so it needs no host decision. A drafter sees a
+:class:`~specops.decoding.context.DraftContext` ``ctx``, never the decoder: ``setup(ctx)`` once after
+prefill, then per step ``propose(ctx) -> Draft`` (device tensors, or a staged
+:class:`~specops.decoding.tree.Candidates`) and ``commit(ctx, draft, result)``. Capabilities:
+``needs_draft_model``, ``needs_target_argmax`` (``commit`` reads the target's argmax rows: they come
+with the step's one packed read), ``needs_target_features`` (``ctx.target.features``: the target's
+final hidden states, for EAGLE-style drafters).
 """
 import itertools
 import math
 
 from ...ops.token_bitmask import apply_token_bitmask
 
-# Verification modes (docs/methods.md §Verification rules): greedy = R1; mss = R3 (R2 on a
-# chain); mss_pointmass = R3p; mss_noreplace = R3w; sample_match = R4; gsd = R5 (GSD reference, not
-# lossless); joint = R6.
+# Verification modes: docs/methods.md §Verification rules (its table maps each to R1-R6).
 MODES = ("greedy", "mss", "mss_pointmass", "mss_noreplace", "sample_match", "gsd", "joint")
 LOSSLESS_SAMPLING_MODES = ("mss", "mss_pointmass", "mss_noreplace", "sample_match")
 
@@ -85,8 +80,7 @@ class Drafter:
         self.check_params()
 
     def check_params(self):
-        """Raises ValueError for an out-of-range parameter: each ``CHECKS`` entry, then ``verify``
-        (override to add more)."""
+        """Raises ValueError for a bad parameter: each ``CHECKS`` entry, then ``verify``."""
         for name, spec in self.CHECKS.items():
             self.check_param(name, spec)
         verify = self.params.get("verify")
@@ -123,11 +117,10 @@ class Drafter:
         return max(initial, self.budget_cap_factor * initial)
 
     def enable_adaptive(self, cfg):
-        """Lets the loop's controller set ``budget_param`` per step, between ``cfg.min_budget``
-        (default 1) and ``cfg.max_budget`` (default ``budget_cap``), starting at the configured value.
-        Must run before the caches are sized: the knob is left at the cap, so ``tree_budget()`` and
-        ``draft_budget()`` cover every budget. Returns (initial, lo, hi), or None for a drafter
-        without a knob (AR)."""
+        """Lets the loop's controller set ``budget_param`` per step within [``cfg.min_budget`` (default
+        1), ``cfg.max_budget`` (default ``budget_cap``)], starting at the configured value. Runs before
+        the caches are sized: the knob is left at the cap, so the budgets cover every step. Returns
+        (initial, lo, hi), or None for a drafter without a knob (AR)."""
         if self.budget_param is None:
             return None
         initial = getattr(self, self.budget_param)
@@ -160,9 +153,8 @@ class Drafter:
 
 
 class ModelDrafter(Drafter):
-    """A drafter that runs ``ctx.draft`` (a DraftLM) and fills ``Draft.src`` with draft-block
-    node indices; ``commit`` keeps the accepted path's valid draft K/V (the path's draft-block nodes
-    and tokens come with the step's read, so a token chosen on the device is never read for it)."""
+    """A drafter that runs ``ctx.draft`` (a DraftLM) and fills ``Draft.src``; ``commit`` keeps the
+    accepted path's draft K/V (its nodes and tokens come with the step's read: nothing more is read)."""
 
     needs_draft_model = True
 
@@ -181,34 +173,38 @@ class ModelDrafter(Drafter):
 
     @staticmethod
     def first_forward(ctx):
-        """Opens the draft block and feeds the catch-up chains; the forward's upload brings the
-        roots' block nodes and which sequences draft, where a device search starts from.
-        Shape: -> (logits [B, V] after each root, roots int64 [B], active int64 [B] 0/1) on the device."""
+        """Opens the draft block and feeds the catch-up chains; the upload brings the roots' block
+        nodes and which sequences draft, where a device search starts. Shape: -> (logits [B, V]
+        after each root, grammar-masked; roots int64 [B]; active int64 [B] 0/1) on the device."""
         d, B = ctx.draft, ctx.batch
         d.begin(ctx.seqs, ctx.active)
         logits, up = d.forward(rows=[(b, d.root[b]) for b in range(B)],
                                extra=list(d.root) + [int(a) for a in ctx.active])
-        return logits, up[:B], up[B:]
+        return grammar_masked(ctx, logits, [(b, []) for b in range(B)]), up[:B], up[B:]
 
     @staticmethod
-    def feed_layer(d, live, width, parents, tokens):
+    def feed_layer(ctx, live, width, parents, tokens, paths=None):
         """Feeds one layer of a device search: the first ``live[b]`` of sequence b's ``width`` slots,
         slot (b, i) taking ``tokens[b * width + i]`` below ``parents[b * width + i]`` (a device
-        tensor; a host list holds one parent per fed slot, in order). The logits rows of slots not fed
-        are any computed row (padding, never expanded).
+        tensor; a host list holds one parent per fed slot, in order). A slot not fed gets any
+        computed row (padding, never expanded); under a grammar, ``paths[b][i]`` masks slot (b, i).
         Shape: tokens int64 [B * width] -> (logits [B * width, V], int64 [B] each sequence's first
         new block node, -1 where it feeds none)."""
-        B = len(live)
+        d, B = ctx.draft, len(live)
         pick = [(b, i) for b in range(B) for i in range(live[b])]
         first = [len(d.tokens[b]) if live[b] else -1 for b in range(B)]
         new = iter(d.add_device([b for b, _ in pick], parents, tokens, [b * width + i for b, i in pick]))
-        pairs = [(b, next(new) if i < live[b] else d.first_unfed) for b in range(B) for i in range(width)]
-        return d.forward(rows=pairs, extra=first)
+        pad, slots = min(d.fed), [(b, i) for b in range(B) for i in range(width)]  # pad: the first node fed
+        logits, first = d.forward(rows=[(b, next(new) if i < live[b] else pad) for b, i in slots],
+                                  extra=first)
+        if paths is not None:  # no grammar work for the padding slots
+            logits = grammar_masked(ctx, logits, [(b, paths[b][i] if i < live[b] else None)
+                                                  for b, i in slots])
+        return logits, first
 
     def draft_nodes(self, b, nodes):
-        """The draft-block nodes whose K/V to keep for an accepted path whose nodes' ``src`` are
-        ``nodes`` (the fed prefix below the root); the same unless a drafter's block holds the
-        path's tokens elsewhere."""
+        """The draft-block nodes whose K/V to keep for an accepted path whose fed prefix below the
+        root has ``src`` ``nodes``: the same unless the drafter's block holds its tokens elsewhere."""
         return nodes
 
 
@@ -224,11 +220,10 @@ def grammar_prefix(ctx, b, tokens, after=()):
 
 
 def grammar_masked(ctx, logits, paths):
-    """A model drafter's logits restricted to what the request's grammar allows (unchanged without
-    one): row ``i`` masked with the allowed tokens after ``paths[i]`` = (b, tokens drafted after
-    sequence b's committed state), so the drafter draws from its own distribution renormalised
-    over allowed tokens, which is also the ``q`` the rejection modes read (docs/structured.md).
-    Shape: logits [N, V] -> [N, V] (masked in place on a contiguous copy when needed)."""
+    """A model drafter's logits masked to what the grammar allows (unchanged without one): row ``i``
+    after ``paths[i]`` = (b, tokens drafted after sequence b's committed state), so the drafter draws
+    from its distribution renormalised over allowed tokens, the ``q`` the rejection modes read
+    (docs/structured.md). Shape: logits [N, V] -> [N, V] (in place, on a contiguous copy if needed)."""
     if ctx.grammar is None:
         return logits
     logits = logits.contiguous()

@@ -1,9 +1,8 @@
 """MJSD (docs/methods.md §MJSD): a beam-search draft verified by joint likelihood (R6); approximate
-by design (it aims at lower perplexity than greedy decoding, not at the target's distribution).
-
-The beams grow as a tree inside the draft block, not as B x beams rows whose K/V get reordered; a
-dead beam (score -inf) is never expanded. The joint test's warp defaults are the paper's App. D
-(top-k 20, top-p 0.9). ``tau = 1`` never accepts (target-only decoding); ``tau = 0`` accepts all.
+by design (it aims at lower perplexity than greedy decoding, not at the target's distribution). The
+beams grow as a tree in the draft block; a dead beam (score -inf) is never expanded. The joint
+test's warp defaults are the paper's App. D (top-k 20, top-p 0.9). ``tau = 1`` never accepts
+(target-only decoding); ``tau = 0`` accepts all.
 """
 import math
 
@@ -14,7 +13,7 @@ from .. import _kernels
 from ..readback import read_lists
 from ..sampling import SamplingConfig
 from ..tree import Draft
-from .base import ModelDrafter, count, fraction, grammar_masked
+from .base import ModelDrafter, count, fraction
 
 
 class MJSD(ModelDrafter):
@@ -44,21 +43,16 @@ class MJSD(ModelDrafter):
 
     def propose(self, ctx):
         """Every layer's ``beams`` (token, parent) pairs from ``topn_expand`` are fed back as they are
-        (``add_device``: a drafting sequence adds exactly ``beams`` nodes per layer, so the block's
-        layout is known on the host) and the best beam is traced back on the device: drafting reads
-        nothing. A grammar reads each layer once (its masks follow the beams' tokens), and then only
-        the finite beams are fed."""
+        (the block's layout is known on the host) and the best beam is traced back on the device:
+        drafting reads nothing. A grammar reads each layer (its masks follow the beams' tokens)."""
         d, B, M = ctx.draft, ctx.batch, self.beams
         grammar = ctx.grammar is not None  # then every row is masked with its beam's allowed tokens
         logits, roots, active = self.first_forward(ctx)
-        active = active.bool()
-        logits = grammar_masked(ctx, logits, [(b, []) for b in range(B)])  # unchanged without a grammar
         logq = self._logq(logits)[:, None]  # [B, 1, V]
-        start = logq.new_zeros(B, 1, dtype=torch.float32).masked_fill(~active[:, None], float("-inf"))
+        start = logq.new_zeros(B, 1, dtype=torch.float32).masked_fill(~active.bool()[:, None], float("-inf"))
         layers = [_kernels.topn_expand(start, logq, M, per_parent_k=M)]  # per layer: [B, M] scores, tokens, parents
         host = read_lists(*layers[-1]) if grammar else None
-        # Under a grammar, the token path of each beam of the newest layer (its rows' masks).
-        paths = [[[host[1][b][i]] for i in range(M)] for b in range(B)] if grammar else None
+        paths = [[[host[1][b][i]] for i in range(M)] for b in range(B)] if grammar else None  # newest beams
         bases = []  # per fed layer: [B] the block node of its first beam
         for k in range(1, self.gamma):
             scores, toks, par = layers[-1]
@@ -70,11 +64,8 @@ class MJSD(ModelDrafter):
             parents = ([d.root[b] for b in range(B) for _ in range(live[b])] if k == 1
                        else (bases[-1][:, None] + par.clamp(min=0)).reshape(-1))
             # a beam not fed takes any computed row (its score is -inf: never expanded)
-            rows, base = self.feed_layer(d, live, M, parents, toks.clamp(min=0).long().reshape(-1))  # rows [B * M, V]
+            rows, base = self.feed_layer(ctx, live, M, parents, toks.clamp(min=0).long().reshape(-1), paths)
             bases.append(base)
-            if grammar:  # rows of dead beams are never expanded: no grammar work for them
-                rows = grammar_masked(ctx, rows, [(b, paths[b][i] if i < live[b] else None)
-                                                   for b in range(B) for i in range(M)])
             logq = self._logq(rows).view(B, M, -1)
             layers.append(_kernels.topn_expand(scores, logq, M, per_parent_k=M))
             if grammar:

@@ -67,7 +67,6 @@ class NGram(Drafter):
     # gamma 12 doubling to 48: measured in docs/methods.md §n-gram (a verified token costs little on a CPU)
     PARAMS = {"gamma": 12, "max_ngram": 3, "min_ngram": 1, "branches": 1, "max_gamma": None}  # None: 4 x gamma
     budget_param = "gamma"  # under adaptive speculation the controller replaces the doubling rule
-    _adaptive = False
     MAX_MATCH, MATCH_SCALE, SHORT_MATCH = 32, 2, 2  # adaptive speculation's evidence rule (docs/methods.md)
     CHECKS = {"gamma": count(), "max_ngram": count(), "min_ngram": count(), "branches": count()}
 
@@ -88,7 +87,6 @@ class NGram(Drafter):
     def enable_adaptive(self, cfg):
         out = super().enable_adaptive(cfg)
         self.max_gamma = max(self.max_gamma, self.gamma)  # a max_budget above max_gamma widens the cache
-        self._adaptive = True
         return out
 
     def setup(self, ctx):
@@ -99,7 +97,7 @@ class NGram(Drafter):
         self._proposed = []
         for b in range(ctx.batch):
             seq, conts = ctx.seqs[b], []
-            if ctx.active[b] and self._adaptive:
+            if ctx.active[b] and self.adaptive_range is not None:
                 conts = [cont[:1 if m <= self.SHORT_MATCH else self.MATCH_SCALE * m]
                          for cont, m in longest_matches(seq, self.min_ngram, self.MAX_MATCH, self.gamma, self.branches)]
             elif ctx.active[b]:
@@ -117,7 +115,7 @@ class NGram(Drafter):
                           drafted_nodes=[len(t) for t in tokens]).stage(ctx.stager)
 
     def commit(self, ctx, draft, result):
-        if self.max_gamma == self.gamma or self._adaptive:
+        if self.max_gamma == self.gamma or self.adaptive_range is not None:
             return
         for b in range(ctx.batch):
             if not ctx.was_active[b]:

@@ -1,9 +1,6 @@
 """OPT-Tree (docs/methods.md §OPT-Tree: the per-layer global top-``n`` by path probability p̂,
-``delta``'s stop on E_sub, the best-``n`` rooted subtree, R4 or R3p, ``sync_free``).
-
-``sync_free=None`` (the default) is True when the draft runs on an accelerator, False on a CPU,
-where each layer past the stop costs a draft forward. A grammar reads each layer's tokens (its masks
-follow them) either way.
+``delta``'s stop on E_sub, the best-``n`` rooted subtree, R4 or R3p, ``sync_free`` with TSD's
+default). A grammar reads each layer's tokens (its masks follow them) either way.
 """
 import torch
 
@@ -11,7 +8,7 @@ from ...ops.topn import MAX_N
 from .. import _kernels
 from ..readback import read_lists
 from ..tree import Draft
-from .base import FLAG, ModelDrafter, count, grammar_masked, optional, real
+from .base import FLAG, ModelDrafter, count, optional, real
 
 
 class OPTTree(ModelDrafter):
@@ -31,30 +28,27 @@ class OPTTree(ModelDrafter):
         return self.n + 1
 
     def nodes(self):
-        """This step's node budget: ``n``, or under adaptive speculation at most two per drafted layer
-        plus one, so that a shallow step (a probe) costs little (docs/methods.md §OPT-Tree)."""
+        """This step's node budget: ``n``, capped under adaptive speculation (docs/methods.md §OPT-Tree)."""
         return self.n if self.adaptive_range is None else min(self.n, 2 * self.max_depth + 1)
 
     def draft_budget(self):
         return self.n * self.max_depth
 
     def propose(self, ctx):
-        """Each layer's ``n`` (token, parent) pairs from ``topn_expand`` are fed back as they are
-        (``add_device``: a sequence that goes on adds its finite entries, a prefix of the layer); the
-        one host decision is ``delta``'s stop (docs/methods.md §OPT-Tree, ``sync_free``)."""
+        """Each layer's ``n`` (token, parent) pairs from ``topn_expand`` are fed back as they are (a
+        sequence that goes on adds its finite entries, a prefix); the one host decision: ``delta``'s stop."""
         d, B, n = ctx.draft, ctx.batch, self.nodes()
         grammar = ctx.grammar is not None  # then every row is masked with its path's allowed tokens
         sync_free = not grammar and (self.sync_free if self.sync_free is not None else d.device.type != "cpu")
         logits, base, active = self.first_forward(ctx)  # base: the block node of the newest fed layer's first entry
         going = active = active.bool()
-        logits = grammar_masked(ctx, logits, [(b, []) for b in range(B)])  # unchanged without a grammar
         logq = logits.log_softmax(-1)[:, None]  # [B, 1, V]
         layers = [_kernels.topn_expand(logq.new_zeros(B, 1, dtype=torch.float32), logq, n, per_parent_k=n)]
         src = [base[:, None]]  # per flat layer: each entry's draft-block node, -1 where not fed ([B, 1] the roots)
         drafted = active.long()  # [B] layers drafted: the root's, then each fed one (read when sync-free)
         depth_drafted = [int(a) for a in ctx.active]  # the same on the host (reading)
         best = gain = _esub(layers, n)  # fp64 [B]: the first layer takes E from 0 to E_sub
-        paths = [[[]] for _ in range(B)]  # under a grammar: the token path of each entry of the newest layer
+        paths = [[[]] for _ in range(B)] if grammar else None  # the token path of each newest-layer entry
         while len(layers) < self.max_depth:
             going = going & (gain > self.delta)
             scores, toks, par = layers[-1]
@@ -73,13 +67,10 @@ class OPTTree(ModelDrafter):
                 if not any(live):
                     break
                 depth_drafted = [x + (f > 0) for x, f in zip(depth_drafted, live)]
-            rows, base = self.feed_layer(d, live, n, (base[:, None] + par.clamp(min=0)).reshape(-1),
-                                         toks.clamp(min=0).long().reshape(-1))
+            rows, base = self.feed_layer(ctx, live, n, (base[:, None] + par.clamp(min=0)).reshape(-1),
+                                         toks.clamp(min=0).long().reshape(-1), paths)
             src.append(torch.where(fed, base[:, None] + torch.arange(n, device=base.device), -1))
             drafted = drafted + fed.any(1)
-            if grammar:  # rows of entries never expanded: no grammar work for them
-                rows = grammar_masked(ctx, rows, [(b, paths[b][i] if i < live[b] else None)
-                                                    for b in range(B) for i in range(n)])
             logq = rows.log_softmax(-1).view(B, n, -1)
             layers.append(_kernels.topn_expand(scores.masked_fill(~going[:, None], float("-inf")), logq, n,
                                                per_parent_k=n))

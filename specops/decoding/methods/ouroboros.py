@@ -30,9 +30,8 @@ class Ouroboros(ModelDrafter):
         self.pool, self._phrase = None, self.ngram - 1  # a phrase: the continuation of an n-gram's key
 
     def widths(self):
-        """This step's (guesses, branches), capped under adaptive speculation so that a shallow step (a
-        probe) costs little (docs/methods.md §Ouroboros): at the full widths a gamma-1 probe drafted
-        ~19 rows."""
+        """This step's (guesses, branches), capped under adaptive speculation (docs/methods.md
+        §Ouroboros): at the full widths a gamma-1 probe drafted ~19 rows."""
         if self.adaptive_range is None:
             return self.guesses, self.branches
         return min(self.guesses, self.gamma), min(self.branches, self.gamma - 1)
@@ -66,7 +65,7 @@ class Ouroboros(ModelDrafter):
         d.begin(ctx.seqs, ctx.active)
         drafted, going, forwards = [[] for _ in range(B)], list(ctx.active), [0] * B
         while any(going):
-            layout = [self._lay_out(d, b, going[b]) for b in range(B)]
+            layout = [self._lay_out(d, b) if going[b] else None for b in range(B)]
             d.forward()
             paths = [None] * B
             chains = [[s[-1]] for s in ctx.seqs]  # a stopped sequence's: a placeholder block, never committed
@@ -94,10 +93,8 @@ class Ouroboros(ModelDrafter):
             last = out[-1]
         return out
 
-    def _lay_out(self, d, b, going):
+    def _lay_out(self, d, b):
         """Adds window and guess nodes below the block root; returns their block indices."""
-        if not going:
-            return None
         root = d.root[b]
 
         def chain(tokens, parent):  # the tokens as a chain below block node ``parent``: their nodes

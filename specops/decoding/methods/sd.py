@@ -1,8 +1,6 @@
 """SD / SSD (docs/methods.md §SD, with ``exit_threshold``'s draft-exit): a chain of ``gamma`` draft
-tokens, verified by R1 or R2; each token's draft logits row (grammar-masked, if any) goes to
-verification with the sampling config it was warped with, which warps only the rows its walk reads.
-The chain grows on the device and drafting reads nothing but under ``exit_threshold`` or a grammar
-(docs/methods.md §The decoding loop, "Drafts are device tensors").
+tokens, verified by R1 or R2 on each token's draft row (grammar-masked, if any) and its warp. The
+chain grows on the device; drafting reads only under ``exit_threshold`` or a grammar.
 """
 import torch
 

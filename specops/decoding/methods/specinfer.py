@@ -2,10 +2,9 @@
 the greedy and sampled draws, the n-gram chain). R3 needs each child to be an independent draw from
 the row it names: the logits it was drawn from, warped by verification with the sampling config.
 
-The chains grow on the device with one read per step (docs/methods.md §The decoding loop): each
-forward feeds every chain's latest token, whatever it drew (a merged node's row is its creator's),
-so the target block is no longer than the merged tree; a grammar adds one read per forward (its masks
-follow the chains' tokens); the draft cache keeps the accepted path along one chain's nodes
+The chains grow on the device with one read per step (a grammar adds one per forward): each forward
+feeds every chain's latest token (a merged node's row is its creator's), so the target block is no
+longer than the merged tree; the draft cache keeps the accepted path along one chain's nodes
 (``draft_nodes``).
 """
 import torch
@@ -81,8 +80,8 @@ class SpecInfer(ModelDrafter):
         return self._target_tree(ctx, act, slots, total)
 
     def _draw(self, ctx, logits):
-        """Every chain's draw of one level, in (sequence, chain) order (the module docstring's
-        sampling and greedy draws). Shape: logits [A, k, V] -> int64 [A, k] on the device."""
+        """Every chain's draw of one level (docs/methods.md §SpecInfer).
+        Shape: logits [A, k, V] -> int64 [A, k]."""
         A, k, V = logits.shape
         if not ctx.sampling.greedy:
             return draw(ctx.sampling.warp(logits.reshape(A * k, V)), ctx.generator).view(A, k)
@@ -95,10 +94,9 @@ class SpecInfer(ModelDrafter):
         return torch.cat([top, draw(probs, ctx.generator).view(A, k - 1)], 1)
 
     def _target_tree(self, ctx, act, slots, total):
-        """The target block: per sequence the root, the trie in creation order, the leaf
-        duplicates (sampling: every draw stays a child, since R3 must see the multiset of draws at
-        a node), then the n-gram chain. One read brings the counts back (the block's length); the
-        structure is scattered on the device. Shape: -> Draft with T = the longest merged tree."""
+        """The target block: per sequence the root, the trie in creation order, the leaf duplicates,
+        then the n-gram chain; one read brings the counts back, the structure is scattered on the
+        device. Shape: -> Draft with T = the longest merged tree."""
         B, A, k, G, greedy = ctx.batch, len(act), self.num_drafts, self.gamma, ctx.sampling.greedy
         dev = ctx.root.device
         x, parent, created, ids = (torch.cat([level[i] for level in slots], 1) for i in range(4))  # [A, S]

@@ -1,11 +1,8 @@
 """TSD (docs/methods.md §TSD: top-k children per frontier node, sibling and probability pruning, the
-node cap, ``sync_free``), and the drafting GSD shares with it (gsd.py: ``tau`` set).
-
-The tree grows on the device (``grow_on_device``, node for node the host search's: docs/methods.md
-§The decoding loop); GSD's merge, a grammar's masks and R5's kept rows need the host search
-(``grow_on_host``, one read per draft forward). ``sync_free=None`` (the default) is True when the
-draft runs on an accelerator, where a read is a synchronisation and a padding row nearly free;
-False on a CPU, where a read is a memory load and each padding row costs a share of a step.
+node cap, ``sync_free`` and why its default differs on a CPU), and the drafting GSD shares with it
+(gsd.py: ``tau`` set). The tree grows on the device (``grow_on_device``, node for node the host
+search's); GSD's merge, a grammar's masks and R5's kept rows need the host search (``grow_on_host``,
+one read per draft forward).
 """
 import itertools
 
@@ -50,12 +47,10 @@ class TSD(ModelDrafter):
         return self.grow_on_host(ctx)
 
     def grow_on_device(self, ctx):
-        """TSD's search on the device. Graph nodes are numbered in creation order (BFS: layer by
-        layer, a layer's children in frontier order, siblings best first), which is also the
-        order of the host search's unmerged tree, so the first ``max_tree_nodes`` nodes are the
-        target's tree as they are. Reading, each count sizes the next forward's block (``DraftLM``
-        keeps node counts on the host). Shape: -> Draft with tokens int64 [B, T], T = min(largest
-        tree, max_tree_nodes)."""
+        """TSD's search on the device. Graph nodes are numbered in creation order (BFS, siblings best
+        first), the host search's unmerged tree's order, so the first ``max_tree_nodes`` are the
+        target's tree. Reading, each count sizes the next forward's block (``DraftLM`` keeps node
+        counts on the host). Shape: -> Draft with T = min(largest tree, max_tree_nodes)."""
         d, B, M = ctx.draft, ctx.batch, self.max_nodes
         sync_free = self.sync_free if self.sync_free is not None else d.device.type != "cpu"
         widths = frontier_widths(self.k, M, self.max_depth) if sync_free else None
@@ -113,7 +108,7 @@ class TSD(ModelDrafter):
                 2, slot, cands)[..., :W2].unbind()  # [B, W2] each
             pblk = fblk.gather(1, pentry)  # [B, W2] the parent's draft-block node (padding: entry 0's)
             # sync-free: every sequence feeds W2 entries
-            logits, firstd = self.feed_layer(d, [W2] * B if sync_free else live, W2, pblk.reshape(-1),
+            logits, firstd = self.feed_layer(ctx, [W2] * B if sync_free else live, W2, pblk.reshape(-1),
                                              ntok.reshape(-1))
             live_dev, fidx = nlive, nfidx
             fblk = firstd[:, None] + torch.arange(W2, device=dev)[None]  # consecutive nodes per sequence
@@ -188,18 +183,16 @@ class TSD(ModelDrafter):
         return self._unmerged(ctx, graphs, blk, qrow, depth, keep_rows)
 
     def _unmerged(self, ctx, graphs, blk, qrow, depth, keep_rows):
-        tokens, parents, src, copied, rows = [], [], [], [], []
-        for b, g in enumerate(graphs):
-            tok, par, gsrc, cp = g.unmerge(self.max_tree_nodes, self.max_depth)
-            tokens.append(tok)
-            parents.append(par)
-            copied.append(cp)
-            src.append([-1 if cp[i] else blk[b].get(gsrc[i], -1) for i in range(len(tok))])
-            if keep_rows:  # every child's graph parent was expanded, so has a row (a copy: its first occurrence's)
-                rows.append([None] + [qrow[b][g.parent[gsrc[i]]] for i in range(1, len(tok))])
+        trees = [g.unmerge(self.max_tree_nodes, self.max_depth) for g in graphs]
+        tokens, parents, gsrc, copied = (list(field) for field in zip(*trees))
+        src = [[-1 if cp else blk[b].get(s, -1) for s, cp in zip(gsrc[b], copied[b])]
+               for b in range(len(graphs))]
+        rows = None
+        if keep_rows:  # every child's graph parent was expanded, so it has a row (a copy: the original's)
+            rows = [[None] + [qrow[b][g.parent[s]] for s in gsrc[b][1:]] for b, g in enumerate(graphs)]
         # q = the softmax of the draft's logits (top-k children by it): warped at temperature 1
         return Candidates(tokens=tokens, parents=parents, src=src, copied=copied, depth_drafted=depth,
-                          drafted_nodes=[len(g) for g in graphs], draft_logits=rows if keep_rows else None,
+                          drafted_nodes=[len(g) for g in graphs], draft_logits=rows,
                           draft_warp=_SOFTMAX).stage(ctx.stager, ctx.vocab_size)
 
 
