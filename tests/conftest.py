@@ -25,23 +25,21 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 
 
 def _lighter_triton_interpreter():
-    """Two pieces of repeated bookkeeping in Triton's interpreter (triton/runtime/interpreter.py,
-    3.x), skipped without changing what a kernel computes:
+    """Skips two pieces of repeated bookkeeping in Triton 3.x's interpreter, over half the time of the
+    interpreted verify / sampling kernels (thousands of helper calls per launch); what a kernel
+    computes is unchanged:
 
-    * every call of a @triton.jit helper from inside a kernel re-patches triton.language for the
-      interpreter (``_patch_lang``: ``inspect.getmembers`` over tl, tl.tensor and tl.math, ~0.35 ms
-      a call), although the launch around it has patched the same modules and restores them only
-      when it ends. Here a helper whose language modules the running launch has patched skips it;
-      the launch itself patches and restores as before.
-    * ``_get_np_dtype`` builds a 19-entry dict of dtypes at each of its calls (every cast, splat,
-      load and binary op); here its answers are cached per dtype.
+    * every @triton.jit helper call re-patches triton.language (``_patch_lang``: ``inspect.getmembers``
+      over tl, tl.tensor and tl.math, ~0.35 ms) although the running launch has patched the same
+      modules and restores them only when it ends: such a helper now skips it;
+    * ``_get_np_dtype`` builds a 19-entry dict at every call (each cast, splat, load, binary op):
+      its answers are now cached per dtype.
 
-    On the interpreted verify / sampling kernels these were over half the time (the kernels run
-    thousands of helper calls per launch). Kept as is when the interpreter's layout differs (another
-    Triton version): the suite is then only slower."""
+    Another interpreter layout (another Triton version) is left as is: the suite is only slower."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         return
     try:
+        import functools
         import inspect
 
         import triton.language as tl
@@ -74,17 +72,13 @@ def _lighter_triton_interpreter():
         finally:
             active.pop()
 
-    dtypes = {}
+    cached = functools.cache(np_dtype)
 
     def _get_np_dtype(tt_dtype):
         # The original's rule: a block type maps as its element type, every pointer to uint64.
         if isinstance(tt_dtype, tl.block_type):
             tt_dtype = tt_dtype.element_ty
-        if isinstance(tt_dtype, tl.pointer_type):
-            return np_dtype(tt_dtype)
-        if tt_dtype not in dtypes:
-            dtypes[tt_dtype] = np_dtype(tt_dtype)
-        return dtypes[tt_dtype]
+        return np_dtype(tt_dtype) if isinstance(tt_dtype, tl.pointer_type) else cached(tt_dtype)
 
     interp._patch_lang, interp._get_np_dtype, interp.GridExecutor.__call__ = _patch_lang, _get_np_dtype, _call
     interp._specops_lighter = True
@@ -92,10 +86,10 @@ def _lighter_triton_interpreter():
 
 _lighter_triton_interpreter()
 
-import pytest  # noqa: E402
+import pytest
 
-import specops  # noqa: E402
-from specops import backend as _backend  # noqa: E402
+from specops import backend as _backend
+from specops.testing import perturbed_copy, reference_greedy, tiny_causal_lm
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -162,6 +156,27 @@ def kernel_checks(monkeypatch):
     from specops.decoding import _kernels
 
     monkeypatch.setattr(_kernels, "CHECK", True)
+
+
+def _tiny_pair(arch):
+    """(target, draft, prompts, refs): a tiny random target, its draft (a perturbed copy, accepted
+    part of the time), three ragged prompts and each one's greedy continuation of 24 tokens."""
+    target = tiny_causal_lm(arch, seed=0)
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (5, 11, 3)]
+    refs = [reference_greedy(target, p, 24) for p in prompts]
+    return target, perturbed_copy(target, 0.15, seed=1), prompts, refs
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def pair(request):
+    """The decoding tests' models and prompts, once per architecture."""
+    return _tiny_pair(request.param)
+
+
+@pytest.fixture(scope="module")
+def llama_pair():
+    return _tiny_pair("llama")
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from specops.decoding import AdaptiveConfig, generate, methods
 from specops.decoding.adaptive import Controller, CostModel, expected_tokens, resolve
 from specops.decoding.methods.ngram import longest_matches
 from specops.engine import Stager
-from specops.testing import perturbed_copy, reference_greedy, tiny_causal_lm
+from specops.testing import reference_greedy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -239,16 +239,6 @@ def test_shallow_steps_verify_small_trees():
 N_NEW = 20
 
 
-@pytest.fixture(scope="module")
-def pair():
-    target = tiny_causal_lm("llama", seed=0)
-    draft = perturbed_copy(target, 0.15, seed=1)
-    gen = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (5, 11, 3)]
-    refs = [reference_greedy(target, p, N_NEW) for p in prompts]
-    return target, draft, prompts, refs
-
-
 LOSSLESS = {
     "sd": {}, "sd-exit": {"method": "sd", "exit_threshold": 0.3}, "specinfer": {},
     "specinfer-ngram": {"method": "specinfer", "num_drafts": 2, "ngram": True}, "tsd": {},
@@ -279,11 +269,11 @@ def schedule(monkeypatch):
 
 
 @pytest.mark.parametrize("case", list(LOSSLESS))
-def test_greedy_stays_token_identical_under_forced_budgets_and_ar_steps(pair, schedule, case):
-    *_, refs = pair
+def test_greedy_stays_token_identical_under_forced_budgets_and_ar_steps(llama_pair, schedule, case):
+    *_, refs = llama_pair
     schedule([0, 3, 1, 0, 0, 5, 2, 7, 0, 4])
-    out, m = _generate(pair, case)
-    assert [out[b].tolist() for b in range(3)] == refs
+    out, m = _generate(llama_pair, case)
+    assert out.tolist() == [r[:N_NEW] for r in refs]
     budgets = [s["budget"] for s in m.steps]
     assert 0 in budgets and len(set(budgets) - {0}) >= 3
     assert m.num_ar_steps == budgets.count(0) and m.adaptive
@@ -299,21 +289,21 @@ def test_greedy_stays_token_identical_under_forced_budgets_and_ar_steps(pair, sc
 
 @pytest.mark.parametrize("case", list(LOSSLESS))
 @pytest.mark.parametrize("costs", ["cheap-draft", "dear-draft"])
-def test_greedy_stays_token_identical_under_the_controller(pair, case, costs):
-    *_, refs = pair
+def test_greedy_stays_token_identical_under_the_controller(llama_pair, case, costs):
+    *_, refs = llama_pair
     cfg = fixed(0.01, 0.02) if costs == "cheap-draft" else fixed(0.01, 0.6)
-    out, m = _generate(pair, case, adaptive=cfg)
-    assert [out[b].tolist() for b in range(3)] == refs
+    out, m = _generate(llama_pair, case, adaptive=cfg)
+    assert out.tolist() == [r[:N_NEW] for r in refs]
     if costs == "dear-draft" and case in ("sd", "specinfer"):
         assert m.num_ar_steps > 0  # a draft level costing 0.6 target steps rarely pays here
 
 
-def test_ar_steps_run_no_draft_forward(pair, schedule):
+def test_ar_steps_run_no_draft_forward(llama_pair, schedule):
     schedule([0])
-    _, m = _generate(pair, "sd")
+    _, m = _generate(llama_pair, "sd")
     assert m.num_draft_forwards == 0 and m.num_ar_steps == m.num_target_forwards
     schedule([0, 0, 0, 2])
-    _, m2 = _generate(pair, "sd")
+    _, m2 = _generate(llama_pair, "sd")
     drafted = sum(1 for s in m2.steps if s["budget"])
     assert m2.num_draft_forwards == 2 * drafted  # gamma = 2: two forwards per drafted step, none else
 
@@ -333,17 +323,17 @@ def test_the_feature_draft_catches_up_after_ar_steps(schedule):
             assert m.num_ar_steps > 0 and m.num_draft_forwards > 0
 
 
-def test_adaptive_false_is_the_fixed_budget_loop(pair):
-    _, m = _generate(pair, "sd", adaptive=False)
+def test_adaptive_false_is_the_fixed_budget_loop(llama_pair):
+    _, m = _generate(llama_pair, "sd", adaptive=False)
     assert not m.adaptive and m.num_ar_steps == 0 and m.mean_budget is None
     assert all(s["budget"] is None for s in m.steps)
     assert all(n == 5 for s in m.steps for n, a in zip(s["nodes"], s["active"]) if a)  # gamma 4, always
-    _, m = _generate(pair, "ngram", adaptive=False, gamma=2, max_gamma=8)
+    _, m = _generate(llama_pair, "ngram", adaptive=False, gamma=2, max_gamma=8)
     assert max(n for s in m.steps for n in s["nodes"]) > 3  # its own doubling rule, not the controller
 
 
-def test_a_free_draft_grows_the_budget_to_the_cap(pair):
-    _, m = _generate(pair, "sd", adaptive=fixed(0.0, 0.0), exit_threshold=0.0)
+def test_a_free_draft_grows_the_budget_to_the_cap(llama_pair):
+    _, m = _generate(llama_pair, "sd", adaptive=fixed(0.0, 0.0), exit_threshold=0.0)
     budgets = [s["budget"] for s in m.steps]
     assert budgets[0] == 2 and max(budgets) > 4 and m.num_ar_steps == 0  # a probe first (probe_budget 2)
     assert m.mean_budget == pytest.approx(sum(budgets) / len(budgets))
@@ -427,8 +417,8 @@ def test_adaptive_ngram_sizes_each_proposal_by_its_match():
     assert proposed(copy + [7] + copy[:10]) == 20 and proposed([1, 2, 3, 4]) == 0
 
 
-def test_adaptive_ngram_is_lossless_on_copied_text(pair):
-    target = pair[0]
+def test_adaptive_ngram_is_lossless_on_copied_text(llama_pair):
+    target = llama_pair[0]
     gen = torch.Generator().manual_seed(3)
     base = torch.randint(3, 60, (18,), generator=gen).tolist()
     prompts = [base + base[:5], base[:9] + base + base[:2]]  # long matches: long proposals

@@ -1,12 +1,11 @@
 """Compiled block forwards (``ModelRunner(compile=True)``, specops/engine/compiled.py) on tiny
-fp32 models: every lossless method stays token-identical to greedy decoding (the greedy grid of
-tests/test_decoding.py), compiled AR equals eager AR, compiled block logits equal eager ones for
-ragged tree blocks (both cache layouts, partial blocks with ``q_start``), the graphs stay within the
-buckets, and compile time is reported apart.
+fp32 models: every lossless method stays token-identical to greedy decoding (tests/test_decoding.py's
+grid), compiled AR and block logits equal eager ones (ragged trees, both cache layouts, ``q_start``),
+the graphs stay within the buckets, and compile time is reported apart.
 
-Compiling is slow on a loaded 2-core machine (tens of seconds per graph): every test here shares one
-target and one draft (module fixtures), so each bucket compiles once per model for the whole file
-(and the inductor disk cache makes a second run mostly tracing)."""
+Compiling takes tens of seconds per graph on a loaded 2-core machine: the tests share one target and
+draft (llama_pair, a module fixture), so each bucket compiles once per model for the file (and the
+inductor disk cache makes a second run mostly tracing)."""
 import functools
 
 import pytest
@@ -14,24 +13,13 @@ import torch
 
 from specops.decoding import generate
 from specops.engine import ModelRunner, compiled
-from specops.testing import perturbed_copy, random_parents, reference_greedy, tiny_causal_lm
+from specops.testing import perturbed_copy, random_parents, tiny_causal_lm
 
-from test_decoding import LOSSLESS, N_NEW, PROMPT_LENS, _run
+from test_decoding import LOSSLESS, N_NEW, _run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PAGED = {"kv_layout": "paged", "page_size": 4}
 LAYOUTS = pytest.mark.parametrize("layout", [{}, PAGED], ids=["contiguous", "paged"])
-
-
-@pytest.fixture(scope="module")
-def pair():
-    """(target, draft, ragged prompts, greedy references): one Llama pair for the whole file."""
-    target = tiny_causal_lm("llama", seed=0)
-    draft = perturbed_copy(target, 0.15, seed=1)
-    gen = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in PROMPT_LENS]
-    refs = [reference_greedy(target, p, N_NEW + 4) for p in prompts]
-    return target, draft, prompts, refs
 
 
 def test_buckets():
@@ -40,8 +28,8 @@ def test_buckets():
     assert [compiled.mask_words(t) for t in (1, 32, 33, 64, 65, 129)] == [1, 1, 2, 2, 4, 8]
 
 
-def test_bad_arguments_are_rejected(pair):
-    target = pair[0]
+def test_bad_arguments_are_rejected(llama_pair):
+    target = llama_pair[0]
     with pytest.raises(ValueError, match="compile must be a bool"):
         ModelRunner(target, 1, 32, compile="yes")
     with pytest.raises(ValueError, match="compile_mode must be one of"):
@@ -49,8 +37,8 @@ def test_bad_arguments_are_rejected(pair):
 
 
 @LAYOUTS
-def test_compiled_block_logits_equal_eager_ones(pair, layout):
-    block_logits_match(pair[0], layout)
+def test_compiled_block_logits_equal_eager_ones(llama_pair, layout):
+    block_logits_match(llama_pair[0], layout)
 
 
 @LAYOUTS
@@ -92,8 +80,8 @@ def block_logits_match(target, layout):
             torch.testing.assert_close(comp, eager, atol=1e-5, rtol=1e-5, msg=name)
 
 
-def test_compiled_ar_matches_eager_ar_and_reports_compile_time(pair):
-    target, _, prompts, refs = pair
+def test_compiled_ar_matches_eager_ar_and_reports_compile_time(llama_pair):
+    target, _, prompts, refs = llama_pair
     eager, _ = generate(target, prompts, method="ar", max_new_tokens=N_NEW, eos_token_id=[])
     out, _ = generate(target, prompts, method="ar", max_new_tokens=N_NEW, eos_token_id=[], compile=True)
     assert torch.equal(out, eager)
@@ -107,10 +95,10 @@ def test_compiled_ar_matches_eager_ar_and_reports_compile_time(pair):
     assert any(k[0] == compiled.BLOCK and s > 0 for k, s in dec.compile_s.items())
 
 
-def test_frozen_decoder_runs_warm_graphs_and_refuses_new_ones(pair):
+def test_frozen_decoder_runs_warm_graphs_and_refuses_new_ones(llama_pair):
     # Timed work after a warm-up runs under frozen(): the warmed graph runs, a new one raises before
     # anything compiles (here: another batch size, another graph key).
-    target, _, prompts, refs = pair
+    target, _, prompts, refs = llama_pair
     kw = {"method": "ar", "max_new_tokens": 4, "eos_token_id": [], "compile": True}
     generate(target, prompts, **kw)
     dec = compiled.decoder_for(target)
@@ -131,8 +119,8 @@ GRID += [pytest.param(case, False, PAGED, id=f"{case}-paged") for case in ("opt-
 
 
 @pytest.mark.parametrize("case, adaptive, layout", GRID)
-def test_compiled_greedy_is_token_identical_to_greedy_decoding(pair, case, adaptive, layout):
-    target, draft, prompts, refs = pair
+def test_compiled_greedy_is_token_identical_to_greedy_decoding(llama_pair, case, adaptive, layout):
+    target, draft, prompts, refs = llama_pair
     out, m = _run(target, draft, prompts, case, adaptive=adaptive, compile=True, **layout)
     for b in range(3):
         assert out[b].tolist() == refs[b][:N_NEW], f"sequence {b} diverged"

@@ -1,12 +1,10 @@
 """Sampling: the lossless modes keep the target's warped distribution.
 
-A tiny-vocabulary target (V = 8), a draft that disagrees with it often, one prompt repeated over a
-batch of independent rows (each row is an independent run: its own draft, tree and uniforms). The
-empirical joint distribution of the first three emitted tokens (the first from prefill, the next
-two from speculative verification) is compared with the target's exactly computed warped joint
-distribution by a chi-square test, Bonferroni-corrected over the tests in this file. Negative
-control: MJSD with tau = 0 (accept the draft's beam unconditionally) must be rejected by the same
-test, and GSD's reference rule R5 has its deviation measured (total variation).
+A V = 8 target, a draft that often disagrees, one prompt over a batch of rows, each an independent
+run (its own draft, tree and uniforms). The empirical joint of the first three tokens (one from
+prefill, two from speculative verification) meets the target's exact warped joint in a chi-square
+test, Bonferroni-corrected over this file. Negative control: the same test rejects MJSD with tau = 0
+(the draft's beam accepted unconditionally); GSD's reference rule R5 has its deviation measured.
 """
 import pytest
 import torch

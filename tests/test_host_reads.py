@@ -1,23 +1,23 @@
 """Host traffic per decode step: one read, no blocking upload, no tensor built from host data (the
-per-method table is in docs/methods.md §The decoding loop, "Host traffic per step").
+per-method table: docs/methods.md §The decoding loop, "Host traffic per step").
 
-Counted during decode steps of every method (greedy and sampled, tiny fp32 models, after prefill and
-a warm-up step), split by phase (``propose``: the drafter; ``commit``: the drafter's commit;
-``loop``: everything else in ``Decoder.step``: target forward, verification, KV keep, emission):
+Counted in the decode steps of every method (greedy and sampled, tiny fp32 models, after prefill and
+a warm-up step), per phase (``propose``; ``commit``: the drafter's; ``loop``: the rest of
+``Decoder.step``: target forward, verification, KV keep, emission):
 
 * **reads**: every way a tensor's values reach Python (``READS``: ``tolist``, ``int()``, iteration, ...);
-* **host-built tensors**: tensors constructed from host data (``BUILDERS``, ``Tensor.new_tensor``,
-  indexing with a Python list): none; on a GPU each would be a blocking upload;
-* **host allocations**: ``FACTORIES`` called without ``device=``: none (a host tensor meeting device
+* **host-built tensors** (``BUILDERS``, ``Tensor.new_tensor``, indexing with a Python list): none;
+  on a GPU each would be a blocking upload;
+* **host allocations** (``FACTORIES`` without ``device=``): none (a host tensor meeting device
   tensors is an upload on a GPU);
-* **blocking uploads**: ``Tensor.to`` / ``cuda`` naming a device, or ``copy_``, from a host-built
-  or host-allocated tensor without ``non_blocking=True``: none (on a CPU-only machine the device
-  is the host, so the source's origin tells an upload apart from a same-device ``.to``);
-* **staged uploads**: the one path host data takes (``runner.Stager``: a NumPy view of a (pinned)
-  buffer, one ``copy_(non_blocking=True)``), counted per phase.
+* **blocking uploads** (``Tensor.to`` / ``cuda`` naming a device, or ``copy_``, from a host-built or
+  host-allocated tensor without ``non_blocking=True``): none (on a CPU the device is the host: the
+  source's origin tells an upload from a same-device ``.to``);
+* **staged uploads**, the one path host data takes (``runner.Stager``: one
+  ``copy_(non_blocking=True)`` from a NumPy view of a (pinned) buffer), counted per phase.
 
 A device op that synchronises without a Python-visible read (a boolean mask index, ``nonzero``) is
-not counted here: the loop uses none."""
+not counted: the loop uses none."""
 import collections
 
 import pytest
@@ -25,7 +25,6 @@ import torch
 
 from specops.decoding import AdaptiveConfig, api, loop, methods
 from specops.engine import runner
-from specops.testing import perturbed_copy, tiny_causal_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -74,13 +73,10 @@ DRAFT_STAGED = {"sd": (1, 2), "specinfer": (1, 2), "tsd": (0, 0), "tsd-sync-free
 
 
 @pytest.fixture(scope="module")
-def models():
-    target = tiny_causal_lm("llama", seed=0)
-    draft = perturbed_copy(target, 0.15, seed=1)
-    gen = torch.Generator().manual_seed(5)
+def models(llama_pair):
+    target, draft, prompts, _ = llama_pair
     # repeated text: the model-free drafters find matches, the others accept some tokens
-    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() * 3 for n in (5, 11)]
-    return target, draft, prompts
+    return target, draft, [p * 3 for p in prompts[:2]]
 
 
 def _names_a_device(args, kw):
@@ -91,6 +87,10 @@ def _names_a_device(args, kw):
 
 def _host(t):
     return getattr(t, "_host_built", False)
+
+
+def _list_index(t, idx, *value):
+    return any(isinstance(p, list) for p in (idx if isinstance(idx, tuple) else (idx,)))
 
 
 class Counter:
@@ -107,22 +107,25 @@ class Counter:
         self.n[kind][(self.step, self.phase)] += 1
 
     def install(self, monkeypatch):
+        def patch(owner, name, kind, **kw):
+            monkeypatch.setattr(owner, name, self._wrap(getattr(owner, name), kind, **kw))
+
         for name in READS:
-            monkeypatch.setattr(torch.Tensor, name, self._wrap(getattr(torch.Tensor, name), "reads"))
+            patch(torch.Tensor, name, "reads")
         for name in BUILDERS:
-            monkeypatch.setattr(torch, name, self._wrap(getattr(torch, name), "built", mark=True))
-        monkeypatch.setattr(torch.Tensor, "new_tensor", self._wrap(torch.Tensor.new_tensor, "built", mark=True))
+            patch(torch, name, "built", mark=True)
+        patch(torch.Tensor, "new_tensor", "built", mark=True)
         for name in FACTORIES:
-            monkeypatch.setattr(torch, name, self._factory(getattr(torch, name)))
+            patch(torch, name, "host_alloc", mark=True, when=lambda *a, **kw: kw.get("device") is None)
         uploads = {  # from a host-built or host-allocated tensor, without non_blocking=True
             "to": lambda t, *a, **kw: _host(t) and _names_a_device(a, kw) and not kw.get("non_blocking"),
             "cuda": lambda t, *a, **kw: _host(t) and not kw.get("non_blocking"),
             "copy_": lambda t, src, non_blocking=False: _host(src) and not non_blocking}
         for name, blocking in uploads.items():
-            monkeypatch.setattr(torch.Tensor, name, self._upload(getattr(torch.Tensor, name), blocking))
+            patch(torch.Tensor, name, "blocking", when=blocking)
         for name in ("__getitem__", "__setitem__"):  # indexing with a Python list builds an index tensor
-            monkeypatch.setattr(torch.Tensor, name, self._indexed(getattr(torch.Tensor, name)))
-        monkeypatch.setattr(runner.Stager, "upload", self._wrap(runner.Stager.upload, "staged"))
+            patch(torch.Tensor, name, "built", when=_list_index)
+        patch(runner.Stager, "upload", "staged")
         step = loop.Decoder.step
 
         def counted_step(dec):
@@ -136,37 +139,17 @@ class Counter:
                 self.phase = "after"
         monkeypatch.setattr(loop.Decoder, "step", counted_step)
 
-    def _upload(self, fn, blocking):
-        """``fn`` counting a blocking upload where ``blocking(*its arguments)`` holds."""
+    def _wrap(self, fn, kind, mark=False, when=None):
+        """``fn`` counting a ``kind`` at every call, or where ``when(*its arguments)`` holds; with
+        ``mark``, the tensor it then returns is tagged host-built."""
         def counted(*args, **kw):
-            if blocking(*args, **kw):
-                self.count("blocking")
-            return fn(*args, **kw)
-        return counted
-
-    def _factory(self, fn):
-        def made(*args, **kw):
+            hit = when is None or when(*args, **kw)
+            if hit:
+                self.count(kind)
             out = fn(*args, **kw)
-            if kw.get("device") is None and isinstance(out, torch.Tensor):
-                self.count("host_alloc")
+            if hit and mark and isinstance(out, torch.Tensor):
                 out._host_built = True
             return out
-        return made
-
-    def _wrap(self, fn, kind, mark=False):
-        def counted(*args, **kw):
-            self.count(kind)
-            out = fn(*args, **kw)
-            if mark and isinstance(out, torch.Tensor):
-                out._host_built = True
-            return out
-        return counted
-
-    def _indexed(self, fn):
-        def counted(t, idx, *value):
-            if any(isinstance(p, list) for p in (idx if isinstance(idx, tuple) else (idx,))):
-                self.count("built")
-            return fn(t, idx, *value)
         return counted
 
     def _in_phase(self, fn, phase):

@@ -13,7 +13,7 @@ from specops.cache import PagedKVCache, StaticKVCache
 from specops.decoding import generate
 from specops.engine import ModelRunner
 from specops.integrations.transformers import SpecModel, use_specops_attention
-from specops.testing import perturbed_copy, random_parents, tiny_causal_lm
+from specops.testing import random_parents
 
 from test_kv_compact import i32
 
@@ -203,12 +203,10 @@ def test_spec_model_rejects_bad_layouts(kw, exc, match):
 
 
 @pytest.mark.parametrize("method", ["sd", "specinfer", "opt-tree", "ngram"])
-def test_generate_gives_the_target_and_the_draft_paged_runners(method, monkeypatch):
+def test_generate_gives_the_target_and_the_draft_paged_runners(llama_pair, method, monkeypatch):
     # That the paged loop's tokens are plain greedy decoding's (and so the contiguous cache's) is
     # tests/test_decoding.py's batch-3 grid (paged-fixed, same models and prompts).
-    target = tiny_causal_lm("llama", seed=0)
-    gen = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in (5, 11, 3)]
+    target, draft, prompts, _ = llama_pair
     made = []
     init = ModelRunner.__init__
 
@@ -217,8 +215,8 @@ def test_generate_gives_the_target_and_the_draft_paged_runners(method, monkeypat
         made.append(self)
 
     monkeypatch.setattr(ModelRunner, "__init__", recording)
-    generate(target, prompts, draft=None if method == "ngram" else perturbed_copy(target, 0.15, seed=1),
-             method=method, max_new_tokens=12, eos_token_id=[], adaptive=False, kv_layout="paged", page_size=4)
+    generate(target, prompts, draft=None if method == "ngram" else draft, method=method, max_new_tokens=12,
+             eos_token_id=[], adaptive=False, kv_layout="paged", page_size=4)
     monkeypatch.undo()
     assert len(made) == (1 if method == "ngram" else 2)
     assert all(r.kv_layout == "paged" and r.cache.page_size == 4 for r in made)

@@ -1,8 +1,7 @@
 """The reference decoding loop: every method as a Drafter on one loop (docs/methods.md §The decoding loop).
 
-``generate`` is the entry point; ``METHODS`` maps method names to Drafter classes (one file per
-method in ``specops/decoding/methods/``). The classes are named for their methods; the names they
-had before (``ChainDrafter`` = ``SD``, ...) stay as aliases.
+``generate`` is the entry point; ``METHODS`` maps method names to Drafter classes (one file per method
+in ``methods/``), named for their methods; former names (``ChainDrafter`` = ``SD``, ...) are aliases.
 """
 from .adaptive import AdaptiveConfig
 from .api import generate

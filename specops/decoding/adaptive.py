@@ -53,12 +53,10 @@ class AdaptiveConfig:
 
 def resolve(adaptive):
     """``generate``'s ``adaptive`` argument -> an AdaptiveConfig or None (off)."""
-    if adaptive is True:
-        return AdaptiveConfig()
-    if adaptive is False or adaptive is None:
-        return None
-    if isinstance(adaptive, AdaptiveConfig):
+    if adaptive is None or isinstance(adaptive, AdaptiveConfig):
         return adaptive
+    if isinstance(adaptive, bool):
+        return AdaptiveConfig() if adaptive else None
     raise TypeError(f"adaptive must be True, False or an AdaptiveConfig, got {type(adaptive).__name__} {adaptive!r}")
 
 
@@ -104,13 +102,6 @@ class CostModel:
         if budget > 0:
             self.draft.add(budget, t_draft)
             self.size.add(budget, block_size)
-
-    def known(self):
-        return self.cfg.target_cost is not None or bool(self.target.mean)
-
-    def one_row_known(self):
-        """Whether c(0), the one-row step every budget is weighed against, is measured (or fixed)."""
-        return self.cfg.target_cost is not None or 1 in self.target.mean
 
     def block_size(self, g):
         """T(g): the mean block size seen at budget g, else scaled from the nearest seen budget,
@@ -212,10 +203,11 @@ class Controller:
     def _decide(self, active):
         if not any(active):
             return 0
-        if self.steps == 0 or not self.costs.known():
+        fixed, measured = self.cfg.target_cost is not None, self.costs.target.mean  # seconds by block size
+        if self.steps == 0 or not (fixed or measured):
             return self.initial
-        if not self.costs.one_row_known():  # measure c(0) once: an AR step loses nothing against AR
-            return 0
+        if not (fixed or 1 in measured):  # measure c(0), the one-row step every budget is weighed against,
+            return 0  # once: an AR step loses nothing against AR
         if self.mode == "ar":
             if self.ar_left > 0:
                 self.ar_left -= 1

@@ -23,62 +23,68 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
              compare_ar=False, stream=None, record_steps=False, adaptive=True, kv_layout="contiguous",
              page_size=16, tp_size=None, logprobs=False, compile=False, compile_mode="default", linear="auto",
              batch_invariant="auto", json_schema=None, regex=None, ebnf=None, grammar_engine=None, **method_params):
-    """Generates with ``method`` and returns ``(new_tokens, metrics)``.
+    """Generates with ``method`` -> ``(new_tokens, metrics)`` (examples: README.md §Using it).
 
-    Shape: -> new_tokens int64 [B, n] (generated tokens only, right-padded with the pad token where a
-    sequence stopped early; ``metrics.lengths`` has each length).
+    Shape: -> new_tokens int64 [B, n]: the generated tokens only, right-padded with the pad token
+    where a sequence stopped early (``metrics.lengths``: each length).
 
     target: an HF causal LM, an embedded name ("smollm2-135m", "gemma3-270m") or a model path.
-    prompt: a string or strings (tokenised with the target's tokenizer), a LongTensor [B, L] or [L],
-        or token-id lists (ragged batches).
+    prompt: a string or strings (tokenised by the target's tokenizer), a LongTensor [B, L] or [L], or
+        token-id lists (ragged batches).
     draft: an HF model, an embedded name ("smollm2-135m-int8", ...), a path, or None (the method's
         default: the best embedded draft for an embedded target; model-free methods need none).
-    method: one of ``specops.decoding.METHODS`` (default "ngram": docs/methods.md §Which method for
-        which text); ``method_params`` are that method's parameters.
-    temperature / top_k / top_p: sampling (temperature 0 = greedy), shared by draft and target.
+    method: a name in ``specops.decoding.METHODS`` (docs/methods.md §Which method for which text);
+        ``method_params``: its parameters.
+    temperature / top_k / top_p: sampling, draft and target alike (temperature 0 = greedy); seed:
+        of the one generator all randomness comes from.
     stop: stop strings (need a tokenizer); eos_token_id: int or list (None = the model's; [] = none).
-    seed: all randomness comes from one generator seeded with it.
     dtype: for models loaded by name ("bf16" default, "fp32"); max_len: cache length (default: what
         this call needs, checked against the model's max_position_embeddings).
-    compare_ar: also decode autoregressively (same settings and process) and fill
-        ``metrics.ar_tokens_per_s`` / ``metrics.speedup``.
+    compare_ar: also decode AR (same settings and process): ``metrics.ar_tokens_per_s`` / ``speedup``.
     stream: ``callable(b, token_ids)`` called as tokens are emitted.
     adaptive: True (default) sizes every block from the acceptance and step costs seen so far, down
-        to AR steps without a draft (docs/methods.md §Adaptive speculation); False keeps the
-        method's fixed budget; an ``AdaptiveConfig`` sets the controller.
-    kv_layout: "contiguous" (default; one [max_len] slab per sequence) or "paged" (pages of
-        ``page_size`` rows, a power of two), target and draft caches alike; greedy output is the same.
+        to AR steps (docs/methods.md §Adaptive speculation); False keeps the method's fixed budget;
+        an ``AdaptiveConfig`` sets the controller.
+    kv_layout: "contiguous" (default) or "paged" (pages of ``page_size`` rows, a power of two), for
+        target and draft caches alike; greedy output is the same.
     compile: target and draft forwards of up to 64 rows under ``torch.compile(fullgraph=True)``
-        (docs/compile.md); greedy output is eager's; the compile seconds are
-        ``metrics.compile_time_s``, left out of the decode time. ``compile_mode``: torch.compile's.
+        (``compile_mode``: torch.compile's; docs/compile.md), greedy output eager's; compiling is
+        ``metrics.compile_time_s``, left out of the decode time.
     linear: "auto" (default) runs a bf16/fp16 CPU model's linear layers through
         :func:`specops.linear`, "specops" any model's, "torch" none (docs/batch_invariance.md).
-    batch_invariant: the target runs batch-invariant linears and attention, so every lossless
-        method's greedy output equals ``method="ar"``'s token for token, in bf16 too, whatever the
-        batch-mates (docs/batch_invariance.md §Exact speculation). Needs a CPU target in
-        fp32/bf16/fp16 with plain ``nn.Linear`` layers and ``linear`` "auto" or "specops". "auto"
-        (default): on for such a bf16/fp16 target unless ``linear="torch"``, else off.
-    json_schema / regex / ebnf: structured output (at most one; a JSON schema as a dict or string, a
-        regex the whole output matches, or an EBNF/GBNF grammar with rule ``root``; needs a
-        tokenizer and ``pip install specops[grammar]``; ``grammar_engine``: "xgrammar" (default) or
-        "llguidance"): every method's output follows the grammar, verified exactly for the masked
-        target (docs/structured.md); the grammar's end stops a sequence.
-    logprobs: also sum the emitted tokens' target log-likelihood (``metrics.perplexity``; one gather
-        per step); methods that are not lossless (MJSD, GSD's R5) always do.
-    tp_size: under ``torchrun``, the ranks a target loaded by name or path is sharded over
-        (docs/scaling.md). None (default): the torchrun world size (1 outside torchrun). A target
-        model passed in is used as it is; ``tp_size``, if given, must match it.
+    batch_invariant: True runs the target's linears and attention batch-invariant, so every lossless
+        method's greedy output is ``method="ar"``'s token for token, in bf16 too, whatever the
+        batch-mates (needs a CPU fp32/bf16/fp16 target of plain ``nn.Linear`` layers and ``linear``
+        "auto" or "specops"); "auto" (default): on for such a bf16/fp16 target unless ``linear="torch"``.
+    json_schema / regex / ebnf: at most one: a JSON schema (dict or string), a regex the whole output
+        matches or an EBNF/GBNF grammar with rule ``root`` (``grammar_engine``: "xgrammar", default, or
+        "llguidance"; needs a tokenizer and specops[grammar]). Every method's output follows it,
+        verified exactly; its end stops a sequence (docs/structured.md).
+    logprobs: also sum the emitted tokens' target log-likelihood (``metrics.perplexity``; a gather
+        per step); always on for the methods that are not lossless (MJSD, GSD's R5).
+    tp_size: under torchrun, the ranks a target loaded by name or path is sharded over (None: the
+        world size, 1 outside torchrun; docs/scaling.md); a model passed in must match it if given.
 
-    Bad input (unknown method or parameter, a parameter of the wrong type or out of range, a draft
-    with another vocabulary, a prompt too long for the cache or empty, temperature < 0, ...) raises
-    ValueError naming the parameter and showing its value before any model forward (TypeError for
-    a ``stream`` that is not callable or a target/draft that is not a model).
+    Bad input (unknown method or parameter, a value of the wrong type or out of range, a draft with
+    another vocabulary, an empty prompt or one too long for the cache, ...) raises ValueError naming
+    the parameter and showing its value before any model forward (TypeError for a ``stream`` that is
+    not callable or a target/draft that is not a model).
     """
-    drafter, adaptive, sampling, stop, runner_kw, tp = _validate(
-        method, method_params, adaptive, temperature, top_k, top_p, linear, batch_invariant, tp_size, target,
-        max_new_tokens=max_new_tokens, stop=stop, eos_token_id=eos_token_id, tokenizer=tokenizer, seed=seed,
-        dtype=dtype, max_len=max_len, compare_ar=compare_ar, stream=stream, record_steps=record_steps,
-        logprobs=logprobs, runner_kw=(kv_layout, page_size, compile, compile_mode, linear))
+    # validation: all that needs no model
+    drafter = methods.make(method, **method_params)
+    adaptive = _adaptive.resolve(adaptive)
+    if adaptive is not None:
+        drafter.enable_adaptive(adaptive)  # before tree_budget(): the caches hold the largest budget
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    stop = _check_args(max_new_tokens, stop, eos_token_id, tokenizer, seed, dtype, max_len, compare_ar,
+                       stream, record_steps, logprobs)
+    runner_kw = _runner_kw(kv_layout, page_size, compile, compile_mode, linear)
+    _require(isinstance(batch_invariant, bool) or batch_invariant == "auto", "batch_invariant",
+             "True, False or 'auto'", batch_invariant)
+    if batch_invariant is True and linear == "torch":
+        raise ValueError("batch_invariant=True runs every linear through specops.linear: linear must be "
+                         "'auto' or 'specops', got 'torch'")
+    tp = _check_tp_size(tp_size, target)
     req = _setup(target, prompt, draft, drafter, method, dtype, tp, tokenizer, eos_token_id, max_new_tokens,
                  max_len, runner_kw, stop, json_schema=json_schema, regex=regex, ebnf=ebnf,
                  grammar_engine=grammar_engine)
@@ -102,26 +108,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
     return torch.tensor([g + [pad] * (n - len(g)) for g in gen], dtype=torch.int64), metrics  # [B, n]
 
 
-# ---- the three phases of generate ---------------------------------------------------------------
-
-def _validate(method, method_params, adaptive, temperature, top_k, top_p, linear, batch_invariant, tp_size, target,
-              *, runner_kw, **checked):
-    """Everything that needs no model: the method and its parameters, sampling, the loop's options.
-    -> (drafter, adaptive config or None, SamplingConfig, stop strings, runner kwargs, TP size)."""
-    drafter = methods.make(method, **method_params)
-    adaptive = _adaptive.resolve(adaptive)
-    if adaptive is not None:
-        drafter.enable_adaptive(adaptive)  # before tree_budget(): the caches hold the largest budget
-    sampling = SamplingConfig(temperature, top_k, top_p)
-    stop = _check_args(**checked)
-    runner_kw = _runner_kw(*runner_kw)
-    _require(isinstance(batch_invariant, bool) or batch_invariant == "auto", "batch_invariant",
-             "True, False or 'auto'", batch_invariant)
-    if batch_invariant is True and linear == "torch":
-        raise ValueError("batch_invariant=True runs every linear through specops.linear: linear must be 'auto' or "
-                         "'specops', got 'torch'")
-    return drafter, adaptive, sampling, stop, runner_kw, _check_tp_size(tp_size, target)
-
+# ---- generate's setup and run phases -----------------------------------------------------------
 
 @dataclass
 class _Request:
@@ -247,7 +234,7 @@ def _require(ok, name, want, value):
         raise ValueError(f"{name} must be {want}, got {value!r}")
 
 
-def _check_args(*, max_new_tokens, stop, eos_token_id, tokenizer, seed, dtype, max_len, compare_ar, stream,
+def _check_args(max_new_tokens, stop, eos_token_id, tokenizer, seed, dtype, max_len, compare_ar, stream,
                 record_steps, logprobs):
     """Every plain parameter of ``generate``, before any model is touched. Returns ``stop`` as a list."""
     _require(_is_int(max_new_tokens) and max_new_tokens >= 1, "max_new_tokens", "an int >= 1", max_new_tokens)

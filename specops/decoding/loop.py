@@ -1,11 +1,11 @@
-"""The one decoding loop, shared by every method: prefill, then ``Decoder.step`` until every sequence
-stops (docs/methods.md §The decoding loop: the step's phases, and the host traffic each may cause).
+"""The one decoding loop of every method: prefill, then ``Decoder.step`` until every sequence stops
+(docs/methods.md §The decoding loop: the step's phases and the host traffic each may cause).
 
-It never looks at which method runs: everything method-specific sits behind the Drafter protocol.
+It never looks at which method runs: all that is method-specific sits behind the Drafter protocol.
 Observers see every step's :class:`StepResult`: metrics, the adaptive controller's feedback,
-streaming, and (only when asked) the emitted tokens' target log-likelihood. With ``adaptive`` (an
-AdaptiveConfig), a Controller (adaptive.py) sets the drafter's budget knob before every step;
-budget 0 is an AR step: neither ``propose`` nor the drafter's ``commit`` runs.
+streaming, and (when asked) the emitted tokens' target log-likelihood. With ``adaptive``, a
+Controller (adaptive.py) sets the drafter's budget before every step; budget 0 is an AR step:
+neither ``propose`` nor the drafter's ``commit`` runs.
 """
 import dataclasses
 import time
@@ -69,7 +69,12 @@ class Decoder:
         if draft is not None:
             draft.prefill(prompts)
         drafter.setup(s)
-        self.ctl = _controller(adaptive, drafter, B, ranks)
+        self.ctl = None  # the step controller (None: fixed budgets)
+        if adaptive is not None and drafter.budget_param is not None:
+            if drafter.adaptive_range is None:
+                raise ValueError("adaptive decoding needs drafter.enable_adaptive(cfg) before the caches "
+                                 f"are sized (method {drafter.name!r})")
+            self.ctl = Controller(adaptive, B, *drafter.adaptive_range, ranks=ranks)
 
     @property
     def done(self):
@@ -149,13 +154,12 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
     """Runs ``drafter``'s method to completion -> (generated token lists per sequence, Metrics).
 
     ``target``: a ModelRunner; ``draft``: a DraftLM or None. ``adaptive``: None (fixed budgets) or an
-    AdaptiveConfig (``drafter.enable_adaptive(adaptive)`` ran before the caches were sized).
-    ``ranks``: a tensor-parallel target's :class:`specops.parallel.RankGroup` (host decisions taken
-    together, optional per-step divergence check). ``grammar``: a Grammar of ``len(prompts)``
-    sequences masking the target's logits at every block node (docs/structured.md); its stop tokens
-    must be among the stopper's EOS ids. ``track_logprobs``: sum the emitted tokens' target
-    log-likelihood (``metrics.perplexity``; a gather per step); None = only for methods that are not
-    lossless (MJSD, GSD's R5)."""
+    AdaptiveConfig that ``drafter.enable_adaptive`` took before the caches were sized. ``ranks``: a
+    tensor-parallel target's :class:`specops.parallel.RankGroup` (host decisions taken together,
+    optional per-step divergence check). ``grammar``: a Grammar of ``len(prompts)`` sequences
+    masking the target's logits at every block node (docs/structured.md); its stop tokens must be
+    among the stopper's EOS ids. ``track_logprobs``: see ``generate``'s ``logprobs`` (None: only for
+    the methods that are not lossless)."""
     m = Metrics(method=drafter.name, batch_size=len(prompts))
     t_start = time.perf_counter()
     track = (not drafter.lossless) if track_logprobs is None else track_logprobs
@@ -232,17 +236,6 @@ def _masked(logits, rows):
     logits = logits.contiguous()
     apply_token_bitmask(logits.view(-1, logits.shape[-1]), rows.reshape(-1, rows.shape[-1]), check=False)
     return logits
-
-
-def _controller(cfg, drafter, batch, ranks=None):
-    """The step controller for ``drafter`` under AdaptiveConfig ``cfg`` (None: fixed budgets)."""
-    if cfg is None or drafter.budget_param is None:
-        return None
-    if drafter.adaptive_range is None:
-        raise ValueError(f"adaptive decoding needs drafter.enable_adaptive(cfg) before the caches are sized "
-                         f"(method {drafter.name!r})")
-    initial, lo, hi = drafter.adaptive_range
-    return Controller(cfg, batch, initial, lo, hi, ranks=ranks)
 
 
 def _on_device(generator, device):

@@ -1,9 +1,7 @@
-"""One host read for several small tensors (drafters' per-step bookkeeping).
-
-A read of a device tensor is a synchronisation; reading k tensors one by one costs k of them.
-``read_lists`` packs them into one vector (float64 when any is floating, else int64: exact for
-token ids, indices and fp32 scores), reads it with one ``tolist`` and hands back nested lists of
-the original shapes (ints for integer tensors)."""
+"""One host read (one synchronisation) for several small tensors, not one per tensor: drafters'
+per-step bookkeeping. ``read_lists`` packs them into one vector (float64 when any is floating, else
+int64: exact for token ids, indices and fp32 scores) and hands back nested lists of the original
+shapes (ints for integer tensors)."""
 import torch
 
 
