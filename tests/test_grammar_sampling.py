@@ -1,22 +1,22 @@
 """Sampling under a grammar: the lossless modes emit the target's distribution renormalised over the
-tokens the grammar allows, exactly (docs/structured.md).
+tokens the grammar allows, exactly (docs/structured.md). test_decoding_sampling.py's chi-square
+harness (V = 8 target, a draft that disagrees with it, 1500 independent rows, the joint of the first
+three tokens) under a rule grammar that needs no tokenizer or engine ("never token 0, never the
+previous token again"), standing in for :class:`specops.decoding.grammar.Grammar` through its
+interface: model drafts are masked by it, n-gram candidates pruned by it, target rows masked at
+every node."""
+from types import SimpleNamespace
 
-The chi-square harness of test_decoding_sampling.py (V = 8 target, a draft that disagrees with it,
-1500 independent rows, the joint of the first three tokens) with a grammar in place of none: a small
-rule grammar that needs no tokenizer or grammar engine ("never token 0, never the previous token
-again"), standing in for :class:`specops.decoding.grammar.Grammar` through its interface. Model
-drafts are masked by it, n-gram candidates pruned by it, the target's rows masked at every node.
-"""
 import pytest
+import test_decoding_sampling as ts
 import torch
 from test_decoding_sampling import ALPHA, PROMPT, ROWS, V, chi_square_pvalue, empirical
-from test_decoding_sampling import exact_joint as plain_joint
 from test_distill import fresh_draft
 
-from specops.decoding import SamplingConfig, api, generate
-from specops.testing import perturbed_copy, tiny_causal_lm
+from specops.decoding import api, generate
 
 pytestmark = pytest.mark.usefixtures("one_thread", "kernel_checks")
+models = ts.models  # the fixture of the grammar-free harness: its V = 8 target and a draft that disagrees
 
 
 def allowed_after(last):
@@ -61,24 +61,18 @@ class RuleGrammar:
         n = [T] * B if num_nodes is None else num_nodes.tolist()
         par, tok = parents.tolist(), tokens.tolist()
         for b in range(B):
-            valid[b, 0] = True
-            rows[b, 0, 0] = row_of(tok[b][0])
-            for i in range(1, n[b]):
+            for i in range(n[b]):  # the root, then every child of a valid node that the rule allows
                 p = par[b][i]
-                if valid[b, p] and tok[b][i] in allowed_after(tok[b][p]):
+                if i == 0 or valid[b, p] and tok[b][i] in allowed_after(tok[b][p]):
                     valid[b, i] = True
                     rows[b, i, 0] = row_of(tok[b][i])
         return (rows, valid) if with_valid else rows
 
     def rows_after(self, paths):
-        out = []
-        for b, toks in paths:
-            last, ok = self.last[b], True
-            for t in toks:
-                ok = ok and t in allowed_after(last)
-                last = t
-            out.append([row_of(last) if ok else -1])
-        return torch.tensor(out, dtype=torch.int32)
+        def row(last, toks):
+            ok = all(t in allowed_after(prev) for prev, t in zip([last, *toks], toks))
+            return row_of(toks[-1] if toks else last) if ok else -1
+        return torch.tensor([[row(self.last[b], toks)] for b, toks in paths], dtype=torch.int32)
 
     def constrain(self, b, tokens, parents, *, forced=8):
         keep, out_t, out_p = {0: 0}, [tokens[0]], [-1]
@@ -90,17 +84,7 @@ class RuleGrammar:
         return out_t, out_p
 
 
-class _NoText:
-    """A tokenizer the loop never needs to read (no stop strings, no streaming)."""
-
-    def decode(self, ids, **_):
-        return ""
-
-
-@pytest.fixture(scope="module")
-def models():
-    target = tiny_causal_lm("llama", vocab_size=V, hidden_size=32, seed=11, sharpness=3.0)
-    return target, perturbed_copy(target, 0.6, seed=12)
+NO_TEXT = SimpleNamespace(decode=lambda ids, **_: "")  # a tokenizer the loop never reads (no stop strings)
 
 
 def masked_warp(cfg, logits, lasts):
@@ -135,7 +119,6 @@ CASES = [
     ("eagle-sd", {"gamma": 3}, "t1"),
     ("eagle-tsd", {"k": 3, "theta_prob": 0.05, "theta_sib": 0.05, "max_depth": 2}, "warped"),
 ]
-CONFIGS = {"t1": SamplingConfig(1.0, 0, 1.0), "warped": SamplingConfig(0.8, 5, 0.9)}
 
 
 def ruled(monkeypatch, models, method, prompts, grammar=RuleGrammar, **kw):
@@ -148,7 +131,7 @@ def ruled(monkeypatch, models, method, prompts, grammar=RuleGrammar, **kw):
     if method in ("ar", "ngram") or kw.get("model_free"):
         draft = None
     return generate(target, prompts, draft=draft, method=method, eos_token_id=[], regex="(the rule grammar)",
-                    tokenizer=_NoText(), adaptive=False, **kw)
+                    tokenizer=NO_TEXT, adaptive=False, **kw)
 
 
 def case_ids(cases):  # method[-free][-config]
@@ -157,7 +140,7 @@ def case_ids(cases):  # method[-free][-config]
 
 @pytest.mark.parametrize("method, params, cfg_name", CASES, ids=case_ids(CASES))
 def test_lossless_modes_keep_the_masked_target_distribution(models, monkeypatch, method, params, cfg_name):
-    cfg = CONFIGS[cfg_name]
+    cfg = ts.CONFIGS[cfg_name]
     out, _ = ruled(monkeypatch, models, method, [PROMPT] * ROWS, max_new_tokens=3, seed=0,
                    temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, **params)
     first3 = out[:, :3]
@@ -170,7 +153,7 @@ def test_the_harness_tells_the_masked_distribution_from_the_plain_one(models, mo
     """Power: the same sample against the target's unmasked distribution fails the test."""
     out, _ = ruled(monkeypatch, models, "sd", [PROMPT] * ROWS, max_new_tokens=3, seed=1, temperature=1.0,
                    gamma=3)
-    assert chi_square_pvalue(empirical(out), plain_joint(models[0], CONFIGS["t1"])) < 1e-6
+    assert chi_square_pvalue(empirical(out), ts.exact_joint(models[0], ts.CONFIGS["t1"])) < 1e-6
 
 
 class _Recording(RuleGrammar):
@@ -180,10 +163,9 @@ class _Recording(RuleGrammar):
 
     def fill_tree_bitmask(self, parents, tokens, num_nodes=None, *, with_valid=False):
         rows, valid = super().fill_tree_bitmask(parents, tokens, num_nodes, with_valid=True)
-        n = [parents.shape[1]] * parents.shape[0] if num_nodes is None else num_nodes.tolist()
-        for b in range(parents.shape[0]):
-            _Recording.drafted += n[b] - 1
-            _Recording.invalid += n[b] - int(valid[b, : n[b]].sum())
+        nodes = parents.numel() if num_nodes is None else int(num_nodes.sum())  # roots included
+        _Recording.drafted += nodes - parents.shape[0]
+        _Recording.invalid += nodes - int(valid.sum())  # valid is False past num_nodes
         return (rows, valid) if with_valid else rows
 
 

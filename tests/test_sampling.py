@@ -18,11 +18,6 @@ def warp(logits, t, k=0, p=1.0, backend="torch", device="cpu"):
     return specops.warp_probs(x, t, k, p, backend=backend).cpu()
 
 
-def softmax_on(logits, keep):
-    x = torch.tensor(logits, dtype=torch.float32)
-    return torch.softmax(x.masked_fill(~torch.tensor(keep, dtype=torch.bool), -INF), dim=-1)
-
-
 def assert_probs(got, want):
     # Kept sets compared above 1e-30: backends may flush exp() results that would be denormal.
     assert torch.equal(got > 1e-30, want > 1e-30), f"kept sets differ:\n{got}\n{want}"
@@ -60,14 +55,14 @@ GOLDEN = {
 }
 
 
-@pytest.mark.parametrize("name", list(GOLDEN))
-def test_golden_rule(backend, device, name):
-    x, t, k, p, keep = GOLDEN[name]
+@pytest.mark.parametrize("x, t, k, p, keep", GOLDEN.values(), ids=GOLDEN)
+def test_golden_rule(backend, device, x, t, k, p, keep):
     got = warp(x, t, k, p, backend=backend, device=device)
     if t == 0:
         assert got.tolist() == keep
     else:
-        assert_probs(got, softmax_on([[v / t for v in row] for row in x], keep))
+        z = torch.tensor([[v / t for v in row] for row in x])
+        assert_probs(got, torch.softmax(z.masked_fill(~torch.tensor(keep, dtype=torch.bool), -INF), dim=-1))
 
 
 def test_per_row_tensor_parameters_equal_row_by_row_calls(backend, device):
@@ -295,11 +290,9 @@ def test_check_false_skips_value_checks():
 @needs_cpp
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_opcheck(dtype):
-    x = torch.randn(3, 50).to(dtype)
-    t = torch.tensor([0.0, 0.8, 1.2])
-    k = torch.tensor([0, 5, 60], dtype=torch.int32)
-    p = torch.tensor([1.0, 0.9, 0.5])
-    torch.library.opcheck(torch.ops.specops.warp_probs.default, (x, t, k, p))
+    t, k = torch.tensor([0.0, 0.8, 1.2]), torch.tensor([0, 5, 60], dtype=torch.int32)
+    args = (torch.randn(3, 50).to(dtype), t, k, torch.tensor([1.0, 0.9, 0.5]))
+    torch.library.opcheck(torch.ops.specops.warp_probs.default, args)
 
 
 @needs_cpp

@@ -10,24 +10,22 @@ from specops.ops.token_bitmask import allowed_tokens, apply_token_bitmask
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def random_bitmask(shape, V, p_allowed=0.3, generator=None):
-    """A packed mask of ``shape + [ceil(V/32)]`` words, each token allowed with probability
-    ``p_allowed``, the bits past V in the last word random too (the op must ignore them). Every row
-    allows at least one token."""
-    allowed = torch.rand(*shape, (V + 31) // 32 * 32, generator=generator) < p_allowed
-    allowed.scatter_(-1, torch.randint(0, V, shape, generator=generator)[..., None], True)
-    return specops.pack_mask(allowed), allowed[..., :V]
-
-
-def random_logits(shape, dtype, generator=None):
-    return (torch.randn(*shape, generator=generator) * 3).to(dtype)
+def random_case(shape, V, dtype=torch.float32, seed=0):
+    """(logits ``shape + [V]``, mask: ``shape + [ceil(V/32)]`` words, allowed bool ``shape + [V]``):
+    each token allowed with probability 0.3, at least one per row, the bits past V in the last word
+    random too (the op must ignore them)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(*shape, V, generator=g) * 3).to(dtype)
+    allowed = torch.rand(*shape, (V + 31) // 32 * 32, generator=g) < 0.3
+    allowed.scatter_(-1, torch.randint(0, V, shape, generator=g)[..., None], True)
+    return logits, specops.pack_mask(allowed), allowed[..., :V]
 
 
 # ---- golden rows, each on every backend --------------------------------------------------------
 
 NAN, INF = float("nan"), float("inf")
 ARANGE = torch.arange(40.0)
-RANDOM = random_logits((2, 3, 70), torch.float32, torch.Generator().manual_seed(0))
+RANDOM = random_case((2, 3), 70)[0]
 GOLDEN = {  # name: (logits, bitmask words, check, the logits after the call)
     # bit 31 makes word 0 negative as int32; bit 20 of word 1 is token 52 >= V (ignored)
     "one_row": (ARANGE[None], [[1 + (1 << 5) - 2**31, (1 << 2) | (1 << 20)]], True,
@@ -57,9 +55,7 @@ def test_golden(backend, device, logits, words, check, want):
 def test_matches_reference(fast_backend, device, dtype, shape, V):
     if device == "cpu" and fast_backend in ("triton", "cudasim") and V == 50257 and shape != (1, 1):
         shape = (2, 1)  # the interpreter and the emulator are slow; the big-V path is the same
-    g = torch.Generator().manual_seed(V * 7 + shape[1])
-    logits = random_logits((*shape, V), DTYPES[dtype], g)
-    mask, allowed = random_bitmask(shape, V, generator=g)
+    logits, mask, allowed = random_case(shape, V, DTYPES[dtype], V * 7 + shape[1])
     want = apply_token_bitmask(logits.clone(), mask, backend="torch")
     got = apply_token_bitmask(logits.to(device), mask.to(device), backend=fast_backend).cpu()
     assert torch.equal(got, want)
@@ -70,9 +66,7 @@ def test_matches_reference(fast_backend, device, dtype, shape, V):
 
 @pytest.mark.parametrize("V", [33, 1000])
 def test_rank2_matches_rank3(backend, device, V):
-    g = torch.Generator().manual_seed(V)
-    logits = random_logits((6, V), torch.float32, g).to(device)
-    mask = random_bitmask((6,), V, generator=g)[0].to(device)
+    logits, mask, _ = (t.to(device) for t in random_case((6,), V, seed=V))
     flat = apply_token_bitmask(logits.clone(), mask, backend=backend)
     tree = apply_token_bitmask(logits.clone().view(2, 3, V), mask.view(2, 3, -1), backend=backend)
     assert torch.equal(flat, tree.view(6, V))
@@ -80,10 +74,9 @@ def test_rank2_matches_rank3(backend, device, V):
 
 def test_views_write_through_to_their_buffer(backend, device):
     # A [B, T, V] slice of a wider buffer (rows with padding) and a non-contiguous bitmask.
-    g = torch.Generator().manual_seed(3)
     V = 100
-    buf = random_logits((4, 9, V + 28), torch.bfloat16, g).to(device)
-    mask = random_bitmask((3, 2), V, generator=g)[0].to(device).transpose(0, 1)  # [2, 3, W], leading dims transposed
+    buf = random_case((4, 9), V + 28, torch.bfloat16, 3)[0].to(device)
+    mask = random_case((3, 2), V, seed=4)[1].to(device).transpose(0, 1)  # [2, 3, W], leading dims transposed
     assert not mask.is_contiguous()
     want_buf = buf.clone()
     for target, name in ((want_buf, "torch"), (buf, backend)):
@@ -114,9 +107,7 @@ def test_inf_and_nan_where_allowed_are_untouched(backend, device, dtype):
 
 
 def test_softmax_of_the_result_is_the_renormalised_distribution():
-    g = torch.Generator().manual_seed(1)
-    logits = random_logits((3, 4, 300), torch.float32, g)
-    mask, allowed = random_bitmask((3, 4), 300, generator=g)
+    logits, mask, allowed = random_case((3, 4), 300, seed=1)
     p = logits.softmax(-1) * allowed
     want = p / p.sum(-1, keepdim=True)
     got = apply_token_bitmask(logits.clone(), mask).softmax(-1)
@@ -150,18 +141,14 @@ def test_unknown_backend_names_the_choices():
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
 @pytest.mark.parametrize("shape", [(1, 1, 1), (2, 3, 33), (3, 70)])
 def test_opcheck(dtype, shape):
-    g = torch.Generator().manual_seed(sum(shape))
-    logits = random_logits(shape, DTYPES[dtype], g)
-    mask, _ = random_bitmask(shape[:-1], shape[-1], generator=g)
+    logits, mask, _ = random_case(shape[:-1], shape[-1], DTYPES[dtype], sum(shape))
     torch.library.opcheck(torch.ops.specops.apply_token_bitmask.default, (logits, mask))
 
 
 @needs_cpp
 def test_cpp_is_the_cpu_default_and_compiles_fullgraph():
     assert specops.default_backend("apply_token_bitmask", "cpu") == "cpp"
-    g = torch.Generator().manual_seed(2)
-    logits = random_logits((2, 5, 300), torch.float32, g)
-    mask, _ = random_bitmask((2, 5), 300, generator=g)
+    logits, mask, _ = random_case((2, 5), 300, seed=2)
 
     def f(x, m):
         apply_token_bitmask(x, m, check=False, backend="cpp")

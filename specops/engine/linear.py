@@ -1,15 +1,11 @@
 """specops.linear inside a Hugging Face model: its ``nn.Linear`` modules (the LM head included)
-compute through the batch-invariant small-row GEMM while a :class:`ModelRunner` drives them.
-
-Why: on CPUs torch's bf16 GEMM costs a block of 8-16 rows 5-15 times one row, while specops.linear
-reads the weight once for all rows (docs/batch_invariance.md, ``python bench/bench_linear.py``), so a
-verification block costs about what an AR step costs; and each row's logits come out of one fixed
-reduction order whatever the block size. The modules call the registered op directly: the argument
-checks of :func:`specops.linear` hold for a module's weight once, at patch time, and a per-call
-Python check would cost more than a small projection (211 calls per token for SmolLM2). On a CPU with
-AVX-512 the bf16 weights are read from packed copies (:func:`packs`; docs/batch_invariance.md §In the
-engine).
-"""
+compute through the batch-invariant small-row GEMM while a :class:`ModelRunner` drives them, so on a
+CPU a verification block costs about what an AR step costs, and each row's logits come out of one
+fixed reduction order whatever the block size (docs/batch_invariance.md §specops.linear, §In the
+engine). The modules call the op's kernel directly: :func:`specops.linear`'s checks hold for a
+module's weight once, at patch time, and a per-call Python check would cost more than a small
+projection (211 calls per token for SmolLM2). On a CPU with AVX-512 the bf16 weights are read from
+packed copies (:func:`packs`)."""
 import os
 import weakref
 
@@ -31,9 +27,6 @@ class SpecopsLinear(torch.nn.Linear):
             return torch.nn.functional.linear(x, self.weight, self.bias)
         y = cpu_kernel(x.reshape(-1, x.shape[-1]), self.weight, self.bias, self.specops_packed)  # [M, N]
         return y.view(*x.shape[:-1], y.shape[-1])
-
-
-_CLASSES = (torch.nn.Linear, SpecopsLinear)
 
 
 def eligible(model):
@@ -61,8 +54,8 @@ def _patchable(module):
     """A plain nn.Linear with a dense CPU weight the op takes (quantized, subclassed or DTensor (TP)
     layers are left alone)."""
     w = module.weight
-    return (type(module) in _CLASSES and w.dtype in DTYPES and w.device.type == "cpu" and w.stride(-1) == 1
-            and type(w.data) is torch.Tensor)
+    return (type(module) in (torch.nn.Linear, SpecopsLinear) and w.dtype in DTYPES and w.device.type == "cpu"
+            and w.stride(-1) == 1 and type(w.data) is torch.Tensor)
 
 
 def packs(model):
@@ -71,7 +64,7 @@ def packs(model):
     under a quarter of the physical memory, and ``SPECOPS_LINEAR_PACK`` not ``0``."""
     if not packing_pays():
         return False
-    weights = [m.weight for m in model.modules() if type(m) in _CLASSES and _patchable(m)]
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and _patchable(m)]
     if not weights or any(w.dtype != torch.bfloat16 for w in weights):
         return False
     total = sum(w.numel() * w.element_size() for w in weights)
@@ -98,10 +91,9 @@ def _packed_copy(module):
 
 def use_specops_linear(model):
     """Routes every plain ``torch.nn.Linear`` of ``model`` (same dtype as its input, on the CPU)
-    through ``specops::linear``, one-row calls (an AR step) included; returns a callable that
-    restores the modules' own forwards. Quantized or subclassed linear layers are left alone.
-    One-row calls go through the op too: torch's bf16 one-row GEMM is the slower one on AVX-512
-    (docs/batch_invariance.md §In the engine has the figures)."""
+    through ``specops::linear``, one-row calls (an AR step) included: torch's bf16 one-row GEMM is the
+    slower one on AVX-512 (docs/batch_invariance.md §In the engine). Returns a callable that restores
+    the modules' own forwards. Quantized or subclassed linear layers are left alone."""
     patched = []
     pack = packs(model)
     for module in model.modules():

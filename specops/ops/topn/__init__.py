@@ -15,7 +15,6 @@ lower parent, then lower token (i.e. lower flat index ``parent * V + token``). A
   ``parents[i] < i``: the chosen set is ancestor-closed, a connected subtree with the root.
 
 ``check=True`` value checks sync the host once; ``check=False`` for the hot path and CUDA graphs.
-
 Limits (ValueError naming them): ``n <= MAX_N = 65536`` (outputs are ``[B, n]``; no tree, beam or
 frontier is that large, and an unbounded ``n`` would only allocate padding); ``V <= 2**31 - 1`` in
 ``topn_expand`` (int32 tokens), whose CUDA backend selects in shared memory: ``n <= 2048``."""
