@@ -1,15 +1,9 @@
-"""One backend-dispatch rule for every op.
-
-Precedence: the op's ``backend=`` argument, then ``specops.use_backend(name)``, then the
-``SPECOPS_BACKEND`` environment variable, then the op's preference on the device (CUDA: cuda,
-triton, torch; CPU: cpp, torch; ``tree_attention`` on CUDA: triton, whose kernel runs on tensor
-cores, cuda, then the optional flashinfer provider). A backend runs a call when it is available on
-the device (built, device visible) and capable of the call (its ``supports`` check: head dim, grid
-limits, dtype, sizes). An explicit request (the first three) that cannot be met raises
-:class:`BackendUnavailable` with the reason; the automatic choice falls through to the next one.
-
-``cudasim`` is test-only (csrc/cudasim/, docs/cudasim.md): the CUDA kernels compiled as host C++,
-run on CPU tensors by a SIMT emulation, only when requested explicitly."""
+"""One backend-dispatch rule for every op (README §Backends): the op's ``backend=``, then
+``specops.use_backend(name)``, then ``SPECOPS_BACKEND``, then the op's preference on the device. A
+backend runs a call when it is available on the device (built, device visible) and capable of it
+(its ``supports`` check: head dim, grid limits, dtype, sizes). An explicit request (the first
+three) that cannot be met raises :class:`BackendUnavailable` with the reason; the automatic choice
+falls through to the next. ``cudasim`` (docs/cudasim.md) is test-only: never chosen automatically."""
 import contextlib
 import functools
 import importlib.util
@@ -24,13 +18,11 @@ BACKENDS = ("torch", "cpp", "triton", "cuda", "cudasim", "flashinfer")
 # flashinfer: an optional external provider of tree_attention (specops/integrations/flashinfer.py)
 TEST_ONLY = ("cudasim",)  # never chosen automatically
 PREFERENCE = {"cuda": ("cuda", "triton", "torch"), "cpu": ("cpp", "torch")}
-# Ops whose preference differs from the device's. flashinfer comes after our kernels: its provider
-# reads K/V over the whole cache buffer with a dense mask, one launch per sequence (the figures:
-# specops/integrations/flashinfer.py); it runs when asked for (backend="flashinfer").
-# The cuda verification walks of mss / mss_pointmass / mss_noreplace disagreed with the reference on
-# a real GPU (docs/testing.md, "On a GPU": __restrict__ scratch pointers let nvcc's optimizer move
-# loads across __syncthreads; fixed in the source, not yet re-run on a GPU): Triton's, which passed
-# the same tests there, goes first until a GPU run passes them.
+# Ops whose preference differs from the device's. tree_attention: Triton's kernel runs on tensor
+# cores; flashinfer, after our kernels, reads K/V over the whole buffer, one launch per sequence
+# (specops/integrations/flashinfer.py). verify: the cuda walks of mss / mss_pointmass /
+# mss_noreplace disagreed with the reference on a GPU (docs/testing.md §On a GPU; fixed in the
+# source, not yet re-run there): Triton's, which passed there, goes first until a GPU run passes.
 OP_PREFERENCE = {("tree_attention", "cuda"): ("triton", "cuda", "flashinfer", "torch"),
                  ("tree_attention_paged", "cuda"): ("triton", "cuda", "torch"),
                  ("verify_tree", "cuda"): ("triton", "cuda", "torch"),
@@ -53,9 +45,8 @@ class CallUnsupported(BackendUnavailable, ValueError):
 
 
 def register(op, backend, supports=None):
-    """Decorator: ``fn`` implements ``op`` on ``backend``. ``supports(*args)``, if given, gets ``fn``'s
-    arguments and returns None when ``fn`` can run them, else the reason (a shape, dtype or launch
-    limit); it must not sync with the device."""
+    """Decorator: ``fn`` implements ``op`` on ``backend``. ``supports(*args)`` gets ``fn``'s arguments
+    and returns None when ``fn`` can run them, else the reason; it must not sync with the device."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
@@ -75,12 +66,10 @@ def register_supports(op, backends, supports):
 
 
 def register_op(op, reference, triton=None, fake=None, fake_names=()):
-    """The usual backends of ``op``: ``reference`` on torch, the compiled kernels
-    ``torch.ops.<ns>.<op>`` of every compiled backend (``torch.ops.specops`` dispatches to the CPU or
-    CUDA kernel by device; ``torch.ops.specops_cudasim`` holds the emulated CUDA kernels), ``triton``
-    (which imports its kernel module at the call, with a plain import statement that torch.compile
-    can trace: triton is optional), and ``fake``, the torch.library fake implementation of
-    ``specops::<op>`` (and of ``specops::<op>.<each of fake_names>``) where an extension defines it."""
+    """The usual backends of ``op``: ``reference`` on torch; ``torch.ops.<ns>.<op>`` of every compiled
+    backend (``specops`` dispatches to the CPU or CUDA kernel by device); ``triton`` (imports its
+    kernel module at the call, a plain import torch.compile can trace: triton is optional); ``fake``,
+    the torch.library fake of ``specops::<op>`` (and ``<op>.<each of fake_names>``) where defined."""
     register(op, "torch")(reference)
     for name, ns in COMPILED.items():
         register(op, name)(functools.partial(lambda namespace, *args: getattr(namespace, op)(*args),
@@ -109,8 +98,8 @@ _AVAILABLE = {}  # (backend, device type, interpret) -> (ok, reason); a plain di
 
 
 def _probe(backend, device_type, interpret, assume_gpu=False):
-    """(ok, reason) of ``backend`` on ``device_type``: the reason of its first requirement not met, else
-    what runs; ``assume_gpu``: as if a CUDA device were visible."""
+    """(ok, the first unmet requirement or what runs) of ``backend`` on ``device_type``;
+    ``assume_gpu``: as if a CUDA device were visible."""
     gpu = assume_gpu or torch.cuda.is_available()
     on = f"tensors are on {device_type}"
     if backend == "torch":
@@ -173,15 +162,15 @@ def preference(op, device_type):
 
 
 def incapable(op, name, args):
-    """Why backend ``name`` cannot run ``op`` on the call ``args`` (its registered capability
-    check, :func:`register_supports`), or None: it can, it has no check, or ``args`` is None."""
+    """Why backend ``name`` cannot run ``op`` on the call ``args`` by its capability check, or None
+    (it can, it has no check, or ``args`` is None)."""
     check = _SUPPORTS.get((op, name))
     return None if check is None or args is None else check(*args)
 
 
 def resolve(op, device, backend=None, args=None):
-    """The implementation of ``op`` to run on ``device`` for the call ``args`` (the arguments the
-    implementation gets; None skips the capability checks), following the dispatch rule."""
+    """The implementation of ``op`` to run on ``device`` for the call ``args`` (None: no capability
+    checks)."""
     return resolve_named(op, device, backend, args)[1]
 
 
@@ -239,8 +228,7 @@ def _walk(op, device, want, source, args):
 
 def default_backend(op_name, device_type):
     """The backend ``op_name`` runs on by default for ``device_type`` ("cuda" or "cpu") tensors where
-    such a device is visible: the first of the op's preference that implements it and is installed
-    (calls it cannot take fall through to the next)."""
+    such a device is visible: the first of its preference that implements it and is installed."""
     if op_name not in _IMPLS:
         raise ValueError(f"op_name must be one of {ops()}, got {op_name!r}")
     if device_type not in PREFERENCE:

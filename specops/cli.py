@@ -164,9 +164,9 @@ def cmd_generate(args):
 
     out, m = generate(target, prompts, draft=draft, method=args.method, max_new_tokens=args.max_new_tokens,
                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, stop=args.stop,
-                      tokenizer=tok, seed=args.seed, compare_ar=args.compare_ar, stream=stream, adaptive=adaptive,
+                      tokenizer=tok, seed=args.seed, compare_ar=args.compare_ar, stream=stream,
                       kv_layout=args.kv_layout, page_size=args.page_size, tp_size=args.tp, compile=args.compile,
-                      compile_mode=args.compile_mode,
+                      compile_mode=args.compile_mode, adaptive=adaptive,
                       batch_invariant="auto" if args.batch_invariant is None else args.batch_invariant,
                       json_schema=_text_or_file(args.json_schema), regex=args.regex, ebnf=_text_or_file(args.ebnf),
                       grammar_engine=args.grammar_engine, **params)
@@ -330,7 +330,12 @@ def main(argv=None):
 
         print(report())
         return 0
-    rank, errors = _quiet_unless_first_rank()
+    # Under torchrun only rank 0 prints (text, metrics, progress); errors print on every rank, tagged.
+    errors, rank = sys.stderr, os.environ.get("RANK")
+    under_torchrun = rank is not None and os.environ.get("WORLD_SIZE", "1") != "1"
+    if under_torchrun and rank != "0":
+        sys.stdout = sys.stderr = open(os.devnull, "w")
+    rank = f" (rank {rank})" if under_torchrun else ""
     try:
         if args.command == "generate":
             return cmd_generate(args)
@@ -345,17 +350,6 @@ def main(argv=None):
 
         print(f"specops: error{rank}:\n{traceback.format_exc()}", file=errors)
         return 1
-
-
-def _quiet_unless_first_rank():
-    """Under torchrun only rank 0 prints (text, metrics, progress); errors print on every rank.
-    Returns the rank tag for error lines ("" outside torchrun) and the stream errors go to."""
-    errors, rank = sys.stderr, os.environ.get("RANK")
-    if rank is None or os.environ.get("WORLD_SIZE", "1") == "1":
-        return "", errors
-    if rank != "0":
-        sys.stdout = sys.stderr = open(os.devnull, "w")
-    return f" (rank {rank})", errors
 
 
 if __name__ == "__main__":

@@ -1,19 +1,14 @@
 """GPU resource report: registers, spills, shared memory and occupancy of every kernel, per arch.
 
 ``python -m specops.kernel_resources [--arch 80 90] [--cuda-so PATH] [--no-triton]`` prints one row
-per (kernel, config, arch), no GPU needed:
-
-- Triton rows: the AOT compile of ``specops.triton_kernels.aot`` (the launchers' launches, compiled
-  as the JIT does; in a subprocess when this process has TRITON_INTERPRET=1).
-- CUDA rows: ``cuobjdump --dump-resource-usage`` / ``-elf`` of ``specops/_C_cuda*.so``: registers,
-  stack, static shared memory, the ``__launch_bounds__`` thread count. Dynamic shared memory and
-  the block size of kernels without launch bounds are not in the binary: ``CUDA_LAUNCH`` supplies
-  them (:func:`cuda_rows`). The invariant tree attention kernels (template argument ``Inv`` = true)
-  also keep a query's visible block keys in shared memory sized per call
-  (:func:`invariant_extra_smem`), which their smem column and occupancy leave out and notes name.
-
-Occupancy: resident blocks per SM from registers, shared memory and warps at the A100 (sm_80) and
-H100 (sm_90) figures below, with the limiting resource."""
+per (kernel, config, arch), no GPU needed. Triton rows: the AOT compile of
+``specops.triton_kernels.aot`` (the launchers' launches, compiled as the JIT does). CUDA rows:
+``cuobjdump`` of ``specops/_C_cuda*.so`` (registers, stack, static shared memory, launch bounds);
+``CUDA_LAUNCH`` supplies what the binary lacks (dynamic shared memory, block sizes without launch
+bounds). The invariant tree attention kernels (``Inv`` = true) also keep a query's visible keys in
+shared memory sized per call (:func:`invariant_extra_smem`): their notes name it, smem and
+occupancy leave it out. Occupancy: resident blocks per SM at the A100 / H100 figures below, with
+the limiting resource."""
 import argparse
 import glob
 import itertools
@@ -35,18 +30,16 @@ ARCH = {80: dict(_SM, gpu="A100", smem_sm=167936, smem_block=aot.SMEM_PER_BLOCK[
         90: dict(_SM, gpu="H100", smem_sm=233472, smem_block=aot.SMEM_PER_BLOCK[90], smem_reserved=0)}
 REG_UNIT = 256  # registers are allocated per warp in units of 256
 
-# CUDA kernels whose launch the binary does not fully describe: kernel name (as in the table) ->
-# (threads per block or None: from __launch_bounds__, dynamic shared memory bytes or None: set per
-# call, a note), from the launches in csrc/cuda/*.cu.
+# What the binary does not say of a launch (csrc/cuda/*.cu): kernel -> (threads per block, None: from
+# __launch_bounds__; dynamic shared memory bytes, None: set per call).
 CUDA_LAUNCH = {
     "apply_token_bitmask_kernel": (256, 0),  # token_bitmask.cu: 256 threads, no dynamic shared memory
     "combine_kernel": (128, 0),  # tree_attention.cu: <<<rows, 128, 0>>>
     "build_tree_mask_kernel": (128, 0),  # tree_mask.cu: kThreads = 128, no dynamic shared memory
     "tree_attention_kernel": (None, None),  # tree_attention.cu (fp32): dynamic smem sized per call
 }
-# The tensor-core kernel has per-instantiation entries only (below): one whose template arguments
-# match none (they changed in the source) would show no dynamic shared memory, so cuda_rows reports
-# it as a problem instead.
+# The tensor-core kernel has per-instantiation entries only (below): cuda_rows reports one that
+# matches none (its template arguments changed in the source) as a problem.
 
 
 def _tc_smem(dp):
@@ -57,9 +50,8 @@ def _tc_smem(dp):
 
 
 def invariant_extra_smem(w, s):
-    """Extra dynamic shared memory of the invariant (Inv = true) tree attention kernels for a call
-    with mask width ``w`` and cache length ``s``: the query's visible block keys, room for
-    min(32 w, s) int32 keys rounded up to 16 B (run_call in csrc/cuda/tree_attention.cu)."""
+    """Extra dynamic shared memory of an invariant tree attention call (mask width ``w``, cache length
+    ``s``): min(32 w, s) int32 visible keys rounded up to 16 B (run_call, csrc/cuda/tree_attention.cu)."""
     return -(-min(32 * w, s) // 4) * 16
 
 
@@ -91,8 +83,7 @@ _VARIANTS = {"G", "SPLIT", "STAGE2", "SAMPLE", "MODE"}  # constexprs shown next 
 
 
 def triton_rows(archs, aot_rows=None):
-    """Report rows of every Triton kernel, from ``aot_rows`` (the output of
-    specops.triton_kernels.aot.collect) or a fresh AOT compile."""
+    """Report rows of every Triton kernel, from ``aot_rows`` (of aot.collect) or a fresh AOT compile."""
     if aot_rows is not None:
         rows = [r for r in aot_rows if r["arch"] in archs]
     elif os.environ.get("TRITON_INTERPRET") == "1":
@@ -154,9 +145,8 @@ def cuda_so_path():
 
 
 def cuda_rows(so_path, archs):
-    """One row per (CUDA kernel, arch) of the extension at ``so_path`` (the module's CUDA rows; no
-    block size, no occupancy). Stack stands for spills, though nvcc stack frames can also be local
-    arrays (``nvcc -Xptxas -v`` tells them apart)."""
+    """One row per (CUDA kernel, arch) of the extension at ``so_path``. Stack stands for spills, though
+    nvcc stack frames can also be local arrays (``nvcc -Xptxas -v`` tells them apart)."""
     usage = aot.parse_resource_usage(aot.cuobjdump(so_path, "--dump-resource-usage"))
     bounds = _max_threads(aot.cuobjdump(so_path, "-elf"))
     names = _demangle(sorted({r["function"] for r in usage}))

@@ -5,10 +5,8 @@ from .ops.layout import KvLayout
 
 
 def random_parents(B, T, *, num_nodes=None, generator=None, device="cpu", max_children=None):
-    """Random topologically ordered trees: ``parents[b, i]`` uniform in ``[0, i)``.
-
-    Shape: -> int32 [B, T]. Padding entries (``i >= num_nodes[b]``) are filled with garbage on
-    purpose (values a kernel must ignore). ``max_children=1`` gives chains."""
+    """Random topologically ordered trees, ``parents[b, i]`` uniform in ``[0, i)`` (``max_children=1``:
+    chains). Shape: -> int32 [B, T]; padding (``i >= num_nodes[b]``) is garbage a kernel must ignore."""
     i = torch.arange(T)
     u = torch.rand(B, T, generator=generator)
     parents = (u * i.clamp(min=1)).long().clamp(max=(i - 1).clamp(min=0))
@@ -29,11 +27,10 @@ def random_num_nodes(B, T, *, generator=None, device="cpu"):
 
 
 def random_accept(B, A, *, generator=None, device="cpu", pattern="random", max_len=None):
-    """Accepted node lists of a draft block of ``A`` nodes, one per sequence. Shape: -> accept_idx
-    int32 [B, A], accept_lens int32 [B]. ``pattern``: ``random`` (a random increasing subset of ragged
-    length in [0, max_len or A], usually rooted at 0), ``all``, ``last`` (node A-1 only),
-    ``alternating`` (0, 2, 4, ...), ``shift`` (1, 2, ..., A-1: every destination is the previous
-    move's source). Padding entries are garbage on purpose."""
+    """Accepted node lists of a draft block of ``A`` nodes. Shape: -> accept_idx int32 [B, A] (padding
+    garbage), accept_lens int32 [B]. ``pattern``: ``random`` (an increasing subset, length in [0,
+    max_len or A], usually rooted at 0), ``all``, ``last`` (node A-1), ``alternating`` (0, 2, ...),
+    ``shift`` (1, ..., A-1: every destination is the previous move's source)."""
     fixed = {"all": torch.arange(A), "last": torch.tensor([A - 1]), "alternating": torch.arange(0, A, 2),
              "shift": torch.arange(1, A)}
     if pattern not in fixed and pattern != "random":
@@ -55,12 +52,11 @@ def random_accept(B, A, *, generator=None, device="cpu", pattern="random", max_l
 
 
 def random_verify_case(B, T, V, *, generator=None, device="cpu", chain=False, match=0.7, sharpness=3.0):
-    """A ragged batch of draft trees with target/draft rows, for the verification ops: target logits
-    ``sharpness * N(0, 1)``; draft rows the softmax of the target logits plus noise (correlated, not
-    equal); a node's token is, with probability ``match``, the argmax of its parent's target row (so
-    greedy paths go deep), else a draw from its own draft row; padding holds garbage tokens and
-    parents on purpose. Shape: -> dict of tokens, parents int32 [B, T]; num_nodes int32 [B];
-    target_logits, target_probs, draft_probs fp32 [B, T, V]; uniforms fp32 [B, T, 2]."""
+    """A ragged batch of draft trees for the verification ops: target logits ``sharpness * N(0, 1)``;
+    draft rows the softmax of those plus noise (correlated, not equal); a node's token is, with
+    probability ``match``, its parent's target argmax (greedy paths go deep), else a draw from its
+    draft row; padding tokens and parents are garbage. Shape: -> dict of tokens, parents int32 [B, T];
+    num_nodes int32 [B]; target_logits, target_probs, draft_probs fp32 [B, T, V]; uniforms [B, T, 2]."""
     g = generator
     num_nodes = random_num_nodes(B, T, generator=g)
     parents = random_parents(B, T, num_nodes=num_nodes, generator=g, max_children=1 if chain else None)
@@ -81,15 +77,13 @@ def random_verify_case(B, T, V, *, generator=None, device="cpu", chain=False, ma
 # ---- paged KV caches ---------------------------------------------------------------------------
 
 def to_pages(cache, page_size, *, generator=None, spare_pages=3, fill=float("nan"), shared_prefix_pages=0):
-    """Lays a contiguous KV cache out in a pool of pages scattered in random order, as a serving
-    engine does (:func:`specops.tree_attention_paged`'s layout).
+    """Lays a contiguous KV cache out in a pool of pages in random order (``tree_attention_paged``'s).
 
     Shape: cache [*lead, B, Hkv, S, D] -> (pages [*lead, num_pages, page_size, Hkv, D], page_table
-    int32 [B, max_pages]), max_pages = ceil(S / page_size) + 1. The pool holds ``spare_pages`` unused
-    pages, filled with ``fill`` like the slots past S of each last page (NaN: a kernel that reads them
-    shows it); the table's last column and entries past a sequence's pages are garbage ids (never to be
-    read). ``shared_prefix_pages``: sequences b >= 1 map their first pages onto sequence 0's (compare
-    against :func:`from_pages`, the cache the pages stand for)."""
+    int32 [B, ceil(S / page_size) + 1]). ``spare_pages`` unused pages and the slots past S are
+    ``fill`` (NaN: a kernel that reads them shows it); the table's last column is garbage ids.
+    ``shared_prefix_pages``: sequences b >= 1 map their first pages onto sequence 0's (compare
+    against :func:`from_pages`)."""
     *lead, B, H, S, D = cache.shape
     n = -(-S // page_size)
     num_pages = B * n + spare_pages
@@ -109,10 +103,8 @@ def to_pages(cache, page_size, *, generator=None, spare_pages=3, fill=float("nan
 
 
 def from_pages(pages, page_table, S):
-    """The contiguous cache a paged one stands for (the first S rows of every sequence).
-
-    Shape: pages [*lead, num_pages, page_size, Hkv, D], page_table int32 [B, max_pages]
-    -> [*lead, B, Hkv, S, D]."""
+    """The contiguous cache (first S rows) a paged one stands for. Shape: pages [*lead, num_pages,
+    page_size, Hkv, D], page_table int32 [B, max_pages] -> [*lead, B, Hkv, S, D]."""
     return KvLayout.paged(pages, pages, page_table).gather().k[..., :S, :]
 
 
@@ -120,11 +112,9 @@ def from_pages(pages, page_table, S):
 
 def tiny_causal_lm(arch="llama", *, vocab_size=128, hidden_size=64, num_layers=2, seed=0, sharpness=16.0,
                    dtype=None):
-    """A random-init HF causal LM small enough for exhaustive loop tests.
-
-    ``sharpness`` scales the final norm so next-token distributions are peaked like a trained
-    model's (random init alone gives nearly uniform ones, where every tree stays one level deep).
-    No BOS/EOS/PAD ids are configured, so nothing stops generation early unless a test asks."""
+    """A random-init HF causal LM for exhaustive loop tests, with no BOS/EOS/PAD ids (nothing stops
+    early). ``sharpness`` scales the final norm so next-token distributions are peaked like a trained
+    model's (random init gives nearly uniform ones, where every tree stays one level deep)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     configs = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
@@ -169,14 +159,12 @@ def reference_greedy(model, prompt, n):
 # ---- the batch-invariant schedule (tree_attention(..., invariant=True)) -------------------------
 
 def ar_view(q, k_cache, v_cache, prefix_lens, block_lens, mask, b, i, *, self_in_block=True, spare_rows=3):
-    """The one-query call AR decoding makes for query ``i`` of sequence ``b``: the block keys it sees
-    appended to the prefix in index order (its *virtual sequence*), the query alone; an invariant
-    backend gives row ``[b, i]`` of the block call that call's bits.
-
-    Shape: :func:`specops.tree_attention`'s arguments (contiguous) -> (q [1, 1, Hq, D], k, v [1, Hkv,
-    L + spare_rows, D], prefix_lens, block_lens int32 [1], mask int32 [1, 1, 1]). ``self_in_block``:
-    the last visible key is the one-row block (AR's step: the token sees itself), else all are prefix;
-    ``spare_rows`` NaN rows follow (never read)."""
+    """The one-query call AR decoding makes for query ``i`` of sequence ``b``: the query alone, the
+    keys it sees in index order (its *virtual sequence*); an invariant backend gives row ``[b, i]``
+    of the block call that call's bits. Shape: :func:`specops.tree_attention`'s arguments -> (q [1,
+    1, Hq, D], k, v [1, Hkv, L + spare_rows, D] (``spare_rows`` NaN rows, never read), prefix_lens,
+    block_lens int32 [1], mask int32 [1, 1, 1]). ``self_in_block``: the last visible key is the
+    one-row block (AR's step: the token sees itself), else all are prefix."""
     import specops
 
     S = k_cache.shape[2]

@@ -51,7 +51,7 @@ def shards_from(target, n_shards=3, rows=4, L=24, k=8, seed=0, features=False):
     added afterwards (data.add_features, the generated shards' path)."""
     g = torch.Generator().manual_seed(seed)
     ids = [torch.randint(3, V, (rows, L), generator=g) for _ in range(n_shards)]
-    out = [data.label_text_rows(target, [("rand", r.tolist()) for r in x], k, 0) for x in ids]
+    out = [data.label_text_rows(target, [("rand", r.tolist()) for r in x], k) for x in ids]
     return [data.add_features(target, s) for s in out] if features else out
 
 
@@ -135,8 +135,7 @@ def test_resumed_training_reaches_the_same_state(tmp_path):
     assert s2["step"] == s1["step"] == 8
     for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
         assert torch.equal(a, b), name
-    ca = torch.load(tmp_path / "a" / "last.pt", weights_only=False)["opt"]["state"]
-    cb = torch.load(tmp_path / "b" / "last.pt", weights_only=False)["opt"]["state"]
+    ca, cb = (torch.load(tmp_path / run / "last.pt", weights_only=False)["opt"]["state"] for run in "ab")
     for key in ca:
         assert torch.equal(ca[key]["exp_avg"], cb[key]["exp_avg"])
     assert s1["history"][-1]["loss"] == pytest.approx(s2["history"][-1]["loss"])
@@ -250,7 +249,7 @@ def test_shards_carry_the_targets_final_hidden_states():
     with torch.no_grad():
         h = target.model(s["tokens"].long()).last_hidden_state
     torch.testing.assert_close(s["feats"].float(), h, atol=2e-2, rtol=2e-2)
-    t = data.label_text_rows(target, [("r", r.tolist()) for r in s["tokens"]], 4, 0, features=True)
+    t = data.label_text_rows(target, [("r", r.tolist()) for r in s["tokens"]], 4, features=True)
     assert torch.equal(t["feats"], s["feats"])
 
 

@@ -1,13 +1,11 @@
-"""The import doors between the rooms, checked on the source (nothing is imported): ops <- engine <-
-decoding, never upward, no import cycle anywhere in the package, and training code (specops.distill)
-out of every runtime module's import.
+"""The import doors between the rooms, checked on the source: ops <- engine <- decoding, never
+upward, no import cycle in the package, training code (specops.distill) out of the runtime.
 
-Every module of the package (specops/ and the specops.triton_kernels package that setup.py maps
-from triton_kernels/) is parsed; every ``import`` / ``from ... import`` counts, at module level and
-inside functions alike (a function-level import is a deferred edge, not a missing one), relative
-imports resolved against the importing module's package. ``from pkg import name`` is an edge to
-``pkg.name`` when that is a module, else to ``pkg``. The implicit import of parent packages is not
-an edge (it would make every package part of a cycle with its own children)."""
+Every module of specops/ and of specops.triton_kernels (setup.py maps it from triton_kernels/) is
+parsed; every import counts, in functions too (a deferred edge, not a missing one).
+``from pkg import name`` is an edge to ``pkg.name`` when that is a module, else to ``pkg``. The
+implicit import of parent packages is not an edge (every package would be in a cycle with its
+children)."""
 import ast
 import subprocess
 import sys
@@ -45,7 +43,7 @@ MODULES = _module_files()
 
 
 def _resolve(importer, is_pkg, node):
-    """The specops modules one import node reaches: [(module, at_module_level)] is built by the caller."""
+    """The specops modules one import node reaches (relative imports resolved against ``importer``)."""
     if isinstance(node, ast.Import):
         found = []
         for name in (a.name for a in node.names):
@@ -84,8 +82,7 @@ EDGES = _edges()
 
 
 def _cycles(edges):
-    """The strongly connected components of more than one module, each as a sorted list: the modules
-    that reach a module and that it reaches."""
+    """The strongly connected components of more than one module, each a sorted list."""
     graph, reach = {}, {}
     for a, b, _, _ in edges:
         graph.setdefault(a, set()).add(b)
@@ -181,14 +178,11 @@ def _is_private(name):
 
 
 def _private_crossings(tree):
-    """[(line, what)] where a module reaches a ``_name`` that another module defines: a private
-    module in an import's dotted path (``from .. import _x``, ``from ._x import y``, ``import a._x``),
-    a private name imported from a module (``from .x import _y``, whatever it is bound to), or a
-    private attribute reached through a name that an import binds (``mod._y``, ``mod.sub._y``).
-    Names imported at any depth count (function-level imports too); dunder names are not private.
-    A name an import binds counts as imported in the whole file (a local of the same name that
-    shadows it is scanned as if it were the import). What the scan cannot see: ``getattr(mod, "_y")``
-    and private names reached through values that a public function returns."""
+    """[(line, what)] where a module reaches a ``_name`` another module defines: a private module in
+    an import's path (``from .. import _x``, ``from ._x import y``, ``import a._x``), a private name
+    imported (``from .x import _y``, however bound), a private attribute of a name an import binds
+    anywhere in the file (``mod._y``, ``mod.sub._y``; a shadowing local counts as the import). Dunder
+    names are not private. Unseen: ``getattr(mod, "_y")``, private names of returned values."""
     found, bound = [], set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -229,10 +223,9 @@ def test_the_private_name_scan_sees_each_kind_of_crossing():
 
 
 def test_no_private_name_crosses_a_module_boundary_in_ops():
-    """A module under specops/ops/ uses only public names of other modules (specops' own and third
-    parties' alike): what another op module, backend or the extension loader shares with it is
-    public API of that module, so it is renamed, moved or removed only with its users in view. The
-    scan is on the source (see :func:`_private_crossings` for what counts and what it cannot see)."""
+    """A module under specops/ops/ uses only other modules' public names (specops' and third
+    parties'): what they share with it is their public API, renamed or removed only with its users
+    in view (what counts: :func:`_private_crossings`)."""
     bad = []
     for mod, (path, _) in sorted(MODULES.items()):
         if _under(mod, "specops.ops"):
@@ -247,9 +240,8 @@ OPS_SHARED = {"__init__", "checks", "layout"}  # what every op shares: the rule 
 
 
 def test_every_op_is_a_folder_with_its_reference():
-    """specops/ops/ holds the shared modules and one folder per op stem: ``__init__.py`` (the entry,
-    its contract, checks and backend registrations) and ``ref.py`` (the torch reference) in each. A
-    module beside them would be an op (or a piece of one) outside its folder."""
+    """specops/ops/ holds the shared modules and one folder per op stem, each with ``__init__.py``
+    (entry, contract, checks, registrations) and ``ref.py`` (the torch reference)."""
     ops = ROOT / "specops" / "ops"
     loose = sorted(p.stem for p in ops.glob("*.py") if p.stem not in OPS_SHARED)
     assert not loose, f"modules outside an op folder in specops/ops/ (move them into their op's folder): {loose}"

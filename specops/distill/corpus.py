@@ -1,11 +1,7 @@
-"""Offline training text: what ships with Python and the installed packages, and the prompts the
-target answers to make its own text.
-
-Everything here exists on a fresh machine with no network: the standard library's source (code and
-docstrings), ``pydoc_data`` (the language reference and library docs as prose), and the README /
-description text of the installed distributions. Every file read is listed in the manifest with
-its size and a content hash, so a run can say exactly what it trained on.
-"""
+"""Offline training text, on any machine without a network: the standard library's source (code and
+docstrings), ``pydoc_data`` (the language reference and library docs as prose), the installed
+distributions' descriptions; and the prompts the target answers to make its own text. The manifest
+lists every item used, so a run says exactly what it trained on."""
 import ast
 import importlib.metadata
 import os
@@ -139,9 +135,8 @@ def _math_prompt(rng):
 
 
 def make_prompts(n, sources, seed=0, pydoc=None):
-    """``n`` prompts, cycling through the categories code / prose / math / chat.
-
-    Returns a list of dicts ``{"category", "chat" (bool: wrap in the chat template), "text"}``."""
+    """``n`` prompts cycling through code / prose / math / chat: dicts of ``category``, ``chat``
+    (bool: wrap in the chat template) and ``text``."""
     rng = random.Random(seed)
     funcs = functions_with_summaries(sources)
     paragraphs = [p.strip() for _, t in (pydoc or []) for p in t.split("\n\n") if 200 < len(p.strip()) < 900]
@@ -203,7 +198,7 @@ def make_prompts(n, sources, seed=0, pydoc=None):
 
 
 def prompt_text(tokenizer, text, chat):
-    """``text`` as the model sees it: a user turn in the tokenizer's chat template when ``chat`` and it has one."""
+    """``text`` as the model sees it: with ``chat``, a user turn in the tokenizer's chat template if any."""
     if not (chat and getattr(tokenizer, "chat_template", None)):
         return text
     return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,

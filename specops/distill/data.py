@@ -1,13 +1,11 @@
 """Distillation data: rows of tokens with the target's top-k next-token log-probs, in shards.
 
-Two kinds of shard, interleaved by a fixed plan so a run's data is a function of its arguments:
+Two kinds of shard, interleaved by a fixed plan (a run's data is a function of its arguments):
+``text``, teacher-forced rows of the offline corpus (corpus.py), every position labelled; ``gen``,
+the target's answers to corpus.make_prompts in one batched ``generate``, labelled by the logits it
+produced (no second pass) at the generated positions only: the distribution the draft is judged on.
 
-* ``text``: teacher-forced rows of the offline corpus (corpus.py), every position labelled.
-* ``gen``: the target answers prompts (corpus.make_prompts) in one batched ``generate``, labelled by
-  the logits it produced while generating (no second pass), generated positions only: the
-  distribution the draft is judged on.
-
-Shard file ``shard_NNNNN.pt`` (written to a temp name, then renamed: a killed run resumes at the
+Shard file ``shard_NNNNN.pt`` (written to a temp name and renamed: a killed run resumes at the
 first missing shard):
 
     tokens   int32 [R, L]      right-padded rows
@@ -84,8 +82,7 @@ class TextRows:
 
 @contextlib.contextmanager
 def head_inputs(model):
-    """Records the input of ``model``'s LM head (its final hidden state) on every forward:
-    ``with head_inputs(m) as got: m(ids); got[-1]`` is [B, T, H]."""
+    """``with head_inputs(m) as got: m(ids)``: ``got[-1]`` is the LM head's input [B, T, H]."""
     got = []
     handle = model.get_output_embeddings().register_forward_pre_hook(lambda mod, args: got.append(args[0]))
     try:
@@ -95,9 +92,8 @@ def head_inputs(model):
 
 
 @torch.no_grad()
-def label_text_rows(target, rows, k, pad_id, features=False):
-    """Teacher-forced labels (and, with ``features``, the target's final hidden states) for rows of
-    equal length. Returns a shard dict."""
+def label_text_rows(target, rows, k, features=False):
+    """The shard of teacher-forced labels (``features``: and final hidden states) of equal-length rows."""
     ids = torch.tensor([r for _, r in rows], dtype=torch.int64)
     R, L = ids.shape
     idx = torch.empty(R, L, k, dtype=torch.int32)
@@ -116,8 +112,7 @@ def label_text_rows(target, rows, k, pad_id, features=False):
 
 @torch.no_grad()
 def add_features(target, shard):
-    """Adds ``feats`` to a shard by one teacher-forced target pass per row (generated shards: the
-    generation itself does not keep hidden states)."""
+    """Adds ``feats`` by one target pass per row (for generated shards: generate keeps no hidden states)."""
     tokens, mask = shard["tokens"], shard["mask"]
     R, L = tokens.shape
     feats = torch.zeros(R, L, target.config.hidden_size, dtype=torch.bfloat16)
@@ -135,8 +130,8 @@ def add_features(target, shard):
 
 @torch.no_grad()
 def label_generations(target, tokenizer, prompts, k, max_new_tokens, temperature, seed):
-    """The target answers ``prompts`` (corpus.make_prompts dicts) in one batch; its own logits at
-    each generated step are the labels. Returns a shard dict."""
+    """The shard of the target's answers to ``prompts`` (corpus.make_prompts dicts), labelled by its
+    own logits at each generated step."""
     texts = [corpus.prompt_text(tokenizer, p["text"], p["chat"]) for p in prompts]
     enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False,
                     truncation=True, max_length=384)
@@ -191,10 +186,8 @@ def load_shards(data_dir, num_shards):
 
 
 def rank_vocab(shards, vocab_size, draft_vocab, always=()):
-    """The ``draft_vocab`` token ids the draft may propose, sorted ascending: those carrying the most
-    teacher probability mass in the data, then the most frequent corpus tokens, then ``always``.
-
-    Shape: -> int64 [draft_vocab]."""
+    """The ``draft_vocab`` token ids the draft may propose, ascending: ``always``, then the most
+    teacher probability mass, then corpus frequency. Shape: -> int64 [draft_vocab]."""
     mass = torch.zeros(vocab_size, dtype=torch.float64)
     freq = torch.zeros(vocab_size, dtype=torch.float64)
     for s in shards:

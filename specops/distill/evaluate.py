@@ -1,13 +1,11 @@
 """Quick check of a draft against its target: greedy top-1 agreement per prompt category and the
-per-token decode cost of draft vs target (not the benchmark, bench/ on a quiet machine: timings
-here are as noisy as the machine).
+decode cost per token of draft vs target (noisy: the benchmark is bench/ on a quiet machine).
 
     python -m specops.distill.evaluate [--draft smollm2-135m-draft | --draft-dir DIR] [--new-tokens 64]
 
-Agreement: the target (bf16) answers each held-out prompt greedily; the draft, teacher-forced on
-that text, must put its argmax on the target's next token at every generated position. A feature
-draft reads the target's final hidden states of the text (as for the first token after a verified
-one); ``depth2`` also scores its second token, drafted from its own predicted feature."""
+Agreement: the draft, teacher-forced on the target's greedy (bf16) answer to each held-out prompt,
+must put its argmax on the target's next token at every generated position. A feature draft reads
+the target's final hidden states; ``depth2`` scores its second token, from its own predicted feature."""
 import argparse
 import json
 import statistics
@@ -21,10 +19,10 @@ from .data import head_inputs
 from .feature import is_feature_draft
 
 
-def _answers(target, tok, new_tokens, prompts, chat):
+def _answers(target, tok, new_tokens):
     """(category, prompt length, prompt + the target's greedy answer [1, L]) per held-out prompt."""
-    for cat, texts in (prompts or EVAL_PROMPTS).items():
-        for text, is_chat in zip(texts, (chat or EVAL_CHAT)[cat]):
+    for cat, texts in EVAL_PROMPTS.items():
+        for text, is_chat in zip(texts, EVAL_CHAT[cat]):
             ids = torch.tensor([tok(prompt_text(tok, text, is_chat), add_special_tokens=False)["input_ids"]])
             seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                                   do_sample=False, temperature=None, top_p=None, top_k=None,
@@ -33,12 +31,12 @@ def _answers(target, tok, new_tokens, prompts, chat):
 
 
 @torch.no_grad()
-def agreement(target, draft, tok, new_tokens=64, prompts=None, chat=None, depth=1):
+def agreement(target, draft, tok, new_tokens=64, depth=1):
     """{category: (agreement, positions)} over the held-out prompts. ``depth`` 2: a feature draft's
     second chain token: from the target's feature at r and the token r+1 it predicts feature r+1
     itself, then token r+3 from (token r+2, that prediction)."""
     counts = {}
-    for cat, P, seq in _answers(target, tok, new_tokens, prompts, chat):
+    for cat, P, seq in _answers(target, tok, new_tokens):
         want = seq[0, P:]  # the target's generated tokens
         if is_feature_draft(draft):
             with head_inputs(target) as feats:
@@ -63,18 +61,18 @@ def step_cost(target, draft, prefix=128, steps=30):
     interleaved so both see the same machine load."""
     from transformers import DynamicCache
 
+    models, feature, H = {"target": target, "draft": draft}, is_feature_draft(draft), draft.config.hidden_size
     ids = torch.randint(100, 20000, (1, prefix))
-    H = draft.config.hidden_size
-    extra = {"draft": {"features": torch.zeros(1, prefix, H)} if is_feature_draft(draft) else {}, "target": {}}
-    caches = {}
-    for name, m in (("target", target), ("draft", draft)):
-        caches[name] = DynamicCache(config=m.config)
-        m(ids, past_key_values=caches[name], use_cache=True, **extra[name])
-    times = {"target": [], "draft": []}
-    tok = ids[:, -1:]
-    step = {"draft": {"features": torch.zeros(1, 1, H)} if is_feature_draft(draft) else {}, "target": {}}
+
+    def extra(name, n):  # a feature draft reads n features (zeros)
+        return {"features": torch.zeros(1, n, H)} if feature and name == "draft" else {}
+
+    caches = {name: DynamicCache(config=m.config) for name, m in models.items()}
+    for name, m in models.items():
+        m(ids, past_key_values=caches[name], use_cache=True, **extra(name, prefix))
+    tok, step, times = ids[:, -1:], {name: extra(name, 1) for name in models}, {name: [] for name in models}
     for _ in range(steps):
-        for name, m in (("target", target), ("draft", draft)):
+        for name, m in models.items():
             t = time.perf_counter()
             m(tok, past_key_values=caches[name], use_cache=True, **step[name])
             times[name].append(1e3 * (time.perf_counter() - t))

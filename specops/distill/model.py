@@ -1,7 +1,6 @@
-"""What training adds to the draft models of :mod:`specops.draft_models` (classes, subset head and
-loading are run-time code there): the draft config, initialisation from the target's layers, and
-the export (``model.safetensors``, ``config.json``, ``training.json``). The ``"lm"`` architecture
-is the fallback (why: :mod:`specops.distill.feature`; docs/models.md §Drafts)."""
+"""What training adds to :mod:`specops.draft_models` (the run-time classes and loading): the draft
+config, initialisation from the target's layers, the export. The ``"lm"`` architecture is the
+fallback (why: :mod:`specops.distill.feature`; docs/models.md §Drafts)."""
 import contextlib
 import copy
 import json
@@ -36,14 +35,13 @@ def init_from_target(draft, target, layer_map):
 
 
 def trainable_state(draft):
-    """What the artefact ships: every tensor except the (target-owned) embedding."""
-    return {k: v for k, v in draft.state_dict().items()
-            if not k.startswith("model.embed_tokens") and not k.startswith("lm_head")}
+    """What the artefact ships: every tensor but the target-owned embedding and head."""
+    owned = ("model.embed_tokens", "lm_head")
+    return {k: v for k, v in draft.state_dict().items() if not k.startswith(owned)}
 
 
 def save_draft(draft, out_dir, *, target, record, dtype=torch.bfloat16):
-    """Writes ``model.safetensors`` (layers, norm, ``lm_head.keep``), ``config.json`` and
-    ``training.json`` into ``out_dir``."""
+    """Writes ``model.safetensors`` (layers, norm, ``lm_head.keep``), ``config.json``, ``training.json``."""
     from safetensors.torch import save_file
 
     os.makedirs(out_dir, exist_ok=True)

@@ -30,16 +30,6 @@ class UnsupportedTarget(ValueError):
 SUPPORTED_MODEL_TYPES = ("llama",)
 
 
-def default_layer_map(target_layers, layers):
-    """Which target layers initialise the draft's: the first ``layers - 1`` and the last (so the
-    final norm and tied head see the kind of features they were trained on)."""
-    if layers <= 0:
-        raise ValueError(f"--layers must be >= 1, got {layers}")
-    if layers > target_layers:
-        raise ValueError(f"--layers {layers} exceeds the target's {target_layers} layers")
-    return list(range(layers - 1)) + [target_layers - 1]
-
-
 def _settings(path, settings, refusal, ignore=()):
     """Records ``settings`` in ``path`` unless it holds others (a resumed run must match): ValueError
     ``refusal`` with ``{diff}``, the keys that differ (``ignore``: keys that may)."""
@@ -80,7 +70,7 @@ def collect(target, tokenizer, data_dir, plan, progress):
                 continue
             if not rows:
                 raise ValueError("the offline corpus ran out of text; lower --tokens or --gen-frac")
-            shard = data.label_text_rows(target, rows, plan["k"], tokenizer.pad_token_id, features=features)
+            shard = data.label_text_rows(target, rows, plan["k"], features=features)
         else:
             batch = prompts[gi * plan["gen_batch"]:(gi + 1) * plan["gen_batch"]]
             temp = temps[gi % len(temps)]
@@ -117,24 +107,6 @@ def data_summary(shards, manifest):
             **{key: manifest.get(key, {}) for key in ("corpus_pools", "corpus_items_used")}}
 
 
-def _init_tensors(draft_dir):
-    """An exported draft's tensors (a fine-tuning start), its vocabulary under ``lm_head.keep``."""
-    from safetensors.torch import load_file
-
-    path = os.path.join(draft_dir, "model.safetensors")
-    if not os.path.exists(path):
-        raise ValueError(f"--init-draft: expected an exported draft directory with model.safetensors, got {draft_dir}")
-    return load_file(path)
-
-
-def _load_init(draft, draft_dir, tensors):
-    missing, unexpected = draft.load_state_dict(tensors, strict=False)
-    trainable = {n for n, p in draft.named_parameters() if p.requires_grad}
-    if unexpected or trainable & set(missing):
-        raise ValueError(f"--init-draft {draft_dir}: not this architecture (missing "
-                         f"{sorted(trainable & set(missing))[:4]}, unexpected {sorted(unexpected)[:4]})")
-
-
 def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None, layer_map=None,
         draft_vocab=16384, k=16, gen_frac=0.5, gen_tokens=128, gen_batch=32, row_len=256,
         shard_tokens=4096, gen_temperatures=(0.0, 0.7, 0.0, 1.0), epochs=3.0, steps=None, batch_rows=8,
@@ -143,11 +115,9 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
         arch="feature", feature_noise=0.1, feature_weight=0.1, ttt_depth=1, init_draft=None):
     """The whole pipeline on a loaded target (an HF Llama causal LM). Returns the export dir.
 
-    ``arch``: "feature" (EAGLE-style, reads the target's hidden state; default) or "lm" (a stand-alone
-    small LM on the target's embedding). ``ttt_depth`` > 1 (feature drafts): train that many chain
-    tokens deep, each deeper one from the draft's own predicted feature (EAGLE-3's training-time
-    test). ``init_draft``: start from an exported draft's weights (same architecture and draft
-    vocabulary) instead of the target's layers, a fine-tuning run."""
+    ``arch``: "feature" (EAGLE-style, on the target's hidden state) or "lm" (a stand-alone small LM).
+    ``ttt_depth`` > 1 (feature drafts): training-time test that many chain tokens deep.
+    ``init_draft``: fine-tune an exported draft (same architecture and vocabulary)."""
     mt = getattr(target.config, "model_type", None)
     if mt not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedTarget(f"specops distill builds Llama-architecture drafts that reuse the target's "
@@ -161,7 +131,11 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
     t_start = time.perf_counter()
     n_layers = target.config.num_hidden_layers
     layers = (1 if arch == "feature" else 2) if layers is None else layers
-    layer_map = list(layer_map) if layer_map is not None else default_layer_map(n_layers, layers)
+    if layer_map is None:  # the first layers - 1 and the last (the final norm and head know its features)
+        if not 1 <= layers <= n_layers:
+            raise ValueError(f"--layers must be in 1..{n_layers} (the target's layers), got {layers}")
+        layer_map = list(range(layers - 1)) + [n_layers - 1]
+    layer_map = list(layer_map)
     if len(layer_map) != layers or any(not 0 <= j < n_layers for j in layer_map):
         raise ValueError(f"--init-layers must name {layers} target layers in 0..{n_layers - 1}, got {layer_map}")
     shards_n = max(2, -(-tokens // shard_tokens))
@@ -177,8 +151,15 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
     shards = data.load_shards(data_dir, shards_n)
 
     keep_path = os.path.join(data_dir, f"keep_{shards_n}_{draft_vocab}.pt")
-    init = None if init_draft is None else _init_tensors(init_draft)
-    if init is not None:  # fine-tuning keeps the draft's vocabulary, whatever the data now ranks first
+    init = None
+    if init_draft is not None:  # fine-tuning keeps the draft's vocabulary, whatever the data now ranks first
+        from safetensors.torch import load_file
+
+        path = os.path.join(init_draft, "model.safetensors")
+        if not os.path.exists(path):
+            raise ValueError(f"--init-draft: expected an exported draft directory with model.safetensors, "
+                             f"got {init_draft}")
+        init = load_file(path)
         keep = init.pop("lm_head.keep").to(torch.int64)
     elif os.path.exists(keep_path):
         keep = torch.load(keep_path)
@@ -209,7 +190,11 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
     torch.manual_seed(seed)
     draft = build_draft(cfg, keep, target.model.embed_tokens.weight.detach().float(), arch=arch)
     if init is not None:
-        _load_init(draft, init_draft, init)
+        missing, unexpected = draft.load_state_dict(init, strict=False)
+        missing = sorted(set(missing) & {n for n, p in draft.named_parameters() if p.requires_grad})
+        if unexpected or missing:
+            raise ValueError(f"--init-draft {init_draft}: not this architecture (missing {missing[:4]}, "
+                             f"unexpected {sorted(unexpected)[:4]})")
     else:
         (init_feature_draft if arch == "feature" else init_from_target)(draft, target, layer_map)
     draft.float()

@@ -1,12 +1,9 @@
 """Teacher-forced distillation of the draft against the target's top-k distributions.
 
-Loss per labelled position: cross-entropy of the draft's distribution over its kept vocabulary
-against the target's top-k probabilities renormalised over the kept tokens among them (forward KL
-up to the target's constant entropy: what top-1 agreement needs).
-
-Checkpoints (``ckpt/last.pt``; ``ckpt/best.pt`` by held-out agreement) hold the trainable weights,
-the optimizer and the step; the batch order is a function of (seed, epoch), so a resumed run takes
-the same batches and ends in the same state as an uninterrupted one."""
+Loss per labelled position: cross-entropy of the draft over its kept vocabulary against the
+target's top-k probabilities renormalised over the kept tokens (forward KL up to a constant).
+Checkpoints (``last.pt``; ``best.pt`` by held-out agreement) hold the trainable weights, optimizer
+and step; the batch order is a function of (seed, epoch), so a resumed run ends in the same state."""
 import math
 import os
 import time
@@ -45,8 +42,7 @@ class Progress:
 
 
 def flatten_rows(shards):
-    """Each shard row as (tokens [n], mask [n], idx [n, k], lp [n, k], feats [n, H] or None) trimmed
-    to its used length."""
+    """Each shard row, trimmed to its used length: (tokens, mask, idx, lp, feats or None)."""
     rows = []
     for s in shards:
         feats = s.get("feats")
@@ -61,8 +57,8 @@ def flatten_rows(shards):
 
 
 def collate(rows):
-    """Rows of :func:`flatten_rows`, right-padded with zeros. Shape: -> tokens int64 [B, L], mask bool
-    [B, L], idx int64 [B, L, k], lp fp32 [B, L, k], feats bf16 [B, L, H] or None."""
+    """Rows of :func:`flatten_rows`, right-padded with zeros. Shape: -> tokens int64 [B, L], mask
+    bool [B, L], idx int64 / lp fp32 [B, L, k], feats bf16 [B, L, H] or None."""
     def pad(i, dtype):
         return torch.nn.utils.rnn.pad_sequence([r[i].to(dtype) for r in rows], batch_first=True)
 
@@ -73,11 +69,9 @@ def collate(rows):
 def ttt_mask(M, depth, device=None):
     """The attention mask of a ``depth``-block unrolled sequence (EAGLE-3's training-time test).
 
-    Block d (1-based) position i stands for the depth-d draft token whose chain starts after
-    position i-d+1 of the teacher-forced context: it sees block 1 up to i-d+1 (context built from the
-    target's own features) and, for 2 <= k <= d, block k at i-(d-k) only (its own chain's earlier
-    draft tokens, built from predicted features) — exactly what the runner's tree attention shows it.
-
+    Block d (1-based) position i is the depth-d token of the chain that starts after context position
+    i-d+1: it sees block 1 up to i-d+1 (the target's features) and block k (2 <= k <= d) at i-(d-k)
+    only (its chain's earlier tokens), as the runner's tree attention shows it.
     Shape: -> bool [1, 1, depth*M, depth*M] (True = may attend)."""
     i = torch.arange(M, device=device)
     ahead = i[None, :] - i[:, None]  # [M, M] key position - query position
@@ -89,14 +83,12 @@ def ttt_mask(M, depth, device=None):
 
 
 def _feature_forward(draft, tokens, mask, feats, noise, weight, depth=1):
-    """EAGLE's teacher-forced step: position i reads (token i+1, target feature i) and is scored on the
-    target's distribution at i+1 and, by regression, on its feature i+1. ``depth`` > 1 unrolls the
-    draft's own predictions (training-time test): block d's position i reads (token i+1, block d-1's
-    output at i-1), scored on the same labels, so a chain's deeper tokens, which read predicted
-    features at run time, are trained too; earlier blocks' outputs carry no gradient.
-
-    Shape: tokens [B, L], mask [B, L], feats [B, L, H] -> (draft hidden [N, H] at the scored positions
-    of all blocks, their label mask [depth, B, L-1], regression loss)."""
+    """EAGLE's teacher-forced step: position i reads (token i+1, target feature i), scored on the
+    target's distribution at i+1 and by regression on its feature i+1. ``depth`` > 1 unrolls the
+    draft's own predictions: block d's position i reads (token i+1, block d-1's output at i-1), with
+    the same labels, so deeper chain tokens train too; earlier blocks' outputs carry no gradient.
+    Shape: tokens, mask [B, L], feats [B, L, H] -> (draft hidden [N, H] at the scored positions of all
+    blocks, their label mask [depth, B, L-1], regression loss)."""
     f_in = feats[:, :-1].float()
     if noise > 0 and draft.training:
         rms = f_in.pow(2).mean(-1, keepdim=True).sqrt()
@@ -168,9 +160,8 @@ def lr_at(step, total, lr, warmup):
 
 @torch.no_grad()
 def evaluate_rows(draft, rows, full2sub, amp, batch_rows=16, depth=1):
-    """Held-out top-1 agreement (teacher-forced; for a feature draft: from the target's features),
-    a list with one entry per unrolled depth (depth d: the d-th token of a chain, read from the
-    draft's own predicted features, its d-1 predecessors right)."""
+    """Held-out top-1 agreement, teacher-forced, per unrolled depth (depth d: a chain's d-th token,
+    from the draft's own predicted features, its d-1 predecessors right)."""
     draft.eval()
     hit, tot = [0.0] * depth, [0] * depth
     for i in range(0, len(rows), batch_rows):
@@ -191,14 +182,11 @@ def chain_score(agree):
 def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmup, seed, amp,
           ckpt_every, eval_every, max_seconds=None, progress=None, stop_after=None, feature_noise=0.0,
           feature_weight=0.1, depth=1):
-    """Trains ``draft`` in place for ``steps`` optimizer steps (resuming from ``ckpt_dir/last.pt``).
+    """Trains ``draft`` in place for ``steps`` optimizer steps, resuming from ``ckpt_dir/last.pt``.
 
-    ``depth`` > 1 (feature drafts): training-time test over that many chain tokens; the exported
-    (best) step is the one with the highest ``chain_score`` of the held-out per-depth agreements.
-
-    ``stop_after``: stop (after checkpointing) once this many steps are done — tests use it to
-    interrupt a run. Returns a summary dict (steps done, wall time, losses, best held-out agreement).
-    """
+    ``depth`` > 1: training-time test that many chain tokens deep; the best step has the highest
+    ``chain_score`` of the held-out agreements. ``stop_after``: checkpoint and stop after this many
+    steps (tests interrupt a run so). Returns the state (steps, wall time, history, best agreement)."""
     os.makedirs(ckpt_dir, exist_ok=True)
     full2sub = torch.full((draft.config.vocab_size,), -1, dtype=torch.int64)
     full2sub[draft.lm_head.keep] = torch.arange(draft.lm_head.keep.numel())
