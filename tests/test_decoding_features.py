@@ -36,23 +36,6 @@ def head_inputs(model, ids):
     return seen[0][0].float()
 
 
-def run(models, method, prompts, new_tokens, **params):
-    target, draft = models
-    drafter = methods.make(method, **params)
-    max_len = max(len(p) for p in prompts) + new_tokens + drafter.tree_budget() + 1
-    B = len(prompts)
-    tlm = loop.TargetLM(target, B, max_len, keep_features=True)
-    dlm = DraftLM(draft, B, max_len + drafter.draft_budget() + drafter.tree_budget() + 1) \
-        if drafter.needs_draft_model else None
-    try:
-        with torch.inference_mode():
-            gen, m = loop.decode(tlm, drafter, prompts, sampling=SamplingConfig(), stopper=Stopper(new_tokens),
-                                 generator=torch.Generator().manual_seed(0), draft=dlm)
-    finally:
-        tlm.close()
-    return tlm, gen, m
-
-
 @pytest.mark.parametrize("method,params", [("sd", {"gamma": 3}), ("tsd", {}), ("ar", {})])
 def test_features_at_committed_positions_equal_plain_forward_hidden_states(models, method, params, monkeypatch):
     paths = []  # the target's kept paths
@@ -64,7 +47,17 @@ def test_features_at_committed_positions_equal_plain_forward_hidden_states(model
         keep(self, idx, lens, host_counts, **kw)
     monkeypatch.setattr(loop.TargetLM, "keep", record)
     prompts = [[5, 17, 99, 3, 42, 8, 61], [70, 2, 33]]  # ragged
-    tlm, gen, m = run(models, method, prompts, 14, **params)
+    drafter = methods.make(method, **params)
+    max_len = max(len(p) for p in prompts) + 14 + drafter.tree_budget() + 1
+    tlm = loop.TargetLM(models[0], 2, max_len, keep_features=True)
+    dlm = DraftLM(models[1], 2, max_len + drafter.draft_budget() + drafter.tree_budget() + 1) \
+        if drafter.needs_draft_model else None
+    try:
+        with torch.inference_mode():
+            gen, m = loop.decode(tlm, drafter, prompts, sampling=SamplingConfig(), stopper=Stopper(14),
+                                 generator=torch.Generator().manual_seed(0), draft=dlm)
+    finally:
+        tlm.close()
     assert m.num_target_forwards >= 3
     if method == "tsd":  # it covers compaction only if some accepted path skipped block rows
         assert any(p and p != list(range(len(p))) for p in paths)

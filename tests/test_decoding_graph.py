@@ -1,10 +1,7 @@
-"""The verification-to-keep part of a decode step as one graph: the verify op on device tensors ->
-accepted lengths masked by the device active mask -> kv_compact of the target cache -> new lengths.
-
-``keep_accepted`` is that part exactly as ``Decoder.step`` runs it (``verify.verify_kept`` plus the
-cache's compaction, whose ``StaticKVCache.compact`` runs the same kv_compact). It compiles with
-``torch.compile(fullgraph=True)`` on the CPU (no graph break: no host read, no host data), and on a
-GPU it is captured in a CUDA graph and replayed with new inputs (skipped without one)."""
+"""The verification-to-keep part of a decode step as one graph (``keep_accepted``: ``verify.verify_kept``
+-> lengths masked by the device active mask -> the kv_compact of ``StaticKVCache.compact``, as
+``Decoder.step`` runs it): it compiles with ``torch.compile(fullgraph=True)`` on the CPU (no host read,
+no host data) and replays in a CUDA graph with new inputs on a GPU (skipped without one)."""
 import pytest
 import torch
 

@@ -1,8 +1,6 @@
-"""The specops ops the loop calls, with their input checks switched by one flag.
-
-The loop's inputs come from its own drafters, so the per-call value checks (one host sync and a
-pass over the [B, T, V] rows each) are off by default; ``SPECOPS_CHECK=1`` (or ``CHECK = True``)
-turns them on to debug a new drafter. Shape checks always run inside the ops."""
+"""The specops ops the loop calls, their value checks (a host sync and a pass over the [B, T, V] rows
+each) off by default: the inputs come from the loop's own drafters. ``SPECOPS_CHECK=1`` (or ``CHECK =
+True``) turns them on to debug a new drafter; shape checks always run inside the ops."""
 import os
 
 from ..ops import sampling as sampling_ops

@@ -1,13 +1,10 @@
 """The draft model: a :class:`~specops.engine.ModelRunner` plus the block a drafter grows, by the
-draft-cache policy of docs/methods.md §KV caches (``cached[b]`` mirrors the tokens whose draft K/V
-are committed; ``begin`` opens a block with the catch-up chain ending at the pending root).
-
-A node's token and parent are host ints (``add``: a host search chose them) or device values
-(``add_device``: never read; a device parent must be a node fed by an earlier forward); node counts
-are always on the host. ``forward`` computes every unfed node: the host-known part travels in one
-staged upload (nothing blocks), device values are scattered into the block's device copy.
-``commit_paths`` keeps a root path of fed nodes with the runner's ``keep`` and takes device nodes'
-tokens from the caller (the step's one read brought the accepted path back): a commit reads nothing.
+draft-cache policy of docs/methods.md §KV caches (``cached[b]``: the tokens whose draft K/V are
+committed). A node's token and parent are host ints (``add``) or device values (``add_device``:
+never read; a device parent must be a node fed by an earlier forward); node counts are always on the
+host. ``forward`` uploads the host-known part in one staged upload and scatters device values into
+the block's device copy; ``commit_paths`` takes device nodes' tokens from the caller (the step's one
+read brought the accepted path back), so a commit reads nothing.
 """
 import torch
 
@@ -204,11 +201,10 @@ class DraftLM(ModelRunner):
 
 
 def _filled(block, cols, placed, values, q0, hole):
-    """The block's device copy grown to the new columns with the device-held values scattered in,
-    and the new columns with their holes filled (a re-fed column's earlier values from ``block``).
-    Shape: block [B, T'] or None, cols [B, T - q0] (``hole`` where the device holds the value),
-    placed int64 [2k] (k flat positions in [B, T], then the entries of ``values`` [N] they take)
-    -> ([B, T], [B, T - q0])."""
+    """The block's device copy grown to the new columns with the device values scattered in, and the
+    new columns with their holes filled (a re-fed column's from ``block``). Shape: block [B, T'] or
+    None, cols [B, T - q0] (``hole``: on the device), placed int64 [2k] (k flat positions in [B, T],
+    then the entries of ``values`` [N] they take) -> ([B, T], [B, T - q0])."""
     B, Tq = cols.shape
     grown = cols.new_zeros(B, q0 + Tq)
     if block is not None:

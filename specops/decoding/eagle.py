@@ -1,14 +1,12 @@
-"""The feature draft (EAGLE-style, ``specops.distill.feature``) behind the DraftLM interface: every
-drafter drives it like a plain draft LM; only the inputs differ, each block node also reading a
-feature row. A catch-up chain node at sequence position ``p`` reads the target's final hidden state
-at ``p - 1`` (the target ModelRunner's ``features``, filled by its ``keep``; zeros at position 0); a
-node below another block node reads its parent's predicted feature (the draft's output there).
+"""The feature draft (EAGLE-style, ``specops.distill.feature``) behind the DraftLM interface, driven
+like a plain draft LM; each block node also reads a feature row: a catch-up chain node at position
+``p`` the target's final hidden state at ``p - 1`` (``target.features``, filled by the target's
+``keep``; zeros at 0), any other node its parent's predicted feature (the draft's output there).
 
 K/V computed from predicted features only approximate those from the target's, so the cache keeps
 them for the current proposal only (Ouroboros' repeated drafting reuses them): ``exact[b]`` counts
-the cached tokens computed from the target's features, and ``begin`` re-feeds everything after it,
-the accepted tokens coming back as the catch-up chain with the target's features (as EAGLE does
-after each verification).
+the cached tokens computed from the target's features, and ``begin`` re-feeds the rest as the
+catch-up chain, now with the target's features (what EAGLE does after each verification).
 """
 import torch
 
@@ -31,13 +29,10 @@ class FeatureDraftLM(DraftLM):
         self._chain_len = [0] * batch_size  # block nodes 0..chain_len-1 read the target's features
 
     def _target_rows(self, b, start, n):
-        """The target's features at positions start-1 .. start+n-2 (zeros before position 0). Shape [n, H]."""
+        """The target's features at positions start-1 .. start+n-2 (zeros at -1; n >= 1). Shape [n, H]."""
         f = self.target.features[b]
-        out = f.new_zeros(n, f.shape[-1])
-        lo, hi = max(start - 1, 0), start - 1 + n
-        if hi > lo:
-            out[lo - (start - 1):] = f[lo:hi]
-        return out
+        rows = f[max(start - 1, 0): start - 1 + n]
+        return torch.cat([f.new_zeros(n - len(rows), f.shape[-1]), rows])
 
     def prefill(self, prompts, logits=False):
         L = max(len(p) for p in prompts)

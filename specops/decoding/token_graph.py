@@ -1,7 +1,5 @@
-"""GSD's token graph: a draft tree whose tau-redundant nodes are merged into a DAG while drafting,
-and unmerged back into a tree for verification, by the rules of docs/methods.md §GSD (``tau``'s
-convention, merge placement at the first occurrence, no cycles, ``unmerge``'s ``src`` and ``copied``).
-"""
+"""GSD's token graph: a draft tree whose tau-redundant nodes are merged into a DAG while drafting and
+unmerged into a tree for verification, by the rules of docs/methods.md §GSD."""
 
 
 class TokenGraph:
@@ -71,19 +69,16 @@ class TokenGraph:
 
     def unmerge(self, max_nodes, max_depth):
         """The tree of all root paths of the graph. Returns (tokens, parents, src, copied)."""
-        tokens, parents, src, copied, depth = [self.token[0]], [-1], [0], [False], [0]
+        parents, src, copied, depth = [-1], [0], [False], [0]
         head = 0
         while head < len(src) and len(src) < max_nodes:
             g = src[head]
             if depth[head] < max_depth:
                 kids = [(c, False) for c in self.children[g]] + [(v, True) for v in self.pseudo[g]]
-                for c, via_merge in kids:
-                    if len(src) >= max_nodes:
-                        break
-                    tokens.append(self.token[c])
+                for c, via_merge in kids[: max_nodes - len(src)]:
                     parents.append(head)
                     src.append(c)
                     copied.append(copied[head] or via_merge)
                     depth.append(depth[head] + 1)
             head += 1
-        return tokens, parents, src, copied
+        return [self.token[g] for g in src], parents, src, copied

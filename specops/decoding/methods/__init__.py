@@ -1,8 +1,6 @@
-"""The methods, one file each, and their registry: name -> Drafter class.
-
-Adding a method = a Drafter subclass in its own file here, listed in ``_CLASSES``; its ``name`` is
-the registry key and the CLI's choice, its ``description`` the CLI's help line.
-"""
+"""The methods, one file each, and their registry: name -> Drafter class. A new method is a Drafter
+subclass listed in ``_CLASSES`` (specops/decoding/README.md, "Adding a method"); its ``name`` is the
+registry key and the CLI's choice, its ``description`` the CLI's help line."""
 from .ar import AR
 from .base import LOSSLESS_SAMPLING_MODES, MODES, Drafter, ModelDrafter
 from .gsd import GSD

@@ -1,13 +1,11 @@
 """The Drafter protocol: how a method plugs into the one loop (docs/methods.md §The decoding loop).
 
-A method = a Drafter + a verification mode (``verify_mode``). The loop keeps the accepted rows of
-any block with one device-side kv_compact, so it needs no host decision. A drafter sees a
+A method = a Drafter + a verification mode (``verify_mode``). A drafter sees a
 :class:`~specops.decoding.context.DraftContext` ``ctx``, never the decoder: ``setup(ctx)`` once after
-prefill, then per step ``propose(ctx) -> Draft`` (device tensors, or a staged
-:class:`~specops.decoding.tree.Candidates`) and ``commit(ctx, draft, result)``. Capabilities:
-``needs_draft_model``, ``needs_target_argmax`` (``commit`` reads the target's argmax rows: they come
-with the step's one packed read), ``needs_target_features`` (``ctx.target.features``: the target's
-final hidden states, for EAGLE-style drafters).
+prefill, then per step ``propose(ctx) -> Draft`` and ``commit(ctx, draft, result)``. Capabilities:
+``needs_draft_model``, ``needs_target_argmax`` (``commit`` reads the target's argmax rows, which come
+with the step's one packed read), ``needs_target_features`` (``ctx.target.features``, for EAGLE-style
+drafters).
 """
 import itertools
 import math
@@ -63,10 +61,8 @@ class Drafter:
     sampling_mode = "mss_pointmass"  # deterministic proposals: R3p is lossless for them
     CHECKS = {}  # parameter -> (what it must be, test): count, fraction, real, optional, FLAG above
     VERIFY = ()  # with a ``verify`` parameter: the rules it may pick instead of ``sampling_mode``
-    # Adaptive speculation (docs/methods.md §Adaptive speculation): the one knob the controller sets
-    # per step (a drafting depth), and its largest value as a multiple of the configured one.
-    budget_param = None
-    budget_cap_factor = 4
+    budget_param = None  # the depth set per step: docs/methods.md §Adaptive speculation
+    budget_cap_factor = 4  # its largest value, as a multiple of the configured one
     adaptive_range = None  # (initial, lo, hi) once enable_adaptive ran
 
     def __init__(self, **params):

@@ -1,7 +1,5 @@
-"""GSD (docs/methods.md §GSD): TSD's search (tsd.py) with ``tau`` set, so tau-redundant children are
-merged (``TokenGraph``) and the DAG is unmerged into a tree of at most ``max_tree_nodes`` nodes for
-the target. Sampling: ``gsd`` (R5, the reference rule, not lossless) by default, a lossless rule via
-``verify``.
+"""GSD (docs/methods.md §GSD): TSD's search (tsd.py) with ``tau`` set: tau-redundant children merged
+(``TokenGraph``), the DAG unmerged into a tree for the target; R5 (not lossless) unless ``verify``.
 """
 from .tsd import TSD
 

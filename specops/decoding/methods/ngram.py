@@ -1,8 +1,7 @@
-"""Model-free drafting by n-gram / prompt lookup (docs/methods.md §n-gram): continue the sequence as
-it continued after earlier occurrences of its end; ``branches`` > 1 merges several continuations
-into a token tree. That section gives the ``max_gamma`` doubling rule, the evidence rule that sizes a
-proposal under adaptive speculation (:func:`longest_matches`; ``MAX_MATCH``, ``MATCH_SCALE``,
-``SHORT_MATCH``) and the measurements behind both."""
+"""Model-free drafting by n-gram / prompt lookup: continue the sequence as it continued after earlier
+occurrences of its end (``branches`` > 1: several continuations as a tree). docs/methods.md §n-gram
+gives the ``max_gamma`` doubling rule, the adaptive evidence rule (:func:`longest_matches`,
+``MAX_MATCH``, ``MATCH_SCALE``, ``SHORT_MATCH``) and their measurements."""
 from ..tree import Candidates, Trie
 from .base import Drafter, count
 
@@ -50,11 +49,10 @@ def longest_matches(seq, min_ngram, max_match, length, branches):
         if m >= min_ngram:
             found.append((m, min(n_seq - 1 - start, length) == length, start))
     found.sort(key=lambda f: (-f[0], not f[1], -f[2]))
-    out, seen = [], []
+    out = []
     for m, _, start in found:
         cont = seq[start + 1:start + 1 + length]
-        if cont and cont not in seen:
-            seen.append(cont)
+        if cont not in [c for c, _ in out]:
             out.append((cont, m))
             if len(out) >= branches:
                 break

@@ -68,9 +68,7 @@ class SpecInfer(ModelDrafter):
             node, creator = ids.gather(1, rep), rep
             total = total + created.sum(1)
             if ctx.grammar is not None:
-                for i, row in enumerate(read_lists(x)[0]):
-                    for c, tok in enumerate(row):
-                        paths[i][c].append(tok)
+                paths = [[p + [tok] for p, tok in zip(ps, row)] for ps, row in zip(paths, read_lists(x)[0])]
             if step < G - 1:  # the last level is never fed
                 new = d.add_device([b for b in act for _ in range(k)], [t for row in tips for t in row],
                                    x.reshape(-1))
@@ -153,11 +151,7 @@ class SpecInfer(ModelDrafter):
         """A merged node's draft K/V sit in the draft block of the chain that created it; those of
         an accepted path are kept along the chain that made its deepest fed node, whose own nodes
         above it hold the same tokens (the chains' draft nodes are never merged)."""
-        if not nodes:
-            return nodes
-        last = nodes[-1]
         for level, row in enumerate(self.chain_nodes[b]):
-            if last in row:
-                c = row.index(last)
-                return [self.chain_nodes[b][i][c] for i in range(level + 1)]
+            if nodes and nodes[-1] in row:
+                return [self.chain_nodes[b][i][row.index(nodes[-1])] for i in range(level + 1)]
         return nodes

@@ -197,9 +197,8 @@ class TSD(ModelDrafter):
 
 
 def frontier_widths(k, max_nodes, max_depth):
-    """The most entries TSD's frontier can hold after layer ``l`` = 1 .. max_depth - 1 (the last
-    layer grows none), ending early where none can (docs/methods.md §TSD): the sync-free search
-    feeds each layer at this width. Shape: -> list of ints (k=4, 24 nodes, depth 5: [4, 16, 16, 16])."""
+    """The most entries TSD's frontier can hold after layers 1 .. max_depth - 1, ending where none can:
+    the sync-free search's layer widths (docs/methods.md §TSD; k=4, 24 nodes, depth 5: [4, 16, 16, 16])."""
     out = []
     for layer in range(1, max_depth):
         w = min(k ** layer, max_nodes - 1)
