@@ -72,13 +72,6 @@ DRAFT_STAGED = {"sd": (1, 2), "specinfer": (1, 2), "tsd": (0, 0), "tsd-sync-free
                 "opt-tree-sync-free": (0, 1), "mjsd": (0, 1)}
 
 
-@pytest.fixture(scope="module")
-def models(llama_pair):
-    target, draft, prompts, _ = llama_pair
-    # repeated text: the model-free drafters find matches, the others accept some tokens
-    return target, draft, [p * 3 for p in prompts[:2]]
-
-
 def _names_a_device(args, kw):
     if "device" in kw:
         return True
@@ -167,8 +160,10 @@ class Counter:
         return drafter
 
 
-def count_steps(models, monkeypatch, case):
-    target, draft, prompts = models
+def count_steps(llama_pair, monkeypatch, case):
+    target, draft, prompts, _ = llama_pair
+    # repeated text: the model-free drafters find matches, the others accept some tokens
+    prompts = [p * 3 for p in prompts[:2]]
     params = dict(EXPECTED[case][0])
     method = params.pop("method", case)
     counter = Counter()
@@ -190,8 +185,8 @@ def per_step(counter, kind, s):
 
 
 @pytest.mark.parametrize("case", list(EXPECTED))
-def test_one_read_no_blocking_upload_no_host_built_tensor_per_step(models, monkeypatch, case):
-    counter = count_steps(models, monkeypatch, case)
+def test_one_read_no_blocking_upload_no_host_built_tensor_per_step(llama_pair, monkeypatch, case):
+    counter = count_steps(llama_pair, monkeypatch, case)
     _, (per_propose, per_forward), loop_staged = EXPECTED[case]
     for s in STEPS:
         F = counter.forwards[s]
