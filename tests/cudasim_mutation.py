@@ -1,13 +1,10 @@
-"""The barrier-removal run of docs/cudasim.md (not collected by pytest: run it by hand).
-
-For every `__syncthreads()` in csrc/cuda/, one at a time: take the barrier out (--mode site: the
-emulator's `SPECOPS_CUDASIM_REMOVE_BARRIER=file:line`, no rebuild; --mode source: deleted in a copy
-under --workdir and `_C_cudasim` rebuilt, to spot-check that the two agree), run the tests
-docs/cudasim.md names under racecheck, and record what caught it: a hazard (kind and both source
-lines), another failure, or nothing.
+"""The barrier-removal run of docs/cudasim.md (run by hand): prints that page's markdown table.
+For every `__syncthreads()` in csrc/cuda/, one at a time: take the barrier out (--mode site: the emulator's
+`SPECOPS_CUDASIM_REMOVE_BARRIER=file:line`; --mode source: deleted in a copy under --workdir, `_C_cudasim`
+rebuilt, to spot-check that the two agree), run the tests docs/cudasim.md names under racecheck, and record
+what caught it: a hazard (kind and both source lines), another failure, or nothing.
 
     python tests/cudasim_mutation.py [--only verify.cu:38 ...] [--mode site|source] [--json out.json]
-Prints a markdown table (the one in docs/cudasim.md).
 """
 import argparse
 import json
@@ -30,13 +27,12 @@ FAMILY = {
     "sampling_block.cuh": ["tests/test_sampling.py", "tests/test_topn.py"],
     "token_bitmask.cu": ["tests/test_token_bitmask.py"],
     "topn.cu": ["tests/test_topn.py"],
-    "tree_attention.cu": ["tests/test_tree_attention.py", "tests/test_tree_attention_kernels.py"],
-    "tree_attention_tc.cuh": ["tests/test_tree_attention.py", "tests/test_tree_attention_kernels.py"],
+    "tree_attention.cu": ["tests/test_tree_attention.py"],
+    "tree_attention_tc.cuh": ["tests/test_tree_attention.py"],
     "tree_mask.cu": ["tests/test_tree_mask.py"],
     "verify.cu": ["tests/test_verify.py"],
 }
-# test_cudasim.py's kernel tests (its self-tests of the emulator do not depend on csrc/cuda/), first:
-# they run every kernel under racecheck on small shapes.
+# test_cudasim.py's kernel tests (not its self-tests of the emulator), first: every kernel under racecheck.
 KERNEL_TESTS = "cudasim and (thread_order or hazard_free)"
 
 

@@ -1,7 +1,5 @@
-"""The emulator's speed (not collected by pytest: run it by hand; docs/testing.md quotes it).
-
-Runs each of tests/test_cudasim.py's kernel cases (one call per CUDA kernel and verify mode) with
-racecheck off and on, and prints the best of --reps wall times per case and their sums:
+"""The emulator's speed (run by hand; docs/testing.md quotes it) on tests/test_cudasim.py's kernel cases.
+Prints the best of --reps wall times of each case, racecheck off and on, and their sums:
 
     python tests/cudasim_speed.py [--reps 3] [--only tree_attention linear ...] [--json out.json]
 """
@@ -9,16 +7,11 @@ import argparse
 import json
 import os
 import pathlib
-import time
+import timeit
 
 
 def best(fn, reps):
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    return min(timeit.repeat(fn, number=1, repeat=reps))
 
 
 def main():

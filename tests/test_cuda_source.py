@@ -1,10 +1,7 @@
-"""Rules of the CUDA sources that no emulator run can check, checked on the source (no GPU, no compiler),
-and how the suite tells a CUDA fault from other errors.
-
-Writable kernel pointers are never ``__restrict__``: nvcc may then move loads across a barrier, which
-broke the CUDA ``mss`` walks on an H200 and which the emulator cannot show (docs/cudasim.md, "What it
-proves, and what it cannot": the optimizer's aliasing assumptions). ``const T* __restrict__`` inputs
-stay: nothing in a kernel writes them."""
+"""Rules of the CUDA sources that no emulator run can check, checked on the source, and how the suite tells
+a CUDA fault from other errors. Writable kernel pointers are never ``__restrict__``: nvcc may then move
+loads across a barrier, which broke the CUDA ``mss`` walks on an H200 and which the emulator cannot show
+(docs/cudasim.md, "What it proves, and what it cannot"); ``const T* __restrict__`` inputs stay."""
 import re
 from pathlib import Path
 

@@ -1,7 +1,6 @@
-"""The CUDA emulation itself: warp collectives against their PTX definitions, barriers, shared memory,
-atomics, launch limits per arch, failures that raise instead of hanging; racecheck catching each kind of
-planted shared-memory hazard; and every CUDA kernel free of hazards under racecheck and giving the same
-answer whatever order the emulated threads run in and whenever its cp.async copies land."""
+"""The CUDA emulation itself (warp collectives against their PTX definitions, barriers, shared memory,
+atomics, launch limits per arch, failures that raise instead of hanging), racecheck catching each planted
+hazard, and every CUDA kernel hazard-free, with the same bits in any thread order and cp.async landing."""
 import functools
 import pathlib
 import re
@@ -12,6 +11,7 @@ from _cudasim import (
     assert_order_independent,
     assert_same_bits,
     needs_racecheck,
+    needs_sim,
     restored,
     sim,
 )
@@ -19,22 +19,21 @@ from test_kv_compact import compaction_case, i32
 from test_tree_attention import make_case, to_paged
 
 import specops
-from specops import extension as _ext
 from specops.testing import random_accept, random_parents, random_verify_case
 
-pytestmark = pytest.mark.skipif(sim is None, reason=f"cudasim: {_ext.cudasim_ext_error}")
+pytestmark = needs_sim
 
 
 @pytest.fixture
 def emulator():
-    """The emulator, its thread order, racecheck, cp.async landing and arch restored after the test."""
+    """The emulator, its controls restored after the test."""
     with restored() as s:
         yield s
 
 
 @pytest.fixture
 def racecheck(emulator):
-    """Racecheck on for one test; as before afterwards."""
+    """The emulator with racecheck on for one test."""
     emulator.set_racecheck(True)
     return emulator
 
@@ -150,9 +149,9 @@ def test_bad_controls_raise():
 SELFTEST = (pathlib.Path(__file__).parents[1] / "csrc" / "cudasim" / "selftest.cpp").read_text().splitlines()
 
 
-def line_of(text, after=None):
-    """The line number in selftest.cpp of the first line containing `text` (after the line containing `after`)."""
-    start = 0 if after is None else next(i for i, t in enumerate(SELFTEST) if after in t)
+def line_of(text, kernel=None):
+    """The number of selftest.cpp's first line holding `text` (after the line holding "kernel(")."""
+    start = 0 if kernel is None else next(i for i, t in enumerate(SELFTEST) if kernel + "(" in t)
     return next(i + 1 for i, t in enumerate(SELFTEST) if i >= start and text in t)
 
 
@@ -163,20 +162,19 @@ def hazard_pattern(kind, kernel, where, now, now_line, before, before_line):
             rf"thread \d+ \(warp \d, lane \d+\) {before} it at selftest.cpp:{before_line}\b")
 
 
-PLANTED = {  # name: (kind, shared memory, what the thread that trips it did, line; what the earlier thread did,
-    # line; what the kernel computes with its barrier in place (hazard_war: only that it runs))
-    "hazard_raw": ("RAW", r"extern __shared__ \+ \d+", "read", ("out[t] = s[t - 32]", "hazard_raw("),
-                   "wrote", ("s[t] = t + 1", "hazard_raw("), lambda out: out[32:] == list(range(1, 33))),
-    "hazard_war": ("WAR", r"extern __shared__ \+ \d+", "wrote", ("if (t >= 32) s[t] = t;", "hazard_war("),
-                   "read", ("out[t] = s[t + 32]", "hazard_war("), lambda out: True),
-    "hazard_waw": ("WAW", r"static __shared__ s \(in hazard_waw\) \+ \d+", "wrote", ("s[t - 32] = t", "hazard_waw("),
-                   "wrote", ("if (t < 32) s[t] = t;", "hazard_waw("), lambda out: out == list(range(32, 64)) * 2),
+EXTERN = r"extern __shared__ \+ \d+"
+PLANTED = {  # name: (kind, shared memory, what the thread that trips it did and its line's text; the same of
+    # the earlier thread; what the kernel computes with its barrier in place (hazard_war: only that it runs))
+    "hazard_raw": ("RAW", EXTERN, "read", "out[t] = s[t - 32]", "wrote", "s[t] = t + 1",
+                   lambda out: out[32:] == list(range(1, 33))),
+    "hazard_war": ("WAR", EXTERN, "wrote", "if (t >= 32) s[t] = t;", "read", "out[t] = s[t + 32]",
+                   lambda out: True),
+    "hazard_waw": ("WAW", r"static __shared__ s \(in hazard_waw\) \+ \d+", "wrote", "s[t - 32] = t", "wrote",
+                   "if (t < 32) s[t] = t;", lambda out: out == list(range(32, 64)) * 2),
     "hazard_atomic": ("WAW", r"static __shared__ hist \(in hazard_atomic\) \+ \d+", r"wrote \(atomically\)",
-                      ("atomicAdd(&hist", "hazard_atomic("), "wrote", ("if (t < 4) hist[t] = 0;", "hazard_atomic("),
-                      lambda out: out[:4] == [16] * 4),
-    "hazard_warp": ("WAR", r"static __shared__ s \(in hazard_warp\) \+ \d+", "wrote", ("if (t < 32) s[t] = t;", "hazard_warp("),
-                    "read", ("out[t] = s[(t + 1) % 32]", "hazard_warp("),
-                    lambda out: out[:32] == [(t + 1) % 32 for t in range(32)]),
+                      "atomicAdd(&hist", "wrote", "if (t < 4) hist[t] = 0;", lambda out: out[:4] == [16] * 4),
+    "hazard_warp": ("WAR", r"static __shared__ s \(in hazard_warp\) \+ \d+", "wrote", "if (t < 32) s[t] = t;",
+                    "read", "out[t] = s[(t + 1) % 32]", lambda out: out[:32] == list(range(1, 32)) + [0]),
 }
 
 
@@ -188,7 +186,7 @@ def test_racecheck_reports_each_planted_hazard_and_accepts_it_behind_its_barrier
     if barrier:  # a __syncthreads (a __syncwarp in one warp) between the two accesses
         assert computes(sim.selftest(name, 1))
         return
-    pattern = hazard_pattern(kind, name, where, now, line_of(*now_at), before, line_of(*before_at))
+    pattern = hazard_pattern(kind, name, where, now, line_of(now_at, name), before, line_of(before_at, name))
     with pytest.raises(RuntimeError, match=pattern):
         sim.selftest(name, 0)
 
@@ -208,7 +206,7 @@ def test_racecheck_reports_ldmatrix_rows_other_lanes_wrote_without_a_barrier(rac
     # lane 0 reads its row by ldmatrix before lane 1 (running next) writes into it
     pattern = (r"write-after-read \(WAR\) hazard in mma_16x16x16 .* on extern __shared__ \+ \d+: thread 1 "
                rf".* wrote it at selftest.cpp:{line_of('as[r * LD + c] = T(a[e])')}\b.* after thread 0 .* read it at "
-               rf"selftest.cpp:{line_of('ldsm_x4(af', 'mma_16x16x16(')}\b")
+               rf"selftest.cpp:{line_of('ldsm_x4(af', 'mma_16x16x16')}\b")
     with pytest.raises(RuntimeError, match=pattern):
         sim.selftest("mma_nosync", 0)
     sim.selftest("mma", 0)  # with the barrier
@@ -225,12 +223,12 @@ def test_cp_async_refill_under_a_read_shows_early_and_is_reported(racecheck):
     sim.set_cp_async("early")
     assert sim.selftest("hazard_cp_async", 0)[32:64] == src  # early: the refill is visible
     sim.set_racecheck(True)
-    issue = line_of("cp_async16(s + t, src + t, true)", "hazard_cp_async(")
-    read = line_of("old = s[t - 32];  // the refill", "hazard_cp_async(")
+    issue = line_of("cp_async16(s + t, src + t, true)", "hazard_cp_async")
+    read = line_of("old = s[t - 32];  // the refill", "hazard_cp_async")
     for landing in ("early", "late"):
         sim.set_cp_async(landing)
-        with pytest.raises(RuntimeError, match=hazard_pattern("RAW", "hazard_cp_async", r"extern __shared__ \+ \d+",
-                                                              "read", read, "wrote", issue)):
+        with pytest.raises(RuntimeError, match=hazard_pattern("RAW", "hazard_cp_async", EXTERN, "read", read,
+                                                              "wrote", issue)):
             sim.selftest("hazard_cp_async", 0)
         out = sim.selftest("hazard_cp_async", 1)  # the reads before a barrier, then the refill
         assert out[32:64] == old and out[64:96] == src
@@ -279,8 +277,7 @@ def op_cases():
         cases[f"tree_attention_paged[{str(dtype)[6:]}]"] = call
 
     def compact():
-        kk = torch.randn(2, 3, 2, 40, 24, generator=torch.Generator().manual_seed(1))
-        vv = torch.randn(2, 3, 2, 40, 24, generator=torch.Generator().manual_seed(2))
+        kk, vv = (torch.randn(2, 3, 2, 40, 24, generator=torch.Generator().manual_seed(s)) for s in (1, 2))
         idx, lens = random_accept(3, 9, generator=torch.Generator().manual_seed(3))
         specops.kv_compact(kk, vv, i32([3, 20, 0]), idx, lens, backend="cudasim")
         return kk, vv

@@ -1,7 +1,6 @@
-"""Plans (specops.TreeAttentionPlan, specops.KVCompactPlan) against the one-shot ops on every
-backend: contiguous and paged layouts, GQA, ragged batches, padded queries, one plan run over
-several layers; bad input raises naming the argument (at construction, or at the first run when
-the cache's size was not declared) before anything is written."""
+"""Plans (specops.TreeAttentionPlan, specops.KVCompactPlan) against the one-shot ops on every backend and
+layout, one plan run over several layers; bad input raises naming the argument (at construction, or at
+the first run when the cache's size was not declared) before anything is written; the split schedule."""
 import pytest
 import torch
 
@@ -14,8 +13,7 @@ from test_tree_attention import PAGED_CASES, PAGED_IDS, make_case, need, paged_c
 
 
 def tree_plan(args, kw, paged=None, **extra):
-    """A TreeAttentionPlan for make_case's ``args`` (paged: on the pages of ``paged``); ``extra``
-    adds or overrides any constructor argument."""
+    """A TreeAttentionPlan for make_case's ``args`` (on the pages of ``paged``); ``extra``: more arguments."""
     q, k, _, prefix, block, mask = args
     opts = dict(prefix_lens=prefix, block_lens=block, mask=mask, q_lens=kw.get("q_lens"), sm_scale=kw.get("sm_scale"),
                 head_dim=q.shape[3], num_heads=q.shape[2], num_kv_heads=k.shape[1], dtype=q.dtype)
@@ -32,7 +30,7 @@ def one_shot(args, paged, q, k, v, **kw):
 
 
 def layer_copies(t, n, seed):
-    """``n`` tensors shaped and strided like ``t`` (other layers of the same cache): fresh values."""
+    """``n`` tensors shaped and strided like ``t`` (other layers of the same cache), fresh values."""
     g = torch.Generator().manual_seed(seed)
     return [t + torch.randn(t.shape, generator=g).to(t.dtype).to(t.device) for _ in range(n)]
 
@@ -69,8 +67,7 @@ def test_kv_compact_plan_equals_the_op(backend, device, pattern, page_size):
     for B, A, dtype in ((1, 33, torch.float32), (3, 20, torch.bfloat16)):
         cache, kp, vp, table, (prefix, idx, lens) = compaction_case(B, A, pattern, page_size, dtype,
                                                                     seed=A + page_size, device=device)
-        # (k, v, the op's page table, the plan's declared layout): contiguous, then paged with and
-        # without num_pages declared (then checked at the first run)
+        # (k, v, the op's page table, the plan's layout): contiguous, paged with and without num_pages
         cases = [(cache, -cache, (), {"max_len": cache.shape[3]})]
         cases += [(kp, vp, (table,), {"page_table": table, "page_size": page_size, "num_pages": n})
                   for n in (kp.shape[1], None)]
@@ -99,7 +96,7 @@ def test_kv_compact_plan_runs_again_on_another_cache(device):
 # ---- errors: named, raised before anything is written -------------------------------------------
 
 def small_tree(device="cpu"):
-    """A small tree_attention case: q [2, 3, 4, 16], caches [2, 2, S, 16] (S = 19), q_lens padded."""
+    """q [2, 3, 4, 16], caches [2, 2, S = 19, 16], q_lens padded."""
     return make_case(2, 3, 6, 10, 4, 2, 16, torch.float32, kind="tree", padded=True, device=device)
 
 
@@ -192,8 +189,8 @@ def test_kv_compact_plan_errors_leave_the_caches_untouched():
 @pytest.mark.parametrize("layout", ["contiguous", "paged"])
 @pytest.mark.parametrize("num_splits", [None, 1, 3, 7])
 def test_the_plan_schedules_once_and_every_layer_reuses_it(backend, device, layout, num_splits):
-    # Decode over a long prefix: the CPU and GPU rules both split; a forced count (7: more splits
-    # than some sequences have tiles, so empty splits) gives the reference too.
+    # Decode over a long prefix: the CPU and GPU rules both split; a forced count (7: empty splits for
+    # sequences with fewer tiles) gives the reference too.
     need("tree_attention_paged" if layout == "paged" else "tree_attention", backend)
     args, kw, paged = paged_case(2, 2, 3, 700, 8, 2, 64, torch.float32, "chain", True, 16, seed=3, device=device)
     paged = paged if layout == "paged" else None

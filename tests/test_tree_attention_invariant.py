@@ -1,9 +1,7 @@
-"""tree_attention's batch-invariant schedule (invariant=True) on every backend: the contract and the list
-of what is tested are docs/batch_invariance.md's ("Invariant attention", "What is tested"); opcheck is
-test_tree_attention.py's. Each backend's cases sit just before, on and past its key tiles (the tile sizes:
-that section's "Per backend"; Triton on conftest's device, interpreted on CPU, so small cases), with odd
-head dims inside the CUDA buckets (67: rows not 16-byte aligned, no cp.async) and blocks long enough that
-a row's block keys fill a tile of their own."""
+"""tree_attention's batch-invariant schedule (invariant=True) on every backend: docs/batch_invariance.md,
+"Invariant attention" and "What is tested". Each backend's cases sit just before, on and past its key tiles,
+with odd head dims inside the CUDA buckets (67: rows not 16-byte aligned, no cp.async) and blocks long
+enough that a row's block keys fill a tile of their own (Triton: interpreted on CPU, so small cases)."""
 import functools
 
 import pytest
@@ -34,8 +32,7 @@ def need(backend):
         pytest.skip(f"{backend} backend unavailable")
 
 
-def key_tile(dtype, D):
-    """Keys per tile of csrc/cuda/tree_attention.cu (fp32 kernel; tensor-core TcCfg<DP>::kBN)."""
+def key_tile(dtype, D):  # keys per tile of csrc/cuda/tree_attention.cu (fp32 kernel; tensor-core TcCfg::kBN)
     return 32 if dtype == F32 else (64 if D <= 64 else 32)
 
 
@@ -74,7 +71,7 @@ def invariant(backend, *args, **kw):
 
 @functools.cache
 def _case(n):
-    """(args, kw, the invariant block call's output) of CASES[n], computed once for every test."""
+    """(args, kw, the invariant call's output) of CASES[n], computed once for every test."""
     backend, B, Tq, L, P, Hq, Hkv, D, dtype, kind, padded, seed = CASES[n]
     need(backend)
     args, kw = make_case(B, Tq, L, P, Hq, Hkv, D, dtype, kind=kind, padded=padded, seed=seed,
@@ -142,9 +139,9 @@ def test_cpp_every_isa_variant_keeps_the_property(monkeypatch, isa):
 @pytest.mark.parametrize("isa", ["avx512bf16", "avx512", "avx2", "generic"])
 @pytest.mark.parametrize("mode", [False, True])
 def test_cpp_narrow_items_on_every_isa_variant(monkeypatch, isa, mode):
-    # Items of <= 4 query rows (a decode step's GQA group, a 2-query block at G = 2, every item of the
-    # invariant schedule at G <= 4) take the CPU kernel's narrow path (head dims in lanes): masked
-    # block keys, prefixes across a tile, head dims with a tail past the last whole vector.
+    # Items of <= 4 query rows (a decode step's GQA group, a 2-query block at G = 2, every invariant item
+    # at G <= 4) take the CPU kernel's narrow path (head dims in lanes): masked block keys, prefixes
+    # across a tile, head dims with a tail past the last whole vector.
     need("cpp")
     monkeypatch.setenv("SPECOPS_CPU_ISA", isa)
     for n, (B, Tq, L, P, Hq, Hkv, D, kind) in enumerate([(2, 1, 1, CPU_TILE + 54, 9, 3, 67, "chain"),
@@ -225,8 +222,7 @@ def test_thread_order_and_cp_async_landing_change_no_bit_and_racecheck_is_clean(
 
 @needs_sim
 def test_visible_keys_that_cannot_fit_in_shared_memory_raise():
-    """The key list needs min(32 W, S) entries of shared memory: past the device's limit the launcher
-    raises naming the mask width and the cache length instead of failing the launch."""
+    # The key list needs min(32 W, S) entries of shared memory: past the limit the launcher raises.
     W, S = 2048, 65536
     q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, S, 8)
     mask = torch.zeros(1, 1, W, dtype=torch.int32)

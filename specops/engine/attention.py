@@ -1,24 +1,21 @@
 """The ``"specops"`` attention implementation for Hugging Face transformers.
 
-How a tree block reaches the kernel: the runner (:class:`specops.engine.ModelRunner`) calls the HF
-model with the block's metadata as one keyword, ``specops_block``, that HF passes down through every
-layer's ``**kwargs``: the only channel, eager and compiled alike (no thread-local state). The packed
-mask as a 4-D ``attention_mask`` ([B, 1, Tq, W]) makes HF's mask builders return early (no dense mask).
+The runner (:class:`specops.engine.ModelRunner`) calls the HF model with a block's metadata as one
+keyword, ``specops_block``, that HF passes down through every layer's ``**kwargs``: the only channel,
+eager and compiled alike (no thread-local state). The packed mask as a 4-D ``attention_mask``
+([B, 1, Tq, W]) makes HF's mask builders return early (no dense mask). Positions are ``prefix +
+depth`` (``position_ids``), so RoPE sees each node at its depth in the tree.
 
 * Eager (:class:`Block`): the model writes each layer's new K/V into the specops cache
-  (``past_key_values``); the first layer builds one :class:`specops.TreeAttentionPlan` for the
-  block (lengths, mask, backend: checked once) and every layer runs it on its cache view (a
-  [B, Hkv, S, D] slice of a :class:`~specops.engine.cache.StaticKVCache`, or a layer's page pools
-  of a :class:`~specops.engine.cache.PagedKVCache`, whose page table the block carries).
-* Compiled (:class:`CompiledBlock`, :mod:`specops.engine.compiled`): no HF ``Cache``; the attention
-  writes the layer's new rows straight into the cache storage and runs the kernel
-  (:func:`block_attention`).
+  (``past_key_values``); the first layer builds one :class:`specops.TreeAttentionPlan` and every layer
+  runs it on its cache view (a [B, Hkv, S, D] slice of a :class:`~specops.engine.cache.StaticKVCache`,
+  or a layer's page pools of a :class:`~specops.engine.cache.PagedKVCache`).
+* Compiled (:class:`CompiledBlock`, :mod:`specops.engine.compiled`): no HF ``Cache``;
+  :func:`block_attention` writes the layer's new rows straight into the cache storage and runs the kernel.
 
-Positions are ``prefix + depth`` (``position_ids``), so RoPE sees each node at its depth in the tree.
-
-Without a block (a plain HF forward or ``generate`` with ``attn_implementation="specops"``), the
-function treats the new tokens as a causal chain after the cached ones; a padding mask from HF
-(left-padded batches) or a sliding window that the sequence outgrows falls back to torch SDPA.
+Without a block (a plain HF forward, or ``generate`` with ``attn_implementation="specops"``) the new
+tokens are a causal chain after the cached ones; an HF padding mask (left-padded batches) or a
+sliding window the sequence outgrows falls back to torch SDPA.
 """
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -41,11 +38,10 @@ class Block:
     """What the attention of one eager forward needs beyond the cache view.
 
     Shape: prefix_lens, block_lens, q_lens int32 [B]; mask int32 [B, Tq, W]; page_table int32
-    [B, max_pages] when the cache is paged (then ``page_size`` too), else None. ``longest`` is a host
-    upper bound on prefix + block rows (for the sliding-window check, so no sync is needed).
-    ``plan``: the :class:`specops.TreeAttentionPlan` the first layer built (checked once, backend
-    resolved once) with the shapes it was built for; later layers with those shapes just run it.
-    ``invariant``: the attention's batch-invariant schedule (docs/batch_invariance.md)."""
+    [B, max_pages] and ``page_size`` for a paged cache, else None. ``longest``: a host upper bound on
+    prefix + block rows (the sliding-window check without a sync). ``plan``: (the shapes, the
+    :class:`specops.TreeAttentionPlan`) the first layer of those shapes built; ``invariant``: the
+    batch-invariant schedule (docs/batch_invariance.md)."""
 
     prefix_lens: torch.Tensor
     block_lens: torch.Tensor
@@ -64,9 +60,8 @@ class CompiledBlock(NamedTuple):
     Shape: prefix_lens, block_lens, q_lens int32 [B]; mask int32 [B, 1, Tb, W]; rows int64 [B, Tb]
     (the cache row of every new row); k_store, v_store [L, B, Hkv, S, D] with page_table None
     (contiguous), or [L, N, ps, Hkv, D] with page_table int32 [B, max_pages] (paged). ``impl``: the
-    plan's kernel function, or None for the compiled extension's registered op (its ``.functional`` overload);
-    ``invariant``: the batch-invariant schedule (docs/batch_invariance.md). ``layer``: a graph of a run
-    of layers (docs/compile.md) passes that run's stores and the index within it."""
+    plan's kernel function, or None for the compiled extension's registered op (``.functional``).
+    ``layer``: a graph of a run of layers (docs/compile.md) passes that run's stores and the index in it."""
 
     impl: object
     prefix_lens: torch.Tensor
@@ -78,7 +73,7 @@ class CompiledBlock(NamedTuple):
     v_store: torch.Tensor
     page_table: torch.Tensor
     invariant: bool = False
-    layer: int = None  # the layer's index into the stores (None: the module's layer_idx)
+    layer: int = None  # None: the module's layer_idx
 
 
 def specops_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -140,8 +135,7 @@ _CAUSAL_MAX = 64
 
 
 def causal_mask(B, T, device):
-    """The chain mask: query i sees block keys 0..i. Shape: -> int32 [B, T, ceil(T/32)] (an
-    expanded view of a cached mask: do not write into it)."""
+    """The chain mask (query i sees block keys 0..i): int32 [B, T, ceil(T/32)], a read-only expanded view."""
     key = (T, str(device))
     mask = _CAUSAL.get(key)
     if mask is None:

@@ -1,12 +1,11 @@
 """Tree attention: draft-token queries attend to a committed KV prefix plus the part of the draft
 block their bit-packed mask allows.
 
-Terms: for sequence ``b`` cache rows ``[0, P)`` (``P = prefix_lens[b]``) are the prefix, visible to
-every valid query; rows ``[P, P + L)`` (``L = block_lens[b]``) the draft block, whose key ``j``
-query ``i`` sees iff bit ``j % 32`` of word ``j // 32`` of ``mask[b, i]`` is set (the format of
-:func:`specops.build_tree_mask`; any visibility set: trees, DAGs, lookahead windows; the queries
-need not be the whole block). Query rows ``i >= q_lens[b]`` are padding and, like a query that
-sees no key, give 0.
+For sequence ``b``, cache rows ``[0, P)`` (``P = prefix_lens[b]``) are the prefix, seen by every valid
+query; rows ``[P, P + L)`` (``L = block_lens[b]``) the block, whose key ``j`` query ``i`` sees iff bit
+``j % 32`` of word ``j // 32`` of ``mask[b, i]`` is set (:func:`specops.build_tree_mask`'s format; any
+visibility: trees, DAGs, lookahead windows; the queries need not be the whole block). Query rows
+``i >= q_lens[b]`` are padding and, like a query that sees no key, give 0.
 """
 import functools
 import math
@@ -23,18 +22,16 @@ from .ref import visibility  # noqa: F401  (the op's visibility rule: baselines 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 CUDA_MAX_D = 256  # the CUDA kernels' head-dim buckets (csrc/cuda/tree_attention.cu)
 CUDA_MAX_B_HKV = 65535  # B * Hkv: a grid dimension of the CUDA kernel
-# The largest |sm_scale| (csrc/tree_attention_args.h kMaxSmScale). Scores are fp32 q.k * sm_scale:
-# for fp16 inputs |q.k| <= D * 65504**2, so |scores| <= 65536 * D * 4.3e9 stays finite for any D
-# below 1e18; for bf16 / fp32 inputs the scores stay finite while |q.k| <= 5e33, i.e. an overflow
-# can only come from inputs whose unscaled scores nearly overflow already. Within the bound every
-# backend computes the exact softmax (tests/test_bad_input.py: the bound against the reference).
+# The largest |sm_scale| (csrc/tree_attention_args.h kMaxSmScale): fp32 scores q.k * sm_scale stay
+# finite for fp16 inputs (|q.k| <= D * 65504**2) at any D below 1e18, and for bf16 / fp32 inputs
+# while |q.k| <= 5e33 (only inputs whose unscaled scores nearly overflow already can overflow). Within
+# it every backend computes the exact softmax (tests/test_bad_input.py checks the bound).
 SM_SCALE_MAX = 65536.0
 
 
 def attend(q, kv, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None, check=True, backend=None,
            invariant=False):
-    """The one entry of the op: :func:`tree_attention` over ``kv``, a :class:`~specops.ops.layout.KvLayout`
-    (contiguous or paged: :func:`tree_attention` and :func:`tree_attention_paged` build it)."""
+    """:func:`tree_attention` over ``kv``, a :class:`~specops.ops.layout.KvLayout` (contiguous or paged)."""
     checks.tensor("q", q, dtype=FLOAT_DTYPES, rank=4)
     B, Tq, Hq, D = q.shape
     kv.check(dtype=q.dtype, rank=4, device=q.device, B=B, D=D, Hq=Hq)
@@ -59,13 +56,11 @@ def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens
 
     Query head ``h`` reads kv head ``h // (Hq // Hkv)`` (GQA/MQA); ``q`` carries its positions (RoPE
     at ``prefix + depth``); softmax and accumulation in fp32. ``sm_scale``: ``1/sqrt(D)`` by default,
-    ``|sm_scale| <= SM_SCALE_MAX`` (65536: fp32 scores stay finite). ``check=True`` verifies the
-    lengths (one host sync): non-negative, ``prefix_lens + block_lens <= S``, ``block_lens <= 32 W``,
-    ``q_lens <= Tq``; with ``check=False`` the kernels clamp bad lengths (no out-of-bounds access;
-    the result is unspecified). The cuda backend takes ``D <= 256`` and ``B * Hkv <= 65535``
-    (``CUDA_MAX_D``, ``CUDA_MAX_B_HKV``): the automatic choice passes other calls on,
-    ``backend="cuda"`` raises BackendUnavailable naming the limit.
-
+    ``|sm_scale| <= SM_SCALE_MAX`` (65536). ``check=True`` verifies the lengths (one host sync):
+    non-negative, ``prefix_lens + block_lens <= S``, ``block_lens <= 32 W``, ``q_lens <= Tq``; with
+    ``check=False`` the kernels clamp bad lengths (no out-of-bounds access; unspecified result). The
+    cuda backend takes ``D <= CUDA_MAX_D`` and ``B * Hkv <= CUDA_MAX_B_HKV``: the automatic choice
+    passes other calls on, ``backend="cuda"`` raises BackendUnavailable naming the limit.
     ``invariant=True``: the batch-invariant schedule (docs/batch_invariance.md, "Invariant attention"):
     a row's output is bit for bit its AR view's, whatever else shares the call."""
     return attend(q, KvLayout.contiguous(k_cache, v_cache), prefix_lens, block_lens, mask, q_lens=q_lens,
@@ -81,18 +76,16 @@ def tree_attention_paged(q, k_pages, v_pages, page_table, prefix_lens, block_len
     q_lens int32 [B], mask int32 [B, Tq, W] -> out [B, Tq, Hq, D] in q's dtype.
 
     Row ``r`` of sequence ``b`` is slot ``r % page_size`` of page ``page_table[b, r // page_size]``;
-    pages may be scattered in any order and shared between sequences (read only). Everything else
-    is :func:`tree_attention`'s, ``invariant`` included (a row's bits do not depend on the layout).
+    pages may be scattered in any order and shared between sequences (read only). The rest is
+    :func:`tree_attention`'s, ``invariant`` included (a row's bits do not depend on the layout).
+    vLLM's per-layer ``[2, num_blocks, block_size, num_kv_heads, head_size]`` is ``kv[0]``, ``kv[1]``;
+    FlashInfer's NHD ``[num_pages, 2, page_size, num_heads, head_dim]`` is ``kv[:, 0]``, ``kv[:, 1]``
+    and its HND the same ``.transpose(1, 2)`` (views); its CSR ``kv_indptr`` / ``kv_indices`` become
+    ``page_table`` row by row, padded with any page id.
 
-    Layouts: vLLM's per-layer ``[2, num_blocks, block_size, num_kv_heads, head_size]`` is ``kv[0]``,
-    ``kv[1]``; FlashInfer's NHD ``[num_pages, 2, page_size, num_heads, head_dim]`` is ``kv[:, 0]``,
-    ``kv[:, 1]`` and its HND layout the same ``.transpose(1, 2)`` (views); its CSR page list
-    (``kv_indptr``, ``kv_indices``) becomes ``page_table`` row by row, padded with any page id.
-
-    ``check=True`` (one host sync): the length rules with ``prefix_lens + block_lens <= max_pages *
-    page_size``, and ``0 <= page_table[b, i] < num_pages`` for the pages ``i < ceil((prefix_lens[b] +
-    block_lens[b]) / page_size)`` the rows use; with ``check=False`` the kernels clamp lengths and page
-    ids (no out-of-bounds access; the result is unspecified)."""
+    ``check=True`` adds ``prefix_lens + block_lens <= max_pages * page_size`` and ``0 <= page_table[b,
+    i] < num_pages`` for the pages the rows use (``i < ceil((prefix_lens[b] + block_lens[b]) /
+    page_size)``); ``check=False`` clamps page ids too."""
     return attend(q, KvLayout.paged(k_pages, v_pages, page_table), prefix_lens, block_lens, mask, q_lens=q_lens,
                   sm_scale=sm_scale, check=check, backend=backend, invariant=invariant)
 
@@ -104,16 +97,14 @@ def check_invariant(invariant):
 
 
 def choose_splits(backend, q, Hkv, S, prefix_lens, block_lens, W, paged=False, invariant=False):
-    """The kv split count ``backend``'s kernel runs a call with (docs/plans.md, "The split schedule").
-
-    Shape: q [B, Tq, Hq, D]; Hkv kv heads; S rows a sequence can address; prefix_lens / block_lens
-    int32 [B] (not read: no host sync); W mask words. -> int >= 1 (1 for the invariant schedule)."""
+    """The kv split count ``backend``'s kernel runs a call with (docs/plans.md, "The split schedule"):
+    q [B, Tq, Hq, D]; S rows a sequence can address; prefix_lens / block_lens int32 [B] (not read: no
+    host sync); W mask words. -> int >= 1 (1 for the invariant schedule)."""
     if invariant:
         return 1
     B, Tq, Hq, D = q.shape
     if backend == "cpp":
-        # No value reads (the ops never read the device): the rows a sequence can address bound the
-        # tiles, and the loop sizes its caches to what a call needs.
+        # No value reads: the rows a sequence can address bound the tiles (the loop sizes its caches).
         max_tiles = -(-S // splits.CPU_TILE_KEYS) + 1
         if not torch.compiler.is_compiling():
             _THREADS[0] = torch.get_num_threads()
@@ -141,8 +132,7 @@ CUDA_TC_ROWS = 64  # tree_attention_tc.cuh kTcRows; keys per tile TcCfg<DP>::kBN
 
 
 def workspace(num_splits, q):
-    """The fp32 partials of a ``num_splits`` call, laid out as :func:`.splits.workspace_size` says
-    (None without splits). Shape: q [B, Tq, Hq, D]."""
+    """The fp32 partials of a ``num_splits`` call (:func:`.splits.workspace_size`; None without splits)."""
     n = splits.workspace_size(num_splits, *q.shape)
     # In a graph always a tensor: inductor cannot lower the op with its mutable optional left None.
     if n or torch.compiler.is_compiling():
@@ -162,8 +152,7 @@ def check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, dev):
 
 
 def scale(sm_scale, D):
-    """``sm_scale`` checked, as a float (``1/sqrt(D)`` for None): finite, ``|sm_scale| <=
-    SM_SCALE_MAX`` (scores finite: see SM_SCALE_MAX)."""
+    """``sm_scale`` checked (finite, ``|sm_scale| <= SM_SCALE_MAX``) as a float; ``1/sqrt(D)`` for None."""
     if sm_scale is None:
         return 1.0 / math.sqrt(D)
     if not isinstance(sm_scale, numbers.Real) or isinstance(sm_scale, bool) or not math.isfinite(sm_scale):
@@ -175,8 +164,7 @@ def scale(sm_scale, D):
 
 
 def length_values(prefix_lens, block_lens, q_lens, kv, W, Tq):
-    """The value rules of ``check=True`` (:func:`tree_attention`, :func:`tree_attention_paged`) over
-    the layout ``kv``: one host sync; the first broken rule raises."""
+    """The value rules of ``check=True`` on the layout ``kv`` (one host sync); the first broken one raises."""
     if prefix_lens.numel() == 0:
         return
     rows = kv.capacity()
@@ -203,8 +191,7 @@ def length_values(prefix_lens, block_lens, q_lens, kv, W, Tq):
 
 
 # ---- backends: one implementation per backend for both layouts, registered under each layout's op
-# (separate torch.library ops with their own schemas: "tree_attention" takes (k_cache, v_cache),
-# "tree_attention_paged" (k_pages, v_pages, page_table)).
+# (its own torch.library schema: (k_cache, v_cache) or (k_pages, v_pages, page_table)).
 
 def _triton(paged, *args):
     from ...triton_kernels import tree_attention as kernels

@@ -1,9 +1,6 @@
-"""Plans: validate, dispatch and schedule once, run many times (:class:`TreeAttentionPlan` here,
-:class:`specops.ops.kv_compact.plan.KVCompactPlan` on the same terms). The plan is where scheduling
-happens: it chooses the step's kv split count (:mod:`specops.ops.tree_attention.splits`) and owns
-the partials workspace every layer's kernel reuses. Why, and what a plan checks when (the first
-``run`` reconciles the tensors with every declared size, later runs compare shapes only):
-docs/plans.md."""
+"""Plans: validate, dispatch and schedule (kv split count, partials workspace) once per step, run per
+layer (:class:`TreeAttentionPlan` here, :class:`specops.ops.kv_compact.plan.KVCompactPlan` alike).
+Why, and what a plan checks when: docs/plans.md."""
 import torch
 
 from ...backend import incapable, resolve_named
@@ -13,22 +10,20 @@ from ..layout import KvLayout, Spec, check_heads, check_paging
 
 
 class TreeAttentionPlan:
-    """One decoding step's :func:`specops.tree_attention` (or ``tree_attention_paged``) for every
-    layer: ``plan.run(q, k, v)`` per layer.
+    """One decoding step's :func:`specops.tree_attention` (or ``tree_attention_paged``): ``plan.run(q, k,
+    v)`` per layer.
 
     Shape: prefix_lens / block_lens / q_lens int32 [B], mask int32 [B, Tq, W]; contiguous layout
     (``page_table=None``): run(q [B, Tq, Hq, D], k, v [B, Hkv, S, D]); paged: page_table int32
     [B, max_pages], page_size (a power of two), run(q, k_pages, v_pages [num_pages, page_size, Hkv,
     D]); -> out [B, Tq, Hq, D] in ``dtype``. Hq = num_heads, Hkv = num_kv_heads, D = head_dim.
 
-    ``max_len`` (S) / ``num_pages`` (the pool size), where given, let ``check=True`` verify the value
-    rules here, else at the first run; ``num_splits=`` overrides the split count
-    (:func:`specops.ops.tree_attention.choose_splits`'s, once per plan); ``workspace=`` (or
-    ``plan.workspace = ...``) replaces the plan's fp32 partials, and must share no byte with the
-    plan's tensors nor a run's q / k / v. An explicit ``backend=`` that cannot take the declared shapes
-    raises BackendUnavailable here. What is checked when, and the workspace's size: docs/plans.md.
-    ``invariant=True``: the batch-invariant schedule of :func:`specops.tree_attention`
-    (unsplit; ``num_splits`` only 1)."""
+    ``max_len`` (S) / ``num_pages``, where given, let ``check=True`` check the values here, else at the
+    first run; ``num_splits=`` overrides the split count; ``workspace=`` (or ``plan.workspace = ...``)
+    replaces the plan's fp32 partials and must share no byte with the plan's tensors nor a run's q / k /
+    v. An explicit ``backend=`` that cannot take the declared shapes raises BackendUnavailable here.
+    ``invariant=True``: :func:`specops.tree_attention`'s batch-invariant schedule (``num_splits`` 1).
+    When what is checked, the schedule and the workspace's size: docs/plans.md."""
 
     def __init__(self, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None, page_table=None, page_size=None,
                  head_dim, num_heads, num_kv_heads, dtype, device=None, check=True, backend=None, max_len=None,
@@ -64,10 +59,8 @@ class TreeAttentionPlan:
         self._table = (page_table,) if self.paged else ()  # the layout's argument after k, v
         self.op = "tree_attention_paged" if self.paged else "tree_attention"
         self._names = ("q", "k_pages", "v_pages") if self.paged else ("q", "k_cache", "v_cache")
-        # Capability args from the declared shapes: what resolve's supports checks read.
         size = num_pages if self.paged else max_len
-        # backend: the chosen backend's name; kernel: its function, what run calls (the compiled
-        # step calls it too where it is not a registered op)
+        # The backend (name) and kernel (what run and the compiled step call) chosen for the declared shapes.
         self.backend, self.kernel = resolve_named(self.op, dev, backend, self._args(Spec((B, Tq, Hq, D), dtype, dev),
                                                                                   self._declared_layout(size or 1)))
         if num_splits is not None:
@@ -141,8 +134,7 @@ class TreeAttentionPlan:
         self._allocate()
 
     def _first_run(self, q, k, v):
-        """The op's metadata rules on the first run's q / k / v (the block's ran at construction),
-        reconciled with every declared size."""
+        """The op's metadata rules on the first run's q / k / v, reconciled with every declared size."""
         if self._recheck:  # a workspace assigned after the first run
             checks.same_shapes(self._names, (q.shape, k.shape, v.shape), self._shapes)
             self._check_workspace(q, k, v)
@@ -173,17 +165,14 @@ class TreeAttentionPlan:
         self._first = False
 
     def _check_workspace(self, q, k, v):
-        """A workspace passed in shares no byte with this run's tensors (the plan's own cannot)."""
-        if self._given is not None and self._workspace is self._given:
+        if self._given is not None and self._workspace is self._given:  # the plan's own cannot overlap
             checks.disjoint("workspace", self._given, dict(zip(self._names, (q, k, v))))
 
     def run(self, q, k, v):
-        """One layer. Shape: q [B, Tq, Hq, D]; k, v [B, Hkv, S, D] (contiguous) or [num_pages,
-        page_size, Hkv, D] (paged) -> [B, Tq, Hq, D]. After the first call only the shapes are
-        compared with the first call's (see the module)."""
+        """One layer (shapes: the class's); after the first run only the shapes are compared with its."""
         if self._first:
             self._first_run(q, k, v)
-        elif q.shape != self._shapes[0] or k.shape != self._shapes[1] or v.shape != self._shapes[2]:
+        elif (q.shape, k.shape, v.shape) != self._shapes:
             checks.same_shapes(self._names, (q.shape, k.shape, v.shape), self._shapes)
         return self.kernel(q, k, v, *self._table, self.prefix_lens, self.block_lens, self.mask, self.q_lens,
                           self.sm_scale, self._num_splits, self._workspace, self.invariant)

@@ -1,19 +1,15 @@
-"""The torch reference of tree_attention: the spec of the values every backend is held to.
-
-:func:`tree_attention` is the dense spec (fp32 scores over the whole cache, invisible keys at
--inf); :func:`invariant_ref` the spec of the batch-invariant schedule (docs/batch_invariance.md,
-"Invariant attention": a row's virtual sequence, its AR view). Each row is computed alone, without
-BLAS (whose blocking follows the operand shapes; elementwise ops and reductions of the row's shape
-instead), so nothing else in the call changes its bits: those of AR's one-row call."""
+"""The torch reference of tree_attention, the spec every backend is held to: :func:`tree_attention`
+(dense) and :func:`invariant_ref` (the batch-invariant schedule, docs/batch_invariance.md, "Invariant
+attention"), which computes each row alone without BLAS (whose blocking follows the operand shapes), so
+nothing else in the call changes its bits: those of AR's one-row call."""
 import torch
 
 from ..layout import KvLayout
 
 
 def invariant_ref(q, k_cache, v_cache, vis, sm_scale):
-    """Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D], vis bool [B, Tq, S] (the dense
-    visibility, :func:`visibility`) -> [B, Tq, Hq, D] in q's dtype; rows that see no key are 0.
-    fp32 scores, softmax and accumulation; one host read per row."""
+    """Shape: q [B, Tq, Hq, D], k_cache / v_cache [B, Hkv, S, D], vis bool [B, Tq, S] (:func:`visibility`)
+    -> [B, Tq, Hq, D] in q's dtype (fp32 math; rows that see no key 0); one host read per row."""
     B, Tq, Hq, _ = q.shape
     G = Hq // k_cache.shape[1]
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)
@@ -32,10 +28,8 @@ def invariant_ref(q, k_cache, v_cache, vis, sm_scale):
 
 
 def visibility(prefix_lens, block_lens, mask, q_lens, S):
-    """The dense boolean visibility the op implements (for the reference and the baselines).
-
-    Shape: prefix_lens / block_lens / q_lens int32 [B] (q_lens may be None), mask int32 [B, Tq, W]
-    -> bool [B, Tq, S]."""
+    """The dense visibility the op implements. Shape: prefix_lens / block_lens / q_lens (or None) int32
+    [B], mask int32 [B, Tq, W] -> bool [B, Tq, S]."""
     B, Tq, W = mask.shape
     dev = mask.device
     s = torch.arange(S, device=dev)
@@ -63,10 +57,9 @@ def unpack(paged, args):
 
 
 def tree_attention(paged, *args):
-    """The spec: dense scores over the whole cache in fp32, invisible keys at -inf, and rows that see
-    nothing (padding, empty masks) set to 0 instead of softmax's NaN; a paged cache is the
-    contiguous one its page table describes. Shape: the registered op's positional arguments
-    (:func:`unpack`) -> out [B, Tq, Hq, D] in q's dtype."""
+    """The spec: dense fp32 scores over the whole cache, invisible keys at -inf, rows that see nothing 0
+    (not softmax's NaN); a paged cache is the contiguous one its table describes. Shape: the registered
+    op's positional arguments (:func:`unpack`) -> out [B, Tq, Hq, D] in q's dtype."""
     q, kv, (prefix_lens, block_lens, mask, q_lens, sm_scale), (_, _, invariant) = unpack(paged, args)
     kv = kv.gather()
     Hq, (Hkv, S) = q.shape[2], kv.k.shape[1:3]

@@ -1,10 +1,6 @@
 """The split schedule of tree_attention: how many kv splits (flash-decoding) a call's launches use,
-one rule per device kind (:func:`cpu_splits`, :func:`gpu_splits`; docs/plans.md, "The split
-schedule"). The kernels (csrc/cpu, csrc/cuda, triton_kernels) take the count and a partials
-workspace as arguments and never decide.
-
-Nothing here imports the rest of specops: the kernels' modules import it.
-"""
+one rule per device kind (docs/plans.md, "The split schedule"); the kernels take the count and never
+decide. Nothing here imports the rest of specops: the kernels' modules import it."""
 MAX_SPLITS = 64  # csrc/tree_attention_common.h kMaxSplits; the combine's partials per row
 
 # The CPU kernel's geometry (csrc/cpu/tree_attention.cpp): keys per K/V tile, query rows per item.
@@ -16,18 +12,17 @@ SMS = {90: 132, 80: 108}  # H100 SXM / A100 SXM, for planning without a device (
 # A100 SXM datasheets: how many flops one byte of traffic is worth in the cost model.
 BALANCE = {(90, False): 989e12 / 3.35e12, (90, True): 67e12 / 3.35e12,
            (80, False): 312e12 / 2.04e12, (80, True): 19.5e12 / 2.04e12}
-SIM_TARGET = (90, 8)  # (arch, SMs) for GPU kernels run on CPU tensors (cudasim, the Triton
-                      # interpreter): few SMs, so that small decode problems split and tests cover it
+# (arch, SMs) of GPU kernels on CPU tensors (cudasim, Triton interpreter): few, so that small decodes split
+SIM_TARGET = (90, 8)
 
 
 def cpu_splits(B, Tq, Hq, Hkv, D, max_tiles, threads):
-    """KV splits of the CPU kernel (1: no split).
+    """KV splits of the CPU kernel (1: no split); ``max_tiles``: the most K/V tiles a sequence takes.
 
-    ``max_tiles``: the most K/V tiles (of CPU_TILE_KEYS keys) a sequence's prefix and block take;
-    ``threads``: torch's thread count. Each worker should get a few tens of microseconds of work
-    (or fork/join costs more than it saves), so the threads in use are capped by the flops; the
-    (sequence, kv head, query tile) items are split along the keys only when they do not already
-    keep those threads busy (a multiple of them, or >= 8 items a thread)."""
+    Each worker should get a few tens of microseconds of work (or fork/join costs more than it saves),
+    so the threads in use are capped by the flops; the (sequence, kv head, query tile) items are split
+    along the keys only when they do not already keep those threads busy (a multiple of them, or >= 8
+    items a thread)."""
     G = max(1, Hq // max(Hkv, 1))
     n_qtiles = -(-Tq // max(1, CPU_MAX_ROWS // G))
     flop = 4.0 * B * Hq * Tq * max_tiles * CPU_TILE_KEYS * D
@@ -70,6 +65,5 @@ def gpu_launch_splits(B, Tq, Hq, Hkv, D, S, element_size, fp32, rows_per_program
 
 
 def workspace_size(num_splits, B, Tq, Hq, D):
-    """fp32 elements of the partials of ``num_splits`` splits: part_o [ns, B * Tq * Hq, D], then
-    part_lse [ns, B * Tq * Hq] (0 without splits)."""
+    """fp32 elements of the partials: part_o [ns, B * Tq * Hq, D], then part_lse [ns, B * Tq * Hq]."""
     return 0 if num_splits <= 1 else num_splits * B * Tq * Hq * (D + 1)

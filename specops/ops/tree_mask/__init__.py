@@ -1,9 +1,8 @@
 """Tree masks: ancestor visibility and depth of every draft-tree node, bit-packed.
 
-Terms: a draft tree of ``T`` nodes is given by parent pointers in topological order; node 0
-is the root (the pending token). The mask row of node ``i`` marks node ``j`` iff ``j`` is an
-ancestor of ``i`` or ``i`` itself, in bit ``j % 32`` of int32 word ``j // 32`` — the visibility
-format ``tree_attention`` consumes. Depth positions the node: ``position = prefix + depth``.
+A draft tree of ``T`` nodes is given by parent pointers in topological order; node 0 is the root (the
+pending token). Node ``i``'s mask row marks node ``j`` iff ``j`` is ``i`` or an ancestor, in bit
+``j % 32`` of int32 word ``j // 32`` (``tree_attention``'s format). ``position = prefix + depth``.
 """
 import torch
 

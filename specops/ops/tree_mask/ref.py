@@ -5,9 +5,7 @@ import torch
 
 
 def pack_mask(visible):
-    """Packs a boolean visibility matrix into the int32 word format.
-
-    Shape: visible bool [..., N] -> int32 [..., ceil(N/32)]."""
+    """Packs boolean visibility into the word format. Shape: bool [..., N] -> int32 [..., ceil(N/32)]."""
     n = visible.shape[-1]
     words = (n + 31) // 32
     padded = torch.zeros(*visible.shape[:-1], words * 32, dtype=torch.int64, device=visible.device)
