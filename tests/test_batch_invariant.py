@@ -27,8 +27,7 @@ def bf16_pair(request):
     draft = perturbed_copy(target, 0.15, seed=3)
     gen = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, 128, (n,), generator=gen).tolist() for n in PROMPT_LENS]
-    ar, _ = generate(target, prompts, method="ar", max_new_tokens=N_NEW, eos_token_id=[], batch_invariant=True)
-    return target, draft, prompts, ar
+    return target, draft, prompts, _run(target, None, prompts, "ar")[0]
 
 
 def _run(target, draft, prompts, case, **kw):
@@ -49,17 +48,13 @@ def test_lossless_methods_emit_ar_tokens_in_bf16(bf16_pair, case, adaptive, layo
 def test_a_sequence_in_a_batch_of_3_equals_it_alone(bf16_pair):
     target, draft, prompts, ar = bf16_pair
     for b, p in enumerate(prompts):
-        alone, _ = generate(target, [p], method="ar", max_new_tokens=N_NEW, eos_token_id=[], batch_invariant=True)
-        assert alone[0].tolist() == ar[b].tolist()
-        tree, _ = _run(target, draft, [p], "opt-tree-deep")
-        assert tree[0].tolist() == ar[b].tolist()
+        for case in ("ar", "opt-tree-deep"):
+            assert _run(target, draft, [p], case)[0][0].tolist() == ar[b].tolist(), case
 
 
 def test_paged_ar_equals_contiguous_ar(bf16_pair):
     target, _, prompts, ar = bf16_pair
-    out, _ = generate(target, prompts, method="ar", max_new_tokens=N_NEW, eos_token_id=[], batch_invariant=True,
-                      kv_layout="paged", page_size=4)
-    assert out.tolist() == ar.tolist()
+    assert _run(target, None, prompts, "ar", kv_layout="paged", page_size=4)[0].tolist() == ar.tolist()
 
 
 def test_bad_input_and_the_model_is_restored():
@@ -91,15 +86,14 @@ def test_auto_is_on_for_16_bit_cpu_models_only():
 
 
 def _ar_logits(model, prompt, path, **kw):
-    """AR's logits after each token of ``path``, one one-row step at a time. -> [len(path), V]."""
+    """AR's logits after the last token of ``path``, fed one one-row step at a time. -> [V]."""
     runner = ModelRunner(model, 1, len(prompt) + len(path) + 8, **kw)
     try:
         runner.prefill([prompt])
-        rows = []
         for tok in path:
-            rows.append(runner.forward(torch.tensor([[tok]]), torch.tensor([[-1]], dtype=torch.int32))[0, 0])
+            row = runner.forward(torch.tensor([[tok]]), torch.tensor([[-1]], dtype=torch.int32))[0, 0]
             runner.keep(torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32))
-        return torch.stack(rows)
+        return row
     finally:
         runner.close()
 
@@ -126,7 +120,7 @@ def test_block_logits_have_the_bits_of_ar_steps(layout, dtype):
         block = runner.forward(torch.tensor([tokens]), torch.tensor([parents], dtype=torch.int32))[0]  # [T, V]
         runner.close()
         for i, path in enumerate(paths):
-            ar = _ar_logits(target, prompt, [tokens[j] for j in path], batch_invariant=invariant, **layout)[-1]
+            ar = _ar_logits(target, prompt, [tokens[j] for j in path], batch_invariant=invariant, **layout)
             if invariant:
                 assert torch.equal(block[i], ar), f"node {i}"
             else:

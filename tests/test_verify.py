@@ -17,10 +17,6 @@ from specops.testing import random_verify_case
 I32 = torch.int32
 
 
-def t32(x):
-    return torch.tensor(x, dtype=I32)
-
-
 def rows(*r):
     """[1, T, V] fp32 probability rows from nested lists."""
     return torch.tensor([list(r)], dtype=torch.float32)
@@ -37,13 +33,12 @@ def uni(T, coins=None, draws=None, fill=0.5):
 
 def walk(backend, device, tokens, parents, P, U=None, mode=None, Q=None, n=None):
     """One sequence through verify_tree (verify_greedy for mode None, P its logits) -> (path, bonus, idx)."""
-    tok, par, n = (None if v is None else t32([v]).to(device) for v in (tokens, parents, n))
+    tok, par, n = (None if v is None else torch.tensor([v], dtype=I32) for v in (tokens, parents, n))
+    tok, par, n, P, U, Q = (None if v is None else v.to(device) for v in (tok, par, n, P, U, Q))
     if mode is None:
-        out = specops.verify_greedy(tok, par, P.to(device), n, backend=backend)
+        out = specops.verify_greedy(tok, par, P, n, backend=backend)
     else:
-        Q = None if Q is None else Q.to(device)
-        out = specops.verify_tree(tok, par, P.to(device), U.to(device), draft_probs=Q, mode=mode, num_nodes=n,
-                                  backend=backend)
+        out = specops.verify_tree(tok, par, P, U, draft_probs=Q, mode=mode, num_nodes=n, backend=backend)
     idx, length, bonus = (o.cpu() for o in out)
     return idx[0, : int(length[0])].tolist(), int(bonus[0]), idx
 
@@ -170,8 +165,8 @@ def test_padding_nodes_are_never_accepted(backend, device):
 # ---- R6 -------------------------------------------------------------------------------------------
 
 def joint(backend, device, tokens, lp, lq, tau, u):
-    out = specops.verify_joint(t32(tokens).to(device), lp.to(device), torch.tensor(lq).to(device), tau,
-                               torch.tensor(u).to(device), backend=backend)
+    out = specops.verify_joint(torch.tensor(tokens, dtype=I32, device=device), lp.to(device),
+                               torch.tensor(lq, device=device), tau, torch.tensor(u, device=device), backend=backend)
     return [o.cpu() for o in out]
 
 

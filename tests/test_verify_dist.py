@@ -1,16 +1,13 @@
-"""The lossless rules (R2, R3, R3p, R3w, R4) emit exactly the target's distribution.
+"""The lossless rules (R2, R3, R3p, R3w, R4) emit exactly the target's distribution, on a toy
+two-step target p1(x1) p2(x2 | x1) with V = 4 and a depth-2 tree:
 
-Two kinds of evidence, on a toy two-step target p1(x1) p2(x2 | x1) with V = 4 and a depth-2 tree:
-
-* exact enumeration: every draft draw and every verification outcome of the rule is branched
-  over in rational arithmetic (the walk of csrc/verify_common.h, with probabilities in place of
-  uniforms); the distribution of the first two emitted tokens must equal the target's exactly,
-  and R3 on children drawn without replacement must not (the check has power);
-* chi-square: the kernels themselves (cpp here; test_verify.py shows every backend equals the
-  reference bit for bit) on many independent draft trees and uniforms: the first token and the
-  first two tokens pass a chi-square test at 1e-3 split over all the tests (Bonferroni), and R5
-  fails it.
-"""
+* exact enumeration: every draft draw and verification outcome of the rule (the walk of
+  csrc/verify_common.h, probabilities in place of uniforms) in rational arithmetic; the first two
+  emitted tokens have exactly the target's distribution, and R3 on children drawn without
+  replacement does not (the check has power);
+* chi-square: the cpp kernels (test_verify.py: every backend equals them bit for bit) on many draft
+  trees and uniforms: the first token and the first two pass a chi-square test at 1e-3 split over
+  all the tests (Bonferroni), and R5 fails it."""
 import itertools
 import math
 import zlib

@@ -1,10 +1,6 @@
-"""Verification dispatch: one call per iteration for the whole ragged batch, by mode.
-
-Everything stays on the device: the verify op's ``accept_idx`` / ``accept_lens`` go straight into
-the target's ``kv_compact`` (the loop masks finished sequences), and the loop reads back, once per
-step, one packed int64 vector (``VerifyResult.read``) with what the host must emit and what the
-drafters need (accepted paths and their tokens, bonus tokens and, for drafters that ask, the
-target's argmax)."""
+"""Verification dispatch: one call per step for the whole ragged batch, by mode. The verify op's
+outputs stay on the device and go straight into the target's ``kv_compact``; the loop reads back one
+packed int64 vector per step (``VerifyResult.read``): what the host emits and the drafters need."""
 import dataclasses
 
 import torch
@@ -17,17 +13,14 @@ from .sampling import SamplingConfig
 
 @dataclasses.dataclass
 class VerifyResult:
-    """Device outputs: ``accept_idx`` int32 [B, A] (accepted node indices, root first; entries at
-    or past ``accept_lens[b]`` are padding), ``accept_lens`` int32 [B], ``bonus_t`` int64 [B] (the
-    token emitted after the path), ``logits`` [B, T, V] (the target's block logits), ``bitmask``
-    int32 [B, T, ceil(V / 32)] or None (a grammar's rows fused into the walk: ``logits`` are unmasked
-    then).
+    """Device outputs: ``accept_idx`` int32 [B, A] (accepted node indices, root first, then padding),
+    ``accept_lens`` and ``kept`` int32 [B] (0 for finished sequences: what the target keeps),
+    ``bonus_t`` [B] (the token emitted after the path), ``logits`` [B, T, V] (the target's block
+    logits, unmasked where ``bitmask`` int32 [B, T, ceil(V / 32)], a grammar's, was fused into the walk).
 
-    Host lists, filled by :meth:`read` (the step's one host read): ``paths[b]`` (accepted node
-    indices, root first), ``path_tokens[b]`` (their tokens), ``path_src[b]`` (their draft-block
-    nodes, when the draft has ``src``), ``bonus[b]``, ``num_nodes[b]``; drafters with
-    ``needs_target_argmax`` also get the target's argmax after every block node (``target_argmax()``).
-    ``kept`` int32 [B]: ``accept_lens`` masked to 0 for finished sequences (what the target keeps)."""
+    Host lists, filled by :meth:`read`: ``paths[b]`` (accepted node indices), ``path_tokens[b]``,
+    ``path_src[b]`` (their draft-block nodes, when the draft has ``src``), ``bonus[b]``,
+    ``num_nodes[b]``, and the target's argmax after every node (:meth:`target_argmax`)."""
     accept_idx: torch.Tensor
     accept_lens: torch.Tensor
     bonus_t: torch.Tensor
@@ -42,10 +35,9 @@ class VerifyResult:
     _argmax: list = None
 
     def read(self, draft, active, with_argmax=False):
-        """The one host read of a step: lens, bonus, node counts, accept_idx, the path's tokens (and
-        draft-block nodes, the argmax rows, a device-built tree's depths, which replace
-        ``draft.depth``) packed into one int64 vector, one ``tolist``.
-        ``active[b]`` False gives ``paths[b] = []`` (nothing kept)."""
+        """The step's one host read: lens, bonus, node counts, accept_idx, the path's tokens (and draft-block
+        nodes, the argmax rows, a device-built tree's depths, which replace ``draft.depth``) packed into one
+        int64 vector. ``active[b]`` False gives ``paths[b] = []``."""
         B, A = self.accept_idx.shape
         idx = self.accept_idx.long()
         at_idx = idx.clamp(min=0)  # padding entries are -1
@@ -77,8 +69,8 @@ class VerifyResult:
             self._argmax = [flat[at + b * T: at + (b + 1) * T] for b in range(B)]
 
     def target_argmax(self):
-        """Per sequence, the target's argmax after every block node (list of lists). Read with the
-        step's packed read when the drafter sets ``needs_target_argmax``; otherwise one more read."""
+        """Per sequence, the target's argmax after every block node: read with the step's packed read when
+        the drafter sets ``needs_target_argmax``, else one more read."""
         if self._argmax is None:
             self._argmax = self.logits.argmax(-1).tolist()
         return self._argmax
@@ -95,8 +87,9 @@ def verify(mode, draft, logits, sampling, generator, active, bitmask=None):
     draft_logits, draft_warp, joint = None, None, None  # the draft rows a rejection mode tests nodes against
     if mode in NEEDS_DRAFT and draft.draft_logits is not None:
         draft_logits, draft_warp = draft.draft_logits, draft.draft_warp
-    elif mode in NEEDS_DRAFT:  # no row at all: uniform (zero logits, one row expanded, not [B, T, V])
-        draft_logits, draft_warp = logits.new_zeros((1, 1, 1)).float().expand(logits.shape), _AS_IS
+    elif mode in NEEDS_DRAFT:  # no row at all: uniform (zero logits at temperature 1, one row expanded)
+        draft_logits = logits.new_zeros((1, 1, 1)).float().expand(logits.shape)
+        draft_warp = SamplingConfig(1.0)
     if mode == "joint" and draft.log_q_joint is not None:  # R6's inputs (none for a block of roots alone)
         joint = draft.log_q_joint, float(draft.joint_tau), SamplingConfig(*draft.joint_warp)
     idx, kept, bonus = verify_kept(draft.tokens, draft.parents, draft.num_nodes, logits, uniforms, active,
@@ -105,20 +98,15 @@ def verify(mode, draft, logits, sampling, generator, active, bitmask=None):
     return VerifyResult(accept_idx=idx, accept_lens=kept, bonus_t=bonus, logits=logits, kept=kept, bitmask=bitmask)
 
 
-_AS_IS = SamplingConfig(1.0)  # temperature 1, no top-k / top-p: softmax of the rows
-
-
 def verify_kept(tokens, parents, num_nodes, logits, uniforms, active, *, mode=None, sampling=None, draft_logits=None,
                 draft_sampling=None, bitmask=None, joint=None):
-    """The verify op on device tensors, then the accepted lengths masked by ``active``: the part of a
-    step from the target's logits to what ``kv_compact`` keeps (no host read, no host data:
-    ``torch.compile(fullgraph=True)``-able and CUDA-graph capturable; tests/test_decoding_graph.py).
-    ``mode`` None: greedy (R1) without uniforms, else ``mss_pointmass``; ``sampling`` None: T = 1.
-    The op of each mode: ``ops.verify.logits.verify_mode``, whose shapes the arguments follow.
-
-    Shape: tokens int64/int32 [B, T], active bool [B], sampling / draft_sampling SamplingConfigs
-    (None: as above; the draft's: ``sampling``), joint (R6) None or (log_q_joint fp32 [B, T - 1], tau,
-    the test's SamplingConfig) -> (accept_idx int32 [B, T], kept int32 [B], bonus int32 [B])."""
+    """``ops.verify.logits.verify_mode`` (whose shapes the arguments follow), then the accepted lengths
+    masked by ``active``: a step from the target's logits to what ``kv_compact`` keeps, without host
+    reads or host data (compilable, CUDA-graph capturable: tests/test_decoding_graph.py). ``mode``
+    None: greedy without uniforms, else ``mss_pointmass``. Shape: tokens int64/int32 [B, T], active
+    bool [B], sampling / draft_sampling SamplingConfigs (None: temperature 1; the draft's:
+    ``sampling``), joint (R6) None or (log_q_joint fp32 [B, T - 1], tau, the test's SamplingConfig)
+    -> (accept_idx int32 [B, T], kept int32 [B], bonus int32 [B])."""
     mode = mode or ("greedy" if uniforms is None else "mss_pointmass")
     idx, lens, bonus = _kernels.verify_mode(mode, tokens.to(torch.int32), parents, logits, uniforms,
                                             num_nodes=num_nodes, sampling=sampling or SamplingConfig(1.0),

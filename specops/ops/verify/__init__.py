@@ -2,10 +2,9 @@
 
 Every op returns ``accept_idx`` int32 [B, T] (the accepted root path ``0 = a_0 < ... < a_m`` as node
 indices, then -1), ``accept_lens`` int32 [B] (m + 1) and ``bonus`` int32 [B]; the step emits
-``tokens[a_1..a_m], bonus``. Terms (a tree as ``build_tree_mask`` takes it), the rules R1-R6 and
-what each uniform is read for: docs/methods.md §Terms, §Verification rules, §Randomness and the
-residual floor. Randomness is an input, so a step is a pure function of its inputs (CUDA-graph
-safe) and bit-identical on every backend (:mod:`.ref` states the arithmetic contract)."""
+``tokens[a_1..a_m], bonus``. Terms, the rules R1-R6 and what each uniform is read for: docs/methods.md
+§Terms, §Verification rules, §Randomness and the residual floor. Randomness is an input, so a step is a
+pure function of its inputs (CUDA-graph safe), bit-identical on every backend (:mod:`.ref`)."""
 import torch
 
 from ...backend import register_op, resolve
@@ -22,15 +21,12 @@ def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, bitmask=Non
     """R1 (docs/methods.md §R1 greedy): follow the target's argmax (ties: the lowest token id).
 
     Shape: tokens, parents int32 [B, T], target_logits fp32/fp16/bf16 [B, T, V], num_nodes int32 [B]
-    or None (= T), bitmask int32 [B, T, ceil(V / 32)] or None -> the outputs above.
-
-    ``bitmask`` (a grammar's allowed tokens per node, as in :func:`apply_token_bitmask`): equal to
-    ``verify_greedy`` on ``apply_token_bitmask(target_logits.clone(), bitmask)`` without that pass
-    (the walk masks the rows it reads).
-
-    ``check=True`` also validates values (one host sync): tree rules, tokens in [0, V), no NaN / +inf
-    among the allowed logits, every bitmask row allowing a token. With ``check=False`` bad values
-    never crash a kernel: a token outside [0, V) never matches, malformed parents end the walk."""
+    or None (= T), bitmask int32 [B, T, ceil(V / 32)] or None (a grammar's allowed tokens per node:
+    the result on ``apply_token_bitmask(target_logits.clone(), bitmask)``, without that pass) -> the
+    outputs above. ``check=True`` also validates values (one host sync): tree rules, tokens in [0, V),
+    no NaN / +inf among the allowed logits, every bitmask row allowing a token. With ``check=False``
+    bad values never crash a kernel: a token outside [0, V) never matches, malformed parents end the
+    walk."""
     _, _, V, num_nodes = tree_args(tokens, parents, num_nodes, ..., "target_logits", target_logits, _LOGITS,
                                    bitmask=bitmask)
     if check:
@@ -45,18 +41,15 @@ def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, bitmask=Non
 
 def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs=None, mode, num_nodes=None,
                 check=True, backend=None):
-    """Stochastic tree verification with one of the rules R2-R5, ``mode``: ``mss`` (R3; R2 on a
-    chain), ``mss_pointmass`` (R3p), ``mss_noreplace`` (R3w), ``sample_match`` (R4) or ``gsd`` (R5,
-    not lossless); docs/methods.md §Verification rules.
+    """Stochastic tree verification (docs/methods.md §Verification rules), ``mode``: ``mss`` (R3; R2 on
+    a chain), ``mss_pointmass`` (R3p), ``mss_noreplace`` (R3w), ``sample_match`` (R4) or ``gsd`` (R5).
 
     Shape: tokens, parents int32 [B, T], target_probs fp32 [B, T, V] (the warped target at each
     node), uniforms fp32 [B, T, 2], draft_probs fp32 [B, T, V] or None (row ``c``: the distribution
-    node ``c`` was drawn from, its proposer's at ``parents[c]``; needed by ``mss``, ``mss_noreplace``
-    (which reads, at each node, its first child's row) and ``gsd``), num_nodes int32 [B] or None
-    (= T) -> the outputs above.
-
-    ``check=True`` validates values (one host sync): tree rules, tokens in [0, V), uniforms in [0, 1),
-    finite non-negative probability rows summing to 1 (within 1e-3) at valid nodes."""
+    node ``c`` was drawn from; needed by ``NEEDS_DRAFT``, ``mss_noreplace`` reading at each node its
+    first child's row), num_nodes int32 [B] or None (= T) -> the outputs above. ``check=True``
+    validates values (one host sync): tree rules, tokens in [0, V), uniforms in [0, 1), finite
+    non-negative probability rows summing to 1 (within 1e-3) at valid nodes."""
     _, _, V, num_nodes = tree_args(tokens, parents, num_nodes, mode, "target_probs", target_probs,
                                    torch.float32, uniforms, draft_probs)
     if check:
@@ -99,8 +92,8 @@ def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, tau, unifo
 # ---- argument checks -----------------------------------------------------------------------
 
 def joint_args(draft_tokens, target_name, target, target_dtype, draft_joint_logprobs, tau, uniforms):
-    """The metadata rules of R6's ops (no host sync; shapes: the ops'), the target's rows named
-    ``target_name`` of ``target_dtype`` (one or a tuple). Returns (B, g, V, tau as fp32 [B])."""
+    """R6's metadata rules (no host sync), the target rows named ``target_name`` of ``target_dtype`` (one
+    or a tuple). -> (B, g, V, tau as fp32 [B])."""
     checks.tensor("draft_tokens", draft_tokens, dtype=torch.int32, rank=2)
     B, g = draft_tokens.shape
     dev = draft_tokens.device
@@ -127,10 +120,9 @@ def joint_rule(draft_joint_logprobs, tested):
 
 def tree_args(tokens, parents, num_nodes, mode, target_name, target, dtype, uniforms=None, draft=None,
               bitmask=None):
-    """The metadata rules of the tree ops (no host sync; shapes: the ops'), in order: ``mode`` (``...``
-    for verify_greedy: no mode, no uniforms), the tree, the target rows named ``target_name`` of
-    ``dtype`` (one or a tuple), the uniforms, the draft rows (required by NEEDS_DRAFT modes), the
-    bitmask. Returns (B, T, V, num_nodes)."""
+    """The tree ops' metadata rules (no host sync), in order: ``mode`` (``...``: verify_greedy's, no
+    uniforms), the tree, the target rows named ``target_name`` of ``dtype`` (one or a tuple), the
+    uniforms, the draft rows (required by NEEDS_DRAFT), the bitmask. -> (B, T, V, num_nodes)."""
     if mode is not ... and mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     checks.tensor("tokens", tokens, dtype=torch.int32, rank=2)
@@ -153,9 +145,8 @@ def tree_args(tokens, parents, num_nodes, mode, target_name, target, dtype, unif
 
 
 def tree_value_rules(tokens, parents, num_nodes, V, uniforms=None, bitmask=None):
-    """The tree ops' first value rules, in order: every bitmask row allows a token (where given), the
-    tree and its tokens, the uniforms (where given). -> (rules, valid nodes bool [B, T], valid
-    non-root nodes bool [B, T])."""
+    """The tree ops' first value rules, in order: the bitmask rows, the tree and its tokens, the uniforms
+    (each where given). -> (rules, valid nodes bool [B, T], valid non-root nodes bool [B, T])."""
     T = tokens.shape[1]
     valid = checks.valid_mask(num_nodes, T)
     rules = ([] if bitmask is None else [token_bitmask.rows_rule(bitmask, V)]) + checks.tree_rules(
@@ -164,8 +155,7 @@ def tree_value_rules(tokens, parents, num_nodes, V, uniforms=None, bitmask=None)
 
 
 def rows_arg(name, rows, dtype, B, T, dev, T_name="T"):
-    """A rows argument [B, T, V >= 1] of ``dtype`` (one or a tuple; ``T_name`` words T in the error);
-    returns V."""
+    """A rows argument [B, T, V >= 1] of ``dtype`` (one or a tuple; ``T_name``: T in the error) -> V."""
     checks.tensor(name, rows, dtype=dtype, rank=3, device=dev)
     if rows.shape[:2] != (B, T) or rows.shape[2] < 1:
         raise ValueError(f"{name} must have shape [B, {T_name}, V] = [{B}, {T}, V >= 1], got {tuple(rows.shape)}")
@@ -175,8 +165,8 @@ def rows_arg(name, rows, dtype, B, T, dev, T_name="T"):
 # ---- backends ------------------------------------------------------------------------------
 
 def triton_kernel(name):
-    """The Triton kernel ``name``: triton_kernels.verify's, verify_logits' for the ``*_logits`` ops
-    (imported at the first call: triton is optional)."""
+    """The Triton kernel ``name`` of triton_kernels.verify (verify_logits for ``*_logits``), imported at
+    the first call: triton is optional."""
     def call(*args):
         from ...triton_kernels import verify, verify_logits
 

@@ -1,12 +1,7 @@
-"""Sampled verification straight from logits: ``verify_tree`` / R6 with ``warp_probs`` fused in.
-
-``verify_tree_logits`` returns, bit for bit on every backend, what ``verify_tree`` returns on
-``warp_probs`` of both logits tensors, each per-row ``[B]`` parameter repeated over the sequence's T
-rows, without a ``[B, T, V]`` probability tensor: a row is warped when the walk first reaches it, and
-rows the walk never reaches are never read (docs/verify_logits.md §Contract, §Design).
-``verify_joint_logits`` is R6 (MJSD) on the same machinery, the test's warp and the bonus's being the
-two row kinds over one logits tensor. ``verify_mode`` is the mode -> op policy the decoding loop
-calls (R1-R6)."""
+"""Sampled verification straight from logits, ``warp_probs`` fused in without a ``[B, T, V]``
+probability tensor (docs/verify_logits.md §Contract, §Design): ``verify_tree_logits`` (``verify_tree``'s
+rules), ``verify_joint_logits`` (R6, its two row kinds, the test's warp and the bonus's, over one
+logits tensor) and ``verify_mode``, the mode -> op policy the decoding loop calls (R1-R6)."""
 import torch
 
 from ...backend import register_op, resolve
@@ -22,18 +17,15 @@ raise_flags = checks.raise_first  # the value checks of this module's ops (one h
 def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature, top_k=0, top_p=1.0,
                        draft_logits=None, draft_temperature=None, draft_top_k=0, draft_top_p=1.0, mode,
                        num_nodes=None, bitmask=None, check=True, backend=None):
-    """``verify_tree`` on ``warp_probs`` of the logits, without the probability tensors.
+    """``verify_tree`` on ``warp_probs`` of the logits, bit for bit on every backend (docs/verify_logits.md
+    §Contract: the composition, ``check=True``, the bitmask).
 
     Shape: tokens, parents int32 [B, T], target_logits fp32/bf16/fp16 [B, T, V] (row ``u``: after
     node ``u``), uniforms fp32 [B, T, 2], draft_logits like target_logits or None (row ``c``: the
-    draft's at ``parents[c]``, which node ``c`` was drawn from; needed by ``mss``, ``mss_noreplace``
-    and ``gsd``), temperature / top_p float or float tensor [B], top_k int or int tensor [B] (the
-    draft's likewise; ``draft_temperature=None`` = the target's), num_nodes int32 [B] or None (= T),
-    bitmask int32 [B, T, ceil(V / 32)] or None (a grammar's allowed tokens after each node: target
-    row ``u`` masked by mask row ``u``, draft row ``c`` by row ``parents[c]``) -> ``verify_tree``'s
-    outputs. ``check=True`` and the bitmask: docs/verify_logits.md §Contract. Limit: ``V <= 2**31 - 1``
-    on the compiled backends.
-    """
+    draft's at ``parents[c]``; needed by ``NEEDS_DRAFT``), temperature / top_p float or float tensor
+    [B], top_k int or int tensor [B] (the draft's likewise; ``draft_temperature=None``: the target's),
+    num_nodes int32 [B] or None (= T), bitmask int32 [B, T, ceil(V / 32)] or None -> ``verify_tree``'s
+    outputs. Limit: ``V <= 2**31 - 1`` on the compiled backends."""
     B, T, V, num_nodes = tree_args(tokens, parents, num_nodes, mode, "target_logits", target_logits,
                                    FLOAT_DTYPES, uniforms, draft_logits, bitmask)
     needs_draft = mode in NEEDS_DRAFT
@@ -56,26 +48,20 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
 def verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, tau, uniforms, *, temperature, top_k=0,
                         top_p=1.0, bonus_temperature=None, bonus_top_k=0, bonus_top_p=1.0, num_nodes=None, check=True,
                         backend=None):
-    """R6 (MJSD) from logits, without a [B, g + 1, V] log-probability tensor (docs/methods.md §R6
-    joint likelihood and, on ``det_log``, §Verification rules).
+    """R6 (MJSD, docs/methods.md §R6 joint likelihood) from logits, without a [B, g + 1, V]
+    log-probability tensor: ``verify_joint``'s test with ``p_joint`` accumulating ``det_log(P[b, j - 1,
+    x_j])`` (``P``: ``warp_probs`` under the test's warp), then verify_tree's inverse-CDF draw with
+    ``uniforms[b]`` from row ``eta`` under the bonus warp (the argmax if greedy).
 
     Shape: draft_tokens int32 [B, g], target_logits fp32/bf16/fp16 [B, g + 1, V] (row ``i``: after
     the root and ``i`` drafts), draft_joint_logprobs fp32 [B, g] (``log q(x_1..x_j)``), tau float or
-    fp32 [B] in [0, 1], uniforms fp32 [B], temperature / top_p float or float tensor [B], top_k int
-    or int tensor [B] (the test's warp; the bonus's likewise, ``bonus_temperature=None`` = the
-    test's), num_nodes int32 [B] or None (= g + 1 chain nodes with the root; a sequence tests its
-    first ``num_nodes[b] - 1`` drafts) -> (accept_idx int32 [B, g + 1], accept_lens, bonus int32 [B]).
-
-    The test: ``p_joint`` accumulates ``det_log(P[b, j - 1, x_j])`` left to right in fp32 (``P``:
-    ``warp_probs`` with the test's warp); the longest passing prefix, ``eta``, is accepted. The
-    bonus: verify_tree's inverse-CDF draw with ``uniforms[b]`` from row ``eta`` under the bonus warp
-    (the argmax if greedy), the only row read whole twice.
-
-    ``check=True`` validates values with one host sync: draft tokens in [0, V) and joint
-    log-probabilities ``<= 0`` (not NaN) where tested, tau in [0, 1], uniforms in [0, 1), per-row
-    parameters, logits rows at valid nodes (no NaN / +inf, not all -inf), num_nodes in [1, g + 1].
-    Limit: ``V <= 2**31 - 1`` on the compiled backends.
-    """
+    fp32 [B] in [0, 1], uniforms fp32 [B], temperature / top_p float or float tensor [B], top_k int or
+    int tensor [B] (the test's warp; the bonus's likewise, ``bonus_temperature=None``: the test's),
+    num_nodes int32 [B] or None (= g + 1; a sequence tests its first ``num_nodes[b] - 1`` drafts) ->
+    (accept_idx int32 [B, g + 1], accept_lens, bonus int32 [B]). ``check=True`` (one host sync):
+    draft tokens in [0, V) and joint log-probabilities <= 0 (not NaN) where tested, tau in [0, 1],
+    uniforms in [0, 1), the per-row parameters, logits rows at valid nodes (no NaN / +inf, not all
+    -inf), num_nodes in [1, g + 1]. Limit: ``V <= 2**31 - 1`` on the compiled backends."""
     B, g, V, tau = joint_args(draft_tokens, "target_logits", target_logits, FLOAT_DTYPES, draft_joint_logprobs, tau,
                               uniforms)
     T = g + 1
@@ -84,8 +70,15 @@ def verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, tau, 
     impl, params, bonus = _warps_and_impl("verify_joint_logits", _verify_joint_logits_torch, backend, B, T, V, dev,
                                           check, (temperature, top_k, top_p),
                                           (bonus_temperature, bonus_top_k, bonus_top_p), "bonus_")
-    if check:
-        raise_flags(_joint_rules(draft_tokens, target_logits, draft_joint_logprobs, tau, uniforms, num_nodes))
+    if check:  # positions past a chain's num_nodes are padding
+        rows = checks.valid_mask(num_nodes, T)  # [B, T]: rows of the chain's nodes
+        tested = rows[:, 1:]  # [B, g]: draft j - 1 is tested when node j is in the chain
+        raise_flags([
+            checks.rule("num_nodes", num_nodes, (num_nodes < 1) | (num_nodes > T), f"lie in [1, g + 1 = {T}]"),
+            checks.rule("draft_tokens", draft_tokens, tested & ((draft_tokens < 0) | (draft_tokens >= V)),
+                        f"lie in [0, V={V})"),
+            tau_rule(tau), checks.uniform_rule("uniforms", uniforms), joint_rule(draft_joint_logprobs, tested),
+            *checks.logit_rules("target_logits", target_logits, rows)])
     return impl(draft_tokens, target_logits, draft_joint_logprobs, torch.log(tau), uniforms, *params, *bonus,
                 num_nodes)
 
@@ -105,16 +98,13 @@ def verify_mode(mode, tokens, parents, target_logits, uniforms, *, num_nodes=Non
                 top_p=1.0, draft_logits=None, draft_temperature=None, draft_top_k=0, draft_top_p=1.0, bitmask=None,
                 joint_logprobs=None, tau=None, joint_temperature=1.0, joint_top_k=0, joint_top_p=1.0, check=True,
                 backend=None):
-    """The verify op of a rule, in one place: ``greedy`` (R1) -> ``verify_greedy``; a sampled tree rule
-    (``MODES``) -> ``verify_tree_logits``; ``joint`` (R6) -> ``verify_joint_logits`` on the chain
-    ``tokens[:, 1:]``. Every path warps only the rows it reads: no [B, T, V] probability tensor.
+    """The verify op of a rule: ``greedy`` (R1) -> ``verify_greedy``; ``MODES`` -> ``verify_tree_logits``;
+    ``joint`` (R6) -> ``verify_joint_logits`` on the chain ``tokens[:, 1:]``.
 
-    Shape: tokens, parents int32 [B, T], target_logits [B, T, V], uniforms fp32 [B, T, 2] (None for
-    greedy; ``joint`` reads ``uniforms[:, 0, 0]``), num_nodes int32 [B] or None; temperature / top_k /
-    top_p: the warp of the emitted tokens (R6: of its bonus); draft_logits / draft_*: as in
-    ``verify_tree_logits``; bitmask int32 [B, T, ceil(V / 32)] or None (where ``fuses_bitmask``); R6:
-    joint_logprobs fp32 [B, T - 1] (None only for T = 1: nothing to test), tau, the test's warp
-    joint_* -> (accept_idx int32 [B, T], accept_lens int32 [B], bonus int32 [B])."""
+    Shape: as ``verify_tree_logits``, with uniforms None for greedy (``joint`` reads ``uniforms[:, 0,
+    0]``); temperature / top_k / top_p: the warp of the emitted tokens (R6: of its bonus); bitmask
+    where ``fuses_bitmask``; R6: joint_logprobs fp32 [B, T - 1] (None only for T = 1: nothing to
+    test), tau, the test's warp joint_* -> (accept_idx int32 [B, T], accept_lens, bonus int32 [B])."""
     if mode not in VERIFY_MODES:
         raise ValueError(f"mode must be one of {VERIFY_MODES}, got {mode!r}")
     if bitmask is not None and not fuses_bitmask(mode):
@@ -139,23 +129,10 @@ def verify_mode(mode, tokens, parents, target_logits, uniforms, *, num_nodes=Non
                               bitmask=bitmask, check=check, backend=backend)
 
 
-def _joint_rules(draft_tokens, target_logits, draft_joint_logprobs, tau, uniforms, num_nodes):
-    """verify_joint_logits' value rules; positions past a chain's ``num_nodes`` are padding."""
-    g, V = draft_tokens.shape[1], target_logits.shape[2]
-    rows = checks.valid_mask(num_nodes, g + 1)  # [B, g + 1]: rows of the chain's nodes
-    tested = rows[:, 1:]  # [B, g]: draft j - 1 is tested when node j is in the chain
-    return [checks.rule("num_nodes", num_nodes, (num_nodes < 1) | (num_nodes > g + 1), f"lie in [1, g + 1 = {g + 1}]"),
-            checks.rule("draft_tokens", draft_tokens, tested & ((draft_tokens < 0) | (draft_tokens >= V)),
-                        f"lie in [0, V={V})"),
-            tau_rule(tau), checks.uniform_rule("uniforms", uniforms), joint_rule(draft_joint_logprobs, tested),
-            ] + checks.logit_rules("target_logits", target_logits, rows)
-
-
 def _warps_and_impl(op, torch_impl, backend, B, T, V, dev, check, first, second, prefix):
-    """The per-row parameters of a call's two warps (temperature, top_k, top_p: scalars or [B]
-    tensors; the second's named with ``prefix``, its temperature None: the first's) as fp32 / int32 /
-    fp32 [B * T], and the implementation of ``op`` (the compiled ones index tokens with int32:
-    ``V <= MAX_VOCAB``). Returns (impl, first's params, second's params)."""
+    """-> (the implementation of ``op``, checked for ``V <= MAX_VOCAB``; the per-row parameters of the
+    call's two warps as fp32 / int32 / fp32 [B * T]: the first's, the second's, which is named with
+    ``prefix`` and takes the first's temperature where its own is None)."""
     def rows(warp, prefix=""):
         return [r[:, None].expand(B, T).reshape(B * T) for r in warp_params(B, dev, check, *warp, prefix)]
 
@@ -176,10 +153,8 @@ def _at_parents(rows, parents):
 # ---- backends ------------------------------------------------------------------------------
 
 class _LazyRows:
-    """One sequence's warped rows, each computed by warp_probs' reference on first access (from
-    the logits masked by its bitmask row, where given).
-
-    Indexing: ``rows[u]`` -> fp32 [V]; ``rows[u, x]`` -> its entry (what the walks of :mod:`.ref` do)."""
+    """One sequence's warped rows, computed by warp_probs' reference on first access (from the logits
+    masked by the bitmask row, where given): ``rows[u]`` -> fp32 [V]; ``rows[u, x]`` -> its entry."""
 
     def __init__(self, logits, t, k, p, mask=None):  # logits [T, V]; t, k, p [T]; mask int32 [T, W] or None
         self.logits, self.t, self.k, self.p, self.mask = logits, t, k, p, mask
@@ -202,35 +177,28 @@ class _LazyRows:
 def _verify_tree_logits_torch(tokens, parents, target_logits, uniforms, t, k, p, draft_logits, dt, dk, dp, num_nodes,
                               mode, bitmask=None):
     B, T, V = target_logits.shape
-    S = ref.fix_shift(V)
-    tok, par, U, X = (v.cpu() for v in (tokens, parents, uniforms, target_logits))
-    Y, M = (None if v is None else v.cpu() for v in (draft_logits, bitmask))
-    MQ = None if M is None else _at_parents(M, par)  # draft row c: the mask at parents[c]
+    X, Y, M = (None if v is None else v.cpu() for v in (target_logits, draft_logits, bitmask))
+    MQ = None if M is None else _at_parents(M, parents.cpu())  # draft row c: the mask at parents[c]
     t, k, p, dt, dk, dp = (v.cpu().view(B, T) for v in (t, k, p, dt, dk, dp))
 
-    def walk(b, n):
+    def rows(b):
         P = _LazyRows(X[b], t[b], k[b], p[b], None if M is None else M[b])
-        Q = _LazyRows(Y[b], dt[b], dk[b], dp[b], None if MQ is None else MQ[b]) if Y is not None else None
-        return ref.tree_walk(mode, tok[b], par[b], n, P, Q, U[b], S)
+        return P, None if Y is None else _LazyRows(Y[b], dt[b], dk[b], dp[b], None if MQ is None else MQ[b])
 
-    return ref.each_sequence(num_nodes, T, tokens.device, walk)
+    return ref.each_tree(mode, tokens, parents, uniforms, num_nodes, V, rows)
 
 
 def _verify_joint_logits_torch(draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms, t, k, p, bt, bk,
                                bp, num_nodes):
-    B, g = draft_tokens.shape
-    T, V = g + 1, target_logits.shape[2]
-    S = ref.fix_shift(V)
-    tok, X, lq, lt, U = (v.cpu() for v in (draft_tokens, target_logits, draft_joint_logprobs, log_tau, uniforms))
+    B, T, V = target_logits.shape
+    X = target_logits.cpu()
     t, k, p, bt, bk, bp = (v.cpu().view(B, T) for v in (t, k, p, bt, bk, bp))
 
-    def walk(b, n):
-        P = _LazyRows(X[b], t[b], k[b], p[b])  # the test's rows
-        eta = ref.joint_eta(tok[b], n, V, lt[b], lq[b], lambda row, x: ref.det_log(P[row, x]))
-        bonus_row = _LazyRows(X[b], bt[b], bk[b], bp[b])[eta]
-        return list(range(eta + 1)), ref.sample_weights(ref.fix_weights(bonus_row, S), U[b])
+    def rows(b):  # the test's rows, the bonus's rows
+        P, bonus = _LazyRows(X[b], t[b], k[b], p[b]), _LazyRows(X[b], bt[b], bk[b], bp[b])
+        return (lambda row, x: ref.det_log(P[row, x])), bonus.__getitem__
 
-    return ref.each_sequence(num_nodes, T, draft_tokens.device, walk)
+    return ref.each_chain(draft_tokens, log_tau, draft_joint_logprobs, uniforms, num_nodes, V, rows)
 
 
 register_op("verify_tree_logits", _verify_tree_logits_torch, triton_kernel("verify_tree_logits"), fake_outputs(0))

@@ -1,18 +1,17 @@
 """The torch reference of the verification ops: the spec every other backend equals bit for bit.
 
-It walks each sequence in Python, as ``csrc/verify_common.h`` does in C++. Scalars are numpy
-float32 (one IEEE single operation each, never Python's double); rows are fp32 tensors. The
-arithmetic contract that makes integer outputs identical on every backend:
+It walks each sequence in Python, as ``csrc/verify_common.h`` does in C++, with numpy float32
+scalars (one IEEE single operation each, never Python's double) and fp32 rows. The arithmetic
+contract that makes integer outputs identical on every backend:
 
 * probabilities enter sums as fixed-point weights ``trunc(clamp(x, 0, 1) * 2**S)`` (int64,
-  ``S = 62 - ceil(log2 V)``), so sums are exact whatever the reduction order; NaN weighs 0;
+  ``S = 62 - ceil(log2 V)``), so sums are exact in any order; NaN weighs 0;
 * a draw is the inverse CDF of those weights: the first index whose running weight sum exceeds
   ``min(trunc(u * float(W)), W - 1)``;
 * the child test is ``(u * q) * Z < r * Zq`` and the residual ``max(0, r * Zq - Z * q)``, each
   product and difference rounded on its own (no FMA);
-* ``exp`` of a log-probability (R6's bonus) is :func:`det_exp`, built from the same single
-  operations.
-"""
+* ``exp`` and ``log`` of probabilities (R6) are :func:`det_exp` and :func:`det_log`, built from the
+  same single operations."""
 import numpy as np
 import torch
 
@@ -91,9 +90,9 @@ _LOG1P_C = [F32((-1) ** (n + 1) / n) for n in range(1, 21)]  # fp32((-1)^(n+1) /
 
 
 def det_log(x):
-    """log of an fp32 probability from single IEEE operations (csrc/verify_common.h det_log):
-    x = m 2**e with m in [sqrt(1/2), sqrt(2)), e ln 2 + a degree-20 Taylor polynomial of
-    log1p(m - 1); x below 2**-126 gives -inf, NaN stays NaN. Shape: a scalar -> np.float32."""
+    """log of an fp32 probability from single IEEE operations (csrc/verify_common.h det_log): for
+    x = m 2**e, m in [sqrt(1/2), sqrt(2)), e ln 2 + a degree-20 Taylor polynomial of log1p(m - 1);
+    x below 2**-126 gives -inf, NaN stays NaN. Shape: a scalar -> np.float32."""
     x = F32(x)
     if np.isnan(x):
         return x
@@ -112,20 +111,6 @@ def det_log(x):
     return ef * _LN2_HI + (ef * _LN2_LO + p * r)
 
 
-def joint_eta(tokens, n, V, log_tau, lq, logp):
-    """R6 over one chain of ``n`` nodes: the last node of the longest prefix passing ``tau <
-    min(1, p_joint / q_joint)`` (not the first failure). ``logp(row, x)`` -> fp32 log-probability;
-    ``p_joint`` accumulates in fp32, left to right (csrc/verify_common.h joint_eta)."""
-    joint, eta = F32(0.0), 0
-    log_tau = F32(log_tau)
-    for j in range(1, n):
-        x = int(tokens[j - 1])
-        joint = joint + (F32(logp(j - 1, x)) if 0 <= x < V else F32(-np.inf))
-        if log_tau == -np.inf or (log_tau < 0 and joint - F32(lq[j - 1]) > log_tau):
-            eta = j
-    return eta
-
-
 def argmax_first(row):
     """First index of the maximum, NaN counting as +inf."""
     row = row.float()
@@ -137,9 +122,8 @@ def _children(parents, n, u):
 
 
 def each_sequence(num_nodes, T, device, walk):
-    """The ops' outputs from ``walk(b, n)`` -> (path, bonus) of each sequence ``b`` of ``n`` nodes
-    (``num_nodes[b]`` clamped to [1, T]). Shape: -> accept_idx int32 [B, T], accept_lens, bonus int32 [B]
-    on ``device``."""
+    """The ops' outputs on ``device`` from ``walk(b, n)`` -> (path, bonus) of each sequence ``b`` of
+    ``n`` nodes (``num_nodes[b]`` clamped to [1, T])."""
     walks = [walk(b, min(max(int(n), 1), T)) for b, n in enumerate(num_nodes.cpu())]
     accept_idx = torch.full((len(walks), T), -1, dtype=torch.int32)
     for b, (path, _) in enumerate(walks):
@@ -225,13 +209,41 @@ def gsd_walk(tokens, parents, n, P, Q, U, S):
     return path[::-1], sample_weights(fix_weights(P[best], S), U[best, 1])
 
 
-def tree_walk(mode, tokens, parents, n, P, Q, U, S):
-    """verify_tree's walk of ``mode`` over one sequence's target rows ``P`` and draft rows ``Q``."""
-    if mode == "sample_match":
-        return match_walk(tokens, parents, n, lambda u: sample_weights(fix_weights(P[u], S), U[u, 1]))
-    if mode == "gsd":
-        return gsd_walk(tokens, parents, n, P, Q, U, S)
-    return mss_walk(mode, tokens, parents, n, P, Q, U, S)
+def each_tree(mode, tokens, parents, uniforms, num_nodes, V, rows):
+    """verify_tree's walks; ``rows(b)`` -> sequence ``b``'s target and draft rows (or None), each
+    indexable as ``[u]`` and ``[u, x]``."""
+    S = fix_shift(V)
+    tok, par, U = tokens.cpu(), parents.cpu(), uniforms.cpu()
+
+    def walk(b, n):
+        P, Q = rows(b)
+        if mode == "sample_match":
+            return match_walk(tok[b], par[b], n, lambda u: sample_weights(fix_weights(P[u], S), U[b, u, 1]))
+        if mode == "gsd":
+            return gsd_walk(tok[b], par[b], n, P, Q, U[b], S)
+        return mss_walk(mode, tok[b], par[b], n, P, Q, U[b], S)
+
+    return each_sequence(num_nodes, tokens.shape[1], tokens.device, walk)
+
+
+def each_chain(draft_tokens, log_tau, draft_joint_logprobs, uniforms, num_nodes, V, rows):
+    """R6 (csrc/verify_common.h joint_eta): ``eta``, the end of the longest prefix passing ``tau < min(1,
+    p_joint / q_joint)`` (``p_joint`` accumulated in fp32, left to right), then a draw from row ``eta``.
+    ``rows(b)`` -> (``logp(row, x)``: the test's fp32 log-probability, ``bonus(row)``: fp32 [V])."""
+    S = fix_shift(V)
+    tok, lt, lq, U = (t.cpu() for t in (draft_tokens, log_tau, draft_joint_logprobs, uniforms))
+
+    def walk(b, n):
+        logp, bonus = rows(b)
+        joint, eta, log_tau = F32(0.0), 0, F32(lt[b])
+        for j in range(1, n):
+            x = int(tok[b, j - 1])
+            joint = joint + (F32(logp(j - 1, x)) if 0 <= x < V else F32(-np.inf))
+            if log_tau == -np.inf or (log_tau < 0 and joint - F32(lq[b, j - 1]) > log_tau):
+                eta = j
+        return list(range(eta + 1)), sample_weights(fix_weights(bonus(eta), S), U[b])
+
+    return each_sequence(num_nodes, draft_tokens.shape[1] + 1, draft_tokens.device, walk)
 
 
 def verify_greedy(tokens, parents, target_logits, num_nodes, bitmask=None):
@@ -244,22 +256,13 @@ def verify_greedy(tokens, parents, target_logits, num_nodes, bitmask=None):
 
 
 def verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode):
-    T = tokens.shape[1]
-    S = fix_shift(target_probs.shape[2])
-    tok, par, P, U = tokens.cpu(), parents.cpu(), target_probs.cpu(), uniforms.cpu()
-    Q = draft_probs.cpu() if draft_probs is not None else None
-    return each_sequence(num_nodes, T, tokens.device, lambda b, n: tree_walk(
-        mode, tok[b], par[b], n, P[b], None if Q is None else Q[b], U[b], S))
+    P, Q = target_probs.cpu(), None if draft_probs is None else draft_probs.cpu()
+    return each_tree(mode, tokens, parents, uniforms, num_nodes, P.shape[2],
+                     lambda b: (P[b], None if Q is None else Q[b]))
 
 
 def verify_joint(draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms):
-    B, g = draft_tokens.shape
-    V = target_logprobs.shape[2]
-    S = fix_shift(V)
-    tok, L, lq, lt, U = (t.cpu() for t in (draft_tokens, target_logprobs, draft_joint_logprobs, log_tau, uniforms))
-
-    def walk(b, n):
-        eta = joint_eta(tok[b], n, V, lt[b], lq[b], lambda row, x: L[b, row, x])
-        return list(range(eta + 1)), sample_weights(fix_weights(det_exp(L[b, eta]), S), U[b])
-
-    return each_sequence(torch.full((B,), g + 1), g + 1, draft_tokens.device, walk)
+    B, T, V = target_logprobs.shape
+    L = target_logprobs.cpu()
+    return each_chain(draft_tokens, log_tau, draft_joint_logprobs, uniforms, torch.full((B,), T), V,
+                      lambda b: (lambda row, x: L[b, row, x], lambda row: det_exp(L[b, row])))
