@@ -1,11 +1,11 @@
-"""The draft models at run time: what the decoding loop and ``specops.models`` load and drive.
-Training them is :mod:`specops.distill`, which imports this module (never the reverse).
+"""The draft models at run time, as the decoding loop and ``specops.models`` load them; training is
+:mod:`specops.distill`, which imports this module (never the reverse).
 
-Two architectures (``arch``): ``"feature"`` (EAGLE-style, :func:`feature_draft_class`) and ``"lm"`` (a
-stand-alone ``LlamaForCausalLM`` of a few layers), both on the target's frozen embedding and scored by
-:class:`SubsetLMHead` (docs/models.md §smollm2-135m-draft). A subset head, because the target's 49,152
-x 576 tied head costs 28M MACs per token, as much as eight decoder layers. A draft directory holds the
-decoder layers, ``fc``, the final norm and ``keep`` (``model.safetensors``, ``config.json``)."""
+Two ``arch``s: ``"feature"`` (EAGLE-style, :func:`feature_draft_class`) and ``"lm"`` (a few-layer
+``LlamaForCausalLM``), both on the target's frozen embedding and scored by :class:`SubsetLMHead`
+(docs/models.md §smollm2-135m-draft): the target's 49,152 x 576 tied head costs 28M MACs per token,
+as much as eight decoder layers. A draft directory: ``model.safetensors`` (decoder layers, ``fc``,
+final norm, ``keep``) and ``config.json``."""
 import json
 import os
 
@@ -71,9 +71,8 @@ class SubsetLMHead(nn.Module):
 
 
 def feature_draft_class():
-    """``FeatureDraft`` (:mod:`specops.feature_draft`), imported at the first call so that importing
-    specops does not import transformers models; a module-level class, so its compiled graphs can be
-    saved (docs/compile.md §Measured)."""
+    """``FeatureDraft`` (:mod:`specops.feature_draft`), imported at the first call (importing specops
+    imports no transformers models); module-level, so its compiled graphs can be saved."""
     from .feature_draft import FeatureDraft
 
     return FeatureDraft
@@ -84,10 +83,8 @@ def is_feature_draft(model):
 
 
 def build_draft(config, keep, embedding, arch="lm"):
-    """A LlamaForCausalLM with ``config`` whose head is a :class:`SubsetLMHead` over ``embedding``;
-    ``arch`` "feature" builds the EAGLE-style feature draft (:func:`feature_draft_class`).
-
-    Shape: keep int [Vd]; embedding [V, H] (the target's input embedding, frozen)."""
+    """A LlamaForCausalLM (``arch="feature"``: :func:`feature_draft_class`) of ``config`` whose head is
+    a :class:`SubsetLMHead` over ``embedding``. Shape: keep int [Vd]; embedding [V, H] (the target's)."""
     from transformers import LlamaForCausalLM
 
     if arch not in ARCHS:

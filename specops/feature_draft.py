@@ -1,9 +1,7 @@
-"""The EAGLE-style feature draft's model class (:func:`specops.draft_models.feature_draft_class`
-imports this module at its first call, so that importing specops does not import transformers).
-
-Its ``forward`` takes the feature rows from ``features=`` or, when the runner calls it with ids only,
-from ``feature_input`` set just before the call; the predicted features of the latest call are left
-in ``last_features``."""
+"""The EAGLE-style feature draft's model class, imported lazily by
+:func:`specops.draft_models.feature_draft_class`. Its ``forward`` takes the feature rows from
+``features=`` or, called with ids only, from ``feature_input`` set just before; the latest call's
+predicted features are left in ``last_features``."""
 import torch
 from torch import nn
 from transformers import LlamaForCausalLM

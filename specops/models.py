@@ -89,9 +89,8 @@ def available(name):
 
 
 def split_name(name):
-    """``"smollm2-135m-int8"`` -> ``("smollm2-135m", "int8")``; a target name -> ``(name, None)``.
-
-    Raises ValueError for a name that is neither an embedded model nor one of its drafts."""
+    """``"smollm2-135m-int8"`` -> ``("smollm2-135m", "int8")``; a target name -> ``(name, None)``;
+    ValueError for a name that is neither an embedded model nor one of its drafts."""
     if name in EMBEDDED:
         return name, None
     base, _, kind = name.rpartition("-")
@@ -163,14 +162,13 @@ def _convert(entry, dest):
 def load(name, dtype=None, tp_size=1):
     """Loads an embedded target or draft by name. Returns ``(model, tokenizer)``.
 
-    ``dtype``: a torch dtype or "bf16"/"fp32" for targets (default bf16); ignored for ``-int8``
-    drafts (fp32 activations, int8 linear layers) and fixed by the suffix for ``-bf16``/``-fp32``.
-    ``tp_size`` > 1: a target sharded by tensor parallelism over the ranks of the running torchrun
-    (docs/scaling.md); drafts are never sharded.
-    """
+    ``dtype``: a torch dtype or "bf16"/"fp32" (default bf16); ignored for ``-int8`` (fp32 activations,
+    int8 linears), ``-bf16`` and ``-fp32`` copies. ``tp_size`` > 1: a target sharded over the running
+    torchrun's ranks (docs/scaling.md); drafts are never sharded."""
     base, kind = split_name(name)
     if tp_size != 1 and kind is not None:
-        _tp_kwargs(tp_size, None, kind)  # raises: drafts are not sharded
+        raise ValueError(f"tp_size={tp_size}: a -{kind} copy is a draft; tensor parallelism shards the "
+                         f"target, drafts are replicated on every rank")
     if kind == "draft":
         return load_draft(name, dtype)
     dest = os.path.join(cache_dir(), base)
@@ -183,7 +181,7 @@ def load(name, dtype=None, tp_size=1):
         dtype = torch.float32 if kind == "int8" else _DTYPES[kind]
     with _quiet():
         tok = AutoTokenizer.from_pretrained(dest)
-        model = AutoModelForCausalLM.from_pretrained(dest, dtype=dtype, **_tp_kwargs(tp_size, dest, kind)).eval()
+        model = AutoModelForCausalLM.from_pretrained(dest, dtype=dtype, **_tp_kwargs(tp_size, dest)).eval()
     if kind == "int8":
         model = quantize_int8(model)
     # generate(model, "text") finds the name (default draft) and tokenizer through these.
@@ -210,9 +208,8 @@ def resolve_dtype(dtype, default):
 
 
 def default_draft(target_name, target_dtype):
-    """The best available model draft for an embedded target: the shipped feature (EAGLE-style)
-    draft where one ships (``specops distill``; it agrees far better at a fraction of the cost),
-    else an int8 copy for a bf16/fp16 target and a bf16 copy for an fp32 target (docs/models.md §Drafts)."""
+    """The best draft for an embedded target: the shipped feature (EAGLE-style) draft where one ships,
+    else an int8 copy for a bf16/fp16 target, a bf16 copy for an fp32 one (docs/models.md §Drafts)."""
     base, _ = split_name(target_name)
     if _shipped_feature_draft(base):
         return f"{base}-draft"
@@ -227,8 +224,7 @@ def _shipped_feature_draft(base):
 
 
 def _draft_meta(path):
-    """The ``specops_draft`` record in a directory's config.json: None unless ``specops distill``
-    exported it."""
+    """The ``specops_draft`` record of a directory's config.json (None unless ``specops distill`` made it)."""
     cfg = os.path.join(path, "config.json")
     if not os.path.isfile(cfg):
         return None
@@ -236,14 +232,11 @@ def _draft_meta(path):
         return json.load(f).get("specops_draft")
 
 
-def _tp_kwargs(tp_size, folder, kind=None, **config_kw):
+def _tp_kwargs(tp_size, folder, **config_kw):
     """``from_pretrained`` keywords for a target sharded over ``tp_size`` ranks (none for 1); where the
     heads do not divide by ``tp_size``, attention is replicated on every rank (docs/scaling.md)."""
     if tp_size == 1:
         return {}
-    if kind is not None:
-        raise ValueError(f"tp_size={tp_size}: a -{kind} copy is a draft; tensor parallelism shards the target, "
-                         f"drafts are replicated on every rank")
     from transformers import AutoConfig, DistributedConfig
 
     cfg = AutoConfig.from_pretrained(folder, **config_kw)
@@ -260,8 +253,8 @@ def _tp_kwargs(tp_size, folder, kind=None, **config_kw):
 
 
 def _replicated_style():
-    """transformers' TP style that keeps a module whole on every rank: "replicate" (>= 5.20), else
-    the training style that only adds a gradient all-reduce (inert under inference)."""
+    """transformers' TP style that keeps a module whole on every rank: "replicate" (>= 5.20), else the
+    training style that only adds a gradient all-reduce (inert in inference)."""
     for module in ("transformers.distributed.tensor_parallel", "transformers.integrations.tensor_parallel"):
         try:
             styles = importlib.import_module(module).ALL_PARALLEL_STYLES
@@ -273,8 +266,7 @@ def _replicated_style():
 
 
 def load_path(path, dtype=None, tp_size=1):
-    """An HF model directory or a .gguf file. Returns ``(model, tokenizer)``; ``tp_size`` as in
-    :func:`load`."""
+    """An HF model directory or a .gguf file -> ``(model, tokenizer)``; ``tp_size`` as in :func:`load`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = resolve_dtype(dtype, torch.bfloat16)
@@ -315,9 +307,7 @@ def target_embedding(target):
 
 
 def load_draft(name="smollm2-135m-draft", dtype=None):
-    """Loads a shipped draft (:mod:`specops.draft_models`) by name onto its target's embedding.
-    Returns ``(model, tokenizer)`` (the target's tokenizer).
-
+    """A shipped draft by name on its target's embedding -> ``(model, the target's tokenizer)``.
     ``dtype``: a torch dtype or "bf16"/"fp32" (default bf16; use the target's dtype)."""
     from . import draft_models
 
@@ -333,9 +323,8 @@ def load_draft(name="smollm2-135m-draft", dtype=None):
 
 
 def load_draft_path(path, dtype=None):
-    """A draft directory exported by ``specops distill`` (``OUT/draft``), onto the embedding of the
-    target it records (an embedded name, or the HF model directory it was trained against).
-    Returns ``(model, tokenizer)``."""
+    """A draft directory exported by ``specops distill`` (``OUT/draft``) on the embedding of the target it
+    records (an embedded name or an HF model directory) -> ``(model, tokenizer)``."""
     target = (_draft_meta(path) or {}).get("target")
     if target and is_embedded_name(target):
         emb, tok = target_embedding(target)
@@ -358,8 +347,8 @@ def _draft_onto(path, emb, tok, dtype, name):
 
 
 def load_any(spec, dtype=None, tp_size=1):
-    """``spec``: an embedded name (target or draft) or a path. Returns ``(model, tokenizer)``;
-    ``tp_size`` as in :func:`load`."""
+    """``spec``: an embedded name (target or draft) or a path -> ``(model, tokenizer)``; ``tp_size`` as
+    in :func:`load`."""
     if is_embedded_name(spec):
         return load(spec, dtype, tp_size)
     if os.path.exists(spec):

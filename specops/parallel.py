@@ -20,10 +20,8 @@ def text_config(model):
 
 
 def local_kv_heads(model, cfg=None):
-    """The KV heads this rank holds: the config's ``num_key_value_heads`` divided by the TP size
-    when the model's plan shards the key projection column-wise, else all of them.
-
-    Raises ValueError when the heads do not divide evenly by the TP size."""
+    """The KV heads this rank holds: the config's ``num_key_value_heads`` divided by the TP size when
+    the model's plan shards the key projection column-wise (ValueError if it does not divide), else all."""
     cfg = cfg or text_config(model)
     heads = cfg.num_attention_heads
     kv = getattr(cfg, "num_key_value_heads", None) or heads
@@ -64,10 +62,9 @@ def env_world_size():
 
 class RankGroup:
     """The ranks of one tensor-parallel target, which must take every host decision together.
-
-    ``agree(value)``: the group's first rank's int, on every rank (one broadcast);
-    ``check_step(step, seqs)``: with ``check``, raises RuntimeError naming the step and the ranks
-    when the emitted tokens differ between ranks (one all-gather of a digest per step)."""
+    ``agree(value)``: the group's first rank's int, on every rank (one broadcast); ``check_step(step,
+    seqs)``: with ``check``, RuntimeError naming the step and the ranks whose emitted tokens differ
+    (one all-gather of a digest per step)."""
 
     def __init__(self, group=None, check=None):
         import torch.distributed as dist

@@ -1,7 +1,6 @@
-"""KVCache on both layouts (StaticKVCache, PagedKVCache): appends at per-sequence lengths, compaction
-through kv_compact, truncation, a cache still usable after a rejected call, and the argument checks that
-tests/test_bad_input_state.py's battery lacks. Tests that take ``layout`` run on a contiguous and a paged
-cache and read both through ``dense``."""
+"""KVCache on both layouts (StaticKVCache, PagedKVCache; ``layout``, read through ``dense``): appends at
+per-sequence lengths, compaction, truncation, a cache still usable after a rejected call, and the
+argument checks that tests/test_bad_input_state.py's battery lacks."""
 import pytest
 import torch
 from test_bad_input_state import CACHE, _cache  # the cache's bad-input battery
@@ -35,18 +34,6 @@ def dense(cache):
     """Every layer's rows as a contiguous cache (a copy): k, v [L, B, Hkv, max_len, D]."""
     kv = cache.layout.gather()
     return tuple(t[..., :cache.max_len, :].clone() for t in (kv.k, kv.v))
-
-
-def test_block_rows_land_after_each_sequence_and_stay_uncommitted(layout):
-    cache = filled_cache(layout=layout, lens=[2, 5, 0])
-    new = torch.randn(2, 3, 2, 4, 4)  # k, v
-    cache.begin_block(1, 4)
-    cache.append_block(1, *new)
-    cache.end_block()
-    for got, want in zip(dense(cache), new):
-        for b, start in enumerate([3, 6, 1]):
-            assert torch.equal(got[1, b, :, start:start + 4], want[b])
-    assert cache.lens.tolist() == [2, 5, 0]
 
 
 def test_plain_mode_appends_and_commits_after_the_last_layer(layout):
@@ -98,20 +85,21 @@ def test_host_counts_keep_the_host_lengths_fresh_without_a_read(monkeypatch):
     assert cache.lens.tolist() == [6, 5, 1]
 
 
-@pytest.mark.parametrize("lens", [[4, 4, 4], [4, 1, 6]])
-def test_every_layer_of_a_block_writes_at_lens_plus_offset_equal_or_ragged(lens, layout):
+@pytest.mark.parametrize("lens, offset, T, dtype", [
+    ([4, 4, 4], 2, 2, torch.bfloat16), ([4, 1, 6], 2, 2, torch.bfloat16), ([2, 5, 0], 1, 4, torch.float32)])
+def test_a_block_writes_every_layer_at_lens_plus_offset_uncommitted(lens, offset, T, dtype, layout):
     # Contiguous: equal lengths take the slice-copy plan, ragged ones the row addresses (paged: always
     # the addresses); every plan converts dtype.
-    cache = filled_cache(L=3, dtype=torch.bfloat16, layout=layout, lens=lens)
+    cache = filled_cache(L=3, dtype=dtype, layout=layout, lens=lens)
     want_k, want_v = dense(cache)
-    ks = torch.randn(3, 3, 2, 2, 4)  # per layer
-    cache.begin_block(2, 2)
+    ks = torch.randn(3, 3, 2, T, 4)  # per layer
+    cache.begin_block(offset, T)
     for layer, k in enumerate(ks):
         cache.append_block(layer, k, -k)
     cache.end_block()
     for b, n in enumerate(lens):
-        want_k[:, b, :, n + 2:n + 4] = ks[:, b].to(torch.bfloat16)
-        want_v[:, b, :, n + 2:n + 4] = (-ks[:, b]).to(torch.bfloat16)
+        want_k[:, b, :, n + offset:n + offset + T] = ks[:, b].to(dtype)
+        want_v[:, b, :, n + offset:n + offset + T] = (-ks[:, b]).to(dtype)
     got_k, got_v = dense(cache)
     assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v) and cache.lens.tolist() == lens
 
@@ -189,15 +177,20 @@ def test_kvcache_wraps_a_users_layout():
     (lambda k, v, t: KVCache(KvLayout.paged(k, v, t.long())), TypeError, "page_table must have dtype torch.int32"),
     (lambda k, v, t: KVCache(KvLayout.paged(*torch.zeros(2, 2, 3, 3, 2, 4), t)), ValueError,
      "page_size .* power of two"),
+    # the rest of the constructors' checks (sizes, dtypes, page_size, num_pages, page_order's values):
+    # tests/test_bad_input_state.py
+    (lambda k, v, t: StaticKVCache(1, 1, 1, 4, 2, dtype=torch.bool), TypeError,
+     "StaticKVCache dtype must be .*got torch.bool"),
+    (lambda k, v, t: PagedKVCache(2, 3, 2, 21, 4, page_size=4, page_order=torch.arange(17)), ValueError,
+     r"page_order must have shape \[18\]"),
 ])
-def test_kvcache_checks_the_layout_it_is_given(make, exc, match):
+def test_constructors_check_their_arguments(make, exc, match):
     k, v = torch.zeros(2, 3, 2, 8, 4), torch.zeros(2, 3, 2, 8, 4)
     with pytest.raises(exc, match=match):
         make(k, v, torch.zeros(3, 2, dtype=torch.int32))
 
 
 # ---- PagedKVCache: the semantics of StaticKVCache on scattered pages -----------------------------
-
 
 def pair(L=2, B=3, H=2, S=21, D=4, page_size=4, **kw):
     return StaticKVCache(L, B, H, S, D), PagedKVCache(L, B, H, S, D, page_size=page_size, **kw)
@@ -271,10 +264,3 @@ def test_paged_plain_mode_hands_attention_a_contiguous_copy():
     kp, _ = paged.append_block(0, *torch.randn(2, 2, 2, 1, 4))
     assert kp.data_ptr() == paged.k_pages[0].data_ptr() and kp.shape == (6, 4, 2, 4)
 
-
-def test_constructor_errors_the_bad_input_battery_lacks():
-    # The rest (sizes, dtypes, page_size, num_pages, page_order's values): tests/test_bad_input_state.py
-    with pytest.raises(TypeError, match="StaticKVCache dtype must be .*got torch.bool"):
-        StaticKVCache(1, 1, 1, 4, 2, dtype=torch.bool)
-    with pytest.raises(ValueError, match=r"page_order must have shape \[18\]"):
-        PagedKVCache(2, 3, 2, 21, 4, page_size=4, page_order=torch.arange(17))

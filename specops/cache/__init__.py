@@ -1,5 +1,4 @@
-"""The KV caches' public name (README: ``specops.cache.StaticKVCache`` / ``PagedKVCache``), kept as an
-alias: they live in the engine, :mod:`specops.engine.cache`."""
+"""The KV caches' public name (README: ``specops.cache.StaticKVCache``): :mod:`specops.engine.cache`."""
 from ..engine.cache import KVCache, KVCacheBase, PagedKVCache, StaticKVCache
 
 __all__ = ["KVCache", "KVCacheBase", "PagedKVCache", "StaticKVCache"]

@@ -1,14 +1,10 @@
-"""Compiled block forwards for :class:`~specops.engine.ModelRunner` (``compile=True``).
-
-One :class:`CompiledDecoder` per model, shared by every runner of that model in the process, runs the
-HF decoder (embedding, every layer with the ``"specops"`` attention, the final norm) under
-``torch.compile(fullgraph=True)`` with the block's row count a symbol; on a CPU the :data:`LAYERED`
-decoders compile a graph of :func:`run_length` layers, called once per run. Inside a graph the
-attention writes the new K/V rows straight into the cache's storage (no HF ``Cache``); the LM head and
-the final norm's forward hooks run on the graph's output. Under the default mode every graph is saved
-to and loaded from disk. docs/compile.md §How a block becomes a graph and §Warm-up, caching and what
-is reported say how and why (CUDA graphs' buckets, inert padding rows, the saved graphs' guards).
-"""
+"""Compiled block forwards for :class:`~specops.engine.ModelRunner` (``compile=True``): one
+:class:`CompiledDecoder` per model, shared by its runners, runs the HF decoder (embedding, layers whose
+``"specops"`` attention writes K/V straight into the cache's storage, final norm) under
+``torch.compile(fullgraph=True)``, the block's row count a symbol (on a CPU, :data:`LAYERED` decoders
+as one graph of :func:`run_length` layers called per run); the LM head and the final norm's hooks run
+on its output. Default-mode graphs are saved to disk. How and why: docs/compile.md §How a block
+becomes a graph, §Warm-up, caching and what is reported."""
 import contextlib
 import functools
 import hashlib
@@ -57,11 +53,10 @@ def set_cache_dir():
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
-def cpu_options():
-    """Inductor's options for a CPU graph: the C++ wrapper, built apart from the kernels (docs/compile.md,
-    "The C++ wrapper"), without runtime shape and stride asserts (this module builds the inputs)."""
-    return {"cpp_wrapper": True, "cpp_wrapper_build_separate": True, "size_asserts": False,
-            "scalar_asserts": False, "alignment_asserts": False}
+# Inductor's options for a CPU graph: the C++ wrapper, built apart from the kernels (docs/compile.md,
+# "The C++ wrapper"), without runtime shape and stride asserts (this module builds the inputs).
+CPU_OPTIONS = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True, "size_asserts": False,
+               "scalar_asserts": False, "alignment_asserts": False}
 
 
 def _on_cpu(model):
@@ -101,10 +96,10 @@ class _Decoder:
 
 
 class _Layers:
-    """The function of the layered graph: a run of ``len(layers)`` decoder layers, called once per run
-    with those layers' modules and stores, so one graph serves every run of the decoder. Shape: hidden
-    [B, Tb, H]; cos, sin [B, Tb, D]; positions int64 [B, Tb]; mask int32 [B, 1, Tb, W]; k, v: the run's
-    stores ([n, B, Hkv, S, D] contiguous, [n, N, ps, Hkv, D] paged) -> hidden [B, Tb, H]."""
+    """The layered graph's function: a run of ``len(layers)`` decoder layers, called per run with its
+    modules and stores (one graph serves every run). Shape: hidden [B, Tb, H]; cos, sin [B, Tb, D];
+    positions int64 [B, Tb]; mask int32 [B, 1, Tb, W]; k, v: the run's stores ([n, B, Hkv, S, D]
+    contiguous, [n, N, ps, Hkv, D] paged) -> hidden [B, Tb, H]."""
 
     def forward(self, layers, hidden, cos, sin, positions, mask, block, k, v):
         for j, layer in enumerate(layers):
@@ -127,20 +122,17 @@ LAYERED = ("LlamaModel", "Qwen2Model", "Qwen3Model", "MistralModel")
 
 
 class CompiledDecoder:
-    """``model``'s decoder (up to the final norm) under torch.compile, shared by every runner of the
-    model in this process.
-
-    ``compile_s[key]``: seconds the first call of a graph key took (tracing, then code generation or
-    a disk-cache hit, and one run)."""
+    """``model``'s decoder (up to the final norm) under torch.compile, shared by the model's runners.
+    ``compile_s[key]``: seconds the first call of a graph key took (trace, codegen or disk hit, one run)."""
 
     def __init__(self, model, mode="default"):
         if mode not in MODES:
             raise ValueError(f"compile_mode must be one of {MODES}, got {mode!r}")
         set_cache_dir()
         cfg = torch._dynamo.config
-        # One graph per (model, bucket, mask width, batch, layout, grad mode), all of them entries of
-        # the one code object _Decoder.forward: a process that decodes with a target and a draft, both layouts
-        # and every bucket passed 64 (bench/batch_invariant.py: a hard failure under fullgraph=True).
+        # One graph per (model, bucket, mask width, batch, layout, grad mode), all entries of the code
+        # object _Decoder.forward: target and draft, both layouts and every bucket passed 64
+        # (bench/batch_invariant.py: a hard failure under fullgraph=True).
         cfg.recompile_limit = max(cfg.recompile_limit, 1024)
         cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 8192)
         self.model = model
@@ -150,12 +142,12 @@ class CompiledDecoder:
         self.mode = mode
         self.cudagraphs = mode == "reduce-overhead"
         self.name = getattr(model, "specops_name", None) or type(model).__name__
-        self.options = ({"options": cpu_options()} if mode == "default" and _on_cpu(model)
-                        else {} if mode == "default" else {"mode": mode})
+        cpu = mode == "default" and _on_cpu(model)
+        self.options = {"options": CPU_OPTIONS} if cpu else {} if mode == "default" else {"mode": mode}
         self._step = _Decoder(model, self.decoder)
         self._fn, self._aot_fn = self._compile(self._step.forward)
         # CPU, default mode: one graph of a run of layers (see the module). CUDA graphs want the whole step.
-        self.layered = mode == "default" and _on_cpu(model) and type(self.decoder).__name__ in LAYERED
+        self.layered = cpu and type(self.decoder).__name__ in LAYERED
         if self.layered:
             self._layers = _Layers()
             layers = tuple(self.decoder.layers[:self.decoder.config.num_hidden_layers])
@@ -174,23 +166,21 @@ class CompiledDecoder:
 
     def _compile(self, fn):
         """``fn`` under torch.compile, and (default mode only: torch.compile takes a mode or options, not
-        both) the same function compiled ahead of time, saved to and loaded from disk (:meth:`_saved_graph`).
-        Guards on object identities cannot be saved: those are left to the graph's key (model, batch,
-        layout, modes), which names the file."""
+        both) compiled ahead of time for :meth:`_saved_graph`. Guards on object identities cannot be
+        saved: the graph's key (model, batch, layout, modes), which names the file, stands for them."""
         dynamo = torch.compile(fn, fullgraph=True, dynamic=False, **self.options)
         if self.mode != "default":
             return dynamo, None
         options = dict(self.options.get("options", {}), guard_filter_fn=_saveable_guards)
         with torch._dynamo.config.patch(enable_aot_compile=True):
-            # dynamic=False as for the dynamo function: only the dimensions marked dynamic are symbols.
-            # (Automatic dynamism would carry what other models' graphs of this code object saw into
-            # this one, e.g. a float made an input, which aot_compile cannot trace.)
+            # dynamic=False as for dynamo: only the dimensions marked dynamic are symbols (automatic
+            # dynamism would carry other models' graphs of this code object into this one, e.g. a float
+            # made an input, which aot_compile cannot trace).
             return dynamo, torch.compile(fn, fullgraph=True, dynamic=False, options=options)
 
     def cache_for(self, runner, make, rows, key):
-        """A KV cache of at least ``rows`` rows for ``runner``: the cache of an earlier runner of this
-        model with the same ``key`` once that runner is gone (reset), else ``make(rows)`` (why:
-        docs/compile.md, "One graph for every cache length")."""
+        """A KV cache of at least ``rows`` rows for ``runner``: a gone earlier runner's with the same
+        ``key`` (reset), else ``make(rows)`` (docs/compile.md, "One graph for every cache length")."""
         key = key + (torch.is_inference_mode_enabled(),)  # inference tensors make other graphs
         entry = self._caches.get(key)
         if entry is not None and entry[1]() is None and entry[0].max_len >= rows:
@@ -203,8 +193,8 @@ class CompiledDecoder:
 
     @contextlib.contextmanager
     def frozen(self):
-        """A region (timed work after a warm-up) where a forward that needs a graph this decoder has not
-        run yet, or a dynamo recompile of one it has, raises RuntimeError instead of compiling."""
+        """A region (timed work after a warm-up) where a forward needing a new graph or a dynamo
+        recompile raises RuntimeError instead of compiling."""
         outer, self._frozen = self._frozen, True
         try:
             with torch.compiler.set_stance("fail_on_recompile"):
@@ -259,10 +249,10 @@ class CompiledDecoder:
         return hidden, (dt if first else 0.0)
 
     def _run(self, seen, *args):
-        """Runs the graph of ``seen`` (key, grad mode, inference mode) -> (hidden, what this call did to
-        get the graph from disk: "loaded from <file>", "compiled and saved to <file>", else None).
-        The saved graph (default mode), checked once per (key, cache storage), else dynamo's cache with its
-        guards skipped once warm, else with full guards (docs/compile.md, "Guards once", §Saved graphs)."""
+        """Runs the graph of ``seen`` (key, grad mode, inference mode) -> (hidden, "loaded from <file>",
+        "compiled and saved to <file>" or None): the saved graph (default mode), checked once per (key,
+        cache storage), else dynamo's with its guards skipped once warm, else with full guards
+        (docs/compile.md, "Guards once", §Saved graphs)."""
         if self.layered and args[4] is None:
             return self._run_layered(seen, *args[:4])
         if self._saved is not None and seen not in self._unsaved:
@@ -313,9 +303,8 @@ class CompiledDecoder:
         return d.norm(hidden), how
 
     def runs_one_row(self, key):
-        """Whether the graph of ``key`` (in the current grad and inference modes) takes a one-row block
-        as it is: a saved graph runs unguarded; dynamo's own graphs were traced for >= 2 rows and
-        guard on it."""
+        """Whether the graph of ``key`` (current grad and inference modes) takes a one-row block: a saved
+        graph runs unguarded; dynamo's were traced for >= 2 rows and guard on it."""
         return (key, torch.is_grad_enabled(), torch.is_inference_mode_enabled()) in self._loaded
 
     def saved_path(self, seen, sig):
@@ -335,10 +324,9 @@ class CompiledDecoder:
         return os.path.join(models.cache_dir(), "compiled", f"{self.name}-{h.hexdigest()[:24]}.aot")
 
     def _saved_graph(self, seen, args, compiler):
-        """(graph, how): the graph this process already has for these inputs' signature, else the one
-        loaded from :meth:`saved_path`, else ``compiler``'s ahead-of-time graph, saved there; (None, None)
-        when it cannot be compiled that way (dynamo's cache runs it instead). ``how``: None when the
-        graph was in memory."""
+        """(graph, how): the graph in memory for these inputs' signature (how: None), else the one at
+        :meth:`saved_path`, else ``compiler``'s ahead-of-time graph, saved there; (None, None) when it
+        cannot be compiled so (dynamo's cache runs it)."""
         sig = _signature(args)
         if (seen, sig) in self._saved:
             return self._saved[(seen, sig)], None

@@ -19,10 +19,9 @@ class CompiledRunner:
         self.runner = runner
         self.decoder = decoder_for(model, mode)
         self.k_store, self.v_store, self.page_table = cache.layout.k, cache.layout.v, cache.layout.page_table
-        # Caches of any length share a graph: their row (page) count is a symbol in it. Under CUDA
-        # graphs the cache tensors are static inputs (updated in place at fixed addresses; the pooled
-        # cache keeps them across runners); the small per-step inputs are copied into the graph's
-        # own buffers by torch's CUDA-graph trees.
+        # Caches of any length share a graph: their row (page) count is a symbol. Under CUDA graphs the
+        # cache tensors are static inputs (fixed addresses, kept across runners by the pooled cache);
+        # CUDA-graph trees copy the small per-step inputs into the graph's own buffers.
         dim = 1 if cache.layout.is_paged else 3
         for t in cache.layout.tensors():
             if t.shape[dim] > 1:  # dynamo specialises sizes 0 and 1 anyway
@@ -53,8 +52,7 @@ class CompiledRunner:
 
     def forward(self, tokens, mask, depth, block_lens, q_start, features=None):
         """Shape: tokens int [B, Tq], mask int32 [B, Tq, W], depth int32 [B, Tq], block_lens int32 [B],
-        features [B, Tq, H] (a feature model's input rows; None for other models) -> logits [B, Tq, V]
-        (model dtype; the LM head runs on these rows only)."""
+        features [B, Tq, H] (a feature model's) or None -> logits [B, Tq, V] (model dtype)."""
         pad = torch.nn.functional.pad
         Tq = tokens.shape[1]
         # One graph for every row count (a symbol); CUDA graphs capture static shapes, so there
@@ -96,9 +94,9 @@ class CompiledRunner:
         sizes = sorted({bucket_for(min(int(T), MAX_BUCKET)) for T in (sizes or BUCKETS)})
         if not self.decoder.cudagraphs:  # one graph for blocks of any size, traced with two rows
             sizes = [2]
+        H = self.runner.model.config.hidden_size
         for Tb in sizes:
             parents = (torch.arange(Tb, dtype=torch.int32, device=dev) - 1).expand(B, Tb).contiguous()
-            H = self.runner.model.config.hidden_size
             feats = torch.zeros(B, Tb, H, dtype=self.k_store.dtype, device=dev) if self.feature else None
             mask, depth = build_tree_mask(parents, None, check=False)
             self.runner.forward_mask(torch.zeros(B, Tb, dtype=torch.int64, device=dev), mask, depth,

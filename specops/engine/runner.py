@@ -1,19 +1,7 @@
-"""One model runner for target and draft, and the one way host data reaches the device.
-
-The decoding loop drives a :class:`ModelRunner` (a stock HF causal LM, its KV cache, its committed
-lengths and, with ``compile=True``, its compiled block forwards) with three calls on device tensors::
-
-    prefill(prompts)                               # commits the prompts -> logits [B, V] after each
-    forward(tokens, parents, num_nodes, q_start=0) # a (growing) tree block after the committed rows
-                                                   # -> logits [B, T - q_start, V]
-    keep(accept_idx, accept_lens, host_counts)     # accepted block rows to lens.., lens += accept_lens
-
-The draft's runner is a subclass (``specops.decoding.draft_lm.DraftLM``); both keep accepted rows
-with the same ``keep`` (one kv_compact; a chain prefix moves each row onto itself). ``prefill_padded``
-and ``forward_mask`` are the general forms (right-padded prompt tensors; any visibility mask over the
-block). :class:`Stager` is the only path from host lists to the device inside a decode step
-(docs/methods.md, "Drafts are device tensors").
-"""
+"""One model runner for target and draft (``specops.decoding.draft_lm.DraftLM`` subclasses it), and
+:class:`Stager`, the only path from host lists to the device inside a decode step (docs/methods.md,
+"Drafts are device tensors"). The loop drives a :class:`ModelRunner` on device tensors: ``prefill``
+(commits the prompts), ``forward`` (a growing tree block after the committed rows), ``keep``."""
 import inspect
 
 import torch
@@ -74,28 +62,25 @@ class Stager:
 class ModelRunner:
     """A model, its KV cache and its committed lengths, driven by device tensors.
 
-    ``lens`` int32 [B] (device) are the committed rows; ``host_lens`` mirrors them on the host
-    (the cache's mirror), kept fresh from the counts the caller already has (the step's packed
-    read), so no call of a decode step reads the device. A block is written after the committed
-    rows and stays uncommitted until ``keep`` (the accepted path) or the cache's ``commit`` (all of it).
+    ``lens`` int32 [B] (device): the committed rows; ``host_lens``: the cache's host mirror, kept fresh
+    from the counts the caller has (the step's packed read), so no call of a decode step reads the
+    device. A block stays uncommitted until ``keep`` (the accepted path) or the cache's ``commit``.
 
-    ``kv_layout``: "contiguous" (a :class:`StaticKVCache`) or "paged" (a :class:`PagedKVCache` of
-    ``page_size``-row pages, a power of two); ``cache_dtype``: the cache's dtype (default the
-    model's). ``compile``: blocks of up to 64 rows run one compiled graph (its row count a symbol;
-    under CUDA graphs one per bucket; ``compile_mode``: torch.compile's mode; docs/compile.md).
-    ``linear``: which ``nn.Linear`` calls go through :func:`specops.linear` while the runner lives,
-    "auto" (a bf16/fp16 CPU model's), "specops" (any model's) or "torch" (none); :meth:`close` restores
-    the model (docs/batch_invariance.md, "In the engine"). ``batch_invariant``: True, False or "auto",
-    a row's logits with the bits of the one-row AR step (docs/batch_invariance.md §Exact speculation).
+    ``kv_layout``: "contiguous" (:class:`StaticKVCache`) or "paged" (:class:`PagedKVCache` of
+    ``page_size`` rows, a power of two); ``cache_dtype`` (default the model's). ``compile``: blocks of
+    up to 64 rows run one compiled graph (``compile_mode``: torch.compile's; docs/compile.md).
+    ``linear``: which ``nn.Linear`` calls go through :func:`specops.linear` until :meth:`close`:
+    "auto" (a bf16/fp16 CPU model's), "specops" (all) or "torch" (none) (docs/batch_invariance.md, "In
+    the engine"). ``batch_invariant``: True, False or "auto", a row's logits with the bits of the
+    one-row AR step (docs/batch_invariance.md §Exact speculation).
 
-    Features are data: ``forward(..., want_hidden=True)`` also returns the LM head's input (the
-    final hidden state after the final norm) of the block's rows, and a feature (EAGLE-style) model
-    gets its per-row input features as ``prefill(..., features=)`` / ``forward(..., features=)``.
-    With ``keep_features``, ``features`` [B, max_len, H] (model dtype) holds the LM head's input at
-    every committed position ``p`` (the state that produced the logits for token ``p + 1``): filled at
-    prefill and by every ``keep``; rows at or past ``lens[b]`` are unspecified. A forward hook on the
-    decoder's final norm (or a pre-hook on the output embedding of a model without one) captures both,
-    only for this runner's own ``prefill`` / ``forward`` calls."""
+    Features are data: ``forward(..., want_hidden=True)`` also returns the LM head's input (after the
+    final norm) of the block's rows; a feature (EAGLE-style) model takes its input rows as
+    ``features=`` of ``prefill`` / ``forward``. With ``keep_features``, ``features`` [B, max_len, H]
+    (model dtype) holds the LM head's input at every committed position ``p`` (which produced the
+    logits for token ``p + 1``), filled at prefill and by every ``keep``; rows from ``lens[b]`` on are
+    unspecified. A hook on the final norm (else a pre-hook on the LM head) captures both, only in this
+    runner's own calls."""
 
     def __init__(self, model, batch_size, max_len, *, keep_features=False, cache_dtype=None,
                  kv_layout="contiguous", page_size=16, compile=False, compile_mode="default", linear="auto",
@@ -121,9 +106,8 @@ class ModelRunner:
         if not isinstance(compile, bool):
             raise ValueError(f"compile must be a bool, got {compile!r}")
         max_len = checks.integer("max_len", max_len, 1)
-        # A compiled block may carry padding rows (a first one-row block traces with two; CUDA graphs
-        # pad to buckets) whose K/V land past the valid rows: the cache keeps 64 spare rows (never
-        # committed, never attended).
+        # A compiled block's padding rows (a one-row block padded to two; CUDA graphs' buckets) write
+        # K/V past the valid rows: the cache keeps 64 spare rows, never committed nor attended.
         rows = max_len + (_compiled.MAX_BUCKET if compile else 0)
         cls, paging = StaticKVCache, {}
         if kv_layout == "paged":
@@ -158,7 +142,12 @@ class ModelRunner:
         self._capturing = False  # the hook records only our own forwards (a draft may share the model)
         self._hook = None
         if self.keep_features:
-            self._install_feature_hook(model, batch_size, max_len)
+            self._install_hook("keep_features")
+            # One spare row past max_len: ``keep`` sends the padding entries of an accepted path there
+            # instead of filtering them (a filter would read back a count).
+            self._features_buf = torch.zeros(batch_size, max_len + 1, cfg.hidden_size,
+                                             dtype=next(model.parameters()).dtype, device=self.device)
+            self.features = self._features_buf[:, :max_len]
 
     @property
     def lens(self):
@@ -178,30 +167,21 @@ class ModelRunner:
 
     @property
     def compile_time_s(self):
-        """Seconds this runner's forwards spent compiling (tracing, code generation or loading a
-        graph from the disk cache); 0.0 when every graph it used was compiled already."""
+        """Seconds this runner's forwards spent compiling (tracing, code generation or loading a saved
+        graph); 0.0 when every graph it used was compiled already."""
         return 0.0 if self.compiled is None else self.compiled.compile_time_s
 
     def warmup(self, sizes=None):
-        """Compiles (or loads) the graph for blocks of ``sizes`` query rows now (one graph for every
-        size; under CUDA graphs one per bucket, default every bucket), before any timed work; returns
-        the seconds spent. Call before ``prefill`` (it writes scratch rows)."""
+        """Compiles (or loads) the graph for blocks of ``sizes`` query rows (under CUDA graphs one per
+        bucket, default all) before timed work; returns the seconds spent. Call before ``prefill``."""
         return 0.0 if self.compiled is None else self.compiled.warmup(sizes)
 
     # ---- features --------------------------------------------------------------------------------
 
-    def _install_feature_hook(self, model, batch_size, max_len):
+    def _install_hook(self, why):
+        model = self.model
         if model.get_output_embeddings() is None:
-            raise ValueError("keep_features needs a model with an output embedding (LM head)")
-        # One spare row past max_len: ``keep`` sends the padding entries of an accepted path there
-        # instead of filtering them (a filter would read back a count).
-        self._features_buf = torch.zeros(batch_size, max_len + 1, text_config(model).hidden_size,
-                                         dtype=next(model.parameters()).dtype, device=self.device)
-        self.features = self._features_buf[:, :max_len]
-        self._spare_row = max_len
-        self._install_hook(model)
-
-    def _install_hook(self, model):
+            raise ValueError(f"{why} needs a model with an output embedding (LM head)")
         norm = getattr(model.get_decoder() if hasattr(model, "get_decoder") else None, "norm", None)
         self._all_rows = not isinstance(norm, torch.nn.Module)  # the head must see every row
         if self._all_rows:
@@ -215,8 +195,7 @@ class ModelRunner:
             self._hidden = args[0] if output is None else output
 
     def close(self):
-        """Removes the feature hook and restores the model's linear layers (a runner is per decode;
-        the model lives on)."""
+        """Removes the feature hook and restores the model's linear layers (the model outlives the runner)."""
         if self._undo_linear is not None:
             self._undo_linear()
             self._undo_linear = None
@@ -226,9 +205,7 @@ class ModelRunner:
 
     def _captured(self, fn, *args, want_hidden=False, **kw):
         if want_hidden and self._hook is None:
-            if self.model.get_output_embeddings() is None:
-                raise ValueError("want_hidden needs a model with an output embedding (LM head)")
-            self._install_hook(self.model)
+            self._install_hook("want_hidden")
         self._capturing = self.keep_features or want_hidden
         try:
             return fn(*args, **kw)
@@ -238,10 +215,9 @@ class ModelRunner:
     # ---- the loop's calls ------------------------------------------------------------------------
 
     def prefill(self, prompts, logits=True, *, features=None):
-        """Commits the prompts (lists of token ids). Shape: features [B, max len, H] or None (a
-        feature model's input rows) -> logits [B, V] after each prompt's last token (model dtype), or
-        None when ``logits`` is False (the LM head then runs on those rows only, or not at all where
-        the model allows)."""
+        """Commits the prompts (lists of token ids). Shape: features [B, max len, H] or None (a feature
+        model's input rows) -> logits [B, V] after each prompt's last token (model dtype; the LM head
+        runs on those rows only), or None when ``logits`` is False."""
         ids, lens = (t.to(self.device) for t in pad_batch(prompts))
         if self.keep_features and self._all_rows:
             out = self._captured(self.prefill_padded, ids, lens, features=features)
@@ -254,14 +230,12 @@ class ModelRunner:
         return out if logits else None
 
     def forward(self, tokens, parents, num_nodes=None, q_start=0, *, features=None, want_hidden=False):
-        """Forward of a (ragged, padded) tree block after the committed rows; logits of nodes
-        ``q_start..T-1`` only (rows below ``q_start`` hold their K/V from an earlier call on the
-        same block). Positions are ``lens + depth``.
+        """Forward of a (ragged, padded) tree block after the committed rows, at positions ``lens +
+        depth``: nodes ``q_start..T-1`` only (rows below ``q_start`` were written by an earlier call).
 
-        Shape: tokens int64 [B, T - q_start], parents int32 [B, T], num_nodes int32 [B] or None
-        (every row valid), features [B, T - q_start, H] or None (a feature model's input rows)
-        -> logits [B, T - q_start, V] in the model's dtype; with ``want_hidden`` (logits, hidden
-        [B, T - q_start, H]: the LM head's input of the same rows)."""
+        Shape: tokens int64 [B, T - q_start], parents int32 [B, T], num_nodes int32 [B] or None (all
+        valid), features [B, T - q_start, H] or None -> logits [B, T - q_start, V] (model dtype); with
+        ``want_hidden`` (logits, hidden [B, T - q_start, H]: the LM head's input of the same rows)."""
         self.forwards += 1
         mask, depth = build_tree_mask(parents, num_nodes, check=False)
         block_lens = num_nodes if num_nodes is not None else torch.full_like(self.lens, parents.shape[1])
@@ -272,13 +246,11 @@ class ModelRunner:
         return logits
 
     def keep(self, accept_idx, accept_lens, host_counts=None, *, check=True):
-        """Keeps, per sequence, the accepted block rows (and their features): one kv_compact on the
-        device; ``lens += accept_lens``.
+        """Keeps the accepted block rows (and their features): one kv_compact; ``lens += accept_lens``.
 
         Shape: accept_idx int32 [B, A] (block node indices, strictly increasing, root first; entries
-        at or past accept_lens[b] are padding), accept_lens int32 [B] (0 keeps nothing);
-        host_counts: the same counts as a list when the caller read them (then nothing is read
-        back and ``host_lens`` stays fresh). ``check``: the acceptance's value checks (one sync)."""
+        from accept_lens[b] on are padding), accept_lens int32 [B]; host_counts: the same counts as a
+        list (nothing is read back). ``check``: the acceptance's value checks (one sync)."""
         if self.keep_features and self._hidden is not None:
             self._keep_features(accept_idx, accept_lens)
         self.cache.compact(accept_idx, accept_lens, check=check, host_counts=host_counts)
@@ -298,7 +270,7 @@ class ModelRunner:
         T = self._hidden.shape[1]
         j = torch.arange(A, device=dev)
         valid = j[None, :] < accept_lens[:, None]  # [B, A]
-        pos = torch.where(valid, self.lens[:, None].long() + j, self._spare_row)  # [B, A]
+        pos = torch.where(valid, self.lens[:, None].long() + j, self.max_len)  # [B, A]: the spare row
         bi = torch.arange(B, device=dev)[:, None]
         rows = self._hidden[bi, accept_idx.long().clamp(0, T - 1)]  # [B, A, H]
         self._features_buf[bi, pos] = rows.to(self.features.dtype)
@@ -309,10 +281,9 @@ class ModelRunner:
     def prefill_padded(self, input_ids, lens, *, last_only=False, features=None):
         """Runs right-padded prompts from an empty cache and commits them.
 
-        Shape: input_ids int [B, L], lens int32 [B] (1 <= lens <= L) -> logits [B, L, V] in the
-        model's dtype (rows >= lens[b] are padding); with ``last_only`` [B, V], the logits after each
-        prompt's last token (the LM head then runs on those rows only). ``features`` [B, L, H]: a
-        feature model's input rows."""
+        Shape: input_ids int [B, L], lens int32 [B] (1 <= lens <= L), features [B, L, H] or None ->
+        logits [B, L, V] (model dtype; rows >= lens[b] are padding); with ``last_only`` [B, V], the
+        logits after each prompt's last token (the LM head runs on those rows only)."""
         checks.tensor("input_ids", input_ids, dtype=(torch.int64, torch.int32), shape=(self.B, None),
                        device=self.device)
         B, L = input_ids.shape
@@ -340,10 +311,10 @@ class ModelRunner:
         """The general form of ``forward``: any visibility mask (DAG, lookahead window) over the block.
 
         Shape: tokens int [B, Tq], mask int32 [B, Tq, W] (visibility of block keys 0..), depth int32
-        [B, Tq] (position = lens + depth), block_lens int32 [B] (valid block rows incl. these
-        queries), features [B, Tq, H] or None -> logits [B, Tq, V] in the model's dtype. Query rows >=
-        block_lens - q_start are padding. With ``compile=True`` a block of up to 64 rows runs the
-        compiled graph; a longer one (or one a sliding window cannot take) runs eagerly."""
+        [B, Tq] (position = lens + depth), block_lens int32 [B] (valid block rows incl. these queries;
+        query rows >= block_lens - q_start are padding), features [B, Tq, H] or None -> logits
+        [B, Tq, V] (model dtype). Under ``compile=True`` a block over 64 rows (or past a sliding
+        window) runs eagerly."""
         checks.tensor("tokens", tokens, dtype=(torch.int64, torch.int32), shape=(self.B, None),
                        device=self.device)
         Tq = tokens.shape[1]
@@ -366,7 +337,6 @@ class ModelRunner:
         # The block travels as one keyword down to every layer's attention; its packed mask as the
         # 4-D attention_mask, which HF's mask builders pass through (no dense mask is built).
         self.cache.begin_block(offset, ids.shape[1])
-        # features: a feature (EAGLE-style) model's input rows, as an argument
         kw = {k: v for k, v in (("logits_to_keep", logits_to_keep), ("features", features)) if v is not None}
         kw[BLOCK_KW] = block
         try:

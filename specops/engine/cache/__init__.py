@@ -1,7 +1,5 @@
-"""specops KV caches (transformers ``Cache`` subclasses): :class:`KVCache` over a KV layout
-(:class:`specops.ops.layout.KvLayout`), and its two constructors :class:`StaticKVCache` (one
-contiguous [L, B, Hkv, S, D] buffer) and :class:`PagedKVCache` (a page pool and a page table), with
-the same methods and semantics. ``KVCacheBase`` is :class:`KVCache`'s former name."""
+"""specops KV caches: :class:`KVCache` over a :class:`specops.ops.layout.KvLayout`, allocated by
+:class:`StaticKVCache` or :class:`PagedKVCache` (see :mod:`.base`). ``KVCacheBase``: its former name."""
 from .base import KVCache, PagedKVCache, StaticKVCache
 
 KVCacheBase = KVCache

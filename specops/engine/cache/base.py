@@ -1,22 +1,16 @@
-"""specops' KV cache: :class:`KVCache`, one class over a :class:`~specops.ops.layout.KvLayout` of all
-layers, and a transformers ``Cache``, so a stock HF model writes into it. :class:`StaticKVCache`
-(contiguous) and :class:`PagedKVCache` (a page pool and a page table: the layout of serving engines)
-allocate one of each layout, with the same methods and semantics.
+"""specops' KV cache: :class:`KVCache`, a transformers ``Cache`` (a stock HF model writes into it) over
+a :class:`~specops.ops.layout.KvLayout` of all layers; :class:`StaticKVCache` (contiguous) and
+:class:`PagedKVCache` (a page pool and a page table) allocate one of each layout.
 
-``lens`` int32 [B] counts the committed rows of every sequence. A forward appends its T new rows at
-``lens[b] + offset`` (``offset`` = rows of the current draft block already written); they stay
-uncommitted until ``compact`` (keep the accepted path) or ``commit`` (keep all). Where a row lives,
-and which compiled op compacts the cache, is the layout's (:meth:`KvLayout.address` /
-:meth:`KvLayout.op`): the paged write address is the layout's, not a copy of it.
-
-Two ways to drive it:
-- the specops runner (:class:`specops.engine.ModelRunner`) opens a block (``begin_block``), runs the
-  model, then compacts: lengths may be ragged across the batch; a layer's attention gets the
-  layer's storage ([B, Hkv, S, D], or the page pools [num_pages, page_size, Hkv, D], which the
-  ``"specops"`` attention reads through the block's page table);
-- a plain HF forward with ``past_key_values=cache`` and no block open appends and commits like
-  ``DynamicCache`` (lengths then stay equal across the batch); a paged layer hands attention its
-  rows gathered into a contiguous [B, Hkv, max_len, D] copy, which any attention reads.
+``lens`` int32 [B] counts each sequence's committed rows. A forward appends its T rows at ``lens[b] +
+offset`` (``offset``: rows of the current draft block already written), uncommitted until ``compact``
+(keep the accepted path) or ``commit`` (keep all). Row addresses and the compaction op are the
+layout's (:meth:`KvLayout.address` / :meth:`KvLayout.op`), never copies of them. Two drivers:
+- :class:`specops.engine.ModelRunner` opens a block (``begin_block``), runs the model, then compacts
+  (ragged lengths); a layer's attention gets the layer's storage ([B, Hkv, S, D], or the page pools
+  [num_pages, page_size, Hkv, D] that the ``"specops"`` attention reads through the page table);
+- a plain HF forward (no block open) appends and commits like ``DynamicCache`` (equal lengths); a
+  paged layer hands attention a contiguous [B, Hkv, max_len, D] copy of its rows, which any attention reads.
 """
 import numbers
 
@@ -52,7 +46,7 @@ class _Layer(CacheLayerMixin):
         return self.owner.max_len, 0
 
     def get_seq_length(self):
-        return self.owner.seq_length()
+        return self.owner.get_seq_length()
 
     def get_max_length(self):
         return self.owner.max_len
@@ -61,7 +55,7 @@ class _Layer(CacheLayerMixin):
 SIZE_NAMES = ("num_layers", "batch_size", "num_kv_heads", "max_len", "head_dim")
 
 
-def check_sizes(cls_name, names, sizes, dtype):
+def check_sizes(cls_name, sizes, dtype, names=SIZE_NAMES):
     """Constructor arguments: positive ints and a KV dtype, named in the error."""
     for name, size in zip(names, sizes):
         checks.scalar(f"{cls_name} {name}", size, numbers.Integral, "an int")
@@ -73,25 +67,21 @@ def check_sizes(cls_name, names, sizes, dtype):
 
 
 def rows_index(kv, b, r):
-    """The index of ``kv.k`` / ``kv.v`` selecting row ``r[i, j]`` of sequence ``b[i, j]`` (int64
-    tensors, broadcast together) in flattened (i, j) order: :meth:`KvLayout.address` then
-    :meth:`KvLayout.index`."""
+    """The index of ``kv.k`` / ``kv.v`` selecting row ``r[i, j]`` of sequence ``b[i, j]`` (int64,
+    broadcast together) in flattened (i, j) order."""
     return kv.index(*(a.flatten() for a in kv.address(b, r)))
 
 
 class KVCache(Cache):
-    """The KV cache of ``max_len`` rows per sequence (None: every row the layout holds) over ``layout``,
-    a :class:`KvLayout` of all layers: contiguous (S >= max_len) or paged with page_table int32
-    [B, max_pages] (max_pages * page_size >= max_len); fp32, fp16 or bf16 (what ``kv_compact`` moves),
-    stride 1 in D, K and V in separate memory. The layout's tensors are the cache's storage (written in
-    place; a paged table must address each sequence's own pages).
+    """The KV cache of ``max_len`` rows per sequence (None: all the layout holds) over ``layout``, a
+    :class:`KvLayout` of all layers, contiguous (S >= max_len) or paged (page_table int32 [B, max_pages],
+    max_pages * page_size >= max_len, each sequence on its own pages); fp32, fp16 or bf16, stride 1 in
+    D, K and V apart. The layout's tensors are the storage, written in place.
 
     Shape: lens int32 [B]. Attributes: ``k``, ``v`` (contiguous) or ``k_pages``, ``v_pages``,
     ``page_table``, ``num_pages`` (paged); ``page_size`` (None contiguous), ``num_layers``,
-    ``num_kv_heads``, ``head_dim``, ``max_len``, ``dtype``, ``layout``.
-
-    Every method validates its arguments before it writes anything: a rejected call leaves the
-    storage and ``lens`` bit-identical."""
+    ``num_kv_heads``, ``head_dim``, ``max_len``, ``dtype``, ``layout``. Every method validates before
+    it writes: a rejected call leaves the storage and ``lens`` bit-identical."""
 
     def __init__(self, layout, max_len=None):
         name = type(self).__name__
@@ -101,7 +91,7 @@ class KVCache(Cache):
         k, cap = layout.k, layout.capacity()
         max_len = cap if max_len is None else max_len
         sizes = (k.shape[0], layout.batch(), layout.num_kv_heads, max_len, k.shape[-1])
-        check_sizes(name, SIZE_NAMES, sizes, k.dtype)
+        check_sizes(name, sizes, k.dtype)
         if max_len > cap:
             raise ValueError(f"{name} max_len must be <= {cap} (the rows the layout holds per sequence), got {max_len}")
         self.layout, self.dtype, self.page_size = layout, k.dtype, layout.page_size
@@ -119,15 +109,13 @@ class KVCache(Cache):
 
     @classmethod
     def for_model(cls, model, batch_size, max_len, *, dtype=None, device=None, **kwargs):
-        """Sized from an HF model's config (text config for multimodal wrappers), on
-        :class:`StaticKVCache` / :class:`PagedKVCache`; a model sharded by tensor parallelism gets
-        this rank's KV heads (``specops.parallel.local_kv_heads``; heads that do not divide by the
-        TP size raise ValueError). ``kwargs`` go to the constructor (e.g. ``page_size``)."""
+        """Sized from an HF model's (text) config, on :class:`StaticKVCache` / :class:`PagedKVCache`,
+        with this rank's KV heads under tensor parallelism (``specops.parallel.local_kv_heads``, which
+        raises ValueError for heads that do not divide). ``kwargs`` go to the constructor (``page_size``)."""
         cfg = text_config(model)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        kv_heads = local_kv_heads(model, cfg)  # a tensor-parallel rank caches its own heads only
         param = next(model.parameters())
-        return cls(cfg.num_hidden_layers, batch_size, kv_heads, max_len, head_dim,
+        return cls(cfg.num_hidden_layers, batch_size, local_kv_heads(model, cfg), max_len, head_dim,
                    dtype=dtype or param.dtype, device=device or param.device, **kwargs)
 
     # ---- sizes and views --------------------------------------------------------------------
@@ -156,11 +144,8 @@ class KVCache(Cache):
             self._host_lens = self.lens.tolist()
         return self._host_lens
 
-    def seq_length(self):
-        return max(self.host_lens())
-
     def get_seq_length(self, layer_idx=0):
-        return self.seq_length()
+        return max(self.host_lens())
 
     def get_mask_sizes(self, query_length, layer_idx=0):
         return self.max_len, 0
@@ -176,9 +161,8 @@ class KVCache(Cache):
 
     # ---- writing ------------------------------------------------------------------------------
     def begin_block(self, offset, rows):
-        """The next forward writes ``rows`` new rows at ``lens + offset`` (a draft block that grows
-        over several forwards passes its current size as ``offset``); raises before anything is
-        written if any sequence would overflow. ``offset`` >= 0, ``rows`` >= 1 (ints)."""
+        """The next forward writes ``rows`` (>= 1) new rows at ``lens + offset`` (>= 0; a growing draft
+        block's current size); raises before anything is written if a sequence would overflow."""
         offset = checks.integer("offset", offset, 0)
         rows = checks.integer("rows", rows, 1)
         self._check_room(offset + rows, "begin_block")
@@ -189,11 +173,9 @@ class KVCache(Cache):
         self._block = self._write = None
 
     def append_block(self, layer, k, v):
-        """Writes one layer's new rows. Shape: k, v [B, Hkv, T, D] -> what the layer's attention
-        reads (see the module).
-
-        In a block (``begin_block``) the rows go to ``lens + offset`` and stay uncommitted; in plain
-        mode they go to ``lens`` and are committed after the last layer."""
+        """Writes one layer's new rows: at ``lens + offset``, uncommitted, in a block (``begin_block``);
+        else at ``lens``, committed after the last layer. Shape: k, v [B, Hkv, T, D] -> what the layer's
+        attention reads (see the module)."""
         L, B, H, D = self.num_layers, self.batch_size, self.num_kv_heads, self.head_dim
         dev = self.lens.device
         layer = checks.integer("layer", layer, 0, L - 1, f"the cache has num_layers={L}")
@@ -224,11 +206,9 @@ class KVCache(Cache):
         return kv.k, kv.v
 
     def _write_target(self, offset, T):
-        # Computed once per forward, reused by every layer: (index of a layer's k / v, flat, T). A
-        # contiguous cache whose sequences all write at the same row takes one slice, [B, Hkv, T, D]
-        # (a copy into a view: plain decoding's path); otherwise the new rows' addresses select
-        # [B * T, Hkv, D] in (b, t) order (flat). The room check just read the host mirror of lens:
-        # no sync here.
+        # Once per forward, for every layer: (index of a layer's k / v, flat, T). Equal lengths on a
+        # contiguous cache take one slice [B, Hkv, T, D] (plain decoding); else the rows' addresses
+        # select [B * T, Hkv, D] in (b, t) order (flat). The host mirror is fresh here: no sync.
         if not self.layout.is_paged and len(set(self.host_lens())) == 1:
             start = self.host_lens()[0] + offset
             return (slice(None), slice(None), slice(start, start + T)), False, T
@@ -250,13 +230,12 @@ class KVCache(Cache):
         return host_counts
 
     def commit(self, counts, host_counts=None, *, check=True):
-        """Keeps the first ``counts[b]`` rows written after ``lens[b]`` (int32 [B]): lens += counts.
+        """Keeps the first ``counts[b]`` (int32 [B]) rows written after ``lens[b]``: lens += counts.
 
-        ``host_counts``: the same counts as a Python list, when the caller has them; keeps the host
-        mirror of ``lens`` fresh without a sync. ``check=True`` requires ``0 <= counts[b]`` and
-        ``lens[b] + counts[b] <= max_len``; without ``host_counts`` that costs one host sync, which
-        refreshes the host mirror (so the next block's room check needs none). ``check=False``
-        skips the value checks (no sync) and leaves the result unspecified for bad counts."""
+        ``host_counts``: the same counts as a list, keeping the host mirror of ``lens`` fresh without
+        a sync. ``check=True`` requires ``0 <= counts[b] <= max_len - lens[b]``; without
+        ``host_counts`` that costs one sync, which refreshes the mirror. ``check=False``: no checks,
+        no sync, an unspecified result for bad counts."""
         checks.lengths("counts", counts, self.batch_size, self.lens.device)
         host_counts = self._host_count_list(host_counts)
         if check:
@@ -276,11 +255,9 @@ class KVCache(Cache):
 
     def compact(self, accept_idx, accept_lens, *, check=True, backend=None, host_counts=None):
         """Keeps the accepted block rows: row ``lens + accept_idx[b, j]`` moves to ``lens + j`` in every
-        layer (one call of the layout's compiled op: the cache's storage was checked when it was
-        built, so only the acceptance is checked here), then ``lens += accept_lens``.
-        ``host_counts``: accept_lens as a Python list when the caller has read them anyway (the
-        decoding loop's packed read); keeps the host mirror of ``lens`` fresh, so the next block's
-        room check needs no sync. Trusted, like ``check=False``.
+        layer (one call of the layout's compiled op; only the acceptance is checked, the storage was
+        at construction), then ``lens += accept_lens``. ``host_counts``: accept_lens as a list (the
+        loop's packed read), keeping the host mirror fresh; trusted, like ``check=False``.
 
         Shape: accept_idx int32 [B, A], accept_lens int32 [B]."""
         host_counts = self._host_count_list(host_counts)  # before anything is written
@@ -290,16 +267,13 @@ class KVCache(Cache):
         impl = resolve(self.layout.op("kv_compact"), self.device, backend)
         if accept_idx.shape[1]:  # the kernels are never launched for an empty acceptance
             impl(*self.layout.tensors(), self.lens, accept_idx, accept_lens)
-        # No second check: with check=True the value rules have verified lens + accept_idx[b, j] < the layout's
-        # capacity (max_len for a StaticKVCache; a paged one's last page may hold more, rows the sequence
-        # owns) for strictly increasing accept_idx[b, j] >= j, so lens + accept_lens stays within it; with
-        # check=False nothing is checked (and nothing syncs), as documented.
+        # No second check: check=True verified lens + accept_idx[b, j] < capacity (rows the sequence
+        # owns) for strictly increasing accept_idx[b, j] >= j, so lens + accept_lens stays within it.
         self.commit(accept_lens, host_counts, check=False)
 
     def truncate(self, new_lens, host_lens=None):
         """Metadata only: ``lens = new_lens`` (int32 [B], each <= the current length). The check costs
-        one host sync (which refreshes the host mirror), none when the caller passes the same lengths as
-        a list (``host_lens``) and the cache's host copy of its lengths is fresh."""
+        one sync (refreshing the mirror), none given ``host_lens`` (the same as a list) and a fresh mirror."""
         checks.lengths("new_lens", new_lens, self.batch_size, self.lens.device)
         host_lens = self._host_count_list(host_lens)
         if host_lens is None or self._host_lens is None:  # both from the device in one sync
@@ -318,7 +292,7 @@ class KVCache(Cache):
 
     def crop(self, tokens_to_remove):
         """HF's crop: drop the last ``|tokens_to_remove|`` rows of every sequence (transformers passes
-        a negative count, ``crop(-n)``; a positive one removes as many); lengths stop at 0."""
+        ``crop(-n)``); lengths stop at 0."""
         n = abs(checks.integer("tokens_to_remove", tokens_to_remove))
         self.truncate((self.lens - n).clamp(min=0))
 
@@ -351,14 +325,14 @@ class KVCache(Cache):
 
 
 class StaticKVCache(KVCache):
-    """Preallocated contiguous K/V for ``num_layers`` layers of ``batch_size`` sequences of ``max_len``
-    rows. Shape: k, v [L, B, Hkv, S, D] (S = max_len); lens int32 [B]. ``dtype``: fp32, fp16 or bf16."""
+    """Preallocated contiguous K/V. Shape: k, v [L, B, Hkv, S, D] (S = max_len); lens int32 [B].
+    ``dtype``: fp32, fp16 or bf16."""
 
     def __init__(self, num_layers, batch_size, num_kv_heads, max_len, head_dim, *, dtype=torch.float32,
                  device="cpu"):
         shape = (num_layers, batch_size, num_kv_heads, max_len, head_dim)
         # Checked before allocating, so the error names this constructor's arguments.
-        check_sizes("StaticKVCache", SIZE_NAMES, shape, dtype)
+        check_sizes("StaticKVCache", shape, dtype)
         super().__init__(KvLayout.contiguous(*(torch.zeros(shape, dtype=dtype, device=device) for _ in "kv")),
                          max_len)
 
@@ -367,26 +341,21 @@ DEFAULT_PAGE_ORDER_SEED = 0  # page_order=None: a fixed permutation of the pool,
 
 
 class PagedKVCache(KVCache):
-    """Preallocated paged K/V for ``num_layers`` layers of ``batch_size`` sequences of up to
-    ``max_len`` rows. Row ``r`` of sequence ``b`` is slot ``r % page_size`` of page
-    ``page_table[b, r // page_size]``. Every sequence owns its pages from construction on (no
-    allocator: the table is fixed), in a scattered order, so code and tests run on non-contiguous
-    pages as an engine's would.
+    """Preallocated paged K/V: row ``r`` of sequence ``b`` is slot ``r % page_size`` of page
+    ``page_table[b, r // page_size]``. The table is fixed at construction (no allocator) and scattered,
+    so code and tests run on non-contiguous pages as an engine's would.
 
     Shape: k_pages, v_pages [L, num_pages, page_size, Hkv, D]; page_table int32 [B, max_pages]
-    (max_pages = ceil(max_len / page_size)); lens int32 [B].
-
-    ``page_size``: a power of two (the kernels split rows with shifts). ``num_pages``: the pool
-    size, at least ``B * max_pages`` (the default; more leaves spare pages no sequence uses).
-    ``page_order``: which pool pages the sequences get, in table order: None (a fixed scattered
-    permutation), a ``torch.Generator`` (a random permutation from it) or an int tensor
-    [num_pages] holding a permutation of ``0..num_pages-1``."""
+    (max_pages = ceil(max_len / page_size)); lens int32 [B]. ``page_size``: a power of two (the
+    kernels shift). ``num_pages`` >= ``B * max_pages`` (the default; more are spare). ``page_order``:
+    the pool pages in table order: None (a fixed scattered permutation), a ``torch.Generator`` (a
+    random one) or an int tensor [num_pages], a permutation of ``0..num_pages-1``."""
 
     def __init__(self, num_layers, batch_size, num_kv_heads, max_len, head_dim, *, page_size=16, num_pages=None,
                  page_order=None, dtype=torch.float32, device="cpu"):
         # Checked before allocating, so the errors name this constructor's arguments.
         sizes = (num_layers, batch_size, num_kv_heads, max_len, head_dim, page_size)
-        check_sizes("PagedKVCache", SIZE_NAMES + ("page_size",), sizes, dtype)
+        check_sizes("PagedKVCache", sizes, dtype, SIZE_NAMES + ("page_size",))
         checks.power_of_two("PagedKVCache page_size", page_size)
         max_pages = -(-max_len // page_size)
         needed = batch_size * max_pages
