@@ -1,7 +1,5 @@
 """specops: kernels for speculative decoding of LLMs (torch / CPU C++ / Triton / CUDA C++ backends).
-
-``python -m specops`` prints which backends are available here and why.
-"""
+``python -m specops`` prints which backends are available here and why."""
 from . import extension  # noqa: F401  (loads the compiled extensions and their op registrations)
 from .backend import BackendUnavailable, CallUnsupported, available, default_backend, use_backend
 from .ops.tree_attention import tree_attention, tree_attention_paged

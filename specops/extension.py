@@ -1,7 +1,5 @@
-"""Loads the compiled extensions once and remembers why one is missing.
-
-Importing an extension runs its TORCH_LIBRARY registrations; nothing here probes devices.
-"""
+"""Loads the compiled extensions once (running their TORCH_LIBRARY registrations) and remembers why
+one is missing; nothing here probes devices."""
 import importlib
 
 import torch  # loads libc10/libtorch, which the extensions link against

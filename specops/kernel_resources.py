@@ -156,13 +156,11 @@ def cuda_rows(so_path, archs):
         if arch not in archs:
             continue
         kernel, config = _split_name(names[r["function"]])
-        threads, dyn = bounds.get((r["arch"], r["function"])), 0
         launch = CUDA_LAUNCH.get((kernel, config), CUDA_LAUNCH.get(kernel))
-        problems = [] if launch is not None or kernel != "tree_attention_tc_kernel" else [
-            f"no CUDA_LAUNCH entry for {config}: dynamic smem unknown"]
-        if launch is not None:
-            t, dyn = launch
-            threads = t or threads
+        t, dyn = launch or (None, 0)
+        threads = t or bounds.get((r["arch"], r["function"]))
+        problems = [f"no CUDA_LAUNCH entry for {config}: dynamic smem unknown"] if (
+            launch is None and kernel == "tree_attention_tc_kernel") else []
         notes = ["spills are stack bytes"] if r["STACK"] else []
         if dyn is None:
             notes.append("+ dynamic smem per call")

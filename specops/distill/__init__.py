@@ -1,9 +1,6 @@
-"""Training distilled draft models for the embedded targets: ``specops distill``.
-
-The drafts themselves (classes, loading, the shipped ones) are run-time code in
-:mod:`specops.draft_models` and :mod:`specops.models`; this package imports them for training and
-re-exports the loaders for its callers.
-"""
+"""Training distilled draft models for the embedded targets: ``specops distill``. The drafts
+(classes, loading, the shipped ones) are run-time code in :mod:`specops.draft_models` and
+:mod:`specops.models`; this package re-exports their loaders."""
 from ..draft_models import DRAFTS_DIR, SUFFIX, SubsetLMHead, load_draft_dir, shipped_draft_dir
 from ..models import load_draft, load_draft_path, target_embedding
 from .cli import add_arguments, main, run_args

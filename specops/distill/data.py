@@ -42,22 +42,19 @@ class TextRows:
     """The corpus as deterministic rows of ``row_len`` tokens, mixing the sources round-robin."""
 
     def __init__(self, tokenizer, pools, row_len, seed):
-        self.tok, self.row_len = tokenizer, row_len
-        rng = random.Random(seed)
-        self.pools = []
-        for name, items in pools:
-            items = list(items)
+        self.tok, self.row_len, rng = tokenizer, row_len, random.Random(seed)
+        self.pools = [(name, list(items)) for name, items in pools]
+        for _, items in self.pools:
             rng.shuffle(items)
-            self.pools.append((name, items))
-        self._cursor = [0] * len(self.pools)
+        self.cursor = [0] * len(self.pools)  # per pool: the items read so far
         self._buffers = [[] for _ in self.pools]
-        self.rows = []  # (pool name, token list)
+        self.taken = 0  # rows
 
     def _fill(self, p):
-        name, items = self.pools[p]
-        while len(self._buffers[p]) < self.row_len and self._cursor[p] < len(items):
-            _, text = items[self._cursor[p]]
-            self._cursor[p] += 1
+        items = self.pools[p][1]
+        while len(self._buffers[p]) < self.row_len and self.cursor[p] < len(items):
+            _, text = items[self.cursor[p]]
+            self.cursor[p] += 1
             ids = self.tok(text, add_special_tokens=False)["input_ids"]
             self._buffers[p].extend(ids + ([self.tok.eos_token_id] if self.tok.eos_token_id is not None else []))
         if len(self._buffers[p]) < self.row_len:
@@ -67,7 +64,7 @@ class TextRows:
 
     def take(self, n):
         """The next ``n`` rows (sources in turn; an exhausted source is skipped)."""
-        out, p, dead = [], len(self.rows) % max(1, len(self.pools)), 0
+        out, p, dead = [], self.taken % max(1, len(self.pools)), 0
         while len(out) < n and dead < len(self.pools):
             row = self._fill(p)
             if row is None:
@@ -76,7 +73,7 @@ class TextRows:
                 dead = 0
                 out.append((self.pools[p][0], row))
             p = (p + 1) % len(self.pools)
-        self.rows.extend(out)
+        self.taken += len(out)
         return out
 
 

@@ -60,24 +60,19 @@ def collect(target, tokenizer, data_dir, plan, progress):
     todo = [i for i in range(len(kinds)) if not os.path.exists(data.shard_path(data_dir, i))]
     progress.log(f"data: {len(kinds)} shards ({n_gen} generated, {len(kinds) - n_gen} corpus), "
                  f"{len(kinds) - len(todo)} already collected")
-    gi = 0
     for i, kind in enumerate(kinds):
-        path = data.shard_path(data_dir, i)
-        ts = time.perf_counter()
+        path, ts = data.shard_path(data_dir, i), time.perf_counter()
+        rows = text_rows.take(rows_per_text) if kind == "text" else None  # even when the shard exists
+        if os.path.exists(path):
+            continue
         if kind == "text":
-            rows = text_rows.take(rows_per_text)  # advance the stream even when the shard exists
-            if os.path.exists(path):
-                continue
             if not rows:
                 raise ValueError("the offline corpus ran out of text; lower --tokens or --gen-frac")
             shard = data.label_text_rows(target, rows, plan["k"], features=features)
         else:
-            batch = prompts[gi * plan["gen_batch"]:(gi + 1) * plan["gen_batch"]]
-            temp = temps[gi % len(temps)]
-            gi += 1
-            if os.path.exists(path):
-                continue
-            shard = data.label_generations(target, tokenizer, batch, plan["k"], plan["gen_tokens"], temp,
+            gi, n = kinds[:i].count("gen"), plan["gen_batch"]  # the gi-th generated shard
+            shard = data.label_generations(target, tokenizer, prompts[gi * n:(gi + 1) * n], plan["k"],
+                                           plan["gen_tokens"], temps[gi % len(temps)],
                                            seed=plan["seed"] * 100_003 + i)
             if features:
                 data.add_features(target, shard)
@@ -85,7 +80,7 @@ def collect(target, tokenizer, data_dir, plan, progress):
         data.save_shard(shard, path)
         done += 1
         progress.update("collect", done, len(todo), t0, f"shard {i} ({kind})", force=done == len(todo))
-    used = {name: [n for n, _ in items[:cur]] for (name, items), cur in zip(text_rows.pools, text_rows._cursor)}
+    used = {name: [n for n, _ in items[:cur]] for (name, items), cur in zip(text_rows.pools, text_rows.cursor)}
     pools = {name: {"items_available": len(items), "items_used": len(used[name]),
                     "chars_available": sum(len(t) for _, t in items)} for name, items in text_rows.pools}
     manifest = {"python": platform.python_version(), "corpus_pools": pools, "corpus_items_used": used,

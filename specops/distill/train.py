@@ -228,9 +228,9 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
         n_run += 1
         done = state["step"]
         timed_out = max_seconds is not None and state["wall"] >= max_seconds
+        means = {"loss": run_loss / n_run, "train_agree": run_agree / n_run}  # since the last evaluation
         if done % eval_every == 0 or done == steps or timed_out:
-            state["history"].append({"step": done, "loss": run_loss / n_run, "train_agree": run_agree / n_run,
-                                     "wall_s": round(state["wall"], 1)})
+            state["history"].append({"step": done, **means, "wall_s": round(state["wall"], 1)})
             if val_rows:
                 by_depth = evaluate_rows(draft, val_rows, full2sub, amp, depth=depth)
                 score = chain_score(by_depth)
@@ -244,10 +244,8 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
                     save(os.path.join(ckpt_dir, "best.pt"))
             run_loss = run_agree = n_run = 0
         if progress:
-            h = state["history"][-1] if state["history"] else {}
-            if n_run:  # running means since the last evaluation
-                h = {**h, "loss": run_loss / n_run, "train_agree": run_agree / n_run}
-            extra = f"loss {h.get('loss', float('nan')):.3f} agree {h.get('train_agree', 0):.3f}"
+            h = {**state["history"][-1], **means} if state["history"] else means
+            extra = f"loss {h['loss']:.3f} agree {h['train_agree']:.3f}"
             if "val_agree" in h:
                 extra += f" val {h['val_agree']:.3f} (best {state['best_agree']:.3f})"
                 if "val_agree_by_depth" in h:
