@@ -1,8 +1,6 @@
-"""specops.decoding.grammar on the SmolLM2 tokenizer: compile errors, tree masks against
-per-node matchers, commit semantics, and greedy masked decoding that yields parseable JSON.
-
-Skips cleanly without a grammar engine (pip install specops[grammar]) or without the converted
-SmolLM2 cache (nothing is downloaded)."""
+"""specops.decoding.grammar on the SmolLM2 tokenizer: compile errors, tree masks against per-node
+matchers, commit semantics, and greedy masked decoding that yields parseable JSON. Skips without a
+grammar engine (pip install specops[grammar]) or the converted SmolLM2 (nothing is downloaded)."""
 import json
 import os
 import re
@@ -48,8 +46,8 @@ def engine(request):
     return request.param
 
 
-def ids_of(tok, text, eos=True):
-    return tok.encode(text, add_special_tokens=False) + ([tok.eos_token_id] if eos else [])
+def ids_of(tok, text):
+    return tok.encode(text, add_special_tokens=False)
 
 
 # ---- construction ---------------------------------------------------------------------------
@@ -87,7 +85,7 @@ def test_next_mask_follows_the_grammar(tok, engine):
     texts = {tok.decode([t]) for t in allowed}
     assert texts and all("yes".startswith(s) or "no".startswith(s) for s in texts), texts
     assert tok.eos_token_id not in allowed
-    g.advance(ids_of(tok, "yes", eos=False))
+    g.advance(ids_of(tok, "yes"))
     assert allowed_tokens(g.fill_next_bitmask(), len(tok))[0, tok.eos_token_id] and not g.is_terminated()[0]
     g.advance([tok.eos_token_id])
     assert g.is_terminated() == [True]
@@ -95,9 +93,9 @@ def test_next_mask_follows_the_grammar(tok, engine):
 
 def test_tree_rows_equal_per_node_matchers(tok, engine):
     """Every valid node's row is the next mask of a fresh matcher fed the node's path."""
-    committed = ids_of(tok, '{"name": "abc", "n": 1', eos=False)
-    cont = ids_of(tok, '2, "kind": "b", "xs": [1.5, 2], "inner": {"ok": true}}', eos=False)
-    dead = ids_of(tok, " hello", eos=False)[0]  # a word right after a digit: never JSON
+    committed = ids_of(tok, '{"name": "abc", "n": 1')
+    cont = ids_of(tok, '2, "kind": "b", "xs": [1.5, 2], "inner": {"ok": true}}')
+    dead = ids_of(tok, " hello")[0]  # a word right after a digit: never JSON
     # 0 = root (committed[-1]); a chain of the true continuation, a dead sibling at depth 1,
     # a child of the dead sibling (dead too), a duplicate branch at depth 2, one at depth 1.
     parents = [-1, 0, 1, 2, 3, 0, 5, 1, 0]
@@ -141,10 +139,10 @@ def test_bad_tree_input(tok, engine):
 
 def test_constrain_prunes_rejected_candidates_and_appends_forced_tokens(tok, engine):
     g = Grammar(tok, json_schema=SCHEMA, engine=engine)
-    prefix = ids_of(tok, '{"name": "abc", "n', eos=False)
+    prefix = ids_of(tok, '{"name": "abc", "n')
     g.advance(prefix)
-    good = ids_of(tok, '": 1', eos=False)  # a valid continuation
-    bad = ids_of(tok, ' hello', eos=False)  # not JSON here
+    good = ids_of(tok, '": 1')  # a valid continuation
+    bad = ids_of(tok, ' hello')  # not JSON here
     tokens = [prefix[-1]] + good + bad
     parents = [-1] + list(range(len(good))) + [0] + list(range(len(good) + 1, len(good) + len(bad)))
     out_t, out_p = g.constrain(0, tokens, parents, forced=0)
@@ -169,13 +167,13 @@ def test_rows_after_paths_equal_the_tree_rows(tok, engine):
     """A model drafter's masks (allowed tokens after each drafted path) are the rows the tree walk
     gives the same nodes; a rejected path allows everything; the committed state is unchanged."""
     g = Grammar(tok, json_schema=SCHEMA, engine=engine)
-    doc = ids_of(tok, DOC, eos=False)
+    doc = ids_of(tok, DOC)
     g.advance(doc[:3])
     chain = doc[3:9]
     tree = g.fill_tree_bitmask(torch.tensor([[-1] + list(range(len(chain)))], dtype=torch.int32),
                                torch.tensor([[doc[2]] + chain], dtype=torch.int32))[0]  # [7, W]
     before = g.fill_next_bitmask()
-    rows = g.rows_after([(0, chain[:i]) for i in range(len(chain) + 1)] + [(0, ids_of(tok, " hello", eos=False))])
+    rows = g.rows_after([(0, chain[:i]) for i in range(len(chain) + 1)] + [(0, ids_of(tok, " hello"))])
     assert torch.equal(rows[:-1], tree)
     assert bool((rows[-1] == -1).all()) or bool((rows[-1][:-1] == -1).all())  # all allowed (tail bits cleared)
     assert torch.equal(g.fill_next_bitmask(), before)
@@ -187,19 +185,15 @@ def greedy(g, tok, logits_fn, max_tokens=120):
     """Greedy decoding of one sequence under the grammar, from made-up logits: a draft tree of a
     chain of the next 3 argmax guesses is masked, verified greedily against the masked rows, and
     the accepted path plus the bonus token committed (the loop's order of work)."""
-    out = []
-    first = logits_fn(out)  # [V]
-    apply_token_bitmask(first[None], g.fill_next_bitmask())
-    out.append(int(first.argmax()))
-    g.advance([out[-1]])
+    out = [int(apply_token_bitmask(logits_fn([])[None], g.fill_next_bitmask()).argmax())]
+    g.advance(out)
     while not g.is_terminated()[0] and len(out) < max_tokens:
         # drafts: the unmasked argmax chain (often off-grammar: the mask must prune it)
         chain = [out[-1]]
         for _ in range(3):
             chain.append(int(logits_fn(out + chain[1:]).argmax()))
-        parents = torch.tensor([[-1, 0, 1, 2]], dtype=torch.int32)
-        tokens = torch.tensor([chain], dtype=torch.int32)
-        mask = g.fill_tree_bitmask(parents, tokens)  # [1, 4, W]
+        mask = g.fill_tree_bitmask(torch.tensor([[-1, 0, 1, 2]], dtype=torch.int32),
+                                   torch.tensor([chain], dtype=torch.int32))  # [1, 4, W]
         rows = torch.stack([logits_fn(out + chain[1:i + 1]) for i in range(4)])[None]  # [1, 4, V]
         apply_token_bitmask(rows, mask)
         accepted = []

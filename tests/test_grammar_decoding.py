@@ -1,9 +1,7 @@
 """generate(json_schema= / regex= / ebnf=): every method's output follows the grammar, greedy lossless
 methods give AR's tokens under it (bf16 with batch_invariant=True), the grammar's end stops a
-sequence, bad arguments raise before any forward (docs/structured.md).
-
-Skips without a grammar engine (pip install specops[grammar]) or without the converted SmolLM2 in
-the specops cache (nothing is downloaded)."""
+sequence, bad arguments raise before any forward (docs/structured.md). Skips without a grammar
+engine (pip install specops[grammar]) or the converted SmolLM2 (nothing is downloaded)."""
 import json
 import re
 

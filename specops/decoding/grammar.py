@@ -1,15 +1,10 @@
-"""Grammar-constrained decoding over draft trees: one grammar state per tree node.
-
-A :class:`Grammar` compiles a JSON schema, a regex or an EBNF grammar once per request with an
-optional engine (``pip install specops[grammar]``: ``xgrammar``, the default, or ``llguidance``) and
-keeps one *committed* matcher per sequence (the state after every emitted token, the tree's root
-included). Per step :meth:`Grammar.fill_tree_bitmask` gives every draft-tree node its allowed tokens,
-the caller masks the target's tree logits with them (``specops.apply_token_bitmask``) and verifies as
-usual, and :meth:`Grammar.advance` commits the emitted tokens: docs/structured.md §Design.
-
-The engines are CPU libraries: a step costs one mask per tree node and sequence on the host
-(docs/structured.md has the measured figures).
-"""
+"""Grammar-constrained decoding over draft trees: one grammar state per tree node (docs/structured.md
+§Design). A :class:`Grammar` compiles a JSON schema, a regex or an EBNF grammar once per request with
+an optional engine (``pip install specops[grammar]``: ``xgrammar``, the default, or ``llguidance``),
+keeps one committed matcher per sequence (the state after every emitted token, the tree's root
+included), gives every draft-tree node its allowed tokens (:meth:`Grammar.fill_tree_bitmask`) and
+commits the emitted ones (:meth:`Grammar.advance`). The engines run on the CPU: a step costs one mask
+per tree node and sequence on the host (docs/structured.md has the measured figures)."""
 import importlib.util
 import json
 
@@ -29,8 +24,6 @@ def available_engines():
 class _LLGuidance:
     """llguidance; ``ebnf`` (GBNF) goes through the Lark converter it ships (docs/structured.md
     §Engine choice)."""
-
-    name = "llguidance"
 
     def __init__(self, tokenizer, vocab_size):
         import llguidance
@@ -52,13 +45,13 @@ class _LLGuidance:
         grammar = make(spec)
         is_error, messages = M.validate_grammar_with_warnings(grammar, self.tok)
         if is_error:
-            raise _CompileError("; ".join(messages) or "invalid grammar")
+            raise ValueError("; ".join(messages) or "invalid grammar")
         return grammar
 
     def matcher(self, compiled):
         m = self._llg.LLMatcher(self.tok, compiled, log_level=0)
         if m.is_error():
-            raise _CompileError(m.get_error())
+            raise ValueError(m.get_error())
         return m
 
     def consume(self, m, token):
@@ -80,8 +73,6 @@ class _LLGuidance:
 class _XGrammar:
     """xgrammar; ``ebnf`` is GBNF, its own dialect (docs/structured.md §Engine choice)."""
 
-    name = "xgrammar"
-
     def __init__(self, tokenizer, vocab_size):
         import xgrammar
 
@@ -93,14 +84,12 @@ class _XGrammar:
         self.stop_tokens = set(info.stop_token_ids)
 
     def compile(self, kind, spec):
+        # json_schema: fixed separators (", " and ": "), no free whitespace: a small model otherwise
+        # fills its budget with newlines inside an object.
         c = self._compiler
-        if kind == "json_schema":
-            # Fixed separators (", " and ": "), no free whitespace: a small model otherwise fills
-            # its budget with newlines inside an object.
-            return c.compile_json_schema(spec, any_whitespace=False)
-        if kind == "regex":
-            return c.compile_regex(spec)
-        return c.compile_grammar(spec)
+        make = {"json_schema": lambda schema: c.compile_json_schema(schema, any_whitespace=False),
+                "regex": c.compile_regex, "ebnf": c.compile_grammar}[kind]
+        return make(spec)
 
     def matcher(self, compiled):
         return self._xgr.GrammarMatcher(compiled)
@@ -122,10 +111,6 @@ class _XGrammar:
 
 
 _ADAPTERS = {"llguidance": _LLGuidance, "xgrammar": _XGrammar}
-
-
-class _CompileError(Exception):
-    pass
 
 
 def _children(parents, n, where=""):
@@ -182,12 +167,12 @@ class Grammar:
         self.vocab_size, self.words = V, (V + 31) // 32
         self._engine_words = (self.engine.vocab_size + 31) // 32
         try:
-            self._compiled = self.engine.compile(self.kind, spec)
-            self._matchers = [self.engine.matcher(self._compiled) for _ in range(batch_size)]
+            compiled = self.engine.compile(self.kind, spec)
+            self._matchers = [self.engine.matcher(compiled) for _ in range(batch_size)]
             # Per sequence: a stop token was committed. The engines' own "stopped" flags differ
             # (llguidance sets it as soon as only the stop token may follow), so this is the rule.
             self._done = [False] * batch_size
-        except Exception as err:  # the engine's own parse errors (ValueError / RuntimeError), _CompileError
+        except Exception as err:  # the engines' parse errors (ValueError / RuntimeError)
             raise ValueError(f"{self.kind} does not compile with {engine}: {err}") from err
 
     @property
@@ -198,11 +183,9 @@ class Grammar:
         return torch.zeros(n, self._engine_words, dtype=torch.int32)
 
     def _fit(self, rows):
-        """Engine rows [N, W_engine] -> [N, W] for the logits' V (extra tokens disallowed)."""
-        if self._engine_words >= self.words:
-            rows = rows[:, : self.words].clone()
-        else:
-            rows = torch.cat([rows, rows.new_zeros(rows.shape[0], self.words - self._engine_words)], 1)
+        """Engine rows [N, W_engine] -> [N, W] for the logits' V (extra tokens disallowed): a copy,
+        cut or zero-padded."""
+        rows = torch.nn.functional.pad(rows, (0, self.words - self._engine_words))
         tail = self.vocab_size % 32
         if tail:  # bits past V are ignored by apply_token_bitmask; cleared so rows compare exactly
             rows[:, -1] &= (1 << tail) - 1
@@ -210,33 +193,36 @@ class Grammar:
 
     def fill_next_bitmask(self):
         """Allowed next tokens of each committed state (an AR step, or the prefill's first token).
-
         Shape: -> int32 [B, W]; a terminated sequence's row allows every token (never read)."""
         return self.rows_after([(b, ()) for b in range(self.batch_size)])
 
     def fill_tree_bitmask(self, parents, tokens, num_nodes=None, *, with_valid=False):
         """Allowed next tokens at every node of a batch of draft trees (docs/structured.md §Design).
-
         Shape: parents, tokens int32 [B, T] (the ``build_tree_mask`` convention; node 0 is the
         pending token, already committed), num_nodes int32 [B] or None (= T) -> bitmask int32
         [B, T, W] on the CPU, and with ``with_valid`` also valid bool [B, T]: False for padding
         and for dead nodes (a token its parent's row does not allow, or a descendant of one).
-        Dead and padding rows allow every token. The committed states are unchanged.
-        """
-        B, T = self._tree_shape(parents, tokens, num_nodes)
+        Dead and padding rows allow every token. The committed states are unchanged."""
+        B, T = checks.tensor("parents", parents, rank=2).shape
+        checks.tensor("tokens", tokens, shape=(B, T))
+        if B != self.batch_size:
+            raise ValueError(f"parents must have B = batch_size = {self.batch_size} rows, got {B}")
+        checks.nonempty("parents", parents, 1, "node (T >= 1)")
+        if num_nodes is not None:
+            checks.tensor("num_nodes", num_nodes, shape=(B,))
         par, tok = parents.tolist(), tokens.tolist()
         n_nodes = [T] * B if num_nodes is None else num_nodes.tolist()
         rows = self._new_rows(B * T).fill_(-1)
         valid = torch.zeros(B, T, dtype=torch.bool)
         for b in range(B):
-            self._fill_tree(b, par[b], tok[b], max(1, min(n_nodes[b], T)), rows, valid[b], T)
+            self._fill_tree(b, par[b], tok[b], max(1, min(n_nodes[b], T)), rows, valid[b], b * T)
         out = self._fit(rows).view(B, T, self.words)
         return (out, valid) if with_valid else out
 
-    def _fill_tree(self, b, parents, tokens, n, rows, valid, T):
+    def _fill_tree(self, b, parents, tokens, n, rows, valid, base):
+        """Sequence ``b``'s tree of ``n`` nodes into ``rows[base:base + n]`` and ``valid``."""
         eng, m = self.engine, self._matchers[b]
         children = _children(parents, n, f"{b}, ")
-        base = b * T
         if self._done[b]:
             return  # a finished sequence: every row allows everything, nothing is valid
         eng.fill(m, rows, base)
@@ -278,14 +264,11 @@ class Grammar:
         return n
 
     def rows_after(self, paths):
-        """Allowed next tokens after each drafted path (model drafters mask their own logits with
-        them, so they propose only what the grammar allows).
-
+        """Allowed next tokens after each drafted path, for model drafters' own logits.
         ``paths``: (b, tokens) pairs, ``tokens`` drafted after sequence ``b``'s committed state, or
-        (b, None) for a row nobody reads (left all-allowed, no grammar work).
-        Shape: -> int32 [len(paths), W]; a row of a finished sequence, or after a path the grammar
-        rejects or that has ended, allows every token (such a draft is never accepted past it).
-        The committed states are unchanged."""
+        (b, None) for a row nobody reads (no grammar work). Shape: -> int32 [len(paths), W]; a row of a
+        finished sequence, a None path, or a path the grammar rejects or that has ended allows every
+        token (such a draft is never accepted past it). The committed states are unchanged."""
         rows = self._new_rows(len(paths))
         for i, (b, toks) in enumerate(paths):
             m, live = self._matchers[b], not self._done[b] and toks is not None
@@ -338,16 +321,6 @@ class Grammar:
             if stack:
                 eng.rollback(m, 1)
         return out_t, out_p
-
-    def _tree_shape(self, parents, tokens, num_nodes):
-        B, T = checks.tensor("parents", parents, rank=2).shape
-        checks.tensor("tokens", tokens, shape=(B, T))
-        if B != self.batch_size:
-            raise ValueError(f"parents must have B = batch_size = {self.batch_size} rows, got {B}")
-        checks.nonempty("parents", parents, 1, "node (T >= 1)")
-        if num_nodes is not None:
-            checks.tensor("num_nodes", num_nodes, shape=(B,))
-        return B, T
 
     def advance(self, accepted_tokens):
         """Commits the emitted tokens of each sequence, in order (the accepted path's tokens, then
