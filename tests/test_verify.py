@@ -165,8 +165,8 @@ def test_padding_nodes_are_never_accepted(backend, device):
 # ---- R6 -------------------------------------------------------------------------------------------
 
 def joint(backend, device, tokens, lp, lq, tau, u):
-    out = specops.verify_joint(torch.tensor(tokens, dtype=I32, device=device), lp.to(device),
-                               torch.tensor(lq, device=device), tau, torch.tensor(u, device=device), backend=backend)
+    tokens, lq, u = torch.tensor(tokens, dtype=I32), torch.tensor(lq), torch.tensor(u)
+    out = specops.verify_joint(*(t.to(device) for t in (tokens, lp, lq)), tau, u.to(device), backend=backend)
     return [o.cpu() for o in out]
 
 

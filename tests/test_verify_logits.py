@@ -280,9 +280,8 @@ def test_opcheck():
                               (c["tokens"], c["parents"], X.bfloat16(), c["uniforms"], *warp, Y, *warp,
                                c["num_nodes"], mode))
     c, X, Y, mask, _ = masked_case(2, 5, 17, 19)
-    torch.library.opcheck(torch.ops.specops.verify_tree_logits.default,
-                          (c["tokens"], c["parents"], X, c["uniforms"], *warp, Y, *warp, c["num_nodes"], "mss",
-                           mask))
+    args = (c["tokens"], c["parents"], X, c["uniforms"], *warp, Y, *warp, c["num_nodes"], "mss", mask)
+    torch.library.opcheck(torch.ops.specops.verify_tree_logits.default, args)
 
 
 # ---- verify_joint_logits (R6) -------------------------------------------------------------------------
@@ -317,8 +316,8 @@ def run_joint(backend, c, tau, setting, **kw):
     t, k, p, bt, bk, bp = JOINT_SETTINGS[setting] if isinstance(setting, str) else setting
     return specops.verify_joint_logits(c["draft_tokens"], c["target_logits"], c["draft_joint_logprobs"], tau,
                                        c["uniforms"], temperature=t, top_k=k, top_p=p, bonus_temperature=bt,
-                                       bonus_top_k=bk, bonus_top_p=bp, num_nodes=c["num_nodes"], backend=backend,
-                                       **kw)
+                                       bonus_top_k=bk, bonus_top_p=bp, num_nodes=c["num_nodes"],
+                                       backend=backend, **kw)
 
 
 def _cpu(v):
@@ -330,7 +329,8 @@ def joint_check(backend, c, setting, taus=TAUS):
     setting = JOINT_SETTINGS[setting] if isinstance(setting, str) else setting
     cpu_c, cpu_setting = {k: v.cpu() for k, v in c.items()}, [_cpu(v) for v in setting]
     for tau in taus:
-        assert_same(run_joint(backend, c, tau, setting), run_joint("torch", cpu_c, _cpu(tau), cpu_setting), I32)
+        want = run_joint("torch", cpu_c, _cpu(tau), cpu_setting)
+        assert_same(run_joint(backend, c, tau, setting), want, I32)
 
 
 @pytest.mark.parametrize("setting", list(JOINT_SETTINGS))
@@ -409,7 +409,7 @@ def test_det_log_is_within_an_ulp_of_log():
 
 def test_joint_torch_reference_warps_rows_one_at_a_time(warp_calls):
     run_joint("torch", joint_case(2, 4, 19, 6, ragged=False), 0.0, "mjsd")
-    assert warp_calls and set(warp_calls) == {(1, 19)} and len(warp_calls) == 2 * (4 + 1)  # 4 tested + the bonus
+    assert set(warp_calls) == {(1, 19)} and len(warp_calls) == 2 * (4 + 1)  # 4 tested rows + the bonus row
 
 
 def test_joint_padding_past_num_nodes_is_not_checked(backend):

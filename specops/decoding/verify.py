@@ -80,8 +80,7 @@ def verify(mode, draft, logits, sampling, generator, active, bitmask=None):
     """Shape: draft (a Draft: tokens int64 [B, T], parents int32 [B, T], num_nodes int32 [B]),
     logits [B, T, V], active bool [B], bitmask int32 [B, T, ceil(V / 32)] or None (where
     ``fuses_bitmask``: the grammar's allowed tokens, fused into the walk) -> VerifyResult (device
-    tensors; no host read; ``kept`` = ``accept_lens`` with finished sequences masked to 0).
-    ``generator`` lives on the logits' device: the uniforms are drawn there."""
+    tensors, no host read). ``generator`` lives on the logits' device: the uniforms are drawn there."""
     B, T, _ = logits.shape
     uniforms = None if mode == "greedy" else torch.rand(B, T, 2, generator=generator, device=logits.device)
     draft_logits, draft_warp, joint = None, None, None  # the draft rows a rejection mode tests nodes against

@@ -74,10 +74,12 @@ def verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, tau, 
         rows = checks.valid_mask(num_nodes, T)  # [B, T]: rows of the chain's nodes
         tested = rows[:, 1:]  # [B, g]: draft j - 1 is tested when node j is in the chain
         raise_flags([
-            checks.rule("num_nodes", num_nodes, (num_nodes < 1) | (num_nodes > T), f"lie in [1, g + 1 = {T}]"),
+            checks.rule("num_nodes", num_nodes, (num_nodes < 1) | (num_nodes > T),
+                        f"lie in [1, g + 1 = {T}]"),
             checks.rule("draft_tokens", draft_tokens, tested & ((draft_tokens < 0) | (draft_tokens >= V)),
                         f"lie in [0, V={V})"),
-            tau_rule(tau), checks.uniform_rule("uniforms", uniforms), joint_rule(draft_joint_logprobs, tested),
+            tau_rule(tau), checks.uniform_rule("uniforms", uniforms),
+            joint_rule(draft_joint_logprobs, tested),
             *checks.logit_rules("target_logits", target_logits, rows)])
     return impl(draft_tokens, target_logits, draft_joint_logprobs, torch.log(tau), uniforms, *params, *bonus,
                 num_nodes)

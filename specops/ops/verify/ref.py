@@ -10,8 +10,8 @@ contract that makes integer outputs identical on every backend:
   ``min(trunc(u * float(W)), W - 1)``;
 * the child test is ``(u * q) * Z < r * Zq`` and the residual ``max(0, r * Zq - Z * q)``, each
   product and difference rounded on its own (no FMA);
-* ``exp`` and ``log`` of probabilities (R6) are :func:`det_exp` and :func:`det_log`, built from the
-  same single operations."""
+* R6's ``exp`` of a log-probability and ``log`` of a probability are :func:`det_exp` and
+  :func:`det_log`, built from the same single operations."""
 import numpy as np
 import torch
 
@@ -227,9 +227,10 @@ def each_tree(mode, tokens, parents, uniforms, num_nodes, V, rows):
 
 
 def each_chain(draft_tokens, log_tau, draft_joint_logprobs, uniforms, num_nodes, V, rows):
-    """R6 (csrc/verify_common.h joint_eta): ``eta``, the end of the longest prefix passing ``tau < min(1,
-    p_joint / q_joint)`` (``p_joint`` accumulated in fp32, left to right), then a draw from row ``eta``.
-    ``rows(b)`` -> (``logp(row, x)``: the test's fp32 log-probability, ``bonus(row)``: fp32 [V])."""
+    """R6 (csrc/verify_common.h joint_eta): ``eta``, the end of the longest prefix passing ``tau <
+    min(1, p_joint / q_joint)`` (not the first failure; ``p_joint`` accumulated in fp32, left to
+    right), then a draw from row ``eta``. ``rows(b)`` -> (``logp(row, x)``: the test's fp32
+    log-probability, ``bonus(row)``: fp32 [V])."""
     S = fix_shift(V)
     tok, lt, lq, U = (t.cpu() for t in (draft_tokens, log_tau, draft_joint_logprobs, uniforms))
 
