@@ -42,12 +42,11 @@ def _grow(g, u, tokens):
 
 def test_graph_without_tau_never_merges():
     g = TokenGraph(0, tau=None)
-    a = _grow(g, 0, [1, 2, 3])
+    assert _grow(g, 0, [1, 2, 3]) == 3
     _grow(g, 0, [5, 2, 3])
     assert len(g) == 7 and all(not p for p in g.pseudo)
     tokens, _, _, copied = g.unmerge(100, 10)
     assert sorted(tokens) == sorted(g.token) and not any(copied)
-    assert a == 3
 
 
 @pytest.mark.parametrize("tau, branch, token, want", [
@@ -409,7 +408,7 @@ def test_draft_lm_device_tokens_feed_like_host_tokens_and_commit_from_path_token
                 else:
                     tips = [d.add(b, toks[b], tips[b]) for b in range(2)]
             rows.append(d.forward(rows=[(b, tips[b]) for b in range(2)])[0])  # feeds an earlier device token again
-            paths = [list(range(d.root[b] + 1)) + [d.root[b] + 1, d.root[b] + 2] for b in range(2)]
+            paths = [list(range(d.root[b] + 3)) for b in range(2)]  # the chain, then both drafted nodes
             lens = d.commit_paths(paths, [[None] * (d.root[b] + 1) + drafted[b] for b in range(2)])
         out.append((torch.stack(rows), lens, [list(c) for c in d.cached]))
     assert torch.equal(out[0][0], out[1][0])

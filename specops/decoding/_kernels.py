@@ -16,9 +16,9 @@ def warp_probs(logits, temperature, top_k=0, top_p=1.0):
 
 def verify_mode(mode, tokens, parents, target_logits, uniforms, *, num_nodes, sampling, draft_logits=None,
                 draft_sampling=None, bitmask=None, joint=None):
-    """The verify op of ``mode`` (ops.verify.logits.verify_mode). ``sampling`` / ``draft_sampling``:
-    SamplingConfigs (the target's warp; the draft rows' warp, None = the target's);
-    ``joint``: None or (log_q_joint, tau, the test's SamplingConfig)."""
+    """The verify op of ``mode`` (ops.verify.logits.verify_mode). ``sampling``, ``draft_sampling``: the
+    target's and the draft rows' SamplingConfigs (None: the target's); ``joint``: None or (log_q_joint,
+    tau, the test's SamplingConfig)."""
     d = draft_sampling or sampling
     kw = {}
     if joint is not None:

@@ -28,8 +28,6 @@ class DraftLM(ModelRunner):
         self.cached = [list(p) for p in prompts]
         return out
 
-    # ---- blocks ------------------------------------------------------------------------------
-
     def begin(self, seqs, active):
         """Opens a block per sequence: the catch-up chain ending at the pending root (``seqs[b][-1]``);
         an inactive sequence gets a one-node block, never extended."""
@@ -74,11 +72,10 @@ class DraftLM(ModelRunner):
         return len(self.tokens[b]) - 1
 
     def add_device(self, bs, parents, tokens, at=None):
-        """New nodes whose tokens stay on the device: node ``j`` of sequence ``bs[j]`` takes token
-        ``tokens[at[j]]`` (``at`` None: ``j``) below block node ``parents[j]`` (a host list) or
-        ``parents[at[j]]`` (a device tensor); the host lists hold None for device values until the
-        next ``forward`` scatters them. Returns the node indices.
-        Shape: tokens int64 [N], parents int [N] on the runner's device (or a host list [len(bs)])."""
+        """New nodes whose tokens stay on the device (None in the host lists): node ``j`` of sequence
+        ``bs[j]`` takes ``tokens[at[j]]`` (``at`` None: ``j``) below ``parents[j]`` (a host list) or
+        ``parents[at[j]]`` (a device tensor). Returns the node indices. Shape: tokens int64 [N],
+        parents int [N] on the runner's device (or a host list [len(bs)])."""
         at = range(len(bs)) if at is None else at
         on_device = isinstance(parents, torch.Tensor)
         nodes = []
@@ -126,8 +123,7 @@ class DraftLM(ModelRunner):
                 base += e[kind].shape[0]
             counts.append(len(pos))
             flat += pos + take
-        flat += [b * Tq + n - q0 for b, n in rows]
-        flat += extra
+        flat += [b * Tq + n - q0 for b, n in rows] + extra
         n, (k_tok, k_par) = self.B * Tq, counts
         new_tok, new_par, num_nodes, tok_at, par_at, row_at, extra_up = self.stager.upload(flat).split(
             [n, n, self.B, 2 * k_tok, 2 * k_par, len(rows), len(extra)])

@@ -57,8 +57,7 @@ class FeatureDraftLM(DraftLM):
         self._hid = None
 
     def node_features(self, q0, parents, held):
-        T = parents.shape[1]
-        H = self._tail.shape[-1]
+        T, H = parents.shape[1], self._tail.shape[-1]
         feats = torch.zeros(self.B, T - q0, H, dtype=self._tail.dtype, device=self.device)
         on_device = False
         for b in range(self.B):
@@ -82,17 +81,12 @@ class FeatureDraftLM(DraftLM):
         return feats
 
     def forward(self, rows=None, extra=None):
-        q0, T = min(self.fed), max(len(t) for t in self.tokens)
+        q0 = min(self.fed)
         computes = any(self.fed[b] < len(self.tokens[b]) for b in range(self.B))
         out = super().forward(rows, extra)
-        if computes:
+        if computes:  # the block's nodes before q0 keep theirs (a block's T only grows: _hid has q0)
             new = self.hidden.detach().to(self._tail.dtype)  # [B, T - q0, H]: the draft's predicted features
-            if self._hid is None or self._hid.shape[1] < T:
-                grown = torch.zeros(self.B, T, new.shape[-1], dtype=self._tail.dtype, device=self.device)
-                if self._hid is not None:
-                    grown[:, : self._hid.shape[1]] = self._hid
-                self._hid = grown
-            self._hid[:, q0:T] = new
+            self._hid = torch.cat([self._hid[:, :q0] if self._hid is not None else new[:, :0], new], 1)
         return out
 
     def commit_paths(self, paths, path_tokens=None):
@@ -100,9 +94,8 @@ class FeatureDraftLM(DraftLM):
         before = [len(c) for c in self.cached]
         lens = super().commit_paths(paths, path_tokens)
         for b in range(self.B):
-            if lens[b] and hid is not None:
-                last = (paths[b] or [])[lens[b] - 1]
-                self._tail[b] = hid[b, last]
+            if lens[b] and hid is not None:  # the kept path's last node
+                self._tail[b] = hid[b, paths[b][lens[b] - 1]]
             if self.exact[b] == before[b]:  # nodes past the catch-up chain read predicted features
                 self.exact[b] = before[b] + min(lens[b], chain[b])
         return lens

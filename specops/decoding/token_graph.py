@@ -30,10 +30,7 @@ class TokenGraph:
         if not matches:
             return None
         on_path = set(self.path(u))
-        for v in matches:
-            if v not in on_path and not self._reaches(v, u):
-                return v
-        return None
+        return next((v for v in matches if v not in on_path and not self._reaches(v, u)), None)
 
     def _reaches(self, v, u):
         stack, seen = [v], set()

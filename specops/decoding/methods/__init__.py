@@ -16,8 +16,7 @@ _CLASSES = (AR, SD, SpecInfer, TSD, GSD, OPTTree, Ouroboros, MJSD, NGram)  # the
 # The classes' names before issue #32 (public names: kept; OptTreeDrafter in opt_tree.py, which bench/ imports).
 NullDrafter, ChainDrafter, MultiDraftDrafter, TopKTreeDrafter, GraphDrafter = AR, SD, SpecInfer, TSD, GSD
 OuroborosDrafter, BeamDrafter, NgramDrafter = Ouroboros, MJSD, NGram
-# The registry and the CLI's choices come from the classes' own names (nothing listed twice).
-METHODS = {cls.name: cls for cls in _CLASSES}
+METHODS = {cls.name: cls for cls in _CLASSES}  # the registry and the CLI's choices: nothing listed twice
 DESCRIPTIONS = {name: cls.description for name, cls in METHODS.items()}
 
 

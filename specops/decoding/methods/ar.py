@@ -1,5 +1,4 @@
-"""AR (docs/methods.md §AR): autoregressive decoding through the same loop, the baseline every
-speed-up is measured against."""
+"""AR (docs/methods.md §AR): autoregressive decoding through the same loop, the speed-up baseline."""
 from ..tree import root_draft
 from .base import Drafter
 

@@ -17,8 +17,6 @@ MODES = ("greedy", "mss", "mss_pointmass", "mss_noreplace", "sample_match", "gsd
 LOSSLESS_SAMPLING_MODES = ("mss", "mss_pointmass", "mss_noreplace", "sample_match")
 
 
-# ``CHECKS`` entries: (what the parameter must be, a test of its value).
-
 def _number(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -59,7 +57,7 @@ class Drafter:
     needs_target_argmax = False
     needs_target_features = False
     sampling_mode = "mss_pointmass"  # deterministic proposals: R3p is lossless for them
-    CHECKS = {}  # parameter -> (what it must be, test): count, fraction, real, optional, FLAG above
+    CHECKS = {}  # parameter -> (what it must be, a test of its value): count, fraction, real, optional, FLAG
     VERIFY = ()  # with a ``verify`` parameter: the rules it may pick instead of ``sampling_mode``
     budget_param = None  # the depth set per step: docs/methods.md §Adaptive speculation
     budget_cap_factor = 4  # its largest value, as a multiple of the configured one
@@ -71,8 +69,7 @@ class Drafter:
             raise ValueError(f"unknown parameter(s) {unknown} for method {self.name!r}; "
                              f"valid: {sorted(self.PARAMS) or 'none'}")
         self.params = {**self.PARAMS, **params}
-        for key, value in self.params.items():
-            setattr(self, key, value)
+        vars(self).update(self.params)
         self.check_params()
 
     def check_params(self):
@@ -162,9 +159,8 @@ class ModelDrafter(Drafter):
             root = ctx.draft.root[b]
             # the path's fed draft-block nodes (src >= 0, a prefix below the root) and their tokens
             fed = list(itertools.takewhile(lambda x: x[0] >= 0, zip(result.path_src[b][1:], result.path_tokens[b][1:])))
-            # after the catch-up chain (its tokens are on the host)
             paths[b] = list(range(root + 1)) + self.draft_nodes(b, [node for node, _ in fed])
-            tokens[b] = [None] * (root + 1) + [tok for _, tok in fed]
+            tokens[b] = [None] * (root + 1) + [tok for _, tok in fed]  # the catch-up chain's are on the host
         ctx.draft.commit_paths(paths, tokens)
 
     @staticmethod
@@ -181,11 +177,10 @@ class ModelDrafter(Drafter):
     @staticmethod
     def feed_layer(ctx, live, width, parents, tokens, paths=None):
         """Feeds one layer of a device search: the first ``live[b]`` of sequence b's ``width`` slots,
-        slot (b, i) taking ``tokens[b * width + i]`` below ``parents[b * width + i]`` (a device
-        tensor; a host list holds one parent per fed slot, in order). A slot not fed gets any
-        computed row (padding, never expanded); under a grammar, ``paths[b][i]`` masks slot (b, i).
-        Shape: tokens int64 [B * width] -> (logits [B * width, V], int64 [B] each sequence's first
-        new block node, -1 where it feeds none)."""
+        slot (b, i) taking ``tokens[b * width + i]`` below ``parents[b * width + i]`` (a device tensor;
+        a host list: one per fed slot). A slot not fed gets any computed row (never expanded); under a
+        grammar ``paths[b][i]`` masks slot (b, i). Shape: tokens int64 [B * width] -> (logits
+        [B * width, V], int64 [B] each sequence's first new block node, -1 where it feeds none)."""
         d, B = ctx.draft, len(live)
         pick = [(b, i) for b in range(B) for i in range(live[b])]
         first = [len(d.tokens[b]) if live[b] else -1 for b in range(B)]

@@ -56,9 +56,8 @@ class MJSD(ModelDrafter):
         bases = []  # per fed layer: [B] the block node of its first beam
         for k in range(1, self.gamma):
             scores, toks, par = layers[-1]
-            # Layer k - 1's beam i sits at block node base + i; its parent is the root (k = 1) or layer
-            # k - 2's beam par[i]. Under a grammar the layer was read: only its finite beams (a prefix,
-            # sorted best first) are fed, as before the device search; else every beam is.
+            # Layer k - 1's beam i sits at block node base + i below the root (k = 1) or layer k - 2's
+            # beam par[i]. Every beam is fed, or under a grammar its finite ones (a prefix: best first).
             live = [(sum(map(math.isfinite, host[0][b])) if grammar else M) if ctx.active[b] else 0
                     for b in range(B)]
             parents = ([d.root[b] for b in range(B) for _ in range(live[b])] if k == 1
@@ -74,9 +73,8 @@ class MJSD(ModelDrafter):
         return self._best_beam(ctx, layers, roots, bases)
 
     def _best_beam(self, ctx, layers, roots, bases):
-        """The best beam of the deepest layer that has one, traced back through the layers on the
-        device: a chain with its draft-block nodes and per-prefix joint log-probs ``log q_{1:j}``
-        (the beams' scores). Shape: -> Draft with T = gamma + 1."""
+        """The deepest layer's best beam traced back on the device: a chain with its draft-block nodes
+        and per-prefix joint log-probs ``log q_{1:j}`` (the scores). Shape: -> Draft, T = gamma + 1."""
         B, g, M = ctx.batch, self.gamma, self.beams
         # Layers are sorted best first, so a layer's best beam is its first; -inf beams only have
         # -inf children, so the layers with a finite beam are a prefix.

@@ -91,8 +91,7 @@ class NGram(Drafter):
         self._len = [self.gamma] * ctx.batch  # per sequence: tokens to propose next
 
     def propose(self, ctx):
-        tokens, parents = [], []
-        self._proposed = []
+        tokens, parents, self._proposed = [], [], []
         for b in range(ctx.batch):
             seq, conts = ctx.seqs[b], []
             if ctx.active[b] and self.adaptive_range is not None:

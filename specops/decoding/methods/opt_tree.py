@@ -52,9 +52,7 @@ class OPTTree(ModelDrafter):
         while len(layers) < self.max_depth:
             going = going & (gain > self.delta)
             scores, toks, par = layers[-1]
-            # delta's stop, as the entries each sequence feeds (its finite ones, a prefix: sorted
-            # best first; 0 = stop)
-            fed = going[:, None] & scores.isfinite()  # [B, n]
+            fed = going[:, None] & scores.isfinite()  # [B, n] delta's stop: the finite entries (a prefix)
             if sync_free:
                 live = [n] * B
             else:  # the one read per layer

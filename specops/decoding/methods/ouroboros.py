@@ -1,9 +1,7 @@
 """Ouroboros (docs/methods.md §Ouroboros: the lookahead window and pool guesses that draft, the phrase
 branches that lengthen, the pool's updates, ``model_free``; under a grammar: docs/structured.md).
-
-Draft KV: drafted tokens enter the draft cache as drafting goes (each forward's accepted part is
-compacted, window and guess rows dropped); the next ``begin`` truncates the cache to the longest
-prefix that agrees with the emitted sequence.
+Drafted tokens enter the draft cache as drafting goes: each forward's accepted part is compacted,
+window and guess rows dropped (the next ``begin`` keeps what agrees with the emitted sequence).
 """
 import random
 
@@ -143,13 +141,12 @@ class Ouroboros(ModelDrafter):
             chain = grammar_prefix(ctx, b, drafted[b])
             trie = Trie(root)
             trie.insert(0, chain)  # a fresh trie: the chain is nodes 1..len(chain)
-            node = len(chain)
             key = chain[-1] if chain else root
             phrases = self.pool.get(key, self.widths()[1]) if ctx.active[b] else []
             if ctx.grammar is not None:
                 phrases = [ph for ph in phrases if len(grammar_prefix(ctx, b, ph, chain)) == len(ph)]
             for phrase in phrases:
-                trie.insert(node, phrase)
+                trie.insert(len(chain), phrase)
             tokens.append(trie.tokens)
             parents.append(trie.parents)
             tried.append((len(chain), phrases))

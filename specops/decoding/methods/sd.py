@@ -60,22 +60,20 @@ class SD(ModelDrafter):
         nodes = [1 + n for n in depth]
         T = max(nodes)
         up = ctx.stager.upload(nodes + list(d.root))  # [2B]: node counts, the roots' block nodes
-        num_nodes = up[:B].to(torch.int32)
         ar = torch.arange(T, device=dev)
         valid = ar < up[:B, None]  # [B, T]; a sequence that stopped early wrote a column past its end
         draft_logits = None
         if sampled:
             draft_logits = torch.where(valid[..., None], rows[:, :T], 0.0) if host else rows[:, :T]
         return Draft(tokens=torch.where(valid, tokens[:, :T], 0),
-                     parents=torch.where(valid, ar - 1, 0).to(torch.int32), num_nodes=num_nodes,
+                     parents=torch.where(valid, ar - 1, 0).to(torch.int32), num_nodes=up[:B].to(torch.int32),
                      draft_logits=draft_logits, draft_warp=ctx.sampling if sampled else None,
                      src=torch.where(valid, up[B:, None] + ar, 0).to(torch.int32),
                      depth=depth, depth_drafted=list(depth), drafted_nodes=nodes)
 
     def _host_search(self, ctx, bs, chosen, probs, logits, drafted, going):
-        """Reads the chosen tokens (and their probabilities, with ``exit_threshold``) once, appends
-        the kept ones to ``drafted`` and stops the sequences that exit or reach ``gamma``; returns
-        the sequences whose token is proposed."""
+        """Reads the chosen tokens (and their probabilities, with ``exit_threshold``) once, appends the
+        kept ones to ``drafted``, stops the sequences that exit or reach ``gamma``; returns the kept."""
         if self.exit_threshold > 0:
             conf = probs if probs is not None else logits.softmax(-1)
             toks, conf = read_lists(chosen, conf.gather(1, chosen[:, None])[:, 0])
@@ -83,11 +81,9 @@ class SD(ModelDrafter):
             toks, conf = read_lists(chosen)[0], None
         kept = []
         for j, b in enumerate(bs):
-            if conf is not None and conf[j] < self.exit_threshold:
-                going[b] = False
-                continue
-            drafted[b].append(toks[j])
-            kept.append(b)
-            if len(drafted[b]) >= self.gamma:
-                going[b] = False
+            exits = conf is not None and conf[j] < self.exit_threshold
+            if not exits:
+                drafted[b].append(toks[j])
+                kept.append(b)
+            going[b] = not exits and len(drafted[b]) < self.gamma
         return kept

@@ -1,11 +1,8 @@
 """SpecInfer (docs/methods.md §SpecInfer: the chains, their merge into one tree, the leaf duplicates,
-the greedy and sampled draws, the n-gram chain). R3 needs each child to be an independent draw from
-the row it names: the logits it was drawn from, warped by verification with the sampling config.
-
-The chains grow on the device with one read per step (a grammar adds one per forward): each forward
-feeds every chain's latest token (a merged node's row is its creator's), so the target block is no
-longer than the merged tree; the draft cache keeps the accepted path along one chain's nodes
-(``draft_nodes``).
+the draws, the n-gram chain). R3 needs each child to be an independent draw from the row it names:
+the logits it was drawn from, warped by verification with the sampling config. The chains grow on
+the device, one read per step (a grammar: one per forward); each forward feeds every chain's latest
+token (a merged node's row is its creator's), so the target block is no longer than the merged tree.
 """
 import torch
 

@@ -92,8 +92,7 @@ class TSD(ModelDrafter):
                     break
                 W2 = widths[step]
                 fed_layers = fed_layers + (nlive > 0)
-            else:
-                # the one read per layer: the new frontier's and the tree's sizes
+            else:  # the one read per layer: the new frontier's and the tree's sizes
                 live, sizes = read_lists(nlive, count)
                 layer_sizes.append(sizes)
                 if not any(live):
@@ -107,9 +106,8 @@ class TSD(ModelDrafter):
             nfidx, ntok, pentry = torch.zeros(3, B, W2 + 1, dtype=torch.int64, device=dev).scatter_(
                 2, slot, cands)[..., :W2].unbind()  # [B, W2] each
             pblk = fblk.gather(1, pentry)  # [B, W2] the parent's draft-block node (padding: entry 0's)
-            # sync-free: every sequence feeds W2 entries
             logits, firstd = self.feed_layer(ctx, [W2] * B if sync_free else live, W2, pblk.reshape(-1),
-                                             ntok.reshape(-1))
+                                             ntok.reshape(-1))  # sync-free: every sequence feeds W2
             live_dev, fidx = nlive, nfidx
             fblk = firstd[:, None] + torch.arange(W2, device=dev)[None]  # consecutive nodes per sequence
             fed = torch.arange(W2, device=dev)[None] < nlive[:, None]
