@@ -84,7 +84,7 @@ class FeatureDraftLM(DraftLM):
         q0 = min(self.fed)
         computes = any(self.fed[b] < len(self.tokens[b]) for b in range(self.B))
         out = super().forward(rows, extra)
-        if computes:  # the block's nodes before q0 keep theirs (a block's T only grows: _hid has q0)
+        if computes:  # rows before q0 are kept (a block only grows, so _hid holds them all)
             new = self.hidden.detach().to(self._tail.dtype)  # [B, T - q0, H]: the draft's predicted features
             self._hid = torch.cat([self._hid[:, :q0] if self._hid is not None else new[:, :0], new], 1)
         return out
