@@ -19,19 +19,11 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CUDA = ROOT / "csrc" / "cuda"
 
-# The tests that run each source's kernels under the emulator.
-FAMILY = {
-    "kv_compact.cu": ["tests/test_kv_compact.py", "tests/test_kv_compact_grid.py"],
-    "linear.cu": ["tests/test_linear.py"],
-    "sampling.cu": ["tests/test_sampling.py"],
-    "sampling_block.cuh": ["tests/test_sampling.py", "tests/test_topn.py"],
-    "token_bitmask.cu": ["tests/test_token_bitmask.py"],
-    "topn.cu": ["tests/test_topn.py"],
-    "tree_attention.cu": ["tests/test_tree_attention.py"],
-    "tree_attention_tc.cuh": ["tests/test_tree_attention.py"],
-    "tree_mask.cu": ["tests/test_tree_mask.py"],
-    "verify.cu": ["tests/test_verify.py"],
-}
+# The tests that run each source's kernels under the emulator: tests/test_<stem>.py, except for these.
+FAMILY = {"kv_compact.cu": ["tests/test_kv_compact.py", "tests/test_kv_compact_grid.py"],
+          "sampling_block.cuh": ["tests/test_sampling.py", "tests/test_topn.py"],
+          "tree_attention_tc.cuh": ["tests/test_tree_attention.py"],
+          "verify_engine.cuh": ["tests/test_verify.py"]}
 # test_cudasim.py's kernel tests (not its self-tests of the emulator), first: every kernel under racecheck.
 KERNEL_TESTS = "cudasim and (thread_order or hazard_free)"
 
@@ -106,7 +98,8 @@ def main():
         site = f"{name}:{line}"
         if args.only and site not in args.only:
             continue
-        t0, files = time.time(), [] if args.quick else FAMILY[name]
+        t0 = time.time()
+        files = [] if args.quick else FAMILY.get(name, [f"tests/test_{name.split('.')[0]}.py"])
         if args.mode == "site":
             output, rc = run_tests(root, files, dict(env, SPECOPS_CUDASIM_REMOVE_BARRIER=site), args.timeout)
         else:

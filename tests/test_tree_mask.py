@@ -2,6 +2,7 @@
 tests/test_bad_input.py)."""
 import pytest
 import torch
+from _op_checks import needs_cpp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_kv_compact import i32
@@ -133,9 +134,6 @@ def test_precedence_argument_then_context_then_env(monkeypatch):
 
 
 # ---- registration -----------------------------------------------------------------------------
-
-needs_cpp = pytest.mark.skipif(not _backend.available("cpp")[0], reason=_backend.available("cpp")[1])
-
 
 @needs_cpp
 @pytest.mark.parametrize("B,T", [(1, 1), (3, 33), (2, 70)])

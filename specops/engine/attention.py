@@ -17,6 +17,7 @@ Without a block (a plain HF forward, or ``generate`` with ``attn_implementation=
 tokens are a causal chain after the cached ones; an HF padding mask (left-padded batches) or a
 sliding window the sequence outgrows falls back to torch SDPA.
 """
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -130,20 +131,14 @@ def use_specops_attention(model):
     return model
 
 
-_CAUSAL = {}  # (T, device) -> packed chain mask [T, W]; built once, read-only afterwards
-_CAUSAL_MAX = 64
+@functools.lru_cache(maxsize=64)
+def _chain_mask(T, device):  # packed [T, W]: built once per (T, device), read-only afterwards
+    return pack_mask(torch.ones(T, T, dtype=torch.bool, device=device).tril())
 
 
 def causal_mask(B, T, device):
     """The chain mask (query i sees block keys 0..i): int32 [B, T, ceil(T/32)], a read-only expanded view."""
-    key = (T, str(device))
-    mask = _CAUSAL.get(key)
-    if mask is None:
-        mask = pack_mask(torch.ones(T, T, dtype=torch.bool, device=device).tril())
-        if len(_CAUSAL) >= _CAUSAL_MAX:
-            _CAUSAL.pop(next(iter(_CAUSAL)))
-        _CAUSAL[key] = mask
-    return mask.expand(B, T, -1)
+    return _chain_mask(T, str(device)).expand(B, T, -1)
 
 
 # ---- the compiled forwards' attention ----------------------------------------------------------
