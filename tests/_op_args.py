@@ -3,6 +3,7 @@ into its cases). CPU tensors; fixed seeds."""
 import torch
 
 import specops
+from specops.ops.linear import pack_weight
 
 I32, F32 = torch.int32, torch.float32
 NAN, INF = float("nan"), float("inf")
@@ -75,5 +76,10 @@ def valid_args(op):
         return dict(logits=torch.randn(2, 3, 40, generator=gen()), bitmask=t([[[-1, 255]] * 3, [[1, 0]] * 3]))
     if op == "topn_expand":
         return dict(parent_scores=-torch.rand(2, 3, generator=gen()), child_logprobs=_lp(2, 3, 7), n=4)
+    if op == "linear":
+        return {"x": torch.randn(3, 5, generator=gen()), "weight": torch.randn(4, 5), "bias": torch.randn(4)}
+    if op == "linear[packed]":  # bf16, with the cpp backend's packed copy of the weight
+        base = {k: v.bfloat16() for k, v in valid_args("linear").items()}
+        return {**base, "packed": pack_weight(base["weight"])}
     assert op == "select_topn_subtree"
     return dict(parents=t(TREE), scores=-torch.rand(2, 5, generator=gen()).cumsum(-1), n=3, num_nodes=t([5, 4]))

@@ -34,9 +34,8 @@ def assert_same(got, want, dtype=None):
 
 
 def to_device(args, device):
-    """Moves CPU tensors to ``device`` keeping their exact layout (strides, stride 0, offsets) and
-    their aliasing: arguments that share a storage (k_cache and v_cache as one tensor, overlapping
-    views) share one device storage."""
+    """Moves CPU tensors to ``device`` keeping their exact layout (strides, offsets) and aliasing:
+    arguments sharing a storage (k_cache and v_cache of one tensor) share one device storage."""
     if torch.device(device).type == "cpu":
         return args
     moved, out = {}, {}

@@ -1,8 +1,7 @@
-"""Bad input to the KV caches and generate, table-driven, on every backend and both KV layouts
-(StaticKVCache and PagedKVCache; generate's kv_layout); the battery of the ops is
-tests/test_bad_input.py. A cache case asserts the exception type, that the message names the
-argument and shows the value, and that the cache's storage (k, v and a page table), lens and
-host-side state are bit-identical afterwards. A generate case also asserts that no model forward ran."""
+"""Bad input to the KV caches (StaticKVCache, PagedKVCache) and generate (both kv_layouts), table-driven,
+on every backend (the ops: tests/test_bad_input.py). A case asserts the exception type, that the message
+names the argument and shows the value, and that the cache's storage, lens and host-side state are
+bit-identical afterwards; a generate case, that no model forward ran."""
 import pytest
 import torch
 
@@ -10,7 +9,7 @@ import specops
 from specops.cache import PagedKVCache, StaticKVCache
 from specops.testing import tiny_causal_lm
 
-from _op_checks import raises, raw
+from _op_checks import raises
 
 I32, I64 = torch.int32, torch.int64
 NAN, INF = float("nan"), float("inf")
@@ -161,20 +160,14 @@ PAGED = [  # the paged cache's own arguments
 CASES = [(*case, lay) for case in CACHE for lay in LAYOUTS] + [(*case, "paged") for case in PAGED]
 
 
-def _state(c):
-    return [raw(t).clone() for t in (*c.layout.tensors(), c.lens)], (list(c.host_lens()), c._block)
-
-
 @pytest.mark.parametrize("label, action, exc, shows, layout", CASES, ids=[f"{c[0]}-{c[-1]}" for c in CASES])
 def test_cache_bad_input(label, action, exc, shows, layout, backend, device):
     c = _cache(layout, device)
-    before = _state(c)
+    tensors, host = (*c.layout.tensors(), c.lens), (list(c.host_lens()), c._block)
     with specops.use_backend(backend):
-        raises(exc, shows, lambda: action(c))
-    after = _state(c)
-    for i, (x, y) in enumerate(zip(before[0], after[0])):
-        assert torch.equal(x, y), f"storage / lens tensor {i} changed although the call raised"
-    assert before[1] == after[1]
+        raises(exc, shows, lambda: action(c), *tensors)  # and every byte of the storage and lens kept
+    assert all(a is b for a, b in zip((*c.layout.tensors(), c.lens), tensors))
+    assert (list(c.host_lens()), c._block) == host
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

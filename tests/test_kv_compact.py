@@ -15,6 +15,7 @@ from specops.ops.layout import KvLayout
 from specops.testing import from_pages, random_accept, to_pages
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+LAYOUTS = ("contiguous", "paged")  # the contiguous op, or the paged one on the same rows in scattered pages
 
 
 def need(op, backend):
@@ -22,19 +23,12 @@ def need(op, backend):
         pytest.skip(f"{op} has no {backend} implementation")
 
 
-@pytest.fixture(params=["contiguous", "paged"])
-def layout(request):
-    """The KV layout axis: the contiguous op, or the paged one on the same rows in scattered pages."""
-    return request.param
-
-
 def i32(values, device="cpu"):
     return torch.tensor(values, dtype=torch.int32, device=device)
 
 
 def expected(cache, prefix_lens, accept_idx, accept_lens):
-    """Every accepted source gathered from the untouched ``cache``, scattered into a copy, sequence by
-    sequence."""
+    """Every accepted source gathered from the untouched ``cache``, scattered into a copy, per sequence."""
     out = cache.clone()
     for b in range(cache.shape[1]):
         p, n = int(prefix_lens[b]), int(accept_lens[b])
@@ -50,17 +44,16 @@ def caches(L, B, H, S, D, dtype=torch.float32, device="cpu", view="contiguous"):
     if view == "sliced":  # padded head dim; a batch and a strided head slice of a bigger cache
         return tuple(rnd(L, B + 2, 2 * H, S + 3, D + 5)[:, 1:B + 1, ::2, :S, :D] for _ in range(2))
     if view == "interleaved":  # one [L, 2, B, H, S, D] tensor: K and V share a storage
-        kv = rnd(L, 2, B, H, S, D)
-        return kv[:, 0], kv[:, 1]
+        return rnd(L, 2, B, H, S, D).unbind(1)
     if view == "seq_major":  # stored [L, B, S, H, D], viewed as [L, B, H, S, D]
         return tuple(rnd(L, B, S, H, D).transpose(2, 3) for _ in range(2))
     raise ValueError(view)
 
 
 def random_moves(B, A, S, pattern, g, last_row=False):
-    """Valid moves over S cache rows: accept_idx and accept_lens drawn by ``random_accept`` (``pattern``),
-    prefixes from 0 to the largest that keeps every accepted source inside S (``last_row``: sequence 0's
-    last source is the last row of the cache). Returns (prefix_lens, accept_idx, accept_lens) on cpu."""
+    """Valid moves over S cache rows, on cpu: (prefix_lens, accept_idx, accept_lens), the last two drawn by
+    ``random_accept`` (``pattern``), prefixes up to the largest that keeps every source inside S
+    (``last_row``: sequence 0's last source is the cache's last row)."""
     idx, lens = random_accept(B, A, generator=g, pattern=pattern)
     top = S - 1 - torch.where(lens > 0, idx.gather(1, (lens.long() - 1).clamp(min=0)[:, None])[:, 0], 0)
     prefix = (torch.rand(B, generator=g) * (top + 1).float()).long().clamp(max=top).to(torch.int32)
@@ -97,8 +90,8 @@ def run_and_compare(k, v, prefix_lens, accept_idx, accept_lens, backend):
 
 # ---- golden moves, each on every backend -----------------------------------------------------------
 
-# name: ((L, H, D, page_size), prefix_lens, accept_idx, accept_lens, rows): after the call, row r of
-# sequence b holds what row rows[b][r] held before
+# name: ((L, H, D, page_size), prefix_lens, accept_idx, accept_lens, rows): row r of sequence b ends up
+# holding what row rows[b][r] held
 GOLDEN = {
     # prefix 3, block rows 3..8; accept nodes 0, 2, 5 -> rows 3, 5, 8 move to rows 3, 4, 5
     "next_to_prefix": ((2, 2, 4, 4), [3], [[0, 2, 5, 1, 1, 1]], [3], [[0, 1, 2, 3, 5, 8, 6, 7, 8, 9]]),
@@ -113,6 +106,7 @@ GOLDEN = {
 }
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("case", GOLDEN.values(), ids=GOLDEN)
 def test_golden_moves(backend, device, layout, case):
     need("kv_compact", backend)
@@ -273,6 +267,7 @@ def test_opcheck(view, dtype):
 
 
 @needs_cpp
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_torch_compile_fullgraph(layout):
     k, v, prefix, idx, lens = grid_case(3, 2, 11, "random", torch.float32, "contiguous", "cpu", seed=5)
     want_k, want_v = (expected(t, prefix, idx, lens) for t in (k, v))

@@ -1,10 +1,7 @@
-"""Argument validation shared by every op, in one vocabulary: errors name the argument, the
-expectation and what came (the value; for tensors the position of the first offending element).
-
-Metadata checks (``tensor``, ``scalar`` / ``integer``, ``nonempty``, ``power_of_two``, ``lengths``)
-never touch values. Value checks are rules, ``(bad, message)`` (``rule``, ``row_rule``,
-``uniform_rule``, ``prob_rules``, ``logit_rules``, ``tree_rules``), which an op hands to
-``raise_first``: one host sync, only when the op's ``check=True``."""
+"""Argument validation shared by every op: errors name the argument, the expectation and what came
+(the value; for tensors the position of the first offending element). Metadata checks (``tensor``,
+``integer``, ``lengths``, ...) never touch values; value checks are rules that an op hands to
+``raise_first`` (one host sync, only when the op's ``check=True``)."""
 import numbers
 
 import torch
@@ -35,8 +32,8 @@ def tensor(name, t, *, dtype=None, rank=None, shape=None, device=None, last_stri
 
 
 def scalar(name, value, types, want, width=None):
-    """A Python scalar argument of ``types`` (bool rejected): TypeError ``"{name} must be {want}, got
-    {type} {repr}"`` (the repr cut to ``width`` characters where given). Returns it."""
+    """A Python scalar of ``types`` (bool rejected), returned; else TypeError ``"{name} must be {want},
+    got {type} {repr}"`` (the repr cut to ``width`` characters where given)."""
     if isinstance(value, bool) or not isinstance(value, types):
         got = format(repr(value), f".{width}" if width else "")
         raise TypeError(f"{name} must be {want}, got {type(value).__name__} {got}")
@@ -44,8 +41,7 @@ def scalar(name, value, types, want, width=None):
 
 
 def nonempty(name, t, dim, what):
-    """The size of ``t``'s dimension ``dim``, which must be >= 1 (``what`` names one entry, e.g.
-    ``"node (T >= 1)"``)."""
+    """The size of ``t``'s dim ``dim``, which must be >= 1 (``what``: one entry, e.g. ``"node (T >= 1)"``)."""
     if t.shape[dim] == 0:
         raise ValueError(f"{name} must have at least one {what}, got shape {tuple(t.shape)}")
     return t.shape[dim]
@@ -62,8 +58,7 @@ def integer(name, value, lo=None, hi=None, why=""):
 
 
 def byte_range(t):
-    """(storage address, first byte, one past the last byte) of a non-empty tensor, from its storage
-    offset and strides (metadata only)."""
+    """The addresses of a non-empty tensor's first byte and one past its last (metadata only)."""
     extents = [(n - 1) * st for n, st in zip(t.shape, t.stride())]
     lo = t.storage_offset() + sum(e for e in extents if e < 0)
     hi = t.storage_offset() + sum(e for e in extents if e > 0)
@@ -102,12 +97,11 @@ def same_shapes(names, got, want):
                              "(build a new plan when the cache changes shape)")
 
 
-# ---- value rules: a rule is ``(bad, message)``, ``bad`` a bool tensor (any shape; the rule fails
-# where it is set) and ``message()`` the error text, built only for the rule that fails (it may read
-# the tensors: that is the error path). :func:`raise_first` checks a list of them with one host sync.
+# ---- value rules: ``(bad, message)``, ``bad`` a bool tensor (any shape) set where the rule fails and
+# ``message()`` the error text, built only for the rule that fails (the error path: it may read values).
 
 def raise_first(rules):
-    """The value-rule engine: one host sync for the whole list; ValueError with the first failing message."""
+    """One host sync for the whole list of rules; ValueError with the first failing rule's message."""
     if not rules:
         return
     bad = torch.stack([flag.any().reshape(()) for flag, _ in rules]).cpu().tolist()
@@ -174,8 +168,7 @@ def uniform_rule(name, u):
 
 
 def prob_rules(name, rows, where, tol):
-    """Probability rows [..., V]: finite, non-negative and summing to 1 (within ``tol``) at the
-    positions ``where`` (bool [...])."""
+    """Probability rows [..., V]: finite, >= 0, summing to 1 (within ``tol``) where ``where`` (bool [...])."""
     bad_entry = ~torch.isfinite(rows) | (rows < 0)
     nonfinite = where & bad_entry.any(-1)
     sums = rows.sum(-1, dtype=torch.float64)
@@ -239,8 +232,7 @@ def node_counts(num_nodes, B, T, device):
 
 
 def tree_nodes(parents, num_nodes, check):
-    """``num_nodes`` of a [B, T] ``parents`` (:func:`node_counts`); with ``check`` also the tree
-    value rules (:func:`tree_rules`, one host sync). Returns num_nodes."""
+    """Returns :func:`node_counts` of [B, T] ``parents``; with ``check`` also :func:`tree_rules` (a sync)."""
     num_nodes = node_counts(num_nodes, *parents.shape, parents.device)
     if check and parents.numel():
         raise_first(tree_rules(parents, num_nodes))

@@ -1,6 +1,5 @@
-"""The KV layout of the attention and compaction ops: one type for both cache layouts, the Python twin
-of the C++ ``KvView`` (csrc/tree_attention_args.h). An op takes a layout and dispatches to the
-compiled op of its kind; paging is a field (a page table), not a second op.
+"""The KV layout of the attention and compaction ops, one type for both cache layouts (the Python twin
+of the C++ ``KvView``, csrc/tree_attention_args.h): paging is a field (a page table), not a second op.
 
 - contiguous: k, v [*lead, B, Hkv, S, D]; row ``r`` of sequence ``b`` is ``k[..., b, :, r]``.
 - paged: k, v [*lead, num_pages, page_size, Hkv, D] (page_size a power of two), page_table int32
@@ -14,8 +13,8 @@ from . import checks
 
 
 class Spec:
-    """A stand-in tensor of a declared shape, dtype and device with dense strides (no storage): what
-    plans validate and schedule against before the caches exist."""
+    """A stand-in tensor (declared shape, dtype, device; dense strides; no storage) that plans validate
+    and schedule against before the caches exist."""
 
     def __init__(self, shape, dtype, device):
         self.shape, self.dtype, self.device = torch.Size(shape), dtype, device
@@ -90,17 +89,17 @@ class KvLayout:
         return self.page_table.shape[1] * self.page_size if self.is_paged else self.k.shape[-2]
 
     def rows(self):
-        """Rows a sequence can address, as the kernels count them (KvView's S): :meth:`capacity`,
-        0 for an empty pool (no page to read), at most int32's largest."""
+        """Rows a sequence can address as the kernels count them (KvView's S): :meth:`capacity`, 0 for
+        an empty pool, at most int32's largest."""
         if not self.is_paged:
             return self.k.shape[-2]
         return min(self.capacity(), 2**31 - 1) if self.num_pages else 0
 
     def address(self, b, r):
-        """Where row ``r`` of sequence ``b`` lives (int64 tensors, broadcast together): the indices
-        into k's dims (lead, lead + 2) = (b, r) contiguous, (lead, lead + 1) = (page, slot) paged.
-        Paged rows past the table read its last entry: callers mask them (page ids not clamped)."""
-        # (tensors pass through as they are: the caches call this every forward, with no host data)
+        """Where row ``r`` of sequence ``b`` lives (int64 tensors, broadcast together): indices into k's
+        dims (lead, lead + 2) = (b, r) contiguous, (lead, lead + 1) = (page, slot) paged. Paged rows past
+        the table read its last entry: callers mask them (page ids not clamped). Tensors pass through
+        as they are (the caches call this every forward, with no host data)."""
         b, r = (x if isinstance(x, torch.Tensor) else torch.as_tensor(x) for x in (b, r))
         b, r = torch.broadcast_tensors(b.long(), r.long())
         if not self.is_paged:
@@ -116,9 +115,9 @@ class KvLayout:
         return lead + ((x, y) if self.is_paged else (x, slice(None), y))
 
     def gather(self):
-        """The contiguous layout this one stands for (the references' view; page ids clamped into
-        the pool as the kernels clamp them): [*lead, B, Hkv, max_pages * page_size, D], zeros from an
-        empty pool. A contiguous layout returns itself."""
+        """The contiguous layout this one stands for (the references' view, page ids clamped into the
+        pool as the kernels clamp them): [*lead, B, Hkv, max_pages * page_size, D]; zeros from an empty
+        pool; a contiguous layout is itself."""
         if not self.is_paged:
             return self
         B, M = self.page_table.shape
@@ -135,11 +134,10 @@ class KvLayout:
     # ---- validation ------------------------------------------------------------------------------
 
     def check(self, *, dtype, rank, device=None, B=None, D=None, Hq=None, distinct=False, table=True):
-        """The layout's metadata rules (no host sync): K a ``dtype`` tensor of ``rank``, stride 1 in D (on
-        ``device`` where given), a power-of-two page size, batch ``B`` and head dim ``D`` where given (the
-        query's), kv heads dividing ``Hq`` where given, V like K; ``distinct``: K and V in separate memory,
-        no element addressed twice (they are written); the page table int32 [B, max_pages] on K's device
-        (``table=False``: checked already)."""
+        """The metadata rules (no host sync): K a ``dtype`` tensor of ``rank``, stride 1 in D, a power-of-two
+        page size; where given, on ``device``, the query's batch ``B`` and head dim ``D``, kv heads dividing
+        ``Hq``; V like K; ``distinct`` (they are written): separate memory, no element addressed twice;
+        the page table int32 [B, max_pages] on K's device (``table=False``: checked already)."""
         k_name, v_name = self.names
         k = checks.tensor(k_name, self.k, dtype=dtype, rank=rank, device=device, last_stride_one=True)
         lead = rank - 4
@@ -160,10 +158,9 @@ class KvLayout:
         return self
 
     def page_rule(self, rows_needed):
-        """The page-table rule (a :mod:`specops.ops.checks` rule): every page holding one of a
-        sequence's first ``rows_needed[b]`` rows must be a pool page, ``0 <= page_table[b, i] <
-        num_pages``. Shape: rows_needed int64 [B] (at most :meth:`capacity`; more is some other
-        rule's error) -> (bool tensor [B, max_pages], message())."""
+        """The :mod:`specops.ops.checks` rule that a page holding one of sequence b's first
+        ``rows_needed[b]`` rows is a pool page, ``0 <= page_table[b, i] < num_pages``. Shape: rows_needed
+        int64 [B] (<= :meth:`capacity`: more is another rule's error) -> (bool [B, max_pages], message())."""
         page_table, page_size, num_pages = self.page_table, self.page_size, self.num_pages
         max_pages = page_table.shape[1]
         pages_needed = (rows_needed.clamp(min=0) + page_size - 1) // page_size  # [B]
@@ -202,9 +199,9 @@ def check_heads(Hq, Hkv, D, kv_name):
 
 
 def no_self_overlap(sizes, strides):
-    """Sufficient condition for distinct indices to address distinct elements: ordered by stride,
-    every stride exceeds the span of all smaller ones. Every slice / permute / select of a dense
-    tensor satisfies it; an expanded (stride 0) view does not."""
+    """Sufficient for distinct indices to address distinct elements: ordered by stride, each stride
+    exceeds the span of the smaller ones (true of any slice / permute / select of a dense tensor, not of
+    an expanded view)."""
     dims = sorted((st, sz) for sz, st in zip(sizes, strides) if sz > 1)
     span = 0  # largest element offset reachable with the dims seen so far
     for st, sz in dims:
@@ -215,8 +212,8 @@ def no_self_overlap(sizes, strides):
 
 
 def check_distinct(k, v, k_name, v_name):
-    """Each cache's rows must be distinct memory (else writes race), and K must not share memory
-    with V (else moving K moves V too). Metadata only: shapes, strides and data addresses."""
+    """Each cache's rows are distinct memory (else writes race) and K shares none with V (else moving K
+    moves V too). Metadata only: shapes, strides and data addresses."""
     for name, t in ((k_name, k), (v_name, v)):
         if not t.is_contiguous() and not no_self_overlap(t.shape, t.stride()):
             raise ValueError(f"{name} must not address one element twice (e.g. an expanded view), "

@@ -1,12 +1,10 @@
 """KV-cache compaction after acceptance: move the accepted draft rows next to the committed prefix.
 
-Terms: the cache stacks every layer, ``[L, B, Hkv, S, D]``. Sequence ``b`` has ``prefix_lens[b]``
-committed rows, then the rows of its last draft block, of which verification accepted the
-``accept_lens[b]`` nodes ``accept_idx[b]`` (strictly increasing offsets, usually from the root 0).
-In every layer and head, row ``prefix_lens[b] + accept_idx[b, j]`` moves to row ``prefix_lens[b] +
-j`` for ``j < accept_lens[b]``, as a gather of all sources then a scatter to all destinations on
-every backend (they overlap). Later rows keep what they held; truncation needs no op (lower the
-lengths)."""
+The cache stacks every layer, ``[L, B, Hkv, S, D]``. Sequence ``b`` has ``prefix_lens[b]`` committed
+rows, then its last draft block, whose nodes ``accept_idx[b, :accept_lens[b]]`` (strictly increasing
+offsets, usually from the root 0) were accepted. In every layer and head, row ``prefix_lens[b] +
+accept_idx[b, j]`` moves to row ``prefix_lens[b] + j``: all sources gathered, then scattered (they
+overlap), on every backend. Later rows keep what they held; truncation needs no op (lower the lengths)."""
 
 import torch
 
@@ -19,8 +17,7 @@ CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def compact(kv, prefix_lens, accept_idx, accept_lens, *, check=True, backend=None):
-    """The one entry of the op: :func:`kv_compact` on the :class:`~specops.ops.layout.KvLayout` ``kv``
-    of all layers, which :func:`kv_compact` and :func:`kv_compact_paged` build."""
+    """The op on the :class:`~specops.ops.layout.KvLayout` ``kv`` of all layers (both entries call it)."""
     kv.check(dtype=CACHE_DTYPES, rank=5, distinct=True)
     B, dev = kv.batch(), kv.k.device
     check_accept(prefix_lens, accept_idx, accept_lens, B, dev)
@@ -39,11 +36,11 @@ def kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens, *, check=
     -> None. ``accept_idx[b, j >= accept_lens[b]]`` is padding; ``prefix_lens`` is not changed (the
     caller adds ``accept_lens``).
 
-    ``check=True`` validates the values first (one host sync): ``0 <= accept_lens[b] <= A``, ``0 <=
-    prefix_lens[b] <= S``, ``accept_idx[b, :accept_lens[b]]`` strictly increasing from ``>= 0`` with
-    ``prefix_lens[b] + accept_idx[b, j] < S``; nothing is written by a call that raises. With
-    ``check=False`` the kernels skip rows whose source or destination is outside ``[0, S)`` (never
-    writing out of bounds); the result is otherwise unspecified."""
+    ``check=True`` (one host sync; a call that raises writes nothing): ``0 <= accept_lens[b] <= A``,
+    ``0 <= prefix_lens[b] <= S``, ``accept_idx[b, :accept_lens[b]]`` strictly increasing from ``>= 0``
+    with ``prefix_lens[b] + accept_idx[b, j] < S``. ``check=False``: the kernels skip moves whose
+    source or destination is outside ``[0, S)`` (never writing out of bounds); the result is then
+    unspecified."""
     return compact(KvLayout.contiguous(k_cache, v_cache), prefix_lens, accept_idx, accept_lens, check=check,
                    backend=backend)
 
@@ -56,24 +53,20 @@ def kv_compact_paged(k_pages, v_pages, page_table, prefix_lens, accept_idx, acce
     page_size a power of two, modified in place; views are fine), page_table int32 [B, max_pages],
     prefix_lens int32 [B], accept_idx int32 [B, A], accept_lens int32 [B] -> None.
 
-    Row ``r`` of sequence ``b`` is slot ``r % page_size`` of page ``page_table[b, r // page_size]``
-    (:func:`specops.tree_attention_paged`); the moves are :func:`kv_compact`'s, so sources and
-    destinations may share pages.
-
-    ``check=True`` (one host sync, before any write): :func:`kv_compact`'s rules with S = max_pages *
+    Rows map to pages as in :mod:`specops.ops.layout`; the moves are :func:`kv_compact`'s, so sources
+    and destinations may share pages. ``check=True``: :func:`kv_compact`'s rules with S = max_pages *
     page_size; ``0 <= page_table[b, i] < num_pages`` for the pages the call addresses (those holding
     the first ``prefix_lens[b] + accept_idx[b, accept_lens[b] - 1] + 1`` rows, ``prefix_lens[b]`` when
     nothing is accepted); and a page a move writes is addressed once, by its own sequence (else it
-    would be overwritten under the other entry too, and the writes race). Pages only read, such as a
-    shared prompt's, may be shared. ``check=False``: out-of-range moves are skipped (never writing out
-    of bounds), the result is otherwise unspecified."""
+    is overwritten under the other entry too, and the writes race). Pages only read, such as a shared
+    prompt's, may be shared. ``check=False``: as :func:`kv_compact`'s."""
     return compact(KvLayout.paged(k_pages, v_pages, page_table), prefix_lens, accept_idx, accept_lens,
                    check=check, backend=backend)
 
 
 def check_accept(prefix_lens, accept_idx, accept_lens, B, dev, lens_name="prefix_lens"):
-    """The metadata rules of the acceptance (int32 [B], [B, A], [B]; no host sync); ``lens_name``
-    names the committed lengths in errors (the plan's ``lens``)."""
+    """The acceptance's metadata rules (int32 [B], [B, A], [B]; no host sync); ``lens_name``: the
+    committed lengths' name in errors."""
     checks.lengths(lens_name, prefix_lens, B, dev)
     checks.tensor("accept_idx", accept_idx, dtype=torch.int32, rank=2, shape=(B, None), device=dev)
     checks.lengths("accept_lens", accept_lens, B, dev)
@@ -82,8 +75,8 @@ def check_accept(prefix_lens, accept_idx, accept_lens, B, dev, lens_name="prefix
 # ---- validation ----------------------------------------------------------------------------------
 
 def accept_values(kv, prefix_lens, accept_idx, accept_lens):
-    """The ``check=True`` rules of :func:`kv_compact` / :func:`kv_compact_paged` on the layout ``kv``
-    (its shapes read, not its values): one host sync, raising for the first broken rule."""
+    """The ``check=True`` rules of both entries on the layout ``kv`` (one host sync; the first broken
+    rule raises)."""
     B, A = accept_idx.shape
     if B == 0:
         return
@@ -93,7 +86,8 @@ def accept_values(kv, prefix_lens, accept_idx, accept_lens):
     valid = j[None, :] < accept_lens[:, None]  # [B, A]
     idx = accept_idx.to(torch.int64)
     prev = torch.cat([torch.full_like(idx[:, :1], -1), idx[:, :-1]], dim=1)
-    src = prefix_lens.to(torch.int64)[:, None] + idx
+    p = prefix_lens.to(torch.int64)[:, None]
+    src = p + idx
     lens_bad = (accept_lens < 0) | (accept_lens > A)
     prefix_bad = (prefix_lens < 0) | (prefix_lens > rows)
     order_bad, past_bad = valid & (idx <= prev), valid & (src >= rows)
@@ -112,10 +106,8 @@ def accept_values(kv, prefix_lens, accept_idx, accept_lens):
     rules = [checks.rule("accept_lens", accept_lens, lens_bad, f"lie in [0, A={A}]"),
              checks.rule("prefix_lens", prefix_lens, prefix_bad, f"lie in [0, {label}]"), (order_bad, order),
              (past_bad, past)]
-    if kv.is_paged:
-        n = accept_lens.long().clamp(0, A)
-        last = accept_idx.long().gather(1, (n - 1).clamp(min=0)[:, None])[:, 0] if A else torch.zeros_like(n)
-        needed = (prefix_lens.long() + torch.where(n > 0, last + 1, 0)).clamp(max=rows)
+    if kv.is_paged:  # the rows addressed: to the last accepted source (exact once the rules above pass)
+        needed = torch.cat([p, torch.where(valid, src + 1, 0)], 1).amax(1).clamp(max=rows)
         clash = _aliased_writes(kv, needed, prefix_lens, accept_idx, accept_lens)
         rules += [kv.page_rule(needed),
                   (clash, lambda: _aliased_message(clash, kv.page_table, kv.page_size, needed))]
@@ -123,10 +115,8 @@ def accept_values(kv, prefix_lens, accept_idx, accept_lens):
 
 
 def _aliased_writes(kv, needed, prefix_lens, accept_idx, accept_lens):
-    """[B, max_pages] bool: page_table[b, i] holds a row the compaction writes, and the same pool page
-    is also another addressed entry (another sequence's, or another page index of this one), among
-    the first ceil(needed[b] / page_size) entries of every row. No host sync: entries counted per
-    pool page."""
+    """[B, max_pages] bool: entry (b, i) holds a row the compaction writes, and its pool page is also
+    another addressed entry (the first ceil(needed[b] / page_size) of each row). No host sync."""
     page_table, page_size, N = kv.page_table, kv.page_size, kv.num_pages
     B, M = page_table.shape
     dev = page_table.device
@@ -141,7 +131,7 @@ def _aliased_writes(kv, needed, prefix_lens, accept_idx, accept_lens):
 
 
 def _aliased_message(clash, page_table, page_size, needed):
-    """The error for a written page that is addressed twice (error path: host syncs are fine)."""
+    """The error for a written page addressed twice (the error path: host syncs are fine)."""
     b, i = (int(x) for x in clash.nonzero()[0])
     page = int(page_table[b, i])
     pages_needed = (needed.clamp(min=0) + page_size - 1) // page_size

@@ -1,19 +1,17 @@
-"""The torch reference of kv_compact: the moves a compaction makes (:func:`moves`, also what the
-paged rules check against) and the op as one gather then one scatter (:func:`kv_compact`)."""
+"""The torch reference of kv_compact: the moves (:func:`moves`, which the paged rules also check) and
+the op as one gather then one scatter."""
 import torch
 
 from ..layout import KvLayout
 
 
 def moves(kv, prefix_lens, accept_idx, accept_lens):
-    """The copies a compaction makes: the spec of the op on the layout ``kv``.
-
-    Shape: prefix_lens / accept_lens int32 [B], accept_idx int32 [B, A] -> (moving bool [B, A],
-    src / dst rows int64 [B, A], src / dst addresses (:meth:`~specops.ops.layout.KvLayout.address`
-    of those rows, each a pair of int64 [B, A])). Move ``j`` of sequence ``b`` copies row
-    ``prefix_lens[b] + accept_idx[b, j]`` to row ``prefix_lens[b] + j``; ``moving`` marks the
-    copies: ``j < accept_lens[b]``, not an identity, both rows within the layout's capacity and
-    (paged) on pool pages. Others (only possible unchecked) are skipped, as the kernels skip them."""
+    """The copies a compaction makes on the layout ``kv``: the op's spec. Move ``j`` of sequence ``b``
+    copies row ``prefix_lens[b] + accept_idx[b, j]`` to row ``prefix_lens[b] + j``; ``moving`` marks
+    those made: ``j < accept_lens[b]``, not an identity, both rows within the capacity and (paged) on
+    pool pages (the kernels skip the others, possible only unchecked). Shape: prefix_lens /
+    accept_lens int32 [B], accept_idx int32 [B, A] -> (moving bool [B, A], src / dst rows int64
+    [B, A], their :meth:`~specops.ops.layout.KvLayout.address` pairs of int64 [B, A])."""
     B, A = accept_idx.shape
     rows = kv.capacity()
     dev = accept_idx.device
@@ -32,8 +30,7 @@ def moves(kv, prefix_lens, accept_idx, accept_lens):
 
 def kv_compact(*args):
     """The op on the registered op's positional arguments (the layout's tensors, prefix_lens,
-    accept_idx, accept_lens) -> None. Every moving row's source is gathered first, then scattered to
-    the destinations: overlap-safe by construction, so this is the reference the kernels are held to."""
+    accept_idx, accept_lens) -> None: all sources gathered, then scattered (overlap-safe by construction)."""
     kv, (prefix_lens, accept_idx, accept_lens) = KvLayout(*args[:-3]), args[-3:]
     moving, _, _, src, dst = moves(kv, prefix_lens, accept_idx, accept_lens)
     sel = moving.nonzero(as_tuple=True)
