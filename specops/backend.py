@@ -169,8 +169,7 @@ def incapable(op, name, args):
 
 
 def resolve(op, device, backend=None, args=None):
-    """The implementation of ``op`` to run on ``device`` for the call ``args`` (None: no capability
-    checks)."""
+    """The implementation of ``op`` on ``device`` for the call ``args`` (None: no capability checks)."""
     return resolve_named(op, device, backend, args)[1]
 
 

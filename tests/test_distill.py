@@ -1,7 +1,6 @@
-"""specops.distill: the distillation loop on a tiny random Llama target (fp32), checkpoint resume,
-the subset-vocabulary head, the CLI's errors, the shipped SmolLM2 draft (skipped when absent); the
-feature (EAGLE-style) draft: its training step, and the runtime (FeatureDraftLM) feeding the right
-feature rows into cached tree blocks."""
+"""specops.distill on a tiny random Llama target (fp32): the loop, checkpoint resume, the subset head,
+the CLI's errors, the shipped SmolLM2 draft (when present); the feature draft's training step and
+its runtime (FeatureDraftLM) feeding the right feature rows into cached tree blocks."""
 import importlib.util
 import json
 import os
@@ -47,8 +46,7 @@ def tiny_tokenizer():
 
 
 def shards_from(target, n_shards=3, rows=4, L=24, k=8, seed=0, features=False):
-    """Teacher-labelled shards of random rows; ``features``: with the target's final hidden states,
-    added afterwards (data.add_features, the generated shards' path)."""
+    """Teacher-labelled shards of random rows; ``features``: plus data.add_features (the gen shards' path)."""
     g = torch.Generator().manual_seed(seed)
     ids = [torch.randint(3, V, (rows, L), generator=g) for _ in range(n_shards)]
     out = [data.label_text_rows(target, [("rand", r.tolist()) for r in x], k) for x in ids]

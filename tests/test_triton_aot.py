@@ -1,7 +1,6 @@
-"""Every Triton kernel the launchers pick compiles for sm_80 and sm_90 (no GPU needed) the way the
-JIT compiles it (specialisation hints from the real launch arguments), within its budget: shared
-memory within the arch's limit, no register spills for tree_attention's table; and the GPU
-report's occupancy arithmetic and binary parsing."""
+"""Every Triton kernel the launchers pick compiles for sm_80 and sm_90 (no GPU) as the JIT compiles
+it, within its budget (shared memory; no spills in tree_attention's table); the GPU report's
+occupancy arithmetic and binary parsing."""
 import pytest
 
 from specops import extension, kernel_resources
@@ -50,8 +49,7 @@ def test_tree_attention_every_table_entry_compiles_spill_free_within_its_shared_
                 if tag:
                     decode, block = ta.PAGED_CONFIGS.get((arch, wide, bd), (decode, block))
                 for cfg, cls in ((decode, "decode"), (block, "block")):
-                    splits = ("", " split") if cls == "decode" or bd == 256 else ("",)
-                    for split in splits:
+                    for split in ("", " split") if cls == "decode" or bd == 256 else ("",):
                         r = _ta_row(rows, arch, f"{tag}{'float32' if wide else 'bfloat16'} D{bd} {cls}{split}")
                         assert (r["num_warps"], r["num_stages"]) == (cfg.num_warps, cfg.num_stages)
                         consts = r["config"].split()
