@@ -16,9 +16,8 @@ INF = float("inf")
 
 
 def expand(parent_scores, child_logprobs, n, k=None, backend="torch", device="cpu"):
-    ps = torch.as_tensor(parent_scores, dtype=torch.float32, device=device)
-    cl = torch.as_tensor(child_logprobs, dtype=torch.float32, device=device)
-    if ps.dim() == 1:
+    ps, cl = (torch.as_tensor(v, dtype=torch.float32, device=device) for v in (parent_scores, child_logprobs))
+    if ps.dim() == 1:  # one row
         ps, cl = ps[None], cl[None]
     return tuple(t.cpu() for t in specops.topn_expand(ps, cl, n, per_parent_k=k, backend=backend))
 

@@ -132,11 +132,8 @@ class Grammar:
     match) or ``ebnf`` (llama.cpp's GBNF, start rule ``root``, for either engine) is given.
     ``vocab_size`` is the logits' V (default: the tokenizer's); rows have ``ceil(V / 32)`` words
     and tokens the tokenizer does not have are never allowed. ``engine``: one of :data:`ENGINES`
-    (default: the first installed).
-
-    Raises ImportError when no engine is installed, ValueError naming the argument and quoting the
-    engine when the grammar does not compile.
-    """
+    (default: the first installed). Raises ImportError when no engine is installed, ValueError
+    naming the argument and quoting the engine when the grammar does not compile."""
 
     def __init__(self, tokenizer, *, json_schema=None, regex=None, ebnf=None, batch_size=1, vocab_size=None,
                  engine=None):

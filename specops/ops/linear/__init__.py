@@ -1,11 +1,9 @@
-"""specops.linear: a small-row GEMM whose every output element is reduced in one fixed order.
-
-Row ``i`` of an ``M``-row call equals the one-row call on row ``i`` bit for bit, for every ``M``,
-thread count and batch layout, on each backend, so a verification block of ``T`` rows produces
-the logits an AR step produces for the same prefix (docs/batch_invariance.md): a reduction's order
+"""specops.linear: a small-row GEMM whose every output element is reduced in one fixed order, which
 depends on its length ``K`` only, never on the rows sharing the call or the column split between
-threads. Each backend has its own order (they agree within docs/batch_invariance.md's tolerance,
-not bit for bit); the values' spec is the torch reference, :mod:`.ref`."""
+threads. So row ``i`` of an ``M``-row call equals the one-row call on row ``i`` bit for bit, for every
+``M``, thread count and batch layout, on each backend, and a verification block produces the logits
+an AR step produces for the same prefix (docs/batch_invariance.md). Each backend has its own order
+(they agree within that doc's tolerance, not bit for bit); the values' spec is :mod:`.ref` (torch)."""
 import os
 
 import torch
@@ -19,13 +17,11 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def linear(x, weight, bias=None, *, packed=None, backend=None):
-    """``x @ weight.T + bias`` with fp32 accumulation, rounded once to ``x``'s dtype.
-
+    """``x @ weight.T + bias`` with fp32 accumulation, rounded once to ``x``'s dtype; each output
+    element depends on its rows of ``x`` and ``weight`` and its bias only (the module's contract).
     Shape: x [..., K], weight [N, K], bias [N] or None -> [..., N] in x's dtype (fp32, bf16 or fp16;
-    weight and bias alike). Each output element is the same function of its row of ``x``, its row of
-    ``weight`` and its bias, whatever the other rows (the batch-invariance contract). ``packed``:
-    :func:`pack_weight` of a bf16 ``weight`` (a copy the cpp backend reads faster on AVX-512: the
-    same values and bits; the other backends read ``weight``)."""
+    weight and bias alike). ``packed``: :func:`pack_weight` of a bf16 ``weight`` (a copy the cpp
+    backend reads faster on AVX-512, the same bits; the other backends read ``weight``)."""
     checks.tensor("x", x, dtype=DTYPES)
     if x.dim() < 1:
         raise ValueError(f"x must have rank >= 1 ([..., K]), got shape {tuple(x.shape)}")

@@ -1,10 +1,7 @@
-"""The torch reference of specops.linear: the spec of the values, batch-invariant by construction.
-
-Every output element is reduced in 8 lanes along K, then the lanes are combined by halving (the order
-of docs/batch_invariance.md §specops.linear). Only elementwise tensor operations are used (products
-and sums of broadcast tensors, never a matmul or a reduction kernel), so the value of an element
-cannot depend on how many rows share the call or on the thread count.
-"""
+"""The torch reference of specops.linear (the spec of the values), batch-invariant by construction:
+each output element is reduced in 8 lanes along K, then the lanes are combined by halving (the order
+of docs/batch_invariance.md §specops.linear), with elementwise tensor operations only (never a matmul
+or a reduction kernel), so its value cannot depend on how many rows share the call or on the threads."""
 import torch
 
 LANES = 8

@@ -73,13 +73,10 @@ _RULES = {  # name -> (per-value test, expectation, dtype); tests work on floats
 
 def warp_probs(logits, temperature, top_k=0, top_p=1.0, *, check=True, backend=None):
     """The probabilities a sampler draws from after temperature, top-k and top-p (the module's rule).
-
     Shape: logits fp32/bf16/fp16 [N, V]; temperature, top_p: float or float tensor [N]; top_k: int
-    or int tensor [N] -> probs fp32 [N, V] (rows sum to 1).
-
-    ``check=True`` also validates per-row tensor parameters and rejects NaN / ``+inf`` logits and all
-    ``-inf`` rows (one host sync). ``V <= MAX_VOCAB`` (2**31 - 1) on the cpp, cuda and triton backends
-    (ValueError naming V)."""
+    or int tensor [N] -> probs fp32 [N, V] (rows sum to 1). ``check=True`` also validates per-row
+    tensor parameters and rejects NaN / ``+inf`` logits and all ``-inf`` rows (one host sync).
+    ``V <= MAX_VOCAB`` (2**31 - 1) on the cpp, cuda and triton backends (ValueError naming V)."""
     checks.tensor("logits", logits, dtype=FLOAT_DTYPES, rank=2)
     N, V = logits.shape[0], checks.nonempty("logits", logits, 1, "token (V >= 1)")
     t, k, p = warp_params(N, logits.device, check, temperature, top_k, top_p)
