@@ -1,9 +1,10 @@
 """Teacher-forced distillation of the draft against the target's top-k distributions.
 
-Loss per labelled position: cross-entropy of the draft over its kept vocabulary against the
-target's top-k probabilities renormalised over the kept tokens (forward KL up to a constant).
-Checkpoints (``last.pt``; ``best.pt`` by held-out agreement) hold the trainable weights, optimizer
-and step; the batch order is a function of (seed, epoch), so a resumed run ends in the same state."""
+Loss per labelled position: cross-entropy of the draft over its kept vocabulary against the target's
+top-k probabilities renormalised over the kept tokens (forward KL up to a constant: what top-1
+agreement needs). Checkpoints (``last.pt``; ``best.pt`` by held-out agreement) hold the trainable
+weights, optimizer and step; the batch order is a function of (seed, epoch), so a resumed run ends
+in the same state."""
 import math
 import os
 import time
