@@ -40,31 +40,23 @@ def _layout_case(layout, backend, device, **plan_kw):
 
 # ---- TreeAttentionPlan: declared sizes against the tensors -----------------------------------------
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_tree_plan_declared_cache_size_must_match(backend, device, layout):
-    declared = {"max_len": 64} if layout == "contiguous" else {"num_pages": 100}
-    _, _, (q, k, v), plan, _, paged = _layout_case(layout, backend, device, **declared)
-    parts = ("k_cache has S=19", "max_len=64") if paged is None else ("num_pages", f"num_pages={k.shape[0]}",
-                                                                      "num_pages=100")
-    raises(ValueError, parts, lambda: plan.run(q, k, v), q, k, v, *(paged[2:] if paged else ()))
-
-
-@pytest.mark.parametrize("what, change, parts", [
-    ("heads", dict(num_kv_heads=1), ("k_cache has Hkv=2", "num_kv_heads=1")),
-    ("head_dim", dict(head_dim=8, num_heads=4), ("q must have shape [2, 3, 4, 8]", "(2, 3, 4, 16)")),
-    ("num_heads", dict(num_heads=2, num_kv_heads=2), ("q must have shape [2, 3, 2, 16]", "(2, 3, 4, 16)")),
-])
-def test_tree_plan_declared_heads_and_dims_must_match(backend, device, what, change, parts):
-    _, _, (q, k, v), plan, _, _ = _layout_case("contiguous", backend, device, **change)
-    raises(ValueError, parts, lambda: plan.run(q, k, v), q, k, v)
-
-
-def test_tree_plan_declared_dtype_and_device_must_match(backend, device):
-    _, _, (q, k, v), plan, _, _ = _layout_case("contiguous", backend, device)
-    raises(TypeError, ("q must have dtype torch.float32", "torch.float16"),
-           lambda: plan.run(q.half(), k.half(), v.half()), q, k, v)
-    with pytest.raises(ValueError, match="q must be on"):
-        plan.run(*(t.to("meta") for t in (q, k, v)))
+# (layout, declared, what the run's q / k / v become, exception, message parts; {pool}: the pool's pages)
+@pytest.mark.parametrize("layout, declared, change, exc, parts", [
+    ("contiguous", {"max_len": 64}, None, ValueError, ("k_cache has S=19", "max_len=64")),
+    ("paged", {"num_pages": 100}, None, ValueError, ("num_pages", "num_pages={pool}", "num_pages=100")),
+    ("contiguous", {"num_kv_heads": 1}, None, ValueError, ("k_cache has Hkv=2", "num_kv_heads=1")),
+    ("contiguous", {"head_dim": 8, "num_heads": 4}, None, ValueError,
+     ("q must have shape [2, 3, 4, 8]", "(2, 3, 4, 16)")),
+    ("contiguous", {"num_heads": 2, "num_kv_heads": 2}, None, ValueError,
+     ("q must have shape [2, 3, 2, 16]", "(2, 3, 4, 16)")),
+    ("contiguous", {}, torch.Tensor.half, TypeError, ("q must have dtype torch.float32", "torch.float16")),
+    ("contiguous", {}, lambda t: t.to("meta"), ValueError, ("q must be on",)),
+], ids=["max_len", "num_pages", "heads", "head_dim", "num_heads", "dtype", "device"])
+def test_tree_plan_declared_sizes_must_match(backend, device, layout, declared, change, exc, parts):
+    _, _, qkv, plan, _, paged = _layout_case(layout, backend, device, **declared)
+    run = [change(t) for t in qkv] if change else qkv
+    raises(exc, [p.format(pool=qkv[1].shape[0]) for p in parts], lambda: plan.run(*run), *qkv,
+           *(paged[2:] if paged else ()))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

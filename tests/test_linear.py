@@ -323,8 +323,6 @@ def test_rows_do_not_depend_on_operand_alignment(backend, dtype):
 def test_cudasim_thread_orders_and_racecheck():
     """Same results in any order of the emulated threads, and no shared-memory hazard under racecheck
     (the x staging buffer is refilled once per 512 K elements)."""
-    if not specops.backend.available("cudasim", "cpu")[0]:
-        pytest.skip("cudasim unavailable")
     # 2 row-chunk blocks of 16 rows (register groups of 8), 3 column blocks, K over two staged chunks
     # of 512; fp32 with K = 532: the vector weight path. bf16 with K = 530 (K % 4 != 0: the scalar
     # path, a ragged tail) is the "linear" case of tests/test_cudasim.py, under the same orders and racecheck.
