@@ -66,8 +66,7 @@ def test_golden_rule(backend, device, x, t, k, p, keep):
 
 
 def test_per_row_tensor_parameters_equal_row_by_row_calls(backend, device):
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(5, 37, generator=g) * 2
+    x = torch.randn(5, 37, generator=torch.Generator().manual_seed(3)) * 2
     t = torch.tensor([0.0, 0.5, 1.0, 1.7, 0.9])
     k = torch.tensor([0, 3, 0, 40, 10], dtype=torch.int64)
     p = torch.tensor([0.3, 1.0, 0.6, 0.95, 1e-6], dtype=torch.float64)
@@ -267,8 +266,7 @@ def test_fixed_point_scale_shrinks_with_the_vocabulary_and_triton_honours_it(mon
 
 def test_reference_equals_hf_temperature_top_k_top_p_chain():
     lp = pytest.importorskip("transformers.generation.logits_process")
-    g = torch.Generator().manual_seed(11)
-    x = torch.randn(6, 500, generator=g) * 2
+    x = torch.randn(6, 500, generator=torch.Generator().manual_seed(11)) * 2
     for t, k, p in [(0.7, 20, 0.9), (1.0, 0, 0.8), (1.5, 100, 1.0), (0.5, 0, 0.3)]:
         z = lp.TemperatureLogitsWarper(t)(None, x.clone())
         if k:

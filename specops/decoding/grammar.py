@@ -32,6 +32,7 @@ class _LLGuidance:
 
         self._llg = llguidance
         self.fill = llguidance.torch.fill_next_token_bitmask  # fill(m, bitmask, row), as _XGrammar's
+        self.rollback = llguidance.LLMatcher.rollback  # unbound: rollback(m, n)
         self.tok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
         self.vocab_size = self.tok.vocab_size
         self.stop_tokens = set(self.tok.eos_tokens)
@@ -62,9 +63,6 @@ class _LLGuidance:
             return m.is_accepting() and m.consume_token(token) and not m.is_error()
         return m.try_consume_tokens([token]) == 1
 
-    def rollback(self, m, n):
-        m.rollback(n)
-
     def forced(self, m):
         """The tokens the grammar forces from here (its fast-forward tokens)."""
         return list(m.compute_ff_tokens())
@@ -76,12 +74,15 @@ class _XGrammar:
     def __init__(self, tokenizer, vocab_size):
         import xgrammar
 
-        self._xgr = xgrammar
         self._tokenizer = tokenizer
         info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
         self.vocab_size = info.vocab_size
         self._compiler = xgrammar.GrammarCompiler(info, max_threads=1)
         self.stop_tokens = set(info.stop_token_ids)
+        # matcher(compiled) is the matcher class, and its own methods, unbound, are the adapter's:
+        # fill(m, bitmask, row), consume(m, token) (False where rejected, m unchanged), rollback(m, n).
+        M = self.matcher = xgrammar.GrammarMatcher
+        self.fill, self.consume, self.rollback = M.fill_next_token_bitmask, M.accept_token, M.rollback
 
     def compile(self, kind, spec):
         # json_schema: fixed separators (", " and ": "), no free whitespace: a small model otherwise
@@ -90,18 +91,6 @@ class _XGrammar:
         make = {"json_schema": lambda schema: c.compile_json_schema(schema, any_whitespace=False),
                 "regex": c.compile_regex, "ebnf": c.compile_grammar}[kind]
         return make(spec)
-
-    def matcher(self, compiled):
-        return self._xgr.GrammarMatcher(compiled)
-
-    def fill(self, m, bitmask, row):
-        m.fill_next_token_bitmask(bitmask, row)
-
-    def consume(self, m, token):
-        return m.accept_token(token)
-
-    def rollback(self, m, n):
-        m.rollback(n)
 
     def forced(self, m):
         """The tokens of the string the grammar forces from here (its jump-forward string), without

@@ -18,8 +18,7 @@ def topn_expand(parent_scores, child_logprobs, n, per_parent_k):
     pad = (0, max(0, n - P * V))  # fewer than n candidates at all
     top, flat = F.pad(top[:, :n], pad, value=float("-inf")), F.pad(flat[:, :n], pad)
     ok = top > float("-inf")
-    none = torch.full_like(flat, -1)
-    return (top, torch.where(ok, flat % V, none).to(torch.int32), torch.where(ok, flat // V, none).to(torch.int32))
+    return top, torch.where(ok, flat % V, -1).to(torch.int32), torch.where(ok, flat // V, -1).to(torch.int32)
 
 
 def select_topn_subtree(parents, scores, num_nodes, n):
@@ -28,8 +27,7 @@ def select_topn_subtree(parents, scores, num_nodes, n):
     new_parents int32 [B, n], counts int32 [B]."""
     B, T = parents.shape
     dev = parents.device
-    rows = torch.arange(B, device=dev)
-    idx = torch.arange(T, device=dev)
+    rows, idx = torch.arange(B, device=dev), torch.arange(T, device=dev)
     s = torch.where(torch.isnan(scores), float("-inf"), scores)
     # Effective score: min over the path below the root, filled in topological order.
     eff = torch.full((B, T), float("inf"), device=dev)
@@ -41,7 +39,7 @@ def select_topn_subtree(parents, scores, num_nodes, n):
     eff[:, 0] = float("inf")
     # Best n by (eff desc, index asc): a stable descending sort.
     top, order = eff.sort(dim=-1, descending=True, stable=True)
-    chosen = (torch.arange(T, device=dev)[None, :] < n) & (top > float("-inf"))
+    chosen = (idx[None, :] < n) & (top > float("-inf"))
     keep = torch.zeros(B, T, dtype=torch.bool, device=dev).scatter_(1, order, chosen)
     counts = keep.sum(dim=1)
     pos = torch.where(keep, keep.cumsum(dim=1) - 1, -1)
