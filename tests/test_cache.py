@@ -88,8 +88,7 @@ def test_host_counts_keep_the_host_lengths_fresh_without_a_read(monkeypatch):
 @pytest.mark.parametrize("lens, offset, T, dtype", [
     ([4, 4, 4], 2, 2, torch.bfloat16), ([4, 1, 6], 2, 2, torch.bfloat16), ([2, 5, 0], 1, 4, torch.float32)])
 def test_a_block_writes_every_layer_at_lens_plus_offset_uncommitted(lens, offset, T, dtype, layout):
-    # Contiguous: equal lengths take the slice-copy plan, ragged ones the row addresses (paged: always
-    # the addresses); every plan converts dtype.
+    # Contiguous: equal lengths take the slice copy, ragged ones row addresses (paged: always); dtypes convert
     cache = filled_cache(L=3, dtype=dtype, layout=layout, lens=lens)
     want_k, want_v = dense(cache)
     ks = torch.randn(3, 3, 2, T, 4)  # per layer
@@ -108,8 +107,7 @@ def test_a_block_writes_every_layer_at_lens_plus_offset_uncommitted(lens, offset
 
 @pytest.mark.parametrize("label, call, exc, shows", CACHE, ids=[c[0] for c in CACHE])
 def test_a_rejected_call_leaves_the_cache_usable(label, call, exc, shows, layout):
-    # The battery's every rejected call (its test asserts the message and the unchanged state); then
-    # the next block still lands after the committed rows.
+    # Each rejected call of the battery (whose test checks message and state), then a block lands as usual.
     cache = _cache(layout, "cpu")  # lens [6, 3]
     rows = dense(cache)[0]
     with pytest.raises(exc):
@@ -177,8 +175,7 @@ def test_kvcache_wraps_a_users_layout():
     (lambda k, v, t: KVCache(KvLayout.paged(k, v, t.long())), TypeError, "page_table must have dtype torch.int32"),
     (lambda k, v, t: KVCache(KvLayout.paged(*torch.zeros(2, 2, 3, 3, 2, 4), t)), ValueError,
      "page_size .* power of two"),
-    # the rest of the constructors' checks (sizes, dtypes, page_size, num_pages, page_order's values):
-    # tests/test_bad_input_state.py
+    # the rest (sizes, dtypes, page_size, num_pages, page_order's values): tests/test_bad_input_state.py
     (lambda k, v, t: StaticKVCache(1, 1, 1, 4, 2, dtype=torch.bool), TypeError,
      "StaticKVCache dtype must be .*got torch.bool"),
     (lambda k, v, t: PagedKVCache(2, 3, 2, 21, 4, page_size=4, page_order=torch.arange(17)), ValueError,

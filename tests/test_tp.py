@@ -1,8 +1,6 @@
 """Tensor parallelism (docs/scaling.md): the loop and every method on a target sharded over 2 gloo
-ranks by transformers (torchrun, one thread per rank), against the same runs in one process.
-
-One torchrun launch runs every case (tests/tp_worker.py); the tests below read its per-rank results.
-Select them with ``-m tp``."""
+ranks by transformers (torchrun, one thread per rank), against the same runs in one process. One
+torchrun launch runs every case (tests/tp_worker.py); the tests read its per-rank results (``-m tp``)."""
 import functools
 import json
 import os

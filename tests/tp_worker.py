@@ -1,13 +1,11 @@
-"""One rank of the tensor-parallel tests (tests/test_tp.py runs it under torchrun; not collected).
-
-Loads the tiny targets saved by the test sharded over the torchrun world (transformers'
-DistributedConfig), a replicated draft, runs every case of ``cases.json`` and writes
-``rank<R>.json``: per case the generated token lists, or the error raised."""
+"""One rank of the tensor-parallel tests (tests/test_tp.py runs it under torchrun; not collected): loads
+the tiny targets the test saved, sharded over the torchrun world (transformers' DistributedConfig), and
+a replicated draft, runs every case of ``cases.json`` and writes ``rank<R>.json``: per case the
+generated token lists, or the error raised."""
 import argparse
 import functools
 import json
 import os
-import sys
 
 import torch
 
@@ -64,8 +62,7 @@ def main():
                 os.environ.pop(k, None)
     with open(os.path.join(args.dir, f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

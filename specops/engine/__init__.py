@@ -1,7 +1,6 @@
 """The engine room: one model and its KV state, driven by device tensors (README's layout table).
 It imports ``specops.ops`` (and ``specops.models``, ``specops.draft_models``, ``specops.parallel``),
-never ``specops.decoding``, which drives it.
-"""
+never ``specops.decoding``, which drives it."""
 from .cache import KVCache, KVCacheBase, PagedKVCache, StaticKVCache
 from .runner import KV_LAYOUTS, ModelRunner, Stager, pad_batch
 

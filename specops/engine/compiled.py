@@ -59,11 +59,6 @@ CPU_OPTIONS = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True, "size_as
                "scalar_asserts": False, "alignment_asserts": False}
 
 
-def _on_cpu(model):
-    p = next(model.parameters(), None)
-    return p is None or p.device.type == "cpu"
-
-
 _DECODERS = {}  # model -> {mode: CompiledDecoder}; holds the model (the graphs run its modules)
 
 
@@ -142,7 +137,8 @@ class CompiledDecoder:
         self.mode = mode
         self.cudagraphs = mode == "reduce-overhead"
         self.name = getattr(model, "specops_name", None) or type(model).__name__
-        cpu = mode == "default" and _on_cpu(model)
+        param = next(model.parameters(), None)
+        cpu = mode == "default" and (param is None or param.device.type == "cpu")
         self.options = {"options": CPU_OPTIONS} if cpu else {} if mode == "default" else {"mode": mode}
         self._step = _Decoder(model, self.decoder)
         self._fn, self._aot_fn = self._compile(self._step.forward)

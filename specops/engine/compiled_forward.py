@@ -39,7 +39,11 @@ class CompiledRunner:
         self.impl = None if plan.backend in ("cpp", "cuda") else plan.kernel  # None: the registered op
         self.head = model.get_output_embeddings()
         self.softcap = getattr(cfg, "final_logit_softcapping", None)
-        self.window = getattr(cfg, "sliding_window", None) if _uses_window(cfg) else None
+        # Whether some layer attends through a sliding window (Qwen2 keeps the field but may not use it).
+        types = getattr(cfg, "layer_types", None)
+        windowed = (getattr(cfg, "use_sliding_window", True) is not False
+                    and (types is None or "sliding_attention" in types))
+        self.window = getattr(cfg, "sliding_window", None) if windowed else None
         self.feature = is_feature_draft(model)
         self.arange = torch.arange(runner.cache.max_len + MAX_BUCKET, device=dev)
         # Packed linear weights are graph inputs the plain ones' graph lacks: a key of their own.
@@ -102,10 +106,3 @@ class CompiledRunner:
             self.runner.forward_mask(torch.zeros(B, Tb, dtype=torch.int64, device=dev), mask, depth,
                                      torch.full((B,), Tb, dtype=torch.int32, device=dev), features=feats)
         return self.compile_time_s - before
-
-
-def _uses_window(cfg):
-    """Whether some layer attends through a sliding window (Qwen2 keeps the field but may not use it)."""
-    types = getattr(cfg, "layer_types", None)
-    return (getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True)
-            is not False and (types is None or "sliding_attention" in types))

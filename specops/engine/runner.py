@@ -2,6 +2,7 @@
 :class:`Stager`, the only path from host lists to the device inside a decode step (docs/methods.md,
 "Drafts are device tensors"). The loop drives a :class:`ModelRunner` on device tensors: ``prefill``
 (commits the prompts), ``forward`` (a growing tree block after the committed rows), ``keep``."""
+import functools
 import inspect
 
 import torch
@@ -20,10 +21,9 @@ LINEARS = ("auto", "specops", "torch")
 
 
 class Stager:
-    """Uploads host int lists as int64 device tensors: one non-blocking copy per call. A ring of slots
-    (each guarded by a CUDA event) lets the host refill one slot while an earlier copy is in flight.
-
-    Shape: ``upload(values)`` list of n ints -> int64 [n] on ``device``."""
+    """Uploads host int lists as int64 device tensors, one non-blocking copy per call: ``upload(values)``
+    list of n ints -> int64 [n] on ``device``. A ring of slots, each guarded by a CUDA event, lets the
+    host refill one slot while an earlier copy is in flight."""
 
     SLOTS = 4
 
@@ -74,13 +74,12 @@ class ModelRunner:
     the engine"). ``batch_invariant``: True, False or "auto", a row's logits with the bits of the
     one-row AR step (docs/batch_invariance.md §Exact speculation).
 
-    Features are data: ``forward(..., want_hidden=True)`` also returns the LM head's input (after the
-    final norm) of the block's rows; a feature (EAGLE-style) model takes its input rows as
-    ``features=`` of ``prefill`` / ``forward``. With ``keep_features``, ``features`` [B, max_len, H]
-    (model dtype) holds the LM head's input at every committed position ``p`` (which produced the
-    logits for token ``p + 1``), filled at prefill and by every ``keep``; rows from ``lens[b]`` on are
-    unspecified. A hook on the final norm (else a pre-hook on the LM head) captures both, only in this
-    runner's own calls."""
+    Features are data: ``forward(..., want_hidden=True)`` also returns the LM head's input of the
+    block's rows; a feature (EAGLE-style) model takes its input rows as ``features=``. With
+    ``keep_features``, ``features`` [B, max_len, H] (model dtype) holds the LM head's input at every
+    committed position ``p`` (which gave token ``p + 1``'s logits), filled by ``prefill`` and ``keep``;
+    rows from ``lens[b]`` on are unspecified. A hook on the final norm (else a pre-hook on the LM head)
+    captures both, in this runner's own calls only."""
 
     def __init__(self, model, batch_size, max_len, *, keep_features=False, cache_dtype=None,
                  kv_layout="contiguous", page_size=16, compile=False, compile_mode="default", linear="auto",
@@ -113,9 +112,7 @@ class ModelRunner:
         if kv_layout == "paged":
             page_size = checks.power_of_two("page_size", checks.integer("page_size", page_size, 1))
             cls, paging = PagedKVCache, {"page_size": page_size}
-
-        def make(n):
-            return cls.for_model(model, batch_size, n, dtype=cache_dtype, **paging)
+        make = functools.partial(cls.for_model, model, batch_size, dtype=cache_dtype, **paging)
         if compile:  # a free cache of an earlier runner of the model when it is large enough
             self.cache = _compiled.decoder_for(model, compile_mode).cache_for(
                 self, make, rows, (batch_size, kv_layout, page_size, cache_dtype))
@@ -164,7 +161,6 @@ class ModelRunner:
         return self.B
 
     # ---- compiled forwards -----------------------------------------------------------------------
-
     @property
     def compile_time_s(self):
         """Seconds this runner's forwards spent compiling (tracing, code generation or loading a saved
@@ -177,7 +173,6 @@ class ModelRunner:
         return 0.0 if self.compiled is None else self.compiled.warmup(sizes)
 
     # ---- features --------------------------------------------------------------------------------
-
     def _install_hook(self, why):
         model = self.model
         if model.get_output_embeddings() is None:
@@ -213,7 +208,6 @@ class ModelRunner:
             self._capturing = False
 
     # ---- the loop's calls ------------------------------------------------------------------------
-
     def prefill(self, prompts, logits=True, *, features=None):
         """Commits the prompts (lists of token ids). Shape: features [B, max len, H] or None (a feature
         model's input rows) -> logits [B, V] after each prompt's last token (model dtype; the LM head
@@ -251,8 +245,15 @@ class ModelRunner:
         Shape: accept_idx int32 [B, A] (block node indices, strictly increasing, root first; entries
         from accept_lens[b] on are padding), accept_lens int32 [B]; host_counts: the same counts as a
         list (nothing is read back). ``check``: the acceptance's value checks (one sync)."""
-        if self.keep_features and self._hidden is not None:
-            self._keep_features(accept_idx, accept_lens)
+        if self.keep_features and self._hidden is not None:  # before the commit: lens are the paths' starts
+            B, A = accept_idx.shape
+            j = torch.arange(A, device=self.device)
+            valid = j[None, :] < accept_lens[:, None]  # [B, A]; padding goes to the spare row max_len
+            pos = torch.where(valid, self.lens[:, None].long() + j, self.max_len)  # [B, A]
+            bi = torch.arange(B, device=self.device)[:, None]
+            rows = self._hidden[bi, accept_idx.long().clamp(0, self._hidden.shape[1] - 1)]  # [B, A, H]
+            self._features_buf[bi, pos] = rows.to(self.features.dtype)
+            self._hidden = None
         self.cache.compact(accept_idx, accept_lens, check=check, host_counts=host_counts)
 
     def truncate(self, new_lens, host_lens=None):
@@ -263,21 +264,7 @@ class ModelRunner:
             new_lens = self.stager.upload(host_lens).to(torch.int32)
         self.cache.truncate(new_lens, host_lens)
 
-    def _keep_features(self, accept_idx, accept_lens):
-        # Before the cache commits: lens are still the positions the paths start at.
-        B, A = accept_idx.shape
-        dev = self.features.device
-        T = self._hidden.shape[1]
-        j = torch.arange(A, device=dev)
-        valid = j[None, :] < accept_lens[:, None]  # [B, A]
-        pos = torch.where(valid, self.lens[:, None].long() + j, self.max_len)  # [B, A]: the spare row
-        bi = torch.arange(B, device=dev)[:, None]
-        rows = self._hidden[bi, accept_idx.long().clamp(0, T - 1)]  # [B, A, H]
-        self._features_buf[bi, pos] = rows.to(self.features.dtype)
-        self._hidden = None
-
     # ---- the general forms -----------------------------------------------------------------------
-
     def prefill_padded(self, input_ids, lens, *, last_only=False, features=None):
         """Runs right-padded prompts from an empty cache and commits them.
 

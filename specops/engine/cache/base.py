@@ -186,7 +186,14 @@ class KVCache(Cache):
             checks.tensor("v", v, dtype=k.dtype, shape=(B, H, T, D), device=dev)
             if T < 1:
                 raise ValueError(f"k must hold at least one row (T >= 1), got shape {tuple(k.shape)}")
-        self._check_not_aliased(k, v)
+        # New rows must not be views of the cache: a slice copy from overlapping memory would read rows it
+        # has already overwritten (a check of metadata only).
+        if not torch.compiler.is_compiling():
+            own = {t.untyped_storage().data_ptr() for t in (self.layout.k, self.layout.v)}
+            for name, t in (("k", k), ("v", v)):
+                if t.untyped_storage().data_ptr() in own:
+                    raise ValueError(f"{name} must not share memory with the cache's own k/v buffers "
+                                     f"(got a view at storage offset {t.storage_offset()}); pass a copy")
         if self._block is not None:
             if self._block[1] != T:
                 raise ValueError(f"append_block: the open block has {self._block[1]} rows per sequence, got T={T}")
@@ -311,17 +318,6 @@ class KVCache(Cache):
             t[dst] = t[src]  # the right side is a copy: sources are read before any write
         self.lens.copy_(self.lens[beam_idx])
         self._host_lens = None
-
-    def _check_not_aliased(self, k, v):
-        """New rows must not be views of the cache itself: a slice copy from overlapping memory would
-        read rows it has already overwritten. Metadata only."""
-        if torch.compiler.is_compiling():
-            return
-        own = {t.untyped_storage().data_ptr() for t in (self.layout.k, self.layout.v)}
-        for name, t in (("k", k), ("v", v)):
-            if t.untyped_storage().data_ptr() in own:
-                raise ValueError(f"{name} must not share memory with the cache's own k/v buffers "
-                                 f"(got a view at storage offset {t.storage_offset()}); pass a copy")
 
 
 class StaticKVCache(KVCache):
