@@ -296,6 +296,8 @@ BAD = [  # (layout, {argument index: bad value, or a function of the good args},
     (P, {6: lambda a: a[6][:, :2]}, {}, ValueError, r"mask must have shape \[B=2, Tq=3, W\]"),
     (P, {}, {"q_lens": i32([3, 4])}, ValueError, r"q_lens must lie in \[0, Tq=3\]"),
     (P, {}, {"sm_scale": float("inf")}, TypeError, "sm_scale must be a finite real number"),
+    (C, {}, {"invariant": 1}, TypeError, "invariant must be a bool"),
+    (P, {}, {"invariant": "yes"}, TypeError, "invariant must be a bool"),
 ]
 
 
