@@ -20,18 +20,13 @@ from test_tree_attention import need, to_paged
 LAYOUTS = ("contiguous", "paged")
 
 
-def _paged(args):
-    """The case's k_pages, v_pages, page_table: its rows in scattered pages of 4."""
-    return to_paged(args, 4, seed=0)[1:4]
-
-
 def _layout_case(layout, backend, device, **plan_kw):
     """The case's q, k, v in ``layout`` (paged: the same rows in scattered pages), its plan, the
     cache argument's name and the paged tensors (None contiguous)."""
     need("tree_attention" if layout == "contiguous" else "tree_attention_paged", backend)
     args, kw = _case(device)
     q, k, v = args[:3]
-    paged = _paged(args) if layout == "paged" else None
+    paged = to_paged(args, 4, seed=0)[1:4] if layout == "paged" else None  # k_pages, v_pages, page_table
     if paged is not None:
         k, v = paged[:2]
     plan = tree_plan(args, kw, paged, backend=backend, **plan_kw)
@@ -110,7 +105,7 @@ def test_the_raw_op_refuses_a_workspace_aliasing_an_input(backend, device):
         assert ws.numel() >= 2 * q.numel() // 16 * 17
         raises(ValueError, (f"workspace must not share memory with {name}",),
                lambda: ops.tree_attention(qq, k, v, prefix, block, mask, ql, 0.25, 2, ws), qq, k, v)
-    kp, vp, table = _paged(args)
+    kp, vp, table = to_paged(args, 4, seed=0)[1:4]
     raises(ValueError, ("workspace must not share memory with k_pages",),
            lambda: ops.tree_attention_paged(q, kp, vp, table, prefix, block, mask, ql, 0.25, 2,
                                             raw(kp).view(torch.float32)),

@@ -260,10 +260,10 @@ def test_schema_marks_both_caches_mutated(op, names):
 def test_opcheck(view, dtype):
     if view == "paged":
         _, kp, vp, table, lens = compaction_case(3, 9, "random", 4, dtype, seed=3)
-        torch.library.opcheck(torch.ops.specops.kv_compact_paged.default, (kp, vp, table, *lens))
-        return
-    k, v, prefix, idx, lens = grid_case(3, 2, 9, "random", dtype, view, "cpu", seed=3)
-    torch.library.opcheck(torch.ops.specops.kv_compact.default, (k, v, prefix, idx, lens))
+        op, args = torch.ops.specops.kv_compact_paged, (kp, vp, table, *lens)
+    else:
+        op, args = torch.ops.specops.kv_compact, grid_case(3, 2, 9, "random", dtype, view, "cpu", seed=3)
+    torch.library.opcheck(op.default, args)
 
 
 @needs_cpp
