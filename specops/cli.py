@@ -128,6 +128,7 @@ def _draft_for(args, method, target, params=None):
 
 def cmd_generate(args):
     from .decoding import generate, methods, SamplingConfig
+    from .decoding.api import _runner_kw
     from .parallel import env_world_size
 
     _check_flags(args)
@@ -138,8 +139,6 @@ def cmd_generate(args):
     if args.tp is not None and args.tp != env_world_size():
         raise ValueError(f"--tp {args.tp} needs as many ranks: run it under torchrun --nproc-per-node {args.tp} "
                          f"(this run has WORLD_SIZE={env_world_size()})")
-    from .decoding.api import _runner_kw
-
     _runner_kw(args.kv_layout, args.page_size, args.compile, args.compile_mode)  # before any model loads
     target, tok = _setup(args)
     draft = _draft_for(args, args.method, target, params)
@@ -249,14 +248,6 @@ def cmd_demo(args):
     return 0
 
 
-def _method_help():
-    from .decoding.methods import METHODS
-
-    parts = (f"{name} ({', '.join(f'{k}={v}' for k, v in cls.PARAMS.items())})" if cls.PARAMS else name
-             for name, cls in METHODS.items())
-    return "method, with its --param defaults: " + "; ".join(parts)
-
-
 def cmd_bench(argv):
     """``specops bench ...`` = ``python -m bench ...`` in the source checkout this package runs from."""
     import subprocess
@@ -278,7 +269,10 @@ def main(argv=None):
 
     gen = sub.add_parser("generate", help="generate with one method, streaming the text, then print metrics")
     _add_common(gen)
-    gen.add_argument("--method", default="ngram", choices=list(METHODS), help=_method_help())
+    defaults = (f"{name} ({', '.join(f'{k}={v}' for k, v in cls.PARAMS.items())})" if cls.PARAMS else name
+                for name, cls in METHODS.items())
+    gen.add_argument("--method", default="ngram", choices=list(METHODS),
+                     help="method, with its --param defaults: " + "; ".join(defaults))
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--batch", type=int, default=1, help="run the prompt as a batch of this many sequences")
     gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")

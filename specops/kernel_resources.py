@@ -1,14 +1,13 @@
 """GPU resource report: registers, spills, shared memory and occupancy of every kernel, per arch.
 
-``python -m specops.kernel_resources [--arch 80 90] [--cuda-so PATH] [--no-triton]`` prints one row
-per (kernel, config, arch), no GPU needed. Triton rows: the AOT compile of
-``specops.triton_kernels.aot`` (the launchers' launches, compiled as the JIT does). CUDA rows:
-``cuobjdump`` of ``specops/_C_cuda*.so`` (registers, stack, static shared memory, launch bounds);
-``CUDA_LAUNCH`` supplies what the binary lacks (dynamic shared memory, block sizes without launch
-bounds). The invariant tree attention kernels (``Inv`` = true) also keep a query's visible keys in
-shared memory sized per call (:func:`invariant_extra_smem`): their notes name it, smem and
-occupancy leave it out. Occupancy: resident blocks per SM at the A100 / H100 figures below, with
-the limiting resource."""
+``python -m specops.kernel_resources [--arch 80 90] [--cuda-so PATH] [--no-triton]`` prints one row per
+(kernel, config, arch), no GPU needed. Triton rows: the AOT compile of ``specops.triton_kernels.aot`` (the
+launchers' launches, compiled as the JIT does). CUDA rows: ``cuobjdump`` of ``specops/_C_cuda*.so``
+(registers, stack, static shared memory, launch bounds); ``CUDA_LAUNCH`` supplies what the binary lacks
+(dynamic shared memory, block sizes without launch bounds). The invariant tree attention kernels (``Inv``
+= true) also keep a query's visible keys in shared memory sized per call (:func:`invariant_extra_smem`):
+their notes name it, smem and occupancy leave it out. Occupancy: resident blocks per SM at the A100 / H100
+figures below, with the limiting resource."""
 import argparse
 import glob
 import itertools
@@ -104,14 +103,6 @@ def triton_rows(archs, aot_rows=None):
     return out
 
 
-def _demangle(names):
-    tool = shutil.which("c++filt")
-    if not tool or not names:
-        return dict(zip(names, names))
-    text = subprocess.run([tool], input="\n".join(names), capture_output=True, text=True).stdout
-    return dict(zip(names, text.splitlines()))
-
-
 def _max_threads(elf_text):
     """{(arch, mangled kernel): __launch_bounds__ threads} from ``cuobjdump -elf``."""
     out, arch, fn, pending = {}, None, None, False
@@ -149,7 +140,9 @@ def cuda_rows(so_path, archs):
     nvcc stack frames can also be local arrays (``nvcc -Xptxas -v`` tells them apart)."""
     usage = aot.parse_resource_usage(aot.cuobjdump(so_path, "--dump-resource-usage"))
     bounds = _max_threads(aot.cuobjdump(so_path, "-elf"))
-    names = _demangle(sorted({r["function"] for r in usage}))
+    mangled, tool = sorted({r["function"] for r in usage}), shutil.which("c++filt")
+    demangled = tool and subprocess.run([tool], input="\n".join(mangled), capture_output=True, text=True)
+    names = dict(zip(mangled, (demangled and demangled.stdout.splitlines()) or mangled))  # else: as mangled
     rows = []
     for r in usage:
         arch = int(r["arch"][3:]) if r["arch"] else None

@@ -1,17 +1,18 @@
 """The import doors between the rooms, checked on the source: ops <- engine <- decoding, never
-upward, no import cycle in the package, training code (specops.distill) out of the runtime.
+upward, no import cycle, training code (specops.distill) out of the runtime; and what ``import
+specops`` of an install must get right.
 
-Every module of specops/ and of specops.triton_kernels (setup.py maps it from triton_kernels/) is
-parsed; every import counts, in functions too (a deferred edge, not a missing one).
-``from pkg import name`` is an edge to ``pkg.name`` when that is a module, else to ``pkg``. The
-implicit import of parent packages is not an edge (every package would be in a cycle with its
-children)."""
+Every module of specops/ and specops.triton_kernels (setup.py maps it from triton_kernels/) is
+parsed; every import counts, in functions too (a deferred edge, not a missing one). ``from pkg
+import name`` is an edge to ``pkg.name`` when that is a module, else to ``pkg``. The implicit
+import of parent packages is not an edge (every package would be in a cycle with its children)."""
 import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = {"specops": ROOT / "specops", "specops.triton_kernels": ROOT / "triton_kernels"}
@@ -169,6 +170,23 @@ def test_user_paths_load_no_training_code(path):
     assert line == "LOADED []", f"{path} loaded training code: {line}"
     if path == "specops info":
         assert "backend" in done.stdout  # the command ran
+
+
+# ---- an install built against another torch fails at import, saying so and how to rebuild ---------
+
+def test_extensions_built_against_another_torch_fail_clearly_at_import():
+    code = ("import sys, types; m = types.ModuleType('specops._build_info'); "
+            "m.TORCH_VERSION = '2.0.0+other'; sys.modules['specops._build_info'] = m; import specops")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert (f"built against torch 2.0.0+other, but torch {torch.__version__} is installed" in proc.stderr
+            and "--no-build-isolation" in proc.stderr), proc.stderr[-2000:]
+
+
+def test_the_installed_build_records_this_torch():
+    from specops import _build_info
+
+    assert _build_info.TORCH_VERSION == torch.__version__
 
 
 # ---- no private name crosses a module boundary in ops/ (issue #31) -------------------------------

@@ -16,8 +16,7 @@ MODULES = {"kv_compact", "linear", "sampling", "token_bitmask", "topn", "tree_at
 @pytest.fixture(scope="module")
 def rows():
     """One AOT compile of every case for both archs (a subprocess: this one runs interpreted)."""
-    rows, _ = aot.collect_in_subprocess((80, 90))
-    return rows
+    return aot.collect_in_subprocess((80, 90))[0]
 
 
 def test_every_kernel_compiles_within_its_budget(rows):
@@ -80,8 +79,7 @@ def test_aot_specialises_as_the_jit_does(rows):
 
 
 def test_report_table_lists_every_triton_row(rows):
-    report = kernel_resources.triton_rows((80, 90), rows)
-    text = kernel_resources.table(report)
+    text = kernel_resources.table(kernel_resources.triton_rows((80, 90), rows))
     lines = text.splitlines()
     assert len(lines) == len(rows) + 1 and lines[0].split()[:4] == ["kind", "kernel", "config", "arch"]
     assert "tree_attention._tree_attention_kernel" in text and "sm_80" in text and "sm_90" in text

@@ -142,26 +142,23 @@ def label_generations(target, tokenizer, prompts, k, max_new_tokens, temperature
     torch.manual_seed(seed)
     out = target.generate(**enc, **kwargs)
     P = enc["input_ids"].shape[1]
-    gen = out.sequences[:, P:]  # [B, G]
-    steps = torch.stack(out.logits, dim=1)  # [B, G, V]
-    rows, labels = [], []
+    rows, ns = [], []
     for b in range(len(prompts)):
-        prompt = enc["input_ids"][b][enc["attention_mask"][b].bool()].tolist()
-        g = gen[b].tolist()
-        n = g.index(eos) + 1 if eos in g else len(g)
-        rows.append(prompt + g[:n])
-        labels.append((len(prompt), n, steps[b, :n]))
+        g = out.sequences[b, P:].tolist()
+        ns.append(g.index(eos) + 1 if eos in g else len(g))
+        rows.append(enc["input_ids"][b][enc["attention_mask"][b].bool()].tolist() + g[:ns[-1]])
     R, L = len(rows), max(len(r) for r in rows)
     tokens = torch.full((R, L), kwargs["pad_token_id"], dtype=torch.int32)
     mask = torch.zeros(R, L, dtype=torch.bool)
     idx = torch.zeros(R, L, k, dtype=torch.int32)
     lp = torch.zeros(R, L, k, dtype=torch.float16)
-    for b, (row, (plen, n, logits)) in enumerate(zip(rows, labels)):
+    steps = torch.stack(out.logits, dim=1)  # [B, G, V]
+    for b, (row, n) in enumerate(zip(rows, ns)):
         tokens[b, : len(row)] = torch.tensor(row, dtype=torch.int32)
-        # Step s of generate saw the sequence up to position plen+s-1 and produced token plen+s.
-        span = slice(plen - 1, plen - 1 + n)
+        # generate's step s saw the row up to position plen+s-1 and produced token plen+s (plen: prompt)
+        span = slice(len(row) - n - 1, len(row) - 1)
         mask[b, span] = True
-        idx[b, span], lp[b, span] = topk_logprobs(logits, k)
+        idx[b, span], lp[b, span] = topk_logprobs(steps[b, :n], k)
     return {"tokens": tokens, "mask": mask, "topk_idx": idx, "topk_lp": lp, "kind": "gen",
             "sources": [p["category"] for p in prompts], "temperature": temperature}
 
@@ -203,11 +200,3 @@ def coverage(shards, keep):
     """Fraction of labelled positions whose teacher top-1 token is in ``keep``."""
     top1 = torch.cat([s["topk_idx"][..., 0][s["mask"]].long() for s in shards])
     return int(torch.isin(top1, keep).sum()) / max(1, top1.numel())
-
-
-def corpus_pools(max_stdlib_files=None):
-    """The offline text pools: [(name, [(item name, text), ...]), ...] and their manifest."""
-    src, topics = corpus.stdlib_sources(limit=max_stdlib_files), corpus.pydoc_topics()
-    pools = [("stdlib-source", src), ("pydoc-topics", topics), ("stdlib-docstrings", corpus.docstrings(src)),
-             ("package-docs", corpus.package_docs())]
-    return [(n, items) for n, items in pools if items], src, topics

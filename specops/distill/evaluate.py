@@ -19,25 +19,19 @@ from .data import head_inputs
 from .feature import is_feature_draft
 
 
-def _answers(target, tok, new_tokens):
-    """(category, prompt length, prompt + the target's greedy answer [1, L]) per held-out prompt."""
-    for cat, texts in EVAL_PROMPTS.items():
-        for text, is_chat in zip(texts, EVAL_CHAT[cat]):
-            ids = torch.tensor([tok(prompt_text(tok, text, is_chat), add_special_tokens=False)["input_ids"]])
-            seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                                  do_sample=False, temperature=None, top_p=None, top_k=None,
-                                  pad_token_id=tok.eos_token_id)
-            yield cat, ids.shape[1], seq
-
-
 @torch.no_grad()
 def agreement(target, draft, tok, new_tokens=64, depth=1):
     """{category: (agreement, positions)} over the held-out prompts. ``depth`` 2: a feature draft's
     second chain token: from the target's feature at r and the token r+1 it predicts feature r+1
     itself, then token r+3 from (token r+2, that prediction)."""
     counts = {}
-    for cat, P, seq in _answers(target, tok, new_tokens):
-        want = seq[0, P:]  # the target's generated tokens
+    for cat, text, chat in [(c, text, chat) for c, texts in EVAL_PROMPTS.items()
+                            for text, chat in zip(texts, EVAL_CHAT[c])]:
+        ids = torch.tensor([tok(prompt_text(tok, text, chat), add_special_tokens=False)["input_ids"]])
+        seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                              do_sample=False, temperature=None, top_p=None, top_k=None,
+                              pad_token_id=tok.eos_token_id)
+        P, want = ids.shape[1], seq[0, ids.shape[1]:]  # prompt length, the target's greedy answer
         if is_feature_draft(draft):
             with head_inputs(target) as feats:
                 target(seq)

@@ -50,9 +50,12 @@ def collect(target, tokenizer, data_dir, plan, progress):
     _settings(os.path.join(data_dir, "plan.json"), plan, f"{data_dir} holds data collected with other settings "
               "({diff}); use another --out or the same settings to resume", ignore=("shards",))
     kinds = data.shard_plan(plan["shards"], plan["gen_frac"])
-    pools, src, topics = data.corpus_pools(plan["max_stdlib_files"])
+    src, topics = corpus.stdlib_sources(limit=plan["max_stdlib_files"]), corpus.pydoc_topics()
+    pools = [("stdlib-source", src), ("pydoc-topics", topics), ("stdlib-docstrings", corpus.docstrings(src)),
+             ("package-docs", corpus.package_docs())]
     rows_per_text = max(1, plan["shard_tokens"] // plan["row_len"])
-    text_rows = data.TextRows(tokenizer, pools, plan["row_len"], plan["seed"])
+    text_rows = data.TextRows(tokenizer, [(name, items) for name, items in pools if items], plan["row_len"],
+                              plan["seed"])  # pools: [(name, [(item name, text), ...]), ...]
     n_gen = kinds.count("gen")
     prompts = corpus.make_prompts(n_gen * plan["gen_batch"], src, seed=plan["seed"], pydoc=topics)
     temps, features = plan["gen_temperatures"], plan.get("features", False)
@@ -87,19 +90,6 @@ def collect(target, tokenizer, data_dir, plan, progress):
                 "prompts": prompts}
     write_json(os.path.join(data_dir, "manifest.json"), manifest, indent=1)
     return manifest
-
-
-def data_summary(shards, manifest):
-    by_kind = {}
-    for s in shards:
-        d = by_kind.setdefault(s["kind"], {"shards": 0, "rows": 0, "labelled_tokens": 0, "wall_s": 0.0})
-        d["shards"] += 1
-        d["wall_s"] = round(d["wall_s"] + s.get("wall_s", 0.0), 1)
-        d["rows"] += int(s["tokens"].shape[0])
-        d["labelled_tokens"] += int(s["mask"].sum())
-    cats = collections.Counter(p["category"] for p in manifest.get("prompts", []))
-    return {"by_kind": by_kind, "prompt_categories": dict(cats),
-            **{key: manifest.get(key, {}) for key in ("corpus_pools", "corpus_items_used")}}
 
 
 def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None, layer_map=None,
@@ -139,10 +129,9 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
             "gen_temperatures": list(gen_temperatures), "max_stdlib_files": max_stdlib_files,
             **({"features": True} if arch == "feature" else {})}
     data_dir = os.path.join(out_dir, "data")
-    t0 = time.perf_counter()
     with torch.no_grad():
         manifest = collect(target.eval(), tokenizer, data_dir, plan, progress)
-    collect_s = time.perf_counter() - t0
+    collect_s = time.perf_counter() - t_start
     shards = data.load_shards(data_dir, shards_n)
 
     keep_path = os.path.join(data_dir, f"keep_{shards_n}_{draft_vocab}.pt")
@@ -207,6 +196,13 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
         return None
     best = torch.load(os.path.join(ckpt_dir, "best.pt"), weights_only=False)
     draft.load_state_dict(best["model"], strict=False)
+    by_kind = {}
+    for s in shards:
+        d = by_kind.setdefault(s["kind"], {"shards": 0, "rows": 0, "labelled_tokens": 0, "wall_s": 0.0})
+        d["shards"] += 1
+        d["wall_s"] = round(d["wall_s"] + s.get("wall_s", 0.0), 1)
+        d["rows"] += int(s["tokens"].shape[0])
+        d["labelled_tokens"] += int(s["mask"].sum())
     record = {
         "target": target_name,
         "command": command,
@@ -222,8 +218,9 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
                      + (f"; unrolled {ttt_depth} chain tokens deep, each deeper token reading the draft's own "
                         f"predicted feature (training-time test, EAGLE-3)" if ttt_depth > 1 else "")
                      + (f"; fine-tuned from {init_draft}" if init_draft is not None else ""),
-        "data": {"shards": shards_n, "plan": plan, "top1_coverage_of_draft_vocab": cov,
-                 **data_summary(shards, manifest)},
+        "data": {"shards": shards_n, "plan": plan, "top1_coverage_of_draft_vocab": cov, "by_kind": by_kind,
+                 "prompt_categories": dict(collections.Counter(p["category"] for p in manifest["prompts"])),
+                 **{key: manifest[key] for key in ("corpus_pools", "corpus_items_used")}},
         "training": {"steps_planned": total_steps, "steps_done": state["step"], "exported_step": state["best_step"],
                      "batch_rows": batch_rows, "lr": lr, "amp_bf16": amp, "seed": seed,
                      "train_wall_s": round(state["wall"], 1), "collect_wall_s_this_session": round(collect_s, 1),

@@ -1,10 +1,9 @@
 """Teacher-forced distillation of the draft against the target's top-k distributions.
 
-Loss per labelled position: cross-entropy of the draft over its kept vocabulary against the target's
-top-k probabilities renormalised over the kept tokens (forward KL up to a constant: what top-1
-agreement needs). Checkpoints (``last.pt``; ``best.pt`` by held-out agreement) hold the trainable
-weights, optimizer and step; the batch order is a function of (seed, epoch), so a resumed run ends
-in the same state."""
+Loss per labelled position: cross-entropy of the draft over its kept vocabulary against the target's top-k
+probabilities renormalised over the kept tokens (forward KL up to a constant: what top-1 agreement needs).
+Checkpoints (``last.pt``; ``best.pt`` by held-out agreement) hold the trainable weights, optimizer and
+step; the batch order is a function of (seed, epoch), so a resumed run ends in the same state."""
 import math
 import os
 import time
@@ -174,19 +173,13 @@ def evaluate_rows(draft, rows, full2sub, amp, batch_rows=16, depth=1):
     return [h / max(1, t) for h, t in zip(hit, tot)]
 
 
-def chain_score(agree):
-    """Expected accepted tokens of a greedy chain as long as ``agree`` (per-depth conditional
-    agreements): a1 + a1 a2 + ...; with one depth it is the agreement itself."""
-    return sum(math.prod(agree[:d + 1]) for d in range(len(agree)))
-
-
 def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmup, seed, amp,
           ckpt_every, eval_every, max_seconds=None, progress=None, stop_after=None, feature_noise=0.0,
           feature_weight=0.1, depth=1):
     """Trains ``draft`` in place for ``steps`` optimizer steps, resuming from ``ckpt_dir/last.pt``.
 
-    ``depth`` > 1: training-time test that many chain tokens deep; the best step has the highest
-    ``chain_score`` of the held-out agreements. ``stop_after``: checkpoint and stop after this many
+    ``depth`` > 1: training-time test that many chain tokens deep; the best step has the most
+    expected accepted tokens by the held-out agreements. ``stop_after``: checkpoint and stop after this many
     steps (tests interrupt a run so). Returns the state (steps, wall time, history, best agreement)."""
     os.makedirs(ckpt_dir, exist_ok=True)
     full2sub = torch.full((draft.config.vocab_size,), -1, dtype=torch.int64)
@@ -204,7 +197,7 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
             progress.log(f"resumed from {last} at step {state['step']}")
     per_epoch = max(1, len(train_rows) // batch_rows)
     t0, wall0, start = time.perf_counter(), state["wall"], state["step"]
-    run_loss = run_agree = n_run = 0
+    losses, agrees = [], []  # since the last evaluation
 
     def save(path):
         save_shard({"model": trainable_state(draft), "opt": opt.state_dict(), "state": state}, path)
@@ -224,17 +217,17 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         state.update(step=step + 1, wall=wall0 + time.perf_counter() - t0)
-        run_loss += float(loss.detach())
-        run_agree += agree
-        n_run += 1
+        losses.append(float(loss.detach()))
+        agrees.append(agree)
         done = state["step"]
         timed_out = max_seconds is not None and state["wall"] >= max_seconds
-        means = {"loss": run_loss / n_run, "train_agree": run_agree / n_run}  # since the last evaluation
+        means = {"loss": sum(losses) / len(losses), "train_agree": sum(agrees) / len(agrees)}
         if done % eval_every == 0 or done == steps or timed_out:
             state["history"].append({"step": done, **means, "wall_s": round(state["wall"], 1)})
             if val_rows:
                 by_depth = evaluate_rows(draft, val_rows, full2sub, amp, depth=depth)
-                score = chain_score(by_depth)
+                # expected accepted tokens of a greedy chain: a1 + a1 a2 + ... (depth 1: the agreement)
+                score = sum(math.prod(by_depth[:d + 1]) for d in range(depth))
                 state["history"][-1]["val_agree"] = by_depth[0]
                 if depth > 1:
                     state["history"][-1]["val_agree_by_depth"] = by_depth
@@ -243,7 +236,7 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
                     if depth > 1:
                         state["best_agree_by_depth"] = by_depth
                     save(os.path.join(ckpt_dir, "best.pt"))
-            run_loss = run_agree = n_run = 0
+            losses, agrees = [], []
         if progress:
             h = {**state["history"][-1], **means} if state["history"] else means
             extra = f"loss {h['loss']:.3f} agree {h['train_agree']:.3f}"
