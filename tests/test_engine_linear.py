@@ -32,9 +32,8 @@ def test_auto_routes_16_bit_models_and_close_restores(dtype):
     assert routed(model) and all(routed(model))
     x = torch.randn(3, 5, 64).to(dtype)
     q = model.model.layers[0].self_attn.q_proj
-    assert torch.equal(q(x), specops.linear(x, q.weight, q.bias, backend="cpp"))
-    one = x[:1, :1]  # an AR step's one row goes through the op too
-    assert torch.equal(q(one), specops.linear(one, q.weight, q.bias, backend="cpp"))
+    for rows in (x, x[:1, :1]):  # a block, and an AR step's one row: both through the op
+        assert torch.equal(q(rows), specops.linear(rows, q.weight, q.bias, backend="cpp"))
     runner.close()
     assert not any(routed(model))
     assert torch.equal(q(x), torch.nn.functional.linear(x, q.weight, q.bias))

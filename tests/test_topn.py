@@ -55,8 +55,7 @@ def test_expand_golden(backend, device, ps, cl, n, k, parents, tokens, scores):
 
 
 def test_tsd_style_top_k_per_frontier_node(backend, device):
-    g = torch.Generator().manual_seed(1)
-    cl = torch.log_softmax(torch.randn(3, 50, generator=g), -1)
+    cl = torch.log_softmax(torch.randn(3, 50, generator=torch.Generator().manual_seed(1)), -1)
     _, t, p = expand([0.0, -2.0, -9.0], cl, 12, k=4, backend=backend, device=device)
     assert sorted(p[0].tolist()) == [0] * 4 + [1] * 4 + [2] * 4
     for parent in range(3):
@@ -195,7 +194,7 @@ def _effective(parents, scores, nv):
     eff = [INF] * len(parents)
     for i in range(1, nv):
         s = scores[i] if scores[i] == scores[i] else -INF
-        eff[i] = min(s, eff[parents[i]]) if parents[i] > 0 else s
+        eff[i] = min(s, eff[parents[i]])  # eff[0] = inf: the root's score is not on any path
     return eff[:nv]
 
 
