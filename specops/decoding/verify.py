@@ -54,18 +54,15 @@ class VerifyResult:
         if depth_on_device:
             draft.depth, flat = flat[-B:], flat[:-B]
         lens, self.bonus, self.num_nodes = flat[:B], flat[B: 2 * B], flat[2 * B: 3 * B]
-        at = 3 * B
 
-        def rows():
-            nonlocal at
-            out = [flat[at + b * A: at + b * A + lens[b]] if active[b] else [] for b in range(B)]
-            at += B * A
-            return out
-        self.paths, self.path_tokens = rows(), rows()
+        def rows(i):  # the accepted part of each row of the i-th [B, A] block after those three [B] vectors
+            at = 3 * B + i * B * A
+            return [flat[at + b * A: at + b * A + lens[b]] if active[b] else [] for b in range(B)]
+        self.paths, self.path_tokens = rows(0), rows(1)
         if draft.src is not None:
-            self.path_src = rows()
-        if with_argmax:
-            T = self.logits.shape[1]
+            self.path_src = rows(2)
+        if with_argmax:  # [B, T] after the [B, A] blocks
+            at, T = 3 * B + (2 if draft.src is None else 3) * B * A, self.logits.shape[1]
             self._argmax = [flat[at + b * T: at + (b + 1) * T] for b in range(B)]
 
     def target_argmax(self):
