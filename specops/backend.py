@@ -232,11 +232,9 @@ def default_backend(op_name, device_type):
         raise ValueError(f"op_name must be one of {ops()}, got {op_name!r}")
     if device_type not in PREFERENCE:
         raise ValueError(f"device_type must be one of {tuple(PREFERENCE)}, got {device_type!r}")
-    impls = _IMPLS[op_name]
-    for name in preference(op_name, device_type):
-        if name in impls and _probe(name, device_type, _interpret(), assume_gpu=True)[0]:
-            return name
-    return "torch"
+    installed = (name for name in preference(op_name, device_type) if name in _IMPLS[op_name]
+                 and _probe(name, device_type, _interpret(), assume_gpu=True)[0])
+    return next(installed, "torch")
 
 
 @contextlib.contextmanager

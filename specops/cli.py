@@ -203,15 +203,14 @@ def cmd_demo(args):
         registry.get(method)  # unknown names fail before any model loads
     SamplingConfig(args.temperature, args.top_k, args.top_p)
     target, tok = _setup(args)
-    kinds = list(DEMO_PROMPTS)
-    prompts = {k: _encode(tok, DEMO_PROMPTS[k], args.raw) for k in kinds}
+    prompts = {kind: _encode(tok, text, args.raw) for kind, text in DEMO_PROMPTS.items()}
     print("warming up ...", file=sys.stderr, flush=True)
     generate(target, [prompts["math"]], method="ar", max_new_tokens=4, tokenizer=tok)
     rows, records = [], []
     for method in methods:
         draft = _draft_for(args, method, target)
         total, speedups = dict.fromkeys(_TOTALS, 0), {}
-        for kind in kinds:
+        for kind in DEMO_PROMPTS:
             _, m = generate(target, [prompts[kind]], draft=draft, method=method,
                             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                             top_p=args.top_p, tokenizer=tok, seed=args.seed, adaptive=not args.no_adaptive)
@@ -229,7 +228,7 @@ def cmd_demo(args):
     print(f"\ntarget {args.target} ({args.dtype}), {args.max_new_tokens} new tokens per prompt, temperature "
           f"{args.temperature}; timings are noisy on a shared machine")
     head = (f"{'method':<10} {'tok/s':>6} {'MAL':>5} {'speedup':>7} {'drafted/step':>12} {'nodes/step':>10} "
-            f"{'accept':>6}  " + "  ".join(f"{k + ' x':>8}" for k in kinds))
+            f"{'accept':>6}  " + "  ".join(f"{k + ' x':>8}" for k in DEMO_PROMPTS))
     print(head, "-" * len(head), sep="\n")
     for method, t, per in rows:
         tps, acc, dps, nps = (t[a] / t[b] if t[b] else 0.0 for a, b in (("tokens", "time"), ("accepted", "drafted"),
@@ -237,9 +236,9 @@ def cmd_demo(args):
         mal = 1 + t["accepted"] / t["drafts"] if t["drafts"] else 1.0
         if ar is not None:
             sp = f"{tps / (ar[1]['tokens'] / ar[1]['time']):6.2f}x"
-            each = "  ".join(f"{per[k] / ar[2][k]:7.2f}x" for k in kinds)
+            each = "  ".join(f"{per[k] / ar[2][k]:7.2f}x" for k in DEMO_PROMPTS)
         else:
-            sp, each = "   n/a", "  ".join(f"{'n/a':>8}" for _ in kinds)
+            sp, each = "   n/a", "  ".join(f"{'n/a':>8}" for _ in DEMO_PROMPTS)
         print(f"{method:<10} {tps:6.1f} {mal:5.2f} {sp:>7} {dps:12.1f} {nps:10.1f} {acc:6.2f}  {each}")
     print("drafted/step: tokens sent to verification per step (vLLM); nodes/step: nodes the drafter built "
           "(root included; GSD's graph nodes)")

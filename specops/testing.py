@@ -2,6 +2,7 @@
 import torch
 
 from .ops.layout import KvLayout
+from .ops.tree_attention import visibility
 
 
 def random_parents(B, T, *, num_nodes=None, generator=None, device="cpu", max_children=None):
@@ -165,11 +166,8 @@ def ar_view(q, k_cache, v_cache, prefix_lens, block_lens, mask, b, i, *, self_in
     1, Hq, D], k, v [1, Hkv, L + spare_rows, D] (``spare_rows`` NaN rows, never read), prefix_lens,
     block_lens int32 [1], mask int32 [1, 1, 1]). ``self_in_block``: the last visible key is the
     one-row block (AR's step: the token sees itself), else all are prefix."""
-    import specops
-
-    S = k_cache.shape[2]
-    vis = specops.ops.tree_attention.visibility(prefix_lens[b:b + 1], block_lens[b:b + 1], mask[b:b + 1, i:i + 1],
-                                                None, S)[0, 0]  # [S]
+    vis = visibility(prefix_lens[b:b + 1], block_lens[b:b + 1], mask[b:b + 1, i:i + 1], None,
+                     k_cache.shape[2])[0, 0]  # [S]
     rows = vis.nonzero().squeeze(1)
     L = rows.numel()
     pad = lambda c: torch.cat([c[b:b + 1, :, rows], c.new_full((1, c.shape[1], spare_rows, c.shape[3]), float("nan"))],

@@ -4,7 +4,9 @@ import json
 import os
 import sys
 
-from .pipeline import SUPPORTED_MODEL_TYPES, UnsupportedTarget
+import torch
+
+from .pipeline import SUPPORTED_MODEL_TYPES, UnsupportedTarget, run
 
 # Architectures of the embedded targets, known without loading them (so an unsupported one fails at once).
 _EMBEDDED_TYPES = {"smollm2-135m": "llama", "gemma3-270m": "gemma3_text"}
@@ -75,10 +77,6 @@ def load_target(spec):
 def run_args(args, command=None):
     """Runs ``specops distill`` on parsed ``args``; ``command`` is recorded with the draft
     (default: this process's command line). Returns the exit status."""
-    import torch
-
-    from .pipeline import run
-
     if args.threads:
         torch.set_num_threads(args.threads)
     layer_map = [int(x) for x in args.init_layers.split(",")] if args.init_layers else None

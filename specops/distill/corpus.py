@@ -18,18 +18,17 @@ def stdlib_sources(limit=None):
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
-        for name in sorted(filenames):
-            if name.endswith(".py"):
-                path = os.path.join(dirpath, name)
-                try:
-                    with open(path, encoding="utf-8") as f:
-                        text = f.read()
-                except (OSError, UnicodeDecodeError):
-                    continue
-                if len(text) > 200:
-                    out.append(("stdlib/" + os.path.relpath(path, root), text))
-                    if limit and len(out) >= limit:
-                        return out
+        for name in sorted(f for f in filenames if f.endswith(".py")):
+            path = os.path.join(dirpath, name)
+            try:
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+            except (OSError, UnicodeDecodeError):
+                continue
+            if len(text) > 200:
+                out.append(("stdlib/" + os.path.relpath(path, root), text))
+                if limit and len(out) >= limit:
+                    return out
     return out
 
 
@@ -85,11 +84,9 @@ def functions_with_summaries(sources):
         mod = rel[len("stdlib/"):-3].replace("/", ".").replace(".__init__", "")
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
-                doc = ast.get_docstring(node)
-                if doc:
-                    first = doc.strip().split("\n")[0].strip()
-                    if 20 <= len(first) <= 160:
-                        out.append((f"{mod}.{node.name}", ast.unparse(node.args), first))
+                first = (ast.get_docstring(node) or "").strip().split("\n")[0].strip()
+                if 20 <= len(first) <= 160:
+                    out.append((f"{mod}.{node.name}", ast.unparse(node.args), first))
     return out
 
 
@@ -140,13 +137,9 @@ def make_prompts(n, sources, seed=0, pydoc=None):
     rng = random.Random(seed)
     funcs = functions_with_summaries(sources)
     paragraphs = [p.strip() for _, t in (pydoc or []) for p in t.split("\n\n") if 200 < len(p.strip()) < 900]
-    code_snips = []
-    for _, text in sources[: 400]:
-        lines = text.split("\n")
-        for i in range(0, max(1, len(lines) - 12), 97):
-            snip = "\n".join(lines[i:i + 12]).strip()
-            if snip.count("\n") >= 6 and len(snip) < 700:
-                code_snips.append(snip)
+    snips = ("\n".join(lines[i:i + 12]).strip() for lines in (text.split("\n") for _, text in sources[:400])
+             for i in range(0, max(1, len(lines) - 12), 97))  # 12-line windows, every 97 lines
+    code_snips = [snip for snip in snips if snip.count("\n") >= 6 and len(snip) < 700]
     out = []
     for i in range(n):
         cat = ("code", "prose", "math", "chat")[i % 4]
@@ -177,22 +170,21 @@ def make_prompts(n, sources, seed=0, pydoc=None):
                                    "Rewrite this paragraph in plain English"])
                 text = f"{verb}:\n\n{para}"
             elif paragraphs and form < 0.55:
-                para = rng.choice(paragraphs)
-                chat, text = False, para[: rng.randint(120, 300)]
+                chat, text = False, rng.choice(paragraphs)[: rng.randint(120, 300)]
             else:
                 kind = rng.choice(["a short story", "a poem", "an essay", "a description", "a blog post"])
                 text = f"Write {kind} about {rng.choice(_TOPICS)}."
         elif cat == "math":
             text = _math_prompt(rng)
         else:
-            forms = [f"Can you explain {rng.choice(_CONCEPTS)} in simple terms?",
-                     f"How do I {rng.choice(_TASKS)}?",
-                     f"What are some tips to {rng.choice(_TASKS)}?",
-                     f"What is the difference between {rng.choice(_CONCEPTS)} and {rng.choice(_CONCEPTS)}?",
-                     f"Hi! I'm feeling a bit bored today. Any ideas about {rng.choice(_TOPICS)}?",
-                     f"Tell me three interesting facts about {rng.choice(_CONCEPTS + _TOPICS)}.",
-                     f"Why is {rng.choice(_CONCEPTS)} important?"]
-            text = rng.choice(forms)
+            text = rng.choice([f"Can you explain {rng.choice(_CONCEPTS)} in simple terms?",
+                               f"How do I {rng.choice(_TASKS)}?",
+                               f"What are some tips to {rng.choice(_TASKS)}?",
+                               (f"What is the difference between {rng.choice(_CONCEPTS)} and "
+                                f"{rng.choice(_CONCEPTS)}?"),
+                               f"Hi! I'm feeling a bit bored today. Any ideas about {rng.choice(_TOPICS)}?",
+                               f"Tell me three interesting facts about {rng.choice(_CONCEPTS + _TOPICS)}.",
+                               f"Why is {rng.choice(_CONCEPTS)} important?"])
         out.append({"category": cat, "chat": chat, "text": text})
     return out
 

@@ -186,23 +186,20 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
     progress.log(f"draft: {layers} layers {origin}, "
                  f"{sum(p.numel() for p in draft.parameters() if p.requires_grad) / 1e6:.2f}M trainable params; "
                  f"{len(train_rows)} train rows, {len(val_rows)} held-out rows, {total_steps} steps")
-    state = train(draft, train_rows, val_rows, ckpt_dir, steps=total_steps,
-                  batch_rows=batch_rows, lr=lr, warmup=min(warmup, max(1, total_steps // 10)), seed=seed,
-                  amp=amp, ckpt_every=ckpt_every, eval_every=eval_every,
+    state = train(draft, train_rows, val_rows, ckpt_dir, steps=total_steps, batch_rows=batch_rows, lr=lr,
+                  warmup=min(warmup, max(1, total_steps // 10)), seed=seed, amp=amp, ckpt_every=ckpt_every,
+                  eval_every=eval_every, progress=progress, stop_after=stop_after,
                   max_seconds=None if max_train_minutes is None else 60.0 * max_train_minutes,
-                  progress=progress, stop_after=stop_after, feature_noise=feature_noise,
-                  feature_weight=feature_weight, depth=ttt_depth)
+                  feature_noise=feature_noise, feature_weight=feature_weight, depth=ttt_depth)
     if stop_after and state["step"] < total_steps:
         return None
     best = torch.load(os.path.join(ckpt_dir, "best.pt"), weights_only=False)
     draft.load_state_dict(best["model"], strict=False)
-    by_kind = {}
-    for s in shards:
-        d = by_kind.setdefault(s["kind"], {"shards": 0, "rows": 0, "labelled_tokens": 0, "wall_s": 0.0})
-        d["shards"] += 1
-        d["wall_s"] = round(d["wall_s"] + s.get("wall_s", 0.0), 1)
-        d["rows"] += int(s["tokens"].shape[0])
-        d["labelled_tokens"] += int(s["mask"].sum())
+    of_kind = {kind: [s for s in shards if s["kind"] == kind] for kind in dict.fromkeys(kinds)}
+    by_kind = {kind: {"shards": len(ss), "rows": sum(s["tokens"].shape[0] for s in ss),
+                      "labelled_tokens": sum(int(s["mask"].sum()) for s in ss),
+                      "wall_s": round(sum(s.get("wall_s", 0.0) for s in ss), 1)}
+               for kind, ss in of_kind.items()}
     record = {
         "target": target_name,
         "command": command,

@@ -121,15 +121,13 @@ def distill_loss(draft, batch, full2sub, amp, feature_noise=0.0, feature_weight=
     """(loss, top-1 agreement, labelled positions) of ``draft`` on a collated batch; with
     ``per_depth`` the agreement is a list, one per unrolled depth (feature drafts)."""
     tokens, mask, idx, lp, feats = batch
-    reg = None
+    reg = 0.0  # the feature draft's regression loss
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
         if getattr(draft, "specops_arch", "lm") == "feature":
             h, mask, reg = _feature_forward(draft, tokens, mask, feats, feature_noise, feature_weight, depth)
-            idx = idx[:, 1:][None].expand(mask.shape[0], -1, -1, -1)
-            lp = lp[:, 1:][None].expand(mask.shape[0], -1, -1, -1)
+            idx, lp = (t[:, 1:][None].expand(mask.shape[0], -1, -1, -1) for t in (idx, lp))
         else:
-            h = draft.model(input_ids=tokens).last_hidden_state  # [B, L, H]
-            h = h[mask]  # [N, H]
+            h = draft.model(input_ids=tokens).last_hidden_state[mask]  # [N, H]
             mask, idx, lp = mask[None], idx[None], lp[None]
         logits = draft.lm_head.sub_logits(h)  # [N, Vd]
     logq = torch.log_softmax(logits.float(), dim=-1)
@@ -140,9 +138,7 @@ def distill_loss(draft, batch, full2sub, amp, feature_noise=0.0, feature_weight=
     ok = z.squeeze(-1) > 0
     p = p / z.clamp_min(1e-12)
     ce = -(p * logq.gather(1, sub.clamp_min(0))).sum(-1)
-    loss = ce[ok].mean() if bool(ok.any()) else logq.sum() * 0.0
-    if reg is not None:
-        loss = loss + reg
+    loss = (ce[ok].mean() if bool(ok.any()) else logq.sum() * 0.0) + reg
     hit = (draft.lm_head.keep[logq.argmax(-1)] == idx[:, 0]).float()
     if per_depth:
         counts = mask.flatten(1).sum(1).tolist()

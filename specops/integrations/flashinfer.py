@@ -1,22 +1,21 @@
-"""FlashInfer's custom-mask prefill as an optional ``tree_attention`` backend (``"flashinfer"``): fp16
-/ bf16 calls of head dim 64, 128 or 256 on CUDA tensors when ``flashinfer`` imports, after ``triton``
-and ``cuda`` in the automatic choice (why: below). Its test, tests/test_flashinfer.py (against the
-torch reference like every backend), runs only where FlashInfer and a GPU exist, not here.
+"""FlashInfer's custom-mask prefill as the optional ``tree_attention`` backend ``"flashinfer"``: fp16 /
+bf16 calls of head dim 64, 128 or 256 on CUDA tensors where ``flashinfer`` imports, tried after ``triton``
+and ``cuda`` (why: below). tests/test_flashinfer.py checks it against the torch reference where
+FlashInfer and a GPU exist (not here).
 
-The mapping, with no cache copy and no host sync: ``k_cache[b]`` ``[Hkv, S, D]`` is FlashInfer's
-``HND`` layout of one request whose KV length is the whole buffer ``S``; lengths and tree mask
-become one boolean ``custom_mask`` ``[Tq, S]`` (:func:`specops.ops.tree_attention.visibility`), so
-rows past ``prefix + block`` are invisible and query rows that see no key give zeros. One
-``single_prefill_with_kv_cache`` launch per sequence.
+No cache copy, no host sync: ``k_cache[b]`` ``[Hkv, S, D]`` is FlashInfer's ``HND`` layout of one request
+whose KV length is the whole buffer ``S``; lengths and tree mask become one boolean ``custom_mask`` ``[Tq,
+S]`` (:func:`specops.ops.tree_attention.visibility`): rows past ``prefix + block`` are invisible, query
+rows that see no key give zeros. One ``single_prefill_with_kv_cache`` launch per sequence.
 
-Why not the default (bench/roofline.py's bytes over the H100 / A100 SXM datasheet bandwidth; no
-GPU timing here): a decode step (Hq 32, Hkv 8, D 128, prefix 4096, 16 tree queries, bf16) is
-memory-bound, 5.1 us (H100) / 8.4 us (A100) at B = 1 and 40.8 / 67.1 us at B = 8, which our kernels
-approach by reading the prefix + block rows once per kv head. This provider reads the whole buffer
-(twice the rows in use: 10.3 / 16.8 us at B = 1, 82.0 / 134.7 us at B = 8, mask included) in B
-launches, and the custom-mask prefill runs at about half the causal kernel's speed (FlashInfer
-issue #724): ~4x the bound. The batch wrapper (``BatchPrefillWithPagedKVCacheWrapper``, planned per
-step with a packed mask over the block only) would remove both, but cannot be built or tested here."""
+Why not the default (bench/roofline.py's bytes over the H100 / A100 SXM datasheet bandwidth, no GPU
+timing): a decode step (Hq 32, Hkv 8, D 128, prefix 4096, 16 tree queries, bf16) is memory-bound, 5.1 us
+(H100) / 8.4 us (A100) at B = 1 and 40.8 / 67.1 us at B = 8, which our kernels approach by reading the
+prefix + block rows once per kv head. This provider reads the whole buffer (twice the rows in use: 10.3 /
+16.8 us at B = 1, 82.0 / 134.7 us at B = 8, mask included) in B launches, and the custom-mask prefill
+runs at about half the causal kernel's speed (FlashInfer issue #724): ~4x the bound. The batch wrapper
+(``BatchPrefillWithPagedKVCacheWrapper``, planned per step with a packed mask over the block only) would
+remove both, but cannot be built or tested here."""
 import torch
 
 from ..backend import BackendUnavailable, register
