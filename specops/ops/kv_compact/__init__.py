@@ -108,36 +108,35 @@ def accept_values(kv, prefix_lens, accept_idx, accept_lens):
              (past_bad, past)]
     if kv.is_paged:  # the rows addressed: to the last accepted source (exact once the rules above pass)
         needed = torch.cat([p, torch.where(valid, src + 1, 0)], 1).amax(1).clamp(max=rows)
-        clash = _aliased_writes(kv, needed, prefix_lens, accept_idx, accept_lens)
+        clash, addressed = _aliased_writes(kv, needed, prefix_lens, accept_idx, accept_lens)
         rules += [kv.page_rule(needed),
-                  (clash, lambda: _aliased_message(clash, kv.page_table, kv.page_size, needed))]
+                  (clash, lambda: _aliased_message(clash, addressed, kv.page_table, kv.page_size))]
     checks.raise_first(rules)
 
 
 def _aliased_writes(kv, needed, prefix_lens, accept_idx, accept_lens):
-    """[B, max_pages] bool: entry (b, i) holds a row the compaction writes, and its pool page is also
-    another addressed entry (the first ceil(needed[b] / page_size) of each row). No host sync."""
+    """(clash, addressed), bool [B, max_pages]: entry (b, i) is a pool page among the first
+    ceil(needed[b] / page_size) of its row (addressed), and holds a row the compaction writes while its
+    page is another addressed entry too (clash). No host sync."""
     page_table, page_size, N = kv.page_table, kv.page_size, kv.num_pages
     B, M = page_table.shape
     dev = page_table.device
     moving, _, dst, _, _ = ref.moves(kv, prefix_lens, accept_idx, accept_lens)
     col = torch.where(moving, dst // page_size, M)  # column M: moves that write nothing
     written = torch.zeros(B, M + 1, dtype=torch.bool, device=dev).scatter(1, col, moving)[:, :M]
-    addressed = torch.arange(M, device=dev)[None, :] < ((needed.clamp(min=0) + page_size - 1) // page_size)[:, None]
+    pages = (needed.clamp(min=0) + page_size - 1) // page_size  # [B]: the entries each row addresses
+    addressed = torch.arange(M, device=dev)[None, :] < pages[:, None]
     addressed &= (page_table >= 0) & (page_table < N)
     page = torch.where(addressed, page_table.long(), N).flatten()  # page N: entries not addressed
     count = torch.zeros(N + 1, dtype=torch.long, device=dev).scatter_add(0, page, torch.ones_like(page))
-    return (count[page] > 1).view(B, M) & written & addressed
+    return (count[page] > 1).view(B, M) & written & addressed, addressed
 
 
-def _aliased_message(clash, page_table, page_size, needed):
+def _aliased_message(clash, addressed, page_table, page_size):
     """The error for a written page addressed twice (the error path: host syncs are fine)."""
     b, i = (int(x) for x in clash.nonzero()[0])
     page = int(page_table[b, i])
-    pages_needed = (needed.clamp(min=0) + page_size - 1) // page_size
-    for b2, i2 in (page_table == page).nonzero().tolist():
-        if (b2, i2) != (b, i) and i2 < int(pages_needed[b2]):
-            break
+    b2, i2 = next(e for e in ((page_table == page) & addressed).nonzero().tolist() if e != [b, i])
     return (f"page_table[{b}, {i}] = {page} holds rows the compaction writes (rows [{i * page_size}, "
             f"{(i + 1) * page_size}) of sequence {b}), so it must be no other entry the moves address, "
             f"got page_table[{b2}, {i2}] = {page} too")
