@@ -49,13 +49,14 @@ GOOD = {
 SHARES = (("prefill", 10), ("draft", 30), ("verify", 50), ("bookkeeping", 10))  # time_<part>_share, %
 
 
-def _decoding_rows(table, target="tiny-lm", tasks=TASKS, mode="greedy", batch=1):
+def _decoding_rows(table, tasks=TASKS, batch=1):
     rows = []
     ar = table["ar"]
     best_hf = max((p for p in table if p.startswith("hf_")), key=lambda p: table[p][0])
     hf = table[best_hf][0]
     for task in tasks:
-        base = dict(target=target, dtype="bf16", task=task, mode=mode, batch=batch, new_tokens=8, prompts=1)
+        base = {"target": "tiny-lm", "dtype": "bf16", "task": task, "mode": "greedy", "batch": batch,
+                "new_tokens": 8, "prompts": 1}
         for p, (tps, mal, drafted, nodes, ppl, dms, tms) in table.items():
             metrics = [("tokens_per_s", "tok/s", tps), ("speedup_vs_ar", "x", tps / ar[0]),
                        ("target_perplexity", "ppl", ppl)]

@@ -42,7 +42,8 @@ def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, bitmask=Non
 def verify_tree(tokens, parents, target_probs, uniforms, *, draft_probs=None, mode, num_nodes=None,
                 check=True, backend=None):
     """Stochastic tree verification (docs/methods.md §Verification rules), ``mode``: ``mss`` (R3; R2 on
-    a chain), ``mss_pointmass`` (R3p), ``mss_noreplace`` (R3w), ``sample_match`` (R4) or ``gsd`` (R5).
+    a chain), ``mss_pointmass`` (R3p), ``mss_noreplace`` (R3w), ``sample_match`` (R4) or ``gsd`` (R5,
+    not lossless).
 
     Shape: tokens, parents int32 [B, T], target_probs fp32 [B, T, V] (the warped target at each
     node), uniforms fp32 [B, T, 2], draft_probs fp32 [B, T, V] or None (row ``c``: the distribution

@@ -132,9 +132,10 @@ def verify_mode(mode, tokens, parents, target_logits, uniforms, *, num_nodes=Non
 
 
 def _warps_and_impl(op, torch_impl, backend, B, T, V, dev, check, first, second, prefix):
-    """-> (the implementation of ``op``, checked for ``V <= MAX_VOCAB``; the per-row parameters of the
-    call's two warps as fp32 / int32 / fp32 [B * T]: the first's, the second's, which is named with
-    ``prefix`` and takes the first's temperature where its own is None)."""
+    """-> (the implementation of ``op``, checked for ``V <= MAX_VOCAB``: the compiled ones index tokens
+    with int32; the per-row parameters of the call's two warps (temperature, top_k, top_p: scalars or
+    [B] tensors) as fp32 / int32 / fp32 [B * T]: the first's, then the second's, named with ``prefix``,
+    its temperature None: the first's)."""
     def rows(warp, prefix=""):
         return [r[:, None].expand(B, T).reshape(B * T) for r in warp_params(B, dev, check, *warp, prefix)]
 
