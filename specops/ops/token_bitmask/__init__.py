@@ -7,10 +7,9 @@ import torch
 
 from ...backend import register_op, resolve
 from .. import checks
+from ..sampling import FLOAT_DTYPES
 from . import ref
 from .ref import allowed_tokens
-
-LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def apply_token_bitmask(logits, bitmask, *, check=True, backend=None):
@@ -20,7 +19,7 @@ def apply_token_bitmask(logits, bitmask, *, check=True, backend=None):
     [B, T, W] or [N, W] with ``W = ceil(V / 32)`` -> logits. ``check=True`` also requires every row to
     allow one of its ``V`` tokens (one host sync; else softmax is undefined; ``check=False``: such a
     row becomes all ``-inf``). Metadata errors are raised before anything is written."""
-    checks.tensor("logits", logits, dtype=LOGIT_DTYPES, last_stride_one=True)
+    checks.tensor("logits", logits, dtype=FLOAT_DTYPES, last_stride_one=True)
     if logits.dim() not in (2, 3):
         raise ValueError(f"logits must have rank 2 ([N, V]) or 3 ([B, T, V]), got shape {tuple(logits.shape)}")
     V = checks.nonempty("logits", logits, -1, "token (V >= 1)")
