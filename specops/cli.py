@@ -234,11 +234,8 @@ def cmd_demo(args):
         tps, acc, dps, nps = (t[a] / t[b] if t[b] else 0.0 for a, b in (("tokens", "time"), ("accepted", "drafted"),
                                                                           ("drafted", "drafts"), ("nodes", "drafts")))
         mal = 1 + t["accepted"] / t["drafts"] if t["drafts"] else 1.0
-        if ar is not None:
-            sp = f"{tps / (ar[1]['tokens'] / ar[1]['time']):6.2f}x"
-            each = "  ".join(f"{per[k] / ar[2][k]:7.2f}x" for k in DEMO_PROMPTS)
-        else:
-            sp, each = "   n/a", "  ".join(f"{'n/a':>8}" for _ in DEMO_PROMPTS)
+        sp = f"{tps / (ar[1]['tokens'] / ar[1]['time']):6.2f}x" if ar else "   n/a"  # speedups over AR
+        each = "  ".join(f"{per[k] / ar[2][k]:7.2f}x" if ar else f"{'n/a':>8}" for k in DEMO_PROMPTS)
         print(f"{method:<10} {tps:6.1f} {mal:5.2f} {sp:>7} {dps:12.1f} {nps:10.1f} {acc:6.2f}  {each}")
     print("drafted/step: tokens sent to verification per step (vLLM); nodes/step: nodes the drafter built "
           "(root included; GSD's graph nodes)")

@@ -1,13 +1,12 @@
 """GPU resource report: registers, spills, shared memory and occupancy of every kernel, per arch.
 
-``python -m specops.kernel_resources [--arch 80 90] [--cuda-so PATH] [--no-triton]`` prints one row per
+``python -m specops.kernel_resources [--arch 80 90] [--cuda-so PATH] [--no-triton]`` prints a row per
 (kernel, config, arch), no GPU needed. Triton rows: the AOT compile of ``specops.triton_kernels.aot`` (the
 launchers' launches, compiled as the JIT does). CUDA rows: ``cuobjdump`` of ``specops/_C_cuda*.so``
-(registers, stack, static shared memory, launch bounds); ``CUDA_LAUNCH`` supplies what the binary lacks
-(dynamic shared memory, block sizes without launch bounds). The invariant tree attention kernels (``Inv``
-= true) also keep a query's visible keys in shared memory sized per call (:func:`invariant_extra_smem`):
-their notes name it, smem and occupancy leave it out. Occupancy: resident blocks per SM at the A100 / H100
-figures below, with the limiting resource."""
+(registers, stack, static smem, launch bounds), with ``CUDA_LAUNCH`` for what it lacks (dynamic smem, block
+sizes without launch bounds). Invariant tree attention kernels (``Inv`` = true) also keep a query's visible
+keys in smem sized per call (:func:`invariant_extra_smem`), named in their notes, left out of smem and
+occupancy. Occupancy: resident blocks per SM (A100 / H100 figures below) and the limiting resource."""
 import argparse
 import glob
 import itertools
@@ -68,12 +67,9 @@ def occupancy(arch, regs, threads, smem):
     warps = -(-threads // 32)
     per_warp = -(-max(regs, 1) * 32 // REG_UNIT) * REG_UNIT
     footprint = smem + a["smem_reserved"]
-    limits = {
-        "threads": a["threads"] // (warps * 32),
-        "regs": (a["regs"] // per_warp) // warps,
-        "blocks": a["blocks"],
-        "smem": 0 if smem > a["smem_block"] else (a["smem_sm"] // footprint if footprint else a["blocks"]),
-    }
+    fit = a["smem_sm"] // footprint if footprint else a["blocks"]  # blocks whose smem fits in the SM's
+    limits = {"threads": a["threads"] // (warps * 32), "regs": (a["regs"] // per_warp) // warps,
+              "blocks": a["blocks"], "smem": 0 if smem > a["smem_block"] else fit}
     which = min(limits, key=limits.get)
     return limits[which], which
 

@@ -173,6 +173,5 @@ def ar_view(q, k_cache, v_cache, prefix_lens, block_lens, mask, b, i, *, self_in
     pad = lambda c: torch.cat([c[b:b + 1, :, rows], c.new_full((1, c.shape[1], spare_rows, c.shape[3]), float("nan"))],
                               dim=2)
     own = 1 if self_in_block and L else 0
-    lens = lambda n: torch.tensor([n], dtype=torch.int32, device=q.device)
-    mask1 = torch.tensor([[[own]]], dtype=torch.int32, device=q.device)
-    return q[b:b + 1, i:i + 1], pad(k_cache), pad(v_cache), lens(L - own), lens(own), mask1
+    int32 = lambda x: torch.tensor(x, dtype=torch.int32, device=q.device)
+    return q[b:b + 1, i:i + 1], pad(k_cache), pad(v_cache), int32([L - own]), int32([own]), int32([[[own]]])

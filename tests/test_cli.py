@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from specops import cli, models
+
 HELP = ["generate", "demo", "distill", "info"]
 # Run in one fresh interpreter the way -m runs a package (runpy, its __main__ as "__main__"), one
 # argv after the other: one interpreter start (~5 s here) instead of one per case.
@@ -69,8 +71,6 @@ def test_module_reports_a_bad_command_like_the_script(module):
 ])
 def test_bad_flags_fail_cleanly_before_the_model_loads(command, flags, shows, tmp_path, capsys, monkeypatch):
     # In this process (the module entry is main(), above): a model load would fail the test.
-    from specops import cli, models
-
     for name in ("load", "load_any"):
         monkeypatch.setattr(models, name, lambda *a, **k: pytest.fail("a model loaded before the flags were checked"))
     prompt = ["--prompt", "hi"] if command == "generate" else []
@@ -85,8 +85,6 @@ def test_bad_flags_fail_cleanly_before_the_model_loads(command, flags, shows, tm
 
 
 def test_a_writable_json_path_is_not_left_behind_by_the_check(tmp_path):
-    from specops import cli
-
     path = tmp_path / "out.json"
     cli.check_writable("--json", str(path))
     assert not path.exists()

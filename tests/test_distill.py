@@ -8,15 +8,17 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+from specops import models
+from specops.decoding.api import generate
 from specops.decoding.eagle import FeatureDraftLM
-from specops.distill import data, shipped_draft_dir
+from specops.distill import data, load_draft, shipped_draft_dir
 from specops.distill.cli import main
 from specops.distill.feature import init_feature_draft, is_feature_draft
-from specops.distill.model import build_draft, draft_config, init_from_target, load_draft_dir
+from specops.distill.model import build_draft, draft_config, init_from_target, load_draft_dir, save_draft
 from specops.distill.pipeline import run
-from specops.distill.train import flatten_rows, train
+from specops.distill.train import _feature_forward, evaluate_rows, flatten_rows, train
 from specops.draft_models import SubsetLMHead
 
 V = 320
@@ -90,8 +92,6 @@ def test_subset_head_scores_kept_tokens_only_and_matches_the_full_head():
 
 
 def test_incremental_decoding_matches_a_full_forward():
-    from transformers import DynamicCache
-
     target = tiny_target()
     d = fresh_draft(target, torch.arange(0, V, 3)).eval()
     ids = torch.randint(3, V, (1, 12))
@@ -195,10 +195,6 @@ needs_shipped = pytest.mark.skipif(
 
 @needs_shipped
 def test_shipped_draft_loads_shares_the_tokenizer_and_sd_is_lossless_in_fp32():
-    from specops import models
-    from specops.decoding.api import generate
-    from specops.distill import load_draft
-
     rec = json.load(open(os.path.join(shipped_draft_dir("smollm2-135m-draft"), "training.json")))
     assert rec["target"] == "smollm2-135m" and rec["command"]
     target, tok = models.load("smollm2-135m", "fp32")
@@ -217,9 +213,6 @@ def test_shipped_draft_loads_shares_the_tokenizer_and_sd_is_lossless_in_fp32():
 
 @torch.no_grad()
 def test_an_exported_draft_loads_by_path_onto_the_target_it_records(tmp_path):
-    from specops import generate, models
-    from specops.distill.model import save_draft
-
     target = tiny_target()
     target.save_pretrained(tmp_path / "target")
     d = fresh_draft(target, arch="feature")
@@ -285,8 +278,6 @@ def test_cached_tree_blocks_read_target_features_then_predicted_ones():
 
 @torch.no_grad()
 def test_generate_with_a_feature_draft_is_lossless_for_every_model_method():
-    from specops.decoding.api import generate
-
     target = tiny_target(seed=3)
     d = fresh_draft(target, arch="feature", seed=4).eval()
     prompts = [[5, 9, 33, 4, 71, 12], [8, 100, 3], [40, 41, 42, 43, 44, 45, 46, 47, 48]]
@@ -305,8 +296,6 @@ def test_unrolled_training_blocks_are_the_runtime_chain():
     """Training-time test: block 1 equals the plain teacher-forced pass; block 2's position i equals
     a causal pass over context positions 0..i-1 followed by the depth-2 node (token i+1 read with
     the draft's own prediction from position i-1)."""
-    from specops.distill.train import _feature_forward
-
     target = tiny_target()
     (s,) = shards_from(target, n_shards=1, rows=2, L=11, features=True)
     d = fresh_draft(target, arch="feature").eval()
@@ -325,8 +314,6 @@ def test_unrolled_training_blocks_are_the_runtime_chain():
 
 
 def test_unrolled_training_lowers_the_loss_of_deeper_tokens(tmp_path):
-    from specops.distill.train import evaluate_rows
-
     target = tiny_target()
     d = fresh_draft(target, arch="feature")
     rows = flatten_rows(shards_from(target, n_shards=4, features=True))

@@ -1,12 +1,11 @@
 """Distillation data: rows of tokens with the target's top-k next-token log-probs, in shards.
 
-Two kinds of shard, interleaved by a fixed plan (a run's data is a function of its arguments):
-``text``, teacher-forced rows of the offline corpus (corpus.py), every position labelled; ``gen``,
-the target's answers to corpus.make_prompts in one batched ``generate``, labelled by the logits it
-produced (no second pass) at the generated positions only: the distribution the draft is judged on.
+Two kinds of shard, interleaved by a fixed plan (a run's data is a function of its arguments): ``text``,
+teacher-forced rows of the offline corpus (corpus.py), every position labelled; ``gen``, the target's
+answers to corpus.make_prompts in one batched ``generate``, labelled by the logits it produced (no second
+pass) at the generated positions only: the distribution the draft is judged on.
 
-Shard file ``shard_NNNNN.pt`` (written to a temp name and renamed: a killed run resumes at the
-first missing shard):
+``shard_NNNNN.pt`` (written to a temp name and renamed: a killed run resumes at the first missing shard):
 
     tokens   int32 [R, L]      right-padded rows
     mask     bool  [R, L]      position i carries the distribution of token i+1

@@ -178,6 +178,7 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
     expected accepted tokens by the held-out agreements. ``stop_after``: checkpoint and stop after this many
     steps (tests interrupt a run so). Returns the state (steps, wall time, history, best agreement)."""
     os.makedirs(ckpt_dir, exist_ok=True)
+    progress = progress or Progress(None)
     full2sub = torch.full((draft.config.vocab_size,), -1, dtype=torch.int64)
     full2sub[draft.lm_head.keep] = torch.arange(draft.lm_head.keep.numel())
     params = [p for p in draft.parameters() if p.requires_grad]
@@ -189,8 +190,7 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
         draft.load_state_dict(ck["model"], strict=False)
         opt.load_state_dict(ck["opt"])
         state = ck["state"]
-        if progress:
-            progress.log(f"resumed from {last} at step {state['step']}")
+        progress.log(f"resumed from {last} at step {state['step']}")
     per_epoch = max(1, len(train_rows) // batch_rows)
     t0, wall0, start = time.perf_counter(), state["wall"], state["step"]
     losses, agrees = [], []  # since the last evaluation
@@ -233,18 +233,17 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
                         state["best_agree_by_depth"] = by_depth
                     save(os.path.join(ckpt_dir, "best.pt"))
             losses, agrees = [], []
-        if progress:
-            h = {**state["history"][-1], **means} if state["history"] else means
-            extra = f"loss {h['loss']:.3f} agree {h['train_agree']:.3f}"
-            if "val_agree" in h:
-                extra += f" val {h['val_agree']:.3f} (best {state['best_agree']:.3f})"
-                if "val_agree_by_depth" in h:
-                    extra += " by depth " + "/".join(f"{a:.2f}" for a in h["val_agree_by_depth"])
-            progress.update("train", done - start, steps - start, t0, extra, force=done == steps)
+        h = {**state["history"][-1], **means} if state["history"] else means
+        extra = f"loss {h['loss']:.3f} agree {h['train_agree']:.3f}"
+        if "val_agree" in h:
+            extra += f" val {h['val_agree']:.3f} (best {state['best_agree']:.3f})"
+            if "val_agree_by_depth" in h:
+                extra += " by depth " + "/".join(f"{a:.2f}" for a in h["val_agree_by_depth"])
+        progress.update("train", done - start, steps - start, t0, extra, force=done == steps)
         stop = timed_out or (stop_after and done >= stop_after)
         if done % ckpt_every == 0 or done == steps or stop:
             save(last)
-        if timed_out and progress:
+        if timed_out:
             progress.log(f"training stopped at the time limit ({max_seconds:.0f} s) after step {done}")
         if stop:
             break
