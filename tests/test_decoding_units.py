@@ -7,23 +7,14 @@ import pytest
 import torch
 
 from specops import cli, verify_joint_logits, verify_tree
-from specops.decoding import (
-    METHODS,
-    Candidates,
-    Draft,
-    Metrics,
-    PhrasePool,
-    SamplingConfig,
-    TokenGraph,
-    _kernels,
-)
+from specops.decoding import Metrics, PhrasePool, TokenGraph, _kernels
 from specops.decoding import verify as verify_mod
 from specops.decoding.draft_lm import DraftLM
-from specops.decoding.methods import NgramDrafter
+from specops.decoding.methods import METHODS, NgramDrafter
 from specops.decoding.methods.ngram import lookup
-from specops.decoding.sampling import inverse_cdf
+from specops.decoding.sampling import SamplingConfig, inverse_cdf
 from specops.decoding.stopping import Stopper
-from specops.decoding.tree import Trie, depths
+from specops.decoding.tree import Candidates, Draft, Trie, depths
 from specops.engine import Stager
 from specops.testing import random_verify_case, tiny_causal_lm
 
@@ -70,11 +61,9 @@ def test_unmerge_copies_the_shared_subtree_with_fresh_depths():
     g.merge(u, 2)
     tokens, parents, src, copied = g.unmerge(100, 10)
     assert all(0 <= parents[i] < i for i in range(1, len(parents)))
-    d = depths(parents)
-    copy_nodes = [i for i in range(len(tokens)) if copied[i]]
-    assert [tokens[i] for i in copy_nodes] == [2, 3, 4]
-    assert [d[i] for i in copy_nodes] == [2, 3, 4]  # depths in the unmerged tree (below "7")
-    assert [src[i] for i in copy_nodes] == [2, 3, 4]
+    d = depths(parents)  # in the unmerged tree: the copies sit below "7"
+    copies = [(tokens[i], d[i], src[i]) for i in range(len(tokens)) if copied[i]]
+    assert copies == [(2, 2, 2), (3, 3, 3), (4, 4, 4)]  # (token, depth, graph node)
     paths = []  # each node's root path of tokens (parents precede children)
     for tok, par in zip(tokens, parents):
         paths.append((paths[par] if par >= 0 else ()) + (tok,))
@@ -158,9 +147,10 @@ def test_trie_shares_prefixes():
     t.insert(0, [1, 2, 4])
     t.insert(0, [5])
     assert t.tokens == [0, 1, 2, 3, 4, 5] and t.parents == [-1, 0, 1, 2, 2, 0]
+    assert t.insert(1, [2, 7]) == [2, 6]  # the sequence's nodes, the shared prefix's included
 
 
-# ---- stop conditions ------------------------------------------------------------------------------
+# ---- stop conditions, metrics, candidate packing ---------------------------------------------
 
 def test_stopper_cuts_at_eos_inside_a_block_and_at_max_tokens():
     s = Stopper(10, eos_token_ids=[7])
@@ -180,8 +170,6 @@ def test_stopper_stop_string_cut_is_minimal_and_spans_blocks():
         Stopper(5, stop_strings=["x"])
 
 
-# ---- metrics -----------------------------------------------------------------------------------
-
 def test_metrics_definitions():
     m = Metrics()
     m.record_draft(drafted=4, accepted=2)
@@ -199,8 +187,6 @@ def test_metrics_definitions():
     assert m.tokens_per_s == 10.0 and m.speedup == 2.0
     assert "mean acceptance length" in m.summary()
 
-
-# ---- candidates -------------------------------------------------------------------------------
 
 def test_candidates_stage_into_a_padded_device_draft_with_one_upload():
     stager = Stager("cpu")
@@ -228,6 +214,27 @@ def test_every_method_rejects_unknown_parameters(name):
         METHODS[name](no_such_param=1)
     drafter = METHODS[name]()
     assert drafter.tree_budget() >= 1 and drafter.draft_budget() >= 0
+
+
+@pytest.mark.parametrize("make, params, match", [
+    # Issue #16 item 5: these were accepted (or failed only after the first forwards).
+    ("specinfer", {"draft_temperature": float("nan")}, "draft_temperature must be a finite number > 0, got nan"),
+    ("specinfer", {"draft_temperature": float("inf")}, "draft_temperature must be a finite number > 0, got inf"),
+    ("opt-tree", {"delta": float("nan")}, "delta must be a finite number >= 0, got nan"),
+    ("opt-tree", {"delta": float("inf")}, "delta must be a finite number >= 0, got inf"),
+    ("opt-tree", {"n": 2**31}, r"n must be an int in \[1, 65535\], got 2147483648"),
+    ("mjsd", {"joint_top_p": 0.0}, r"joint_top_p must be a number in \(0, 1\], got 0.0"),
+    ("mjsd", {"beams": 70000}, r"beams must be an int in \[1, 65536\], got 70000"),
+    ("ouroboros", {"model_free": 1}, "model_free must be True or False, got 1"),
+    ("specinfer", {"ngram": "no"}, "ngram must be True or False, got 'no'"),
+    # SamplingConfig refuses inf and bools the same way
+    (SamplingConfig, {"temperature": float("inf")}, "temperature must be a finite number >= 0"),
+    (SamplingConfig, {"temperature": True}, "temperature must be a finite number >= 0"),
+    (SamplingConfig, {"top_p": True}, r"top_p must be a number in \(0, 1\]"),
+])
+def test_method_and_sampling_parameters_are_validated_at_construction(make, params, match):
+    with pytest.raises(ValueError, match=match):
+        (METHODS[make] if isinstance(make, str) else make)(**params)
 
 
 # ---- verification from logits ---------------------------------------------------------------
@@ -292,8 +299,6 @@ def test_mjsd_verifies_from_logits_with_its_joint_warp_and_the_generation_bonus(
                 assert bonus.tolist() == logits[torch.arange(B), eta].argmax(-1).tolist()
 
 
-# ---- kernel input checks ----------------------------------------------------------------------
-
 def test_kernel_checks_are_off_on_the_hot_path_and_switchable(monkeypatch):
     assert _kernels.CHECK is False or os.environ.get("SPECOPS_CHECK") == "1"
     monkeypatch.setattr(_kernels, "CHECK", True)
@@ -332,33 +337,6 @@ def test_cli_generate_checks_the_kv_layout_before_loading(capsys, monkeypatch):
 def test_cli_demo_rejects_unknown_methods_before_loading(capsys):
     assert cli.main(["demo", "--methods", "sd,warp-drive"]) == 2
     assert "unknown method" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("name, params, match", [
-    # Issue #16 item 5: these were accepted (or failed only after the first forwards).
-    ("specinfer", {"draft_temperature": float("nan")}, "draft_temperature must be a finite number > 0, got nan"),
-    ("specinfer", {"draft_temperature": float("inf")}, "draft_temperature must be a finite number > 0, got inf"),
-    ("opt-tree", {"delta": float("nan")}, "delta must be a finite number >= 0, got nan"),
-    ("opt-tree", {"delta": float("inf")}, "delta must be a finite number >= 0, got inf"),
-    ("opt-tree", {"n": 2**31}, r"n must be an int in \[1, 65535\], got 2147483648"),
-    ("mjsd", {"joint_top_p": 0.0}, r"joint_top_p must be a number in \(0, 1\], got 0.0"),
-    ("mjsd", {"beams": 70000}, r"beams must be an int in \[1, 65536\], got 70000"),
-    ("ouroboros", {"model_free": 1}, "model_free must be True or False, got 1"),
-    ("specinfer", {"ngram": "no"}, "ngram must be True or False, got 'no'"),
-])
-def test_method_parameters_are_validated_at_construction(name, params, match):
-    with pytest.raises(ValueError, match=match):
-        METHODS[name](**params)
-
-
-@pytest.mark.parametrize("kw, match", [
-    ({"temperature": float("inf")}, "temperature must be a finite number >= 0"),
-    ({"temperature": True}, "temperature must be a finite number >= 0"),
-    ({"top_p": True}, r"top_p must be a number in \(0, 1\]"),
-])
-def test_sampling_config_rejects_inf_and_bools(kw, match):
-    with pytest.raises(ValueError, match=match):
-        SamplingConfig(**kw)
 
 
 # ---- draws on a device other than the generator's: inverse CDF of CPU uniforms ---------------------

@@ -4,8 +4,7 @@ committed). A node's token and parent are host ints (``add``) or device values (
 never read; a device parent must be a node fed by an earlier forward); node counts are always on the
 host. ``forward`` uploads the host-known part in one staged upload and scatters device values into
 the block's device copy; ``commit_paths`` takes device nodes' tokens from the caller (the step's one
-read brought the accepted path back), so a commit reads nothing.
-"""
+read brought the accepted path back), so a commit reads nothing."""
 import torch
 
 from ..engine import ModelRunner
@@ -142,9 +141,7 @@ class DraftLM(ModelRunner):
         else:
             self._logits, self.hidden = super().forward(new_tok, self._dev_parents, num_nodes, q0, features=features,
                                                         want_hidden=True)
-        self._argmax = None
-        self._q0 = q0
-        self.fed = [len(t) for t in self.tokens]
+        self._argmax, self._q0, self.fed = None, q0, [len(t) for t in self.tokens]
         picked = self._logits.reshape(self.B * Tq, -1)[row_at] if rows else None
         return picked, (extra_up if extra else None)
 

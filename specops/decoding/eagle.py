@@ -6,8 +6,7 @@ like a plain draft LM; each block node also reads a feature row: a catch-up chai
 K/V computed from predicted features only approximate those from the target's, so the cache keeps
 them for the current proposal only (Ouroboros' repeated drafting reuses them): ``exact[b]`` counts
 the cached tokens computed from the target's features, and ``begin`` re-feeds the rest as the
-catch-up chain, now with the target's features (what EAGLE does after each verification).
-"""
+catch-up chain, now with the target's features (what EAGLE does after each verification)."""
 import torch
 
 from .draft_lm import DraftLM

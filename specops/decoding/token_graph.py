@@ -18,10 +18,9 @@ class TokenGraph:
         return tuple(self.token[x] for x in reversed(up)) if len(up) == n else None
 
     def _register(self, node):
-        if self.tau is not None:
-            key = self._key(node, self.tau + 1)
-            if key is not None:
-                self._index.setdefault(key, []).append(node)
+        key = None if self.tau is None else self._key(node, self.tau + 1)
+        if key is not None:
+            self._index.setdefault(key, []).append(node)
 
     def find_redundant(self, u, t):
         """The first node that a new child ``t`` of ``u`` would repeat, or None."""

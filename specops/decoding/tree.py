@@ -87,8 +87,7 @@ class Candidates:
 
     def validate(self):
         """Tree rules (cheap host check; drafters are trusted, this guards new ones)."""
-        for b in range(len(self.tokens)):
-            t, p = self.tokens[b], self.parents[b]
+        for b, (t, p) in enumerate(zip(self.tokens, self.parents, strict=True)):
             if len(t) != len(p) or not t or p[0] != -1:
                 raise AssertionError(f"sequence {b}: malformed tree (tokens {len(t)}, parents {p[:3]}...)")
             for i in range(1, len(p)):
@@ -119,7 +118,8 @@ class Trie:
         self.tokens, self.parents, self._kids = [root_token], [-1], [{}]
 
     def insert(self, node, seq):
-        """Appends ``seq`` below ``node`` sharing existing prefixes."""
+        """Appends ``seq`` below ``node`` sharing existing prefixes; returns its nodes."""
+        nodes = []
         for tok in seq:
             if tok not in self._kids[node]:
                 self._kids[node][tok] = len(self.tokens)
@@ -127,3 +127,5 @@ class Trie:
                 self.parents.append(node)
                 self._kids.append({})
             node = self._kids[node][tok]
+            nodes.append(node)
+        return nodes

@@ -1,12 +1,9 @@
-"""The Drafter protocol: how a method plugs into the one loop (docs/methods.md §The decoding loop).
-
-A method = a Drafter + a verification mode (``verify_mode``). A drafter sees a
-:class:`~specops.decoding.context.DraftContext` ``ctx``, never the decoder: ``setup(ctx)`` once after
-prefill, then per step ``propose(ctx) -> Draft`` and ``commit(ctx, draft, result)``. Capabilities:
-``needs_draft_model``, ``needs_target_argmax`` (``commit`` reads the target's argmax rows, which come
-with the step's one packed read), ``needs_target_features`` (``ctx.target.features``, for EAGLE-style
-drafters).
-"""
+"""The Drafter protocol, how a method plugs into the one loop (docs/methods.md §The decoding loop): a
+Drafter + a verification mode (``verify_mode``). A drafter sees a ``DraftContext`` ``ctx``
+(specops.decoding.context), never the decoder: ``setup(ctx)`` once after prefill, then per step
+``propose(ctx) -> Draft`` and ``commit(ctx, draft, result)``. Capabilities: ``needs_draft_model``,
+``needs_target_argmax`` (for ``commit``: the target's argmax rows come with the step's one packed
+read), ``needs_target_features`` (``ctx.target.features``, for EAGLE-style drafters)."""
 import itertools
 import math
 
@@ -110,10 +107,9 @@ class Drafter:
         return max(initial, self.budget_cap_factor * initial)
 
     def enable_adaptive(self, cfg):
-        """Lets the loop's controller set ``budget_param`` per step within [``cfg.min_budget`` (default
-        1), ``cfg.max_budget`` (default ``budget_cap``)], starting at the configured value. Runs before
-        the caches are sized: the knob is left at the cap, so the budgets cover every step. Returns
-        (initial, lo, hi), or None for a drafter without a knob (AR)."""
+        """Lets the controller set ``budget_param`` per step in [cfg.min_budget (default 1), cfg.max_budget
+        (default ``budget_cap``)] from the configured value; runs before the caches are sized, so the
+        knob is left at the cap. Returns (initial, lo, hi), or None without a knob (AR)."""
         if self.budget_param is None:
             return None
         initial = getattr(self, self.budget_param)

@@ -1,6 +1,5 @@
 """GSD (docs/methods.md §GSD): TSD's search (tsd.py) with ``tau`` set: tau-redundant children merged
-(``TokenGraph``), the DAG unmerged into a tree for the target; R5 (not lossless) unless ``verify``.
-"""
+(``TokenGraph``), the DAG unmerged into a tree for the target; R5 (not lossless) unless ``verify``."""
 from .tsd import TSD
 
 

@@ -1,9 +1,7 @@
-"""MJSD (docs/methods.md §MJSD): a beam-search draft verified by joint likelihood (R6); approximate
-by design (it aims at lower perplexity than greedy decoding, not at the target's distribution). The
-beams grow as a tree in the draft block; a dead beam (score -inf) is never expanded. The joint
-test's warp defaults are the paper's App. D (top-k 20, top-p 0.9). ``tau = 1`` never accepts
-(target-only decoding); ``tau = 0`` accepts all.
-"""
+"""MJSD (docs/methods.md §MJSD): a beam-search draft verified by joint likelihood (R6), approximate by
+design (it aims at lower perplexity than greedy decoding, not at the target's distribution). The beams
+grow as a tree in the draft block; a dead beam (score -inf) is never expanded. The joint test's warp:
+the paper's App. D (top-k 20, top-p 0.9); ``tau = 1`` never accepts (target only), ``tau = 0`` accepts all."""
 import math
 
 import torch

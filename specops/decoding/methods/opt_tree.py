@@ -1,7 +1,6 @@
 """OPT-Tree (docs/methods.md §OPT-Tree: the per-layer global top-``n`` by path probability p̂,
 ``delta``'s stop on E_sub, the best-``n`` rooted subtree, R4 or R3p, ``sync_free`` with TSD's
-default). A grammar reads each layer's tokens (its masks follow them) either way.
-"""
+default). A grammar reads each layer's tokens (its masks follow them) either way."""
 import torch
 
 from ...ops.topn import MAX_N

@@ -1,8 +1,7 @@
 """Ouroboros (docs/methods.md §Ouroboros: the lookahead window and pool guesses that draft, the phrase
 branches that lengthen, the pool's updates, ``model_free``; under a grammar: docs/structured.md).
 Drafted tokens enter the draft cache as drafting goes: each forward's accepted part is compacted,
-window and guess rows dropped (the next ``begin`` keeps what agrees with the emitted sequence).
-"""
+window and guess rows dropped (the next ``begin`` keeps what agrees with the emitted sequence)."""
 import random
 
 from ..phrase_pool import PhrasePool, shared_pool
@@ -111,14 +110,14 @@ class Ouroboros(ModelDrafter):
         """The draft's own continuation after this forward (after the ``prefix`` drafted so far);
         updates the window and the pool."""
         root, cols, guesses = layout
-        best_m, best_nodes = 0, []
+        best_nodes = []  # the longest guess prefix the draft agrees with
         for phrase, nodes in guesses:
             m, node = 0, root
             while m < len(phrase) and phrase[m] == d.argmax(b, node):
                 node = nodes[m]
                 m += 1
-            if m > best_m:
-                best_m, best_nodes = m, nodes[:m]
+            if m > len(best_nodes):
+                best_nodes = nodes[:m]
         end = best_nodes[-1] if best_nodes else root
         new = [d.tokens[b][n] for n in best_nodes]
         if ctx.grammar is None:
@@ -145,25 +144,24 @@ class Ouroboros(ModelDrafter):
             phrases = self.pool.get(key, self.widths()[1]) if ctx.active[b] else []
             if ctx.grammar is not None:
                 phrases = [ph for ph in phrases if len(grammar_prefix(ctx, b, ph, chain)) == len(ph)]
-            for phrase in phrases:
-                trie.insert(len(chain), phrase)
+            below = [(phrase, trie.insert(len(chain), phrase)) for phrase in phrases]  # with their nodes
             tokens.append(trie.tokens)
             parents.append(trie.parents)
-            tried.append((len(chain), phrases))
-        self._cand, self._tried = Candidates(tokens=tokens, parents=parents, depth_drafted=forwards,
-                                             drafted_nodes=[len(t) for t in tokens]), tried
-        return self._cand.stage(ctx.stager)
+            tried.append((trie.tokens, len(chain), below))
+        self._tried = tried
+        return Candidates(tokens=tokens, parents=parents, depth_drafted=forwards,
+                          drafted_nodes=[len(t) for t in tokens]).stage(ctx.stager)
 
     # ---- after verification --------------------------------------------------------------------
 
     def commit(self, ctx, draft, result):
-        argmax, cand = result.target_argmax(), self._cand
+        argmax = result.target_argmax()
         for b in range(ctx.batch):
             if not ctx.was_active[b]:
                 continue
-            n, phrases = self._tried[b]  # n drafted chain tokens (nodes 1..n), phrases below n
-            tok, par, v = cand.tokens[b], cand.parents[b], argmax[b]
-            path = result.paths[b]
+            # the tree's tokens, n drafted chain tokens (nodes 1..n), the phrases below n with their nodes
+            tok, n, phrases = self._tried[b]
+            v, path = argmax[b], result.paths[b]
             A = sum(1 for i in path if 1 <= i <= n)
             for j in range(A + 1, n + 1):  # the draft tokens past the first mismatch
                 completion, k = [v[j]], j
@@ -171,11 +169,7 @@ class Ouroboros(ModelDrafter):
                     k += 1
                     completion.append(v[k])
                 self.pool.insert(tok[j], completion)
-            for phrase in phrases:
-                nodes, node = [], n
-                for t in phrase:
-                    node = next(i for i in range(node + 1, len(tok)) if par[i] == node and tok[i] == t)
-                    nodes.append(node)
+            for phrase, nodes in phrases:
                 corrected = [v[n]] + [v[x] for x in nodes[:-1]]
                 self.pool.replace(tok[n], phrase, corrected)
             seq = ctx.seqs[b]

@@ -1,7 +1,6 @@
 """SD / SSD (docs/methods.md §SD, with ``exit_threshold``'s draft-exit): a chain of ``gamma`` draft
 tokens, verified by R1 or R2 on each token's draft row (grammar-masked, if any) and its warp. The
-chain grows on the device; drafting reads only under ``exit_threshold`` or a grammar.
-"""
+chain grows on the device; drafting reads only under ``exit_threshold`` or a grammar."""
 import torch
 
 from ..readback import read_lists
@@ -50,13 +49,11 @@ class SD(ModelDrafter):
                 rows[idx, col] = logits
             if host:
                 bs = self._host_search(ctx, bs, chosen, probs, logits, drafted, going)
-                for b in bs:
-                    tips[b] = d.add(b, drafted[b][-1], tips[b])
+                new = [d.add(b, drafted[b][-1], tips[b]) for b in bs]
             else:
-                for b, tip in zip(bs, d.add_device(bs, [tips[b] for b in bs], chosen)):
-                    tips[b] = tip
-            for b in bs:
-                depth[b] += 1
+                new = d.add_device(bs, [tips[b] for b in bs], chosen)
+            for b, tip in zip(bs, new):
+                tips[b], depth[b] = tip, depth[b] + 1
         nodes = [1 + n for n in depth]
         T = max(nodes)
         up = ctx.stager.upload(nodes + list(d.root))  # [2B]: node counts, the roots' block nodes

@@ -2,8 +2,7 @@
 the draws, the n-gram chain). R3 needs each child to be an independent draw from the row it names:
 the logits it was drawn from, warped by verification with the sampling config. The chains grow on
 the device, one read per step (a grammar: one per forward); each forward feeds every chain's latest
-token (a merged node's row is its creator's), so the target block is no longer than the merged tree.
-"""
+token (a merged node's row is its creator's), so the target block is no longer than the merged tree."""
 import torch
 
 from ..readback import read_lists

@@ -1,9 +1,7 @@
 """TSD (docs/methods.md §TSD: top-k children per frontier node, sibling and probability pruning, the
-node cap, ``sync_free`` and why its default differs on a CPU), and the drafting GSD shares with it
-(gsd.py: ``tau`` set). The tree grows on the device (``grow_on_device``, node for node the host
-search's); GSD's merge, a grammar's masks and R5's kept rows need the host search (``grow_on_host``,
-one read per draft forward).
-"""
+node cap, ``sync_free`` and why its default differs on a CPU) and the drafting GSD shares (gsd.py:
+``tau`` set). The tree grows on the device, node for node as the host search (``grow_on_host``, one
+read per draft forward) grows it; GSD's merge, a grammar's masks and R5's kept rows need the latter."""
 import itertools
 
 import torch
@@ -114,16 +112,13 @@ class TSD(ModelDrafter):
             gsrc.scatter_(1, torch.where(fed, nfidx, M), fblk)
         if sync_free:  # the step's one read: every layer's tree sizes and the drafting depths
             layer_sizes, depth_drafted = read_lists(torch.stack(counts), fed_layers)
-        return self._device_draft(ctx, gtok, gpar, gsrc, count, layer_sizes, depth_drafted)
-
-    def _device_draft(self, ctx, gtok, gpar, gsrc, count, layer_sizes, depth_drafted):
         # The target's tree: the first max_tree_nodes graph nodes (parents precede children).
         cap, sizes = self.max_tree_nodes, layer_sizes[-1]
         T = min(max(sizes), cap)
-        valid = torch.arange(T, device=count.device)[None] < count[:, None]
+        valid = torch.arange(T, device=dev)[None] < count[:, None]
         # tree depth = the layers that added a node within the first ``cap`` nodes
         depth = [sum(before[b] < min(after[b], cap) for before, after in itertools.pairwise(layer_sizes))
-                 for b in range(ctx.batch)]
+                 for b in range(B)]
         return Draft(tokens=torch.where(valid, gtok[:, :T], 0),
                      parents=torch.where(valid, gpar[:, :T], 0).to(torch.int32),
                      num_nodes=count.clamp(max=cap).to(torch.int32),
@@ -178,13 +173,9 @@ class TSD(ModelDrafter):
                             blk[b][c] = d.add(b, t, blk[b][u])
                             nxt.append(c)
                 frontier[b] = nxt
-        return self._unmerged(ctx, graphs, blk, qrow, depth, keep_rows)
-
-    def _unmerged(self, ctx, graphs, blk, qrow, depth, keep_rows):
         trees = [g.unmerge(self.max_tree_nodes, self.max_depth) for g in graphs]
         tokens, parents, gsrc, copied = (list(field) for field in zip(*trees))
-        src = [[-1 if cp else blk[b].get(s, -1) for s, cp in zip(gsrc[b], copied[b])]
-               for b in range(len(graphs))]
+        src = [[-1 if cp else blk[b].get(s, -1) for s, cp in zip(gsrc[b], copied[b])] for b in range(B)]
         rows = None
         if keep_rows:  # every child's graph parent was expanded, so it has a row (a copy: the original's)
             rows = [[None] + [qrow[b][g.parent[s]] for s in gsrc[b][1:]] for b, g in enumerate(graphs)]
