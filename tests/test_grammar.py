@@ -1,6 +1,9 @@
 """specops.decoding.grammar on the SmolLM2 tokenizer: compile errors, tree masks against per-node
-matchers, commit semantics, and greedy masked decoding that yields parseable JSON. Skips without a
-grammar engine (pip install specops[grammar]) or the converted SmolLM2 (nothing is downloaded)."""
+matchers, commit semantics, greedy masked decoding that yields parseable JSON; then generate(json_schema=
+/ regex= / ebnf=) on SmolLM2: every method's output follows the grammar, greedy lossless methods give
+AR's tokens (bf16, batch_invariant=True), the grammar's end stops a sequence, bad arguments raise
+before any forward (docs/structured.md). Skips without a grammar engine (pip install specops[grammar])
+or the converted SmolLM2 (nothing is downloaded)."""
 import json
 import os
 import re
@@ -8,9 +11,11 @@ import re
 import pytest
 import torch
 
+import specops
 from specops import models
 from specops.decoding.grammar import ENGINES, Grammar, available_engines
 from specops.ops.token_bitmask import allowed_tokens, apply_token_bitmask
+from specops.testing import tiny_causal_lm
 
 SCHEMA = {"type": "object",
           "properties": {"name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"},
@@ -29,14 +34,10 @@ def check_doc(text):
     assert len(doc["name"]) <= 12 and len(doc["xs"]) <= 3 and isinstance(doc["inner"]["ok"], bool)
 
 
-def skip_without_smollm2():
-    if not os.path.exists(os.path.join(models.cache_dir(), "smollm2-135m", "tokenizer.json")):
-        pytest.skip("SmolLM2 not converted in the specops cache (specops.models.load('smollm2-135m') once)")
-
-
 @pytest.fixture(scope="module")
 def tok():
-    skip_without_smollm2()
+    if not os.path.exists(os.path.join(models.cache_dir(), "smollm2-135m", "tokenizer.json")):
+        pytest.skip("SmolLM2 not converted in the specops cache (specops.models.load('smollm2-135m') once)")
     return models.target_embedding("smollm2-135m")[1]
 
 
@@ -235,3 +236,73 @@ def test_greedy_masked_decoding_matches_regex(tok, engine):
     out = greedy(g, tok, noise_model(tok, 1, 512, lambda n: 6.0))
     assert out[-1] == tok.eos_token_id
     assert re.fullmatch(r"[0-9]{3}-[a-z]{2,4}", tok.decode(out[:-1]))
+
+
+# ---- generate under a grammar, on SmolLM2 ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smollm2(tok):  # tok: skips without the converted SmolLM2
+    if not available_engines():
+        pytest.skip("no grammar engine (pip install specops[grammar])")
+    model = models.load("smollm2-135m", dtype=torch.bfloat16)[0]
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Describe a cat as a JSON object."}],
+                                     tokenize=False, add_generation_prompt=True)
+    return model, tok, prompt
+
+
+def test_every_method_follows_a_json_schema_and_lossless_ones_give_ar_tokens(smollm2):
+    model, tok, prompt = smollm2
+    kw = {"tokenizer": tok, "max_new_tokens": 120, "json_schema": SCHEMA, "batch_invariant": True}
+    ar, m = specops.generate(model, prompt, method="ar", **kw)
+    text = tok.decode(ar[0, : m.lengths[0]], skip_special_tokens=True)
+    check_doc(text)
+    assert m.finish_reasons == ["eos"]  # the grammar's end stopped it
+    for method in ("ngram", "sd", "tsd", "specinfer", "opt-tree", "ouroboros"):
+        out, mm = specops.generate(model, prompt, method=method, **kw)
+        assert out.tolist() == ar.tolist(), method
+        assert mm.num_target_forwards < mm.num_generated_tokens  # blocks were verified
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
+def test_the_other_methods_follow_the_schema_greedy_and_sampled(smollm2, temperature):
+    # gsd and mjsd are not lossless (no identity to AR) and the lossless ones sampled have no fixed
+    # output: each must still produce a document that validates.
+    model, tok, prompt = smollm2
+    methods = ("gsd", "mjsd") if temperature == 0 else \
+        ("ar", "ngram", "sd", "tsd", "gsd", "specinfer", "opt-tree", "ouroboros", "mjsd")
+    for method in methods:
+        out, m = specops.generate(model, prompt, method=method, tokenizer=tok, max_new_tokens=120,
+                                  json_schema=json.dumps(SCHEMA), temperature=temperature, seed=5)
+        check_doc(tok.decode(out[0, : m.lengths[0]], skip_special_tokens=True))
+        assert m.finish_reasons == ["eos"], method
+
+
+def test_regex_with_sampling_and_a_batch(smollm2):
+    model, tok, prompt = smollm2
+    out, m = specops.generate(model, [prompt, prompt + "Sure"], method="ngram", tokenizer=tok, max_new_tokens=24,
+                              regex=r"(yes|no), [0-9]{2,4}", temperature=0.9, seed=3)
+    for b in range(2):
+        text = tok.decode(out[b, : m.lengths[b]], skip_special_tokens=True)
+        assert re.fullmatch(r"(yes|no), [0-9]{2,4}", text), text
+
+
+def test_ebnf_and_the_first_token_is_masked(smollm2):
+    model, tok, prompt = smollm2
+    out, m = specops.generate(model, prompt, method="ar", tokenizer=tok, max_new_tokens=8,
+                              ebnf='root ::= "ZZ" [0-9]')
+    assert re.fullmatch(r"ZZ[0-9]", tok.decode(out[0, : m.lengths[0]], skip_special_tokens=True))
+
+
+def test_bad_grammar_arguments_raise_before_work(smollm2, monkeypatch):
+    model, tok, prompt = smollm2
+    calls = []
+    monkeypatch.setattr(type(model), "forward", lambda *a, **k: calls.append(1))
+    with pytest.raises(ValueError, match="exactly one of json_schema, regex, ebnf"):
+        specops.generate(model, prompt, tokenizer=tok, regex="a", ebnf='root ::= "a"')
+    with pytest.raises(ValueError, match="regex does not compile"):
+        specops.generate(model, prompt, tokenizer=tok, regex="(ab")
+    with pytest.raises(ValueError, match="grammar_engine is for json_schema"):
+        specops.generate(model, prompt, tokenizer=tok, grammar_engine="xgrammar")
+    assert not calls
+    with pytest.raises(ValueError, match="need a tokenizer"):
+        specops.generate(tiny_causal_lm(), [[1, 2, 3]], regex="a")

@@ -1,10 +1,8 @@
 """Sampling under a grammar: the lossless modes emit the target's distribution renormalised over the
 tokens the grammar allows, exactly (docs/structured.md). test_decoding_sampling.py's chi-square
-harness (V = 8 target, a draft that disagrees with it, 1500 independent rows, the joint of the first
-three tokens) under a rule grammar that needs no tokenizer or engine ("never token 0, never the
-previous token again"), standing in for :class:`specops.decoding.grammar.Grammar` through its
-interface: model drafts are masked by it, n-gram candidates pruned by it, target rows masked at
-every node."""
+harness under a rule grammar that needs no tokenizer or engine ("never token 0, never the previous
+token again") in place of :class:`specops.decoding.grammar.Grammar`: model drafts are masked by it,
+n-gram candidates pruned by it, target rows masked at every node."""
 from types import SimpleNamespace
 
 import pytest

@@ -1,10 +1,8 @@
-"""Grammar-constrained decoding over draft trees: one grammar state per tree node (docs/structured.md
-§Design). A :class:`Grammar` compiles a JSON schema, a regex or an EBNF grammar once per request with
-an optional engine (``pip install specops[grammar]``: ``xgrammar``, the default, or ``llguidance``),
-keeps one committed matcher per sequence (the state after every emitted token, the tree's root
-included), gives every draft-tree node its allowed tokens (:meth:`Grammar.fill_tree_bitmask`) and
-commits the emitted ones (:meth:`Grammar.advance`). The engines run on the CPU: a step costs one mask
-per tree node and sequence on the host (docs/structured.md has the measured figures)."""
+"""Grammar-constrained decoding over draft trees, one grammar state per tree node (docs/structured.md
+§Design): a :class:`Grammar` compiles a JSON schema, regex or EBNF grammar once per request with an
+optional engine (``pip install specops[grammar]``), keeps one committed matcher per sequence (the
+tree's root included), gives every draft-tree node its allowed tokens and commits the emitted ones.
+The engines run on the CPU: one mask per tree node and sequence a step (measured in docs/structured.md)."""
 import importlib.util
 import json
 
@@ -115,7 +113,8 @@ def _children(parents, n, where=""):
 
 
 class Grammar:
-    """One compiled grammar and the committed state of each of ``batch_size`` sequences.
+    """One compiled grammar and the committed state of each of ``batch_size`` sequences (only
+    :meth:`advance` moves them).
 
     Exactly one of ``json_schema`` (a dict or a JSON string), ``regex`` (the whole output must
     match) or ``ebnf`` (llama.cpp's GBNF, start rule ``root``, for either engine) is given.
@@ -165,12 +164,8 @@ class Grammar:
     def batch_size(self):
         return len(self._matchers)
 
-    def _new_rows(self, n):
-        return torch.zeros(n, self._engine_words, dtype=torch.int32)
-
     def _fit(self, rows):
-        """Engine rows [N, W_engine] -> [N, W] for the logits' V (extra tokens disallowed): a copy,
-        cut or zero-padded."""
+        """Engine rows [N, W_engine] -> [N, W] for the logits' V (extra tokens disallowed)."""
         rows = torch.nn.functional.pad(rows, (0, self.words - self._engine_words))
         tail = self.vocab_size % 32
         if tail:  # bits past V are ignored by apply_token_bitmask; cleared so rows compare exactly
@@ -184,11 +179,10 @@ class Grammar:
 
     def fill_tree_bitmask(self, parents, tokens, num_nodes=None, *, with_valid=False):
         """Allowed next tokens at every node of a batch of draft trees (docs/structured.md §Design).
-        Shape: parents, tokens int32 [B, T] (the ``build_tree_mask`` convention; node 0 is the
-        pending token, already committed), num_nodes int32 [B] or None (= T) -> bitmask int32
-        [B, T, W] on the CPU, and with ``with_valid`` also valid bool [B, T]: False for padding
-        and for dead nodes (a token its parent's row does not allow, or a descendant of one).
-        Dead and padding rows allow every token. The committed states are unchanged."""
+        Shape: parents, tokens int32 [B, T] (``build_tree_mask``'s convention; node 0, the pending
+        token, is committed), num_nodes int32 [B] or None (= T) -> bitmask int32 [B, T, W] on the CPU
+        (+ valid bool [B, T] with ``with_valid``: False for padding and dead nodes, a token its
+        parent's row disallows or a descendant of one; their rows allow every token)."""
         B, T = checks.tensor("parents", parents, rank=2).shape
         checks.tensor("tokens", tokens, shape=(B, T))
         if B != self.batch_size:
@@ -198,7 +192,7 @@ class Grammar:
             checks.tensor("num_nodes", num_nodes, shape=(B,))
         par, tok = parents.tolist(), tokens.tolist()
         n_nodes = [T] * B if num_nodes is None else num_nodes.tolist()
-        rows = self._new_rows(B * T).fill_(-1)
+        rows = torch.full((B * T, self._engine_words), -1, dtype=torch.int32)
         valid = torch.zeros(B, T, dtype=torch.bool)
         for b in range(B):
             self._fill_tree(b, par[b], tok[b], max(1, min(n_nodes[b], T)), rows, valid[b], b * T)
@@ -250,12 +244,11 @@ class Grammar:
         return n
 
     def rows_after(self, paths):
-        """Allowed next tokens after each drafted path, for model drafters' own logits.
-        ``paths``: (b, tokens) pairs, ``tokens`` drafted after sequence ``b``'s committed state, or
-        (b, None) for a row nobody reads (no grammar work). Shape: -> int32 [len(paths), W]; a row of a
-        finished sequence, a None path, or a path the grammar rejects or that has ended allows every
-        token (such a draft is never accepted past it). The committed states are unchanged."""
-        rows = self._new_rows(len(paths))
+        """Allowed next tokens after each drafted path, for model drafters' own logits. ``paths``:
+        (b, tokens) pairs, ``tokens`` drafted after sequence ``b``'s committed state (None: a row nobody
+        reads) -> int32 [len(paths), W]; the row of a finished sequence, a None path or a path the
+        grammar rejects or that has ended allows every token (such a draft is never accepted past it)."""
+        rows = torch.zeros(len(paths), self._engine_words, dtype=torch.int32)
         for i, (b, toks) in enumerate(paths):
             m, live = self._matchers[b], not self._done[b] and toks is not None
             n = self._take(m, toks) if live else 0
@@ -270,10 +263,9 @@ class Grammar:
     def constrain(self, b, tokens, parents, *, forced=8):
         """Sequence ``b``'s host-built draft tree (token and parent lists, node 0 the pending root,
         ``parents[i] < i``) without the candidates the grammar rejects or stop tokens (each with its
-        subtree), and with up to ``forced`` tokens of the grammar's forced continuation after every
-        surviving leaf (xgrammar's jump-forward string, tokenized; llguidance's fast-forward tokens):
-        docs/structured.md §Drafts. Nodes keep their relative order.
-        Returns ``(tokens, parents)`` lists; the committed state is unchanged."""
+        subtree), plus up to ``forced`` tokens of the grammar's forced continuation after every
+        surviving leaf (docs/structured.md §Drafts), nodes in their relative order -> ``(tokens,
+        parents)`` lists."""
         if not 0 <= b < self.batch_size:
             raise ValueError(f"b must be in [0, {self.batch_size}), got {b}")
         if len(tokens) != len(parents) or not tokens:
@@ -309,11 +301,9 @@ class Grammar:
         return out_t, out_p
 
     def advance(self, accepted_tokens):
-        """Commits the emitted tokens of each sequence, in order (the accepted path's tokens, then
-        the bonus token). ``accepted_tokens``: a list of B token lists (a flat list when B = 1).
-
-        Raises ValueError naming the sequence and position of a token the grammar rejects; the
-        tokens before it stay committed."""
+        """Commits each sequence's emitted tokens (the accepted path's, then the bonus token):
+        ``accepted_tokens``, B token lists (a flat list when B = 1). Raises ValueError naming the
+        sequence and position of a token the grammar rejects; the tokens before it stay committed."""
         if self.batch_size == 1 and accepted_tokens and not isinstance(accepted_tokens[0], (list, tuple)):
             accepted_tokens = [accepted_tokens]
         if len(accepted_tokens) != self.batch_size:

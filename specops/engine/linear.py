@@ -1,11 +1,9 @@
-"""specops.linear inside a Hugging Face model: its ``nn.Linear`` modules (the LM head included)
-compute through the batch-invariant small-row GEMM while a :class:`ModelRunner` drives them, so on a
-CPU a verification block costs about what an AR step costs, and each row's logits come out of one
-fixed reduction order whatever the block size (docs/batch_invariance.md §specops.linear, §In the
-engine). The modules call the op's kernel directly: :func:`specops.linear`'s checks hold for a
-module's weight once, at patch time, and a per-call Python check would cost more than a small
-projection (211 calls per token for SmolLM2). On a CPU with AVX-512 the bf16 weights are read from
-packed copies (:func:`packs`)."""
+"""specops.linear inside a Hugging Face model: its ``nn.Linear`` modules (the LM head included) run
+the batch-invariant small-row GEMM while a :class:`ModelRunner` drives them (docs/batch_invariance.md
+§specops.linear, §In the engine). They call the op's kernel directly: :func:`specops.linear`'s checks
+hold for a module's weight once, at patch time, and a per-call Python check would cost more than a
+small projection (211 calls per token for SmolLM2). bf16 weights may be read from packed copies
+(:func:`packs`)."""
 import os
 import weakref
 
@@ -59,9 +57,8 @@ def _patchable(module):
 
 
 def packs(model):
-    """Whether :func:`use_specops_linear` gives ``model``'s linears packed weight copies: bf16 weights,
-    a CPU whose vector ISA is AVX-512 (the packed kernel's; SPECOPS_CPU_ISA may lower it), the copies
-    under a quarter of the physical memory, and ``SPECOPS_LINEAR_PACK`` not ``0``."""
+    """Whether :func:`use_specops_linear` gives ``model``'s linears packed weight copies: where
+    :func:`packing_pays`, for bf16 weights whose copies take under a quarter of the physical memory."""
     if not packing_pays():
         return False
     weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and _patchable(m)]

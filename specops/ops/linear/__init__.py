@@ -99,8 +99,8 @@ def cpu_kernel(x, weight, bias, packed=None):
     tensors go to the extension's direct entry (``specops._C.linear``: the dispatcher's argument parsing
     costs ~4 us a call, as much as a one-row projection of a small model); torch.compile and tensor
     subclasses get the registered op."""
-    if (torch.compiler.is_compiling() or type(x) not in _PLAIN or type(weight) not in _PLAIN
-            or (bias is not None and type(bias) not in _PLAIN) or (packed is not None and type(packed) not in _PLAIN)):
+    plain = all(t is None or type(t) in _PLAIN for t in (x, weight, bias, packed))
+    if torch.compiler.is_compiling() or not plain:
         if packed is not None:
             return torch.ops.specops.linear_packed(x, weight, packed, bias)
         return torch.ops.specops.linear(x, weight, bias)

@@ -82,7 +82,6 @@ def select_topn_subtree(parents, scores, n, num_nodes=None, *, check=True, backe
 # ---- backends ----------------------------------------------------------------------------------------
 
 def _cuda_supports(parent_scores, child_logprobs, n, per_parent_k):
-    """The CUDA kernel selects in shared memory: at most _CUDA_MAX_N candidates."""
     return None if n <= _CUDA_MAX_N else f"n={n} > {_CUDA_MAX_N} (the CUDA kernel's shared-memory selection)"
 
 
@@ -97,9 +96,8 @@ def _triton(name):
 
 
 def _topn_fake(parent_scores, child_logprobs, n, per_parent_k):
-    B = parent_scores.shape[0]
-    return (parent_scores.new_empty((B, n)), parent_scores.new_empty((B, n), dtype=torch.int32),
-            parent_scores.new_empty((B, n), dtype=torch.int32))
+    B = parent_scores.shape[0]  # parent_scores is fp32 here
+    return tuple(parent_scores.new_empty((B, n), dtype=d) for d in (torch.float32, torch.int32, torch.int32))
 
 
 def _subtree_fake(parents, scores, num_nodes, n):
