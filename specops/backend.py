@@ -1,9 +1,7 @@
-"""One backend-dispatch rule for every op (README §Backends): the op's ``backend=``, then
-``specops.use_backend(name)``, then ``SPECOPS_BACKEND``, then the op's preference on the device. A
-backend runs a call when it is available on the device (built, device visible) and capable of it
-(its ``supports`` check: head dim, grid limits, dtype, sizes). An explicit request (the first
-three) that cannot be met raises :class:`BackendUnavailable` with the reason; the automatic choice
-falls through to the next. ``cudasim`` (docs/cudasim.md) is test-only: never chosen automatically."""
+"""One backend-dispatch rule for every op (README §Backends: ``backend=``, ``use_backend``,
+``SPECOPS_BACKEND``, then the op's preference on the device). A backend runs a call when available on the
+device (built, device visible) and capable of it (its ``supports`` check: head dim, dtype, sizes). An
+explicit request that cannot be met raises the reason; the automatic choice falls through to the next."""
 import contextlib
 import functools
 import importlib.util
@@ -18,11 +16,10 @@ BACKENDS = ("torch", "cpp", "triton", "cuda", "cudasim", "flashinfer")
 # flashinfer: an optional external provider of tree_attention (specops/integrations/flashinfer.py)
 TEST_ONLY = ("cudasim",)  # never chosen automatically
 PREFERENCE = {"cuda": ("cuda", "triton", "torch"), "cpu": ("cpp", "torch")}
-# Ops whose preference differs from the device's. tree_attention: Triton's kernel runs on tensor
-# cores; flashinfer, after our kernels, reads K/V over the whole buffer, one launch per sequence
-# (specops/integrations/flashinfer.py). verify: the cuda walks of mss / mss_pointmass /
-# mss_noreplace disagreed with the reference on a GPU (docs/testing.md §On a GPU; fixed in the
-# source, not yet re-run there): Triton's, which passed there, goes first until a GPU run passes.
+# Ops whose preference differs from the device's. tree_attention: Triton's kernel runs on tensor cores;
+# flashinfer, after our kernels, reads K/V over the whole buffer, one launch per sequence (integrations/
+# flashinfer.py). verify: the cuda walks of mss / mss_pointmass / mss_noreplace disagreed with the reference
+# on a GPU (docs/testing.md §On a GPU; fixed in the source, not re-run there): Triton's, which passed, first.
 OP_PREFERENCE = {("tree_attention", "cuda"): ("triton", "cuda", "flashinfer", "torch"),
                  ("tree_attention_paged", "cuda"): ("triton", "cuda", "torch"),
                  ("verify_tree", "cuda"): ("triton", "cuda", "torch"),

@@ -79,12 +79,10 @@ def random_verify_case(B, T, V, *, generator=None, device="cpu", chain=False, ma
 
 def to_pages(cache, page_size, *, generator=None, spare_pages=3, fill=float("nan"), shared_prefix_pages=0):
     """Lays a contiguous KV cache out in a pool of pages in random order (``tree_attention_paged``'s).
-
-    Shape: cache [*lead, B, Hkv, S, D] -> (pages [*lead, num_pages, page_size, Hkv, D], page_table
-    int32 [B, ceil(S / page_size) + 1]). ``spare_pages`` unused pages and the slots past S are
-    ``fill`` (NaN: a kernel that reads them shows it); the table's last column is garbage ids.
-    ``shared_prefix_pages``: sequences b >= 1 map their first pages onto sequence 0's (compare
-    against :func:`from_pages`)."""
+    Shape: cache [*lead, B, Hkv, S, D] -> (pages [*lead, num_pages, page_size, Hkv, D], page_table int32
+    [B, ceil(S / page_size) + 1]). ``spare_pages`` unused pages and the slots past S are ``fill`` (NaN: a
+    kernel that reads them shows it); the table's last column is garbage ids. ``shared_prefix_pages``:
+    sequences b >= 1 map their first pages onto sequence 0's (compare against :func:`from_pages`)."""
     *lead, B, H, S, D = cache.shape
     n = -(-S // page_size)
     num_pages = B * n + spare_pages

@@ -51,9 +51,8 @@ def test_tree_attention_every_table_entry_compiles_spill_free_within_its_shared_
                     for split in ("", " split") if cls == "decode" or bd == 256 else ("",):
                         r = _ta_row(rows, arch, f"{tag}{'float32' if wide else 'bfloat16'} D{bd} {cls}{split}")
                         assert (r["num_warps"], r["num_stages"]) == (cfg.num_warps, cfg.num_stages)
-                        consts = r["config"].split()
                         assert {f"BLOCK_M={cfg.block_m}", f"BLOCK_N={cfg.block_n}", f"BLOCK_D={bd}",
-                                f"SPLIT={bool(split)}", f"PAGED={bool(tag)}"} <= set(consts)
+                                f"SPLIT={bool(split)}", f"PAGED={bool(tag)}"} <= set(r["config"].split())
                         assert r["spills"] == 0 and r["smem"] <= limit, r
                         if split:
                             assert _ta_row(rows, arch, r["case"], "_combine_kernel")["spills"] == 0

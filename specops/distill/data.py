@@ -65,12 +65,9 @@ class TextRows:
         """The next ``n`` rows (sources in turn; an exhausted source is skipped)."""
         out, p, dead = [], self.taken % max(1, len(self.pools)), 0
         while len(out) < n and dead < len(self.pools):
-            row = self._fill(p)
-            if row is None:
-                dead += 1
-            else:
-                dead = 0
+            if (row := self._fill(p)) is not None:
                 out.append((self.pools[p][0], row))
+            dead = 0 if row is not None else dead + 1  # sources in a row that had nothing left
             p = (p + 1) % len(self.pools)
         self.taken += len(out)
         return out

@@ -13,6 +13,7 @@ import sys
 import time
 
 import torch
+from transformers import DynamicCache
 
 from .corpus import EVAL_CHAT, EVAL_PROMPTS, prompt_text
 from .data import head_inputs
@@ -53,8 +54,6 @@ def agreement(target, draft, tok, new_tokens=64, depth=1):
 def step_cost(target, draft, prefix=128, steps=30):
     """Median ms of one decode step (one token after ``prefix`` cached ones), draft and target
     interleaved so both see the same machine load."""
-    from transformers import DynamicCache
-
     models, feature, H = {"target": target, "draft": draft}, is_feature_draft(draft), draft.config.hidden_size
     ids = torch.randint(100, 20000, (1, prefix))
 

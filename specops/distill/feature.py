@@ -19,7 +19,6 @@ def init_feature_draft(draft, target, layer_map):
     init_from_target(draft, target, layer_map)
     H = draft.config.hidden_size
     with torch.no_grad():
-        draft.fc.weight.zero_()
         draft.fc.weight[:, H:].copy_(torch.eye(H))
         draft.fc.weight[:, :H].normal_(0.0, 0.02)
         draft.fc.bias.zero_()

@@ -22,10 +22,8 @@ class Progress:
         self.tty = bool(stream is not None and hasattr(stream, "isatty") and stream.isatty())
 
     def update(self, phase, done, total, t0, extra="", force=False):
-        if self.stream is None:
-            return
         now = time.perf_counter()
-        if not force and now - self._last < (0.5 if self.tty else self.every):
+        if self.stream is None or (not force and now - self._last < (0.5 if self.tty else self.every)):
             return
         self._last = now
         rate = done / max(now - t0, 1e-9)
@@ -76,7 +74,6 @@ def ttt_mask(M, depth, device=None):
     i = torch.arange(M, device=device)
     ahead = i[None, :] - i[:, None]  # [M, M] key position - query position
     never = torch.zeros(M, M, dtype=torch.bool, device=device)
-    # block (d, k): k = 1 up to i-d+1; 2 <= k <= d at i-(d-k) only; k > d never
     blocks = [[ahead <= 1 - d] + [ahead == k - d if k <= d else never for k in range(2, depth + 1)]
               for d in range(1, depth + 1)]
     return torch.cat([torch.cat(row, dim=1) for row in blocks], dim=0)[None, None]
