@@ -1,16 +1,12 @@
 """Shared fixtures: every test that takes ``backend`` runs once per backend, skipping (with the
-reason) those that cannot run on the tensors that test uses.
-
-Where the tensors live: a test that takes ``device`` gets CUDA tensors on a machine with a GPU
-(CPU tensors for the CPU-only backends cpp and cudasim, which then run there too); a test that does
-not take ``device`` builds CPU tensors, so on a GPU machine its triton and cuda cases are skipped
-(they run, on GPU tensors, in the tests that take ``device``).
+reason) those that cannot run on that test's tensors (where they live: docs/testing.md §On a GPU).
 
 Without a GPU, Triton runs in its interpreter on CPU tensors: TRITON_INTERPRET=1 must be set before
 any module defining @triton.jit kernels is imported, and conftest is imported before the test
-modules, so setting it here covers the whole suite. With a GPU the Triton kernels compile and run
-on it (set TRITON_INTERPRET=1 yourself to interpret them there as well).
+modules, so setting it here covers the whole suite (with a GPU, set it yourself to interpret there).
 """
+import functools
+import inspect
 import os
 
 import torch  # (does not import triton)
@@ -25,23 +21,13 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 
 
 def _lighter_triton_interpreter():
-    """Skips two pieces of repeated bookkeeping in Triton 3.x's interpreter, over half the time of the
-    interpreted verify / sampling kernels (thousands of helper calls per launch); what a kernel
-    computes is unchanged:
-
-    * every @triton.jit helper call re-patches triton.language (``_patch_lang``: ``inspect.getmembers``
-      over tl, tl.tensor and tl.math, ~0.35 ms) although the running launch has patched the same
-      modules and restores them only when it ends: such a helper now skips it;
-    * ``_get_np_dtype`` builds a 19-entry dict at every call (each cast, splat, load, binary op):
-      its answers are now cached per dtype.
-
-    Another interpreter layout (another Triton version) is left as is: the suite is only slower."""
+    """Skips two pieces of Triton 3.x's interpreter bookkeeping (docs/testing.md §The interpreted Triton
+    cases); what a kernel computes is unchanged. A @triton.jit helper called inside a running launch
+    skips ``_patch_lang`` (the launch patched the same modules and restores them only when it ends);
+    ``_get_np_dtype``'s answers are cached per dtype. Another interpreter layout is left as is."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         return
     try:
-        import functools
-        import inspect
-
         import triton.language as tl
         from triton.runtime import interpreter as interp
     except ImportError:
@@ -91,22 +77,18 @@ import pytest
 from specops import backend as _backend
 from specops.testing import perturbed_copy, reference_greedy, tiny_causal_lm
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
 CPU_ONLY = ("cpp", "cudasim")  # backends that take CPU tensors only
 # Whether a backend can run depends on the test's tensors, known per test item only:
 # pytest_collection_modifyitems skips the cases that cannot run (the marker names them). flashinfer
-# implements only tree_attention (tests/test_flashinfer.py), not every op.
+# implements only tree_attention (tests/test_backend.py), not every op.
 _BACKEND_PARAMS = [pytest.param(name, id=name, marks=pytest.mark.specops_backend(name))
                    for name in _backend.BACKENDS if name != "flashinfer"]
 
 
 def _test_device(fixturenames, name):
-    """The device of a test's tensors for backend ``name``: see the module docstring."""
-    if "device" not in fixturenames or name in CPU_ONLY:
-        return "cpu"
-    return DEVICE
+    """The device of a test's tensors for backend ``name`` (docs/testing.md §On a GPU)."""
+    cpu = "device" not in fixturenames or name in CPU_ONLY or not torch.cuda.is_available()
+    return "cpu" if cpu else "cuda"
 
 
 def pytest_configure(config):
@@ -115,14 +97,11 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        marker = item.get_closest_marker("specops_backend")
-        if marker is None:
-            continue
-        name = marker.args[0]
-        device = _test_device(item.fixturenames, name)
-        ok, why = _backend.available(name, device)
-        if not ok:
-            item.add_marker(pytest.mark.skip(reason=f"{name}: {why}"))
+        if (marker := item.get_closest_marker("specops_backend")) is not None:
+            name = marker.args[0]
+            ok, why = _backend.available(name, _test_device(item.fixturenames, name))
+            if not ok:
+                item.add_marker(pytest.mark.skip(reason=f"{name}: {why}"))
 
 
 @pytest.fixture(params=_BACKEND_PARAMS)
@@ -198,9 +177,8 @@ def pytest_runtest_logreport(report):
         f.write(f"==== {report.when} {report.nodeid}\n{report.longreprtext}\n")
 
 
-# A CUDA fault (an illegal address, a trap) leaves the process's CUDA context unusable: every later
-# CUDA call of that process fails, whatever the test. The first GPU runs lost ~2000 tests of a worker
-# this way after one fault.
+# A CUDA fault leaves the process's CUDA context unusable (docs/testing.md §On a GPU): the first GPU
+# runs lost ~2000 tests of a worker this way after one fault.
 _FAULTS = ("illegal memory access", "illegal address", "unspecified launch failure", "misaligned address",
            "global/shared address space", "device-side assert")
 _context_lost = []

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import test_decoding_sampling as ts
 import torch
+from test_decoding import N_NEW
 
 from specops.cli import _adaptive_flag, main
 from specops.decoding import AdaptiveConfig, generate, methods
@@ -22,10 +23,10 @@ from specops.testing import reference_greedy
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def fixed(target_per_token=0.0, draft_per_level=0.0):
-    """Costs in units of a 1-token target step."""
+def fixed(target_per_token=0.0, draft_per_level=0.0, **kw):
+    """Costs in units of a 1-token target step (``kw``: the other settings)."""
     return AdaptiveConfig(target_cost=lambda T: 1.0 + target_per_token * (T - 1),
-                          draft_cost=lambda g: draft_per_level * g)
+                          draft_cost=lambda g: draft_per_level * g, **kw)
 
 
 def step(ctl, g, accepted, depth=None, T=None):
@@ -88,9 +89,7 @@ def test_ar_threshold_is_one_ar_step_per_unit_of_cost_plus_the_margin(margin):
     # one level at cost 0.5: R(1) = (1 + alpha) / 1.5, so speculation pays iff alpha >= 0.5 + 1.5 margin
     edge = 0.5 + 1.5 * margin
     for alpha, want in ((edge - 0.03, 0), (edge + 0.03, 1)):
-        cfg = AdaptiveConfig(target_cost=lambda T: 1.0, draft_cost=lambda g: 0.5 * g, alpha0=alpha,
-                             prior_levels=1e9, margin=margin)
-        ctl = Controller(cfg, 1, 1, 1, 1)
+        ctl = Controller(fixed(0.0, 0.5, alpha0=alpha, prior_levels=1e9, margin=margin), 1, 1, 1, 1)
         step(ctl, 1, [0])
         assert ctl.decide([True]) == want
         r = ctl.rate(1, [True]) * ctl.costs.step_cost(0)
@@ -99,9 +98,7 @@ def test_ar_threshold_is_one_ar_step_per_unit_of_cost_plus_the_margin(margin):
 
 def test_probing_after_ar_steps_with_a_doubling_wait():
     # explore=10: a probe's extra cost (1.2 steps) asks for no longer wait than the doubling
-    cfg = AdaptiveConfig(target_cost=lambda T: 1.0, draft_cost=lambda g: 0.6 * g, probe_after=3, probe_max=12,
-                         explore=10.0)
-    ctl = Controller(cfg, 1, 2, 1, 8)
+    ctl = Controller(fixed(0.0, 0.6, probe_after=3, probe_max=12, explore=10.0), 1, 2, 1, 8)
     g = ctl.decide([True])
     while g:
         step(ctl, g, [0])
@@ -132,10 +129,9 @@ def test_probing_after_ar_steps_with_a_doubling_wait():
 @pytest.mark.parametrize("explore, want", [(0.1, 12), (0.3, 4), (1.0, 2)])
 def test_a_failed_probe_waits_until_its_extra_cost_is_the_explore_share(explore, want):
     # a probe at budget 2 costs 1 + 0.6 * 2 = 2.2 steps: 1.2 more than an AR step, which the next
-    # ceil(1.2 / explore) AR steps must cover (at least double the last wait, at most probe_max)
-    cfg = AdaptiveConfig(target_cost=lambda T: 1.0, draft_cost=lambda g: 0.6 * g, probe_after=1, probe_max=40,
-                         explore=explore)
-    ctl = Controller(cfg, 1, 2, 2, 8)  # budgets 2..8: the probes draft 2 levels
+    # ceil(1.2 / explore) AR steps must cover (at least double the last wait, at most probe_max);
+    # budgets 2..8: the probes draft 2 levels
+    ctl = Controller(fixed(0.0, 0.6, probe_after=1, probe_max=40, explore=explore), 1, 2, 2, 8)
     assert ctl.decide([True]) == 2
     step(ctl, 2, [0])  # the first step fails: one AR step (probe_after 1), then a probe that fails
     assert ctl.decide([True]) == 0
@@ -147,8 +143,7 @@ def test_a_failed_probe_waits_until_its_extra_cost_is_the_explore_share(explore,
 
 
 def test_a_batch_shares_the_budget_with_the_most_expected_tokens_per_second():
-    cfg = AdaptiveConfig(target_cost=lambda T: 1.0 + 0.05 * (T - 1), draft_cost=lambda g: 0.1 * g)
-    ctl = Controller(cfg, 3, 4, 1, 8)
+    ctl = Controller(fixed(0.05, 0.1), 3, 4, 1, 8)
     ctl.decide([True] * 3)
     step(ctl, 4, [4, 0, 4])
     g = ctl.decide([True, True, True])
@@ -236,9 +231,6 @@ def test_shallow_steps_verify_small_trees():
 
 # ---- the loop -----------------------------------------------------------------------------------
 
-N_NEW = 20
-
-
 LOSSLESS = {
     "sd": {}, "sd-exit": {"method": "sd", "exit_threshold": 0.3}, "specinfer": {},
     "specinfer-ngram": {"method": "specinfer", "num_drafts": 2, "ngram": True}, "tsd": {},
@@ -249,11 +241,9 @@ LOSSLESS = {
 
 def _generate(pair, case, **kw):
     target, draft, prompts, _ = pair
-    params = dict(LOSSLESS[case])
-    method = params.pop("method", case)
-    params.update(kw)
-    return generate(target, prompts, draft=draft, method=method, max_new_tokens=N_NEW, eos_token_id=[],
-                    record_steps=True, **params)
+    params = {**LOSSLESS[case], **kw}
+    return generate(target, prompts, draft=draft, method=params.pop("method", case), max_new_tokens=N_NEW,
+                    eos_token_id=[], record_steps=True, **params)
 
 
 @pytest.fixture

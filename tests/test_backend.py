@@ -1,5 +1,9 @@
 """The dispatch rule: explicit requests, per-op preferences, capability checks that let the automatic
-choice fall through and make an explicit request raise, default_backend's contract, the report."""
+choice fall through and make an explicit request raise, default_backend's contract, the report; the
+optional FlashInfer provider of tree_attention: what dispatch makes of it everywhere, equal to the
+torch reference where FlashInfer and a CUDA device exist."""
+import importlib.util
+
 import pytest
 import torch
 from test_kv_compact import i32
@@ -7,6 +11,8 @@ from test_kv_compact import i32
 import specops
 from specops import backend as _backend
 from specops.backend_report import report
+from specops.integrations import flashinfer as fi
+from specops.testing import random_parents
 
 
 def attention_args(D=8, B=1, Hkv=1):
@@ -69,3 +75,40 @@ def test_the_report_lists_defaults_and_the_test_only_backend():
     assert "test-only (never chosen automatically): cudasim" in text
     line = next(x for x in text.splitlines() if x.startswith("tree_attention "))
     assert line.split()[1:3] == ["cpp", "triton"]
+
+
+# ---- the FlashInfer provider of tree_attention --------------------------------------------------
+
+def flashinfer_case(D=128, dtype=torch.bfloat16, B=3, Tq=9, Hq=8, Hkv=2, S=300, device="cpu"):
+    g = torch.Generator().manual_seed(D + B)
+    q, k, v = (torch.randn(*n, generator=g).to(device, dtype)
+               for n in ((B, Tq, Hq, D), (B, Hkv, S, D), (B, Hkv, S, D)))
+    mask, _ = specops.build_tree_mask(random_parents(B, Tq, generator=g).to(device))
+    return q, k, v, i32([100, 0, 250], device), i32([9, 5, 7], device), mask
+
+
+def test_flashinfer_availability_says_why():
+    ok, why = _backend.available("flashinfer", "cpu")
+    assert not ok and ("not installed" in why or "CUDA tensors" in why)
+
+
+def test_flashinfer_supports_names_what_it_cannot_take():
+    assert "head dim D=96" in fi.supports(*flashinfer_case(D=96), None, 0.1)
+    assert "fp16/bf16" in fi.supports(*flashinfer_case(dtype=torch.float32), None, 0.1)
+    assert fi.supports(*flashinfer_case(), None, 0.1) is None
+
+
+def test_the_cuda_preference_puts_our_kernels_before_flashinfer():
+    assert _backend.preference("tree_attention", "cuda") == ("triton", "cuda", "flashinfer", "torch")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("flashinfer") is None or not torch.cuda.is_available(),
+                    reason="flashinfer and a CUDA device needed")
+@pytest.mark.parametrize("D", fi.HEAD_DIMS)
+@pytest.mark.parametrize("dtype", fi.DTYPES)
+def test_flashinfer_matches_the_reference(D, dtype):
+    args = flashinfer_case(D=D, dtype=dtype, device="cuda")
+    q_lens = i32([9, 4, 0], "cuda")
+    got = specops.tree_attention(*args, q_lens=q_lens, backend="flashinfer")
+    want = specops.tree_attention(*args, q_lens=q_lens, backend="torch")
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)

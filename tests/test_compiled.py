@@ -16,6 +16,7 @@ from specops.engine import ModelRunner, compiled
 from specops.testing import perturbed_copy, random_parents, tiny_causal_lm
 
 from test_decoding import LOSSLESS, N_NEW, _run
+from test_kv_compact import i32
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 PAGED = {"kv_layout": "paged", "page_size": 4}
@@ -56,12 +57,10 @@ def block_logits_match(target, layout):
     the compiled runner's logits and cache follow the eager runner's."""
     gen = torch.Generator().manual_seed(2)
     prompt = torch.randint(0, 128, (3, 13), generator=gen)
-    lens = torch.tensor([13, 6, 9], dtype=torch.int32)
-    num = torch.tensor([9, 5, 7], dtype=torch.int32)
+    lens, num = i32([13, 6, 9]), i32([9, 5, 7])
     parents = random_parents(3, 9, num_nodes=num, generator=gen)
     tokens = torch.randint(0, 128, (3, 9), generator=gen)
-    accept = (torch.tensor([[0, 2, 5], [0, 1, 0], [0, 3, 4]], dtype=torch.int32),
-              torch.tensor([3, 2, 1], dtype=torch.int32))
+    accept = i32([[0, 2, 5], [0, 1, 0], [0, 3, 4]]), i32([3, 2, 1])
     outs = []
     for compile_ in (False, True):
         with torch.inference_mode():  # generate's mode: the graphs are shared with the tests below
@@ -84,8 +83,7 @@ def test_compiled_ar_matches_eager_ar_and_reports_compile_time(llama_pair):
     target, _, prompts, refs = llama_pair
     eager, _ = generate(target, prompts, method="ar", max_new_tokens=N_NEW, eos_token_id=[])
     out, _ = generate(target, prompts, method="ar", max_new_tokens=N_NEW, eos_token_id=[], compile=True)
-    assert torch.equal(out, eager)
-    assert [out[b].tolist() for b in range(3)] == [r[:N_NEW] for r in refs]
+    assert out.tolist() == eager.tolist() == [r[:N_NEW] for r in refs]
     # A second runner of the same model and shapes compiles nothing: the graph is shared.
     with torch.inference_mode():  # as generate builds its runners (inference tensors)
         r = ModelRunner(target, 3, 40, compile=True)
@@ -107,7 +105,7 @@ def test_frozen_decoder_runs_warm_graphs_and_refuses_new_ones(llama_pair):
         out, _ = generate(target, prompts, **kw)
         with pytest.raises(RuntimeError, match="needs a new compiled graph.*batch 1"):
             generate(target, prompts[:1], **kw)
-    assert [out[b].tolist() for b in range(3)] == [r[:4] for r in refs]
+    assert out.tolist() == [r[:4] for r in refs]
     assert dec.compile_s == seen
 
 
@@ -122,8 +120,7 @@ GRID += [pytest.param(case, False, PAGED, id=f"{case}-paged") for case in ("opt-
 def test_compiled_greedy_is_token_identical_to_greedy_decoding(llama_pair, case, adaptive, layout):
     target, draft, prompts, refs = llama_pair
     out, m = _run(target, draft, prompts, case, adaptive=adaptive, compile=True, **layout)
-    for b in range(3):
-        assert out[b].tolist() == refs[b][:N_NEW], f"sequence {b} diverged"
+    assert out.tolist() == [r[:N_NEW] for r in refs]
     assert m.num_target_forwards <= N_NEW
     # one graph for every row count: AR's one-row steps, chain drafts and blocks
     for model in (target, draft):

@@ -23,8 +23,7 @@ ALPHA = 1e-3 / 14  # family-wise over this file's chi-square tests
 @pytest.fixture(scope="module")
 def models():
     target = tiny_causal_lm("llama", vocab_size=V, hidden_size=32, seed=11, sharpness=3.0)
-    draft = perturbed_copy(target, 0.6, seed=12)
-    return target, draft
+    return target, perturbed_copy(target, 0.6, seed=12)
 
 
 def exact_joint(target, cfg):
@@ -46,13 +45,10 @@ def empirical(out):
 
 def chi_square_pvalue(counts, probs, min_expected=5.0):
     """Pearson chi-square with cells of expected count < ``min_expected`` pooled into one."""
-    n = counts.sum()
-    exp = probs.flatten() * n
-    obs = counts.flatten()
+    exp, obs = probs.flatten() * counts.sum(), counts.flatten()
     assert float(obs[exp == 0].sum()) == 0, "a token of zero target probability was emitted"
     big = exp >= min_expected
-    e = torch.cat([exp[big], exp[~big].sum()[None]])
-    o = torch.cat([obs[big], obs[~big].sum()[None]])
+    e, o = (torch.cat([x[big], x[~big].sum()[None]]) for x in (exp, obs))
     keep = e > 0
     stat = float(((o[keep] - e[keep]) ** 2 / e[keep]).sum())
     df = int(keep.sum()) - 1
@@ -105,15 +101,13 @@ def test_the_chi_square_test_rejects_a_lossy_method(models):
 
 
 def test_gsd_reference_rule_deviation_is_measured(models):
-    # R5 (an independent min(1, p/q) coin per edge, longest passing path, bonus without residual)
-    # is GSD's reference rule. On top-k children (deterministic, not drawn from q) nearly every edge
-    # passes, so the output follows the draft tree: measured here as the total-variation distance
-    # of the 3-token joint, next to the sampling-noise floor that lossless R3p reaches on the same
-    # trees (test above). Measured: TV about 0.9 for R5 vs about 0.2 (noise) for R3p.
+    # R5 (an independent min(1, p/q) coin per edge, longest passing path, bonus without residual) is
+    # GSD's reference rule. On top-k children (deterministic, not drawn from q) nearly every edge
+    # passes, so the output follows the draft tree: the 3-token joint's total-variation distance is
+    # about 0.9, against the noise floor of about 0.2 that lossless R3p reaches on the same trees.
     cfg = CONFIGS["t1"]
     exact = exact_joint(models[0], cfg)
-    # adaptive=False: the trees keep max_depth 3 from the first step (the controller's first step is a
-    # shallow probe)
+    # adaptive=False: max_depth 3 from the first step (the controller's first step is a shallow probe)
     params = {"k": 3, "theta_prob": 0.05, "theta_sib": 0.05, "max_depth": 3, "tau": 0, "verify": "gsd",
               "adaptive": False}
     out, m = sample(models, "gsd", cfg, params)

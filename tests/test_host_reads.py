@@ -1,29 +1,22 @@
-"""Host traffic per decode step: one read, no blocking upload, no tensor built from host data (the
-per-method table: docs/methods.md §The decoding loop, "Host traffic per step").
+"""Host traffic per decode step: one read, no blocking upload, no tensor built from host data
+(docs/methods.md §The decoding loop, "Host traffic per step": the per-method table, the kinds).
 
 Counted in the decode steps of every method (greedy and sampled, tiny fp32 models, after prefill and
 a warm-up step), per phase (``propose``; ``commit``: the drafter's; ``loop``: the rest of
-``Decoder.step``: target forward, verification, KV keep, emission):
-
-* **reads**: every way a tensor's values reach Python (``READS``: ``tolist``, ``int()``, iteration, ...);
-* **host-built tensors** (``BUILDERS``, ``Tensor.new_tensor``, indexing with a Python list): none;
-  on a GPU each would be a blocking upload;
-* **host allocations** (``FACTORIES`` without ``device=``): none (a host tensor meeting device
-  tensors is an upload on a GPU);
-* **blocking uploads** (``Tensor.to`` / ``cuda`` naming a device, or ``copy_``, from a host-built or
-  host-allocated tensor without ``non_blocking=True``): none (on a CPU the device is the host: the
-  source's origin tells an upload from a same-device ``.to``);
-* **staged uploads**, the one path host data takes (``runner.Stager``: one
-  ``copy_(non_blocking=True)`` from a NumPy view of a (pinned) buffer), counted per phase.
-
-A device op that synchronises without a Python-visible read (a boolean mask index, ``nonzero``) is
-not counted: the loop uses none."""
+``Decoder.step``): reads (``READS``), host-built tensors (``BUILDERS``, ``Tensor.new_tensor``,
+indexing with a Python list), host allocations (``FACTORIES`` without ``device=``), blocking
+uploads (``Tensor.to`` / ``cuda`` naming a device, or ``copy_``, from a host-built or host-allocated
+tensor without ``non_blocking=True``: on a CPU the device is the host, so the source's origin tells
+an upload from a same-device ``.to``) and staged uploads (``runner.Stager.upload``, the one path host
+data takes). A device op that synchronises without a Python-visible read (a boolean mask index,
+``nonzero``) is not counted: the loop uses none."""
 import collections
 
 import pytest
 import torch
+from test_decoding import FREE_DRAFTS
 
-from specops.decoding import AdaptiveConfig, api, loop, methods
+from specops.decoding import api, loop, methods
 from specops.engine import runner
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -34,12 +27,11 @@ BUILDERS = ("tensor", "as_tensor", "from_numpy", "frombuffer")
 FACTORIES = ("zeros", "ones", "full", "empty", "arange", "rand", "randn", "randint")
 STEPS = (2, 3, 4)  # step 1 is the warm-up (its caches' host lengths are fresh from prefill)
 
-# method -> (generate kwargs, (propose reads per step, per draft forward): at most, staged uploads of
-# the loop per step). The loop reads once; the drafter's commit reads nothing. Why each drafter reads
-# what it does: the table of docs/methods.md and the comments below. The loop stages one upload only
-# for the log-likelihood rows, which it gathers for methods that are not lossless (GSD's R5, MJSD).
+# method -> (generate kwargs, (propose reads per step, per draft forward): at most, the loop's staged
+# uploads per step). The loop reads once, the drafter's commit nothing (why each drafter reads: the
+# comments below, docs/methods.md's table); the loop stages only the log-likelihood rows it gathers
+# for the methods that are not lossless (GSD's R5, MJSD).
 LOOP_READS = 1
-FREE_DRAFTS = AdaptiveConfig(target_cost=lambda T: 1.0, draft_cost=lambda g: 0.0)
 EXPECTED = {
     "ar": ({}, (0, 0), 0),
     "ngram": ({}, (0, 0), 0),
@@ -63,19 +55,17 @@ EXPECTED = {
     "sd-adaptive": ({"method": "sd", "adaptive": FREE_DRAFTS}, (0, 0), 0),
 }
 
-# The draft side stages each forward's new nodes together with the rows it samples from (and values
-# it needs on the device): one non-blocking copy per forward, plus the target block (or its host-known
-# part: SD's node counts; none for MJSD, whose chain is traced on the device, or TSD and OPT-Tree,
-# whose trees and block-node maps are assembled there) and the draft's truncate. The drafter's commit
-# stages the kept path. case -> (lo, hi): F + lo <= propose's staged uploads <= F + hi.
+# case -> (lo, hi): F + lo <= propose's staged uploads <= F + hi: one non-blocking copy per draft forward
+# (its new nodes, the rows it samples from, values it needs on the device), the target block (or its
+# host-known part: SD's node counts; none for MJSD, TSD, OPT-Tree, whose chain, trees and block-node
+# maps are built on the device) and the draft's truncate. The drafter's commit stages the kept path.
 DRAFT_STAGED = {"sd": (1, 2), "specinfer": (1, 2), "tsd": (0, 0), "tsd-sync-free": (0, 0), "opt-tree": (0, 1),
                 "opt-tree-sync-free": (0, 1), "mjsd": (0, 1)}
 
 
 def _names_a_device(args, kw):
-    if "device" in kw:
-        return True
-    return any(isinstance(a, (torch.device, str, int, torch.Tensor)) and not isinstance(a, bool) for a in args[:1])
+    devices = (torch.device, str, int, torch.Tensor)
+    return "device" in kw or any(isinstance(a, devices) and not isinstance(a, bool) for a in args[:1])
 
 
 def _host(t):
@@ -122,13 +112,12 @@ class Counter:
         step = loop.Decoder.step
 
         def counted_step(dec):
-            self.step += 1
-            self.phase = "loop"
-            before = dec.state.draft.forwards if dec.state.draft is not None else 0
+            self.step, self.phase = self.step + 1, "loop"
+            before = getattr(dec.state.draft, "forwards", 0)  # no draft model: 0
             try:
                 return step(dec)
             finally:
-                self.forwards[self.step] = (dec.state.draft.forwards if dec.state.draft is not None else 0) - before
+                self.forwards[self.step] = getattr(dec.state.draft, "forwards", 0) - before
                 self.phase = "after"
         monkeypatch.setattr(loop.Decoder, "step", counted_step)
 
@@ -145,18 +134,18 @@ class Counter:
             return out
         return counted
 
-    def _in_phase(self, fn, phase):
-        def counted(*args):
-            self.phase = phase
-            try:
-                return fn(*args)
-            finally:
-                self.phase = "loop"
-        return counted
-
     def wrap(self, drafter):
-        drafter.propose = self._in_phase(drafter.propose, "propose")
-        drafter.commit = self._in_phase(drafter.commit, "commit")
+        """``drafter`` with its propose and commit counted in phases of their own."""
+        def in_phase(fn, phase):
+            def counted(*args):
+                self.phase = phase
+                try:
+                    return fn(*args)
+                finally:
+                    self.phase = "loop"
+            return counted
+        drafter.propose = in_phase(drafter.propose, "propose")
+        drafter.commit = in_phase(drafter.commit, "commit")
         return drafter
 
 
@@ -164,17 +153,16 @@ def count_steps(llama_pair, monkeypatch, case):
     target, draft, prompts, _ = llama_pair
     # repeated text: the model-free drafters find matches, the others accept some tokens
     prompts = [p * 3 for p in prompts[:2]]
-    params = dict(EXPECTED[case][0])
+    params = {"adaptive": False, **EXPECTED[case][0]}
     method = params.pop("method", case)
     counter = Counter()
     make = methods.make
     monkeypatch.setattr(methods, "make", lambda name, **kw: counter.wrap(make(name, **kw)))
-    adaptive = params.pop("adaptive", False)
-    drafter = make(method, **{k: v for k, v in params.items() if k != "temperature"})
+    drafter = make(method, **{k: v for k, v in params.items() if k not in ("temperature", "adaptive")})
     counter.needs_model = drafter.needs_draft_model
     counter.install(monkeypatch)
     _, m = api.generate(target, prompts, draft=draft if drafter.needs_draft_model else None, method=method,
-                        max_new_tokens=24, eos_token_id=[], adaptive=adaptive, **params)
+                        max_new_tokens=24, eos_token_id=[], **params)
     monkeypatch.undo()
     assert m.num_target_forwards > max(STEPS), "too few steps to measure"
     return counter

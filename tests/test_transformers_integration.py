@@ -1,6 +1,9 @@
 """The "specops" attention implementation and the engine's ModelRunner on tiny random HF models: one tree forward
 equals running each root-to-leaf path as a plain sequence; compaction after every step keeps the
-logits of a plain recompute of the accepted sequence."""
+logits of a plain recompute of the accepted sequence. Feature capture for EAGLE-style drafters:
+``ModelRunner(keep_features=True).features[b, p]`` is the LM head's input at committed position ``p``
+after prefill and every ``keep`` (chain prefixes and tree paths, ragged batches); without
+``keep_features`` no hook exists; ``generate`` turns it on from ``needs_target_features``."""
 from functools import partial
 
 import pytest
@@ -10,12 +13,18 @@ from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2L
 
 import specops
 from specops.cache import PagedKVCache, StaticKVCache
-from specops.decoding import generate
+from specops.decoding import generate, loop, methods
+from specops.decoding.draft_lm import DraftLM
+from specops.decoding.sampling import SamplingConfig
+from specops.decoding.stopping import Stopper
+from specops.distill import data
 from specops.engine import ModelRunner
 from specops.integrations.transformers import SpecModel, use_specops_attention
 from specops.testing import random_parents
 
 from test_kv_compact import i32
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 GQA = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
        "num_key_value_heads": 2, "max_position_embeddings": 256}
@@ -43,6 +52,13 @@ def plain_logits(model, ids):
             return model(input_ids=ids).logits[0].float()
     finally:
         model.set_attn_implementation(before)
+
+
+def head_inputs(model, ids):
+    """The LM head's input over plain_logits' forward. Shape: ids list of L ints -> fp32 [L, H]."""
+    with data.head_inputs(model) as got:
+        plain_logits(model, torch.tensor([ids]))
+    return got[-1][0].float()
 
 
 def random_paths(parents, g):
@@ -256,3 +272,76 @@ def test_want_hidden_returns_the_lm_head_input_of_the_block_rows():
         torch.testing.assert_close(model.lm_head(hidden), logits, atol=1e-6, rtol=1e-6)
     assert isinstance(plain, torch.Tensor) and plain.shape == (2, 2, 97)
     assert hidden.shape == (2, 2, 64) and logits.shape == (2, 2, 97)
+
+
+# ---- target features for EAGLE-style drafters ------------------------------------------------------
+
+@pytest.mark.parametrize("method,params", [("sd", {"gamma": 3}), ("tsd", {}), ("ar", {})])
+def test_features_at_committed_positions_equal_plain_forward_hidden_states(llama_pair, method, params,
+                                                                           monkeypatch):
+    target, draft, *_ = llama_pair
+    paths = []  # the target's kept paths
+    keep = loop.TargetLM.keep
+
+    def record(self, idx, lens, host_counts, **kw):
+        if self.keep_features:  # the target (the draft is a runner too)
+            paths.extend(row[:n] for row, n in zip(idx.tolist(), host_counts))
+        keep(self, idx, lens, host_counts, **kw)
+    monkeypatch.setattr(loop.TargetLM, "keep", record)
+    prompts = [[5, 17, 99, 3, 42, 8, 61], [70, 2, 33]]  # ragged
+    drafter = methods.make(method, **params)
+    max_len = max(len(p) for p in prompts) + 14 + drafter.tree_budget() + 1
+    tlm = loop.TargetLM(target, 2, max_len, keep_features=True)
+    dlm = DraftLM(draft, 2, max_len + drafter.draft_budget() + drafter.tree_budget() + 1) \
+        if drafter.needs_draft_model else None
+    try:
+        with torch.inference_mode():
+            gen, m = loop.decode(tlm, drafter, prompts, sampling=SamplingConfig(), stopper=Stopper(14),
+                                 generator=torch.Generator().manual_seed(0), draft=dlm)
+    finally:
+        tlm.close()
+    assert m.num_target_forwards >= 3
+    if method == "tsd":  # it covers compaction only if some accepted path skipped block rows
+        assert any(p and p != list(range(len(p))) for p in paths)
+    lens = tlm.lens.tolist()
+    assert tlm.features.dtype == next(target.parameters()).dtype
+    for b, p in enumerate(prompts):
+        # The last step may commit accepted tokens past the max_new_tokens cut: compare the
+        # positions whose tokens were emitted (all but the pending one).
+        n = len(p) + len(gen[b]) - 1
+        assert n <= lens[b] and n >= len(p) + 10
+        want = head_inputs(target, (p + gen[b])[:n])
+        torch.testing.assert_close(tlm.features[b, :n].float(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_no_hook_and_no_buffer_without_keep_features(llama_pair):
+    target = llama_pair[0]
+    head, norm = target.get_output_embeddings(), target.get_decoder().norm
+
+    def count():  # the capture hook sits on the final norm (whose output is the head's input)
+        return len(head._forward_pre_hooks) + len(norm._forward_hooks)
+    hooks = count()
+    tlm = loop.TargetLM(target, 1, 32)
+    assert tlm.features is None and count() == hooks
+    with_feats = loop.TargetLM(target, 1, 32, keep_features=True)
+    assert count() == hooks + 1
+    with_feats.close()
+    assert count() == hooks
+
+
+def test_generate_turns_features_on_for_drafters_that_need_them(llama_pair, monkeypatch):
+    target = llama_pair[0]
+    seen = []
+
+    class FeatureDrafter(methods.NullDrafter):
+        needs_target_features = True
+
+        def propose(self, state):
+            seen.append((state.target.features is not None, state.target.lens.tolist()))
+            return super().propose(state)
+
+    monkeypatch.setattr(methods, "make", lambda name, **kw: FeatureDrafter(**kw))
+    hooks = len(target.get_output_embeddings()._forward_pre_hooks)
+    generate(target, [[1, 2, 3, 4]], method="ar", max_new_tokens=3, eos_token_id=[])
+    assert seen == [(True, [4]), (True, [5])]
+    assert len(target.get_output_embeddings()._forward_pre_hooks) == hooks  # removed afterwards

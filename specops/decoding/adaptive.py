@@ -45,9 +45,8 @@ class AdaptiveConfig:
 
     def _check(self, name, types, want, ok):
         v = getattr(self, name)
-        if v is None and name in ("min_budget", "max_budget"):
-            return
-        if isinstance(v, bool) or not isinstance(v, types) or not ok(v):
+        unset = v is None and name in ("min_budget", "max_budget")  # None: the drafter's range
+        if not unset and (isinstance(v, bool) or not isinstance(v, types) or not ok(v)):
             raise ValueError(f"AdaptiveConfig.{name} must be {want}, got {v!r}")
 
 
@@ -93,9 +92,8 @@ class CostModel:
 
     def __init__(self, cfg):
         self.cfg = cfg
-        self.target = _Ewma(cfg.cost_decay)
-        self.draft = _Ewma(cfg.cost_decay)
-        self.size = _Ewma(cfg.cost_decay)  # budget -> block size it produced
+        # seconds by block size, seconds by budget, block size by budget
+        self.target, self.draft, self.size = (_Ewma(cfg.cost_decay) for _ in range(3))
 
     def observe(self, budget, block_size, t_target, t_draft):
         self.target.add(block_size, t_target)
@@ -131,12 +129,10 @@ class CostModel:
         return max(mv + slope * (T - mk), floor)
 
     def draft_cost(self, g):
-        if g <= 0:
-            return 0.0
-        if self.cfg.draft_cost is not None:
+        if g > 0 and self.cfg.draft_cost is not None:
             return float(self.cfg.draft_cost(g))
         seen = self.draft.mean
-        if not seen:
+        if g <= 0 or not seen:
             return 0.0
         if len(seen) == 1:
             (k, v), = seen.items()
@@ -159,8 +155,7 @@ class Controller:
     def __init__(self, cfg, batch, initial, lo, hi, ranks=None):
         if not 1 <= lo <= hi:
             raise ValueError(f"budget range must satisfy 1 <= lo <= hi, got lo={lo}, hi={hi}")
-        self.cfg = cfg
-        self.lo, self.hi = lo, hi
+        self.cfg, self.lo, self.hi = cfg, lo, hi
         # The first step, drafted before any evidence, is a probe: at most probe_budget deep.
         self.initial = min(max(min(initial, cfg.probe_budget), lo), hi)
         self.costs = CostModel(cfg)
@@ -170,9 +165,7 @@ class Controller:
         self.ar_left = 0  # AR steps still to run before the next probe
         self.wait = cfg.probe_after  # the current AR stretch between probes
         self.steps = 0
-        # Tensor parallelism: the step times differ per rank, so the group's first rank decides and
-        # every rank takes its budget (specops.parallel.RankGroup); None in one process.
-        self.ranks = ranks
+        self.ranks = ranks  # TP: step times differ per rank, so the group's first rank decides for all
 
     # ---- estimates ----------------------------------------------------------------------------
 

@@ -99,10 +99,8 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
                                  grammar_engine=grammar_engine)
     gen, metrics = _run(req, drafter, sampling, seed, runner_kw, batch_invariant, adaptive, stream=stream,
                         record_steps=record_steps, logprobs=logprobs)
-    if metrics_ar is not None:
-        metrics.ar_tokens_per_s = metrics_ar.tokens_per_s
-    elif method == "ar":
-        metrics.ar_tokens_per_s = metrics.tokens_per_s if compare_ar else None
+    if compare_ar:  # method="ar" is its own AR run
+        metrics.ar_tokens_per_s = (metrics_ar or metrics).tokens_per_s
     pad = _pad_id(req.target, req.tokenizer)
     n = max(len(g) for g in gen)
     return torch.tensor([g + [pad] * (n - len(g)) for g in gen], dtype=torch.int64), metrics  # [B, n]
@@ -165,24 +163,27 @@ def _setup(target, prompt, draft, drafter, method, dtype, tp, tokenizer, eos_tok
         max_len = need + drafter.tree_budget()
         if limit is not None:
             max_len = min(max_len, max(limit, need))
-    _check_page_size(runner_kw, max_len)
+    # a page holds at most the rows a sequence can use (page_size=2**28 would ask for GiBs)
+    page_size, bound = runner_kw.get("page_size"), 1 << max(max_len - 1, 0).bit_length()
+    if page_size is not None and page_size > bound:
+        raise ValueError(f"page_size must be <= {bound} (a sequence's {max_len} cache rows rounded up to a "
+                         "power of two; a larger page only allocates rows no sequence reaches), got "
+                         f"{page_size}")
     if max_len < need or (limit is not None and need > limit):
         cap = f"max_len={max_len}" if max_len < need else f"the model's max_position_embeddings={limit}"
         raise ValueError(f"prompt too long for the cache: the longest prompt ({max(len(p) for p in prompts)} "
                          f"tokens) + max_new_tokens ({max_new_tokens}) + the {method} block "
                          f"({drafter.tree_budget()}) needs {need} positions, the cache holds {cap}")
-    grammar = None
+    grammar, eos = None, _eos_ids(eos_token_id, target, tokenizer)
     if any(g is not None for g in (json_schema, regex, ebnf)):
         if tokenizer is None:
             raise ValueError("json_schema / regex / ebnf need a tokenizer: pass tokenizer= or a target loaded by name")
         grammar = Grammar(tokenizer, json_schema=json_schema, regex=regex, ebnf=ebnf, batch_size=len(prompts),
                           vocab_size=V, engine=grammar_engine)
+        eos = sorted(set(eos) | set(grammar.stop_tokens))  # the grammar's end ends the sequence
     elif grammar_engine is not None:
         raise ValueError(f"grammar_engine is for json_schema / regex / ebnf, none was given (got grammar_engine="
                          f"{grammar_engine!r})")
-    eos = _eos_ids(eos_token_id, target, tokenizer)
-    if grammar is not None:  # the grammar's end ends the sequence
-        eos = sorted(set(eos) | set(grammar.stop_tokens))
     return _Request(target=target, tokenizer=tokenizer, prompts=prompts, draft_model=draft_model, max_len=max_len,
                     grammar=grammar, stopper=Stopper(max_new_tokens, eos, stop or (), tokenizer))
 
@@ -262,9 +263,8 @@ _WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what the cach
 
 
 def _check_weights(model, what, device=None):
-    """Every parameter of ``model`` holds data (no meta tensors) on one device (``device``: the
-    target's, for the draft), in a dtype the caches take (fp32, fp16, bf16; quantized weights are
-    not parameters). Metadata only: no forward, no copy."""
+    """Every parameter of ``model`` holds data (no meta tensors) on one device (``device``: the target's,
+    for the draft) in a dtype the caches take (quantized weights are not parameters); metadata only."""
     for name, p in model.named_parameters():
         if p.device.type == "meta":
             raise ValueError(f"{what}: parameter {name} is on the meta device (no weights loaded); "
@@ -296,16 +296,6 @@ def _check_block_fits(drafter, method, max_len, limit):
     where = f"max_len={max_len}" if max_len is not None else f"the model's max_position_embeddings={limit}"
     raise ValueError(f"the {method} block{named} is too long for the cache: its {budget} rows plus one prompt "
                      f"token and one new token need {budget + 2} positions, the cache holds {where}")
-
-
-def _check_page_size(runner_kw, max_len):
-    """A page holds at most the rows a sequence can use (its cache length rounded up to a power of
-    two): a larger one only allocates memory no row reaches (page_size=2**28 would ask for GiBs)."""
-    page_size = runner_kw.get("page_size")
-    bound = 1 << max(max_len - 1, 0).bit_length()
-    if page_size is not None and page_size > bound:
-        raise ValueError(f"page_size must be <= {bound} (a sequence's {max_len} cache rows rounded up to a power "
-                         f"of two; a larger page only allocates rows no sequence reaches), got {page_size}")
 
 
 def _check_tp_size(tp_size, target):

@@ -1,12 +1,7 @@
 """The one decoding loop of every method: prefill, then ``Decoder.step`` until every sequence stops
-(docs/methods.md §The decoding loop: the step's phases and the host traffic each may cause).
-
-It never looks at which method runs: all that is method-specific sits behind the Drafter protocol.
-Observers see every step's :class:`StepResult`: metrics, the adaptive controller's feedback,
-streaming, and (when asked) the emitted tokens' target log-likelihood. With ``adaptive``, a
-Controller (adaptive.py) sets the drafter's budget before every step; budget 0 is an AR step:
-neither ``propose`` nor the drafter's ``commit`` runs.
-"""
+(docs/methods.md §The decoding loop: the step's phases, its observers and the host traffic each may
+cause). What is method-specific sits behind the Drafter protocol; with ``adaptive``, a Controller
+(adaptive.py) sets the budget before every step (0: an AR step, without ``propose`` or ``commit``)."""
 import dataclasses
 import time
 
@@ -43,7 +38,7 @@ class StepResult:
 
 
 class Decoder:
-    """Prefill on construction, then :meth:`step` until ``done``."""
+    """Prefill on construction, then :meth:`step` until no sequence is active."""
 
     def __init__(self, target, drafter, prompts, *, sampling, stopper, generator, draft=None, tokenizer=None,
                  adaptive=None, observers=(), ranks=None, grammar=None):
@@ -75,10 +70,6 @@ class Decoder:
                 raise ValueError("adaptive decoding needs drafter.enable_adaptive(cfg) before the caches "
                                  f"are sized (method {drafter.name!r})")
             self.ctl = Controller(adaptive, B, *drafter.adaptive_range, ranks=ranks)
-
-    @property
-    def done(self):
-        return not any(self.state.active)
 
     def step(self):
         s, drafter = self.state, self.drafter
@@ -164,9 +155,7 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
     t_start = time.perf_counter()
     track = (not drafter.lossless) if track_logprobs is None else track_logprobs
     logprob = _LogprobSum() if track else None
-    observers = [_metrics_observer(m, record_steps)]
-    if adaptive is not None:
-        observers.append(_controller_observer(m))
+    observers = [_metrics_observer(m, record_steps), _controller_observer(m)]
     if stream is not None:
         observers.append(lambda dec, r: [stream(b, k) for b, k in enumerate(r.emitted) if k])
     if logprob is not None:
@@ -182,10 +171,10 @@ def decode(target, drafter, prompts, *, sampling, stopper, generator, draft=None
     if logprob is not None:
         logprob.add(dec.prefill_logits, list(range(len(prompts))), [k[0] for k in dec.first_emitted], dec.state.stager)
     m.prefill_time_s = time.perf_counter() - t_start
-    while not dec.done:
+    while any(dec.state.active):
         dec.step()
     if logprob is not None:
-        m.target_logprob_sum += logprob.total()
+        m.target_logprob_sum += float(logprob.sum)
         m.target_logprob_count += logprob.count
     m.total_time_s = time.perf_counter() - t_start
     if draft is not None:
@@ -220,7 +209,7 @@ def _metrics_observer(m, record_steps):
 
 def _controller_observer(m):
     def observe(dec, r):
-        if dec.ctl is None:
+        if dec.ctl is None:  # fixed budgets
             return
         # drafting = propose + the drafter's commit; the rest of the step is the target's block
         dec.ctl.observe(r.budget, [r.draft.depth[b] if r.was_active[b] else 0 for b in range(len(r.was_active))],
@@ -248,10 +237,10 @@ def _on_device(generator, device):
 
 
 class _LogprobSum:
-    """Sum of log p(token | row) over emitted tokens, kept as a device tensor until ``total()``."""
+    """Sum of log p(token | row) over emitted tokens, kept on the device until the decode ends."""
 
     def __init__(self):
-        self.sum, self.count = None, 0
+        self.sum, self.count = 0.0, 0  # sum: a float64 device tensor once a row is added
 
     def observe(self, dec, r):
         rows, toks = [], []
@@ -274,8 +263,5 @@ class _LogprobSum:
             apply_token_bitmask(sel, mask[up[:n]], check=False)
         # log_softmax at one entry = logit - logsumexp: no [n, V] log-prob tensor is materialised
         part = (sel.gather(-1, up[n:, None])[:, 0] - sel.logsumexp(-1)).sum(dtype=torch.float64)
-        self.sum = part if self.sum is None else self.sum + part
+        self.sum = self.sum + part
         self.count += n
-
-    def total(self):
-        return float(self.sum) if self.sum is not None else 0.0

@@ -1,14 +1,13 @@
 """Decoding metrics, with vLLM's spec-decode names and definitions; docs/methods.md §Metrics defines
-them and what specops adds (forwards, GSD's numbers, times, speedup, perplexity, the adaptive
-budgets). Not there: ``num_accepted_tokens_per_pos[j]`` counts the drafts whose accepted path
-reaches depth ``j+1``, and ``acceptance_rate_per_pos[j]`` divides it by ``num_drafts``.
+them and what specops adds. Not there: ``num_accepted_tokens_per_pos[j]`` counts the drafts whose
+accepted path reaches depth ``j+1``, and ``acceptance_rate_per_pos[j]`` divides it by ``num_drafts``.
 """
 import dataclasses
 import math
 
 
 def _ratio(num, den, empty=0.0, doc=None):
-    """A derived property: field ``num`` / field ``den``, ``empty`` while ``den`` is 0."""
+    """A derived property: attribute ``num`` / attribute ``den``, ``empty`` while ``den`` is 0 (or None)."""
     return property(lambda m: getattr(m, num) / getattr(m, den) if getattr(m, den) else empty, doc=doc)
 
 
@@ -83,13 +82,8 @@ class Metrics:
                        doc="GSD's acceptance rate: accepted draft tokens per drafting step executed.")
     graph_success_rate = _ratio("num_graph_success", "num_drafts")
 
-    @property
-    def tokens_per_s(self):
-        return self.num_generated_tokens / self.total_time_s if self.total_time_s > 0 else 0.0
-
-    @property
-    def speedup(self):
-        return self.tokens_per_s / self.ar_tokens_per_s if self.ar_tokens_per_s else None
+    tokens_per_s = _ratio("num_generated_tokens", "total_time_s")
+    speedup = _ratio("tokens_per_s", "ar_tokens_per_s", None)
 
     @property
     def perplexity(self):

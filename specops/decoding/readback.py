@@ -12,9 +12,7 @@ def read_lists(*tensors):
     flat = torch.cat([t.reshape(-1).to(dtype) for t in tensors]).tolist() if tensors else []
     out, at = [], 0
     for t in tensors:
-        n = t.numel()
-        part = flat[at: at + n]
-        at += n
+        part, at = flat[at: at + t.numel()], at + t.numel()
         if floating and not t.is_floating_point():
             part = [int(x) for x in part]
         out.append(_nest(part, tuple(t.shape)))

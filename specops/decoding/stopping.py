@@ -16,27 +16,18 @@ class Stopper:
         """``generated``: tokens emitted so far; ``new``: this step's tokens.
 
         Returns (kept prefix of ``new``, finish reason or None)."""
-        room = self.max_new_tokens - len(generated)
-        kept = list(new[:room])
+        kept = list(new[:self.max_new_tokens - len(generated)])
         reason = "length" if len(generated) + len(kept) >= self.max_new_tokens else None
         for j, tok in enumerate(kept):
             if tok in self.eos:
                 kept, reason = kept[: j + 1], "eos"
                 break
-        if self.stop_strings:
-            k = self._stop_string_cut(generated, kept)
-            if k is not None:
-                kept, reason = kept[:k], "stop"
+        if self.stop_strings and self._stops(generated + kept):
+            # The earlier text held no stop string, so the first hit ends inside the new tokens:
+            # keep the shortest extension whose decoded text holds one.
+            k = next((k for k in range(1, len(kept)) if self._stops(generated + kept[:k])), len(kept))
+            kept, reason = kept[:k], "stop"
         return kept, reason
 
-    def _stop_string_cut(self, generated, kept):
-        # The earlier text contained no stop string, so the first hit ends inside the new tokens:
-        # find the shortest extension whose decoded text contains one.
-        dec = self.tokenizer.decode
-        if not any(s in dec(generated + kept) for s in self.stop_strings):
-            return None
-        for k in range(1, len(kept) + 1):
-            text = dec(generated + kept[:k])
-            if any(s in text for s in self.stop_strings):
-                return k
-        return len(kept)
+    def _stops(self, ids):
+        return any(s in self.tokenizer.decode(ids) for s in self.stop_strings)
