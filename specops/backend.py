@@ -170,10 +170,9 @@ def resolve(op, device, backend=None, args=None):
     return resolve_named(op, device, backend, args)[1]
 
 
-# The resolution of calls that no capability check takes part in, by (op, device, the requested
-# backend, and for triton whether it is interpreted): the rule walked once per key instead of per
-# call (a one-row GEMM runs in ~10 us on CPU; the walk costs ~5-10 us). A hit is re-validated
-# against the registries, so a registration or a test's monkeypatch is never answered stale.
+# The resolution of calls no capability check takes part in, by (op, device, requested backend, for triton
+# whether interpreted): the rule walked once per key, not per call (a one-row GEMM runs in ~10 us on CPU, the
+# walk ~5-10 us). A hit is re-validated against the registries: a registration or monkeypatch is never stale.
 _RESOLVED = {}
 
 

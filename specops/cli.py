@@ -172,8 +172,7 @@ def cmd_generate(args):
     print()
     for b in range(1, args.batch):
         print(f"--- sequence {b}:\n{tok.decode(out[b, : m.lengths[b]])}")
-    print("---", file=sys.stderr)
-    print(m.summary(), file=sys.stderr)
+    print("---", m.summary(), sep="\n", file=sys.stderr)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(m.as_dict(), f, indent=1)
@@ -334,8 +333,7 @@ def main(argv=None):
         print(f"specops: error{rank}: {err}", file=errors)
         return 2
     except Exception:
-        # Under torchrun every rank runs this; a rank that fails says so (the others are stopped by
-        # torchrun, which exits non-zero) even where its output is silenced.
+        # Under torchrun a failing rank says so even where silenced (torchrun stops the others, exits != 0).
         import traceback
 
         print(f"specops: error{rank}:\n{traceback.format_exc()}", file=errors)

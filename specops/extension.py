@@ -47,5 +47,4 @@ def cuda_archs():
     """The SM architectures the CUDA extension was compiled for, e.g. ["sm_80", "sm_90"]."""
     if cuda_ext is None:
         return []
-    tag = cuda_ext.build_info()["cuda_archs"]
-    return [f"sm_{a[2:]}" for a in tag.split("_") if a.startswith("sm")]
+    return [f"sm_{a[2:]}" for a in cuda_ext.build_info()["cuda_archs"].split("_") if a.startswith("sm")]

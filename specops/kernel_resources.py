@@ -19,10 +19,9 @@ import sys
 
 from specops.triton_kernels import aot
 
-# Per-SM limits of the A100 (sm_80) and H100 (sm_90) (CUDA programming guide, compute capability
-# tables): 64 K registers, 2048 threads, 32 blocks; shared memory per SM and per block (opt-in).
-# The runtime reserves 1 KB of shared memory per resident block; sm_90 cubins already count it in
-# their static shared memory (kernels that use none show 1024 B), sm_80 cubins do not.
+# Per-SM limits of the A100 (sm_80) and H100 (sm_90) (CUDA programming guide, compute capability tables):
+# 64 K registers, 2048 threads, 32 blocks; smem per SM and per block (opt-in). The runtime reserves 1 KB of
+# smem per resident block, which sm_90 cubins (not sm_80's) count in their static smem (none used: 1024 B).
 _SM = dict(regs=65536, threads=2048, blocks=32)
 ARCH = {80: dict(_SM, gpu="A100", smem_sm=167936, smem_block=aot.SMEM_PER_BLOCK[80], smem_reserved=1024),
         90: dict(_SM, gpu="H100", smem_sm=233472, smem_block=aot.SMEM_PER_BLOCK[90], smem_reserved=0)}
@@ -116,11 +115,9 @@ def _max_threads(elf_text):
 
 
 def _split_name(demangled):
-    """("tree_attention_kernel", "<c10::BFloat16, 8>") of a demangled kernel signature."""
+    """("tree_attention_kernel", "<BFloat16, 8>") of a demangled kernel signature."""
     name = demangled.replace("(anonymous namespace)::", "").replace("specops::", "").replace("c10::", "")
-    name = re.sub(r"^void ", "", name)
-    head = name.split("(", 1)[0]
-    kernel, _, tmpl = head.partition("<")
+    kernel, _, tmpl = re.sub(r"^void ", "", name).split("(", 1)[0].partition("<")  # no return type, no args
     return kernel, (f"<{tmpl}" if tmpl else "-")
 
 

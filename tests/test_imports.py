@@ -136,8 +136,7 @@ def test_no_upward_import(src, dst, why):
 
 
 def test_no_runtime_module_imports_distill_at_module_level():
-    # specops.distill is training code (lazy): only the distill package itself and the CLI's
-    # subcommand (a function-level import) may load it.
+    # Only the distill package itself and the CLI's subcommand (a function-level import) load training code.
     bad = sorted({(a, b) for a, b, top, _ in EDGES
                   if top and _under(b, "specops.distill") and not _under(a, "specops.distill")})
     assert not bad, "runtime modules importing specops.distill at module level: " + _listing(bad)
@@ -152,8 +151,7 @@ _RUNS = {
     "import specops": "import specops",
     "specops info": "from specops import cli; cli.main(['info'])",
     "generate eager": _GENERATE.format(""),
-    # compiled: the modules of the compiled step load (torch.compile itself is stubbed to eager
-    # tracing, which is not what this checks)
+    # compiled: its step's modules load (torch.compile is stubbed to eager tracing, not what this checks)
     "generate compiled": ("import torch\n"
                           "torch.compile = lambda fn=None, **kw: fn if fn is not None else (lambda f: f)\n"
                           + _GENERATE.format(", compile=True")

@@ -37,9 +37,8 @@ def _ta_row(rows, arch, name, kernel="_tree_attention_kernel"):
 
 @pytest.mark.parametrize("tag", ["", "paged "])
 def test_tree_attention_every_table_entry_compiles_spill_free_within_its_shared_memory(rows, tag):
-    # The table the launcher reads is the table the check compiles: each entry with its warps,
-    # stages and tiles; D = 256 included; table 80 within the 99 KB of sm_86 / sm_89 / sm_120.
-    # The paged variant (K/V rows gathered through a page table) is held to the same budgets.
+    # The launcher's table is the one compiled: each entry's warps, stages, tiles, D = 256 included; table
+    # 80 within the 99 KB of sm_86 / sm_89 / sm_120. The paged variant (page-table K/V rows): same budgets.
     n = 0
     for arch, table in ta.CONFIGS.items():
         limit = ta.SMEM_SMALL if arch == 80 else ta.SMEM_BIG
