@@ -73,13 +73,11 @@ class RuleGrammar:
         return torch.tensor([[row(self.last[b], toks)] for b, toks in paths], dtype=torch.int32)
 
     def constrain(self, b, tokens, parents, *, forced=8):
-        keep, out_t, out_p = {0: 0}, [tokens[0]], [-1]
-        for i in range(1, len(tokens)):
-            p = parents[i]
-            if p in keep and tokens[i] in allowed_after(tokens[p]):
-                keep[i] = len(out_t)
-                out_t.append(tokens[i]), out_p.append(keep[p])
-        return out_t, out_p
+        # The valid nodes of the tree walk (RuleGrammar's: _Recording counts only verified blocks).
+        tree = torch.tensor([parents]), torch.tensor([tokens])
+        valid = RuleGrammar.fill_tree_bitmask(self, *tree, with_valid=True)[1][0]
+        keep = [i for i in range(len(tokens)) if valid[i]]
+        return [tokens[i] for i in keep], [-1] + [keep.index(parents[i]) for i in keep[1:]]
 
 
 NO_TEXT = SimpleNamespace(decode=lambda ids, **_: "")  # a tokenizer the loop never reads (no stop strings)
