@@ -71,7 +71,9 @@ def test_warp_collectives_follow_the_ptx_definitions(arg):
     assert sim.selftest("collectives", arg) == expected_collectives(arg)
 
 
-def test_static_shared_memory_barriers_and_shared_atomics():
+@pytest.mark.parametrize("checked", [False, pytest.param(True, marks=needs_racecheck, id="racecheck")])
+def test_static_shared_memory_barriers_and_shared_atomics(emulator, checked):
+    emulator.set_racecheck(checked)  # racecheck accepts the atomics of many threads
     out = sim.selftest("shared_and_atomics")
     threads, blocks = 128, 3
     for b in range(blocks):
@@ -191,11 +193,6 @@ def test_racecheck_reports_each_planted_hazard_and_accepts_it_behind_its_barrier
         sim.selftest(name, 0)
 
 
-@needs_racecheck
-def test_racecheck_accepts_atomics_of_many_threads(racecheck):
-    test_static_shared_memory_barriers_and_shared_atomics()
-
-
 def test_without_racecheck_the_planted_hazards_run(emulator):
     emulator.set_racecheck(False)
     assert sim.selftest("hazard_raw", 0)[32:] == list(range(1, 33))  # the forward order hides it
@@ -276,18 +273,18 @@ def op_cases():
         call = functools.partial(specops.tree_attention_paged, *to_paged(a, 16, 8), backend="cudasim", **kw)
         cases[f"tree_attention_paged[{str(dtype)[6:]}]"] = call
 
-    def compact():
-        kk, vv = (torch.randn(2, 3, 2, 40, 24, generator=torch.Generator().manual_seed(s)) for s in (1, 2))
-        idx, lens = random_accept(3, 9, generator=torch.Generator().manual_seed(3))
-        specops.kv_compact(kk, vv, i32([3, 20, 0]), idx, lens, backend="cudasim")
-        return kk, vv
-    cases["kv_compact"] = compact
-
-    def compact_paged():  # a shift chain through shared pages: every destination the previous source
-        _, kp, vp, table, lens = compaction_case(3, 30, "shift", 16, torch.float32, seed=2, D=24)
-        specops.kv_compact_paged(kp, vp, table, *lens, backend="cudasim")
-        return kp, vp
-    cases["kv_compact_paged"] = compact_paged
+    def in_place(op, *args):  # an op writing its first two arguments: run on fresh copies, which it returns
+        def case():
+            out = tuple(a.clone() for a in args[:2])
+            op(*out, *args[2:], backend="cudasim")
+            return out
+        return case
+    kk, vv = (torch.randn(2, 3, 2, 40, 24, generator=torch.Generator().manual_seed(s)) for s in (1, 2))
+    accept = random_accept(3, 9, generator=torch.Generator().manual_seed(3))
+    cases["kv_compact"] = in_place(specops.kv_compact, kk, vv, i32([3, 20, 0]), *accept)
+    # a shift chain through shared pages: every destination the previous source
+    _, kp, vp, table, moves = compaction_case(3, 30, "shift", 16, torch.float32, seed=2, D=24)
+    cases["kv_compact_paged"] = in_place(specops.kv_compact_paged, kp, vp, table, *moves)
     logits = torch.randn(5, 3001, generator=g)
     cases["warp_probs"] = lambda: specops.warp_probs(logits, 0.8, 40, 0.9, backend="cudasim")
     wide = torch.randn(1, 32768, generator=g)  # one row this wide is split over blocks (warp_probs_*_kernel)
@@ -330,13 +327,10 @@ def op_cases():
         draft_logits=cw["target_logits"].flip(-1), num_nodes=cw["num_nodes"], bitmask=wide_words, backend="cudasim")
     xl, wl, bl = (torch.randn(*n, generator=g).to(torch.bfloat16) for n in ((21, 530), (19, 530), (19,)))
     cases["linear"] = lambda: specops.linear(xl, wl, bl, backend="cudasim")
-
-    def bitmask():
-        lg = torch.randn(3, 5, 1000, generator=torch.Generator().manual_seed(4))
-        bm = torch.randint(-2**31, 2**31 - 1, (3, 5, 32), generator=torch.Generator().manual_seed(5), dtype=torch.int32)
-        specops.apply_token_bitmask(lg, bm, backend="cudasim")
-        return lg
-    cases["apply_token_bitmask"] = bitmask
+    lg = torch.randn(3, 5, 1000, generator=torch.Generator().manual_seed(4))
+    bm = torch.randint(-2**31, 2**31 - 1, (3, 5, 32), generator=torch.Generator().manual_seed(5),
+                       dtype=torch.int32)
+    cases["apply_token_bitmask"] = lambda: specops.apply_token_bitmask(lg.clone(), bm, backend="cudasim")
     return cases
 
 

@@ -1,9 +1,8 @@
-"""tree_attention on both KV layouts (contiguous, and paged: tree_attention_paged): golden semantics
-on every backend and layout, paged caches against the contiguous op and the reference (page sizes 1
-to 64, scattered and shared pages, the vLLM / FlashInfer views), errors (nothing written), unchecked
-garbage, registration (opcheck, torch.compile); the kernels against the reference: the cpp grid, every
-CPU instruction set, the split-K schedules, Triton's tiles and split heuristic. The emulated CUDA
-kernels' thread order: test_cudasim.py."""
+"""tree_attention on both KV layouts (contiguous; paged: tree_attention_paged): golden semantics on every
+backend, paged caches against the contiguous op and the reference (page sizes 1 to 64, scattered and
+shared pages, the vLLM / FlashInfer views), errors (nothing written), unchecked garbage, registration
+(opcheck, torch.compile); the kernels against the reference: the cpp grid, every CPU instruction set,
+the split-K schedules, Triton's tiles and split heuristic. The CUDA kernels' thread order: test_cudasim.py."""
 import itertools
 import math
 
@@ -285,6 +284,7 @@ BAD = [  # (layout, {argument index: bad value, or a function of the good args},
     (P, {3: lambda a: a[3].long()}, {}, TypeError, "page_table must have dtype torch.int32"),
     (P, {3: lambda a: a[3][:1]}, {}, ValueError, r"page_table must have shape \[2, \*\]"),
     (P, {3: lambda a: a[3][0]}, {}, ValueError, "page_table must have rank 2"),
+    (P, {3: lambda a: a[3].to("meta")}, {}, ValueError, "page_table must be on cpu"),
     (P, {3: lambda a: torch.where(torch.arange(a[3].shape[1]) == 1, -1, a[3]).int()}, {}, ValueError,
      r"page_table\[0, 1\] must lie in \[0, num_pages=\d+\) \(page 1 holds rows \[4, 8\) of sequence 0.*got -1"),
     (P, {3: lambda a: torch.full_like(a[3], a[1].shape[0])}, {}, ValueError,
@@ -312,15 +312,8 @@ def test_bad_input_raises_naming_the_argument_and_writes_nothing(backend, layout
     with pytest.raises(exc, match=match):
         getattr(specops, op)(*args, backend=backend, **kw)
     for a, b in zip(args, before):
-        if isinstance(a, torch.Tensor):
+        if isinstance(a, torch.Tensor) and not a.is_meta:
             assert torch.equal(a, b) or (a.isnan().any() and torch.equal(a.isnan(), b.isnan()))
-
-
-def test_page_table_on_another_device_raises():
-    args = good_args("paged")
-    args[3] = args[3].to("meta")
-    with pytest.raises(ValueError, match="page_table must be on cpu"):
-        specops.tree_attention_paged(*args)
 
 
 def test_check_false_skips_value_checks_without_reading_out_of_bounds(fast_backend, device, layout):

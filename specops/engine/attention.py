@@ -1,21 +1,19 @@
 """The ``"specops"`` attention implementation for Hugging Face transformers.
 
-The runner (:class:`specops.engine.ModelRunner`) calls the HF model with a block's metadata as one
-keyword, ``specops_block``, that HF passes down through every layer's ``**kwargs``: the only channel,
-eager and compiled alike (no thread-local state). The packed mask as a 4-D ``attention_mask``
-([B, 1, Tq, W]) makes HF's mask builders return early (no dense mask). Positions are ``prefix +
-depth`` (``position_ids``), so RoPE sees each node at its depth in the tree.
+The runner (:class:`specops.engine.ModelRunner`) passes a block's metadata as one keyword,
+``specops_block``, which HF hands down through every layer's ``**kwargs`` (eager and compiled alike; no
+thread-local state). The packed mask as a 4-D ``attention_mask`` ([B, 1, Tq, W]) makes HF's mask
+builders return early; ``position_ids`` are ``prefix + depth``, so RoPE sees each node at its depth.
 
 * Eager (:class:`Block`): the model writes each layer's new K/V into the specops cache
-  (``past_key_values``); the first layer builds one :class:`specops.TreeAttentionPlan` and every layer
-  runs it on its cache view (a [B, Hkv, S, D] slice of a :class:`~specops.engine.cache.StaticKVCache`,
-  or a layer's page pools of a :class:`~specops.engine.cache.PagedKVCache`).
+  (``past_key_values``); the first layer builds one :class:`specops.TreeAttentionPlan`, every layer runs
+  it on its cache view (a [B, Hkv, S, D] slice of a :class:`~specops.engine.cache.StaticKVCache`, or a
+  layer's page pools of a :class:`~specops.engine.cache.PagedKVCache`).
 * Compiled (:class:`CompiledBlock`, :mod:`specops.engine.compiled`): no HF ``Cache``;
   :func:`block_attention` writes the layer's new rows straight into the cache storage and runs the kernel.
 
-Without a block (a plain HF forward, or ``generate`` with ``attn_implementation="specops"``) the new
-tokens are a causal chain after the cached ones; an HF padding mask (left-padded batches) or a
-sliding window the sequence outgrows falls back to torch SDPA.
+Without a block (a plain HF forward, or ``generate``) the new tokens are a causal chain after the cached
+ones; an HF padding mask (left-padded batches) or a sliding window the sequence outgrows falls back to SDPA.
 """
 import functools
 from dataclasses import dataclass
@@ -132,13 +130,10 @@ def use_specops_attention(model):
 
 
 @functools.lru_cache(maxsize=64)
-def _chain_mask(T, device):  # packed [T, W]: built once per (T, device), read-only afterwards
-    return pack_mask(torch.ones(T, T, dtype=torch.bool, device=device).tril())
-
-
 def causal_mask(B, T, device):
-    """The chain mask (query i sees block keys 0..i): int32 [B, T, ceil(T/32)], a read-only expanded view."""
-    return _chain_mask(T, str(device)).expand(B, T, -1)
+    """The chain mask (query i sees block keys 0..i): int32 [B, T, ceil(T/32)], an expanded view built
+    once per (B, T, device): read-only."""
+    return pack_mask(torch.ones(T, T, dtype=torch.bool, device=device).tril()).expand(B, T, -1)
 
 
 # ---- the compiled forwards' attention ----------------------------------------------------------

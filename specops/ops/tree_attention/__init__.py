@@ -43,7 +43,10 @@ def attend(q, kv, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None, 
     name, impl = resolve_named(kv.op("tree_attention"), q.device, backend, args)
     ns = choose_splits(name, q, kv.num_kv_heads, kv.rows(), prefix_lens, block_lens, mask.shape[2], kv.is_paged,
                        invariant=invariant)
-    return impl(*args, ns, workspace(ns, q), invariant)
+    n = splits.workspace_size(ns, *q.shape)  # the fp32 partials, None without splits; in a graph always a
+    # tensor: inductor cannot lower the op with its mutable optional left None
+    ws = torch.empty(n, dtype=torch.float32, device=q.device) if n or torch.compiler.is_compiling() else None
+    return impl(*args, ns, ws, invariant)
 
 
 def tree_attention(q, k_cache, v_cache, prefix_lens, block_lens, mask, *, q_lens=None, sm_scale=None,
@@ -129,15 +132,6 @@ def choose_splits(backend, q, Hkv, S, prefix_lens, block_lens, W, paged=False, i
 _THREADS = [torch.get_num_threads()]  # the last thread count seen outside a graph (dynamo cannot call it)
 CUDA_FP32_TILE = (16, 32)  # csrc/cuda/tree_attention.cu: query rows per block, keys per tile (fp32 kernel)
 CUDA_TC_ROWS = 64  # tree_attention_tc.cuh kTcRows; keys per tile TcCfg<DP>::kBN: 64 for D <= 64, else 32
-
-
-def workspace(num_splits, q):
-    """The fp32 partials of a ``num_splits`` call (:func:`.splits.workspace_size`; None without splits)."""
-    n = splits.workspace_size(num_splits, *q.shape)
-    # In a graph always a tensor: inductor cannot lower the op with its mutable optional left None.
-    if n or torch.compiler.is_compiling():
-        return torch.empty(n, dtype=torch.float32, device=q.device)
-    return None
 
 
 def check_block(prefix_lens, block_lens, mask, q_lens, B, Tq, dev):

@@ -134,39 +134,35 @@ class TreeAttentionPlan:
         self._allocate()
 
     def _first_run(self, q, k, v):
-        """The op's metadata rules on the first run's q / k / v, reconciled with every declared size."""
-        if self._recheck:  # a workspace assigned after the first run
+        """The op's metadata rules on the first run's q / k / v, reconciled with every declared size; after
+        a workspace assigned later, only the shapes and that workspace."""
+        if self._recheck:
             checks.same_shapes(self._names, (q.shape, k.shape, v.shape), self._shapes)
-            self._check_workspace(q, k, v)
-            self._first = self._recheck = False
-            return
-        checks.tensor("q", q, dtype=self.dtype, shape=(self.B, self.Tq, self.num_heads, self.head_dim),
-                      device=self.device)
-        kv = KvLayout(k, v, *self._table)
-        kv.check(dtype=q.dtype, rank=4, device=q.device, B=self.B, D=self.head_dim, Hq=self.num_heads)
-        name = kv.names[0]
-        if self.paged:
-            checks.declared(name, "page_size", kv.page_size, "page_size", self.page_size)
-        checks.declared(name, "Hkv", kv.num_kv_heads, "num_kv_heads", self.num_kv_heads)
-        if self.paged:
-            checks.declared(name, "num_pages", kv.num_pages, "num_pages", self.num_pages)
         else:
-            checks.declared(name, "S", kv.rows(), "max_len", self.max_len)
-        if self._values_pending:
-            _ta.length_values(self.prefix_lens, self.block_lens, self.q_lens, kv, self.mask.shape[2], self.Tq)
-        args = self._args(q, kv)
-        if incapable(self.op, self.backend, args) is not None:
-            self.backend, self.kernel = resolve_named(self.op, self.device, self._backend, args)
-            self._num_splits = None
-        if self._num_splits is None:
-            self._schedule(kv.rows())
-        self._check_workspace(q, k, v)
-        self._shapes = (q.shape, k.shape, v.shape)
-        self._first = False
-
-    def _check_workspace(self, q, k, v):
+            checks.tensor("q", q, dtype=self.dtype, shape=(self.B, self.Tq, self.num_heads, self.head_dim),
+                          device=self.device)
+            kv = KvLayout(k, v, *self._table)
+            kv.check(dtype=q.dtype, rank=4, device=q.device, B=self.B, D=self.head_dim, Hq=self.num_heads)
+            name = kv.names[0]
+            if self.paged:
+                checks.declared(name, "page_size", kv.page_size, "page_size", self.page_size)
+            checks.declared(name, "Hkv", kv.num_kv_heads, "num_kv_heads", self.num_kv_heads)
+            if self.paged:
+                checks.declared(name, "num_pages", kv.num_pages, "num_pages", self.num_pages)
+            else:
+                checks.declared(name, "S", kv.rows(), "max_len", self.max_len)
+            if self._values_pending:
+                _ta.length_values(self.prefix_lens, self.block_lens, self.q_lens, kv, self.mask.shape[2],
+                                  self.Tq)
+            args = self._args(q, kv)
+            if incapable(self.op, self.backend, args) is not None:
+                self.backend, self.kernel = resolve_named(self.op, self.device, self._backend, args)
+                self._num_splits = None
+            if self._num_splits is None:
+                self._schedule(kv.rows())
         if self._given is not None and self._workspace is self._given:  # the plan's own cannot overlap
             checks.disjoint("workspace", self._given, dict(zip(self._names, (q, k, v))))
+        self._shapes, self._first, self._recheck = (q.shape, k.shape, v.shape), False, False
 
     def run(self, q, k, v):
         """One layer (shapes: the class's); after the first run only the shapes are compared with its."""

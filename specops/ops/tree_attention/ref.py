@@ -38,8 +38,7 @@ def visibility(prefix_lens, block_lens, mask, q_lens, S):
     in_block = (j >= 0) & (j < n) & (j < 32 * W)
     jc = j.clamp(0, max(32 * W - 1, 0)).expand(B, Tq, S)
     if W:
-        words = torch.gather(mask, 2, (jc >> 5)).long() & 0xFFFFFFFF
-        bit = ((words >> (jc & 31)) & 1).bool()
+        bit = ((torch.gather(mask, 2, jc >> 5).long() >> (jc & 31)) & 1).bool()
     else:
         bit = torch.zeros(B, Tq, S, dtype=torch.bool, device=dev)
     vis = (s[None, None, :] < p) | (in_block & bit)

@@ -18,11 +18,9 @@ SIM_TARGET = (90, 8)
 
 def cpu_splits(B, Tq, Hq, Hkv, D, max_tiles, threads):
     """KV splits of the CPU kernel (1: no split); ``max_tiles``: the most K/V tiles a sequence takes.
-
-    Each worker should get a few tens of microseconds of work (or fork/join costs more than it saves),
-    so the threads in use are capped by the flops; the (sequence, kv head, query tile) items are split
-    along the keys only when they do not already keep those threads busy (a multiple of them, or >= 8
-    items a thread)."""
+    Each worker should get a few tens of microseconds (or fork/join costs more than it saves): the flops
+    cap the threads in use; the (sequence, kv head, query tile) items are split along the keys only when
+    they do not already keep those threads busy (a multiple of them, or >= 8 items a thread)."""
     G = max(1, Hq // max(Hkv, 1))
     n_qtiles = -(-Tq // max(1, CPU_MAX_ROWS // G))
     flop = 4.0 * B * Hq * Tq * max_tiles * CPU_TILE_KEYS * D
@@ -37,14 +35,11 @@ def cpu_splits(B, Tq, Hq, Hkv, D, max_tiles, threads):
 
 
 def gpu_splits(n_programs, sms, kv_bytes, part_bytes, flops, balance, n_tiles):
-    """KV splits for a launch of ``n_programs`` programs on ``sms`` SMs (1: no split).
-
-    Cost model (in bytes at full device rate): the kernel streams ``kv_bytes`` of K/V (an upper
-    bound: the cache length, not the lengths, which would need a host sync) and does ``flops``
-    (worth ``flops / balance`` bytes); each split also writes ``part_bytes`` of partials that the
-    combine kernel reads back. Only ``n_programs * ns`` SMs work when that is below ``sms``:
-    cost(ns) = max(kv_bytes + 2 ns part_bytes [ns > 1], flops / balance) / min(1, n_programs ns / sms).
-    A split must halve the cost to be taken (the combine launch is not in the model)."""
+    """KV splits for a launch of ``n_programs`` programs on ``sms`` SMs (1: no split). Cost model, in
+    bytes at full device rate: ``kv_bytes`` of K/V streamed (an upper bound: the cache length, not the
+    lengths, which would need a host sync), ``flops`` worth ``flops / balance`` bytes, ``part_bytes`` of
+    partials each split writes and the combine reads back; only ``n_programs * ns`` SMs work when that
+    is below ``sms``. A split must halve the cost to be taken (the combine launch is not in the model)."""
     def cost(ns):
         traffic = kv_bytes + (2 * ns * part_bytes if ns > 1 else 0)
         return max(traffic, flops / balance) / min(1.0, n_programs * ns / sms)

@@ -6,21 +6,16 @@ import torch
 
 def pack_mask(visible):
     """Packs boolean visibility into the word format. Shape: bool [..., N] -> int32 [..., ceil(N/32)]."""
-    n = visible.shape[-1]
-    words = (n + 31) // 32
-    padded = torch.zeros(*visible.shape[:-1], words * 32, dtype=torch.int64, device=visible.device)
-    padded[..., :n] = visible.to(torch.int64)
-    weights = torch.ones(32, dtype=torch.int64, device=visible.device) << torch.arange(32, device=visible.device)
-    packed = (padded.view(*visible.shape[:-1], words, 32) * weights).sum(-1)
+    padded = torch.nn.functional.pad(visible.long(), (0, -visible.shape[-1] % 32))  # whole words
+    packed = (padded.unflatten(-1, (-1, 32)) << torch.arange(32, device=visible.device)).sum(-1)
     # Word values >= 2**31 wrap to negative int32: the bit pattern is what matters.
     return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
 
 def unpack_mask(mask, n):
     """Inverse of :func:`pack_mask`. Shape: mask int32 [..., W] -> bool [..., n] (n <= 32 W)."""
-    bits = torch.arange(32, device=mask.device)
-    out = ((mask.to(torch.int64)[..., :, None] >> bits) & 1).bool()
-    return out.flatten(-2)[..., :n]
+    bits = (mask.long()[..., None] >> torch.arange(32, device=mask.device)) & 1  # [..., W, 32]
+    return bits.bool().flatten(-2)[..., :n]
 
 
 def build_tree_mask(parents, num_nodes):
