@@ -126,9 +126,8 @@ class TSD(ModelDrafter):
                      depth_drafted=depth_drafted, drafted_nodes=list(sizes))
 
     def grow_on_host(self, ctx):
-        """The search on host lists (GSD's merge needs them; a grammar's masks and R5's kept rows
-        follow the tokens): one read per draft forward (the frontier's top-k), the tree staged in
-        one upload."""
+        """The search on host lists (GSD's merge needs them; a grammar's masks and R5's kept rows follow the
+        tokens): one read per draft forward (the frontier's top-k), the tree staged in one upload."""
         d, B = ctx.draft, ctx.batch
         d.begin(ctx.seqs, ctx.active)
         graphs = [TokenGraph(ctx.seqs[b][-1], self.tau) for b in range(B)]
@@ -140,15 +139,13 @@ class TSD(ModelDrafter):
         for step in range(self.max_depth):
             if not any(frontier):
                 break
-            pairs = [(b, blk[b][u]) for b in range(B) for u in frontier[b]]
-            logits = d.forward(rows=pairs)[0]  # [len(pairs), V]
+            logits = d.forward(rows=[(b, blk[b][u]) for b in range(B) for u in frontier[b]])[0]
             if ctx.grammar is not None:  # each node's path: its real parents up to the root
                 paths = [(b, [graphs[b].token[x] for x in reversed(graphs[b].path(u))][1:])
                          for b in range(B) for u in frontier[b]]
                 logits = grammar_masked(ctx, logits, paths)
             probs = logits.softmax(-1)
-            top_q, top_t = probs.topk(min(self.k, probs.shape[-1]), dim=-1)
-            top_q, top_t = read_lists(top_q, top_t)  # one host read per draft forward
+            top_q, top_t = read_lists(*probs.topk(min(self.k, probs.shape[-1]), dim=-1))  # the one read
             j = 0
             last = step == self.max_depth - 1
             for b in range(B):
