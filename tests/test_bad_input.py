@@ -129,9 +129,8 @@ def _meta_cases():
 W, TM, TA, KV, VG, VT, VJ, TN, ST = ("warp_probs", "build_tree_mask", "tree_attention", "kv_compact", "verify_greedy",
                                      "verify_tree", "verify_joint", "topn_expand", "select_topn_subtree")
 MAX_N = "n must be <= 65536 (MAX_N"
-VGB, VLB = "verify_greedy[bitmask]", "verify_tree_logits[bitmask]"
+VGB, VLB, LN, LNP = "verify_greedy[bitmask]", "verify_tree_logits[bitmask]", "linear", "linear[packed]"
 VL, VJL, TB, KVP = "verify_tree_logits", "verify_joint_logits", "apply_token_bitmask", "kv_compact_paged"
-LN, LNP = "linear", "linear[packed]"
 COMPILED = ("cpp", "cuda", "triton", "cudasim")
 VALUES = [
     # warp_probs: values under check=True, scalar parameters, limits
@@ -474,15 +473,13 @@ def test_bad_input(case, backend, device):
     args = valid_args(case.op)
     case.edit(args)
     args = to_device(args, device)
-    if case.exc is None:  # valid: equal to the same call on contiguous inputs
-        ref = {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
-        if case.op == "kv_compact":
-            ref.update(k_cache=args["k_cache"].clone(), v_cache=args["v_cache"].clone())
-            fn(**args, backend=backend)
-            fn(**ref, backend=backend)
-            _assert_same((args["k_cache"], args["v_cache"]), (ref["k_cache"], ref["v_cache"]))
-        else:
-            _assert_same(fn(**args, backend=backend), fn(**ref, backend=backend))
+    if case.exc is None:  # valid: equal to the same call on contiguous copies
+        ref = {k: v.clone(memory_format=torch.contiguous_format) if isinstance(v, torch.Tensor) else v
+               for k, v in args.items()}
+        got, want = fn(**args, backend=backend), fn(**ref, backend=backend)
+        if got is None:  # kv_compact works in place: compare the caches
+            got, want = (args["k_cache"], args["v_cache"]), (ref["k_cache"], ref["v_cache"])
+        _assert_same(got, want)
         return
     shows = [part(args) if callable(part) else part for part in case.shows]
     inputs = [v for v in args.values() if isinstance(v, torch.Tensor) and v.device.type != "meta"]

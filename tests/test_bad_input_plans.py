@@ -1,9 +1,8 @@
-"""Bad input to the plans, the split workspace, sm_scale and the raw ops (issue #34), on every
-backend: a plan reconciles its declared sizes with its tensors (first run: both sizes in the error;
-later runs: the first run's shapes), a workspace aliasing an input is refused, scales that would
-overflow the scores are refused (the largest allowed one stays exact), and the compiled ops raise
-ValueError/TypeError as the Python entry points do. Every case asserts the exception type, the
-argument's name (or both sizes) and that no input changed."""
+"""Bad input to the plans, the split workspace, sm_scale and the raw ops (issue #34), on every backend: a
+plan reconciles its declared sizes with its tensors (first run: both sizes in the error; later runs: the
+first run's shapes); a workspace aliasing an input and scales that would overflow the scores are refused
+(the largest allowed one stays exact); the compiled ops raise ValueError/TypeError as the entry points do.
+Every case asserts the exception type, the argument's name (or both sizes) and that no input changed."""
 import pytest
 import torch
 

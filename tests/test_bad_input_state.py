@@ -202,8 +202,7 @@ def models():
 
 
 def bad(name, *values, **fixed):
-    """A case per value: generate(name=value, **fixed) raises ValueError showing the name and the
-    value's repr."""
+    """A case per value: generate(name=value, **fixed) raises ValueError showing the name and value's repr."""
     prefix = f"{fixed['method']}-" if "method" in fixed else ""
     return [(f"{prefix}{name}={v!r}", {**fixed, name: v}, V, (name, repr(v))) for v in values]
 

@@ -1,11 +1,8 @@
-"""specops.linear on every backend: values (cpu: against float64; gpu: against the torch reference
-within two fp32 reduction orders), the batch-invariance property (row i of an M-row call == the
-one-row call, bit for bit, for every M, thread count, row order, batch layout and operand alignment),
-the cpp kernel's instruction sets agreeing bit for bit, registration; the CUDA kernel under the
-emulator's thread orders and racecheck (bad input: tests/test_bad_input.py).
-
-The GPU backends run without a GPU: Triton interpreted on CPU tensors, the CUDA kernel through cudasim
-(the real device where one exists)."""
+"""specops.linear on every backend: values (cpu: against float64; gpu: against the torch reference within
+two fp32 reduction orders), batch invariance (row i of an M-row call == the one-row call, bit for bit, for
+every M, thread count, row order, batch layout and operand alignment), the cpp kernel's instruction sets
+agreeing bit for bit, registration; the CUDA kernel under the emulator's thread orders and racecheck (bad
+input: tests/test_bad_input.py). Without a GPU, Triton runs interpreted and the CUDA kernel on cudasim."""
 import functools
 import itertools
 
@@ -220,10 +217,9 @@ def test_direct_entry_leaves_compile_and_subclasses_to_the_op():
 # ---- the GPU backends (triton, cuda, cudasim) -----------------------------------------------------------
 
 def assert_matches_ref(out, x, w, b):
-    """Within two fp32 reduction orders of the reference, then one rounding each to the output dtype:
-    fp32 rtol 1e-5, atol 1e-5 per 16 elements of K (a lane block of the reference); bf16 / fp16 one ulp
-    at the larger magnitude (each side rounds once, maybe across a rounding boundary) plus 2 K eps32
-    sum |x||w| (the worst-case gap between two fp32 summation orders)."""
+    """Within two fp32 reduction orders of the reference, then one rounding each (maybe across a rounding
+    boundary) to the output dtype: fp32 rtol 1e-5, atol 1e-5 per 16 elements of K (a reference lane block);
+    bf16 / fp16 one ulp at the larger magnitude plus 2 K eps32 sum |x||w| (two fp32 orders' worst gap)."""
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
     want = ref.linear(x2.cpu(), w.cpu(), None if b is None else b.cpu()).reshape(out.shape)
@@ -321,11 +317,10 @@ def test_rows_do_not_depend_on_operand_alignment(backend, dtype):
 
 @needs_sim
 def test_cudasim_thread_orders_and_racecheck():
-    """Same results in any order of the emulated threads, and no shared-memory hazard under racecheck
-    (the x staging buffer is refilled once per 512 K elements)."""
-    # 2 row-chunk blocks of 16 rows (register groups of 8), 3 column blocks, K over two staged chunks
-    # of 512; fp32 with K = 532: the vector weight path. bf16 with K = 530 (K % 4 != 0: the scalar
-    # path, a ragged tail) is the "linear" case of tests/test_cudasim.py, under the same orders and racecheck.
+    """Same results in any order of the emulated threads, no shared-memory hazard under racecheck (the x
+    staging buffer is refilled once per 512 K elements): 2 row-chunk blocks of 16 rows (register groups of
+    8), 3 column blocks, fp32 K = 532 over two staged chunks (the vector weight path). bf16, K = 530 (the
+    scalar path, K % 4 != 0, a ragged tail): tests/test_cudasim.py's "linear" case, same orders, racecheck."""
     x, w, _ = operands(21, 532, 19, torch.float32, bias=False, seed=8)
     case = lambda: specops.linear(x, w, backend="cudasim")
     want = assert_order_independent(case, (("reverse", 0), ("shuffle", 1), ("warp_ahead", 0), ("warp_ahead", 3)))

@@ -1,7 +1,6 @@
-"""Argument validation shared by every op: errors name the argument, the expectation and what came
-(the value; for tensors the position of the first offending element). Metadata checks (``tensor``,
-``integer``, ``lengths``, ...) never touch values; value checks are rules that an op hands to
-``raise_first`` (one host sync, only when the op's ``check=True``)."""
+"""Argument validation shared by every op: errors name the argument, the expectation and what came (the
+value; for tensors the first offending element's position). Metadata checks never touch values; value
+checks are rules an op hands to ``raise_first`` (one host sync, only when the op's ``check=True``)."""
 import numbers
 
 import torch
@@ -24,7 +23,7 @@ def tensor(name, t, *, dtype=None, rank=None, shape=None, device=None, last_stri
             if want is not None and got != want:
                 expect = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
                 raise ValueError(f"{name} must have shape {expect}, got {tuple(t.shape)}")
-    if device is not None and t.device != (device if isinstance(device, torch.device) else torch.device(device)):
+    if device is not None and t.device != torch.device(device):
         raise ValueError(f"{name} must be on {device} (with the other inputs), got {t.device}")
     if last_stride_one and t.dim() and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"{name} must have stride 1 in its last dimension, got strides {t.stride()}")
@@ -126,8 +125,8 @@ def row_rule(name, bad, expect, got):
 
 
 def power_of_two(label, value, detail=""):
-    """The page-size rule of every paged layout: ``value`` (>= 1) is a power of two, because the kernels
-    split rows into (page, slot) with shifts and masks. ``label`` names it, ``detail`` follows the value."""
+    """A paged layout's page size: ``value`` >= 1 is a power of two (the kernels split rows into (page,
+    slot) with shifts and masks); ``label`` names it, ``detail`` follows the value."""
     if value < 1 or value & (value - 1):
         raise ValueError(f"{label} must be a power of two >= 1, got {value}{detail}")
     return value
@@ -225,7 +224,7 @@ def valid_mask(num_nodes, T):
 
 
 def node_counts(num_nodes, B, T, device):
-    """``num_nodes`` checked int32 [B], or all T for None. Returns num_nodes."""
+    """``num_nodes`` checked int32 [B], or all T for None."""
     if num_nodes is None:
         return torch.full((B,), T, dtype=torch.int32, device=device)
     return lengths("num_nodes", num_nodes, B, device)

@@ -41,12 +41,10 @@ class KvLayout:
 
     @classmethod
     def contiguous(cls, k, v):
-        """k, v [*lead, B, Hkv, S, D]."""
         return cls(k, v)
 
     @classmethod
     def paged(cls, k_pages, v_pages, page_table, page_size=None):
-        """k_pages, v_pages [*lead, num_pages, page_size, Hkv, D], page_table int32 [B, max_pages]."""
         if page_table is None:
             raise TypeError("page_table must be a torch.Tensor for a paged layout, got None")
         return cls(k_pages, v_pages, page_table, page_size)
@@ -96,10 +94,9 @@ class KvLayout:
         return min(self.capacity(), 2**31 - 1) if self.num_pages else 0
 
     def address(self, b, r):
-        """Where row ``r`` of sequence ``b`` lives (int64 tensors, broadcast together): indices into k's
-        dims (lead, lead + 2) = (b, r) contiguous, (lead, lead + 1) = (page, slot) paged. Paged rows past
-        the table read its last entry: callers mask them (page ids not clamped). Tensors pass through
-        as they are (the caches call this every forward, with no host data)."""
+        """Where row ``r`` of sequence ``b`` lives (int64 tensors, broadcast together): indices into k's dims
+        (lead, lead + 2) = (b, r) contiguous, (lead, lead + 1) = (page, slot) paged. Paged rows past the table
+        read its last entry: callers mask them (page ids not clamped). Tensors pass through (no host data)."""
         b, r = (x if isinstance(x, torch.Tensor) else torch.as_tensor(x) for x in (b, r))
         b, r = torch.broadcast_tensors(b.long(), r.long())
         if not self.is_paged:
@@ -124,9 +121,8 @@ class KvLayout:
         out = []
         for pages in (self.k, self.v):
             *lead, N, P, H, D = pages.shape
-            if N == 0:
-                out.append(pages.new_zeros(*lead, B, H, M * P, D))
-                continue
+            if N == 0:  # an empty pool reads as one page of zeros
+                pages, N = pages.new_zeros(*lead, 1, P, H, D), 1
             rows = pages[(slice(None),) * len(lead) + (self.page_table.long().clamp(0, N - 1),)]  # [*lead, B, M, P, H, D]
             out.append(rows.reshape(*lead, B, M * P, H, D).transpose(-3, -2))
         return KvLayout.contiguous(*out)

@@ -31,16 +31,14 @@ def compact(kv, prefix_lens, accept_idx, accept_lens, *, check=True, backend=Non
 def kv_compact(k_cache, v_cache, prefix_lens, accept_idx, accept_lens, *, check=True, backend=None):
     """Compacts the accepted rows of the last draft block of every sequence, all layers in one call.
 
-    Shape: k_cache, v_cache [L, B, Hkv, S, D] (fp32/fp16/bf16, alike, stride 1 in D, modified in
-    place; views are fine), prefix_lens int32 [B], accept_idx int32 [B, A], accept_lens int32 [B]
-    -> None. ``accept_idx[b, j >= accept_lens[b]]`` is padding; ``prefix_lens`` is not changed (the
-    caller adds ``accept_lens``).
+    Shape: k_cache, v_cache [L, B, Hkv, S, D] (fp32/fp16/bf16, alike, stride 1 in D, modified in place;
+    views are fine), prefix_lens int32 [B], accept_idx int32 [B, A], accept_lens int32 [B] -> None.
+    ``accept_idx[b, j >= accept_lens[b]]`` is padding; the caller adds ``accept_lens`` to ``prefix_lens``.
 
     ``check=True`` (one host sync; a call that raises writes nothing): ``0 <= accept_lens[b] <= A``,
     ``0 <= prefix_lens[b] <= S``, ``accept_idx[b, :accept_lens[b]]`` strictly increasing from ``>= 0``
-    with ``prefix_lens[b] + accept_idx[b, j] < S``. ``check=False``: the kernels skip moves whose
-    source or destination is outside ``[0, S)`` (never writing out of bounds); the result is then
-    unspecified."""
+    with ``prefix_lens[b] + accept_idx[b, j] < S``. ``check=False``: the kernels skip moves whose source
+    or destination is outside ``[0, S)`` (never writing out of bounds); the result is unspecified."""
     return compact(KvLayout.contiguous(k_cache, v_cache), prefix_lens, accept_idx, accept_lens, check=check,
                    backend=backend)
 
@@ -53,13 +51,13 @@ def kv_compact_paged(k_pages, v_pages, page_table, prefix_lens, accept_idx, acce
     page_size a power of two, modified in place; views are fine), page_table int32 [B, max_pages],
     prefix_lens int32 [B], accept_idx int32 [B, A], accept_lens int32 [B] -> None.
 
-    Rows map to pages as in :mod:`specops.ops.layout`; the moves are :func:`kv_compact`'s, so sources
-    and destinations may share pages. ``check=True``: :func:`kv_compact`'s rules with S = max_pages *
-    page_size; ``0 <= page_table[b, i] < num_pages`` for the pages the call addresses (those holding
-    the first ``prefix_lens[b] + accept_idx[b, accept_lens[b] - 1] + 1`` rows, ``prefix_lens[b]`` when
-    nothing is accepted); and a page a move writes is addressed once, by its own sequence (else it
-    is overwritten under the other entry too, and the writes race). Pages only read, such as a shared
-    prompt's, may be shared. ``check=False``: as :func:`kv_compact`'s."""
+    Rows map to pages as in :mod:`specops.ops.layout`; the moves are :func:`kv_compact`'s, so sources and
+    destinations may share pages. ``check=True``: :func:`kv_compact`'s rules with S = max_pages * page_size;
+    ``0 <= page_table[b, i] < num_pages`` for the pages the call addresses (those holding the first
+    ``prefix_lens[b] + accept_idx[b, accept_lens[b] - 1] + 1`` rows, ``prefix_lens[b]`` when nothing is
+    accepted); and a page a move writes is addressed once, by its own sequence (else another entry's rows
+    are overwritten too, in a race); pages only read (a shared prompt's) may be shared. ``check=False``: as
+    :func:`kv_compact`'s."""
     return compact(KvLayout.paged(k_pages, v_pages, page_table), prefix_lens, accept_idx, accept_lens,
                    check=check, backend=backend)
 
