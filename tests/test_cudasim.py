@@ -46,9 +46,8 @@ def expected_collectives(arg, threads=64):
     for t in range(threads):
         lane, base = t % 32, t - t % 32
 
-        def seg(width, src_pos):
-            pos = lane % width
-            return base + lane - pos + src_pos if 0 <= src_pos < width else t
+        def seg(width, src_pos):  # the thread at src_pos of this lane's width segment
+            return base + lane - lane % width + src_pos if 0 <= src_pos < width else t
 
         warp = range(base, base + 32)
         ballot = sum(1 << (u - base) for u in warp if u % 3 == 0)
