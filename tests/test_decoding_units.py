@@ -344,8 +344,7 @@ def test_cli_demo_rejects_unknown_methods_before_loading(capsys):
 def test_inverse_cdf_picks_the_interval_of_u_and_never_an_empty_one():
     probs = torch.tensor([[0.0, 0.25, 0.0, 0.5, 0.25, 0.0],
                           [2.0, 0.0, 0.0, 0.0, 0.0, 2.0]])  # rows need not sum to 1
-    u = torch.tensor([[0.0], [0.0]])
-    assert inverse_cdf(probs, u).tolist() == [1, 0]
+    assert inverse_cdf(probs, torch.zeros(2, 1)).tolist() == [1, 0]
     # the boundaries: [0, .25) -> 1, [.25, .75) -> 3, [.75, 1) -> 4; the second row halves
     for x, want in [(0.2499, [1, 0]), (0.25, [3, 0]), (0.7499, [3, 5]), (0.75, [4, 5]), (1 - 2**-24, [4, 5])]:
         assert inverse_cdf(probs, torch.full((2, 1), x)).tolist() == want, x
