@@ -213,11 +213,10 @@ class ModelRunner:
         model's input rows) -> logits [B, V] after each prompt's last token (model dtype; the LM head
         runs on those rows only), or None when ``logits`` is False."""
         ids, lens = (t.to(self.device) for t in pad_batch(prompts))
-        if self.keep_features and self._all_rows:
-            out = self._captured(self.prefill_padded, ids, lens, features=features)
+        all_rows = self.keep_features and self._all_rows  # a hook on the LM head must see every row
+        out = self._captured(self.prefill_padded, ids, lens, last_only=not all_rows, features=features)
+        if all_rows:
             out = out[torch.arange(self.B, device=out.device), lens.long() - 1]
-        else:
-            out = self._captured(self.prefill_padded, ids, lens, last_only=True, features=features)
         if self.keep_features:
             self.features[:, : ids.shape[1]] = self._hidden.to(self.features.dtype)
             self._hidden = None

@@ -132,12 +132,6 @@ class KVCache(Cache):
         cache's page table (views of the storage)."""
         return KvLayout(self.layout.k[layer], self.layout.v[layer], self.layout.page_table)
 
-    def gather(self, layer):
-        """The layer's rows as a contiguous cache: -> k, v [B, Hkv, max_len, D] (a copy when paged,
-        views otherwise)."""
-        kv = self.layer_kv(layer).gather()
-        return kv.k[:, :, :self.max_len], kv.v[:, :, :self.max_len]
-
     def host_lens(self):
         """Committed lengths as a Python list (one host sync if they changed on the device)."""
         if self._host_lens is None:
@@ -208,8 +202,9 @@ class KVCache(Cache):
         if self._block is None and layer == L - 1:
             self._write = None
             self.commit(torch.full_like(self.lens, T), host_counts=[T] * B)
-        if kv.is_paged and self._block is None:
-            return self.gather(layer)
+        if kv.is_paged and self._block is None:  # plain mode: a contiguous copy [B, Hkv, max_len, D]
+            kv = kv.gather()
+            return kv.k[:, :, :self.max_len], kv.v[:, :, :self.max_len]
         return kv.k, kv.v
 
     def _write_target(self, offset, T):
