@@ -75,8 +75,7 @@ def select_topn_subtree(parents, scores, n, num_nodes=None, *, check=True, backe
     checks.tensor("scores", scores, dtype=FLOAT_DTYPES, shape=tuple(parents.shape), device=parents.device)
     n = _n(n)
     num_nodes = checks.tree_nodes(parents, num_nodes, check)
-    impl = resolve("select_topn_subtree", parents.device, backend)
-    return impl(parents, scores.float(), num_nodes, n)
+    return resolve("select_topn_subtree", parents.device, backend)(parents, scores.float(), num_nodes, n)
 
 
 # ---- backends ----------------------------------------------------------------------------------------
