@@ -233,8 +233,7 @@ def _joint_args(c, u=None):
 
 
 def _run(op, c, tau=None, u=None, **kw):
-    """``op`` (greedy, a mode of MODES, or joint with ``tau``: :func:`_joint_args`) on the case ``c``;
-    ``kw``: backend, check."""
+    """``op`` (greedy, a mode of MODES, or joint with ``tau``: :func:`_joint_args`) on the case ``c``."""
     if op == "greedy":
         return specops.verify_greedy(c["tokens"], c["parents"], c["target_logits"], c["num_nodes"], **kw)
     if op != "joint":
@@ -270,17 +269,15 @@ def _draw_rows(V, g):
     """[12, V] probability rows and [12] uniforms for the inverse-CDF draws."""
     edges = [0, 255, 256, 511, 512, 8191, 8192, V // 2, V - 257, V - 256, V - 1]
     rows = torch.zeros(12, V)
-    rows[0] = (torch.randn(V, generator=g) * 3).softmax(-1)
-    rows[1] = (torch.randn(V, generator=g) * 3).softmax(-1)
+    rows[:2] = (torch.randn(2, V, generator=g) * 3).softmax(-1)
     rows[2:4, edges] = 1.0 / len(edges)
     rows[4, V - 1] = 1.0
     rows[5] = 1.0 / V
     rows[6, ::4099] = 1.0 / len(range(0, V, 4099))
     rows[7, : V // 3] = 3.0 / V
     rows[8, edges[:4]] = torch.tensor([0.125, 0.25, 0.5, 0.125])
-    rows[9] = rows[1]
+    rows[9], rows[11] = rows[1], rows[0]
     rows[10, 12345] = 1.0
-    rows[11] = rows[0]
     u = torch.rand(12, generator=g)
     u[2], u[3], u[8], u[9], u[11] = 3 / len(edges), 1 - 1e-7, 0.375, 0.0, 0.5  # on boundaries and ends
     return rows, u
@@ -341,15 +338,11 @@ def test_check_false_garbage_is_safe_and_identical_on_every_backend(device):
     g = torch.Generator().manual_seed(11)
     B, T, V = 5, 12, 9
     c = random_verify_case(B, T, V, generator=g, device=device)
-    c["parents"][1, 3] = 7
-    c["parents"][2, 0] = 4
-    c["tokens"][0, 2] = -3
-    c["tokens"][3, 1] = V + 2
-    c["target_probs"][0, 0, 1] = torch.nan
-    c["draft_probs"][1, 2, 0] = -0.5
-    c["uniforms"][2, 1, 0] = 1.5
-    c["uniforms"][4, 0, 1] = torch.nan
-    c["num_nodes"][2] = 99
+    for name, at, value in (("parents", (1, 3), 7), ("parents", (2, 0), 4), ("tokens", (0, 2), -3),
+                            ("tokens", (3, 1), V + 2), ("target_probs", (0, 0, 1), torch.nan),
+                            ("draft_probs", (1, 2, 0), -0.5), ("uniforms", (2, 1, 0), 1.5),
+                            ("uniforms", (4, 0, 1), torch.nan), ("num_nodes", 2, 99)):
+        c[name][at] = value
     backends = [b for b in _backend.BACKENDS if _backend.available(b, device)[0]]
     for mode in MODES:
         want = _run(mode, c, backend="torch", check=False)

@@ -1,13 +1,10 @@
 """The lossless rules (R2, R3, R3p, R3w, R4) emit exactly the target's distribution, on a toy
-two-step target p1(x1) p2(x2 | x1) with V = 4 and a depth-2 tree:
-
-* exact enumeration: every draft draw and verification outcome of the rule (the walk of
-  csrc/verify_common.h, probabilities in place of uniforms) in rational arithmetic; the first two
-  emitted tokens have exactly the target's distribution, and R3 on children drawn without
-  replacement does not (the check has power);
-* chi-square: the cpp kernels (test_verify.py: every backend equals them bit for bit) on many draft
-  trees and uniforms: the first token and the first two pass a chi-square test at 1e-3 split over
-  all the tests (Bonferroni), and R5 fails it."""
+two-step target p1(x1) p2(x2 | x1) with V = 4 and a depth-2 tree: by exact enumeration of every draft
+draw and verification outcome (the walk of csrc/verify_common.h, probabilities in place of uniforms)
+in rational arithmetic, where R3 on children drawn without replacement fails (the check has power);
+by a chi-square test of the cpp kernels (test_verify.py: every backend equals them bit for bit) on
+many draft trees and uniforms, of the first token and the first two, at 1e-3 split over all the tests
+(Bonferroni), which R5 fails."""
 import itertools
 import math
 import zlib

@@ -1,10 +1,7 @@
-"""verify_tree_logits and verify_joint_logits (R6), bit-identical on every backend to their meaning:
+"""verify_tree_logits and verify_joint_logits (R6) equal their meaning bit for bit on every backend:
 verify_tree on warp_probs' rows (the two-op composition); verify_joint's test on det_log of those rows
 with verify_tree's bonus draw from the bonus warp (the joint torch reference, checked against that
-composition). Over odd vocabularies, ragged and padded trees and chains, dtypes, scalar and per-row
-warps, every mode and tau, a grammar bitmask and the warping rule's edge cases (ties at the top-k and
-top-p boundaries, -inf logits, a top-p set of one token, greedy rows, V past 2**23); opcheck of both
-schemas. Bad input: the battery of tests/test_bad_input.py."""
+composition). Bad input: the battery of tests/test_bad_input.py."""
 import zlib
 
 import numpy as np
@@ -45,19 +42,6 @@ def warp_calls(monkeypatch):
     return calls
 
 
-def composition(backend, c, mode, X, Y, t, k, p, dt=None, dk=0, dp=1.0):
-    """verify_tree(warp_probs(target), draft_probs=warp_probs(draft)) with [B] parameters repeated per row."""
-    B, T, V = X.shape
-
-    def warp(Z, *params):
-        params = [v.repeat_interleave(T) if isinstance(v, torch.Tensor) else v for v in params]
-        return specops.warp_probs(Z.reshape(B * T, V), *params, backend=backend).view(B, T, V)
-
-    Q = warp(Y, t if dt is None else dt, dk, dp) if mode in NEEDS_DRAFT else None
-    return specops.verify_tree(c["tokens"], c["parents"], warp(X, t, k, p), c["uniforms"], draft_probs=Q,
-                               mode=mode, num_nodes=c["num_nodes"], backend=backend)
-
-
 def fused(backend, c, mode, X, Y, t, k, p, dt=None, dk=0, dp=1.0, bitmask=None):
     return specops.verify_tree_logits(c["tokens"], c["parents"], X, c["uniforms"], temperature=t, top_k=k, top_p=p,
                                       draft_logits=Y, draft_temperature=dt, draft_top_k=dk, draft_top_p=dp, mode=mode,
@@ -73,9 +57,19 @@ def case(B, T, V, seed, *, chain=False, device="cpu", dtype=torch.float32, sharp
     return c, X.to(dtype).to(device), Y.to(dtype).to(device)
 
 
-def check(backend, c, mode, X, Y, *params, **kw):
-    want = composition(backend, c, mode, X, Y, *params, **kw)
-    got = fused(backend, c, mode, X, Y, *params, **kw)
+def check(backend, c, mode, X, Y, t, k, p, dt=None, dk=0, dp=1.0):
+    """The fused op equals verify_tree(warp_probs(target), draft_probs=warp_probs(draft)), the [B]
+    parameters repeated per row; -> its outputs."""
+    B, T, V = X.shape
+
+    def warp(Z, *params):
+        params = [v.repeat_interleave(T) if isinstance(v, torch.Tensor) else v for v in params]
+        return specops.warp_probs(Z.reshape(B * T, V), *params, backend=backend).view(B, T, V)
+
+    Q = warp(Y, t if dt is None else dt, dk, dp) if mode in NEEDS_DRAFT else None
+    want = specops.verify_tree(c["tokens"], c["parents"], warp(X, t, k, p), c["uniforms"], draft_probs=Q,
+                               mode=mode, num_nodes=c["num_nodes"], backend=backend)
+    got = fused(backend, c, mode, X, Y, t, k, p, dt, dk, dp)
     assert_same(got, want, I32)
     return got
 
@@ -320,12 +314,11 @@ def run_joint(backend, c, tau, setting, **kw):
                                        backend=backend, **kw)
 
 
-def _cpu(v):
-    return v.cpu() if isinstance(v, torch.Tensor) else v
-
-
 def joint_check(backend, c, setting, taus=TAUS):
     """``backend`` on the case ``c`` equals the torch reference on CPU copies, for every tau."""
+    def _cpu(v):
+        return v.cpu() if isinstance(v, torch.Tensor) else v
+
     setting = JOINT_SETTINGS[setting] if isinstance(setting, str) else setting
     cpu_c, cpu_setting = {k: v.cpu() for k, v in c.items()}, [_cpu(v) for v in setting]
     for tau in taus:
@@ -427,8 +420,7 @@ def test_joint_check_false_does_not_sync(monkeypatch):
     for name in ("item", "tolist", "cpu"):
         monkeypatch.setattr(torch.Tensor, name, lambda *a: pytest.fail("host sync"))
     monkeypatch.setattr(verify_logits, "raise_flags", lambda *a: pytest.fail("value checks"))
-    specops.verify_joint_logits(c["draft_tokens"], c["target_logits"], c["draft_joint_logprobs"], 0.3, c["uniforms"],
-                                temperature=1.0, top_k=4, num_nodes=c["num_nodes"], check=False, backend="cpp")
+    run_joint("cpp", c, 0.3, (1.0, 4, 1.0, None, 0, 1.0), check=False)
 
 
 @needs_cpp

@@ -81,11 +81,10 @@ def verify(mode, draft, logits, sampling, generator, active, bitmask=None):
     B, T, _ = logits.shape
     uniforms = None if mode == "greedy" else torch.rand(B, T, 2, generator=generator, device=logits.device)
     draft_logits, draft_warp, joint = None, None, None  # the draft rows a rejection mode tests nodes against
-    if mode in NEEDS_DRAFT and draft.draft_logits is not None:
+    if mode in NEEDS_DRAFT:
         draft_logits, draft_warp = draft.draft_logits, draft.draft_warp
-    elif mode in NEEDS_DRAFT:  # no row at all: uniform (zero logits at temperature 1, one row expanded)
-        draft_logits = logits.new_zeros((1, 1, 1)).float().expand(logits.shape)
-        draft_warp = SamplingConfig(1.0)
+    if mode in NEEDS_DRAFT and draft_logits is None:  # no row at all: uniform (zero logits at temperature 1)
+        draft_logits, draft_warp = logits.new_zeros(()).float().expand(logits.shape), SamplingConfig(1.0)
     if mode == "joint" and draft.log_q_joint is not None:  # R6's inputs (none for a block of roots alone)
         joint = draft.log_q_joint, float(draft.joint_tau), SamplingConfig(*draft.joint_warp)
     idx, kept, bonus = verify_kept(draft.tokens, draft.parents, draft.num_nodes, logits, uniforms, active,

@@ -21,12 +21,11 @@ def verify_greedy(tokens, parents, target_logits, num_nodes=None, *, bitmask=Non
     """R1 (docs/methods.md §R1 greedy): follow the target's argmax (ties: the lowest token id).
 
     Shape: tokens, parents int32 [B, T], target_logits fp32/fp16/bf16 [B, T, V], num_nodes int32 [B]
-    or None (= T), bitmask int32 [B, T, ceil(V / 32)] or None (a grammar's allowed tokens per node:
-    the result on ``apply_token_bitmask(target_logits.clone(), bitmask)``, without that pass) -> the
-    outputs above. ``check=True`` also validates values (one host sync): tree rules, tokens in [0, V),
-    no NaN / +inf among the allowed logits, every bitmask row allowing a token. With ``check=False``
-    bad values never crash a kernel: a token outside [0, V) never matches, malformed parents end the
-    walk."""
+    or None (= T), bitmask int32 [B, T, ceil(V / 32)] or None (a grammar's allowed tokens per node: the
+    result of ``apply_token_bitmask(target_logits.clone(), bitmask)`` without that pass) -> the outputs
+    above. ``check=True`` validates values (one host sync): tree rules, tokens in [0, V), no NaN / +inf
+    among the allowed logits, every bitmask row allowing a token. With ``check=False`` bad values never
+    crash a kernel: a token outside [0, V) never matches, malformed parents end the walk."""
     _, _, V, num_nodes = tree_args(tokens, parents, num_nodes, ..., "target_logits", target_logits, _LOGITS,
                                    bitmask=bitmask)
     if check:
@@ -96,8 +95,7 @@ def joint_args(draft_tokens, target_name, target, target_dtype, draft_joint_logp
     """R6's metadata rules (no host sync), the target rows named ``target_name`` of ``target_dtype`` (one
     or a tuple). -> (B, g, V, tau as fp32 [B])."""
     checks.tensor("draft_tokens", draft_tokens, dtype=torch.int32, rank=2)
-    B, g = draft_tokens.shape
-    dev = draft_tokens.device
+    (B, g), dev = draft_tokens.shape, draft_tokens.device
     V = rows_arg(target_name, target, target_dtype, B, g + 1, dev, "g + 1")
     checks.tensor("draft_joint_logprobs", draft_joint_logprobs, dtype=torch.float32, shape=(B, g), device=dev)
     checks.tensor("uniforms", uniforms, dtype=torch.float32, shape=(B,), device=dev)

@@ -28,7 +28,8 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
     outputs. Limit: ``V <= 2**31 - 1`` on the compiled backends."""
     B, T, V, num_nodes = tree_args(tokens, parents, num_nodes, mode, "target_logits", target_logits,
                                    FLOAT_DTYPES, uniforms, draft_logits, bitmask)
-    needs_draft = mode in NEEDS_DRAFT
+    if mode not in NEEDS_DRAFT:  # a draft the mode does not read is neither checked nor passed on
+        draft_logits = None
     impl, params, draft = _warps_and_impl("verify_tree_logits", _verify_tree_logits_torch, backend, B, T, V,
                                           tokens.device, check, (temperature, top_k, top_p),
                                           (draft_temperature, draft_top_k, draft_top_p), "draft_")
@@ -36,12 +37,10 @@ def verify_tree_logits(tokens, parents, target_logits, uniforms, *, temperature,
         rules, valid, child = tree_value_rules(tokens, parents, num_nodes, V, uniforms, bitmask)
         allowed = None if bitmask is None else token_bitmask.allowed_tokens(bitmask, V)  # [B, T, V]
         rules += checks.logit_rules("target_logits", target_logits, valid, allowed)
-        if draft_logits is not None and needs_draft:
+        if draft_logits is not None:
             at_parent = None if allowed is None else _at_parents(allowed, parents)
             rules += checks.logit_rules("draft_logits", draft_logits, child, at_parent)
         raise_flags(rules)
-    if not needs_draft:
-        draft_logits = None
     return impl(tokens, parents, target_logits, uniforms, *params, draft_logits, *draft, num_nodes, mode, bitmask)
 
 
@@ -64,8 +63,7 @@ def verify_joint_logits(draft_tokens, target_logits, draft_joint_logprobs, tau, 
     -inf), num_nodes in [1, g + 1]. Limit: ``V <= 2**31 - 1`` on the compiled backends."""
     B, g, V, tau = joint_args(draft_tokens, "target_logits", target_logits, FLOAT_DTYPES, draft_joint_logprobs, tau,
                               uniforms)
-    T = g + 1
-    dev = draft_tokens.device
+    T, dev = g + 1, draft_tokens.device
     num_nodes = checks.node_counts(num_nodes, B, T, dev)
     impl, params, bonus = _warps_and_impl("verify_joint_logits", _verify_joint_logits_torch, backend, B, T, V, dev,
                                           check, (temperature, top_k, top_p),
@@ -132,10 +130,9 @@ def verify_mode(mode, tokens, parents, target_logits, uniforms, *, num_nodes=Non
 
 
 def _warps_and_impl(op, torch_impl, backend, B, T, V, dev, check, first, second, prefix):
-    """-> (the implementation of ``op``, checked for ``V <= MAX_VOCAB``: the compiled ones index tokens
-    with int32; the per-row parameters of the call's two warps (temperature, top_k, top_p: scalars or
-    [B] tensors) as fp32 / int32 / fp32 [B * T]: the first's, then the second's, named with ``prefix``,
-    its temperature None: the first's)."""
+    """-> (``op``'s implementation, checked for ``V <= MAX_VOCAB``: the compiled ones index tokens with
+    int32; the two warps' per-row parameters (temperature, top_k, top_p: scalars or [B] tensors) as fp32
+    / int32 / fp32 [B * T], the second's named with ``prefix``, its temperature None: the first's)."""
     def rows(warp, prefix=""):
         return [r[:, None].expand(B, T).reshape(B * T) for r in warp_params(B, dev, check, *warp, prefix)]
 

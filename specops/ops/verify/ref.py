@@ -111,12 +111,6 @@ def det_log(x):
     return ef * _LN2_HI + (ef * _LN2_LO + p * r)
 
 
-def argmax_first(row):
-    """First index of the maximum, NaN counting as +inf."""
-    row = row.float()
-    return int(torch.where(torch.isnan(row), torch.inf, row).argmax())
-
-
 def _children(parents, n, u):
     return [c for c in range(u + 1, n) if int(parents[c]) == u]
 
@@ -125,11 +119,10 @@ def each_sequence(num_nodes, T, device, walk):
     """The ops' outputs on ``device`` from ``walk(b, n)`` -> (path, bonus) of each sequence ``b`` of
     ``n`` nodes (``num_nodes[b]`` clamped to [1, T])."""
     walks = [walk(b, min(max(int(n), 1), T)) for b, n in enumerate(num_nodes.cpu())]
-    accept_idx = torch.full((len(walks), T), -1, dtype=torch.int32)
-    for b, (path, _) in enumerate(walks):
-        accept_idx[b, : len(path)] = torch.tensor(path, dtype=torch.int32)
-    lens = torch.tensor([len(p) for p, _ in walks], dtype=torch.int32)
-    return accept_idx.to(device), lens.to(device), torch.tensor([w[1] for w in walks], dtype=torch.int32).to(device)
+    idx = torch.tensor([path + [-1] * (T - len(path)) for path, _ in walks], dtype=torch.int32).view(-1, T)
+    lens = torch.tensor([len(path) for path, _ in walks], dtype=torch.int32)
+    bonus = torch.tensor([bonus for _, bonus in walks], dtype=torch.int32)
+    return idx.to(device), lens.to(device), bonus.to(device)
 
 
 def match_walk(tokens, parents, n, predict):
@@ -248,12 +241,12 @@ def each_chain(draft_tokens, log_tau, draft_joint_logprobs, uniforms, num_nodes,
 
 
 def verify_greedy(tokens, parents, target_logits, num_nodes, bitmask=None):
-    T = tokens.shape[1]
-    tok, par, logits = tokens.cpu(), parents.cpu(), target_logits.cpu()
+    tok, par, logits = tokens.cpu(), parents.cpu(), target_logits.cpu().float()
     if bitmask is not None:  # the disallowed logits as -inf (apply_token_bitmask's rule)
         logits = logits.masked_fill(~allowed_tokens(bitmask.cpu(), logits.shape[-1]), float("-inf"))
-    return each_sequence(num_nodes, T, tokens.device,
-                         lambda b, n: match_walk(tok[b], par[b], n, lambda u: argmax_first(logits[b, u])))
+    logits = torch.where(torch.isnan(logits), torch.inf, logits)  # NaN counts as +inf; ties: the first index
+    return each_sequence(num_nodes, tokens.shape[1], tokens.device,
+                         lambda b, n: match_walk(tok[b], par[b], n, lambda u: int(logits[b, u].argmax())))
 
 
 def verify_tree(tokens, parents, target_probs, uniforms, draft_probs, num_nodes, mode):
