@@ -115,8 +115,7 @@ def add_features(target, shard):
                 continue
             n = int(mask[r].nonzero()[-1]) + 1
             target(tokens[r: r + 1, :n].long())
-            feats[r, :n] = got[-1][0].to(torch.bfloat16)
-            got.clear()
+            feats[r, :n] = got.pop()[0].to(torch.bfloat16)
     shard["feats"] = feats
     return shard
 

@@ -86,10 +86,8 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     target, tok = models.load(args.target, "bf16")
-    if args.draft_dir:
-        draft = load_draft_dir(args.draft_dir, target_embedding(args.target)[0], dtype=torch.bfloat16)
-    else:
-        draft, _ = load_draft(args.draft, "bf16")
+    draft = (load_draft_dir(args.draft_dir, target_embedding(args.target)[0], dtype=torch.bfloat16)
+             if args.draft_dir else load_draft(args.draft, "bf16")[0])
     agree = agreement(target, draft, tok, args.new_tokens)
     cost = step_cost(target, draft)
     res = {"agreement": {k: round(v[0], 4) for k, v in agree.items()},

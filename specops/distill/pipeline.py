@@ -98,11 +98,10 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
         lr=1e-3, warmup=30, ckpt_every=50, eval_every=50, max_train_minutes=None, seed=0, amp=True,
         max_stdlib_files=None, command=None, progress_stream=None, export_dir=None, stop_after=None,
         arch="feature", feature_noise=0.1, feature_weight=0.1, ttt_depth=1, init_draft=None):
-    """The whole pipeline on a loaded target (an HF Llama causal LM). Returns the export dir.
-
-    ``arch``: "feature" (EAGLE-style, on the target's hidden state) or "lm" (a stand-alone small LM).
-    ``ttt_depth`` > 1 (feature drafts): training-time test that many chain tokens deep.
-    ``init_draft``: fine-tune an exported draft (same architecture and vocabulary)."""
+    """The whole pipeline on a loaded target (an HF Llama causal LM); returns the export dir. ``arch``:
+    "feature" (EAGLE-style, on the target's hidden state) or "lm" (a stand-alone small LM); ``ttt_depth``
+    > 1 (feature drafts): training-time test that many chain tokens deep; ``init_draft``: fine-tune an
+    exported draft (same architecture and vocabulary)."""
     mt = getattr(target.config, "model_type", None)
     if mt not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedTarget(f"specops distill builds Llama-architecture drafts that reuse the target's "

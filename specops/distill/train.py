@@ -65,12 +65,11 @@ def collate(rows):
 
 
 def ttt_mask(M, depth, device=None):
-    """The attention mask of a ``depth``-block unrolled sequence (EAGLE-3's training-time test).
-
-    Block d (1-based) position i is the depth-d token of the chain that starts after context position
-    i-d+1: it sees block 1 up to i-d+1 (the target's features) and block k (2 <= k <= d) at i-(d-k)
-    only (its chain's earlier tokens), as the runner's tree attention shows it.
-    Shape: -> bool [1, 1, depth*M, depth*M] (True = may attend)."""
+    """The attention mask of a ``depth``-block unrolled sequence (EAGLE-3's training-time test): block d
+    (1-based) position i is the depth-d token of the chain that starts after context position i-d+1; it
+    sees block 1 up to i-d+1 (the target's features) and block k (2 <= k <= d) at i-(d-k) only (its
+    chain's earlier tokens), as the runner's tree attention shows it. Shape: -> bool [1, 1, depth*M,
+    depth*M] (True = may attend)."""
     i = torch.arange(M, device=device)
     ahead = i[None, :] - i[:, None]  # [M, M] key position - query position
     never = torch.zeros(M, M, dtype=torch.bool, device=device)
@@ -170,10 +169,9 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
           ckpt_every, eval_every, max_seconds=None, progress=None, stop_after=None, feature_noise=0.0,
           feature_weight=0.1, depth=1):
     """Trains ``draft`` in place for ``steps`` optimizer steps, resuming from ``ckpt_dir/last.pt``.
-
-    ``depth`` > 1: training-time test that many chain tokens deep; the best step has the most
-    expected accepted tokens by the held-out agreements. ``stop_after``: checkpoint and stop after this many
-    steps (tests interrupt a run so). Returns the state (steps, wall time, history, best agreement)."""
+    ``depth`` > 1: training-time test that many chain tokens deep; the best step has the most expected
+    accepted tokens by the held-out agreements. ``stop_after``: checkpoint and stop after this many steps
+    (tests interrupt a run so). Returns the state (steps, wall time, history, best agreement)."""
     os.makedirs(ckpt_dir, exist_ok=True)
     progress = progress or Progress(None)
     full2sub = torch.full((draft.config.vocab_size,), -1, dtype=torch.int64)
