@@ -24,24 +24,16 @@ class _UncheckedTree(TreeAttentionPlan):
     def run(self, q, k, v):  # the run of before issue #34: nothing compared after the first call
         if self._first:
             self._first_run(q, k, v)
-        if self.paged:
-            return self._impl(q, k, v, self.page_table, self.prefix_lens, self.block_lens, self.mask, self.q_lens,
-                              self.sm_scale, self._num_splits, self._workspace)
-        return self._impl(q, k, v, self.prefix_lens, self.block_lens, self.mask, self.q_lens, self.sm_scale,
-                          self._num_splits, self._workspace)
+        return self.kernel(q, k, v, *self._table, self.prefix_lens, self.block_lens, self.mask, self.q_lens,
+                           self.sm_scale, self._num_splits, self._workspace, self.invariant)
 
 
 class _UncheckedCompact(KVCompactPlan):
     def run(self, k, v):
         if self._first:
             self._first_run(k, v)
-        if self._noop:
-            return None
-        if self.paged:
-            self._impl(k, v, self.page_table, self.lens, self.accept_idx, self.accept_lens)
-        else:
-            self._impl(k, v, self.lens, self.accept_idx, self.accept_lens)
-        return None
+        if not self._noop:
+            self._impl(k, v, *self._table, self.lens, self.accept_idx, self.accept_lens)
 
 
 def _tree(Tq, paged):

@@ -1,6 +1,6 @@
 """FlashInfer's custom-mask prefill as the optional ``tree_attention`` backend ``"flashinfer"``: fp16 /
 bf16 calls of head dim 64, 128 or 256 on CUDA tensors where ``flashinfer`` imports, tried after ``triton``
-and ``cuda`` (why: below). tests/test_flashinfer.py checks it against the torch reference where
+and ``cuda`` (why: below). tests/test_backend.py checks it against the torch reference where
 FlashInfer and a GPU exist (not here).
 
 No cache copy, no host sync: ``k_cache[b]`` ``[Hkv, S, D]`` is FlashInfer's ``HND`` layout of one request
