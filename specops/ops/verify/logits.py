@@ -162,8 +162,7 @@ class _LazyRows:
         self._rows = {}
 
     def __getitem__(self, idx):
-        u, rest = (idx[0], idx[1:]) if isinstance(idx, tuple) else (idx, ())
-        u = int(u)
+        u, rest = (int(idx[0]), idx[1:]) if isinstance(idx, tuple) else (int(idx), ())
         if u not in self._rows:
             s = slice(u, u + 1)
             x = self.logits[s]
