@@ -1,12 +1,10 @@
-"""The benchmark suite's reporting on tiny synthetic CSVs: findings verdicts follow their rules,
-plots are written (skipped without matplotlib), the README summary is generated between its
-markers and the full tables beside the results, with achieved GB/s and noisy times flagged, and the
-end-to-end plan covers the targets, methods and drafts it promises. ``bench_decoding.py --questions
-FILE``: the JSON-lines loader's validation (line and field in every message), chat-template encoding
-of the first turn, and the whole run on a question file written here (2 categories) with a tiny random
-model behind the embedded-model loader: per-category rows in the long CSV, the merge with earlier
-rows, the printed table; one case runs the real SmolLM2 target when its package is installed. No
-number is timed here."""
+"""The benchmark suite's reporting on tiny synthetic CSVs (findings verdicts follow their rules, plots
+are written, skipped without matplotlib, the README summary between its markers and the full tables
+beside the results, achieved GB/s and noisy times flagged, the end-to-end plan covers its targets,
+methods and drafts) and ``bench_decoding.py --questions FILE`` (the JSON-lines loader's validation,
+line and field in every message; chat-template encoding of the first turn; a whole run on a question
+file of 2 categories with a tiny random model behind the embedded-model loader: per-category CSV rows,
+the merge with earlier rows, the printed table; the real SmolLM2 target when installed). Nothing is timed."""
 import csv
 import importlib.util
 import json

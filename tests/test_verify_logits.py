@@ -192,8 +192,7 @@ def masked_case(B, T, V, seed, *, device="cpu", dtype=torch.float32, chain=False
 
 
 def masked_composition(backend, case, mode, *params):
-    """The unfused meaning of a masked_case: both logits tensors masked first (the draft's by its
-    parents' rows)."""
+    """The unfused meaning of a masked_case: both logits masked first (the draft's by its parents' rows)."""
     c, X, Y, mask, at_parent = case
     Xm = specops.apply_token_bitmask(X.clone(), mask, backend=backend)
     return fused(backend, c, mode, Xm, Y.masked_fill(~at_parent, float("-inf")), *params)
