@@ -151,12 +151,14 @@ def test_a_new_decoder_loads_the_saved_graph_instead_of_compiling(tmp_path, monk
     # memory (as in a new process) loads it from there and decodes the same tokens.
     monkeypatch.setenv("SPECOPS_CACHE", str(tmp_path))
     model = tiny_causal_lm("llama", seed=7)
+    model.specops_name = f"{tmp_path}/models/my-llama/"  # a model loaded from a path is named by it
     prompts = [[5, 9, 33, 4], [8, 100, 3, 4, 5, 6]]
     kw = {"method": "ar", "max_new_tokens": 6, "eos_token_id": []}
     ref, _ = generate(model, prompts, **kw)
     first, _ = generate(model, prompts, compile=True, **kw)
     saved = sorted((tmp_path / "compiled").glob("*.aot"))
     assert len(saved) == 1, saved  # the one graph, which AR's one-row steps run
+    assert saved[0].name.startswith("my-llama-") and not (tmp_path / "models").exists()
     assert "compiled and saved to" in capfd.readouterr().err
     compiled.release(model)
     again, _ = generate(model, prompts, compile=True, **kw)

@@ -10,6 +10,7 @@ import functools
 import hashlib
 import inspect
 import os
+import re
 import sys
 import time
 import weakref
@@ -304,8 +305,9 @@ class CompiledDecoder:
         return (key, torch.is_grad_enabled(), torch.is_inference_mode_enabled()) in self._loaded
 
     def saved_path(self, seen, sig):
-        """The file of the graph ``seen`` for inputs of signature ``sig`` in the specops cache, named by a
-        digest of everything the graph depends on (listed in docs/compile.md §Saved graphs)."""
+        """The file of the graph ``seen`` for inputs of signature ``sig`` in the specops cache, named by the
+        model's name (its last part where the model was loaded from a path, which names it) and a digest
+        of everything the graph depends on (listed in docs/compile.md §Saved graphs)."""
         if self._model_digest is None:
             cfg = getattr(self.model, "config", None)
             params = [(n, tuple(p.shape), str(p.dtype), p.device.type) for n, p in self.model.named_parameters()]
@@ -317,7 +319,8 @@ class CompiledDecoder:
                 h.update(part.encode() + b"\0")
             self._model_digest = h.hexdigest()
         h = hashlib.sha256(f"{self._model_digest}\0{seen!r}\0{sig!r}".encode())
-        return os.path.join(models.cache_dir(), "compiled", f"{self.name}-{h.hexdigest()[:24]}.aot")
+        stem = re.sub(r"[^\w.-]+", "_", os.path.basename(os.path.normpath(self.name)))
+        return os.path.join(models.cache_dir(), "compiled", f"{stem}-{h.hexdigest()[:24]}.aot")
 
     def _saved_graph(self, seen, args, compiler):
         """(graph, how): the graph in memory for these inputs' signature (how: None), else the one at
