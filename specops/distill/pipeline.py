@@ -83,7 +83,8 @@ def collect(target, tokenizer, data_dir, plan, progress):
         data.save_shard(shard, path)
         done += 1
         progress.update("collect", done, len(todo), t0, f"shard {i} ({kind})", force=done == len(todo))
-    used = {name: [n for n, _ in items[:cur]] for (name, items), cur in zip(text_rows.pools, text_rows.cursor)}
+    used = {name: [n for n, _ in items[:cur]]
+            for (name, items), cur in zip(text_rows.pools, text_rows.cursor)}
     pools = {name: {"items_available": len(items), "items_used": len(used[name]),
                     "chars_available": sum(len(t) for _, t in items)} for name, items in text_rows.pools}
     manifest = {"python": platform.python_version(), "corpus_pools": pools, "corpus_items_used": used,
