@@ -62,6 +62,8 @@ def main():
                 os.environ.pop(k, None)
     with open(os.path.join(args.dir, f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
+    if torch.distributed.is_initialized():  # a group left to the interpreter's exit once aborted a rank
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
