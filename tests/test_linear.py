@@ -13,7 +13,7 @@ from _op_checks import needs_cpp
 
 import specops
 from specops import backend as _backend
-from specops.ops.linear import cpu_kernel, pack_weight, ref
+from specops.ops.linear import LAYOUTS, cpu_kernel, machine_layout, pack_weight, packed_shape, ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -70,9 +70,11 @@ def test_values_within_accumulation_error(backend, dtype, M, K, N):
 @needs_cpp
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("K,N", [(1, 3), (9, 17), (576, 192), (63, 100)])
-def test_cpp_matches_the_reference_closely(dtype, K, N):
+def test_cpp_matches_the_reference_closely(dtype, K, N, monkeypatch):
     # Both follow the same lane order; cpp fuses each multiply-add, the reference rounds twice, so
-    # they may differ in the last fp32 bits and then by one unit of a 16-bit output dtype.
+    # they may differ in the last fp32 bits and then by one unit of a 16-bit output dtype. (The AMX
+    # tiles, a bf16 call's kernel where the CPU has them, sum in their own order: capped off here.)
+    monkeypatch.setenv("SPECOPS_CPU_ISA", "avx512")
     x, w, b = make(6, K, N, dtype)
     a = specops.linear(x, w, b, backend="cpp").double()
     r = specops.linear(x, w, b, backend="torch").double()
@@ -114,9 +116,11 @@ def test_thread_counts_give_the_same_bits(dtype):
 @pytest.mark.parametrize("M,K,N", [(1, 576, 200), (5, 13, 31), (12, 64, 9), (2, 100, 37), (3, 576, 64),
                                    (4, 72, 40), (7, 1536, 33), (17, 40, 17)])
 def test_isa_kernels_agree_bit_for_bit(monkeypatch, cap, dtype, M, K, N):
-    # The machine's best kernel (AVX-512's paired rows where present) against a capped one: the same
-    # order per element, so the same bits (row tails, column tails and K tails included).
+    # The machine's best lane-order kernel (AVX-512's paired rows where present; the AMX tiles have
+    # their own order) against a capped one: the same order per element, so the same bits (row tails,
+    # column tails and K tails included).
     x, w, b = make(M, K, N, dtype)
+    monkeypatch.setenv("SPECOPS_CPU_ISA", "avx512")
     fast = specops.linear(x, w, b, backend="cpp")
     monkeypatch.setenv("SPECOPS_CPU_ISA", cap)
     assert torch.equal(specops.linear(x, w, b, backend="cpp"), fast)
@@ -135,7 +139,7 @@ def test_strided_and_empty_inputs(backend):
 
 def test_pack_weight_is_the_documented_layout():
     w = torch.randn(11, 21).bfloat16()  # N and K past a group / chunk: zero padding on both axes
-    p = pack_weight(w)
+    p = pack_weight(w, "avx512")
     assert p.shape == (2, 2, 128) and p.dtype == torch.bfloat16
     want = torch.zeros(2, 2, 128, dtype=torch.bfloat16)
     for g, c, pair, h, lane, s in itertools.product(*map(range, (2, 2, 4, 2, 8, 2))):
@@ -143,27 +147,37 @@ def test_pack_weight_is_the_documented_layout():
         if n < 11 and k < 21:
             want[g, c, 32 * pair + 16 * h + 2 * lane + s] = w[n, k]
     assert torch.equal(p, want)
+    w = torch.randn(17, 33).bfloat16()  # the AMX tiles' layout: 16 x 32 blocks, zero-padded
+    want = torch.zeros(2, 2, 512, dtype=torch.bfloat16)
+    for t, c, i, k in itertools.product(*map(range, (2, 2, 16, 32))):
+        if 16 * t + i < 17 and 32 * c + k < 33:
+            want[t, c, 32 * i + k] = w[16 * t + i, 32 * c + k]
+    assert torch.equal(pack_weight(w, "amx"), want)
+    assert pack_weight(w).shape == packed_shape(w) == packed_shape(w, machine_layout())
     with pytest.raises(TypeError, match="weight must have dtype torch.bfloat16, got torch.float32"):
         pack_weight(w.float())
     with pytest.raises(ValueError, match="weight must have rank 2"):
         pack_weight(w[0])
+    with pytest.raises(ValueError, match=r"layout must be one of \('avx512', 'amx'\) or None, got 'vnni'"):
+        pack_weight(w, "vnni")
 
 
 @needs_cpp
-@pytest.mark.parametrize("isa", [None, "avx2", "generic"])
-@pytest.mark.parametrize("N,K", [(1, 1), (7, 5), (8, 16), (9, 17), (33, 48), (100, 31), (24, 40)])
+@pytest.mark.parametrize("isa", [None, "avx512", "avx2", "generic"])
+@pytest.mark.parametrize("N,K", [(1, 1), (7, 5), (8, 16), (9, 17), (33, 48), (100, 31), (24, 40), (40, 64)])
 def test_packed_weight_gives_the_plain_weights_bits(N, K, isa, monkeypatch):
-    """The packed kernel (AVX-512), and without it the plain weight (the other instruction sets), give
-    the op's bits for every M, with and without bias; the torch backend takes ``packed`` and ignores it."""
+    """Either packed layout gives the op's bits for every M, with and without bias: read by the kernel
+    whose layout it is (the AVX-512 tiles, the AMX tiles), the plain weight read otherwise (the other
+    instruction sets); the torch backend takes ``packed`` and ignores it."""
     if isa is not None:
         monkeypatch.setenv("SPECOPS_CPU_ISA", isa)
-    for bias in (True, False):
-        x, w, b = make(13, K, N, torch.bfloat16, bias=bias, seed=N * 31 + K)
-        p = pack_weight(w)
-        for M in range(1, 14):  # every split into row tiles: 1-6 rows as one, then 4 + ..., 4 + 4 + ...
+    for bias, layout in itertools.product((True, False), LAYOUTS):
+        x, w, b = make(37, K, N, torch.bfloat16, bias=bias, seed=N * 31 + K)
+        p = pack_weight(w, layout)
+        for M in [*range(1, 14), 16, 17, 32, 33, 37]:  # every row tile split; 16-row blocks, one and two at a time
             plain = specops.linear(x[:M], w, b, backend="cpp")
-            assert torch.equal(specops.linear(x[:M], w, b, packed=p, backend="cpp"), plain), (M, bias)
-            assert torch.equal(torch.ops.specops.linear_packed(x[:M], w, p, b), plain), (M, bias)
+            assert torch.equal(specops.linear(x[:M], w, b, packed=p, backend="cpp"), plain), (M, bias, layout)
+            assert torch.equal(torch.ops.specops.linear_packed(x[:M], w, p, b), plain), (M, bias, layout)
             assert torch.equal(specops.linear(x[:M], w, b, packed=p, backend="torch"),
                                specops.linear(x[:M], w, b, backend="torch"))
 

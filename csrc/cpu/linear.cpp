@@ -31,6 +31,7 @@
 #endif
 
 #include "../registration.h"
+#include "linear_amx.h"
 
 namespace specops {
 namespace {
@@ -373,13 +374,16 @@ bool has_avx2() {
 #endif  // __x86_64__
 
 // SPECOPS_CPU_ISA=generic forces the generic kernel, =avx2 the AVX2 tiles (tests compare them: the
-// same bits), as for tree_attention.
-enum class LinIsa { generic, avx2, avx512 };
+// same bits), as for tree_attention; =avx512 keeps a bf16 call off the AMX tiles (their own order).
+enum class LinIsa { generic, avx2, avx512, amx };
 LinIsa lin_isa() {
 #if defined(__x86_64__)
   const char* cap = std::getenv("SPECOPS_CPU_ISA");
   if (!has_avx2() || (cap && !std::strcmp(cap, "generic"))) return LinIsa::generic;
   if (!has_avx512() || (cap && !std::strcmp(cap, "avx2"))) return LinIsa::avx2;
+#if defined(SPECOPS_HAS_AMX_PATH)
+  if (!(cap && !std::strcmp(cap, "avx512")) && amx::available()) return LinIsa::amx;
+#endif
   return LinIsa::avx512;
 #else
   return LinIsa::generic;
@@ -398,8 +402,31 @@ template <typename T>
 void run_linear(const at::Tensor& x, const at::Tensor& w_t, const at::Tensor& b_t, bool has_bias, at::Tensor& out,
                 LinIsa isa, const at::Tensor& packed) {
   const int64_t M = x.size(0), K = x.size(1), N = w_t.size(0);
+#if defined(SPECOPS_HAS_AMX_PATH)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (isa == LinIsa::amx) {  // a packed copy in the AMX layout, else the plain weight
+      const int64_t MB = (M + 15) / 16, C = (K + amx::kChunk - 1) / amx::kChunk;
+      thread_local std::vector<c10::BFloat16> xbuf;  // x in the B operand's layout, packed once per call
+      xbuf.resize(static_cast<size_t>(MB * C * 512));
+      amx::pack_x(x.data_ptr<c10::BFloat16>(), M, K, xbuf.data());
+      const c10::BFloat16* xb = xbuf.data();
+      const c10::BFloat16* w = w_t.data_ptr<c10::BFloat16>();
+      const c10::BFloat16* b = has_bias ? b_t.data_ptr<c10::BFloat16>() : nullptr;
+      c10::BFloat16* o = out.data_ptr<c10::BFloat16>();
+      const bool own = packed.defined() && amx::is_packed_shape(packed, N, K);
+      const c10::BFloat16* wp = own ? packed.data_ptr<c10::BFloat16>() : nullptr;
+      // A task streams at least 64 KB of packed weight, 256 KB of plain (the splits below).
+      const int64_t min_task = own ? int64_t{64} << 10 : int64_t{256} << 10;
+      const int64_t grain = std::max<int64_t>(1, min_task / (amx::kRows * K * 2));
+      at::parallel_for(0, (N + amx::kRows - 1) / amx::kRows, grain, [&](int64_t lo, int64_t hi) {
+        amx::rows(xb, M, K, w, wp, b, o, N, lo, hi);
+      });
+      return;
+    }
+  }
+#endif
 #if defined(__x86_64__)
-  const bool use_packed = packed.defined() && isa == LinIsa::avx512;  // else the plain weight: the same bits
+  const bool use_packed = packed.defined() && packed.size(2) == 128 && isa != LinIsa::generic && isa != LinIsa::avx2;  // else the plain weight: the same bits
 #else
   const bool use_packed = false;
 #endif
@@ -428,7 +455,7 @@ void run_linear(const at::Tensor& x, const at::Tensor& w_t, const at::Tensor& b_
         return rows_packed(xf, M, Kp, packed.data_ptr<c10::BFloat16>(), packed.size(0), packed.size(1), b, o, N,
                            lo, hi);
     }
-    if (isa != LinIsa::generic) return rows_avx2<T>(xf, M, Kp, w, K, b, o, N, n_lo, n_hi, isa == LinIsa::avx512);
+    if (isa != LinIsa::generic) return rows_avx2<T>(xf, M, Kp, w, K, b, o, N, n_lo, n_hi, isa != LinIsa::avx2);
 #endif
     rows_generic<T>(xf, M, Kp, w, K, b, o, N, n_lo, n_hi);
   });
@@ -448,14 +475,18 @@ at::Tensor linear_impl(const at::Tensor& x, const at::Tensor& weight, const c10:
                 "bias must be [N] with x's dtype");
   }
   const int64_t M = x.size(0), K = x.size(1), N = weight.size(0);  // [M, K] x [N, K]
-  if (packed.defined()) {  // ops/linear pack_weight(weight): [ceil(N / 8), ceil(K / 16), 128] bf16
+  if (packed.defined()) {  // ops/linear pack_weight(weight): the AVX-512 tiles' layout or the AMX tiles'
     TORCH_CHECK_TYPE(packed.scalar_type() == at::kBFloat16 && x.scalar_type() == at::kBFloat16,
                      "packed: the packed layout is bf16 (x, weight and packed), got x ", x.scalar_type(),
                      " and packed ", packed.scalar_type());
-    TORCH_CHECK_VALUE(packed.dim() == 3 && packed.size(0) == (N + 7) / 8 && packed.size(1) == (K + 15) / 16 &&
-                      packed.size(2) == 128 && packed.is_contiguous(),
+    const bool avx512_layout = packed.dim() == 3 && packed.size(0) == (N + 7) / 8 &&
+                               packed.size(1) == (K + 15) / 16 && packed.size(2) == 128;
+    const bool amx_layout = packed.dim() == 3 && packed.size(0) == (N + 15) / 16 &&
+                            packed.size(1) == (K + 31) / 32 && packed.size(2) == 512;
+    TORCH_CHECK_VALUE((avx512_layout || amx_layout) && packed.is_contiguous(),
                       "packed must be pack_weight(weight): contiguous [", (N + 7) / 8, ", ", (K + 15) / 16,
-                      ", 128], got ", packed.sizes());
+                      ", 128] (layout avx512) or [", (N + 15) / 16, ", ", (K + 31) / 32, ", 512] (layout amx), got ",
+                      packed.sizes());
   }
   auto xc = x.contiguous();
   auto wc = weight.contiguous();
@@ -493,6 +524,13 @@ at::Tensor linear_packed_cpu(const at::Tensor& x, const at::Tensor& weight, cons
 TORCH_LIBRARY_IMPL(specops, CPU, m) {
   m.impl("linear", &specops::linear_cpu);
   m.impl("linear_packed", &specops::linear_packed_cpu);
+}
+
+// specops._C.linear_isa(): the kernel a bf16 call runs on this machine now ("amx", "avx512", "avx2" or
+// "generic"; SPECOPS_CPU_ISA caps it): the Python side packs weights only where the AVX-512 tiles read them.
+PyObject* specops_linear_isa_py(PyObject*, PyObject*) {
+  static const char* names[] = {"generic", "avx2", "avx512", "amx"};
+  return PyUnicode_FromString(names[static_cast<int>(specops::lin_isa())]);
 }
 
 // specops._C.linear(x, weight, bias[, packed]): the same kernel called from Python without the dispatcher.

@@ -20,8 +20,9 @@ def linear(x, weight, bias=None, *, packed=None, backend=None):
     """``x @ weight.T + bias`` with fp32 accumulation, rounded once to ``x``'s dtype; each output
     element depends on its rows of ``x`` and ``weight`` and its bias only (the module's contract).
     Shape: x [..., K], weight [N, K], bias [N] or None -> [..., N] in x's dtype (fp32, bf16 or fp16;
-    weight and bias alike). ``packed``: :func:`pack_weight` of a bf16 ``weight`` (a copy the cpp
-    backend reads faster on AVX-512, the same bits; the other backends read ``weight``)."""
+    weight and bias alike). ``packed``: :func:`pack_weight` of a bf16 ``weight`` in either layout (a copy
+    the cpp backend reads faster, the same bits; a layout this machine's kernel does not read, and the
+    other backends, read ``weight``)."""
     checks.tensor("x", x, dtype=DTYPES)
     if x.dim() < 1:
         raise ValueError(f"x must have rank >= 1 ([..., K]), got shape {tuple(x.shape)}")
@@ -35,7 +36,11 @@ def linear(x, weight, bias=None, *, packed=None, backend=None):
     if bias is not None:
         checks.tensor("bias", bias, dtype=x.dtype, shape=(N,), device=x.device)
     if packed is not None:
-        checks.tensor("packed", packed, dtype=torch.bfloat16, shape=packed_shape(weight), device=weight.device)
+        shapes = [packed_shape(weight, layout) for layout in LAYOUTS]
+        checks.tensor("packed", packed, dtype=torch.bfloat16, rank=3, device=weight.device)
+        if tuple(packed.shape) not in shapes:
+            want = [f"[{', '.join(map(str, shape))}] (layout {name})" for shape, name in zip(shapes, LAYOUTS)]
+            raise ValueError(f"packed must be pack_weight(weight): shape {' or '.join(want)}, got {tuple(packed.shape)}")
     x2 = x if x.dim() == 2 else x.reshape(-1, K)  # [M, K]
     if x2.stride(-1) != 1 and x2.numel():
         x2 = x2.contiguous()
@@ -47,20 +52,40 @@ def linear(x, weight, bias=None, *, packed=None, backend=None):
     return out if x.dim() == 2 else out.reshape(*x.shape[:-1], N)
 
 
-def packed_shape(weight):
-    """The shape of :func:`pack_weight` of ``weight`` [N, K]: [ceil(N / 8), ceil(K / 16), 128]."""
+LAYOUTS = ("avx512", "amx")  # the packed layouts: the AVX-512 tiles', the AMX tiles'
+
+
+def machine_layout():
+    """The packed layout this machine's cpp kernel reads for bf16: "amx" where it runs the AMX tiles
+    (``specops._C.linear_isa()``; ``SPECOPS_CPU_ISA=avx512`` keeps it off them), else "avx512"."""
+    return "amx" if extension.cpu_ext is not None and extension.cpu_ext.linear_isa() == "amx" else "avx512"
+
+
+def packed_shape(weight, layout=None):
+    """The shape of :func:`pack_weight` of ``weight`` [N, K]: [ceil(N / 8), ceil(K / 16), 128] (layout
+    "avx512") or [ceil(N / 16), ceil(K / 32), 512] ("amx"); None: :func:`machine_layout`."""
     N, K = weight.shape
+    if (layout or machine_layout()) == "amx":
+        return (-(-N // 16), -(-K // 32), 512)
     return (-(-N // 8), -(-K // 16), 128)
 
 
-def pack_weight(weight):
-    """A bf16 ``weight`` [N, K] in the layout the cpp backend's AVX-512 kernel reads without widening
-    shuffles (docs/batch_invariance.md, Packed weights; csrc/cpu/linear.cpp, above ``rows_packed``).
-    Shape: [N, K] -> [ceil(N / 8), ceil(K / 16), 128] bf16 (a copy of about the weight's bytes)."""
+def pack_weight(weight, layout=None):
+    """A bf16 ``weight`` [N, K] in a layout the cpp backend streams in one pass (docs/batch_invariance.md,
+    Packed weights): "avx512", the AVX-512 tiles' (read without widening shuffles; csrc/cpu/linear.cpp,
+    above ``rows_packed``), or "amx", the AMX tiles' (16 x 32 blocks, 1 KB each; csrc/cpu/linear_amx.h);
+    None: :func:`machine_layout`. Shape: [N, K] -> :func:`packed_shape` bf16 (a copy of about the
+    weight's bytes)."""
     checks.tensor("weight", weight, dtype=torch.bfloat16, rank=2)
-    G, C, _ = packed_shape(weight)
-    w = weight.new_zeros(G * 8, C * 16)
+    layout = layout or machine_layout()
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS} or None, got {layout!r}")
+    G, C, _ = packed_shape(weight, layout)
+    rows, cols = (16, 32) if layout == "amx" else (8, 16)
+    w = weight.new_zeros(G * rows, C * cols)
     w[: weight.shape[0], : weight.shape[1]] = weight
+    if layout == "amx":  # [t, i, c, k] -> [t, c, i, k]
+        return w.view(G, 16, C, 32).permute(0, 2, 1, 3).reshape(G, C, 512).contiguous()
     # [g, p, h, c, s, l] -> [g, c, p, h, l, s]
     return w.view(G, 4, 2, C, 2, 8).permute(0, 3, 1, 2, 5, 4).reshape(G, C, 128).contiguous()
 

@@ -1,0 +1,155 @@
+// specops::linear's AMX tiles (bf16 x and weight on a CPU with AMX-BF16), included by linear.cpp.
+//
+// Order: each output element is its own chain of TDPBF16PS accumulations over K in chunks of 32
+// (16 bf16 pairs per instruction, the chunks in increasing k, K zero-padded to a multiple of 32),
+// then the bias, then one rounding to bf16. The instruction computes every (row, column) element
+// of a tile by the same arithmetic from that row and column alone, so row i of an M-row call is
+// bit for bit the one-row call on row i (the batch-invariance contract), for every M, row tile,
+// column split and thread count. It is not the lane order of the other CPU kernels: the hardware
+// sums a chunk's pairs in its own fixed way, with input and output denormals flushed to zero, so
+// an AMX machine's bf16 bits differ from an AVX-512 machine's (docs/batch_invariance.md, AMX).
+//
+// Speed: the weight rows are the A operand as they lie ([N, K] row-major: a tile is 16 weight rows
+// x 32 k), x is the B operand, packed per call into the pair-interleaved layout the instruction
+// reads (16 k pairs x 16 rows of x x 2). One tile instruction does 16 x 16 x 32 multiply-adds, so a
+// block of up to 32 rows of x costs about what one row costs: the weight's bytes, streamed once.
+#pragma once
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <cpuid.h>
+
+#define SPECOPS_HAS_AMX_PATH 1
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq"))) inline
+
+namespace specops {
+namespace amx {
+
+constexpr int64_t kRows = 16;   // weight rows per tile (output columns n)
+constexpr int64_t kChunk = 32;  // k per tile: 16 bf16 pairs, 64 bytes
+constexpr int64_t kTileBytes = kRows * kChunk * 2;
+
+// The CPU has AMX-BF16 and the kernel granted this process the tile state (Linux 5.16+ asks for it
+// with arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); without it a tile instruction faults).
+inline bool available() {
+  static const bool ok = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool bf16 = d & (1u << 22), tile = d & (1u << 24);
+    if (!bf16 || !tile) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+  }();
+  return ok;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// tmm0, tmm1: C (16 weight rows x 16 rows of x, fp32); tmm2: A (16 weight rows x 32 k);
+// tmm3, tmm4: B (16 k pairs x 16 rows of x x 2) for two blocks of 16 rows of x.
+AMX_TARGET void configure() {
+  TileConfig cfg;
+  for (int t = 0; t < 5; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+}
+
+// x [M, K] bf16 -> xb [ceil(M / 16), ceil(K / 32), 16, 16, 2]: xb[b, c, p, r, s] = x[16 b + r, 32 c + 2 p + s],
+// zeros past M and K (a zero pair adds +0 to a chain that starts at +0: nothing changes).
+inline void pack_x(const c10::BFloat16* x, int64_t M, int64_t K, c10::BFloat16* xb) {
+  const int64_t MB = (M + 15) / 16, C = (K + kChunk - 1) / kChunk;
+  std::memset(static_cast<void*>(xb), 0, static_cast<size_t>(MB * C * 512) * sizeof(c10::BFloat16));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k)
+      xb[((m / 16 * C + k / kChunk) * 16 + (k % kChunk) / 2) * 32 + (m % 16) * 2 + k % 2] = x[m * K + k];
+}
+
+// Weight rows [n, n + 16) times every block of 16 rows of x, written to out [M, N] with the bias. The
+// A tile of chunk c starts at a + c * step (elements), its rows ld bytes apart. ``pf``: the next
+// tile's pf_bytes, prefetched over the k loop (the weight streams from memory once per call).
+AMX_TARGET void tile_rows(const c10::BFloat16* a, int64_t step, int64_t ld, int64_t C, const c10::BFloat16* xb,
+                          int64_t M, const c10::BFloat16* bias, c10::BFloat16* out, int64_t N, int64_t n,
+                          const char* pf, int64_t pf_bytes) {
+  alignas(64) float cbuf[2][16 * 16];
+  const int64_t MB = (M + 15) / 16;
+  const int64_t pf_per_chunk = (pf_bytes / 64 + C - 1) / std::max<int64_t>(C, 1);
+  const char* const pf_end = pf ? pf + pf_bytes : nullptr;
+  for (int64_t mb = 0; mb < MB; mb += 2) {
+    const bool two = mb + 1 < MB;
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t c = 0; c < C; ++c) {
+      if (mb == 0)
+        for (int64_t i = 0; i < pf_per_chunk && pf < pf_end; ++i, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
+      _tile_loadd(2, a + c * step, ld);
+      _tile_loadd(3, xb + (mb * C + c) * 512, 64);
+      _tile_dpbf16ps(0, 2, 3);
+      if (two) {
+        _tile_loadd(4, xb + ((mb + 1) * C + c) * 512, 64);
+        _tile_dpbf16ps(1, 2, 4);
+      }
+    }
+    _tile_stored(0, cbuf[0], 64);
+    if (two) _tile_stored(1, cbuf[1], 64);
+    for (int h = 0; h < (two ? 2 : 1); ++h)
+      for (int64_t r = 0; r < 16 && (mb + h) * 16 + r < M; ++r) {
+        const int64_t m = (mb + h) * 16 + r;
+        for (int64_t j = 0; j < 16 && n + j < N; ++j) {
+          float acc = cbuf[h][j * 16 + r];
+          if (bias) acc += static_cast<float>(bias[n + j]);
+          out[m * N + n + j] = static_cast<c10::BFloat16>(acc);
+        }
+      }
+  }
+}
+
+// The packed weight's shape for these tiles: [ceil(N / 16), ceil(K / 32), 512], tile t's chunk c the
+// 16 x 32 block w[16 t + i, 32 c + k] at [t, c, 32 i + k], zeros past N and K (ops/linear pack_weight).
+inline bool is_packed_shape(const at::Tensor& p, int64_t N, int64_t K) {
+  return p.dim() == 3 && p.size(0) == (N + kRows - 1) / kRows && p.size(1) == (K + kChunk - 1) / kChunk &&
+         p.size(2) == kRows * kChunk;
+}
+
+// Rows [0, M) x weight-row tiles [t_lo, t_hi) of 16, from the packed weight ``wp`` (one contiguous
+// stream: 1 KB per tile and chunk) or else the plain one (16 rows read side by side; a tile whose rows
+// run past N, or every tile when K is not a multiple of 32, reads a zero-padded copy made here).
+AMX_TARGET void rows(const c10::BFloat16* xb, int64_t M, int64_t K, const c10::BFloat16* w,
+                     const c10::BFloat16* wp, const c10::BFloat16* bias, c10::BFloat16* out, int64_t N,
+                     int64_t t_lo, int64_t t_hi) {
+  configure();
+  const int64_t C = (K + kChunk - 1) / kChunk, Kc = C * kChunk;
+  const char* const w_end = wp ? reinterpret_cast<const char*>(wp + (N + kRows - 1) / kRows * C * 512)
+                               : reinterpret_cast<const char*>(w + N * K);
+  std::vector<c10::BFloat16> pad;
+  for (int64_t t = t_lo; t < t_hi; ++t) {
+    const int64_t n = t * kRows;
+    const char* pf;
+    if (wp) {
+      pf = reinterpret_cast<const char*>(wp + (t + 1) * C * 512);
+      const int64_t pf_bytes = std::max<int64_t>(0, std::min<int64_t>(C * 1024, w_end - pf));
+      tile_rows(wp + t * C * 512, 512, 64, C, xb, M, bias, out, N, n, pf_bytes ? pf : nullptr, pf_bytes);
+      continue;
+    }
+    const c10::BFloat16* src = w + n * K;
+    int64_t ld = K;
+    if (Kc != K || n + kRows > N) {
+      pad.assign(static_cast<size_t>(kRows * Kc), c10::BFloat16(0.f));
+      for (int64_t j = 0; j < kRows && n + j < N; ++j)
+        std::memcpy(pad.data() + j * Kc, w + (n + j) * K, static_cast<size_t>(K) * sizeof(c10::BFloat16));
+      src = pad.data(), ld = Kc;
+    }
+    pf = reinterpret_cast<const char*>(w + std::min(N, n + kRows) * K);
+    const int64_t pf_bytes = std::max<int64_t>(0, std::min<int64_t>(kRows * K * 2, w_end - pf));
+    tile_rows(src, kChunk, ld * 2, C, xb, M, bias, out, N, n, pf_bytes ? pf : nullptr, pf_bytes);
+  }
+  _tile_release();
+}
+
+}  // namespace amx
+}  // namespace specops
+#endif
