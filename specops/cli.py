@@ -128,7 +128,7 @@ def _draft_for(args, method, target, params=None):
 
 def cmd_generate(args):
     from .decoding import generate, methods, SamplingConfig
-    from .decoding.api import _runner_kw
+    from .decoding.api import runner_keywords
     from .parallel import env_world_size
 
     _check_flags(args)
@@ -139,7 +139,7 @@ def cmd_generate(args):
     if args.tp is not None and args.tp != env_world_size():
         raise ValueError(f"--tp {args.tp} needs as many ranks: run it under torchrun --nproc-per-node {args.tp} "
                          f"(this run has WORLD_SIZE={env_world_size()})")
-    _runner_kw(args.kv_layout, args.page_size, args.compile, args.compile_mode)  # before any model loads
+    runner_keywords(args.kv_layout, args.page_size, args.compile, args.compile_mode)  # before any model loads
     target, tok = _setup(args)
     draft = _draft_for(args, args.method, target, params)
     prompts = [_encode(tok, args.prompt, args.raw)] * args.batch

@@ -290,7 +290,7 @@ def test_mjsd_verifies_from_logits_with_its_joint_warp_and_the_generation_bonus(
                 bonus_temperature=sampling.temperature, bonus_top_k=sampling.top_k,
                 bonus_top_p=sampling.top_p, num_nodes=num_nodes)
             assert torch.equal(got.accept_idx, idx) and torch.equal(got.bonus_t, bonus)
-            assert got.kept.tolist() == (lens * active).tolist()
+            assert got.accept_lens.tolist() == (lens * active).tolist()
             assert (lens <= num_nodes).all()
             if tau == 0.0:
                 assert lens.tolist() == num_nodes.tolist()

@@ -69,6 +69,25 @@ inline void pack_x(const c10::BFloat16* x, int64_t M, int64_t K, c10::BFloat16* 
       xb[((m / 16 * C + k / kChunk) * 16 + (k % kChunk) / 2) * 32 + (m % 16) * 2 + k % 2] = x[m * K + k];
 }
 
+// Column r of a stored C tile ([16 weight rows][16 rows of x] fp32, ``c`` = its column r) -> out_row[n, n + 16)
+// (past N masked off): + bias[n + j] where there is a bias (none: nothing added, so -0 stays -0), then
+// c10's float -> bf16 rounding (round to nearest even; NaN -> 0x7FC0), 16 lanes at a time: the scalar
+// conversion cost more than the tiles for 16-row blocks.
+AMX_TARGET void store_row(const float* c, const c10::BFloat16* bias, c10::BFloat16* out_row, int64_t N, int64_t n) {
+  const __mmask16 mask = N - n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (N - n)) - 1);
+  __m512 v = _mm512_i32gather_ps(_mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2,
+                                                                     1, 0), _mm512_set1_epi32(16)), c, 4);
+  if (bias) {
+    const __m256i b16 = _mm256_maskz_loadu_epi16(mask, bias + n);
+    v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b16), 16)));
+  }
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+  _mm256_mask_storeu_epi16(out_row + n, mask, _mm512_cvtepi32_epi16(r));
+}
+
 // Weight rows [n, n + 16) times every block of 16 rows of x, written to out [M, N] with the bias. The
 // A tile of chunk c starts at a + c * step (elements), its rows ld bytes apart. ``pf``: the next
 // tile's pf_bytes, prefetched over the k loop (the weight streams from memory once per call).
@@ -97,14 +116,8 @@ AMX_TARGET void tile_rows(const c10::BFloat16* a, int64_t step, int64_t ld, int6
     _tile_stored(0, cbuf[0], 64);
     if (two) _tile_stored(1, cbuf[1], 64);
     for (int h = 0; h < (two ? 2 : 1); ++h)
-      for (int64_t r = 0; r < 16 && (mb + h) * 16 + r < M; ++r) {
-        const int64_t m = (mb + h) * 16 + r;
-        for (int64_t j = 0; j < 16 && n + j < N; ++j) {
-          float acc = cbuf[h][j * 16 + r];
-          if (bias) acc += static_cast<float>(bias[n + j]);
-          out[m * N + n + j] = static_cast<c10::BFloat16>(acc);
-        }
-      }
+      for (int64_t r = 0; r < 16 && (mb + h) * 16 + r < M; ++r)
+        store_row(cbuf[h] + r, bias, out + ((mb + h) * 16 + r) * N, N, n);
   }
 }
 

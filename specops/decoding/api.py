@@ -78,7 +78,7 @@ def generate(target, prompt, *, draft=None, method="ngram", max_new_tokens=64, t
     sampling = SamplingConfig(temperature, top_k, top_p)
     stop = _check_args(max_new_tokens, stop, eos_token_id, tokenizer, seed, dtype, max_len, compare_ar,
                        stream, record_steps, logprobs)
-    runner_kw = _runner_kw(kv_layout, page_size, compile, compile_mode, linear)
+    runner_kw = runner_keywords(kv_layout, page_size, compile, compile_mode, linear)
     _require(isinstance(batch_invariant, bool) or batch_invariant == "auto", "batch_invariant",
              "True, False or 'auto'", batch_invariant)
     if batch_invariant is True and linear == "torch":
@@ -310,7 +310,7 @@ def _check_tp_size(tp_size, target):
     return parallel.env_world_size() if tp_size is None else tp_size
 
 
-def _runner_kw(kv_layout, page_size, compile=False, compile_mode="default", linear="auto"):
+def runner_keywords(kv_layout, page_size, compile=False, compile_mode="default", linear="auto"):
     """The runner keywords for ``kv_layout`` / ``page_size`` / ``compile`` / ``linear`` (checked
     here, before any model work). Defaults pass none: they are every runner's defaults."""
     _require(isinstance(linear, str) and linear in LINEARS, "linear", f"one of {LINEARS}", linear)

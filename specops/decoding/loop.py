@@ -9,13 +9,14 @@ import torch
 
 from ..engine import ModelRunner
 from ..ops.token_bitmask import apply_token_bitmask
+from ..ops.verify.logits import fuses_bitmask
 from . import _kernels
 from .adaptive import Controller
 from .context import DraftContext, TargetFeatures
 from .metrics import Metrics
 from .sampling import draw
 from .tree import root_draft
-from .verify import fuses_bitmask, verify
+from .verify import verify
 
 TargetLM = ModelRunner  # the target's runner (api.py builds it under this name)
 
@@ -93,7 +94,7 @@ class Decoder:
         result.read(draft, s.active, with_argmax=with_argmax)
         t2 = time.perf_counter()  # verify time ends with the read (on a GPU it waits for the forward)
         # a finished sequence keeps nothing
-        self.target.keep(result.accept_idx, result.kept, [len(p) for p in result.paths], check=_kernels.CHECK)
+        self.target.keep(result.accept_idx, result.accept_lens, [len(p) for p in result.paths], check=_kernels.CHECK)
         emitted = [self._emit_one(b, result.path_tokens[b][1:] + [result.bonus[b]]) if s.active[b] else []
                    for b in range(s.batch)]
         s.root = result.bonus_t.long()

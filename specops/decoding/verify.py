@@ -6,7 +6,6 @@ import dataclasses
 import torch
 
 from ..ops.verify import NEEDS_DRAFT
-from ..ops.verify.logits import fuses_bitmask  # noqa: F401  (the loop's question, answered by the policy)
 from . import _kernels
 from .sampling import SamplingConfig
 
@@ -14,7 +13,7 @@ from .sampling import SamplingConfig
 @dataclasses.dataclass
 class VerifyResult:
     """Device outputs: ``accept_idx`` int32 [B, A] (accepted node indices, root first, then padding),
-    ``accept_lens`` and ``kept`` int32 [B] (0 for finished sequences: what the target keeps),
+    ``accept_lens`` int32 [B] (0 for finished sequences: what the target keeps),
     ``bonus_t`` [B] (the token emitted after the path), ``logits`` [B, T, V] (the target's block
     logits, unmasked where ``bitmask`` int32 [B, T, ceil(V / 32)], a grammar's, was fused into the walk).
 
@@ -25,7 +24,6 @@ class VerifyResult:
     accept_lens: torch.Tensor
     bonus_t: torch.Tensor
     logits: torch.Tensor
-    kept: torch.Tensor = None
     bitmask: torch.Tensor = None
     paths: list = None
     path_tokens: list = None
@@ -90,7 +88,7 @@ def verify(mode, draft, logits, sampling, generator, active, bitmask=None):
     idx, kept, bonus = verify_kept(draft.tokens, draft.parents, draft.num_nodes, logits, uniforms, active,
                                    mode=mode, sampling=sampling, draft_logits=draft_logits, draft_sampling=draft_warp,
                                    bitmask=bitmask, joint=joint)
-    return VerifyResult(accept_idx=idx, accept_lens=kept, bonus_t=bonus, logits=logits, kept=kept, bitmask=bitmask)
+    return VerifyResult(accept_idx=idx, accept_lens=kept, bonus_t=bonus, logits=logits, bitmask=bitmask)
 
 
 def verify_kept(tokens, parents, num_nodes, logits, uniforms, active, *, mode=None, sampling=None, draft_logits=None,
