@@ -51,32 +51,42 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// tmm0, tmm1: C (16 weight rows x 16 rows of x, fp32); tmm2: A (16 weight rows x 32 k);
-// tmm3, tmm4: B (16 k pairs x 16 rows of x x 2) for two blocks of 16 rows of x.
+// Eight 16 x 64-byte tiles: C (16 weight rows x 16 rows of x, fp32), A (16 weight rows x 32 k) and B
+// (16 k pairs x 16 rows of x x 2); their roles are tile_rows'.
 AMX_TARGET void configure() {
   TileConfig cfg;
-  for (int t = 0; t < 5; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
+  for (int t = 0; t < 8; ++t) cfg.rows[t] = 16, cfg.colsb[t] = 64;
   _tile_loadconfig(&cfg);
 }
 
-// x [M, K] bf16 -> xb [ceil(M / 16), ceil(K / 32), 16, 16, 2]: xb[b, c, p, r, s] = x[16 b + r, 32 c + 2 p + s],
+// x [M, K] bf16 -> xb [ceil(M / 16), ceil(K / 32), 16, 16, 2]:
+// xb[b, c, p, r, s] = x[16 b + r, 32 c + 2 p + s],
 // zeros past M and K (a zero pair adds +0 to a chain that starts at +0: nothing changes).
 inline void pack_x(const c10::BFloat16* x, int64_t M, int64_t K, c10::BFloat16* xb) {
   const int64_t MB = (M + 15) / 16, C = (K + kChunk - 1) / kChunk;
   std::memset(static_cast<void*>(xb), 0, static_cast<size_t>(MB * C * 512) * sizeof(c10::BFloat16));
+  if (K % 2 == 0) {  // a pair is one 32-bit word: pair q = 16 c + p of row m -> word (16 C b + q) * 16 + r
+    for (int64_t m = 0; m < M; ++m) {
+      const char* src = reinterpret_cast<const char*>(x + m * K);
+      char* dst = reinterpret_cast<char*>(xb) + ((m / 16) * C * 16 * 16 + m % 16) * 4;
+      for (int64_t q = 0; q < K / 2; ++q) std::memcpy(dst + q * 64, src + q * 4, 4);
+    }
+    return;
+  }
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k)
       xb[((m / 16 * C + k / kChunk) * 16 + (k % kChunk) / 2) * 32 + (m % 16) * 2 + k % 2] = x[m * K + k];
 }
 
-// Column r of a stored C tile ([16 weight rows][16 rows of x] fp32, ``c`` = its column r) -> out_row[n, n + 16)
+// Column r of a stored C tile ([16 weight rows][16 rows of x] fp32; ``c``: column r) -> out_row[n..n + 16)
 // (past N masked off): + bias[n + j] where there is a bias (none: nothing added, so -0 stays -0), then
 // c10's float -> bf16 rounding (round to nearest even; NaN -> 0x7FC0), 16 lanes at a time: the scalar
 // conversion cost more than the tiles for 16-row blocks.
-AMX_TARGET void store_row(const float* c, const c10::BFloat16* bias, c10::BFloat16* out_row, int64_t N, int64_t n) {
+AMX_TARGET void store_row(const float* c, const c10::BFloat16* bias, c10::BFloat16* out_row, int64_t N,
+                          int64_t n) {
   const __mmask16 mask = N - n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (N - n)) - 1);
-  __m512 v = _mm512_i32gather_ps(_mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2,
-                                                                     1, 0), _mm512_set1_epi32(16)), c, 4);
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  __m512 v = _mm512_i32gather_ps(_mm512_mullo_epi32(lane, _mm512_set1_epi32(16)), c, 4);
   if (bias) {
     const __m256i b16 = _mm256_maskz_loadu_epi16(mask, bias + n);
     v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b16), 16)));
@@ -88,13 +98,23 @@ AMX_TARGET void store_row(const float* c, const c10::BFloat16* bias, c10::BFloat
   _mm256_mask_storeu_epi16(out_row + n, mask, _mm512_cvtepi32_epi16(r));
 }
 
-// Weight rows [n, n + 16) times every block of 16 rows of x, written to out [M, N] with the bias. The
-// A tile of chunk c starts at a + c * step (elements), its rows ld bytes apart. ``pf``: the next
-// tile's pf_bytes, prefetched over the k loop (the weight streams from memory once per call).
-AMX_TARGET void tile_rows(const c10::BFloat16* a, int64_t step, int64_t ld, int64_t C, const c10::BFloat16* xb,
-                          int64_t M, const c10::BFloat16* bias, c10::BFloat16* out, int64_t N, int64_t n,
-                          const char* pf, int64_t pf_bytes) {
-  alignas(64) float cbuf[2][16 * 16];
+// Weight rows [n, n + 16) (and [n + 16, n + 32) when TWO_N) times every block of 16 rows of x,
+// written to out [M, N] with the bias. The A tile of chunk c starts at a0 + c * step (a1 + c * step for
+// the second 16 rows; elements), its rows ld bytes apart. Two blocks of x at a time: up to four
+// independent accumulator tiles (the instruction's latency is ~3x its issue interval). ``pf``: the
+// next pf_bytes of weight, prefetched over the k loop (the weight streams from memory once per call), for
+// a plain weight; a packed one (step 512) prefetches each stream kStreamAhead bytes ahead instead.
+// Tiles: C 0, 1 (rows n.., x blocks mb, mb + 1), 2, 3 (rows n + 16..); A 4, 5; B 6, 7.
+// 2 KB: a decoding step's 210 projections (cold, packed, one row) took 1.12-1.15x the AVX-512 lanes'
+// time prefetching the whole next tile pair over the k loop, 1.00-1.01x with 2 KB (1 KB: 1.00-1.04x;
+// three interleaved process pairs each, 2-core Xeon VM with AMX).
+constexpr int64_t kStreamAhead = 2048;
+
+template <bool TWO_N>
+AMX_TARGET void tile_rows(const c10::BFloat16* a0, const c10::BFloat16* a1, int64_t step, int64_t ld,
+                          int64_t C, const c10::BFloat16* xb, int64_t M, const c10::BFloat16* bias,
+                          c10::BFloat16* out, int64_t N, int64_t n, const char* pf, int64_t pf_bytes) {
+  alignas(64) float cbuf[16 * 16];
   const int64_t MB = (M + 15) / 16;
   const int64_t pf_per_chunk = (pf_bytes / 64 + C - 1) / std::max<int64_t>(C, 1);
   const char* const pf_end = pf ? pf + pf_bytes : nullptr;
@@ -102,22 +122,50 @@ AMX_TARGET void tile_rows(const c10::BFloat16* a, int64_t step, int64_t ld, int6
     const bool two = mb + 1 < MB;
     _tile_zero(0);
     _tile_zero(1);
+    if constexpr (TWO_N) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
     for (int64_t c = 0; c < C; ++c) {
-      if (mb == 0)
+      if (mb == 0 && step == 512) {  // packed: each 1 KB chunk stream, kStreamAhead bytes ahead
+        const char* p0 = reinterpret_cast<const char*>(a0 + c * step) + kStreamAhead;
+        for (int i = 0; i < 16; ++i) _mm_prefetch(p0 + 64 * i, _MM_HINT_T0);
+        if constexpr (TWO_N) {
+          const char* p1 = reinterpret_cast<const char*>(a1 + c * step) + kStreamAhead;
+          for (int i = 0; i < 16; ++i) _mm_prefetch(p1 + 64 * i, _MM_HINT_T0);
+        }
+      } else if (mb == 0) {
         for (int64_t i = 0; i < pf_per_chunk && pf < pf_end; ++i, pf += 64) _mm_prefetch(pf, _MM_HINT_T0);
-      _tile_loadd(2, a + c * step, ld);
-      _tile_loadd(3, xb + (mb * C + c) * 512, 64);
-      _tile_dpbf16ps(0, 2, 3);
+      }
+      _tile_loadd(4, a0 + c * step, ld);
+      if constexpr (TWO_N) _tile_loadd(5, a1 + c * step, ld);
+      _tile_loadd(6, xb + (mb * C + c) * 512, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      if constexpr (TWO_N) _tile_dpbf16ps(2, 5, 6);
       if (two) {
-        _tile_loadd(4, xb + ((mb + 1) * C + c) * 512, 64);
-        _tile_dpbf16ps(1, 2, 4);
+        _tile_loadd(7, xb + ((mb + 1) * C + c) * 512, 64);
+        _tile_dpbf16ps(1, 4, 7);
+        if constexpr (TWO_N) _tile_dpbf16ps(3, 5, 7);
       }
     }
-    _tile_stored(0, cbuf[0], 64);
-    if (two) _tile_stored(1, cbuf[1], 64);
-    for (int h = 0; h < (two ? 2 : 1); ++h)
-      for (int64_t r = 0; r < 16 && (mb + h) * 16 + r < M; ++r)
-        store_row(cbuf[h] + r, bias, out + ((mb + h) * 16 + r) * N, N, n);
+    auto emit = [&](int64_t block, int64_t n0) {  // the stored C tile (x block ``block``, weight rows n0..)
+      for (int64_t r = 0; r < 16 && block * 16 + r < M; ++r)
+        store_row(cbuf + r, bias, out + (block * 16 + r) * N, N, n0);
+    };
+    _tile_stored(0, cbuf, 64);
+    emit(mb, n);
+    if (two) {
+      _tile_stored(1, cbuf, 64);
+      emit(mb + 1, n);
+    }
+    if constexpr (TWO_N) {
+      _tile_stored(2, cbuf, 64);
+      emit(mb, n + kRows);
+      if (two) {
+        _tile_stored(3, cbuf, 64);
+        emit(mb + 1, n + kRows);
+      }
+    }
   }
 }
 
@@ -136,16 +184,17 @@ AMX_TARGET void rows(const c10::BFloat16* xb, int64_t M, int64_t K, const c10::B
                      int64_t t_lo, int64_t t_hi) {
   configure();
   const int64_t C = (K + kChunk - 1) / kChunk, Kc = C * kChunk;
-  const char* const w_end = wp ? reinterpret_cast<const char*>(wp + (N + kRows - 1) / kRows * C * 512)
-                               : reinterpret_cast<const char*>(w + N * K);
+  const char* const w_end = reinterpret_cast<const char*>(w + N * K);
   std::vector<c10::BFloat16> pad;
   for (int64_t t = t_lo; t < t_hi; ++t) {
     const int64_t n = t * kRows;
     const char* pf;
-    if (wp) {
-      pf = reinterpret_cast<const char*>(wp + (t + 1) * C * 512);
-      const int64_t pf_bytes = std::max<int64_t>(0, std::min<int64_t>(C * 1024, w_end - pf));
-      tile_rows(wp + t * C * 512, 512, 64, C, xb, M, bias, out, N, n, pf_bytes ? pf : nullptr, pf_bytes);
+    if (wp) {  // two tiles at a time (the last one alone), each a stream prefetched ahead
+      const c10::BFloat16* a0 = wp + t * C * 512;
+      if (t + 1 < t_hi)
+        tile_rows<true>(a0, a0 + C * 512, 512, 64, C, xb, M, bias, out, N, n, nullptr, 0), ++t;
+      else
+        tile_rows<false>(a0, a0, 512, 64, C, xb, M, bias, out, N, n, nullptr, 0);
       continue;
     }
     const c10::BFloat16* src = w + n * K;
@@ -158,7 +207,7 @@ AMX_TARGET void rows(const c10::BFloat16* xb, int64_t M, int64_t K, const c10::B
     }
     pf = reinterpret_cast<const char*>(w + std::min(N, n + kRows) * K);
     const int64_t pf_bytes = std::max<int64_t>(0, std::min<int64_t>(kRows * K * 2, w_end - pf));
-    tile_rows(src, kChunk, ld * 2, C, xb, M, bias, out, N, n, pf_bytes ? pf : nullptr, pf_bytes);
+    tile_rows<false>(src, src, kChunk, ld * 2, C, xb, M, bias, out, N, n, pf_bytes ? pf : nullptr, pf_bytes);
   }
   _tile_release();
 }
