@@ -91,6 +91,7 @@ TASKS = ("code", "code_edit", "prose", "math", "chat")
 MIXED = ("code_edit", "prose", "math", "chat")  # the batch-4 group: first prompt of each
 HF_PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
 ADAPTIVE = {"on": True}  # --no-adaptive turns it off for every specops provider
+COMPILE = {"on": False}  # --compile: every specops provider's forwards compiled (the warm-up compiles)
 
 
 @dataclasses.dataclass
@@ -185,10 +186,11 @@ class Acc:
 
     def __init__(self):
         self.v = dict.fromkeys(self.FIELDS, 0)
-        self.diff = self.cmp = self.runs = 0
+        self.diff = self.cmp = self.runs = self.first = 0
 
     def add(self, m):
         self.runs += 1
+        self.first += m.batch_size  # the prefill emits each sequence's first token
         for k in self.FIELDS:
             self.v[k] += getattr(m, k)
 
@@ -200,6 +202,11 @@ class Acc:
     @property
     def tps(self):
         return self.v["num_generated_tokens"] / self.v["total_time_s"]
+
+    @property
+    def decode_tps(self):  # the tokens after the first over the time after the prefill (time to first token)
+        n = self.v["num_generated_tokens"] - self.first
+        return n / max(self.v["total_time_s"] - self.v["prefill_time_s"], 1e-9)
 
     @property
     def ppl(self):
@@ -239,7 +246,8 @@ def _run_specops(target, groups, new, mode, method, draft, params, warm=False):
     params = dict(params, **(_fresh_pool() if method == "ouroboros" else {}))
     for g, ids in enumerate(groups):
         out, m = specops.generate(target, ids, draft=draft, method=method, max_new_tokens=new, eos_token_id=[],
-                                  seed=g, adaptive=ADAPTIVE["on"], logprobs=True, **SAMPLING[mode], **params)
+                                  seed=g, adaptive=ADAPTIVE["on"], logprobs=True, compile=COMPILE["on"],
+                                  **SAMPLING[mode], **params)
         acc.add(m)
         outs.append(out)
         if warm:
@@ -253,6 +261,8 @@ def record(rec, provider, base, acc, ar, method):
     val = lambda metric, unit, x: rec.value(provider, base, metric, unit, x, n=acc.runs)  # noqa: E731
     val("tokens_per_s", "tok/s", acc.tps)
     val("speedup_vs_ar", "x", acc.tps / ar.tps)
+    val("decode_tokens_per_s", "tok/s", acc.decode_tps)
+    val("decode_speedup_vs_ar", "x", acc.decode_tps / ar.decode_tps)
     val("mean_acceptance_length", "tokens", 1 + v["num_accepted_tokens"] / steps)
     val("drafted_tokens_per_step", "tokens", v["num_draft_tokens"] / steps)
     val("drafted_nodes_per_step", "nodes", v["num_drafted_nodes"] / steps)
@@ -421,6 +431,8 @@ def main(argv=None):
     parser.add_argument("--questions", default=None, metavar="FILE",
                         help="JSON-lines questions (question_id, category, turns) instead of bench/prompts.json; "
                              "categories become the tasks")
+    parser.add_argument("--compile", action="store_true",
+                        help="specops providers with compiled forwards (generate(compile=True); compiled in the warm-up)")
     parser.add_argument("--no-adaptive", action="store_true",
                         help="every specops method with its fixed budget (default: adaptive speculation)")
     parser.add_argument("--per-category", type=int, default=None, metavar="N",
@@ -462,6 +474,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     ADAPTIVE["on"] = not args.no_adaptive
+    COMPILE["on"] = args.compile
     profile = args.profile or ("quick" if args.quick else "final")
     providers = args.methods.split(",") if args.methods else None
     rec = Recorder(OP, "cpu", profile == "quick", providers)

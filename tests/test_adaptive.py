@@ -16,6 +16,7 @@ from test_decoding import N_NEW
 from specops.cli import _adaptive_flag, main
 from specops.decoding import AdaptiveConfig, generate, methods
 from specops.decoding.adaptive import Controller, CostModel, expected_tokens, resolve
+from specops.ops.linear import machine_layout
 from specops.decoding.methods.ngram import longest_matches
 from specops.engine import Stager
 from specops.testing import reference_greedy
@@ -418,3 +419,13 @@ def test_adaptive_ngram_is_lossless_on_copied_text(llama_pair):
                           record_steps=True)
         assert [out[b].tolist() for b in range(2)] == refs
         assert max(n for s in m.steps for n in s["nodes"]) > 3
+
+
+def test_the_prior_slope_follows_the_machines_linear_kernel(monkeypatch):
+    # AMX tiles (bf16): a block costs little more than one row, so a smaller prior per row
+    want = 0.025 if machine_layout() == "amx" else 0.07
+    assert AdaptiveConfig().prior_slope == want and AdaptiveConfig(prior_slope=0.1).prior_slope == 0.1
+    monkeypatch.setenv("SPECOPS_CPU_ISA", "avx512")  # the lane order everywhere
+    assert AdaptiveConfig().prior_slope == 0.07
+    with pytest.raises(ValueError, match="prior_slope must be a number >= 0.0, got -1"):
+        AdaptiveConfig(prior_slope=-1)

@@ -7,6 +7,8 @@ fits and why every method stays lossless; the code follows its names (``S``, ``N
 import dataclasses
 import math
 
+from ..ops.linear import machine_layout
+
 
 @dataclasses.dataclass
 class AdaptiveConfig:
@@ -21,7 +23,7 @@ class AdaptiveConfig:
     probe_budget: int = 2  # a probe drafts at most this deep (it measures acceptance; growth follows)
     margin: float = 0.05  # speculate only while R(g) >= 1 + margin
     cost_decay: float = 0.75  # weight of the older cost measurements
-    prior_slope: float = 0.07  # extra target cost per block token (fraction of a 1-token step)
+    prior_slope: float = None  # extra target cost per block token (of a 1-token step); None: default_slope()
     slope_weight: float = 8.0  # the prior slope's weight against the measured sizes' spread (tokens^2)
     min_budget: int = None
     max_budget: int = None
@@ -34,6 +36,8 @@ class AdaptiveConfig:
         self._check("explore", (int, float), "a number > 0.0", lambda v: v > 0)
         for name in ("prior_levels", "prior_slope", "slope_weight"):
             self._check(name, (int, float), "a number >= 0.0", lambda v: v >= 0)
+        if self.prior_slope is None:
+            self.prior_slope = default_slope()
         for name in ("probe_after", "probe_max", "probe_budget", "min_budget", "max_budget"):
             self._check(name, int, "an int >= 1", lambda v: v >= 1)
         if self.probe_max < self.probe_after:
@@ -45,9 +49,16 @@ class AdaptiveConfig:
 
     def _check(self, name, types, want, ok):
         v = getattr(self, name)
-        unset = v is None and name in ("min_budget", "max_budget")  # None: the drafter's range
+        unset = v is None and name in ("min_budget", "max_budget", "prior_slope")  # None: the range / default
         if not unset and (isinstance(v, bool) or not isinstance(v, types) or not ok(v)):
             raise ValueError(f"AdaptiveConfig.{name} must be {want}, got {v!r}")
+
+
+def default_slope():
+    """The prior slope of a block's cost per row: 0.025 of a one-row step where bf16 linears run on the
+    AMX tiles (a 16-row block of SmolLM2's projections ~1.4x one row), else 0.07 (the AVX-512 lanes:
+    2-4 rows +6-7 % a row; docs/methods.md §Adaptive speculation)."""
+    return 0.025 if machine_layout() == "amx" else 0.07
 
 
 def resolve(adaptive):
