@@ -92,6 +92,7 @@ MIXED = ("code_edit", "prose", "math", "chat")  # the batch-4 group: first promp
 HF_PEERS = ("hf_generate", "hf_prompt_lookup", "hf_assisted")
 ADAPTIVE = {"on": True}  # --no-adaptive turns it off for every specops provider
 COMPILE = {"on": False}  # --compile: every specops provider's forwards compiled (the warm-up compiles)
+ROUNDS = {"n": 1}  # --rounds: each case's specops providers run this many times, interleaved
 
 
 @dataclasses.dataclass
@@ -194,6 +195,11 @@ class Acc:
         for k in self.FIELDS:
             self.v[k] += getattr(m, k)
 
+    def merge(self, other):  # another round of the same provider and case
+        self.runs, self.first = self.runs + other.runs, self.first + other.first
+        for k in self.FIELDS:
+            self.v[k] += other.v[k]
+
     def compare(self, out, ref):
         n = min(out.shape[1], ref.shape[1])
         self.diff += int((out[:, :n] != ref[:, :n]).sum())
@@ -292,17 +298,23 @@ def run_case(rec, plan, target, tok, drafts, hf_drafts, task, groups, mode, batc
     base = dict(target=plan.target, dtype="bf16", task=task, mode=mode, batch=batch, new_tokens=new,
                 prompts=sum(len(g) for g in groups), **(tag or {}), **({} if ADAPTIVE["on"] else {"adaptive": False}))
     ar = None
-    results = {}
-    for provider, method, draft, params in configs(drafts, plan.equal_budget):
-        if not rec.wants(provider) and provider != "ar":
-            continue
-        t0 = time.perf_counter()
-        acc, outs = _run_specops(target, groups, new, mode, method, draft, params)
-        _progress(timings, base, provider, t0)
+    results, accs, first_outs = {}, {}, {}
+    todo = [c for c in configs(drafts, plan.equal_budget) if rec.wants(c[0]) or c[0] == "ar"]
+    for r in range(ROUNDS["n"]):  # rounds interleave the providers (every other round in reverse order)
+        for provider, method, draft, params in (todo if r % 2 == 0 else todo[::-1]):
+            t0 = time.perf_counter()
+            acc, outs = _run_specops(target, groups, new, mode, method, draft, params)
+            _progress(timings, base, provider, t0)
+            if provider in accs:
+                accs[provider].merge(acc)
+            else:
+                accs[provider], first_outs[provider] = acc, outs
+    for provider, method, _, _ in todo:  # AR first: the others' ratios need it
+        acc = accs[provider]
         if method == "ar":
-            ar, ar_outs = acc, outs
+            ar, ar_outs = acc, first_outs[provider]
         elif mode == "greedy":
-            for out, ref in zip(outs, ar_outs):
+            for out, ref in zip(first_outs[provider], ar_outs):
                 acc.compare(out, ref)
         results[provider] = (acc, method)
         record(rec, provider, base, acc, ar, method)
@@ -433,6 +445,8 @@ def main(argv=None):
                              "categories become the tasks")
     parser.add_argument("--compile", action="store_true",
                         help="specops providers with compiled forwards (generate(compile=True); compiled in the warm-up)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run each case's specops providers this many times, interleaved (a machine's speed drifts)")
     parser.add_argument("--no-adaptive", action="store_true",
                         help="every specops method with its fixed budget (default: adaptive speculation)")
     parser.add_argument("--per-category", type=int, default=None, metavar="N",
@@ -475,6 +489,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     ADAPTIVE["on"] = not args.no_adaptive
     COMPILE["on"] = args.compile
+    ROUNDS["n"] = args.rounds
     profile = args.profile or ("quick" if args.quick else "final")
     providers = args.methods.split(",") if args.methods else None
     rec = Recorder(OP, "cpu", profile == "quick", providers)
