@@ -16,9 +16,9 @@ from test_decoding import N_NEW
 from specops.cli import _adaptive_flag, main
 from specops.decoding import AdaptiveConfig, generate, methods
 from specops.decoding.adaptive import Controller, CostModel, expected_tokens, resolve
-from specops.ops.linear import machine_layout
 from specops.decoding.methods.ngram import longest_matches
 from specops.engine import Stager
+from specops.ops.linear import machine_layout
 from specops.testing import reference_greedy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
