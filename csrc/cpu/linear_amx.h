@@ -12,7 +12,7 @@
 // Speed: the weight rows are the A operand as they lie ([N, K] row-major: a tile is 16 weight rows
 // x 32 k), x is the B operand, packed per call into the pair-interleaved layout the instruction
 // reads (16 k pairs x 16 rows of x x 2). One tile instruction does 16 x 16 x 32 multiply-adds, so a
-// block of up to 32 rows of x costs about what one row costs: the weight's bytes, streamed once.
+// block of up to 16 rows of x costs little more than one row: the weight's bytes, streamed once.
 #pragma once
 
 #if defined(__x86_64__) && defined(__linux__)
@@ -28,7 +28,6 @@ namespace amx {
 
 constexpr int64_t kRows = 16;   // weight rows per tile (output columns n)
 constexpr int64_t kChunk = 32;  // k per tile: 16 bf16 pairs, 64 bytes
-constexpr int64_t kTileBytes = kRows * kChunk * 2;
 
 // The CPU has AMX-BF16 and the kernel granted this process the tile state (Linux 5.16+ asks for it
 // with arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); without it a tile instruction faults).
@@ -98,18 +97,19 @@ AMX_TARGET void store_row(const float* c, const c10::BFloat16* bias, c10::BFloat
   _mm256_mask_storeu_epi16(out_row + n, mask, _mm512_cvtepi32_epi16(r));
 }
 
+// How far ahead a packed tile stream is prefetched. A decoding step's 210 projections (cold, packed,
+// one row) took 1.12-1.15x the AVX-512 lanes' time prefetching the whole next tile pair over the k
+// loop, 1.00-1.01x with 2 KB ahead (1 KB: 1.00-1.04x; three interleaved process pairs each, 2-core
+// Xeon VM with AMX).
+constexpr int64_t kStreamAhead = 2048;
+
 // Weight rows [n, n + 16) (and [n + 16, n + 32) when TWO_N) times every block of 16 rows of x,
 // written to out [M, N] with the bias. The A tile of chunk c starts at a0 + c * step (a1 + c * step for
 // the second 16 rows; elements), its rows ld bytes apart. Two blocks of x at a time: up to four
-// independent accumulator tiles (the instruction's latency is ~3x its issue interval). ``pf``: the
-// next pf_bytes of weight, prefetched over the k loop (the weight streams from memory once per call), for
-// a plain weight; a packed one (step 512) prefetches each stream kStreamAhead bytes ahead instead.
+// independent accumulator tiles (the instruction's latency is ~3x its issue interval). A plain
+// weight prefetches the next pf_bytes at ``pf`` over the k loop (the weight streams from memory once
+// per call); a packed one (step 512) prefetches each stream kStreamAhead bytes ahead instead.
 // Tiles: C 0, 1 (rows n.., x blocks mb, mb + 1), 2, 3 (rows n + 16..); A 4, 5; B 6, 7.
-// 2 KB: a decoding step's 210 projections (cold, packed, one row) took 1.12-1.15x the AVX-512 lanes'
-// time prefetching the whole next tile pair over the k loop, 1.00-1.01x with 2 KB (1 KB: 1.00-1.04x;
-// three interleaved process pairs each, 2-core Xeon VM with AMX).
-constexpr int64_t kStreamAhead = 2048;
-
 template <bool TWO_N>
 AMX_TARGET void tile_rows(const c10::BFloat16* a0, const c10::BFloat16* a1, int64_t step, int64_t ld,
                           int64_t C, const c10::BFloat16* xb, int64_t M, const c10::BFloat16* bias,
