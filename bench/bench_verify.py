@@ -174,13 +174,17 @@ def mss_vectorized(tokens, kids, P, Q, U):
 
 def hf_chain(tokens, P, Q):
     """transformers' _speculative_sampling (batch 1), looped over the batch."""
+    import inspect
+
     from transformers.generation.utils import _speculative_sampling
 
+    # transformers up to 5.17 (a GPU image's) also takes is_done_candidate; the pinned releases do not
+    extra = [False] if "is_done_candidate" in inspect.signature(_speculative_sampling).parameters else []
     out = []
     gamma = P.shape[1] - 1
     for b in range(P.shape[0]):
         cand = tokens[b: b + 1].long()
-        out.append(_speculative_sampling(cand, Q[b: b + 1, 1:].log(), gamma, P[b: b + 1].log()))
+        out.append(_speculative_sampling(cand, Q[b: b + 1, 1:].log(), gamma, P[b: b + 1].log(), *extra))
     return out
 
 

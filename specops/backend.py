@@ -18,12 +18,9 @@ TEST_ONLY = ("cudasim",)  # never chosen automatically
 PREFERENCE = {"cuda": ("cuda", "triton", "torch"), "cpu": ("cpp", "torch")}
 # Ops whose preference differs from the device's. tree_attention: Triton's kernel runs on tensor cores;
 # flashinfer, after our kernels, reads K/V over the whole buffer, one launch per sequence (integrations/
-# flashinfer.py). verify: the cuda walks of mss / mss_pointmass / mss_noreplace disagreed with the reference
-# on a GPU (docs/testing.md §On a GPU; fixed in the source, not re-run there): Triton's, which passed, first.
+# flashinfer.py).
 OP_PREFERENCE = {("tree_attention", "cuda"): ("triton", "cuda", "flashinfer", "torch"),
-                 ("tree_attention_paged", "cuda"): ("triton", "cuda", "torch"),
-                 ("verify_tree", "cuda"): ("triton", "cuda", "torch"),
-                 ("verify_tree_logits", "cuda"): ("triton", "cuda", "torch")}
+                 ("tree_attention_paged", "cuda"): ("triton", "cuda", "torch")}
 # The torch.ops namespace each compiled backend's kernels are registered in (csrc/schemas.h).
 COMPILED = {"cpp": "specops", "cuda": "specops", "cudasim": "specops_cudasim"}
 

@@ -142,7 +142,8 @@ def perturbed_copy(model, scale, seed=1):
     with torch.no_grad():
         for p in out.parameters():
             if p.numel() > 1 and p.std() > 0:
-                p.add_(torch.randn(p.shape, generator=gen).to(p.dtype) * scale * p.std())
+                # The noise is drawn on the CPU (the same draft on every device), then moved to the weight's.
+                p.add_(torch.randn(p.shape, generator=gen).to(p.device, p.dtype) * scale * p.std())
     return out
 
 
