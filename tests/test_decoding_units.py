@@ -391,3 +391,32 @@ def test_draft_lm_device_tokens_feed_like_host_tokens_and_commit_from_path_token
     assert torch.equal(out[0][0], out[1][0])
     assert out[0][1:] == out[1][1:]
     assert out[1][2] == [seqs[b] + drafted[b] for b in range(2)]
+
+
+def test_the_draft_tokenizer_check_compares_vocabularies_once_per_pair():
+    from specops.decoding.api import _check_same_vocab
+
+    class Tok:
+        def __init__(self, vocab):
+            self.vocab, self.reads = dict(vocab), 0
+
+        def __len__(self):
+            return len(self.vocab)
+
+        def get_vocab(self):
+            self.reads += 1
+            return dict(self.vocab)
+
+    model = tiny_causal_lm("llama")
+    V = model.config.vocab_size
+    target, draft = Tok({f"t{i}": i for i in range(V)}), Tok({f"t{i}": i for i in range(V)})
+    for _ in range(3):
+        _check_same_vocab(model, target, model, draft)
+    assert (target.reads, draft.reads) == (1, 1)  # the verdict is kept for the pair
+    other = Tok({f"t{i}": (i + 1) % V for i in range(V)})  # same size, other ids
+    for _ in range(2):
+        with pytest.raises(ValueError, match="tokenizer differs from the target's"):
+            _check_same_vocab(model, target, model, other)
+    draft.vocab["extra"] = V  # a token added after the check: the sizes differ now
+    with pytest.raises(ValueError, match="tokenizer differs from the target's"):
+        _check_same_vocab(model, target, model, draft)
