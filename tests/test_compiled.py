@@ -79,6 +79,25 @@ def block_logits_match(target, layout):
             torch.testing.assert_close(comp, eager, atol=1e-5, rtol=1e-5, msg=name)
 
 
+def test_a_prompt_that_fits_one_block_prefills_through_the_graph(llama_pair):
+    # Prompts of up to 64 tokens prefill as one compiled block (the HF model's eager forward is not
+    # called); a longer one eagerly. Either way the cache holds the prompts and the last rows' logits.
+    target = llama_pair[0]
+    calls = []
+    hook = target.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        with torch.inference_mode():
+            r = ModelRunner(target, 2, 100, compile=True)
+            short = r.prefill([[3, 5, 7], [4] * 64])
+            assert calls == [] and r.host_lens == [3, 64] and short.shape == (2, target.config.vocab_size)
+            r.prefill([[3, 5, 7], [4] * 65])
+            assert calls == [1] and r.host_lens == [3, 65]
+            eager = ModelRunner(target, 2, 100).prefill([[3, 5, 7], [4] * 64])
+    finally:
+        hook.remove()
+    torch.testing.assert_close(short, eager, atol=1e-5, rtol=1e-5)
+
+
 def test_compiled_ar_matches_eager_ar_and_reports_compile_time(llama_pair):
     target, _, prompts, refs = llama_pair
     eager, _ = generate(target, prompts, method="ar", max_new_tokens=N_NEW, eos_token_id=[])

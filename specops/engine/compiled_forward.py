@@ -54,9 +54,10 @@ class CompiledRunner:
         """Whether a block of ``Tq`` query rows reaching ``longest`` rows runs compiled."""
         return Tq <= MAX_BUCKET and not (self.window and longest > self.window)
 
-    def forward(self, tokens, mask, depth, block_lens, q_start, features=None):
+    def forward(self, tokens, mask, depth, block_lens, q_start, features=None, head_rows=None):
         """Shape: tokens int [B, Tq], mask int32 [B, Tq, W], depth int32 [B, Tq], block_lens int32 [B],
-        features [B, Tq, H] (a feature model's) or None -> logits [B, Tq, V] (model dtype)."""
+        features [B, Tq, H] (a feature model's) or None, head_rows int64 [B] or None -> logits [B, Tq, V]
+        (model dtype); with ``head_rows``, only row ``head_rows[b]`` of each sequence's: [B, 1, V]."""
         pad = torch.nn.functional.pad
         Tq = tokens.shape[1]
         # One graph for every row count (a symbol); CUDA graphs capture static shapes, so there
@@ -85,7 +86,10 @@ class CompiledRunner:
                               self.page_table, self.runner.batch_invariant)
         hidden, secs = self.decoder(key, ids, positions, m, block, feats)
         self.compile_time_s += secs
-        logits = self.head(hidden[:, :Tq])
+        if head_rows is None:
+            logits = self.head(hidden[:, :Tq])
+        else:  # the LM head on the rows asked for alone (a prefill's last row)
+            logits = self.head(hidden[torch.arange(hidden.shape[0], device=hidden.device), head_rows][:, None])
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

@@ -218,7 +218,8 @@ class ModelRunner:
         if all_rows:
             out = out[torch.arange(self.B, device=out.device), lens.long() - 1]
         if self.keep_features:
-            self.features[:, : ids.shape[1]] = self._hidden.to(self.features.dtype)
+            L = ids.shape[1]  # (a compiled block's hidden may hold padding rows past L)
+            self.features[:, :L] = self._hidden[:, :L].to(self.features.dtype)
             self._hidden = None
         return out if logits else None
 
@@ -278,6 +279,15 @@ class ModelRunner:
             raise ValueError(f"input_ids: prompt of {L} tokens exceeds the cache (max_len={self.max_len})")
         checks.range_values("lens", lens, 1, L, "every prompt needs at least one token")
         self.cache.reset()
+        if self.compiled is not None and self.compiled.takes(L, L):
+            # A prompt that fits one compiled block runs as one: eagerly, the per-op cost of every layer
+            # made a short prompt's prefill ~1.4x the compiled block (58 tokens: 104 vs 75 ms, SmolLM2).
+            parents = (torch.arange(L, dtype=torch.int32, device=self.device) - 1).expand(B, L)
+            mask, depth = build_tree_mask(parents, lens, check=False)  # [B, L, W]; rows >= lens: padding
+            last = lens.to(torch.int64) - 1 if last_only else None
+            logits = self.compiled.forward(input_ids, mask, depth, lens, 0, features, head_rows=last)
+            self.cache.commit(lens)
+            return logits[:, 0] if last_only else logits
         block = self._block(prefix_lens=torch.zeros_like(lens), block_lens=lens, mask=causal_mask(B, L, self.device),
                             q_lens=lens, longest=L)
         positions = torch.arange(L, device=self.device).expand(B, L)
