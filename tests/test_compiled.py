@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specops.decoding import generate
-from specops.engine import ModelRunner, compiled
+from specops.engine import ModelRunner, compiled, pad_batch
 from specops.testing import perturbed_copy, random_parents, tiny_causal_lm
 
 from test_decoding import LOSSLESS, N_NEW, _run
@@ -79,23 +79,38 @@ def block_logits_match(target, layout):
             torch.testing.assert_close(comp, eager, atol=1e-5, rtol=1e-5, msg=name)
 
 
-def test_a_prompt_that_fits_one_block_prefills_through_the_graph(llama_pair):
-    # Prompts of up to 64 tokens prefill as one compiled block (the HF model's eager forward is not
-    # called); a longer one eagerly. Either way the cache holds the prompts and the last rows' logits.
+def test_prompts_prefill_through_the_graph_in_chunks_of_64_rows(llama_pair):
+    # A prompt of any length prefills through the compiled block, 64 rows at a time (the HF model's
+    # eager forward is never called); a prompt that ended sits the later chunks out. The logits (last
+    # rows, every row), the features and the next block's logits equal eager's.
     target = llama_pair[0]
+    prompts = [[3, 5, 7], [4, 9] * 75]  # 3 and 150 tokens: chunks of 64, 64 and 22 rows
+    ids, lens = pad_batch(prompts)
     calls = []
     hook = target.register_forward_pre_hook(lambda *a: calls.append(1))
     try:
         with torch.inference_mode():
-            r = ModelRunner(target, 2, 100, compile=True)
-            short = r.prefill([[3, 5, 7], [4] * 64])
-            assert calls == [] and r.host_lens == [3, 64] and short.shape == (2, target.config.vocab_size)
-            r.prefill([[3, 5, 7], [4] * 65])
-            assert calls == [1] and r.host_lens == [3, 65]
-            eager = ModelRunner(target, 2, 100).prefill([[3, 5, 7], [4] * 64])
+            runs = {}
+            for name, kw in (("compiled", {"compile": True}), ("eager", {})):
+                if name == "eager":
+                    assert calls == []  # nothing above ran the HF forward
+                r = ModelRunner(target, 2, 200, keep_features=True, **kw)
+                last = r.prefill(prompts)
+                assert r.host_lens == [3, 150]
+                feats = r.features[:, :150].clone()
+                nxt = r.forward(torch.tensor([[11], [12]]), torch.full((2, 1), -1, dtype=torch.int32))
+                rows = r.prefill_padded(ids, lens)  # [B, L, V]
+                runs[name] = (last, feats, nxt, rows)
+                r.close()
     finally:
         hook.remove()
-    torch.testing.assert_close(short, eager, atol=1e-5, rtol=1e-5)
+    (last, feats, nxt, rows), (e_last, e_feats, e_nxt, e_rows) = runs["compiled"], runs["eager"]
+    assert last.shape == (2, target.config.vocab_size) and rows.shape == (2, 150, target.config.vocab_size)
+    torch.testing.assert_close(last, e_last, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(nxt, e_nxt, atol=1e-5, rtol=1e-5)
+    for b, n in enumerate(lens.tolist()):  # rows past a prompt's length are padding
+        torch.testing.assert_close(feats[b, :n], e_feats[b, :n], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(rows[b, :n], e_rows[b, :n], atol=1e-5, rtol=1e-5)
 
 
 def test_compiled_ar_matches_eager_ar_and_reports_compile_time(llama_pair):

@@ -58,6 +58,22 @@ class CompiledRunner:
         """Shape: tokens int [B, Tq], mask int32 [B, Tq, W], depth int32 [B, Tq], block_lens int32 [B],
         features [B, Tq, H] (a feature model's) or None, head_rows int64 [B] or None -> logits [B, Tq, V]
         (model dtype); with ``head_rows``, only row ``head_rows[b]`` of each sequence's: [B, 1, V]."""
+        hidden = self.hidden(tokens, mask, depth, block_lens, q_start, features)  # [B, Tb, H]
+        if head_rows is None:
+            return self.logits(hidden[:, :tokens.shape[1]])
+        # The LM head on the rows asked for alone (a prefill's last row).
+        return self.logits(hidden[torch.arange(hidden.shape[0], device=hidden.device), head_rows][:, None])
+
+    def logits(self, hidden):
+        """The LM head (and the model's final soft cap). Shape: [B, T, H] -> [B, T, V] (model dtype)."""
+        logits = self.head(hidden)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def hidden(self, tokens, mask, depth, block_lens, q_start, features=None):
+        """The block's final hidden states (the LM head's input), the arguments as :meth:`forward`'s.
+        Shape: -> [B, Tb, H] (model dtype), Tb >= Tq: rows from Tq on are padding."""
         pad = torch.nn.functional.pad
         Tq = tokens.shape[1]
         # One graph for every row count (a symbol); CUDA graphs capture static shapes, so there
@@ -86,13 +102,7 @@ class CompiledRunner:
                               self.page_table, self.runner.batch_invariant)
         hidden, secs = self.decoder(key, ids, positions, m, block, feats)
         self.compile_time_s += secs
-        if head_rows is None:
-            logits = self.head(hidden[:, :Tq])
-        else:  # the LM head on the rows asked for alone (a prefill's last row)
-            logits = self.head(hidden[torch.arange(hidden.shape[0], device=hidden.device), head_rows][:, None])
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+        return hidden
 
     def warmup(self, sizes=None):
         """Compiles the buckets of ``sizes`` (default all) with a scratch block at the current

@@ -279,15 +279,8 @@ class ModelRunner:
             raise ValueError(f"input_ids: prompt of {L} tokens exceeds the cache (max_len={self.max_len})")
         checks.range_values("lens", lens, 1, L, "every prompt needs at least one token")
         self.cache.reset()
-        if self.compiled is not None and self.compiled.takes(L, L):
-            # A prompt that fits one compiled block runs as one: eagerly, the per-op cost of every layer
-            # made a short prompt's prefill ~1.4x the compiled block (58 tokens: 104 vs 75 ms, SmolLM2).
-            parents = (torch.arange(L, dtype=torch.int32, device=self.device) - 1).expand(B, L)
-            mask, depth = build_tree_mask(parents, lens, check=False)  # [B, L, W]; rows >= lens: padding
-            last = lens.to(torch.int64) - 1 if last_only else None
-            logits = self.compiled.forward(input_ids, mask, depth, lens, 0, features, head_rows=last)
-            self.cache.commit(lens)
-            return logits[:, 0] if last_only else logits
+        if self.compiled is not None and self.compiled.takes(min(L, _compiled.MAX_BUCKET), L):
+            return self._prefill_compiled(input_ids, lens, last_only, features)
         block = self._block(prefix_lens=torch.zeros_like(lens), block_lens=lens, mask=causal_mask(B, L, self.device),
                             q_lens=lens, longest=L)
         positions = torch.arange(L, device=self.device).expand(B, L)
@@ -302,6 +295,36 @@ class ModelRunner:
                 logits = torch.take_along_dim(logits, last[..., None], dim=1)
             return logits[:, 0]
         return logits
+
+    def _prefill_compiled(self, input_ids, lens, last_only, features):
+        """``prefill_padded`` through the compiled block, in chunks of up to 64 rows (the one graph of
+        every block size). Eagerly the per-op cost of 30 layers made a 58-token prompt's prefill ~1.4x
+        the block's (104 vs 75 ms, SmolLM2); a long prompt reads the weights once per chunk, which the
+        per-op cost outweighs as well (docs/compile.md, "Prefill"). A prompt ended before a chunk
+        gets padding rows there (its count 0)."""
+        B, L = input_ids.shape
+        step = _compiled.MAX_BUCKET
+        last = lens.to(torch.int64) - 1  # [B]: each prompt's last row
+        bi = torch.arange(B, device=self.device)
+        picked, logits, hiddens = None, [], []
+        for s in range(0, L, step):
+            Tq = min(step, L - s)
+            counts = (lens - s).clamp(0, Tq)  # int32 [B]: each prompt's rows in this chunk
+            parents = (torch.arange(Tq, dtype=torch.int32, device=self.device) - 1).expand(B, Tq)
+            mask, depth = build_tree_mask(parents, counts, check=False)  # [B, Tq, W]; rows >= counts: padding
+            feats = None if features is None else features[:, s:s + Tq]
+            hidden = self.compiled.hidden(input_ids[:, s:s + Tq], mask, depth, counts, 0, feats)  # [B, Tb, H]
+            if last_only:  # the LM head runs once, on each prompt's last row
+                row = hidden[bi, (last - s).clamp(0, Tq - 1)]  # [B, H]
+                picked = row if picked is None else torch.where(((last >= s) & (last < s + Tq))[:, None], row, picked)
+            else:
+                logits.append(self.compiled.logits(hidden[:, :Tq]))  # [B, Tq, V]
+            if self.keep_features:  # the hook saw this chunk's rows (the norm's, or the head's input)
+                hiddens.append(self._hidden[:, :Tq])
+            self.cache.commit(counts, check=s + Tq >= L)  # the last commit checks all and syncs once
+        if self.keep_features:
+            self._hidden = torch.cat(hiddens, 1)  # [B, L, H]
+        return self.compiled.logits(picked[:, None])[:, 0] if last_only else torch.cat(logits, 1)
 
     def forward_mask(self, tokens, mask, depth, block_lens, *, q_start=0, features=None):
         """The general form of ``forward``: any visibility mask (DAG, lookahead window) over the block.
