@@ -79,7 +79,8 @@ def block_logits_match(target, layout):
             torch.testing.assert_close(comp, eager, atol=1e-5, rtol=1e-5, msg=name)
 
 
-def test_prompts_prefill_through_the_graph_in_chunks_of_64_rows(llama_pair):
+@LAYOUTS
+def test_prompts_prefill_through_the_graph_in_chunks_of_64_rows(llama_pair, layout):
     # A prompt of any length prefills through the compiled block, 64 rows at a time (the HF model's
     # eager forward is never called); a prompt that ended sits the later chunks out. The logits (last
     # rows, every row), the features and the next block's logits equal eager's.
@@ -94,7 +95,7 @@ def test_prompts_prefill_through_the_graph_in_chunks_of_64_rows(llama_pair):
             for name, kw in (("compiled", {"compile": True}), ("eager", {})):
                 if name == "eager":
                     assert calls == []  # nothing above ran the HF forward
-                r = ModelRunner(target, 2, 200, keep_features=True, **kw)
+                r = ModelRunner(target, 2, 200, keep_features=True, **layout, **kw)
                 last = r.prefill(prompts)
                 assert r.host_lens == [3, 150]
                 feats = r.features[:, :150].clone()
