@@ -68,7 +68,8 @@ class ModelRunner:
 
     ``kv_layout``: "contiguous" (:class:`StaticKVCache`) or "paged" (:class:`PagedKVCache` of
     ``page_size`` rows, a power of two); ``cache_dtype`` (default the model's). ``compile``: blocks of
-    up to 64 rows run one compiled graph (``compile_mode``: torch.compile's; docs/compile.md).
+    up to 64 rows run one compiled graph, and prompts prefill through it in chunks of 64 rows
+    (``compile_mode``: torch.compile's; docs/compile.md).
     ``linear``: which ``nn.Linear`` calls go through :func:`specops.linear` until :meth:`close`:
     "auto" (a bf16/fp16 CPU model's), "specops" (all) or "torch" (none) (docs/batch_invariance.md, "In
     the engine"). ``batch_invariant``: True, False or "auto", a row's logits with the bits of the
