@@ -54,15 +54,11 @@ class CompiledRunner:
         """Whether a block of ``Tq`` query rows reaching ``longest`` rows runs compiled."""
         return Tq <= MAX_BUCKET and not (self.window and longest > self.window)
 
-    def forward(self, tokens, mask, depth, block_lens, q_start, features=None, head_rows=None):
+    def forward(self, tokens, mask, depth, block_lens, q_start, features=None):
         """Shape: tokens int [B, Tq], mask int32 [B, Tq, W], depth int32 [B, Tq], block_lens int32 [B],
-        features [B, Tq, H] (a feature model's) or None, head_rows int64 [B] or None -> logits [B, Tq, V]
-        (model dtype); with ``head_rows``, only row ``head_rows[b]`` of each sequence's: [B, 1, V]."""
+        features [B, Tq, H] (a feature model's) or None -> logits [B, Tq, V] (model dtype)."""
         hidden = self.hidden(tokens, mask, depth, block_lens, q_start, features)  # [B, Tb, H]
-        if head_rows is None:
-            return self.logits(hidden[:, :tokens.shape[1]])
-        # The LM head on the rows asked for alone (a prefill's last row).
-        return self.logits(hidden[torch.arange(hidden.shape[0], device=hidden.device), head_rows][:, None])
+        return self.logits(hidden[:, :tokens.shape[1]])
 
     def logits(self, hidden):
         """The LM head (and the model's final soft cap). Shape: [B, T, H] -> [B, T, V] (model dtype)."""
