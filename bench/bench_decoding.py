@@ -151,15 +151,30 @@ def _kind(draft):
     return draft.rsplit("-", 1)[-1]
 
 
-def _fresh_pool():
-    # The phrase pool persists across generate() calls (Ouroboros' history reuse); without a reset
-    # a second run of the same prompt would find its own answer in the pool.
-    try:
-        from specops.decoding import phrase_pool
-        phrase_pool._SHARED.clear()
-        return {}
-    except (ImportError, AttributeError):
-        return {"reuse_pool": False}
+class _Pools:
+    """Ouroboros' phrase pool persists across generate() calls (history reuse). Each provider keeps
+    its own pool across the prompts of a round, and starts every round empty: a second run of the
+    same prompt would otherwise find its own answer in the pool, and one provider another's."""
+
+    def __init__(self):
+        try:
+            from specops.decoding import phrase_pool
+            self.shared = phrase_pool._SHARED
+        except (ImportError, AttributeError):
+            self.shared = None
+        self.saved = {}
+
+    def params(self):
+        return {} if self.shared is not None else {"reuse_pool": False}
+
+    def enter(self, provider, fresh):
+        if self.shared is not None:
+            self.shared.clear()
+            self.shared.update({} if fresh else self.saved.get(provider, {}))
+
+    def leave(self, provider):
+        if self.shared is not None:
+            self.saved[provider] = dict(self.shared)
 
 
 def configs(drafts, equal_budget):
@@ -247,12 +262,12 @@ def _hf_generate(model, groups, new, mode, pad_id, **extra):
     return tokens, seconds, float(torch.tensor(-lp_sum / lp_n).exp())
 
 
-def _run_specops(target, groups, new, mode, method, draft, params, warm=False):
+def _run_specops(target, groups, new, mode, method, draft, params, warm=False, seed0=0):
+    """``seed0``: the seed of ``groups[0]`` (group g is seeded seed0 + g, the same wherever it runs)."""
     acc, outs = Acc(), []
-    params = dict(params, **(_fresh_pool() if method == "ouroboros" else {}))
     for g, ids in enumerate(groups):
         out, m = specops.generate(target, ids, draft=draft, method=method, max_new_tokens=new, eos_token_id=[],
-                                  seed=g, adaptive=ADAPTIVE["on"], logprobs=True, compile=COMPILE["on"],
+                                  seed=seed0 + g, adaptive=ADAPTIVE["on"], logprobs=True, compile=COMPILE["on"],
                                   **SAMPLING[mode], **params)
         acc.add(m)
         outs.append(out)
@@ -300,15 +315,31 @@ def run_case(rec, plan, target, tok, drafts, hf_drafts, task, groups, mode, batc
     ar = None
     results, accs, first_outs = {}, {}, {}
     todo = [c for c in configs(drafts, plan.equal_budget) if rec.wants(c[0]) or c[0] == "ar"]
-    for r in range(ROUNDS["n"]):  # rounds interleave the providers (every other round in reverse order)
-        for provider, method, draft, params in (todo if r % 2 == 0 else todo[::-1]):
-            t0 = time.perf_counter()
-            acc, outs = _run_specops(target, groups, new, mode, method, draft, params)
-            _progress(timings, base, provider, t0)
-            if provider in accs:
-                accs[provider].merge(acc)
-            else:
-                accs[provider], first_outs[provider] = acc, outs
+    # Interleaved per prompt group: every provider runs group g before any runs group g + 1, in an
+    # order rotated by one for each (round, group). A provider's sum then spans the same stretch of
+    # the run as every other's, so a drift in the machine's speed (a VM can change pace within a
+    # minute) falls on all of them alike rather than on whichever ran during it.
+    turn, pools = 0, _Pools()
+    for r in range(ROUNDS["n"]):
+        for g, grp in enumerate(groups):
+            order = todo[turn % len(todo):] + todo[:turn % len(todo)]
+            turn += 1
+            for provider, method, draft, params in (order if r % 2 == 0 else order[::-1]):
+                t0 = time.perf_counter()
+                pools.enter(provider, fresh=g == 0)
+                acc, outs = _run_specops(target, [grp], new, mode, method, draft,
+                                         dict(params, **pools.params()) if method == "ouroboros" else params, seed0=g)
+                pools.leave(provider)
+                _progress(timings, base, provider, t0, quiet=True)
+                if provider in accs:
+                    accs[provider].merge(acc)
+                else:
+                    accs[provider], first_outs[provider] = acc, []
+                if r == 0:
+                    first_outs[provider] += outs
+    for provider, *_ in todo:
+        print(f"# {base['target']} {base['task']} {base['mode']} b{base['batch']} {provider}: "
+              f"{timings.get(provider, 0.0):.1f} s so far", flush=True)
     for provider, method, _, _ in todo:  # AR first: the others' ratios need it
         acc = accs[provider]
         if method == "ar":
@@ -349,9 +380,11 @@ def run_case(rec, plan, target, tok, drafts, hf_drafts, task, groups, mode, batc
                 rec.value(provider, base, "speedup_vs_hf_assisted", "x", acc.tps / peers[same])
 
 
-def _progress(timings, base, provider, t0):
+def _progress(timings, base, provider, t0, quiet=False):
     secs = time.perf_counter() - t0
     timings[provider] = timings.get(provider, 0.0) + secs
+    if quiet:
+        return
     print(f"# {base['target']} {base['task']} {base['mode']} b{base['batch']} {provider}: {secs:.1f} s", flush=True)
 
 
