@@ -145,6 +145,21 @@ def test_shard_plan_spreads_generated_shards():
     assert data.shard_plan(3, 1.0) == ["gen"] * 3
 
 
+def test_prompt_mixes_cycle_their_categories_and_v2_leaves_v1_as_it_was():
+    from specops.distill import corpus
+    src, docs = corpus.stdlib_sources(limit=20), corpus.pydoc_topics()
+    v1, v2 = (corpus.make_prompts(32, src, seed=3, pydoc=docs, mix=m) for m in ("v1", "v2"))
+    assert [p["category"] for p in v1] == list(corpus.PROMPT_MIXES["v1"]) * 8
+    assert [p["category"] for p in v2] == list(corpus.PROMPT_MIXES["v2"]) * 4
+    assert corpus.make_prompts(32, src, seed=3, pydoc=docs) == v1  # v1 stays the default
+    assert corpus.make_prompts(16, src, seed=3, pydoc=docs, mix="v2") == v2[:16]  # prefix-stable
+    by = {p["category"]: p["text"] for p in v2}
+    assert by["translation"].startswith("Translate into ") and "Passage: " in by["rag"]
+    assert all(p["text"].strip() for p in v2) and len({p["text"] for p in v2}) > 24
+    with pytest.raises(ValueError, match="prompt mix must be one of"):
+        corpus.make_prompts(4, src, mix="v3")
+
+
 def test_pipeline_end_to_end_on_a_tiny_target(tmp_path, tiny_tokenizer):
     target = tiny_target()
     kw = dict(target_name="tiny", tokens=4 * 256, shard_tokens=256, gen_batch=3, gen_tokens=12, row_len=64,

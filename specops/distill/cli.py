@@ -28,6 +28,9 @@ def add_arguments(p):
     p.add_argument("--gen-frac", type=float, default=0.5, help="share of shards the target generates (default 0.5)")
     p.add_argument("--gen-tokens", type=int, default=128, help="new tokens per generated answer (default 128)")
     p.add_argument("--gen-batch", type=int, default=32, help="prompts per generated shard (default 32)")
+    p.add_argument("--prompt-mix", choices=("v1", "v2"), default="v1",
+                   help="the prompt categories the target answers: v1 code, prose, math, chat (the shipped "
+                        "draft's); v2 adds translation, summarization, factual and passage questions")
     p.add_argument("--row-len", type=int, default=256, help="tokens per corpus row (default 256)")
     p.add_argument("--epochs", type=float, default=3.0, help="passes over the data (default 3)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (overrides --epochs)")
@@ -88,7 +91,8 @@ def run_args(args, command=None):
                   gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, row_len=args.row_len, epochs=args.epochs,
                   steps=args.steps, batch_rows=args.batch_rows, lr=args.lr, max_train_minutes=args.max_train_minutes,
                   seed=args.seed, amp=not args.no_amp, command=command, progress_stream=sys.stderr,
-                  export_dir=args.export, arch=args.arch, ttt_depth=args.ttt_depth, init_draft=args.init_draft)
+                  export_dir=args.export, arch=args.arch, ttt_depth=args.ttt_depth, init_draft=args.init_draft,
+                  prompt_mix=args.prompt_mix)
     except (ValueError, ImportError) as err:  # UnsupportedTarget among them
         print(f"specops distill: error: {err}", file=sys.stderr)
         return 2

@@ -131,60 +131,111 @@ def _math_prompt(rng):
     ])
 
 
-def make_prompts(n, sources, seed=0, pydoc=None):
-    """``n`` prompts cycling through code / prose / math / chat: dicts of ``category``, ``chat``
-    (bool: wrap in the chat template) and ``text``."""
+_LANGS = ["French", "German", "Spanish", "Italian", "Portuguese", "Dutch"]
+_SUBJECTS = ["The museum", "My neighbour", "The new teacher", "Our train", "The bakery on the corner",
+             "The city council", "My brother", "The hotel", "The football club", "This small village"]
+_PREDICATES = ["opens at eight in the morning and closes late on Fridays",
+               "has asked everyone to bring a warm coat for the trip",
+               "was built more than two hundred years ago",
+               "will be late tomorrow because of the snow",
+               "sells fresh bread and cakes every day except Sunday",
+               "is looking for volunteers to help with the summer festival",
+               "moved to a larger building near the river last year",
+               "offers free guided tours in several languages",
+               "needs to repair the roof before the winter starts",
+               "won the regional prize for the third time in a row"]
+_FACT_QS = ["What is {c}?", "How does {c} work?", "Why does {c} matter for everyday life?",
+            "What are the main causes of {c}?", "Who first described {c}, and when?",
+            "What is a common misconception about {c}?", "Give a short definition of {c}."]
+
+
+def _prompt(cat, rng, funcs, paragraphs, code_snips):
+    """One prompt of category ``cat`` -> (chat, text); ``chat`` False: text to continue."""
+    form = rng.random()
+    chat = True  # wrapped in the chat template, unless the prompt is text to continue
+    if cat == "code":
+        if funcs and form < 0.45:
+            name, args, summary = rng.choice(funcs)
+            text = f"Write a Python function `{name.split('.')[-1]}({args})` that does the following: {summary}"
+        elif code_snips and form < 0.75:
+            snip = rng.choice(code_snips)
+            verb = rng.choice(["Explain what this Python code does", "Add comments to this code",
+                               "Rewrite this code to be clearer", "Find possible bugs in this code"])
+            text = f"{verb}:\n```python\n{snip}\n```"
+        elif code_snips and form < 0.9:
+            chat, text = False, rng.choice(code_snips) + "\n"
+        else:
+            task = rng.choice(["reverses a string", "checks if a number is prime", "sorts a list of dicts by a key",
+                               "reads a CSV file and sums a column", "computes Fibonacci numbers",
+                               "counts word frequencies in a text", "merges two sorted lists",
+                               "validates an email address", "finds the largest element in a list"])
+            lang = rng.choice(["Python", "Python", "JavaScript", "C", "Java"])
+            text = f"Write a {lang} function that {task}."
+    elif cat == "prose":
+        if paragraphs and form < 0.35:
+            para = rng.choice(paragraphs)
+            verb = rng.choice(["Summarize the following text", "Explain this in simple words",
+                               "Rewrite this paragraph in plain English"])
+            text = f"{verb}:\n\n{para}"
+        elif paragraphs and form < 0.55:
+            chat, text = False, rng.choice(paragraphs)[: rng.randint(120, 300)]
+        else:
+            kind = rng.choice(["a short story", "a poem", "an essay", "a description", "a blog post"])
+            text = f"Write {kind} about {rng.choice(_TOPICS)}."
+    elif cat == "math":
+        text = _math_prompt(rng)
+    elif cat == "chat":
+        text = rng.choice([f"Can you explain {rng.choice(_CONCEPTS)} in simple terms?",
+                           f"How do I {rng.choice(_TASKS)}?",
+                           f"What are some tips to {rng.choice(_TASKS)}?",
+                           (f"What is the difference between {rng.choice(_CONCEPTS)} and "
+                            f"{rng.choice(_CONCEPTS)}?"),
+                           f"Hi! I'm feeling a bit bored today. Any ideas about {rng.choice(_TOPICS)}?",
+                           f"Tell me three interesting facts about {rng.choice(_CONCEPTS + _TOPICS)}.",
+                           f"Why is {rng.choice(_CONCEPTS)} important?"])
+    elif cat == "translation":
+        sents = [f"{rng.choice(_SUBJECTS)} {rng.choice(_PREDICATES)}." for _ in range(1 + int(form < 0.4))]
+        text = f"Translate into {rng.choice(_LANGS)}: {' '.join(sents)}"
+    elif cat == "summarization":
+        para = "\n\n".join(rng.sample(paragraphs, 2)) if paragraphs and form < 0.5 else (
+            rng.choice(paragraphs) if paragraphs else f"{rng.choice(_SUBJECTS)} {rng.choice(_PREDICATES)}.")
+        how = rng.choice(["in two sentences", "in one sentence", "in three bullet points", "for a beginner",
+                          "in under fifty words"])
+        text = f"Summarize the following text {how}.\n\n{para}"
+    elif cat == "qa":
+        text = rng.choice(_FACT_QS).format(c=rng.choice(_CONCEPTS))
+    else:  # rag: a passage, then a question to answer from it
+        para = rng.choice(paragraphs) if paragraphs else f"{rng.choice(_SUBJECTS)} {rng.choice(_PREDICATES)}."
+        q = rng.choice(["What is the main point of the passage?", "Which terms does the passage define?",
+                        "According to the passage, what should the reader avoid?",
+                        "What example does the passage give, and what does it show?",
+                        "List two facts stated in the passage."])
+        text = f"Answer the question using only the passage.\n\nPassage: {para}\n\nQuestion: {q}"
+    return chat, text
+
+
+# The categories a prompt mix cycles through: v1 is the shipped draft's; v2 adds the request kinds of
+# assistant traffic that v1 lacks (translation, summarization, factual questions, passage questions).
+PROMPT_MIXES = {"v1": ("code", "prose", "math", "chat"),
+                "v2": ("code", "prose", "math", "chat", "translation", "summarization", "qa", "rag")}
+
+
+def make_prompts(n, sources, seed=0, pydoc=None, mix="v1"):
+    """``n`` prompts cycling through the categories of ``mix`` (PROMPT_MIXES): dicts of ``category``,
+    ``chat`` (bool: wrap in the chat template) and ``text``."""
+    if mix not in PROMPT_MIXES:
+        raise ValueError(f"prompt mix must be one of {sorted(PROMPT_MIXES)}, got {mix!r}")
     rng = random.Random(seed)
     funcs = functions_with_summaries(sources)
     paragraphs = [p.strip() for _, t in (pydoc or []) for p in t.split("\n\n") if 200 < len(p.strip()) < 900]
     snips = ("\n".join(lines[i:i + 12]).strip() for lines in (text.split("\n") for _, text in sources[:400])
              for i in range(0, max(1, len(lines) - 12), 97))  # 12-line windows, every 97 lines
     code_snips = [snip for snip in snips if snip.count("\n") >= 6 and len(snip) < 700]
+    cats = PROMPT_MIXES[mix]
     out = []
     for i in range(n):
-        cat = ("code", "prose", "math", "chat")[i % 4]
-        form = rng.random()
-        chat = True  # wrapped in the chat template, unless the prompt is text to continue
-        if cat == "code":
-            if funcs and form < 0.45:
-                name, args, summary = rng.choice(funcs)
-                text = f"Write a Python function `{name.split('.')[-1]}({args})` that does the following: {summary}"
-            elif code_snips and form < 0.75:
-                snip = rng.choice(code_snips)
-                verb = rng.choice(["Explain what this Python code does", "Add comments to this code",
-                                   "Rewrite this code to be clearer", "Find possible bugs in this code"])
-                text = f"{verb}:\n```python\n{snip}\n```"
-            elif code_snips and form < 0.9:
-                chat, text = False, rng.choice(code_snips) + "\n"
-            else:
-                task = rng.choice(["reverses a string", "checks if a number is prime", "sorts a list of dicts by a key",
-                                   "reads a CSV file and sums a column", "computes Fibonacci numbers",
-                                   "counts word frequencies in a text", "merges two sorted lists",
-                                   "validates an email address", "finds the largest element in a list"])
-                lang = rng.choice(["Python", "Python", "JavaScript", "C", "Java"])
-                text = f"Write a {lang} function that {task}."
-        elif cat == "prose":
-            if paragraphs and form < 0.35:
-                para = rng.choice(paragraphs)
-                verb = rng.choice(["Summarize the following text", "Explain this in simple words",
-                                   "Rewrite this paragraph in plain English"])
-                text = f"{verb}:\n\n{para}"
-            elif paragraphs and form < 0.55:
-                chat, text = False, rng.choice(paragraphs)[: rng.randint(120, 300)]
-            else:
-                kind = rng.choice(["a short story", "a poem", "an essay", "a description", "a blog post"])
-                text = f"Write {kind} about {rng.choice(_TOPICS)}."
-        elif cat == "math":
-            text = _math_prompt(rng)
-        else:
-            text = rng.choice([f"Can you explain {rng.choice(_CONCEPTS)} in simple terms?",
-                               f"How do I {rng.choice(_TASKS)}?",
-                               f"What are some tips to {rng.choice(_TASKS)}?",
-                               (f"What is the difference between {rng.choice(_CONCEPTS)} and "
-                                f"{rng.choice(_CONCEPTS)}?"),
-                               f"Hi! I'm feeling a bit bored today. Any ideas about {rng.choice(_TOPICS)}?",
-                               f"Tell me three interesting facts about {rng.choice(_CONCEPTS + _TOPICS)}.",
-                               f"Why is {rng.choice(_CONCEPTS)} important?"])
+        cat = cats[i % len(cats)]
+        chat, text = _prompt(cat, rng, funcs, paragraphs, code_snips)
         out.append({"category": cat, "chat": chat, "text": text})
     return out
 
@@ -215,6 +266,37 @@ EVAL_PROMPTS = {
              "What should I cook for dinner tonight?",
              "Can you recommend a good way to learn programming?",
              "What are the benefits of drinking water?"],
+    "translation": ["Translate into French: The shop around the corner sells the best coffee in town.",
+                    "Translate into Spanish: We missed the last bus, so we walked home under the stars.",
+                    "Translate into German: Please send me the report before the meeting on Thursday.",
+                    "Translate into Italian: The children built a sandcastle that the tide washed away."],
+    "summarization": [("Summarize in one sentence: The school library has extended its opening hours during "
+                      "the exam period. Students can now study there until ten in the evening, and extra "
+                      "tables have been placed in the corridor. Librarians ask that food stays outside."),
+                      ("Summarize the main idea: Cycling to work has grown popular in the city since new "
+                      "protected lanes opened. Commuters report shorter journeys and lower costs, though "
+                      "some shop owners worry about losing parking spaces in front of their stores."),
+                      ("Give a two-sentence summary: A small company released an app that reminds people to "
+                      "water their plants. It uses the local weather forecast to skip days when it rains, "
+                      "and it sends a photo reminder of each plant."),
+                      ("Summarize for a child: Bees carry pollen from flower to flower, which helps plants "
+                      "make fruit and seeds. Without bees, many foods we eat would become rare.")],
+    "qa": ["What causes the seasons on Earth?", "How do vaccines train the immune system?",
+           "Why is the ocean salty?", "What does a central bank do?"],
+    "rag": [("Read the passage and answer.\n\nPassage: The town pool reopened in June after a year of "
+            "renovation. It now has a heated lane for swimming lessons and a shallow area for toddlers. "
+            "Entry costs four euros for adults and is free for children under six.\n\nQuestion: "
+            "Who can swim for free?"),
+            ("Read the passage and answer.\n\nPassage: The Ridge Trail is 12 km long and climbs 600 "
+            "metres. Hikers should carry water because there are no springs after the first hut. The trail "
+            "is closed in winter.\n\nQuestion: Why should hikers carry water?"),
+            ("Read the passage and answer.\n\nPassage: Our office moves to the third floor on Monday. "
+            "Desks will be assigned by team, and the old kitchen stays open until Friday.\n\nQuestion: "
+            "When does the move happen and what stays open?"),
+            ("Read the passage and answer.\n\nPassage: The recipe needs two eggs, 200 grams of flour and a "
+            "cup of milk. Mix the dry ingredients first, then add the eggs and milk slowly.\n\nQuestion: "
+            "What should be mixed first?")],
 }
 EVAL_CHAT = {"code": [True, True, True, False], "prose": [True, True, False, True],
-             "math": [True, True, True, True], "chat": [True, True, True, True]}
+             "math": [True, True, True, True], "chat": [True, True, True, True],
+             **{c: [True] * 4 for c in ("translation", "summarization", "qa", "rag")}}

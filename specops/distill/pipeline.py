@@ -57,7 +57,8 @@ def collect(target, tokenizer, data_dir, plan, progress):
     text_rows = data.TextRows(tokenizer, [(name, items) for name, items in pools if items], plan["row_len"],
                               plan["seed"])  # pools: [(name, [(item name, text), ...]), ...]
     n_gen = kinds.count("gen")
-    prompts = corpus.make_prompts(n_gen * plan["gen_batch"], src, seed=plan["seed"], pydoc=topics)
+    prompts = corpus.make_prompts(n_gen * plan["gen_batch"], src, seed=plan["seed"], pydoc=topics,
+                                  mix=plan.get("prompt_mix", "v1"))
     temps, features = plan["gen_temperatures"], plan.get("features", False)
     t0, done = time.perf_counter(), 0
     todo = [i for i in range(len(kinds)) if not os.path.exists(data.shard_path(data_dir, i))]
@@ -98,11 +99,12 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
         shard_tokens=4096, gen_temperatures=(0.0, 0.7, 0.0, 1.0), epochs=3.0, steps=None, batch_rows=8,
         lr=1e-3, warmup=30, ckpt_every=50, eval_every=50, max_train_minutes=None, seed=0, amp=True,
         max_stdlib_files=None, command=None, progress_stream=None, export_dir=None, stop_after=None,
-        arch="feature", feature_noise=0.1, feature_weight=0.1, ttt_depth=1, init_draft=None):
+        arch="feature", feature_noise=0.1, feature_weight=0.1, ttt_depth=1, init_draft=None, prompt_mix="v1"):
     """The whole pipeline on a loaded target (an HF Llama causal LM); returns the export dir. ``arch``:
     "feature" (EAGLE-style, on the target's hidden state) or "lm" (a stand-alone small LM); ``ttt_depth``
     > 1 (feature drafts): training-time test that many chain tokens deep; ``init_draft``: fine-tune an
-    exported draft (same architecture and vocabulary)."""
+    exported draft (same architecture and vocabulary); ``prompt_mix``: the categories the target answers
+    (corpus.PROMPT_MIXES)."""
     mt = getattr(target.config, "model_type", None)
     if mt not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedTarget(f"specops distill builds Llama-architecture drafts that reuse the target's "
@@ -112,6 +114,8 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
         raise ValueError(f"--ttt-depth must be 1, or > 1 with --arch feature; got {ttt_depth} with {arch!r}")
     if arch not in ARCHS:
         raise ValueError(f"--arch must be one of {', '.join(ARCHS)}, got {arch!r}")
+    if prompt_mix not in corpus.PROMPT_MIXES:
+        raise ValueError(f"--prompt-mix must be one of {', '.join(corpus.PROMPT_MIXES)}, got {prompt_mix!r}")
     progress = Progress(progress_stream)
     t_start = time.perf_counter()
     n_layers = target.config.num_hidden_layers
@@ -127,7 +131,8 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
     plan = {"target": target_name, "shards": shards_n, "shard_tokens": shard_tokens, "gen_frac": gen_frac,
             "gen_tokens": gen_tokens, "gen_batch": gen_batch, "row_len": row_len, "k": k, "seed": seed,
             "gen_temperatures": list(gen_temperatures), "max_stdlib_files": max_stdlib_files,
-            **({"features": True} if arch == "feature" else {})}
+            **({"features": True} if arch == "feature" else {}),
+            **({"prompt_mix": prompt_mix} if prompt_mix != "v1" else {})}  # v1: plans written before mixes
     data_dir = os.path.join(out_dir, "data")
     with torch.no_grad():
         manifest = collect(target.eval(), tokenizer, data_dir, plan, progress)
