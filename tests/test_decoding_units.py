@@ -12,7 +12,7 @@ from specops.decoding import verify as verify_mod
 from specops.decoding.draft_lm import DraftLM
 from specops.decoding.methods import METHODS, NgramDrafter
 from specops.decoding.methods.ngram import lookup
-from specops.decoding.sampling import SamplingConfig, inverse_cdf
+from specops.decoding.sampling import SamplingConfig, greedy_tokens, inverse_cdf
 from specops.decoding.stopping import Stopper
 from specops.decoding.tree import Candidates, Draft, Trie, depths
 from specops.engine import Stager
@@ -359,6 +359,21 @@ def test_inverse_cdf_draws_follow_the_row_distribution():
     got = inverse_cdf(p.expand(n, 4), torch.rand(n, 1, generator=g))
     freq = torch.bincount(got, minlength=4).double() / n
     assert freq[1] == 0 and torch.allclose(freq, p.double(), atol=0.01)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_greedy_tokens_is_argmax_and_takes_the_first_of_tied_maxima(dtype):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 5, 4099, generator=g).to(dtype)  # [B, T, V]: a vector tail past the lanes
+    x[:, :, torch.randperm(4099, generator=g)[:2000]] = float("-inf")  # a subset head's empty columns
+    top = x.amax(-1) + 1  # [B, T]
+    for col in (4098, 17, 900):  # tied maxima, the first one placed last: a last-wins rule fails
+        x[0, :, col] = top[0]
+    x[1, 2] = float("-inf")
+    x[1, 2, [4000, 3]] = 0.0
+    want = x.argmax(-1)
+    assert want[0].tolist() == [17] * 5 and want[1, 2] == 3
+    assert torch.equal(greedy_tokens(x), want)
 
 
 def test_draft_lm_device_tokens_feed_like_host_tokens_and_commit_from_path_tokens():

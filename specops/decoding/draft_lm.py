@@ -9,6 +9,7 @@ import torch
 
 from ..engine import ModelRunner
 from . import _kernels
+from .sampling import greedy_tokens
 
 
 class DraftLM(ModelRunner):
@@ -158,7 +159,7 @@ class DraftLM(ModelRunner):
         call after a forward reads every row's argmax in one host read."""
         row = self._row(node)
         if self._argmax is None:
-            self._argmax = self._logits.argmax(-1).tolist()  # [B][T - q0]
+            self._argmax = greedy_tokens(self._logits).tolist()  # [B][T - q0]
         return self._argmax[b][row]
 
     def commit_paths(self, paths, path_tokens=None):

@@ -14,7 +14,7 @@ from . import _kernels
 from .adaptive import Controller
 from .context import DraftContext, TargetFeatures
 from .metrics import Metrics
-from .sampling import draw
+from .sampling import draw, greedy_tokens
 from .tree import root_draft
 from .verify import verify
 
@@ -50,7 +50,7 @@ class Decoder:
         last = target.prefill(prompts)  # [B, V]
         if grammar is not None:  # the first token obeys the grammar too
             last = _masked(last[:, None], grammar.fill_next_bitmask().to(dev)[:, None])[:, 0]
-        first = last.argmax(-1) if sampling.greedy else draw(sampling.warp(last), gen)  # int64 [B]
+        first = greedy_tokens(last) if sampling.greedy else draw(sampling.warp(last), gen)  # int64 [B]
         self.prefill_logits = last
         # What the drafter sees (the sequences this loop extends); not the target, tokenizer or verifier.
         self.state = s = DraftContext(

@@ -57,10 +57,17 @@ def inverse_cdf(probs, u):
     return torch.minimum(idx, last)
 
 
+def greedy_tokens(logits):
+    """The argmax of the last dimension, the first maximal index on ties (torch.argmax's rule, which
+    ``max`` documents as well). Shape: [..., V] -> int64 [...]. ``max(-1).indices``: torch's bf16 argmax
+    is not vectorised on a CPU (a 49,152-token row: ~250 us, against ~90 us)."""
+    return logits.max(-1).indices
+
+
 def choose(logits, sampling, generator):
     """Next tokens and their warped distributions, left on the device (no host read). Shape: logits
     [N, V] -> (int64 [N], probs fp32 [N, V] or None); greedy returns the argmax (and None)."""
     if sampling.greedy:
-        return logits.argmax(-1), None
+        return greedy_tokens(logits), None
     probs = sampling.warp(logits)
     return draw(probs, generator), probs

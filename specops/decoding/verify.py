@@ -7,7 +7,7 @@ import torch
 
 from ..ops.verify import NEEDS_DRAFT
 from . import _kernels
-from .sampling import SamplingConfig
+from .sampling import SamplingConfig, greedy_tokens
 
 
 @dataclasses.dataclass
@@ -44,7 +44,7 @@ class VerifyResult:
         if draft.src is not None:
             parts.append(draft.src.long().gather(1, at_idx).reshape(-1))
         if with_argmax:
-            parts.append(self.logits.argmax(-1).reshape(-1))
+            parts.append(greedy_tokens(self.logits).reshape(-1))
         depth_on_device = isinstance(draft.depth, torch.Tensor)  # a tree built on the device (OPT-Tree)
         if depth_on_device:
             parts.append(draft.depth.long())
@@ -67,7 +67,7 @@ class VerifyResult:
         """Per sequence, the target's argmax after every block node: read with the step's packed read when
         the drafter sets ``needs_target_argmax``, else one more read."""
         if self._argmax is None:
-            self._argmax = self.logits.argmax(-1).tolist()
+            self._argmax = greedy_tokens(self.logits).tolist()
         return self._argmax
 
 

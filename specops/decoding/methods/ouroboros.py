@@ -5,6 +5,7 @@ window and guess rows dropped (the next ``begin`` keeps what agrees with the emi
 import random
 
 from ..phrase_pool import PhrasePool, shared_pool
+from ..sampling import greedy_tokens
 from ..tree import Candidates, Trie
 from .base import FLAG, ModelDrafter, count, grammar_masked, grammar_prefix
 
@@ -124,7 +125,7 @@ class Ouroboros(ModelDrafter):
             new.append(d.argmax(b, end))
         else:  # the draft's choice among the tokens the grammar allows after the drafted path
             row = grammar_masked(ctx, d.logits(b, end)[None].float().clone(), [(b, prefix + new)])
-            new.append(int(row.argmax()))
+            new.append(int(greedy_tokens(row)))
         path = list(range(root + 1)) + best_nodes
         win = self.windows[b]
         for i, col in enumerate(cols):

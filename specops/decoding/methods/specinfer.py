@@ -6,7 +6,7 @@ token (a merged node's row is its creator's), so the target block is no longer t
 import torch
 
 from ..readback import read_lists
-from ..sampling import draw
+from ..sampling import draw, greedy_tokens
 from ..tree import Draft, root_draft
 from .base import FLAG, ModelDrafter, count, grammar_masked, grammar_prefix, real
 from .ngram import lookup
@@ -79,7 +79,7 @@ class SpecInfer(ModelDrafter):
         A, k, V = logits.shape
         if not ctx.sampling.greedy:
             return draw(ctx.sampling.warp(logits.reshape(A * k, V)), ctx.generator).view(A, k)
-        top = logits[:, 0].argmax(-1)[:, None]  # [A, 1]
+        top = greedy_tokens(logits[:, 0])[:, None]  # [A, 1]
         if k == 1:
             return top
         rest = logits[:, 1:].reshape(A * (k - 1), V)
