@@ -139,6 +139,19 @@ def test_resumed_training_reaches_the_same_state(tmp_path):
     assert s1["history"][-1]["loss"] == pytest.approx(s2["history"][-1]["loss"])
 
 
+def test_rank_vocab_ranks_by_teacher_mass_within_a_vocabulary():
+    # one shard, 3 positions, top-2 labels: token 7 holds the most mass, then 2, 5, 4; 1 is unlabelled
+    lp = torch.tensor([[[0.9, 0.1], [0.6, 0.4], [0.5, 0.5]]]).log().half()
+    shard = {"mask": torch.ones(1, 3, dtype=torch.bool), "topk_idx": torch.tensor([[[7, 4], [2, 5], [7, 5]]]),
+             "topk_lp": lp, "tokens": torch.tensor([[1, 1, 3]])}
+    assert data.rank_vocab([shard], 10, 3).tolist() == [2, 5, 7]
+    assert data.rank_vocab([shard], 10, 3, always=(0,)).tolist() == [0, 5, 7]  # 5: 0.9 against 2's 0.6
+    within = torch.tensor([1, 2, 4, 9])
+    assert data.rank_vocab([shard], 10, 2, within=within).tolist() == [2, 4]
+    assert data.rank_vocab([shard], 10, 3, always=(9,), within=within).tolist() == [2, 4, 9]
+    assert data.rank_vocab([shard], 10, 8, within=within).tolist() == [1, 2, 4, 9]  # all it may choose
+
+
 def test_shard_plan_spreads_generated_shards():
     assert data.shard_plan(4, 0.5) == ["text", "gen", "text", "gen"]
     assert data.shard_plan(3, 0.0) == ["text"] * 3
@@ -188,6 +201,16 @@ def test_pipeline_end_to_end_on_a_tiny_target(tmp_path, tiny_tokenizer):
     assert "fine-tuned from" in rec2["objective"] and "training-time test" in rec2["objective"]
     d2 = load_draft_dir(tuned, target.model.embed_tokens.weight.detach(), dtype=torch.float32)
     assert torch.equal(d2.lm_head.keep, draft.lm_head.keep)
+    # a smaller draft_vocab cuts the fine-tuned draft's vocabulary to its tokens the data ranks first
+    cut = run(target, tiny_tokenizer, str(tmp_path / "cut"), **{**kw, "tokens": 6 * 256, "draft_vocab": 120},
+              ttt_depth=2, init_draft=out, export_dir=str(tmp_path / "cut_draft"))
+    keep3 = load_draft_dir(cut, target.model.embed_tokens.weight.detach(), dtype=torch.float32).lm_head.keep
+    shards6 = data.load_shards(str(tmp_path / "cut" / "data"), 6)
+    always = (tiny_tokenizer.eos_token_id, tiny_tokenizer.bos_token_id)
+    assert keep3.numel() == 120 and set(keep3.tolist()) <= set(draft.lm_head.keep.tolist())
+    assert torch.equal(keep3, data.rank_vocab(shards6, V, 120, always=always, within=draft.lm_head.keep))
+    with open(os.path.join(cut, "training.json")) as f:
+        assert json.load(f)["architecture"]["draft_vocab"] == 120
     with pytest.raises(ValueError, match="ttt-depth"):
         run(target, tiny_tokenizer, str(tmp_path / "x"), **{**kw, "layers": 2}, arch="lm", ttt_depth=2)
 
@@ -337,6 +360,8 @@ def test_unrolled_training_lowers_the_loss_of_deeper_tokens(tmp_path):
     state = train(d, rows, rows[:4], str(tmp_path), steps=25, batch_rows=4, lr=3e-3, warmup=2, seed=0,
                   amp=False, ckpt_every=100, eval_every=5, feature_noise=0.1, depth=3)
     after = evaluate_rows(d, rows, full2sub, False, depth=3)
-    assert len(before) == 3 and len(state["history"][-1]["val_agree_by_depth"]) == 3
-    assert state["history"][-1]["loss"] < state["history"][0]["loss"] - 0.5
+    start, first, last = state["history"][0], state["history"][1], state["history"][-1]
+    assert start["step"] == 0 and len(start["val_agree_by_depth"]) == 3  # the start is a candidate
+    assert len(before) == 3 and len(last["val_agree_by_depth"]) == 3
+    assert last["loss"] < first["loss"] - 0.5
     assert after[1] > before[1] and after[2] > before[2]

@@ -23,7 +23,9 @@ def add_arguments(p):
     p.add_argument("--layers", type=int, default=None, help="draft decoder layers (default 1 feature, 2 lm)")
     p.add_argument("--init-layers", default=None,
                    help="comma-separated target layers that initialise the draft's (default: first K-1 and last)")
-    p.add_argument("--draft-vocab", type=int, default=16384, help="tokens the draft scores (default 16384)")
+    p.add_argument("--draft-vocab", type=int, default=16384,
+                   help="tokens the draft scores (default 16384); with --init-draft, a smaller value keeps the "
+                        "draft's tokens with the most teacher mass in the data")
     p.add_argument("--topk", type=int, default=16, help="teacher log-probs kept per position (default 16)")
     p.add_argument("--gen-frac", type=float, default=0.5, help="share of shards the target generates (default 0.5)")
     p.add_argument("--gen-tokens", type=int, default=128, help="new tokens per generated answer (default 128)")

@@ -174,9 +174,10 @@ def load_shards(data_dir, num_shards):
     return shards
 
 
-def rank_vocab(shards, vocab_size, draft_vocab, always=()):
+def rank_vocab(shards, vocab_size, draft_vocab, always=(), within=None):
     """The ``draft_vocab`` token ids the draft may propose, ascending: ``always``, then the most
-    teacher probability mass, then corpus frequency. Shape: -> int64 [draft_vocab]."""
+    teacher probability mass, then corpus frequency; ``within`` (int64 [n] or None): only from these
+    ids (cutting an exported draft's vocabulary). Shape: -> int64 [min(draft_vocab, candidates)]."""
     mass = torch.zeros(vocab_size, dtype=torch.float64)
     freq = torch.zeros(vocab_size, dtype=torch.float64)
     for s in shards:
@@ -185,10 +186,14 @@ def rank_vocab(shards, vocab_size, draft_vocab, always=()):
         mass.index_add_(0, idx, s["topk_lp"][m].float().exp().reshape(-1).double())
         freq.index_add_(0, s["tokens"].long().reshape(-1), torch.ones(s["tokens"].numel(), dtype=torch.float64))
     score = mass * 1e6 + freq  # teacher mass first; corpus frequency breaks ties among the rest
+    if within is not None:
+        allowed = torch.zeros(vocab_size, dtype=torch.bool)
+        allowed[within] = True
+        score = score.masked_fill(~allowed, float("-inf"))
     for t in always:
         if t is not None and 0 <= t < vocab_size:
             score[t] = float("inf")
-    return score.topk(min(draft_vocab, vocab_size)).indices.sort().values
+    return score.topk(min(draft_vocab, int((score > float("-inf")).sum()))).indices.sort().values
 
 
 def coverage(shards, keep):

@@ -103,7 +103,8 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
     """The whole pipeline on a loaded target (an HF Llama causal LM); returns the export dir. ``arch``:
     "feature" (EAGLE-style, on the target's hidden state) or "lm" (a stand-alone small LM); ``ttt_depth``
     > 1 (feature drafts): training-time test that many chain tokens deep; ``init_draft``: fine-tune an
-    exported draft (same architecture and vocabulary); ``prompt_mix``: the categories the target answers
+    exported draft (same architecture; its vocabulary, or, when ``draft_vocab`` is smaller, the
+    ``draft_vocab`` of its tokens with the most teacher mass in the data); ``prompt_mix``: the categories the target answers
     (corpus.PROMPT_MIXES)."""
     mt = getattr(target.config, "model_type", None)
     if mt not in SUPPORTED_MODEL_TYPES:
@@ -141,7 +142,10 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
 
     keep_path = os.path.join(data_dir, f"keep_{shards_n}_{draft_vocab}.pt")
     init = None
-    if init_draft is not None:  # fine-tuning keeps the draft's vocabulary, whatever the data now ranks first
+    always = (tokenizer.eos_token_id, tokenizer.bos_token_id)
+    # Fine-tuning keeps the draft's vocabulary, whatever the data now ranks first, or cuts it to the
+    # draft_vocab of its tokens the data ranks first.
+    if init_draft is not None:
         from safetensors.torch import load_file
 
         path = os.path.join(init_draft, "model.safetensors")
@@ -150,11 +154,12 @@ def run(target, tokenizer, out_dir, *, target_name, tokens=400_000, layers=None,
                              f"got {init_draft}")
         init = load_file(path)
         keep = init.pop("lm_head.keep").to(torch.int64)
+        if draft_vocab < keep.numel():
+            keep = data.rank_vocab(shards, target.config.vocab_size, draft_vocab, always=always, within=keep)
     elif os.path.exists(keep_path):
         keep = torch.load(keep_path)
     else:
-        keep = data.rank_vocab(shards, target.config.vocab_size, draft_vocab,
-                               always=(tokenizer.eos_token_id, tokenizer.bos_token_id))
+        keep = data.rank_vocab(shards, target.config.vocab_size, draft_vocab, always=always)
         torch.save(keep, keep_path)
     cov = data.coverage(shards, keep)
     progress.log(f"draft vocabulary: {keep.numel()} tokens cover {cov:.4f} of the target's top-1 labels")

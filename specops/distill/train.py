@@ -193,6 +193,23 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
     def save(path):
         save_shard({"model": trainable_state(draft), "opt": opt.state_dict(), "state": state}, path)
 
+    def evaluate(entry):
+        """Adds the held-out agreements to the history ``entry``; keeps the best step in best.pt."""
+        state["history"].append(entry)
+        by_depth = evaluate_rows(draft, val_rows, full2sub, amp, depth=depth)
+        # expected accepted tokens of a greedy chain: a1 + a1 a2 + ... (depth 1: the agreement)
+        score = sum(math.prod(by_depth[:d + 1]) for d in range(depth))
+        entry["val_agree"] = by_depth[0]
+        if depth > 1:
+            entry["val_agree_by_depth"] = by_depth
+        if score > state.get("best_score", state["best_agree"]):
+            state["best_agree"], state["best_score"], state["best_step"] = by_depth[0], score, entry["step"]
+            if depth > 1:
+                state["best_agree_by_depth"] = by_depth
+            save(os.path.join(ckpt_dir, "best.pt"))
+
+    if state["step"] == 0 and val_rows:  # the start is a candidate too: a fine-tune may only lose agreement
+        evaluate({"step": 0, "wall_s": 0.0})
     while state["step"] < steps:
         step = state["step"]
         epoch, pos = divmod(step, per_epoch)
@@ -214,19 +231,11 @@ def train(draft, train_rows, val_rows, ckpt_dir, *, steps, batch_rows, lr, warmu
         timed_out = max_seconds is not None and state["wall"] >= max_seconds
         means = {"loss": sum(losses) / len(losses), "train_agree": sum(agrees) / len(agrees)}
         if done % eval_every == 0 or done == steps or timed_out:
-            state["history"].append({"step": done, **means, "wall_s": round(state["wall"], 1)})
+            entry = {"step": done, **means, "wall_s": round(state["wall"], 1)}
             if val_rows:
-                by_depth = evaluate_rows(draft, val_rows, full2sub, amp, depth=depth)
-                # expected accepted tokens of a greedy chain: a1 + a1 a2 + ... (depth 1: the agreement)
-                score = sum(math.prod(by_depth[:d + 1]) for d in range(depth))
-                state["history"][-1]["val_agree"] = by_depth[0]
-                if depth > 1:
-                    state["history"][-1]["val_agree_by_depth"] = by_depth
-                if score > state.get("best_score", state["best_agree"]):
-                    state["best_agree"], state["best_score"], state["best_step"] = by_depth[0], score, done
-                    if depth > 1:
-                        state["best_agree_by_depth"] = by_depth
-                    save(os.path.join(ckpt_dir, "best.pt"))
+                evaluate(entry)
+            else:
+                state["history"].append(entry)
             losses, agrees = [], []
         h = {**state["history"][-1], **means} if state["history"] else means
         extra = f"loss {h['loss']:.3f} agree {h['train_agree']:.3f}"
