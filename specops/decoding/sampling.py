@@ -43,8 +43,9 @@ def draw(probs, generator):
     probs = probs.float()
     if probs.device.type != "cpu" and (generator is None or generator.device == probs.device):
         return torch.multinomial(probs, 1, generator=generator)[:, 0]
-    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64).to(probs.device, non_blocking=True)
-    return inverse_cdf(probs, u)
+    on = generator.device if generator is not None else probs.device  # the generator's device draws
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=on)
+    return inverse_cdf(probs, u.to(probs.device, non_blocking=True))
 
 
 def inverse_cdf(probs, u):
