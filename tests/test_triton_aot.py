@@ -28,6 +28,14 @@ def test_every_kernel_compiles_within_its_budget(rows):
         assert r["regs"] > 0 and r["smem"] <= aot.SMEM_PER_BLOCK[r["arch"]]
 
 
+def test_float_arguments_typed_fp64_compile(rows):
+    # Inside a torch.compile graph inductor passes a Python float to a traced Triton launch as fp64
+    # (the JIT: fp32); tree_attention's qk_scale once widened its accumulators and failed to compile
+    # there (the H200 run of 2026-11-28). Each kernel taking a float compiles typed so, on both archs.
+    wide = {(r["kernel"], r["arch"]) for r in rows if r["case"].endswith("(float args fp64)")}
+    assert {("_tree_attention_kernel", 80), ("_tree_attention_kernel", 90)} <= wide
+
+
 def _ta_row(rows, arch, name, kernel="_tree_attention_kernel"):
     got = [r for r in rows if r["module"] == "tree_attention" and r["case"] == name and r["arch"] == arch
            and r["kernel"] == kernel]

@@ -88,13 +88,17 @@ def bind(launch, arch):
     return signature, constexprs, attrs, options
 
 
-def compile_launch(launch, arch):
-    """(compiled kernel, bind(launch, arch)): what the JIT would compile for this launch."""
+def compile_launch(launch, arch, float_scalars="fp32"):
+    """(compiled kernel, bind(launch, arch)): what the JIT would compile for this launch.
+    ``float_scalars="fp64"`` types the Python-float arguments fp64, as torch.compile's inductor does
+    when it traces a call of the kernel into a graph (the JIT types them fp32)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
     bound = bind(launch, arch)
     signature, constexprs, attrs, options = bound
+    if float_scalars != "fp32":
+        signature = {k: float_scalars if t == "fp32" else t for k, t in signature.items()}
     src = triton.compiler.ASTSource(launch.kernel, signature, constexprs, attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options.__dict__), bound
 
@@ -178,7 +182,7 @@ def collect(archs=ARCHS, modules=None, log=None):
     import specops.triton_kernels as pkg
 
     names = modules or [m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name != "aot"]
-    rows = []
+    rows, widened = [], set()
     for mod_name in names:
         module = importlib.import_module(f"{pkg.__name__}.{mod_name}")
         for name, case_arch, launches, budget in cases(module):
@@ -186,6 +190,22 @@ def collect(archs=ARCHS, modules=None, log=None):
                 if case_arch is not None and case_arch != arch:
                     continue
                 for launch in launches:
+                    key = (mod_name, launch.kernel.__name__, arch)
+                    if key not in widened and "fp32" in bind(launch, arch)[0].values():
+                        # A kernel that takes a Python float compiles with it typed fp64 too (once per
+                        # kernel and arch): that is how inductor passes it inside a compiled graph.
+                        widened.add(key)
+                        row = {"module": mod_name, "case": f"{name} (float args fp64)", "kernel": key[1],
+                               "arch": arch, "budget": budget}
+                        start = time.perf_counter()
+                        try:
+                            row.update(resources(compile_launch(launch, arch, "fp64")[0]), problems=[])
+                        except Exception as err:
+                            row["problems"] = [f"compile failed: {type(err).__name__}: {str(err)[:2000]}"]
+                        row["seconds"] = round(time.perf_counter() - start, 2)
+                        rows.append(row)
+                        if log:
+                            log(row)
                     start = time.perf_counter()
                     row = {"module": mod_name, "case": name, "kernel": launch.kernel.__name__, "arch": arch}
                     try:

@@ -112,6 +112,9 @@ def _tree_attention_kernel(
     # K/V stream run side by side (L2 reuse); grid x holds 2^31 - 1 programs, grid y only 65535.
     pid = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
+    # The JIT types a Python float fp32; inductor, tracing this launch into a compiled graph, fp64,
+    # which would widen the scores and the accumulators. fp32 either way (the same rounding).
+    qk_scale = tl.cast(qk_scale, tl.float32)
     pid_m = pid % N_M
     bg = pid // N_M
     b = bg // Hkv
