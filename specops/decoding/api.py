@@ -206,8 +206,9 @@ def _run(req, drafter, sampling, seed, runner_kw, batch_invariant, adaptive, *, 
             dlm = None
             if req.draft_model is not None:
                 dmax = req.max_len + drafter.draft_budget() + drafter.tree_budget() + 1
-                dlm = FeatureDraftLM(req.draft_model, B, dmax, runner, **runner_kw) if feature else \
-                    DraftLM(req.draft_model, B, dmax, **runner_kw)
+                draft_kw = dict(runner_kw, head_subset=drafter.uses_draft_vocab(sampling) and req.grammar is None)
+                dlm = FeatureDraftLM(req.draft_model, B, dmax, runner, **draft_kw) if feature else \
+                    DraftLM(req.draft_model, B, dmax, **draft_kw)
             runners = [r for r in (runner, dlm) if r is not None]
             compiling = sum(getattr(r, "compile_time_s", 0.0) for r in runners)
             gen, metrics = decode(runner, drafter, req.prompts, sampling=sampling, stopper=req.stopper,

@@ -61,8 +61,9 @@ class CompiledRunner:
         return self.logits(hidden[:, :tokens.shape[1]])
 
     def logits(self, hidden):
-        """The LM head (and the model's final soft cap). Shape: [B, T, H] -> [B, T, V] (model dtype)."""
-        logits = self.head(hidden)
+        """The LM head (and the model's final soft cap). Shape: [B, T, H] -> [B, T, V] (model dtype), or
+        [B, T, Vd] over the runner's ``vocab_keep`` (a subset head's rows, not scattered)."""
+        logits = self.head(hidden) if self.runner.vocab_keep is None else self.head.sub_logits(hidden)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

@@ -80,11 +80,18 @@ class ModelRunner:
     ``keep_features``, ``features`` [B, max_len, H] (model dtype) holds the LM head's input at every
     committed position ``p`` (which gave token ``p + 1``'s logits), filled by ``prefill`` and ``keep``;
     rows from ``lens[b]`` on are unspecified. A hook on the final norm (else a pre-hook on the LM head)
-    captures both, in this runner's own calls only."""
+    captures both, in this runner's own calls only.
+
+    ``head_subset``: where the LM head scores a subset of the vocabulary (a draft's
+    :class:`~specops.draft_models.SubsetLMHead`), logits cover those tokens only: column ``j`` is token
+    ``vocab_keep[j]`` (int64 [Vd], ascending), and the scatter into the full vocabulary is skipped, along
+    with the caller's work on the ``-inf`` columns. ``vocab_keep`` is None otherwise (full-vocabulary logits)."""
 
     def __init__(self, model, batch_size, max_len, *, keep_features=False, cache_dtype=None,
                  kv_layout="contiguous", page_size=16, compile=False, compile_mode="default", linear="auto",
-                 batch_invariant=False):
+                 batch_invariant=False, head_subset=False):
+        if not isinstance(head_subset, bool):
+            raise TypeError(f"head_subset must be a bool, got {head_subset!r}")
         if linear not in LINEARS:
             raise ValueError(f"linear must be one of {LINEARS}, got {linear!r}")
         if not (isinstance(batch_invariant, bool) or batch_invariant == "auto"):
@@ -123,6 +130,8 @@ class ModelRunner:
         self.model = use_specops_attention(model).eval()
         cfg = text_config(model)
         self.vocab_size = cfg.vocab_size
+        head = model.get_output_embeddings()
+        self.vocab_keep = head.keep if head_subset and hasattr(head, "sub_logits") else None
         self.device = self.cache.device
         try:
             self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -364,7 +373,7 @@ class ModelRunner:
                              attention_mask=block.mask[:, None], use_cache=True, **kw)
         finally:
             self.cache.end_block()
-        return out.logits
+        return out.logits if self.vocab_keep is None else out.logits.index_select(-1, self.vocab_keep)
 
 
 def pad_batch(seqs, pad=0):

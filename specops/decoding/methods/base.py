@@ -69,6 +69,14 @@ class Drafter:
         vars(self).update(self.params)
         self.check_params()
 
+    def uses_draft_vocab(self, sampling):
+        """Whether this drafter, under ``sampling``, searches the draft head's own vocabulary where it
+        has one (a subset head): its draft logits are then [*, Vd], column ``j`` token
+        ``ctx.draft.vocab_keep[j]`` (:func:`vocab_ids`), which skips the head's scatter into the full
+        vocabulary and shrinks each layer's softmax / top-k / warp. Only where verification reads no
+        draft row (no ``draft_logits``); never under a grammar (its masks cover the full vocabulary)."""
+        return False
+
     def check_params(self):
         """Raises ValueError for a bad parameter: each ``CHECKS`` entry, then ``verify``."""
         for name, spec in self.CHECKS.items():
@@ -193,6 +201,13 @@ class ModelDrafter(Drafter):
         """The draft-block nodes whose K/V to keep for an accepted path whose fed prefix below the
         root has ``src`` ``nodes``: the same unless the drafter's block holds its tokens elsewhere."""
         return nodes
+
+
+def vocab_ids(draft, cols):
+    """Draft-logit columns as token ids: ``draft.vocab_keep[cols]`` where the draft scores its own
+    vocabulary (a negative column, a dead entry, reads column 0), else ``cols`` unchanged. Shape:
+    cols int [...] -> the same shape (int64 when mapped)."""
+    return cols if draft.vocab_keep is None else draft.vocab_keep[cols.clamp(min=0).long()]
 
 
 def grammar_prefix(ctx, b, tokens, after=()):

@@ -11,7 +11,7 @@ from .. import _kernels
 from ..readback import read_lists
 from ..sampling import SamplingConfig
 from ..tree import Draft
-from .base import ModelDrafter, count, fraction
+from .base import ModelDrafter, count, fraction, vocab_ids
 
 
 class MJSD(ModelDrafter):
@@ -22,6 +22,9 @@ class MJSD(ModelDrafter):
               "joint_top_p": fraction(0, 1, open_lo=True)}
     sampling_mode = "joint"
     budget_param = "gamma"
+
+    def uses_draft_vocab(self, sampling):
+        return True  # R6 reads the beams' scores, never a draft row
 
     def check_params(self):
         super().check_params()
@@ -50,10 +53,11 @@ class MJSD(ModelDrafter):
         drafting reads nothing. A grammar reads each layer (its masks follow the beams' tokens)."""
         d, B, M = ctx.draft, ctx.batch, self.beams
         grammar = ctx.grammar is not None  # then every row is masked with its beam's allowed tokens
-        logits, roots, active = self.first_forward(ctx)
+        logits, roots, active = self.first_forward(ctx)  # [B, V], or [B, Vd] over d.vocab_keep
         logq = self._logq(logits)[:, None]  # [B, 1, V]
         start = logq.new_zeros(B, 1, dtype=torch.float32).masked_fill(~active.bool()[:, None], float("-inf"))
-        layers = [_kernels.topn_expand(start, logq, M, per_parent_k=M)]  # per layer: [B, M] scores, tokens, parents
+        # per layer: [B, M] scores, tokens (ids: a draft-vocabulary column mapped through vocab_keep), parents
+        layers = [self._ids(d, _kernels.topn_expand(start, logq, M, per_parent_k=M))]
         host = read_lists(*layers[-1]) if grammar else None
         paths = [[[host[1][b][i]] for i in range(M)] for b in range(B)] if grammar else None  # newest beams
         bases = []  # per fed layer: [B] the block node of its first beam
@@ -69,11 +73,18 @@ class MJSD(ModelDrafter):
             rows, base = self.feed_layer(ctx, live, M, parents, toks.clamp(min=0).long().reshape(-1), paths)
             bases.append(base)
             logq = self._logq(rows).view(B, M, -1)
-            layers.append(_kernels.topn_expand(scores, logq, M, per_parent_k=M))
+            layers.append(self._ids(d, _kernels.topn_expand(scores, logq, M, per_parent_k=M)))
             if grammar:
                 host = read_lists(*layers[-1])
                 paths = [[paths[b][host[2][b][i]] + [host[1][b][i]] for i in range(M)] for b in range(B)]
         return self._best_beam(ctx, layers, roots, bases)
+
+    @staticmethod
+    def _ids(d, layer):
+        """A layer with its columns as token ids (a dead beam's -1 may read column 0: its score is
+        -inf, so it is never fed or expanded)."""
+        scores, cols, par = layer
+        return scores, vocab_ids(d, cols), par
 
     def _best_beam(self, ctx, layers, roots, bases):
         """The deepest layer's best beam traced back on the device: a chain with its draft-block nodes

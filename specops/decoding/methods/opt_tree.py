@@ -7,7 +7,7 @@ from ...ops.topn import MAX_N
 from .. import _kernels
 from ..readback import read_lists
 from ..tree import Draft
-from .base import FLAG, ModelDrafter, count, optional, real
+from .base import FLAG, ModelDrafter, count, optional, real, vocab_ids
 
 
 class OPTTree(ModelDrafter):
@@ -26,6 +26,9 @@ class OPTTree(ModelDrafter):
     def tree_budget(self):
         return self.n + 1
 
+    def uses_draft_vocab(self, sampling):
+        return True  # R4 / R3p read the drafted tokens, never a draft row
+
     def nodes(self):
         """This step's node budget: ``n``, capped under adaptive speculation (docs/methods.md §OPT-Tree)."""
         return self.n if self.adaptive_range is None else min(self.n, 2 * self.max_depth + 1)
@@ -42,7 +45,7 @@ class OPTTree(ModelDrafter):
         logits, base, active = self.first_forward(ctx)  # base: the block node of the newest fed layer's first entry
         going = active = active.bool()
         logq = logits.log_softmax(-1)[:, None]  # [B, 1, V]
-        layers = [_kernels.topn_expand(logq.new_zeros(B, 1, dtype=torch.float32), logq, n, per_parent_k=n)]
+        layers = [_ids(d, _kernels.topn_expand(logq.new_zeros(B, 1, dtype=torch.float32), logq, n, per_parent_k=n))]
         src = [base[:, None]]  # per flat layer: each entry's draft-block node, -1 where not fed ([B, 1] the roots)
         drafted = active.long()  # [B] layers drafted: the root's, then each fed one (read when sync-free)
         depth_drafted = [int(a) for a in ctx.active]  # the same on the host (reading)
@@ -69,8 +72,8 @@ class OPTTree(ModelDrafter):
             src.append(torch.where(fed, base[:, None] + torch.arange(n, device=base.device), -1))
             drafted = drafted + fed.any(1)
             logq = rows.log_softmax(-1).view(B, n, -1)
-            layers.append(_kernels.topn_expand(scores.masked_fill(~going[:, None], float("-inf")), logq, n,
-                                               per_parent_k=n))
+            layers.append(_ids(d, _kernels.topn_expand(scores.masked_fill(~going[:, None], float("-inf")), logq, n,
+                                                       per_parent_k=n)))
             esub = _esub(layers, n)
             gain = torch.where(going, esub - best, 0.0)
             best = torch.where(going, esub, best)
@@ -102,6 +105,13 @@ class OPTTree(ModelDrafter):
                      num_nodes=counts.to(torch.int32), src=torch.where(valid, src.gather(1, at), -1).to(torch.int32),
                      depth=torch.where(valid, layer_of, 0).amax(-1), depth_drafted=depth_drafted,
                      drafted_nodes=[1 + n * d for d in depth_drafted])
+
+
+def _ids(d, layer):
+    """A topn_expand layer with its columns as token ids (a dead entry's -1 may read column 0's: its
+    score is -inf, so it is neither fed nor selected)."""
+    scores, cols, par = layer
+    return scores, vocab_ids(d, cols), par
 
 
 def _esub(layers, n):

@@ -6,7 +6,7 @@ import torch
 from ..readback import read_lists
 from ..sampling import choose
 from ..tree import Draft
-from .base import ModelDrafter, count, fraction, grammar_masked
+from .base import ModelDrafter, count, fraction, grammar_masked, vocab_ids
 
 
 class SD(ModelDrafter):
@@ -19,6 +19,9 @@ class SD(ModelDrafter):
 
     def tree_budget(self):
         return self.gamma + 1
+
+    def uses_draft_vocab(self, sampling):
+        return sampling.greedy and self.exit_threshold == 0  # R2 tests each token on its draft row
 
     def draft_budget(self):
         return self.gamma
@@ -43,6 +46,7 @@ class SD(ModelDrafter):
             if ctx.grammar is not None:  # draw from the draft's distribution over allowed tokens
                 logits = grammar_masked(ctx, logits, [(b, drafted[b]) for b in bs])
             chosen, probs = choose(logits, ctx.sampling, ctx.generator)  # int64 [n] on the device
+            chosen = vocab_ids(d, chosen)
             idx = slice(None) if full else at  # the rows of the sequences drafting
             tokens[idx, col] = chosen
             if sampled:

@@ -10,7 +10,15 @@ from ..readback import read_lists
 from ..sampling import SamplingConfig
 from ..token_graph import TokenGraph
 from ..tree import Candidates, Draft
-from .base import FLAG, ModelDrafter, count, fraction, grammar_masked, optional
+from .base import (
+    FLAG,
+    ModelDrafter,
+    count,
+    fraction,
+    grammar_masked,
+    optional,
+    vocab_ids,
+)
 
 _SOFTMAX = SamplingConfig(1.0)  # the warp of TSD's q: temperature 1, no top-k / top-p
 
@@ -32,6 +40,9 @@ class TSD(ModelDrafter):
 
     def tree_budget(self):
         return self.max_tree_nodes
+
+    def uses_draft_vocab(self, sampling):
+        return sampling.greedy or self.sampling_mode != "gsd"  # R5 sampled keeps the draft rows
 
     def draft_budget(self):
         # a sync-free search feeds its layers at their widest, padding included (None: it may)
@@ -70,6 +81,7 @@ class TSD(ModelDrafter):
             W = fidx.shape[1]
             probs = logits.softmax(-1)
             top_q, top_t = probs.topk(min(self.k, probs.shape[-1]), dim=-1)  # [B * W, K]
+            top_t = vocab_ids(d, top_t)
             K = top_q.shape[-1]
             # fp64 as the host search compared (Python floats of the fp32 probabilities)
             top_q = top_q.double().view(B, W * K)
@@ -145,7 +157,8 @@ class TSD(ModelDrafter):
                          for b in range(B) for u in frontier[b]]
                 logits = grammar_masked(ctx, logits, paths)
             probs = logits.softmax(-1)
-            top_q, top_t = read_lists(*probs.topk(min(self.k, probs.shape[-1]), dim=-1))  # the one read
+            top_q, top_t = probs.topk(min(self.k, probs.shape[-1]), dim=-1)
+            top_q, top_t = read_lists(top_q, vocab_ids(d, top_t))  # the one read
             j = 0
             last = step == self.max_depth - 1
             for b in range(B):
