@@ -156,6 +156,7 @@ class CompiledDecoder:
         self._loaded = set()  # the seen keys whose graph is a saved one (no guards: any row count runs)
         self._saved = {} if mode == "default" else None  # seen -> graph loaded from / saved to disk
         self._checked = {}  # (seen, cache storage) -> its saved graph, once its input signature matched
+        self._hot = set()  # the _checked tokens whose graph is a saved one: a call neither traces nor compiles
         self._model_digest = None  # saved_path's digest of the model, the code and the options
         self._unsaved = set()  # seen keys that cannot be compiled ahead of time (dynamo's cache runs them)
         self._caches = {}  # (batch, layout, page size, dtype) -> (cache, weakref to the runner using it)
@@ -199,10 +200,11 @@ class CompiledDecoder:
         finally:
             self._frozen = outer
 
-    def __call__(self, key, ids, positions, mask, block, feats=None):
+    def __call__(self, key, ids, positions, mask, block, feats=None, marks=()):
         """Runs the graph of ``key`` (bucket first). Shape: ids, positions int64 [B, Tb]; mask int32
         [B, 1, Tb, W]; feats [B, Tb, H] or None -> (final hidden states [B, Tb, H] in the model's
-        dtype, seconds spent compiling in this call)."""
+        dtype, seconds spent compiling in this call). ``marks``: (tensor, dim) pairs dynamic in
+        [2, MAX_BUCKET], marked for a call that may trace or compile (not for a checked saved graph)."""
         if self._frozen and key not in self.compile_s:
             raise RuntimeError(f"specops: {self.name} needs a new compiled graph (rows {key[0]}, mask words "
                                f"{key[1]}, batch {key[2]}, {key[3]} cache) inside frozen(): warm it up before")
@@ -219,10 +221,15 @@ class CompiledDecoder:
                 torch.compiler.cudagraph_mark_step_begin()
             t0 = time.perf_counter()
             seen = (key, torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+            ptr = block.k_store.untyped_storage().data_ptr()
+            # A checked saved graph is plain compiled code: no marks, no config (~0.1 ms a call).
+            hot = (seen, ptr) in self._hot or (seen, "layered", ptr) in self._hot
+            for t, dim in () if hot else marks:
+                torch._dynamo.mark_dynamic(t, dim, min=2, max=MAX_BUCKET)
             # Rounding every bf16/fp16 intermediate as eager torch does makes a row's bits independent
             # of inductor's fusion choices, which differ between buckets: without it a block's rows
             # and AR's one-row steps round differently and the batch-invariant mode is not exact.
-            with inductor_config.patch(emulate_precision_casts=True):
+            with contextlib.nullcontext() if hot else inductor_config.patch(emulate_precision_casts=True):
                 hidden, how = self._run(seen, ids, positions, mask, block, feats)
             dt = time.perf_counter() - t0
             self._seen.add(seen)
@@ -259,6 +266,7 @@ class CompiledDecoder:
                 graph, how = self._saved_graph(seen, args, self._aot_fn)
             if graph is not None:
                 self._checked[token] = graph
+                self._hot.add(token)
                 self._loaded.add(seen)
                 return graph(self._step, *args), how
         if seen in self._seen:
@@ -292,6 +300,7 @@ class CompiledDecoder:
             if graph is None:  # dynamo's cache runs it (guarded: one-row blocks stay padded to two)
                 graph = functools.partial(_unbound, self._layers_fn)
             else:
+                self._hot.add(token)
                 self._loaded.add(seen)
             self._checked[token] = graph
         for i, run in enumerate(self._runs):

@@ -92,12 +92,13 @@ class CompiledRunner:
                 raise ValueError("a feature draft's forward needs its input rows: pass features= "
                                  "(shape [B, T, hidden])")
             feats = pad(features, (0, 0, 0, Tb - features.shape[1]))
-        if dynamic:  # (the bounds are the trace's; a saved graph is not guarded by them)
-            for t, dim in ((ids, 1), (positions, 1), (rows, 1), (m, 2)) + (((feats, 1),) if feats is not None else ()):
-                torch._dynamo.mark_dynamic(t, dim, min=2, max=MAX_BUCKET)
+        # the row dims, dynamic where a call traces (the bounds are the trace's; a saved graph is not
+        # guarded by them)
+        marks = (((ids, 1), (positions, 1), (rows, 1), (m, 2)) + (((feats, 1),) if feats is not None else ())
+                 if dynamic else ())
         block = CompiledBlock(self.impl, lens, block_lens, block_lens - q_start, m, rows, self.k_store, self.v_store,
                               self.page_table, self.runner.batch_invariant)
-        hidden, secs = self.decoder(key, ids, positions, m, block, feats)
+        hidden, secs = self.decoder(key, ids, positions, m, block, feats, marks=marks)
         self.compile_time_s += secs
         return hidden
 

@@ -92,24 +92,30 @@ class MJSD(ModelDrafter):
         B, g, M = ctx.batch, self.gamma, self.beams
         # Layers are sorted best first, so a layer's best beam is its first; -inf beams only have
         # -inf children, so the layers with a finite beam are a prefix.
-        last = torch.stack([layer[0][:, 0] for layer in layers], 1).isfinite().sum(1) - 1  # [B], -1: none
-        cur = torch.zeros(B, 1, dtype=torch.int64, device=roots.device)  # the path's beam in layer k
-        tok, src, log_q = [], [], []
-        for k in range(g - 1, -1, -1):
-            scores, toks, par = layers[k]
-            on = k <= last
-            tok.append(torch.where(on, toks.gather(1, cur)[:, 0].long(), 0))
-            log_q.append(torch.where(on, scores.gather(1, cur)[:, 0], 0.0))
-            fed = bases[k] + cur[:, 0] if k < g - 1 else torch.full_like(roots, -1)  # the last layer is never fed
-            src.append(torch.where(on, fed, 0))
-            cur = torch.where(on[:, None], par.gather(1, cur).long().clamp(min=0), 0)
+        dev = roots.device
+        scores = torch.stack([layer[0] for layer in layers], 1)  # [B, g, M]
+        last = scores[:, :, 0].isfinite().sum(1) - 1  # [B], -1: none
+        # The path's beam in each layer, chased down from the deepest (a beam past `last`: 0, unused);
+        # then every layer's token, score and draft-block node in one gather each.
+        cur = [torch.zeros(B, 1, dtype=torch.int64, device=dev)]
+        for k in range(g - 1, 0, -1):
+            cur.append(torch.where((k <= last)[:, None], layers[k][2].gather(1, cur[-1]).long().clamp(min=0), 0))
+        cur = torch.cat(cur[::-1], 1)  # [B, g]
+        on = torch.arange(g, device=dev)[None] <= last[:, None]  # [B, g]
+        toks = torch.stack([layer[1].long() for layer in layers], 1)  # [B, g, M]
+        tok = torch.where(on, toks.gather(2, cur[..., None])[..., 0], 0)
+        log_q = torch.where(on, scores.gather(2, cur[..., None])[..., 0], 0.0)
+        fed = torch.full_like(cur, -1)  # the last layer is never fed
+        if g > 1:
+            fed[:, :-1] = torch.stack(bases, 1) + cur[:, :-1]
+        src = torch.where(on, fed, 0)
         num_nodes = (last + 2).to(torch.int32)
         ar = torch.arange(g + 1, device=roots.device)
         valid = ar < num_nodes[:, None]  # [B, g + 1]
-        return Draft(tokens=torch.stack([ctx.root] + tok[::-1], 1), num_nodes=num_nodes,
+        return Draft(tokens=torch.cat([ctx.root[:, None], tok], 1), num_nodes=num_nodes,
                      parents=torch.where(valid, ar - 1, 0).to(torch.int32),
-                     src=torch.stack([roots] + src[::-1], 1).to(torch.int32), depth=last + 1,
+                     src=torch.cat([roots[:, None], src], 1).to(torch.int32), depth=last + 1,
                      depth_drafted=[g if a else 0 for a in ctx.active],
                      drafted_nodes=[1 + M * g if a else 1 for a in ctx.active],
-                     log_q_joint=torch.stack(log_q[::-1], 1), joint_tau=self.tau,
+                     log_q_joint=log_q, joint_tau=self.tau,
                      joint_warp=(1.0, self.joint_top_k, self.joint_top_p))
