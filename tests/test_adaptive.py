@@ -178,8 +178,11 @@ def test_cost_fits():
     prior = 0.02 * mv / (1 + 0.02 * 4)
     slope = (cov + 8 * prior) / (var + 8)
     assert 0.02 < slope < 0.05
+    line = lambda T: mv + slope * (T - mk)
+    # the level: the pace of the latest steps (each step's time over its size's shape), weight 0.25 newest
+    pace = 0.75 * 1.0 + 0.25 * 1.4 / (line(9) / line(1))
     for T in (1, 3, 17):
-        assert cm.target_cost(T) == pytest.approx(mv + slope * (T - mk))
+        assert cm.target_cost(T) == pytest.approx(pace * line(T) / line(1))
     assert cm.draft_cost(6) == pytest.approx(0.65)  # the draft: plain least squares (0.4 @ 4, 0.9 @ 8)
     cm.observe(8, 7, t_target=1.3, t_draft=0.9)  # the mean size budget 8 produced
     assert 7 < cm.block_size(8) < 9
@@ -188,6 +191,19 @@ def test_cost_fits():
     near.observe(1, 2, t_target=1.0, t_draft=0.1)
     near.observe(2, 3, t_target=1.3, t_draft=0.2)
     assert near.target_cost(1) > 0.9
+
+
+def test_a_drift_in_pace_moves_every_size():
+    # one row timed in a slow stretch, then many two-row blocks in a fast one: the one-row cost follows
+    # the blocks' pace instead of keeping its old mean (the sizes' fit gives only the ratio between them)
+    cm = CostModel(AdaptiveConfig(prior_slope=0.02))
+    cm.observe(0, 1, t_target=1.2, t_draft=0.0)
+    for _ in range(20):
+        cm.observe(1, 2, t_target=1.02, t_draft=0.1)
+    assert cm.target.mean[1] == 1.2
+    assert cm.target_cost(2) == pytest.approx(1.02, abs=2e-3)
+    assert 1.0 < cm.target_cost(2) / cm.target_cost(1) < 1.02  # the prior slope, barely moved
+    assert cm.target_cost(1) < 1.02
 
 
 def test_config_and_argument_errors_name_what_is_wrong():

@@ -117,9 +117,12 @@ class CostModel:
         self.cfg = cfg
         # seconds by block size, seconds by budget, block size by budget
         self.target, self.draft, self.size = (_Ewma(cfg.cost_decay) for _ in range(3))
+        self.pace = None  # the latest steps' one-row cost: each step's time over its size's shape
 
     def observe(self, budget, block_size, t_target, t_draft):
         self.target.add(block_size, t_target)
+        one = t_target / self.shape(block_size)
+        self.pace = one if self.pace is None else self.cfg.cost_decay * self.pace + (1.0 - self.cfg.cost_decay) * one
         if budget > 0:
             self.draft.add(budget, t_draft)
             self.size.add(budget, block_size)
@@ -138,8 +141,19 @@ class CostModel:
         return 1.0 + (seen[near] - 1.0) * g / near
 
     def target_cost(self, T):
+        """pace x shape(T): the sizes' fit gives the shape, the latest steps of any size the level. A
+        VM's pace drifts by 10-20 % within seconds, and a size's mean is as old as its last step: a
+        one-row cost last measured in a slow stretch, set against blocks timed in a fast one, made a
+        draft accepted one time in eight look worth its cost (translation, budget 1)."""
         if self.cfg.target_cost is not None:
             return float(self.cfg.target_cost(T))
+        return max(self.pace * self.shape(T), 0.25 * self.target.least())
+
+    def shape(self, T):
+        """The fitted cost of a T-row block over that of one row."""
+        return self._line(T) / self._line(1)
+
+    def _line(self, T):
         mk, mv, cov, var = self.target.moments()
         # The least-squares slope, shrunk toward the prior (s of a one-token step per token, with
         # weight W in squared block sizes): a few nearby sizes (budgets 1-2 give T = 2, 3) say
